@@ -1,0 +1,1 @@
+"""SDK tests run without Django or a database: labsdk must work on its own."""

@@ -1,0 +1,535 @@
+"""Tests for labsdk.spec: the job spec model, its files and its catalogue checks."""
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from labsdk.spec import (
+    JobSpec,
+    SpecError,
+    SpecProblem,
+    catalog_problems,
+    job_spec_json_schema,
+    load_spec_file,
+    loads_spec,
+    parse_spec,
+)
+
+MINIMAL = {"model": "lab/tiny-random-llama", "env": [{"id": "lab/addition"}]}
+
+DESIGN_EXAMPLE_TOML = """
+name = "addition-smollm2"
+model = "HuggingFaceTB/SmolLM2-135M-Instruct"
+max_steps = 20
+batch_size = 32
+rollouts_per_example = 4
+learning_rate = 5e-4
+lora_alpha = 32
+lora_rank = 16
+seed = 0
+max_restarts = 2
+max_off_policy_steps = 1
+priority = "normal"
+max_runtime_minutes = 600
+init_from = "ckpt_3fA9"
+[sampling]
+max_tokens = 24
+temperature = 1.0
+[[env]]
+id = "lab/addition"
+args = { max_operand = 20 }
+[eval]
+interval = 5
+num_examples = 32
+[checkpoints]
+interval = 5
+keep_last = 3
+[resources]
+gpu_type = "cpu"
+gpus = 0
+[metadata]
+team = "research"
+"""
+
+PRIME_ONLY_TOML = """
+model = "HuggingFaceTB/SmolLM2-135M-Instruct"
+max_steps = 100
+batch_size = 256
+rollouts_per_example = 8
+learning_rate = 1e-4
+lora_alpha = 16
+oversampling_factor = 2.0
+max_async_level = 2
+trajectory_strategy = "interleaved"
+env_files = ["secrets.env"]
+
+[sampling]
+max_tokens = 512
+enable_thinking = false
+reasoning_effort = "high"
+
+[[env]]
+id = "lab/addition"
+args = { max_operand = 50 }
+
+[wandb]
+project = "lab-runs"
+name = "addition"
+"""
+
+
+def spec_with(**changes):
+    """Return MINIMAL with top-level keys replaced (None deletes the key)."""
+    data = json.loads(json.dumps(MINIMAL))
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return data
+
+
+def problems_of(data):
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    return [(problem.param, problem.code) for problem in caught.value.errors]
+
+
+# --- good specs ----------------------------------------------------------------------------
+
+def test_it_fills_documented_defaults_into_a_minimal_spec():
+    parsed = parse_spec(MINIMAL)
+
+    assert parsed.warnings == []
+    assert parsed.to_dict() == {
+        "name": None,
+        "model": "lab/tiny-random-llama",
+        "max_steps": 20,
+        "batch_size": 32,
+        "rollouts_per_example": 4,
+        "learning_rate": 0.0001,
+        "lora_alpha": 16,
+        "lora_rank": 16,
+        "seed": 0,
+        "max_restarts": 2,
+        "max_off_policy_steps": 1,
+        "priority": "normal",
+        "max_runtime_minutes": 600,
+        "init_from": None,
+        "sampling": {"max_tokens": 128, "temperature": 1.0},
+        "env": [{"id": "lab/addition", "args": {}}],
+        "eval": {"interval": 0, "num_examples": 32},
+        "checkpoints": {"interval": 10, "keep_last": 3},
+        "resources": {"gpu_type": "cpu", "gpus": 0},
+        "metadata": {},
+    }
+
+
+GOOD_SPECS = {
+    "full fine-tune": spec_with(lora_rank=0),
+    "integer learning rate": spec_with(learning_rate=1),
+    "group size equals batch": spec_with(batch_size=8, rollouts_per_example=8),
+    "group of one": spec_with(batch_size=7, rollouts_per_example=1),
+    "gpu type defaults to one gpu": spec_with(resources={"gpu_type": "H100"}),
+    "eight gpus": spec_with(resources={"gpu_type": "H200", "gpus": 8}),
+    "versioned uploaded env": spec_with(env=[{"id": "acme/maze@1.2.0", "args": {"size": 5}}]),
+    "two envs": spec_with(env=[{"id": "lab/addition"}, {"id": "lab/reverse-text"}]),
+    "sixteen metadata pairs": spec_with(metadata={f"k{i}": "v" * 512 for i in range(16)}),
+    "zero temperature": spec_with(sampling={"temperature": 0, "max_tokens": 1}),
+    "nested args at the depth limit": spec_with(
+        env=[{"id": "lab/addition", "args": {"a": [[[[[[[1]]]]]]]}}]
+    ),
+    "init from a checkpoint": spec_with(init_from="ckpt_abc123", priority="high"),
+    "unicode name": spec_with(name="ε-greedy 加法"),
+}
+
+
+@pytest.mark.parametrize("data", GOOD_SPECS.values(), ids=GOOD_SPECS.keys())
+def test_it_accepts_good_specs(data):
+    parsed = parse_spec(data)
+
+    assert isinstance(parsed.spec, JobSpec)
+    assert parsed.warnings == []
+    assert parse_spec(parsed.to_dict()).to_dict() == parsed.to_dict()
+
+
+def test_it_resolves_gpus_from_the_gpu_type():
+    assert parse_spec(spec_with(resources={"gpu_type": "H100"})).spec.resources.gpus == 1
+    assert parse_spec(MINIMAL).spec.resources.gpus == 0
+
+
+def test_it_reads_the_design_example():
+    parsed = loads_spec(DESIGN_EXAMPLE_TOML, "toml")
+
+    assert parsed.spec.env[0].args == {"max_operand": 20}
+    assert parsed.spec.metadata == {"team": "research"}
+    assert parsed.spec.learning_rate == 5e-4
+    assert parsed.warnings == []
+
+
+def test_it_accepts_a_prime_only_toml_with_warnings_and_stores_their_keys():
+    parsed = loads_spec(PRIME_ONLY_TOML, "toml")
+
+    assert parsed.warnings == [
+        f"'{key}' is a Prime Intellect setting that Lab does not use; it is stored and ignored"
+        for key in (
+            "oversampling_factor", "max_async_level", "trajectory_strategy", "env_files",
+            "wandb", "sampling.enable_thinking", "sampling.reasoning_effort",
+        )
+    ]
+    stored = parsed.to_dict()
+    assert stored["oversampling_factor"] == 2.0
+    assert stored["max_async_level"] == 2
+    assert stored["trajectory_strategy"] == "interleaved"
+    assert stored["env_files"] == ["secrets.env"]
+    assert stored["wandb"] == {"project": "lab-runs", "name": "addition"}
+    assert stored["sampling"] == {
+        "max_tokens": 512, "temperature": 1.0, "enable_thinking": False,
+        "reasoning_effort": "high",
+    }
+    assert "env_file" not in stored
+    assert parse_spec(stored).warnings == parsed.warnings
+
+
+def test_it_accepts_primes_documented_env_file_spelling():
+    parsed = parse_spec(spec_with(env_file=["secrets.env"]))
+
+    assert parsed.to_dict()["env_file"] == ["secrets.env"]
+    assert len(parsed.warnings) == 1
+
+
+# --- bad specs: (data, [(param, code), ...]) in the order reported -------------------------
+
+BAD_SPECS = {
+    "missing model": (spec_with(model=None), [("model", "required")]),
+    "missing env": (spec_with(env=None), [("env", "required")]),
+    "empty env list": (spec_with(env=[]), [("env", "too_short")]),
+    "env without id": (spec_with(env=[{"args": {}}]), [("env.0.id", "required")]),
+    "env id without owner": (spec_with(env=[{"id": "addition"}]), [("env.0.id", "invalid_value")]),
+    "second env id wrong type": (
+        spec_with(env=[{"id": "lab/addition"}, {"id": 5}]), [("env.1.id", "invalid_type")]
+    ),
+    "env list too long": (
+        spec_with(env=[{"id": "lab/addition"}] * 17), [("env", "too_long")]
+    ),
+    "env args not a table": (
+        spec_with(env=[{"id": "lab/addition", "args": [1]}]), [("env.0.args", "invalid_type")]
+    ),
+    "env args too deep": (
+        spec_with(env=[{"id": "lab/addition", "args": {"a": [[[[[[[[1]]]]]]]]}}]),
+        [("env.0.args.a.0.0.0.0.0.0.0.0", "too_deep")],
+    ),
+    "env args infinity": (
+        spec_with(env=[{"id": "lab/addition", "args": {"a": {"b": [1, float("inf")]}}}]),
+        [("env.0.args.a.b.1", "invalid_value")],
+    ),
+    "env args huge string": (
+        spec_with(env=[{"id": "lab/addition", "args": {"text": "x" * 1_000_000}}]),
+        [("env.0.args.text", "too_long")],
+    ),
+    "env args too many values": (
+        spec_with(env=[{"id": "lab/addition", "args": {"a": list(range(1000))}}]),
+        [("env.0.args", "too_long")],
+    ),
+    "env unknown key": (
+        spec_with(env=[{"id": "lab/addition", "files": []}]), [("env.0.files", "unknown_key")]
+    ),
+    "model wrong type": (spec_with(model=7), [("model", "invalid_type")]),
+    "model empty": (spec_with(model=""), [("model", "too_short")]),
+    "model too long": (spec_with(model="m" * 257), [("model", "too_long")]),
+    "name 1 MB": (spec_with(name="n" * 1_000_000), [("name", "too_long")]),
+    "max_steps zero": (spec_with(max_steps=0), [("max_steps", "out_of_range")]),
+    "max_steps negative": (spec_with(max_steps=-5), [("max_steps", "out_of_range")]),
+    "max_steps huge": (spec_with(max_steps=10**100), [("max_steps", "out_of_range")]),
+    "max_steps float": (spec_with(max_steps=2.5), [("max_steps", "invalid_type")]),
+    "max_steps string": (spec_with(max_steps="20"), [("max_steps", "invalid_type")]),
+    "max_steps boolean": (spec_with(max_steps=True), [("max_steps", "invalid_type")]),
+    "batch_size zero": (spec_with(batch_size=0), [("batch_size", "out_of_range")]),
+    "batch not a multiple of the group": (
+        spec_with(batch_size=30, rollouts_per_example=4), [("batch_size", "not_divisible")]
+    ),
+    "default group does not divide batch": (
+        spec_with(batch_size=6), [("batch_size", "not_divisible")]
+    ),
+    "rollouts_per_example zero": (
+        spec_with(rollouts_per_example=0), [("rollouts_per_example", "out_of_range")]
+    ),
+    "learning_rate zero": (spec_with(learning_rate=0.0), [("learning_rate", "out_of_range")]),
+    "learning_rate NaN": (
+        spec_with(learning_rate=float("nan")), [("learning_rate", "invalid_value")]
+    ),
+    "learning_rate infinity": (
+        spec_with(learning_rate=float("inf")), [("learning_rate", "invalid_value")]
+    ),
+    "learning_rate too large for a float": (
+        spec_with(learning_rate=10**400), [("learning_rate", "out_of_range")]
+    ),
+    "lora_rank negative": (spec_with(lora_rank=-1), [("lora_rank", "out_of_range")]),
+    "lora_alpha zero": (spec_with(lora_alpha=0), [("lora_alpha", "out_of_range")]),
+    "seed beyond 32 bits": (spec_with(seed=2**32), [("seed", "out_of_range")]),
+    "max_restarts too many": (spec_with(max_restarts=21), [("max_restarts", "out_of_range")]),
+    "max_off_policy_steps negative": (
+        spec_with(max_off_policy_steps=-1), [("max_off_policy_steps", "out_of_range")]
+    ),
+    "priority unknown": (spec_with(priority="urgent"), [("priority", "invalid_value")]),
+    "runtime beyond a week": (
+        spec_with(max_runtime_minutes=10_081), [("max_runtime_minutes", "out_of_range")]
+    ),
+    "init_from not a checkpoint id": (
+        spec_with(init_from="job_abc"), [("init_from", "invalid_value")]
+    ),
+    "sampling temperature NaN": (
+        spec_with(sampling={"temperature": float("nan")}),
+        [("sampling.temperature", "invalid_value")],
+    ),
+    "sampling temperature above 2": (
+        spec_with(sampling={"temperature": 2.5}), [("sampling.temperature", "out_of_range")]
+    ),
+    "sampling max_tokens zero": (
+        spec_with(sampling={"max_tokens": 0}), [("sampling.max_tokens", "out_of_range")]
+    ),
+    "sampling unknown key": (
+        spec_with(sampling={"top_k": 5}), [("sampling.top_k", "unknown_key")]
+    ),
+    "sampling not a table": (spec_with(sampling=5), [("sampling", "invalid_type")]),
+    "eval interval negative": (
+        spec_with(eval={"interval": -1}), [("eval.interval", "out_of_range")]
+    ),
+    "checkpoints keep_last zero": (
+        spec_with(checkpoints={"keep_last": 0}), [("checkpoints.keep_last", "out_of_range")]
+    ),
+    "gpus on cpu": (
+        spec_with(resources={"gpu_type": "cpu", "gpus": 2}), [("resources.gpus", "invalid_value")]
+    ),
+    "zero gpus of a gpu type": (
+        spec_with(resources={"gpu_type": "H100", "gpus": 0}),
+        [("resources.gpus", "invalid_value")],
+    ),
+    "gpus beyond 64": (
+        spec_with(resources={"gpu_type": "H100", "gpus": 65}),
+        [("resources.gpus", "out_of_range")],
+    ),
+    "gpu_type with spaces": (
+        spec_with(resources={"gpu_type": "H 100"}), [("resources.gpu_type", "invalid_value")]
+    ),
+    "metadata 17 pairs": (
+        spec_with(metadata={f"k{i}": "v" for i in range(17)}), [("metadata", "too_long")]
+    ),
+    "metadata key too long": (
+        spec_with(metadata={"k" * 65: "v"}), [("metadata." + "k" * 65, "too_long")]
+    ),
+    "metadata value too long": (
+        spec_with(metadata={"team": "v" * 513}), [("metadata.team", "too_long")]
+    ),
+    "metadata value not a string": (
+        spec_with(metadata={"team": 5}), [("metadata.team", "invalid_type")]
+    ),
+    "unknown top-level key": (spec_with(epochs=3), [("epochs", "unknown_key")]),
+    "prime key with an unserialisable value": (
+        spec_with(oversampling_factor=float("nan")), [("oversampling_factor", "invalid_value")]
+    ),
+}
+
+
+@pytest.mark.parametrize("data,expected", BAD_SPECS.values(), ids=BAD_SPECS.keys())
+def test_it_refuses_bad_specs_at_the_exact_path(data, expected):
+    assert problems_of(data) == expected
+
+
+def test_the_bad_spec_table_has_at_least_thirty_rows():
+    assert len(BAD_SPECS) >= 30
+
+
+def test_it_reports_every_problem_at_once():
+    data = {
+        "env": [{"id": "lab/addition"}, {"id": "nope", "extra": 1}],
+        "batch_size": 30,
+        "sampling": {"temperature": float("nan"), "bar": 2},
+        "resources": {"gpus": 2},
+        "foo": 1,
+    }
+
+    assert sorted(problems_of(data)) == sorted([
+        ("model", "required"),
+        ("env.1.id", "invalid_value"),
+        ("env.1.extra", "unknown_key"),
+        ("sampling.temperature", "invalid_value"),
+        ("sampling.bar", "unknown_key"),
+        ("foo", "unknown_key"),
+        ("batch_size", "not_divisible"),
+        ("resources.gpus", "invalid_value"),
+    ])
+
+
+def test_it_skips_the_divisibility_rule_for_a_batch_size_already_refused():
+    assert problems_of(spec_with(batch_size=-3)) == [("batch_size", "out_of_range")]
+
+
+def test_it_names_the_unknown_key_and_lists_the_allowed_ones():
+    with pytest.raises(SpecError) as caught:
+        parse_spec(spec_with(sampling={"top_k": 5}))
+
+    assert caught.value.errors == [SpecProblem(
+        "sampling.top_k", "unknown_key",
+        "unknown key 'top_k'; allowed keys: max_tokens, temperature, enable_thinking, "
+        "reasoning_effort",
+    )]
+    assert caught.value.param == "sampling.top_k"
+
+
+def test_it_refuses_a_spec_that_is_not_an_object():
+    assert problems_of([MINIMAL]) == [("", "invalid_type")]
+
+
+def test_model_validate_applies_the_cross_field_rule_too():
+    with pytest.raises(ValueError, match="multiple of rollouts_per_example"):
+        JobSpec.model_validate(spec_with(batch_size=30))
+
+
+# --- files ---------------------------------------------------------------------------------
+
+def file_problems(text, format):
+    with pytest.raises(SpecError) as caught:
+        loads_spec(text, format)
+    return [(problem.param, problem.code) for problem in caught.value.errors]
+
+
+def test_it_refuses_non_utf8_files():
+    assert file_problems(b'model = "caf\xe9"\n', "toml") == [("", "invalid_encoding")]
+    assert file_problems(b'{"model": "caf\xe9"}', "json") == [("", "invalid_encoding")]
+
+
+def test_it_refuses_duplicate_keys():
+    toml_text = 'model = "a"\nmodel = "b"\n[[env]]\nid = "lab/addition"\n'
+    assert file_problems(toml_text, "toml") == [("", "duplicate_key")]
+    assert file_problems('[sampling]\n[sampling]\n', "toml") == [("", "duplicate_key")]
+    assert file_problems('{"model": "a", "model": "b"}', "json") == [("", "duplicate_key")]
+
+
+def test_it_refuses_syntax_errors_with_the_position():
+    with pytest.raises(SpecError, match="line 1"):
+        loads_spec('model = \n', "toml")
+    assert file_problems('{"model": ', "json") == [("", "invalid_syntax")]
+
+
+def test_it_refuses_deep_nesting_without_a_traceback():
+    assert file_problems("[" * 100_000, "json") == [("", "too_deep")]
+    assert file_problems("a = " + "[" * 100_000, "toml") == [("", "too_deep")]
+
+
+def test_it_refuses_huge_integers():
+    assert file_problems('{"max_steps": 1' + "0" * 5000 + "}", "json") == [("", "out_of_range")]
+    problems = file_problems('max_steps = 99999999999999999999\n[[env]]\nid = "lab/a"\n', "toml")
+    assert problems == [("model", "required"), ("max_steps", "out_of_range")]
+
+
+def test_it_refuses_nan_and_infinity_in_files():
+    json_text = json.dumps(spec_with(learning_rate=float("nan")))
+    assert file_problems(json_text, "json") == [("learning_rate", "invalid_value")]
+    toml_text = 'model = "m"\nlearning_rate = inf\n[[env]]\nid = "lab/addition"\n'
+    assert file_problems(toml_text, "toml") == [("learning_rate", "invalid_value")]
+
+
+def test_it_refuses_a_1mb_string_by_its_path():
+    text = json.dumps(spec_with(name="x" * 1_000_000))
+    assert file_problems(text, "json") == [("name", "too_long")]
+
+
+def test_it_refuses_files_over_1mib():
+    text = json.dumps(spec_with(name="x" * 1_100_000))
+    assert file_problems(text, "json") == [("", "too_large")]
+
+
+def test_it_refuses_toml_datetimes_as_strings():
+    text = 'model = 1979-05-27T07:32:00Z\n[[env]]\nid = "lab/addition"\n'
+    assert file_problems(text, "toml") == [("model", "invalid_type")]
+
+
+def test_load_spec_file_picks_the_format_from_the_suffix(tmp_path):
+    toml_path = tmp_path / "job.toml"
+    toml_path.write_text(DESIGN_EXAMPLE_TOML)
+    json_path = tmp_path / "job.json"
+    json_path.write_text(json.dumps(MINIMAL))
+
+    assert load_spec_file(toml_path).spec.name == "addition-smollm2"
+    assert load_spec_file(json_path).spec.model == "lab/tiny-random-llama"
+
+
+# --- catalogues ----------------------------------------------------------------------------
+
+@dataclass
+class Model:
+    context_length: int
+
+
+@dataclass
+class Environment:
+    args: dict = field(default_factory=dict)
+
+
+MODELS = {"lab/tiny-random-llama": Model(256), "HuggingFaceTB/SmolLM2-135M-Instruct": Model(8192)}
+ENVIRONMENTS = {
+    "lab/addition": Environment({"max_operand": 20, "seed": None, "scale": 1.0}),
+    "lab/reverse-text": Environment({}),
+}
+
+
+def catalogue_check(data):
+    spec = parse_spec(data).spec
+    return catalog_problems(spec, models=MODELS, environments=ENVIRONMENTS)
+
+
+def test_it_passes_a_spec_that_fits_the_catalogues():
+    data = spec_with(env=[{"id": "lab/addition", "args": {"max_operand": 5, "scale": 2}}])
+    assert catalogue_check(data) == []
+
+
+def test_it_refuses_an_unknown_model_listing_the_installed_ones():
+    assert catalogue_check(spec_with(model="Qwen/Qwen3-4B")) == [SpecProblem(
+        "model", "unknown_model",
+        "model 'Qwen/Qwen3-4B' is not in the catalogue; installed models: "
+        "HuggingFaceTB/SmolLM2-135M-Instruct, lab/tiny-random-llama",
+    )]
+
+
+def test_it_refuses_an_environment_that_is_not_installed():
+    data = spec_with(env=[{"id": "lab/addition"}, {"id": "primeintellect/reverse-text"}])
+    assert catalogue_check(data) == [SpecProblem(
+        "env.1.id", "unknown_environment",
+        "environment 'primeintellect/reverse-text' is not installed; installed environments: "
+        "lab/addition, lab/reverse-text",
+    )]
+
+
+def test_it_refuses_env_args_the_environment_does_not_take_or_of_another_type():
+    data = spec_with(env=[{"id": "lab/addition", "args": {
+        "max_operand": "20", "colour": "red", "seed": [1], "scale": True,
+    }}])
+    problems = [(p.param, p.code) for p in catalogue_check(data)]
+    assert problems == [
+        ("env.0.args.max_operand", "invalid_type"),
+        ("env.0.args.colour", "unknown_key"),
+        ("env.0.args.scale", "invalid_type"),
+    ]
+
+
+def test_it_refuses_max_tokens_beyond_the_model_context():
+    data = spec_with(sampling={"max_tokens": 257})
+    assert [(p.param, p.code) for p in catalogue_check(data)] == [
+        ("sampling.max_tokens", "out_of_range")
+    ]
+    assert catalogue_check(spec_with(sampling={"max_tokens": 256})) == []
+
+
+# --- schema --------------------------------------------------------------------------------
+
+def test_the_json_schema_accepts_the_design_example_and_refuses_unknown_keys():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = job_spec_json_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    example = loads_spec(DESIGN_EXAMPLE_TOML, "toml").to_dict()
+
+    assert list(validator.iter_errors(example)) == []
+    assert list(validator.iter_errors(spec_with(epochs=3)))
+    assert schema["required"] == ["model", "env"]
