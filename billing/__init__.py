@@ -1,0 +1,1 @@
+"""Billing: prices, usage ledger in GPU-seconds, credits, spend limits and Stripe."""

@@ -1,0 +1,1 @@
+"""Jobs: specs, the job state machine, admission and queue, launchers, ingest, metrics, stream."""

@@ -1,0 +1,1 @@
+"""REST endpoints for jobs and the ingest API engines report to."""

@@ -1,0 +1,3 @@
+"""Job endpoints under /api/v1."""
+
+urlpatterns: list = []

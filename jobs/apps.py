@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class JobsConfig(AppConfig):
+    """RL training jobs and everything they produce."""
+
+    name = "jobs"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,5 @@
+"""Lab: the Django project (settings, tenancy, API conventions, dashboard) and the Celery app."""
+
+from lab.celery import app as celery_app
+
+__all__ = ["celery_app"]

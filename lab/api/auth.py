@@ -1,0 +1,50 @@
+"""API key authentication and scope checks for every REST endpoint."""
+
+from __future__ import annotations
+
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+
+from lab.models import ApiKey, ApiKeyScope
+from lab.services import api_key_authenticate
+
+_INVALID = "Missing, malformed, revoked or unknown API key; send 'Authorization: Bearer lab_...'."
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    """Authenticate ``Authorization: Bearer lab_...``; ``request.auth`` becomes the ApiKey."""
+
+    def authenticate(self, request) -> tuple[None, ApiKey]:
+        header = get_authorization_header(request).split()
+        if len(header) != 2 or header[0].lower() != b"bearer":
+            raise AuthenticationFailed(_INVALID)
+        try:
+            plaintext = header[1].decode("ascii")
+        except UnicodeDecodeError:
+            raise AuthenticationFailed(_INVALID) from None
+        api_key = api_key_authenticate(plaintext)
+        if api_key is None:
+            raise AuthenticationFailed(_INVALID)
+        return (None, api_key)
+
+    def authenticate_header(self, request) -> str:
+        return "Bearer"
+
+
+class HasProjectScope(BasePermission):
+    """Require an API key; safe methods need ``read``, others ``write``.
+
+    A view may set ``required_scope`` to override (e.g. ``"read"`` for ``POST /jobs/estimate``).
+    """
+
+    def has_permission(self, request, view) -> bool:
+        api_key = request.auth
+        if not isinstance(api_key, ApiKey):
+            raise AuthenticationFailed(_INVALID)
+        required = getattr(view, "required_scope", None) or (
+            ApiKeyScope.READ if request.method in SAFE_METHODS else ApiKeyScope.WRITE
+        )
+        if required not in api_key.scopes:
+            raise PermissionDenied(f"This API key lacks the '{required}' scope.")
+        return True

@@ -1,0 +1,59 @@
+"""The list envelope ``{"object": "list", "data": [...], "has_more": bool}`` and cursor paging.
+
+``limit`` (default 20, max 100 unless the endpoint allows more) and ``after`` (the public id of
+the last item seen) follow DESIGN.md §4 "Conventions".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db.models import QuerySet
+
+from lab.api.errors import ApiError, FieldError
+
+
+def parse_limit(params, *, default: int = 20, maximum: int = 100) -> int:
+    """Return the ``limit`` query parameter within [1, maximum]; 400 when it is not such a number."""
+    raw = params.get("limit")
+    if raw in (None, ""):
+        return default
+    try:
+        limit = int(raw)
+    except (TypeError, ValueError):
+        limit = 0
+    if not 1 <= limit <= maximum:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"limit must be an integer from 1 to {maximum}.",
+            errors=[FieldError("limit", "out_of_range", f"limit must be an integer from 1 to {maximum}.")],
+        )
+    return limit
+
+
+def list_envelope(items: Iterable[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
+    """Return the list envelope around already-serialized ``items``."""
+    return {"object": "list", "data": list(items), "has_more": has_more}
+
+
+def paginate_by_public_id(
+    queryset: QuerySet, params, serialize: Callable[[Any], dict[str, Any]], *, newest_first: bool = True
+) -> dict[str, Any]:
+    """Page ``queryset`` (already scoped to the tenant) by its ``public_id`` cursor.
+
+    Items are ordered by primary key (newest first by default); ``after`` names the last item of
+    the previous page and must belong to the same queryset, otherwise it is a 404 like any id
+    the caller cannot see.
+    """
+    limit = parse_limit(params)
+    ordered = queryset.order_by("-pk" if newest_first else "pk")
+    after = params.get("after")
+    if after:
+        anchor = queryset.filter(public_id=after).values_list("pk", flat=True).first()
+        if anchor is None:
+            raise ApiError(404, "not_found", f"No such object: {after[:64]}", param="after")
+        ordered = ordered.filter(pk__lt=anchor) if newest_first else ordered.filter(pk__gt=anchor)
+    page = list(ordered[: limit + 1])
+    return list_envelope((serialize(item) for item in page[:limit]), has_more=len(page) > limit)

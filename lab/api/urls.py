@@ -1,0 +1,12 @@
+"""REST API routes under /api/v1 (DESIGN.md §4 "REST API")."""
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from lab.api.views import WhoAmIView
+
+urlpatterns = [
+    path("whoami", WhoAmIView.as_view(), name="api-whoami"),
+    path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="api-schema"),
+    path("", include("jobs.api.urls")),
+]

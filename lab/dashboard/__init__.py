@@ -1,0 +1,1 @@
+"""The server-rendered dashboard: accounts, organizations, projects, API keys."""

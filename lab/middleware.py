@@ -1,0 +1,106 @@
+"""Request middleware: request ids, Prometheus request metrics, the request body limit.
+
+Each class works under WSGI and ASGI (sync and async), since the live stream is an async view.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+
+from lab.api.errors import ApiError, error_json_response
+from lab.logging import request_id_var
+from lab.metrics import REQUEST_LATENCY, REQUESTS
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class _Middleware:
+    """Run ``before`` and ``after`` around the view, in sync or async mode as the stack needs."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        if iscoroutinefunction(self.get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self._acall(request)
+        early = self.before(request)
+        if early is not None:
+            return self.after(request, early)
+        return self.after(request, self.get_response(request))
+
+    async def _acall(self, request):
+        early = self.before(request)
+        if early is not None:
+            return self.after(request, early)
+        return self.after(request, await self.get_response(request))
+
+    def before(self, request):
+        return None
+
+    def after(self, request, response):
+        return response
+
+
+class RequestIdMiddleware(_Middleware):
+    """Take a sane ``X-Request-Id`` from the client or make one; echo it on every response."""
+
+    def before(self, request):
+        incoming = request.headers.get("X-Request-Id", "")
+        request.request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        request_id_var.set(request.request_id)
+        return None
+
+    def after(self, request, response):
+        response["X-Request-Id"] = request.request_id
+        return response
+
+
+def _route_label(request) -> str:
+    match = getattr(request, "resolver_match", None)
+    return match.route if match is not None and match.route else "unmatched"
+
+
+class PrometheusMiddleware(_Middleware):
+    """Count requests and time them by route (the URL pattern, not the raw path) and status."""
+
+    def before(self, request):
+        request._lab_started = time.perf_counter()
+        return None
+
+    def after(self, request, response):
+        route = _route_label(request)
+        REQUESTS.labels(method=request.method, route=route, status=str(response.status_code)).inc()
+        REQUEST_LATENCY.labels(method=request.method, route=route).observe(time.perf_counter() - request._lab_started)
+        return response
+
+
+def max_request_bytes(path: str) -> int:
+    """Return the largest body accepted on ``path`` (1 MB everywhere for now)."""
+    return settings.LAB_MAX_REQUEST_BYTES
+
+
+class BodySizeLimitMiddleware(_Middleware):
+    """Refuse a body whose declared length is over the limit with 413 before it is read."""
+
+    def before(self, request):
+        declared = request.META.get("CONTENT_LENGTH") or "0"
+        try:
+            length = int(declared)
+        except ValueError:
+            return error_json_response(ApiError(400, "invalid_request", "Content-Length is not a number."))
+        limit = max_request_bytes(request.path)
+        if length > limit:
+            return error_json_response(
+                ApiError(413, "request_too_large", f"The request body is larger than {limit // (1024 * 1024)} MB.")
+            )
+        return None

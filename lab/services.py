@@ -1,0 +1,424 @@
+"""Services for accounts and tenancy: every state change goes through one of these functions.
+
+Each runs in one transaction and writes an audit row (``audit_record``). Permission problems raise
+``django.core.exceptions.PermissionDenied``; bad input raises ``django.core.exceptions.ValidationError``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.mail import send_mail
+from django.core.validators import validate_email
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from lab.ids import sha256_hex
+from lab.logging import request_id_var
+from lab.models import (
+    ApiKey,
+    ApiKeyScope,
+    AuditLogEntry,
+    Invitation,
+    Membership,
+    Organization,
+    Project,
+    Role,
+    User,
+)
+
+API_KEY_PREFIX = "lab_"
+# last_used_at is written at most this often per key, so reads do not turn into writes.
+_LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who performs an action: a signed-in user, an API key, or the system (both None)."""
+
+    user: User | None = None
+    api_key: ApiKey | None = None
+
+    @classmethod
+    def system(cls) -> Actor:
+        """Return the actor for actions Lab takes by itself (reconciler, commands)."""
+        return cls()
+
+
+def audit_record(
+    *,
+    actor: Actor,
+    organization: Organization,
+    action: str,
+    project: Project | None = None,
+    target: str = "",
+    data: dict[str, Any] | None = None,
+) -> AuditLogEntry:
+    """Write one audit row for a state-changing action (call inside the action's transaction)."""
+    return AuditLogEntry.objects.create(
+        organization=organization,
+        project=project,
+        actor_user=actor.user,
+        actor_api_key=actor.api_key,
+        action=action,
+        target=target,
+        data=data or {},
+        request_id=request_id_var.get() or "",
+    )
+
+
+# --- users and organizations -----------------------------------------------------------------
+
+
+def _normalize_email(email: str) -> str:
+    email = (email or "").strip().lower()
+    validate_email(email)
+    return email
+
+
+def user_sign_up(*, email: str, password: str, name: str = "") -> User:
+    """Create a user after validating the email and the password's strength.
+
+    Raises ValidationError (field ``email`` or ``password``) when either is refused, including an
+    email already in use.
+    """
+    try:
+        email = _normalize_email(email)
+    except ValidationError:
+        raise ValidationError({"email": ["Enter a valid email address."]}) from None
+    if User.objects.filter(email=email).exists():
+        raise ValidationError({"email": ["An account with this email already exists."]})
+    candidate = User(email=email, name=name)
+    try:
+        validate_password(password, user=candidate)
+    except ValidationError as exc:
+        raise ValidationError({"password": exc.messages}) from None
+    try:
+        with transaction.atomic():
+            return User.objects.create_user(email=email, password=password, name=name)
+    except IntegrityError:
+        raise ValidationError({"email": ["An account with this email already exists."]}) from None
+
+
+def _unique_slug(model: type, base: str, **scope: Any) -> str:
+    base = slugify(base)[:40] or "team"
+    slug, suffix = base, 1
+    while model.objects.filter(slug=slug, **scope).exists():
+        suffix += 1
+        slug = f"{base}-{suffix}"
+    return slug
+
+
+@transaction.atomic
+def organization_create(*, user: User, name: str, slug: str | None = None) -> Organization:
+    """Create an organization owned by ``user``, with a first project named ``default``."""
+    name = name.strip()[:100]
+    if not name:
+        raise ValidationError({"name": ["An organization needs a name."]})
+    organization = Organization.objects.create(
+        name=name, slug=slugify(slug)[:50] if slug else _unique_slug(Organization, name)
+    )
+    Membership.objects.create(organization=organization, user=user, role=Role.OWNER)
+    actor = Actor(user=user)
+    audit_record(actor=actor, organization=organization, action="organization.create", target=organization.slug)
+    project_create(actor=actor, organization=organization, name="Default", slug="default")
+    return organization
+
+
+def membership_for(*, user: User, organization: Organization) -> Membership | None:
+    """Return ``user``'s membership of ``organization``, or None."""
+    if user is None or not user.is_authenticated:
+        return None
+    return Membership.objects.filter(user=user, organization=organization).first()
+
+
+def _require_manager(actor: Actor, organization: Organization) -> None:
+    """Raise PermissionDenied unless the actor is an owner/admin (or the system)."""
+    if actor.user is None and actor.api_key is None:
+        return
+    if actor.user is None:
+        raise PermissionDenied("Only organization owners and admins may do this.")
+    membership = membership_for(user=actor.user, organization=organization)
+    if membership is None or not membership.can_manage:
+        raise PermissionDenied("Only organization owners and admins may do this.")
+
+
+@transaction.atomic
+def project_create(*, actor: Actor, organization: Organization, name: str, slug: str | None = None) -> Project:
+    """Create a project in ``organization``. Raises PermissionDenied for non-managers."""
+    _require_manager(actor, organization)
+    name = name.strip()[:100]
+    if not name:
+        raise ValidationError({"name": ["A project needs a name."]})
+    slug = slugify(slug)[:50] if slug else _unique_slug(Project, name, organization=organization)
+    if Project.objects.filter(organization=organization, slug=slug).exists():
+        raise ValidationError({"slug": [f"The project {slug!r} already exists."]})
+    project = Project.objects.create(organization=organization, name=name, slug=slug)
+    audit_record(actor=actor, organization=organization, project=project, action="project.create", target=slug)
+    return project
+
+
+# --- API keys --------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def api_key_create(
+    *, actor: Actor, project: Project, name: str, scopes: list[str] | None = None
+) -> tuple[ApiKey, str]:
+    """Create an API key for ``project`` and return it with its plaintext (shown once, never stored).
+
+    ``scopes`` is ``["read"]`` or ``["read", "write"]`` (the default).
+    Raises PermissionDenied for non-managers, ValidationError for unknown scopes.
+    """
+    _require_manager(actor, project.organization)
+    scopes = sorted(set(scopes or [ApiKeyScope.READ, ApiKeyScope.WRITE]))
+    if not set(scopes) <= set(ApiKeyScope.values) or ApiKeyScope.READ not in scopes:
+        raise ValidationError({"scopes": ["Scopes are ['read'] or ['read', 'write']."]})
+    plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
+    api_key = ApiKey.objects.create(
+        project=project,
+        name=(name or "API key").strip()[:100],
+        prefix=plaintext[:12],
+        key_hash=sha256_hex(plaintext),
+        scopes=scopes,
+        created_by=actor.user,
+    )
+    audit_record(
+        actor=actor,
+        organization=project.organization,
+        project=project,
+        action="api_key.create",
+        target=api_key.public_id,
+        data={"name": api_key.name, "scopes": scopes},
+    )
+    return api_key, plaintext
+
+
+@transaction.atomic
+def api_key_revoke(*, actor: Actor, api_key: ApiKey) -> ApiKey:
+    """Revoke ``api_key`` at once; revoking twice is a no-op."""
+    organization = api_key.project.organization
+    _require_manager(actor, organization)
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor,
+            organization=organization,
+            project=api_key.project,
+            action="api_key.revoke",
+            target=api_key.public_id,
+        )
+    return api_key
+
+
+def api_key_authenticate(plaintext: str) -> ApiKey | None:
+    """Return the active key matching ``plaintext`` (constant-time comparison), or None.
+
+    Touches ``last_used_at`` at most once a minute per key with a conditional UPDATE.
+    """
+    if not plaintext.startswith(API_KEY_PREFIX) or not 20 <= len(plaintext) <= 100:
+        return None
+    digest = sha256_hex(plaintext)
+    for candidate in ApiKey.objects.select_related("project__organization").filter(
+        prefix=plaintext[:12], revoked_at__isnull=True
+    ):
+        if hmac.compare_digest(candidate.key_hash, digest):
+            now = timezone.now()
+            if candidate.last_used_at is None or candidate.last_used_at < now - _LAST_USED_RESOLUTION:
+                ApiKey.objects.filter(pk=candidate.pk).update(last_used_at=now)
+                candidate.last_used_at = now
+            return candidate
+    return None
+
+
+# --- members and invitations -------------------------------------------------------------------
+
+
+@transaction.atomic
+def invitation_create(
+    *, actor: Actor, organization: Organization, email: str, role: str = Role.MEMBER, accept_url_base: str | None = None
+) -> tuple[Invitation, str]:
+    """Invite ``email`` to ``organization`` with ``role`` and email the link; return it and its token.
+
+    Only owners may invite owners. Raises PermissionDenied or ValidationError.
+    """
+    _require_manager(actor, organization)
+    try:
+        email = _normalize_email(email)
+    except ValidationError:
+        raise ValidationError({"email": ["Enter a valid email address."]}) from None
+    if role not in Role.values:
+        raise ValidationError({"role": [f"Role must be one of {', '.join(Role.values)}."]})
+    if role == Role.OWNER and actor.user is not None:
+        membership = membership_for(user=actor.user, organization=organization)
+        if membership is None or membership.role != Role.OWNER:
+            raise PermissionDenied("Only owners may invite owners.")
+    if Membership.objects.filter(organization=organization, user__email=email).exists():
+        raise ValidationError({"email": ["This person is already a member."]})
+    token = secrets.token_urlsafe(32)
+    invitation = Invitation.objects.create(
+        organization=organization,
+        email=email,
+        role=role,
+        token_hash=sha256_hex(token),
+        invited_by=actor.user,
+        expires_at=timezone.now() + timedelta(seconds=settings.LAB_INVITATION_TTL_S),
+    )
+    audit_record(
+        actor=actor, organization=organization, action="invitation.create", target=email, data={"role": role}
+    )
+    link = f"{(accept_url_base or settings.LAB_PUBLIC_URL).rstrip('/')}/invitations/{token}/"
+    transaction.on_commit(
+        lambda: send_mail(
+            subject=f"You are invited to {organization.name} on Lab",
+            message=f"Join {organization.name} on Lab as {role}: {link}\nThe link expires in "
+            f"{settings.LAB_INVITATION_TTL_S // 86400} days.",
+            from_email=None,
+            recipient_list=[email],
+        )
+    )
+    return invitation, token
+
+
+def invitation_by_token(token: str) -> Invitation | None:
+    """Return the invitation with this token (pending or not), or None."""
+    if not token or len(token) > 100:
+        return None
+    return Invitation.objects.select_related("organization").filter(token_hash=sha256_hex(token)).first()
+
+
+@transaction.atomic
+def invitation_accept(*, token: str, user: User) -> Membership:
+    """Join the invitation's organization as ``user``.
+
+    Raises ValidationError when the token is unknown, expired, used, revoked or for another email.
+    """
+    invitation = invitation_by_token(token)
+    if invitation is None:
+        raise ValidationError("This invitation link is not valid.")
+    invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+    if not invitation.is_pending:
+        raise ValidationError("This invitation has expired or was already used.")
+    if invitation.email != user.email:
+        raise ValidationError("This invitation was sent to another email address.")
+    membership, _ = Membership.objects.get_or_create(
+        organization=invitation.organization, user=user, defaults={"role": invitation.role}
+    )
+    invitation.accepted_at = timezone.now()
+    invitation.save(update_fields=["accepted_at"])
+    audit_record(
+        actor=Actor(user=user),
+        organization=invitation.organization,
+        action="invitation.accept",
+        target=user.email,
+        data={"role": membership.role},
+    )
+    return membership
+
+
+@transaction.atomic
+def invitation_revoke(*, actor: Actor, invitation: Invitation) -> None:
+    """Revoke a pending invitation."""
+    _require_manager(actor, invitation.organization)
+    if invitation.revoked_at is None and invitation.accepted_at is None:
+        invitation.revoked_at = timezone.now()
+        invitation.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor, organization=invitation.organization, action="invitation.revoke", target=invitation.email
+        )
+
+
+@transaction.atomic
+def membership_set_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
+    """Change a member's role; only owners grant or take away ownership; one owner always stays."""
+    organization = membership.organization
+    _require_manager(actor, organization)
+    if role not in Role.values:
+        raise ValidationError({"role": [f"Role must be one of {', '.join(Role.values)}."]})
+    actor_membership = membership_for(user=actor.user, organization=organization) if actor.user else None
+    touches_owner = Role.OWNER in (role, membership.role)
+    if touches_owner and actor_membership is not None and actor_membership.role != Role.OWNER:
+        raise PermissionDenied("Only owners may grant or take away ownership.")
+    _keep_one_owner(membership, new_role=role)
+    old_role, membership.role = membership.role, role
+    membership.save(update_fields=["role"])
+    audit_record(
+        actor=actor,
+        organization=organization,
+        action="membership.set_role",
+        target=membership.user.email,
+        data={"from": old_role, "to": role},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: Actor, membership: Membership) -> None:
+    """Remove a member (a member may also leave by themself); the last owner cannot leave."""
+    organization = membership.organization
+    if actor.user is None or actor.user.pk != membership.user_id:
+        _require_manager(actor, organization)
+        actor_membership = membership_for(user=actor.user, organization=organization) if actor.user else None
+        if membership.role == Role.OWNER and actor_membership is not None and actor_membership.role != Role.OWNER:
+            raise PermissionDenied("Only owners may remove an owner.")
+    _keep_one_owner(membership, new_role=None)
+    email = membership.user.email
+    membership.delete()
+    audit_record(actor=actor, organization=organization, action="membership.remove", target=email)
+
+
+def _keep_one_owner(membership: Membership, *, new_role: str | None) -> None:
+    if membership.role != Role.OWNER or new_role == Role.OWNER:
+        return
+    owners = Membership.objects.select_for_update().filter(organization=membership.organization, role=Role.OWNER)
+    if owners.exclude(pk=membership.pk).count() == 0:
+        raise ValidationError("An organization keeps at least one owner.")
+
+
+# --- bootstrap ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, password: str | None) -> dict[str, str]:
+    """Create or reuse the user, organization (user as owner) and project, and add a new API key.
+
+    Idempotent for the user, organization and project; each call makes one new read-write key.
+    Returns ``{"organization", "project", "api_key", "user"}`` (DESIGN.md §4 "Set-up").
+    Raises ValidationError for an invalid email, slug or password.
+    """
+    try:
+        email = _normalize_email(email)
+    except ValidationError:
+        raise ValidationError(f"invalid email address: {email!r}") from None
+    organization_slug, project_slug = organization_slug.strip(), project_slug.strip()
+    for label, value in (("organization", organization_slug), ("project", project_slug)):
+        if not value or slugify(value) != value or len(value) > 50:
+            raise ValidationError(f"invalid {label} slug {value!r}: use lowercase letters, digits and hyphens")
+    user = User.objects.filter(email=email).first()
+    if user is None:
+        if password:
+            validate_password(password)
+        user = User.objects.create_user(email=email, password=password or None)
+    elif password:
+        validate_password(password, user=user)
+        user.set_password(password)
+        user.save(update_fields=["password"])
+    organization = Organization.objects.filter(slug=organization_slug).first()
+    if organization is None:
+        organization = Organization.objects.create(slug=organization_slug, name=organization_slug)
+        audit_record(actor=Actor.system(), organization=organization, action="organization.create", target=organization_slug)
+    Membership.objects.get_or_create(organization=organization, user=user, defaults={"role": Role.OWNER})
+    project = Project.objects.filter(organization=organization, slug=project_slug).first()
+    if project is None:
+        project = project_create(actor=Actor.system(), organization=organization, name=project_slug, slug=project_slug)
+    _, plaintext = api_key_create(actor=Actor.system(), project=project, name="bootstrap")
+    return {"organization": organization.slug, "project": project.slug, "api_key": plaintext, "user": user.email}

@@ -1,0 +1,261 @@
+"""Django settings for Lab.
+
+Every value comes from the environment through the typed helpers in ``lab.config`` (DESIGN.md §4
+"Configuration"). With no environment at all, Lab runs on embedded defaults: SQLite under
+``LAB_DATA_DIR``, a Celery broker on SQLite (no server), the local launcher and file storage.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from lab.config import (
+    env_bool,
+    env_choice,
+    env_int,
+    env_int_list,
+    env_json,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# --- where Lab keeps its files --------------------------------------------------------------
+LAB_DATA_DIR = Path(env_str("LAB_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+LAB_DATA_DIR.mkdir(parents=True, exist_ok=True)
+LAB_MODEL_DIR = Path(env_str("LAB_MODEL_DIR", str(LAB_DATA_DIR / "models"))).resolve()
+
+# --- core Django -----------------------------------------------------------------------------
+DEBUG = env_bool("DEBUG", True)
+
+
+def _secret_key() -> str:
+    """Return SECRET_KEY; in DEBUG without one, a random key kept under LAB_DATA_DIR."""
+    key = env_str("SECRET_KEY")
+    if key:
+        if not DEBUG and (len(key) < 50 or len(set(key)) < 5 or key.startswith("django-insecure")):
+            raise ImproperlyConfigured("SECRET_KEY is too weak for DEBUG=0: use at least 50 random characters")
+        return key
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when DEBUG=0")
+    key_file = LAB_DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(64))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG=0")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "lab",
+    "jobs",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "lab.middleware.RequestIdMiddleware",
+    "lab.middleware.PrometheusMiddleware",
+    "lab.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "lab.urls"
+WSGI_APPLICATION = "lab.wsgi.application"
+ASGI_APPLICATION = "lab.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database --------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0))}
+else:
+    # Web, worker and engine reporting share the file: WAL lets readers run beside one writer,
+    # IMMEDIATE transactions take the write lock up front, and the timeout waits for it.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": LAB_DATA_DIR / "lab.sqlite3",
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis, cache, Celery --------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(LAB_DATA_DIR / "cache"),
+        }
+    }
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or f"sqla+sqlite:///{LAB_DATA_DIR / 'celery-broker.sqlite3'}"
+# The longest task is bounded by CELERY_TASK_TIME_LIMIT; the broker must not redeliver a task
+# that is still running, so its visibility timeout stays well above that limit.
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 300, minimum=1)
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 240, minimum=1)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 4}
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+
+# --- Lab -------------------------------------------------------------------------------------
+LAB_PUBLIC_URL = env_str("LAB_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+LAB_LAUNCHER = env_choice("LAB_LAUNCHER", "local", ("local", "kubernetes"))
+LAB_LOCAL_SLOTS = env_int("LAB_LOCAL_SLOTS", 1, minimum=1, maximum=64)
+LAB_WEBHOOK_ALLOW_PRIVATE = env_bool("LAB_WEBHOOK_ALLOW_PRIVATE", False)
+LAB_STORAGE_URL = env_str("LAB_STORAGE_URL", "")
+if LAB_STORAGE_URL and not LAB_STORAGE_URL.startswith("s3://"):
+    raise ImproperlyConfigured("LAB_STORAGE_URL must be empty (filesystem) or s3://bucket/prefix")
+LAB_POOL = env_json("LAB_POOL", {"nodes": [{"gpu_type": "cpu", "gpus": 0, "count": 1}]})
+if not isinstance(LAB_POOL, dict) or not isinstance(LAB_POOL.get("nodes"), list):
+    raise ImproperlyConfigured('LAB_POOL must be a JSON object like {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}]}')
+LAB_ENGINE_IMAGE = env_str("LAB_ENGINE_IMAGE", "lab-engine:latest")
+LAB_ORG_MAX_RUNNING_JOBS = env_int("LAB_ORG_MAX_RUNNING_JOBS", 4, minimum=1)
+LAB_HEARTBEAT_TIMEOUT_S = env_int("LAB_HEARTBEAT_TIMEOUT_S", 120, minimum=10)
+LAB_WEBHOOK_RETRY_SCHEDULE = env_int_list("LAB_WEBHOOK_RETRY_SCHEDULE", [0, 5, 300, 1800, 7200, 18000, 36000, 36000])
+LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
+LAB_TRIAL_CREDIT_USD = env_str("LAB_TRIAL_CREDIT_USD", "10.00")
+STRIPE_API_KEY = env_str("STRIPE_API_KEY", "")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
+STRIPE_METER_EVENT_NAME = env_str("STRIPE_METER_EVENT_NAME", "lab_gpu_seconds")
+
+# Requests per minute one API key may make before it gets 429 with Retry-After.
+LAB_API_RATE_LIMIT_PER_MINUTE = env_int("LAB_API_RATE_LIMIT_PER_MINUTE", 1200, minimum=1)
+# Request bodies above this many bytes are refused with 413 (DESIGN.md §4 conventions).
+LAB_MAX_REQUEST_BYTES = 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = LAB_MAX_REQUEST_BYTES
+LAB_IDEMPOTENCY_TTL_S = 24 * 3600
+
+# --- auth ------------------------------------------------------------------------------------
+AUTH_USER_MODEL = "lab.User"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LAB_INVITATION_TTL_S = env_int("LAB_INVITATION_TTL_S", 7 * 24 * 3600, minimum=60)
+
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Lab <noreply@localhost>")
+
+# --- security (on by default whenever DEBUG is off) ---------------------------------------------
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SECURE_HSTS_PRELOAD = not DEBUG
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# --- i18n, static ----------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = LAB_DATA_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+
+# --- REST framework --------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["lab.api.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["lab.api.auth.HasProjectScope"],
+    "DEFAULT_THROTTLE_CLASSES": ["lab.api.throttling.ApiKeyRateThrottle"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "lab.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+    "DATETIME_FORMAT": "%Y-%m-%dT%H:%M:%SZ",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Lab API",
+    "DESCRIPTION": "Hosted reinforcement-learning jobs: submit, watch and fetch results.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}
+
+# --- logging: one JSON object per line, with the request id ----------------------------------
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"request_id": {"()": "lab.logging.RequestIdFilter"}},
+    "formatters": {"json": {"()": "lab.logging.JsonFormatter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "stream": sys.stderr,
+            "formatter": "json",
+            "filters": ["request_id"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.server": {"level": "WARNING"}},
+}

@@ -1,0 +1,17 @@
+"""Top-level URLs: the REST API under /api/v1, operations endpoints, admin and the dashboard."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+from lab import ops
+
+urlpatterns = [
+    path("api/v1/", include("lab.api.urls")),
+    path("healthz", ops.healthz, name="healthz"),
+    path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics, name="metrics"),
+    path("admin/", admin.site.urls),
+    path("", include("lab.dashboard.urls")),
+]
+
+handler404 = "lab.dashboard.views.not_found_page"

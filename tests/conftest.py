@@ -1,0 +1,70 @@
+"""Shared fixtures: three tenants (an owner, a member of the same organization, an outsider).
+
+Tests run against PostgreSQL and Redis when DATABASE_URL / REDIS_URL are set (CI sets them), and
+on the embedded SQLite defaults otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from django.core.cache import cache
+from rest_framework.test import APIClient
+
+from lab.models import ApiKey, Membership, Organization, Project, Role, User
+from lab.services import Actor, api_key_create, organization_create, user_sign_up
+
+PASSWORD = "correct-horse-battery-staple"
+
+
+@dataclass
+class Tenant:
+    """One user with an organization, its default project and a read-write API key."""
+
+    user: User
+    organization: Organization
+    project: Project
+    api_key: ApiKey
+    key: str
+
+    def client(self, key: str | None = None) -> APIClient:
+        """Return an API client authenticated with this tenant's key (or ``key``)."""
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key or self.key}")
+        return client
+
+
+def make_tenant(email: str, organization_name: str) -> Tenant:
+    """Sign up ``email``, create its organization (with project ``default``) and a key."""
+    user = user_sign_up(email=email, password=PASSWORD)
+    organization = organization_create(user=user, name=organization_name)
+    project = organization.projects.get(slug="default")
+    api_key, key = api_key_create(actor=Actor(user=user), project=project, name="test")
+    return Tenant(user=user, organization=organization, project=project, api_key=api_key, key=key)
+
+
+@pytest.fixture(autouse=True)
+def _clear_cache():
+    cache.clear()
+    yield
+
+
+@pytest.fixture
+def owner(db) -> Tenant:
+    """The owner of organization "Acme" with project "default"."""
+    return make_tenant("owner@acme.test", "Acme")
+
+
+@pytest.fixture
+def member(owner: Tenant) -> User:
+    """A plain member of the owner's organization."""
+    user = user_sign_up(email="member@acme.test", password=PASSWORD)
+    Membership.objects.create(organization=owner.organization, user=user, role=Role.MEMBER)
+    return user
+
+
+@pytest.fixture
+def outsider(db) -> Tenant:
+    """The owner of another organization, "Globex", who must never see Acme's objects."""
+    return make_tenant("outsider@globex.test", "Globex")
