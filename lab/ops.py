@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
+from kombu import Connection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from lab.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def _check_database() -> str | None:
 
 def _check_broker() -> str | None:
     try:
-        with celery_app.connection_for_write() as broker:
+        with Connection(settings.CELERY_BROKER_URL, connect_timeout=2) as broker:
             broker.ensure_connection(max_retries=1, timeout=2)
     except Exception as exc:  # any transport error means "not ready"
         return f"{type(exc).__name__}: {exc}"

@@ -141,7 +141,10 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or f"sqla+sqlite:/
 # that is still running, so its visibility timeout stays well above that limit.
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 300, minimum=1)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 240, minimum=1)
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 4}
+# (Redis and SQS honour it; the embedded SQLAlchemy transport takes engine options instead.)
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 4} if not CELERY_BROKER_URL.startswith("sqla+") else {}
+)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 
 # --- Lab -------------------------------------------------------------------------------------
@@ -258,4 +261,9 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.server": {"level": "WARNING"}},
+}
+
+# --- periodic tasks (celery beat) ------------------------------------------------------------
+CELERY_BEAT_SCHEDULE = {
+    "purge-idempotency-records": {"task": "lab.purge_idempotency_records", "schedule": 3600.0},
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
@@ -48,3 +49,13 @@ class HasProjectScope(BasePermission):
         if required not in api_key.scopes:
             raise PermissionDenied(f"This API key lacks the '{required}' scope.")
         return True
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Describe API key authentication in the OpenAPI document."""
+
+    target_class = ApiKeyAuthentication
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema) -> dict:
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "lab_...", "description": "A project API key."}

@@ -1,22 +1,375 @@
-"""Dashboard views."""
+"""Dashboard views: thin adapters from HTTP to the services in ``lab.services``.
+
+Tenant-owned pages resolve their organization and project through ``lab.dashboard.access`` (a
+non-member gets the same 404 as a missing slug). Pages that change something accept POST only, and
+refuse members who may not manage with 403 before reading the form; the services check again.
+"""
 
 from __future__ import annotations
 
+from django.contrib import messages
+from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from lab import services
 from lab.api.errors import not_found
+from lab.dashboard.access import OrganizationAccess, organization_view, project_view
+from lab.dashboard.forms import (
+    ApiKeyCreateForm,
+    InvitationCreateForm,
+    MembershipRoleForm,
+    OrganizationCreateForm,
+    ProjectCreateForm,
+    SignUpForm,
+    add_service_errors,
+)
+from lab.models import ApiKey, Invitation, Membership, Project, Role
+from lab.services import Actor
+
+AUDIT_LOG_PAGE_SIZE = 50
+
+
+def _render(
+    request: HttpRequest,
+    template: str,
+    context: dict | None = None,
+    *,
+    access: OrganizationAccess | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """Render ``template`` with what the top bar needs: the user's organizations and the current
+    organization's projects."""
+    page = {"access": access, "current_organization": access.organization if access else None}
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        page["nav_memberships"] = (
+            Membership.objects.filter(user=user).select_related("organization").order_by("organization__name")
+        )
+    if access is not None:
+        page["nav_projects"] = access.organization.projects.order_by("name")
+    page.update(context or {})
+    return render(request, template, page, status=status)
+
+
+def _actor(request: HttpRequest) -> Actor:
+    return Actor(user=request.user)
+
+
+# --- accounts ------------------------------------------------------------------------------------
+
+
+def _invitation_problem(invitation: Invitation | None) -> str:
+    """Say why ``invitation`` cannot be accepted (empty when it can)."""
+    if invitation is None:
+        return "This invitation link is not valid. Check the link in your email, or ask for a new invitation."
+    if invitation.accepted_at is not None:
+        return "This invitation was already accepted."
+    if invitation.revoked_at is not None:
+        return "This invitation was withdrawn. Ask an owner or admin of the organization for a new one."
+    if not invitation.is_pending:
+        return (
+            f"This invitation expired on {invitation.expires_at:%Y-%m-%d %H:%M} UTC. "
+            "Ask an owner or admin of the organization for a new one."
+        )
+    return ""
+
+
+@require_http_methods(["GET", "POST"])
+def sign_up(request: HttpRequest) -> HttpResponse:
+    """Create an account and an organization, or join the organization of ``?invitation=<token>``."""
+    source = request.POST if request.method == "POST" else request.GET
+    token = (source.get("invitation") or "").strip()
+    if request.user.is_authenticated:
+        return redirect("invitation", token=token) if token else redirect("home")
+    invitation = services.invitation_by_token(token) if token else None
+    form = SignUpForm(
+        request.POST if request.method == "POST" else None,
+        invitation_token=token,
+        initial={"email": invitation.email} if invitation else None,
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            user = form.save()
+        except ValidationError as error:
+            form.add_service_errors(error)
+        else:
+            login(request, user)
+            return redirect("home")
+    context = {
+        "form": form,
+        "invitation": invitation,
+        "invitation_problem": _invitation_problem(invitation) if token else "",
+    }
+    return _render(request, "accounts/signup.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+def invitation_detail(request: HttpRequest, token: str) -> HttpResponse:
+    """Show an invitation and accept it for the signed-in user (POST).
+
+    Unknown tokens answer 404, expired, used or withdrawn ones 410, with a message saying which.
+    """
+    invitation = services.invitation_by_token(token)
+    problem = _invitation_problem(invitation)
+    status = 404 if invitation is None else 410 if problem else 200
+    if request.method == "POST" and not problem:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        try:
+            membership = services.invitation_accept(token=token, user=request.user)
+        except ValidationError as error:
+            problem, status = " ".join(error.messages), 400
+        else:
+            messages.success(request, f"You joined {membership.organization.name} as {membership.role}.")
+            return redirect("organization", org_slug=membership.organization.slug)
+    context = {"invitation": invitation, "problem": problem, "token": token}
+    return _render(request, "accounts/invitation.html", context, status=status)
+
+
+# --- organizations -------------------------------------------------------------------------------
 
 
 @login_required
-def home(request) -> HttpResponse:
-    """The signed-in user's landing page."""
-    return render(request, "dashboard/home.html", {})
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    """List the user's organizations; go straight to the only one."""
+    memberships = list(
+        Membership.objects.filter(user=request.user).select_related("organization").order_by("organization__name")
+    )
+    if len(memberships) == 1:
+        return redirect("organization", org_slug=memberships[0].organization.slug)
+    return _render(request, "dashboard/home.html", {"memberships": memberships, "form": OrganizationCreateForm()})
 
 
-def not_found_page(request, exception=None) -> HttpResponse:
+@login_required
+@require_http_methods(["GET", "POST"])
+def organization_create(request: HttpRequest) -> HttpResponse:
+    """Create an organization owned by the signed-in user."""
+    form = OrganizationCreateForm(request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            organization = services.organization_create(user=request.user, name=form.cleaned_data["name"])
+        except ValidationError as error:
+            add_service_errors(form, error)
+        else:
+            messages.success(request, f"Created {organization.name}.")
+            return redirect("organization", org_slug=organization.slug)
+    return _render(request, "dashboard/organization_create.html", {"form": form})
+
+
+def _organization_page(
+    request: HttpRequest,
+    access: OrganizationAccess,
+    *,
+    project_form: ProjectCreateForm | None = None,
+    invitation_form: InvitationCreateForm | None = None,
+) -> HttpResponse:
+    organization = access.organization
+    invitations = organization.invitations.filter(accepted_at__isnull=True, revoked_at__isnull=True).order_by(
+        "-created_at"
+    )
+    context = {
+        "organization": organization,
+        "projects": organization.projects.order_by("name"),
+        "members": [
+            (membership, access.can_manage_member(membership))
+            for membership in organization.memberships.select_related("user").order_by("created_at", "id")
+        ],
+        "invitations": invitations,
+        "project_form": project_form or ProjectCreateForm(),
+        "invitation_form": invitation_form or InvitationCreateForm(include_owner=access.is_owner),
+        "role_choices": [(value, label) for value, label in Role.choices if access.is_owner or value != Role.OWNER],
+    }
+    return _render(request, "dashboard/organization.html", context, access=access)
+
+
+@require_GET
+@organization_view
+def organization_detail(request: HttpRequest, access: OrganizationAccess) -> HttpResponse:
+    """The organization page: projects, members with roles, pending invitations, and (for owners
+    and admins) the forms that manage them."""
+    return _organization_page(request, access)
+
+
+@require_POST
+@organization_view
+def project_create(request: HttpRequest, access: OrganizationAccess) -> HttpResponse:
+    """Create a project (owners and admins)."""
+    access.require_manager()
+    form = ProjectCreateForm(request.POST)
+    if form.is_valid():
+        try:
+            project = services.project_create(
+                actor=_actor(request),
+                organization=access.organization,
+                name=form.cleaned_data["name"],
+                slug=form.cleaned_data["slug"] or None,
+            )
+        except ValidationError as error:
+            add_service_errors(form, error)
+        else:
+            messages.success(request, f"Created project {project.name}.")
+            return redirect("project", org_slug=access.organization.slug, project_slug=project.slug)
+    return _organization_page(request, access, project_form=form)
+
+
+@require_POST
+@organization_view
+def invitation_create(request: HttpRequest, access: OrganizationAccess) -> HttpResponse:
+    """Invite someone by email with a role (owners and admins); the service sends the email."""
+    access.require_manager()
+    form = InvitationCreateForm(request.POST, include_owner=access.is_owner)
+    if form.is_valid():
+        try:
+            invitation, _ = services.invitation_create(
+                actor=_actor(request),
+                organization=access.organization,
+                email=form.cleaned_data["email"],
+                role=form.cleaned_data["role"],
+                accept_url_base=request.build_absolute_uri("/"),
+            )
+        except ValidationError as error:
+            add_service_errors(form, error)
+        else:
+            messages.success(request, f"Invited {invitation.email} as {invitation.role}.")
+            return redirect("organization", org_slug=access.organization.slug)
+    return _organization_page(request, access, invitation_form=form)
+
+
+@require_POST
+@organization_view
+def invitation_revoke(request: HttpRequest, access: OrganizationAccess, invitation_id: int) -> HttpResponse:
+    """Withdraw a pending invitation (owners and admins)."""
+    access.require_manager()
+    invitation = get_object_or_404(Invitation, organization=access.organization, pk=invitation_id)
+    services.invitation_revoke(actor=_actor(request), invitation=invitation)
+    messages.success(request, f"Withdrew the invitation to {invitation.email}.")
+    return redirect("organization", org_slug=access.organization.slug)
+
+
+@require_POST
+@organization_view
+def membership_role(request: HttpRequest, access: OrganizationAccess, membership_id: int) -> HttpResponse:
+    """Change a member's role (owners and admins; only owners touch ownership)."""
+    access.require_manager()
+    membership = get_object_or_404(
+        Membership.objects.select_related("user", "organization"), organization=access.organization, pk=membership_id
+    )
+    form = MembershipRoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose a role: owner, admin or member.")
+    else:
+        try:
+            services.membership_set_role(actor=_actor(request), membership=membership, role=form.cleaned_data["role"])
+        except ValidationError as error:
+            messages.error(request, " ".join(error.messages))
+        else:
+            messages.success(request, f"{membership.user.email} is now {membership.role}.")
+    return redirect("organization", org_slug=access.organization.slug)
+
+
+@require_POST
+@organization_view
+def membership_remove(request: HttpRequest, access: OrganizationAccess, membership_id: int) -> HttpResponse:
+    """Remove a member (owners and admins), or leave the organization (one's own membership)."""
+    membership = get_object_or_404(
+        Membership.objects.select_related("user", "organization"), organization=access.organization, pk=membership_id
+    )
+    leaving = membership.pk == access.membership.pk
+    if not leaving:
+        access.require_manager()
+    try:
+        services.membership_remove(actor=_actor(request), membership=membership)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+        return redirect("organization", org_slug=access.organization.slug)
+    if leaving:
+        messages.success(request, f"You left {access.organization.name}.")
+        return redirect("home")
+    messages.success(request, f"Removed {membership.user.email}.")
+    return redirect("organization", org_slug=access.organization.slug)
+
+
+@require_GET
+@organization_view
+def audit_log(request: HttpRequest, access: OrganizationAccess) -> HttpResponse:
+    """The organization's audit log, newest first (owners only)."""
+    access.require_owner()
+    entries = access.organization.audit_log.select_related("actor_user", "actor_api_key", "project")
+    page = Paginator(entries, AUDIT_LOG_PAGE_SIZE).get_page(request.GET.get("page"))
+    return _render(request, "dashboard/audit_log.html", {"page": page}, access=access)
+
+
+# --- projects and API keys -----------------------------------------------------------------------
+
+
+@require_GET
+@project_view
+def project_detail(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
+    """The project page (jobs come with a later change) with a link to its API keys."""
+    return _render(request, "dashboard/project.html", {"project": project}, access=access)
+
+
+@require_http_methods(["GET", "POST"])
+@project_view
+def api_keys(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
+    """List the project's API keys; POST creates one (owners and admins) and shows its secret once.
+
+    The secret is in the POST's response only (never stored, never in a redirect), so reloading the
+    page shows the list without it.
+    """
+    form = ApiKeyCreateForm() if access.can_manage else None
+    created = None
+    if request.method == "POST":
+        access.require_manager()
+        form = ApiKeyCreateForm(request.POST)
+        if form.is_valid():
+            try:
+                api_key, plaintext = services.api_key_create(
+                    actor=_actor(request), project=project, name=form.cleaned_data["name"], scopes=form.scopes
+                )
+            except ValidationError as error:
+                add_service_errors(form, error, {"scopes": "access"})
+            else:
+                created = {"api_key": api_key, "plaintext": plaintext}
+                form = ApiKeyCreateForm()
+    context = {
+        "project": project,
+        "keys": project.api_keys.select_related("created_by").order_by("-created_at", "-id"),
+        "form": form,
+        "created": created,
+    }
+    response = _render(request, "dashboard/api_keys.html", context, access=access)
+    if created:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_http_methods(["GET", "POST"])
+@project_view
+def api_key_revoke(request: HttpRequest, access: OrganizationAccess, project: Project, key_id: str) -> HttpResponse:
+    """Ask to confirm (GET), then revoke (POST) one of the project's API keys (owners and admins)."""
+    access.require_manager()
+    api_key = get_object_or_404(ApiKey, project=project, public_id=key_id)
+    if request.method == "POST":
+        services.api_key_revoke(actor=_actor(request), api_key=api_key)
+        messages.success(request, f"Revoked the key {api_key.name} ({api_key.prefix}…).")
+        return redirect("api_keys", org_slug=access.organization.slug, project_slug=project.slug)
+    return _render(request, "dashboard/api_key_revoke.html", {"project": project, "api_key": api_key}, access=access)
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def not_found_page(request: HttpRequest, exception=None) -> HttpResponse:
     """404 for pages; the API error body for /api/ paths."""
     if request.path.startswith("/api/"):
         return JsonResponse(not_found().body(), status=404)
-    return render(request, "404.html", status=404)
+    return _render(request, "404.html", status=404)
+

