@@ -1,1 +1,87 @@
-"""Lab's Python SDK: job specs (:mod:`labsdk.spec`), the API client and the ``lab`` CLI."""
+"""Lab's Python SDK: the API client, job specs (:mod:`labsdk.spec`) and the ``lab`` CLI.
+
+    import labsdk as lab
+    job = lab.jobs.create(spec_file="job.toml")
+    lab.jobs.wait(job.id)
+
+The module-level ``jobs``, ``models``, ``environments``, ``prices`` and :func:`whoami` use a
+default :class:`Lab` client built on first use from ``LAB_API_KEY`` and ``LAB_BASE_URL``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labsdk._version import __version__
+from labsdk.client import Lab
+from labsdk.errors import (
+    APIConnectionError,
+    APIError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    InvalidSpecError,
+    JobCancelledError,
+    JobFailedError,
+    LabError,
+    NotFoundError,
+    PaymentRequiredError,
+    PermissionDeniedError,
+    RateLimitError,
+    RequestTooLargeError,
+    WaitTimeoutError,
+)
+from labsdk.types import Checkpoint, Environment, Estimate, Job, JobEvent, MetricPoint, Model, Price, WhoAmI
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "AuthenticationError",
+    "BadRequestError",
+    "Checkpoint",
+    "ConflictError",
+    "Environment",
+    "Estimate",
+    "InvalidSpecError",
+    "Job",
+    "JobCancelledError",
+    "JobEvent",
+    "JobFailedError",
+    "Lab",
+    "LabError",
+    "MetricPoint",
+    "Model",
+    "NotFoundError",
+    "PaymentRequiredError",
+    "PermissionDeniedError",
+    "Price",
+    "RateLimitError",
+    "RequestTooLargeError",
+    "WaitTimeoutError",
+    "WhoAmI",
+    "__version__",
+    "default_client",
+    "whoami",
+]
+
+_default_client: Lab | None = None
+_RESOURCES = ("jobs", "models", "environments", "prices")
+
+
+def default_client() -> Lab:
+    """Return the module's shared client, building it from the environment on first use."""
+    global _default_client
+    if _default_client is None:
+        _default_client = Lab()
+    return _default_client
+
+
+def whoami() -> WhoAmI:
+    """Return the organization, project and scopes of the default client's API key."""
+    return default_client().whoami()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RESOURCES:
+        return getattr(default_client(), name)
+    raise AttributeError(f"module 'labsdk' has no attribute {name!r}")

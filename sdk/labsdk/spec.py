@@ -67,10 +67,12 @@ __all__ = [
     "SpecError",
     "SpecProblem",
     "catalog_problems",
+    "decode_spec",
     "job_spec_json_schema",
     "load_spec_file",
     "loads_spec",
     "parse_spec",
+    "read_spec_file",
 ]
 
 #: Largest spec file or body accepted, in bytes (the REST API refuses bodies over 1 MB).
@@ -549,12 +551,12 @@ class _DuplicateKey(ValueError):
         self.key = key
 
 
-def loads_spec(text: str | bytes, format: Literal["toml", "json"]) -> ParsedSpec:
-    """Decode a spec from TOML or JSON text and validate it with :func:`parse_spec`.
+def decode_spec(text: str | bytes, format: Literal["toml", "json"]) -> Any:
+    """Decode spec text (TOML or JSON) into plain data without validating it.
 
     ``text`` may be bytes (must be UTF-8) or str; at most :data:`MAX_SPEC_BYTES`.
-    Raises :class:`SpecError` for undecodable, oversized, malformed or duplicate-key input
-    (``param`` ``""``) as well as for invalid specs; never another exception for bad input.
+    Raises :class:`SpecError` (``param`` ``""``) for oversized, undecodable, malformed or
+    duplicate-key input; never another exception for bad input.
     """
     if format not in ("toml", "json"):
         raise ValueError(f"format must be 'toml' or 'json', not {format!r}")
@@ -571,11 +573,13 @@ def loads_spec(text: str | bytes, format: Literal["toml", "json"]) -> ParsedSpec
                 "", "invalid_encoding",
                 f"the spec is not UTF-8 text (bad byte at offset {exc.start})",
             )]) from None
-    if format == "toml":
-        data = _decode_toml(text)
-    else:
-        data = _decode_json(text)
-    return parse_spec(data)
+    return _decode_toml(text) if format == "toml" else _decode_json(text)
+
+
+def loads_spec(text: str | bytes, format: Literal["toml", "json"]) -> ParsedSpec:
+    """Decode a spec from TOML or JSON text (:func:`decode_spec`) and validate it
+    (:func:`parse_spec`). Raises :class:`SpecError` listing the problems."""
+    return parse_spec(decode_spec(text, format))
 
 
 def _decode_toml(text: str) -> dict[str, Any]:
@@ -611,16 +615,22 @@ def _decode_json(text: str) -> Any:
         )]) from None
 
 
-def load_spec_file(path: str | Path) -> ParsedSpec:
-    """Read and validate a spec file: ``.json`` as JSON, anything else as TOML.
-
-    Raises :class:`SpecError` as :func:`loads_spec` does, and ``OSError`` when the file
-    cannot be read.
-    """
+def read_spec_file(path: str | Path) -> Any:
+    """Read a spec file into plain data without validating it: ``.json`` as JSON,
+    anything else as TOML. Raises :class:`SpecError` as :func:`decode_spec` does, and
+    ``OSError`` when the file cannot be read."""
     path = Path(path)
     with path.open("rb") as handle:
         raw = handle.read(MAX_SPEC_BYTES + 1)
-    return loads_spec(raw, "json" if path.suffix.lower() == ".json" else "toml")
+    return decode_spec(raw, "json" if path.suffix.lower() == ".json" else "toml")
+
+
+def load_spec_file(path: str | Path) -> ParsedSpec:
+    """Read and validate a spec file (:func:`read_spec_file`, then :func:`parse_spec`).
+
+    Raises :class:`SpecError` listing the problems, ``OSError`` when unreadable.
+    """
+    return parse_spec(read_spec_file(path))
 
 
 class ModelInfoLike(Protocol):

@@ -1,0 +1,194 @@
+"""The one HTTP layer of the SDK: auth, JSON, retries, idempotency keys, typed errors.
+
+Used by :class:`labsdk.Lab` with an API key and meant for the RL engine's reporter with a
+job token; it knows nothing about jobs.
+
+Retries (STYLE.md §6): connection failures and timeouts, 429 and 5xx are retried up to
+``max_retries`` times with capped exponential backoff and jitter ("Exponential Backoff And
+Jitter", AWS Architecture Blog, 2015), or after exactly the ``Retry-After`` the server
+asked for. Every POST carries an ``Idempotency-Key`` (a uuid4 unless the caller gives one)
+and the same body bytes on every retry, so Lab replays the first answer instead of acting
+twice (DESIGN.md §4 "Conventions").
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from labsdk._version import __version__
+from labsdk.errors import (
+    APIConnectionError,
+    APIError,
+    AuthenticationError,
+    BadRequestError,
+    error_from_response,
+    parse_retry_after,
+)
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+#: Errors worth another try: the request may not have reached Lab, or its answer was lost.
+_RETRYABLE_TRANSPORT_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+class HTTPClient:
+    """A JSON client for one Lab base URL.
+
+    ``base_url`` is the API prefix (``http://127.0.0.1:8000/api/v1``); ``token`` is sent as
+    ``Authorization: Bearer``; ``timeout`` is seconds per attempt; ``max_retries`` counts
+    retries after the first attempt; ``max_retry_after`` (seconds) is the longest
+    ``Retry-After`` honoured, a longer one is raised at once. ``sleep`` (default
+    ``time.sleep``) and ``transport`` exist for tests and embedding.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str | None,
+        timeout: float = 30.0,
+        max_retries: int = 2,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 8.0,
+        max_retry_after: float = 60.0,
+        user_agent: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ):
+        if max_retries < 0:
+            raise ValueError("max_retries must be 0 or more")
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.max_retry_after = max_retry_after
+        self._token = token
+        self._sleep = sleep
+        headers = {
+            "Accept": "application/json",
+            "User-Agent": user_agent
+            or f"labsdk/{__version__} python/{platform.python_version()}",
+        }
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(
+            base_url=self.base_url + "/",
+            headers=headers,
+            timeout=timeout,
+            follow_redirects=False,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> HTTPClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _pause(self, seconds: float) -> None:
+        (self._sleep or time.sleep)(seconds)
+
+    def backoff_delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (0-based) when the server gave no
+        ``Retry-After``: ``min(cap, base * 2**retry)`` scaled by a random factor in [0.5, 1]."""
+        return min(self.backoff_cap, self.backoff_base * 2**retry) * random.uniform(0.5, 1.0)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        """Send one API request, retrying as the module says; return the decoded JSON answer
+        (``None`` for an empty one, e.g. 204).
+
+        ``path`` is relative to the base URL (``jobs/job_123``); ``params`` values that are
+        ``None`` are left out. Raises :class:`~labsdk.errors.LabError` subclasses:
+        ``APIConnectionError`` when no answer came, the status's class otherwise, and
+        ``BadRequestError`` before sending when ``json_body`` is not JSON (NaN, objects).
+        """
+        if not self._token:
+            raise AuthenticationError(
+                "no API key: pass api_key= or set LAB_API_KEY", code="invalid_api_key"
+            )
+        method = method.upper()
+        headers: dict[str, str] = {}
+        content: bytes | None = None
+        if json_body is not None:
+            try:
+                content = json.dumps(json_body, allow_nan=False, separators=(",", ":")).encode()
+            except (TypeError, ValueError) as exc:
+                raise BadRequestError(f"the request body is not JSON: {exc}") from None
+            headers["Content-Type"] = "application/json"
+        if method == "POST":
+            headers[IDEMPOTENCY_HEADER] = idempotency_key or str(uuid.uuid4())
+        query = {key: value for key, value in (params or {}).items() if value is not None}
+        url = path.lstrip("/")
+
+        retry = 0
+        while True:
+            try:
+                response = self._client.request(
+                    method, url, params=query, content=content, headers=headers
+                )
+            except _RETRYABLE_TRANSPORT_ERRORS as exc:
+                if retry >= self.max_retries:
+                    raise APIConnectionError(
+                        f"could not reach Lab at {self.base_url}: {exc or type(exc).__name__}"
+                    ) from exc
+                self._pause(self.backoff_delay(retry))
+                retry += 1
+                continue
+            except httpx.HTTPError as exc:
+                raise APIConnectionError(f"could not reach Lab at {self.base_url}: {exc}") from exc
+
+            if response.status_code == 429 or response.status_code >= 500:
+                delay = self._retry_delay(response, retry)
+                if delay is not None:
+                    response.close()
+                    self._pause(delay)
+                    retry += 1
+                    continue
+            return self._decode(response)
+
+    def _retry_delay(self, response: httpx.Response, retry: int) -> float | None:
+        """Seconds to wait before retrying ``response``, or ``None`` to give up now."""
+        if retry >= self.max_retries:
+            return None
+        asked = parse_retry_after(response.headers.get("retry-after"))
+        if asked is None:
+            return self.backoff_delay(retry)
+        return asked if asked <= self.max_retry_after else None
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> Any:
+        body: Any
+        text = response.text
+        try:
+            body = json.loads(text) if text else None
+        except ValueError:
+            body = text
+        if response.status_code >= 400:
+            raise error_from_response(
+                response.status_code, body, {k.lower(): v for k, v in response.headers.items()}
+            )
+        if isinstance(body, str):
+            raise APIError(
+                f"Lab answered {response.status_code} with a body that is not JSON",
+                status_code=response.status_code, body=body,
+            )
+        return body

@@ -1,0 +1,278 @@
+"""The API's resources as methods: ``client.jobs``, ``client.models``, ``client.environments``,
+``client.prices`` (DESIGN.md §4 "REST API")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from pydantic import ValidationError
+from tqdm.auto import tqdm
+
+from labsdk._http import HTTPClient
+from labsdk.errors import (
+    APIError,
+    InvalidSpecError,
+    JobCancelledError,
+    JobFailedError,
+    ProblemDetail,
+    WaitTimeoutError,
+)
+from labsdk.spec import SpecError, read_spec_file
+from labsdk.types import Environment, Estimate, Job, JobEvent, LabObject, MetricPoint, Model, Price
+
+T = TypeVar("T", bound=LabObject)
+
+#: The metric shown next to the progress bar of :meth:`Jobs.wait`.
+PROGRESS_METRIC = "reward/mean"
+
+
+def _parse(model: type[T], data: Any) -> T:
+    """Build ``model`` from an answer; an answer of the wrong shape is an ``APIError``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise APIError(f"Lab answered with an unexpected {model.__name__}: {exc}", body=data) from None
+
+
+def _segment(object_id: str) -> str:
+    """Quote an id for a URL path so that ``/`` or ``..`` in it cannot change the path."""
+    if not isinstance(object_id, str) or not object_id:
+        raise ValueError(f"expected a non-empty id string, got {object_id!r}")
+    return quote(object_id, safe="")
+
+
+def _paginate(
+    http: HTTPClient,
+    path: str,
+    model: type[T],
+    params: Mapping[str, Any],
+    *,
+    cursor_param: str = "after",
+    cursor_field: str = "id",
+    cursor: Any = None,
+) -> Iterator[T]:
+    """Yield every item of a list endpoint after ``cursor``, requesting the next page
+    (``cursor_param`` = the last item's ``cursor_field``) only when the previous one is
+    used up."""
+    while True:
+        page = http.request("GET", path, params={**params, cursor_param: cursor})
+        if not isinstance(page, dict) or not isinstance(page.get("data"), list):
+            raise APIError(f"Lab answered {path} with something that is not a list", body=page)
+        items = [_parse(model, item) for item in page["data"]]
+        yield from items
+        if not page.get("has_more") or not items:
+            return
+        cursor = getattr(items[-1], cursor_field)
+
+
+def _spec_body(spec: Mapping[str, Any] | None, spec_file: str | Path | None, fields: dict[str, Any]) -> dict:
+    """Merge a spec mapping or file with top-level ``fields`` (which win) into a request body.
+
+    Raises ``InvalidSpecError`` for an unreadable spec file, ``ValueError`` for a call that
+    gives both ``spec`` and ``spec_file`` or nothing at all.
+    """
+    if spec is not None and spec_file is not None:
+        raise ValueError("give spec or spec_file, not both")
+    if spec is None and spec_file is None and not fields:
+        raise ValueError("give spec=, spec_file= or the spec's fields as keyword arguments")
+    body: dict[str, Any] = {}
+    if spec_file is not None:
+        try:
+            data = read_spec_file(spec_file)
+        except SpecError as exc:
+            problems = [ProblemDetail(problem.to_dict()) for problem in exc.errors]
+            raise InvalidSpecError(
+                f"{spec_file}: {exc.errors[0].message}", code="invalid_spec", param=exc.param, errors=problems
+            ) from None
+        if not isinstance(data, dict):
+            raise InvalidSpecError(f"{spec_file}: a spec must be a table/object", code="invalid_spec", param="")
+        body.update(data)
+    elif spec is not None:
+        body.update(spec)
+    body.update(fields)
+    return body
+
+
+class Jobs:
+    """Training jobs of the client's project: create, read, list, cancel, wait."""
+
+    def __init__(self, http: HTTPClient):
+        self._http = http
+
+    def create(
+        self,
+        spec: Mapping[str, Any] | None = None,
+        *,
+        spec_file: str | Path | None = None,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> Job:
+        """Submit a job (``POST /jobs``) and return it, ``queued``.
+
+        The spec comes from ``spec`` (a mapping as in DESIGN.md §4 "Job spec"), or
+        ``spec_file`` (TOML, or JSON by its ``.json`` suffix), or keyword arguments alone;
+        keyword arguments override top-level keys of either (``name="run-2"``). Lab
+        validates it; the returned Job's ``warnings`` list ignored Prime Intellect keys.
+        One ``Idempotency-Key`` (``idempotency_key``, else a new uuid4) is sent on every
+        retry of this call, so a lost answer never creates a second job.
+
+        Raises ``InvalidSpecError`` (``.param``, ``.errors``), ``PermissionDeniedError``
+        for a read-only key, ``PaymentRequiredError``, and the other ``LabError``\\ s.
+        """
+        body = _spec_body(spec, spec_file, fields)
+        return _parse(Job, self._http.request("POST", "jobs", json_body=body, idempotency_key=idempotency_key))
+
+    def retrieve(self, job_id: str) -> Job:
+        """Return the job ``job_id`` (``GET /jobs/{id}``); ``NotFoundError`` when it is not
+        in this project."""
+        return _parse(Job, self._http.request("GET", f"jobs/{_segment(job_id)}"))
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 20,
+    ) -> Iterator[Job]:
+        """Iterate over the project's jobs, newest first (``GET /jobs``), fetching pages of
+        ``limit`` (1-100) as the iteration goes. ``status`` keeps one status; ``metadata``
+        keeps jobs whose metadata has every given pair."""
+        params: dict[str, Any] = {"status": status, "limit": limit}
+        for key, value in (metadata or {}).items():
+            params[f"metadata[{key}]"] = value
+        return _paginate(self._http, "jobs", Job, params)
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job (``POST /jobs/{id}/cancel``): a queued job is ``cancelled`` at once,
+        a running one ``cancelling``. ``ConflictError`` when it has already finished."""
+        return _parse(Job, self._http.request("POST", f"jobs/{_segment(job_id)}/cancel"))
+
+    def events(self, job_id: str, *, limit: int = 100) -> Iterator[JobEvent]:
+        """Iterate over a job's events, oldest first (``GET /jobs/{id}/events``)."""
+        return _paginate(self._http, f"jobs/{_segment(job_id)}/events", JobEvent, {"limit": limit})
+
+    def metrics(
+        self,
+        job_id: str,
+        *,
+        names: list[str] | None = None,
+        after_step: int | None = None,
+        limit: int = 1000,
+    ) -> Iterator[MetricPoint]:
+        """Iterate over a job's per-step metrics after ``after_step`` in step order
+        (``GET /jobs/{id}/metrics``), only ``names`` when given (e.g. ``["reward/mean"]``)."""
+        params: dict[str, Any] = {"limit": limit, "names": ",".join(names) if names else None}
+        return _paginate(
+            self._http, f"jobs/{_segment(job_id)}/metrics", MetricPoint, params,
+            cursor_param="after_step", cursor_field="step", cursor=after_step,
+        )
+
+    def estimate(
+        self,
+        spec: Mapping[str, Any] | None = None,
+        *,
+        spec_file: str | Path | None = None,
+        **fields: Any,
+    ) -> Estimate:
+        """Validate a spec fully on the server without creating a job (``POST
+        /jobs/estimate``): GPU/CPU-seconds, cost in USD, queue position, whether it could
+        start now, warnings. Takes the spec as :meth:`create` does; raises
+        ``InvalidSpecError`` listing every problem (catalogue and pool checks included)."""
+        body = _spec_body(spec, spec_file, fields)
+        return _parse(Estimate, self._http.request("POST", "jobs/estimate", json_body=body))
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: float | None = None,
+        progress: bool = True,
+        poll_interval: float = 2.0,
+    ) -> Job:
+        """Poll a job until it finishes and return it when it ``succeeded``.
+
+        ``timeout`` and ``poll_interval`` are seconds (``None``: no limit). With
+        ``progress`` a tqdm bar on stderr shows step/max_steps, the status and the latest
+        ``reward/mean``. Raises ``JobFailedError`` or ``JobCancelledError`` (with ``.job``)
+        when the job ends otherwise, ``WaitTimeoutError`` (with the last ``.job`` seen)
+        when time runs out.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = tqdm(desc=job_id, unit="step", disable=not progress, dynamic_ncols=True)
+        reward: float | None = None
+        metrics_after: int | None = None
+        try:
+            while True:
+                job = self.retrieve(job_id)
+                if progress:
+                    for point in self.metrics(job_id, names=[PROGRESS_METRIC], after_step=metrics_after):
+                        metrics_after = point.step
+                        if point.values.get(PROGRESS_METRIC) is not None:
+                            reward = point.values[PROGRESS_METRIC]
+                    self._show(bar, job, reward)
+                if job.is_terminal:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeoutError(job, timeout)
+                pause = poll_interval
+                if deadline is not None:
+                    pause = max(0.0, min(pause, deadline - time.monotonic()))
+                time.sleep(pause)
+        finally:
+            bar.close()
+        if job.status == "failed":
+            raise JobFailedError(job)
+        if job.status == "cancelled":
+            raise JobCancelledError(job)
+        return job
+
+    @staticmethod
+    def _show(bar: tqdm, job: Job, reward: float | None) -> None:
+        if job.max_steps is not None and bar.total != job.max_steps:
+            bar.total = job.max_steps
+        bar.n = job.step or 0
+        postfix = {"status": job.status}
+        if reward is not None:
+            postfix[PROGRESS_METRIC] = f"{reward:.3f}"
+        bar.set_postfix(postfix, refresh=False)
+        bar.refresh()
+
+
+class Models:
+    """The model catalogue (``GET /models``)."""
+
+    def __init__(self, http: HTTPClient):
+        self._http = http
+
+    def list(self) -> list[Model]:
+        """Return every model a job may train."""
+        return list(_paginate(self._http, "models", Model, {"limit": 100}))
+
+
+class Environments:
+    """Installed environments (``GET /environments``): built-in and this organization's."""
+
+    def __init__(self, http: HTTPClient):
+        self._http = http
+
+    def list(self) -> list[Environment]:
+        """Return every environment a job of this project may use."""
+        return list(_paginate(self._http, "environments", Environment, {"limit": 100}))
+
+
+class Prices:
+    """The price table (``GET /prices``): USD per hour per resource type."""
+
+    def __init__(self, http: HTTPClient):
+        self._http = http
+
+    def list(self) -> list[Price]:
+        """Return every row of the price table."""
+        page = self._http.request("GET", "prices")
+        if not isinstance(page, dict) or not isinstance(page.get("data"), list):
+            raise APIError("Lab answered prices with something that is not a list", body=page)
+        return [_parse(Price, item) for item in page["data"]]

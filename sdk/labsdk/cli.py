@@ -1,0 +1,346 @@
+"""The ``lab`` command line: jobs, spec checks and catalogues from a terminal or a script.
+
+Tables for people; ``--json`` on every command for scripts. Lab is found through
+``LAB_BASE_URL`` and ``LAB_API_KEY``. Exit status: 0 done, 1 refused or failed (the server's
+message on stderr, never a traceback; ``jobs wait`` also when the job did not succeed),
+2 bad usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from labsdk._version import __version__
+from labsdk.client import Lab
+from labsdk.errors import JobCancelledError, JobFailedError, LabError, WaitTimeoutError
+from labsdk.spec import SpecError, load_spec_file
+from labsdk.types import Job, LabObject
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+def _print_json(data: Any) -> None:
+    if isinstance(data, LabObject):
+        data = data.to_dict()
+    elif isinstance(data, list):
+        data = [item.to_dict() if isinstance(item, LabObject) else item for item in data]
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _table(*columns: str) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in columns:
+        table.add_column(column)
+    return table
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else escape(str(value))
+
+
+def _when(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else ""
+
+
+def _progress(job: Job) -> str:
+    if job.max_steps is None:
+        return _text(job.step)
+    return f"{job.step or 0}/{job.max_steps}"
+
+
+def _show_job(console: Console, job: Job) -> None:
+    table = _table("field", "value")
+    table.show_header = False
+    rows = [
+        ("id", job.id),
+        ("name", job.name),
+        ("status", job.status + (f" ({job.status_reason})" if job.status_reason else "") if job.status else None),
+        ("queue position", job.queue_position),
+        ("step", _progress(job)),
+        ("attempt", job.attempt),
+        ("model", job.spec.get("model")),
+        ("environments", ", ".join(env.get("id", "") for env in job.spec.get("env", []) if isinstance(env, dict))),
+        ("created", _when(job.created_at)),
+        ("started", _when(job.started_at)),
+        ("finished", _when(job.finished_at)),
+        ("error", f"{job.error.code}: {job.error.message}" if job.error else None),
+        ("usage", f"{job.usage.gpu_seconds or 0:g} GPU-s, {job.usage.cpu_seconds or 0:g} CPU-s, "
+                  f"${job.usage.cost_usd or 0}" if job.usage else None),
+        ("latest checkpoint", f"{job.latest_checkpoint.id} (step {job.latest_checkpoint.step})"
+                              if job.latest_checkpoint else None),
+        ("metadata", ", ".join(f"{k}={v}" for k, v in job.metadata.items()) or None),
+    ]
+    for name, value in rows:
+        if value not in (None, ""):
+            table.add_row(name, _text(value))
+    console.print(table)
+    for warning in job.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+
+
+def _report_problems(problems: Sequence[Any], stream: Any = None) -> None:
+    stream = stream or sys.stderr
+    for problem in problems:
+        param = problem.get("param") if isinstance(problem, dict) else problem.param
+        code = problem.get("code") if isinstance(problem, dict) else problem.code
+        message = problem.get("message") if isinstance(problem, dict) else problem.message
+        print(f"  {param or '<spec>'}: {message} [{code}]", file=stream)
+
+
+# --- commands: each takes the parsed arguments and a client factory, returns an exit status --
+
+def jobs_create(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    fields = {"name": args.name} if args.name else {}
+    job = client().jobs.create(spec_file=args.file, **fields)
+    for warning in job.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.json:
+        _print_json(job)
+    else:
+        print(job.id)
+    return EXIT_OK
+
+
+def jobs_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    metadata = {}
+    for pair in args.metadata or []:
+        key, separator, value = pair.partition("=")
+        if not separator or not key:
+            raise _UsageError(f"--metadata takes KEY=VALUE, not {pair!r}")
+        metadata[key] = value
+    jobs = []
+    for job in client().jobs.list(status=args.status, metadata=metadata or None, limit=min(args.limit, 100)):
+        jobs.append(job)
+        if len(jobs) >= args.limit:
+            break
+    if args.json:
+        _print_json(jobs)
+        return EXIT_OK
+    table = _table("ID", "NAME", "STATUS", "STEP", "CREATED")
+    for job in jobs:
+        table.add_row(_text(job.id), _text(job.name), _text(job.status), _progress(job), _when(job.created_at))
+    Console().print(table)
+    return EXIT_OK
+
+
+def jobs_get(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    job = client().jobs.retrieve(args.id)
+    if args.json:
+        _print_json(job)
+    else:
+        _show_job(Console(), job)
+    return EXIT_OK
+
+
+def jobs_cancel(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    job = client().jobs.cancel(args.id)
+    if args.json:
+        _print_json(job)
+    else:
+        print(f"{job.id} {job.status}")
+    return EXIT_OK
+
+
+def jobs_events(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    events = list(client().jobs.events(args.id))
+    if args.json:
+        _print_json(events)
+        return EXIT_OK
+    table = _table("TIME", "LEVEL", "TYPE", "MESSAGE")
+    for event in events:
+        table.add_row(_when(event.created_at), _text(event.level), _text(event.type), _text(event.message))
+    Console().print(table)
+    return EXIT_OK
+
+
+def jobs_wait(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    try:
+        job = client().jobs.wait(args.id, timeout=args.timeout, progress=not args.no_progress and not args.json)
+    except (JobFailedError, JobCancelledError, WaitTimeoutError) as exc:
+        if args.json:
+            _print_json(exc.job)
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        _print_json(job)
+    else:
+        print(f"{job.id} {job.status}")
+    return EXIT_OK
+
+
+def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    try:
+        parsed = load_spec_file(args.file)
+    except SpecError as exc:
+        if args.json:
+            _print_json({"valid": False, "errors": [p.to_dict() for p in exc.errors], "warnings": [], "estimate": None})
+        else:
+            print(f"{args.file}: {len(exc.errors)} problem(s)", file=sys.stderr)
+            _report_problems(exc.errors)
+        return EXIT_FAILED
+
+    estimate = None
+    if os.environ.get("LAB_API_KEY"):
+        estimate = client().jobs.estimate(spec_file=args.file)
+    warnings = list(dict.fromkeys(parsed.warnings + (estimate.warnings if estimate else [])))
+    if args.json:
+        _print_json({"valid": True, "errors": [], "warnings": warnings,
+                     "estimate": estimate.to_dict() if estimate else None})
+        return EXIT_OK
+    checked = "valid (checked locally and by Lab)" if estimate else "valid (checked locally; set LAB_API_KEY " \
+        "to check the catalogues and the pool through Lab)"
+    print(f"{args.file}: {checked}")
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if estimate:
+        table = _table("estimate", "value")
+        table.show_header = False
+        for name, value in (
+            ("GPU-seconds", estimate.gpu_seconds), ("CPU-seconds", estimate.cpu_seconds),
+            ("cost (USD)", estimate.cost_usd), ("queue position", estimate.queue_position),
+            ("can start now", estimate.can_start_now), ("reason", estimate.reason),
+        ):
+            if value is not None:
+                table.add_row(name, _text(value))
+        Console().print(table)
+    return EXIT_OK
+
+
+def models(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    found = client().models.list()
+    if args.json:
+        _print_json(found)
+        return EXIT_OK
+    table = _table("ID", "CONTEXT", "PARAMETERS", "DESCRIPTION")
+    for model in found:
+        table.add_row(_text(model.id), _text(model.context_length), _text(model.parameters), _text(model.description))
+    Console().print(table)
+    return EXIT_OK
+
+
+def envs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    found = client().environments.list()
+    if args.json:
+        _print_json(found)
+        return EXIT_OK
+    table = _table("ID", "ARGS", "DESCRIPTION")
+    for environment in found:
+        table.add_row(_text(environment.id), _text(json.dumps(environment.args)), _text(environment.description))
+    Console().print(table)
+    return EXIT_OK
+
+
+def whoami(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    identity = client().whoami()
+    if args.json:
+        _print_json(identity)
+        return EXIT_OK
+    organization, project = identity.organization, identity.project
+    print(f"organization: {organization.slug if organization else ''} ({organization.name if organization else ''})")
+    print(f"project:      {project.slug if project else ''} ({project.name if project else ''})")
+    print(f"scopes:       {', '.join(identity.scopes)}")
+    return EXIT_OK
+
+
+class _UsageError(Exception):
+    """A command line the parser accepted but the command cannot use."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``lab`` argument parser; each command sets ``handler``."""
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+
+    parser = argparse.ArgumentParser(prog="lab", description="Lab, hosted reinforcement learning, from the terminal.",
+                                     epilog="Reads LAB_API_KEY and LAB_BASE_URL (default http://127.0.0.1:8000).")
+    parser.add_argument("--version", action="version", version=f"labsdk {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    jobs = commands.add_parser("jobs", help="create, list, inspect, cancel and wait for jobs")
+    job_commands = jobs.add_subparsers(dest="job_command", required=True, metavar="COMMAND")
+
+    create = job_commands.add_parser("create", parents=[json_flag], help="submit a job from a spec file; prints its id")
+    create.add_argument("-f", "--file", required=True, help="job spec, TOML (or JSON with a .json suffix)")
+    create.add_argument("--name", help="job name, overriding the file's")
+    create.set_defaults(handler=jobs_create)
+
+    listing = job_commands.add_parser("list", parents=[json_flag], help="list jobs, newest first")
+    listing.add_argument("--status", help="only jobs in this status (queued, running, succeeded, ...)")
+    listing.add_argument("--metadata", action="append", metavar="KEY=VALUE", help="only jobs with this metadata pair")
+    listing.add_argument("--limit", type=int, default=20, help="most jobs shown (default 20)")
+    listing.set_defaults(handler=jobs_list)
+
+    for name, handler, help_text in (
+        ("get", jobs_get, "show one job"),
+        ("cancel", jobs_cancel, "cancel a job"),
+        ("events", jobs_events, "show a job's events"),
+    ):
+        command = job_commands.add_parser(name, parents=[json_flag], help=help_text)
+        command.add_argument("id", help="job id (job_...)")
+        command.set_defaults(handler=handler)
+
+    wait = job_commands.add_parser("wait", parents=[json_flag], help="wait for a job to finish, with a progress bar")
+    wait.add_argument("id", help="job id (job_...)")
+    wait.add_argument("--timeout", type=float, help="give up after this many seconds")
+    wait.add_argument("--no-progress", action="store_true", help="no progress bar")
+    wait.set_defaults(handler=jobs_wait)
+
+    spec = commands.add_parser("spec", help="work with job spec files")
+    spec_commands = spec.add_subparsers(dest="spec_command", required=True, metavar="COMMAND")
+    check = spec_commands.add_parser(
+        "check", parents=[json_flag],
+        help="validate a spec file locally, then through Lab's estimate when LAB_API_KEY is set",
+    )
+    check.add_argument("file", help="job spec, TOML (or JSON with a .json suffix)")
+    check.set_defaults(handler=spec_check)
+
+    for name, handler, help_text in (
+        ("models", models, "list the models a job may train"),
+        ("envs", envs, "list installed environments"),
+        ("whoami", whoami, "show the organization, project and scopes of the API key"),
+    ):
+        commands.add_parser(name, parents=[json_flag], help=help_text).set_defaults(handler=handler)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``lab`` command line with ``argv`` (default ``sys.argv[1:]``); return the
+    exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    clients: list[Lab] = []
+
+    def client() -> Lab:
+        if not clients:
+            clients.append(Lab())
+        return clients[0]
+
+    try:
+        return args.handler(args, client)
+    except LabError as exc:
+        suffix = f" ({exc.code})" if exc.code else ""
+        print(f"error: {exc.message}{suffix}", file=sys.stderr)
+        _report_problems(exc.errors)
+        return EXIT_FAILED
+    except _UsageError as exc:
+        parser.error(str(exc))
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc}: {exc.filename}" if exc.filename else f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for opened in clients:
+            opened.close()

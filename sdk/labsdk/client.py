@@ -1,0 +1,72 @@
+"""The API client, :class:`Lab`."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+
+from labsdk._http import HTTPClient
+from labsdk._resources import Environments, Jobs, Models, Prices
+from labsdk.types import WhoAmI
+
+#: Where the SDK looks for Lab when neither ``base_url`` nor ``LAB_BASE_URL`` says.
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+API_PREFIX = "/api/v1"
+
+
+def api_url(base_url: str) -> str:
+    """Return the API prefix for a Lab address: ``http://host:8000`` and
+    ``http://host:8000/api/v1`` both give ``http://host:8000/api/v1``."""
+    base_url = base_url.rstrip("/")
+    return base_url if base_url.endswith(API_PREFIX) else base_url + API_PREFIX
+
+
+class Lab:
+    """A client for one Lab project, identified by its API key.
+
+    ``api_key`` defaults to ``LAB_API_KEY``, ``base_url`` to ``LAB_BASE_URL`` then
+    ``http://127.0.0.1:8000``. ``timeout`` is seconds per HTTP attempt, ``max_retries`` the
+    retries after a connection error, 429 or 5xx. Resources: :attr:`jobs`, :attr:`models`,
+    :attr:`environments`, :attr:`prices`; and :meth:`whoami`. Usable as a context manager.
+    """
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 2,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.api_key = api_key or os.environ.get("LAB_API_KEY") or None
+        self.base_url = (base_url or os.environ.get("LAB_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self._http = HTTPClient(
+            base_url=api_url(self.base_url),
+            token=self.api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            transport=transport,
+        )
+        self.jobs = Jobs(self._http)
+        self.models = Models(self._http)
+        self.environments = Environments(self._http)
+        self.prices = Prices(self._http)
+
+    def whoami(self) -> WhoAmI:
+        """Return the organization, project and scopes of this client's API key."""
+        return WhoAmI.model_validate(self._http.request("GET", "whoami"))
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._http.close()
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Lab(base_url={self.base_url!r})"

@@ -1,0 +1,181 @@
+"""Typed objects returned by the SDK, in the shapes of DESIGN.md §4.
+
+Every class keeps fields a newer server adds (``extra="allow"``: read them as attributes or
+through :meth:`LabObject.to_dict`), and fields it leaves out default to ``None``, so an SDK
+older or newer than the server still reads its answers. Timestamps are timezone-aware
+``datetime``; money is ``Decimal`` USD; durations are seconds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Checkpoint",
+    "Environment",
+    "Estimate",
+    "Job",
+    "JobError",
+    "JobEvent",
+    "LabObject",
+    "MetricPoint",
+    "Model",
+    "Price",
+    "TERMINAL_JOB_STATUSES",
+    "Usage",
+    "WhoAmI",
+]
+
+#: Job statuses after which nothing changes (DESIGN.md §4).
+TERMINAL_JOB_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class LabObject(BaseModel):
+    """Base of the SDK's objects: tolerant of unknown fields."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the object as JSON-able data, unknown fields included."""
+        return self.model_dump(mode="json")
+
+
+class JobError(LabObject):
+    """Why a job failed: ``code`` such as ``oom`` or ``max_restarts_exceeded``."""
+
+    code: str | None = None
+    message: str | None = None
+
+
+class Usage(LabObject):
+    """Resources a job used so far: seconds of GPU and CPU time and their cost in USD."""
+
+    gpu_seconds: float | None = None
+    cpu_seconds: float | None = None
+    cost_usd: Decimal | None = None
+
+
+class Checkpoint(LabObject):
+    """A checkpoint: ``status`` is ``pending``, ``uploading``, ``ready`` or ``failed``;
+    ``format`` ``peft-lora`` or ``hf-full``; ``size_bytes`` and ``sha256`` of its tar."""
+
+    id: str
+    job_id: str | None = None
+    step: int | None = None
+    attempt: int | None = None
+    status: str | None = None
+    format: str | None = None
+    size_bytes: int | None = None
+    sha256: str | None = None
+    created_at: datetime | None = None
+
+
+class Job(LabObject):
+    """A training job. ``status`` is one of ``queued``, ``starting``, ``running``,
+    ``cancelling``, ``succeeded``, ``failed``, ``cancelled``; ``step`` counts finished
+    training steps out of ``max_steps``; ``spec`` is the canonical spec as stored."""
+
+    id: str
+    object: str = "job"
+    name: str | None = None
+    status: str | None = None
+    status_reason: str | None = None
+    queue_position: int | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+    attempt: int | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error: JobError | None = None
+    usage: Usage | None = None
+    latest_checkpoint: Checkpoint | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the job has finished (succeeded, failed or cancelled)."""
+        return self.status in TERMINAL_JOB_STATUSES
+
+
+class JobEvent(LabObject):
+    """One entry of a job's history: ``type`` such as ``job.started``, ``level`` ``info``,
+    ``warning`` or ``error``; ``data`` depends on the type."""
+
+    id: str
+    created_at: datetime | None = None
+    level: str | None = None
+    type: str | None = None
+    message: str | None = None
+    data: Any = None
+
+
+class MetricPoint(LabObject):
+    """The metrics of one training step: ``values`` maps names like ``reward/mean`` to
+    floats; ``time`` is when the step ended."""
+
+    step: int
+    time: datetime | None = None
+    attempt: int | None = None
+    values: dict[str, float | None] = Field(default_factory=dict)
+
+
+class Model(LabObject):
+    """A catalogue model a job may train; ``context_length`` in tokens."""
+
+    id: str
+    context_length: int | None = None
+    parameters: int | None = None
+    description: str | None = None
+    source: str | None = None
+
+
+class Environment(LabObject):
+    """An installed environment; ``args`` are its arguments with their defaults."""
+
+    id: str
+    name: str | None = None
+    description: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Price(LabObject):
+    """One row of the price table: USD per hour of a resource type (a GPU type, or
+    ``cpu`` for local runs)."""
+
+    resource: str | None = None
+    usd_per_hour: Decimal | None = None
+
+
+class Estimate(LabObject):
+    """What a spec would cost and when it could start, from ``POST /jobs/estimate``."""
+
+    gpu_seconds: float | None = None
+    cpu_seconds: float | None = None
+    cost_usd: Decimal | None = None
+    queue_position: int | None = None
+    can_start_now: bool | None = None
+    reason: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
+class Named(LabObject):
+    """An organization or project as ``whoami`` names it."""
+
+    id: str | None = None
+    slug: str | None = None
+    name: str | None = None
+
+
+class WhoAmI(LabObject):
+    """The organization and project an API key belongs to, and its scopes."""
+
+    organization: Named | None = None
+    project: Named | None = None
+    scopes: list[str] = Field(default_factory=list)
