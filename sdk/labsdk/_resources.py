@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,7 +22,7 @@ from labsdk.errors import (
     ProblemDetail,
     WaitTimeoutError,
 )
-from labsdk.spec import SpecError, read_spec_file
+from labsdk.spec import SpecError, parse_spec, read_spec_file
 from labsdk.types import Environment, Estimate, Job, JobEvent, LabObject, MetricPoint, Model, Price
 
 T = TypeVar("T", bound=LabObject)
@@ -69,31 +70,46 @@ def _paginate(
         cursor = getattr(items[-1], cursor_field)
 
 
+def _invalid_spec(source: str, exc: SpecError) -> InvalidSpecError:
+    problems = [ProblemDetail(problem.to_dict()) for problem in exc.errors]
+    return InvalidSpecError(
+        f"{source}{exc.errors[0].message}", code="invalid_spec", param=exc.param, errors=problems
+    )
+
+
 def _spec_body(spec: Mapping[str, Any] | None, spec_file: str | Path | None, fields: dict[str, Any]) -> dict:
     """Merge a spec mapping or file with top-level ``fields`` (which win) into a request body.
 
-    Raises ``InvalidSpecError`` for an unreadable spec file, ``ValueError`` for a call that
-    gives both ``spec`` and ``spec_file`` or nothing at all.
+    Lab validates specs; the SDK only refuses what it cannot send: an unreadable spec file,
+    or a spec that is not JSON (NaN or infinity, which TOML allows), each as
+    ``InvalidSpecError`` with every problem by path. ``ValueError`` for a call that gives
+    both ``spec`` and ``spec_file`` or nothing at all.
     """
     if spec is not None and spec_file is not None:
         raise ValueError("give spec or spec_file, not both")
     if spec is None and spec_file is None and not fields:
         raise ValueError("give spec=, spec_file= or the spec's fields as keyword arguments")
     body: dict[str, Any] = {}
+    source = f"{spec_file}: " if spec_file is not None else ""
     if spec_file is not None:
         try:
             data = read_spec_file(spec_file)
         except SpecError as exc:
-            problems = [ProblemDetail(problem.to_dict()) for problem in exc.errors]
-            raise InvalidSpecError(
-                f"{spec_file}: {exc.errors[0].message}", code="invalid_spec", param=exc.param, errors=problems
-            ) from None
-        if not isinstance(data, dict):
-            raise InvalidSpecError(f"{spec_file}: a spec must be a table/object", code="invalid_spec", param="")
+            raise _invalid_spec(source, exc) from None
+        if not isinstance(data, Mapping):
+            raise InvalidSpecError(f"{source}a spec must be a table (a JSON object)", code="invalid_spec", param="")
         body.update(data)
     elif spec is not None:
         body.update(spec)
     body.update(fields)
+    try:
+        json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        try:
+            parse_spec(body)
+        except SpecError as problems:
+            raise _invalid_spec(source, problems) from None
+        raise InvalidSpecError(f"{source}the spec is not JSON: {exc}", code="invalid_spec") from None
     return body
 
 

@@ -28,7 +28,7 @@ from labsdk.client import api_url
 from labsdk.errors import parse_retry_after
 from labsdk.types import Job
 from tests.sdk.fake_lab import API_KEY, error_body
-from tests.sdk.test_spec import MINIMAL, PRIME_ONLY_TOML
+from tests.sdk.spec_examples import MINIMAL, PRIME_ONLY_TOML
 
 
 def posts(fake_lab, path="/api/v1/jobs"):
@@ -104,11 +104,22 @@ def test_it_refuses_an_unreadable_spec_file_without_calling_lab(fake_lab, lab_cl
     assert fake_lab.requests == []
 
 
-def test_it_refuses_a_spec_that_is_not_json_without_calling_lab(fake_lab, lab_client):
-    with pytest.raises(BadRequestError, match="not JSON"):
-        lab_client.jobs.create(spec={**MINIMAL, "learning_rate": float("nan")})
+def test_it_refuses_a_spec_that_is_not_json_by_path_without_calling_lab(fake_lab, lab_client):
+    with pytest.raises(InvalidSpecError) as caught:
+        lab_client.jobs.create(spec={**MINIMAL, "learning_rate": float("nan"), "max_steps": 0})
 
+    assert [(p.param, p.code) for p in caught.value.errors] == [
+        ("max_steps", "out_of_range"), ("learning_rate", "invalid_value"),
+    ]
     assert fake_lab.requests == []
+
+
+def test_it_refuses_a_json_spec_file_that_is_not_an_object(fake_lab, lab_client, tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text("[1, 2]")
+
+    with pytest.raises(InvalidSpecError, match="must be a table"):
+        lab_client.jobs.create(spec_file=path)
 
 
 def test_it_refuses_spec_and_spec_file_together(lab_client, tmp_path):

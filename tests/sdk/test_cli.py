@@ -1,0 +1,230 @@
+"""Tests for the ``lab`` command line against a fake Lab on a real local socket."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labsdk.cli import main
+from tests.sdk.fake_lab import error_body
+from tests.sdk.spec_examples import DESIGN_EXAMPLE_TOML, PRIME_ONLY_TOML
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    def write(text, name="job.toml"):
+        path = tmp_path / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return str(path)
+    return write
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_jobs_create_prints_the_job_id(lab_env, capsys, spec_file):
+    status, out, err = run(capsys, "jobs", "create", "-f", spec_file(DESIGN_EXAMPLE_TOML))
+
+    assert (status, out, err) == (0, "job_0001\n", "")
+    assert lab_env.jobs["job_0001"]["name"] == "addition-smollm2"
+
+
+def test_jobs_create_takes_a_name_and_prints_prime_warnings(lab_env, capsys, spec_file):
+    status, out, err = run(capsys, "jobs", "create", "-f", spec_file(PRIME_ONLY_TOML), "--name", "prime-run")
+
+    assert status == 0 and out == "job_0001\n"
+    assert err.count("warning: ") == 7
+    assert "'wandb' is a Prime Intellect setting" in err
+    assert lab_env.jobs["job_0001"]["name"] == "prime-run"
+
+
+def test_jobs_create_json_prints_the_job(lab_env, capsys, spec_file):
+    status, out, _ = run(capsys, "jobs", "create", "-f", spec_file(DESIGN_EXAMPLE_TOML), "--json")
+
+    assert status == 0
+    assert json.loads(out)["id"] == "job_0001"
+    assert json.loads(out)["spec"]["env"] == [{"id": "lab/addition", "args": {"max_operand": 20}}]
+
+
+def test_jobs_create_prints_every_server_problem_and_fails(lab_env, capsys, spec_file):
+    text = 'model = "m"\nbatch_size = 30\n[sampling]\ntemperature = 3.0\n[[env]]\nid = "addition"\n'
+
+    status, out, err = run(capsys, "jobs", "create", "-f", spec_file(text))
+
+    assert status == 1 and out == ""
+    assert err.splitlines() == [
+        "error: Input should be less than or equal to 2 (invalid_spec)",
+        "  sampling.temperature: Input should be less than or equal to 2 [out_of_range]",
+        '  env.0.id: must be an environment id like "lab/addition" or "owner/name@version" [invalid_value]',
+        "  batch_size: batch_size (30) must be a multiple of rollouts_per_example (4): "
+        "each step trains on whole groups [not_divisible]",
+    ]
+    assert lab_env.jobs == {}
+
+
+def test_jobs_create_refuses_nan_locally_since_json_cannot_carry_it(lab_env, capsys, spec_file):
+    text = 'model = "m"\n[sampling]\ntemperature = nan\n[[env]]\nid = "lab/addition"\n'
+
+    status, _, err = run(capsys, "jobs", "create", "-f", spec_file(text))
+
+    assert status == 1
+    assert err.splitlines()[1] == "  sampling.temperature: Input should be a finite number [invalid_value]"
+    assert lab_env.requests == []
+
+
+def test_jobs_create_refuses_a_broken_file_without_a_traceback(lab_env, capsys, spec_file):
+    status, _, err = run(capsys, "jobs", "create", "-f", spec_file(b'model = "caf\xe9"\n'))
+
+    assert status == 1
+    assert "not UTF-8" in err and "[invalid_encoding]" in err
+    assert "Traceback" not in err
+    assert lab_env.requests == []
+
+
+def test_jobs_create_reports_a_missing_file(lab_env, capsys, tmp_path):
+    status, _, err = run(capsys, "jobs", "create", "-f", str(tmp_path / "missing.toml"))
+
+    assert status == 1
+    assert err == f"error: No such file or directory: {tmp_path / 'missing.toml'}\n"
+
+
+def test_it_reports_an_unreachable_lab(capsys, sleeps, monkeypatch, spec_file):
+    monkeypatch.setenv("LAB_API_KEY", "lab_key")
+    monkeypatch.setenv("LAB_BASE_URL", "http://127.0.0.1:9")
+
+    status, _, err = run(capsys, "models")
+
+    assert status == 1
+    assert err.startswith("error: could not reach Lab at http://127.0.0.1:9/api/v1")
+
+
+def test_jobs_list_shows_a_table_and_json(lab_env, capsys):
+    for _ in range(3):
+        lab_env.add_job(name="addition")
+
+    status, out, _ = run(capsys, "jobs", "list", "--limit", "2")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "NAME", "STATUS", "STEP", "CREATED"]
+    assert [line.split()[0] for line in lines[1:]] == ["job_0003", "job_0002"]
+
+    status, out, _ = run(capsys, "jobs", "list", "--json", "--status", "queued", "--metadata", "team=x")
+    assert status == 0 and json.loads(out) == []
+    assert lab_env.requests[-1].query["metadata[team]"] == ["x"]
+
+
+def test_jobs_list_refuses_a_malformed_metadata_filter(lab_env, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["jobs", "list", "--metadata", "team"])
+
+    assert caught.value.code == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_jobs_get_cancel_and_events(lab_env, capsys):
+    job = lab_env.add_job(name="addition", metadata={"team": "research"})
+
+    status, out, _ = run(capsys, "jobs", "get", job["id"])
+    assert status == 0
+    assert "queued (waiting)" in out and "team=research" in out and "0/20" in out
+
+    assert run(capsys, "jobs", "events", job["id"])[1].splitlines()[1].split()[2:4] == ["info", "job.queued"]
+    assert run(capsys, "jobs", "cancel", job["id"])[:2] == (0, f"{job['id']} cancelled\n")
+
+    status, _, err = run(capsys, "jobs", "cancel", job["id"])
+    assert (status, err) == (1, "error: Job is already cancelled. (invalid_state)\n")
+
+
+def test_jobs_get_unknown_id_fails_with_the_server_message(lab_env, capsys):
+    assert run(capsys, "jobs", "get", "job_nope")[::2] == (1, "error: No such job. (not_found)\n")
+
+
+def test_jobs_wait_exits_zero_on_success_and_one_on_failure(lab_env, capsys):
+    good = lab_env.add_job()
+    lab_env.timelines[good["id"]] = [{"status": "running", "step": 3, "reward": 0.5}, {"status": "succeeded", "step": 20}]
+    bad = lab_env.add_job()
+    lab_env.timelines[bad["id"]] = [{"status": "failed", "error": {"code": "oom", "message": "Out of memory."}}]
+
+    status, out, err = run(capsys, "jobs", "wait", good["id"])
+    assert (status, out) == (0, f"{good['id']} succeeded\n")
+    assert "reward/mean=0.500" in err
+
+    status, out, err = run(capsys, "jobs", "wait", bad["id"], "--json")
+    assert status == 1
+    assert json.loads(out)["error"]["code"] == "oom"
+    assert err == f"error: job {bad['id']} failed (oom: Out of memory.)\n"
+
+
+def test_spec_check_lists_every_local_problem_without_lab(capsys, spec_file, monkeypatch):
+    monkeypatch.delenv("LAB_API_KEY", raising=False)
+    text = 'modle = "x"\nmax_steps = 0\n[[env]]\nid = "lab/addition"\nargs = { a = inf }\n'
+
+    status, out, err = run(capsys, "spec", "check", spec_file(text))
+
+    assert status == 1 and out == ""
+    assert "4 problem(s)" in err.splitlines()[0]
+    assert "  model: 'model' is required [required]" in err
+    assert "  max_steps: Input should be greater than or equal to 1 [out_of_range]" in err
+    assert "  env.0.args.a: NaN and infinity are not allowed [invalid_value]" in err
+    assert "  modle: unknown key 'modle'; allowed keys: name, model," in err
+
+
+def test_spec_check_passes_locally_when_no_lab_is_configured(capsys, spec_file, monkeypatch):
+    monkeypatch.delenv("LAB_API_KEY", raising=False)
+
+    status, out, err = run(capsys, "spec", "check", spec_file(PRIME_ONLY_TOML))
+
+    assert status == 0
+    assert "valid (checked locally; set LAB_API_KEY" in out
+    assert err.count("warning: ") == 7
+
+
+def test_spec_check_asks_lab_for_an_estimate_when_configured(lab_env, capsys, spec_file):
+    status, out, _ = run(capsys, "spec", "check", spec_file(DESIGN_EXAMPLE_TOML), "--json")
+
+    assert status == 0
+    result = json.loads(out)
+    assert result["valid"] is True and result["errors"] == []
+    assert result["estimate"]["cost_usd"] == "0.01"
+    assert lab_env.count("POST", "/api/v1/jobs/estimate") == 1
+    assert lab_env.jobs == {}
+
+
+def test_spec_check_reports_the_servers_catalogue_problems(lab_env, capsys, spec_file):
+    body = error_body(400, "invalid_spec", "environment 'primeintellect/reverse-text' is not installed", [
+        {"param": "env.0.id", "code": "unknown_environment",
+         "message": "environment 'primeintellect/reverse-text' is not installed; installed environments: lab/addition"},
+    ])
+    lab_env.fail_next = [(400, {}, body)]
+
+    status, _, err = run(capsys, "spec", "check", spec_file(DESIGN_EXAMPLE_TOML))
+
+    assert status == 1
+    assert "  env.0.id: environment 'primeintellect/reverse-text' is not installed; installed environments: " \
+           "lab/addition [unknown_environment]" in err
+
+
+def test_models_envs_and_whoami(lab_env, capsys):
+    status, out, _ = run(capsys, "models")
+    assert status == 0 and "lab/tiny-random-llama" in out and "8192" in out
+
+    status, out, _ = run(capsys, "envs", "--json")
+    assert status == 0 and json.loads(out)[0]["id"] == "lab/addition"
+
+    status, out, _ = run(capsys, "whoami")
+    assert status == 0 and out.splitlines()[0] == "organization: acme (Acme)"
+
+
+def test_the_console_script_is_installed():
+    script = Path(sys.executable).with_name("lab")
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "LAB_API_KEY": ""})
+
+    assert result.returncode == 0
+    assert result.stdout.startswith("labsdk ")
