@@ -44,7 +44,8 @@ class HTTPClient:
     ``base_url`` is the API prefix (``http://127.0.0.1:8000/api/v1``); ``token`` is sent as
     ``Authorization: Bearer``; ``timeout`` is seconds per attempt; ``max_retries`` counts
     retries after the first attempt; ``max_retry_after`` (seconds) is the longest
-    ``Retry-After`` honoured, a longer one is raised at once. ``sleep`` (default
+    ``Retry-After`` honoured, a longer one is raised at once; ``missing_token_message`` is
+    the error raised, before any request, when ``token`` is empty. ``sleep`` (default
     ``time.sleep``) and ``transport`` exist for tests and embedding.
     """
 
@@ -59,6 +60,7 @@ class HTTPClient:
         backoff_cap: float = 8.0,
         max_retry_after: float = 60.0,
         user_agent: str | None = None,
+        missing_token_message: str = "no API key: pass api_key= or set LAB_API_KEY",
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] | None = None,
     ):
@@ -70,6 +72,7 @@ class HTTPClient:
         self.backoff_cap = backoff_cap
         self.max_retry_after = max_retry_after
         self._token = token
+        self._missing_token_message = missing_token_message
         self._sleep = sleep
         headers = {
             "Accept": "application/json",
@@ -122,9 +125,7 @@ class HTTPClient:
         ``BadRequestError`` before sending when ``json_body`` is not JSON (NaN, objects).
         """
         if not self._token:
-            raise AuthenticationError(
-                "no API key: pass api_key= or set LAB_API_KEY", code="invalid_api_key"
-            )
+            raise AuthenticationError(self._missing_token_message, code="invalid_api_key")
         method = method.upper()
         headers: dict[str, str] = {}
         content: bytes | None = None

@@ -241,6 +241,18 @@ def envs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     return EXIT_OK
 
 
+def prices(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    found = client().prices.list()
+    if args.json:
+        _print_json(found)
+        return EXIT_OK
+    table = _table("RESOURCE", "USD PER HOUR", "DESCRIPTION")
+    for price in found:
+        table.add_row(_text(price.resource_type), _text(price.usd_per_hour), _text(price.description))
+    Console().print(table)
+    return EXIT_OK
+
+
 def whoami(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     identity = client().whoami()
     if args.json:
@@ -308,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, help_text in (
         ("models", models, "list the models a job may train"),
         ("envs", envs, "list installed environments"),
+        ("prices", prices, "show the price table (USD per hour per GPU, or per CPU job)"),
         ("whoami", whoami, "show the organization, project and scopes of the API key"),
     ):
         commands.add_parser(name, parents=[json_flag], help=help_text).set_defaults(handler=handler)

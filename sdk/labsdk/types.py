@@ -146,11 +146,13 @@ class Environment(LabObject):
 
 
 class Price(LabObject):
-    """One row of the price table: USD per hour of a resource type (a GPU type, or
-    ``cpu`` for local runs)."""
+    """One row of the price table: USD per hour of a resource type, per GPU for a GPU type
+    (``H100``), per job for ``cpu`` (local runs)."""
 
-    resource: str | None = None
+    resource_type: str | None = None
     usd_per_hour: Decimal | None = None
+    description: str | None = None
+    updated_at: datetime | None = None
 
 
 class Estimate(LabObject):

@@ -31,7 +31,7 @@ ENVIRONMENTS = [
     {"id": "lab/addition", "name": "addition", "description": "Add integers.",
      "args": {"min_operand": 0, "max_operand": 20, "num_operands": 2}},
 ]
-PRICES = [{"resource": "cpu", "usd_per_hour": "0.10"}, {"resource": "H100", "usd_per_hour": "2.50"}]
+PRICES = [{"resource_type": "cpu", "usd_per_hour": "0.10"}, {"resource_type": "H100", "usd_per_hour": "2.50"}]
 
 
 def error_body(status: int, code: str, message: str, errors: list[dict] | None = None) -> dict:

@@ -228,3 +228,10 @@ def test_the_console_script_is_installed():
 
     assert result.returncode == 0
     assert result.stdout.startswith("labsdk ")
+
+
+def test_prices_shows_the_price_table(lab_env, capsys):
+    status, out, _ = run(capsys, "prices")
+
+    assert status == 0
+    assert [line.split()[:2] for line in out.splitlines()[1:]] == [["cpu", "0.10"], ["H100", "2.50"]]

@@ -366,7 +366,7 @@ def test_catalogues_prices_and_whoami_are_typed(fake_lab, lab_client):
     ]
     assert models[1].quantized_source == "gguf"
     assert environments[0].args == {"min_operand": 0, "max_operand": 20, "num_operands": 2}
-    assert [(p.resource, p.usd_per_hour) for p in prices] == [("cpu", Decimal("0.10")), ("H100", Decimal("2.50"))]
+    assert [(p.resource_type, p.usd_per_hour) for p in prices] == [("cpu", Decimal("0.10")), ("H100", Decimal("2.50"))]
     assert (identity.organization.slug, identity.scopes) == ("acme", ["read", "write"])
 
 
@@ -460,3 +460,13 @@ def test_lab_reads_its_settings_from_the_environment(monkeypatch):
 def test_api_url_accepts_an_address_with_or_without_the_prefix():
     assert api_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/api/v1"
     assert api_url("http://127.0.0.1:8000/api/v1/") == "http://127.0.0.1:8000/api/v1"
+
+
+def test_the_http_layer_serves_other_callers_with_their_own_token(fake_lab):
+    from labsdk._http import HTTPClient
+
+    with HTTPClient(base_url=fake_lab.url + "/api/v1", token=API_KEY) as http:
+        assert http.request("GET", "whoami")["scopes"] == ["read", "write"]
+    anonymous = HTTPClient(base_url=fake_lab.url, token=None, missing_token_message="LAB_JOB_TOKEN is not set")
+    with pytest.raises(AuthenticationError, match="LAB_JOB_TOKEN is not set"):
+        anonymous.request("POST", "api/v1/ingest/jobs/job_1/status", json_body={})
