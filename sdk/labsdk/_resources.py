@@ -19,6 +19,7 @@ from labsdk.errors import (
     InvalidSpecError,
     JobCancelledError,
     JobFailedError,
+    NotFoundError,
     ProblemDetail,
     WaitTimeoutError,
 )
@@ -220,15 +221,22 @@ class Jobs:
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = tqdm(desc=job_id, unit="step", disable=not progress, dynamic_ncols=True)
         reward: float | None = None
+        show_reward = True
         metrics_after: int | None = None
         try:
             while True:
                 job = self.retrieve(job_id)
                 if progress:
-                    for point in self.metrics(job_id, names=[PROGRESS_METRIC], after_step=metrics_after):
-                        metrics_after = point.step
-                        if point.values.get(PROGRESS_METRIC) is not None:
-                            reward = point.values[PROGRESS_METRIC]
+                    if show_reward:
+                        try:
+                            for point in self.metrics(job_id, names=[PROGRESS_METRIC], after_step=metrics_after):
+                                metrics_after = point.step
+                                if point.values.get(PROGRESS_METRIC) is not None:
+                                    reward = point.values[PROGRESS_METRIC]
+                        except NotFoundError:
+                            # The job was just read, so a 404 here means a Lab without the
+                            # metrics endpoint: show steps only rather than fail the wait.
+                            show_reward = False
                     self._show(bar, job, reward)
                 if job.is_terminal:
                     break

@@ -269,6 +269,16 @@ class _UsageError(Exception):
     """A command line the parser accepted but the command cannot use."""
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``lab`` argument parser; each command sets ``handler``."""
     json_flag = argparse.ArgumentParser(add_help=False)
@@ -290,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = job_commands.add_parser("list", parents=[json_flag], help="list jobs, newest first")
     listing.add_argument("--status", help="only jobs in this status (queued, running, succeeded, ...)")
     listing.add_argument("--metadata", action="append", metavar="KEY=VALUE", help="only jobs with this metadata pair")
-    listing.add_argument("--limit", type=int, default=20, help="most jobs shown (default 20)")
+    listing.add_argument("--limit", type=_positive_int, default=20, help="most jobs shown (default 20)")
     listing.set_defaults(handler=jobs_list)
 
     for name, handler, help_text in (

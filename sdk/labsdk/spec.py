@@ -118,7 +118,8 @@ class SpecProblem:
 
 
 class SpecError(Exception):
-    """A spec was refused; ``errors`` lists every problem found, in document order."""
+    """A spec was refused; ``errors`` lists every problem found: field problems in the
+    spec's field order, then cross-field rules."""
 
     def __init__(self, errors: list[SpecProblem]):
         self.errors = errors

@@ -235,3 +235,11 @@ def test_prices_shows_the_price_table(lab_env, capsys):
 
     assert status == 0
     assert [line.split()[:2] for line in out.splitlines()[1:]] == [["cpu", "0.10"], ["H100", "2.50"]]
+
+
+def test_jobs_list_refuses_a_limit_below_one(capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["jobs", "list", "--limit", "0"])
+
+    assert caught.value.code == 2
+    assert "at least 1" in capsys.readouterr().err

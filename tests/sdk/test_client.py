@@ -470,3 +470,19 @@ def test_the_http_layer_serves_other_callers_with_their_own_token(fake_lab):
     anonymous = HTTPClient(base_url=fake_lab.url, token=None, missing_token_message="LAB_JOB_TOKEN is not set")
     with pytest.raises(AuthenticationError, match="LAB_JOB_TOKEN is not set"):
         anonymous.request("POST", "api/v1/ingest/jobs/job_1/status", json_body={})
+
+
+def test_wait_shows_steps_only_when_lab_has_no_metrics_endpoint(fake_lab, lab_client, capsys):
+    job = fake_lab.add_job(max_steps=4)
+    fake_lab.timelines[job["id"]] = [{"status": "running", "step": 2}, {"status": "succeeded", "step": 4}]
+    fake_lab.metrics.pop(job["id"])
+    original_route = fake_lab.route
+    fake_lab.route = lambda method, path, query, body: (
+        (404, {}, error_body(404, "not_found", "No route.")) if path.endswith("/metrics")
+        else original_route(method, path, query, body)
+    )
+
+    assert lab_client.jobs.wait(job["id"]).status == "succeeded"
+
+    assert "4/4" in capsys.readouterr().err
+    assert len([r for r in fake_lab.requests if r.path.endswith("/metrics")]) == 1
