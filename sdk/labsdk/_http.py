@@ -19,7 +19,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -93,7 +93,7 @@ class HTTPClient:
         """Close the connection pool."""
         self._client.close()
 
-    def __enter__(self) -> HTTPClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

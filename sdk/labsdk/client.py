@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Self
 
 import httpx
 
@@ -62,7 +63,7 @@ class Lab:
         """Close the client's connections."""
         self._http.close()
 
-    def __enter__(self) -> Lab:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -177,8 +177,8 @@ def parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
 
 
 _CLASS_BY_STATUS: dict[int, type[LabError]] = {

@@ -56,12 +56,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "PRIME_UNUSED_KEYS",
     "CheckpointsConfig",
     "EnvConfig",
     "EvalConfig",
     "JobSpec",
     "ParsedSpec",
-    "PRIME_UNUSED_KEYS",
     "ResourcesConfig",
     "SamplingConfig",
     "SpecError",

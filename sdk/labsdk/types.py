@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "TERMINAL_JOB_STATUSES",
     "Checkpoint",
     "Environment",
     "Estimate",
@@ -25,7 +26,6 @@ __all__ = [
     "MetricPoint",
     "Model",
     "Price",
-    "TERMINAL_JOB_STATUSES",
     "Usage",
     "WhoAmI",
 ]

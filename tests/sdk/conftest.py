@@ -6,8 +6,8 @@ Nothing here touches Django or the database: labsdk must work on its own.
 from __future__ import annotations
 
 import pytest
-
 from labsdk import Lab
+
 from tests.sdk.fake_lab import API_KEY, FakeLab, FakeLabServer
 
 

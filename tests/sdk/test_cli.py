@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from labsdk.cli import main
+
 from tests.sdk.fake_lab import error_body
 from tests.sdk.spec_examples import DESIGN_EXAMPLE_TOML, PRIME_ONLY_TOML
 
@@ -62,8 +62,10 @@ def test_jobs_create_prints_every_server_problem_and_fails(lab_env, capsys, spec
         "error: Input should be less than or equal to 2 (invalid_spec)",
         "  sampling.temperature: Input should be less than or equal to 2 [out_of_range]",
         '  env.0.id: must be an environment id like "lab/addition" or "owner/name@version" [invalid_value]',
-        "  batch_size: batch_size (30) must be a multiple of rollouts_per_example (4): "
-        "each step trains on whole groups [not_divisible]",
+        (
+            "  batch_size: batch_size (30) must be a multiple of rollouts_per_example (4): "
+            "each step trains on whole groups [not_divisible]"
+        ),
     ]
     assert lab_env.jobs == {}
 
@@ -147,7 +149,9 @@ def test_jobs_get_unknown_id_fails_with_the_server_message(lab_env, capsys):
 
 def test_jobs_wait_exits_zero_on_success_and_one_on_failure(lab_env, capsys):
     good = lab_env.add_job()
-    lab_env.timelines[good["id"]] = [{"status": "running", "step": 3, "reward": 0.5}, {"status": "succeeded", "step": 20}]
+    lab_env.timelines[good["id"]] = [
+        {"status": "running", "step": 3, "reward": 0.5}, {"status": "succeeded", "step": 20},
+    ]
     bad = lab_env.add_job()
     lab_env.timelines[bad["id"]] = [{"status": "failed", "error": {"code": "oom", "message": "Out of memory."}}]
 
@@ -223,7 +227,7 @@ def test_models_envs_and_whoami(lab_env, capsys):
 
 def test_the_console_script_is_installed():
     script = Path(sys.executable).with_name("lab")
-    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60,
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60, check=False,
                             env={**os.environ, "LAB_API_KEY": ""})
 
     assert result.returncode == 0

@@ -4,9 +4,8 @@ import json
 import uuid
 from decimal import Decimal
 
-import pytest
-
 import labsdk
+import pytest
 from labsdk import (
     APIConnectionError,
     APIError,
@@ -27,6 +26,7 @@ from labsdk import (
 from labsdk.client import api_url
 from labsdk.errors import parse_retry_after
 from labsdk.types import Job
+
 from tests.sdk.fake_lab import API_KEY, error_body
 from tests.sdk.spec_examples import MINIMAL, PRIME_ONLY_TOML
 
@@ -300,8 +300,10 @@ def test_retrieve_reads_every_documented_field(fake_lab, lab_client):
     fake_lab.add_job(
         status="failed", error={"code": "oom", "message": "Out of memory."},
         usage={"gpu_seconds": 12.5, "cpu_seconds": 3, "cost_usd": "1.25"},
-        latest_checkpoint={"id": "ckpt_1", "job_id": "job_0001", "step": 5, "attempt": 1, "status": "ready",
-                           "format": "peft-lora", "size_bytes": 10, "sha256": "ab", "created_at": "2026-11-29T22:16:31Z"},
+        latest_checkpoint={
+            "id": "ckpt_1", "job_id": "job_0001", "step": 5, "attempt": 1, "status": "ready",
+            "format": "peft-lora", "size_bytes": 10, "sha256": "ab", "created_at": "2026-11-29T22:16:31Z",
+        },
         new_field_from_a_newer_server=True,
     )
 

@@ -4,7 +4,6 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
-
 from labsdk.spec import (
     JobSpec,
     SpecError,
@@ -15,6 +14,7 @@ from labsdk.spec import (
     loads_spec,
     parse_spec,
 )
+
 from tests.sdk.spec_examples import DESIGN_EXAMPLE_TOML, MINIMAL, PRIME_ONLY_TOML
 
 
