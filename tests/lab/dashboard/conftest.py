@@ -40,3 +40,9 @@ def link_in_last_email(pattern: str) -> str:
     match = re.search(pattern, mail.outbox[-1].body)
     assert match, mail.outbox[-1].body
     return match.group(0)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """Hash passwords cheaply: these tests sign up and log in dozens of users."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
