@@ -1,0 +1,126 @@
+"""REST endpoints for jobs and the catalogues (DESIGN.md §4 "REST API"). Thin over services."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.models import Price
+from jobs.estimates import job_estimate
+from jobs.models import Job, JobEvent
+from jobs.selectors import job_list, metadata_filters
+from jobs.serializers import (
+    environment_to_dict,
+    event_to_dict,
+    job_to_dict,
+    model_to_dict,
+    price_to_dict,
+)
+from jobs.services import job_cancel, job_submit
+from jobs.specs import installed_environments, installed_models
+from lab.api.base import ProjectAPIView
+from lab.api.pagination import list_envelope, paginate_by_public_id
+from labsdk.spec import job_spec_json_schema
+
+_SPEC_BODY = {"application/json": OpenApiTypes.OBJECT}
+
+
+class JobListView(ProjectAPIView):
+    """``GET /jobs`` (newest first, ``status`` and ``metadata[key]=value`` filters); ``POST /jobs``."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", str, description="keep jobs with this status"),
+            OpenApiParameter("limit", int),
+            OpenApiParameter("after", str, description="id of the last job seen"),
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request: Request) -> Response:
+        jobs = job_list(
+            project=self.project,
+            status=request.query_params.get("status"),
+            metadata=metadata_filters(request.query_params),
+        )
+        return Response(paginate_by_public_id(jobs, request.query_params, job_to_dict))
+
+    @extend_schema(request=_SPEC_BODY, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        job = job_submit(project=self.project, actor=self.actor, data=request.data)
+        return Response(job_to_dict(job), status=201)
+
+
+class JobDetailView(ProjectAPIView):
+    """``GET /jobs/{id}``."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, job_id: str) -> Response:
+        return Response(job_to_dict(self.get_owned(Job.objects.all(), job_id, "job")))
+
+
+class JobCancelView(ProjectAPIView):
+    """``POST /jobs/{id}/cancel``: ``cancelled`` at once if queued, else ``cancelling``."""
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        return Response(job_to_dict(job_cancel(job=job, actor=self.actor)))
+
+
+class JobEventsView(ProjectAPIView):
+    """``GET /jobs/{id}/events``, oldest first."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        events = JobEvent.objects.filter(job=job).select_related("job")
+        return Response(paginate_by_public_id(events, request.query_params, event_to_dict, newest_first=False))
+
+
+class JobEstimateView(ProjectAPIView):
+    """``POST /jobs/estimate``: full validation and an estimate, creating nothing; read keys may call it."""
+
+    required_scope = "read"
+
+    @extend_schema(request=_SPEC_BODY, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request) -> Response:
+        return Response(job_estimate(project=self.project, data=request.data))
+
+
+class ModelListView(ProjectAPIView):
+    """``GET /models``: the model catalogue."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(list_envelope(map(model_to_dict, installed_models().values()), has_more=False))
+
+
+class EnvironmentListView(ProjectAPIView):
+    """``GET /environments``: the environments installed on this Lab."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(list_envelope(map(environment_to_dict, installed_environments().values()), has_more=False))
+
+
+class PriceListView(ProjectAPIView):
+    """``GET /prices``: USD per hour for each resource type."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(list_envelope(map(price_to_dict, Price.objects.all()), has_more=False))
+
+
+class JobSpecSchemaView(APIView):
+    """``GET /schema/job-spec.json``: the JSON Schema of a job spec (public)."""
+
+    authentication_classes: list = []
+    permission_classes: list = []
+    throttle_classes: list = []
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> JsonResponse:
+        return JsonResponse(job_spec_json_schema())

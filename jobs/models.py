@@ -1,0 +1,157 @@
+"""Jobs and what they produce: the job row, its event log and its checkpoints.
+
+A Job belongs to one Project; every change of its status goes through ``jobs.services`` and
+writes a JobEvent whose ``type`` is the webhook event name (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db import models
+from django.utils import timezone
+
+from lab.ids import public_id
+from lab.models import ApiKey, Project, User
+
+
+def _job_public_id() -> str:
+    return public_id("job")
+
+
+def _event_public_id() -> str:
+    return public_id("evt")
+
+
+def _checkpoint_public_id() -> str:
+    return public_id("ckpt")
+
+
+class JobStatus(models.TextChoices):
+    """Lifecycle of a job (DESIGN.md §4)."""
+
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+ACTIVE_STATUSES = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING})
+
+
+class JobPriority(models.IntegerChoices):
+    """Queue priority; a higher value is admitted first."""
+
+    LOW = 0, "low"
+    NORMAL = 1, "normal"
+    HIGH = 2, "high"
+
+
+class Job(models.Model):
+    """One RL training job: its validated spec, status, progress and usage."""
+
+    public_id = models.CharField(max_length=40, unique=True, default=_job_public_id)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="jobs")
+    created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    name = models.CharField(max_length=128, blank=True)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    status_reason = models.CharField(max_length=64, blank=True)
+    spec = models.JSONField()
+    warnings = models.JSONField(default=list)
+    metadata = models.JSONField(default=dict)
+    priority = models.PositiveSmallIntegerField(choices=JobPriority.choices, default=JobPriority.NORMAL)
+    model = models.CharField(max_length=256)
+    gpu_type = models.CharField(max_length=32, default="cpu")
+    gpus = models.PositiveSmallIntegerField(default=0)
+    max_steps = models.PositiveIntegerField()
+    step = models.PositiveIntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=0)
+    init_from = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    gpu_seconds = models.FloatField(default=0.0)
+    cpu_seconds = models.FloatField(default=0.0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal("0"))
+    created_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["project", "-id"], name="job_project_newest"),
+            models.Index(fields=["status", "-priority", "queued_at"], name="job_queue_order"),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the job has finished (succeeded, failed or cancelled)."""
+        return self.status in TERMINAL_STATUSES
+
+
+class EventLevel(models.TextChoices):
+    """How a JobEvent is shown."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class JobEvent(models.Model):
+    """One thing that happened to a job; ``type`` is a webhook event name (``job.started``...)."""
+
+    public_id = models.CharField(max_length=40, unique=True, default=_event_public_id)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=40)
+    level = models.CharField(max_length=8, choices=EventLevel.choices, default=EventLevel.INFO)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "id"], name="jobevent_job_order")]
+
+
+class CheckpointStatus(models.TextChoices):
+    """Lifecycle of a checkpoint (DESIGN.md §4): only ``ready`` ones can be downloaded or resumed."""
+
+    PENDING = "pending"
+    UPLOADING = "uploading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class CheckpointFormat(models.TextChoices):
+    """What the archive holds: a PEFT LoRA adapter or full Hugging Face weights."""
+
+    PEFT_LORA = "peft-lora"
+    HF_FULL = "hf-full"
+
+
+class Checkpoint(models.Model):
+    """A saved training state of one job attempt at one step (one uncompressed tar)."""
+
+    public_id = models.CharField(max_length=40, unique=True, default=_checkpoint_public_id)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField()
+    status = models.CharField(max_length=12, choices=CheckpointStatus.choices, default=CheckpointStatus.PENDING)
+    format = models.CharField(max_length=12, choices=CheckpointFormat.choices)
+    storage_key = models.CharField(max_length=512, blank=True)
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "status", "-step"], name="checkpoint_job_latest")]

@@ -1,0 +1,109 @@
+"""JSON shapes of jobs, events, checkpoints and catalogue entries (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from billing.models import Price
+from engine.catalog import EnvironmentInfo, ModelInfo
+from jobs.models import Checkpoint, CheckpointStatus, Job, JobEvent, JobPriority, JobStatus
+from jobs.queue import queue_position
+from lab.api.formats import iso, money
+
+
+def checkpoint_to_dict(checkpoint: Checkpoint) -> dict[str, Any]:
+    """Return the Checkpoint object."""
+    return {
+        "id": checkpoint.public_id,
+        "object": "checkpoint",
+        "job_id": checkpoint.job.public_id,
+        "step": checkpoint.step,
+        "attempt": checkpoint.attempt,
+        "status": checkpoint.status,
+        "format": checkpoint.format,
+        "size_bytes": checkpoint.size_bytes,
+        "sha256": checkpoint.sha256 or None,
+        "created_at": iso(checkpoint.created_at),
+    }
+
+
+def job_to_dict(job: Job) -> dict[str, Any]:
+    """Return the Job object: status, queue place, spec, progress, usage and latest checkpoint."""
+    latest = (
+        job.checkpoints.filter(status=CheckpointStatus.READY).order_by("-step", "-id").first()
+        if job.status != JobStatus.QUEUED or job.attempt
+        else None
+    )
+    return {
+        "id": job.public_id,
+        "object": "job",
+        "name": job.name,
+        "status": job.status,
+        "status_reason": job.status_reason or None,
+        "queue_position": queue_position(job),
+        "priority": JobPriority(job.priority).label,
+        "spec": job.spec,
+        "warnings": job.warnings,
+        "attempt": job.attempt,
+        "step": job.step,
+        "max_steps": job.max_steps,
+        "created_at": iso(job.created_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at),
+        "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
+        "usage": {
+            "gpu_seconds": round(job.gpu_seconds, 3),
+            "cpu_seconds": round(job.cpu_seconds, 3),
+            "cost_usd": money(job.cost_usd),
+        },
+        "latest_checkpoint": checkpoint_to_dict(latest) if latest else None,
+        "metadata": job.metadata,
+    }
+
+
+def event_to_dict(event: JobEvent) -> dict[str, Any]:
+    """Return the JobEvent object."""
+    return {
+        "id": event.public_id,
+        "object": "event",
+        "job_id": event.job.public_id,
+        "created_at": iso(event.created_at),
+        "level": event.level,
+        "type": event.type,
+        "message": event.message,
+        "data": event.data,
+    }
+
+
+def model_to_dict(model: ModelInfo) -> dict[str, Any]:
+    """Return a model catalogue entry."""
+    return {
+        "id": model.id,
+        "object": "model",
+        "context_length": model.context_length,
+        "parameters": model.parameters,
+        "description": model.description,
+        "source": model.source,
+    }
+
+
+def environment_to_dict(environment: EnvironmentInfo) -> dict[str, Any]:
+    """Return an environment catalogue entry with its default arguments."""
+    return {
+        "id": environment.id,
+        "object": "environment",
+        "name": environment.name,
+        "description": environment.description,
+        "args": environment.args,
+    }
+
+
+def price_to_dict(price: Price) -> dict[str, Any]:
+    """Return a price row; ``unit`` says what one hour buys."""
+    return {
+        "object": "price",
+        "resource_type": price.resource_type,
+        "usd_per_hour": money(price.usd_per_hour),
+        "unit": "job_hour" if price.resource_type == "cpu" else "gpu_hour",
+        "description": price.description,
+    }

@@ -1,0 +1,175 @@
+"""Services for jobs: submit, change status, cancel. Every status change goes through here.
+
+``job_transition`` is the single place a job's status changes: it locks the row, refuses an
+illegal transition with ``InvalidTransition`` (changing nothing), writes the JobEvent whose type is
+the webhook event name, and updates the timestamps, all in one transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import EventLevel, Job, JobEvent, JobPriority, JobStatus
+from jobs.specs import validate_job_spec
+from lab.api.errors import ApiError
+from lab.models import Project
+from lab.services import Actor, audit_record
+
+S = JobStatus
+
+#: Which status may follow which (DESIGN.md §4 "Statuses"). ``queued`` after ``starting`` or
+#: ``running`` is a requeue (preemption, crash); after ``failed``/``cancelled`` a restart.
+ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    S.QUEUED: frozenset({S.STARTING, S.CANCELLED, S.FAILED}),
+    S.STARTING: frozenset({S.RUNNING, S.QUEUED, S.CANCELLING, S.CANCELLED, S.FAILED, S.SUCCEEDED}),
+    S.RUNNING: frozenset({S.QUEUED, S.CANCELLING, S.SUCCEEDED, S.FAILED}),
+    S.CANCELLING: frozenset({S.CANCELLED, S.SUCCEEDED, S.FAILED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset({S.QUEUED}),
+    S.CANCELLED: frozenset({S.QUEUED}),
+}
+
+_EVENT_TYPES = {
+    S.STARTING: "job.starting",
+    S.RUNNING: "job.started",
+    S.CANCELLING: "job.cancelling",
+    S.SUCCEEDED: "job.succeeded",
+    S.FAILED: "job.failed",
+    S.CANCELLED: "job.cancelled",
+}
+
+
+class InvalidTransition(Exception):
+    """A status change the lifecycle does not allow; nothing was changed."""
+
+    def __init__(self, job: Job, to: str):
+        super().__init__(f"job {job.public_id} cannot go from {job.status} to {to}")
+        self.job = job
+        self.to = to
+
+
+def _event_type(previous: str, to: str) -> str:
+    if to == S.QUEUED:
+        return "job.restarted" if previous in (S.FAILED, S.CANCELLED) else "job.requeued"
+    return _EVENT_TYPES[to]
+
+
+def job_record_event(
+    *, job: Job, type: str, message: str = "", level: str = EventLevel.INFO, data: dict[str, Any] | None = None
+) -> JobEvent:
+    """Append a JobEvent to ``job`` (call inside the transaction that made the change)."""
+    return JobEvent.objects.create(job=job, type=type, level=level, message=message, data=data or {})
+
+
+@transaction.atomic
+def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
+    """Validate ``data`` as a job spec and create a queued job in ``project``.
+
+    Returns the Job (``queued``, reason ``waiting``) with its ``job.queued`` event.
+    Raises ApiError 400 ``invalid_spec`` listing every problem; nothing is created then.
+    """
+    validated = validate_job_spec(project=project, data=data)
+    spec = validated.parsed.spec
+    now = timezone.now()
+    job = Job.objects.create(
+        project=project,
+        created_by=actor.user,
+        created_by_key=actor.api_key,
+        name=spec.name or "",
+        status=S.QUEUED,
+        status_reason="waiting",
+        spec=validated.canonical,
+        warnings=validated.parsed.warnings,
+        metadata=dict(spec.metadata),
+        priority=JobPriority[spec.priority.upper()],
+        model=spec.model,
+        gpu_type=spec.resources.gpu_type,
+        gpus=spec.resources.gpus or 0,
+        max_steps=spec.max_steps,
+        init_from=validated.init_from,
+        created_at=now,
+        queued_at=now,
+    )
+    job_record_event(job=job, type="job.queued", message="Job submitted and queued.")
+    audit_record(
+        actor=actor, organization=project.organization, project=project, action="job.create", target=job.public_id
+    )
+    return job
+
+
+@transaction.atomic
+def job_transition(
+    *,
+    job: Job,
+    to: str,
+    reason: str = "",
+    error_code: str = "",
+    error_message: str = "",
+    message: str = "",
+    data: dict[str, Any] | None = None,
+) -> Job:
+    """Move ``job`` to status ``to`` and record the matching JobEvent.
+
+    ``reason`` becomes ``status_reason`` (queued jobs); ``error_code``/``error_message`` are set
+    when failing. Returns the updated job (the row is locked and re-read first).
+    Raises InvalidTransition, changing nothing, when the lifecycle forbids the move.
+    """
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if to not in ALLOWED_TRANSITIONS[locked.status]:
+        raise InvalidTransition(locked, to)
+    previous = locked.status
+    now = timezone.now()
+    locked.status = to
+    locked.status_reason = reason if to == S.QUEUED else ""
+    fields = ["status", "status_reason"]
+    if to == S.QUEUED:
+        locked.queued_at = now
+        fields.append("queued_at")
+        if previous in (S.FAILED, S.CANCELLED):
+            locked.finished_at = None
+            locked.error_code = locked.error_message = ""
+            fields += ["finished_at", "error_code", "error_message"]
+    if to == S.RUNNING and locked.started_at is None:
+        locked.started_at = now
+        fields.append("started_at")
+    if to in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
+        locked.finished_at = now
+        fields.append("finished_at")
+    if to == S.FAILED:
+        locked.error_code = error_code or "internal_error"
+        locked.error_message = error_message
+        fields += ["error_code", "error_message"]
+    locked.save(update_fields=fields)
+    level = EventLevel.ERROR if to == S.FAILED else EventLevel.INFO
+    event_data = {"from": previous, "to": to, **({"reason": reason} if reason else {}), **(data or {})}
+    if to == S.FAILED:
+        event_data["error"] = {"code": locked.error_code, "message": locked.error_message}
+    job_record_event(job=locked, type=_event_type(previous, to), message=message, level=level, data=event_data)
+    return locked
+
+
+@transaction.atomic
+def job_cancel(*, job: Job, actor: Actor) -> Job:
+    """Cancel ``job``: a queued job is ``cancelled`` at once, a starting or running one ``cancelling``.
+
+    Cancelling a job that is already cancelling is a no-op. Raises ApiError 409 ``invalid_state``
+    for a finished job.
+    """
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if locked.status == S.CANCELLING:
+        return locked
+    if locked.is_terminal:
+        raise ApiError(409, "invalid_state", f"The job has already {locked.status}; there is nothing to cancel.")
+    to = S.CANCELLED if locked.status == S.QUEUED else S.CANCELLING
+    updated = job_transition(job=locked, to=to, message="Cancelled by request.")
+    audit_record(
+        actor=actor,
+        organization=job.project.organization,
+        project=job.project,
+        action="job.cancel",
+        target=job.public_id,
+    )
+    return updated

@@ -1,0 +1,123 @@
+"""Server-side validation of job specs: the shared model, the catalogues, the pool, ``init_from``.
+
+``labsdk.spec`` checks a spec's shape; here it is also checked against what this Lab has
+installed (models, environments), what its pool can ever run, and the project's checkpoints.
+Every problem is reported at once, as 400 ``invalid_spec`` with ``errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from django.conf import settings
+
+from engine.catalog import EnvironmentInfo, ModelInfo, list_environments, list_models
+from jobs.models import Checkpoint, CheckpointStatus
+from jobs.pool import pool_problems
+from lab.api.errors import ApiError, FieldError
+from lab.models import Project
+from labsdk.spec import ParsedSpec, SpecError, SpecProblem, catalog_problems, parse_spec
+
+
+@dataclass(frozen=True)
+class ValidatedSpec:
+    """A spec that this Lab can run for this project."""
+
+    parsed: ParsedSpec
+    init_from: Checkpoint | None
+
+    @property
+    def canonical(self) -> dict[str, Any]:
+        """The canonical JSON dict stored on the job (defaults filled in)."""
+        return self.parsed.to_dict()
+
+
+def installed_models() -> dict[str, ModelInfo]:
+    """Return the model catalogue of this Lab (built-ins and operator-placed directories)."""
+    return list_models(settings.LAB_MODEL_DIR)
+
+
+def installed_environments() -> dict[str, EnvironmentInfo]:
+    """Return the environments installed on this Lab."""
+    return list_environments()
+
+
+def _raw_catalog_problems(data: Mapping[str, Any], models, environments, known: set[str]) -> list[SpecProblem]:
+    """Catalogue checks on a spec that failed shape validation, for the fields that are usable."""
+    model = data.get("model")
+    sampling = data.get("sampling") if isinstance(data.get("sampling"), Mapping) else {}
+    max_tokens = sampling.get("max_tokens")
+    envs = data.get("env") if isinstance(data.get("env"), list) else []
+    spec_like = SimpleNamespace(
+        model=model if isinstance(model, str) else None,
+        sampling=SimpleNamespace(max_tokens=max_tokens if type(max_tokens) is int else 0),
+        env=[
+            SimpleNamespace(
+                id=env.get("id") if isinstance(env, Mapping) and isinstance(env.get("id"), str) else None,
+                args=env.get("args") if isinstance(env, Mapping) and isinstance(env.get("args"), Mapping) else {},
+            )
+            for env in envs
+        ],
+    )
+    problems = catalog_problems(spec_like, models=models, environments=environments)
+    unusable = {"model"} if spec_like.model is None else set()
+    unusable |= {f"env.{index}.id" for index, env in enumerate(spec_like.env) if env.id is None}
+    return [
+        problem
+        for problem in problems
+        if problem.param not in known and problem.param not in unusable and not problem.param.startswith(
+            tuple(f"{param}." for param in unusable)
+        )
+    ]
+
+
+def _init_from_problems(project: Project, checkpoint_id: str | None) -> tuple[Checkpoint | None, list[SpecProblem]]:
+    if checkpoint_id is None:
+        return None, []
+    checkpoint = Checkpoint.objects.filter(
+        job__project=project, public_id=checkpoint_id, status=CheckpointStatus.READY
+    ).first()
+    if checkpoint is None:
+        # Another project's checkpoint reads exactly like a missing one.
+        return None, [
+            SpecProblem("init_from", "unknown_checkpoint", f"no ready checkpoint '{checkpoint_id}' in this project")
+        ]
+    return checkpoint, []
+
+
+def validate_job_spec(*, project: Project, data: Any) -> ValidatedSpec:
+    """Validate ``data`` (decoded JSON) as a job spec for ``project``.
+
+    Returns the ValidatedSpec. Raises ApiError 400 ``invalid_spec`` listing every problem with
+    its dotted path: shape and cross-field rules, unknown model or environment, environment
+    arguments, context length, pool capacity, and ``init_from``.
+    """
+    models, environments = installed_models(), installed_environments()
+    try:
+        parsed = parse_spec(data)
+    except SpecError as exc:
+        problems = list(exc.errors)
+        if isinstance(data, Mapping):
+            known = {problem.param for problem in problems}
+            problems += _raw_catalog_problems(data, models, environments, known)
+        raise _invalid_spec(problems) from None
+    spec = parsed.spec
+    problems = catalog_problems(spec, models=models, environments=environments)
+    problems += pool_problems(spec)
+    checkpoint, init_problems = _init_from_problems(project, spec.init_from)
+    problems += init_problems
+    if problems:
+        raise _invalid_spec(problems)
+    return ValidatedSpec(parsed=parsed, init_from=checkpoint)
+
+
+def _invalid_spec(problems: list[SpecProblem]) -> ApiError:
+    errors = [FieldError(param=problem.param or None, code=problem.code, message=problem.message) for problem in problems]
+    first = errors[0]
+    message = f"{first.param}: {first.message}" if first.param else first.message
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return ApiError(400, "invalid_spec", message, errors=errors)
