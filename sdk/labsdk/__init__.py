@@ -4,8 +4,9 @@
     job = lab.jobs.create(spec_file="job.toml")
     lab.jobs.wait(job.id)
 
-The module-level ``jobs``, ``models``, ``environments``, ``prices`` and :func:`whoami` use a
-default :class:`Lab` client built on first use from ``LAB_API_KEY`` and ``LAB_BASE_URL``.
+The module-level ``jobs``, ``models``, ``environments``, ``prices``, ``checkpoints`` and
+:func:`whoami` use a default :class:`Lab` client built on first use from ``LAB_API_KEY``
+and ``LAB_BASE_URL``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,19 @@ from labsdk.errors import (
     RequestTooLargeError,
     WaitTimeoutError,
 )
-from labsdk.types import Checkpoint, Environment, Estimate, Job, JobEvent, MetricPoint, Model, Price, WhoAmI
+from labsdk.types import (
+    Checkpoint,
+    Environment,
+    Estimate,
+    Job,
+    JobEvent,
+    LogLine,
+    MetricPoint,
+    Model,
+    Price,
+    Sample,
+    WhoAmI,
+)
 
 __all__ = [
     "APIConnectionError",
@@ -49,6 +62,7 @@ __all__ = [
     "JobFailedError",
     "Lab",
     "LabError",
+    "LogLine",
     "MetricPoint",
     "Model",
     "NotFoundError",
@@ -57,6 +71,7 @@ __all__ = [
     "Price",
     "RateLimitError",
     "RequestTooLargeError",
+    "Sample",
     "WaitTimeoutError",
     "WhoAmI",
     "__version__",
@@ -65,7 +80,7 @@ __all__ = [
 ]
 
 _default_client: Lab | None = None
-_RESOURCES = ("jobs", "models", "environments", "prices")
+_RESOURCES = ("jobs", "models", "environments", "prices", "checkpoints")
 
 
 def default_client() -> Lab:

@@ -13,15 +13,18 @@ twice (DESIGN.md §4 "Conventions").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
+from tqdm.auto import tqdm
 
 from labsdk._version import __version__
 from labsdk.errors import (
@@ -124,9 +127,6 @@ class HTTPClient:
         ``APIConnectionError`` when no answer came, the status's class otherwise, and
         ``BadRequestError`` before sending when ``json_body`` is not JSON (NaN, objects).
         """
-        if not self._token:
-            raise AuthenticationError(self._missing_token_message, code="invalid_api_key")
-        method = method.upper()
         headers: dict[str, str] = {}
         content: bytes | None = None
         if json_body is not None:
@@ -135,17 +135,84 @@ class HTTPClient:
             except (TypeError, ValueError) as exc:
                 raise BadRequestError(f"the request body is not JSON: {exc}") from None
             headers["Content-Type"] = "application/json"
-        if method == "POST":
+        if method.upper() == "POST":
             headers[IDEMPOTENCY_HEADER] = idempotency_key or str(uuid.uuid4())
-        query = {key: value for key, value in (params or {}).items() if value is not None}
-        url = path.lstrip("/")
+        response = self._send(method, path, params=params, content=content, headers=headers)
+        return self._decode(response)
 
+    def download(self, path: str, destination: str | Path, *, progress: bool = False) -> Path:
+        """Stream ``GET path`` into the file ``destination`` and return its path.
+
+        Lab answers with the bytes or with a redirect to a signed URL (DESIGN.md §4
+        ``/checkpoints/{id}/download``); the signed URL is fetched without Lab's
+        ``Authorization`` header so the key never leaves for the storage host. The file is
+        written under a ``.part`` name and renamed when complete, so a failed download
+        leaves no truncated file. ``progress`` shows a tqdm bar in bytes on stderr.
+        Raises the errors of :meth:`request`.
+        """
+        destination = Path(destination)
+        partial = destination.with_name(destination.name + ".part")
+        try:
+            with contextlib.ExitStack() as stack:
+                response = self._send("GET", path, stream=True)
+                stack.callback(response.close)
+                if response.is_redirect:
+                    response = self._open_signed_url(stack, response)
+                total = int(response.headers.get("content-length") or 0) or None
+                bar = stack.enter_context(
+                    tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc=destination.name)
+                )
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_bytes():
+                        handle.write(chunk)
+                        bar.update(len(chunk))
+        except httpx.HTTPError as exc:
+            partial.unlink(missing_ok=True)
+            raise APIConnectionError(f"the download from {self.base_url} broke off: {exc}") from exc
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(destination)
+        return destination
+
+    def _open_signed_url(self, stack: contextlib.ExitStack, redirect: httpx.Response) -> httpx.Response:
+        """Open the storage URL Lab redirected to, without Lab's credentials and following
+        the storage's own redirects; the client and response close with ``stack``."""
+        location = redirect.headers.get("location")
+        if not location:
+            raise APIError("Lab redirected the download without a Location", status_code=redirect.status_code)
+        storage = stack.enter_context(httpx.Client(timeout=self._client.timeout, follow_redirects=True))
+        response = storage.send(storage.build_request("GET", redirect.url.join(location)), stream=True)
+        stack.callback(response.close)
+        if response.status_code >= 400:
+            raise APIError(
+                f"the storage server answered {response.status_code} for the download",
+                status_code=response.status_code,
+            )
+        return response
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """Send a request with the module's retries; return a response under 400 (a streamed
+        one, still open, when ``stream``); raise the status's ``LabError`` otherwise."""
+        if not self._token:
+            raise AuthenticationError(self._missing_token_message, code="invalid_api_key")
+        query = {key: value for key, value in (params or {}).items() if value is not None}
+        request = self._client.build_request(
+            method.upper(), path.lstrip("/"), params=query, content=content, headers=headers
+        )
         retry = 0
         while True:
             try:
-                response = self._client.request(
-                    method, url, params=query, content=content, headers=headers
-                )
+                response = self._client.send(request, stream=stream)
             except _RETRYABLE_TRANSPORT_ERRORS as exc:
                 if retry >= self.max_retries:
                     raise APIConnectionError(
@@ -164,7 +231,11 @@ class HTTPClient:
                     self._pause(delay)
                     retry += 1
                     continue
-            return self._decode(response)
+            if response.status_code >= 400:
+                response.read()
+                response.close()
+                self._decode(response)
+            return response
 
     def _retry_delay(self, response: httpx.Response, retry: int) -> float | None:
         """Seconds to wait before retrying ``response``, or ``None`` to give up now."""

@@ -1,5 +1,5 @@
 """The API's resources as methods: ``client.jobs``, ``client.models``, ``client.environments``,
-``client.prices`` (DESIGN.md §4 "REST API")."""
+``client.prices``, ``client.checkpoints`` (DESIGN.md §4 "REST API")."""
 
 from __future__ import annotations
 
@@ -24,7 +24,19 @@ from labsdk.errors import (
     WaitTimeoutError,
 )
 from labsdk.spec import SpecError, parse_spec, read_spec_file
-from labsdk.types import Environment, Estimate, Job, JobEvent, LabObject, MetricPoint, Model, Price
+from labsdk.types import (
+    Checkpoint,
+    Environment,
+    Estimate,
+    Job,
+    JobEvent,
+    LabObject,
+    LogLine,
+    MetricPoint,
+    Model,
+    Price,
+    Sample,
+)
 
 T = TypeVar("T", bound=LabObject)
 
@@ -62,9 +74,7 @@ def _paginate(
     used up."""
     while True:
         page = http.request("GET", path, params={**params, cursor_param: cursor})
-        if not isinstance(page, dict) or not isinstance(page.get("data"), list):
-            raise APIError(f"Lab answered {path} with something that is not a list", body=page)
-        items = [_parse(model, item) for item in page["data"]]
+        items = [_parse(model, item) for item in _list_data(page, path)]
         yield from items
         if not page.get("has_more") or not items:
             return
@@ -76,6 +86,13 @@ def _invalid_spec(source: str, exc: SpecError) -> InvalidSpecError:
     return InvalidSpecError(
         f"{source}{exc.errors[0].message}", code="invalid_spec", param=exc.param, errors=problems
     )
+
+
+def _list_data(page: Any, what: str) -> list:
+    """Return the ``data`` of a list envelope; another shape is an ``APIError``."""
+    if not isinstance(page, dict) or not isinstance(page.get("data"), list):
+        raise APIError(f"Lab answered {what} with something that is not a list", body=page)
+    return page["data"]
 
 
 def _spec_body(spec: Mapping[str, Any] | None, spec_file: str | Path | None, fields: dict[str, Any]) -> dict:
@@ -168,6 +185,16 @@ class Jobs:
         a running one ``cancelling``. ``ConflictError`` when it has already finished."""
         return _parse(Job, self._http.request("POST", f"jobs/{_segment(job_id)}/cancel"))
 
+    def restart(self, job_id: str) -> Job:
+        """Run a failed or cancelled job again as a new attempt from its latest ready
+        checkpoint (``POST /jobs/{id}/restart``); ``ConflictError`` in any other status."""
+        return _parse(Job, self._http.request("POST", f"jobs/{_segment(job_id)}/restart"))
+
+    def delete(self, job_id: str) -> None:
+        """Delete a finished job and its data: metrics, samples, logs, checkpoint objects
+        (``DELETE /jobs/{id}``); ``ConflictError`` while it is not finished."""
+        self._http.request("DELETE", f"jobs/{_segment(job_id)}")
+
     def events(self, job_id: str, *, limit: int = 100) -> Iterator[JobEvent]:
         """Iterate over a job's events, oldest first (``GET /jobs/{id}/events``)."""
         return _paginate(self._http, f"jobs/{_segment(job_id)}/events", JobEvent, {"limit": limit})
@@ -187,6 +214,24 @@ class Jobs:
             self._http, f"jobs/{_segment(job_id)}/metrics", MetricPoint, params,
             cursor_param="after_step", cursor_field="step", cursor=after_step,
         )
+
+    def logs(self, job_id: str, *, after: int | None = None, limit: int = 100) -> Iterator[LogLine]:
+        """Iterate over a job's log lines after sequence number ``after``
+        (``GET /jobs/{id}/logs``)."""
+        return _paginate(
+            self._http, f"jobs/{_segment(job_id)}/logs", LogLine, {"limit": limit},
+            cursor_field="seq", cursor=after,
+        )
+
+    def samples(self, job_id: str, *, step: int | None = None, limit: int = 100) -> list[Sample]:
+        """Return up to ``limit`` rollout samples of a job, of one ``step`` when given
+        (``GET /jobs/{id}/samples``)."""
+        page = self._http.request("GET", f"jobs/{_segment(job_id)}/samples", params={"step": step, "limit": limit})
+        return [_parse(Sample, item) for item in _list_data(page, "samples")]
+
+    def checkpoints(self, job_id: str, *, limit: int = 100) -> Iterator[Checkpoint]:
+        """Iterate over a job's checkpoints (``GET /jobs/{id}/checkpoints``)."""
+        return _paginate(self._http, f"jobs/{_segment(job_id)}/checkpoints", Checkpoint, {"limit": limit})
 
     def estimate(
         self,
@@ -296,7 +341,17 @@ class Prices:
 
     def list(self) -> list[Price]:
         """Return every row of the price table."""
-        page = self._http.request("GET", "prices")
-        if not isinstance(page, dict) or not isinstance(page.get("data"), list):
-            raise APIError("Lab answered prices with something that is not a list", body=page)
-        return [_parse(Price, item) for item in page["data"]]
+        return [_parse(Price, item) for item in _list_data(self._http.request("GET", "prices"), "prices")]
+
+
+class Checkpoints:
+    """Checkpoint archives (``GET /checkpoints/{id}/download``)."""
+
+    def __init__(self, http: HTTPClient):
+        self._http = http
+
+    def download(self, checkpoint_id: str, destination: str | Path, *, progress: bool = True) -> Path:
+        """Save a ready checkpoint's archive (an uncompressed tar of a Hugging Face/PEFT
+        directory) to the file ``destination`` and return its path; a tqdm bar in bytes
+        when ``progress``. ``NotFoundError`` for a checkpoint outside this project."""
+        return self._http.download(f"checkpoints/{_segment(checkpoint_id)}/download", destination, progress=progress)

@@ -152,6 +152,59 @@ def jobs_cancel(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     return EXIT_OK
 
 
+def jobs_restart(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    job = client().jobs.restart(args.id)
+    if args.json:
+        _print_json(job)
+    else:
+        print(f"{job.id} {job.status} (attempt {job.attempt})")
+    return EXIT_OK
+
+
+def jobs_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    client().jobs.delete(args.id)
+    if args.json:
+        _print_json({"id": args.id, "deleted": True})
+    else:
+        print(f"{args.id} deleted")
+    return EXIT_OK
+
+
+def jobs_logs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    lines = client().jobs.logs(args.id)
+    if args.json:
+        _print_json(list(lines))
+        return EXIT_OK
+    for line in lines:
+        print(line.line)
+    return EXIT_OK
+
+
+def jobs_checkpoints(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    checkpoints = list(client().jobs.checkpoints(args.id))
+    if args.json:
+        _print_json(checkpoints)
+        return EXIT_OK
+    table = _table("ID", "STEP", "ATTEMPT", "STATUS", "FORMAT", "SIZE", "CREATED")
+    for checkpoint in checkpoints:
+        table.add_row(
+            _text(checkpoint.id), _text(checkpoint.step), _text(checkpoint.attempt), _text(checkpoint.status),
+            _text(checkpoint.format), _text(checkpoint.size_bytes), _when(checkpoint.created_at),
+        )
+    Console().print(table)
+    return EXIT_OK
+
+
+def checkpoints_download(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    destination = args.output or f"{args.id}.tar"
+    saved = client().checkpoints.download(args.id, destination, progress=not args.json)
+    if args.json:
+        _print_json({"id": args.id, "path": str(saved)})
+    else:
+        print(saved)
+    return EXIT_OK
+
+
 def jobs_events(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     events = list(client().jobs.events(args.id))
     if args.json:
@@ -306,7 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, help_text in (
         ("get", jobs_get, "show one job"),
         ("cancel", jobs_cancel, "cancel a job"),
+        ("restart", jobs_restart, "run a failed or cancelled job again from its latest checkpoint"),
+        ("delete", jobs_delete, "delete a finished job and its data"),
         ("events", jobs_events, "show a job's events"),
+        ("logs", jobs_logs, "print a job's log lines"),
+        ("checkpoints", jobs_checkpoints, "list a job's checkpoints"),
     ):
         command = job_commands.add_parser(name, parents=[json_flag], help=help_text)
         command.add_argument("id", help="job id (job_...)")
@@ -317,6 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", type=float, help="give up after this many seconds")
     wait.add_argument("--no-progress", action="store_true", help="no progress bar")
     wait.set_defaults(handler=jobs_wait)
+
+    checkpoints = commands.add_parser("checkpoints", help="download checkpoint archives")
+    checkpoint_commands = checkpoints.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")
+    download = checkpoint_commands.add_parser("download", parents=[json_flag], help="save a checkpoint's tar archive")
+    download.add_argument("id", help="checkpoint id (ckpt_...)")
+    download.add_argument("-o", "--output", help="file to write (default ID.tar)")
+    download.set_defaults(handler=checkpoints_download)
 
     spec = commands.add_parser("spec", help="work with job spec files")
     spec_commands = spec.add_subparsers(dest="spec_command", required=True, metavar="COMMAND")

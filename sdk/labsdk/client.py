@@ -8,7 +8,7 @@ from typing import Self
 import httpx
 
 from labsdk._http import HTTPClient
-from labsdk._resources import Environments, Jobs, Models, Prices
+from labsdk._resources import Checkpoints, Environments, Jobs, Models, Prices
 from labsdk.types import WhoAmI
 
 #: Where the SDK looks for Lab when neither ``base_url`` nor ``LAB_BASE_URL`` says.
@@ -29,7 +29,7 @@ class Lab:
     ``api_key`` defaults to ``LAB_API_KEY``, ``base_url`` to ``LAB_BASE_URL`` then
     ``http://127.0.0.1:8000``. ``timeout`` is seconds per HTTP attempt, ``max_retries`` the
     retries after a connection error, 429 or 5xx. Resources: :attr:`jobs`, :attr:`models`,
-    :attr:`environments`, :attr:`prices`; and :meth:`whoami`. Usable as a context manager.
+    :attr:`environments`, :attr:`prices`, :attr:`checkpoints`; and :meth:`whoami`. Usable as a context manager.
     """
 
     def __init__(
@@ -54,6 +54,7 @@ class Lab:
         self.models = Models(self._http)
         self.environments = Environments(self._http)
         self.prices = Prices(self._http)
+        self.checkpoints = Checkpoints(self._http)
 
     def whoami(self) -> WhoAmI:
         """Return the organization, project and scopes of this client's API key."""

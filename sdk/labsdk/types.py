@@ -23,9 +23,11 @@ __all__ = [
     "JobError",
     "JobEvent",
     "LabObject",
+    "LogLine",
     "MetricPoint",
     "Model",
     "Price",
+    "Sample",
     "Usage",
     "WhoAmI",
 ]
@@ -124,6 +126,30 @@ class MetricPoint(LabObject):
     time: datetime | None = None
     attempt: int | None = None
     values: dict[str, float | None] = Field(default_factory=dict)
+
+
+class LogLine(LabObject):
+    """One line a job's engine wrote: ``seq`` orders lines within an attempt; ``stream`` is
+    ``stdout`` or ``stderr``."""
+
+    seq: int
+    time: datetime | None = None
+    attempt: int | None = None
+    stream: str | None = None
+    line: str = ""
+
+
+class Sample(LabObject):
+    """One rollout of a training step: ``group`` is its GRPO group, ``reward`` what the
+    environment gave it, ``advantage`` its reward relative to its group."""
+
+    step: int | None = None
+    group: int | None = None
+    prompt: Any = None
+    completion: Any = None
+    reward: float | None = None
+    advantage: float | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
 
 
 class Model(LabObject):

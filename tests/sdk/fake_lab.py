@@ -60,6 +60,12 @@ class FakeLab:
     events: dict[str, list[dict]] = field(default_factory=dict)
     metrics: dict[str, list[dict]] = field(default_factory=dict)
     timelines: dict[str, list[dict]] = field(default_factory=dict)
+    logs: dict[str, list[dict]] = field(default_factory=dict)
+    samples: dict[str, list[dict]] = field(default_factory=dict)
+    checkpoints: dict[str, list[dict]] = field(default_factory=dict)
+    archives: dict[str, bytes] = field(default_factory=dict)
+    redirect_downloads: bool = False
+    truncate_downloads: bool = False
     idempotency: dict[str, tuple[str, int, dict]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
     fail_next: list[tuple[int, dict, Any]] = field(default_factory=list)
@@ -82,7 +88,8 @@ class FakeLab:
         self.jobs[job["id"]] = job
         self.events[job["id"]] = [{"id": f"evt_{number:04d}_1", "created_at": job["created_at"], "level": "info",
                                    "type": "job.queued", "message": "Job queued.", "data": {}}]
-        self.metrics.setdefault(job["id"], [])
+        for store in (self.metrics, self.logs, self.samples, self.checkpoints):
+            store.setdefault(job["id"], [])
         return job
 
     def route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, dict, Any]:
@@ -112,6 +119,12 @@ class FakeLab:
             job = self.add_job(name=spec["name"], spec=spec, warnings=parsed.warnings,
                                max_steps=spec["max_steps"], metadata=spec["metadata"])
             return 201, {}, job
+        if method == "GET" and len(parts) == 3 and parts[0] == "checkpoints" and parts[2] == "download":
+            if parts[1] not in self.archives:
+                return 404, {}, error_body(404, "not_found", "No such checkpoint.")
+            if self.redirect_downloads:
+                return 302, {"Location": f"/signed/{parts[1]}?signature=abc"}, None
+            return 200, {"Content-Type": "application/x-tar"}, self.archives[parts[1]]
         if method == "GET" and parts == ["jobs"]:
             return 200, {}, self._page(self._filtered_jobs(query), one, "id")
         if len(parts) >= 2 and parts[0] == "jobs":
@@ -128,6 +141,23 @@ class FakeLab:
                     return 409, {}, error_body(409, "invalid_state", f"Job is already {job['status']}.")
                 job["status"] = "cancelled" if job["status"] == "queued" else "cancelling"
                 return 200, {}, job
+            if method == "POST" and rest == ["restart"]:
+                if job["status"] not in ("failed", "cancelled"):
+                    return 409, {}, error_body(409, "invalid_state", f"Job is {job['status']}.")
+                job.update(status="queued", attempt=job["attempt"] + 1, error=None)
+                return 200, {}, job
+            if method == "DELETE" and rest == []:
+                if job["status"] not in ("succeeded", "failed", "cancelled"):
+                    return 409, {}, error_body(409, "invalid_state", f"Job is {job['status']}.")
+                del self.jobs[job["id"]]
+                return 204, {}, None
+            if method == "GET" and rest == ["logs"]:
+                return 200, {}, self._page(self.logs[job["id"]], one, "seq")
+            if method == "GET" and rest == ["samples"]:
+                samples = [s for s in self.samples[job["id"]] if "step" not in one or s["step"] == int(one["step"])]
+                return 200, {}, self._page(samples, one, "step")
+            if method == "GET" and rest == ["checkpoints"]:
+                return 200, {}, self._page(self.checkpoints[job["id"]], one, "id")
             if method == "GET" and rest == ["events"]:
                 return 200, {}, self._page(self.events[job["id"]], one, "id")
             if method == "GET" and rest == ["metrics"]:
@@ -153,7 +183,7 @@ class FakeLab:
     def _page(items: list[dict], params: dict[str, str], key: str) -> dict:
         limit = int(params.get("limit", "20"))
         if params.get("after"):
-            position = next(i for i, item in enumerate(items) if item[key] == params["after"])
+            position = next(i for i, item in enumerate(items) if str(item[key]) == params["after"])
             items = items[position + 1:]
         return {"object": "list", "data": items[:limit], "has_more": len(items) > limit}
 
@@ -190,10 +220,17 @@ def _handler_for(state: FakeLab) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             status, extra_headers, body = answer
-            payload = json.dumps(body).encode() if body is not None else b""
+            if isinstance(body, bytes):
+                payload = body
+            else:
+                payload = json.dumps(body).encode() if body is not None else b""
+                extra_headers = {"Content-Type": "application/json", **extra_headers}
+            declared = len(payload)
+            if isinstance(body, bytes) and state.truncate_downloads:
+                declared += 10  # promise more than is sent, then hang up
+                self.close_connection = True
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("Content-Length", str(declared))
             for name, value in extra_headers.items():
                 self.send_header(name, value)
             self.end_headers()
@@ -202,6 +239,11 @@ def _handler_for(state: FakeLab) -> type[BaseHTTPRequestHandler]:
         def _answer(self, path: str, query: dict, headers: dict, raw: bytes) -> tuple[int, dict, Any]:
             if state.fail_next:
                 return state.fail_next.pop(0)
+            if path.startswith("/signed/"):
+                # A storage host: it must never see Lab's credentials.
+                if "authorization" in headers:
+                    return 403, {}, error_body(403, "insufficient_scope", "Credentials sent to storage.")
+                return 200, {"Content-Type": "application/x-tar"}, state.archives[path.split("/")[2]]
             if headers.get("authorization") != f"Bearer {API_KEY}":
                 return 401, {}, error_body(401, "invalid_api_key", "Invalid API key.")
             key = headers.get("idempotency-key")

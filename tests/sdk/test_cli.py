@@ -247,3 +247,29 @@ def test_jobs_list_refuses_a_limit_below_one(capsys):
 
     assert caught.value.code == 2
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_jobs_restart_delete_logs_and_checkpoints(lab_env, capsys):
+    job = lab_env.add_job(status="failed")
+    lab_env.logs[job["id"]] = [{"seq": 1, "time": None, "attempt": 1, "stream": "stdout", "line": "step 1"}]
+    lab_env.checkpoints[job["id"]] = [{"id": "ckpt_7", "job_id": job["id"], "step": 5, "attempt": 1,
+                                       "status": "ready", "format": "peft-lora", "size_bytes": 1024}]
+
+    assert run(capsys, "jobs", "logs", job["id"])[:2] == (0, "step 1\n")
+    assert run(capsys, "jobs", "checkpoints", job["id"])[1].splitlines()[1].split()[:5] == [
+        "ckpt_7", "5", "1", "ready", "peft-lora",
+    ]
+    assert run(capsys, "jobs", "restart", job["id"])[:2] == (0, f"{job['id']} queued (attempt 2)\n")
+    lab_env.jobs[job["id"]]["status"] = "cancelled"
+    assert run(capsys, "jobs", "delete", job["id"])[:2] == (0, f"{job['id']} deleted\n")
+    assert lab_env.jobs == {}
+
+
+def test_checkpoints_download_writes_the_archive(lab_env, capsys, tmp_path):
+    lab_env.archives["ckpt_7"] = b"archive bytes"
+    target = tmp_path / "out.tar"
+
+    status, out, _ = run(capsys, "checkpoints", "download", "ckpt_7", "-o", str(target))
+
+    assert (status, out) == (0, f"{target}\n")
+    assert target.read_bytes() == b"archive bytes"

@@ -488,3 +488,91 @@ def test_wait_shows_steps_only_when_lab_has_no_metrics_endpoint(fake_lab, lab_cl
 
     assert "4/4" in capsys.readouterr().err
     assert len([r for r in fake_lab.requests if r.path.endswith("/metrics")]) == 1
+
+
+# --- more of the jobs API, checkpoints -----------------------------------------------------
+
+def test_restart_a_failed_job_and_refuse_a_running_one(fake_lab, lab_client):
+    failed = fake_lab.add_job(status="failed", error={"code": "oom", "message": "Out of memory."})
+    running = fake_lab.add_job(status="running")
+
+    restarted = lab_client.jobs.restart(failed["id"])
+
+    assert (restarted.status, restarted.attempt, restarted.error) == ("queued", 2, None)
+    with pytest.raises(ConflictError):
+        lab_client.jobs.restart(running["id"])
+    assert fake_lab.jobs[running["id"]]["status"] == "running"
+
+
+def test_delete_a_finished_job_and_refuse_a_running_one(fake_lab, lab_client):
+    finished = fake_lab.add_job(status="succeeded")
+    running = fake_lab.add_job(status="running")
+
+    assert lab_client.jobs.delete(finished["id"]) is None
+    with pytest.raises(ConflictError):
+        lab_client.jobs.delete(running["id"])
+    assert list(fake_lab.jobs) == [running["id"]]
+
+
+def test_logs_page_by_sequence_number(fake_lab, lab_client):
+    job = fake_lab.add_job()
+    fake_lab.logs[job["id"]] = [
+        {"seq": seq, "time": "2026-11-29T22:16:31Z", "attempt": 1, "stream": "stdout", "line": f"line {seq}"}
+        for seq in range(1, 6)
+    ]
+
+    lines = list(lab_client.jobs.logs(job["id"], after=1, limit=2))
+
+    assert [line.line for line in lines] == ["line 2", "line 3", "line 4", "line 5"]
+    reads = [r.query.get("after") for r in fake_lab.requests if r.path.endswith("/logs")]
+    assert reads == [["1"], ["3"]]
+
+
+def test_samples_of_one_step(fake_lab, lab_client):
+    job = fake_lab.add_job()
+    fake_lab.samples[job["id"]] = [
+        {"step": step, "group": 0, "prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.5,
+         "metrics": {"correct": 1}}
+        for step in (1, 2)
+    ]
+
+    [sample] = lab_client.jobs.samples(job["id"], step=2)
+
+    assert (sample.step, sample.completion, sample.advantage, sample.metrics) == (2, "2", 0.5, {"correct": 1})
+
+
+def test_checkpoints_are_listed_and_downloaded(fake_lab, lab_client, tmp_path):
+    job = fake_lab.add_job()
+    fake_lab.checkpoints[job["id"]] = [{"id": "ckpt_1", "job_id": job["id"], "step": 5, "status": "ready",
+                                        "format": "peft-lora", "size_bytes": 3, "sha256": "x"}]
+    fake_lab.archives["ckpt_1"] = b"tar" * 100_000
+
+    [checkpoint] = list(lab_client.jobs.checkpoints(job["id"]))
+    saved = lab_client.checkpoints.download(checkpoint.id, tmp_path / "ckpt.tar", progress=False)
+
+    assert saved == tmp_path / "ckpt.tar"
+    assert saved.read_bytes() == b"tar" * 100_000
+
+
+def test_a_redirected_download_never_sends_the_api_key_to_storage(fake_lab, lab_client, tmp_path):
+    fake_lab.archives["ckpt_1"] = b"archive"
+    fake_lab.redirect_downloads = True
+
+    saved = lab_client.checkpoints.download("ckpt_1", tmp_path / "ckpt.tar", progress=False)
+
+    assert saved.read_bytes() == b"archive"
+    [storage_request] = [r for r in fake_lab.requests if r.path.startswith("/signed/")]
+    assert "authorization" not in storage_request.headers
+    assert storage_request.query == {"signature": ["abc"]}
+
+
+def test_a_failed_download_leaves_no_file(fake_lab, lab_client, tmp_path):
+    fake_lab.archives["ckpt_1"] = b"archive"
+    fake_lab.truncate_downloads = True
+
+    with pytest.raises(APIConnectionError, match="broke off"):
+        lab_client.checkpoints.download("ckpt_1", tmp_path / "ckpt.tar", progress=False)
+    with pytest.raises(NotFoundError):
+        lab_client.checkpoints.download("ckpt_2", tmp_path / "other.tar", progress=False)
+
+    assert list(tmp_path.iterdir()) == []
