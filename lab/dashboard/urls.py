@@ -1,30 +1,30 @@
-"""Dashboard routes. The URL names below are stable: templates, redirects and later changes use them.
+"""Dashboard routes. The URL names are stable: templates, redirects and later changes use them.
 
-Accounts
-    ``home``                     ``/``                                   the user's organizations (redirects to the only one)
-    ``signup``                   ``/signup/``                            sign up; ``?invitation=<token>`` joins that organization
-    ``login``                    ``/login/``                             email + password
-    ``logout``                   ``/logout/``                            POST only
-    ``password_reset``           ``/password-reset/``                    ask for a reset email
-    ``password_reset_done``      ``/password-reset/sent/``
-    ``password_reset_confirm``   ``/password-reset/<uidb64>/<token>/``   the link in the email; choose a new password
-    ``password_reset_complete``  ``/password-reset/complete/``
-    ``invitation``               ``/invitations/<token>/``               show an invitation; POST accepts it
+Accounts (anyone)
+    home                     /                                the user's organizations; redirects to the only one
+    signup                   /signup/                         account + organization; ?invitation=<token> joins
+    login                    /login/                          email + password
+    logout                   /logout/                         POST only
+    password_reset           /password-reset/                 ask for a reset email
+    password_reset_done      /password-reset/sent/
+    password_reset_confirm   /password-reset/<uidb64>/<token>/    the emailed link; choose a new password
+    password_reset_complete  /password-reset/complete/
+    invitation               /invitations/<token>/            show an invitation; POST accepts it
 
-Organizations (members only; anyone else gets 404)
-    ``organization_create``      ``/organizations/new/``
-    ``organization``             ``/o/<org_slug>/``                      projects, members, invitations
-    ``project_create``           ``/o/<org_slug>/projects/``             POST, owners and admins
-    ``invitation_create``        ``/o/<org_slug>/invitations/``          POST, owners and admins
-    ``invitation_revoke``        ``/o/<org_slug>/invitations/<id>/revoke/``   POST, owners and admins
-    ``membership_role``          ``/o/<org_slug>/members/<id>/role/``    POST, owners and admins
-    ``membership_remove``        ``/o/<org_slug>/members/<id>/remove/``  POST, owners and admins (or oneself: leave)
-    ``audit_log``                ``/o/<org_slug>/audit/``                owners only
+Organizations (members only; anyone else gets the 404 of a missing organization)
+    organization_create      /organizations/new/
+    organization             /o/<org_slug>/                   projects, members, invitations
+    project_create           /o/<org_slug>/projects/          POST; owners and admins
+    invitation_create        /o/<org_slug>/invitations/       POST; owners and admins
+    invitation_revoke        /o/<org_slug>/invitations/<invitation_id>/revoke/    POST; owners and admins
+    membership_role          /o/<org_slug>/members/<membership_id>/role/          POST; owners and admins
+    membership_remove        /o/<org_slug>/members/<membership_id>/remove/        POST; owners and admins, or oneself
+    audit_log                /o/<org_slug>/audit/             owners only
 
-Projects
-    ``project``                  ``/o/<org_slug>/p/<project_slug>/``
-    ``api_keys``                 ``/o/<org_slug>/p/<project_slug>/keys/``                 list; POST creates (owners and admins)
-    ``api_key_revoke``           ``/o/<org_slug>/p/<project_slug>/keys/<key_id>/revoke/`` confirm (GET), revoke (POST)
+Projects (members of the project's organization)
+    project                  /o/<org_slug>/p/<project_slug>/
+    api_keys                 /o/<org_slug>/p/<project_slug>/keys/                 list; POST creates (owners, admins)
+    api_key_revoke           /o/<org_slug>/p/<project_slug>/keys/<key_id>/revoke/ confirm (GET); revoke (POST)
 """
 
 from django.contrib.auth import views as auth_views

@@ -85,9 +85,9 @@ def sign_up(request: HttpRequest) -> HttpResponse:
     """Create an account and an organization, or join the organization of ``?invitation=<token>``."""
     source = request.POST if request.method == "POST" else request.GET
     token = (source.get("invitation") or "").strip()
-    if request.user.is_authenticated:
-        return redirect("invitation", token=token) if token else redirect("home")
     invitation = services.invitation_by_token(token) if token else None
+    if request.user.is_authenticated:
+        return redirect("invitation", token=token) if invitation else redirect("home")
     form = SignUpForm(
         request.POST if request.method == "POST" else None,
         invitation_token=token,

@@ -70,7 +70,9 @@ def test_it_invites_a_new_person_who_signs_up_from_the_link(owner, owner_client,
 
 
 def test_it_refuses_to_accept_for_another_email(owner, outsider):
-    _, token = invitation_create(actor=Actor(user=owner.user), organization=owner.organization, email="grace@example.test")
+    _, token = invitation_create(
+        actor=Actor(user=owner.user), organization=owner.organization, email="grace@example.test"
+    )
     client = signed_in(outsider.user)
     page = client.get(f"/invitations/{token}/")
     assert b"this invitation is for grace@example.test" in page.content

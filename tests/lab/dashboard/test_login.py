@@ -69,7 +69,8 @@ def test_it_emails_a_working_password_reset_link(owner):
     assert form_page.status_code == 200
     assert form_page.context["validlink"] is True
     set_password_url = form_page.redirect_chain[-1][0]
-    response = client.post(set_password_url, {"new_password1": "a-brand-new-passphrase", "new_password2": "a-brand-new-passphrase"})
+    new_password = "a-brand-new-passphrase"
+    response = client.post(set_password_url, {"new_password1": new_password, "new_password2": new_password})
     assert response.status_code == 302 and response["Location"] == "/password-reset/complete/"
 
     owner.user.refresh_from_db()

@@ -25,7 +25,9 @@ def acme(owner, member):
     """Acme with a second member, a pending invitation and a second API key; returns the URLs."""
     colleague = user_sign_up(email="colleague@acme.test", password=PASSWORD)
     colleague_membership = Membership.objects.create(organization=owner.organization, user=colleague, role=Role.MEMBER)
-    invitation, _ = invitation_create(actor=Actor(user=owner.user), organization=owner.organization, email="x@example.test")
+    invitation, _ = invitation_create(
+        actor=Actor(user=owner.user), organization=owner.organization, email="x@example.test"
+    )
     api_key, _ = api_key_create(actor=Actor(user=owner.user), project=owner.project, name="ci")
     owner_membership = Membership.objects.get(user=owner.user)
     return {
@@ -166,6 +168,10 @@ def test_it_lets_a_member_leave(member):
     assert response.status_code == 302 and response["Location"] == "/"
     assert not Membership.objects.filter(user=member).exists()
     assert client.get("/o/acme/").status_code == 404
+    home = client.get("/")
+    assert home.status_code == 200
+    assert home.context["memberships"] == []
+    assert b'action="/organizations/new/"' in home.content
 
 
 def test_it_lists_projects_members_and_invitations(acme, owner_client):

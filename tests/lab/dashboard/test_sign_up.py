@@ -151,7 +151,9 @@ def test_it_refuses_an_unknown_invitation(owner):
 
 
 def test_it_refuses_an_invitation_sent_to_another_email(owner):
-    _, token = invitation_create(actor=Actor(user=owner.user), organization=owner.organization, email="ada@example.test")
+    _, token = invitation_create(
+        actor=Actor(user=owner.user), organization=owner.organization, email="ada@example.test"
+    )
     response = sign_up(Client(), email="mallory@example.test", invitation=token, organization_name=None)
     assert response.context["form"].non_field_errors() == ["This invitation was sent to another email address."]
     assert not User.objects.filter(email="mallory@example.test").exists()
@@ -162,3 +164,11 @@ def test_it_refuses_an_invitation_sent_to_another_email(owner):
 def test_it_sends_signed_in_users_home(owner_client):
     response = owner_client.get("/signup/")
     assert response.status_code == 302 and response["Location"] == "/"
+
+
+def test_it_sends_signed_in_invitees_to_the_invitation(owner, outsider_client):
+    _, token = invitation_create(
+        actor=Actor(user=owner.user), organization=owner.organization, email="ada@example.test"
+    )
+    assert outsider_client.get(f"/signup/?invitation={token}")["Location"] == f"/invitations/{token}/"
+    assert outsider_client.get("/signup/?invitation=a/b")["Location"] == "/"
