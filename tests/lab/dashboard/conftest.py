@@ -1,19 +1,17 @@
-"""Dashboard fixtures: Django test clients signed in as the owner, the member and the outsider."""
+"""Dashboard fixtures: test clients signed in as the owner, the member and the outsider."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from django.core import mail
 from django.test import Client
 
+from tests.lab.dashboard.helpers import signed_in
 
-def signed_in(user) -> Client:
-    """Return a test client with ``user`` signed in."""
-    client = Client()
-    client.force_login(user)
-    return client
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """Hash passwords cheaply: these tests sign up and log in dozens of users."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -32,17 +30,3 @@ def member_client(member) -> Client:
 def outsider_client(outsider) -> Client:
     """The owner of Globex, signed in; Acme's pages must all be 404 for them."""
     return signed_in(outsider.user)
-
-
-def link_in_last_email(pattern: str) -> str:
-    """Return the first path matching ``pattern`` in the body of the last email sent."""
-    assert mail.outbox, "no email was sent"
-    match = re.search(pattern, mail.outbox[-1].body)
-    assert match, mail.outbox[-1].body
-    return match.group(0)
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """Hash passwords cheaply: these tests sign up and log in dozens of users."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

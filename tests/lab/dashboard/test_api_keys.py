@@ -8,7 +8,6 @@ import pytest
 from rest_framework.test import APIClient
 
 from lab.models import ApiKey, AuditLogEntry
-from tests.lab.dashboard.conftest import signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -108,16 +107,15 @@ def test_it_answers_404_for_an_unknown_or_foreign_key(owner, outsider, owner_cli
     assert outsider.api_key.revoked_at is None
 
 
-def test_it_lets_a_member_see_keys_but_not_create_or_revoke(owner, member):
-    client = signed_in(member)
-    page = client.get(KEYS)
+def test_it_lets_a_member_see_keys_but_not_create_or_revoke(owner, member_client):
+    page = member_client.get(KEYS)
     assert page.status_code == 200
     assert owner.api_key.prefix in page.content.decode()
     assert owner.key not in page.content.decode()
-    assert create_key(client).status_code == 403
+    assert create_key(member_client).status_code == 403
     revoke_url = f"{KEYS}{owner.api_key.public_id}/revoke/"
-    assert client.get(revoke_url).status_code == 403
-    assert client.post(revoke_url).status_code == 403
+    assert member_client.get(revoke_url).status_code == 403
+    assert member_client.post(revoke_url).status_code == 403
     assert ApiKey.objects.count() == 1
     owner.api_key.refresh_from_db()
     assert owner.api_key.revoked_at is None

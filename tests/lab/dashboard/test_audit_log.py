@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from lab.models import AuditLogEntry, Membership, Role
-from tests.lab.dashboard.conftest import signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -37,12 +36,11 @@ def test_it_names_api_keys_and_lab_itself_as_actors(owner, owner_client):
     assert "<td>Lab</td>" in content
 
 
-def test_it_refuses_members_and_admins(owner, member):
-    client = signed_in(member)
-    assert client.get("/o/acme/audit/").status_code == 403
+def test_it_refuses_members_and_admins(owner, member, member_client):
+    assert member_client.get("/o/acme/audit/").status_code == 403
     Membership.objects.filter(user=member).update(role=Role.ADMIN)
-    assert client.get("/o/acme/audit/").status_code == 403
-    assert b"/o/acme/audit/" not in client.get("/o/acme/").content
+    assert member_client.get("/o/acme/audit/").status_code == 403
+    assert b"/o/acme/audit/" not in member_client.get("/o/acme/").content
 
 
 def test_it_refuses_outsiders_with_404(owner, outsider_client):

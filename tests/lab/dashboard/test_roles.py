@@ -15,7 +15,7 @@ from django.core import mail
 from lab.models import ApiKey, AuditLogEntry, Invitation, Membership, Project, Role
 from lab.services import Actor, api_key_create, invitation_create, user_sign_up
 from tests.conftest import PASSWORD
-from tests.lab.dashboard.conftest import signed_in
+from tests.lab.dashboard.helpers import signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -63,27 +63,25 @@ def snapshot() -> dict:
     }
 
 
-def test_it_lets_a_member_see_the_pages_without_managing_forms(acme, member):
-    client = signed_in(member)
+def test_it_lets_a_member_see_the_pages_without_managing_forms(acme, member_client):
     for page in acme["pages"][:3]:
-        assert client.get(page).status_code == 200, page
-    organization_page = client.get("/o/acme/").content.decode()
+        assert member_client.get(page).status_code == 200, page
+    organization_page = member_client.get("/o/acme/").content.decode()
     assert 'action="/o/acme/projects/"' not in organization_page
     assert 'action="/o/acme/invitations/"' not in organization_page
     assert "/role/" not in organization_page
     assert "Revoke" not in organization_page
-    keys_page = client.get("/o/acme/p/default/keys/")
+    keys_page = member_client.get("/o/acme/p/default/keys/")
     assert keys_page.context["form"] is None
     assert [key.name for key in keys_page.context["keys"]] == ["ci", "test"]
     assert "/revoke/" not in keys_page.content.decode()
 
 
-def test_it_refuses_managing_posts_from_a_member_with_403(acme, member):
-    client = signed_in(member)
+def test_it_refuses_managing_posts_from_a_member_with_403(acme, member_client):
     before = snapshot()
     for url, data in acme["managing_posts"]:
-        assert client.post(url, data).status_code == 403, url
-    assert client.get(acme["pages"][3]).status_code == 403
+        assert member_client.post(url, data).status_code == 403, url
+    assert member_client.get(acme["pages"][3]).status_code == 403
     assert snapshot() == before
 
 
@@ -161,14 +159,13 @@ def test_it_lets_the_owner_change_roles_and_keeps_one_owner(owner, member, owner
     assert Membership.objects.get(pk=membership.pk).role == Role.OWNER
 
 
-def test_it_lets_a_member_leave(member):
-    client = signed_in(member)
+def test_it_lets_a_member_leave(member, member_client):
     membership = Membership.objects.get(user=member)
-    response = client.post(f"/o/acme/members/{membership.pk}/remove/")
+    response = member_client.post(f"/o/acme/members/{membership.pk}/remove/")
     assert response.status_code == 302 and response["Location"] == "/"
     assert not Membership.objects.filter(user=member).exists()
-    assert client.get("/o/acme/").status_code == 404
-    home = client.get("/")
+    assert member_client.get("/o/acme/").status_code == 404
+    home = member_client.get("/")
     assert home.status_code == 200
     assert home.context["memberships"] == []
     assert b'action="/organizations/new/"' in home.content
