@@ -1,0 +1,174 @@
+"""Checkpoints: a Hugging Face/PEFT directory plus `trainer_state/`, archived as one tar.
+
+Layout of `step-000005/` (DESIGN.md §4 "Ingest API": one uncompressed tar of a Hugging Face
+or PEFT directory plus `trainer_state/`):
+
+    adapter_config.json, adapter_model.safetensors   LoRA (format "peft-lora"), loadable by
+                                                     `peft.PeftModel.from_pretrained` and vLLM
+    or config.json, model.safetensors                full weights (format "hf-full")
+    tokenizer files, chat_template.jinja
+    trainer_state/state.json     step, data position, seed, spec digest, lab metadata
+    trainer_state/optimizer.pt   AdamW state (torch.save)
+    trainer_state/rng.pt         torch and Python RNG states
+    trainer_state/pending_rollouts.pt   only with overlap: the rollouts already sampled
+                                        for the next step, so a resume replays them
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import random
+import shutil
+import tarfile
+from dataclasses import dataclass
+
+import peft
+import safetensors.torch
+import torch
+
+from engine.policy import is_lora
+
+FORMAT_LORA = "peft-lora"
+FORMAT_FULL = "hf-full"
+STATE_DIR = "trainer_state"
+
+
+@dataclass
+class TrainerState:
+    """What a resume needs besides the weights: the next step and the data position."""
+
+    step: int
+    data_position: int
+    seed: int
+    spec_digest: str
+    format: str
+
+
+def checkpoint_name(step: int) -> str:
+    """Return the directory name of the checkpoint taken after `step` (e.g. "step-000005")."""
+    return f"step-{step:06d}"
+
+
+def save_checkpoint(
+    directory: pathlib.Path,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    pending_rollouts: object | None = None,
+) -> pathlib.Path:
+    """Write a checkpoint directory atomically (temp dir, then rename) and return its path."""
+    directory = pathlib.Path(directory)
+    staging = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    if is_lora(model):
+        # The embeddings are frozen, so the adapter alone is the checkpoint (and peft need not
+        # look the base model up to decide that).
+        model.save_pretrained(str(staging), safe_serialization=True, save_embedding_layers=False)
+    else:
+        model.save_pretrained(str(staging), safe_serialization=True)
+    tokenizer.save_pretrained(str(staging))
+    state_dir = staging / STATE_DIR
+    state_dir.mkdir()
+    torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
+    torch.save({"torch": torch.random.get_rng_state(), "python": random.getstate()}, state_dir / "rng.pt")
+    if pending_rollouts is not None:
+        torch.save(pending_rollouts, state_dir / "pending_rollouts.pt")
+    (state_dir / "state.json").write_text(json.dumps(state.__dict__, indent=2, sort_keys=True))
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(staging, directory)
+    return directory
+
+
+def load_trainer_state(directory: pathlib.Path) -> TrainerState:
+    """Read `trainer_state/state.json` of a checkpoint directory."""
+    data = json.loads((pathlib.Path(directory) / STATE_DIR / "state.json").read_text())
+    return TrainerState(**data)
+
+
+def restore_checkpoint(
+    directory: pathlib.Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[TrainerState, object | None]:
+    """Load weights, optimizer and RNG state from a checkpoint directory into a built trainer.
+
+    Returns the trainer state and the pending rollouts (None when the checkpoint has none).
+    Raises ValueError when the checkpoint's format does not match the model (LoRA vs full).
+    """
+    directory = pathlib.Path(directory)
+    state = load_trainer_state(directory)
+    if (state.format == FORMAT_LORA) != is_lora(model):
+        raise ValueError(f"checkpoint format {state.format} does not match the job's lora_rank")
+    if is_lora(model):
+        weights = safetensors.torch.load_file(str(directory / "adapter_model.safetensors"))
+        result = peft.set_peft_model_state_dict(model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"adapter has unexpected weights: {result.unexpected_keys[:3]}")
+    else:
+        weights = safetensors.torch.load_file(str(directory / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        # Tied output embeddings are saved once; anything else missing is an error.
+        missing = [name for name in missing if "lm_head" not in name]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint weights do not fit the model: {(missing or unexpected)[:3]}")
+    state_dir = directory / STATE_DIR
+    optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
+    rng = torch.load(state_dir / "rng.pt", weights_only=False)
+    torch.random.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    pending_path = state_dir / "pending_rollouts.pt"
+    pending = torch.load(pending_path, weights_only=False) if pending_path.exists() else None
+    return state, pending
+
+
+def write_tar(directory: pathlib.Path, archive: pathlib.Path) -> tuple[int, str]:
+    """Archive a checkpoint directory as one uncompressed tar; return (size in bytes, sha256 hex).
+
+    Members are relative to the directory (no leading folder), sorted, with fixed owners and
+    mtimes so the same checkpoint always gives the same bytes.
+    """
+    directory, archive = pathlib.Path(directory), pathlib.Path(archive)
+    partial = archive.with_name(archive.name + ".partial")
+
+    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mtime = 0
+        return info
+
+    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(directory.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(directory)), recursive=False, filter=normalise)
+    os.replace(partial, archive)
+    return archive.stat().st_size, sha256_file(archive)
+
+
+def sha256_file(path: pathlib.Path) -> str:
+    """Return the hex SHA-256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def extract_tar(archive: pathlib.Path, directory: pathlib.Path) -> pathlib.Path:
+    """Unpack a checkpoint tar into `directory` (refusing links and paths that leave it)."""
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "r") as tar:
+        tar.extractall(directory, filter="data")
+    return directory
+
+
+def prune_checkpoints(root: pathlib.Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` local checkpoint directories and their tars."""
+    root = pathlib.Path(root)
+    steps = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".partial"))
+    for old in steps[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+        old.with_name(old.name + ".tar").unlink(missing_ok=True)

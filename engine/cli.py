@@ -1,0 +1,223 @@
+"""The engine's command line (DESIGN.md §4 "Engine exit codes").
+
+    python -m engine run --spec FILE --job-id ID --attempt N --lab-url URL --workdir DIR
+                         [--offline] [--resume-from DIR_OR_TAR]
+
+The job token comes from `LAB_JOB_TOKEN`, never from the command line. Exit codes:
+0 finished all steps; 2 invalid spec, unknown model or environment, bad config (one line on
+stderr, before step 0); 3 stopped after a checkpoint (SIGTERM or Lab's `action: stop`);
+4 out of memory; 1 any other crash (Lab requeues and resumes).
+
+Engine knobs that are not part of the spec come from the environment:
+`LAB_ENGINE_OVERLAP` (1/0: sample the next step while this one trains; default 0 on CPU,
+1 on GPU), `LAB_ENGINE_MICRO_BATCH` (rollouts per forward/backward pass, default 16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+EXIT_SUCCEEDED = 0
+EXIT_CRASHED = 1
+EXIT_INVALID = 2
+EXIT_STOPPED = 3
+EXIT_OOM = 4
+
+logger = logging.getLogger("engine")
+
+
+class ConfigError(Exception):
+    """The job cannot run as configured (exit 2); `code` is the Job error code for Lab."""
+
+    def __init__(self, message: str, code: str = "invalid_spec"):
+        super().__init__(message)
+        self.code = code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Lab's RL engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run one attempt of a job")
+    run.add_argument("--spec", required=True, type=pathlib.Path, help="job spec, .toml or .json")
+    run.add_argument("--job-id", required=True)
+    run.add_argument("--attempt", required=True, type=int)
+    run.add_argument("--lab-url", default=os.environ.get("LAB_PUBLIC_URL", "http://127.0.0.1:8000"))
+    run.add_argument("--workdir", required=True, type=pathlib.Path)
+    run.add_argument("--offline", action="store_true", help="no Lab: write everything under the work dir")
+    run.add_argument("--resume-from", type=pathlib.Path, help="a checkpoint directory or its .tar")
+    return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be 0 or 1, not {value!r}", "internal_error")
+
+
+def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
+    """Read and check the spec against the catalogues; return (EngineConfig, warnings).
+
+    Raises ConfigError with a one-line message for anything that makes the job invalid.
+    """
+    from labsdk.spec import SpecError, catalog_problems, load_spec_file
+
+    from engine.catalog import list_environments, list_models
+
+    try:
+        parsed = load_spec_file(spec_path)
+    except OSError as error:
+        raise ConfigError(f"cannot read spec {spec_path}: {error.strerror or error}") from None
+    except SpecError as error:
+        raise ConfigError(f"invalid spec: {error}") from None
+    problems = catalog_problems(parsed.spec, models=list_models(model_dir), environments=list_environments())
+    if problems:
+        first = problems[0]
+        code = {"unknown_model": "model_not_found", "unknown_environment": "environment_error"}.get(first.code, "invalid_spec")
+        raise ConfigError("; ".join(f"{p.param}: {p.message}" for p in problems), code)
+    from engine.trainer import EngineConfig
+
+    import torch
+
+    try:
+        micro_batch = int(os.environ.get("LAB_ENGINE_MICRO_BATCH") or 16)
+    except ValueError:
+        raise ConfigError("LAB_ENGINE_MICRO_BATCH must be an integer", "internal_error") from None
+    config = EngineConfig.from_spec(
+        parsed.spec,
+        overlap=_flag("LAB_ENGINE_OVERLAP", torch.cuda.is_available()),
+        micro_batch_rollouts=max(1, micro_batch),
+    )
+    return config, parsed.warnings
+
+
+def _resume_dir(path: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
+    from engine.checkpoints import STATE_DIR, extract_tar
+
+    if path.is_dir():
+        if not (path / STATE_DIR / "state.json").is_file():
+            raise ConfigError(f"--resume-from {path} is not a checkpoint (no {STATE_DIR}/state.json)", "internal_error")
+        return path
+    if path.is_file():
+        target = workdir / "resume" / path.stem
+        return extract_tar(path, target)
+    raise ConfigError(f"--resume-from {path} does not exist", "internal_error")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one attempt; return the exit code."""
+    workdir = args.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    stop_event = threading.Event()
+
+    def request_stop(signum, frame):
+        stop_event.set()
+        logger.warning("received signal %d: stopping after the current step", signum)
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    from engine.reporter import HttpTransport, OfflineTransport, Reporter, ReporterLogHandler
+
+    token = os.environ.get("LAB_JOB_TOKEN", "")
+    if not args.offline and not token:
+        print("engine: LAB_JOB_TOKEN is not set (or pass --offline)", file=sys.stderr)
+        return EXIT_INVALID
+    transport = OfflineTransport(workdir) if args.offline else HttpTransport(args.lab_url, args.job_id, token)
+    reporter = Reporter(transport, job_id=args.job_id, attempt=args.attempt, spool_dir=workdir / "spool" / f"attempt-{args.attempt}")
+    reporter.start()
+    handler = ReporterLogHandler(reporter)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+
+    def fail(code: int, outcome: str, error: dict | None) -> int:
+        reporter.close(outcome, error, timeout=float(os.environ.get("LAB_ENGINE_FLUSH_TIMEOUT", "60")))
+        logger.removeHandler(handler)
+        return code
+
+    try:
+        from engine.catalog import default_model_dir
+
+        model_dir = default_model_dir()
+        config, warnings = load_config(args.spec, model_dir)
+        for warning in warnings:
+            logger.warning("spec: %s", warning)
+        if args.offline:
+            logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
+        resume_dir = _resume_dir(args.resume_from, workdir) if args.resume_from else None
+
+        from engine.environments import InvalidEnvironment
+        from engine.models import ModelNotFound
+        from engine.trainer import Trainer
+
+        trainer = Trainer(config=config, workdir=workdir, reporter=reporter, stop_event=stop_event, model_dir=model_dir)
+        started = time.perf_counter()
+        try:
+            trainer.setup()
+        except ModelNotFound as error:
+            raise ConfigError(str(error), "model_not_found") from None
+        except InvalidEnvironment as error:
+            raise ConfigError(str(error), "environment_error") from None
+        if resume_dir is not None:
+            try:
+                trainer.resume(resume_dir)
+            except (ValueError, KeyError, FileNotFoundError) as error:
+                raise ConfigError(f"cannot resume from {args.resume_from}: {_one_line(error)}", "internal_error") from None
+        logger.info("loaded %s in %.1fs; training steps %d..%d", config.model, time.perf_counter() - started, trainer.start_step, config.max_steps)
+        outcome = trainer.run()
+    except ConfigError as error:
+        message = _one_line(error)
+        print(f"engine: {message}", file=sys.stderr, flush=True)
+        reporter.log(f"engine: {message}", "stderr")
+        return fail(EXIT_INVALID, "failed", {"code": error.code, "message": message})
+    except (MemoryError, _oom_error()) as error:
+        message = f"out of memory: {_one_line(error)[:500]}"
+        print(f"engine: {message}", file=sys.stderr, flush=True)
+        reporter.log(f"engine: {message}", "stderr")
+        return fail(EXIT_OOM, "failed", {"code": "oom", "message": message})
+    except Exception as error:
+        logger.exception("engine crashed")
+        return fail(EXIT_CRASHED, "failed", {"code": "internal_error", "message": _one_line(repr(error))[:500]})
+    if outcome == "stopped":
+        return fail(EXIT_STOPPED, "stopped", None)
+    return fail(EXIT_SUCCEEDED, "succeeded", None)
+
+
+def _oom_error() -> type[BaseException]:
+    import torch
+
+    return getattr(torch, "OutOfMemoryError", MemoryError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run; return the process exit code."""
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    for noisy in ("transformers", "peft", "httpx", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit:
+        return EXIT_INVALID if exit.code else EXIT_SUCCEEDED
+    if args.command == "run":
+        return run(args)
+    return EXIT_INVALID

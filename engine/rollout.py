@@ -1,0 +1,162 @@
+"""Rollout backends: sample completions from the policy and record their log-probabilities.
+
+One interface, `RolloutBackend`, so the trainer does not care where sampling runs: the
+transformers backend here (CPU or GPU, in the trainer's process) and the vLLM backend in
+`engine.vllm_backend` (GPU pods). A backend holds its own copy of the policy and receives
+new weights after optimizer steps (`load_weights`), as an inference server would; that keeps
+trainer and inference separable into different processes or pods later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+import torch
+
+
+@dataclass
+class Completion:
+    """One sampled completion.
+
+    `token_ids`: the sampled tokens, the stop token included when one was sampled;
+    `logprobs`: log π_sample of each of those tokens (nats, float, same length), under
+    softmax(logits / temperature); `truncated`: no stop token within `max_tokens`.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    truncated: bool
+
+
+class RolloutBackend(Protocol):
+    """What the trainer needs from an inference engine."""
+
+    def generate(
+        self, prompts: list[list[int]], *, n: int, max_tokens: int, temperature: float, seed: int
+    ) -> list[Completion]:
+        """Sample `n` completions per prompt (token ids), returned prompt by prompt
+        (len(prompts)·n items); deterministic for a given seed."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the policy's trainable weights (names as in the trainer's model)."""
+
+
+class TransformersBackend:
+    """Sample with a transformers causal LM (optionally a peft model) and a KV cache.
+
+    The loop is written out instead of calling `generate()` so that the sampled tokens'
+    log-probabilities come straight from the sampling distribution (the importance ratio
+    needs them), sampling draws from a private seeded `torch.Generator` (deterministic even
+    while the trainer runs in another thread), and nothing filters the distribution
+    (no top-k/top-p defaults from a generation config).
+    """
+
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, stop_token_ids: Iterable[int]):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.stop_token_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long)
+        self.device = next(model.parameters()).device
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors into the parameters of the same name (no-op for tensors already shared)."""
+        parameters = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                target = parameters[name]
+                if target.data_ptr() != tensor.data_ptr():
+                    target.copy_(tensor)
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], *, n: int = 1, max_tokens: int, temperature: float, seed: int
+    ) -> list[Completion]:
+        """Sample `n` completions of up to `max_tokens` tokens per prompt; temperature 0 is greedy.
+
+        Prompts are left-padded into one batch and run once; their key/value cache is then
+        repeated `n` times (the group shares its prompt). Positions count only real tokens,
+        so each row sees the positions it would see alone. Returns len(prompts)·n
+        Completions, the n of each prompt adjacent.
+        """
+        if not prompts:
+            return []
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        batch = len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt):] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        stop_ids = self.stop_token_ids.to(self.device)
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            output = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = output.past_key_values
+            if n > 1:
+                cache.batch_repeat_interleave(n)
+                output.logits = output.logits.repeat_interleave(n, dim=0)
+                attention_mask = attention_mask.repeat_interleave(n, dim=0)
+                position_ids = position_ids.repeat_interleave(n, dim=0)
+            batch = batch * n
+            next_position = position_ids[:, -1:] + 1
+            finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+            tokens, logprobs = [], []
+            for index in range(max_tokens):
+                logits = output.logits[:, -1, :].float()
+                if temperature > 0:
+                    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+                    sampled = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(1)
+                    sampled_logprob = log_probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+                else:
+                    sampled = logits.argmax(dim=-1)
+                    sampled_logprob = torch.zeros(batch, device=self.device)
+                sampled = torch.where(finished, torch.full_like(sampled, self.pad_token_id), sampled)
+                tokens.append(sampled)
+                logprobs.append(sampled_logprob)
+                finished = finished | torch.isin(sampled, stop_ids)
+                if bool(finished.all()) or index == max_tokens - 1:
+                    break
+                attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+                output = self.model(
+                    input_ids=sampled.unsqueeze(1),
+                    attention_mask=attention_mask,
+                    position_ids=next_position,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache = output.past_key_values
+                next_position = next_position + 1
+        finally:
+            self.model.train(was_training)
+
+        token_matrix = torch.stack(tokens, dim=1).cpu()
+        logprob_matrix = torch.stack(logprobs, dim=1).float().cpu()
+        stop_set = set(self.stop_token_ids.tolist())
+        completions = []
+        for row in range(batch):
+            row_tokens = token_matrix[row].tolist()
+            length = len(row_tokens)
+            for position, token in enumerate(row_tokens):
+                if token in stop_set:
+                    length = position + 1
+                    break
+            truncated = not (length and row_tokens[length - 1] in stop_set)
+            completions.append(
+                Completion(
+                    token_ids=row_tokens[:length],
+                    logprobs=logprob_matrix[row, :length].tolist(),
+                    truncated=truncated,
+                )
+            )
+        return completions

@@ -1,0 +1,428 @@
+"""The GRPO training loop: sample groups, score them, step the policy, report, checkpoint.
+
+One process per job holds the trainer and a rollout backend. With overlap on
+(`max_off_policy_steps` ≥ 1 and `EngineConfig.overlap`), the rollouts of step n+1 are sampled
+in a background thread by a copy of the policy from before step n while step n trains, so
+they are one step off-policy; the loss corrects with the importance ratio against the
+sampler's log-probabilities and `mismatch_kl/mean` reports the gap. Without overlap every
+batch is sampled by the current policy.
+
+Steps are numbered from 1: step n applies the n-th optimizer update, its metrics carry
+`step = n`, and the checkpoint taken after it has step n. Everything random is derived from
+the spec's seed and the step number (examples, sampling), so a resumed run reproduces an
+uninterrupted one on CPU.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import math
+import pathlib
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from engine import checkpoints as ckpt
+from engine.catalog import list_environments
+from engine.environments import Environment, load_environment
+from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
+from engine.models import load_model
+from engine.policy import (
+    completion_logits,
+    is_lora,
+    make_trainable,
+    pack_rollouts,
+    rollout_copy,
+    trainable_parameters,
+)
+from engine.reporter import Reporter
+from engine.rollout import Completion, TransformersBackend
+
+logger = logging.getLogger("engine")
+
+_EVAL_SEED_OFFSET = 1 << 40
+
+
+@dataclass
+class EngineConfig:
+    """The settings the trainer runs with: the spec's (DESIGN.md §4 "Job spec") plus engine knobs.
+
+    Spec fields keep the spec's names and units; `envs` is [(id, args)]. Engine knobs:
+    `overlap` (sample step n+1 while step n trains, when max_off_policy_steps ≥ 1),
+    `micro_batch_rollouts` (rollouts per forward/backward pass; bounds memory),
+    `clip_epsilon` (PPO ε), `max_grad_norm` (global L2 clip), `samples_per_step` (rollout
+    samples reported per step).
+    """
+
+    model: str
+    envs: list[tuple[str, dict]]
+    max_steps: int = 20
+    batch_size: int = 32
+    rollouts_per_example: int = 4
+    learning_rate: float = 1e-4
+    lora_rank: int = 16
+    lora_alpha: int = 16
+    seed: int = 0
+    max_off_policy_steps: int = 1
+    max_tokens: int = 128
+    temperature: float = 1.0
+    eval_interval: int = 0
+    eval_num_examples: int = 32
+    checkpoint_interval: int = 10
+    keep_last: int = 3
+    overlap: bool = False
+    micro_batch_rollouts: int = 16
+    clip_epsilon: float = 0.2
+    max_grad_norm: float = 1.0
+    samples_per_step: int = 8
+
+    @classmethod
+    def from_spec(cls, spec, **engine_options) -> "EngineConfig":
+        """Build from a validated `labsdk.spec.JobSpec`."""
+        return cls(
+            model=spec.model,
+            envs=[(env.id, dict(env.args)) for env in spec.env],
+            max_steps=spec.max_steps,
+            batch_size=spec.batch_size,
+            rollouts_per_example=spec.rollouts_per_example,
+            learning_rate=spec.learning_rate,
+            lora_rank=spec.lora_rank,
+            lora_alpha=spec.lora_alpha,
+            seed=spec.seed,
+            max_off_policy_steps=spec.max_off_policy_steps,
+            max_tokens=spec.sampling.max_tokens,
+            temperature=spec.sampling.temperature,
+            eval_interval=spec.eval.interval,
+            eval_num_examples=spec.eval.num_examples,
+            checkpoint_interval=spec.checkpoints.interval,
+            keep_last=spec.checkpoints.keep_last,
+            **engine_options,
+        )
+
+    def digest(self) -> str:
+        """Hash the settings that change the training trajectory (not max_steps or reporting)."""
+        keys = ("model", "envs", "batch_size", "rollouts_per_example", "learning_rate", "lora_rank",
+                "lora_alpha", "seed", "max_tokens", "temperature", "clip_epsilon", "max_grad_norm")
+        data = {key: getattr(self, key) for key in keys}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    @property
+    def use_overlap(self) -> bool:
+        return self.overlap and self.max_off_policy_steps >= 1
+
+
+@dataclass
+class RolloutBatch:
+    """The scored rollouts of one step: G prompts × K completions (K = rollouts_per_example).
+
+    `policy_version` is how many optimizer updates the sampling policy had seen;
+    `rewards` and `functions` (per reward function) are per rollout, prompt by prompt.
+    """
+
+    step: int
+    policy_version: int
+    env_indices: list[int]
+    prompts: list[list[int]]
+    completions: list[Completion]
+    texts: list[str]
+    rewards: list[float]
+    functions: list[dict[str, float]]
+    generate_seconds: float
+
+
+class StopTraining(Exception):
+    """Raised inside the loop when a stop was requested (SIGTERM or Lab's `action: stop`)."""
+
+
+@dataclass
+class Trainer:
+    """Runs one job: `setup()`, optionally `resume(dir)`, then `run()`."""
+
+    config: EngineConfig
+    workdir: pathlib.Path
+    reporter: Reporter
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    model_dir: pathlib.Path | None = None
+
+    def setup(self) -> None:
+        """Load the model and environments, wrap the policy, build optimizer and rollout backend.
+
+        Raises engine.models.ModelNotFound and environments.InvalidEnvironment (exit 2 upstream).
+        """
+        config = self.config
+        self.environments: list[Environment] = [
+            load_environment(env_id, args, config.seed) for env_id, args in config.envs
+        ]
+        base, self.tokenizer = load_model(config.model, self.model_dir)
+        torch.manual_seed(config.seed)  # LoRA's A matrices are initialised from the torch RNG
+        self.model = make_trainable(base, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, base_model_id=config.model)
+        self.parameters = trainable_parameters(self.model)
+        for _, parameter in self.parameters:
+            # Zero (not None) gradients: AdamW then steps every parameter every step, as the
+            # full-batch algorithm does, even when all groups had equal rewards.
+            parameter.grad = torch.zeros_like(parameter)
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.parameters], lr=config.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
+        )
+        stop_ids = {self.tokenizer.eos_token_id}
+        generation_eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
+        stop_ids |= set(generation_eos if isinstance(generation_eos, list) else [generation_eos] if generation_eos is not None else [])
+        self.stop_token_ids = sorted(i for i in stop_ids if i is not None)
+        self.eval_backend = TransformersBackend(self.model, pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids)
+        self.rollout_backend = self.eval_backend
+        self.start_step = 1
+        self.pending_batch: RolloutBatch | None = None
+        self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
+        self.checkpoint_root = self.workdir / "checkpoints"
+        self.env_names = [env.name for env in self.environments]
+
+    def resume(self, checkpoint_dir: pathlib.Path) -> None:
+        """Continue from a checkpoint directory: weights, optimizer, RNG, next step, pending rollouts."""
+        state, pending = ckpt.restore_checkpoint(checkpoint_dir, model=self.model, optimizer=self.optimizer)
+        if state.spec_digest != self.config.digest():
+            logger.warning("resuming from a checkpoint written with different training settings")
+        self.start_step = state.step + 1
+        self.pending_batch = pending
+        logger.info("resumed from %s at step %d", checkpoint_dir, state.step)
+
+    # ---- rollouts ----
+
+    def _prompt_ids(self, env: Environment, index: int, split: str) -> tuple[list[int], object]:
+        example = env.example(index, split)
+        ids = self.tokenizer.apply_chat_template(example.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids), example
+
+    def _generate_batch(self, step: int, policy_version: int, backend) -> RolloutBatch:
+        """Sample and score the rollouts of `step` (examples and seed derived from seed and step)."""
+        config = self.config
+        started = time.perf_counter()
+        groups = config.batch_size // config.rollouts_per_example
+        env_indices, prompts, examples = [], [], []
+        for slot in range(groups):
+            index = (step - 1) * groups + slot
+            env_index = index % len(self.environments)
+            ids, example = self._prompt_ids(self.environments[env_index], index, "train")
+            env_indices.append(env_index)
+            prompts.append(ids)
+            examples.append(example)
+        completions = backend.generate(
+            prompts, n=config.rollouts_per_example, max_tokens=config.max_tokens,
+            temperature=config.temperature, seed=(config.seed << 20) + step,
+        )
+        texts, rewards, functions = [], [], []
+        for row, completion in enumerate(completions):
+            group = row // config.rollouts_per_example
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            scores = self.environments[env_indices[group]].score(text, examples[group])
+            texts.append(text)
+            rewards.append(scores.reward)
+            functions.append(scores.functions)
+        return RolloutBatch(
+            step=step, policy_version=policy_version, env_indices=env_indices, prompts=prompts,
+            completions=completions, texts=texts, rewards=rewards, functions=functions,
+            generate_seconds=time.perf_counter() - started,
+        )
+
+    # ---- training ----
+
+    def _train_on(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """One optimizer update on a scored batch; return loss/entropy/kl/grad-norm metrics.
+
+        Groups whose advantages are all zero are skipped: their loss terms and gradients are
+        exactly zero, but their tokens still count in the token-level average.
+        """
+        config = self.config
+        group_size = config.rollouts_per_example
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        total_tokens = sum(len(c.token_ids) for c in batch.completions)
+        active = [g for g in range(len(batch.prompts)) if bool(advantages[g * group_size:(g + 1) * group_size].abs().sum() > 0)]
+        groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
+        loss_total, entropy_sum, kl_sum, token_count = 0.0, 0.0, 0.0, 0.0
+        for chunk_start in range(0, len(active), groups_per_pass):
+            chunk = active[chunk_start:chunk_start + groups_per_pass]
+            rows = [g * group_size + k for g in chunk for k in range(group_size)]
+            packed = pack_rollouts(
+                [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows],
+                group_size, self.tokenizer.pad_token_id,
+            )
+            sampling_logprobs = torch.zeros(packed.completion_ids.shape, dtype=torch.float32)
+            for i, r in enumerate(rows):
+                values = batch.completions[r].logprobs
+                if values:
+                    sampling_logprobs[i, : len(values)] = torch.tensor(values)
+            logits = completion_logits(self.model, packed)
+            logprobs, entropy = token_logprobs_and_entropy(logits, packed.completion_ids.to(logits.device), config.temperature)
+            mask = packed.completion_mask.to(logprobs.device)
+            terms = grpo_loss(
+                logprobs, sampling_logprobs.to(logprobs.device), advantages[rows].to(logprobs.device), mask,
+                clip_epsilon=config.clip_epsilon, num_tokens=max(total_tokens, 1),
+            )
+            terms.loss.backward()
+            tokens = float(mask.sum())
+            loss_total += float(terms.loss.detach())
+            entropy_sum += float((entropy.detach() * mask).sum())
+            kl_sum += terms.mismatch_kl * tokens
+            token_count += tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm)
+        self.optimizer.step()
+        metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": config.learning_rate}
+        if token_count:
+            metrics["entropy/mean"] = entropy_sum / token_count
+            metrics["mismatch_kl/mean"] = kl_sum / token_count
+        return metrics
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """Mean reward of the current policy on `eval_num_examples` held-out examples per environment."""
+        results = {}
+        for env in self.environments:
+            prompts, examples = [], []
+            for index in range(self.config.eval_num_examples):
+                ids, example = self._prompt_ids(env, index, "eval")
+                prompts.append(ids)
+                examples.append(example)
+            completions = self.eval_backend.generate(
+                prompts, n=1, max_tokens=self.config.max_tokens, temperature=self.config.temperature,
+                seed=(self.config.seed << 20) + _EVAL_SEED_OFFSET,
+            )
+            rewards = [
+                env.score(self.tokenizer.decode(c.token_ids, skip_special_tokens=True), example).reward
+                for c, example in zip(completions, examples)
+            ]
+            results[f"eval/{env.name}/mean"] = sum(rewards) / len(rewards)
+        return results
+
+    def _step_metrics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        rewards = torch.tensor(batch.rewards, dtype=torch.float64)
+        group_size = self.config.rollouts_per_example
+        metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False))}
+        for env_index, env in enumerate(self.environments):
+            rows = [r for r in range(len(batch.rewards)) if batch.env_indices[r // group_size] == env_index]
+            if not rows:
+                continue
+            metrics[f"reward/{env.name}/mean"] = sum(batch.rewards[r] for r in rows) / len(rows)
+            for function in env.rubric:
+                metrics[f"reward/{env.name}/{function.name}/mean"] = sum(batch.functions[r][function.name] for r in rows) / len(rows)
+        lengths = [len(batch.prompts[r // group_size]) + len(c.token_ids) for r, c in enumerate(batch.completions)]
+        metrics["seq_len/mean"] = sum(lengths) / len(lengths)
+        metrics["is_truncated/mean"] = sum(c.truncated for c in batch.completions) / len(batch.completions)
+        return metrics
+
+    def _samples(self, batch: RolloutBatch, advantages: torch.Tensor) -> list[dict]:
+        group_size = self.config.rollouts_per_example
+        samples = []
+        for row in range(min(self.config.samples_per_step, len(batch.completions))):
+            group = row // group_size
+            samples.append({
+                "step": batch.step,
+                "group": group,
+                "prompt": self.tokenizer.decode(batch.prompts[group], skip_special_tokens=False),
+                "completion": batch.texts[row],
+                "reward": batch.rewards[row],
+                "advantage": float(advantages[row]),
+                "metrics": batch.functions[row],
+            })
+        return samples
+
+    # ---- checkpoints ----
+
+    def _checkpoint(self, step: int, pending: RolloutBatch | None) -> pathlib.Path:
+        self.reporter.set_status("checkpointing", step)
+        directory = ckpt.save_checkpoint(
+            self.checkpoint_root / ckpt.checkpoint_name(step),
+            model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
+            state=ckpt.TrainerState(step=step, data_position=step * (self.config.batch_size // self.config.rollouts_per_example),
+                                    seed=self.config.seed, spec_digest=self.config.digest(), format=self.format),
+            pending_rollouts=pending,
+        )
+        archive = directory.with_name(directory.name + ".tar")
+        size, digest = ckpt.write_tar(directory, archive)
+        self.reporter.checkpoint(step, self.format, archive, size, digest)
+        ckpt.prune_checkpoints(self.checkpoint_root, self.config.keep_last)
+        logger.info("checkpoint step %d: %s (%d bytes, sha256 %s)", step, archive.name, size, digest[:12])
+        self.reporter.set_status("running", step)
+        return directory
+
+    def _stop_requested(self) -> bool:
+        return self.stop_event.is_set() or self.reporter.stop_requested.is_set()
+
+    # ---- the loop ----
+
+    def run(self) -> str:
+        """Train from `start_step` to `max_steps`; return "succeeded", or "stopped" after a
+        checkpoint when a stop was requested (SIGTERM or Lab's `action: stop`)."""
+        config = self.config
+        executor = None
+        if config.use_overlap:
+            self.rollout_backend = TransformersBackend(
+                rollout_copy(self.model), pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids
+            )
+            executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts")
+        pending: concurrent.futures.Future | None = None
+        if self.pending_batch is not None:
+            pending = concurrent.futures.Future()
+            pending.set_result(self.pending_batch)
+        self.reporter.set_status("running", self.start_step - 1)
+        if self._stop_requested():
+            return "stopped"
+        step = self.start_step - 1
+        try:
+            for step in range(self.start_step, config.max_steps + 1):
+                step_started = time.perf_counter()
+                if pending is None:
+                    self.rollout_backend.load_weights(self.parameters)
+                    batch = self._generate_batch(step, step - 1, self.rollout_backend)
+                else:
+                    batch = pending.result()
+                    pending = None
+                wait_seconds = time.perf_counter() - step_started
+                if executor is not None and step < config.max_steps:
+                    self.rollout_backend.load_weights(self.parameters)
+                    pending = executor.submit(self._generate_batch, step + 1, step - 1, self.rollout_backend)
+                rewards = torch.tensor(batch.rewards, dtype=torch.float32)
+                advantages = group_advantages(rewards, config.rollouts_per_example)
+                train_started = time.perf_counter()
+                train_metrics = self._train_on(batch, advantages)
+                train_seconds = time.perf_counter() - train_started
+                metrics = self._step_metrics(batch, advantages)
+                metrics.update(train_metrics)
+                if config.eval_interval and step % config.eval_interval == 0:
+                    metrics.update(self._evaluate(step))
+                step_seconds = time.perf_counter() - step_started
+                tokens = sum(len(batch.prompts[r // config.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
+                metrics.update({
+                    "time/step": step_seconds,
+                    "time/generate": batch.generate_seconds,
+                    "time/train": train_seconds,
+                    "perf/tokens_per_s": tokens / step_seconds if step_seconds > 0 else 0.0,
+                })
+                self.reporter.metrics(step, metrics)
+                self.reporter.samples(self._samples(batch, advantages))
+                logger.info(
+                    "step %d/%d reward %.3f loss %.4f entropy %s time %.1fs (generate %.1fs%s, train %.1fs)",
+                    step, config.max_steps, metrics["reward/mean"], metrics["loss/mean"],
+                    f"{metrics['entropy/mean']:.3f}" if "entropy/mean" in metrics else "-",
+                    step_seconds, batch.generate_seconds,
+                    f", waited {wait_seconds:.1f}s" if batch.policy_version < step - 1 else "", train_seconds,
+                )
+                self.reporter.set_status("running", step)
+                stopping = self._stop_requested() and step < config.max_steps
+                if stopping or step == config.max_steps or (config.checkpoint_interval and step % config.checkpoint_interval == 0):
+                    # The rollouts already sampled for the next step go into the checkpoint,
+                    # so a resume trains on exactly what an uninterrupted run would.
+                    next_batch = pending.result() if pending is not None else None
+                    self._checkpoint(step, next_batch)
+                if stopping:
+                    logger.info("stop requested: stopped after step %d with a checkpoint", step)
+                    return "stopped"
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+            if executor is not None:
+                executor.shutdown(wait=True)
+        return "succeeded"
