@@ -9,6 +9,8 @@ Accounts (anyone)
     password_reset_done      /password-reset/sent/
     password_reset_confirm   /password-reset/<uidb64>/<token>/    the emailed link; choose a new password
     password_reset_complete  /password-reset/complete/
+    password_change          /password/                       signed in: change the password
+    password_change_done     /password/changed/
     invitation               /invitations/<token>/            show an invitation; POST accepts it
 
 Organizations (members only; anyone else gets the 404 of a missing organization)
@@ -73,6 +75,16 @@ urlpatterns = [
         "password-reset/complete/",
         auth_views.PasswordResetCompleteView.as_view(template_name="accounts/password_reset_complete.html"),
         name="password_reset_complete",
+    ),
+    path(
+        "password/",
+        auth_views.PasswordChangeView.as_view(template_name="accounts/password_change.html"),
+        name="password_change",
+    ),
+    path(
+        "password/changed/",
+        auth_views.PasswordChangeDoneView.as_view(template_name="accounts/password_change_done.html"),
+        name="password_change_done",
     ),
     path("invitations/<str:token>/", views.invitation_detail, name="invitation"),
     # --- organizations ---

@@ -84,3 +84,20 @@ def test_it_sends_no_reset_email_for_an_unknown_address(db):
     response = Client().post("/password-reset/", {"email": "nobody@example.test"})
     assert response.status_code == 302 and response["Location"] == "/password-reset/sent/"
     assert mail.outbox == []
+
+
+def test_it_changes_the_password_of_a_signed_in_user(owner, owner_client):
+    assert owner_client.get("/password/").status_code == 200
+    refused = owner_client.post(
+        "/password/", {"old_password": "wrong", "new_password1": "another-passphrase", "new_password2": "x"}
+    )
+    assert set(refused.context["form"].errors) == {"old_password", "new_password2"}
+    response = owner_client.post(
+        "/password/",
+        {"old_password": PASSWORD, "new_password1": "another-passphrase", "new_password2": "another-passphrase"},
+    )
+    assert response.status_code == 302 and response["Location"] == "/password/changed/"
+    owner.user.refresh_from_db()
+    assert owner.user.check_password("another-passphrase")
+    assert owner_client.get("/o/acme/").status_code == 200  # still signed in
+    assert Client().get("/password/")["Location"] == "/login/?next=/password/"
