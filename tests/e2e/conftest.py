@@ -1,0 +1,108 @@
+"""Fixtures for the end-to-end API tests: tenants made through services and a live HTTP server.
+
+The SDK, the CLI and the fuzzers talk to pytest-django's ``live_server`` over real sockets, so
+every test here needs ``@pytest.mark.django_db(transaction=True)``: the server thread must see
+committed rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from pathlib import Path
+
+import pytest
+from labsdk import Lab
+
+from billing.models import Price
+from lab.services import Actor, api_key_create
+from tests.conftest import Tenant, make_tenant
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_TINY = REPO / "examples" / "addition-tiny.toml"
+
+#: A small valid spec on the tiny model (DESIGN.md §4 "Job spec").
+TINY_SPEC = {
+    "name": "addition-tiny",
+    "model": "lab/tiny-random-llama",
+    "max_steps": 3,
+    "batch_size": 8,
+    "rollouts_per_example": 4,
+    "sampling": {"max_tokens": 8},
+    "env": [{"id": "lab/addition", "args": {"max_operand": 9}}],
+    "metadata": {"team": "research"},
+}
+
+TINY_TOML = """\
+name = "addition-tiny"
+model = "lab/tiny-random-llama"
+max_steps = 3
+batch_size = 8
+rollouts_per_example = 4
+
+[sampling]
+max_tokens = 8
+
+[[env]]
+id = "lab/addition"
+args = { max_operand = 9 }
+
+[metadata]
+team = "research"
+"""
+
+
+@pytest.fixture
+def spec() -> dict:
+    """A fresh copy of the small valid spec."""
+    return copy.deepcopy(TINY_SPEC)
+
+
+@pytest.fixture
+def tiny_toml(tmp_path) -> Path:
+    """``examples/addition-tiny.toml`` when the repository has it, else the same spec written here."""
+    if EXAMPLE_TINY.exists():
+        return EXAMPLE_TINY
+    path = tmp_path / "addition-tiny.toml"
+    path.write_text(TINY_TOML)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _seeded_prices(transactional_db) -> None:
+    """Put back the price table that the data migration seeds.
+
+    A transactional test flushes every table afterwards, data-migration rows included, so only
+    the first such test in a run would otherwise see prices.
+    """
+    seeded = importlib.import_module("billing.migrations.0002_seed_prices").DEFAULT_PRICES
+    for resource_type, (usd_per_hour, description) in seeded.items():
+        Price.objects.get_or_create(
+            resource_type=resource_type, defaults={"usd_per_hour": usd_per_hour, "description": description}
+        )
+
+
+@pytest.fixture
+def tenant(transactional_db) -> Tenant:
+    """The owner of organization "Acme" with project "default" and a read-write key."""
+    return make_tenant("e2e-owner@acme.test", "Acme")
+
+
+@pytest.fixture
+def outsider(transactional_db) -> Tenant:
+    """The owner of another organization, "Globex"."""
+    return make_tenant("e2e-outsider@globex.test", "Globex")
+
+
+@pytest.fixture
+def read_key(tenant: Tenant) -> str:
+    """A read-only API key of the tenant's project."""
+    _, key = api_key_create(actor=Actor(user=tenant.user), project=tenant.project, name="read", scopes=["read"])
+    return key
+
+
+@pytest.fixture
+def lab(live_server, tenant: Tenant) -> Lab:
+    """The real SDK pointed at the live server with the tenant's key."""
+    with Lab(api_key=tenant.key, base_url=live_server.url, timeout=10, max_retries=2) as client:
+        yield client

@@ -1,0 +1,382 @@
+"""The real SDK (labsdk) against the real jobs API on a live HTTP server (DESIGN.md §4).
+
+Tenants are made through ``lab.services``; everything else goes over HTTP exactly as a user's
+program would: create in its three forms, retrieve, list with paging and filters, cancel,
+events, estimate, the catalogues, typed errors, and a create whose first answer is lost.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+from decimal import Decimal
+
+import labsdk
+import pytest
+from labsdk import (
+    AuthenticationError,
+    ConflictError,
+    InvalidSpecError,
+    Lab,
+    NotFoundError,
+    PermissionDeniedError,
+    RequestTooLargeError,
+)
+
+from jobs.models import Job, JobEvent, JobStatus
+from lab.models import IdempotencyRecord
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+#: The Job keys of DESIGN.md §4 "Job".
+JOB_KEYS = {
+    "id", "object", "name", "status", "status_reason", "queue_position", "spec", "warnings", "attempt", "step",
+    "max_steps", "created_at", "started_at", "finished_at", "error", "usage", "latest_checkpoint", "metadata",
+}
+
+
+def test_it_creates_a_job_from_a_spec_file(lab, tenant, tiny_toml):
+    job = lab.jobs.create(spec_file=str(tiny_toml))
+
+    stored = Job.objects.get(project=tenant.project)
+    assert job.id == stored.public_id
+    assert job.id.startswith("job_")
+    assert (job.status, job.status_reason, job.queue_position) == ("queued", "waiting", 1)
+    assert job.object == "job"
+    assert job.spec["model"] == "lab/tiny-random-llama"
+    assert job.spec["env"][0]["id"] == "lab/addition"
+    assert job.created_at is not None and job.created_at.utcoffset().total_seconds() == 0
+    assert job.started_at is None and job.finished_at is None and job.error is None
+    assert job.usage.cost_usd == Decimal("0.00")
+    assert JobEvent.objects.filter(job=stored).values_list("type", flat=True).get() == "job.queued"
+
+
+def test_the_job_body_has_every_key_of_the_contract(live_server, tenant, spec):
+    import httpx
+
+    response = httpx.post(
+        f"{live_server.url}/api/v1/jobs", json=spec, headers={"Authorization": f"Bearer {tenant.key}"}
+    )
+
+    assert response.status_code == 201
+    body = response.json()
+    assert JOB_KEYS <= set(body), JOB_KEYS - set(body)
+    assert ISO_UTC.match(body["created_at"])
+    assert body["usage"] == {"gpu_seconds": 0.0, "cpu_seconds": 0.0, "cost_usd": "0.00"}
+
+
+def test_it_creates_from_a_dict_and_from_keyword_fields(lab, tenant, spec):
+    from_dict = lab.jobs.create(spec=spec)
+    from_fields = lab.jobs.create(**{**spec, "name": "from-fields"})
+    overridden = lab.jobs.create(spec, name="renamed", max_steps=5)
+
+    assert from_dict.name == "addition-tiny"
+    assert from_fields.name == "from-fields"
+    assert (overridden.name, overridden.max_steps, overridden.spec["max_steps"]) == ("renamed", 5, 5)
+    assert Job.objects.filter(project=tenant.project).count() == 3
+
+
+def test_it_stores_prime_keys_and_warns_about_them(lab, spec):
+    job = lab.jobs.create(spec, oversampling_factor=2, wandb={"project": "x"})
+
+    assert len(job.warnings) == 2
+    assert any("oversampling_factor" in warning for warning in job.warnings)
+    assert any("wandb" in warning for warning in job.warnings)
+    assert job.spec["wandb"] == {"project": "x"}
+    assert lab.jobs.retrieve(job.id).warnings == job.warnings
+
+
+def test_it_retrieves_a_job(lab, spec):
+    created = lab.jobs.create(spec)
+
+    fetched = lab.jobs.retrieve(created.id)
+
+    assert fetched.to_dict() == created.to_dict()
+
+
+def test_it_lists_every_job_across_pages_newest_first(lab, tenant, spec):
+    ids = [lab.jobs.create(spec, name=f"run-{index}").id for index in range(5)]
+
+    listed = [job.id for job in lab.jobs.list(limit=2)]
+
+    assert listed == ids[::-1]
+
+
+def test_it_filters_the_list_by_metadata_and_status(lab, spec):
+    research = [lab.jobs.create(spec, metadata={"team": "research", "n": str(i)}).id for i in range(3)]
+    lab.jobs.create(spec, metadata={"team": "infra"})
+    lab.jobs.cancel(research[0])
+
+    assert [job.id for job in lab.jobs.list(metadata={"team": "research"}, limit=1)] == research[::-1]
+    assert [job.id for job in lab.jobs.list(metadata={"team": "research", "n": "1"})] == [research[1]]
+    assert [job.id for job in lab.jobs.list(metadata={"team": "nobody"})] == []
+    assert [job.id for job in lab.jobs.list(status="cancelled")] == [research[0]]
+
+
+def test_it_cancels_a_queued_job_at_once_and_records_events(lab, tenant, spec):
+    created = lab.jobs.create(spec)
+
+    cancelled = lab.jobs.cancel(created.id)
+
+    assert (cancelled.status, cancelled.status_reason, cancelled.queue_position) == ("cancelled", None, None)
+    assert cancelled.finished_at is not None
+    assert Job.objects.get(public_id=created.id).status == JobStatus.CANCELLED
+    events = list(lab.jobs.events(created.id, limit=1))
+    assert [event.type for event in events] == ["job.queued", "job.cancelled"]
+    assert all(event.id.startswith("evt_") and event.level == "info" for event in events)
+    assert events[1].data == {"from": "queued", "to": "cancelled"}
+
+
+def test_cancelling_a_cancelled_job_is_a_conflict(lab, spec):
+    job = lab.jobs.create(spec)
+    lab.jobs.cancel(job.id)
+
+    with pytest.raises(ConflictError) as caught:
+        lab.jobs.cancel(job.id)
+
+    assert (caught.value.status_code, caught.value.code) == (409, "invalid_state")
+    assert [event.type for event in lab.jobs.events(job.id)] == ["job.queued", "job.cancelled"]
+
+
+def test_it_estimates_without_creating_anything(lab, tenant, spec):
+    estimate = lab.jobs.estimate(spec, wandb={"project": "x"})
+
+    assert estimate.cpu_seconds > 0 and estimate.gpu_seconds == 0
+    assert isinstance(estimate.cost_usd, Decimal) and estimate.cost_usd >= 0
+    assert estimate.queue_position == 1
+    assert isinstance(estimate.can_start_now, bool)
+    assert len(estimate.warnings) == 1 and "wandb" in estimate.warnings[0]
+    assert not Job.objects.exists()
+
+
+def test_it_reads_the_catalogues_prices_and_whoami(lab, tenant):
+    models = {model.id: model for model in lab.models.list()}
+    environments = {environment.id: environment for environment in lab.environments.list()}
+    prices = {price.resource_type: price for price in lab.prices.list()}
+    identity = lab.whoami()
+
+    assert models["lab/tiny-random-llama"].context_length == 512
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in models
+    assert environments["lab/addition"].args["max_operand"] == 20
+    assert prices["cpu"].usd_per_hour == Decimal("0.10")
+    assert prices["H100"].usd_per_hour == Decimal("2.50")
+    assert (identity.organization.slug, identity.project.slug) == ("acme", "default")
+    assert identity.organization.id == tenant.organization.public_id
+    assert identity.scopes == ["read", "write"]
+
+
+def test_the_module_level_client_reads_the_environment(live_server, tenant, spec, monkeypatch):
+    monkeypatch.setenv("LAB_API_KEY", tenant.key)
+    monkeypatch.setenv("LAB_BASE_URL", live_server.url)
+    monkeypatch.setattr(labsdk, "_default_client", None)
+
+    job = labsdk.jobs.create(spec)
+
+    assert labsdk.jobs.retrieve(job.id).id == job.id
+    assert labsdk.whoami().project.slug == "default"
+    labsdk.default_client().close()
+
+
+def test_a_bad_spec_is_an_invalid_spec_error_naming_every_field(lab, tenant, spec):
+    spec["batch_size"] = 30
+    spec["sampling"]["temperature"] = 3.0
+    spec["env"] = [{"id": "primeintellect/reverse-text"}]
+    spec["colour"] = "blue"
+
+    with pytest.raises(InvalidSpecError) as caught:
+        lab.jobs.create(spec)
+
+    error = caught.value
+    assert (error.status_code, error.code) == (400, "invalid_spec")
+    params = {problem.param for problem in error.errors}
+    assert {"colour", "sampling.temperature", "env.0.id"} <= params
+    assert any(param in params for param in ("batch_size", "rollouts_per_example"))
+    assert error.param == error.errors[0].param
+    unknown_env = next(problem for problem in error.errors if problem.param == "env.0.id")
+    assert "lab/addition" in unknown_env.message
+    assert not Job.objects.exists()
+
+
+def test_estimate_reports_the_same_problems_as_create(lab, spec):
+    spec["env"] = [{"id": "primeintellect/reverse-text"}]
+
+    with pytest.raises(InvalidSpecError) as on_estimate:
+        lab.jobs.estimate(spec)
+    with pytest.raises(InvalidSpecError) as on_create:
+        lab.jobs.create(spec)
+
+    assert on_estimate.value.errors == on_create.value.errors
+    assert on_estimate.value.param == "env.0.id"
+
+
+def test_a_wrong_key_is_an_authentication_error(live_server, tenant):
+    with Lab(api_key="lab_not-a-real-key", base_url=live_server.url, max_retries=0) as client:
+        with pytest.raises(AuthenticationError) as caught:
+            client.jobs.list().__next__()
+
+    assert (caught.value.status_code, caught.value.code) == (401, "invalid_api_key")
+    assert "API key" in caught.value.message
+
+
+def test_a_read_only_key_reads_and_estimates_but_cannot_create_or_cancel(live_server, lab, read_key, spec):
+    job = lab.jobs.create(spec)
+    with Lab(api_key=read_key, base_url=live_server.url, max_retries=0) as reader:
+        with pytest.raises(PermissionDeniedError) as on_create:
+            reader.jobs.create(spec)
+        with pytest.raises(PermissionDeniedError) as on_cancel:
+            reader.jobs.cancel(job.id)
+        assert [listed.id for listed in reader.jobs.list()] == [job.id]
+        assert reader.jobs.estimate(spec).queue_position == 2
+        assert reader.whoami().scopes == ["read"]
+
+    assert (on_create.value.status_code, on_create.value.code) == (403, "insufficient_scope")
+    assert on_cancel.value.code == "insufficient_scope"
+    assert Job.objects.count() == 1
+    assert Job.objects.get().status == JobStatus.QUEUED
+
+
+def test_another_tenants_job_is_not_found_and_unchanged(live_server, lab, outsider, spec):
+    job = lab.jobs.create(spec)
+    with Lab(api_key=outsider.key, base_url=live_server.url, max_retries=0) as other:
+        for call in (other.jobs.retrieve, other.jobs.cancel, lambda job_id: list(other.jobs.events(job_id))):
+            with pytest.raises(NotFoundError) as caught:
+                call(job.id)
+            assert (caught.value.status_code, caught.value.code) == (404, "not_found")
+        assert list(other.jobs.list()) == []
+        with pytest.raises(NotFoundError) as missing:
+            other.jobs.retrieve("job_doesnotexist0000000")
+
+    assert missing.value.message == caught.value.message
+    stored = Job.objects.get()
+    assert stored.status == JobStatus.QUEUED
+    assert JobEvent.objects.filter(job=stored).count() == 1
+
+
+def test_an_idempotency_key_replays_and_refuses_another_body(lab, tenant, spec):
+    first = lab.jobs.create(spec, idempotency_key="nightly-1")
+    replayed = lab.jobs.create(spec, idempotency_key="nightly-1")
+
+    with pytest.raises(ConflictError) as caught:
+        lab.jobs.create(spec, name="other", idempotency_key="nightly-1")
+
+    assert replayed.id == first.id
+    assert (caught.value.status_code, caught.value.code) == (409, "idempotency_conflict")
+    assert Job.objects.filter(project=tenant.project).count() == 1
+
+
+def test_a_body_over_one_megabyte_is_request_too_large(lab, spec):
+    with pytest.raises(RequestTooLargeError) as caught:
+        lab.jobs.create(spec, metadata={"blob": "x" * 1_100_000})
+
+    assert (caught.value.status_code, caught.value.code) == (413, "request_too_large")
+    assert not Job.objects.exists()
+
+
+# --- a create whose first answer is lost ------------------------------------------------------
+
+
+def _read_message(stream) -> bytes | None:
+    """Read one HTTP/1.1 request (head and Content-Length body) from a socket file, or None at EOF."""
+    head = b""
+    while True:
+        line = stream.readline()
+        if not line:
+            return None
+        head += line
+        if line in (b"\r\n", b"\n"):
+            break
+    length = 0
+    for header in head.split(b"\r\n")[1:]:
+        name, _, value = header.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    return head + stream.read(length)
+
+
+class LosingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the live server, one request per connection.
+
+    Each request is forwarded with ``Connection: close`` and the whole answer is read back. For
+    the first ``POST /api/v1/jobs`` the answer is then thrown away and the client's connection
+    closed, so the server has created the job but the client sees the connection drop.
+    """
+
+    def __init__(self, upstream: str):
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.requests: list[bytes] = []
+        self.dropped = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    def _handle(self, client: socket.socket) -> None:
+        with client, client.makefile("rb") as incoming:
+            request = _read_message(incoming)
+            if request is None:
+                return
+            self.requests.append(request)
+            head, _, body = request.partition(b"\r\n\r\n")
+            lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
+            forwarded = b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + body
+            with socket.create_connection(self.upstream) as server:
+                server.sendall(forwarded)
+                answer = b""
+                while chunk := server.recv(65536):
+                    answer += chunk
+            if request.startswith(b"POST /api/v1/jobs ") and self.dropped == 0:
+                self.dropped += 1
+                client.shutdown(socket.SHUT_RDWR)
+                return
+            client.sendall(answer)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _idempotency_key(request: bytes) -> bytes:
+    found = re.search(rb"\r\nIdempotency-Key: *([^\r\n]+)", request, re.IGNORECASE)
+    assert found, request[:300]
+    return found.group(1)
+
+
+def test_a_create_whose_answer_is_lost_is_retried_without_a_second_job(live_server, tenant, spec):
+    proxy = LosingProxy(live_server.url)
+    try:
+        with Lab(api_key=tenant.key, base_url=proxy.url, timeout=10, max_retries=2) as client:
+            job = client.jobs.create(spec)
+            fetched = client.jobs.retrieve(job.id)
+    finally:
+        proxy.close()
+
+    posts = [request for request in proxy.requests if request.startswith(b"POST /api/v1/jobs ")]
+    assert proxy.dropped == 1
+    assert len(posts) == 2
+    assert _idempotency_key(posts[0]) == _idempotency_key(posts[1])
+    assert posts[0].partition(b"\r\n\r\n")[2] == posts[1].partition(b"\r\n\r\n")[2]
+    assert Job.objects.filter(project=tenant.project).count() == 1
+    assert job.id == Job.objects.get().public_id == fetched.id
+    assert IdempotencyRecord.objects.filter(project=tenant.project).count() == 1
+
+
+def test_a_lost_answer_without_retries_left_is_a_connection_error_and_one_job(live_server, tenant, spec):
+    proxy = LosingProxy(live_server.url)
+    try:
+        with Lab(api_key=tenant.key, base_url=proxy.url, timeout=10, max_retries=0) as client:
+            with pytest.raises(labsdk.APIConnectionError):
+                client.jobs.create(spec)
+    finally:
+        proxy.close()
+
+    assert Job.objects.filter(project=tenant.project).count() == 1
