@@ -6,6 +6,7 @@ writes a JobEvent whose ``type`` is the webhook event name (DESIGN.md §4).
 
 from __future__ import annotations
 
+import secrets
 from decimal import Decimal
 
 from django.db import models
@@ -71,6 +72,8 @@ class Job(models.Model):
     max_steps = models.PositiveIntegerField()
     step = models.PositiveIntegerField(default=0)
     attempt = models.PositiveIntegerField(default=0)
+    # Attempts that ended in a crash (or lost heartbeat); max_restarts bounds them.
+    crash_count = models.PositiveIntegerField(default=0)
     init_from = models.ForeignKey(
         "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -155,3 +158,122 @@ class Checkpoint(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["job", "status", "-step"], name="checkpoint_job_latest")]
+
+
+class AttemptState(models.TextChoices):
+    """Where an attempt is in its launcher's hands."""
+
+    PENDING = "pending"  # claimed by admission; the launch task has not run yet
+    LAUNCHED = "launched"  # the launcher started it
+    ENDED = "ended"  # its process is gone and the reconciler applied the outcome
+
+
+class StopReason(models.TextChoices):
+    """Why Lab asked an attempt to stop (DESIGN.md §4 "Engine exit codes")."""
+
+    NONE = ""
+    CANCEL = "cancel"
+    RUNTIME = "runtime"
+    CREDIT = "credit"
+
+
+def _token_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+class JobAttempt(models.Model):
+    """One launch of a job: its launcher handle, heartbeat, job token and outcome.
+
+    Each attempt is a new launch by Lab; metrics, logs and usage are per attempt. The job token
+    (stored hashed) is good for this job's ingest API until an hour after the job ends.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=AttemptState.choices, default=AttemptState.PENDING)
+    launcher = models.CharField(max_length=16)
+    handle = models.JSONField(default=dict)
+    # Random per attempt; the job token is a signature over (attempt id, nonce), so Lab can give
+    # the same token to a relaunch without storing it (jobs.ingest.tokens).
+    token_nonce = models.CharField(max_length=32, default=_token_nonce)
+    resume_from = models.ForeignKey(Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    launched_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    phase = models.CharField(max_length=16, blank=True)
+    stop_reason = models.CharField(max_length=10, choices=StopReason.choices, blank=True, default=StopReason.NONE)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    terminate_sent_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, blank=True)
+    outcome_error = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="attempt_number_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.job.public_id}#{self.number}"
+
+
+class MetricStep(models.Model):
+    """All metric values of one job at one step (one row per step, not per number).
+
+    ``values`` maps metric names (DESIGN.md §4 "Metric names") to floats; ``attempt`` is the
+    attempt that wrote the step (a newer attempt's point replaces an older one's).
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_steps")
+    step = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField()
+    time = models.DateTimeField()
+    values = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "step"], name="metric_step_unique")]
+
+
+class RolloutSample(models.Model):
+    """One rollout kept for reading: prompt, completion, reward and GRPO advantage."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="samples")
+    step = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField()
+    group = models.PositiveIntegerField()
+    prompt = models.TextField()
+    completion = models.TextField()
+    reward = models.FloatField()
+    advantage = models.FloatField()
+    metrics = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "step"], name="sample_job_step")]
+
+
+class LogSource(models.TextChoices):
+    """Who captured a log line: the engine's own reporter, or the launcher (stdout/stderr)."""
+
+    ENGINE = "engine"
+    LAUNCHER = "launcher"
+
+
+class LogLine(models.Model):
+    """One log line of one attempt. Its public ``seq`` is the row id: increasing within a job.
+
+    ``source_seq`` is the sender's own sequence number; (job, attempt, source, source_seq) is
+    unique, so a resent batch is stored once.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_lines")
+    attempt = models.PositiveIntegerField()
+    source = models.CharField(max_length=8, choices=LogSource.choices)
+    source_seq = models.BigIntegerField()
+    time = models.DateTimeField()
+    stream = models.CharField(max_length=16)
+    line = models.TextField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "source", "source_seq"], name="log_line_unique")
+        ]
+        indexes = [models.Index(fields=["job", "id"], name="log_job_order")]

@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from django.db.models import QuerySet
 from django.db.models.fields.json import KeyTextTransform
 
-from jobs.models import Job, JobStatus
+from jobs.models import Job, JobStatus, LogLine, MetricStep, RolloutSample
 from lab.api.errors import ApiError, FieldError
+from lab.api.formats import iso
+from lab.api.pagination import list_envelope
 from lab.models import Project
 
 
@@ -46,3 +48,113 @@ def metadata_filters(params: Mapping[str, str]) -> dict[str, str]:
     if len(pairs) > 16:
         raise ApiError(400, "invalid_request", "At most 16 metadata filters.", param="metadata")
     return pairs
+
+
+def _int_param(params: Mapping[str, str], name: str, *, minimum: int, maximum: int, default: int | None) -> int | None:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = minimum - 1
+    if not minimum <= value <= maximum:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"{name} must be an integer from {minimum} to {maximum}.",
+            errors=[FieldError(name, "out_of_range", f"{name} must be an integer from {minimum} to {maximum}.")],
+        )
+    return value
+
+
+def metric_points(*, job: Job, params: Mapping[str, str]) -> dict:
+    """Return the list body of ``GET /jobs/{id}/metrics``.
+
+    ``after_step`` (exclusive), ``names`` (comma-separated; others are left out of ``values``),
+    ``limit`` (1-10,000 points per page, default 1,000) and ``max_points``: when set, the whole
+    range after ``after_step`` is downsampled to at most that many points by splitting it into
+    buckets and keeping, in each bucket, the points that hold each name's minimum and maximum
+    (so spikes survive, as in M4/min-max decimation for line charts).
+    """
+    after_step = _int_param(params, "after_step", minimum=-1, maximum=10**9, default=-1)
+    limit = _int_param(params, "limit", minimum=1, maximum=10_000, default=1000)
+    max_points = _int_param(params, "max_points", minimum=2, maximum=10_000, default=None)
+    raw_names = params.get("names") or ""
+    names = [name for name in raw_names.split(",") if name][:100]
+    rows = MetricStep.objects.filter(job=job, step__gt=after_step).order_by("step")
+
+    def serialize(step: int, time, attempt: int, values: dict) -> dict:
+        if names:
+            values = {name: values[name] for name in names if name in values}
+        return {"step": step, "time": iso(time), "attempt": attempt, "values": values}
+
+    if max_points is None:
+        page = list(rows.values_list("step", "time", "attempt", "values")[: limit + 1])
+        return list_envelope((serialize(*row) for row in page[:limit]), has_more=len(page) > limit)
+    all_rows = list(rows.values_list("step", "time", "attempt", "values"))
+    return list_envelope((serialize(*row) for row in downsample(all_rows, names, max_points)), has_more=False)
+
+
+def downsample(rows: list[tuple], names: list[str], max_points: int) -> list[tuple]:
+    """Keep at most ``max_points`` of ``rows`` ((step, time, attempt, values) in step order):
+    per bucket, the rows holding each name's minimum and maximum, plus the first and last row."""
+    if len(rows) <= max_points:
+        return rows
+    tracked = names or sorted({name for row in rows[:1] for name in row[3]})[:8]
+    per_bucket = max(2, 2 * len(tracked))
+    buckets = max(1, max_points // per_bucket)
+    size = -(-len(rows) // buckets)
+    keep: set[int] = {0, len(rows) - 1}
+    for start in range(0, len(rows), size):
+        indexes = range(start, min(start + size, len(rows)))
+        for name in tracked:
+            present = [index for index in indexes if name in rows[index][3]]
+            if present:
+                keep.add(min(present, key=lambda index: rows[index][3][name]))
+                keep.add(max(present, key=lambda index: rows[index][3][name]))
+    return [rows[index] for index in sorted(keep)][:max_points]
+
+
+def job_samples(*, job: Job, params: Mapping[str, str]) -> dict:
+    """Return the list body of ``GET /jobs/{id}/samples?step=`` (default: the latest step with samples)."""
+    step = _int_param(params, "step", minimum=0, maximum=10**9, default=None)
+    limit = _int_param(params, "limit", minimum=1, maximum=1000, default=100)
+    samples = RolloutSample.objects.filter(job=job)
+    if step is None:
+        step = samples.order_by("-step").values_list("step", flat=True).first()
+    page = list(samples.filter(step=step).order_by("group", "id")[: limit + 1]) if step is not None else []
+    return list_envelope(
+        (
+            {
+                "step": sample.step,
+                "attempt": sample.attempt,
+                "group": sample.group,
+                "prompt": sample.prompt,
+                "completion": sample.completion,
+                "reward": sample.reward,
+                "advantage": sample.advantage,
+                "metrics": sample.metrics,
+            }
+            for sample in page[:limit]
+        ),
+        has_more=len(page) > limit,
+    )
+
+
+def job_logs(*, job: Job, params: Mapping[str, str]) -> dict:
+    """Return the list body of ``GET /jobs/{id}/logs?after=`` in order (``seq`` increases)."""
+    after = _int_param(params, "after", minimum=0, maximum=2**62, default=0)
+    limit = _int_param(params, "limit", minimum=1, maximum=1000, default=100)
+    page = list(
+        LogLine.objects.filter(job=job, pk__gt=after)
+        .order_by("pk")
+        .values_list("pk", "time", "attempt", "stream", "line")[: limit + 1]
+    )
+    return list_envelope(
+        (
+            {"seq": seq, "time": iso(time), "attempt": attempt, "stream": stream, "line": line}
+            for seq, time, attempt, stream, line in page[:limit]
+        ),
+        has_more=len(page) > limit,
+    )

@@ -9,10 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from datetime import datetime
+
+from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
-from jobs.models import EventLevel, Job, JobEvent, JobPriority, JobStatus
+from jobs import storage, tasks
+from jobs.models import (
+    Checkpoint,
+    CheckpointStatus,
+    EventLevel,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobPriority,
+    JobStatus,
+    LogLine,
+    StopReason,
+)
 from jobs.specs import validate_job_spec
 from lab.api.errors import ApiError
 from lab.models import Project
@@ -97,6 +113,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     audit_record(
         actor=actor, organization=project.organization, project=project, action="job.create", target=job.public_id
     )
+    transaction.on_commit(tasks.admit.delay)
     return job
 
 
@@ -165,6 +182,9 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         raise ApiError(409, "invalid_state", f"The job has already {locked.status}; there is nothing to cancel.")
     to = S.CANCELLED if locked.status == S.QUEUED else S.CANCELLING
     updated = job_transition(job=locked, to=to, message="Cancelled by request.")
+    if to == S.CANCELLING:
+        attempt_request_stop(job=updated, reason=StopReason.CANCEL)
+        transaction.on_commit(lambda: tasks.reconcile_job.delay(updated.pk))
     audit_record(
         actor=actor,
         organization=job.project.organization,
@@ -173,3 +193,99 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         target=job.public_id,
     )
     return updated
+
+
+def latest_ready_checkpoint(job: Job) -> Checkpoint | None:
+    """Return ``job``'s ready checkpoint with the highest step (newest first on ties), or None."""
+    return job.checkpoints.filter(status=CheckpointStatus.READY).order_by("-step", "-id").first()
+
+
+@transaction.atomic
+def job_claim_for_start(*, job_id: int) -> JobAttempt | None:
+    """Claim a queued job for a new attempt: queued → starting with a conditional UPDATE.
+
+    Returns the new JobAttempt (its launch task is enqueued on commit), or None when the job was
+    no longer queued (another pass claimed it, or it was cancelled).
+    """
+    claimed = Job.objects.filter(pk=job_id, status=S.QUEUED).update(
+        status=S.STARTING, status_reason="", attempt=F("attempt") + 1
+    )
+    if claimed != 1:
+        return None
+    job = Job.objects.get(pk=job_id)
+    resume = latest_ready_checkpoint(job)
+    attempt = JobAttempt.objects.create(
+        job=job, number=job.attempt, launcher=settings.LAB_LAUNCHER, resume_from=resume
+    )
+    if resume is not None and job.step != resume.step:
+        job.step = resume.step
+        job.save(update_fields=["step"])
+    data = {"from": S.QUEUED, "to": S.STARTING, "attempt": attempt.number}
+    if resume is not None:
+        data["resume_from"] = {"checkpoint_id": resume.public_id, "step": resume.step}
+    job_record_event(job=job, type="job.starting", message=f"Attempt {attempt.number} is starting.", data=data)
+    transaction.on_commit(lambda: tasks.launch_attempt.delay(attempt.pk))
+    return attempt
+
+
+def current_attempt(job: Job) -> JobAttempt | None:
+    """Return the job's latest attempt, or None before its first launch."""
+    return job.attempts.filter(number=job.attempt).first() if job.attempt else None
+
+
+@transaction.atomic
+def attempt_request_stop(*, job: Job, reason: str) -> None:
+    """Ask the job's current attempt to stop for ``reason`` (the status answer becomes ``stop``)."""
+    JobAttempt.objects.filter(job=job, number=job.attempt, stop_reason="").update(
+        stop_reason=reason, stop_requested_at=timezone.now()
+    )
+
+
+@transaction.atomic
+def job_restart(*, job: Job, actor: Actor) -> Job:
+    """Queue a failed or cancelled job again; its next attempt resumes from its latest checkpoint.
+
+    Raises ApiError 409 ``invalid_state`` for a job in any other status.
+    """
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if locked.status not in (S.FAILED, S.CANCELLED):
+        raise ApiError(409, "invalid_state", f"Only failed or cancelled jobs can restart; this one is {locked.status}.")
+    Job.objects.filter(pk=locked.pk).update(crash_count=0)
+    updated = job_transition(job=locked, to=S.QUEUED, reason="waiting", message="Restarted by request.")
+    audit_record(
+        actor=actor, organization=job.project.organization, project=job.project, action="job.restart", target=job.public_id
+    )
+    transaction.on_commit(tasks.admit.delay)
+    return updated
+
+
+@transaction.atomic
+def job_delete(*, job: Job, actor: Actor) -> None:
+    """Delete a finished job with its metrics, samples, logs, events and checkpoint objects.
+
+    Raises ApiError 409 ``invalid_state`` unless the job is terminal.
+    """
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if not locked.is_terminal:
+        raise ApiError(409, "invalid_state", f"Only finished jobs can be deleted; this one is {locked.status}. Cancel it first.")
+    public_id = locked.public_id
+    audit_record(
+        actor=actor, organization=job.project.organization, project=job.project, action="job.delete", target=public_id
+    )
+    locked.delete()
+    transaction.on_commit(lambda: storage.delete_job_objects(public_id))
+
+
+def store_log_lines(*, job: Job, attempt_number: int, source: str, lines: list[tuple[int, datetime, str, str]]) -> int:
+    """Store ``(source_seq, time, stream, line)`` tuples once each; return how many were new."""
+    existing = LogLine.objects.filter(job=job, attempt=attempt_number, source=source)
+    before = existing.count()
+    LogLine.objects.bulk_create(
+        [
+            LogLine(job=job, attempt=attempt_number, source=source, source_seq=seq, time=time, stream=stream, line=line)
+            for seq, time, stream, line in lines
+        ],
+        batch_size=1000,
+        ignore_conflicts=True,
+    )
+    return existing.count() - before

@@ -160,7 +160,14 @@ if not isinstance(LAB_POOL, dict) or not isinstance(LAB_POOL.get("nodes"), list)
     raise ImproperlyConfigured('LAB_POOL must be a JSON object like {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}]}')
 LAB_ENGINE_IMAGE = env_str("LAB_ENGINE_IMAGE", "lab-engine:latest")
 LAB_ORG_MAX_RUNNING_JOBS = env_int("LAB_ORG_MAX_RUNNING_JOBS", 4, minimum=1)
-LAB_HEARTBEAT_TIMEOUT_S = env_int("LAB_HEARTBEAT_TIMEOUT_S", 120, minimum=10)
+LAB_HEARTBEAT_TIMEOUT_S = env_int("LAB_HEARTBEAT_TIMEOUT_S", 120, minimum=1)
+# After Lab asks an engine to stop (through the status answer), it waits this long before
+# SIGTERM, then this long again before SIGKILL.
+LAB_STOP_GRACE_S = env_int("LAB_STOP_GRACE_S", 30, minimum=0)
+LAB_KILL_GRACE_S = env_int("LAB_KILL_GRACE_S", 30, minimum=0)
+LAB_RECONCILE_INTERVAL_S = env_int("LAB_RECONCILE_INTERVAL_S", 5, minimum=1)
+# Requests per minute one job's engine may make to the ingest API before it gets 429.
+LAB_INGEST_RATE_LIMIT_PER_MINUTE = env_int("LAB_INGEST_RATE_LIMIT_PER_MINUTE", 1200, minimum=1)
 LAB_WEBHOOK_RETRY_SCHEDULE = env_int_list("LAB_WEBHOOK_RETRY_SCHEDULE", [0, 5, 300, 1800, 7200, 18000, 36000, 36000])
 LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
 LAB_TRIAL_CREDIT_USD = env_str("LAB_TRIAL_CREDIT_USD", "10.00")
@@ -266,4 +273,5 @@ LOGGING = {
 # --- periodic tasks (celery beat) ------------------------------------------------------------
 CELERY_BEAT_SCHEDULE = {
     "purge-idempotency-records": {"task": "lab.purge_idempotency_records", "schedule": 3600.0},
+    "reconcile-jobs": {"task": "jobs.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
 }

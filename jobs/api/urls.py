@@ -1,15 +1,21 @@
 """Job and catalogue endpoints under /api/v1."""
 
-from django.urls import path
+from django.urls import include, path
 
 from jobs.api import views
 
 urlpatterns = [
+    path("ingest/jobs/", include("jobs.ingest.urls")),
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
     path("jobs/estimate", views.JobEstimateView.as_view(), name="api-job-estimate"),
     path("jobs/<str:job_id>", views.JobDetailView.as_view(), name="api-job"),
     path("jobs/<str:job_id>/cancel", views.JobCancelView.as_view(), name="api-job-cancel"),
     path("jobs/<str:job_id>/events", views.JobEventsView.as_view(), name="api-job-events"),
+    path("jobs/<str:job_id>/restart", views.JobRestartView.as_view(), name="api-job-restart"),
+    path("jobs/<str:job_id>/metrics", views.JobMetricsView.as_view(), name="api-job-metrics"),
+    path("jobs/<str:job_id>/samples", views.JobSamplesView.as_view(), name="api-job-samples"),
+    path("jobs/<str:job_id>/logs", views.JobLogsView.as_view(), name="api-job-logs"),
+    path("jobs/<str:job_id>/checkpoints", views.JobCheckpointsView.as_view(), name="api-job-checkpoints"),
     path("models", views.ModelListView.as_view(), name="api-models"),
     path("environments", views.EnvironmentListView.as_view(), name="api-environments"),
     path("prices", views.PriceListView.as_view(), name="api-prices"),

@@ -10,16 +10,17 @@ from rest_framework.views import APIView
 
 from billing.models import Price
 from jobs.estimates import job_estimate
-from jobs.models import Job, JobEvent
-from jobs.selectors import job_list, metadata_filters
+from jobs.models import Checkpoint, Job, JobEvent
+from jobs.selectors import job_list, job_logs, job_samples, metadata_filters, metric_points
 from jobs.serializers import (
+    checkpoint_to_dict,
     environment_to_dict,
     event_to_dict,
     job_to_dict,
     model_to_dict,
     price_to_dict,
 )
-from jobs.services import job_cancel, job_submit
+from jobs.services import job_cancel, job_delete, job_restart, job_submit
 from jobs.specs import installed_environments, installed_models
 from lab.api.base import ProjectAPIView
 from lab.api.pagination import list_envelope, paginate_by_public_id
@@ -54,11 +55,62 @@ class JobListView(ProjectAPIView):
 
 
 class JobDetailView(ProjectAPIView):
-    """``GET /jobs/{id}``."""
+    """``GET /jobs/{id}``; ``DELETE /jobs/{id}`` (finished jobs, with all their data)."""
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request, job_id: str) -> Response:
         return Response(job_to_dict(self.get_owned(Job.objects.all(), job_id, "job")))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, job_id: str) -> Response:
+        job_delete(job=self.get_owned(Job.objects.all(), job_id, "job"), actor=self.actor)
+        return Response(status=204)
+
+
+class JobRestartView(ProjectAPIView):
+    """``POST /jobs/{id}/restart``: a failed or cancelled job runs again from its latest checkpoint."""
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        return Response(job_to_dict(job_restart(job=job, actor=self.actor)))
+
+
+class JobMetricsView(ProjectAPIView):
+    """``GET /jobs/{id}/metrics?after_step=&names=&max_points=``."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        return Response(metric_points(job=job, params=request.query_params))
+
+
+class JobSamplesView(ProjectAPIView):
+    """``GET /jobs/{id}/samples?step=``."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        return Response(job_samples(job=job, params=request.query_params))
+
+
+class JobLogsView(ProjectAPIView):
+    """``GET /jobs/{id}/logs?after=``."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        return Response(job_logs(job=job, params=request.query_params))
+
+
+class JobCheckpointsView(ProjectAPIView):
+    """``GET /jobs/{id}/checkpoints``, newest first."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        checkpoints = Checkpoint.objects.filter(job=job).select_related("job")
+        return Response(paginate_by_public_id(checkpoints, request.query_params, checkpoint_to_dict))
 
 
 class JobCancelView(ProjectAPIView):

@@ -1,0 +1,129 @@
+"""Bodies of the ingest API (DESIGN.md §4 "Ingest API"), validated strictly with pydantic.
+
+Sizes: at most 1,000 points, samples or lines per batch (more is 413), metric names up to 128
+characters and 512 per point, finite numbers only, log lines up to 16 KiB.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+MAX_BATCH = 1000
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _finite_values(values: dict[str, float]) -> dict[str, float]:
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise ValueError(f"metric {name!r} is not a finite number")
+    return values
+
+
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
+Attempt = Annotated[int, Field(ge=1, le=10_000)]
+
+
+class StatusReport(BaseModel):
+    """A heartbeat: the attempt's phase and step."""
+
+    model_config = _STRICT
+    attempt: Attempt
+    phase: Literal["loading", "running", "checkpointing", "finishing"]
+    step: Step = 0
+    message: Annotated[str, StringConstraints(max_length=2000)] = ""
+
+
+class MetricPoint(BaseModel):
+    """All values of one step."""
+
+    model_config = _STRICT
+    step: Step
+    time: datetime
+    values: Annotated[dict[MetricName, float], Field(max_length=512), AfterValidator(_finite_values)]
+
+
+class MetricsBatch(BaseModel):
+    """Up to 1,000 metric points of one attempt."""
+
+    model_config = _STRICT
+    attempt: Attempt
+    points: list[MetricPoint]
+
+
+class Sample(BaseModel):
+    """One rollout sample."""
+
+    model_config = _STRICT
+    step: Step
+    group: Annotated[int, Field(ge=0, le=1_000_000)]
+    prompt: Annotated[str, StringConstraints(max_length=65_536)]
+    completion: Annotated[str, StringConstraints(max_length=65_536)]
+    reward: float
+    advantage: float
+    metrics: Annotated[dict[MetricName, float], Field(max_length=64), AfterValidator(_finite_values)] = {}
+
+
+class SamplesBatch(BaseModel):
+    """Up to 1,000 samples of one attempt; a batch carries all samples of the steps it names."""
+
+    model_config = _STRICT
+    attempt: Attempt
+    samples: list[Sample]
+
+
+class LogLineIn(BaseModel):
+    """One log line as the engine numbered it."""
+
+    model_config = _STRICT
+    seq: Annotated[int, Field(ge=0, le=2**62)]
+    time: datetime
+    stream: Annotated[str, StringConstraints(min_length=1, max_length=16)] = "stdout"
+    line: Annotated[str, StringConstraints(max_length=16_384)]
+
+
+class LogsBatch(BaseModel):
+    """Up to 1,000 log lines of one attempt."""
+
+    model_config = _STRICT
+    attempt: Attempt
+    lines: list[LogLineIn]
+
+
+class CheckpointRegister(BaseModel):
+    """The engine is about to upload a checkpoint of ``step``."""
+
+    model_config = _STRICT
+    attempt: Attempt
+    step: Step
+    format: Literal["peft-lora", "hf-full"]
+
+
+class CheckpointComplete(BaseModel):
+    """The engine finished uploading; Lab re-hashes what is stored and compares."""
+
+    model_config = _STRICT
+    size_bytes: Annotated[int, Field(ge=0, le=2**50)]
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+class FinishError(BaseModel):
+    """Why an attempt failed, in DESIGN.md §4's ``error.code`` terms."""
+
+    model_config = _STRICT
+    code: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    message: Annotated[str, StringConstraints(max_length=4000)] = ""
+
+
+class FinishReport(BaseModel):
+    """The attempt is about to exit with this outcome."""
+
+    model_config = _STRICT
+    attempt: Attempt
+    outcome: Literal["succeeded", "failed", "stopped"]
+    error: FinishError | None = None

@@ -1,0 +1,240 @@
+"""What the ingest API does with an engine's reports. Every write locks the job row first, so
+reports of one job are applied one at a time and the attempt rule holds under concurrency.
+
+Attempt rule (DESIGN.md §4): a report from an attempt older than the job's current one is refused
+with 409 ``stale_attempt``; a metric point is unique per (job, step): a resend from the same
+attempt merges new names and counts the rest as duplicates, a point from a newer attempt replaces
+an older attempt's point for that step.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import storage
+from jobs.ingest.schemas import (
+    CheckpointComplete,
+    CheckpointRegister,
+    FinishReport,
+    LogsBatch,
+    MetricsBatch,
+    SamplesBatch,
+    StatusReport,
+)
+from jobs.metrics import INGESTED_VALUES
+from jobs.models import (
+    Checkpoint,
+    CheckpointStatus,
+    EventLevel,
+    Job,
+    JobAttempt,
+    JobStatus,
+    LogLine,
+    LogSource,
+    MetricStep,
+    RolloutSample,
+    TERMINAL_STATUSES,
+)
+from jobs import tasks
+from jobs.services import job_record_event, job_transition, store_log_lines
+from lab.api.errors import ApiError
+
+
+def _locked(attempt: JobAttempt, reported_attempt: int) -> tuple[Job, JobAttempt]:
+    """Lock the job; refuse a report that is not from the token's attempt or is stale."""
+    if reported_attempt != attempt.number:
+        raise ApiError(
+            400, "invalid_request", f"attempt {reported_attempt} does not match this token's attempt.", param="attempt"
+        )
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    if attempt.number < job.attempt:
+        raise ApiError(
+            409,
+            "stale_attempt",
+            f"attempt {attempt.number} was superseded by attempt {job.attempt}.",
+            param="attempt",
+        )
+    return job, JobAttempt.objects.get(pk=attempt.pk)
+
+
+def should_stop(job: Job, attempt: JobAttempt) -> bool:
+    """Whether Lab wants this attempt to stop (cancel, runtime, credit, superseded or finished)."""
+    return (
+        bool(attempt.stop_reason)
+        or job.status == JobStatus.CANCELLING
+        or job.status in TERMINAL_STATUSES
+        or attempt.number < job.attempt
+    )
+
+
+@transaction.atomic
+def ingest_status(*, attempt: JobAttempt, report: StatusReport) -> str:
+    """Record a heartbeat; move a starting job to running once past loading. Returns the action."""
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    attempt = JobAttempt.objects.get(pk=attempt.pk)
+    if report.attempt != attempt.number:
+        raise ApiError(400, "invalid_request", "attempt does not match this token's attempt.", param="attempt")
+    if attempt.number < job.attempt:
+        return "stop"
+    attempt.last_heartbeat_at = timezone.now()
+    attempt.phase = report.phase
+    attempt.save(update_fields=["last_heartbeat_at", "phase"])
+    if report.step > job.step:
+        job.step = min(report.step, job.max_steps)
+        job.save(update_fields=["step"])
+    if job.status == JobStatus.STARTING and report.phase != "loading":
+        job = job_transition(job=job, to=JobStatus.RUNNING, message="The engine is training.")
+    return "stop" if should_stop(job, attempt) else "continue"
+
+
+@transaction.atomic
+def ingest_metrics(*, attempt: JobAttempt, batch: MetricsBatch) -> dict[str, int]:
+    """Store a batch of metric points (one row per step). Returns accepted/duplicates/superseded."""
+    job, attempt = _locked(attempt, batch.attempt)
+    by_step: dict[int, tuple[datetime, dict[str, float]]] = {}
+    for point in batch.points:
+        time, values = by_step.get(point.step, (point.time, {}))
+        by_step[point.step] = (time, {**point.values, **values})
+    existing = {row.step: row for row in MetricStep.objects.filter(job=job, step__in=list(by_step))}
+    created, changed = [], []
+    accepted = duplicates = superseded = 0
+    for step, (time, values) in sorted(by_step.items()):
+        row = existing.get(step)
+        if row is None:
+            created.append(MetricStep(job=job, step=step, attempt=attempt.number, time=time, values=values))
+            accepted += 1
+        elif row.attempt < attempt.number:
+            row.attempt, row.time, row.values = attempt.number, time, values
+            changed.append(row)
+            superseded += 1
+        else:
+            new_names = {name: value for name, value in values.items() if name not in row.values}
+            if new_names:
+                row.values = {**row.values, **new_names}
+                changed.append(row)
+                accepted += 1
+            else:
+                duplicates += 1
+    MetricStep.objects.bulk_create(created, batch_size=1000)
+    MetricStep.objects.bulk_update(changed, ["attempt", "time", "values"], batch_size=1000)
+    top = max(by_step, default=0)
+    if top > job.step:
+        job.step = min(top, job.max_steps)
+        job.save(update_fields=["step"])
+    INGESTED_VALUES.inc(sum(len(values) for _, values in by_step.values()))
+    return {"accepted": accepted, "duplicates": duplicates, "superseded": superseded}
+
+
+@transaction.atomic
+def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch) -> dict[str, int]:
+    """Store rollout samples; a batch replaces any samples stored earlier for the steps it names."""
+    job, attempt = _locked(attempt, batch.attempt)
+    steps = {sample.step for sample in batch.samples}
+    RolloutSample.objects.filter(job=job, step__in=steps).delete()
+    RolloutSample.objects.bulk_create(
+        [
+            RolloutSample(
+                job=job,
+                step=sample.step,
+                attempt=attempt.number,
+                group=sample.group,
+                prompt=sample.prompt,
+                completion=sample.completion,
+                reward=sample.reward,
+                advantage=sample.advantage,
+                metrics=sample.metrics,
+            )
+            for sample in batch.samples
+        ],
+        batch_size=500,
+    )
+    return {"accepted": len(batch.samples)}
+
+
+@transaction.atomic
+def ingest_logs(*, attempt: JobAttempt, batch: LogsBatch) -> dict[str, int]:
+    """Store the engine's log lines; a resent line (same seq) is stored once."""
+    job, attempt = _locked(attempt, batch.attempt)
+    lines = [(line.seq, line.time, line.stream, line.line) for line in batch.lines]
+    accepted = store_log_lines(job=job, attempt_number=attempt.number, source=LogSource.ENGINE, lines=lines)
+    return {"accepted": accepted, "duplicates": len(lines) - accepted}
+
+
+@transaction.atomic
+def checkpoint_register(*, attempt: JobAttempt, report: CheckpointRegister) -> tuple[Checkpoint, dict[str, Any]]:
+    """Create a checkpoint row for the upload and return it with its upload target."""
+    job, attempt = _locked(attempt, report.attempt)
+    checkpoint = Checkpoint.objects.create(
+        job=job, step=report.step, attempt=attempt.number, format=report.format, status=CheckpointStatus.UPLOADING
+    )
+    checkpoint.storage_key = storage.checkpoint_key(job.public_id, checkpoint.public_id)
+    checkpoint.save(update_fields=["storage_key"])
+    return checkpoint, storage.upload_target(checkpoint.storage_key)
+
+
+@transaction.atomic
+def checkpoint_complete(*, attempt: JobAttempt, checkpoint_id: str, report: CheckpointComplete) -> Checkpoint:
+    """Verify the stored archive's size and SHA-256: ``ready`` when they match, else ``failed``.
+
+    Completing an already ready checkpoint again is a no-op. Raises ApiError 404 for a checkpoint
+    of another job and 409 for one that already failed.
+    """
+    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    checkpoint = Checkpoint.objects.select_for_update().filter(job=job, public_id=checkpoint_id).first()
+    if checkpoint is None:
+        raise ApiError(404, "not_found", "No such checkpoint.")
+    if checkpoint.status == CheckpointStatus.READY:
+        return checkpoint
+    if checkpoint.status == CheckpointStatus.FAILED:
+        raise ApiError(409, "invalid_state", "This checkpoint already failed verification.")
+    stored = storage.stored_size_and_sha256(checkpoint.storage_key)
+    if stored == (report.size_bytes, report.sha256):
+        checkpoint.status = CheckpointStatus.READY
+        checkpoint.size_bytes, checkpoint.sha256 = stored
+        checkpoint.ready_at = timezone.now()
+        checkpoint.save(update_fields=["status", "size_bytes", "sha256", "ready_at"])
+        job_record_event(
+            job=job,
+            type="checkpoint.ready",
+            message=f"Checkpoint of step {checkpoint.step} is ready.",
+            data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
+        )
+        _apply_retention(job)
+    else:
+        checkpoint.status = CheckpointStatus.FAILED
+        checkpoint.save(update_fields=["status"])
+        found = "nothing" if stored is None else f"{stored[0]} bytes with SHA-256 {stored[1][:12]}…"
+        job_record_event(
+            job=job,
+            type="checkpoint.failed",
+            level=EventLevel.WARNING,
+            message=f"Checkpoint of step {checkpoint.step} failed verification: found {found}.",
+            data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
+        )
+        storage.delete(checkpoint.storage_key)
+    return checkpoint
+
+
+def _apply_retention(job: Job) -> None:
+    """Keep the newest ``checkpoints.keep_last`` ready checkpoints of ``job``; delete the rest."""
+    keep_last = int(job.spec.get("checkpoints", {}).get("keep_last", 3))
+    ready = list(Checkpoint.objects.filter(job=job, status=CheckpointStatus.READY).order_by("-step", "-id"))
+    for old in ready[keep_last:]:
+        if old.pk == getattr(job.init_from, "pk", None):
+            continue
+        storage.delete(old.storage_key)
+        old.delete()
+
+
+@transaction.atomic
+def ingest_finish(*, attempt: JobAttempt, report: FinishReport) -> None:
+    """Record the outcome the engine reports before it exits; the reconciler applies it."""
+    job, attempt = _locked(attempt, report.attempt)
+    attempt.outcome = report.outcome
+    attempt.outcome_error = report.error.model_dump() if report.error else None
+    attempt.save(update_fields=["outcome", "outcome_error"])
+    transaction.on_commit(lambda: tasks.reconcile_job.delay(job.pk))

@@ -1,0 +1,19 @@
+"""Ingest routes under /api/v1/ingest/jobs/{job_id}."""
+
+from django.urls import path
+
+from jobs.ingest import views
+
+urlpatterns = [
+    path("<str:job_id>/status", views.StatusView.as_view(), name="ingest-status"),
+    path("<str:job_id>/metrics", views.MetricsView.as_view(), name="ingest-metrics"),
+    path("<str:job_id>/samples", views.SamplesView.as_view(), name="ingest-samples"),
+    path("<str:job_id>/logs", views.LogsView.as_view(), name="ingest-logs"),
+    path("<str:job_id>/checkpoints", views.CheckpointRegisterView.as_view(), name="ingest-checkpoints"),
+    path(
+        "<str:job_id>/checkpoints/<str:checkpoint_id>/complete",
+        views.CheckpointCompleteView.as_view(),
+        name="ingest-checkpoint-complete",
+    ),
+    path("<str:job_id>/finish", views.FinishView.as_view(), name="ingest-finish"),
+]

@@ -1,0 +1,158 @@
+"""Ingest API views (engine → Lab, DESIGN.md §4): thin adapters over ``jobs.ingest.services``."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from pydantic import BaseModel, ValidationError
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
+from rest_framework.views import APIView
+
+from jobs.ingest import schemas, services
+from jobs.ingest.tokens import attempt_for_token
+from jobs.models import JobAttempt
+from lab.api.errors import ApiError, FieldError
+from lab.api.throttling import over_limit
+
+_INVALID = "Missing, malformed, expired or foreign job token."
+
+
+class JobTokenAuthentication(BaseAuthentication):
+    """Authenticate ``Authorization: Bearer ljt_...`` for the job named in the URL."""
+
+    def authenticate(self, request) -> tuple[None, JobAttempt]:
+        header = get_authorization_header(request).split()
+        if len(header) != 2 or header[0].lower() != b"bearer":
+            raise AuthenticationFailed(_INVALID)
+        try:
+            token = header[1].decode("ascii")
+        except UnicodeDecodeError:
+            raise AuthenticationFailed(_INVALID) from None
+        job_id = request.parser_context["kwargs"].get("job_id", "")
+        attempt = attempt_for_token(token, job_public_id=job_id)
+        if attempt is None:
+            raise AuthenticationFailed(_INVALID)
+        return (None, attempt)
+
+    def authenticate_header(self, request) -> str:
+        return "Bearer"
+
+
+class HasJobToken(BasePermission):
+    """Require a valid job token."""
+
+    def has_permission(self, request, view) -> bool:
+        if not isinstance(request.auth, JobAttempt):
+            raise AuthenticationFailed(_INVALID)
+        return True
+
+
+class JobTokenRateThrottle(BaseThrottle):
+    """Allow ``LAB_INGEST_RATE_LIMIT_PER_MINUTE`` ingest requests per job per minute."""
+
+    def allow_request(self, request, view) -> bool:
+        limited, self._wait = over_limit(f"job:{request.auth.job_id}", settings.LAB_INGEST_RATE_LIMIT_PER_MINUTE)
+        return not limited
+
+    def wait(self) -> float:
+        return self._wait
+
+
+def _parse(model: type[BaseModel], request: Request, batch_field: str | None = None) -> BaseModel:
+    """Validate the body with ``model``; a batch over 1,000 items is 413, anything else bad is 400."""
+    data = request.data
+    if batch_field and isinstance(data, dict) and isinstance(data.get(batch_field), list):
+        if len(data[batch_field]) > schemas.MAX_BATCH:
+            raise ApiError(
+                413, "request_too_large", f"At most {schemas.MAX_BATCH} {batch_field} per request.", param=batch_field
+            )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = [
+            FieldError(".".join(str(part) for part in error["loc"]) or None, error["type"], error["msg"])
+            for error in exc.errors(include_url=False)
+        ]
+        raise ApiError(400, "invalid_request", errors[0].message, errors=errors) from None
+
+
+class IngestView(APIView):
+    """Base of the ingest endpoints: job-token auth, per-job rate limit; ``self.attempt``."""
+
+    authentication_classes = [JobTokenAuthentication]
+    permission_classes = [HasJobToken]
+    throttle_classes = [JobTokenRateThrottle]
+
+    def initial(self, request, *args, **kwargs) -> None:
+        super().initial(request, *args, **kwargs)
+        self.attempt: JobAttempt = request.auth
+
+
+class StatusView(IngestView):
+    """``POST /ingest/jobs/{id}/status``: heartbeat → ``{"action": "continue"|"stop"}``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        action = services.ingest_status(attempt=self.attempt, report=_parse(schemas.StatusReport, request))
+        return Response({"action": action})
+
+
+class MetricsView(IngestView):
+    """``POST /ingest/jobs/{id}/metrics``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        batch = _parse(schemas.MetricsBatch, request, "points")
+        return Response(services.ingest_metrics(attempt=self.attempt, batch=batch))
+
+
+class SamplesView(IngestView):
+    """``POST /ingest/jobs/{id}/samples``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        batch = _parse(schemas.SamplesBatch, request, "samples")
+        return Response(services.ingest_samples(attempt=self.attempt, batch=batch))
+
+
+class LogsView(IngestView):
+    """``POST /ingest/jobs/{id}/logs``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        batch = _parse(schemas.LogsBatch, request, "lines")
+        return Response(services.ingest_logs(attempt=self.attempt, batch=batch))
+
+
+class CheckpointRegisterView(IngestView):
+    """``POST /ingest/jobs/{id}/checkpoints`` → 201 ``{"id", "upload"}``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        report = _parse(schemas.CheckpointRegister, request)
+        checkpoint, upload = services.checkpoint_register(attempt=self.attempt, report=report)
+        return Response({"id": checkpoint.public_id, "upload": upload}, status=201)
+
+
+class CheckpointCompleteView(IngestView):
+    """``POST /ingest/jobs/{id}/checkpoints/{checkpoint_id}/complete``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str, checkpoint_id: str) -> Response:
+        report = _parse(schemas.CheckpointComplete, request)
+        checkpoint = services.checkpoint_complete(attempt=self.attempt, checkpoint_id=checkpoint_id, report=report)
+        return Response({"id": checkpoint.public_id, "status": checkpoint.status})
+
+
+class FinishView(IngestView):
+    """``POST /ingest/jobs/{id}/finish``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        services.ingest_finish(attempt=self.attempt, report=_parse(schemas.FinishReport, request))
+        return Response({"ok": True})

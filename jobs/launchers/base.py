@@ -1,0 +1,106 @@
+"""The launcher interface: ``launch``, ``observe``, ``cancel``, ``cleanup`` (and orphan sweeping).
+
+A launcher knows nothing of job statuses: it starts what it is given, says what it sees, and
+signals. The reconciler turns observations into status changes (DESIGN.md §4 "Engine exit codes").
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+
+class AttemptPhase(StrEnum):
+    """What a launcher observes of an attempt."""
+
+    PENDING = "pending"  # accepted, not running yet (image pull, queueing, process starting)
+    RUNNING = "running"
+    EXITED = "exited"  # ended with an exit code (or killed by a signal: negative code)
+    LOST = "lost"  # gone without a trace of how it ended
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a launcher sees of one attempt now."""
+
+    phase: AttemptPhase
+    exit_code: int | None = None
+    oom_killed: bool = False
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything needed to start one attempt of the engine.
+
+    ``token`` is the job token; launchers pass it as ``LAB_JOB_TOKEN`` in the environment,
+    never on a command line. ``resume_archive`` is a checkpoint tar to resume from.
+    """
+
+    job_id: str
+    attempt: int
+    spec: dict
+    lab_url: str
+    token: str
+    resume_archive: Path | None = None
+    gpus: int = 0
+
+
+def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_dir: str | None) -> list[str]:
+    """Return the engine's arguments after ``python -m engine`` (DESIGN.md / engine issue)."""
+    args = [
+        "run",
+        "--spec", spec_path,
+        "--job-id", request.job_id,
+        "--attempt", str(request.attempt),
+        "--lab-url", request.lab_url,
+        "--workdir", workdir,
+    ]
+    if resume_dir is not None:
+        args += ["--resume-from", resume_dir]
+    return args
+
+
+@dataclass(frozen=True)
+class CapturedLine:
+    """One line a launcher captured from the engine's stdout or stderr."""
+
+    seq: int
+    stream: str
+    line: str
+
+
+class Launcher(abc.ABC):
+    """Starts, observes and stops engine attempts. Every method is idempotent."""
+
+    name: str
+
+    @abc.abstractmethod
+    def launch(self, request: LaunchRequest) -> dict:
+        """Start the attempt (or find it already started) and return its JSON-able handle."""
+
+    @abc.abstractmethod
+    def observe(self, handle: dict) -> Observation:
+        """Return what the attempt with ``handle`` is doing now."""
+
+    @abc.abstractmethod
+    def cancel(self, handle: dict, *, force: bool = False) -> None:
+        """Ask the attempt to stop (SIGTERM: checkpoint and exit 3), or kill it when ``force``."""
+
+    @abc.abstractmethod
+    def cleanup(self, handle: dict) -> None:
+        """Free what the attempt held once it ended (processes, pods, secrets, scratch files)."""
+
+    def captured_lines(self, handle: dict) -> list[CapturedLine]:
+        """Return stdout/stderr lines captured since the last call, noting progress in ``handle``.
+
+        The caller persists ``handle`` afterwards; lines may repeat after a crash between the
+        two, so callers store them idempotently by ``seq``. None by default.
+        """
+        return []
+
+    def sweep_orphans(self, live_handles: list[dict]) -> list[str]:
+        """End engine processes that belong to no live attempt; return what was ended."""
+        return []

@@ -1,0 +1,186 @@
+"""The local launcher: each attempt is ``python -m engine run ...`` on this machine.
+
+Each attempt gets its own work dir ``LAB_DATA_DIR/runs/<job>/attempt-<n>`` holding the spec, the
+engine's stdout/stderr, and the pid and exit files of ``jobs.launchers.supervise``. The number of
+attempts running at once is bounded by admission (``LAB_LOCAL_SLOTS``), not here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from jobs.launchers.base import AttemptPhase, CapturedLine, Launcher, LaunchRequest, Observation, engine_args
+
+#: Seconds after launch during which a missing supervisor pid file means "still starting".
+_START_GRACE_S = 30.0
+#: Most captured bytes read per call, so a chatty engine cannot stall the reconciler.
+_MAX_READ = 256 * 1024
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class LocalLauncher(Launcher):
+    """Runs engine attempts as supervised subprocesses under ``runs_dir`` (cwd ``repo_dir``)."""
+
+    name = "local"
+
+    def __init__(self, *, runs_dir: Path, repo_dir: Path, python: str = sys.executable):
+        self.runs_dir = runs_dir
+        self.repo_dir = repo_dir
+        self.python = python
+
+    def workdir(self, job_id: str, attempt: int) -> Path:
+        """Return the work dir of one attempt."""
+        return self.runs_dir / job_id / f"attempt-{attempt}"
+
+    def launch(self, request: LaunchRequest) -> dict:
+        workdir = self.workdir(request.job_id, request.attempt)
+        handle = {"workdir": str(workdir)}
+        supervisor = _read_pid(workdir / "supervisor.pid")
+        if supervisor is not None or (workdir / "exit.json").exists():
+            return handle  # already launched (a retried launch task): never start twice
+        workdir.mkdir(parents=True, exist_ok=True)
+        spec_path = workdir / "spec.json"
+        spec_path.write_text(json.dumps(request.spec))
+        resume_dir = None
+        if request.resume_archive is not None:
+            resume_dir = workdir / "resume"
+            shutil.rmtree(resume_dir, ignore_errors=True)
+            with tarfile.open(request.resume_archive) as archive:
+                archive.extractall(resume_dir, filter="data")
+        args = engine_args(
+            request,
+            spec_path=str(spec_path),
+            workdir=str(workdir),
+            resume_dir=str(resume_dir) if resume_dir else None,
+        )
+        env = {**os.environ, "LAB_JOB_TOKEN": request.token, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(self.repo_dir), str(self.repo_dir / "sdk"), os.environ.get("PYTHONPATH")])
+        )
+        command = [self.python, "-m", "engine", *args]
+        starter = subprocess.run(
+            [self.python, "-m", "jobs.launchers.supervise", str(workdir), "--", *command],
+            cwd=self.repo_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+        if starter.returncode != 0 or _read_pid(workdir / "supervisor.pid") is None:
+            raise RuntimeError(f"the supervisor did not start: {starter.stderr.decode(errors='replace')[-500:]}")
+        return handle
+
+    def observe(self, handle: dict) -> Observation:
+        workdir = Path(handle["workdir"])
+        exit_file = workdir / "exit.json"
+        if exit_file.exists():
+            try:
+                exit_code = int(json.loads(exit_file.read_text())["exit_code"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return Observation(AttemptPhase.LOST, detail="unreadable exit.json")
+            return Observation(AttemptPhase.EXITED, exit_code=exit_code, detail=_stderr_tail(workdir))
+        supervisor = _read_pid(workdir / "supervisor.pid")
+        if supervisor is None:
+            return Observation(AttemptPhase.PENDING)
+        if _alive(supervisor):
+            return Observation(AttemptPhase.RUNNING)
+        # The supervisor died without recording an exit (killed): make sure the engine is gone too.
+        self.cancel(handle, force=True)
+        return Observation(AttemptPhase.LOST, detail="the supervisor process was killed")
+
+    def cancel(self, handle: dict, *, force: bool = False) -> None:
+        engine = _read_pid(Path(handle["workdir"]) / "engine.pid")
+        if engine is None:
+            return
+        try:
+            os.killpg(engine, signal.SIGKILL if force else signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def cleanup(self, handle: dict) -> None:
+        workdir = Path(handle["workdir"])
+        self.cancel(handle, force=True)
+        shutil.rmtree(workdir / "resume", ignore_errors=True)
+
+    def captured_lines(self, handle: dict) -> list[CapturedLine]:
+        """Return complete stdout/stderr lines written since the last call.
+
+        Progress is kept in ``handle["captured"]`` as ``{stream: [lines read, bytes read]}``.
+        Lines are numbered per stream; ``seq`` is ``line_number * 2 + stream_bit`` so the two
+        streams never collide.
+        """
+        workdir = Path(handle["workdir"])
+        captured: list[CapturedLine] = []
+        progress = handle.setdefault("captured", {})
+        for bit, stream in enumerate(("stdout", "stderr")):
+            path = workdir / f"{stream}.log"
+            if not path.exists():
+                continue
+            lines_read, bytes_read = progress.get(stream, [0, 0])
+            with path.open("rb") as log_file:
+                log_file.seek(bytes_read)
+                chunk = log_file.read(_MAX_READ)
+            if b"\n" not in chunk:
+                continue
+            complete = chunk[: chunk.rindex(b"\n")]
+            for raw in complete.split(b"\n"):
+                lines_read += 1
+                text = raw.decode(errors="replace")[:16384]
+                captured.append(CapturedLine(seq=lines_read * 2 + bit, stream=stream, line=text))
+            progress[stream] = [lines_read, bytes_read + len(complete) + 1]
+        return captured
+
+    def sweep_orphans(self, live_handles: list[dict]) -> list[str]:
+        live = {str(Path(handle["workdir"])) for handle in live_handles if "workdir" in handle}
+        ended = []
+        for pid_file in self.runs_dir.glob("*/attempt-*/engine.pid"):
+            workdir = pid_file.parent
+            if str(workdir) in live or (workdir / "exit.json").exists():
+                continue
+            engine = _read_pid(pid_file)
+            if engine is not None and _alive(engine):
+                try:
+                    os.killpg(engine, signal.SIGKILL)
+                    ended.append(str(workdir))
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return ended
+
+
+def _stderr_tail(workdir: Path, lines: int = 20) -> str:
+    path = workdir / "stderr.log"
+    if not path.exists():
+        return ""
+    with path.open("rb") as handle:
+        handle.seek(max(0, path.stat().st_size - 8192))
+        tail = handle.read().decode(errors="replace").splitlines()[-lines:]
+    return "\n".join(tail)

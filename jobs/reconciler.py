@@ -1,0 +1,239 @@
+"""The reconciler: turns what launchers observe into job status changes (DESIGN.md §4 exit codes).
+
+Runs per job (after an engine's ``finish`` or a cancel) and as a periodic pass over every active
+job. Idempotent: each step checks the current state under the job's row lock.
+
+| exit | Lab |
+|---|---|
+| 0 | ``succeeded`` |
+| 2 | ``failed`` with the engine's error (default ``invalid_spec``), never retried |
+| 3 | a stop Lab asked for ends as asked (cancel → ``cancelled``, runtime → ``failed``
+       ``max_runtime_exceeded``, credit → ``failed`` ``insufficient_credit``); otherwise
+       (preemption) ``queued`` again to resume |
+| 4, OOM | ``failed`` (``oom``) |
+| other, killed, lost | ``queued`` to resume, up to ``max_restarts``; then ``failed``
+       (``max_restarts_exceeded``) |
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from billing.pricing import cost_usd
+from jobs import storage, tasks
+from jobs.ingest.tokens import job_token
+from jobs.launchers.base import AttemptPhase, LaunchRequest, Observation
+from jobs.launchers.registry import get_launcher
+from jobs.models import ACTIVE_STATUSES, AttemptState, Job, JobAttempt, JobStatus, LogSource, StopReason
+from jobs.services import attempt_request_stop, current_attempt, job_transition, store_log_lines
+
+logger = logging.getLogger(__name__)
+S = JobStatus
+
+#: A pending attempt whose launch task has not run after this long gets its launch re-enqueued.
+RELAUNCH_AFTER = timedelta(seconds=30)
+
+
+def attempt_launch(*, attempt_id: int) -> None:
+    """Launch a pending attempt through the configured launcher; a no-op once launched.
+
+    A launcher error fails the job with ``internal_error``.
+    """
+    launcher = get_launcher()
+    with transaction.atomic():
+        attempt = JobAttempt.objects.select_for_update().select_related("job", "resume_from").filter(pk=attempt_id).first()
+        if attempt is None or attempt.state != AttemptState.PENDING:
+            return
+        job = attempt.job
+        if job.status != S.STARTING or job.attempt != attempt.number:
+            return
+        resume = attempt.resume_from
+        request = LaunchRequest(
+            job_id=job.public_id,
+            attempt=attempt.number,
+            spec=job.spec,
+            lab_url=settings.LAB_PUBLIC_URL,
+            token=job_token(attempt),
+            resume_archive=storage.path_of(resume.storage_key) if resume is not None else None,
+            gpus=job.gpus,
+        )
+        try:
+            handle = launcher.launch(request)
+        except Exception as exc:  # the launcher's failure ends this job, not the worker
+            logger.exception("launch failed", extra={"job": job.public_id, "attempt": attempt.number})
+            attempt.state, attempt.ended_at = AttemptState.ENDED, timezone.now()
+            attempt.save(update_fields=["state", "ended_at"])
+            job_transition(job=job, to=S.FAILED, error_code="internal_error", error_message=f"Launch failed: {exc}")
+            transaction.on_commit(tasks.admit.delay)
+            return
+        attempt.state, attempt.handle, attempt.launched_at = AttemptState.LAUNCHED, handle, timezone.now()
+        attempt.save(update_fields=["state", "handle", "launched_at"])
+
+
+def _record_usage(job: Job, now) -> None:
+    """Recompute the job's CPU/GPU-seconds (launcher wall time × GPUs) and cost from its attempts."""
+    seconds = sum(
+        max(0.0, ((attempt.ended_at or now) - attempt.launched_at).total_seconds())
+        for attempt in job.attempts.exclude(launched_at=None)
+    )
+    if job.gpu_type == "cpu":
+        job.cpu_seconds, job.gpu_seconds = seconds, 0.0
+    else:
+        job.cpu_seconds, job.gpu_seconds = 0.0, seconds * job.gpus
+    job.cost_usd = cost_usd(gpu_type=job.gpu_type, gpus=job.gpus, seconds=seconds)
+    Job.objects.filter(pk=job.pk).update(cpu_seconds=job.cpu_seconds, gpu_seconds=job.gpu_seconds, cost_usd=job.cost_usd)
+
+
+def _capture_logs(job: Job, attempt: JobAttempt, launcher) -> None:
+    lines = launcher.captured_lines(attempt.handle)
+    if lines:
+        now = timezone.now()
+        store_log_lines(
+            job=job,
+            attempt_number=attempt.number,
+            source=LogSource.LAUNCHER,
+            lines=[(line.seq, now, line.stream, line.line) for line in lines],
+        )
+    JobAttempt.objects.filter(pk=attempt.pk).update(handle=attempt.handle)
+
+
+def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now) -> None:
+    """Apply the exit-code table to an attempt that ended."""
+    attempt.state, attempt.ended_at, attempt.exit_code = AttemptState.ENDED, now, observation.exit_code
+    attempt.save(update_fields=["state", "ended_at", "exit_code"])
+    code = observation.exit_code
+    engine_error = attempt.outcome_error or {}
+    detail = {"attempt": attempt.number, "exit_code": code}
+    if code == 0:
+        job_transition(job=job, to=S.SUCCEEDED, message="Finished all steps.", data=detail)
+    elif code == 2:
+        job_transition(
+            job=job,
+            to=S.FAILED,
+            error_code=engine_error.get("code") or "invalid_spec",
+            error_message=engine_error.get("message") or observation.detail[-2000:],
+            data=detail,
+        )
+    elif code == 3 and (attempt.stop_reason or job.status == S.CANCELLING):
+        reason = attempt.stop_reason or StopReason.CANCEL
+        if reason == StopReason.CANCEL:
+            job_transition(job=job, to=S.CANCELLED, message="Stopped after a checkpoint, as requested.", data=detail)
+        elif reason == StopReason.RUNTIME:
+            job_transition(
+                job=job,
+                to=S.FAILED,
+                error_code="max_runtime_exceeded",
+                error_message=f"The job ran longer than max_runtime_minutes ({job.spec.get('max_runtime_minutes')}).",
+                data=detail,
+            )
+        else:
+            job_transition(
+                job=job, to=S.FAILED, error_code="insufficient_credit", error_message="Out of credit.", data=detail
+            )
+    elif code == 3:
+        job_transition(
+            job=job, to=S.QUEUED, reason="requeued_after_preemption", message="Stopped from outside; requeued.", data=detail
+        )
+    elif code == 4 or observation.oom_killed:
+        job_transition(job=job, to=S.FAILED, error_code="oom", error_message="The engine ran out of memory.", data=detail)
+    elif job.status == S.CANCELLING:
+        job_transition(job=job, to=S.CANCELLED, message="Stopped, as requested.", data=detail)
+    else:
+        crashes = job.crash_count + 1
+        Job.objects.filter(pk=job.pk).update(crash_count=crashes)
+        max_restarts = int(job.spec.get("max_restarts", 2))
+        what = observation.detail.strip().splitlines()[-1:] or ["no output"]
+        if crashes > max_restarts:
+            job_transition(
+                job=job,
+                to=S.FAILED,
+                error_code="max_restarts_exceeded",
+                error_message=f"The engine crashed {crashes} times (exit {code}): {what[0][:500]}",
+                data=detail,
+            )
+        else:
+            job_transition(
+                job=job,
+                to=S.QUEUED,
+                reason="requeued_after_crash",
+                message=f"Attempt {attempt.number} crashed (exit {code}); resuming from the latest checkpoint.",
+                data={**detail, "crashes": crashes},
+            )
+    get_launcher().cleanup(attempt.handle)
+    transaction.on_commit(tasks.admit.delay)
+
+
+def _signal_if_due(job: Job, attempt: JobAttempt, launcher, now) -> None:
+    """Escalate a requested stop: SIGTERM after the grace period, SIGKILL after another."""
+    if attempt.stop_requested_at is None:
+        return
+    if attempt.terminate_sent_at is None:
+        if now - attempt.stop_requested_at >= timedelta(seconds=settings.LAB_STOP_GRACE_S):
+            launcher.cancel(attempt.handle)
+            JobAttempt.objects.filter(pk=attempt.pk).update(terminate_sent_at=now)
+    elif now - attempt.terminate_sent_at >= timedelta(seconds=settings.LAB_KILL_GRACE_S):
+        launcher.cancel(attempt.handle, force=True)
+
+
+def reconcile_job(*, job_id: int) -> None:
+    """Bring one active job in line with what its launcher observes."""
+    launcher = get_launcher()
+    now = timezone.now()
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
+        if job is None:
+            return
+        attempt = current_attempt(job)
+        if attempt is None or attempt.state == AttemptState.ENDED:
+            job_transition(job=job, to=S.FAILED, error_code="internal_error", error_message="The job lost its attempt.")
+            return
+        if attempt.state == AttemptState.PENDING:
+            if job.status == S.CANCELLING:
+                attempt.state, attempt.ended_at = AttemptState.ENDED, now
+                attempt.save(update_fields=["state", "ended_at"])
+                job_transition(job=job, to=S.CANCELLED, message="Cancelled before it started.")
+                transaction.on_commit(tasks.admit.delay)
+            elif now - attempt.created_at > RELAUNCH_AFTER:
+                transaction.on_commit(lambda: tasks.launch_attempt.delay(attempt.pk))
+            return
+        observation = launcher.observe(attempt.handle)
+        _capture_logs(job, attempt, launcher)
+        if observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST):
+            _finish_attempt(job, attempt, observation, now)
+            _record_usage(job, now)
+            return
+        _record_usage(job, now)
+        last_sign_of_life = attempt.last_heartbeat_at or attempt.launched_at
+        if observation.phase == AttemptPhase.RUNNING and now - last_sign_of_life > timedelta(
+            seconds=settings.LAB_HEARTBEAT_TIMEOUT_S
+        ):
+            logger.warning("heartbeat lost; killing the attempt", extra={"job": job.public_id, "attempt": attempt.number})
+            launcher.cancel(attempt.handle, force=True)
+            return
+        runtime_limit = timedelta(minutes=int(job.spec.get("max_runtime_minutes", 600)))
+        if job.started_at and now - job.started_at > runtime_limit and not attempt.stop_reason:
+            attempt_request_stop(job=job, reason=StopReason.RUNTIME)
+            attempt.refresh_from_db()
+        _signal_if_due(job, attempt, launcher, now)
+
+
+def reconcile_all() -> int:
+    """Reconcile every active job and end orphan engine processes; return how many jobs were seen."""
+    job_ids = list(Job.objects.filter(status__in=ACTIVE_STATUSES).values_list("pk", flat=True))
+    for job_id in job_ids:
+        try:
+            reconcile_job(job_id=job_id)
+        except Exception:  # one broken job must not stop the others from being reconciled
+            logger.exception("reconcile failed", extra={"job_pk": job_id})
+    live = [
+        attempt.handle
+        for attempt in JobAttempt.objects.filter(state=AttemptState.LAUNCHED).only("handle")
+    ]
+    for workdir in get_launcher().sweep_orphans(live):
+        logger.warning("ended an orphan engine process", extra={"workdir": workdir})
+    return len(job_ids)
