@@ -51,3 +51,18 @@ def test_it_keeps_other_organizations_entries_out(owner, outsider, owner_client)
     entries = list(owner_client.get("/o/acme/audit/").context["page"])
     assert entries
     assert {entry.organization_id for entry in entries} == {owner.organization.pk}
+
+
+def test_it_pages_the_log_newest_first(owner, owner_client):
+    AuditLogEntry.objects.bulk_create(
+        AuditLogEntry(organization=owner.organization, action="test.action", target=f"t{number}") for number in range(60)
+    )
+    total = AuditLogEntry.objects.filter(organization=owner.organization).count()
+    first = owner_client.get("/o/acme/audit/")
+    assert len(first.context["page"]) == 50
+    assert first.context["page"].paginator.count == total
+    assert b'href="?page=2"' in first.content
+    second = owner_client.get("/o/acme/audit/?page=2")
+    assert len(second.context["page"]) == total - 50
+    first_ids = {entry.pk for entry in first.context["page"]}
+    assert first_ids.isdisjoint(entry.pk for entry in second.context["page"])
