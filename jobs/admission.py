@@ -1,7 +1,7 @@
 """Admission: which queued jobs start now. One pass looks at the whole queue in order.
 
 Order: ``priority`` (high first); then fair share across organizations: the organization whose
-running jobs cost less per hour right now goes first, and each job admitted in this pass adds to
+running jobs cost less per hour right now goes first (then the one running fewer jobs), and each job admitted in this pass adds to
 its organization's share; then age (``queued_at``). A job starts when its organization is under
 its cap, billing allows it (``billing_allows``, allow-all until billing lands) and the pool has
 room; otherwise its ``status_reason`` says why. A job is claimed with a conditional UPDATE (queued
@@ -107,14 +107,14 @@ def admission_pass() -> AdmissionResult:
     reasons: dict[int, str] = {}
     for band in _priority_bands(queued):
         # Fair share: take the next job of the organization whose running jobs cost least per
-        # hour; ties go to the organization whose next job has waited longest.
+        # hour (then: that runs fewer jobs); ties go to the one whose next job waited longest.
         per_org: dict[int, deque] = defaultdict(deque)
         for position, row in enumerate(band):
             per_org[row[2]].append((position, row))
-        heap = [(cost_per_org[org], jobs[0][0], org) for org, jobs in per_org.items()]
+        heap = [(cost_per_org[org], running_per_org[org], jobs[0][0], org) for org, jobs in per_org.items()]
         heapq.heapify(heap)
         while heap:
-            _, _, organization_id = heapq.heappop(heap)
+            *_, organization_id = heapq.heappop(heap)
             _, row = per_org[organization_id].popleft()
             job_id, _, _, gpu_type, gpus, _ = row
             need = 1 if gpu_type == "cpu" else gpus
@@ -135,7 +135,8 @@ def admission_pass() -> AdmissionResult:
             if reason:
                 reasons[job_id] = reason
             if per_org[organization_id]:
-                heapq.heappush(heap, (cost_per_org[organization_id], per_org[organization_id][0][0], organization_id))
+                share = (cost_per_org[organization_id], running_per_org[organization_id])
+                heapq.heappush(heap, (*share, per_org[organization_id][0][0], organization_id))
 
     changed = [(job_id, reason) for job_id, _, _, _, _, old in queued if (reason := reasons.get(job_id)) and reason != old]
     by_reason: dict[str, list[int]] = defaultdict(list)
