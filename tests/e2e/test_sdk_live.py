@@ -25,7 +25,9 @@ from labsdk import (
 )
 
 from jobs.models import Job, JobEvent, JobStatus
+from jobs.services import job_transition
 from lab.models import IdempotencyRecord
+from lab.services import Actor, api_key_revoke
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -140,6 +142,41 @@ def test_cancelling_a_cancelled_job_is_a_conflict(lab, spec):
     assert [event.type for event in lab.jobs.events(job.id)] == ["job.queued", "job.cancelled"]
 
 
+def test_cancelling_a_running_job_answers_cancelling_and_again_is_a_no_op(lab, spec):
+    job = lab.jobs.create(spec)
+    stored = Job.objects.get(public_id=job.id)
+    job_transition(job=stored, to=JobStatus.STARTING)
+    job_transition(job=stored, to=JobStatus.RUNNING)
+
+    first = lab.jobs.cancel(job.id)
+    second = lab.jobs.cancel(job.id)
+
+    assert (first.status, second.status) == ("cancelling", "cancelling")
+    assert first.started_at is not None and first.finished_at is None
+    assert [event.type for event in lab.jobs.events(job.id)] == [
+        "job.queued", "job.starting", "job.started", "job.cancelling"
+    ]
+
+
+def test_list_pages_end_exactly_and_take_only_this_projects_cursors(live_server, lab, outsider, spec):
+    import httpx
+
+    ids = [lab.jobs.create(spec).id for _ in range(2)]
+    own = {"Authorization": f"Bearer {lab.api_key}"}
+    foreign = {"Authorization": f"Bearer {outsider.key}"}
+
+    full_page = httpx.get(f"{live_server.url}/api/v1/jobs", params={"limit": 2}, headers=own).json()
+    after_last = httpx.get(f"{live_server.url}/api/v1/jobs", params={"after": ids[0]}, headers=own).json()
+    foreign_cursor = httpx.get(f"{live_server.url}/api/v1/jobs", params={"after": ids[1]}, headers=foreign)
+    too_many = httpx.get(f"{live_server.url}/api/v1/jobs", params={"limit": 101}, headers=own)
+
+    assert ([job["id"] for job in full_page["data"]], full_page["has_more"]) == (ids[::-1], False)
+    assert after_last == {"object": "list", "data": [], "has_more": False}
+    assert foreign_cursor.status_code == 404
+    assert foreign_cursor.json()["error"]["code"] == "not_found"
+    assert (too_many.status_code, too_many.json()["error"]["param"]) == (400, "limit")
+
+
 def test_it_estimates_without_creating_anything(lab, tenant, spec):
     estimate = lab.jobs.estimate(spec, wandb={"project": "x"})
 
@@ -218,6 +255,16 @@ def test_a_wrong_key_is_an_authentication_error(live_server, tenant):
 
     assert (caught.value.status_code, caught.value.code) == (401, "invalid_api_key")
     assert "API key" in caught.value.message
+
+
+def test_a_revoked_key_is_an_authentication_error(live_server, tenant):
+    api_key_revoke(actor=Actor(user=tenant.user), api_key=tenant.api_key)
+
+    with Lab(api_key=tenant.key, base_url=live_server.url, max_retries=0) as client:
+        with pytest.raises(AuthenticationError) as caught:
+            client.whoami()
+
+    assert (caught.value.status_code, caught.value.code) == (401, "invalid_api_key")
 
 
 def test_a_read_only_key_reads_and_estimates_but_cannot_create_or_cancel(live_server, lab, read_key, spec):
