@@ -10,7 +10,8 @@ stderr, before step 0); 3 stopped after a checkpoint (SIGTERM or Lab's `action: 
 
 Engine knobs that are not part of the spec come from the environment:
 `LAB_ENGINE_OVERLAP` (1/0: sample the next step while this one trains; default 0 on CPU,
-1 on GPU), `LAB_ENGINE_MICRO_BATCH` (rollouts per forward/backward pass, default 16).
+1 on GPU), `LAB_ENGINE_MICRO_BATCH` (rollouts per forward/backward pass, default 16),
+`LAB_ENGINE_THREADS` (torch intra-op threads; default torch's own choice).
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
 
     try:
         micro_batch = int(os.environ.get("LAB_ENGINE_MICRO_BATCH") or 16)
+        threads = int(os.environ.get("LAB_ENGINE_THREADS") or 0)
     except ValueError:
-        raise ConfigError("LAB_ENGINE_MICRO_BATCH must be an integer", "internal_error") from None
+        raise ConfigError("LAB_ENGINE_MICRO_BATCH and LAB_ENGINE_THREADS must be integers", "internal_error") from None
+    if threads > 0:
+        torch.set_num_threads(threads)
     config = EngineConfig.from_spec(
         parsed.spec,
         overlap=_flag("LAB_ENGINE_OVERLAP", torch.cuda.is_available()),

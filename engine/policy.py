@@ -53,20 +53,43 @@ def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
-def rollout_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """Return a copy of the policy for a rollout backend that runs while the trainer steps.
+def rollout_policy(model: torch.nn.Module) -> torch.nn.Module:
+    """Return a separate inference copy of the policy for a rollout backend.
 
-    Frozen weights share storage with the trainer's (they never change); trainable ones are
-    copies, refreshed with `RolloutBackend.load_weights` after optimizer steps.
+    For LoRA the copy is the plain base architecture with the adapter merged into its
+    weights (W + s·B·A), so sampling runs no adapter layers (on CPU the extra small matmuls
+    of unmerged LoRA dominate decoding); `policy_weights` gives the merged tensors to load
+    after each optimizer step, as an inference server would receive them.
     """
-    clone = copy.deepcopy(model)
-    source = dict(model.named_parameters())
-    for name, parameter in clone.named_parameters():
-        if not source[name].requires_grad:
-            parameter.data = source[name].data
+    if is_lora(model):
+        clone = copy.deepcopy(model).merge_and_unload()
+    else:
+        clone = copy.deepcopy(model)
+    for parameter in clone.parameters():
         parameter.requires_grad_(False)
     clone.eval()
     return clone
+
+
+def policy_weights(model: torch.nn.Module):
+    """Yield (name, tensor) of the weights an inference copy needs to match the trainer's policy.
+
+    LoRA: for every adapted linear layer, its merged weight W + s·B·A under the plain model's
+    parameter name; full fine-tuning: every trainable parameter. Tensors are detached.
+    """
+    if is_lora(model):
+        from peft.tuners.lora import LoraLayer
+
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if isinstance(module, LoraLayer) and hasattr(module, "get_delta_weight"):
+                    base_layer = module.get_base_layer()
+                    adapter = module.active_adapters[0]
+                    merged = base_layer.weight + module.get_delta_weight(adapter)
+                    yield name.removeprefix("base_model.model.") + ".weight", merged.detach()
+    else:
+        for name, parameter in trainable_parameters(model):
+            yield name, parameter.detach()
 
 
 @dataclass

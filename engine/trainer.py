@@ -37,7 +37,8 @@ from engine.policy import (
     is_lora,
     make_trainable,
     pack_rollouts,
-    rollout_copy,
+    policy_weights,
+    rollout_policy,
     trainable_parameters,
 )
 from engine.reporter import Reporter
@@ -173,8 +174,12 @@ class Trainer:
         generation_eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
         stop_ids |= set(generation_eos if isinstance(generation_eos, list) else [generation_eos] if generation_eos is not None else [])
         self.stop_token_ids = sorted(i for i in stop_ids if i is not None)
-        self.eval_backend = TransformersBackend(self.model, pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids)
-        self.rollout_backend = self.eval_backend
+        # LoRA samples from a merged copy (fast); full fine-tuning samples from the trainer's
+        # own model unless overlap needs a second copy (made in run()).
+        self.rollout_backend = TransformersBackend(
+            rollout_policy(self.model) if is_lora(self.model) else self.model,
+            pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
+        )
         self.start_step = 1
         self.pending_batch: RolloutBatch | None = None
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
@@ -286,7 +291,7 @@ class Trainer:
                 ids, example = self._prompt_ids(env, index, "eval")
                 prompts.append(ids)
                 examples.append(example)
-            completions = self.eval_backend.generate(
+            completions = self.rollout_backend.generate(
                 prompts, n=1, max_tokens=self.config.max_tokens, temperature=self.config.temperature,
                 seed=(self.config.seed << 20) + _EVAL_SEED_OFFSET,
             )
@@ -359,9 +364,10 @@ class Trainer:
         config = self.config
         executor = None
         if config.use_overlap:
-            self.rollout_backend = TransformersBackend(
-                rollout_copy(self.model), pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids
-            )
+            if self.rollout_backend.model is self.model:
+                self.rollout_backend = TransformersBackend(
+                    rollout_policy(self.model), pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids
+                )
             executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts")
         pending: concurrent.futures.Future | None = None
         if self.pending_batch is not None:
@@ -375,14 +381,14 @@ class Trainer:
             for step in range(self.start_step, config.max_steps + 1):
                 step_started = time.perf_counter()
                 if pending is None:
-                    self.rollout_backend.load_weights(self.parameters)
+                    self.rollout_backend.load_weights(policy_weights(self.model))
                     batch = self._generate_batch(step, step - 1, self.rollout_backend)
                 else:
                     batch = pending.result()
                     pending = None
                 wait_seconds = time.perf_counter() - step_started
                 if executor is not None and step < config.max_steps:
-                    self.rollout_backend.load_weights(self.parameters)
+                    self.rollout_backend.load_weights(policy_weights(self.model))
                     pending = executor.submit(self._generate_batch, step + 1, step - 1, self.rollout_backend)
                 rewards = torch.tensor(batch.rewards, dtype=torch.float32)
                 advantages = group_advantages(rewards, config.rollouts_per_example)
@@ -392,6 +398,9 @@ class Trainer:
                 metrics = self._step_metrics(batch, advantages)
                 metrics.update(train_metrics)
                 if config.eval_interval and step % config.eval_interval == 0:
+                    if pending is not None:
+                        pending.result()  # the sampler is free, and its weights can move to this step's
+                    self.rollout_backend.load_weights(policy_weights(self.model))
                     metrics.update(self._evaluate(step))
                 step_seconds = time.perf_counter() - step_started
                 tokens = sum(len(batch.prompts[r // config.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))

@@ -107,7 +107,7 @@ def check_args(info: EnvironmentInfo, args: dict) -> None:
         )
         if not same_type:
             raise InvalidEnvironment(
-                f"{info.id} argument {key!r} must be a {type(default).__name__}, got {value!r}"
+                f"{info.id} argument {key!r} must be of type {type(default).__name__}, not {value!r}"
             )
 
 

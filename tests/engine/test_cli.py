@@ -1,0 +1,113 @@
+"""`python -m engine run` as a subprocess: exit codes, offline outputs, SIGTERM, reporting to Lab."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import REPO_ROOT, write_spec
+
+METRIC_NAMES = {
+    "reward/mean", "reward/std", "reward/reverse-text/mean", "reward/reverse-text/lcs_ratio/mean",
+    "reward/reverse-text/exact/mean", "loss/mean", "optim/grad_norm", "optim/lr", "seq_len/mean",
+    "is_truncated/mean", "perf/tokens_per_s", "time/step", "time/generate", "time/train",
+}
+
+
+def engine(args, tmp_path, *, env=None, offline=True, **popen):
+    command = [sys.executable, "-m", "engine", "run", "--job-id", "job_1", "--attempt", "1",
+               "--workdir", str(tmp_path / "work"), *args]
+    if offline:
+        command.append("--offline")
+    environment = {**os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}", **(env or {})}
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def finish(process, timeout=120):
+    stdout, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"batch_size": 6}, "batch_size"),
+        ({"model": "acme/missing"}, "model 'acme/missing' is not in the catalogue"),
+        ({"env": [{"id": "primeintellect/reverse-text"}]}, "not installed"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_it_exits_2_with_one_line_for_a_bad_spec(tmp_path, overrides, needle):
+    spec = write_spec(tmp_path / "spec.json", **overrides)
+    code, _, stderr = finish(engine(["--spec", str(spec)], tmp_path))
+    assert code == 2
+    assert len(stderr.strip().splitlines()) == 1
+    assert stderr.startswith("engine: ") and needle in stderr
+    assert json.loads((tmp_path / "work" / "finish.json").read_text())["outcome"] == "failed"
+
+
+def test_it_exits_2_without_a_job_token_when_online(tmp_path):
+    spec = write_spec(tmp_path / "spec.json")
+    process = engine(["--spec", str(spec), "--lab-url", "http://127.0.0.1:9"], tmp_path, offline=False, env={"LAB_JOB_TOKEN": ""})
+    code, _, stderr = finish(process)
+    assert code == 2 and "LAB_JOB_TOKEN" in stderr
+
+
+def test_it_runs_three_offline_steps_on_the_tiny_model(tmp_path):
+    spec = write_spec(tmp_path / "spec.json", eval={"interval": 3, "num_examples": 4})
+    code, _, stderr = finish(engine(["--spec", str(spec)], tmp_path))
+    assert code == 0, stderr
+    work = tmp_path / "work"
+    points = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in points] == [1, 2, 3]
+    assert METRIC_NAMES <= set(points[0]["values"])
+    assert "eval/reverse-text/mean" in points[2]["values"]
+    samples = [json.loads(line) for line in (work / "samples.jsonl").read_text().splitlines()]
+    assert {"step", "group", "prompt", "completion", "reward", "advantage", "metrics"} <= set(samples[0])
+    checkpoints = [json.loads(line) for line in (work / "checkpoints.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in checkpoints] == [2, 3]
+    assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["step-000002", "step-000002.tar", "step-000003", "step-000003.tar"]
+    final = work / "checkpoints" / "step-000003"
+    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "trainer_state"} <= {p.name for p in final.iterdir()}
+    assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == "lab/tiny-random-llama"
+    assert json.loads((work / "finish.json").read_text()) == {"attempt": 1, "outcome": "succeeded"}
+
+
+def test_it_checkpoints_and_exits_3_on_sigterm(tmp_path):
+    spec = write_spec(tmp_path / "spec.json", max_steps=500, checkpoints={"interval": 0, "keep_last": 1})
+    process = engine(["--spec", str(spec)], tmp_path)
+    metrics = tmp_path / "work" / "metrics.jsonl"
+    deadline = time.monotonic() + 90
+    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    code, _, stderr = finish(process)
+    assert code == 3, stderr
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    last = steps[-1]
+    assert last < 500
+    state = json.loads((tmp_path / "work" / "checkpoints" / f"step-{last:06d}" / "trainer_state" / "state.json").read_text())
+    assert state["step"] == last
+    assert json.loads((tmp_path / "work" / "finish.json").read_text())["outcome"] == "stopped"
+
+
+def test_it_reports_to_lab_and_stops_when_lab_says_stop(tmp_path, fake_lab):
+    spec = write_spec(tmp_path / "spec.json", max_steps=500, checkpoints={"interval": 0, "keep_last": 1})
+    process = engine(["--spec", str(spec), "--lab-url", fake_lab.url], tmp_path, offline=False, env={"LAB_JOB_TOKEN": fake_lab.token})
+    deadline = time.monotonic() + 90
+    while not fake_lab.metrics and time.monotonic() < deadline:
+        time.sleep(0.1)
+    fake_lab.action = "stop"
+    code, _, stderr = finish(process)
+    assert code == 3, stderr
+    assert fake_lab.finish == [{"attempt": 1, "outcome": "stopped"}]
+    assert sorted(fake_lab.metric_arrivals) == list(range(1, len(fake_lab.metric_arrivals) + 1))
+    assert set(fake_lab.metric_arrivals.values()) == {1}
+    (checkpoint,) = fake_lab.checkpoints.values()
+    assert checkpoint["status"] == "ready" and checkpoint["step"] == max(fake_lab.metrics)
+    assert any("loaded lab/tiny-random-llama" in line for line in fake_lab.logs.values())
+    assert fake_lab.statuses and fake_lab.statuses[0]["attempt"] == 1

@@ -1,0 +1,82 @@
+"""The reporter against a fake Lab ingest server: spool, retry, exactly-once, stop, checkpoints."""
+
+import json
+import time
+
+from engine.checkpoints import write_tar
+from engine.reporter import HttpTransport, OfflineTransport, Reporter
+
+
+def make_reporter(fake_lab, tmp_path, **options):
+    transport = HttpTransport(fake_lab.url, "job_1", fake_lab.token, timeout=5)
+    options.setdefault("heartbeat_interval", 0.2)
+    return Reporter(transport, job_id="job_1", attempt=1, spool_dir=tmp_path / "spool",
+                    backoff_base=0.05, backoff_cap=0.2, **options)
+
+
+def test_it_delivers_every_metric_point_exactly_once_when_lab_refuses_then_accepts(fake_lab, tmp_path):
+    fake_lab.refuse_next = 5
+    reporter = make_reporter(fake_lab, tmp_path)
+    reporter.start()
+    for step in range(1, 41):
+        reporter.metrics(step, {"reward/mean": step / 100, "loss/mean": float("nan")})
+    reporter.log("hello")
+    assert reporter.close("succeeded", timeout=20)
+    assert fake_lab.refused == 5
+    assert fake_lab.metric_arrivals == {step: 1 for step in range(1, 41)}
+    assert fake_lab.metrics[7] == {"reward/mean": 0.07}  # NaN left out: JSON has none
+    assert list(fake_lab.logs.values()) == ["hello"]
+    assert fake_lab.finish == [{"attempt": 1, "outcome": "succeeded"}]
+
+
+def test_it_keeps_unsent_points_in_the_spool_while_lab_is_down(fake_lab, tmp_path):
+    fake_lab.refuse_next = 10**6
+    reporter = make_reporter(fake_lab, tmp_path)
+    reporter.start()
+    started = time.monotonic()
+    for step in range(1, 4):
+        reporter.metrics(step, {"reward/mean": 0.5})
+    assert time.monotonic() - started < 0.5  # training never waits on Lab
+    assert not reporter.close("succeeded", timeout=0.5)
+    spooled = [json.loads(line) for line in (tmp_path / "spool" / "metrics.jsonl").read_text().splitlines()]
+    assert [point["step"] for point in spooled] == [1, 2, 3]
+    assert not (tmp_path / "spool" / "metrics.sent").exists()
+    assert fake_lab.metrics == {}
+
+
+def test_it_sets_stop_requested_when_a_heartbeat_answers_stop(fake_lab, tmp_path):
+    fake_lab.action = "stop"
+    reporter = make_reporter(fake_lab, tmp_path)
+    reporter.set_status("running", 4, "training")
+    reporter.start()
+    assert reporter.stop_requested.wait(5)
+    reporter.close("stopped", timeout=5)
+    assert fake_lab.statuses[0] == {"attempt": 1, "phase": "running", "step": 4, "message": "training"}
+
+
+def test_it_registers_uploads_and_completes_a_checkpoint(fake_lab, tmp_path):
+    directory = tmp_path / "step-000002"
+    (directory / "trainer_state").mkdir(parents=True)
+    (directory / "trainer_state" / "state.json").write_text("{}")
+    archive = tmp_path / "step-000002.tar"
+    size, digest = write_tar(directory, archive)
+    reporter = make_reporter(fake_lab, tmp_path)
+    reporter.start()
+    fake_lab.refuse_next = 2
+    reporter.checkpoint(2, "peft-lora", archive, size, digest)
+    assert reporter.close("succeeded", timeout=10)
+    (checkpoint,) = fake_lab.checkpoints.values()
+    assert checkpoint["status"] == "ready"
+    assert (checkpoint["step"], checkpoint["format"], checkpoint["attempt"]) == (2, "peft-lora", 1)
+    assert checkpoint["path"].read_bytes() == archive.read_bytes()
+
+
+def test_it_writes_the_same_bodies_under_the_workdir_offline(tmp_path):
+    reporter = Reporter(OfflineTransport(tmp_path), job_id="demo", attempt=2, spool_dir=tmp_path / "spool", heartbeat_interval=0.1)
+    reporter.start()
+    reporter.metrics(1, {"reward/mean": 0.25})
+    reporter.samples([{"step": 1, "group": 0, "prompt": "p", "completion": "c", "reward": 0.0, "advantage": 0.0, "metrics": {}}])
+    assert reporter.close("succeeded", timeout=5)
+    (point,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert (point["step"], point["attempt"], point["values"]) == (1, 2, {"reward/mean": 0.25})
+    assert json.loads((tmp_path / "finish.json").read_text()) == {"attempt": 2, "outcome": "succeeded"}
