@@ -427,3 +427,18 @@ def test_a_lost_answer_without_retries_left_is_a_connection_error_and_one_job(li
         proxy.close()
 
     assert Job.objects.filter(project=tenant.project).count() == 1
+
+
+def test_concurrent_creates_with_one_idempotency_key_make_one_job(live_server, tenant, spec):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def create(_):
+        with Lab(api_key=tenant.key, base_url=live_server.url, timeout=30, max_retries=0) as client:
+            return client.jobs.create(spec, idempotency_key="same-key-everywhere").id
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        ids = list(pool.map(create, range(6)))
+
+    assert len(set(ids)) == 1
+    assert Job.objects.filter(project=tenant.project).count() == 1
+    assert ids[0] == Job.objects.get().public_id
