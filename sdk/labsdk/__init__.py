@@ -43,6 +43,7 @@ from labsdk.types import (
     Model,
     Price,
     Sample,
+    StreamEvent,
     WhoAmI,
 )
 
@@ -72,6 +73,7 @@ __all__ = [
     "RateLimitError",
     "RequestTooLargeError",
     "Sample",
+    "StreamEvent",
     "WaitTimeoutError",
     "WhoAmI",
     "__version__",

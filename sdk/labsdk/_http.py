@@ -19,7 +19,8 @@ import platform
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -39,6 +40,16 @@ from labsdk.errors import (
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 #: Errors worth another try: the request may not have reached Lab, or its answer was lost.
 _RETRYABLE_TRANSPORT_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+@dataclass(frozen=True)
+class ServerSentEvent:
+    """One event of a ``text/event-stream``: its type, its data (text) and its ``id``
+    (``None`` for events without one, such as Lab's snapshot ``status`` event)."""
+
+    event: str
+    data: str
+    id: str | None
 
 
 class HTTPClient:
@@ -174,6 +185,45 @@ class HTTPClient:
             raise
         partial.replace(destination)
         return destination
+
+    def iter_events(
+        self, path: str, *, params: Mapping[str, Any] | None = None, last_event_id: str | None = None
+    ) -> Iterator[ServerSentEvent]:
+        """Open a ``text/event-stream`` (``GET path``) and yield its events until the server
+        ends it, parsed as the WHATWG HTML "Server-sent events" section says (``event:``,
+        ``data:`` lines joined by newlines, ``id:``; comment lines ignored). ``last_event_id``
+        is sent as ``Last-Event-ID`` to resume after that event.
+
+        Raises the errors of :meth:`request` when the stream cannot be opened, and
+        ``APIConnectionError`` when it breaks off (the caller may reopen it from the last
+        ``id`` seen).
+        """
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        response = self._send("GET", path, params=params, headers=headers, stream=True)
+        try:
+            event_type, data, event_id = "", [], None
+            for line in response.iter_lines():
+                if not line:
+                    if data:
+                        yield ServerSentEvent(event_type or "message", "\n".join(data), event_id)
+                    event_type, data, event_id = "", [], None
+                    continue
+                if line.startswith(":"):
+                    continue
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "event":
+                    event_type = value
+                elif name == "data":
+                    data.append(value)
+                elif name == "id":
+                    event_id = value
+        except httpx.HTTPError as exc:
+            raise APIConnectionError(f"the event stream from {self.base_url} broke off: {exc}") from exc
+        finally:
+            response.close()
 
     def _open_signed_url(self, stack: contextlib.ExitStack, redirect: httpx.Response) -> httpx.Response:
         """Open the storage URL Lab redirected to, without Lab's credentials and following

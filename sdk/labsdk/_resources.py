@@ -13,8 +13,9 @@ from urllib.parse import quote
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
-from labsdk._http import HTTPClient
+from labsdk._http import HTTPClient, ServerSentEvent
 from labsdk.errors import (
+    APIConnectionError,
     APIError,
     InvalidSpecError,
     JobCancelledError,
@@ -36,6 +37,7 @@ from labsdk.types import (
     Model,
     Price,
     Sample,
+    StreamEvent,
 )
 
 T = TypeVar("T", bound=LabObject)
@@ -86,6 +88,26 @@ def _invalid_spec(source: str, exc: SpecError) -> InvalidSpecError:
     return InvalidSpecError(
         f"{source}{exc.errors[0].message}", code="invalid_spec", param=exc.param, errors=problems
     )
+
+
+_STREAM_DATA_TYPES: dict[str, type[LabObject]] = {
+    "status": Job,
+    "metrics": MetricPoint,
+    "sample": Sample,
+    "checkpoint": Checkpoint,
+    "log": LogLine,
+    "event": JobEvent,
+}
+
+
+def _stream_event(raw: ServerSentEvent) -> StreamEvent:
+    """Decode one server-sent event's JSON data into its type; unknown types stay JSON."""
+    try:
+        data = json.loads(raw.data)
+    except ValueError:
+        raise APIError(f"Lab sent a {raw.event} event whose data is not JSON", body=raw.data) from None
+    model = _STREAM_DATA_TYPES.get(raw.event)
+    return StreamEvent(event=raw.event, id=raw.id, data=_parse(model, data) if model else data)
 
 
 def _list_data(page: Any, what: str) -> list:
@@ -155,7 +177,7 @@ class Jobs:
         retry of this call, so a lost answer never creates a second job.
 
         Raises ``InvalidSpecError`` (``.param``, ``.errors``), ``PermissionDeniedError``
-        for a read-only key, ``PaymentRequiredError``, and the other ``LabError``\\ s.
+        for a read-only key, ``PaymentRequiredError``, and the other ``LabError`` classes.
         """
         body = _spec_body(spec, spec_file, fields)
         return _parse(Job, self._http.request("POST", "jobs", json_body=body, idempotency_key=idempotency_key))
@@ -232,6 +254,38 @@ class Jobs:
     def checkpoints(self, job_id: str, *, limit: int = 100) -> Iterator[Checkpoint]:
         """Iterate over a job's checkpoints (``GET /jobs/{id}/checkpoints``)."""
         return _paginate(self._http, f"jobs/{_segment(job_id)}/checkpoints", Checkpoint, {"limit": limit})
+
+    def stream(self, job_id: str, *, last_event_id: str | None = None, from_now: bool = False) -> Iterator[StreamEvent]:
+        """Follow a job live (``GET /jobs/{id}/stream``): yield typed :class:`StreamEvent` objects
+        until the ``status`` event of a finished job, then stop.
+
+        Without ``last_event_id`` the stream replays from the job's start (``from_now``:
+        only what happens next); with it, everything after that event. A broken connection
+        is reopened from the last event id seen, with backoff, up to the client's
+        ``max_retries`` times in a row; then ``APIConnectionError``.
+        """
+        path = f"jobs/{_segment(job_id)}/stream"
+        last_id = last_event_id
+        failures = 0
+        while True:
+            params = {"from": "now"} if from_now and last_id is None else None
+            try:
+                for raw in self._http.iter_events(path, params=params, last_event_id=last_id):
+                    event = _stream_event(raw)
+                    if raw.id is not None:
+                        # Only a new event is progress: every connection opens with a snapshot.
+                        last_id = raw.id
+                        failures = 0
+                    yield event
+                    if event.event == "status" and isinstance(event.data, Job) and event.data.is_terminal:
+                        return
+                broken: APIConnectionError | None = None
+            except APIConnectionError as exc:
+                broken = exc
+            failures += 1
+            if failures > self._http.max_retries:
+                raise broken or APIConnectionError(f"the stream of {job_id} ended before the job finished")
+            time.sleep(self._http.backoff_delay(failures - 1))
 
     def estimate(
         self,

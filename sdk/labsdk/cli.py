@@ -171,6 +171,11 @@ def jobs_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_logs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    if args.follow:
+        for event in client().jobs.stream(args.id):
+            if event.event == "log":
+                print(json.dumps(event.data.to_dict()) if args.json else event.data.line, flush=True)
+        return EXIT_OK
     lines = client().jobs.logs(args.id)
     if args.json:
         _print_json(list(lines))
@@ -362,12 +367,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("restart", jobs_restart, "run a failed or cancelled job again from its latest checkpoint"),
         ("delete", jobs_delete, "delete a finished job and its data"),
         ("events", jobs_events, "show a job's events"),
-        ("logs", jobs_logs, "print a job's log lines"),
         ("checkpoints", jobs_checkpoints, "list a job's checkpoints"),
     ):
         command = job_commands.add_parser(name, parents=[json_flag], help=help_text)
         command.add_argument("id", help="job id (job_...)")
         command.set_defaults(handler=handler)
+
+    logs = job_commands.add_parser("logs", parents=[json_flag], help="print a job's log lines")
+    logs.add_argument("id", help="job id (job_...)")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="follow the live stream until the job finishes (JSON lines with --json)")
+    logs.set_defaults(handler=jobs_logs)
 
     wait = job_commands.add_parser("wait", parents=[json_flag], help="wait for a job to finish, with a progress bar")
     wait.add_argument("id", help="job id (job_...)")

@@ -28,6 +28,7 @@ __all__ = [
     "Model",
     "Price",
     "Sample",
+    "StreamEvent",
     "Usage",
     "WhoAmI",
 ]
@@ -207,3 +208,17 @@ class WhoAmI(LabObject):
     organization: Named | None = None
     project: Named | None = None
     scopes: list[str] = Field(default_factory=list)
+
+
+class StreamEvent(LabObject):
+    """One event of a job's live stream (``GET /jobs/{id}/stream``, DESIGN.md §4).
+
+    ``event`` is ``status`` (``data`` a :class:`Job`), ``metrics`` (:class:`MetricPoint`),
+    ``sample`` (:class:`Sample`), ``checkpoint`` (:class:`Checkpoint`), ``log``
+    (:class:`LogLine`) or ``event`` (:class:`JobEvent`); other types keep the decoded JSON.
+    ``id`` is the per-job sequence number (``None`` on the snapshot sent at each connection).
+    """
+
+    event: str
+    id: str | None = None
+    data: Any = None

@@ -66,6 +66,8 @@ class FakeLab:
     archives: dict[str, bytes] = field(default_factory=dict)
     redirect_downloads: bool = False
     truncate_downloads: bool = False
+    streams: dict[str, list[dict]] = field(default_factory=dict)
+    cut_next_stream_after: int | None = None
     idempotency: dict[str, tuple[str, int, dict]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
     fail_next: list[tuple[int, dict, Any]] = field(default_factory=list)
@@ -226,7 +228,7 @@ def _handler_for(state: FakeLab) -> type[BaseHTTPRequestHandler]:
                 payload = json.dumps(body).encode() if body is not None else b""
                 extra_headers = {"Content-Type": "application/json", **extra_headers}
             declared = len(payload)
-            if isinstance(body, bytes) and state.truncate_downloads:
+            if isinstance(body, bytes) and (state.truncate_downloads or extra_headers.pop("X-Fake-Cut", None)):
                 declared += 10  # promise more than is sent, then hang up
                 self.close_connection = True
             self.send_response(status)
@@ -246,6 +248,8 @@ def _handler_for(state: FakeLab) -> type[BaseHTTPRequestHandler]:
                 return 200, {"Content-Type": "application/x-tar"}, state.archives[path.split("/")[2]]
             if headers.get("authorization") != f"Bearer {API_KEY}":
                 return 401, {}, error_body(401, "invalid_api_key", "Invalid API key.")
+            if self.command == "GET" and path.endswith("/stream"):
+                return self._stream(path.split("/")[-2], query, headers)
             key = headers.get("idempotency-key")
             digest = hashlib.sha256(raw).hexdigest()
             if self.command == "POST" and key in state.idempotency:
@@ -261,6 +265,25 @@ def _handler_for(state: FakeLab) -> type[BaseHTTPRequestHandler]:
             if self.command == "POST" and key and status < 500:
                 state.idempotency[key] = (digest, status, answer)
             return status, extra, answer
+
+        def _stream(self, job_id: str, query: dict, headers: dict) -> tuple[int, dict, Any]:
+            """Answer a job's event stream: a snapshot, then the events after Last-Event-ID."""
+            job = state.jobs.get(job_id)
+            if job is None:
+                return 404, {}, error_body(404, "not_found", "No such job.")
+            last = headers.get("last-event-id")
+            events = [e for e in state.streams.get(job_id, []) if last is None or e["id"] > int(last)]
+            if query.get("from") == ["now"]:
+                events = []
+            extra = {"Content-Type": "text/event-stream"}
+            if state.cut_next_stream_after is not None:
+                events = events[: state.cut_next_stream_after]
+                state.cut_next_stream_after = None
+                extra["X-Fake-Cut"] = "1"
+            text = f"event: status\ndata: {json.dumps(job)}\n\n: keep-alive\n\n"
+            for event in events:
+                text += f"id: {event['id']}\nevent: {event['event']}\ndata: {json.dumps(event['data'])}\n\n"
+            return 200, extra, text.encode()
 
         do_GET = do_POST = do_DELETE = _serve
 

@@ -273,3 +273,15 @@ def test_checkpoints_download_writes_the_archive(lab_env, capsys, tmp_path):
 
     assert (status, out) == (0, f"{target}\n")
     assert target.read_bytes() == b"archive bytes"
+
+
+def test_jobs_logs_follow_prints_lines_from_the_live_stream(lab_env, capsys):
+    job = lab_env.add_job()
+    lab_env.streams[job["id"]] = [
+        {"id": 1, "event": "log", "data": {"seq": 1, "time": None, "attempt": 1, "stream": "stdout", "line": "a"}},
+        {"id": 2, "event": "metrics", "data": {"step": 1, "values": {}}},
+        {"id": 3, "event": "log", "data": {"seq": 2, "time": None, "attempt": 1, "stream": "stderr", "line": "b"}},
+        {"id": 4, "event": "status", "data": {**job, "status": "succeeded"}},
+    ]
+
+    assert run(capsys, "jobs", "logs", job["id"], "--follow")[:2] == (0, "a\nb\n")

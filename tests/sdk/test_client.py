@@ -576,3 +576,58 @@ def test_a_failed_download_leaves_no_file(fake_lab, lab_client, tmp_path):
         lab_client.checkpoints.download("ckpt_2", tmp_path / "other.tar", progress=False)
 
     assert list(tmp_path.iterdir()) == []
+
+
+# --- live stream ---------------------------------------------------------------------------
+
+def stream_events(job):
+    return [
+        {"id": 1, "event": "status", "data": {**job, "status": "running"}},
+        {"id": 2, "event": "metrics", "data": {"step": 1, "time": "2026-11-29T22:30:00Z", "attempt": 1,
+                                               "values": {"reward/mean": 0.25}}},
+        {"id": 3, "event": "log", "data": {"seq": 1, "time": None, "attempt": 1, "stream": "stdout",
+                                           "line": "multi\nline"}},
+        {"id": 4, "event": "future", "data": {"anything": [1]}},
+        {"id": 5, "event": "status", "data": {**job, "status": "succeeded", "step": 20}},
+    ]
+
+
+def test_stream_yields_typed_events_until_the_job_finishes(fake_lab, lab_client):
+    job = fake_lab.add_job()
+    fake_lab.streams[job["id"]] = stream_events(job)
+
+    events = list(lab_client.jobs.stream(job["id"]))
+
+    assert [(e.event, e.id) for e in events] == [
+        ("status", None), ("status", "1"), ("metrics", "2"), ("log", "3"), ("future", "4"), ("status", "5"),
+    ]
+    assert events[2].data.values == {"reward/mean": 0.25}
+    assert events[3].data.line == "multi\nline"
+    assert events[4].data == {"anything": [1]}
+    assert events[5].data.status == "succeeded"
+    [request] = [r for r in fake_lab.requests if r.path.endswith("/stream")]
+    assert request.headers["accept"] == "text/event-stream"
+
+
+def test_a_broken_stream_resumes_after_the_last_event_id(fake_lab, lab_client, sleeps):
+    job = fake_lab.add_job()
+    fake_lab.streams[job["id"]] = stream_events(job)
+    fake_lab.cut_next_stream_after = 2
+
+    events = list(lab_client.jobs.stream(job["id"]))
+
+    assert [e.id for e in events] == [None, "1", "2", None, "3", "4", "5"]
+    connections = [r for r in fake_lab.requests if r.path.endswith("/stream")]
+    assert [r.headers.get("last-event-id") for r in connections] == [None, "2"]
+    assert len(sleeps) == 1
+
+
+def test_a_stream_that_keeps_ending_early_gives_up(fake_lab, lab_client, sleeps):
+    job = fake_lab.add_job(status="running")
+
+    with pytest.raises(APIConnectionError, match="ended before the job finished"):
+        list(lab_client.jobs.stream(job["id"], from_now=True))
+
+    connections = [r for r in fake_lab.requests if r.path.endswith("/stream")]
+    assert len(connections) == 3
+    assert connections[0].query == {"from": ["now"]}
