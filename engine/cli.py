@@ -11,7 +11,8 @@ stderr, before step 0); 3 stopped after a checkpoint (SIGTERM or Lab's `action: 
 Engine knobs that are not part of the spec come from the environment:
 `LAB_ENGINE_OVERLAP` (1/0: sample the next step while this one trains; default 0 on CPU,
 1 on GPU), `LAB_ENGINE_MICRO_BATCH` (rollouts per forward/backward pass, default 16),
-`LAB_ENGINE_THREADS` (torch intra-op threads; default torch's own choice).
+`LAB_ENGINE_THREADS` (torch intra-op threads; default torch's own choice),
+`LAB_ENGINE_ROLLOUT` (`transformers`, the default, or `vllm` on a GPU pod; not yet run).
 """
 
 from __future__ import annotations
@@ -106,10 +107,14 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
         raise ConfigError("LAB_ENGINE_MICRO_BATCH and LAB_ENGINE_THREADS must be integers", "internal_error") from None
     if threads > 0:
         torch.set_num_threads(threads)
+    rollout = os.environ.get("LAB_ENGINE_ROLLOUT") or "transformers"
+    if rollout not in ("transformers", "vllm"):
+        raise ConfigError(f"LAB_ENGINE_ROLLOUT must be transformers or vllm, not {rollout!r}", "internal_error")
     config = EngineConfig.from_spec(
         parsed.spec,
         overlap=_flag("LAB_ENGINE_OVERLAP", torch.cuda.is_available()),
         micro_batch_rollouts=max(1, micro_batch),
+        rollout_backend=rollout,
     )
     return config, parsed.warnings
 

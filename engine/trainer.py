@@ -57,7 +57,7 @@ class EngineConfig:
     `overlap` (sample step n+1 while step n trains, when max_off_policy_steps ≥ 1),
     `micro_batch_rollouts` (rollouts per forward/backward pass; bounds memory),
     `clip_epsilon` (PPO ε), `max_grad_norm` (global L2 clip), `samples_per_step` (rollout
-    samples reported per step).
+    samples reported per step), `rollout_backend` ("transformers", or "vllm" on GPU pods).
     """
 
     model: str
@@ -81,6 +81,7 @@ class EngineConfig:
     clip_epsilon: float = 0.2
     max_grad_norm: float = 1.0
     samples_per_step: int = 8
+    rollout_backend: str = "transformers"
 
     @classmethod
     def from_spec(cls, spec, **engine_options) -> "EngineConfig":
@@ -174,12 +175,20 @@ class Trainer:
         generation_eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
         stop_ids |= set(generation_eos if isinstance(generation_eos, list) else [generation_eos] if generation_eos is not None else [])
         self.stop_token_ids = sorted(i for i in stop_ids if i is not None)
-        # LoRA samples from a merged copy (fast); full fine-tuning samples from the trainer's
-        # own model unless overlap needs a second copy (made in run()).
-        self.rollout_backend = TransformersBackend(
-            rollout_policy(self.model) if is_lora(self.model) else self.model,
-            pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
-        )
+        if config.rollout_backend == "vllm":
+            from engine.models import model_path, convert_smollm2
+            from engine.catalog import SMOLLM2_ID
+            from engine.vllm_backend import VLLMBackend
+
+            path = convert_smollm2(self.model_dir) if config.model == SMOLLM2_ID else model_path(config.model, self.model_dir)
+            self.rollout_backend = VLLMBackend(str(path), seed=config.seed, max_model_len=4096)
+        else:
+            # LoRA samples from a merged copy (fast); full fine-tuning samples from the
+            # trainer's own model unless overlap needs a second copy (made in run()).
+            self.rollout_backend = TransformersBackend(
+                rollout_policy(self.model) if is_lora(self.model) else self.model,
+                pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
+            )
         self.start_step = 1
         self.pending_batch: RolloutBatch | None = None
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
@@ -364,7 +373,7 @@ class Trainer:
         config = self.config
         executor = None
         if config.use_overlap:
-            if self.rollout_backend.model is self.model:
+            if getattr(self.rollout_backend, "model", None) is self.model:
                 self.rollout_backend = TransformersBackend(
                     rollout_policy(self.model), pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids
                 )
