@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 from decimal import Decimal
 
 import labsdk
@@ -442,3 +443,18 @@ def test_concurrent_creates_with_one_idempotency_key_make_one_job(live_server, t
     assert len(set(ids)) == 1
     assert Job.objects.filter(project=tenant.project).count() == 1
     assert ids[0] == Job.objects.get().public_id
+
+
+def test_past_the_rate_limit_the_sdk_raises_rate_limit_error_with_retry_after(live_server, tenant, settings):
+    settings.LAB_API_RATE_LIMIT_PER_MINUTE = 3
+    if time.time() % 60 > 55:
+        time.sleep(60 - time.time() % 60)  # the limit counts per clock minute: stay inside one
+
+    with Lab(api_key=tenant.key, base_url=live_server.url, max_retries=0) as client:
+        for _ in range(3):
+            client.whoami()
+        with pytest.raises(labsdk.RateLimitError) as caught:
+            client.whoami()
+
+    assert (caught.value.status_code, caught.value.code) == (429, "rate_limited")
+    assert 0 < caught.value.retry_after <= 60
