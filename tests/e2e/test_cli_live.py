@@ -161,3 +161,19 @@ def test_another_tenants_job_is_not_found(cli, outsider, tiny_toml):
         assert result.returncode == 1
         assert "(not_found)" in result.stderr and "Traceback" not in result.stderr
     assert Job.objects.get(public_id=job_id).status == JobStatus.QUEUED
+
+
+def test_a_toml_with_only_prime_keys_is_accepted_with_warnings(cli, tenant, tmp_path):
+    from tests.sdk.spec_examples import PRIME_ONLY_TOML
+
+    path = tmp_path / "prime.toml"
+    path.write_text(PRIME_ONLY_TOML)
+
+    result = cli("jobs", "create", "-f", str(path))
+
+    assert result.returncode == 0, result.stderr
+    job = Job.objects.get(project=tenant.project)
+    assert result.stdout == f"{job.public_id}\n"
+    assert result.stderr.count("warning: ") == len(job.warnings) == 7
+    assert job.spec["wandb"] == {"project": "lab-runs", "name": "addition"}
+    assert job.spec["sampling"]["reasoning_effort"] == "high"

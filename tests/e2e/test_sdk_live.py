@@ -458,3 +458,26 @@ def test_past_the_rate_limit_the_sdk_raises_rate_limit_error_with_retry_after(li
 
     assert (caught.value.status_code, caught.value.code) == (429, "rate_limited")
     assert 0 < caught.value.retry_after <= 60
+
+
+def test_limits_are_checked_at_submit(lab, spec):
+    spec["sampling"]["max_tokens"] = 600
+    spec["resources"] = {"gpu_type": "H100", "gpus": 1}
+
+    with pytest.raises(InvalidSpecError) as caught:
+        lab.jobs.create(spec)
+
+    problems = {problem.param: problem.code for problem in caught.value.errors}
+    assert set(problems) == {"sampling.max_tokens", "resources.gpu_type"}, caught.value.errors
+    assert "512" in next(p.message for p in caught.value.errors if p.param == "sampling.max_tokens")
+    assert not Job.objects.exists()
+
+
+def test_an_unknown_key_is_named_with_the_allowed_ones(lab, spec):
+    spec["colour"] = "blue"
+
+    with pytest.raises(InvalidSpecError) as caught:
+        lab.jobs.create(spec)
+
+    assert caught.value.param == "colour"
+    assert "max_steps" in caught.value.errors[0].message and "rollouts_per_example" in caught.value.errors[0].message
