@@ -80,7 +80,9 @@ def _paginate(
         yield from items
         if not page.get("has_more") or not items:
             return
-        cursor = getattr(items[-1], cursor_field)
+        cursor = getattr(items[-1], cursor_field, None)
+        if cursor is None:
+            raise APIError(f"Lab answered {path} with more pages but no {cursor_field} to ask for them", body=page)
 
 
 def _invalid_spec(source: str, exc: SpecError) -> InvalidSpecError:
@@ -177,7 +179,8 @@ class Jobs:
         retry of this call, so a lost answer never creates a second job.
 
         Raises ``InvalidSpecError`` (``.param``, ``.errors``), ``PermissionDeniedError``
-        for a read-only key, ``PaymentRequiredError``, and the other ``LabError`` classes.
+        for a read-only key, ``PaymentRequiredError``, and the other ``LabError`` classes;
+        ``OSError`` when ``spec_file`` cannot be read.
         """
         body = _spec_body(spec, spec_file, fields)
         return _parse(Job, self._http.request("POST", "jobs", json_body=body, idempotency_key=idempotency_key))
