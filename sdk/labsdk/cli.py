@@ -89,18 +89,16 @@ def _show_job(console: Console, job: Job) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
 
 
-def _report_problems(problems: Sequence[Any], stream: Any = None) -> None:
-    stream = stream or sys.stderr
+def _report_problems(problems: Sequence[Any]) -> None:
+    """Print one line per problem (a ``SpecProblem`` or an error body's ``ProblemDetail``)."""
     for problem in problems:
-        param = problem.get("param") if isinstance(problem, dict) else problem.param
-        code = problem.get("code") if isinstance(problem, dict) else problem.code
-        message = problem.get("message") if isinstance(problem, dict) else problem.message
-        print(f"  {param or '<spec>'}: {message} [{code}]", file=stream)
+        print(f"  {problem.param or '<spec>'}: {problem.message} [{problem.code}]", file=sys.stderr)
 
 
 # --- commands: each takes the parsed arguments and a client factory, returns an exit status --
 
 def jobs_create(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs create -f FILE [--name NAME]``: submit a job and print its id."""
     fields = {"name": args.name} if args.name else {}
     job = client().jobs.create(spec_file=args.file, **fields)
     for warning in job.warnings:
@@ -113,6 +111,7 @@ def jobs_create(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs list``: the newest jobs, filtered by status and metadata."""
     metadata = {}
     for pair in args.metadata or []:
         key, separator, value = pair.partition("=")
@@ -135,6 +134,7 @@ def jobs_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_get(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs get ID``: one job in detail."""
     job = client().jobs.retrieve(args.id)
     if args.json:
         _print_json(job)
@@ -144,6 +144,7 @@ def jobs_get(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_cancel(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs cancel ID``: cancel a job and print its new status."""
     job = client().jobs.cancel(args.id)
     if args.json:
         _print_json(job)
@@ -153,6 +154,7 @@ def jobs_cancel(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_restart(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs restart ID``: run a failed or cancelled job again."""
     job = client().jobs.restart(args.id)
     if args.json:
         _print_json(job)
@@ -162,6 +164,7 @@ def jobs_restart(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs delete ID``: delete a finished job and its data."""
     client().jobs.delete(args.id)
     if args.json:
         _print_json({"id": args.id, "deleted": True})
@@ -171,6 +174,7 @@ def jobs_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_logs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs logs ID [--follow]``: a job's log lines, or its live log until it ends."""
     if args.follow:
         for event in client().jobs.stream(args.id):
             if event.event == "log":
@@ -186,6 +190,7 @@ def jobs_logs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_checkpoints(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs checkpoints ID``: a job's checkpoints."""
     checkpoints = list(client().jobs.checkpoints(args.id))
     if args.json:
         _print_json(checkpoints)
@@ -201,6 +206,7 @@ def jobs_checkpoints(args: argparse.Namespace, client: Callable[[], Lab]) -> int
 
 
 def checkpoints_download(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab checkpoints download ID [-o FILE]``: save a checkpoint archive."""
     destination = args.output or f"{args.id}.tar"
     saved = client().checkpoints.download(args.id, destination, progress=not args.json)
     if args.json:
@@ -211,6 +217,7 @@ def checkpoints_download(args: argparse.Namespace, client: Callable[[], Lab]) ->
 
 
 def jobs_events(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs events ID``: a job's history."""
     events = list(client().jobs.events(args.id))
     if args.json:
         _print_json(events)
@@ -223,6 +230,7 @@ def jobs_events(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_wait(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs wait ID``: wait with a progress bar; exit 1 unless the job succeeded."""
     try:
         job = client().jobs.wait(args.id, timeout=args.timeout, progress=not args.no_progress and not args.json)
     except (JobFailedError, JobCancelledError, WaitTimeoutError) as exc:
@@ -238,6 +246,7 @@ def jobs_wait(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab spec check FILE``: every local problem at once, then Lab's estimate when configured."""
     try:
         parsed = load_spec_file(args.file)
     except SpecError as exc:
@@ -276,6 +285,7 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def models(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab models``: the model catalogue."""
     found = client().models.list()
     if args.json:
         _print_json(found)
@@ -288,6 +298,7 @@ def models(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def envs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab envs``: installed environments and their arguments."""
     found = client().environments.list()
     if args.json:
         _print_json(found)
@@ -300,6 +311,7 @@ def envs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def prices(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab prices``: the price table."""
     found = client().prices.list()
     if args.json:
         _print_json(found)
@@ -312,6 +324,7 @@ def prices(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def whoami(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab whoami``: the organization, project and scopes of the API key."""
     identity = client().whoami()
     if args.json:
         _print_json(identity)

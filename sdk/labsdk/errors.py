@@ -204,7 +204,9 @@ def error_from_response(status_code: int, body: Any, headers: dict[str, str]) ->
         message = str(error.get("message") or f"HTTP {status_code}")
         code = error.get("code") if isinstance(error.get("code"), str) else None
         problems = [
-            ProblemDetail(item) for item in error.get("errors") or [] if isinstance(item, dict)
+            ProblemDetail({"param": None, "code": None, "message": None, **item})
+            for item in error.get("errors") or []
+            if isinstance(item, dict)
         ]
         param = error.get("param") if isinstance(error.get("param"), str) else None
         error_type = error.get("type") if isinstance(error.get("type"), str) else None

@@ -285,3 +285,13 @@ def test_jobs_logs_follow_prints_lines_from_the_live_stream(lab_env, capsys):
     ]
 
     assert run(capsys, "jobs", "logs", job["id"], "--follow")[:2] == (0, "a\nb\n")
+
+
+def test_it_prints_problems_that_lack_fields_without_a_traceback(lab_env, capsys):
+    body = {"error": {"type": "invalid_request_error", "code": "invalid_spec", "message": "Bad.",
+                      "errors": [{"message": "no path here"}, "not even an object"]}}
+    lab_env.fail_next = [(400, {}, body)]
+
+    status, _, err = run(capsys, "whoami")
+
+    assert (status, err) == (1, "error: Bad. (invalid_spec)\n  <spec>: no path here [None]\n")
