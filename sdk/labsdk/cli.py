@@ -92,7 +92,8 @@ def _show_job(console: Console, job: Job) -> None:
 def _report_problems(problems: Sequence[Any]) -> None:
     """Print one line per problem (a ``SpecProblem`` or an error body's ``ProblemDetail``)."""
     for problem in problems:
-        print(f"  {problem.param or '<spec>'}: {problem.message} [{problem.code}]", file=sys.stderr)
+        code = f" [{problem.code}]" if problem.code else ""
+        print(f"  {problem.param or '<spec>'}: {problem.message}{code}", file=sys.stderr)
 
 
 # --- commands: each takes the parsed arguments and a client factory, returns an exit status --

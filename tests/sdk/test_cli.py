@@ -294,4 +294,4 @@ def test_it_prints_problems_that_lack_fields_without_a_traceback(lab_env, capsys
 
     status, _, err = run(capsys, "whoami")
 
-    assert (status, err) == (1, "error: Bad. (invalid_spec)\n  <spec>: no path here [None]\n")
+    assert (status, err) == (1, "error: Bad. (invalid_spec)\n  <spec>: no path here\n")
