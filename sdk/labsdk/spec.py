@@ -453,8 +453,8 @@ def _problem_from_pydantic(error: Mapping[str, Any]) -> SpecProblem:
         code = _CODE_BY_PYDANTIC_TYPE[kind]
     elif kind in _VOCABULARY:
         code = kind
-    elif kind == "float_type" and isinstance(error.get("input"), int):
-        code = "out_of_range"  # an integer too large to be a float
+    elif kind == "float_type" and type(error.get("input")) is int:
+        code = "out_of_range"  # an integer too large to be a float (bool is a type error)
     else:
         code = "invalid_type"
 
@@ -465,7 +465,7 @@ def _problem_from_pydantic(error: Mapping[str, Any]) -> SpecProblem:
         message = f"unknown key '{loc[-1]}'" + (f"; allowed keys: {allowed}" if allowed else "")
     elif code == "required":
         message = f"'{loc[-1]}' is required"
-    elif code == "invalid_type":
+    elif code == "invalid_type" and kind not in _VOCABULARY:
         message = f"{error['msg']} (got {_json_type(error.get('input'))})"
     elif kind == "float_type":
         message = "number too large"

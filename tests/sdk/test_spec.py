@@ -201,6 +201,10 @@ BAD_SPECS = {
     "learning_rate infinity": (
         spec_with(learning_rate=float("inf")), [("learning_rate", "invalid_value")]
     ),
+    "learning_rate boolean": (spec_with(learning_rate=True), [("learning_rate", "invalid_type")]),
+    "env args not JSON": (
+        spec_with(env=[{"id": "lab/addition", "args": {"x": 1 + 2j}}]), [("env.0.args.x", "invalid_type")]
+    ),
     "learning_rate too large for a float": (
         spec_with(learning_rate=10**400), [("learning_rate", "out_of_range")]
     ),
@@ -315,6 +319,16 @@ def test_it_names_the_unknown_key_and_lists_the_allowed_ones():
         "reasoning_effort",
     )]
     assert caught.value.param == "sampling.top_k"
+
+
+def test_it_explains_type_problems_in_json_terms():
+    with pytest.raises(SpecError) as caught:
+        parse_spec(spec_with(sampling={"temperature": "1.0"}, env=[{"id": "lab/addition", "args": {"x": {1, 2}}}]))
+
+    assert [problem.message for problem in caught.value.errors] == [
+        "Input should be a valid number (got string)",
+        "set is not a JSON value (use strings, numbers, booleans, lists, tables)",
+    ]
 
 
 def test_it_refuses_a_spec_that_is_not_an_object():
