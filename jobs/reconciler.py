@@ -46,7 +46,12 @@ def attempt_launch(*, attempt_id: int) -> None:
     """
     launcher = get_launcher()
     with transaction.atomic():
-        attempt = JobAttempt.objects.select_for_update().select_related("job", "resume_from").filter(pk=attempt_id).first()
+        attempt = (
+            JobAttempt.objects.select_for_update(of=("self",))
+            .select_related("job", "resume_from")
+            .filter(pk=attempt_id)
+            .first()
+        )
         if attempt is None or attempt.state != AttemptState.PENDING:
             return
         job = attempt.job

@@ -267,7 +267,7 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.server": {"level": "WARNING"}},
+    "loggers": {"django.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
 
 # --- periodic tasks (celery beat) ------------------------------------------------------------

@@ -45,7 +45,10 @@ from lab.api.errors import ApiError
 
 
 def _locked(attempt: JobAttempt, reported_attempt: int) -> tuple[Job, JobAttempt]:
-    """Lock the job; refuse a report that is not from the token's attempt or is stale."""
+    """Lock the job; refuse a report that is not from the token's attempt or is stale.
+
+    Data from the current attempt also proves it is training: a starting job becomes running.
+    """
     if reported_attempt != attempt.number:
         raise ApiError(
             400, "invalid_request", f"attempt {reported_attempt} does not match this token's attempt.", param="attempt"
@@ -58,6 +61,8 @@ def _locked(attempt: JobAttempt, reported_attempt: int) -> tuple[Job, JobAttempt
             f"attempt {attempt.number} was superseded by attempt {job.attempt}.",
             param="attempt",
         )
+    if job.status == JobStatus.STARTING:
+        job = job_transition(job=job, to=JobStatus.RUNNING, message="The engine is training.")
     return job, JobAttempt.objects.get(pk=attempt.pk)
 
 

@@ -1,0 +1,180 @@
+"""Jobs run for real: web, a Celery worker with beat, the local launcher and the engine on the
+tiny model, against PostgreSQL and Redis. Reliability cases from the run-pipeline issue."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from django.db import connection
+
+from jobs.models import Job, JobAttempt, JobEvent, MetricStep
+from tests.stack import LabStack, wait_for
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the stack shares a PostgreSQL test database"),
+]
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture
+def stack(tmp_path, settings):
+    lab = LabStack(tmp_path / "lab", LAB_STOP_GRACE_S="2", LAB_KILL_GRACE_S="5")
+    settings.LAB_DATA_DIR = lab.data_dir
+    try:
+        yield lab.start()
+    finally:
+        lab.stop()
+
+
+class Api:
+    """A few REST calls with the tenant's key."""
+
+    def __init__(self, stack: LabStack, key: str):
+        self.client = httpx.Client(base_url=f"{stack.base_url}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        self.stack = stack
+
+    def create(self, spec: dict) -> dict:
+        response = self.client.post("/jobs", json=spec)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def get(self, job_id: str) -> dict:
+        return self.client.get(f"/jobs/{job_id}").json()
+
+    def wait_status(self, job_id: str, statuses: set[str], timeout: float = 180) -> dict:
+        def reached():
+            job = self.get(job_id)
+            return job if job["status"] in statuses else None
+
+        try:
+            return wait_for(reached, timeout=timeout, what=f"{job_id} in {statuses}")
+        except AssertionError:
+            raise AssertionError(f"{self.get(job_id)}\n{self.stack.logs()}") from None
+
+
+def engine_pid(stack: LabStack, job_id: str, attempt: int) -> int | None:
+    pid_file = stack.data_dir / "runs" / job_id / f"attempt-{attempt}" / "engine.pid"
+    try:
+        return int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ", 1)[1][0] != "Z"
+
+
+def test_a_job_runs_from_queued_to_succeeded_with_every_step_stored_once(owner, spec, stack):
+    spec["checkpoints"] = {"interval": 2, "keep_last": 2}
+    api = Api(stack, owner.key)
+    job = api.create(spec)
+    done = api.wait_status(job["id"], TERMINAL)
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] == 1
+    assert done["step"] == 3
+    assert done["usage"]["cpu_seconds"] > 0
+    assert done["latest_checkpoint"]["status"] == "ready"
+    assert done["latest_checkpoint"]["step"] == 3
+    steps = list(MetricStep.objects.filter(job__public_id=job["id"]).order_by("step").values_list("step", "attempt"))
+    assert steps == [(1, 1), (2, 1), (3, 1)]
+    values = MetricStep.objects.get(job__public_id=job["id"], step=3).values
+    assert {"reward/mean", "loss/mean", "time/step"} <= set(values)
+    types = list(JobEvent.objects.filter(job__public_id=job["id"]).order_by("id").values_list("type", flat=True))
+    assert types[:3] == ["job.queued", "job.starting", "job.started"]
+    assert types[-1] == "job.succeeded"
+    assert "checkpoint.ready" in types
+    logs = api.client.get(f"/jobs/{job['id']}/logs?limit=1000").json()["data"]
+    assert logs, "no log lines were stored"
+    samples = api.client.get(f"/jobs/{job['id']}/samples").json()["data"]
+    assert samples and {"prompt", "completion", "reward", "advantage"} <= set(samples[0])
+
+
+def test_a_killed_engine_resumes_from_its_checkpoint_and_succeeds(owner, spec, stack):
+    spec.update(max_steps=6, checkpoints={"interval": 2, "keep_last": 3}, max_restarts=2)
+    api = Api(stack, owner.key)
+    job_id = api.create(spec)["id"]
+    wait_for(
+        lambda: Job.objects.filter(public_id=job_id, checkpoints__status="ready").exists(),
+        timeout=180,
+        what="a ready checkpoint",
+    )
+    pid = engine_pid(stack, job_id, 1)
+    os.kill(pid, signal.SIGKILL)
+    done = api.wait_status(job_id, TERMINAL, timeout=240)
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] == 2
+    types = list(JobEvent.objects.filter(job__public_id=job_id).order_by("id").values_list("type", flat=True))
+    assert "job.requeued" in types
+    resumed_from = JobAttempt.objects.get(job__public_id=job_id, number=2).resume_from
+    assert resumed_from is not None
+    rows = list(MetricStep.objects.filter(job__public_id=job_id).order_by("step").values_list("step", "attempt"))
+    assert [step for step, _ in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(attempt == 2 for step, attempt in rows if step > resumed_from.step)
+
+
+def test_cancel_while_queued_and_while_running_frees_the_slot(owner, spec, stack):
+    spec.update(max_steps=50)
+    api = Api(stack, owner.key)
+    running = api.create(spec)["id"]
+    queued = api.create(spec)["id"]  # LAB_LOCAL_SLOTS = 1: this one waits
+    api.wait_status(running, {"running"})
+    assert api.get(queued)["status"] == "queued"
+    assert api.client.post(f"/jobs/{queued}/cancel").json()["status"] == "cancelled"
+    assert api.client.post(f"/jobs/{running}/cancel").json()["status"] == "cancelling"
+    done = api.wait_status(running, TERMINAL, timeout=120)
+    assert done["status"] == "cancelled", done
+    pid = engine_pid(stack, running, 1)
+    wait_for(lambda: not alive(pid), timeout=30, what="the engine process to end")
+    follower = api.create(dict(spec, max_steps=1))["id"]
+    assert api.wait_status(follower, TERMINAL)["status"] == "succeeded"
+
+
+def test_local_slots_bound_running_jobs(owner, spec, tmp_path, settings):
+    lab = LabStack(tmp_path / "lab2", LAB_LOCAL_SLOTS="2")
+    settings.LAB_DATA_DIR = lab.data_dir
+    settings.LAB_LOCAL_SLOTS = 2
+    try:
+        lab.start()
+        api = Api(lab, owner.key)
+        spec["max_steps"] = 2
+        job_ids = [api.create(spec)["id"] for _ in range(4)]
+        most_active = 0
+        positions_seen = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            jobs = [api.get(job_id) for job_id in job_ids]
+            active = sum(job["status"] in {"starting", "running", "cancelling"} for job in jobs)
+            most_active = max(most_active, active)
+            positions_seen.append([job["queue_position"] for job in jobs])
+            if all(job["status"] in TERMINAL for job in jobs):
+                break
+            time.sleep(0.5)
+        assert [job["status"] for job in jobs] == ["succeeded"] * 4, lab.logs()
+        assert most_active <= 2
+        last_queued = [positions[3] for positions in positions_seen if positions[3] is not None]
+        assert last_queued and last_queued == sorted(last_queued, reverse=True)
+    finally:
+        lab.stop()
+
+
+def test_a_killed_worker_launches_the_job_exactly_once_after_restart(owner, spec, stack):
+    stack.kill("worker")
+    api = Api(stack, owner.key)
+    job_id = api.create(spec)["id"]
+    stack.start_worker()
+    assert api.wait_status(job_id, TERMINAL)["status"] == "succeeded"
+    assert JobAttempt.objects.filter(job__public_id=job_id).count() == 1
+    assert len(list((stack.data_dir / "runs" / job_id).glob("attempt-*"))) == 1
