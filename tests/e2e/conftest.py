@@ -82,14 +82,20 @@ def _seeded_prices(transactional_db) -> None:
         )
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings) -> None:
+    """Sign-ups here only make tenants; a slow password hash would only slow the suite down."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
-def tenant(transactional_db) -> Tenant:
+def tenant(transactional_db, _fast_password_hashing) -> Tenant:
     """The owner of organization "Acme" with project "default" and a read-write key."""
     return make_tenant("e2e-owner@acme.test", "Acme")
 
 
 @pytest.fixture
-def outsider(transactional_db) -> Tenant:
+def outsider(transactional_db, _fast_password_hashing) -> Tenant:
     """The owner of another organization, "Globex"."""
     return make_tenant("e2e-outsider@globex.test", "Globex")
 
