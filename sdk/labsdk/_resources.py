@@ -24,7 +24,7 @@ from labsdk.errors import (
     ProblemDetail,
     WaitTimeoutError,
 )
-from labsdk.spec import SpecError, parse_spec, read_spec_file
+from labsdk.spec import JobSpec, ParsedSpec, SpecError, parse_spec, read_spec_file
 from labsdk.types import (
     Checkpoint,
     Environment,
@@ -41,6 +41,8 @@ from labsdk.types import (
 )
 
 T = TypeVar("T", bound=LabObject)
+#: What ``jobs.create`` and ``jobs.estimate`` take as ``spec``: decoded JSON/TOML, or the model.
+SpecLike = Mapping[str, Any] | JobSpec | ParsedSpec
 
 #: The metric shown next to the progress bar of :meth:`Jobs.wait`.
 PROGRESS_METRIC = "reward/mean"
@@ -119,8 +121,9 @@ def _list_data(page: Any, what: str) -> list:
     return page["data"]
 
 
-def _spec_body(spec: Mapping[str, Any] | None, spec_file: str | Path | None, fields: dict[str, Any]) -> dict:
-    """Merge a spec mapping or file with top-level ``fields`` (which win) into a request body.
+def _spec_body(spec: SpecLike | None, spec_file: str | Path | None, fields: dict[str, Any]) -> dict:
+    """Merge a spec (mapping, ``JobSpec`` or ``ParsedSpec``) or a spec file with top-level
+    ``fields`` (which win) into a request body.
 
     Lab validates specs; the SDK only refuses what it cannot send: an unreadable spec file,
     or a spec that is not JSON (NaN or infinity, which TOML allows), each as
@@ -141,6 +144,10 @@ def _spec_body(spec: Mapping[str, Any] | None, spec_file: str | Path | None, fie
         if not isinstance(data, Mapping):
             raise InvalidSpecError(f"{source}a spec must be a table (a JSON object)", code="invalid_spec", param="")
         body.update(data)
+    elif isinstance(spec, ParsedSpec):
+        body.update(spec.to_dict())
+    elif isinstance(spec, JobSpec):
+        body.update(ParsedSpec(spec).to_dict())
     elif spec is not None:
         body.update(spec)
     body.update(fields)
@@ -163,7 +170,7 @@ class Jobs:
 
     def create(
         self,
-        spec: Mapping[str, Any] | None = None,
+        spec: SpecLike | None = None,
         *,
         spec_file: str | Path | None = None,
         idempotency_key: str | None = None,
@@ -171,10 +178,10 @@ class Jobs:
     ) -> Job:
         """Submit a job (``POST /jobs``) and return it, ``queued``.
 
-        The spec comes from ``spec`` (a mapping as in DESIGN.md §4 "Job spec"), or
-        ``spec_file`` (TOML, or JSON by its ``.json`` suffix), or keyword arguments alone;
-        keyword arguments override top-level keys of either (``name="run-2"``). Lab
-        validates it; the returned Job's ``warnings`` list ignored Prime Intellect keys.
+        The spec comes from ``spec`` (a mapping as in DESIGN.md §4 "Job spec", or a
+        :class:`~labsdk.spec.JobSpec`), or ``spec_file`` (TOML, or JSON by its ``.json``
+        suffix), or keyword arguments alone; keyword arguments override top-level keys of
+        either (``name="run-2"``). Lab validates it; the returned Job's ``warnings`` list ignored Prime Intellect keys.
         One ``Idempotency-Key`` (``idempotency_key``, else a new uuid4) is sent on every
         retry of this call, so a lost answer never creates a second job.
 
@@ -292,7 +299,7 @@ class Jobs:
 
     def estimate(
         self,
-        spec: Mapping[str, Any] | None = None,
+        spec: SpecLike | None = None,
         *,
         spec_file: str | Path | None = None,
         **fields: Any,

@@ -104,10 +104,30 @@ def jobs_create(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     job = client().jobs.create(spec_file=args.file, **fields)
     for warning in job.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if not args.wait:
+        if args.json:
+            _print_json(job)
+        else:
+            print(job.id, flush=True)
+        return EXIT_OK
+    if not args.json:
+        print(job.id, flush=True)
+    return _wait_and_report(client(), job.id, args)
+
+
+def jobs_metrics(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs metrics ID [--names a,b]``: a job's metrics per step."""
+    names = [name for name in (args.names or "").split(",") if name] or None
+    points = list(client().jobs.metrics(args.id, names=names))
     if args.json:
-        _print_json(job)
-    else:
-        print(job.id)
+        _print_json(points)
+        return EXIT_OK
+    columns = names or sorted({name for point in points for name in point.values})
+    table = _table("STEP", *columns)
+    for point in points:
+        values = [point.values.get(name) for name in columns]
+        table.add_row(str(point.step), *("" if value is None else f"{value:.4g}" for value in values))
+    Console().print(table)
     return EXIT_OK
 
 
@@ -232,8 +252,12 @@ def jobs_events(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 def jobs_wait(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab jobs wait ID``: wait with a progress bar; exit 1 unless the job succeeded."""
+    return _wait_and_report(client(), args.id, args)
+
+
+def _wait_and_report(lab: Lab, job_id: str, args: argparse.Namespace) -> int:
     try:
-        job = client().jobs.wait(args.id, timeout=args.timeout, progress=not args.no_progress and not args.json)
+        job = lab.jobs.wait(job_id, timeout=args.timeout, progress=not args.no_progress and not args.json)
     except (JobFailedError, JobCancelledError, WaitTimeoutError) as exc:
         if args.json:
             _print_json(exc.job)
@@ -351,6 +375,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_wait_options(parser: argparse.ArgumentParser, wait_help: str | None = None) -> None:
+    if wait_help:
+        parser.add_argument("--wait", action="store_true", help=wait_help)
+    parser.add_argument("--timeout", type=float, help="give up waiting after this many seconds")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar while waiting")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``lab`` argument parser; each command sets ``handler``."""
     json_flag = argparse.ArgumentParser(add_help=False)
@@ -367,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     create = job_commands.add_parser("create", parents=[json_flag], help="submit a job from a spec file; prints its id")
     create.add_argument("-f", "--file", required=True, help="job spec, TOML (or JSON with a .json suffix)")
     create.add_argument("--name", help="job name, overriding the file's")
+    _add_wait_options(create, "then wait for it to finish (exit 1 unless it succeeds)")
     create.set_defaults(handler=jobs_create)
 
     listing = job_commands.add_parser("list", parents=[json_flag], help="list jobs, newest first")
@@ -395,9 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     wait = job_commands.add_parser("wait", parents=[json_flag], help="wait for a job to finish, with a progress bar")
     wait.add_argument("id", help="job id (job_...)")
-    wait.add_argument("--timeout", type=float, help="give up after this many seconds")
-    wait.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_wait_options(wait)
     wait.set_defaults(handler=jobs_wait)
+
+    metrics = job_commands.add_parser("metrics", parents=[json_flag], help="show a job's metrics per step")
+    metrics.add_argument("id", help="job id (job_...)")
+    metrics.add_argument("--names", help="comma-separated metric names (default: all)")
+    metrics.set_defaults(handler=jobs_metrics)
 
     checkpoints = commands.add_parser("checkpoints", help="download checkpoint archives")
     checkpoint_commands = checkpoints.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")

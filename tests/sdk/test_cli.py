@@ -295,3 +295,36 @@ def test_it_prints_problems_that_lack_fields_without_a_traceback(lab_env, capsys
     status, _, err = run(capsys, "whoami")
 
     assert (status, err) == (1, "error: Bad. (invalid_spec)\n  <spec>: no path here\n")
+
+
+def test_jobs_create_wait_prints_the_id_then_waits(lab_env, capsys, spec_file, monkeypatch):
+    original_route = lab_env.route
+
+    def route(method, path, query, body):
+        answer = original_route(method, path, query, body)
+        if method == "POST" and path == "/api/v1/jobs":
+            lab_env.timelines[answer[2]["id"]] = [{"status": "running", "step": 1}, {"status": "succeeded", "step": 20}]
+        return answer
+
+    monkeypatch.setattr(lab_env, "route", route)
+
+    status, out, _ = run(capsys, "jobs", "create", "-f", spec_file(DESIGN_EXAMPLE_TOML), "--wait", "--no-progress")
+
+    assert (status, out) == (0, "job_0001\njob_0001 succeeded\n")
+
+
+def test_jobs_metrics_shows_one_row_per_step(lab_env, capsys):
+    job = lab_env.add_job()
+    lab_env.metrics[job["id"]] = [
+        {"step": 1, "time": None, "attempt": 1, "values": {"reward/mean": 0.125, "loss/mean": 0.5}},
+        {"step": 2, "time": None, "attempt": 1, "values": {"reward/mean": 0.25}},
+    ]
+
+    status, out, _ = run(capsys, "jobs", "metrics", job["id"])
+
+    assert status == 0
+    assert [line.split() for line in out.splitlines()] == [
+        ["STEP", "loss/mean", "reward/mean"], ["1", "0.5", "0.125"], ["2", "0.25"],
+    ]
+    status, out, _ = run(capsys, "jobs", "metrics", job["id"], "--names", "reward/mean", "--json")
+    assert [point["values"] for point in json.loads(out)] == [{"reward/mean": 0.125}, {"reward/mean": 0.25}]

@@ -631,3 +631,13 @@ def test_a_stream_that_keeps_ending_early_gives_up(fake_lab, lab_client, sleeps)
     connections = [r for r in fake_lab.requests if r.path.endswith("/stream")]
     assert len(connections) == 3
     assert connections[0].query == {"from": ["now"]}
+
+
+def test_it_creates_a_job_from_a_spec_model(fake_lab, lab_client):
+    from labsdk.spec import JobSpec, parse_spec
+
+    spec = JobSpec(model="lab/tiny-random-llama", env=[{"id": "lab/addition"}], max_steps=4)
+
+    assert lab_client.jobs.create(spec).max_steps == 4
+    assert lab_client.jobs.create(parse_spec(MINIMAL), name="from-parsed").name == "from-parsed"
+    assert json.loads(posts(fake_lab)[0].body)["max_steps"] == 4
