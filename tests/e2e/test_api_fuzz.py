@@ -10,8 +10,8 @@ Two fuzzers, both bounded and deterministic (fixed example counts, ``derandomize
   accepted, never 5xx, and a refused body creates no job.
 
 Inputs that hit the known bugs pinned by the ``xfail`` tests at the end are kept out of the
-fuzzers (NUL characters, JSON nested past the parser's recursion limit), so that the fuzzers
-keep finding new problems while those bugs are open.
+fuzzers (NUL characters, lone surrogates, JSON nested past the parser's recursion limit), so
+that the fuzzers keep finding new problems while those bugs are open.
 """
 
 from __future__ import annotations
@@ -258,3 +258,26 @@ def test_nul_characters_are_refused_not_500(live_server, tenant, method, path, q
 
     assert response.status_code in (400, 404), response.text
     assert not Job.objects.exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a lone UTF-16 surrogate (a JSON \\ud800 escape) inside a Prime key Lab stores unchecked "
+    "(wandb, trajectory_strategy, env_files) passes validation, so estimate answers 200, but PostgreSQL "
+    "refuses the jsonb on insert and create answers 500 internal_error",
+)
+@pytest.mark.parametrize(
+    "extra",
+    ['"wandb": {"project": "\\ud800"}', '"wandb": {"\\ud800": 1}', '"trajectory_strategy": "\\udfff"',
+     '"env_files": ["\\ud800"]'],
+    ids=["wandb-value", "wandb-key", "trajectory-strategy", "env-files"],
+)
+def test_a_lone_surrogate_in_a_stored_prime_key_is_refused_like_estimate_says(live_server, tenant, extra):
+    body = json.dumps(TINY_SPEC)[:-1] + ", " + extra + "}"
+    headers = {"Authorization": f"Bearer {tenant.key}", "Content-Type": "application/json"}
+
+    estimate = httpx.post(f"{live_server.url}/api/v1/jobs/estimate", content=body.encode(), headers=headers)
+    create = httpx.post(f"{live_server.url}/api/v1/jobs", content=body.encode(), headers=headers)
+
+    assert create.status_code < 500, create.text
+    assert (create.status_code == 201) == (estimate.status_code == 200)
