@@ -119,3 +119,14 @@ def test_a_chunked_body_over_one_megabyte_is_413(asgi_url, tenant):
 
     assert response.status_code in (411, 413), response.text
     assert not Job.objects.exists()
+
+
+def test_odd_ids_and_cursors_are_404_over_uvicorn(asgi_url, tenant):
+    headers = {"Authorization": f"Bearer {tenant.key}"}
+
+    long_id = httpx.get(f"{asgi_url}/api/v1/jobs/{'a' * 5000}", headers=headers)
+    long_cursor = httpx.get(f"{asgi_url}/api/v1/jobs", params={"after": "a" * 5000}, headers=headers)
+    bad_utf8 = httpx.get(f"{asgi_url}/api/v1/jobs/%ff%fe", headers=headers)
+
+    assert [long_id.status_code, long_cursor.status_code, bad_utf8.status_code] == [404, 404, 404]
+    assert long_id.json()["error"]["code"] == "not_found"
