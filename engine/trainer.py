@@ -57,7 +57,9 @@ class EngineConfig:
     `overlap` (sample step n+1 while step n trains, when max_off_policy_steps ≥ 1),
     `micro_batch_rollouts` (rollouts per forward/backward pass; bounds memory),
     `clip_epsilon` (PPO ε), `max_grad_norm` (global L2 clip), `samples_per_step` (rollout
-    samples reported per step), `rollout_backend` ("transformers", or "vllm" on GPU pods).
+    samples reported per step), `rollout_backend` ("transformers", or "vllm" on GPU pods),
+    `device` ("auto": CUDA when present), `skip_equal_reward_groups` (skip the forward and
+    backward passes of groups whose gradient is exactly zero; off only to measure throughput).
     """
 
     model: str
@@ -82,6 +84,8 @@ class EngineConfig:
     max_grad_norm: float = 1.0
     samples_per_step: int = 8
     rollout_backend: str = "transformers"
+    device: str = "auto"
+    skip_equal_reward_groups: bool = True
 
     @classmethod
     def from_spec(cls, spec, **engine_options) -> "EngineConfig":
@@ -160,7 +164,12 @@ class Trainer:
         self.environments: list[Environment] = [
             load_environment(env_id, args, config.seed) for env_id, args in config.envs
         ]
-        base, self.tokenizer = load_model(config.model, self.model_dir)
+        self.device = torch.device(config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+        # fp32 on CPU (exact resumes, no bf16 units there); bf16 base weights on GPU, with
+        # peft keeping the LoRA weights themselves in fp32.
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        base, self.tokenizer = load_model(config.model, self.model_dir, dtype=dtype)
+        base.to(self.device)
         torch.manual_seed(config.seed)  # LoRA's A matrices are initialised from the torch RNG
         self.model = make_trainable(base, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, base_model_id=config.model)
         self.parameters = trainable_parameters(self.model)
@@ -255,7 +264,10 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         total_tokens = sum(len(c.token_ids) for c in batch.completions)
-        active = [g for g in range(len(batch.prompts)) if bool(advantages[g * group_size:(g + 1) * group_size].abs().sum() > 0)]
+        active = [
+            g for g in range(len(batch.prompts))
+            if not config.skip_equal_reward_groups or bool(advantages[g * group_size:(g + 1) * group_size].abs().sum() > 0)
+        ]
         groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
         loss_total, entropy_sum, kl_sum, token_count = 0.0, 0.0, 0.0, 0.0
         for chunk_start in range(0, len(active), groups_per_pass):
