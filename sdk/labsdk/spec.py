@@ -131,6 +131,32 @@ class SpecError(Exception):
         return self.errors[0].param if self.errors else ""
 
 
+def _text_problem(text: str) -> str | None:
+    """Say why ``text`` cannot be stored, or ``None``: databases refuse NUL (PostgreSQL's
+    text and jsonb cannot hold U+0000) and UTF-8 cannot encode an unpaired surrogate (a JSON
+    ``\\ud800`` escape decodes to one)."""
+    if "\x00" in text:
+        return "must not contain NUL characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode text (it holds an unpaired surrogate)"
+    return None
+
+
+def _check_text(value: str) -> str:
+    """Refuse strings that cannot be stored (see :func:`_text_problem`)."""
+    problem = _text_problem(value)
+    if problem:
+        raise PydanticCustomError("invalid_value", problem)
+    return value
+
+
+def _printable(text: str) -> str:
+    """Return ``text`` with NUL and unpaired surrogates escaped, fit for a message or path."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
 def _check_json_like(value: Any) -> Any:
     """Refuse values that are not small, finite JSON: depth, item count, string size.
 
@@ -168,6 +194,9 @@ def _check_json_like(value: Any) -> Any:
                 )
             return
         if isinstance(node, str):
+            problem = _text_problem(node)
+            if problem:
+                raise PydanticCustomError("invalid_value", problem, {"subpath": subpath})
             if len(node) > JSON_MAX_STRING:
                 raise PydanticCustomError(
                     "too_long", "string longer than {max_length} characters",
@@ -183,6 +212,11 @@ def _check_json_like(value: Any) -> Any:
                 if not isinstance(key, str):
                     raise PydanticCustomError(
                         "invalid_type", "keys must be strings", {"subpath": subpath}
+                    )
+                problem = _text_problem(key)
+                if problem:
+                    raise PydanticCustomError(
+                        "invalid_value", "key " + problem, {"subpath": _printable(".".join([*path, key]))}
                     )
                 if len(key) > JSON_MAX_KEY:
                     raise PydanticCustomError(
@@ -206,8 +240,10 @@ JsonLike = Annotated[Any, AfterValidator(_check_json_like)]
 #: A JSON object of such values, e.g. an environment's ``args``.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json_like)]
 
-MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+#: A string that can be stored: no NUL, no unpaired surrogate.
+Text = Annotated[str, AfterValidator(_check_text)]
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_check_text)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512), AfterValidator(_check_text)]
 
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
@@ -300,8 +336,8 @@ class JobSpec(BaseModel):
 
     model_config = _STRICT
 
-    name: str | None = Field(None, min_length=1, max_length=128, description="Display name.")
-    model: str = Field(
+    name: Text | None = Field(None, min_length=1, max_length=128, description="Display name.")
+    model: Text = Field(
         min_length=1, max_length=256, description="Model catalogue id (GET /api/v1/models)."
     )
     max_steps: int = Field(20, ge=1, le=100_000, description="Training steps.")
@@ -421,6 +457,7 @@ _CODE_BY_PYDANTIC_TYPE = {
     "string_pattern_mismatch": "invalid_value",
     "literal_error": "invalid_value",
     "finite_number": "invalid_value",
+    "string_unicode": "invalid_value",
 }
 
 _PATTERN_MESSAGES = {
@@ -443,7 +480,7 @@ def _problem_from_pydantic(error: Mapping[str, Any]) -> SpecProblem:
     """Translate one pydantic error dict into a :class:`SpecProblem`."""
     kind = error["type"]
     context = error.get("ctx") or {}
-    loc = [str(part) for part in error["loc"] if part != "[key]"]
+    loc = [_printable(str(part)) for part in error["loc"] if part != "[key]"]
     if "param" in context:
         return SpecProblem(context["param"], kind, error["msg"])
     if context.get("subpath"):
@@ -469,6 +506,8 @@ def _problem_from_pydantic(error: Mapping[str, Any]) -> SpecProblem:
         message = f"{error['msg']} (got {_json_type(error.get('input'))})"
     elif kind == "float_type":
         message = "number too large"
+    elif kind == "string_unicode":
+        message = "holds a key that is not valid Unicode text (it has an unpaired surrogate)"
     elif kind == "string_pattern_mismatch":
         field_path = tuple(part for part in loc if not part.isdigit())
         message = _PATTERN_MESSAGES.get(field_path, error["msg"])

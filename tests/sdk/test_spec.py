@@ -331,6 +331,37 @@ def test_it_explains_type_problems_in_json_terms():
     ]
 
 
+@pytest.mark.parametrize("body,expected", [
+    ('"name": "a\\u0000b"', ("name", "invalid_value")),
+    ('"name": "\\ud800"', ("name", "invalid_value")),
+    ('"metadata": {"team": "a\\u0000"}', ("metadata.team", "invalid_value")),
+    ('"metadata": {"te\\u0000am": "a"}', ("metadata.te\\x00am", "invalid_value")),
+    ('"metadata": {"team": "\\udfff"}', ("metadata.team", "invalid_value")),
+    ('"wandb": {"project": "\\ud800"}', ("wandb.project", "invalid_value")),
+    ('"wandb": {"\\ud800": 1}', ("wandb.\\ud800", "invalid_value")),
+    ('"wandb": {"project": "a\\u0000"}', ("wandb.project", "invalid_value")),
+    ('"trajectory_strategy": "\\udfff"', ("trajectory_strategy", "invalid_value")),
+    ('"env_files": ["\\ud800"]', ("env_files.0", "invalid_value")),
+    ('"sampling": {"\\ud800": 1}', ("sampling", "invalid_value")),
+    ('"\\ud800": 1', ("", "invalid_value")),
+])
+def test_it_refuses_text_a_database_cannot_store(body, expected):
+    text = '{"model": "m", "env": [{"id": "lab/addition", "args": {"a": "ok"}}], ' + body + "}"
+
+    with pytest.raises(SpecError) as caught:
+        loads_spec(text, "json")
+
+    assert [(problem.param, problem.code) for problem in caught.value.errors] == [expected]
+    for problem in caught.value.errors:  # the error body must itself be encodable
+        json.dumps(problem.to_dict(), ensure_ascii=False).encode("utf-8")
+
+
+def test_it_refuses_nul_in_environment_arguments():
+    data = spec_with(env=[{"id": "lab/addition", "args": {"words": ["ok", "a\x00"], "k\x00": 1}}])
+
+    assert problems_of(data) == [("env.0.args.words.1", "invalid_value")]
+
+
 def test_it_refuses_a_spec_that_is_not_an_object():
     assert problems_of([MINIMAL]) == [("", "invalid_type")]
 
