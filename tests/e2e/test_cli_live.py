@@ -177,3 +177,20 @@ def test_a_toml_with_only_prime_keys_is_accepted_with_warnings(cli, tenant, tmp_
     assert result.stderr.count("warning: ") == len(job.warnings) == 7
     assert job.spec["wandb"] == {"project": "lab-runs", "name": "addition"}
     assert job.spec["sampling"]["reasoning_effort"] == "high"
+
+
+def test_jobs_wait_and_events_report_how_a_job_ended(cli, tiny_toml):
+    queued = cli("jobs", "create", "-f", str(tiny_toml)).stdout.strip()
+    cancelled = cli("jobs", "create", "-f", str(tiny_toml)).stdout.strip()
+    cli("jobs", "cancel", cancelled)
+
+    timed_out = cli("jobs", "wait", queued, "--timeout", "1", "--no-progress")
+    ended = cli("jobs", "wait", cancelled, "--no-progress")
+    events = cli("jobs", "events", cancelled, "--json")
+
+    assert timed_out.returncode == 1
+    assert f"job {queued} is still queued after waiting 1 s" in timed_out.stderr
+    assert ended.returncode == 1
+    assert f"job {cancelled} was cancelled" in ended.stderr
+    assert "Traceback" not in timed_out.stderr + ended.stderr
+    assert [event["type"] for event in json.loads(events.stdout)] == ["job.queued", "job.cancelled"]
