@@ -481,3 +481,15 @@ def test_an_unknown_key_is_named_with_the_allowed_ones(lab, spec):
 
     assert caught.value.param == "colour"
     assert "max_steps" in caught.value.errors[0].message and "rollouts_per_example" in caught.value.errors[0].message
+
+
+def test_an_idempotency_key_never_replays_another_tenants_answer(live_server, lab, tenant, outsider, spec):
+    ours = lab.jobs.create(spec, idempotency_key="shared-key")
+    with Lab(api_key=outsider.key, base_url=live_server.url, max_retries=0) as other:
+        theirs = other.jobs.create(spec, idempotency_key="shared-key")
+        cancelled_elsewhere = other.jobs.cancel(theirs.id)
+
+    assert theirs.id != ours.id
+    assert Job.objects.get(public_id=theirs.id).project == outsider.project
+    assert cancelled_elsewhere.status == "cancelled"
+    assert lab.jobs.retrieve(ours.id).status == "queued"
