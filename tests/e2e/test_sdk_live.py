@@ -493,3 +493,53 @@ def test_an_idempotency_key_never_replays_another_tenants_answer(live_server, la
     assert Job.objects.get(public_id=theirs.id).project == outsider.project
     assert cancelled_elsewhere.status == "cancelled"
     assert lab.jobs.retrieve(ours.id).status == "queued"
+
+
+def test_it_restarts_and_deletes_a_cancelled_job(lab, spec):
+    job = lab.jobs.create(spec)
+    lab.jobs.cancel(job.id)
+
+    restarted = lab.jobs.restart(job.id)
+    lab.jobs.cancel(job.id)
+    lab.jobs.delete(job.id)
+
+    assert (restarted.id, restarted.status, restarted.status_reason) == (job.id, "queued", "waiting")
+    assert restarted.finished_at is None
+    with pytest.raises(NotFoundError):
+        lab.jobs.retrieve(job.id)
+    assert not Job.objects.exists()
+
+
+def test_running_jobs_can_be_neither_restarted_nor_deleted(lab, spec):
+    job = lab.jobs.create(spec)
+
+    with pytest.raises(ConflictError) as on_restart:
+        lab.jobs.restart(job.id)
+    with pytest.raises(ConflictError) as on_delete:
+        lab.jobs.delete(job.id)
+
+    assert (on_restart.value.code, on_delete.value.code) == ("invalid_state", "invalid_state")
+    assert Job.objects.get().status == JobStatus.QUEUED
+
+
+def test_another_tenant_reaches_none_of_a_jobs_endpoints(live_server, lab, outsider, spec):
+    job = lab.jobs.create(spec)
+    lab.jobs.cancel(job.id)
+    with Lab(api_key=outsider.key, base_url=live_server.url, max_retries=0) as other:
+        calls = {
+            "restart": lambda: other.jobs.restart(job.id),
+            "delete": lambda: other.jobs.delete(job.id),
+            "metrics": lambda: list(other.jobs.metrics(job.id)),
+            "logs": lambda: list(other.jobs.logs(job.id)),
+            "samples": lambda: other.jobs.samples(job.id),
+            "checkpoints": lambda: list(other.jobs.checkpoints(job.id)),
+        }
+        codes = {}
+        for name, call in calls.items():
+            with pytest.raises(NotFoundError) as caught:
+                call()
+            codes[name] = (caught.value.status_code, caught.value.code)
+
+    assert set(codes.values()) == {(404, "not_found")}, codes
+    assert Job.objects.get(public_id=job.id).status == JobStatus.CANCELLED
+    assert [event.type for event in lab.jobs.events(job.id)] == ["job.queued", "job.cancelled"]
