@@ -517,3 +517,57 @@ def test_the_json_schema_accepts_the_design_example_and_refuses_unknown_keys():
     assert list(validator.iter_errors(example)) == []
     assert list(validator.iter_errors(spec_with(epochs=3)))
     assert schema["required"] == ["model", "env"]
+
+
+# --- property: any JSON value either parses or is refused with encodable problems -----------
+
+VOCABULARY = {
+    "required", "invalid_type", "invalid_value", "out_of_range", "too_long", "too_short", "too_deep",
+    "unknown_key", "not_divisible", "invalid_encoding", "invalid_syntax", "duplicate_key", "too_large",
+}
+
+
+def _check_outcome(data):
+    try:
+        parsed = parse_spec(data)
+    except SpecError as exc:
+        assert exc.errors
+        for problem in exc.errors:
+            assert isinstance(problem.param, str) and problem.code in VOCABULARY
+            json.dumps(problem.to_dict(), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return
+    stored = parsed.to_dict()
+    json.dumps(stored, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    assert parse_spec(stored).to_dict() == stored
+
+
+def test_any_json_value_in_any_field_is_parsed_or_refused_cleanly():
+    hypothesis = pytest.importorskip("hypothesis")
+    strategies = hypothesis.strategies
+    text = strategies.text(strategies.characters(exclude_categories=()), max_size=20)  # NUL, surrogates too
+    scalars = strategies.none() | strategies.booleans() | strategies.integers() | strategies.floats() | text
+    values = strategies.recursive(
+        scalars,
+        lambda children: strategies.lists(children, max_size=4) | strategies.dictionaries(text, children, max_size=4),
+        max_leaves=20,
+    )
+    field_paths = [
+        ("name",), ("model",), ("max_steps",), ("batch_size",), ("learning_rate",), ("priority",), ("init_from",),
+        ("sampling",), ("sampling", "temperature"), ("env",), ("env", 0), ("env", 0, "id"), ("env", 0, "args"),
+        ("metadata",), ("resources",), ("resources", "gpus"), ("wandb",), ("oversampling_factor",), (),
+    ]
+
+    @hypothesis.settings(max_examples=250, derandomize=True, deadline=None, database=None)
+    @hypothesis.given(path=strategies.sampled_from(field_paths), value=values, key=text)
+    def check(path, value, key):
+        data = json.loads(json.dumps(MINIMAL))
+        if not path:
+            data[key] = value
+        else:
+            holder = data
+            for part in path[:-1]:
+                holder = holder.setdefault(part, {}) if isinstance(part, str) else holder[part]
+            holder[path[-1]] = value
+        _check_outcome(data)
+
+    check()
