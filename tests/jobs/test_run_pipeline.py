@@ -178,3 +178,68 @@ def test_a_killed_worker_launches_the_job_exactly_once_after_restart(owner, spec
     assert api.wait_status(job_id, TERMINAL)["status"] == "succeeded"
     assert JobAttempt.objects.filter(job__public_id=job_id).count() == 1
     assert len(list((stack.data_dir / "runs" / job_id).glob("attempt-*"))) == 1
+
+
+def test_cancel_while_starting_ends_cancelled(owner, spec, stack):
+    api = Api(stack, owner.key)
+    job_id = api.create(dict(spec, max_steps=50))["id"]
+    api.wait_status(job_id, {"starting"}, timeout=30)
+    assert api.client.post(f"/jobs/{job_id}/cancel").json()["status"] == "cancelling"
+    assert api.wait_status(job_id, TERMINAL, timeout=120)["status"] == "cancelled"
+    pid = engine_pid(stack, job_id, 1)
+    if pid is not None:
+        wait_for(lambda: not alive(pid), timeout=30, what="the engine process to end")
+
+
+def test_an_engine_that_exits_2_is_not_retried(owner, spec, stack):
+    # Valid JSON types, but the environment refuses the combination: the engine exits 2.
+    spec["env"][0]["args"] = {"min_operand": 50, "max_operand": 9}
+    api = Api(stack, owner.key)
+    job_id = api.create(spec)["id"]
+    done = api.wait_status(job_id, TERMINAL)
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "environment_error"
+    assert "min_operand" in done["error"]["message"]
+    assert done["attempt"] == 1
+    assert JobAttempt.objects.filter(job__public_id=job_id).count() == 1
+
+
+def test_an_engine_that_crashes_every_time_fails_after_max_restarts(owner, spec, tmp_path, settings):
+    model_dir = tmp_path / "models"
+    broken = model_dir / "broken" / "no-tokenizer"
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text(
+        '{"model_type": "llama", "max_position_embeddings": 512, "vocab_size": 100, "hidden_size": 16,'
+        ' "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}'
+    )
+    lab = LabStack(tmp_path / "lab3", LAB_MODEL_DIR=str(model_dir))
+    settings.LAB_DATA_DIR = lab.data_dir
+    try:
+        lab.start()
+        api = Api(lab, owner.key)
+        job_id = api.create(dict(spec, model="broken/no-tokenizer", max_restarts=1))["id"]
+        done = api.wait_status(job_id, TERMINAL, timeout=240)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "max_restarts_exceeded"
+        assert done["attempt"] == 2
+        types = list(JobEvent.objects.filter(job__public_id=job_id).order_by("id").values_list("type", flat=True))
+        assert types.count("job.requeued") == 1
+        assert types[-1] == "job.failed"
+    finally:
+        lab.stop()
+
+
+def test_points_sent_while_lab_is_unreachable_arrive_when_it_returns(owner, spec, stack):
+    spec.update(max_steps=6, checkpoints={"interval": 0, "keep_last": 1})
+    api = Api(stack, owner.key)
+    job_id = api.create(spec)["id"]
+    wait_for(lambda: MetricStep.objects.filter(job__public_id=job_id).exists(), timeout=180, what="a first step")
+    stack.kill("web")
+    time.sleep(15)
+    assert MetricStep.objects.filter(job__public_id=job_id).count() < 6
+    stack.start_web()
+    api = Api(stack, owner.key)
+    done = api.wait_status(job_id, TERMINAL, timeout=180)
+    assert done["status"] == "succeeded", done
+    rows = list(MetricStep.objects.filter(job__public_id=job_id).order_by("step").values_list("step", flat=True))
+    assert rows == [1, 2, 3, 4, 5, 6]
