@@ -39,9 +39,10 @@ def _print_json(data: Any) -> None:
 
 
 def _table(*columns: str) -> Table:
+    """A plain table; the first column (ids) is never wrapped, and nothing is cut short."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in columns:
-        table.add_column(column)
+    for index, column in enumerate(columns):
+        table.add_column(column, no_wrap=index == 0, overflow="fold")
     return table
 
 
@@ -76,7 +77,7 @@ def _show_job(console: Console, job: Job) -> None:
         ("finished", _when(job.finished_at)),
         ("error", f"{job.error.code}: {job.error.message}" if job.error else None),
         ("usage", f"{job.usage.gpu_seconds or 0:g} GPU-s, {job.usage.cpu_seconds or 0:g} CPU-s, "
-                  f"${job.usage.cost_usd or 0}" if job.usage else None),
+                  f"${job.usage.cost_usd if job.usage.cost_usd is not None else 0}" if job.usage else None),
         ("latest checkpoint", f"{job.latest_checkpoint.id} (step {job.latest_checkpoint.step})"
                               if job.latest_checkpoint else None),
         ("metadata", ", ".join(f"{k}={v}" for k, v in job.metadata.items()) or None),
@@ -121,6 +122,9 @@ def jobs_metrics(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     points = list(client().jobs.metrics(args.id, names=names))
     if args.json:
         _print_json(points)
+        return EXIT_OK
+    if not points:
+        print("no metrics yet", file=sys.stderr)
         return EXIT_OK
     columns = names or sorted({name for point in points for name in point.values})
     table = _table("STEP", *columns)

@@ -328,3 +328,19 @@ def test_jobs_metrics_shows_one_row_per_step(lab_env, capsys):
     ]
     status, out, _ = run(capsys, "jobs", "metrics", job["id"], "--names", "reward/mean", "--json")
     assert [point["values"] for point in json.loads(out)] == [{"reward/mean": 0.125}, {"reward/mean": 0.25}]
+
+
+def test_tables_never_cut_ids_on_narrow_terminals(lab_env, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "50")
+
+    status, out, _ = run(capsys, "models")
+
+    assert status == 0
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in out
+    assert "…" not in out
+
+
+def test_jobs_get_shows_zero_cost_as_money(lab_env, capsys):
+    job = lab_env.add_job()
+
+    assert "0 GPU-s, 0 CPU-s, $0.00" in run(capsys, "jobs", "get", job["id"])[1]
