@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Sum
 
 from billing.pricing import price_table
+from jobs.metrics import record_admission_pass
 from jobs.models import ACTIVE_STATUSES, Job, JobStatus
 from jobs.queue import organization_cap, pool_capacity
 from jobs.services import job_claim_for_start
@@ -145,4 +146,5 @@ def admission_pass() -> AdmissionResult:
     for reason, job_ids in by_reason.items():
         Job.objects.filter(pk__in=job_ids, status=JobStatus.QUEUED).update(status_reason=reason)
     result.elapsed_ms = (time.perf_counter() - started_at) * 1000
+    record_admission_pass(result.elapsed_ms)
     return result

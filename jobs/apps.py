@@ -6,3 +6,10 @@ class JobsConfig(AppConfig):
 
     name = "jobs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from prometheus_client import REGISTRY
+
+        from jobs.metrics import JobsCollector
+
+        REGISTRY.register(JobsCollector())

@@ -25,7 +25,7 @@ from jobs.ingest.schemas import (
     SamplesBatch,
     StatusReport,
 )
-from jobs.metrics import INGESTED_VALUES
+from jobs.metrics import INGESTED_POINTS, INGESTED_VALUES
 from jobs.models import (
     Checkpoint,
     CheckpointStatus,
@@ -33,7 +33,6 @@ from jobs.models import (
     Job,
     JobAttempt,
     JobStatus,
-    LogLine,
     LogSource,
     MetricStep,
     RolloutSample,
@@ -130,7 +129,8 @@ def ingest_metrics(*, attempt: JobAttempt, batch: MetricsBatch) -> dict[str, int
     if top > job.step:
         job.step = min(top, job.max_steps)
         job.save(update_fields=["step"])
-    INGESTED_VALUES.inc(sum(len(values) for _, values in by_step.values()))
+    INGESTED_POINTS.inc(len(batch.points))
+    INGESTED_VALUES.inc(sum(len(point.values) for point in batch.points))
     return {"accepted": accepted, "duplicates": duplicates, "superseded": superseded}
 
 

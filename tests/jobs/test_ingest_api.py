@@ -88,7 +88,7 @@ def test_metrics_are_stored_once_per_step_and_merged(owner, spec):
 def test_a_newer_attempt_supersedes_and_an_older_one_is_refused(owner, spec):
     job, first, base = start(owner, spec)
     first.post(f"{base}/metrics", {"attempt": 1, "points": [point(1, r=1.0), point(2, r=2.0)]}, format="json")
-    job_transition(job=job, to=JobStatus.RUNNING)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING  # data proves the attempt is training
     job_transition(job=Job.objects.get(pk=job.pk), to=JobStatus.QUEUED, reason="requeued_after_crash")
     second_attempt = job_claim_for_start(job_id=job.pk)
     second = APIClient()

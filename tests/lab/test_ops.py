@@ -39,3 +39,15 @@ def test_a_declared_oversized_body_is_refused_before_it_is_read():
     response = Client().post("/healthz", data="x" * 11, content_type="text/plain")
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_it_exposes_job_gauges(owner):
+    from jobs.metrics import record_admission_pass
+    from jobs.models import Job
+
+    Job.objects.create(project=owner.project, spec={}, max_steps=1, model="m")
+    record_admission_pass(12.5)
+    body = Client().get("/metrics").content.decode()
+    assert 'lab_jobs{status="queued"} 1.0' in body
+    assert 'lab_jobs{status="running"} 0.0' in body
+    assert "lab_admission_last_pass_milliseconds 12.5" in body
