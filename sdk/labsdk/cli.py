@@ -39,7 +39,8 @@ def _print_json(data: Any) -> None:
 
 
 def _table(*columns: str) -> Table:
-    """A plain table; the first column (ids) is never wrapped, and nothing is cut short."""
+    """A plain table; the first column (ids, to copy) never wraps, the others wrap on
+    narrow terminals but are never cut short."""
     table = Table(box=None, header_style="bold", pad_edge=False)
     for index, column in enumerate(columns):
         table.add_column(column, no_wrap=index == 0, overflow="fold")

@@ -211,8 +211,11 @@ def error_from_response(status_code: int, body: Any, headers: dict[str, str]) ->
         param = error.get("param") if isinstance(error.get("param"), str) else None
         error_type = error.get("type") if isinstance(error.get("type"), str) else None
     else:
-        text = body if isinstance(body, str) else ""
-        message = f"HTTP {status_code}" + (f": {text.strip()[:200]}" if text.strip() else "")
+        text = body.strip() if isinstance(body, str) else ""
+        if text.lower().startswith(("<!doctype html", "<html")):
+            message = f"HTTP {status_code}: the answer is a web page, not Lab's API (is LAB_BASE_URL right?)"
+        else:
+            message = f"HTTP {status_code}" + (f": {text[:200]}" if text else "")
         code = param = error_type = None
         problems = []
     if status_code == 400 and code == "invalid_spec":

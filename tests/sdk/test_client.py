@@ -641,3 +641,12 @@ def test_it_creates_a_job_from_a_spec_model(fake_lab, lab_client):
     assert lab_client.jobs.create(spec).max_steps == 4
     assert lab_client.jobs.create(parse_spec(MINIMAL), name="from-parsed").name == "from-parsed"
     assert json.loads(posts(fake_lab)[0].body)["max_steps"] == 4
+
+
+def test_it_names_a_web_page_answer_instead_of_dumping_it(fake_lab, lab_client):
+    fake_lab.fail_next = [(404, {}, "<!DOCTYPE html>\n<html><head><title>Page not found</title>")]
+
+    with pytest.raises(NotFoundError) as caught:
+        lab_client.models.list()
+
+    assert caught.value.message == "HTTP 404: the answer is a web page, not Lab's API (is LAB_BASE_URL right?)"
