@@ -328,13 +328,13 @@ class Jobs:
         when time runs out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        bar = tqdm(desc=job_id, unit="step", disable=not progress, dynamic_ncols=True)
+        job = self.retrieve(job_id)
+        bar = tqdm(total=job.max_steps, desc=job_id, unit="step", disable=not progress, dynamic_ncols=True)
         reward: float | None = None
         show_reward = True
         metrics_after: int | None = None
         try:
             while True:
-                job = self.retrieve(job_id)
                 if progress:
                     if show_reward:
                         try:
@@ -355,6 +355,7 @@ class Jobs:
                 if deadline is not None:
                     pause = max(0.0, min(pause, deadline - time.monotonic()))
                 time.sleep(pause)
+                job = self.retrieve(job_id)
         finally:
             bar.close()
         if job.status == "failed":
