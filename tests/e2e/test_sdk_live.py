@@ -543,3 +543,25 @@ def test_another_tenant_reaches_none_of_a_jobs_endpoints(live_server, lab, outsi
     assert set(codes.values()) == {(404, "not_found")}, codes
     assert Job.objects.get(public_id=job.id).status == JobStatus.CANCELLED
     assert [event.type for event in lab.jobs.events(job.id)] == ["job.queued", "job.cancelled"]
+
+
+def test_it_lists_checkpoints_across_pages_and_shows_the_latest_ready_one(lab, spec):
+    from jobs.models import Checkpoint, CheckpointStatus
+
+    job = lab.jobs.create(spec)
+    lab.jobs.cancel(job.id)
+    stored = Job.objects.get(public_id=job.id)
+    made = [
+        Checkpoint.objects.create(
+            job=stored, step=step, attempt=1, format="peft-lora", status=status, size_bytes=10 * step, sha256="ab" * 32
+        )
+        for step, status in ((5, CheckpointStatus.READY), (10, CheckpointStatus.READY), (15, CheckpointStatus.FAILED))
+    ]
+
+    listed = list(lab.jobs.checkpoints(job.id, limit=1))
+    latest = lab.jobs.retrieve(job.id).latest_checkpoint
+
+    assert sorted(checkpoint.id for checkpoint in listed) == sorted(checkpoint.public_id for checkpoint in made)
+    assert all(checkpoint.id.startswith("ckpt_") and checkpoint.job_id == job.id for checkpoint in listed)
+    assert (latest.id, latest.step, latest.status, latest.size_bytes) == (made[1].public_id, 10, "ready", 100)
+    assert latest.sha256 == "ab" * 32 and latest.created_at is not None
