@@ -50,8 +50,9 @@ up: migrate  ## web + worker + beat; Ctrl-C stops all three
 	$(MAKE) --no-print-directory web & \
 	wait
 
-bench: install  ## benchmarks, one JSON line per figure
-	@for script in $(wildcard bench/*.py); do $(PY) $$script || exit 1; done
+bench: install  ## benchmarks, one JSON line per figure (needs PostgreSQL at DATABASE_URL)
+	@$(PIP) install -q --disable-pip-version-check $(PIP_FLAGS) -r bench/requirements-bench.txt
+	@for script in $(filter-out bench/_%,$(wildcard bench/*.py)); do $(PY) $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) var
