@@ -32,6 +32,7 @@ from labsdk.errors import (
     RequestTooLargeError,
     WaitTimeoutError,
 )
+from labsdk.spec import JobSpec, SpecError
 from labsdk.types import (
     Checkpoint,
     Environment,
@@ -61,6 +62,7 @@ __all__ = [
     "JobCancelledError",
     "JobEvent",
     "JobFailedError",
+    "JobSpec",
     "Lab",
     "LabError",
     "LogLine",
@@ -73,6 +75,7 @@ __all__ = [
     "RateLimitError",
     "RequestTooLargeError",
     "Sample",
+    "SpecError",
     "StreamEvent",
     "WaitTimeoutError",
     "WhoAmI",
