@@ -16,7 +16,8 @@ code                        meaning
 ==========================  ==========================================================
 ``required``                a required key is missing
 ``invalid_type``            wrong JSON type (string for a number, float for an integer)
-``invalid_value``           right type, refused value (NaN/inf, bad pattern, bad choice)
+``invalid_value``           right type, refused value (NaN/inf, bad pattern, bad choice,
+                            NUL or an unpaired surrogate in text)
 ``out_of_range``            a number outside its bounds
 ``too_long``                a string, list or mapping over its size limit
 ``too_short``               an empty string or list where one item is needed
@@ -30,6 +31,15 @@ code                        meaning
 ``duplicate_key``           a key given twice in a spec file
 ``too_large``               a spec file over 1 MiB (the API's body limit)
 ==========================  ==========================================================
+
+Only ``model`` and ``env`` are required. Defaults: ``max_steps`` 20, ``batch_size`` 32,
+``rollouts_per_example`` 4, ``learning_rate`` 1e-4 and ``lora_alpha`` 16 (Prime's documented
+defaults), ``lora_rank`` 16 (0 = full fine-tune), ``seed`` 0, ``max_restarts`` 2,
+``max_off_policy_steps`` 1, ``priority`` normal, ``max_runtime_minutes`` 600,
+``sampling.max_tokens`` 128, ``sampling.temperature`` 1.0, ``eval.interval`` 0 (no eval),
+``eval.num_examples`` 32, ``checkpoints.interval`` 10 (0 = only the last step),
+``checkpoints.keep_last`` 3, ``resources.gpu_type`` cpu, ``resources.gpus`` 0 on cpu and 1
+on a GPU type. Every number has bounds; see each field.
 
 Nothing here imports Django or torch; the catalogues are passed in by the caller.
 """
