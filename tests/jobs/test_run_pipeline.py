@@ -13,7 +13,8 @@ import pytest
 from django.db import connection
 
 from jobs.models import Job, JobAttempt, JobEvent, MetricStep
-from tests.stack import LabStack, wait_for
+from labsdk import Lab
+from tests.stack import ROOT, LabStack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -77,12 +78,15 @@ def alive(pid: int) -> bool:
         return stat.read().split(") ", 1)[1][0] != "Z"
 
 
-def test_a_job_runs_from_queued_to_succeeded_with_every_step_stored_once(owner, spec, stack):
-    spec["checkpoints"] = {"interval": 2, "keep_last": 2}
+def test_a_job_created_with_the_sdk_runs_to_succeeded_with_every_step_stored_once(owner, stack):
+    lab = Lab(api_key=owner.key, base_url=stack.base_url)
+    created = lab.jobs.create(spec_file=ROOT / "examples" / "addition-tiny.toml")
+    assert created.status == "queued"
+    finished = lab.jobs.wait(created.id, timeout=240, progress=False)
+    assert finished.status == "succeeded"
     api = Api(stack, owner.key)
-    job = api.create(spec)
-    done = api.wait_status(job["id"], TERMINAL)
-    assert done["status"] == "succeeded", done
+    job = {"id": created.id}
+    done = api.get(created.id)
     assert done["attempt"] == 1
     assert done["step"] == 3
     assert done["usage"]["cpu_seconds"] > 0
