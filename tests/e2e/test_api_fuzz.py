@@ -98,6 +98,68 @@ def test_no_operation_of_the_openapi_document_answers_5xx(live_server, tenant):
     assert failures == []
 
 
+def _spec_shaped_openapi(base_url: str, key: str) -> dict:
+    """Return the served OpenAPI document with the job spec's JSON Schema as the body of
+    ``POST /jobs`` and ``POST /jobs/estimate`` (the document itself only says ``object``), the
+    model and environment ids narrowed to this Lab's catalogues so that valid specs come out."""
+    headers = {"Authorization": f"Bearer {key}"}
+    document = httpx.get(f"{base_url}/api/v1/schema", params={"format": "json"}).json()
+    spec_schema = httpx.get(f"{base_url}/api/v1/schema/job-spec.json").json()
+    models = [model["id"] for model in httpx.get(f"{base_url}/api/v1/models", headers=headers).json()["data"]]
+    environments = [env["id"] for env in httpx.get(f"{base_url}/api/v1/environments", headers=headers).json()["data"]]
+    definitions = spec_schema.pop("$defs", {})
+    spec_schema.pop("$schema", None)
+    spec_schema["properties"]["model"] = {"enum": models}
+    definitions["EnvConfig"]["properties"]["id"] = {"enum": environments}
+    text = json.dumps(spec_schema | {"$defs": definitions}).replace('"#/$defs/', '"#/components/schemas/')
+    spec_schema = json.loads(text)
+    document["openapi"] = "3.1.0"
+    document.setdefault("components", {}).setdefault("schemas", {}).update(spec_schema.pop("$defs"))
+    document["components"]["schemas"]["JobSpec"] = spec_schema
+    body = {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}}
+    paths = {path: document["paths"][path] for path in ("/api/v1/jobs", "/api/v1/jobs/estimate")}
+    paths["/api/v1/jobs"] = {"post": paths["/api/v1/jobs"]["post"]}
+    for operations in paths.values():
+        operations["post"]["requestBody"] = body
+    document["paths"] = paths
+    return document
+
+
+def test_spec_shaped_bodies_are_accepted_or_refused_never_5xx(live_server, tenant):
+    schema = schemathesis.openapi.from_dict(_spec_shaped_openapi(live_server.url, tenant.key))
+    headers = {"Authorization": f"Bearer {tenant.key}"}
+    failures: list[str] = []
+    statuses: list[int] = []
+
+    for operation in (result.ok() for result in schema.get_all_operations()):
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+            @settings(max_examples=SCHEMA_EXAMPLES, **_FUZZ_SETTINGS)
+            @given(case=operation.as_strategy(mode))
+            def check(case):
+                before = Job.objects.count()
+                response = case.call(base_url=live_server.url, headers=headers, timeout=30)
+                created = Job.objects.count() - before
+                if response.request.headers.get("Authorization") != headers["Authorization"]:
+                    # A negative case about authentication itself: it must be refused and change nothing.
+                    if response.status_code != 401 or created:
+                        failures.append(_describe(case.method, case.formatted_path, None, case.body, response))
+                    return
+                statuses.append(response.status_code)
+                expected_created = 1 if response.status_code == 201 else 0
+                if response.status_code >= 500 or response.status_code not in (200, 201, 400, 413) or (
+                    created != expected_created
+                ):
+                    failures.append(
+                        f"{created} created: " + _describe(case.method, case.formatted_path, None, case.body, response)
+                    )
+
+            check()
+
+    assert failures == []
+    assert 201 in statuses and 200 in statuses and 400 in statuses, sorted(set(statuses))
+
+
 # --- hostile job specs ------------------------------------------------------------------------
 
 _SPEC_PATHS = [
