@@ -8,7 +8,11 @@ the first `--warmup` steps are not timed. Prints DESIGN.md §5 JSON lines:
 `engine_step_s` (baseline: TRL's s/step), `engine_step_ratio_vs_trl` (goal ≤ 0.7) and the
 peak resident memory of each. Needs `bench/requirements-bench.txt` (TRL) installed.
 
-    python bench/engine_step.py [--steps 4] [--warmup 1] [--threads N] [--overlap]
+    python bench/engine_step.py [--steps 4] [--warmup 1] [--threads N] [--no-overlap]
+
+The engine runs with its CLI defaults (overlap on; on CPU one half of the cores for the
+sampler thread and one for the trainer); TRL with torch's default threads. `--threads`
+sets both.
 """
 
 from __future__ import annotations
@@ -112,8 +116,8 @@ def _child(part: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--part", part, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.threads:
         command += ["--threads", str(args.threads)]
-    if args.overlap:
-        command.append("--overlap")
+    if not args.overlap:
+        command.append("--no-overlap")
     env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
@@ -127,7 +131,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    parser.add_argument("--overlap", action="store_true", help="engine samples step n+1 while step n trains")
+    parser.add_argument("--no-overlap", dest="overlap", action="store_false", help="engine samples and trains in turn")
     parser.add_argument("--part", choices=["engine", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--skip-trl", action="store_true", help="time the engine only")
     args = parser.parse_args()
@@ -136,6 +140,8 @@ def main() -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
+        elif args.part == "engine" and args.overlap and not torch.cuda.is_available():
+            torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as engine.cli does
         sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "sdk")]
         result = run_engine(args.steps, args.warmup, args.overlap) if args.part == "engine" else run_trl(args.steps, args.warmup)
         print(json.dumps(result))
@@ -147,6 +153,7 @@ def main() -> int:
     trl_s = statistics.mean(trl_result["step_s"]) if trl_result else None
     ratio = engine_s / trl_s if trl_s else None
     detail = {"steps_timed": len(engine["step_s"]), "threads": args.threads or None, "overlap": args.overlap,
+              "load_average_1m": round(os.getloadavg()[0], 2),
               "generate_s": round(statistics.mean(engine["generate_s"]), 3), "train_s": round(statistics.mean(engine["train_s"]), 3)}
     print(json.dumps({"name": "engine_step_s", "value": round(engine_s, 3), "unit": "s", "baseline": round(trl_s, 3) if trl_s else None,
                       "ratio": round(ratio, 3) if ratio else None, **detail}))

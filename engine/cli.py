@@ -9,9 +9,10 @@ stderr, before step 0); 3 stopped after a checkpoint (SIGTERM or Lab's `action: 
 4 out of memory; 1 any other crash (Lab requeues and resumes).
 
 Engine knobs that are not part of the spec come from the environment:
-`LAB_ENGINE_OVERLAP` (1/0: sample the next step while this one trains; default 0 on CPU,
-1 on GPU), `LAB_ENGINE_MICRO_BATCH` (rollouts per forward/backward pass, default 16),
-`LAB_ENGINE_THREADS` (torch intra-op threads; default torch's own choice),
+`LAB_ENGINE_OVERLAP` (1/0: sample the next step while this one trains, when the spec's
+max_off_policy_steps allows it; default 1), `LAB_ENGINE_MICRO_BATCH` (rollouts per forward/backward pass, default 16),
+`LAB_ENGINE_THREADS` (torch intra-op threads; default: half the cores when overlapping on
+CPU, so sampler and trainer each get their own, else torch's own choice),
 `LAB_ENGINE_ROLLOUT` (`transformers`, the default, or `vllm` on a GPU pod; not yet run).
 """
 
@@ -105,6 +106,9 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
         threads = int(os.environ.get("LAB_ENGINE_THREADS") or 0)
     except ValueError:
         raise ConfigError("LAB_ENGINE_MICRO_BATCH and LAB_ENGINE_THREADS must be integers", "internal_error") from None
+    overlap = _flag("LAB_ENGINE_OVERLAP", True)
+    if threads <= 0 and overlap and parsed.spec.max_off_policy_steps >= 1 and not torch.cuda.is_available():
+        threads = max(1, (os.cpu_count() or 2) // 2)
     if threads > 0:
         torch.set_num_threads(threads)
     rollout = os.environ.get("LAB_ENGINE_ROLLOUT") or "transformers"
@@ -112,7 +116,7 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
         raise ConfigError(f"LAB_ENGINE_ROLLOUT must be transformers or vllm, not {rollout!r}", "internal_error")
     config = EngineConfig.from_spec(
         parsed.spec,
-        overlap=_flag("LAB_ENGINE_OVERLAP", torch.cuda.is_available()),
+        overlap=overlap,
         micro_batch_rollouts=max(1, micro_batch),
         rollout_backend=rollout,
     )
