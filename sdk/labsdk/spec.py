@@ -517,7 +517,7 @@ def _problem_from_pydantic(error: Mapping[str, Any]) -> SpecProblem:
     elif kind == "float_type":
         message = "number too large"
     elif kind == "string_unicode":
-        message = "holds a key that is not valid Unicode text (it has an unpaired surrogate)"
+        message = "holds text that is not valid Unicode (an unpaired surrogate), as a key or a value"
     elif kind == "string_pattern_mismatch":
         field_path = tuple(part for part in loc if not part.isdigit())
         message = _PATTERN_MESSAGES.get(field_path, error["msg"])

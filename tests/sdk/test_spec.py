@@ -571,3 +571,28 @@ def test_any_json_value_in_any_field_is_parsed_or_refused_cleanly():
         _check_outcome(data)
 
     check()
+
+
+def test_any_bytes_as_a_spec_file_are_parsed_or_refused_cleanly():
+    hypothesis = pytest.importorskip("hypothesis")
+    strategies = hypothesis.strategies
+    toml_like = strategies.lists(
+        strategies.sampled_from(['model = "m"', "[[env]]", 'id = "lab/addition"', "[sampling]", "max_tokens = 9",
+                                 "a = [[[1]]]", "a = 1", "x = nan", "= 1", '"\\ud800" = 1', "[a.b]", "[a]", "}"]),
+        max_size=8,
+    ).map("\n".join)
+    any_text = strategies.text(strategies.characters(exclude_categories=()), max_size=64)
+    documents = strategies.binary(max_size=64) | toml_like | any_text
+
+    @hypothesis.settings(max_examples=250, derandomize=True, deadline=None, database=None)
+    @hypothesis.given(document=documents, format=strategies.sampled_from(["toml", "json"]))
+    def check(document, format):
+        try:
+            loads_spec(document, format)
+        except SpecError as exc:
+            assert exc.errors
+            for problem in exc.errors:
+                assert problem.code in VOCABULARY
+                json.dumps(problem.to_dict(), ensure_ascii=False).encode("utf-8")
+
+    check()
