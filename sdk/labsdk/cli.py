@@ -21,7 +21,7 @@ from rich.table import Table
 
 from labsdk._version import __version__
 from labsdk.client import Lab
-from labsdk.errors import JobCancelledError, JobFailedError, LabError, WaitTimeoutError
+from labsdk.errors import APIConnectionError, JobCancelledError, JobFailedError, LabError, WaitTimeoutError
 from labsdk.spec import SpecError, load_spec_file
 from labsdk.types import Job, LabObject
 
@@ -289,7 +289,12 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
     estimate = None
     if os.environ.get("LAB_API_KEY"):
-        estimate = client().jobs.estimate(spec_file=args.file)
+        try:
+            estimate = client().jobs.estimate(spec_file=args.file)
+        except APIConnectionError:
+            if not args.json:
+                print(f"{args.file}: valid locally; Lab was not reached to check the catalogues and the pool")
+            raise
     warnings = list(dict.fromkeys(parsed.warnings + (estimate.warnings if estimate else [])))
     if args.json:
         _print_json({"valid": True, "errors": [], "warnings": warnings,

@@ -344,3 +344,15 @@ def test_jobs_get_shows_zero_cost_as_money(lab_env, capsys):
     job = lab_env.add_job()
 
     assert "0 GPU-s, 0 CPU-s, $0.00" in run(capsys, "jobs", "get", job["id"])[1]
+
+
+def test_spec_check_says_the_file_is_valid_locally_when_lab_is_unreachable(capsys, sleeps, monkeypatch, spec_file):
+    monkeypatch.setenv("LAB_API_KEY", "lab_key")
+    monkeypatch.setenv("LAB_BASE_URL", "http://127.0.0.1:9")
+    path = spec_file(DESIGN_EXAMPLE_TOML)
+
+    status, out, err = run(capsys, "spec", "check", path)
+
+    assert status == 1
+    assert out == f"{path}: valid locally; Lab was not reached to check the catalogues and the pool\n"
+    assert err.startswith("error: could not reach Lab")
