@@ -34,7 +34,7 @@ from tests.e2e.conftest import TINY_SPEC
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 #: Examples per operation and generation mode for schemathesis; per endpoint for the spec fuzzer.
-SCHEMA_EXAMPLES = 12
+SCHEMA_EXAMPLES = 10
 SPEC_EXAMPLES = 60
 
 _FUZZ_SETTINGS = dict(

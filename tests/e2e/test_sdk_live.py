@@ -612,3 +612,17 @@ def test_downsampled_metrics_keep_the_last_step(live_server, lab, tenant, spec):
     steps = [point["step"] for point in response.json()["data"]]
     assert len(steps) <= 3
     assert steps[0] == 1 and steps[-1] == 100, steps
+
+
+def test_wait_with_progress_reads_metrics_and_times_out_on_a_queued_job(lab, spec):
+    job = lab.jobs.create(spec)
+    _metric_steps(job.id, 3)
+
+    with pytest.raises(labsdk.WaitTimeoutError) as caught:
+        lab.jobs.wait(job.id, timeout=1.5, progress=True, poll_interval=0.5)
+
+    assert caught.value.job.id == job.id and caught.value.job.status == "queued"
+    lab.jobs.cancel(job.id)
+    with pytest.raises(labsdk.JobCancelledError) as ended:
+        lab.jobs.wait(job.id, progress=True)
+    assert ended.value.job.status == "cancelled"
