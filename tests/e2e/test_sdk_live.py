@@ -626,3 +626,13 @@ def test_wait_with_progress_reads_metrics_and_times_out_on_a_queued_job(lab, spe
     with pytest.raises(labsdk.JobCancelledError) as ended:
         lab.jobs.wait(job.id, progress=True)
     assert ended.value.job.status == "cancelled"
+
+
+def test_metadata_filters_take_keys_with_dots_quotes_and_brackets(lab, spec):
+    keys = ["a.b", "a__b", "q'x", "[x]", "k=v&z", "é", " "]
+    job = lab.jobs.create(spec, metadata={key: f"v{index}" for index, key in enumerate(keys)})
+    lab.jobs.create(spec, metadata={key: "other" for key in keys})
+
+    found = {key: [listed.id for listed in lab.jobs.list(metadata={key: f"v{index}"})] for index, key in enumerate(keys)}
+
+    assert found == {key: [job.id] for key in keys}
