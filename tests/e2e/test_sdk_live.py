@@ -568,14 +568,16 @@ def test_it_lists_checkpoints_across_pages_and_shows_the_latest_ready_one(lab, s
 
 
 def _metric_steps(job_id: str, count: int) -> None:
+    """Store ``count`` steps of ``reward/mean``: 0.5 everywhere, 0.25 at step 30, 1.5 at step 60."""
     from django.utils import timezone
 
     from jobs.models import MetricStep
 
     stored = Job.objects.get(public_id=job_id)
     now = timezone.now()
+    rewards = {30: 0.25, 60: 1.5}
     MetricStep.objects.bulk_create(
-        MetricStep(job=stored, step=step, attempt=1, time=now, values={"reward/mean": 0.5 + (step == 60) - (step == 30) * 0.5})
+        MetricStep(job=stored, step=step, attempt=1, time=now, values={"reward/mean": rewards.get(step, 0.5)})
         for step in range(1, count + 1)
     )
 
@@ -633,6 +635,8 @@ def test_metadata_filters_take_keys_with_dots_quotes_and_brackets(lab, spec):
     job = lab.jobs.create(spec, metadata={key: f"v{index}" for index, key in enumerate(keys)})
     lab.jobs.create(spec, metadata={key: "other" for key in keys})
 
-    found = {key: [listed.id for listed in lab.jobs.list(metadata={key: f"v{index}"})] for index, key in enumerate(keys)}
+    found = {
+        key: [listed.id for listed in lab.jobs.list(metadata={key: f"v{index}"})] for index, key in enumerate(keys)
+    }
 
     assert found == {key: [job.id] for key in keys}
