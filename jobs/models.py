@@ -277,3 +277,5 @@ class LogLine(models.Model):
             models.UniqueConstraint(fields=["job", "attempt", "source", "source_seq"], name="log_line_unique")
         ]
         indexes = [models.Index(fields=["job", "id"], name="log_job_order")]
+
+from jobs.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookMessage  # noqa: E402,F401  (models of the jobs app)

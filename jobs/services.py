@@ -30,6 +30,7 @@ from jobs.models import (
     StopReason,
 )
 from jobs.specs import validate_job_spec
+from jobs.webhooks.services import enqueue_event
 from lab.api.errors import ApiError
 from lab.models import Project
 from lab.services import Actor, audit_record
@@ -77,7 +78,9 @@ def job_record_event(
     *, job: Job, type: str, message: str = "", level: str = EventLevel.INFO, data: dict[str, Any] | None = None
 ) -> JobEvent:
     """Append a JobEvent to ``job`` (call inside the transaction that made the change)."""
-    return JobEvent.objects.create(job=job, type=type, level=level, message=message, data=data or {})
+    event = JobEvent.objects.create(job=job, type=type, level=level, message=message, data=data or {})
+    enqueue_event(event)  # the webhook outbox rows, in this same transaction
+    return event
 
 
 @transaction.atomic

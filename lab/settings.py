@@ -168,6 +168,7 @@ LAB_KILL_GRACE_S = env_int("LAB_KILL_GRACE_S", 30, minimum=0)
 LAB_RECONCILE_INTERVAL_S = env_int("LAB_RECONCILE_INTERVAL_S", 5, minimum=1)
 # Requests per minute one job's engine may make to the ingest API before it gets 429.
 LAB_INGEST_RATE_LIMIT_PER_MINUTE = env_int("LAB_INGEST_RATE_LIMIT_PER_MINUTE", 1200, minimum=1)
+LAB_WEBHOOK_TIMEOUT_S = env_int("LAB_WEBHOOK_TIMEOUT_S", 15, minimum=1, maximum=60)  # 2xx within this many seconds = delivered
 LAB_WEBHOOK_RETRY_SCHEDULE = env_int_list("LAB_WEBHOOK_RETRY_SCHEDULE", [0, 5, 300, 1800, 7200, 18000, 36000, 36000])
 LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
 LAB_TRIAL_CREDIT_USD = env_str("LAB_TRIAL_CREDIT_USD", "10.00")
@@ -274,4 +275,5 @@ LOGGING = {
 CELERY_BEAT_SCHEDULE = {
     "purge-idempotency-records": {"task": "lab.purge_idempotency_records", "schedule": 3600.0},
     "reconcile-jobs": {"task": "jobs.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
+    "sweep-webhook-deliveries": {"task": "jobs.webhooks.sweep", "schedule": 5.0},
 }

@@ -6,6 +6,7 @@ from jobs.api import views
 
 urlpatterns = [
     path("ingest/jobs/", include("jobs.ingest.urls")),
+    path("", include("jobs.webhooks.urls")),
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
     path("jobs/estimate", views.JobEstimateView.as_view(), name="api-job-estimate"),
     path("jobs/<str:job_id>", views.JobDetailView.as_view(), name="api-job"),

@@ -1,0 +1,12 @@
+"""Webhooks (Standard Webhooks, DESIGN.md §4): endpoints, the outbox and its delivery.
+
+- ``models``: WebhookEndpoint, WebhookMessage (one per event), WebhookDelivery (one per
+  message and endpoint: the outbox row), WebhookAttempt (one per HTTP try).
+- ``services``: create/update/rotate endpoints, ``enqueue_event`` (called by
+  ``jobs.services.job_record_event``), the test event, redeliver, and delivery itself.
+- ``tasks``: Celery adapters; ``views``/``urls``: the REST endpoints.
+"""
+
+# Celery's autodiscovery only looks at ``jobs.tasks``; importing the webhook tasks here registers
+# them in every process that loads the jobs app (the module imports nothing from Django).
+from jobs.webhooks import tasks as _tasks  # noqa: E402,F401

@@ -1,0 +1,1 @@
+"""Small shared helpers with no Django models of their own (the hardened outgoing HTTP client)."""
