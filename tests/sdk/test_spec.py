@@ -557,7 +557,7 @@ def test_any_json_value_in_any_field_is_parsed_or_refused_cleanly():
         ("metadata",), ("resources",), ("resources", "gpus"), ("wandb",), ("oversampling_factor",), (),
     ]
 
-    @hypothesis.settings(max_examples=250, derandomize=True, deadline=None, database=None)
+    @hypothesis.settings(max_examples=150, derandomize=True, deadline=None, database=None)
     @hypothesis.given(path=strategies.sampled_from(field_paths), value=values, key=text)
     def check(path, value, key):
         data = json.loads(json.dumps(MINIMAL))
@@ -584,7 +584,7 @@ def test_any_bytes_as_a_spec_file_are_parsed_or_refused_cleanly():
     any_text = strategies.text(strategies.characters(exclude_categories=()), max_size=64)
     documents = strategies.binary(max_size=64) | toml_like | any_text
 
-    @hypothesis.settings(max_examples=250, derandomize=True, deadline=None, database=None)
+    @hypothesis.settings(max_examples=150, derandomize=True, deadline=None, database=None)
     @hypothesis.given(document=documents, format=strategies.sampled_from(["toml", "json"]))
     def check(document, format):
         try:
