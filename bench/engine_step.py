@@ -10,8 +10,8 @@ peak resident memory of each. Needs `bench/requirements-bench.txt` (TRL) install
 
     python bench/engine_step.py [--steps 4] [--warmup 1] [--threads N] [--no-overlap]
 
-The engine runs with its CLI defaults (overlap on; on CPU one half of the cores for the
-sampler thread and one for the trainer); TRL with torch's default threads. `--threads`
+The engine runs with its CLI defaults (overlap on; on CPU torch threads = half the cores, so
+the sampler thread and the trainer each get their own); TRL with torch's default threads. `--threads`
 sets both.
 """
 
@@ -140,7 +140,7 @@ def main() -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        elif args.part == "engine" and args.overlap and not torch.cuda.is_available():
+        elif args.part == "engine" and not torch.cuda.is_available():
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as engine.cli does
         sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "sdk")]
         result = run_engine(args.steps, args.warmup, args.overlap) if args.part == "engine" else run_trl(args.steps, args.warmup)

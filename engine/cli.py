@@ -11,8 +11,9 @@ stderr, before step 0); 3 stopped after a checkpoint (SIGTERM or Lab's `action: 
 Engine knobs that are not part of the spec come from the environment:
 `LAB_ENGINE_OVERLAP` (1/0: sample the next step while this one trains, when the spec's
 max_off_policy_steps allows it; default 1), `LAB_ENGINE_MICRO_BATCH` (rollouts per forward/backward pass, default 16),
-`LAB_ENGINE_THREADS` (torch intra-op threads; default: half the cores when overlapping on
-CPU, so sampler and trainer each get their own, else torch's own choice),
+`LAB_ENGINE_THREADS` (torch intra-op threads; default on CPU: half the cores, so that with
+overlap the sampler and the trainer each get their own, and because on a shared 2-core
+machine two threads per op measured several times slower than one; on GPU torch's choice),
 `LAB_ENGINE_ROLLOUT` (`transformers`, the default, or `vllm` on a GPU pod; not yet run).
 """
 
@@ -107,7 +108,7 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
     except ValueError:
         raise ConfigError("LAB_ENGINE_MICRO_BATCH and LAB_ENGINE_THREADS must be integers", "internal_error") from None
     overlap = _flag("LAB_ENGINE_OVERLAP", True)
-    if threads <= 0 and overlap and parsed.spec.max_off_policy_steps >= 1 and not torch.cuda.is_available():
+    if threads <= 0 and not torch.cuda.is_available():
         threads = max(1, (os.cpu_count() or 2) // 2)
     if threads > 0:
         torch.set_num_threads(threads)

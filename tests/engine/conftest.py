@@ -85,6 +85,17 @@ class FakeLab:
             return 404, {"error": {"type": "invalid_request", "code": "not_found", "message": path}}
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Run in-process engine code on one torch thread, as the engine's CLI does on 2 cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def fake_lab(tmp_path):
     """Start a FakeLab on a free port of 127.0.0.1 for one test."""
