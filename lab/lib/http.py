@@ -100,7 +100,11 @@ def address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, a
         address = address.ipv4_mapped
     if address in METADATA_ADDRESSES:
         return "blocked_address"
-    if address.is_multicast or address.is_unspecified or address.is_link_local or address.is_reserved:
+    if address.is_multicast or address.is_unspecified or address.is_link_local:
+        return "blocked_address"
+    if address.is_loopback:
+        return None if allow_private else "private_address"
+    if address.is_reserved:
         return "blocked_address"
     if address.is_global and not (isinstance(address, ipaddress.IPv4Address) and address in _SHARED):
         return None
