@@ -76,6 +76,16 @@ def test_it_runs_three_offline_steps_on_the_tiny_model(tmp_path):
     assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == "lab/tiny-random-llama"
     assert json.loads((work / "finish.json").read_text()) == {"attempt": 1, "outcome": "succeeded"}
 
+    # A second attempt resumed from the step-2 archive repeats step 3 exactly (times aside).
+    resumed_dir = tmp_path / "attempt2"
+    resumed_dir.mkdir()
+    code, _, stderr = finish(engine(["--spec", str(spec), "--resume-from", str(work / "checkpoints" / "step-000002.tar")], resumed_dir))
+    assert code == 0, stderr
+    resumed = [json.loads(line) for line in (resumed_dir / "work" / "metrics.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in resumed] == [3]
+    varying = {"time/step", "time/generate", "time/train", "perf/tokens_per_s"}
+    assert {k: v for k, v in resumed[0]["values"].items() if k not in varying} == {k: v for k, v in points[2]["values"].items() if k not in varying}
+
 
 def test_it_checkpoints_and_exits_3_on_sigterm(tmp_path):
     spec = write_spec(tmp_path / "spec.json", max_steps=500, checkpoints={"interval": 0, "keep_last": 1})
