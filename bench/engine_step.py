@@ -140,7 +140,7 @@ def main() -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        elif args.part == "engine" and not torch.cuda.is_available():
+        elif not torch.cuda.is_available():
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as engine.cli does
         sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "sdk")]
         result = run_engine(args.steps, args.warmup, args.overlap) if args.part == "engine" else run_trl(args.steps, args.warmup)
