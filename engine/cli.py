@@ -163,8 +163,10 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
 
-    def fail(code: int, outcome: str, error: dict | None) -> int:
-        reporter.close(outcome, error, timeout=float(os.environ.get("LAB_ENGINE_FLUSH_TIMEOUT", "60")))
+    def finish_attempt(code: int, outcome: str, error: dict | None) -> int:
+        timeout = float(os.environ.get("LAB_ENGINE_FLUSH_TIMEOUT", "60"))
+        # An invalid job has little to flush; do not hold its exit for long if Lab is away.
+        reporter.close(outcome, error, timeout=min(timeout, 10.0) if code == EXIT_INVALID else timeout)
         logger.removeHandler(handler)
         return code
 
@@ -202,18 +204,18 @@ def run(args: argparse.Namespace) -> int:
         message = _one_line(error)
         print(f"engine: {message}", file=sys.stderr, flush=True)
         reporter.log(f"engine: {message}", "stderr")
-        return fail(EXIT_INVALID, "failed", {"code": error.code, "message": message})
+        return finish_attempt(EXIT_INVALID, "failed", {"code": error.code, "message": message})
     except (MemoryError, _oom_error()) as error:
         message = f"out of memory: {_one_line(error)[:500]}"
         print(f"engine: {message}", file=sys.stderr, flush=True)
         reporter.log(f"engine: {message}", "stderr")
-        return fail(EXIT_OOM, "failed", {"code": "oom", "message": message})
+        return finish_attempt(EXIT_OOM, "failed", {"code": "oom", "message": message})
     except Exception as error:
         logger.exception("engine crashed")
-        return fail(EXIT_CRASHED, "failed", {"code": "internal_error", "message": _one_line(repr(error))[:500]})
+        return finish_attempt(EXIT_CRASHED, "failed", {"code": "internal_error", "message": _one_line(repr(error))[:500]})
     if outcome == "stopped":
-        return fail(EXIT_STOPPED, "stopped", None)
-    return fail(EXIT_SUCCEEDED, "succeeded", None)
+        return finish_attempt(EXIT_STOPPED, "stopped", None)
+    return finish_attempt(EXIT_SUCCEEDED, "succeeded", None)
 
 
 def _oom_error() -> type[BaseException]:
