@@ -34,6 +34,7 @@ import random
 import secrets
 import threading
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone as dt_timezone
@@ -502,20 +503,22 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
                 for (delivery, headers), (result, excerpt) in zip(prepared, outcomes)
             ]
         )
-        succeeded_ids: list[int] = []
+        # Successes are the common case: one UPDATE per (try number, status code), not per row.
+        # Each UPDATE is conditional on the try number this worker claimed, so the result of a
+        # try whose lease ran out (and was claimed again) is ignored.
+        succeeded: dict[tuple[int, int | None], list[int]] = defaultdict(list)
         failed_endpoints: dict[int, WebhookEndpoint] = {}
         recovered_endpoints: set[int] = set()
         for (delivery, _headers), (result, _excerpt) in zip(prepared, outcomes):
+            if result.succeeded:
+                succeeded[(delivery.attempt_count, result.status_code)].append(delivery.pk)
+                if delivery.endpoint.failing_since is not None:
+                    recovered_endpoints.add(delivery.endpoint_id)
+                continue
             held = WebhookDelivery.objects.filter(
                 pk=delivery.pk, status=DeliveryStatus.PENDING, attempt_count=delivery.attempt_count
             )
             common = {"last_status_code": result.status_code, "last_error": result.error}
-            if result.succeeded:
-                succeeded_ids.append(delivery.pk)
-                if delivery.endpoint.failing_since is not None:
-                    recovered_endpoints.add(delivery.endpoint_id)
-                held.update(status=DeliveryStatus.SUCCEEDED, next_attempt_at=None, finished_at=now, **common)
-                continue
             failed_endpoints[delivery.endpoint_id] = delivery.endpoint
             delay = retry_delay(delivery.attempt_count) if result.retryable else None
             if delay is None:
@@ -524,6 +527,11 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
                 held.update(next_attempt_at=now + timedelta(seconds=delay), **common)
                 if delay <= COUNTDOWN_LIMIT_S:
                     retry_soon.append((delivery.pk, delay))
+        for (attempt_count, status_code), ids in succeeded.items():
+            WebhookDelivery.objects.filter(pk__in=ids, status=DeliveryStatus.PENDING, attempt_count=attempt_count).update(
+                status=DeliveryStatus.SUCCEEDED, next_attempt_at=None, finished_at=now, last_status_code=status_code,
+                last_error="",
+            )
         if recovered_endpoints:
             WebhookEndpoint.objects.filter(pk__in=recovered_endpoints).update(failing_since=None)
         for endpoint_id, endpoint in failed_endpoints.items():

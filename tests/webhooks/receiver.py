@@ -70,7 +70,10 @@ class Receiver:
                 except OSError:
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # 25 connections open at once must not overflow the backlog
+
+        self.server = Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
