@@ -97,23 +97,32 @@ def metric_points(*, job: Job, params: Mapping[str, str]) -> dict:
 
 
 def downsample(rows: list[tuple], names: list[str], max_points: int) -> list[tuple]:
-    """Keep at most ``max_points`` of ``rows`` ((step, time, attempt, values) in step order):
-    per bucket, the rows holding each name's minimum and maximum, plus the first and last row."""
+    """Keep at most ``max_points`` of ``rows`` ((step, time, attempt, values) in step order).
+
+    The first and last rows always stay; the rows between are split into buckets and each bucket
+    keeps the rows holding each tracked name's minimum and maximum (min-max decimation, so spikes
+    survive). Tracked names are ``names``, or the first row's names (at most 8).
+    """
     if len(rows) <= max_points:
         return rows
-    tracked = names or sorted({name for row in rows[:1] for name in row[3]})[:8]
+    tracked = names or sorted(rows[0][3])[:8]
     per_bucket = max(2, 2 * len(tracked))
-    buckets = max(1, max_points // per_bucket)
-    size = -(-len(rows) // buckets)
-    keep: set[int] = {0, len(rows) - 1}
-    for start in range(0, len(rows), size):
-        indexes = range(start, min(start + size, len(rows)))
+    interior = range(1, len(rows) - 1)
+    buckets = max(1, (max_points - 2) // per_bucket)
+    size = -(-len(interior) // buckets)
+    keep: set[int] = set()
+    for start in range(interior.start, interior.stop, size):
+        indexes = range(start, min(start + size, interior.stop))
         for name in tracked:
             present = [index for index in indexes if name in rows[index][3]]
             if present:
                 keep.add(min(present, key=lambda index: rows[index][3][name]))
                 keep.add(max(present, key=lambda index: rows[index][3][name]))
-    return [rows[index] for index in sorted(keep)][:max_points]
+    middle, room = sorted(keep), max_points - 2
+    if len(middle) > room:
+        # More extremes than room (few points asked for many names): thin them evenly.
+        middle = [middle[int(index * len(middle) / room)] for index in range(room)]
+    return [rows[0], *(rows[index] for index in middle), rows[-1]]
 
 
 def job_samples(*, job: Job, params: Mapping[str, str]) -> dict:

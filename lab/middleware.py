@@ -11,6 +11,7 @@ import uuid
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 
 from lab.api.errors import ApiError, error_json_response
 from lab.logging import request_id_var
@@ -90,17 +91,37 @@ def max_request_bytes(path: str) -> int:
 
 
 class BodySizeLimitMiddleware(_Middleware):
-    """Refuse a body whose declared length is over the limit with 413 before it is read."""
+    """Refuse a body over the limit with 413: by its declared length before it is read, or, for a
+    chunked body without Content-Length, by what arrived (and then declare its length, since DRF
+    reads a body without Content-Length as empty)."""
 
     def before(self, request):
-        declared = request.META.get("CONTENT_LENGTH") or "0"
-        try:
-            length = int(declared)
-        except ValueError:
-            return error_json_response(ApiError(400, "invalid_request", "Content-Length is not a number."))
         limit = max_request_bytes(request.path)
-        if length > limit:
+        too_large = ApiError(413, "request_too_large", f"The request body is larger than {limit // (1024 * 1024)} MB.")
+        declared = request.META.get("CONTENT_LENGTH")
+        if declared:
+            try:
+                length = int(declared)
+            except ValueError:
+                return error_json_response(ApiError(400, "invalid_request", "Content-Length is not a number."))
+            return error_json_response(too_large) if length > limit else None
+        if request.method in ("POST", "PUT", "PATCH") and "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", ""):
+            try:
+                body = request.body
+            except RequestDataTooBig:
+                return error_json_response(too_large)
+            if len(body) > limit:
+                return error_json_response(too_large)
+            request.META["CONTENT_LENGTH"] = str(len(body))
+        return None
+
+
+class NulCharacterMiddleware(_Middleware):
+    """Refuse NUL characters in the path or query string (no database can store them) with 400."""
+
+    def before(self, request):
+        if "\x00" in request.path or any("\x00" in key or "\x00" in value for key, value in request.GET.items()):
             return error_json_response(
-                ApiError(413, "request_too_large", f"The request body is larger than {limit // (1024 * 1024)} MB.")
+                ApiError(400, "invalid_request", "NUL characters are not allowed in the path or the query string.")
             )
         return None

@@ -10,7 +10,7 @@ import math
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 MAX_BATCH = 1000
 
@@ -24,7 +24,26 @@ def _finite_values(values: dict[str, float]) -> dict[str, float]:
     return values
 
 
-MetricName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+def _storable(text: str) -> str:
+    """Refuse text PostgreSQL cannot store: NUL characters and unpaired surrogates."""
+    if "\x00" in text:
+        raise ValueError("NUL characters cannot be stored")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("unpaired surrogates cannot be stored") from None
+    return text
+
+
+def _printable(text: object) -> object:
+    """Make captured output storable before it is validated: NUL becomes U+FFFD and an unpaired
+    surrogate "?". Other types pass through to fail the string check."""
+    if not isinstance(text, str):
+        return text
+    return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+
+
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_storable)]
 Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
 Attempt = Annotated[int, Field(ge=1, le=10_000)]
 
@@ -36,7 +55,7 @@ class StatusReport(BaseModel):
     attempt: Attempt
     phase: Literal["loading", "running", "checkpointing", "finishing"]
     step: Step = 0
-    message: Annotated[str, StringConstraints(max_length=2000)] = ""
+    message: Annotated[str, StringConstraints(max_length=2000), BeforeValidator(_printable)] = ""
 
 
 class MetricPoint(BaseModel):
@@ -62,8 +81,8 @@ class Sample(BaseModel):
     model_config = _STRICT
     step: Step
     group: Annotated[int, Field(ge=0, le=1_000_000)]
-    prompt: Annotated[str, StringConstraints(max_length=65_536)]
-    completion: Annotated[str, StringConstraints(max_length=65_536)]
+    prompt: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)]
+    completion: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)]
     reward: float
     advantage: float
     metrics: Annotated[dict[MetricName, float], Field(max_length=64), AfterValidator(_finite_values)] = {}
@@ -83,8 +102,8 @@ class LogLineIn(BaseModel):
     model_config = _STRICT
     seq: Annotated[int, Field(ge=0, le=2**62)]
     time: datetime
-    stream: Annotated[str, StringConstraints(min_length=1, max_length=16)] = "stdout"
-    line: Annotated[str, StringConstraints(max_length=16_384)]
+    stream: Annotated[str, StringConstraints(min_length=1, max_length=16), AfterValidator(_storable)] = "stdout"
+    line: Annotated[str, StringConstraints(max_length=16_384), BeforeValidator(_printable)]
 
 
 class LogsBatch(BaseModel):
@@ -116,8 +135,8 @@ class FinishError(BaseModel):
     """Why an attempt failed, in DESIGN.md §4's ``error.code`` terms."""
 
     model_config = _STRICT
-    code: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-    message: Annotated[str, StringConstraints(max_length=4000)] = ""
+    code: Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_storable)]
+    message: Annotated[str, StringConstraints(max_length=4000), BeforeValidator(_printable)] = ""
 
 
 class FinishReport(BaseModel):

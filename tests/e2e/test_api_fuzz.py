@@ -9,9 +9,8 @@ Two fuzzers, both bounded and deterministic (fixed example counts, ``derandomize
   and odd unicode strings, nesting, unknown keys. They must be refused (400 or 413) or
   accepted, never 5xx, and a refused body creates no job.
 
-Inputs that hit the known bugs pinned by the ``xfail`` tests at the end are kept out of the
-fuzzers (NUL characters in paths and query strings, JSON nested past the parser's recursion
-limit), so that the fuzzers keep finding new problems while those bugs are open.
+NUL characters in paths and query strings and JSON nested past the parser's recursion limit
+have their own regression tests at the end, so the fuzzers leave them out.
 """
 
 from __future__ import annotations
@@ -255,18 +254,13 @@ def test_hostile_specs_are_refused_or_accepted_never_5xx(live_server, tenant, en
     assert 400 in seen
 
 
-# --- known bugs, pinned -----------------------------------------------------------------------
+# --- regressions of bugs the fuzzers found --------------------------------------------------------------------
 
 
 def _deep_json(depth: int) -> bytes:
     return b'{"model": ' + b"[" * depth + b"]" * depth + b"}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: JSON nested past Python's recursion limit raises RecursionError in DRF's JSONParser "
-    "(rest_framework/parsers.py catches only ValueError), answered 500 internal_error",
-)
 @pytest.mark.parametrize("endpoint", ["/api/v1/jobs", "/api/v1/jobs/estimate"])
 def test_json_nested_too_deep_is_a_400_not_500(live_server, tenant, endpoint):
     response = httpx.post(
@@ -292,11 +286,6 @@ _NUL_REQUESTS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a NUL character in a path id, an ``after`` cursor or a metadata filter reaches "
-    "PostgreSQL (text cannot hold U+0000) and is answered 500 internal_error",
-)
 @pytest.mark.parametrize(
     ("method", "path", "query"),
     _NUL_REQUESTS,

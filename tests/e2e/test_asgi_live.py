@@ -86,11 +86,6 @@ def _chunks(body: bytes, size: int = 65536):
         yield body[start : start + size]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a body sent with Transfer-Encoding: chunked (no Content-Length) is read as empty, "
-    "so a valid spec is refused as 400 invalid_spec ('model' is required)",
-)
 def test_a_chunked_spec_is_read_not_taken_for_an_empty_one(asgi_url, tenant):
     response = httpx.post(
         f"{asgi_url}/api/v1/jobs",
@@ -102,11 +97,6 @@ def test_a_chunked_spec_is_read_not_taken_for_an_empty_one(asgi_url, tenant):
     assert response.status_code in (201, 411), response.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the 1 MB limit checks only the declared Content-Length; a chunked body of any size "
-    "is accepted for reading and answered 400, not 413",
-)
 def test_a_chunked_body_over_one_megabyte_is_413(asgi_url, tenant):
     body = json.dumps({**TINY_SPEC, "name": "x" * 5_000_000}).encode()
 

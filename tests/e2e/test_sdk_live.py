@@ -594,11 +594,6 @@ def test_it_pages_metrics_by_step(lab, spec):
     assert [point.step for point in after] == [21, 22, 23, 24, 25]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: jobs/selectors.py downsample() keeps first, last, minimum and maximum rows, then cuts "
-    "the sorted list to max_points, so the last step is dropped when they number more than max_points",
-)
 def test_downsampled_metrics_keep_the_last_step(live_server, lab, tenant, spec):
     import httpx
 

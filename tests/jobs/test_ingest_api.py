@@ -238,3 +238,21 @@ def test_finish_records_the_outcome(owner, spec):
     attempt = job.attempts.get()
     assert attempt.outcome == "failed"
     assert attempt.outcome_error == {"code": "environment_error", "message": "bad env"}
+
+
+def test_unstorable_text_is_cleaned_in_logs_and_refused_in_metric_names(owner, spec):
+    job, client, base = start(owner, spec)
+    body = '{"attempt": 1, "lines": [{"seq": 1, "time": "2026-11-29T22:16:31Z", "line": "a\\u0000b \\ud800"}]}'
+    assert client.post(f"{base}/logs", body, content_type="application/json").status_code == 200
+    assert LogLine.objects.get(job=job).line == "a\ufffdb ?"
+    bad = '{"attempt": 1, "points": [{"step": 1, "time": "2026-11-29T22:16:31Z", "values": {"r\\u0000": 1.0}}]}'
+    assert client.post(f"{base}/metrics", bad, content_type="application/json").status_code == 400
+    assert not MetricStep.objects.exists()
+
+
+def test_json_nested_past_the_recursion_limit_is_400(owner, spec):
+    job, client, base = start(owner, spec)
+    deep = b'{"attempt": 1, "points": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = client.post(f"{base}/metrics", deep, content_type="application/json")
+    assert response.status_code == 400
+    assert not MetricStep.objects.exists()
