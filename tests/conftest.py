@@ -51,6 +51,15 @@ def _clear_cache():
 
 
 @pytest.fixture
+def default_prices(db) -> None:
+    """Seed the price table again: transactional tests empty every table, seeded rows included."""
+    from billing.defaults import seed_default_prices
+    from billing.models import Price
+
+    seed_default_prices(Price)
+
+
+@pytest.fixture
 def owner(db) -> Tenant:
     """The owner of organization "Acme" with project "default"."""
     return make_tenant("owner@acme.test", "Acme")

@@ -8,13 +8,11 @@ committed rows.
 from __future__ import annotations
 
 import copy
-import importlib
 from pathlib import Path
 
 import pytest
 from labsdk import Lab
 
-from billing.models import Price
 from lab.services import Actor, api_key_create
 from tests.conftest import Tenant, make_tenant
 
@@ -69,17 +67,9 @@ def tiny_toml(tmp_path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _seeded_prices(transactional_db) -> None:
-    """Put back the price table that the data migration seeds.
-
-    A transactional test flushes every table afterwards, data-migration rows included, so only
-    the first such test in a run would otherwise see prices.
-    """
-    seeded = importlib.import_module("billing.migrations.0002_seed_prices").DEFAULT_PRICES
-    for resource_type, (usd_per_hour, description) in seeded.items():
-        Price.objects.get_or_create(
-            resource_type=resource_type, defaults={"usd_per_hour": usd_per_hour, "description": description}
-        )
+def _seeded_prices(default_prices) -> None:
+    """Put back the price table: a transactional test flushes every table afterwards, rows of
+    data migrations included, so only the first such test in a run would otherwise see prices."""
 
 
 @pytest.fixture(autouse=True)
