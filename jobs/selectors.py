@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from django.db.models import QuerySet
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast
 from django.db.models.fields.json import KeyTextTransform
 
 from jobs.models import Job, JobStatus, LogLine, MetricStep, RolloutSample
@@ -30,9 +31,12 @@ def job_list(*, project: Project, status: str | None = None, metadata: Mapping[s
             )
         jobs = jobs.filter(status=status)
     for index, (key, value) in enumerate((metadata or {}).items()):
-        # KeyTextTransform takes the key literally, so keys with "__" or dots are safe.
+        # KeyTextTransform takes the key literally, so keys with "__" or dots are safe; the cast
+        # makes the comparison a plain text one on every database (SQLite would parse the value
+        # as JSON otherwise).
         alias = f"metadata_{index}"
-        jobs = jobs.alias(**{alias: KeyTextTransform(key, "metadata")}).filter(**{alias: value})
+        value_of_key = Cast(KeyTextTransform(key, "metadata"), output_field=TextField())
+        jobs = jobs.alias(**{alias: value_of_key}).filter(**{alias: value})
     return jobs
 
 
