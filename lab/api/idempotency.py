@@ -82,7 +82,12 @@ def run_idempotently(request, project: Project, handler: Callable[[], Response])
         # Another request with this key committed first: answer as it did.
         existing = IdempotencyRecord.objects.filter(project=project, key=key).first()
         if existing is None:
-            raise
+            raise ApiError(
+                409,
+                "idempotency_conflict",
+                "Another request with this Idempotency-Key is in progress; retry it shortly.",
+                param=HEADER,
+            ) from None
         return _replay(existing, request_hash)
 
 
