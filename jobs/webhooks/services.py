@@ -326,18 +326,42 @@ def _publish(
     return deliveries
 
 
+_pending = threading.local()
+
+
 def _deliver_on_commit(delivery_ids: list[int], countdown: float = 0) -> None:
+    """Queue delivery tasks for ``delivery_ids`` once the current transaction commits.
+
+    Ids written by one transaction are gathered and sent in tasks of ``BATCH_SIZE``, so a burst
+    of events (or an event to many endpoints) costs few tasks. Every call registers a flush; the
+    first one to run after a commit sends everything gathered so far and the rest find nothing.
+    Ids left over from a rolled-back transaction go out with the next flush and are skipped by
+    the claim (no such row).
+    """
+    gathered = getattr(_pending, "ids", None)
+    if gathered is None:
+        gathered = _pending.ids = []
+    gathered.extend((delivery_id, countdown) for delivery_id in delivery_ids)
+    transaction.on_commit(_flush_pending)
+
+
+def _flush_pending() -> None:
     from jobs.webhooks import tasks
 
-    def send() -> None:
-        for start in range(0, len(delivery_ids), BATCH_SIZE):
-            chunk = delivery_ids[start : start + BATCH_SIZE]
+    gathered = getattr(_pending, "ids", None)
+    if not gathered:
+        return
+    _pending.ids = []
+    by_countdown: dict[float, list[int]] = defaultdict(list)
+    for delivery_id, countdown in gathered:
+        by_countdown[countdown].append(delivery_id)
+    for countdown, ids in by_countdown.items():
+        for start in range(0, len(ids), BATCH_SIZE):
+            chunk = ids[start : start + BATCH_SIZE]
             if countdown > 0:
                 tasks.deliver.apply_async((chunk,), countdown=countdown)
             else:
                 tasks.deliver.delay(chunk)
-
-    transaction.on_commit(send)
 
 
 def _schedule() -> list[int]:
