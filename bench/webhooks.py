@@ -62,6 +62,9 @@ class Receiver:
             request_queue_size = 512
             daemon_threads = True
 
+            def handle_error(self, request, client_address) -> None:
+                pass  # workers closing kept-alive connections at exit
+
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -137,8 +137,8 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
         raise UnsafeURL("invalid_url", "The URL has no host.")
     if parts.username is not None or parts.password is not None:
         raise UnsafeURL("invalid_url", "The URL may not contain a user name or password.")
-    if any(ord(char) < 33 or ord(char) == 127 for char in url):
-        raise UnsafeURL("invalid_url", "The URL may not contain spaces or control characters.")
+    if any(ord(char) < 33 or ord(char) == 127 or 0xD800 <= ord(char) <= 0xDFFF for char in url):
+        raise UnsafeURL("invalid_url", "The URL may not contain spaces, control characters or lone surrogates.")
     try:
         literal = ipaddress.ip_address(host)
     except ValueError:
@@ -148,6 +148,8 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
     elif resolve:
         try:
             addresses = resolve_host(host, port or (443 if parts.scheme == "https" else 80))
+        except UnicodeError:
+            raise UnsafeURL("invalid_url", "The URL's host is not a valid host name.") from None
         except OSError:
             return
     else:
@@ -186,7 +188,7 @@ class _GuardedBackend(httpcore.SyncBackend):
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
         try:
             addresses = resolve_host(host, port)
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:
             raise httpcore.ConnectError(f"cannot resolve host: {exc.__class__.__name__}") from None
         _refuse_addresses(host, addresses, allow_private=self.allow_private)
         last_error: Exception | None = None

@@ -37,6 +37,9 @@ from lab.lib.http import RequestFailed, SafeClient, UnsafeURL, check_url, mask_u
         ("https:///no-host", "invalid_url"),
         ("https://user:pw@example.com/hook", "invalid_url"),
         ("https://example.com/a b", "invalid_url"),
+        ("https://example.com/\x00", "invalid_url"),
+        ("https://example.com/\ud800", "invalid_url"),
+        ("https://example.com:99999/", "invalid_url"),
         ("https://example.com/" + "a" * 2040, "url_too_long"),
     ],
 )
@@ -58,6 +61,12 @@ def test_it_refuses_metadata_link_local_and_multicast_even_when_private_addresse
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000/hook", "http://10.0.0.5/hook", "http://[::1]/hook"])
 def test_it_allows_loopback_and_private_addresses_with_the_setting(url):
     check_url(url, allow_private=True, resolve=False)
+
+
+def test_it_refuses_a_host_name_that_cannot_be_encoded():
+    with pytest.raises(UnsafeURL) as caught:
+        check_url("https://a..b/hook", allow_private=False)
+    assert caught.value.code == "invalid_url"
 
 
 def test_it_accepts_public_addresses():
@@ -110,8 +119,13 @@ class _Server:
                 except OSError:
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # the client closing a kept-alive connection is expected here
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
