@@ -77,8 +77,6 @@ WEBHOOK_EVENT_TYPES = (
 TEST_EVENT_TYPE = "webhook.test"
 #: An endpoint failing this long without a success is disabled (as Svix does).
 DISABLE_AFTER = timedelta(days=5)
-#: How long a claimed delivery is held by its worker; longer than the task's hard time limit.
-LEASE = timedelta(seconds=150)
 #: The sweep leaves deliveries due less than this long to the task queued on commit.
 SWEEP_GRACE = timedelta(seconds=5)
 #: Retries due within this many seconds are queued with a countdown; later ones wait for the sweep.
@@ -88,6 +86,15 @@ BATCH_SIZE = 25
 #: How long the previous secret keeps signing after a rotation.
 PREVIOUS_SECRET_TTL = timedelta(hours=24)
 _ENDPOINT_FIELDS = ("url", "events", "enabled")
+
+
+def lease() -> timedelta:
+    """Return how long a claimed delivery stays with its worker: twice the request timeout plus 30 s.
+
+    A batch's requests run in parallel, so a live worker finishes well within it; after it, the
+    sweep hands the delivery to another worker (the first one died or hung).
+    """
+    return timedelta(seconds=2 * settings.LAB_WEBHOOK_TIMEOUT_S + 30)
 
 
 # --- endpoints ---------------------------------------------------------------------------------
@@ -447,7 +454,7 @@ def claim_deliveries(delivery_ids: list[int] | None, *, now: datetime, limit: in
     """Claim due, pending deliveries of enabled endpoints (``delivery_ids``, or any when None).
 
     Locks rows with ``SKIP LOCKED`` so concurrent workers never claim the same row, counts the
-    try and pushes ``next_attempt_at`` by ``LEASE``. Returns them with endpoint and message loaded.
+    try and pushes ``next_attempt_at`` by ``lease()``. Returns them with endpoint and message loaded.
     """
     with transaction.atomic():
         due = WebhookDelivery.objects.filter(
@@ -463,7 +470,7 @@ def claim_deliveries(delivery_ids: list[int] | None, *, now: datetime, limit: in
         if not ids:
             return []
         WebhookDelivery.objects.filter(pk__in=ids).update(
-            attempt_count=F("attempt_count") + 1, next_attempt_at=now + LEASE, last_attempt_at=now
+            attempt_count=F("attempt_count") + 1, next_attempt_at=now + lease(), last_attempt_at=now
         )
         return list(WebhookDelivery.objects.filter(pk__in=ids).select_related("endpoint", "message").order_by("pk"))
 

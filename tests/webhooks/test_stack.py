@@ -61,3 +61,47 @@ def test_a_tiny_job_with_checkpoints_sends_verified_webhooks_through_the_worker(
         assert {delivery["status"] for delivery in deliveries} == {"succeeded"}
     finally:
         stack.stop()
+
+
+def test_a_worker_killed_mid_delivery_leads_to_a_retry_with_the_same_webhook_id(owner, spec, receiver, tmp_path, settings):
+    from django.db import transaction
+
+    from jobs.models import Job
+    from jobs.services import job_record_event
+    from jobs.webhooks import services
+    from jobs.webhooks.models import WebhookDelivery
+    from lab.services import Actor
+
+    # Lease = 2 x 5 s + 30 s: the sweep hands the delivery to the new worker about 40 s after the claim.
+    stack = LabStack(tmp_path / "lab", LAB_WEBHOOK_ALLOW_PRIVATE="1", LAB_WEBHOOK_TIMEOUT_S="5")
+    stack.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        stack.start_worker()
+        endpoint = services.endpoint_create(
+            project=owner.project,
+            actor=Actor(user=owner.user),
+            data={"url": receiver.url("/slow"), "events": ["job.started"]},
+        )
+        receiver.expect("/slow", endpoint.secret, answers=[(200, 4.5)])
+        job = Job.objects.create(project=owner.project, spec={}, model="lab/tiny-random-llama", max_steps=1)
+        with transaction.atomic():
+            job_record_event(job=job, type="job.started")
+        wait_for(lambda: receiver.at("/slow"), timeout=60, what="the first try to reach the receiver")
+        stack.kill("worker")  # mid-request: the receiver has not answered yet
+        stack.start_worker()
+        wait_for(lambda: len(receiver.at("/slow")) >= 2, timeout=120, what="the retry after the lease")
+        delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+        wait_for(
+            lambda: WebhookDelivery.objects.filter(pk=delivery.pk, status="succeeded").exists(),
+            timeout=30,
+            what="the delivery to be recorded",
+        )
+        first, second = receiver.at("/slow")[:2]
+        assert first.verified and second.verified
+        assert first.webhook_id == second.webhook_id == delivery.public_id
+        assert first.body == second.body
+        delivery.refresh_from_db()
+        assert delivery.attempt_count == 2
+        assert list(delivery.attempts.values_list("number", "status_code")) == [(2, 200)]
+    finally:
+        stack.stop()
