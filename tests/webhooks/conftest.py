@@ -54,7 +54,7 @@ def drain(now: datetime | None = None, *, rounds: int = 10_000) -> list[services
     """Run every delivery due at ``now`` (and retries due by then) until none is due; return the results."""
     results: list[services.DeliveryResult] = []
     for _ in range(rounds):
-        batch = services.deliver(None, now=now or timezone.now(), limit=services.BATCH_SIZE)
+        batch = services.deliver(None, now=now or timezone.now(), limit=100)
         if not batch:
             return results
         results.extend(batch)
