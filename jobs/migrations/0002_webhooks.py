@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
                 ('type', models.CharField(max_length=40)),
                 ('body', models.TextField()),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('job_event', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='webhook_message', to='jobs.jobevent')),
+                ('job_event', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='webhook_message', to='jobs.jobevent')),
                 ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='lab.project')),
             ],
         ),

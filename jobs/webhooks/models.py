@@ -65,8 +65,9 @@ class WebhookMessage(models.Model):
 
     public_id = models.CharField(max_length=40, unique=True, default=_message_public_id)
     project = models.ForeignKey("lab.Project", on_delete=models.CASCADE, related_name="+")
+    # SET_NULL: deleting a job must not drop the webhooks already promised about it.
     job_event = models.OneToOneField(
-        "jobs.JobEvent", null=True, blank=True, on_delete=models.CASCADE, related_name="webhook_message"
+        "jobs.JobEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="webhook_message"
     )
     type = models.CharField(max_length=40)
     body = models.TextField()

@@ -77,8 +77,9 @@ WEBHOOK_EVENT_TYPES = (
 TEST_EVENT_TYPE = "webhook.test"
 #: An endpoint failing this long without a success is disabled (as Svix does).
 DISABLE_AFTER = timedelta(days=5)
-#: The sweep leaves deliveries due less than this long to the task queued on commit.
-SWEEP_GRACE = timedelta(seconds=5)
+#: The sweep leaves deliveries due less than this long to the task already queued for them, so a
+#: short backlog in the queue does not get every pending delivery queued a second time.
+SWEEP_GRACE = timedelta(seconds=15)
 #: Retries due within this many seconds are queued with a countdown; later ones wait for the sweep.
 COUNTDOWN_LIMIT_S = 60
 #: Deliveries handed to one task (sent concurrently by one worker process).
@@ -481,7 +482,8 @@ def _send(delivery: WebhookDelivery, headers: dict[str, str], client: SafeClient
     except UnsafeURL as exc:
         return DeliveryResult(delivery.pk, False, False, None, f"refused: {exc.message}"[:300], 0), ""
     except RequestFailed as exc:
-        return DeliveryResult(delivery.pk, False, True, None, exc.message[:300], exc.duration_ms), ""
+        error = exc.message.replace("\x00", "")[:300]
+        return DeliveryResult(delivery.pk, False, True, None, error, exc.duration_ms), ""
     except Exception as exc:  # never lose the bookkeeping of the others over one bad try
         logger.exception("webhook try crashed", extra={"delivery": delivery.public_id})
         return DeliveryResult(delivery.pk, False, True, None, f"internal error: {type(exc).__name__}", 0), ""

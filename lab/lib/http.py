@@ -236,7 +236,8 @@ class SafeClient:
             follow_redirects=False,
             trust_env=False,
             timeout=httpx.Timeout(self.timeout),
-            headers={"User-Agent": self.user_agent},
+            # identity: the excerpt is read raw, and a compressed answer cannot expand in memory.
+            headers={"User-Agent": self.user_agent, "Accept-Encoding": "identity"},
         )
 
     def close(self) -> None:
@@ -277,7 +278,8 @@ class SafeClient:
         duration_ms = int((time.monotonic() - started) * 1000)
         if duration_ms > self.timeout * 1000:
             raise RequestFailed(f"timed out after {duration_ms} ms", timed_out=True, duration_ms=duration_ms)
-        excerpt = bytes(body[: self.max_excerpt]).decode("utf-8", errors="replace")
+        # PostgreSQL text cannot hold NUL characters; the excerpt is for people to read.
+        excerpt = bytes(body[: self.max_excerpt]).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         return Response(status_code=status, headers=response_headers, excerpt=excerpt, duration_ms=duration_ms)
 
 

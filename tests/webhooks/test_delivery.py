@@ -191,7 +191,8 @@ def test_the_sweep_queues_due_retries_and_leaves_fresh_deliveries_to_their_task(
     endpoint_for(owner, receiver)
     submit(owner, spec)
     assert services.sweep(now=clock.now) == 0
-    assert services.sweep(now=clock.advance(10)) == 1
+    assert services.sweep(now=clock.advance(10)) == 0
+    assert services.sweep(now=clock.advance(6)) == 1
     assert queued == [[WebhookDelivery.objects.get().pk]]
 
 
@@ -301,3 +302,47 @@ def test_the_sdk_refuses_a_tampered_body_a_wrong_secret_and_missing_headers(owne
         verify(received.body, {"webhook-id": received.webhook_id}, endpoint.secret)
     with pytest.raises(WebhookVerificationError):
         verify(received.body, received.headers, "not a secret!")
+
+
+def test_deleting_the_job_keeps_its_pending_webhooks(owner, spec, receiver):
+    endpoint_for(owner, receiver)
+    job = submit(owner, spec)
+    job.delete()
+    drain()
+    [received] = receiver.at("/hook")
+    assert received.verified and received.event["data"]["id"] == job.public_id
+
+
+def test_an_answer_with_nul_bytes_is_stored(owner, spec, clock):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = b"bad\x00answer"
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        services.endpoint_create(
+            project=owner.project,
+            actor=Actor(user=owner.user),
+            data={"url": f"http://127.0.0.1:{server.server_address[1]}/hook"},
+        )
+        submit(owner, spec)
+        [result] = drain(clock.now)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.status_code == 400
+    assert WebhookAttempt.objects.get().response_excerpt == "bad\ufffdanswer"
