@@ -19,16 +19,14 @@ import concurrent.futures
 import hashlib
 import json
 import logging
-import math
 import pathlib
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from engine import checkpoints as ckpt
-from engine.catalog import list_environments
 from engine.environments import Environment, load_environment
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
 from engine.models import load_model
