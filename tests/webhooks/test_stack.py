@@ -35,30 +35,38 @@ def test_a_tiny_job_with_checkpoints_sends_verified_webhooks_through_the_worker(
         job_id = response.json()["id"]
 
         def finished():
-            return [r for r in receiver.at("/lab") if r.event["type"] in {"job.succeeded", "job.failed"}]
+            types = [r.event["type"] for r in receiver.at("/lab")]
+            return "job.succeeded" in types and types.count("checkpoint.ready") >= 3
 
         try:
-            wait_for(finished, timeout=240, what="the job's final webhook")
+            wait_for(finished, timeout=240, what="the job's webhooks")
         except AssertionError:
-            raise AssertionError(f"{api.get(f'/jobs/{job_id}').text}\n{stack.logs()}") from None
-        received = receiver.at("/lab")
-        assert all(item.verified for item in received), [item.error for item in received]
-        for item in received:
+            arrived = [r.event["type"] for r in receiver.at("/lab")]
+            raise AssertionError(f"{arrived}\n{api.get(f'/jobs/{job_id}').text}\n{stack.logs()}") from None
+        arrivals = receiver.at("/lab")
+        assert all(item.verified for item in arrivals), [item.error for item in arrivals]
+        for item in arrivals:
             assert verify(item.body, item.headers, secret)["id"] == item.event["id"]
-        types = [item.event["type"] for item in received]
-        assert types[0] == "job.queued" and types[-1] == "job.succeeded", types
-        assert "job.started" in types
+        # A receiver drops repeats by webhook-id (a retry after a lost answer may repeat one).
+        received = list({item.webhook_id: item for item in arrivals}.values())
+        # Webhooks promise at-least-once delivery, not order (as Svix): compare as multisets.
+        types = sorted(item.event["type"] for item in received)
+        assert types == sorted(["job.queued", "job.started", "job.succeeded"] + ["checkpoint.ready"] * 3), types
         checkpoints = [item.event["data"] for item in received if item.event["type"] == "checkpoint.ready"]
-        assert [data["step"] for data in checkpoints] == [1, 2, 3]
+        assert sorted(data["step"] for data in checkpoints) == [1, 2, 3]
         for data in checkpoints:
             assert data["job_id"] == job_id
             assert data["download_url"] == f"{stack.base_url}/api/v1/checkpoints/{data['checkpoint_id']}/download"
-        succeeded = received[-1].event["data"]
+        [succeeded] = [item.event["data"] for item in received if item.event["type"] == "job.succeeded"]
         assert succeeded["id"] == job_id and succeeded["status"] == "succeeded"
-        assert len({item.webhook_id for item in received}) == len(received)
-        deliveries = api.get(f"/webhook-endpoints/{created.json()['id']}/deliveries?limit=100").json()["data"]
+        assert len({item.event["id"] for item in received}) == len(received)
+
+        def recorded():
+            deliveries = api.get(f"/webhook-endpoints/{created.json()['id']}/deliveries?limit=100").json()["data"]
+            return deliveries if {delivery["status"] for delivery in deliveries} == {"succeeded"} else None
+
+        deliveries = wait_for(recorded, timeout=30, what="every delivery recorded as succeeded")
         assert len(deliveries) == len(received)
-        assert {delivery["status"] for delivery in deliveries} == {"succeeded"}
     finally:
         stack.stop()
 
