@@ -12,7 +12,8 @@ with 10 endpoints.
   goal, 1,000 ms.
 
 Usage: ``python bench/webhooks.py [--burst 300] [--rate 15] [--seconds 10]``. The broker is
-``CELERY_BROKER_URL`` (default ``redis://127.0.0.1:6379/14``, emptied first).
+``BENCH_CELERY_BROKER_URL`` (default ``redis://127.0.0.1:6379/14``): a Redis database of its own,
+emptied first, so no other worker on ``CELERY_BROKER_URL`` can take the benchmark's tasks.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
     args = parser.parse_args()
     os.environ["LAB_WEBHOOK_ALLOW_PRIVATE"] = "1"
-    broker = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
+    broker = os.environ.get("BENCH_CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
     os.environ["CELERY_BROKER_URL"] = broker
     url = _django.setup()
 
