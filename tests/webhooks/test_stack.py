@@ -12,7 +12,8 @@ from tests.stack import LabStack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("default_prices"),
     pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the stack shares a PostgreSQL test database"),
 ]
 
