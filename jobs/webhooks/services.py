@@ -121,7 +121,7 @@ def parse_endpoint_input(data: Any, *, creating: bool) -> dict[str, Any]:
     for key in data:
         if key not in _ENDPOINT_FIELDS:
             errors.append(
-                FieldError(str(key)[:100], "unknown_field", f"Unknown field; allowed: {', '.join(_ENDPOINT_FIELDS)}.")
+                FieldError(_printable(key), "unknown_field", f"Unknown field; allowed: {', '.join(_ENDPOINT_FIELDS)}.")
             )
     if "url" in data or creating:
         url = data.get("url")
@@ -166,6 +166,11 @@ def parse_endpoint_input(data: Any, *, creating: bool) -> dict[str, Any]:
         message = errors[0].message if len(errors) == 1 else f"{len(errors)} problems in the request."
         raise ApiError(400, "invalid_request", message, errors=errors)
     return cleaned
+
+
+def _printable(key: Any) -> str:
+    """Return ``key`` cut to 100 characters with lone surrogates escaped, so the error body encodes."""
+    return str(key)[:100].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @transaction.atomic

@@ -173,3 +173,32 @@ def test_a_delivery_of_another_endpoint_is_not_found_under_this_one(owner):
     delivery_id = owner.client().post(f"{BASE}/{first}/test").json()["id"]
     response = owner.client().post(f"{BASE}/{second}/deliveries/{delivery_id}/redeliver")
     assert response.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        "https://93.184.215.14/",
+        {"url": ["https://93.184.215.14/"]},
+        {"url": "http://[::1"},
+        {"url": "http://ü.invalid/hook"},
+        {"url": "http://a..b/hook"},
+        {"url": "http://example.com:0/"},
+        {"url": "https://93.184.215.14/\x00"},
+        {"url": "https://93.184.215.14/\ud800"},
+        {"url": "https://93.184.215.14/", "events": {"job.queued": True}},
+        {"url": "https://93.184.215.14/", "events": [["job.queued"]]},
+        {"url": "https://93.184.215.14/", "events": ["job.queued"] * 10_000},
+        {"url": "https://93.184.215.14/", "enabled": None},
+        {"url": "https://93.184.215.14/", "\ud800": 1},
+    ],
+)
+def test_hostile_bodies_are_refused_or_accepted_never_5xx(owner, body):
+    import json as json_module
+
+    content = json_module.dumps(body)
+    response = owner.client().generic("POST", BASE, content, content_type="application/json")
+    assert response.status_code in (201, 400), response.content
+    if response.status_code == 400:
+        assert not WebhookEndpoint.objects.exists()
