@@ -6,6 +6,7 @@ on the embedded SQLite defaults otherwise.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import pytest
@@ -16,6 +17,18 @@ from lab.models import ApiKey, Membership, Organization, Project, Role, User
 from lab.services import Actor, api_key_create, organization_create, user_sign_up
 
 PASSWORD = "correct-horse-battery-staple"
+
+#: A small valid spec on the tiny model (DESIGN.md §4 "Job spec").
+TINY_SPEC = {
+    "name": "addition-tiny",
+    "model": "lab/tiny-random-llama",
+    "max_steps": 3,
+    "batch_size": 8,
+    "rollouts_per_example": 4,
+    "sampling": {"max_tokens": 8},
+    "env": [{"id": "lab/addition", "args": {"max_operand": 9}}],
+    "metadata": {"team": "research"},
+}
 
 
 @dataclass
@@ -42,6 +55,12 @@ def make_tenant(email: str, organization_name: str) -> Tenant:
     project = organization.projects.get(slug="default")
     api_key, key = api_key_create(actor=Actor(user=user), project=project, name="test")
     return Tenant(user=user, organization=organization, project=project, api_key=api_key, key=key)
+
+
+@pytest.fixture
+def spec() -> dict:
+    """A fresh copy of a small valid spec on the tiny model."""
+    return copy.deepcopy(TINY_SPEC)
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,6 @@ committed rows.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -19,51 +18,10 @@ from tests.conftest import Tenant, make_tenant
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_TINY = REPO / "examples" / "addition-tiny.toml"
 
-#: A small valid spec on the tiny model (DESIGN.md §4 "Job spec").
-TINY_SPEC = {
-    "name": "addition-tiny",
-    "model": "lab/tiny-random-llama",
-    "max_steps": 3,
-    "batch_size": 8,
-    "rollouts_per_example": 4,
-    "sampling": {"max_tokens": 8},
-    "env": [{"id": "lab/addition", "args": {"max_operand": 9}}],
-    "metadata": {"team": "research"},
-}
-
-TINY_TOML = """\
-name = "addition-tiny"
-model = "lab/tiny-random-llama"
-max_steps = 3
-batch_size = 8
-rollouts_per_example = 4
-
-[sampling]
-max_tokens = 8
-
-[[env]]
-id = "lab/addition"
-args = { max_operand = 9 }
-
-[metadata]
-team = "research"
-"""
-
-
 @pytest.fixture
-def spec() -> dict:
-    """A fresh copy of the small valid spec."""
-    return copy.deepcopy(TINY_SPEC)
-
-
-@pytest.fixture
-def tiny_toml(tmp_path) -> Path:
-    """``examples/addition-tiny.toml`` when the repository has it, else the same spec written here."""
-    if EXAMPLE_TINY.exists():
-        return EXAMPLE_TINY
-    path = tmp_path / "addition-tiny.toml"
-    path.write_text(TINY_TOML)
-    return path
+def tiny_toml() -> Path:
+    """``examples/addition-tiny.toml``."""
+    return EXAMPLE_TINY
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from jobs.models import Job
-from tests.e2e.conftest import TINY_SPEC
+from tests.conftest import TINY_SPEC
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -19,7 +19,7 @@ from django.conf import settings
 from labsdk import Lab
 
 from jobs.models import Job
-from tests.e2e.conftest import TINY_SPEC
+from tests.conftest import TINY_SPEC
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.webhooks import services
-from tests.jobs.conftest import TINY_SPEC
+from tests.conftest import TINY_SPEC
 from tests.webhooks.receiver import Receiver
 
 
