@@ -37,7 +37,8 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.conf import settings
@@ -326,7 +327,8 @@ def _publish(
     if public_id:
         message.public_id = public_id
     body = {"id": message.public_id, "type": type, "created_at": iso(created_at), "data": data}
-    message.body = json.dumps(body, cls=DjangoJSONEncoder, separators=(",", ":"), ensure_ascii=False)
+    # ASCII-only JSON (non-ASCII as \u escapes): any string, even a lone surrogate, stores and signs.
+    message.body = json.dumps(body, cls=DjangoJSONEncoder, separators=(",", ":"), ensure_ascii=True)
     message.save()
     first_delay = timedelta(seconds=_schedule()[0])
     deliveries = WebhookDelivery.objects.bulk_create(
@@ -538,7 +540,7 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
                     request_headers=headers,
                     succeeded=result.succeeded,
                 )
-                for (delivery, headers), (result, excerpt) in zip(prepared, outcomes)
+                for (delivery, headers), (result, excerpt) in zip(prepared, outcomes, strict=False)
             ]
         )
         # Successes are the common case: one UPDATE per (try number, status code), not per row.
@@ -547,7 +549,7 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
         succeeded: dict[tuple[int, int | None], list[int]] = defaultdict(list)
         failed_endpoints: dict[int, WebhookEndpoint] = {}
         recovered_endpoints: set[int] = set()
-        for (delivery, _headers), (result, _excerpt) in zip(prepared, outcomes):
+        for (delivery, _headers), (result, _excerpt) in zip(prepared, outcomes, strict=False):
             if result.succeeded:
                 succeeded[(delivery.attempt_count, result.status_code)].append(delivery.pk)
                 if delivery.endpoint.failing_since is not None:
