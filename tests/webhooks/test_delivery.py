@@ -346,3 +346,36 @@ def test_an_answer_with_nul_bytes_is_stored(owner, spec, clock):
         server.server_close()
     assert result.status_code == 400
     assert WebhookAttempt.objects.get().response_excerpt == "bad\ufffdanswer"
+
+
+def test_a_redirect_is_not_followed_and_not_retried(owner, spec, receiver, clock):
+    endpoint_for(owner, receiver, answers=[(301, 0)])
+    submit(owner, spec)
+    [result] = drain(clock.now)
+    assert (result.succeeded, result.retryable, result.status_code) == (False, False, 301)
+    assert drain(clock.advance(3600)) == []
+    assert WebhookDelivery.objects.get().status == "failed"
+
+
+def test_an_endpoint_whose_name_now_resolves_to_a_private_address_gets_nothing(owner, spec, receiver, clock, settings, monkeypatch):
+    import socket as socket_module
+
+    from lab.lib import http
+
+    endpoint = endpoint_for(owner, receiver)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url=f"http://hooks.example:{receiver.port}/hook")
+    real = socket_module.getaddrinfo
+    monkeypatch.setattr(
+        http.socket,
+        "getaddrinfo",
+        lambda host, port, *a, **k: [(socket_module.AF_INET, socket_module.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        if host == "hooks.example"
+        else real(host, port, *a, **k),
+    )
+    settings.LAB_WEBHOOK_ALLOW_PRIVATE = False
+    submit(owner, spec)
+    [result] = drain(clock.now)
+    assert not result.succeeded and not result.retryable
+    assert result.error.startswith("refused:")
+    assert receiver.at("/hook") == []
+    assert WebhookDelivery.objects.get().status == "failed"
