@@ -278,4 +278,9 @@ class LogLine(models.Model):
         ]
         indexes = [models.Index(fields=["job", "id"], name="log_job_order")]
 
-from jobs.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookMessage  # noqa: E402,F401  (models of the jobs app)
+from jobs.webhooks.models import (  # noqa: E402,F401  (models of the jobs app)
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookMessage,
+)

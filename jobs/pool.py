@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-
 from labsdk.spec import JobSpec, SpecProblem
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from django.db.models import QuerySet, TextField
-from django.db.models.functions import Cast
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 
 from jobs.models import Job, JobStatus, LogLine, MetricStep, RolloutSample
 from lab.api.errors import ApiError, FieldError

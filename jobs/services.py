@@ -7,9 +7,8 @@ the webhook event name, and updates the timestamps, all in one transaction.
 
 from __future__ import annotations
 
-from typing import Any
-
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
+from labsdk.spec import ParsedSpec, SpecError, SpecProblem, catalog_problems, parse_spec
 
 from engine.catalog import EnvironmentInfo, ModelInfo, list_environments, list_models
 from jobs.models import Checkpoint, CheckpointStatus
 from jobs.pool import pool_problems
 from lab.api.errors import ApiError, FieldError
 from lab.models import Project
-from labsdk.spec import ParsedSpec, SpecError, SpecProblem, catalog_problems, parse_spec
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from django.views.decorators.http import require_GET
 from kombu import Connection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-
 logger = logging.getLogger(__name__)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.http import JsonResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
+from labsdk.spec import job_spec_json_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,7 +25,6 @@ from jobs.services import job_cancel, job_delete, job_restart, job_submit
 from jobs.specs import installed_environments, installed_models
 from lab.api.base import ProjectAPIView
 from lab.api.pagination import list_envelope, paginate_by_public_id
-from labsdk.spec import job_spec_json_schema
 
 _SPEC_BODY = {"application/json": OpenApiTypes.OBJECT}
 

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import storage
+from jobs import storage, tasks
 from jobs.ingest.schemas import (
     CheckpointComplete,
     CheckpointRegister,
@@ -28,6 +28,7 @@ from jobs.ingest.schemas import (
 )
 from jobs.metrics import INGESTED_POINTS, INGESTED_VALUES
 from jobs.models import (
+    TERMINAL_STATUSES,
     Checkpoint,
     CheckpointStatus,
     EventLevel,
@@ -37,9 +38,7 @@ from jobs.models import (
     LogSource,
     MetricStep,
     RolloutSample,
-    TERMINAL_STATUSES,
 )
-from jobs import tasks
 from jobs.services import job_record_event, job_transition, store_log_lines
 from lab.api.errors import ApiError
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -14,8 +15,6 @@ from jobs.launchers.local import LocalLauncher
 @cache
 def _launcher(kind: str, data_dir: str) -> Launcher:
     if kind == "local":
-        from pathlib import Path
-
         return LocalLauncher(runs_dir=Path(data_dir) / "runs", repo_dir=Path(settings.BASE_DIR))
     raise ImproperlyConfigured(f"LAB_LAUNCHER={kind!r} is not available in this build")
 

@@ -11,7 +11,6 @@ from jobs.admission import admission_pass
 from jobs.models import Job, JobAttempt, JobEvent, JobStatus
 from jobs.services import job_submit
 from lab.services import Actor
-from tests.conftest import make_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,7 +87,7 @@ def test_queue_positions_shrink_as_jobs_start(owner, spec, settings):
     assert positions == [None, 1, 2]
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="needs concurrent connections")
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs concurrent connections")
 def test_two_concurrent_passes_never_overcommit_or_claim_twice(owner, spec, settings):
     settings.LAB_LOCAL_SLOTS = 3
     settings.LAB_ORG_MAX_RUNNING_JOBS = 10

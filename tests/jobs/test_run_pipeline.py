@@ -6,21 +6,20 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from django.db import connection
+from labsdk import Lab
 
 from jobs.models import Job, JobAttempt, JobEvent, MetricStep
-from labsdk import Lab
 from tests.stack import ROOT, LabStack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("default_prices"),
-    pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the stack shares a PostgreSQL test database"),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
 ]
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
