@@ -118,8 +118,21 @@ def main() -> None:
     env = {**os.environ, "DATABASE_URL": url, "CELERY_BROKER_URL": broker}
     worker = subprocess.Popen(
         [
-            sys.executable, "-m", "celery", "-A", "lab", "worker", "-Q", "webhooks", "--concurrency", "2",
-            "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "lab",
+            "worker",
+            "-Q",
+            "webhooks",
+            "--concurrency",
+            "2",
+            "--loglevel",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ],
         cwd=_django.REPO,
         env=env,

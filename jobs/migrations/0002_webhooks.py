@@ -2,97 +2,149 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import jobs.webhooks.models
 from django.db import migrations, models
+
+import jobs.webhooks.models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0001_initial'),
-        ('lab', '0001_initial'),
+        ("jobs", "0001_initial"),
+        ("lab", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='WebhookEndpoint',
+            name="WebhookEndpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=jobs.webhooks.models._endpoint_public_id, max_length=40, unique=True)),
-                ('url', models.CharField(max_length=2048)),
-                ('events', models.JSONField(default=list)),
-                ('enabled', models.BooleanField(default=True)),
-                ('secret', models.CharField(max_length=100)),
-                ('previous_secret', models.CharField(blank=True, max_length=100)),
-                ('previous_secret_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('failing_since', models.DateTimeField(blank=True, null=True)),
-                ('disabled_reason', models.CharField(blank=True, max_length=64)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='webhook_endpoints', to='lab.project')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "public_id",
+                    models.CharField(default=jobs.webhooks.models._endpoint_public_id, max_length=40, unique=True),
+                ),
+                ("url", models.CharField(max_length=2048)),
+                ("events", models.JSONField(default=list)),
+                ("enabled", models.BooleanField(default=True)),
+                ("secret", models.CharField(max_length=100)),
+                ("previous_secret", models.CharField(blank=True, max_length=100)),
+                ("previous_secret_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("failing_since", models.DateTimeField(blank=True, null=True)),
+                ("disabled_reason", models.CharField(blank=True, max_length=64)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="webhook_endpoints", to="lab.project"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='WebhookMessage',
+            name="WebhookMessage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=jobs.webhooks.models._message_public_id, max_length=40, unique=True)),
-                ('type', models.CharField(max_length=40)),
-                ('body', models.TextField()),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('job_event', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='webhook_message', to='jobs.jobevent')),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='lab.project')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "public_id",
+                    models.CharField(default=jobs.webhooks.models._message_public_id, max_length=40, unique=True),
+                ),
+                ("type", models.CharField(max_length=40)),
+                ("body", models.TextField()),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "job_event",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="webhook_message",
+                        to="jobs.jobevent",
+                    ),
+                ),
+                (
+                    "project",
+                    models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name="+", to="lab.project"),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='WebhookDelivery',
+            name="WebhookDelivery",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=jobs.webhooks.models._delivery_public_id, max_length=40, unique=True)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], default='pending', max_length=10)),
-                ('attempt_count', models.PositiveIntegerField(default=0)),
-                ('next_attempt_at', models.DateTimeField(blank=True, null=True)),
-                ('last_attempt_at', models.DateTimeField(blank=True, null=True)),
-                ('last_status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('last_error', models.CharField(blank=True, max_length=300)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='jobs.webhookendpoint')),
-                ('message', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='jobs.webhookmessage')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "public_id",
+                    models.CharField(default=jobs.webhooks.models._delivery_public_id, max_length=40, unique=True),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("pending", "Pending"), ("succeeded", "Succeeded"), ("failed", "Failed")],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("attempt_count", models.PositiveIntegerField(default=0)),
+                ("next_attempt_at", models.DateTimeField(blank=True, null=True)),
+                ("last_attempt_at", models.DateTimeField(blank=True, null=True)),
+                ("last_status_code", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("last_error", models.CharField(blank=True, max_length=300)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "endpoint",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="deliveries",
+                        to="jobs.webhookendpoint",
+                    ),
+                ),
+                (
+                    "message",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="deliveries", to="jobs.webhookmessage"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='WebhookAttempt',
+            name="WebhookAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('started_at', models.DateTimeField()),
-                ('duration_ms', models.PositiveIntegerField(default=0)),
-                ('status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('error', models.CharField(blank=True, max_length=300)),
-                ('response_excerpt', models.TextField(blank=True)),
-                ('request_headers', models.JSONField(default=dict)),
-                ('succeeded', models.BooleanField(default=False)),
-                ('delivery', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='attempts', to='jobs.webhookdelivery')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("number", models.PositiveIntegerField()),
+                ("started_at", models.DateTimeField()),
+                ("duration_ms", models.PositiveIntegerField(default=0)),
+                ("status_code", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("error", models.CharField(blank=True, max_length=300)),
+                ("response_excerpt", models.TextField(blank=True)),
+                ("request_headers", models.JSONField(default=dict)),
+                ("succeeded", models.BooleanField(default=False)),
+                (
+                    "delivery",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="attempts", to="jobs.webhookdelivery"
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['delivery', 'number'], name='webhook_attempt_order')],
+                "indexes": [models.Index(fields=["delivery", "number"], name="webhook_attempt_order")],
             },
         ),
         migrations.AddIndex(
-            model_name='webhookendpoint',
-            index=models.Index(fields=['project', '-id'], name='webhook_endpoint_project'),
+            model_name="webhookendpoint",
+            index=models.Index(fields=["project", "-id"], name="webhook_endpoint_project"),
         ),
         migrations.AddIndex(
-            model_name='webhookdelivery',
-            index=models.Index(fields=['status', 'next_attempt_at'], name='webhook_delivery_due'),
+            model_name="webhookdelivery",
+            index=models.Index(fields=["status", "next_attempt_at"], name="webhook_delivery_due"),
         ),
         migrations.AddIndex(
-            model_name='webhookdelivery',
-            index=models.Index(fields=['endpoint', '-id'], name='webhook_delivery_endpoint'),
+            model_name="webhookdelivery",
+            index=models.Index(fields=["endpoint", "-id"], name="webhook_delivery_endpoint"),
         ),
         migrations.AddConstraint(
-            model_name='webhookdelivery',
-            constraint=models.UniqueConstraint(fields=('message', 'endpoint'), name='webhook_delivery_once_per_endpoint'),
+            model_name="webhookdelivery",
+            constraint=models.UniqueConstraint(
+                fields=("message", "endpoint"), name="webhook_delivery_once_per_endpoint"
+            ),
         ),
     ]

@@ -184,7 +184,9 @@ def endpoint_create(*, project: Project, actor: Actor, data: Any) -> WebhookEndp
 
 
 @transaction.atomic
-def endpoint_update(*, endpoint: WebhookEndpoint, actor: Actor, data: Any, now: datetime | None = None) -> WebhookEndpoint:
+def endpoint_update(
+    *, endpoint: WebhookEndpoint, actor: Actor, data: Any, now: datetime | None = None
+) -> WebhookEndpoint:
     """Change ``url``, ``events`` and/or ``enabled``; enabling again forgets past failures."""
     fields = parse_endpoint_input(data, creating=False)
     endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
@@ -262,7 +264,12 @@ def delivery_redeliver(*, delivery: WebhookDelivery, actor: Actor, now: datetime
 def _audit(actor: Actor, endpoint: WebhookEndpoint, action: str, data: dict[str, Any]) -> None:
     project = endpoint.project
     audit_record(
-        actor=actor, organization=project.organization, project=project, action=action, target=endpoint.public_id, data=data
+        actor=actor,
+        organization=project.organization,
+        project=project,
+        action=action,
+        target=endpoint.public_id,
+        data=data,
     )
 
 
@@ -434,7 +441,9 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
-def signature_headers(delivery: WebhookDelivery, *, timestamp: int | None = None, now: datetime | None = None) -> dict[str, str]:
+def signature_headers(
+    delivery: WebhookDelivery, *, timestamp: int | None = None, now: datetime | None = None
+) -> dict[str, str]:
     """Return the request headers of one try: content type and the three Standard Webhooks headers.
 
     ``timestamp`` (Unix seconds) defaults to the real current time.
@@ -458,7 +467,9 @@ def signature_headers(delivery: WebhookDelivery, *, timestamp: int | None = None
     }
 
 
-def claim_deliveries(delivery_ids: list[int] | None, *, now: datetime, limit: int = BATCH_SIZE) -> list[WebhookDelivery]:
+def claim_deliveries(
+    delivery_ids: list[int] | None, *, now: datetime, limit: int = BATCH_SIZE
+) -> list[WebhookDelivery]:
     """Claim due, pending deliveries of enabled endpoints (``delivery_ids``, or any when None).
 
     Locks rows with ``SKIP LOCKED`` so concurrent workers never claim the same row, counts the
@@ -473,7 +484,9 @@ def claim_deliveries(delivery_ids: list[int] | None, *, now: datetime, limit: in
         if delivery_ids is not None:
             due = due.filter(pk__in=delivery_ids)
         ids = list(
-            due.select_for_update(skip_locked=True, of=("self",)).order_by("next_attempt_at").values_list("pk", flat=True)[:limit]
+            due.select_for_update(skip_locked=True, of=("self",))
+            .order_by("next_attempt_at")
+            .values_list("pk", flat=True)[:limit]
         )
         if not ids:
             return []
@@ -501,7 +514,9 @@ def _send(delivery: WebhookDelivery, headers: dict[str, str], client: SafeClient
     return DeliveryResult(delivery.pk, succeeded, retryable, code, error, response.duration_ms), response.excerpt
 
 
-def deliver(delivery_ids: list[int] | None, *, now: datetime | None = None, limit: int = BATCH_SIZE) -> list[DeliveryResult]:
+def deliver(
+    delivery_ids: list[int] | None, *, now: datetime | None = None, limit: int = BATCH_SIZE
+) -> list[DeliveryResult]:
     """Claim and send due deliveries (the given ids, or any due when None) concurrently; record results.
 
     ``now`` is the clock for claiming, scheduling and endpoint health (tests inject it).
@@ -568,8 +583,13 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
                 if delay <= COUNTDOWN_LIMIT_S:
                     retry_soon.append((delivery.pk, delay))
         for (attempt_count, status_code), ids in succeeded.items():
-            WebhookDelivery.objects.filter(pk__in=ids, status=DeliveryStatus.PENDING, attempt_count=attempt_count).update(
-                status=DeliveryStatus.SUCCEEDED, next_attempt_at=None, finished_at=now, last_status_code=status_code,
+            WebhookDelivery.objects.filter(
+                pk__in=ids, status=DeliveryStatus.PENDING, attempt_count=attempt_count
+            ).update(
+                status=DeliveryStatus.SUCCEEDED,
+                next_attempt_at=None,
+                finished_at=now,
+                last_status_code=status_code,
                 last_error="",
             )
         if recovered_endpoints:

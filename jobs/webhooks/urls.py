@@ -12,7 +12,9 @@ urlpatterns = [
         views.EndpointRotateSecretView.as_view(),
         name="api-webhook-endpoint-rotate-secret",
     ),
-    path("webhook-endpoints/<str:endpoint_id>/test", views.EndpointTestView.as_view(), name="api-webhook-endpoint-test"),
+    path(
+        "webhook-endpoints/<str:endpoint_id>/test", views.EndpointTestView.as_view(), name="api-webhook-endpoint-test"
+    ),
     path(
         "webhook-endpoints/<str:endpoint_id>/deliveries",
         views.DeliveryListView.as_view(),

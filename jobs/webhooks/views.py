@@ -24,9 +24,13 @@ class _EndpointView(ProjectAPIView):
 class EndpointListView(_EndpointView):
     """``GET /webhook-endpoints`` (newest first); ``POST /webhook-endpoints`` (answer carries the secret)."""
 
-    @extend_schema(parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", str)], responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", str)], responses=OpenApiTypes.OBJECT
+    )
     def get(self, request: Request) -> Response:
-        return Response(paginate_by_public_id(self.scoped(WebhookEndpoint.objects.all()), request.query_params, endpoint_to_dict))
+        return Response(
+            paginate_by_public_id(self.scoped(WebhookEndpoint.objects.all()), request.query_params, endpoint_to_dict)
+        )
 
     @extend_schema(request=_BODY, responses={201: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:

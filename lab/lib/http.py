@@ -268,8 +268,9 @@ class SafeClient:
         except httpx.TimeoutException as exc:
             duration_ms = int((time.monotonic() - started) * 1000)
             logger.info("outgoing request timed out", extra={"url": mask_url(url), "duration_ms": duration_ms})
-            raise RequestFailed(f"timed out after {duration_ms} ms ({type(exc).__name__})", timed_out=True,
-                                duration_ms=duration_ms) from None
+            raise RequestFailed(
+                f"timed out after {duration_ms} ms ({type(exc).__name__})", timed_out=True, duration_ms=duration_ms
+            ) from None
         except httpx.HTTPError as exc:
             duration_ms = int((time.monotonic() - started) * 1000)
             reason = _describe(exc)

@@ -29,9 +29,7 @@ class WebhookVerificationError(LabError):
     """The payload is not a genuine, fresh webhook from Lab for this secret (do not process it)."""
 
 
-def verify(
-    payload: bytes | str, headers: Mapping[str, str] | Iterable[tuple[str, str]], secret: str
-) -> dict[str, Any]:
+def verify(payload: bytes | str, headers: Mapping[str, str] | Iterable[tuple[str, str]], secret: str) -> dict[str, Any]:
     """Check a webhook's signature and timestamp; return its parsed body ``{"id", "type", "created_at", "data"}``.
 
     ``payload`` is the raw request body exactly as received (bytes or str; never a re-serialized

@@ -80,9 +80,7 @@ def test_checkpoint_ready_carries_job_checkpoint_step_and_download_url(owner, sp
     endpoint_for(owner, receiver, events=["checkpoint.ready"])
     job = submit(owner, spec)
     checkpoint = Checkpoint.objects.create(job=job, step=2, attempt=1, format="peft-lora", status="ready")
-    job_record_event(
-        job=job, type="checkpoint.ready", data={"checkpoint_id": checkpoint.public_id, "step": 2}
-    )
+    job_record_event(job=job, type="checkpoint.ready", data={"checkpoint_id": checkpoint.public_id, "step": 2})
     drain()
     [received] = receiver.at("/hook")
     assert received.verified
@@ -94,7 +92,9 @@ def test_checkpoint_ready_carries_job_checkpoint_step_and_download_url(owner, sp
     }
 
 
-def test_a_receiver_down_for_its_first_attempts_still_gets_the_event_with_the_same_webhook_id(owner, spec, clock, settings):
+def test_a_receiver_down_for_its_first_attempts_still_gets_the_event_with_the_same_webhook_id(
+    owner, spec, clock, settings
+):
     settings.LAB_WEBHOOK_RETRY_SCHEDULE = [0, 5, 300, 1800]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -183,7 +183,9 @@ def test_a_worker_killed_mid_delivery_leads_to_a_retry_after_the_lease(owner, sp
     assert received.webhook_id == claimed.public_id and received.verified
 
 
-def test_the_sweep_queues_due_retries_and_leaves_fresh_deliveries_to_their_task(owner, spec, receiver, clock, monkeypatch):
+def test_the_sweep_queues_due_retries_and_leaves_fresh_deliveries_to_their_task(
+    owner, spec, receiver, clock, monkeypatch
+):
     from jobs.webhooks import tasks
 
     queued: list[list[int]] = []
@@ -357,7 +359,9 @@ def test_a_redirect_is_not_followed_and_not_retried(owner, spec, receiver, clock
     assert WebhookDelivery.objects.get().status == "failed"
 
 
-def test_an_endpoint_whose_name_now_resolves_to_a_private_address_gets_nothing(owner, spec, receiver, clock, settings, monkeypatch):
+def test_an_endpoint_whose_name_now_resolves_to_a_private_address_gets_nothing(
+    owner, spec, receiver, clock, settings, monkeypatch
+):
     import socket as socket_module
 
     from lab.lib import http

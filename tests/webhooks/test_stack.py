@@ -18,7 +18,9 @@ pytestmark = [
 ]
 
 
-def test_a_tiny_job_with_checkpoints_sends_verified_webhooks_through_the_worker(owner, spec, receiver, tmp_path, settings):
+def test_a_tiny_job_with_checkpoints_sends_verified_webhooks_through_the_worker(
+    owner, spec, receiver, tmp_path, settings
+):
     stack = LabStack(tmp_path / "lab", LAB_WEBHOOK_ALLOW_PRIVATE="1")
     settings.LAB_DATA_DIR = stack.data_dir
     try:
@@ -72,7 +74,9 @@ def test_a_tiny_job_with_checkpoints_sends_verified_webhooks_through_the_worker(
         stack.stop()
 
 
-def test_a_worker_killed_mid_delivery_leads_to_a_retry_with_the_same_webhook_id(owner, spec, receiver, tmp_path, settings):
+def test_a_worker_killed_mid_delivery_leads_to_a_retry_with_the_same_webhook_id(
+    owner, spec, receiver, tmp_path, settings
+):
     from django.db import transaction
 
     from jobs.models import Job
