@@ -162,12 +162,16 @@ def run(args: argparse.Namespace) -> int:
     handler = ReporterLogHandler(reporter)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
+    # Reporting to Lab, the engine's records go to Lab only: the local launcher stores what the
+    # process writes to stdout/stderr as job logs too, and each line would show twice.
+    logger.propagate = args.offline
 
     def finish_attempt(code: int, outcome: str, error: dict | None) -> int:
         timeout = float(os.environ.get("LAB_ENGINE_FLUSH_TIMEOUT", "60"))
         # An invalid job has little to flush; do not hold its exit for long if Lab is away.
         reporter.close(outcome, error, timeout=min(timeout, 10.0) if code == EXIT_INVALID else timeout)
         logger.removeHandler(handler)
+        logger.propagate = True
         return code
 
     try:

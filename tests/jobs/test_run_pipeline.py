@@ -102,6 +102,8 @@ def test_a_job_created_with_the_sdk_runs_to_succeeded_with_every_step_stored_onc
     assert "checkpoint.ready" in types
     logs = api.client.get(f"/jobs/{job['id']}/logs?limit=1000").json()["data"]
     assert logs, "no log lines were stored"
+    step_lines = [line for line in logs if "step 1/3" in line["line"]]
+    assert len(step_lines) == 1, step_lines  # the engine's record, not doubled by the launcher
     samples = api.client.get(f"/jobs/{job['id']}/samples").json()["data"]
     assert samples and {"prompt", "completion", "reward", "advantage"} <= set(samples[0])
 
