@@ -383,3 +383,24 @@ def test_an_endpoint_whose_name_now_resolves_to_a_private_address_gets_nothing(
     assert result.error.startswith("refused:")
     assert receiver.at("/hook") == []
     assert WebhookDelivery.objects.get().status == "failed"
+
+
+def test_enabling_a_disabled_endpoint_again_forgets_its_failures_and_redeliver_needs_it_enabled(owner, spec, receiver):
+    endpoint = endpoint_for(owner, receiver, answers=[(500, 0)])
+    submit(owner, spec)
+    drain()
+    delivery = WebhookDelivery.objects.get()
+    assert services.endpoint_disable(endpoint=endpoint, reason="test") is True
+    assert services.endpoint_disable(endpoint=endpoint, reason="test") is False
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.last_error) == ("failed", "endpoint disabled")
+    with pytest.raises(services.ApiError) as refused:
+        services.delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user))
+    assert refused.value.status == 409
+    endpoint = services.endpoint_update(endpoint=endpoint, actor=Actor(user=owner.user), data={"enabled": True})
+    assert (endpoint.enabled, endpoint.failing_since, endpoint.disabled_reason) == (True, None, "")
+    services.delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user))
+    [result] = drain()
+    assert result.succeeded
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempt_count) == ("succeeded", 2)
