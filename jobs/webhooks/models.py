@@ -73,6 +73,9 @@ class WebhookMessage(models.Model):
     body = models.TextField()
     created_at = models.DateTimeField(default=timezone.now)
 
+    class Meta:
+        indexes = [models.Index(fields=["created_at"], name="webhook_message_created")]
+
 
 class DeliveryStatus(models.TextChoices):
     """Where a delivery stands: still trying, delivered (2xx), or given up."""

@@ -42,6 +42,7 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import F
@@ -85,6 +86,10 @@ SWEEP_GRACE = timedelta(seconds=15)
 COUNTDOWN_LIMIT_S = 60
 #: Deliveries handed to one task (sent concurrently by one worker process).
 BATCH_SIZE = 25
+#: Finished deliveries (and their messages and attempts) are kept this long for the dashboard.
+KEEP_DELIVERIES_FOR = timedelta(days=30)
+#: The sweep purges old deliveries at most this often.
+PURGE_INTERVAL_S = 600
 #: How long the previous secret keeps signing after a rotation.
 PREVIOUS_SECRET_TTL = timedelta(hours=24)
 _ENDPOINT_FIELDS = ("url", "events", "enabled")
@@ -672,6 +677,25 @@ def sweep(*, now: datetime | None = None, limit: int = 5000) -> int:
 
     for start in range(0, len(ids), BATCH_SIZE):
         tasks.deliver.delay(ids[start : start + BATCH_SIZE])
+    if cache.add("webhooks:purge", 1, timeout=PURGE_INTERVAL_S):
+        purge_finished(now=now)
+    return len(ids)
+
+
+def purge_finished(*, now: datetime | None = None, limit: int = 5000) -> int:
+    """Delete messages older than ``KEEP_DELIVERIES_FOR`` with no pending delivery; return how many.
+
+    Their deliveries and attempts go with them. At most ``limit`` messages per call, oldest first.
+    """
+    cutoff = (now or timezone.now()) - KEEP_DELIVERIES_FOR
+    ids = list(
+        WebhookMessage.objects.filter(created_at__lt=cutoff)
+        .exclude(deliveries__status=DeliveryStatus.PENDING)
+        .order_by("created_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    if ids:
+        WebhookMessage.objects.filter(pk__in=ids).delete()
     return len(ids)
 
 
@@ -688,6 +712,7 @@ __all__ = [
     "endpoint_send_test",
     "endpoint_update",
     "enqueue_event",
+    "purge_finished",
     "retry_delay",
     "sweep",
 ]

@@ -404,3 +404,16 @@ def test_enabling_a_disabled_endpoint_again_forgets_its_failures_and_redeliver_n
     assert result.succeeded
     delivery.refresh_from_db()
     assert (delivery.status, delivery.attempt_count) == ("succeeded", 2)
+
+
+def test_finished_deliveries_are_purged_after_30_days_and_pending_ones_kept(owner, spec, receiver, clock):
+    endpoint_for(owner, receiver, "/ok")
+    endpoint_for(owner, receiver, "/down", answers=[(500, 0)])
+    submit(owner, spec)
+    drain(clock.now)
+    assert services.purge_finished(now=clock.advance(29 * 24 * 3600)) == 0
+    assert services.purge_finished(now=clock.advance(2 * 24 * 3600)) == 0  # one delivery is still pending
+    WebhookDelivery.objects.filter(status="pending").update(status="failed")
+    assert services.purge_finished(now=clock.now) == 1
+    assert not WebhookMessage.objects.exists()
+    assert not WebhookDelivery.objects.exists() and not WebhookAttempt.objects.exists()
