@@ -11,7 +11,7 @@ from django.db.models.functions import Cast
 from jobs.models import Job, JobStatus, LogLine, MetricStep, RolloutSample
 from lab.api.errors import ApiError, FieldError
 from lab.api.formats import iso
-from lab.api.pagination import list_envelope
+from lab.api.pagination import int_param, list_envelope
 from lab.models import Project
 
 
@@ -54,24 +54,6 @@ def metadata_filters(params: Mapping[str, str]) -> dict[str, str]:
     return pairs
 
 
-def _int_param(params: Mapping[str, str], name: str, *, minimum: int, maximum: int, default: int | None) -> int | None:
-    raw = params.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        value = minimum - 1
-    if not minimum <= value <= maximum:
-        raise ApiError(
-            400,
-            "invalid_request",
-            f"{name} must be an integer from {minimum} to {maximum}.",
-            errors=[FieldError(name, "out_of_range", f"{name} must be an integer from {minimum} to {maximum}.")],
-        )
-    return value
-
-
 def metric_points(*, job: Job, params: Mapping[str, str]) -> dict:
     """Return the list body of ``GET /jobs/{id}/metrics``.
 
@@ -81,9 +63,9 @@ def metric_points(*, job: Job, params: Mapping[str, str]) -> dict:
     buckets and keeping, in each bucket, the points that hold each name's minimum and maximum
     (so spikes survive, as in M4/min-max decimation for line charts).
     """
-    after_step = _int_param(params, "after_step", minimum=-1, maximum=10**9, default=-1)
-    limit = _int_param(params, "limit", minimum=1, maximum=10_000, default=1000)
-    max_points = _int_param(params, "max_points", minimum=2, maximum=10_000, default=None)
+    after_step = int_param(params, "after_step", minimum=-1, maximum=10**9, default=-1)
+    limit = int_param(params, "limit", minimum=1, maximum=10_000, default=1000)
+    max_points = int_param(params, "max_points", minimum=2, maximum=10_000, default=None)
     raw_names = params.get("names") or ""
     names = [name for name in raw_names.split(",") if name][:100]
     rows = MetricStep.objects.filter(job=job, step__gt=after_step).order_by("step")
@@ -131,8 +113,8 @@ def downsample(rows: list[tuple], names: list[str], max_points: int) -> list[tup
 
 def job_samples(*, job: Job, params: Mapping[str, str]) -> dict:
     """Return the list body of ``GET /jobs/{id}/samples?step=`` (default: the latest step with samples)."""
-    step = _int_param(params, "step", minimum=0, maximum=10**9, default=None)
-    limit = _int_param(params, "limit", minimum=1, maximum=1000, default=100)
+    step = int_param(params, "step", minimum=0, maximum=10**9, default=None)
+    limit = int_param(params, "limit", minimum=1, maximum=1000, default=100)
     samples = RolloutSample.objects.filter(job=job)
     if step is None:
         step = samples.order_by("-step").values_list("step", flat=True).first()
@@ -157,8 +139,8 @@ def job_samples(*, job: Job, params: Mapping[str, str]) -> dict:
 
 def job_logs(*, job: Job, params: Mapping[str, str]) -> dict:
     """Return the list body of ``GET /jobs/{id}/logs?after=`` in order (``seq`` increases)."""
-    after = _int_param(params, "after", minimum=0, maximum=2**62, default=0)
-    limit = _int_param(params, "limit", minimum=1, maximum=1000, default=100)
+    after = int_param(params, "after", minimum=0, maximum=2**62, default=0)
+    limit = int_param(params, "limit", minimum=1, maximum=1000, default=100)
     page = list(
         LogLine.objects.filter(job=job, pk__gt=after)
         .order_by("pk")

@@ -14,23 +14,25 @@ from django.db.models import QuerySet
 from lab.api.errors import ApiError, FieldError
 
 
-def parse_limit(params, *, default: int = 20, maximum: int = 100) -> int:
-    """Return the ``limit`` query parameter within [1, maximum]; 400 when it is not such a number."""
-    raw = params.get("limit")
+def int_param(params, name: str, *, minimum: int, maximum: int, default: int | None) -> int | None:
+    """Return the integer query parameter ``name`` within [minimum, maximum], or ``default`` when
+    absent; raise ApiError 400 (``param`` = ``name``) when it is not such an integer."""
+    raw = params.get(name)
     if raw in (None, ""):
         return default
     try:
-        limit = int(raw)
+        value = int(raw)
     except (TypeError, ValueError):
-        limit = 0
-    if not 1 <= limit <= maximum:
-        raise ApiError(
-            400,
-            "invalid_request",
-            f"limit must be an integer from 1 to {maximum}.",
-            errors=[FieldError("limit", "out_of_range", f"limit must be an integer from 1 to {maximum}.")],
-        )
-    return limit
+        value = minimum - 1
+    if not minimum <= value <= maximum:
+        message = f"{name} must be an integer from {minimum} to {maximum}."
+        raise ApiError(400, "invalid_request", message, errors=[FieldError(name, "out_of_range", message)])
+    return value
+
+
+def parse_limit(params, *, default: int = 20, maximum: int = 100) -> int:
+    """Return the ``limit`` query parameter within [1, maximum]; 400 when it is not such a number."""
+    return int_param(params, "limit", minimum=1, maximum=maximum, default=default)
 
 
 def list_envelope(items: Iterable[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
