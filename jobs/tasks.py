@@ -40,3 +40,11 @@ def reconcile() -> int:
     seen = reconcile_all()
     admission_pass()
     return seen
+
+
+@shared_task(name="jobs.sweep_orphan_checkpoints", queue=Queue.DEFAULT, soft_time_limit=600, time_limit=660)
+def sweep_orphan_checkpoints() -> int:
+    """Periodic pass: delete stored checkpoint archives that no checkpoint row refers to."""
+    from jobs.checkpoints import checkpoint_sweep_orphans
+
+    return checkpoint_sweep_orphans()

@@ -169,6 +169,10 @@ LAB_KILL_GRACE_S = env_int("LAB_KILL_GRACE_S", 30, minimum=0)
 LAB_RECONCILE_INTERVAL_S = env_int("LAB_RECONCILE_INTERVAL_S", 5, minimum=1)
 # Requests per minute one job's engine may make to the ingest API before it gets 429.
 LAB_INGEST_RATE_LIMIT_PER_MINUTE = env_int("LAB_INGEST_RATE_LIMIT_PER_MINUTE", 1200, minimum=1)
+# Live stream: a comment line this often keeps proxies from closing an idle stream (DESIGN.md
+# §4); without Redis, clients poll the database this often (milliseconds).
+LAB_STREAM_HEARTBEAT_S = env_int("LAB_STREAM_HEARTBEAT_S", 15, minimum=1, maximum=300)
+LAB_STREAM_POLL_MS = env_int("LAB_STREAM_POLL_MS", 500, minimum=50, maximum=10_000)
 LAB_WEBHOOK_TIMEOUT_S = env_int("LAB_WEBHOOK_TIMEOUT_S", 15, minimum=1, maximum=60)  # 2xx within this many seconds = delivered
 LAB_WEBHOOK_RETRY_SCHEDULE = env_int_list("LAB_WEBHOOK_RETRY_SCHEDULE", [0, 5, 300, 1800, 7200, 18000, 36000, 36000])
 LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
@@ -227,9 +231,51 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = LAB_DATA_DIR / "staticfiles"
 STATIC_ROOT.mkdir(exist_ok=True)
+
+
+def _checkpoint_storage(url: str) -> dict:
+    """Return the STORAGES entry for checkpoint archives from ``LAB_STORAGE_URL``.
+
+    Empty: the filesystem under ``LAB_DATA_DIR/checkpoints``. ``s3://bucket/prefix``: an
+    S3-compatible bucket through django-storages; credentials and region come from the usual
+    ``AWS_*`` variables, the endpoint from ``AWS_ENDPOINT_URL`` (MinIO, R2, a moto server).
+    """
+    if not url:
+        return {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(LAB_DATA_DIR / "checkpoints")},
+        }
+    scheme, _, rest = url.partition("://")
+    bucket, _, prefix = rest.partition("/")
+    if scheme != "s3" or not bucket:
+        raise ImproperlyConfigured(f"LAB_STORAGE_URL must be empty or s3://bucket[/prefix], not {url!r}")
+    return {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": bucket,
+            "location": prefix.strip("/"),
+            "endpoint_url": env_str("AWS_ENDPOINT_URL") or None,
+            "region_name": env_str("AWS_DEFAULT_REGION") or env_str("AWS_REGION") or None,
+            "default_acl": None,
+            "file_overwrite": True,
+            "querystring_auth": True,
+            # Signed download and upload URLs live this long (seconds).
+            "querystring_expire": LAB_STORAGE_URL_EXPIRE_S,
+            "addressing_style": env_choice("AWS_S3_ADDRESSING_STYLE", "path", ("path", "virtual", "auto")),
+            "signature_version": "s3v4",
+        },
+    }
+
+
+LAB_STORAGE_URL = env_str("LAB_STORAGE_URL", "")
+LAB_STORAGE_URL_EXPIRE_S = env_int("LAB_STORAGE_URL_EXPIRE_S", 3600, minimum=60, maximum=7 * 24 * 3600)
+# An object younger than this with no checkpoint row may be an upload in progress: the orphan
+# sweep leaves it alone (seconds).
+LAB_ORPHAN_GRACE_S = env_int("LAB_ORPHAN_GRACE_S", 24 * 3600, minimum=0)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "checkpoints": _checkpoint_storage(LAB_STORAGE_URL),
 }
 WHITENOISE_USE_FINDERS = True
 
@@ -277,4 +323,5 @@ CELERY_BEAT_SCHEDULE = {
     "purge-idempotency-records": {"task": "lab.purge_idempotency_records", "schedule": 3600.0},
     "reconcile-jobs": {"task": "jobs.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
     "sweep-webhook-deliveries": {"task": "jobs.webhooks.sweep", "schedule": 5.0},
+    "sweep-orphan-checkpoints": {"task": "jobs.sweep_orphan_checkpoints", "schedule": 3600.0},
 }

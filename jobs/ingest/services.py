@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import storage, tasks
+from jobs import checkpoints, tasks
 from jobs.ingest.schemas import (
     CheckpointComplete,
     CheckpointRegister,
@@ -30,8 +30,6 @@ from jobs.metrics import INGESTED_POINTS, INGESTED_VALUES
 from jobs.models import (
     TERMINAL_STATUSES,
     Checkpoint,
-    CheckpointStatus,
-    EventLevel,
     Job,
     JobAttempt,
     JobStatus,
@@ -199,68 +197,16 @@ def ingest_logs(*, attempt: JobAttempt, batch: LogsBatch) -> dict[str, int]:
 
 @transaction.atomic
 def checkpoint_register(*, attempt: JobAttempt, report: CheckpointRegister) -> tuple[Checkpoint, dict[str, Any]]:
-    """Create a checkpoint row for the upload and return it with its upload target."""
+    """Create a checkpoint row for the upload and return it with its upload target (jobs.checkpoints)."""
     job, attempt = _locked(attempt, report.attempt)
-    checkpoint = Checkpoint.objects.create(
-        job=job, step=report.step, attempt=attempt.number, format=report.format, status=CheckpointStatus.UPLOADING
-    )
-    checkpoint.storage_key = storage.checkpoint_key(job.public_id, checkpoint.public_id)
-    checkpoint.save(update_fields=["storage_key"])
-    return checkpoint, storage.upload_target(checkpoint.storage_key)
+    return checkpoints.checkpoint_register(job=job, attempt=attempt, step=report.step, format=report.format)
 
 
-@transaction.atomic
 def checkpoint_complete(*, attempt: JobAttempt, checkpoint_id: str, report: CheckpointComplete) -> Checkpoint:
-    """Verify the stored archive's size and SHA-256: ``ready`` when they match, else ``failed``.
-
-    Completing an already ready checkpoint again is a no-op. Raises ApiError 404 for a checkpoint
-    of another job and 409 for one that already failed.
-    """
-    job = Job.objects.select_for_update().get(pk=attempt.job_id)
-    checkpoint = Checkpoint.objects.select_for_update().filter(job=job, public_id=checkpoint_id).first()
-    if checkpoint is None:
-        raise ApiError(404, "not_found", "No such checkpoint.")
-    if checkpoint.status == CheckpointStatus.READY:
-        return checkpoint
-    if checkpoint.status == CheckpointStatus.FAILED:
-        raise ApiError(409, "invalid_state", "This checkpoint already failed verification.")
-    stored = storage.stored_size_and_sha256(checkpoint.storage_key)
-    if stored == (report.size_bytes, report.sha256):
-        checkpoint.status = CheckpointStatus.READY
-        checkpoint.size_bytes, checkpoint.sha256 = stored
-        checkpoint.ready_at = timezone.now()
-        checkpoint.save(update_fields=["status", "size_bytes", "sha256", "ready_at"])
-        job_record_event(
-            job=job,
-            type="checkpoint.ready",
-            message=f"Checkpoint of step {checkpoint.step} is ready.",
-            data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
-        )
-        _apply_retention(job)
-    else:
-        checkpoint.status = CheckpointStatus.FAILED
-        checkpoint.save(update_fields=["status"])
-        found = "nothing" if stored is None else f"{stored[0]} bytes with SHA-256 {stored[1][:12]}…"
-        job_record_event(
-            job=job,
-            type="checkpoint.failed",
-            level=EventLevel.WARNING,
-            message=f"Checkpoint of step {checkpoint.step} failed verification: found {found}.",
-            data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
-        )
-        storage.delete(checkpoint.storage_key)
-    return checkpoint
-
-
-def _apply_retention(job: Job) -> None:
-    """Keep the newest ``checkpoints.keep_last`` ready checkpoints of ``job``; delete the rest."""
-    keep_last = int(job.spec.get("checkpoints", {}).get("keep_last", 3))
-    ready = list(Checkpoint.objects.filter(job=job, status=CheckpointStatus.READY).order_by("-step", "-id"))
-    for old in ready[keep_last:]:
-        if old.pk == getattr(job.init_from, "pk", None):
-            continue
-        storage.delete(old.storage_key)
-        old.delete()
+    """Verify the stored archive and mark the checkpoint ``ready`` or ``failed`` (jobs.checkpoints)."""
+    return checkpoints.checkpoint_complete(
+        job=attempt.job, checkpoint_id=checkpoint_id, size_bytes=report.size_bytes, sha256=report.sha256
+    )
 
 
 @transaction.atomic

@@ -1,0 +1,194 @@
+"""The checkpoint lifecycle, in one place (DESIGN.md §4).
+
+``pending → uploading → ready | failed``: the engine registers a checkpoint and gets an upload
+target, uploads one uncompressed tar, completes; Lab re-hashes what is stored and marks it
+``ready`` when size and SHA-256 match, else ``failed``. Every status change of a checkpoint
+happens in a function of this module, so whatever follows a change (events, the live stream)
+hooks here.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.http import FileResponse, HttpResponse, HttpResponseRedirect
+from django.utils import timezone
+
+from jobs import storage
+from jobs.models import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, EventLevel, Job, JobAttempt
+from jobs.services import job_record_event
+from lab.api.errors import ApiError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_KEEP_LAST = 3
+# A redirect's signed URL only has to outlive the client following it (seconds).
+DOWNLOAD_URL_EXPIRE_S = 300
+
+
+def checkpoint_register(*, job: Job, attempt: JobAttempt, step: int, format: str) -> tuple[Checkpoint, dict[str, Any]]:
+    """Create an ``uploading`` checkpoint of ``job`` at ``step`` and return it with its upload target.
+
+    The caller holds the job row lock and has checked the attempt. The upload target is
+    ``{"method": "local", "path": ...}`` or ``{"method": "put", "url": ..., "headers": {...}}``.
+    """
+    checkpoint = Checkpoint.objects.create(
+        job=job, step=step, attempt=attempt.number, format=format, status=CheckpointStatus.UPLOADING
+    )
+    checkpoint.storage_key = storage.checkpoint_key(job.public_id, checkpoint.public_id)
+    checkpoint.save(update_fields=["storage_key"])
+    return checkpoint, storage.upload_target(checkpoint.storage_key)
+
+
+@transaction.atomic
+def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256: str) -> Checkpoint:
+    """Verify the stored archive's size (bytes) and hex SHA-256: ``ready`` when they match, else ``failed``.
+
+    Completing an already ready checkpoint again is a no-op. A failed one's object is deleted.
+    Raises ApiError 404 for a checkpoint of another job and 409 for one that already failed.
+    """
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    checkpoint = Checkpoint.objects.select_for_update().filter(job=job, public_id=checkpoint_id).first()
+    if checkpoint is None:
+        raise ApiError(404, "not_found", "No such checkpoint.")
+    if checkpoint.status == CheckpointStatus.READY:
+        return checkpoint
+    if checkpoint.status == CheckpointStatus.FAILED:
+        raise ApiError(409, "invalid_state", "This checkpoint already failed verification.")
+    stored = storage.stored_size_and_sha256(checkpoint.storage_key)
+    if stored == (size_bytes, sha256):
+        checkpoint.status = CheckpointStatus.READY
+        checkpoint.size_bytes, checkpoint.sha256 = stored
+        checkpoint.ready_at = timezone.now()
+        checkpoint.save(update_fields=["status", "size_bytes", "sha256", "ready_at"])
+        job_record_event(
+            job=job,
+            type="checkpoint.ready",
+            message=f"Checkpoint of step {checkpoint.step} is ready.",
+            data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
+        )
+        checkpoint_apply_retention(job=job)
+    else:
+        checkpoint.status = CheckpointStatus.FAILED
+        checkpoint.save(update_fields=["status"])
+        found = "nothing" if stored is None else f"{stored[0]} bytes with SHA-256 {stored[1][:12]}…"
+        job_record_event(
+            job=job,
+            type="checkpoint.failed",
+            level=EventLevel.WARNING,
+            message=f"Checkpoint of step {checkpoint.step} failed verification: found {found}.",
+            data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
+        )
+        _delete_after_commit(checkpoint.storage_key)
+    return checkpoint
+
+
+def checkpoint_apply_retention(*, job: Job) -> list[str]:
+    """Keep the newest ``checkpoints.keep_last`` ready checkpoints of ``job``; delete the rest.
+
+    The final checkpoint (the highest step) is always kept, and so is one that a job still to
+    run starts from (``init_from``). Rows go in the caller's transaction, objects after commit.
+    Returns the public ids deleted.
+    """
+    keep_last = max(1, int(job.spec.get("checkpoints", {}).get("keep_last", DEFAULT_KEEP_LAST)))
+    ready = list(Checkpoint.objects.filter(job=job, status=CheckpointStatus.READY).order_by("-step", "-id"))
+    still_needed = set(
+        Job.objects.filter(init_from__in=[c.pk for c in ready[keep_last:]])
+        .exclude(status__in=TERMINAL_STATUSES)
+        .values_list("init_from_id", flat=True)
+    )
+    deleted = []
+    for old in ready[keep_last:]:
+        if old.pk in still_needed:
+            continue
+        _delete_after_commit(old.storage_key)
+        deleted.append(old.public_id)
+        old.delete()
+    return deleted
+
+
+def checkpoint_download_response(checkpoint: Checkpoint) -> HttpResponse:
+    """Return the HTTP answer that downloads ``checkpoint``'s archive (the caller checked access).
+
+    On the filesystem: the tar itself, streamed (``Content-Length``, ``Content-Disposition:
+    attachment; filename="<job id>-step-<step>-<checkpoint id>.tar"``). On S3: 302 to a pre-signed
+    GET URL good for ``DOWNLOAD_URL_EXPIRE_S`` seconds. Raises ApiError 409 ``checkpoint_not_ready``
+    for a checkpoint that is not ``ready``, and 404 when its object has gone missing.
+    """
+    if checkpoint.status != CheckpointStatus.READY:
+        raise ApiError(
+            409,
+            "checkpoint_not_ready",
+            f"Checkpoint {checkpoint.public_id} is {checkpoint.status}; only ready checkpoints can be downloaded.",
+        )
+    filename = checkpoint_archive_filename(checkpoint)
+    if storage.is_filesystem():
+        try:
+            handle = storage.open_archive(checkpoint.storage_key)
+        except FileNotFoundError:
+            raise ApiError(404, "not_found", "This checkpoint's archive is no longer stored.") from None
+        response = FileResponse(handle, as_attachment=True, filename=filename, content_type=storage.ARCHIVE_CONTENT_TYPE)
+        response["Content-Length"] = str(checkpoint.size_bytes)
+        return response
+    url = storage.download_url(checkpoint.storage_key, filename=filename, expires_s=DOWNLOAD_URL_EXPIRE_S)
+    response = HttpResponseRedirect(url)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def checkpoint_archive_filename(checkpoint: Checkpoint) -> str:
+    """Return the file name a downloaded archive is saved as."""
+    return f"{checkpoint.job.public_id}-step-{checkpoint.step:06d}-{checkpoint.public_id}.tar"
+
+
+def checkpoint_for_engine(*, job: Job, checkpoint_id: str) -> Checkpoint:
+    """Return a ready checkpoint that ``job``'s engine may fetch: its own, or its ``init_from``.
+
+    Raises ApiError 404 for any other id (another job's checkpoint is as missing as an unknown one).
+    """
+    checkpoint = (
+        Checkpoint.objects.select_related("job")
+        .filter(public_id=checkpoint_id, status=CheckpointStatus.READY)
+        .filter(Q(job=job) | Q(pk=job.init_from_id or 0))
+        .first()
+    )
+    if checkpoint is None:
+        raise ApiError(404, "not_found", f"No ready checkpoint '{checkpoint_id}' for this job.")
+    return checkpoint
+
+
+def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
+    """Delete stored objects that no checkpoint row refers to; return how many went.
+
+    Objects younger than ``LAB_ORPHAN_GRACE_S`` are left alone, so an upload that has not
+    registered its row yet, or is still being written, is never removed. Idempotent: a second
+    pass finds nothing more to delete.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.LAB_ORPHAN_GRACE_S)
+    candidates = [key for key, modified in storage.iter_objects() if modified <= cutoff]
+    deleted = 0
+    for batch_start in range(0, len(candidates), 500):
+        batch = candidates[batch_start : batch_start + 500]
+        known = set(Checkpoint.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
+        for key in batch:
+            if key not in known:
+                storage.delete(key)
+                deleted += 1
+    if deleted:
+        logger.info("deleted orphan checkpoint objects", extra={"count": deleted})
+    return deleted
+
+
+def _delete_after_commit(key: str) -> None:
+    """Delete the object at ``key`` once the transaction that dropped its row commits.
+
+    If that fails the object is an orphan, and the orphan sweep removes it later.
+    """
+    if key:
+        transaction.on_commit(lambda: storage.delete(key))
