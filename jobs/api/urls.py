@@ -3,6 +3,7 @@
 from django.urls import include, path
 
 from jobs.api import views
+from jobs.stream.views import job_stream
 
 urlpatterns = [
     path("ingest/jobs/", include("jobs.ingest.urls")),
@@ -16,7 +17,9 @@ urlpatterns = [
     path("jobs/<str:job_id>/metrics", views.JobMetricsView.as_view(), name="api-job-metrics"),
     path("jobs/<str:job_id>/samples", views.JobSamplesView.as_view(), name="api-job-samples"),
     path("jobs/<str:job_id>/logs", views.JobLogsView.as_view(), name="api-job-logs"),
+    path("jobs/<str:job_id>/stream", job_stream, name="api-job-stream"),
     path("jobs/<str:job_id>/checkpoints", views.JobCheckpointsView.as_view(), name="api-job-checkpoints"),
+    path("checkpoints/<str:checkpoint_id>/download", views.CheckpointDownloadView.as_view(), name="api-checkpoint-download"),
     path("models", views.ModelListView.as_view(), name="api-models"),
     path("environments", views.EnvironmentListView.as_view(), name="api-environments"),
     path("prices", views.PriceListView.as_view(), name="api-prices"),

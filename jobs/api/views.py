@@ -5,11 +5,13 @@ from __future__ import annotations
 from django.http import JsonResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from labsdk.spec import job_spec_json_schema
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.models import Price
+from jobs.checkpoints import checkpoint_download_response
 from jobs.estimates import job_estimate
 from jobs.models import Checkpoint, Job, JobEvent
 from jobs.selectors import job_list, job_logs, job_samples, metadata_filters, metric_points
@@ -111,6 +113,36 @@ class JobCheckpointsView(ProjectAPIView):
         job = self.get_owned(Job.objects.all(), job_id, "job")
         checkpoints = Checkpoint.objects.filter(job=job).select_related("job")
         return Response(paginate_by_public_id(checkpoints, request.query_params, checkpoint_to_dict))
+
+
+class ArchiveNegotiation(DefaultContentNegotiation):
+    """Answer a download whatever its ``Accept`` says (``application/x-tar``, ``*/*``): the body
+    is the archive, or JSON for an error."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        try:
+            return super().select_renderer(request, renderers, format_suffix)
+        except Exception:  # NotAcceptable: the archive is the answer anyway
+            return renderers[0], renderers[0].media_type
+
+
+class CheckpointDownloadView(ProjectAPIView):
+    """``GET /checkpoints/{id}/download``: the ready checkpoint's tar, or 302 to a signed URL.
+
+    404 for an unknown id or another project's checkpoint; 409 ``checkpoint_not_ready`` for one
+    that is not ``ready`` (pending, uploading or failed).
+    """
+
+    project_field = "job__project"
+    content_negotiation_class = ArchiveNegotiation
+
+    @extend_schema(
+        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 302: None},
+        description="The checkpoint archive (one uncompressed tar), or a redirect to a short-lived signed URL.",
+    )
+    def get(self, request: Request, checkpoint_id: str):
+        checkpoint = self.get_owned(Checkpoint.objects.select_related("job"), checkpoint_id, "checkpoint")
+        return checkpoint_download_response(checkpoint)
 
 
 class JobCancelView(ProjectAPIView):

@@ -15,5 +15,10 @@ urlpatterns = [
         views.CheckpointCompleteView.as_view(),
         name="ingest-checkpoint-complete",
     ),
+    path(
+        "<str:job_id>/checkpoints/<str:checkpoint_id>/download",
+        views.CheckpointDownloadView.as_view(),
+        name="ingest-checkpoint-download",
+    ),
     path("<str:job_id>/finish", views.FinishView.as_view(), name="ingest-finish"),
 ]

@@ -13,6 +13,8 @@ from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
+from jobs import checkpoints
+from jobs.api.views import ArchiveNegotiation
 from jobs.ingest import schemas, services
 from jobs.ingest.tokens import attempt_for_token
 from jobs.models import JobAttempt
@@ -147,6 +149,18 @@ class CheckpointCompleteView(IngestView):
         report = _parse(schemas.CheckpointComplete, request)
         checkpoint = services.checkpoint_complete(attempt=self.attempt, checkpoint_id=checkpoint_id, report=report)
         return Response({"id": checkpoint.public_id, "status": checkpoint.status})
+
+
+class CheckpointDownloadView(IngestView):
+    """``GET /ingest/jobs/{id}/checkpoints/{checkpoint_id}/download``: a checkpoint the engine
+    starts from (the job's own, or its ``init_from``): the tar, or 302 to a signed URL."""
+
+    content_negotiation_class = ArchiveNegotiation
+
+    @extend_schema(exclude=True)
+    def get(self, request: Request, job_id: str, checkpoint_id: str):
+        checkpoint = checkpoints.checkpoint_for_engine(job=self.attempt.job, checkpoint_id=checkpoint_id)
+        return checkpoints.checkpoint_download_response(checkpoint)
 
 
 class FinishView(IngestView):

@@ -1,0 +1,271 @@
+"""The checkpoint lifecycle on the filesystem backend (jobs/checkpoints.py): upload and verify,
+download, retention, deleting a job, the orphan sweep, and the engine's own download."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from jobs import storage
+from jobs.checkpoints import checkpoint_sweep_orphans
+from jobs.ingest.tokens import job_token
+from jobs.models import Checkpoint, Job, JobEvent, JobStatus
+from jobs.services import job_claim_for_start, job_submit, job_transition
+from lab.services import Actor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_broker(monkeypatch):
+    """Keep tasks from reaching a broker: these tests drive services and the API alone."""
+    from jobs import tasks
+
+    for name in ("admit", "launch_attempt", "reconcile_job"):
+        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
+
+
+@pytest.fixture(autouse=True)
+def _own_storage(settings, tmp_path):
+    """Give every test an empty checkpoint directory, so the sweep sees only this test's files."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "checkpoints": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "checkpoints")}},
+    }
+
+
+def start(tenant, spec) -> tuple[Job, APIClient, str]:
+    """Submit a job and claim its first attempt; return it, an engine client and its ingest base."""
+    job = job_submit(project=tenant.project, actor=Actor(user=tenant.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    engine = APIClient()
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    return Job.objects.get(pk=job.pk), engine, f"/api/v1/ingest/jobs/{job.public_id}"
+
+
+def upload(engine: APIClient, base: str, step: int, content: bytes, *, claimed: bytes | None = None) -> dict:
+    """Register, store ``content`` where Lab says, complete with the hash of ``claimed`` (default: content)."""
+    registered = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": step, "format": "peft-lora"}, format="json")
+    assert registered.status_code == 201, registered.content
+    body = registered.json()
+    assert body["upload"]["method"] == "local"
+    Path(body["upload"]["path"]).write_bytes(content)
+    claimed = content if claimed is None else claimed
+    completed = engine.post(
+        f"{base}/checkpoints/{body['id']}/complete",
+        {"size_bytes": len(claimed), "sha256": hashlib.sha256(claimed).hexdigest()},
+        format="json",
+    )
+    assert completed.status_code == 200, completed.content
+    return {**body, "status": completed.json()["status"]}
+
+
+def finish(job: Job) -> None:
+    """End a job that its engine's reports made ``running``."""
+    job = Job.objects.get(pk=job.pk)
+    assert job.status == JobStatus.RUNNING
+    job_transition(job=job, to=JobStatus.SUCCEEDED)
+
+
+def test_it_streams_a_ready_checkpoint_with_length_and_file_name(owner, spec):
+    job, engine, base = start(owner, spec)
+    archive = b"tar bytes " * 1000
+    ckpt = upload(engine, base, 4, archive)
+    answer = owner.client().get(f"/api/v1/checkpoints/{ckpt['id']}/download", HTTP_ACCEPT="application/x-tar")
+    assert answer.status_code == 200
+    assert b"".join(answer.streaming_content) == archive
+    assert answer["Content-Length"] == str(len(archive))
+    assert answer["Content-Type"] == "application/x-tar"
+    assert answer["Content-Disposition"] == f'attachment; filename="{job.public_id}-step-000004-{ckpt["id"]}.tar"'
+
+
+def test_it_answers_404_for_another_organizations_checkpoint_as_for_a_missing_one(owner, outsider, spec):
+    _, engine, base = start(owner, spec)
+    ckpt = upload(engine, base, 1, b"mine")
+    foreign = outsider.client().get(f"/api/v1/checkpoints/{ckpt['id']}/download")
+    missing = outsider.client().get("/api/v1/checkpoints/ckpt_doesnotexist/download")
+    assert foreign.status_code == missing.status_code == 404
+    assert foreign.json()["error"]["code"] == missing.json()["error"]["code"] == "not_found"
+    assert foreign.json()["error"]["message"] == missing.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("bad_id", ["ckpt_" + "x" * 200, "..%2F..%2Fsecret_key", "job_abc", "%20", "ckpt_%E2%9C%93"])
+def test_it_answers_404_for_malformed_checkpoint_ids(owner, bad_id):
+    answer = owner.client().get(f"/api/v1/checkpoints/{bad_id}/download")
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "not_found"
+
+
+def test_it_answers_400_for_a_nul_in_a_checkpoint_id(owner):
+    answer = owner.client().get("/api/v1/checkpoints/ckpt_%00/download")
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "invalid_request"
+
+
+def test_it_refuses_to_download_a_checkpoint_that_is_not_ready(owner, spec):
+    job, engine, base = start(owner, spec)
+    uploading = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
+    failed = upload(engine, base, 2, b"stored", claimed=b"claimed")
+    assert failed["status"] == "failed"
+    for ckpt_id, status in ((uploading["id"], "uploading"), (failed["id"], "failed")):
+        answer = owner.client().get(f"/api/v1/checkpoints/{ckpt_id}/download")
+        assert answer.status_code == 409
+        assert answer.json()["error"]["code"] == "checkpoint_not_ready"
+        assert status in answer.json()["error"]["message"]
+
+
+def test_it_marks_a_tampered_upload_failed_and_deletes_what_was_stored(owner, spec):
+    job, engine, base = start(owner, spec)
+    registered = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 3, "format": "peft-lora"}, format="json").json()
+    path = Path(registered["upload"]["path"])
+    path.write_bytes(b"original weights")
+    digest = hashlib.sha256(b"original weights").hexdigest()
+    path.write_bytes(b"tampered weights")  # same size, other bytes
+    answer = engine.post(
+        f"{base}/checkpoints/{registered['id']}/complete", {"size_bytes": 16, "sha256": digest}, format="json"
+    )
+    assert answer.json() == {"id": registered["id"], "status": "failed"}
+    checkpoint = Checkpoint.objects.get(public_id=registered["id"])
+    assert (checkpoint.status, checkpoint.size_bytes, checkpoint.sha256) == ("failed", None, "")
+    assert not path.exists()
+    event = JobEvent.objects.get(job=job, type="checkpoint.failed")
+    assert event.data == {"checkpoint_id": registered["id"], "step": 3}
+    again = engine.post(f"{base}/checkpoints/{registered['id']}/complete", {"size_bytes": 16, "sha256": digest}, format="json")
+    assert again.status_code == 409
+
+
+def test_it_refuses_to_complete_another_jobs_checkpoint(owner, spec):
+    _, engine_a, base_a = start(owner, spec)
+    job_b, engine_b, base_b = start(owner, spec)
+    ckpt = engine_a.post(f"{base_a}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
+    Path(ckpt["upload"]["path"]).write_bytes(b"a")
+    answer = engine_b.post(
+        f"{base_b}/checkpoints/{ckpt['id']}/complete", {"size_bytes": 1, "sha256": hashlib.sha256(b"a").hexdigest()}, format="json"
+    )
+    assert answer.status_code == 404
+    assert Checkpoint.objects.get(public_id=ckpt["id"]).status == "uploading"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"size_bytes": -1, "sha256": "0" * 64}, {"size_bytes": 1, "sha256": "xyz"}, {"size_bytes": "many", "sha256": "0" * 64}],
+)
+def test_it_refuses_a_malformed_completion_and_changes_nothing(owner, spec, body):
+    _, engine, base = start(owner, spec)
+    ckpt = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
+    answer = engine.post(f"{base}/checkpoints/{ckpt['id']}/complete", body, format="json")
+    assert answer.status_code == 400
+    assert Checkpoint.objects.get(public_id=ckpt["id"]).status == "uploading"
+
+
+def test_retention_keeps_the_newest_keep_last_and_the_final_one(owner, spec):
+    spec["checkpoints"] = {"interval": 1, "keep_last": 2}
+    spec["max_steps"] = 4
+    job, engine, base = start(owner, spec)
+    ids = [upload(engine, base, step, f"step {step}".encode())["id"] for step in (1, 2, 3, 4)]
+    kept = list(Checkpoint.objects.filter(job=job).order_by("step").values_list("public_id", flat=True))
+    assert kept == ids[2:]
+    assert sorted(key for key, _ in storage.iter_objects() if key.startswith(job.public_id)) == sorted(
+        f"{job.public_id}/{ckpt_id}.tar" for ckpt_id in ids[2:]
+    )
+
+
+def test_retention_keeps_a_checkpoint_that_a_queued_job_starts_from(owner, spec):
+    spec["checkpoints"] = {"interval": 1, "keep_last": 1}
+    source, engine, base = start(owner, spec)
+    first = upload(engine, base, 1, b"first")["id"]
+    follower = job_submit(project=owner.project, actor=Actor(user=owner.user), data={**spec, "init_from": first})
+    assert follower.status == JobStatus.QUEUED
+    second = upload(engine, base, 2, b"second")["id"]
+    assert set(Checkpoint.objects.filter(job=source).values_list("public_id", flat=True)) == {first, second}
+    third = upload(engine, base, 3, b"third")["id"]
+    # The follower still needs the first; the second is neither newest nor needed.
+    assert set(Checkpoint.objects.filter(job=source).values_list("public_id", flat=True)) == {first, third}
+
+
+def test_deleting_a_job_deletes_its_archives(owner, spec):
+    job, engine, base = start(owner, spec)
+    ckpt = upload(engine, base, 1, b"weights")
+    path = storage.path_of(Checkpoint.objects.get(public_id=ckpt["id"]).storage_key)
+    assert path.exists()
+    finish(job)
+    assert owner.client().delete(f"/api/v1/jobs/{job.public_id}").status_code == 204
+    assert not path.exists()
+    assert not path.parent.exists()
+    assert owner.client().get(f"/api/v1/checkpoints/{ckpt['id']}/download").status_code == 404
+
+
+def test_the_orphan_sweep_removes_old_objects_without_a_row_and_spares_young_ones(owner, spec, settings):
+    settings.LAB_ORPHAN_GRACE_S = 3600
+    job, engine, base = start(owner, spec)
+    kept = upload(engine, base, 1, b"kept")
+    kept_path = storage.path_of(Checkpoint.objects.get(public_id=kept["id"]).storage_key)
+    old_orphan = storage.path_of(f"{job.public_id}/ckpt_gone.tar")
+    old_orphan.write_bytes(b"left behind")
+    young_orphan = storage.path_of("job_notyet/ckpt_uploading.tar.partial")
+    young_orphan.parent.mkdir(parents=True, exist_ok=True)
+    young_orphan.write_bytes(b"being written")
+    two_hours_ago = time.time() - 7200
+    for path in (kept_path, old_orphan):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    assert checkpoint_sweep_orphans() == 1
+    assert not old_orphan.exists()
+    assert kept_path.exists() and young_orphan.exists()
+    assert checkpoint_sweep_orphans() == 0  # idempotent
+    # Past its grace period the abandoned upload goes too.
+    assert checkpoint_sweep_orphans(now=timezone.now() + timedelta(hours=2)) == 1
+    assert not young_orphan.exists()
+    assert kept_path.exists()
+
+
+def test_the_ready_webhook_links_to_the_download_endpoint(owner, spec, settings):
+    from jobs.webhooks.models import WebhookMessage
+    from jobs.webhooks.services import endpoint_create
+
+    settings.LAB_WEBHOOK_ALLOW_PRIVATE = True
+    endpoint_create(
+        project=owner.project,
+        actor=Actor(user=owner.user),
+        data={"url": "http://127.0.0.1:9/hook", "events": ["checkpoint.ready"]},
+    )
+    job, engine, base = start(owner, spec)
+    ckpt = upload(engine, base, 2, b"weights")
+    data = json.loads(WebhookMessage.objects.get(type="checkpoint.ready").body)["data"]
+    assert data == {
+        "job_id": job.public_id,
+        "checkpoint_id": ckpt["id"],
+        "step": 2,
+        "download_url": f"{settings.LAB_PUBLIC_URL}/api/v1/checkpoints/{ckpt['id']}/download",
+    }
+    answer = owner.client().get(data["download_url"].removeprefix(settings.LAB_PUBLIC_URL))
+    assert answer.status_code == 200
+    assert b"".join(answer.streaming_content) == b"weights"
+
+
+def test_an_engine_downloads_its_init_checkpoint_but_no_other(owner, outsider, spec):
+    source, engine, base = start(owner, spec)
+    init = upload(engine, base, 1, b"init weights")["id"]
+    unrelated_job, unrelated_engine, unrelated_base = start(owner, spec)
+    unrelated = upload(unrelated_engine, unrelated_base, 1, b"other")["id"]
+    foreign_job, foreign_engine, foreign_base = start(outsider, spec)
+    foreign = upload(foreign_engine, foreign_base, 1, b"foreign")["id"]
+    follower, follower_engine, follower_base = start(owner, {**spec, "init_from": init})
+    assert follower.init_from.public_id == init
+    answer = follower_engine.get(f"{follower_base}/checkpoints/{init}/download")
+    assert answer.status_code == 200
+    assert b"".join(answer.streaming_content) == b"init weights"
+    for other in (unrelated, foreign, "ckpt_unknown", "x" * 300):
+        refused = follower_engine.get(f"{follower_base}/checkpoints/{other}/download")
+        assert refused.status_code == 404, other
+    anonymous = APIClient().get(f"{follower_base}/checkpoints/{init}/download")
+    assert anonymous.status_code == 401
+    wrong_job = follower_engine.get(f"{base}/checkpoints/{init}/download")
+    assert wrong_job.status_code == 401
