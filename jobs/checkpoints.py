@@ -22,6 +22,8 @@ from django.utils import timezone
 from jobs import storage
 from jobs.models import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, EventLevel, Job, JobAttempt
 from jobs.services import job_record_event
+from jobs.stream import records as stream_records
+from jobs.stream.fanout import publish_on_commit
 from lab.api.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -41,7 +43,9 @@ def checkpoint_register(*, job: Job, attempt: JobAttempt, step: int, format: str
         job=job, step=step, attempt=attempt.number, format=format, status=CheckpointStatus.UPLOADING
     )
     checkpoint.storage_key = storage.checkpoint_key(job.public_id, checkpoint.public_id)
-    checkpoint.save(update_fields=["storage_key"])
+    stream_records.number(job.pk, [checkpoint])
+    checkpoint.save(update_fields=["storage_key", "stream_seq"])
+    publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
     return checkpoint, storage.upload_target(checkpoint.storage_key)
 
 
@@ -65,7 +69,9 @@ def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256
         checkpoint.status = CheckpointStatus.READY
         checkpoint.size_bytes, checkpoint.sha256 = stored
         checkpoint.ready_at = timezone.now()
-        checkpoint.save(update_fields=["status", "size_bytes", "sha256", "ready_at"])
+        stream_records.number(job.pk, [checkpoint])
+        checkpoint.save(update_fields=["status", "size_bytes", "sha256", "ready_at", "stream_seq"])
+        publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
         job_record_event(
             job=job,
             type="checkpoint.ready",
@@ -75,7 +81,9 @@ def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256
         checkpoint_apply_retention(job=job)
     else:
         checkpoint.status = CheckpointStatus.FAILED
-        checkpoint.save(update_fields=["status"])
+        stream_records.number(job.pk, [checkpoint])
+        checkpoint.save(update_fields=["status", "stream_seq"])
+        publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
         found = "nothing" if stored is None else f"{stored[0]} bytes with SHA-256 {stored[1][:12]}…"
         job_record_event(
             job=job,

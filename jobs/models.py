@@ -86,6 +86,9 @@ class Job(models.Model):
     queued_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The last number of the job's live-stream sequence (jobs.stream): every metric step,
+    # sample, log line, event, status change and checkpoint change takes the next ones.
+    stream_seq = models.BigIntegerField(default=0)
 
     class Meta:
         indexes = [
@@ -120,9 +123,16 @@ class JobEvent(models.Model):
     message = models.TextField(blank=True)
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
+    stream_seq = models.BigIntegerField(null=True)
+    # For a status change: the Job object right after it, the live stream's ``status`` event
+    # (number ``stream_seq + 1``), so a replay shows each status as it was.
+    job_snapshot = models.JSONField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["job", "id"], name="jobevent_job_order")]
+        indexes = [
+            models.Index(fields=["job", "id"], name="jobevent_job_order"),
+            models.Index(fields=["job", "stream_seq"], name="jobevent_job_stream"),
+        ]
 
 
 class CheckpointStatus(models.TextChoices):
@@ -155,9 +165,13 @@ class Checkpoint(models.Model):
     sha256 = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
+    stream_seq = models.BigIntegerField(null=True)
 
     class Meta:
-        indexes = [models.Index(fields=["job", "status", "-step"], name="checkpoint_job_latest")]
+        indexes = [
+            models.Index(fields=["job", "status", "-step"], name="checkpoint_job_latest"),
+            models.Index(fields=["job", "stream_seq"], name="checkpoint_job_stream"),
+        ]
 
 
 class AttemptState(models.TextChoices):
@@ -228,9 +242,11 @@ class MetricStep(models.Model):
     attempt = models.PositiveIntegerField()
     time = models.DateTimeField()
     values = models.JSONField()
+    stream_seq = models.BigIntegerField(null=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "step"], name="metric_step_unique")]
+        indexes = [models.Index(fields=["job", "stream_seq"], name="metric_job_stream")]
 
 
 class RolloutSample(models.Model):
@@ -245,9 +261,13 @@ class RolloutSample(models.Model):
     reward = models.FloatField()
     advantage = models.FloatField()
     metrics = models.JSONField(default=dict)
+    stream_seq = models.BigIntegerField(null=True)
 
     class Meta:
-        indexes = [models.Index(fields=["job", "step"], name="sample_job_step")]
+        indexes = [
+            models.Index(fields=["job", "step"], name="sample_job_step"),
+            models.Index(fields=["job", "stream_seq"], name="sample_job_stream"),
+        ]
 
 
 class LogSource(models.TextChoices):
@@ -271,12 +291,16 @@ class LogLine(models.Model):
     time = models.DateTimeField()
     stream = models.CharField(max_length=16)
     line = models.TextField()
+    stream_seq = models.BigIntegerField(null=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["job", "attempt", "source", "source_seq"], name="log_line_unique")
         ]
-        indexes = [models.Index(fields=["job", "id"], name="log_job_order")]
+        indexes = [
+            models.Index(fields=["job", "id"], name="log_job_order"),
+            models.Index(fields=["job", "stream_seq"], name="log_job_stream"),
+        ]
 
 from jobs.webhooks.models import (  # noqa: E402,F401  (models of the jobs app)
     WebhookAttempt,

@@ -9,8 +9,8 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from jobs.models import Job, JobStatus, LogLine, MetricStep, RolloutSample
+from jobs.serializers import log_line_to_dict, metric_point_to_dict, sample_to_dict
 from lab.api.errors import ApiError, FieldError
-from lab.api.formats import iso
 from lab.api.pagination import int_param, list_envelope
 from lab.models import Project
 
@@ -73,7 +73,7 @@ def metric_points(*, job: Job, params: Mapping[str, str]) -> dict:
     def serialize(step: int, time, attempt: int, values: dict) -> dict:
         if names:
             values = {name: values[name] for name in names if name in values}
-        return {"step": step, "time": iso(time), "attempt": attempt, "values": values}
+        return metric_point_to_dict(step, time, attempt, values)
 
     if max_points is None:
         page = list(rows.values_list("step", "time", "attempt", "values")[: limit + 1])
@@ -119,22 +119,7 @@ def job_samples(*, job: Job, params: Mapping[str, str]) -> dict:
     if step is None:
         step = samples.order_by("-step").values_list("step", flat=True).first()
     page = list(samples.filter(step=step).order_by("group", "id")[: limit + 1]) if step is not None else []
-    return list_envelope(
-        (
-            {
-                "step": sample.step,
-                "attempt": sample.attempt,
-                "group": sample.group,
-                "prompt": sample.prompt,
-                "completion": sample.completion,
-                "reward": sample.reward,
-                "advantage": sample.advantage,
-                "metrics": sample.metrics,
-            }
-            for sample in page[:limit]
-        ),
-        has_more=len(page) > limit,
-    )
+    return list_envelope((sample_to_dict(sample) for sample in page[:limit]), has_more=len(page) > limit)
 
 
 def job_logs(*, job: Job, params: Mapping[str, str]) -> dict:
@@ -146,10 +131,53 @@ def job_logs(*, job: Job, params: Mapping[str, str]) -> dict:
         .order_by("pk")
         .values_list("pk", "time", "attempt", "stream", "line")[: limit + 1]
     )
-    return list_envelope(
-        (
-            {"seq": seq, "time": iso(time), "attempt": attempt, "stream": stream, "line": line}
-            for seq, time, attempt, stream, line in page[:limit]
-        ),
-        has_more=len(page) > limit,
+    return list_envelope((log_line_to_dict(*row) for row in page[:limit]), has_more=len(page) > limit)
+
+
+def jobs_with_latest_reward(jobs: QuerySet) -> QuerySet:
+    """Annotate each of ``jobs`` with ``latest_reward``: ``reward/mean`` of its highest step that has it.
+
+    ``latest_reward`` is a float, or None before the first step with a reward. One subquery per
+    row, served by the (job, step) unique index.
+    """
+    from django.db.models import FloatField, OuterRef, Subquery
+
+    latest = (
+        MetricStep.objects.filter(job=OuterRef("pk"), values__has_key="reward/mean")
+        .order_by("-step")
+        .annotate(reward=Cast(KeyTextTransform("reward/mean", "values"), output_field=FloatField()))
+        .values("reward")[:1]
     )
+    return jobs.annotate(latest_reward=Subquery(latest, output_field=FloatField()))
+
+
+def metric_names(*, job: Job) -> list[str]:
+    """Return every metric name ``job`` has stored at least once, sorted."""
+    from django.db import connection
+
+    table = MetricStep._meta.db_table
+    if connection.vendor == "postgresql":
+        sql = f'SELECT DISTINCT jsonb_object_keys("values") FROM {table} WHERE job_id = %s'
+    else:
+        sql = f'SELECT DISTINCT json_each.key FROM {table}, json_each({table}."values") WHERE job_id = %s'
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [job.pk])
+        return sorted(row[0] for row in cursor.fetchall())
+
+
+def sample_steps(*, job: Job, limit: int = 1000) -> list[int]:
+    """Return the steps that have rollout samples, newest first (at most ``limit``)."""
+    return list(
+        RolloutSample.objects.filter(job=job).order_by("-step").values_list("step", flat=True).distinct()[:limit]
+    )
+
+
+def job_logs_tail(*, job: Job, limit: int = 200) -> list[dict]:
+    """Return ``job``'s last ``limit`` log lines in order, each as in ``GET /jobs/{id}/logs``."""
+    rows = list(
+        LogLine.objects.filter(job=job).order_by("-pk").values_list("pk", "time", "attempt", "stream", "line")[:limit]
+    )
+    return [
+        {"seq": seq, "time": iso(time), "attempt": attempt, "stream": stream, "line": line}
+        for seq, time, attempt, stream, line in reversed(rows)
+    ]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from billing.models import Price
 from engine.catalog import EnvironmentInfo, ModelInfo
-from jobs.models import Checkpoint, CheckpointStatus, Job, JobEvent, JobPriority, JobStatus
+from jobs.models import Checkpoint, CheckpointStatus, Job, JobEvent, JobPriority, JobStatus, RolloutSample
 from jobs.queue import queue_position
 from lab.api.formats import iso, money
 
@@ -73,6 +74,30 @@ def event_to_dict(event: JobEvent) -> dict[str, Any]:
         "message": event.message,
         "data": event.data,
     }
+
+
+def metric_point_to_dict(step: int, time: datetime, attempt: int, values: dict[str, float]) -> dict[str, Any]:
+    """Return one metric point ``{"step","time","attempt","values"}`` (``GET /metrics``, ``metrics`` events)."""
+    return {"step": step, "time": iso(time), "attempt": attempt, "values": values}
+
+
+def sample_to_dict(sample: RolloutSample) -> dict[str, Any]:
+    """Return one rollout sample (``GET /samples``, ``sample`` events)."""
+    return {
+        "step": sample.step,
+        "attempt": sample.attempt,
+        "group": sample.group,
+        "prompt": sample.prompt,
+        "completion": sample.completion,
+        "reward": sample.reward,
+        "advantage": sample.advantage,
+        "metrics": sample.metrics,
+    }
+
+
+def log_line_to_dict(seq: int, time: datetime, attempt: int, stream: str, line: str) -> dict[str, Any]:
+    """Return one log line ``{"seq","time","attempt","stream","line"}``; ``seq`` is the row id."""
+    return {"seq": seq, "time": iso(time), "attempt": attempt, "stream": stream, "line": line}
 
 
 def model_to_dict(model: ModelInfo) -> dict[str, Any]:

@@ -28,7 +28,10 @@ from jobs.models import (
     LogLine,
     StopReason,
 )
+from jobs.serializers import job_to_dict
 from jobs.specs import validate_job_spec
+from jobs.stream import records as stream_records
+from jobs.stream.fanout import publish_on_commit
 from jobs.webhooks.services import enqueue_event
 from lab.api.errors import ApiError
 from lab.models import Project
@@ -73,12 +76,30 @@ def _event_type(previous: str, to: str) -> str:
     return _EVENT_TYPES[to]
 
 
+@transaction.atomic
 def job_record_event(
-    *, job: Job, type: str, message: str = "", level: str = EventLevel.INFO, data: dict[str, Any] | None = None
+    *,
+    job: Job,
+    type: str,
+    message: str = "",
+    level: str = EventLevel.INFO,
+    data: dict[str, Any] | None = None,
+    status_change: bool = False,
 ) -> JobEvent:
-    """Append a JobEvent to ``job`` (call inside the transaction that made the change)."""
-    event = JobEvent.objects.create(job=job, type=type, level=level, message=message, data=data or {})
-    enqueue_event(event)  # the webhook outbox rows, in this same transaction
+    """Append a JobEvent to ``job`` (call inside the transaction that made the change).
+
+    The event joins the job's live stream; with ``status_change`` (``job`` already holds its new
+    status) the Job object as it is now follows it as a ``status`` record. The webhook outbox
+    rows are written in the same transaction.
+    """
+    event = JobEvent(job=job, type=type, level=level, message=message, data=data or {})
+    stream_records.number(job.pk, [event])
+    if status_change:
+        event.job_snapshot = job_to_dict(job)
+        stream_records.allocate(job.pk, 1)  # the status record's number: the event's + 1
+    event.save(force_insert=True)
+    enqueue_event(event)
+    publish_on_commit(job.public_id, stream_records.event_records([event]))
     return event
 
 
@@ -111,7 +132,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
         created_at=now,
         queued_at=now,
     )
-    job_record_event(job=job, type="job.queued", message="Job submitted and queued.")
+    job_record_event(job=job, type="job.queued", message="Job submitted and queued.", status_change=True)
     audit_record(
         actor=actor, organization=project.organization, project=project, action="job.create", target=job.public_id
     )
@@ -166,7 +187,9 @@ def job_transition(
     event_data = {"from": previous, "to": to, **({"reason": reason} if reason else {}), **(data or {})}
     if to == S.FAILED:
         event_data["error"] = {"code": locked.error_code, "message": locked.error_message}
-    job_record_event(job=locked, type=_event_type(previous, to), message=message, level=level, data=event_data)
+    job_record_event(
+        job=locked, type=_event_type(previous, to), message=message, level=level, data=event_data, status_change=True
+    )
     return locked
 
 
@@ -225,7 +248,9 @@ def job_claim_for_start(*, job_id: int) -> JobAttempt | None:
     data = {"from": S.QUEUED, "to": S.STARTING, "attempt": attempt.number}
     if resume is not None:
         data["resume_from"] = {"checkpoint_id": resume.public_id, "step": resume.step}
-    job_record_event(job=job, type="job.starting", message=f"Attempt {attempt.number} is starting.", data=data)
+    job_record_event(
+        job=job, type="job.starting", message=f"Attempt {attempt.number} is starting.", data=data, status_change=True
+    )
     transaction.on_commit(lambda: tasks.launch_attempt.delay(attempt.pk))
     return attempt
 
@@ -278,16 +303,22 @@ def job_delete(*, job: Job, actor: Actor) -> None:
     transaction.on_commit(lambda: storage.delete_job_objects(public_id))
 
 
+@transaction.atomic
 def store_log_lines(*, job: Job, attempt_number: int, source: str, lines: list[tuple[int, datetime, str, str]]) -> int:
-    """Store ``(source_seq, time, stream, line)`` tuples once each; return how many were new."""
-    existing = LogLine.objects.filter(job=job, attempt=attempt_number, source=source)
-    before = existing.count()
-    LogLine.objects.bulk_create(
-        [
-            LogLine(job=job, attempt=attempt_number, source=source, source_seq=seq, time=time, stream=stream, line=line)
-            for seq, time, stream, line in lines
-        ],
-        batch_size=1000,
-        ignore_conflicts=True,
+    """Store ``(source_seq, time, stream, line)`` tuples once each and stream the new ones;
+    return how many were new (a resent line is skipped by the unique constraint)."""
+    rows = [
+        LogLine(job=job, attempt=attempt_number, source=source, source_seq=seq, time=time, stream=stream, line=line)
+        for seq, time, stream, line in lines
+    ]
+    if not rows:
+        return 0
+    stream_records.number(job.pk, rows)
+    LogLine.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
+    stored = list(
+        LogLine.objects.filter(
+            job=job, stream_seq__gte=rows[0].stream_seq, stream_seq__lte=rows[-1].stream_seq
+        ).order_by("stream_seq")
     )
-    return existing.count() - before
+    publish_on_commit(job.public_id, stream_records.log_records(stored))
+    return len(stored)

@@ -38,6 +38,8 @@ from jobs.models import (
     RolloutSample,
 )
 from jobs.services import job_record_event, job_transition, store_log_lines
+from jobs.stream import records as stream_records
+from jobs.stream.fanout import publish_on_commit
 from lab.api.errors import ApiError
 
 
@@ -121,8 +123,11 @@ def ingest_metrics(*, attempt: JobAttempt, batch: MetricsBatch) -> dict[str, int
                 accepted += 1
             else:
                 duplicates += 1
+    streamed = sorted(created + changed, key=lambda row: row.step)
+    stream_records.number(job.pk, streamed)  # a merged or superseded step is streamed again, whole
     _insert_metric_steps(created)
-    MetricStep.objects.bulk_update(changed, ["attempt", "time", "values"], batch_size=1000)
+    MetricStep.objects.bulk_update(changed, ["attempt", "time", "values", "stream_seq"], batch_size=1000)
+    publish_on_commit(job.public_id, stream_records.metric_records(streamed))
     top = max(by_step, default=0)
     if top > job.step:
         job.step = min(top, job.max_steps)
@@ -145,15 +150,25 @@ def _insert_metric_steps(rows: list[MetricStep]) -> None:
         MetricStep.objects.bulk_create(rows, batch_size=1000)
         return
     payload = json.dumps(
-        [{"job": row.job_id, "step": row.step, "attempt": row.attempt, "time": row.time.isoformat(), "values": row.values} for row in rows]
+        [
+            {
+                "job": row.job_id,
+                "step": row.step,
+                "attempt": row.attempt,
+                "time": row.time.isoformat(),
+                "values": row.values,
+                "seq": row.stream_seq,
+            }
+            for row in rows
+        ]
     )
     table = MetricStep._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            INSERT INTO {table} (job_id, step, attempt, time, "values")
+            INSERT INTO {table} (job_id, step, attempt, time, "values", stream_seq)
             SELECT (p->>'job')::bigint, (p->>'step')::integer, (p->>'attempt')::integer,
-                   (p->>'time')::timestamptz, p->'values'
+                   (p->>'time')::timestamptz, p->'values', (p->>'seq')::bigint
             FROM jsonb_array_elements(%s::jsonb) AS p
             """,
             [payload],
@@ -166,24 +181,24 @@ def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch) -> dict[str, int
     job, attempt = _locked(attempt, batch.attempt)
     steps = {sample.step for sample in batch.samples}
     RolloutSample.objects.filter(job=job, step__in=steps).delete()
-    RolloutSample.objects.bulk_create(
-        [
-            RolloutSample(
-                job=job,
-                step=sample.step,
-                attempt=attempt.number,
-                group=sample.group,
-                prompt=sample.prompt,
-                completion=sample.completion,
-                reward=sample.reward,
-                advantage=sample.advantage,
-                metrics=sample.metrics,
-            )
-            for sample in batch.samples
-        ],
-        batch_size=500,
-    )
-    return {"accepted": len(batch.samples)}
+    rows = [
+        RolloutSample(
+            job=job,
+            step=sample.step,
+            attempt=attempt.number,
+            group=sample.group,
+            prompt=sample.prompt,
+            completion=sample.completion,
+            reward=sample.reward,
+            advantage=sample.advantage,
+            metrics=sample.metrics,
+        )
+        for sample in batch.samples
+    ]
+    stream_records.number(job.pk, rows)
+    RolloutSample.objects.bulk_create(rows, batch_size=500)
+    publish_on_commit(job.public_id, stream_records.sample_records(rows))
+    return {"accepted": len(rows)}
 
 
 @transaction.atomic

@@ -1,0 +1,222 @@
+"""``GET /api/v1/jobs/{id}/stream``: a job's records as Server-Sent Events (DESIGN.md §4).
+
+An async view, served by the ASGI server without a thread per client. Every connection opens
+with a ``status`` snapshot (no ``id:``), replays the records after the resume point from the
+database, then follows live: from Redis pub/sub when ``REDIS_URL`` is set, else by polling
+the database. Every database read runs in a worker thread that closes its connection
+afterwards, so a waiting client holds no database connection. A comment line goes out every
+``LAB_STREAM_HEARTBEAT_S`` seconds; the stream ends after the ``status`` event of a finished job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from jobs.models import TERMINAL_STATUSES, Job
+from jobs.serializers import job_to_dict
+from jobs.stream.fanout import Subscription, get_hub
+from jobs.stream.records import STATUS, StreamRecord, read_after, record
+from lab.api.errors import ApiError, error_json_response, not_found
+from lab.models import ApiKeyScope
+from lab.services import api_key_authenticate
+
+_INVALID_KEY = "Missing, malformed, revoked or unknown API key; send 'Authorization: Bearer lab_...'."
+_MAX_SEQ = 2**62
+
+
+def _in_thread(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``function`` in a worker thread that closes its database connection afterwards."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return sync_to_async(call, thread_sensitive=False)
+
+
+def _find_job(*, authorization: str | None, user: Any, job_id: str) -> Job:
+    """Return the job the caller may read: by API key (``read`` scope, its project) or by a
+    dashboard session (a member of the job's organization). Raises ApiError 401/403/404."""
+    jobs = Job.objects.filter(public_id=job_id) if len(job_id) <= 64 else Job.objects.none()
+    if authorization is not None:
+        scheme, _, plaintext = authorization.partition(" ")
+        api_key = api_key_authenticate(plaintext.strip()) if scheme.lower() == "bearer" else None
+        if api_key is None:
+            raise ApiError(401, "invalid_api_key", _INVALID_KEY)
+        if ApiKeyScope.READ not in api_key.scopes:
+            raise ApiError(403, "insufficient_scope", "This API key lacks the 'read' scope.")
+        jobs = jobs.filter(project=api_key.project)
+    elif user is not None and user.is_authenticated:
+        jobs = jobs.filter(project__organization__memberships__user=user)
+    else:
+        raise ApiError(401, "invalid_api_key", _INVALID_KEY)
+    job = jobs.first()
+    if job is None:
+        raise not_found("job")
+    return job
+
+
+def _resume_point(request: HttpRequest) -> int | None:
+    """Return the number to resume after (``Last-Event-ID`` header or ``?last_event_id=``),
+    ``None`` for the whole history, or -1 for ``?from=now``. Raises ApiError 400."""
+    raw = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id")
+    start = request.GET.get("from")
+    if start not in (None, "now", "start"):
+        raise ApiError(400, "invalid_request", "from must be 'now' or 'start'.", param="from")
+    if raw:
+        if not raw.isascii() or not raw.isdigit() or int(raw) > _MAX_SEQ:
+            raise ApiError(
+                400, "invalid_request", "Last-Event-ID must be an event id this stream sent.", param="last_event_id"
+            )
+        return int(raw)
+    return -1 if start == "now" else None
+
+
+def _snapshot(job_pk: int) -> tuple[dict, int] | None:
+    """Return the Job object and its last stream number, or ``None`` once the job is deleted."""
+    job = Job.objects.filter(pk=job_pk).first()
+    return (job_to_dict(job), job.stream_seq) if job else None
+
+
+def _catch_up(job_pk: int, after: int) -> tuple[list[StreamRecord], bool, bool]:
+    """Return ``(records after `after`, complete, job still exists)``."""
+    records, complete = read_after(job_pk, after)
+    return records, complete, Job.objects.filter(pk=job_pk).exists()
+
+
+_snapshot_async = _in_thread(_snapshot)
+_catch_up_async = _in_thread(_catch_up)
+_gap_async = _in_thread(read_after)
+_find_job_async = _in_thread(_find_job)
+
+
+@csrf_exempt  # read-only; any other method gets 405 in the API's error shape
+async def job_stream(request: HttpRequest, job_id: str) -> HttpResponse:
+    """Answer ``GET /api/v1/jobs/{id}/stream`` (API key or dashboard session)."""
+    if request.method != "GET":
+        response = error_json_response(ApiError(405, "method_not_allowed", f"Method {request.method} not allowed."))
+        response["Allow"] = "GET"
+        return response
+    try:
+        resume = _resume_point(request)
+        authorization = request.headers.get("Authorization")
+        user = None if authorization is not None else await request.auser()
+        job = await _find_job_async(authorization=authorization, user=user, job_id=job_id)
+    except ApiError as error:
+        return error_json_response(error)
+    response = StreamingHttpResponse(_events(job.pk, job.public_id, resume), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass events on as they come
+    return response
+
+
+class _Follower:
+    """The state of one connection: the last number sent and the job's last known status."""
+
+    def __init__(self, job_pk: int):
+        self.job_pk = job_pk
+        self.last = 0
+        self.finished = False
+
+    def emit(self, records: list[StreamRecord]) -> list[str]:
+        """Return the frames of the records not sent yet, remembering the last number."""
+        frames = []
+        for item in records:
+            if item.seq is not None and item.seq <= self.last:
+                continue
+            frames.append(item.frame())
+            if item.seq is not None:
+                self.last = item.seq
+            if item.event == STATUS:
+                self.finished = json.loads(item.data).get("status") in TERMINAL_STATUSES
+        return frames
+
+    async def catch_up(self) -> tuple[list[str], bool]:
+        """Send what the database holds after ``last``; return frames and whether the job exists."""
+        frames: list[str] = []
+        while True:
+            records, complete, exists = await _catch_up_async(self.job_pk, self.last)
+            frames += self.emit(records)
+            if complete or not records:
+                return frames, exists
+
+    async def fill_gap(self, up_to: int) -> list[str]:
+        """Send the committed records numbered between ``last`` and ``up_to`` (inclusive)."""
+        frames: list[str] = []
+        while self.last < up_to:
+            records, complete = await _gap_async(self.job_pk, self.last, until=up_to)
+            frames += self.emit(records)
+            if complete or not records:
+                break
+        return frames
+
+
+async def _events(job_pk: int, job_public_id: str, resume: int | None) -> AsyncIterator[str]:
+    """Yield the connection's frames (see module doc); unsubscribes however it ends."""
+    hub = get_hub()
+    subscription: Subscription | None = None
+    if hub is not None:
+        try:
+            subscription = await hub.subscribe(job_public_id)
+        except Exception:  # noqa: BLE001  (Redis down: poll the database instead)
+            subscription = None
+    try:
+        snapshot = await _snapshot_async(job_pk)
+        if snapshot is None:
+            return
+        job, stream_seq = snapshot
+        follower = _Follower(job_pk)
+        follower.last = stream_seq if resume == -1 else (resume or 0)
+        yield record(None, STATUS, job).frame()
+        follower.finished = job["status"] in TERMINAL_STATUSES
+        frames, exists = await follower.catch_up()
+        for frame in frames:
+            yield frame
+        heartbeat = float(settings.LAB_STREAM_HEARTBEAT_S)
+        poll = settings.LAB_STREAM_POLL_MS / 1000
+        next_beat = time.monotonic() + heartbeat
+        while exists and not follower.finished:
+            live = subscription is not None and not subscription.broken
+            wait = max(0.0, next_beat - time.monotonic())
+            batch: list[StreamRecord] | None = None
+            if live:
+                try:
+                    batch = await asyncio.wait_for(subscription.queue.get(), timeout=wait)
+                except TimeoutError:
+                    batch = None
+            else:
+                await asyncio.sleep(min(poll, wait))
+            if batch and not subscription.lagged:
+                frames = []
+                for item in batch:
+                    if item.seq is not None and item.seq > follower.last + 1:
+                        frames += await follower.fill_gap(item.seq - 1)
+                    frames += follower.emit([item])
+            elif not live or time.monotonic() >= next_beat or (subscription is not None and subscription.lagged):
+                if subscription is not None and subscription.lagged:
+                    subscription.lagged = False
+                    while not subscription.queue.empty():
+                        subscription.queue.get_nowait()
+                frames, exists = await follower.catch_up()
+            else:
+                frames = []
+            for frame in frames:
+                yield frame
+            if time.monotonic() >= next_beat and not follower.finished:
+                yield ": keep-alive\n\n"
+                next_beat = time.monotonic() + heartbeat
+    finally:
+        if subscription is not None and hub is not None:
+            await hub.unsubscribe(subscription)
