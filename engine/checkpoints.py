@@ -91,6 +91,40 @@ def load_trainer_state(directory: pathlib.Path) -> TrainerState:
     return TrainerState(**data)
 
 
+def load_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_id: str | None = None) -> TrainerState:
+    """Load a checkpoint directory's weights (the LoRA adapter, or full weights) into `model`.
+
+    Returns the checkpoint's trainer state; touches no optimizer or RNG. Raises ValueError when
+    the checkpoint does not fit: LoRA vs full, an adapter for another base model than
+    `base_model_id` (when given), or weights of other names or shapes.
+    """
+    directory = pathlib.Path(directory)
+    state = load_trainer_state(directory)
+    if (state.format == FORMAT_LORA) != is_lora(model):
+        wanted = "LoRA (lora_rank > 0)" if state.format == FORMAT_LORA else "full weights (lora_rank 0)"
+        raise ValueError(f"checkpoint format {state.format} needs a job that trains {wanted}")
+    try:
+        if is_lora(model):
+            adapter_config = json.loads((directory / "adapter_config.json").read_text())
+            base = adapter_config.get("base_model_name_or_path")
+            if base_model_id is not None and base and base != base_model_id:
+                raise ValueError(f"checkpoint is an adapter for {base}, not for {base_model_id}")
+            weights = safetensors.torch.load_file(str(directory / "adapter_model.safetensors"))
+            result = peft.set_peft_model_state_dict(model, weights)
+            if getattr(result, "unexpected_keys", None):
+                raise ValueError(f"adapter has unexpected weights: {result.unexpected_keys[:3]}")
+        else:
+            weights = safetensors.torch.load_file(str(directory / "model.safetensors"))
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+            # Tied output embeddings are saved once; anything else missing is an error.
+            missing = [name for name in missing if "lm_head" not in name]
+            if missing or unexpected:
+                raise ValueError(f"checkpoint weights do not fit the model: {(missing or unexpected)[:3]}")
+    except RuntimeError as error:  # torch's size mismatch (another LoRA rank or model size)
+        raise ValueError(f"checkpoint weights do not fit the model: {' '.join(str(error).split())[:300]}") from None
+    return state
+
+
 def restore_checkpoint(
     directory: pathlib.Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[TrainerState, object | None]:
@@ -100,21 +134,7 @@ def restore_checkpoint(
     Raises ValueError when the checkpoint's format does not match the model (LoRA vs full).
     """
     directory = pathlib.Path(directory)
-    state = load_trainer_state(directory)
-    if (state.format == FORMAT_LORA) != is_lora(model):
-        raise ValueError(f"checkpoint format {state.format} does not match the job's lora_rank")
-    if is_lora(model):
-        weights = safetensors.torch.load_file(str(directory / "adapter_model.safetensors"))
-        result = peft.set_peft_model_state_dict(model, weights)
-        if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"adapter has unexpected weights: {result.unexpected_keys[:3]}")
-    else:
-        weights = safetensors.torch.load_file(str(directory / "model.safetensors"))
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        # Tied output embeddings are saved once; anything else missing is an error.
-        missing = [name for name in missing if "lm_head" not in name]
-        if missing or unexpected:
-            raise ValueError(f"checkpoint weights do not fit the model: {(missing or unexpected)[:3]}")
+    state = load_weights(directory, model=model)
     state_dir = directory / STATE_DIR
     optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
     rng = torch.load(state_dir / "rng.pt", weights_only=False)

@@ -1,7 +1,7 @@
 """The engine's command line (DESIGN.md §4 "Engine exit codes").
 
     python -m engine run --spec FILE --job-id ID --attempt N --lab-url URL --workdir DIR
-                         [--offline] [--resume-from DIR_OR_TAR]
+                         [--offline] [--resume-from DIR_OR_TAR] [--init-from CKPT_ID_OR_DIR_OR_TAR]
 
 The job token comes from `LAB_JOB_TOKEN`, never from the command line. Exit codes:
 0 finished all steps; 2 invalid spec, unknown model or environment, bad config (one line on
@@ -60,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", required=True, type=pathlib.Path)
     run.add_argument("--offline", action="store_true", help="no Lab: write everything under the work dir")
     run.add_argument("--resume-from", type=pathlib.Path, help="a checkpoint directory or its .tar")
+    run.add_argument(
+        "--init-from",
+        help="start from these weights only: a checkpoint id (ckpt_..., fetched from Lab), a directory "
+        "or a .tar; default the spec's init_from. Ignored with --resume-from.",
+    )
     return parser
 
 
@@ -137,6 +142,34 @@ def _resume_dir(path: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
     raise ConfigError(f"--resume-from {path} does not exist", "internal_error")
 
 
+def _init_dir(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
+    """Return the directory of the checkpoint to initialise from: a local one, or one fetched
+    from Lab by id through the ingest API (the job token allows the job's ``init_from``)."""
+    from engine.checkpoints import STATE_DIR, extract_tar
+    from engine.reporter import IngestError
+
+    if value.startswith("ckpt_"):
+        archive = workdir / "init" / f"{value}.tar"
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            transport.download_checkpoint(value, archive)
+        except IngestError as error:
+            if error.retryable:
+                raise  # Lab or storage is away for now: a crash, so Lab tries the attempt again
+            raise ConfigError(f"init_from {value}: cannot fetch it: {_one_line(error)}", "invalid_spec") from None
+        directory = extract_tar(archive, workdir / "init" / value)
+        archive.unlink(missing_ok=True)
+        return directory
+    path = pathlib.Path(value)
+    if path.is_dir():
+        if not (path / STATE_DIR / "state.json").is_file():
+            raise ConfigError(f"--init-from {path} is not a checkpoint (no {STATE_DIR}/state.json)", "invalid_spec")
+        return path
+    if path.is_file():
+        return extract_tar(path, workdir / "init" / path.stem)
+    raise ConfigError(f"--init-from {path} does not exist", "invalid_spec")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one attempt; return the exit code."""
     workdir = args.workdir.resolve()
@@ -184,6 +217,9 @@ def run(args: argparse.Namespace) -> int:
         if args.offline:
             logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
         resume_dir = _resume_dir(args.resume_from, workdir) if args.resume_from else None
+        # A resume carries the trained weights on; the init checkpoint only seeds a fresh start.
+        init_value = None if resume_dir is not None else (args.init_from or config.init_from)
+        init_dir = _init_dir(init_value, workdir, transport) if init_value else None
 
         from engine.environments import InvalidEnvironment
         from engine.models import ModelNotFound
@@ -197,6 +233,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(str(error), "model_not_found") from None
         except InvalidEnvironment as error:
             raise ConfigError(str(error), "environment_error") from None
+        if init_dir is not None:
+            try:
+                trainer.initialize_from(init_dir)
+            except (ValueError, KeyError, FileNotFoundError) as error:
+                raise ConfigError(f"cannot start from {init_value}: {_one_line(error)}", "invalid_spec") from None
         if resume_dir is not None:
             try:
                 trainer.resume(resume_dir)

@@ -57,6 +57,9 @@ class Transport(Protocol):
     def upload(self, upload: dict, archive: pathlib.Path) -> None:
         """Store the archive where the checkpoint registration's `upload` says; raise IngestError."""
 
+    def download_checkpoint(self, checkpoint_id: str, destination: pathlib.Path) -> pathlib.Path:
+        """Save the archive of a checkpoint this job may start from to `destination`; raise IngestError."""
+
 
 class HttpTransport:
     """The ingest API over HTTP with the job token, through labsdk's HTTP layer.
@@ -112,6 +115,18 @@ class HttpTransport:
                 raise IngestError(f"unknown upload method {method!r}", retryable=False)
         except (OSError, httpx.HTTPError) as error:
             raise IngestError(f"checkpoint upload failed: {error}", retryable=True) from error
+
+    def download_checkpoint(self, checkpoint_id: str, destination: pathlib.Path) -> pathlib.Path:
+        """GET `checkpoints/{id}/download` with the job token: the tar itself (filesystem
+        storage) or, after a redirect, from the signed storage URL without the token."""
+        from labsdk.errors import LabError
+
+        try:
+            return self.client.download(f"checkpoints/{checkpoint_id}/download", destination)
+        except LabError as error:
+            status = error.status_code
+            retryable = status is None or status == 429 or status >= 500
+            raise IngestError(f"checkpoint {checkpoint_id}: {error}", retryable=retryable, status_code=status) from error
 
     def close(self) -> None:
         self.client.close()
@@ -174,6 +189,12 @@ class OfflineTransport:
 
     def upload(self, upload: dict, archive: pathlib.Path) -> None:
         _copy_atomically(archive, pathlib.Path(upload["path"]))
+
+    def download_checkpoint(self, checkpoint_id: str, destination: pathlib.Path) -> pathlib.Path:
+        raise IngestError(
+            f"an offline run cannot fetch checkpoint {checkpoint_id} from Lab; pass --init-from a directory or .tar",
+            retryable=False,
+        )
 
     def close(self) -> None:
         pass

@@ -84,6 +84,7 @@ class EngineConfig:
     rollout_backend: str = "transformers"
     device: str = "auto"
     skip_equal_reward_groups: bool = True
+    init_from: str | None = None
 
     @classmethod
     def from_spec(cls, spec, **engine_options) -> "EngineConfig":
@@ -105,6 +106,7 @@ class EngineConfig:
             eval_num_examples=spec.eval.num_examples,
             checkpoint_interval=spec.checkpoints.interval,
             keep_last=spec.checkpoints.keep_last,
+            init_from=spec.init_from,
             **engine_options,
         )
 
@@ -201,6 +203,16 @@ class Trainer:
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
         self.env_names = [env.name for env in self.environments]
+
+    def initialize_from(self, checkpoint_dir: pathlib.Path) -> None:
+        """Start from another job's checkpoint: its weights (or adapter) only.
+
+        Unlike `resume`, the optimizer is fresh, training starts at step 1 and examples and
+        sampling follow this job's seed. Raises ValueError when the checkpoint does not fit the
+        model (other base model, LoRA vs full, other rank).
+        """
+        state = ckpt.load_weights(checkpoint_dir, model=self.model, base_model_id=self.config.model)
+        logger.info("initialised from %s (its step %d); training starts at step 1", checkpoint_dir, state.step)
 
     def resume(self, checkpoint_dir: pathlib.Path) -> None:
         """Continue from a checkpoint directory: weights, optimizer, RNG, next step, pending rollouts."""

@@ -1,0 +1,140 @@
+"""Starting a job from another job's checkpoint (``init_from``): weights only, step 1, fresh
+optimizer; a checkpoint that does not fit the job is refused with a clear message (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import safetensors.torch
+import torch
+
+from engine import checkpoints as ckpt
+from engine.reporter import OfflineTransport, Reporter
+from engine.trainer import EngineConfig, Trainer
+from tests.engine.conftest import REPO_ROOT, write_spec
+
+
+def config(**overrides) -> EngineConfig:
+    values = dict(
+        model="lab/tiny-random-llama", envs=[("lab/reverse-text", {"min_length": 2, "max_length": 4})],
+        max_steps=2, batch_size=8, rollouts_per_example=4, learning_rate=1e-2, lora_rank=4,
+        lora_alpha=8, seed=1, max_tokens=6, checkpoint_interval=2, keep_last=1, micro_batch_rollouts=4,
+    )
+    return EngineConfig(**{**values, **overrides})
+
+
+def trainer_for(workdir: pathlib.Path, cfg: EngineConfig) -> tuple[Trainer, Reporter]:
+    reporter = Reporter(OfflineTransport(workdir), job_id="job_1", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
+    reporter.start()
+    trainer = Trainer(config=cfg, workdir=workdir, reporter=reporter)
+    trainer.setup()
+    return trainer, reporter
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> pathlib.Path:
+    """A LoRA checkpoint directory after 2 steps of the tiny model."""
+    workdir = tmp_path_factory.mktemp("source")
+    trainer, reporter = trainer_for(workdir, config())
+    torch.set_num_threads(1)
+    assert trainer.run() == "succeeded"
+    reporter.close("succeeded", timeout=10)
+    return workdir / "checkpoints" / ckpt.checkpoint_name(2)
+
+
+def adapter(directory: pathlib.Path) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(directory / "adapter_model.safetensors"))
+
+
+def test_it_loads_the_weights_only_and_starts_at_step_one(trained, tmp_path):
+    trainer, reporter = trainer_for(tmp_path, config(seed=7, learning_rate=1e-3))
+    trainer.initialize_from(trained)
+    reporter.close("succeeded", timeout=10)
+    assert trainer.start_step == 1
+    assert trainer.pending_batch is None
+    assert trainer.optimizer.state_dict()["state"] == {}
+    source = adapter(trained)
+    loaded = {name: tensor.detach() for name, tensor in trainer.model.state_dict().items() if "lora_" in name}
+    assert len(source) == len(loaded) > 0
+    lora_b = [name for name in source if "lora_B" in name]
+    # A fresh LoRA starts with B = 0; the trained source has moved away from it.
+    assert max(source[name].abs().max().item() for name in lora_b) > 1e-3
+    for name, tensor in source.items():
+        matches = [key for key in loaded if key.replace(".default", "") == name]
+        assert len(matches) == 1, name
+        assert torch.equal(loaded[matches[0]], tensor), name
+
+
+def test_resume_still_restores_step_and_optimizer(trained, tmp_path):
+    trainer, reporter = trainer_for(tmp_path, config())
+    trainer.resume(trained)
+    reporter.close("succeeded", timeout=10)
+    assert trainer.start_step == 3
+    assert trainer.optimizer.state_dict()["state"] != {}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"lora_rank": 0}, "needs a job that trains LoRA"),
+        ({"lora_rank": 8, "lora_alpha": 16}, "do not fit the model"),
+    ],
+)
+def test_it_refuses_a_checkpoint_that_does_not_fit(trained, tmp_path, overrides, message):
+    trainer, reporter = trainer_for(tmp_path, config(**overrides))
+    with pytest.raises(ValueError, match=message):
+        trainer.initialize_from(trained)
+    reporter.close("failed", timeout=10)
+
+
+def test_it_refuses_an_adapter_of_another_base_model(trained, tmp_path):
+    other = tmp_path / "other-base"
+    ckpt.extract_tar(_tar(trained, tmp_path / "a.tar"), other)
+    adapter_config = json.loads((other / "adapter_config.json").read_text())
+    adapter_config["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    (other / "adapter_config.json").write_text(json.dumps(adapter_config))
+    trainer, reporter = trainer_for(tmp_path / "work", config())
+    with pytest.raises(ValueError, match="adapter for HuggingFaceTB/SmolLM2-135M-Instruct, not for lab/tiny-random-llama"):
+        trainer.initialize_from(other)
+    reporter.close("failed", timeout=10)
+
+
+def _tar(directory: pathlib.Path, archive: pathlib.Path) -> pathlib.Path:
+    ckpt.write_tar(directory, archive)
+    return archive
+
+
+def _engine(tmp_path: pathlib.Path, *extra: str, **spec_overrides) -> subprocess.CompletedProcess:
+    spec = write_spec(tmp_path / "spec.json", **spec_overrides)
+    env = {**os.environ, "LAB_ENGINE_THREADS": "1", "LAB_ENGINE_OVERLAP": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "engine", "run", "--spec", str(spec), "--job-id", "job_1", "--attempt", "1",
+         "--workdir", str(tmp_path / "work"), "--offline", *extra],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_the_cli_starts_from_a_tar_given_with_init_from(trained, tmp_path):
+    archive = _tar(trained, tmp_path / "source.tar")
+    result = _engine(tmp_path, "--init-from", str(archive), max_steps=1)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"initialised from {tmp_path / 'work' / 'init' / 'source'} (its step 2); training starts at step 1" in result.stderr
+    steps = [json.loads(line)["step"] for line in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1]
+
+
+def test_the_cli_exits_2_when_an_offline_run_names_a_checkpoint_id(tmp_path):
+    result = _engine(tmp_path, init_from="ckpt_abc")
+    assert result.returncode == 2
+    assert "init_from ckpt_abc: cannot fetch it: an offline run cannot fetch checkpoint ckpt_abc" in result.stderr
+
+
+def test_the_cli_exits_2_for_a_missing_init_path(tmp_path):
+    result = _engine(tmp_path, "--init-from", str(tmp_path / "nowhere.tar"))
+    assert result.returncode == 2
+    assert f"--init-from {tmp_path / 'nowhere.tar'} does not exist" in result.stderr
