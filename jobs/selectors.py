@@ -177,7 +177,4 @@ def job_logs_tail(*, job: Job, limit: int = 200) -> list[dict]:
     rows = list(
         LogLine.objects.filter(job=job).order_by("-pk").values_list("pk", "time", "attempt", "stream", "line")[:limit]
     )
-    return [
-        {"seq": seq, "time": iso(time), "attempt": attempt, "stream": stream, "line": line}
-        for seq, time, attempt, stream, line in reversed(rows)
-    ]
+    return [log_line_to_dict(*row) for row in reversed(rows)]

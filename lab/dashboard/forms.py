@@ -133,3 +133,74 @@ class ApiKeyCreateForm(forms.Form):
         """The scopes the chosen access stands for (``["read"]`` or ``["read", "write"]``)."""
         return [str(scope) for scope in self.ACCESS_SCOPES[self.cleaned_data["access"]]]
 
+
+
+class JobSpecForm(forms.Form):
+    """The "New job" editor: a spec as TOML or JSON text.
+
+    ``clean`` decodes the text (``labsdk.spec.decode_spec``) into ``cleaned_data["data"]``; the
+    view validates that data through the jobs services. Problems found by either are kept in
+    ``problems`` as ``{"param", "code", "message", "line"}`` dicts (``line`` 1-based, or None
+    for the spec as a whole) so the page can show each next to its field.
+    """
+
+    FORMATS = [("toml", "TOML"), ("json", "JSON")]
+
+    format = forms.ChoiceField(choices=FORMATS, initial="toml", widget=forms.RadioSelect)
+    spec = forms.CharField(
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 28, "spellcheck": "false", "autocapitalize": "off", "class": "code"}),
+    )
+    # The digest of the text whose estimate the user saw: submitting other text estimates again.
+    estimated = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.problems: list[dict] = []
+
+    def clean(self) -> dict:
+        """Decode the spec text; a decoding problem becomes a problem of the whole spec."""
+        from labsdk.spec import SpecError, decode_spec
+
+        cleaned = super().clean()
+        text, format = cleaned.get("spec"), cleaned.get("format")
+        if text is None or format is None:
+            return cleaned
+        try:
+            cleaned["data"] = decode_spec(text, format)
+        except SpecError as error:
+            self.add_problems([{"param": problem.param, "code": problem.code, "message": problem.message} for problem in error.errors])
+            raise ValidationError("The spec could not be read.", code="invalid_spec") from None
+        return cleaned
+
+    def add_problems(self, problems: list[dict]) -> None:
+        """Record ``problems`` (``{"param", "code", "message"}``) with the line of each field."""
+        from lab.dashboard.spec_editor import param_line
+
+        text, format = self.data.get("spec", ""), self.data.get("format", "toml")
+        for problem in problems:
+            param = problem.get("param") or ""
+            self.problems.append({**problem, "param": param, "line": param_line(text, format, param)})
+
+    @property
+    def digest(self) -> str:
+        """The SHA-256 of the submitted format and text (what ``estimated`` must carry to submit)."""
+        import hashlib
+
+        text = f"{self.data.get('format', '')}\n{self.data.get('spec', '')}"
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class WebhookEndpointForm(forms.Form):
+    """A new webhook endpoint: its URL and the event types it receives (the service checks the URL)."""
+
+    url = forms.CharField(max_length=2048, label="Endpoint URL", widget=forms.URLInput(attrs={"placeholder": "https://example.com/lab-webhooks"}))
+    events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, label="Events")
+
+    def __init__(self, *args, **kwargs):
+        from jobs.webhooks.services import WEBHOOK_EVENT_TYPES
+
+        super().__init__(*args, **kwargs)
+        self.fields["events"].choices = [(event_type, event_type) for event_type in WEBHOOK_EVENT_TYPES]
+        if not self.is_bound:
+            self.initial.setdefault("events", list(WEBHOOK_EVENT_TYPES))

@@ -23,8 +23,28 @@ Organizations (members only; anyone else gets the 404 of a missing organization)
     membership_remove        /o/<org_slug>/members/<membership_id>/remove/        POST; owners and admins, or oneself
     audit_log                /o/<org_slug>/audit/             owners only
 
-Projects (members of the project's organization)
-    project                  /o/<org_slug>/p/<project_slug>/
+Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/p/<project_slug>/)
+    project                  <project>                        jobs table (?status=), "New job", compare
+    jobs_table               <project>jobs/table/             the jobs table alone (polled by the project page)
+    job_create               <project>jobs/new/               spec editor (?example=); POST estimates, action=submit submits
+    job_compare              <project>compare/?job=..&job=..  reward curves of several jobs
+    job                      <project>jobs/<job_id>/          status, progress, live charts, rollouts, logs, events, checkpoints
+    job_header               <project>jobs/<job_id>/header/   the status header alone
+    job_checkpoints          <project>jobs/<job_id>/checkpoints/   the checkpoints list alone
+    job_rollouts             <project>jobs/<job_id>/rollouts/?step=   one step's rollouts by group
+    job_metrics_data         <project>jobs/<job_id>/data/metrics/     JSON, as GET /api/v1/jobs/{id}/metrics
+    job_samples_data         <project>jobs/<job_id>/data/samples/     JSON, as GET /api/v1/jobs/{id}/samples
+    job_logs_data            <project>jobs/<job_id>/data/logs/        JSON, as GET /api/v1/jobs/{id}/logs
+    job_cancel               <project>jobs/<job_id>/cancel/   confirm (GET); cancel (POST)
+    job_restart              <project>jobs/<job_id>/restart/  confirm (GET); restart (POST)
+    checkpoint_download      <project>checkpoints/<checkpoint_id>/download/
+    webhooks                 <project>webhooks/               endpoints; POST creates (owners, admins), secret shown once
+    webhook_endpoint         <project>webhooks/<endpoint_id>/ deliveries with request and response (?status=)
+    webhook_endpoint_enabled <project>webhooks/<endpoint_id>/enabled/   POST enabled=true|false; owners, admins
+    webhook_endpoint_rotate  <project>webhooks/<endpoint_id>/rotate/    POST; the new secret shown once
+    webhook_endpoint_test    <project>webhooks/<endpoint_id>/test/      POST; owners, admins
+    webhook_endpoint_delete  <project>webhooks/<endpoint_id>/delete/    confirm (GET); delete (POST)
+    webhook_delivery_redeliver <project>webhooks/<endpoint_id>/deliveries/<delivery_id>/redeliver/   POST
     api_keys                 /o/<org_slug>/p/<project_slug>/keys/                 list; POST creates (owners, admins)
     api_key_revoke           /o/<org_slug>/p/<project_slug>/keys/<key_id>/revoke/ confirm (GET); revoke (POST)
 """
@@ -32,11 +52,13 @@ Projects (members of the project's organization)
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from lab.dashboard import views
+from lab.dashboard import job_views, views, webhook_views
 from lab.dashboard.forms import EmailAuthenticationForm
 
 _ORGANIZATION = "o/<slug:org_slug>/"
 _PROJECT = _ORGANIZATION + "p/<slug:project_slug>/"
+_JOB = _PROJECT + "jobs/<str:job_id>/"
+_ENDPOINT = _PROJECT + "webhooks/<str:endpoint_id>/"
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -97,7 +119,31 @@ urlpatterns = [
     path(_ORGANIZATION + "members/<int:membership_id>/remove/", views.membership_remove, name="membership_remove"),
     path(_ORGANIZATION + "audit/", views.audit_log, name="audit_log"),
     # --- projects ---
-    path(_PROJECT, views.project_detail, name="project"),
+    path(_PROJECT, job_views.project_detail, name="project"),
+    path(_PROJECT + "jobs/table/", job_views.jobs_table, name="jobs_table"),
+    path(_PROJECT + "jobs/new/", job_views.job_create, name="job_create"),
+    path(_PROJECT + "compare/", job_views.job_compare, name="job_compare"),
+    path(_JOB, job_views.job_detail, name="job"),
+    path(_JOB + "header/", job_views.job_header, name="job_header"),
+    path(_JOB + "checkpoints/", job_views.job_checkpoints, name="job_checkpoints"),
+    path(_JOB + "rollouts/", job_views.job_rollouts, name="job_rollouts"),
+    path(_JOB + "data/metrics/", job_views.job_metrics_data, name="job_metrics_data"),
+    path(_JOB + "data/samples/", job_views.job_samples_data, name="job_samples_data"),
+    path(_JOB + "data/logs/", job_views.job_logs_data, name="job_logs_data"),
+    path(_JOB + "cancel/", job_views.job_cancel_view, name="job_cancel"),
+    path(_JOB + "restart/", job_views.job_restart_view, name="job_restart"),
+    path(_PROJECT + "checkpoints/<str:checkpoint_id>/download/", job_views.checkpoint_download, name="checkpoint_download"),
+    path(_PROJECT + "webhooks/", webhook_views.webhooks, name="webhooks"),
+    path(_ENDPOINT, webhook_views.webhook_endpoint, name="webhook_endpoint"),
+    path(_ENDPOINT + "enabled/", webhook_views.webhook_endpoint_enabled, name="webhook_endpoint_enabled"),
+    path(_ENDPOINT + "rotate/", webhook_views.webhook_endpoint_rotate, name="webhook_endpoint_rotate"),
+    path(_ENDPOINT + "test/", webhook_views.webhook_endpoint_test, name="webhook_endpoint_test"),
+    path(_ENDPOINT + "delete/", webhook_views.webhook_endpoint_delete, name="webhook_endpoint_delete"),
+    path(
+        _ENDPOINT + "deliveries/<str:delivery_id>/redeliver/",
+        webhook_views.webhook_delivery_redeliver,
+        name="webhook_delivery_redeliver",
+    ),
     path(_PROJECT + "keys/", views.api_keys, name="api_keys"),
     path(_PROJECT + "keys/<str:key_id>/revoke/", views.api_key_revoke, name="api_key_revoke"),
 ]

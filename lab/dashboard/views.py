@@ -309,13 +309,6 @@ def audit_log(request: HttpRequest, access: OrganizationAccess) -> HttpResponse:
 # --- projects and API keys -----------------------------------------------------------------------
 
 
-@require_GET
-@project_view
-def project_detail(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
-    """The project page (jobs come with a later change) with a link to its API keys."""
-    return _render(request, "dashboard/project.html", {"project": project}, access=access)
-
-
 @require_http_methods(["GET", "POST"])
 @project_view
 def api_keys(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:

@@ -1,0 +1,345 @@
+"""Dashboard pages for jobs: the project's jobs table, "New job", the job page, compare.
+
+Thin adapters over ``jobs.services``, ``jobs.estimates`` and ``jobs.selectors``; every job is looked
+up *with* the project that ``lab.dashboard.access`` resolved for the signed-in member, so another
+organization's job is the same 404 as a missing one. Any member of the organization may submit,
+cancel and restart the project's jobs (as a read-write API key of the project may).
+
+The job page renders its initial state on the server and then follows the job's live stream
+(``GET /api/v1/jobs/{id}/stream``, authenticated by the session) from the stream sequence number
+read before that state, so nothing between the render and the connection is lost. The JSON routes
+under ``.../data/`` serve the charts' other metrics with the API's shapes and downsampling.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from jobs.checkpoints import checkpoint_download_response
+from jobs.estimates import job_estimate
+from jobs.models import Checkpoint, Job, JobStatus
+from jobs.selectors import (
+    job_list,
+    job_logs,
+    job_logs_tail,
+    job_samples,
+    jobs_with_latest_reward,
+    metric_names,
+    metric_points,
+    sample_steps,
+)
+from jobs.serializers import job_to_dict
+from jobs.services import job_cancel, job_restart, job_submit
+from lab.api.errors import ApiError
+from lab.dashboard.access import OrganizationAccess, project_view
+from lab.dashboard.forms import JobSpecForm
+from lab.dashboard.spec_editor import example_named, examples
+from lab.dashboard.views import _actor, _render
+from lab.models import Project
+
+JOBS_PAGE_SIZE = 25
+#: The job page's fixed charts; ``reward/std`` draws the band around ``reward/mean``.
+CHART_METRICS = ("reward/mean", "reward/std", "loss/mean", "entropy/mean", "seq_len/mean", "perf/tokens_per_s")
+#: Points per series the charts ask for: the server downsamples wider ranges (min-max per bucket).
+CHART_MAX_POINTS = 2000
+EVENTS_SHOWN = 200
+LOG_LINES_SHOWN = 200
+COMPARE_MAX_JOBS = 8
+
+
+def _job(project: Project, job_id: str) -> Job:
+    """Return the project's job ``job_id``; Http404 for a missing or foreign one."""
+    job = Job.objects.filter(project=project, public_id=job_id[:64]).select_related("project").first()
+    if job is None:
+        raise Http404("No such job.")
+    return job
+
+
+def _api_error_json(error: ApiError) -> JsonResponse:
+    return JsonResponse(error.body(), status=error.status)
+
+
+# --- the project's jobs ------------------------------------------------------------------------
+
+
+def _jobs_table_context(request: HttpRequest, project: Project) -> dict:
+    """The jobs table for ``?status=`` (an unknown status shows every job, with a notice)."""
+    status = request.GET.get("status") or ""
+    if status not in JobStatus.values:
+        status_problem = f"Unknown status {status[:40]!r}; showing every job." if status else ""
+        status = ""
+    else:
+        status_problem = ""
+    jobs = jobs_with_latest_reward(job_list(project=project, status=status or None)).order_by("-id")
+    page = Paginator(jobs, JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
+    return {
+        "project": project,
+        "page": page,
+        "jobs": [(job, job_to_dict(job)) for job in page],
+        "status": status,
+        "status_problem": status_problem,
+        "statuses": JobStatus.values,
+    }
+
+
+@require_GET
+@project_view
+def project_detail(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
+    """The project page: its jobs (filtered by ``?status=``), updating live, with "New job"."""
+    return _render(request, "dashboard/project.html", _jobs_table_context(request, project), access=access)
+
+
+@require_GET
+@project_view
+def jobs_table(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
+    """The jobs table alone, for the project page to poll."""
+    return _render(request, "dashboard/_jobs_table.html", _jobs_table_context(request, project), access=access)
+
+
+@require_http_methods(["GET", "POST"])
+@project_view
+def job_create(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
+    """"New job": edit a spec (pre-filled from an example), see its estimate, then submit it.
+
+    A POST validates the spec through ``jobs.estimates.job_estimate`` (what ``POST /jobs/estimate``
+    does) and shows every problem next to its line, or the estimate with a "Submit" button. The
+    submit (``action=submit``) goes through ``jobs.services.job_submit`` only when the text is the
+    one whose estimate was shown; otherwise it is estimated again first.
+    """
+    example = example_named(request.GET.get("example"))
+    estimate = None
+    if request.method == "GET":
+        form = JobSpecForm(initial={"format": "toml", "spec": example.text if example else ""})
+    else:
+        form = JobSpecForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data["data"]
+            confirmed = request.POST.get("action") == "submit" and form.cleaned_data["estimated"] == form.digest
+            try:
+                if confirmed:
+                    job = job_submit(project=project, actor=_actor(request), data=data)
+                    messages.success(request, f"Submitted {job.name or job.public_id}.")
+                    return redirect("job", org_slug=access.organization.slug, project_slug=project.slug, job_id=job.public_id)
+                estimate = job_estimate(project=project, data=data)
+            except ApiError as error:
+                form.add_problems([item.as_dict() for item in error.errors] or [{"param": error.param, "code": error.code, "message": error.message}])
+    context = {
+        "project": project,
+        "form": form,
+        "examples": examples(),
+        "example": example,
+        "estimate": estimate,
+        "digest": form.digest if estimate else "",
+    }
+    return _render(request, "dashboard/job_new.html", context, access=access, status=200)
+
+
+# --- one job -----------------------------------------------------------------------------------
+
+
+def _job_header_context(job: Job) -> dict:
+    return {"job": job, "job_data": job_to_dict(job)}
+
+
+@require_GET
+@project_view
+def job_detail(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
+    """The job page: status, progress, live charts, eval, rollouts, logs, events and checkpoints."""
+    job = _job(project, job_id)
+    # Read the stream position before the data, so the live stream resumes with nothing lost
+    # (a point seen twice is merged by step on the page).
+    stream_after = job.stream_seq
+    names = metric_names(job=job)
+    eval_names = [name for name in names if name.startswith("eval/")]
+    initial = metric_points(
+        job=job, params={"names": ",".join((*CHART_METRICS, *eval_names)), "max_points": str(CHART_MAX_POINTS)}
+    )
+    events = list(job.events.order_by("-id")[:EVENTS_SHOWN])
+    steps = sample_steps(job=job)
+    context = {
+        **_job_header_context(job),
+        "project": project,
+        "events": events,
+        "checkpoints": job.checkpoints.order_by("-step", "-id"),
+        "logs": job_logs_tail(job=job, limit=LOG_LINES_SHOWN),
+        "sample_steps": steps,
+        "spec_json": json.dumps(job.spec, indent=2),
+        "page_data": {
+            "job": job_to_dict(job),
+            "stream_url": f"/api/v1/jobs/{job.public_id}/stream",
+            "stream_after": stream_after,
+            "metrics": initial["data"],
+            "metric_names": names,
+            "chart_metrics": list(CHART_METRICS),
+            "eval_names": eval_names,
+            "max_points": CHART_MAX_POINTS,
+            "event_ids": [event.public_id for event in events],
+            "sample_steps": steps,
+        },
+    }
+    return _render(request, "dashboard/job.html", context, access=access)
+
+
+@require_GET
+@project_view
+def job_header(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
+    """The job page's status header alone (status, reason, queue position, progress, actions)."""
+    job = _job(project, job_id)
+    return _render(request, "dashboard/_job_header.html", {**_job_header_context(job), "project": project}, access=access)
+
+
+@require_GET
+@project_view
+def job_checkpoints(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
+    """The job page's checkpoints list alone."""
+    job = _job(project, job_id)
+    context = {"job": job, "project": project, "checkpoints": job.checkpoints.order_by("-step", "-id")}
+    return _render(request, "dashboard/_job_checkpoints.html", context, access=access)
+
+
+@require_GET
+@project_view
+def job_rollouts(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
+    """The rollouts of one step (``?step=``, default the latest), grouped as GRPO groups."""
+    job = _job(project, job_id)
+    try:
+        samples = job_samples(job=job, params={"step": request.GET.get("step") or "", "limit": "1000"})["data"]
+    except ApiError as error:
+        return _render(request, "dashboard/_job_rollouts.html", {"problem": error.message}, access=access, status=400)
+    groups: dict[int, list[dict]] = {}
+    for sample in samples:
+        groups.setdefault(sample["group"], []).append(sample)
+    context = {"step": samples[0]["step"] if samples else None, "groups": sorted(groups.items())}
+    return _render(request, "dashboard/_job_rollouts.html", context, access=access)
+
+
+@require_GET
+@project_view
+def job_metrics_data(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> JsonResponse:
+    """``GET /jobs/{id}/metrics`` for the session: same parameters, same list body."""
+    job = _job(project, job_id)
+    try:
+        return JsonResponse(metric_points(job=job, params=request.GET))
+    except ApiError as error:
+        return _api_error_json(error)
+
+
+@require_GET
+@project_view
+def job_samples_data(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> JsonResponse:
+    """``GET /jobs/{id}/samples`` for the session."""
+    job = _job(project, job_id)
+    try:
+        return JsonResponse(job_samples(job=job, params=request.GET))
+    except ApiError as error:
+        return _api_error_json(error)
+
+
+@require_GET
+@project_view
+def job_logs_data(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> JsonResponse:
+    """``GET /jobs/{id}/logs`` for the session."""
+    job = _job(project, job_id)
+    try:
+        return JsonResponse(job_logs(job=job, params=request.GET))
+    except ApiError as error:
+        return _api_error_json(error)
+
+
+def _job_action(request, access, project, job_id, *, verb: str, act) -> HttpResponse:
+    """Confirm (GET) then do (POST) ``act(job=..., actor=...)``; a refused action changes nothing."""
+    job = _job(project, job_id)
+    if request.method == "POST":
+        try:
+            act(job=job, actor=_actor(request))
+        except ApiError as error:
+            messages.error(request, error.message)
+        else:
+            messages.success(request, f"{verb.capitalize()} requested for {job.name or job.public_id}.")
+        return redirect("job", org_slug=access.organization.slug, project_slug=project.slug, job_id=job.public_id)
+    context = {"project": project, "job": job, "job_data": job_to_dict(job), "verb": verb}
+    return _render(request, "dashboard/job_confirm.html", context, access=access)
+
+
+@require_http_methods(["GET", "POST"])
+@project_view
+def job_cancel_view(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
+    """Confirm, then cancel the job (``jobs.services.job_cancel``)."""
+    return _job_action(request, access, project, job_id, verb="cancel", act=job_cancel)
+
+
+@require_http_methods(["GET", "POST"])
+@project_view
+def job_restart_view(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
+    """Confirm, then restart a failed or cancelled job (``jobs.services.job_restart``)."""
+    return _job_action(request, access, project, job_id, verb="restart", act=job_restart)
+
+
+@require_GET
+@project_view
+def checkpoint_download(
+    request: HttpRequest, access: OrganizationAccess, project: Project, checkpoint_id: str
+) -> HttpResponse:
+    """Download a ready checkpoint of the project (the archive, or a redirect to a signed URL)."""
+    checkpoint = (
+        Checkpoint.objects.filter(job__project=project, public_id=checkpoint_id[:64]).select_related("job").first()
+    )
+    if checkpoint is None:
+        raise Http404("No such checkpoint.")
+    try:
+        return checkpoint_download_response(checkpoint)
+    except ApiError as error:
+        if error.status == 404:
+            raise Http404(error.message) from None
+        messages.error(request, error.message)
+        return redirect(
+            "job", org_slug=access.organization.slug, project_slug=project.slug, job_id=checkpoint.job.public_id
+        )
+
+
+# --- compare -----------------------------------------------------------------------------------
+
+
+@require_GET
+@project_view
+def job_compare(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
+    """Overlay the reward curves of up to 8 of the project's jobs (``?job=job_a&job=job_b``).
+
+    A job id that is not the project's is a 404, as on every page.
+    """
+    chosen_ids = list(dict.fromkeys(job_id[:64] for job_id in request.GET.getlist("job") if job_id))[:COMPARE_MAX_JOBS]
+    chosen = {job.public_id: job for job in Job.objects.filter(project=project, public_id__in=chosen_ids)}
+    if len(chosen) != len(chosen_ids):
+        raise Http404("No such job.")
+    metric = request.GET.get("metric") or "reward/mean"
+    if len(metric) > 200:
+        metric = "reward/mean"
+    series = [
+        {
+            "id": job_id,
+            "name": chosen[job_id].name or job_id,
+            "status": chosen[job_id].status,
+            "points": [
+                [point["step"], point["values"].get(metric)]
+                for point in metric_points(
+                    job=chosen[job_id], params={"names": metric, "max_points": str(CHART_MAX_POINTS)}
+                )["data"]
+                if metric in point["values"]
+            ],
+        }
+        for job_id in chosen_ids
+    ]
+    context = {
+        "project": project,
+        "recent_jobs": Job.objects.filter(project=project).order_by("-id")[:50],
+        "chosen_ids": chosen_ids,
+        "metric": metric,
+        "page_data": {"metric": metric, "series": series},
+    }
+    return _render(request, "dashboard/compare.html", context, access=access)

@@ -1,0 +1,85 @@
+// Line charts for the dashboard on uPlot (static/vendor/uplot-1.6.32): steps on x, one or more
+// series on y, optional smoothing and a band (mean ± std). No build step: plain browser JS.
+(function () {
+  "use strict";
+
+  var PALETTE = ["#3756d6", "#d9480f", "#2b8a3e", "#ae3ec9", "#1098ad", "#f08c00", "#5c7cfa", "#c2255c"];
+
+  // Exponential moving average with the start-up bias corrected (as TensorBoard's smoothing):
+  // weight 0 leaves the values as they are, 0.99 smooths the most. Nulls stay null.
+  function smooth(values, weight) {
+    if (!weight) return values.slice();
+    var out = new Array(values.length), last = 0, count = 0;
+    for (var i = 0; i < values.length; i++) {
+      var value = values[i];
+      if (value == null || !isFinite(value)) { out[i] = null; continue; }
+      last = last * weight + (1 - weight) * value;
+      count++;
+      out[i] = last / (1 - Math.pow(weight, count));
+    }
+    return out;
+  }
+
+  function formatNumber(value) {
+    if (value == null) return "–";
+    var size = Math.abs(value);
+    if (size !== 0 && (size >= 1e5 || size < 1e-3)) return value.toExponential(2);
+    return Number(value.toPrecision(4)).toString();
+  }
+
+  function transparent(color, alpha) {
+    var hex = color.replace("#", "");
+    var r = parseInt(hex.slice(0, 2), 16), g = parseInt(hex.slice(2, 4), 16), b = parseInt(hex.slice(4, 6), 16);
+    return "rgba(" + r + "," + g + "," + b + "," + alpha + ")";
+  }
+
+  // Create a chart in `container`. `lines` is [{label, color?}]; with `band: true` the first line
+  // gets a shaded band given as two extra data rows (upper, lower). Returns the uPlot instance.
+  function create(container, options) {
+    var lines = options.lines, series = [{ label: "step" }], bands = [];
+    lines.forEach(function (line, index) {
+      var color = line.color || PALETTE[index % PALETTE.length];
+      if (options.raw) {
+        series.push({ label: line.label + " (raw)", stroke: transparent(color, 0.25), width: 1, spanGaps: true,
+          points: { show: false }, value: function (u, v) { return formatNumber(v); } });
+      }
+      series.push({ label: line.label, stroke: color, width: 2, spanGaps: true,
+        points: { show: options.points === true }, value: function (u, v) { return formatNumber(v); } });
+    });
+    if (options.band) {
+      var color = lines[0].color || PALETTE[0];
+      series.push({ label: "+std", stroke: transparent(color, 0.15), width: 1, spanGaps: true, points: { show: false },
+        value: function (u, v) { return formatNumber(v); } });
+      series.push({ label: "−std", stroke: transparent(color, 0.15), width: 1, spanGaps: true, points: { show: false },
+        value: function (u, v) { return formatNumber(v); } });
+      bands.push({ series: [series.length - 2, series.length - 1], fill: transparent(color, 0.12) });
+    }
+    var width = Math.max(240, container.clientWidth || 480);
+    var plot = new uPlot({
+      width: width,
+      height: options.height || 220,
+      series: series,
+      bands: bands,
+      scales: { x: { time: false } },
+      axes: [
+        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" } },
+        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: 56,
+          values: function (u, values) { return values.map(formatNumber); } },
+      ],
+      cursor: { drag: { x: true, y: false } },
+      legend: { show: true, live: true },
+      hooks: options.hooks || {},
+    }, options.data || [[]].concat(series.slice(1).map(function () { return []; })), container);
+    return plot;
+  }
+
+  // Keep every chart as wide as its box.
+  function fit(plots) {
+    plots.forEach(function (plot) {
+      var box = plot.root.parentElement;
+      if (box && box.clientWidth) plot.setSize({ width: box.clientWidth, height: plot.height });
+    });
+  }
+
+  window.LabCharts = { create: create, smooth: smooth, fit: fit, formatNumber: formatNumber, palette: PALETTE };
+})();

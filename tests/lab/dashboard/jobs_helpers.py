@@ -1,0 +1,48 @@
+"""Jobs with data for the dashboard tests, made through the services and the ingest API as an engine would."""
+
+from __future__ import annotations
+
+from rest_framework.test import APIClient
+
+from jobs.ingest.tokens import job_token
+from jobs.models import Job
+from jobs.services import job_claim_for_start, job_submit
+from lab.services import Actor
+
+NOW = "2026-11-29T22:16:31Z"
+
+
+class Engine:
+    """Reports to the ingest API for one job's first attempt."""
+
+    def __init__(self, job: Job):
+        attempt = job_claim_for_start(job_id=job.pk)
+        self.client = APIClient()
+        self.client.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+        self.base = f"/api/v1/ingest/jobs/{job.public_id}"
+        self.job = job
+
+    def post(self, path: str, body: dict) -> dict:
+        response = self.client.post(f"{self.base}/{path}", body, format="json")
+        assert response.status_code in (200, 201), response.content
+        return response.json()
+
+    def running(self, step: int = 0) -> None:
+        self.post("status", {"attempt": 1, "phase": "running", "step": step})
+
+    def metrics(self, *points: tuple[int, dict]) -> None:
+        self.post("metrics", {"attempt": 1, "points": [{"step": step, "time": NOW, "values": values} for step, values in points]})
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        self.post("samples", {"attempt": 1, "samples": [{"step": step, "metrics": {}, **row} for row in rows]})
+
+    def logs(self, *lines: str) -> None:
+        self.post(
+            "logs",
+            {"attempt": 1, "lines": [{"seq": index, "time": NOW, "stream": "stdout", "line": line} for index, line in enumerate(lines)]},
+        )
+
+
+def submit(tenant, spec: dict, **changes) -> Job:
+    """Submit ``spec`` (with ``changes``) as the tenant's owner; return the job."""
+    return job_submit(project=tenant.project, actor=Actor(user=tenant.user), data={**spec, **changes})
