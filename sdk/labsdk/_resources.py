@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tarfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -410,13 +412,52 @@ class Prices:
 
 
 class Checkpoints:
-    """Checkpoint archives (``GET /checkpoints/{id}/download``)."""
+    """A job's checkpoints and their archives (``GET /jobs/{id}/checkpoints``,
+    ``GET /checkpoints/{id}/download``)."""
 
     def __init__(self, http: HTTPClient):
         self._http = http
 
-    def download(self, checkpoint_id: str, destination: str | Path, *, progress: bool = True) -> Path:
-        """Save a ready checkpoint's archive (an uncompressed tar of a Hugging Face/PEFT
-        directory) to the file ``destination`` and return its path; a tqdm bar in bytes
-        when ``progress``. ``NotFoundError`` for a checkpoint outside this project."""
-        return self._http.download(f"checkpoints/{_segment(checkpoint_id)}/download", destination, progress=progress)
+    def list(self, job_id: str, *, limit: int = 100) -> list[Checkpoint]:
+        """Return a job's checkpoints, newest first, every status included.
+        ``NotFoundError`` for a job outside this project."""
+        return [*_paginate(self._http, f"jobs/{_segment(job_id)}/checkpoints", Checkpoint, {"limit": limit})]
+
+    def download(
+        self, checkpoint_id: str, path: str | Path, *, extract: bool = True, progress: bool = True
+    ) -> Path:
+        """Download a ready checkpoint and return where it is; a tqdm bar in bytes when ``progress``.
+
+        With ``extract`` (the default) ``path`` is a directory (absent or empty) that receives
+        the unpacked Hugging Face/PEFT directory with its ``trainer_state/``, ready for
+        ``PeftModel.from_pretrained(base, path)``; the archive is not kept. Without it ``path``
+        is the file the uncompressed tar is saved as. Nothing is left at ``path`` when the
+        download fails. Raises ``NotFoundError`` for a checkpoint outside this project,
+        ``ConflictError`` for one that is not ready, ``ValueError`` when ``path`` is a file or
+        a non-empty directory (with ``extract``), ``APIError`` when the archive is not a tar.
+        """
+        path = Path(path)
+        route = f"checkpoints/{_segment(checkpoint_id)}/download"
+        if not extract:
+            return self._http.download(route, path, progress=progress)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise ValueError(f"{path} must be an empty directory or not exist yet, to unpack the checkpoint into")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        archive = path.with_name(f"{path.name}.tar.download")
+        staging = path.with_name(f"{path.name}.partial")
+        try:
+            self._http.download(route, archive, progress=progress)
+            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                with tarfile.open(archive, "r:") as tar:
+                    # "data": no links out, no absolute paths, no devices (PEP 706).
+                    tar.extractall(staging, filter="data")
+            except tarfile.TarError as exc:
+                raise APIError(f"checkpoint {checkpoint_id}: the downloaded archive is not a valid tar: {exc}") from exc
+            if path.exists():
+                path.rmdir()
+            staging.replace(path)
+        finally:
+            archive.unlink(missing_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)
+        return path

@@ -232,11 +232,15 @@ def jobs_checkpoints(args: argparse.Namespace, client: Callable[[], Lab]) -> int
 
 
 def checkpoints_download(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab checkpoints download ID [-o FILE]``: save a checkpoint archive."""
-    destination = args.output or f"{args.id}.tar"
-    saved = client().checkpoints.download(args.id, destination, progress=not args.json)
+    """``lab checkpoints download ID [-o PATH] [--tar]``: unpack a checkpoint into a directory
+    (default ``ID/``), or with ``--tar`` save its archive (default ``ID.tar``)."""
+    destination = args.output or (f"{args.id}.tar" if args.tar else args.id)
+    try:
+        saved = client().checkpoints.download(args.id, destination, extract=not args.tar, progress=not args.json)
+    except ValueError as exc:  # the destination is a file or a non-empty directory
+        raise _UsageError(str(exc)) from None
     if args.json:
-        _print_json({"id": args.id, "path": str(saved)})
+        _print_json({"id": args.id, "path": str(saved), "extracted": not args.tar})
     else:
         print(saved)
     return EXIT_OK
@@ -445,11 +449,17 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--names", help="comma-separated metric names (default: all)")
     metrics.set_defaults(handler=jobs_metrics)
 
-    checkpoints = commands.add_parser("checkpoints", help="download checkpoint archives")
+    checkpoints = commands.add_parser("checkpoints", help="list and download checkpoints")
     checkpoint_commands = checkpoints.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")
-    download = checkpoint_commands.add_parser("download", parents=[json_flag], help="save a checkpoint's tar archive")
+    listing = checkpoint_commands.add_parser("list", parents=[json_flag], help="list a job's checkpoints, newest first")
+    listing.add_argument("id", help="job id (job_...)")
+    listing.set_defaults(handler=jobs_checkpoints)
+    download = checkpoint_commands.add_parser(
+        "download", parents=[json_flag], help="unpack a ready checkpoint into a directory (or save its tar with --tar)"
+    )
     download.add_argument("id", help="checkpoint id (ckpt_...)")
-    download.add_argument("-o", "--output", help="file to write (default ID.tar)")
+    download.add_argument("-o", "--output", help="directory to unpack into (default ID/), or with --tar the file (default ID.tar)")
+    download.add_argument("--tar", action="store_true", help="save the uncompressed tar archive instead of unpacking it")
     download.set_defaults(handler=checkpoints_download)
 
     spec = commands.add_parser("spec", help="work with job spec files")
