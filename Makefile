@@ -29,10 +29,10 @@ test: install  ## the whole suite
 test-fast: install  ## the suite without end-to-end, browser and real-model tests
 	$(VENV)/bin/pytest -m "not e2e and not browser and not real_model"
 
-demo: install migrate  ## the main job end to end on embedded defaults
-	@echo "Lab is installed and migrated. The end-to-end demo (a real RL job) is not wired up yet:"
-	@echo "start the services with 'make up' and create a tenant with"
-	@echo "  $(PY) manage.py bootstrap_tenant --org demo --project demo --email you@example.com --password '...'"
+demo:  ## install, then the main job end to end (python -m lab.demo; DEMO_EXIT=1 stops after the checks)
+	@started=$$(date +%s); $(MAKE) --no-print-directory install && \
+	echo "Installation: $$(( $$(date +%s) - started )) s (not counted in the run's time)."
+	$(PY) -m lab.demo
 
 web: migrate  ## ASGI server
 	$(VENV)/bin/uvicorn lab.asgi:application --host $(HOST) --port $(PORT)

@@ -1,0 +1,458 @@
+"""The demo program: start Lab, run the main job through the SDK, check and summarize it.
+
+Everything after start-up goes through the public SDK (``labsdk``) and the REST API, the way a
+user's own program would; only starting the processes and bootstrapping the tenant use
+``manage.py``, as the README's set-up does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import signal
+import statistics
+import sys
+import tarfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import labsdk
+from labsdk import Lab, LabError
+from tqdm import tqdm
+
+from engine.catalog import TINY_RANDOM_LLAMA_ID
+from lab.demo.processes import ROOT, LabProcesses, port_is_free
+from lab.demo.receiver import ReceivedWebhook, WebhookReceiver
+
+SPEC_FILE = ROOT / "examples" / "addition-smollm2.toml"
+REWARD_METRIC = "reward/mean"
+#: Steps averaged at each end of the reward curve.
+WINDOW = 5
+#: How far the last steps' mean reward must lie above the first steps' to count as learning.
+MIN_REWARD_GAIN = 0.1
+#: Seconds to wait, after the job ends, for its webhooks to arrive.
+WEBHOOK_WAIT_S = 60.0
+ORGANIZATION, PROJECT, EMAIL = "demo", "demo", "demo@lab.localhost"
+
+
+class DemoError(Exception):
+    """A step of the demo could not be done; the message says which and why."""
+
+
+def _env_int(environ: dict[str, str], name: str, default: int | None, *, minimum: int) -> int | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise DemoError(f"{name} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise DemoError(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What the demo runs, from ``DEMO_*`` variables (see :mod:`lab.demo`)."""
+
+    data_dir: Path
+    model_dir: Path
+    port: int
+    model: str | None
+    max_steps: int | None
+    exit_when_done: bool
+    timeout_s: int
+    password: str
+    spec_file: Path = SPEC_FILE
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str]) -> DemoSettings:
+        """Read the settings; DemoError names a variable that cannot be used."""
+        data_dir = Path(environ.get("LAB_DATA_DIR") or ROOT / "var").resolve()
+        return cls(
+            data_dir=data_dir,
+            model_dir=Path(environ.get("LAB_MODEL_DIR") or data_dir / "models").resolve(),
+            port=_env_int(environ, "DEMO_PORT", 8000, minimum=1),
+            model=environ.get("DEMO_MODEL", "").strip() or None,
+            max_steps=_env_int(environ, "DEMO_MAX_STEPS", None, minimum=1),
+            exit_when_done=environ.get("DEMO_EXIT", "").strip().lower() in ("1", "true", "yes", "on"),
+            timeout_s=_env_int(environ, "DEMO_TIMEOUT_S", 1800, minimum=1),
+            password=environ.get("DEMO_PASSWORD") or secrets.token_urlsafe(12),
+        )
+
+    def process_environment(self, environ: dict[str, str]) -> dict[str, str]:
+        """Return the environment of Lab's processes: the caller's, plus where data lives, how
+        engines reach the server, and loopback webhooks allowed (the receiver is local)."""
+        return {
+            **environ,
+            "LAB_DATA_DIR": str(self.data_dir),
+            "LAB_MODEL_DIR": str(self.model_dir),
+            "LAB_PUBLIC_URL": f"http://127.0.0.1:{self.port}",
+            "LAB_WEBHOOK_ALLOW_PRIVATE": "1",
+            "DJANGO_SETTINGS_MODULE": "lab.settings",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+
+@dataclass
+class Check:
+    """One line of the verdict: ``passed`` is None when the check does not apply to this run."""
+
+    name: str
+    passed: bool | None
+    detail: str
+
+
+@dataclass
+class Outcome:
+    """What the demo saw, for the summary."""
+
+    job: labsdk.Job
+    run_seconds: float
+    rewards: dict[int, float] = field(default_factory=dict)
+    checkpoint_dir: Path | None = None
+    checks: list[Check] = field(default_factory=list)
+
+
+def say(message: str = "") -> None:
+    """Print one line of the demo's narration (stdout, flushed: it may be a pipe)."""
+    print(message, flush=True)
+
+
+def register_webhook_endpoint(*, base_url: str, api_key: str, url: str) -> dict[str, Any]:
+    """Register ``url`` for every event type (``POST /api/v1/webhook-endpoints``); return the
+    endpoint with its one-time ``secret``. DemoError with Lab's message when it is refused."""
+    response = httpx.post(
+        f"{base_url}/api/v1/webhook-endpoints",
+        json={"url": url},
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=30,
+    )
+    if response.status_code != 201:
+        raise DemoError(f"Lab refused the webhook endpoint ({response.status_code}): {response.text[:500]}")
+    return response.json()
+
+
+def follow(lab: Lab, job: labsdk.Job, *, timeout_s: float) -> labsdk.Job:
+    """Show a progress bar (step, status, latest ``reward/mean``) until the job ends; return it.
+
+    DemoError when ``timeout_s`` seconds pass first.
+    """
+    deadline = time.monotonic() + timeout_s
+    bar = tqdm(total=job.max_steps, desc=job.id, unit="step", dynamic_ncols=True, file=sys.stdout)
+    # On a terminal the bar redraws every second (its clock moves); into a pipe or a log file
+    # only when something changed, so the file stays readable.
+    redraw_always = sys.stdout.isatty()
+    last_step: int | None = None
+    reward: float | None = None
+    shown: tuple | None = None
+    try:
+        while True:
+            for point in lab.jobs.metrics(job.id, names=[REWARD_METRIC], after_step=last_step):
+                last_step = point.step
+                reward = point.values.get(REWARD_METRIC, reward)
+            state = (job.step, job.status, reward)
+            if redraw_always or state != shown:
+                shown = state
+                bar.n = job.step or 0
+                postfix = {"status": job.status}
+                if reward is not None:
+                    postfix["reward"] = f"{reward:.3f}"
+                bar.set_postfix(postfix, refresh=False)
+                bar.refresh()
+            if job.is_terminal:
+                return job
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"{job.id} did not finish within {timeout_s:.0f} s (DEMO_TIMEOUT_S); it is {job.status}"
+                )
+            time.sleep(1.0)
+            job = lab.jobs.retrieve(job.id)
+    finally:
+        bar.close()
+
+
+def reward_curve(lab: Lab, job_id: str) -> dict[int, float]:
+    """Return ``reward/mean`` by step as stored by Lab."""
+    return {
+        point.step: point.values[REWARD_METRIC]
+        for point in lab.jobs.metrics(job_id, names=[REWARD_METRIC])
+        if point.values.get(REWARD_METRIC) is not None
+    }
+
+
+def check_learning(rewards: dict[int, float], *, model: str, max_steps: int) -> Check:
+    """Compare the mean reward of the first and the last ``WINDOW`` steps.
+
+    Not applicable to the tiny random model (it cannot learn) or to runs too short for two
+    separate windows.
+    """
+    name = "reward went up"
+    steps = sorted(rewards)
+    if len(steps) < 2 * WINDOW:
+        return Check(name, None, f"not checked: {len(steps)} steps with a reward, {2 * WINDOW} needed")
+    first = statistics.fmean(rewards[step] for step in steps[:WINDOW])
+    last = statistics.fmean(rewards[step] for step in steps[-WINDOW:])
+    detail = (
+        f"{first:.3f} over steps {steps[0]}-{steps[WINDOW - 1]}, "
+        f"{last:.3f} over steps {steps[-WINDOW]}-{steps[-1]}"
+    )
+    if model == TINY_RANDOM_LLAMA_ID:
+        return Check(name, None, f"not checked on {model}, which has random weights: {detail}")
+    gained = last - first >= MIN_REWARD_GAIN
+    return Check(name, gained, f"{detail} (at least +{MIN_REWARD_GAIN} needed)")
+
+
+def load_with_peft(checkpoint_dir: Path, *, model: str, model_dir: Path) -> str:
+    """Load a downloaded checkpoint on its base model with ``peft`` and run one forward pass;
+    return a one-line description. Raises on a checkpoint that does not load."""
+    import peft
+    import torch
+
+    from engine.models import load_model
+
+    with warnings.catch_warnings():
+        # transformers' deprecation notices from inside peft are not the user's to act on.
+        warnings.simplefilter("ignore", FutureWarning)
+        base, tokenizer = load_model(model, model_dir)
+        loaded = peft.PeftModel.from_pretrained(base, str(checkpoint_dir))
+    inputs = tokenizer("What is 12 + 7?", return_tensors="pt")
+    with torch.no_grad():
+        logits = loaded(**inputs).logits
+    if not torch.isfinite(logits).all():
+        raise ValueError("the loaded model's logits are not finite")
+    adapters = sum(parameter.numel() for name, parameter in loaded.named_parameters() if "lora_" in name)
+    return f"peft.PeftModel.from_pretrained on {model}: {adapters:,} LoRA parameters, forward pass finite"
+
+
+def check_checkpoint(lab: Lab, job: labsdk.Job, settings: DemoSettings, outcome: Outcome) -> Check:
+    """Download the job's final checkpoint through the SDK and load it with peft."""
+    name = "final checkpoint loads with peft"
+    checkpoint = job.latest_checkpoint
+    if checkpoint is None or checkpoint.status != "ready":
+        return Check(name, False, f"the job has no ready checkpoint (latest: {checkpoint and checkpoint.status})")
+    if checkpoint.step != job.max_steps:
+        return Check(
+            name, False, f"the latest checkpoint is of step {checkpoint.step}, not the final step {job.max_steps}"
+        )
+    destination = settings.data_dir / "demo" / job.id / checkpoint.id
+    try:
+        destination.mkdir(parents=True, exist_ok=True)
+        archive = lab.checkpoints.download(checkpoint.id, destination.with_suffix(".tar"), progress=False)
+        with tarfile.open(archive) as tar:
+            tar.extractall(destination, filter="data")
+        archive.unlink()
+        outcome.checkpoint_dir = destination
+        line = load_with_peft(outcome.checkpoint_dir, model=job.spec["model"], model_dir=settings.model_dir)
+    except Exception as exc:  # noqa: BLE001 (any failure to load is this check's verdict)
+        return Check(name, False, f"{checkpoint.id}: {type(exc).__name__}: {exc}")
+    size = f"{checkpoint.size_bytes / 1e6:.1f} MB" if checkpoint.size_bytes else "size unknown"
+    return Check(name, True, f"{checkpoint.id} (step {checkpoint.step}, {checkpoint.format}, {size}): {line}")
+
+
+def _webhook_key(webhook: ReceivedWebhook) -> tuple[str | None, str | None]:
+    data = (webhook.body or {}).get("data") or {}
+    return webhook.type, data.get("checkpoint_id") if webhook.type == "checkpoint.ready" else None
+
+
+def expected_webhooks(job: labsdk.Job) -> set[tuple[str, str | None]]:
+    """Return the webhooks a finished job must have produced, as (type, checkpoint id) pairs:
+    its terminal ``job.*`` event and ``checkpoint.ready`` of its final checkpoint."""
+    expected: set[tuple[str, str | None]] = {(f"job.{job.status}", None)}
+    if job.latest_checkpoint is not None:
+        expected.add(("checkpoint.ready", job.latest_checkpoint.id))
+    return expected
+
+
+def check_webhooks(receiver: WebhookReceiver, job: labsdk.Job) -> Check:
+    """Every webhook verified, and ``checkpoint.ready`` of the final checkpoint among them."""
+    name = "webhooks verified, checkpoint.ready among them"
+    expected = expected_webhooks(job)
+    receiver.wait_for(lambda received: expected <= {_webhook_key(w) for w in received}, timeout=WEBHOOK_WAIT_S)
+    received = receiver.snapshot()
+    bad = [webhook for webhook in received if not webhook.verified]
+    missing = sorted(f"{kind} {checkpoint or ''}".strip() for kind, checkpoint in
+                     expected - {_webhook_key(webhook) for webhook in received})
+    if bad:
+        return Check(name, False, f"{len(bad)} of {len(received)} failed the signature check: {bad[0].error}")
+    if missing:
+        return Check(name, False, f"not received within {WEBHOOK_WAIT_S:.0f} s of the end: {', '.join(missing)}")
+    return Check(
+        name, True, f"{len(received)} received, {len(received)} signatures verified with labsdk.webhooks.verify"
+    )
+
+
+def check_usage(lab: Lab, job: labsdk.Job) -> tuple[Check, str]:
+    """CPU-seconds recorded for the job; return the check and a line with the cost at the local rate."""
+    usage = job.usage
+    rate = next((price.usd_per_hour for price in lab.prices.list() if price.resource_type == "cpu"), None)
+    if usage is None or not usage.cpu_seconds:
+        return Check("usage recorded", False, f"no CPU-seconds recorded: {usage}"), ""
+    rate_text = f" at the local rate of ${rate} per hour" if rate is not None else ""
+    line = f"{usage.cpu_seconds:,.1f} CPU-seconds, ${usage.cost_usd}{rate_text}"
+    return Check("usage recorded", True, line), line
+
+
+def dashboard_url(base_url: str, job_id: str) -> str:
+    """Return the job's page in the dashboard."""
+    return f"{base_url}/o/{ORGANIZATION}/p/{PROJECT}/jobs/{job_id}/"
+
+
+def print_summary(outcome: Outcome, *, settings: DemoSettings, base_url: str, receiver: WebhookReceiver,
+                  usage_line: str) -> None:
+    """Print what the run did and one verdict line per check."""
+    job = outcome.job
+    say()
+    say(f"Job {job.id} ({job.spec.get('model')}, {job.max_steps} steps) {job.status} "
+        f"{_duration(outcome.run_seconds)} after it was submitted.")
+    say(f"  Dashboard   {dashboard_url(base_url, job.id)}")
+    say(f"  Log in as   {EMAIL} / {settings.password}")
+    say(f"  Rewards     {_reward_line(outcome.rewards)}")
+    if outcome.checkpoint_dir is not None:
+        say(f"  Checkpoint  {outcome.checkpoint_dir}")
+    for webhook in receiver.snapshot():
+        data = (webhook.body or {}).get("data") or {}
+        about = f"step {data['step']}" if "step" in data and webhook.type == "checkpoint.ready" else ""
+        verdict = "signature verified" if webhook.verified else f"signature REJECTED: {webhook.error}"
+        say(f"  Webhook     {webhook.type or '?':<18} {about:<9} {verdict}")
+    if usage_line:
+        say(f"  Usage       {usage_line}")
+    say()
+    for check in outcome.checks:
+        mark = {True: "PASS", False: "FAIL", None: "n/a "}[check.passed]
+        say(f"  [{mark}] {check.name}: {check.detail}")
+
+
+def _reward_line(rewards: dict[int, float]) -> str:
+    steps = sorted(rewards)
+    if not steps:
+        return "none reported"
+    first, last = steps[:WINDOW], steps[-WINDOW:]
+    return (f"mean {REWARD_METRIC} {statistics.fmean(rewards[s] for s in first):.3f} over the first "
+            f"{len(first)} steps, {statistics.fmean(rewards[s] for s in last):.3f} over the last {len(last)}")
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(math.ceil(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def run(settings: DemoSettings, environ: dict[str, str]) -> int:
+    """Run the demo; return the exit status (0 only when every check passed)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if not port_is_free(settings.port):
+        raise DemoError(f"port {settings.port} is in use (another Lab?); choose another with DEMO_PORT")
+    processes = LabProcesses(data_dir=settings.data_dir, port=settings.port, env=settings.process_environment(environ))
+    receiver = WebhookReceiver().start()
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    lab: Lab | None = None
+    job: labsdk.Job | None = None
+    status = 130
+    try:
+        began = time.monotonic()
+        say(f"Lab demo: data in {settings.data_dir}, logs in {processes.log_dir}")
+        say("Migrating the database ...")
+        processes.run("manage.py", "migrate", "--noinput", what="manage.py migrate")
+        tenant = processes.run(
+            "manage.py", "bootstrap_tenant", "--org", ORGANIZATION, "--project", PROJECT,
+            "--email", EMAIL, "--password", settings.password, what="manage.py bootstrap_tenant",
+        )
+        api_key = _last_json_line(tenant)["api_key"]
+        say(f"Starting web, worker and beat on {processes.base_url} ...")
+        processes.start()
+        say(f"Lab is up ({time.monotonic() - began:.1f} s). Registering the webhook receiver {receiver.url} ...")
+        endpoint = register_webhook_endpoint(base_url=processes.base_url, api_key=api_key, url=receiver.url)
+        receiver.secret = endpoint["secret"]
+        lab = Lab(api_key=api_key, base_url=processes.base_url)
+        overrides: dict[str, Any] = {}
+        if settings.model:
+            overrides["model"] = settings.model
+        if settings.max_steps:
+            overrides["max_steps"] = settings.max_steps
+        job = lab.jobs.create(spec_file=settings.spec_file, **overrides)
+        submitted = time.monotonic()
+        say(f"Submitted {job.id}: {job.spec['model']} on {job.spec['env'][0]['id']}, {job.max_steps} steps.")
+        job = follow(lab, job, timeout_s=settings.timeout_s)
+        outcome = Outcome(job=job, run_seconds=time.monotonic() - submitted)
+        outcome.checks.append(Check("job succeeded", job.status == "succeeded",
+                                    job.status if job.error is None else f"{job.status}: {job.error}"))
+        outcome.rewards = reward_curve(lab, job.id)
+        outcome.checks.append(check_learning(outcome.rewards, model=job.spec["model"], max_steps=job.max_steps))
+        outcome.checks.append(check_checkpoint(lab, job, settings, outcome))
+        outcome.checks.append(check_webhooks(receiver, job))
+        usage_check, usage_line = check_usage(lab, lab.jobs.retrieve(job.id))
+        outcome.checks.append(usage_check)
+        print_summary(outcome, settings=settings, base_url=processes.base_url, receiver=receiver, usage_line=usage_line)
+        failed = [check.name for check in outcome.checks if check.passed is False]
+        status = 1 if failed else 0
+        say()
+        say(f"Every check passed." if not failed else f"FAILED: {', '.join(failed)}.")
+        if settings.exit_when_done:
+            return status
+        say(f"Lab keeps running at {processes.base_url} for you to explore; Ctrl-C stops everything.")
+        while True:
+            processes.check_alive()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        say()
+        say("Stopping ...")
+        if lab is not None and job is not None:
+            _cancel_if_running(lab, job.id)
+        return status
+    finally:
+        # A second Ctrl-C must not cut the clean stop short and leave processes behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            processes.stop()
+        finally:
+            receiver.stop()
+            if lab is not None:
+                lab.close()
+
+
+def _cancel_if_running(lab: Lab, job_id: str) -> None:
+    """Cancel an unfinished job so a later start of Lab does not resume it, and give its engine
+    a moment to stop after a checkpoint."""
+    try:
+        job = lab.jobs.retrieve(job_id)
+        if job.is_terminal:
+            return
+        lab.jobs.cancel(job_id)
+        deadline = time.monotonic() + 30
+        while not job.is_terminal and time.monotonic() < deadline:
+            time.sleep(0.5)
+            job = lab.jobs.retrieve(job_id)
+        say(f"{job_id} is {job.status}.")
+    except LabError as exc:
+        say(f"Could not cancel {job_id}: {exc}")
+
+
+def _last_json_line(output: str) -> dict[str, Any]:
+    import json
+
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise DemoError(f"bootstrap_tenant printed no JSON line: {output[-500:]!r}") from None
+
+
+def main() -> int:
+    """Entry point of ``python -m lab.demo``."""
+    environ = dict(os.environ)
+    try:
+        settings = DemoSettings.from_environment(environ)
+        return run(settings, environ)
+    except (DemoError, RuntimeError, LabError) as exc:
+        say(f"The demo stopped: {exc}")
+        return 1

@@ -1,0 +1,219 @@
+"""``python -m lab.demo`` end to end, the way CI runs it: from the existing virtual environment, on
+the embedded defaults (no DATABASE_URL, REDIS_URL or CELERY_BROKER_URL), in a fresh data dir, on
+free ports. Each test checks that nothing it started is left running afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.stack import free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")
+
+pytestmark = pytest.mark.e2e
+
+
+def demo_environment(data_dir: Path, **overrides: str) -> dict[str, str]:
+    """The test's environment without Lab's server URLs, with a fresh data dir and free port."""
+    env = {name: value for name, value in os.environ.items() if name not in SERVER_VARIABLES}
+    env.update(LAB_DATA_DIR=str(data_dir), DEMO_PORT=str(free_port()), DEMO_EXIT="1", **overrides)
+    return env
+
+
+def processes_using(data_dir: Path) -> list[str]:
+    """Return ``pid command`` of every live process whose environment names ``data_dir``."""
+    marker = f"LAB_DATA_DIR={data_dir}\0".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes() + b"\0":
+                found.append(f"{proc.name} {(proc / 'cmdline').read_bytes().replace(b'\0', b' ').decode()}")
+        except OSError:
+            continue
+    return found
+
+
+def run_demo(env: dict[str, str], *, timeout: float) -> subprocess.CompletedProcess:
+    """Run the demo to its end; return its result with stdout and stderr together."""
+    return subprocess.run(
+        [sys.executable, "-m", "lab.demo"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=timeout,
+    )
+
+
+class DemoProcess:
+    """The demo running in the background, its output collected line by line."""
+
+    def __init__(self, env: dict[str, str]):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "lab.demo"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )
+        self.output: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.output.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
+
+    def wait_for_output(self, needle: str, *, timeout: float) -> None:
+        wait_for(
+            lambda: needle in self.text or self.process.poll() is not None, timeout=timeout, what=f"{needle!r}"
+        )
+        assert needle in self.text, self.text[-3000:]
+
+    def interrupt(self, *, timeout: float) -> int:
+        """Press Ctrl-C (SIGINT) and return the exit status."""
+        self.process.send_signal(signal.SIGINT)
+        status = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return status
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def assert_nothing_left(data_dir: Path) -> None:
+    """Every process of the run has exited (a few seconds' grace for the last to be reaped)."""
+    deadline = time.monotonic() + 10
+    while processes_using(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_using(data_dir) == []
+
+
+def test_the_demo_runs_the_main_job_with_every_check_but_learning(tmp_path):
+    data_dir = tmp_path / "data"
+    env = demo_environment(data_dir, DEMO_MODEL="lab/tiny-random-llama")
+
+    result = run_demo(env, timeout=600)
+
+    output = result.stdout
+    assert result.returncode == 0, output[-4000:]
+    assert "[PASS] job succeeded" in output
+    assert "[n/a ] reward went up: not checked on lab/tiny-random-llama" in output
+    assert "[PASS] final checkpoint loads with peft" in output
+    assert "[PASS] webhooks verified, checkpoint.ready among them" in output
+    assert "[PASS] usage recorded" in output
+    assert "[FAIL]" not in output
+    assert output.rstrip().endswith("Every check passed.")
+    webhook_lines = [line.split() for line in output.splitlines() if line.strip().startswith("Webhook ")]
+    assert ["Webhook", "checkpoint.ready", "step", "20", "signature", "verified"] in webhook_lines
+    assert ["Webhook", "job.succeeded", "signature", "verified"] in webhook_lines
+    assert all(line[-2:] == ["signature", "verified"] for line in webhook_lines)
+    # The embedded defaults were used: SQLite for the data and the broker, under the data dir.
+    assert (data_dir / "lab.sqlite3").is_file()
+    assert (data_dir / "celery-broker.sqlite3").is_file()
+    checkpoint_dirs = list((data_dir / "demo").glob("job_*/ckpt_*"))
+    assert len(checkpoint_dirs) == 1
+    assert (checkpoint_dirs[0] / "adapter_config.json").is_file()
+    assert_nothing_left(data_dir)
+
+
+def test_ctrl_c_while_the_job_runs_cancels_it_and_stops_every_process_engine_included(tmp_path):
+    data_dir = tmp_path / "data"
+    env = demo_environment(data_dir, DEMO_MODEL="lab/tiny-random-llama", DEMO_MAX_STEPS="100000")
+    del env["DEMO_EXIT"]
+    demo = DemoProcess(env)
+    try:
+        demo.wait_for_output("Submitted job_", timeout=180)
+        wait_for(lambda: "status=running" in demo.text, timeout=120, what="the job running")
+        running = processes_using(data_dir)
+        assert any(" -m engine run " in process for process in running), running
+
+        status = demo.interrupt(timeout=120)
+    finally:
+        demo.kill()
+
+    assert status == 130, demo.text[-3000:]
+    assert "is cancelled." in demo.text
+    assert_nothing_left(data_dir)
+
+
+def test_after_the_summary_lab_keeps_running_until_ctrl_c(tmp_path):
+    data_dir = tmp_path / "data"
+    env = demo_environment(data_dir, DEMO_MODEL="lab/tiny-random-llama", DEMO_MAX_STEPS="3")
+    del env["DEMO_EXIT"]
+    demo = DemoProcess(env)
+    try:
+        demo.wait_for_output("Ctrl-C stops everything", timeout=600)
+        assert "Every check passed." in demo.text
+        port = env["DEMO_PORT"]
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+
+        status = demo.interrupt(timeout=120)
+    finally:
+        demo.kill()
+
+    assert status == 0, demo.text[-3000:]
+    assert_nothing_left(data_dir)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+
+
+def test_a_bad_setting_is_named_and_nothing_starts(tmp_path):
+    data_dir = tmp_path / "data"
+    env = demo_environment(data_dir, DEMO_MAX_STEPS="twenty")
+
+    result = run_demo(env, timeout=60)
+
+    assert result.returncode == 1
+    assert result.stdout.strip().splitlines()[-1] == "The demo stopped: DEMO_MAX_STEPS must be an integer, not 'twenty'"
+    assert not data_dir.exists()
+
+
+def test_a_port_in_use_is_named_and_nothing_starts(tmp_path):
+    import socket
+
+    data_dir = tmp_path / "data"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        env = demo_environment(data_dir, DEMO_PORT=str(busy.getsockname()[1]))
+
+        result = run_demo(env, timeout=60)
+
+    assert result.returncode == 1
+    assert f"port {env['DEMO_PORT']} is in use" in result.stdout
+    assert not (data_dir / "lab.sqlite3").exists()
+    assert_nothing_left(data_dir)
+
+
+@pytest.mark.real_model
+def test_the_demo_trains_smollm2_from_its_gguf_for_three_steps(tmp_path):
+    data_dir = tmp_path / "data"
+    # A model cache of its own, so the GGUF conversion (the real loading path) runs here.
+    env = demo_environment(data_dir, DEMO_MAX_STEPS="3", LAB_MODEL_DIR=str(tmp_path / "models"))
+
+    started = time.monotonic()
+    result = run_demo(env, timeout=1200)
+
+    output = result.stdout
+    assert result.returncode == 0, output[-4000:]
+    assert "Job job_" in output and "(HuggingFaceTB/SmolLM2-135M-Instruct, 3 steps) succeeded" in output
+    assert "[PASS] final checkpoint loads with peft" in output
+    assert "peft.PeftModel.from_pretrained on HuggingFaceTB/SmolLM2-135M-Instruct" in output
+    assert "[PASS] webhooks verified, checkpoint.ready among them" in output
+    assert "[n/a ] reward went up: not checked: 3 steps with a reward, 10 needed" in output
+    assert (tmp_path / "models" / "HuggingFaceTB" / "SmolLM2-135M-Instruct" / "config.json").is_file()
+    assert time.monotonic() - started < 900
+    assert_nothing_left(data_dir)
