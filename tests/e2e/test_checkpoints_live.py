@@ -1,0 +1,129 @@
+"""Checkpoints for real: web, a Celery worker, the local launcher and the engine on the tiny
+model. A job's final checkpoint is downloaded through the API, unpacked and loaded with
+``peft``/``transformers``; a second job starts from it with ``init_from``. Once on the
+filesystem, once on S3 (a moto server process: the engine PUTs to pre-signed URLs and fetches
+its init checkpoint through a signed redirect)."""
+
+from __future__ import annotations
+
+import json
+
+import peft
+import pytest
+import safetensors.torch
+import torch
+import transformers
+from django.db import connection
+from labsdk import Lab
+
+from engine.models import tiny_random_llama
+from jobs.models import Checkpoint, LogLine, MetricStep
+from tests.s3server import S3Server
+from tests.stack import LabStack, wait_for
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("default_prices"),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
+]
+
+SPEC = {
+    "model": "lab/tiny-random-llama",
+    "max_steps": 2,
+    "batch_size": 8,
+    "rollouts_per_example": 4,
+    "learning_rate": 1e-2,
+    "lora_rank": 4,
+    "lora_alpha": 8,
+    "seed": 3,
+    "sampling": {"max_tokens": 6},
+    "env": [{"id": "lab/reverse-text", "args": {"min_length": 2, "max_length": 4}}],
+    "checkpoints": {"interval": 2, "keep_last": 1},
+}
+
+
+@pytest.fixture(params=["filesystem", "s3"])
+def storage_kind(request, tmp_path):
+    """``(name, extra stack environment, moto server and bucket or None)``."""
+    if request.param == "filesystem":
+        yield "filesystem", {}, None
+        return
+    server = S3Server(tmp_path / "moto").start()
+    try:
+        bucket = server.new_bucket()
+        yield "s3", server.environment(bucket), (server, bucket)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def stack(tmp_path, settings, storage_kind):
+    _, environment, _ = storage_kind
+    lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1", **environment)
+    settings.LAB_DATA_DIR = lab.data_dir
+    try:
+        yield lab.start()
+    finally:
+        lab.stop()
+
+
+def wait_done(lab: Lab, stack: LabStack, job_id: str) -> dict:
+    def finished():
+        job = lab.jobs.retrieve(job_id)
+        return job if job.status in {"succeeded", "failed", "cancelled"} else None
+
+    job = wait_for(finished, timeout=300, what=f"{job_id} finished")
+    assert job.status == "succeeded", f"{job.to_dict()}\n{stack.logs()}"
+    return job
+
+
+def adapter_weights(directory) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(directory / "adapter_model.safetensors"))
+
+
+def test_a_tiny_jobs_checkpoint_downloads_loads_with_peft_and_seeds_another_job(stack, storage_kind, owner, tmp_path):
+    kind, _, s3 = storage_kind
+    with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
+        source = lab.jobs.create(SPEC)
+        wait_done(lab, stack, source.id)
+        (final,) = lab.checkpoints.list(source.id)
+        assert (final.step, final.status, final.format) == (2, "ready", "peft-lora")
+        if s3 is not None:
+            server, bucket = s3
+            assert server.keys(bucket) == [f"checkpoints/{source.id}/{final.id}.tar"]
+
+        directory = lab.checkpoints.download(final.id, tmp_path / "source", progress=False)
+        state = json.loads((directory / "trainer_state" / "state.json").read_text())
+        assert (state["step"], state["format"]) == (2, "peft-lora")
+        base, _ = tiny_random_llama()
+        model = peft.PeftModel.from_pretrained(base, str(directory))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "abc"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        with torch.no_grad():
+            tuned = model(**prompt).logits
+            with model.disable_adapter():
+                plain = model(**prompt).logits
+        # The adapter trained for two steps at lr 1e-2: it changes what the model predicts.
+        assert not torch.allclose(tuned, plain)
+        source_weights = adapter_weights(directory)
+        assert max(w.abs().max().item() for name, w in source_weights.items() if "lora_B" in name) > 1e-3
+
+        # A second job starts from those weights (and from step 1), with a learning rate too
+        # small to move them visibly in its single step.
+        follower = lab.jobs.create({**SPEC, "max_steps": 1, "learning_rate": 1e-7, "seed": 11, "init_from": final.id,
+                                    "checkpoints": {"interval": 1, "keep_last": 1}})
+        wait_done(lab, stack, follower.id)
+        (seeded,) = lab.checkpoints.list(follower.id)
+        assert seeded.step == 1
+        seeded_weights = adapter_weights(lab.checkpoints.download(seeded.id, tmp_path / "seeded", progress=False))
+        assert seeded_weights.keys() == source_weights.keys()
+        for name, weight in source_weights.items():
+            assert torch.allclose(seeded_weights[name], weight, atol=1e-5), name
+        assert list(MetricStep.objects.filter(job__public_id=follower.id).values_list("step", flat=True)) == [1]
+        logs = list(LogLine.objects.filter(job__public_id=follower.id).values_list("line", flat=True))
+        assert any("initialised from" in line and "(its step 2); training starts at step 1" in line for line in logs), logs
+        # The source's final checkpoint stays while it is someone's init_from, and after.
+        assert Checkpoint.objects.get(public_id=final.id).status == "ready"
