@@ -13,7 +13,6 @@ import secrets
 import signal
 import statistics
 import sys
-import tarfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -243,12 +242,7 @@ def check_checkpoint(lab: Lab, job: labsdk.Job, settings: DemoSettings, outcome:
         )
     destination = settings.data_dir / "demo" / job.id / checkpoint.id
     try:
-        destination.mkdir(parents=True, exist_ok=True)
-        archive = lab.checkpoints.download(checkpoint.id, destination.with_suffix(".tar"), progress=False)
-        with tarfile.open(archive) as tar:
-            tar.extractall(destination, filter="data")
-        archive.unlink()
-        outcome.checkpoint_dir = destination
+        outcome.checkpoint_dir = lab.checkpoints.download(checkpoint.id, destination, extract=True, progress=False)
         line = load_with_peft(outcome.checkpoint_dir, model=job.spec["model"], model_dir=settings.model_dir)
     except Exception as exc:  # noqa: BLE001 (any failure to load is this check's verdict)
         return Check(name, False, f"{checkpoint.id}: {type(exc).__name__}: {exc}")

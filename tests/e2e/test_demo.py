@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 def demo_environment(data_dir: Path, **overrides: str) -> dict[str, str]:
     """The test's environment without Lab's server URLs, with a fresh data dir and free port."""
     env = {name: value for name, value in os.environ.items() if name not in SERVER_VARIABLES}
-    env.update(LAB_DATA_DIR=str(data_dir), DEMO_PORT=str(free_port()), DEMO_EXIT="1", **overrides)
+    env.update({"LAB_DATA_DIR": str(data_dir), "DEMO_PORT": str(free_port()), "DEMO_EXIT": "1", **overrides})
     return env
 
 
@@ -40,7 +40,8 @@ def processes_using(data_dir: Path) -> list[str]:
             continue
         try:
             if marker in (proc / "environ").read_bytes() + b"\0":
-                found.append(f"{proc.name} {(proc / 'cmdline').read_bytes().replace(b'\0', b' ').decode()}")
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name} {command}")
         except OSError:
             continue
     return found
