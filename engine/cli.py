@@ -1,7 +1,7 @@
 """The engine's command line (DESIGN.md §4 "Engine exit codes").
 
     python -m engine run --spec FILE --job-id ID --attempt N --lab-url URL --workdir DIR
-                         [--offline] [--resume-from DIR_OR_TAR] [--init-from CKPT_ID_OR_DIR_OR_TAR]
+                         [--offline] [--resume-from CKPT_ID_OR_DIR_OR_TAR] [--init-from CKPT_ID_OR_DIR_OR_TAR]
 
 The job token comes from `LAB_JOB_TOKEN`, never from the command line. Exit codes:
 0 finished all steps; 2 invalid spec, unknown model or environment, bad config (one line on
@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--lab-url", default=os.environ.get("LAB_PUBLIC_URL", "http://127.0.0.1:8000"))
     run.add_argument("--workdir", required=True, type=pathlib.Path)
     run.add_argument("--offline", action="store_true", help="no Lab: write everything under the work dir")
-    run.add_argument("--resume-from", type=pathlib.Path, help="a checkpoint directory or its .tar")
+    run.add_argument(
+        "--resume-from", help="a checkpoint directory, its .tar, or a checkpoint id of this job (ckpt_..., fetched from Lab)"
+    )
     run.add_argument(
         "--init-from",
         help="start from these weights only: a checkpoint id (ckpt_..., fetched from Lab), a directory "
@@ -129,9 +131,14 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
     return config, parsed.warnings
 
 
-def _resume_dir(path: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
+def _resume_dir(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
+    """Return the directory of the checkpoint to resume from: a local directory or .tar, or a
+    checkpoint id (ckpt_...) of this job fetched from Lab (archives in an object store)."""
     from engine.checkpoints import STATE_DIR, extract_tar
 
+    if value.startswith("ckpt_"):
+        return _fetch_checkpoint(value, workdir / "resume", transport, "--resume-from", "internal_error")
+    path = pathlib.Path(value)
     if path.is_dir():
         if not (path / STATE_DIR / "state.json").is_file():
             raise ConfigError(f"--resume-from {path} is not a checkpoint (no {STATE_DIR}/state.json)", "internal_error")
@@ -142,24 +149,34 @@ def _resume_dir(path: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
     raise ConfigError(f"--resume-from {path} does not exist", "internal_error")
 
 
+def _fetch_checkpoint(checkpoint_id: str, root: pathlib.Path, transport, what: str, code: str) -> pathlib.Path:
+    """Download a checkpoint's archive from Lab with the job token, unpack it under `root`,
+    and return the directory. A refusal (not found, not ready) is a ConfigError with `code`;
+    Lab or storage being away is an IngestError (a crash, so Lab tries the attempt again)."""
+    from engine.checkpoints import extract_tar
+    from engine.reporter import IngestError
+
+    archive = root / f"{checkpoint_id}.tar"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        transport.download_checkpoint(checkpoint_id, archive)
+    except IngestError as error:
+        if error.retryable:
+            raise
+        raise ConfigError(f"{what} {checkpoint_id}: cannot fetch it: {_one_line(error)}", code) from None
+    try:
+        return extract_tar(archive, root / checkpoint_id)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
 def _init_dir(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
     """Return the directory of the checkpoint to initialise from: a local one, or one fetched
     from Lab by id through the ingest API (the job token allows the job's ``init_from``)."""
     from engine.checkpoints import STATE_DIR, extract_tar
-    from engine.reporter import IngestError
 
     if value.startswith("ckpt_"):
-        archive = workdir / "init" / f"{value}.tar"
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            transport.download_checkpoint(value, archive)
-        except IngestError as error:
-            if error.retryable:
-                raise  # Lab or storage is away for now: a crash, so Lab tries the attempt again
-            raise ConfigError(f"init_from {value}: cannot fetch it: {_one_line(error)}", "invalid_spec") from None
-        directory = extract_tar(archive, workdir / "init" / value)
-        archive.unlink(missing_ok=True)
-        return directory
+        return _fetch_checkpoint(value, workdir / "init", transport, "init_from", "invalid_spec")
     path = pathlib.Path(value)
     if path.is_dir():
         if not (path / STATE_DIR / "state.json").is_file():
@@ -216,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
             logger.warning("spec: %s", warning)
         if args.offline:
             logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
-        resume_dir = _resume_dir(args.resume_from, workdir) if args.resume_from else None
+        resume_dir = _resume_dir(args.resume_from, workdir, transport) if args.resume_from else None
         # A resume carries the trained weights on; the init checkpoint only seeds a fresh start.
         init_value = None if resume_dir is not None else (args.init_from or config.init_from)
         init_dir = _init_dir(init_value, workdir, transport) if init_value else None

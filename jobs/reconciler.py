@@ -64,7 +64,8 @@ def attempt_launch(*, attempt_id: int) -> None:
             spec=job.spec,
             lab_url=settings.LAB_PUBLIC_URL,
             token=job_token(attempt),
-            resume_archive=storage.path_of(resume.storage_key) if resume is not None else None,
+            resume_archive=storage.path_of(resume.storage_key) if resume is not None and storage.is_filesystem() else None,
+            resume_checkpoint_id=resume.public_id if resume is not None and not storage.is_filesystem() else None,
             gpus=job.gpus,
         )
         try:

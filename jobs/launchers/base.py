@@ -36,7 +36,9 @@ class LaunchRequest:
     """Everything needed to start one attempt of the engine.
 
     ``token`` is the job token; launchers pass it as ``LAB_JOB_TOKEN`` in the environment,
-    never on a command line. ``resume_archive`` is a checkpoint tar to resume from.
+    never on a command line. ``resume_archive`` is a checkpoint tar on this machine to resume
+    from; with archives in an object store, ``resume_checkpoint_id`` names the checkpoint the
+    engine fetches itself through the ingest API instead.
     """
 
     job_id: str
@@ -45,6 +47,7 @@ class LaunchRequest:
     lab_url: str
     token: str
     resume_archive: Path | None = None
+    resume_checkpoint_id: str | None = None
     gpus: int = 0
 
 
@@ -60,6 +63,8 @@ def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_
     ]
     if resume_dir is not None:
         args += ["--resume-from", resume_dir]
+    elif request.resume_checkpoint_id is not None:
+        args += ["--resume-from", request.resume_checkpoint_id]
     return args
 
 

@@ -7,6 +7,8 @@ its init checkpoint through a signed redirect)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import peft
 import pytest
@@ -17,7 +19,7 @@ from django.db import connection
 from labsdk import Lab
 
 from engine.models import tiny_random_llama
-from jobs.models import Checkpoint, LogLine, MetricStep
+from jobs.models import Checkpoint, Job, JobAttempt, LogLine, MetricStep
 from tests.s3server import S3Server
 from tests.stack import LabStack, wait_for
 
@@ -66,6 +68,23 @@ def stack(tmp_path, settings, storage_kind):
         yield lab.start()
     finally:
         lab.stop()
+
+
+@pytest.fixture
+def s3_stack(tmp_path, settings):
+    """A stack whose checkpoints live on a moto server; yields ``(stack, server, bucket)``."""
+    server = S3Server(tmp_path / "moto").start()
+    lab = None
+    try:
+        bucket = server.new_bucket()
+        lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1", LAB_STOP_GRACE_S="2", LAB_KILL_GRACE_S="5",
+                       **server.environment(bucket))
+        settings.LAB_DATA_DIR = lab.data_dir
+        yield lab.start(), server, bucket
+    finally:
+        if lab is not None:
+            lab.stop()
+        server.stop()
 
 
 def wait_done(lab: Lab, stack: LabStack, job_id: str) -> dict:
@@ -127,3 +146,33 @@ def test_a_tiny_jobs_checkpoint_downloads_loads_with_peft_and_seeds_another_job(
         assert any("initialised from" in line and "(its step 2); training starts at step 1" in line for line in logs), logs
         # The source's final checkpoint stays while it is someone's init_from, and after.
         assert Checkpoint.objects.get(public_id=final.id).status == "ready"
+
+
+def test_a_killed_engine_resumes_from_a_checkpoint_stored_on_s3(s3_stack, owner, spec):
+    stack, server, bucket = s3_stack
+    spec.update(max_steps=6, checkpoints={"interval": 2, "keep_last": 3}, max_restarts=2)
+    with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
+        job_id = lab.jobs.create(spec).id
+        wait_for(
+            lambda: Job.objects.filter(public_id=job_id, checkpoints__status="ready").exists(),
+            timeout=180,
+            what="a ready checkpoint",
+        )
+        pid_file = stack.data_dir / "runs" / job_id / "attempt-1" / "engine.pid"
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        done = wait_done(lab, stack, job_id)
+    assert done.attempt == 2
+    attempt = JobAttempt.objects.get(job__public_id=job_id, number=2)
+    resumed_from = attempt.resume_from
+    assert resumed_from is not None
+    # The launcher had no archive to unpack: the engine fetched the checkpoint from Lab by id.
+    workdir = stack.data_dir / "runs" / job_id / "attempt-2"
+    expected = f"resumed from {workdir / 'resume' / resumed_from.public_id} at step {resumed_from.step}"
+    logs = list(LogLine.objects.filter(job__public_id=job_id, attempt=2).values_list("line", flat=True))
+    assert any(expected in line for line in logs), logs
+    rows = list(MetricStep.objects.filter(job__public_id=job_id).order_by("step").values_list("step", "attempt"))
+    assert [step for step, _ in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(number == 2 for step, number in rows if step > resumed_from.step)
+    assert all(number == 1 for step, number in rows if step <= resumed_from.step)
+    ready = Checkpoint.objects.filter(job__public_id=job_id, status="ready").order_by("step")
+    assert server.keys(bucket) == sorted(f"checkpoints/{job_id}/{c.public_id}.tar" for c in ready)
