@@ -23,8 +23,19 @@
   function formatNumber(value) {
     if (value == null) return "–";
     var size = Math.abs(value);
-    if (size !== 0 && (size >= 1e5 || size < 1e-3)) return value.toExponential(2);
+    if (size >= 1e9) return Number((value / 1e9).toPrecision(3)) + "G";
+    if (size >= 1e6) return Number((value / 1e6).toPrecision(3)) + "M";
+    if (size >= 1e4) return Number((value / 1e3).toPrecision(3)) + "k";
+    if (size !== 0 && size < 1e-3) return value.toExponential(1);
     return Number(value.toPrecision(4)).toString();
+  }
+
+  // The y range of a chart: the data's, padded; a flat line gets a visible band around it.
+  function yRange(u, min, max) {
+    if (min == null || max == null) return [0, 1];
+    if (min === max) { var pad = Math.abs(min) * 0.1 || 1; return [min - pad, max + pad]; }
+    var margin = (max - min) * 0.08;
+    return [min - margin, max + margin];
   }
 
   function transparent(color, alpha) {
@@ -36,10 +47,11 @@
   // Create a chart in `container`. `lines` is [{label, color?}]; with `band: true` the first line
   // gets a shaded band given as two extra data rows (upper, lower). Returns the uPlot instance.
   function create(container, options) {
-    var lines = options.lines, series = [{ label: "step" }], bands = [];
+    var lines = options.lines, series = [{ label: "step" }], bands = [], hidden = [];
     lines.forEach(function (line, index) {
       var color = line.color || PALETTE[index % PALETTE.length];
       if (options.raw) {
+        hidden.push(series.length);
         series.push({ label: line.label + " (raw)", stroke: transparent(color, 0.25), width: 1, spanGaps: true,
           points: { show: false }, value: function (u, v) { return formatNumber(v); } });
       }
@@ -48,6 +60,7 @@
     });
     if (options.band) {
       var color = lines[0].color || PALETTE[0];
+      hidden.push(series.length, series.length + 1);
       series.push({ label: "+std", stroke: transparent(color, 0.15), width: 1, spanGaps: true, points: { show: false },
         value: function (u, v) { return formatNumber(v); } });
       series.push({ label: "−std", stroke: transparent(color, 0.15), width: 1, spanGaps: true, points: { show: false },
@@ -60,7 +73,7 @@
       height: options.height || 220,
       series: series,
       bands: bands,
-      scales: { x: { time: false } },
+      scales: { x: { time: false }, y: { range: yRange } },
       axes: [
         { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" } },
         { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: 56,
@@ -70,6 +83,9 @@
       legend: { show: true, live: true },
       hooks: options.hooks || {},
     }, options.data || [[]].concat(series.slice(1).map(function () { return []; })), container);
+    // The legend names the lines people read; raw values and band edges stay out of it.
+    var rows = plot.root.querySelectorAll(".u-legend tr.u-series");
+    hidden.forEach(function (index) { if (rows[index]) rows[index].style.display = "none"; });
     return plot;
   }
 

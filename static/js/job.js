@@ -211,6 +211,11 @@
     dot.textContent = on ? "live" : "not live";
   }
 
+  // A finished job's page is complete: no stream, no live badge.
+  function finished() {
+    document.getElementById("live-indicator").hidden = true;
+  }
+
   function connect() {
     if (!window.EventSource) return;
     source = new EventSource(page.stream_url + "?last_event_id=" + encodeURIComponent(page.stream_after));
@@ -233,7 +238,7 @@
       var job = JSON.parse(message.data);
       setStep(job.step);
       document.body.dispatchEvent(new CustomEvent("job-status"));
-      if (TERMINAL.indexOf(job.status) >= 0) { source.close(); setLive(false); }
+      if (TERMINAL.indexOf(job.status) >= 0) { source.close(); finished(); }
     });
     source.addEventListener("log", function (message) { appendLog(JSON.parse(message.data)); });
     source.addEventListener("event", function (message) { prependEvent(JSON.parse(message.data)); });
@@ -269,6 +274,6 @@
     });
     window.addEventListener("resize", function () { LabCharts.fit(charts.map(function (chart) { return chart.plot; })); });
     window.labJobPage = { charts: charts, store: store }; // read by the browser tests
-    if (TERMINAL.indexOf(page.job.status) < 0) connect(); else setLive(false);
+    if (TERMINAL.indexOf(page.job.status) < 0) connect(); else finished();
   });
 })();

@@ -1,0 +1,172 @@
+"""The dashboard in headless Chromium (Debian's ``chromium``, driven by Playwright; nothing
+downloads a browser) against a live stack: uvicorn, a Celery worker with beat, and the engine on
+the tiny model. A user logs in, submits a job from the form, watches the reward chart gain points
+from the live stream without reloading, opens a rollout and sees the job succeed; an outsider's
+session gets a 404. A screenshot of the job page is saved as an artifact (its path is printed).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from tests.conftest import PASSWORD
+from tests.stack import LabStack
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("default_prices"),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
+]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+SPEC = """\
+name = "addition-live"
+model = "lab/tiny-random-llama"
+max_steps = 30
+batch_size = 8
+rollouts_per_example = 4
+learning_rate = 1e-3
+lora_rank = 8
+lora_alpha = 16
+seed = 0
+
+[sampling]
+max_tokens = 8
+temperature = 1.0
+
+[[env]]
+id = "lab/addition"
+args = { max_operand = 9 }
+
+[eval]
+interval = 10
+num_examples = 4
+
+[checkpoints]
+interval = 10
+keep_last = 2
+
+[resources]
+gpu_type = "cpu"
+gpus = 0
+"""
+
+
+@pytest.fixture
+def stack(tmp_path, settings):
+    lab = LabStack(tmp_path / "lab", LAB_STOP_GRACE_S="2", LAB_KILL_GRACE_S="5")
+    settings.LAB_DATA_DIR = lab.data_dir
+    try:
+        yield lab.start()
+    finally:
+        lab.stop()
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def log_in(browser, stack: LabStack, email: str):
+    context = browser.new_context(base_url=stack.base_url, viewport={"width": 1440, "height": 1000})
+    page = context.new_page()
+    page.goto("/login/")
+    page.fill("input[name=username]", email)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("form button[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+    return page
+
+
+def artifacts_dir() -> Path:
+    root = Path(os.environ.get("LAB_TEST_ARTIFACTS") or Path(os.environ.get("LAB_DATA_DIR", "var")) / "test-artifacts")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def chart_points(page) -> int:
+    """How many steps the reward chart draws right now."""
+    return page.evaluate("() => window.labJobPage ? window.labJobPage.charts[0].plot.data[0].length : -1")
+
+
+def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsider, stack, browser):
+    page = log_in(browser, stack, owner.user.email)
+    page.goto("/o/acme/p/default/jobs/new/")
+    assert page.input_value("textarea").startswith("# A fast smoke job")
+    page.fill("textarea", SPEC)
+    page.click("button[value=estimate]")
+    page.wait_for_selector("#estimate")
+    assert "Queue position" in page.inner_text("#estimate")
+    page.click("#submit-job")
+    page.wait_for_url("**/jobs/job_*/")
+    job_url = page.url
+    job_id = job_url.rstrip("/").rsplit("/", 1)[1]
+    page.wait_for_function("() => window.labJobPage !== undefined")
+    page.evaluate("() => { window.notReloaded = true; }")
+
+    # The reward chart gains points from the live stream while the job runs.
+    deadline = time.monotonic() + 240
+    seen: list[tuple[int, str]] = []
+    while time.monotonic() < deadline:
+        status = page.inner_text("#job-status")
+        points = chart_points(page)
+        if not seen or seen[-1] != (points, status):
+            seen.append((points, status))
+        if status in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.1)
+    growing = [points for points, status in seen if status == "running" and points > 0]
+    assert len(set(growing)) >= 2, f"the chart did not grow while running: {seen}\n{stack.logs()}"
+    page.wait_for_function("() => document.getElementById('job-status').textContent === 'succeeded'", timeout=120_000)
+    page.wait_for_function("() => window.labJobPage.charts[0].plot.data[0].length === 30", timeout=30_000)
+    assert page.evaluate("() => window.notReloaded") is True
+    assert page.inner_text("#job-step") == "30"
+    assert "job.succeeded" in page.inner_text("#events")
+
+    # Open a rollout of the latest step.
+    page.wait_for_selector("#rollouts details.group")
+    page.select_option("#rollout-step", page.eval_on_selector("#rollout-step", "select => select.options[0].value"))
+    page.wait_for_selector("#rollouts tr.rollout")
+    first_group = page.locator("#rollouts details.group").first
+    assert "prompt" in first_group.inner_text().lower()
+    assert first_group.locator("td.num").count() >= 2  # reward and advantage per rollout
+
+    # Checkpoints are listed with download links; the eval chart exists.
+    page.wait_for_selector("#job-checkpoints a:has-text('Download')")
+    assert page.locator("#eval-charts figure").count() >= 1
+
+    page.evaluate("() => window.scrollTo(0, 0)")
+    shot = artifacts_dir() / f"job-page-{job_id}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"job page screenshot: {shot}")
+    if os.environ.get("LAB_DOCS_SCREENSHOT"):  # the README's picture: the top of the page as rendered anew
+        page.reload()
+        page.wait_for_selector("#rollouts details.group")
+        clip = {"x": 0, "y": 0, "width": 1440, "height": 1480}
+        page.screenshot(path=os.environ["LAB_DOCS_SCREENSHOT"], full_page=True, clip=clip)
+
+    # An outsider's session gets the 404 of a missing page.
+    stranger = log_in(browser, stack, outsider.user.email)
+    response = stranger.goto(job_url)
+    assert response.status == 404
+    assert "addition-live" not in stranger.content()
