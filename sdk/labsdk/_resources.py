@@ -269,7 +269,8 @@ class Jobs:
 
     def stream(self, job_id: str, *, last_event_id: str | None = None, from_now: bool = False) -> Iterator[StreamEvent]:
         """Follow a job live (``GET /jobs/{id}/stream``): yield typed :class:`StreamEvent` objects
-        until the ``status`` event of a finished job, then stop.
+        until Lab ends the stream after the ``status`` event of a finished job (a finished job's
+        whole history comes first), then stop.
 
         Without ``last_event_id`` the stream replays from the job's start (``from_now``:
         only what happens next); with it, everything after that event. A broken connection
@@ -279,6 +280,7 @@ class Jobs:
         path = f"jobs/{_segment(job_id)}/stream"
         last_id = last_event_id
         failures = 0
+        finished = False
         while True:
             params = {"from": "now"} if from_now and last_id is None else None
             try:
@@ -288,9 +290,13 @@ class Jobs:
                         # Only a new event is progress: every connection opens with a snapshot.
                         last_id = raw.id
                         failures = 0
+                    if event.event == "status" and isinstance(event.data, Job):
+                        finished = event.data.is_terminal
                     yield event
-                    if event.event == "status" and isinstance(event.data, Job) and event.data.is_terminal:
-                        return
+                # Lab ends the stream after the history and the status of a finished job; an
+                # end before that is a dropped connection.
+                if finished:
+                    return
                 broken: APIConnectionError | None = None
             except APIConnectionError as exc:
                 broken = exc

@@ -9,6 +9,7 @@ message on stderr, never a traceback; ``jobs wait`` also when the job did not su
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
@@ -213,6 +215,43 @@ def jobs_logs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     for line in lines:
         print(line.line)
     return EXIT_OK
+
+
+def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs watch ID``: a live table of the job's status and latest metric values, until it
+    ends (with ``--json``: one JSON line per status change and metric step). Exit 1 unless the
+    job succeeded."""
+    status: Job | None = None
+    latest: dict[str, tuple[int, float]] = {}
+    console = Console()
+
+    def render() -> Table:
+        title = "waiting for the job" if status is None else (
+            f"{status.id}  {status.status}  step {status.step}/{status.max_steps}"
+        )
+        table = _table("METRIC", "STEP", "VALUE")
+        table.title = escape(title)
+        for name in sorted(latest):
+            step, value = latest[name]
+            table.add_row(escape(name), str(step), f"{value:.6g}")
+        return table
+
+    live = None if args.json else Live(render(), console=console, auto_refresh=False)
+    with live or contextlib.nullcontext():
+        for event in client().jobs.stream(args.id):
+            if event.event == "status":
+                status = event.data
+            elif event.event == "metrics":
+                for name, value in event.data.values.items():
+                    if name not in latest or latest[name][0] <= event.data.step:
+                        latest[name] = (event.data.step, value)
+            else:
+                continue
+            if args.json:
+                print(json.dumps({"event": event.event, "data": event.data.to_dict()}), flush=True)
+            else:
+                live.update(render(), refresh=True)
+    return EXIT_OK if status is not None and status.status == "succeeded" else EXIT_FAILED
 
 
 def jobs_checkpoints(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
@@ -438,6 +477,11 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true",
                       help="follow the live stream until the job finishes (JSON lines with --json)")
     logs.set_defaults(handler=jobs_logs)
+
+    watch = job_commands.add_parser("watch", parents=[json_flag],
+                                    help="follow a job live: status and latest metrics, until it ends")
+    watch.add_argument("id", help="job id (job_...)")
+    watch.set_defaults(handler=jobs_watch)
 
     wait = job_commands.add_parser("wait", parents=[json_flag], help="wait for a job to finish, with a progress bar")
     wait.add_argument("id", help="job id (job_...)")

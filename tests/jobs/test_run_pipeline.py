@@ -161,7 +161,9 @@ def test_local_slots_bound_running_jobs(owner, spec, tmp_path, settings):
         positions_seen = []
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            jobs = [api.get(job_id) for job_id in job_ids]
+            # One list request reads every job in one query: a consistent snapshot.
+            listed = {job["id"]: job for job in api.client.get("/jobs", params={"limit": 100}).json()["data"]}
+            jobs = [listed[job_id] for job_id in job_ids]
             active = sum(job["status"] in {"starting", "running", "cancelling"} for job in jobs)
             most_active = max(most_active, active)
             positions_seen.append([job["queue_position"] for job in jobs])

@@ -8,9 +8,13 @@ without ``REDIS_URL``, through the database the server polls).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -423,3 +427,51 @@ def test_the_sdk_follows_a_job_across_a_server_restart_without_losing_or_repeati
     steps = [event.data.step for event in seen if event.event == "metrics"]
     assert steps == [1, 2, 3, 4, 5, 6]
     assert seen[-1].event == "status" and seen[-1].data.status == "succeeded"
+
+
+def _lab_command(*argv: str, key: str, base_url: str) -> subprocess.Popen:
+    """Start the installed ``lab`` command as a user would."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("LAB_")}
+    env.update(LAB_BASE_URL=base_url, LAB_API_KEY=key, NO_COLOR="1", COLUMNS="200")
+    script = Path(sys.executable).with_name("lab")
+    return subprocess.Popen([str(script), *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_lab_jobs_logs_follow_prints_each_line_once_until_the_job_ends(owner, spec, web):
+    job, engine = running_job(owner, spec, web)
+    engine.logs((1, "first"), (2, "second"))
+    command = _lab_command("jobs", "logs", job.public_id, "-f", key=owner.key, base_url=web.base_url)
+    engine.logs((2, "second"), (3, "third"))  # line 2 resent: stored and shown once
+    finish(job)
+    out, err = command.communicate(timeout=60)
+    assert command.returncode == 0, err
+    assert out.splitlines() == ["first", "second", "third"], err
+
+
+def test_lab_jobs_watch_shows_the_latest_metrics_and_exits_with_the_jobs_outcome(owner, spec, web):
+    job, engine = running_job(owner, spec, web)
+    engine.metrics(1, 2)
+    command = _lab_command("jobs", "watch", job.public_id, "--json", key=owner.key, base_url=web.base_url)
+    engine.metrics(3)
+    finish(job)
+    out, err = command.communicate(timeout=60)
+    assert command.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["data"]["step"] for line in lines if line["event"] == "metrics"] == [1, 2, 3]
+    assert lines[-1]["event"] == "status" and lines[-1]["data"]["status"] == "succeeded"
+
+    table = _lab_command("jobs", "watch", job.public_id, key=owner.key, base_url=web.base_url)
+    out, err = table.communicate(timeout=60)
+    assert table.returncode == 0, err
+    assert job.public_id in out and "succeeded  step 3/3" in out
+    assert [line.split() for line in out.splitlines() if line.startswith("reward/mean")][-1] == ["reward/mean", "3", "0.3"]
+
+    job2 = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    job_transition(job=job2, to=JobStatus.CANCELLED)
+    cancelled = _lab_command("jobs", "watch", job2.public_id, key=owner.key, base_url=web.base_url)
+    cancelled.communicate(timeout=60)
+    assert cancelled.returncode == 1
+    missing = _lab_command("jobs", "watch", "job_missing", key=owner.key, base_url=web.base_url)
+    _, err = missing.communicate(timeout=60)
+    assert missing.returncode == 1
+    assert err == "error: No such job. (not_found)\n"
