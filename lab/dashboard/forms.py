@@ -134,7 +134,6 @@ class ApiKeyCreateForm(forms.Form):
         return [str(scope) for scope in self.ACCESS_SCOPES[self.cleaned_data["access"]]]
 
 
-
 class JobSpecForm(forms.Form):
     """The "New job" editor: a spec as TOML or JSON text.
 
@@ -144,7 +143,7 @@ class JobSpecForm(forms.Form):
     for the spec as a whole) so the page can show each next to its field.
     """
 
-    FORMATS = [("toml", "TOML"), ("json", "JSON")]
+    FORMATS = (("toml", "TOML"), ("json", "JSON"))
 
     format = forms.ChoiceField(choices=FORMATS, initial="toml", widget=forms.RadioSelect)
     spec = forms.CharField(
@@ -169,7 +168,9 @@ class JobSpecForm(forms.Form):
         try:
             cleaned["data"] = decode_spec(text, format)
         except SpecError as error:
-            self.add_problems([{"param": problem.param, "code": problem.code, "message": problem.message} for problem in error.errors])
+            self.add_problems(
+                [{"param": problem.param, "code": problem.code, "message": problem.message} for problem in error.errors]
+            )
             raise ValidationError("The spec could not be read.", code="invalid_spec") from None
         return cleaned
 
@@ -194,7 +195,11 @@ class JobSpecForm(forms.Form):
 class WebhookEndpointForm(forms.Form):
     """A new webhook endpoint: its URL and the event types it receives (the service checks the URL)."""
 
-    url = forms.CharField(max_length=2048, label="Endpoint URL", widget=forms.URLInput(attrs={"placeholder": "https://example.com/lab-webhooks"}))
+    url = forms.CharField(
+        max_length=2048,
+        label="Endpoint URL",
+        widget=forms.URLInput(attrs={"placeholder": "https://example.com/lab-webhooks"}),
+    )
     events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, label="Events")
 
     def __init__(self, *args, **kwargs):

@@ -19,7 +19,7 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods
 
 from jobs.checkpoints import checkpoint_download_response
 from jobs.estimates import job_estimate
@@ -105,7 +105,7 @@ def jobs_table(request: HttpRequest, access: OrganizationAccess, project: Projec
 @require_http_methods(["GET", "POST"])
 @project_view
 def job_create(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
-    """"New job": edit a spec (pre-filled from an example), see its estimate, then submit it.
+    """ "New job": edit a spec (pre-filled from an example), see its estimate, then submit it.
 
     A POST validates the spec through ``jobs.estimates.job_estimate`` (what ``POST /jobs/estimate``
     does) and shows every problem next to its line, or the estimate with a "Submit" button. The
@@ -125,10 +125,15 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
                 if confirmed:
                     job = job_submit(project=project, actor=_actor(request), data=data)
                     messages.success(request, f"Submitted {job.name or job.public_id}.")
-                    return redirect("job", org_slug=access.organization.slug, project_slug=project.slug, job_id=job.public_id)
+                    return redirect(
+                        "job", org_slug=access.organization.slug, project_slug=project.slug, job_id=job.public_id
+                    )
                 estimate = job_estimate(project=project, data=data)
             except ApiError as error:
-                form.add_problems([item.as_dict() for item in error.errors] or [{"param": error.param, "code": error.code, "message": error.message}])
+                form.add_problems(
+                    [item.as_dict() for item in error.errors]
+                    or [{"param": error.param, "code": error.code, "message": error.message}]
+                )
     context = {
         "project": project,
         "form": form,
@@ -191,7 +196,9 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
 def job_header(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
     """The job page's status header alone (status, reason, queue position, progress, actions)."""
     job = _job(project, job_id)
-    return _render(request, "dashboard/_job_header.html", {**_job_header_context(job), "project": project}, access=access)
+    return _render(
+        request, "dashboard/_job_header.html", {**_job_header_context(job), "project": project}, access=access
+    )
 
 
 @require_GET

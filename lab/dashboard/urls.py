@@ -132,7 +132,11 @@ urlpatterns = [
     path(_JOB + "data/logs/", job_views.job_logs_data, name="job_logs_data"),
     path(_JOB + "cancel/", job_views.job_cancel_view, name="job_cancel"),
     path(_JOB + "restart/", job_views.job_restart_view, name="job_restart"),
-    path(_PROJECT + "checkpoints/<str:checkpoint_id>/download/", job_views.checkpoint_download, name="checkpoint_download"),
+    path(
+        _PROJECT + "checkpoints/<str:checkpoint_id>/download/",
+        job_views.checkpoint_download,
+        name="checkpoint_download",
+    ),
     path(_PROJECT + "webhooks/", webhook_views.webhooks, name="webhooks"),
     path(_ENDPOINT, webhook_views.webhook_endpoint, name="webhook_endpoint"),
     path(_ENDPOINT + "enabled/", webhook_views.webhook_endpoint_enabled, name="webhook_endpoint_enabled"),

@@ -365,4 +365,3 @@ def not_found_page(request: HttpRequest, exception=None) -> HttpResponse:
     if request.path.startswith("/api/"):
         return JsonResponse(not_found().body(), status=404)
     return _render(request, "404.html", status=404)
-

@@ -77,7 +77,9 @@ def webhooks(request: HttpRequest, access: OrganizationAccess, project: Project)
 
 @require_GET
 @project_view
-def webhook_endpoint(request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str) -> HttpResponse:
+def webhook_endpoint(
+    request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str
+) -> HttpResponse:
     """One endpoint with its deliveries, newest first (``?status=`` pending, succeeded or failed)."""
     endpoint = _endpoint(project, endpoint_id)
     return _endpoint_page(request, access, project, endpoint)
@@ -119,7 +121,9 @@ def _back(access, project, endpoint) -> HttpResponse:
 
 @require_POST
 @project_view
-def webhook_endpoint_enabled(request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str) -> HttpResponse:
+def webhook_endpoint_enabled(
+    request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str
+) -> HttpResponse:
     """Enable (``enabled=true``) or disable (``enabled=false``) an endpoint (owners and admins)."""
     access.require_manager()
     endpoint = _endpoint(project, endpoint_id)
@@ -134,7 +138,9 @@ def webhook_endpoint_enabled(request: HttpRequest, access: OrganizationAccess, p
 
 @require_POST
 @project_view
-def webhook_endpoint_rotate(request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str) -> HttpResponse:
+def webhook_endpoint_rotate(
+    request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str
+) -> HttpResponse:
     """Give the endpoint a new secret and show it once (the old one also signs for 24 hours)."""
     access.require_manager()
     endpoint = services.endpoint_rotate_secret(endpoint=_endpoint(project, endpoint_id), actor=_actor(request))
@@ -143,7 +149,9 @@ def webhook_endpoint_rotate(request: HttpRequest, access: OrganizationAccess, pr
 
 @require_POST
 @project_view
-def webhook_endpoint_test(request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str) -> HttpResponse:
+def webhook_endpoint_test(
+    request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str
+) -> HttpResponse:
     """Send a ``webhook.test`` event to the endpoint (owners and admins)."""
     access.require_manager()
     endpoint = _endpoint(project, endpoint_id)
@@ -158,7 +166,9 @@ def webhook_endpoint_test(request: HttpRequest, access: OrganizationAccess, proj
 
 @require_http_methods(["GET", "POST"])
 @project_view
-def webhook_endpoint_delete(request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str) -> HttpResponse:
+def webhook_endpoint_delete(
+    request: HttpRequest, access: OrganizationAccess, project: Project, endpoint_id: str
+) -> HttpResponse:
     """Confirm (GET), then delete (POST) an endpoint with its deliveries (owners and admins)."""
     access.require_manager()
     endpoint = _endpoint(project, endpoint_id)
@@ -166,7 +176,9 @@ def webhook_endpoint_delete(request: HttpRequest, access: OrganizationAccess, pr
         services.endpoint_delete(endpoint=endpoint, actor=_actor(request))
         messages.success(request, "Deleted the webhook endpoint.")
         return redirect("webhooks", org_slug=access.organization.slug, project_slug=project.slug)
-    return _render(request, "dashboard/webhook_endpoint_delete.html", {"project": project, "endpoint": endpoint}, access=access)
+    return _render(
+        request, "dashboard/webhook_endpoint_delete.html", {"project": project, "endpoint": endpoint}, access=access
+    )
 
 
 @require_POST

@@ -31,7 +31,10 @@ class Engine:
         self.post("status", {"attempt": 1, "phase": "running", "step": step})
 
     def metrics(self, *points: tuple[int, dict]) -> None:
-        self.post("metrics", {"attempt": 1, "points": [{"step": step, "time": NOW, "values": values} for step, values in points]})
+        self.post(
+            "metrics",
+            {"attempt": 1, "points": [{"step": step, "time": NOW, "values": values} for step, values in points]},
+        )
 
     def samples(self, step: int, rows: list[dict]) -> None:
         self.post("samples", {"attempt": 1, "samples": [{"step": step, "metrics": {}, **row} for row in rows]})
@@ -39,7 +42,12 @@ class Engine:
     def logs(self, *lines: str) -> None:
         self.post(
             "logs",
-            {"attempt": 1, "lines": [{"seq": index, "time": NOW, "stream": "stdout", "line": line} for index, line in enumerate(lines)]},
+            {
+                "attempt": 1,
+                "lines": [
+                    {"seq": index, "time": NOW, "stream": "stdout", "line": line} for index, line in enumerate(lines)
+                ],
+            },
         )
 
 

@@ -42,7 +42,9 @@ def without_csrf(response) -> str:
 
 
 def page_data(response) -> dict:
-    match = re.search(r'<script id="job-data" type="application/json">(.*?)</script>', response.content.decode(), re.S)
+    match = re.search(
+        r'<script id="job-data" type="application/json">(.*?)</script>', response.content.decode(), re.DOTALL
+    )
     assert match, "the page carries no job data"
     return json.loads(match.group(1))
 
@@ -128,7 +130,15 @@ def test_validating_shows_the_estimate_and_creates_nothing(owner, owner_client):
     response = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "estimate"})
     assert response.status_code == 200
     estimate = response.context["estimate"]
-    assert set(estimate) == {"gpu_seconds", "cpu_seconds", "cost_usd", "queue_position", "can_start_now", "reason", "warnings"}
+    assert set(estimate) == {
+        "gpu_seconds",
+        "cpu_seconds",
+        "cost_usd",
+        "queue_position",
+        "can_start_now",
+        "reason",
+        "warnings",
+    }
     assert estimate["cpu_seconds"] > 0
     content = response.content.decode()
     assert 'id="estimate"' in content and 'id="submit-job"' in content
@@ -157,7 +167,8 @@ def test_a_member_submits_json_too(member, member_client, spec):
     estimated = member_client.post(PROJECT + "jobs/new/", {"format": "json", "spec": text, "action": "estimate"})
     assert estimated.context["estimate"] is not None
     member_client.post(
-        PROJECT + "jobs/new/", {"format": "json", "spec": text, "action": "submit", "estimated": estimated.context["digest"]}
+        PROJECT + "jobs/new/",
+        {"format": "json", "spec": text, "action": "submit", "estimated": estimated.context["digest"]},
     )
     assert Job.objects.get().created_by == member
 
@@ -175,10 +186,14 @@ def test_text_changed_after_the_estimate_is_estimated_again_not_submitted(owner_
 
 
 def test_every_spec_problem_is_shown_next_to_its_line(owner_client):
-    text = EXAMPLE.replace('model = "lab/tiny-random-llama"', 'model = "no/such-model"').replace(
-        'id = "lab/addition"', 'id = "primeintellect/reverse-text"'
-    ).replace("max_tokens = 8", "max_tokens = -1")
-    response = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": text, "action": "submit", "estimated": "x"})
+    text = (
+        EXAMPLE.replace('model = "lab/tiny-random-llama"', 'model = "no/such-model"')
+        .replace('id = "lab/addition"', 'id = "primeintellect/reverse-text"')
+        .replace("max_tokens = 8", "max_tokens = -1")
+    )
+    response = owner_client.post(
+        PROJECT + "jobs/new/", {"format": "toml", "spec": text, "action": "submit", "estimated": "x"}
+    )
     assert response.status_code == 200
     problems = {problem["param"]: problem for problem in response.context["form"].problems}
     lines = text.splitlines()
@@ -318,7 +333,9 @@ def test_the_job_page_serves_a_hundred_thousand_steps_downsampled(owner_client, 
     job = submit(owner, spec, max_steps=100_000)
     MetricStep.objects.bulk_create(
         (
-            MetricStep(job=job, step=step, attempt=1, time=job.created_at, values={"reward/mean": step / 1e5, "loss/mean": 1.0})
+            MetricStep(
+                job=job, step=step, attempt=1, time=job.created_at, values={"reward/mean": step / 1e5, "loss/mean": 1.0}
+            )
             for step in range(1, 100_001)
         ),
         batch_size=5000,
@@ -360,7 +377,9 @@ def test_restart_runs_a_cancelled_job_again_and_refuses_a_queued_one(owner, memb
     member_client.post(job_url(job, "restart/"))
     assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
     assert list(Job.objects.get(pk=job.pk).events.values_list("type", flat=True).order_by("id")) == [
-        "job.queued", "job.cancelled", "job.restarted"
+        "job.queued",
+        "job.cancelled",
+        "job.restarted",
     ]
 
 
@@ -376,7 +395,8 @@ def _ready_checkpoint(engine: Engine, step: int = 2) -> tuple[str, bytes]:
     Path(registered["upload"]["path"]).parent.mkdir(parents=True, exist_ok=True)
     Path(registered["upload"]["path"]).write_bytes(data)
     done = engine.post(
-        f"checkpoints/{registered['id']}/complete", {"size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        f"checkpoints/{registered['id']}/complete",
+        {"size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
     )
     assert done["status"] == "ready", done
     return registered["id"], data
@@ -427,7 +447,17 @@ def test_compare_refuses_a_job_of_another_organization(owner_client, outsider, s
 
 # --- tenancy and sign-in -------------------------------------------------------------------------
 
-JOB_GETS = ["", "header/", "checkpoints/", "rollouts/", "data/metrics/", "data/samples/", "data/logs/", "cancel/", "restart/"]
+JOB_GETS = [
+    "",
+    "header/",
+    "checkpoints/",
+    "rollouts/",
+    "data/metrics/",
+    "data/samples/",
+    "data/logs/",
+    "cancel/",
+    "restart/",
+]
 
 
 @pytest.mark.parametrize("rest", JOB_GETS)
@@ -446,7 +476,12 @@ def test_outsiders_change_nothing(owner, outsider, outsider_client, spec, runnin
     for url in (job_url(job, "cancel/"), job_url(job, "restart/"), f"/o/globex/p/default/jobs/{job.public_id}/cancel/"):
         assert outsider_client.post(url).status_code == 404
     assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
-    assert outsider_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "estimate"}).status_code == 404
+    assert (
+        outsider_client.post(
+            PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "estimate"}
+        ).status_code
+        == 404
+    )
     for url in (PROJECT, PROJECT + "jobs/table/", PROJECT + "jobs/new/", PROJECT + "compare/"):
         assert outsider_client.get(url).status_code == 404
     assert Job.objects.filter(project=outsider.project).count() == 0

@@ -45,7 +45,9 @@ def secret_in(response) -> str:
 
 
 def test_an_owner_creates_an_endpoint_and_sees_its_secret_once(owner, owner_client):
-    response = owner_client.post(WEBHOOKS, {"url": "http://127.0.0.1:8123/hook", "events": ["job.succeeded", "checkpoint.ready"]})
+    response = owner_client.post(
+        WEBHOOKS, {"url": "http://127.0.0.1:8123/hook", "events": ["job.succeeded", "checkpoint.ready"]}
+    )
     assert response.status_code == 200
     assert response["Cache-Control"] == "no-store"
     endpoint = WebhookEndpoint.objects.get()
@@ -178,14 +180,18 @@ def test_another_organizations_endpoint_and_delivery_are_404s(owner, outsider, o
     foreign = endpoint_of(outsider)
     foreign_delivery = services.endpoint_send_test(endpoint=foreign, actor=Actor(user=outsider.user))
     mine = endpoint_of(owner)
-    for client, base in ((owner_client, f"{WEBHOOKS}{foreign.public_id}/"), (outsider_client, f"{WEBHOOKS}{mine.public_id}/")):
+    for client, base in (
+        (owner_client, f"{WEBHOOKS}{foreign.public_id}/"),
+        (outsider_client, f"{WEBHOOKS}{mine.public_id}/"),
+    ):
         assert client.get(base).status_code == 404
         assert client.get(base + "delete/").status_code == 404
         for rest in ("enabled/", "rotate/", "test/", "delete/"):
             assert client.post(base + rest, {"enabled": "false"}).status_code == 404
-    assert owner_client.post(
-        f"{WEBHOOKS}{mine.public_id}/deliveries/{foreign_delivery.public_id}/redeliver/"
-    ).status_code == 404
+    assert (
+        owner_client.post(f"{WEBHOOKS}{mine.public_id}/deliveries/{foreign_delivery.public_id}/redeliver/").status_code
+        == 404
+    )
     assert outsider_client.get(WEBHOOKS).status_code == 404
     assert outsider_client.post(WEBHOOKS, {"url": "http://127.0.0.1/x", "events": ["job.failed"]}).status_code == 404
     foreign_after, mine_after = WebhookEndpoint.objects.get(pk=foreign.pk), WebhookEndpoint.objects.get(pk=mine.pk)
