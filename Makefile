@@ -35,7 +35,7 @@ demo:  ## install, then the main job end to end (python -m lab.demo; DEMO_EXIT=1
 	$(PY) -m lab.demo
 
 web: migrate  ## ASGI server
-	$(VENV)/bin/uvicorn lab.asgi:application --host $(HOST) --port $(PORT)
+	$(VENV)/bin/uvicorn lab.asgi:application --host $(HOST) --port $(PORT) --timeout-graceful-shutdown 5
 
 worker: install  ## Celery worker on every queue
 	$(VENV)/bin/celery -A lab worker --loglevel INFO --concurrency 2 -Q default,admission,reconciler,webhooks,billing

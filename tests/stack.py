@@ -86,7 +86,11 @@ class LabStack:
         """Start uvicorn and wait until it answers /healthz."""
         self._spawn(
             "web",
-            [sys.executable, "-m", "uvicorn", "lab.asgi:application", "--host", "127.0.0.1", "--port", str(self.port)],
+            [
+                sys.executable, "-m", "uvicorn", "lab.asgi:application", "--host", "127.0.0.1", "--port", str(self.port),
+                # Live streams stay open until their job ends: stop waiting for them after 5 s.
+                "--timeout-graceful-shutdown", "5",
+            ],
         )
         wait_for(self._healthy, timeout=60, what="the web server")
 

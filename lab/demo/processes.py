@@ -117,7 +117,12 @@ class LabProcesses:
         self.started_at = time.time()
         queues = ",".join(queue.value for queue in Queue)
         self._spawn(
-            "web", ["-m", "uvicorn", "lab.asgi:application", "--host", "127.0.0.1", "--port", str(self.port)]
+            "web",
+            [
+                "-m", "uvicorn", "lab.asgi:application", "--host", "127.0.0.1", "--port", str(self.port),
+                # Live streams stay open until their job ends: stop waiting for them after 5 s.
+                "--timeout-graceful-shutdown", "5",
+            ],
         )
         self._spawn(
             "worker",
