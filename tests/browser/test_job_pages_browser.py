@@ -161,6 +161,11 @@ def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsi
     page.wait_for_selector("#job-checkpoints a:has-text('Download')")
     assert page.locator("#eval-charts figure").count() >= 1
 
+    # Any other metric can be charted from the list.
+    page.select_option("#add-metric", "time/step")
+    page.wait_for_selector("#charts figure[data-metric='time/step'] canvas")
+    assert page.evaluate("() => window.labJobPage.charts.at(-1).plot.data[0].length") == 30
+
     page.evaluate("() => window.scrollTo(0, 0)")
     shot = artifacts_dir() / f"job-page-{job_id}.png"
     page.screenshot(path=str(shot), full_page=True)
@@ -170,6 +175,14 @@ def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsi
         page.wait_for_selector("#rollouts details.group")
         clip = {"x": 0, "y": 0, "width": 1440, "height": 1480}
         page.screenshot(path=os.environ["LAB_DOCS_SCREENSHOT"], full_page=True, clip=clip)
+
+    # The project page lists it as succeeded; compare overlays its reward curve.
+    page.goto("/o/acme/p/default/?status=succeeded")
+    row = page.locator(f"tr[data-job='{job_id}']")
+    assert "succeeded" in row.inner_text() and "30/30" in row.inner_text()
+    page.goto(f"/o/acme/p/default/compare/?job={job_id}")
+    page.wait_for_selector("#compare-chart canvas")
+    assert "addition-live" in page.inner_text("#compare-chart")
 
     # An outsider's session gets the 404 of a missing page.
     stranger = log_in(browser, stack, outsider.user.email)
