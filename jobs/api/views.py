@@ -137,6 +137,7 @@ class CheckpointDownloadView(ProjectAPIView):
     content_negotiation_class = ArchiveNegotiation
 
     @extend_schema(
+        operation_id="checkpoints_download",
         responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 302: None},
         description="The checkpoint archive (one uncompressed tar), or a redirect to a short-lived signed URL.",
     )
