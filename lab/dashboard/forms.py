@@ -139,8 +139,9 @@ class JobSpecForm(forms.Form):
 
     ``clean`` decodes the text (``labsdk.spec.decode_spec``) into ``cleaned_data["data"]``; the
     view validates that data through the jobs services. Problems found by either are kept in
-    ``problems`` as ``{"param", "code", "message", "line"}`` dicts (``line`` 1-based, or None
-    for the spec as a whole) so the page can show each next to its field.
+    ``problems`` as ``{"param", "code", "message", "line", "source"}`` dicts (``line`` 1-based, or
+    None for the spec as a whole; ``source`` that line's text) so the page can show each next to its
+    field.
     """
 
     FORMATS = (("toml", "TOML"), ("json", "JSON"))
@@ -179,9 +180,12 @@ class JobSpecForm(forms.Form):
         from lab.dashboard.spec_editor import param_line
 
         text, format = self.data.get("spec", ""), self.data.get("format", "toml")
+        lines = text.splitlines()
         for problem in problems:
             param = problem.get("param") or ""
-            self.problems.append({**problem, "param": param, "line": param_line(text, format, param)})
+            line = param_line(text, format, param)
+            source = lines[line - 1].strip()[:200] if line and line <= len(lines) else ""
+            self.problems.append({**problem, "param": param, "line": line, "source": source})
 
     @property
     def digest(self) -> str:

@@ -34,9 +34,11 @@ from jobs.selectors import (
     metric_points,
     sample_steps,
 )
+from jobs.queue import queue_position
 from jobs.serializers import job_to_dict
 from jobs.services import job_cancel, job_restart, job_submit
 from lab.api.errors import ApiError
+from lab.api.formats import money
 from lab.dashboard.access import OrganizationAccess, project_view
 from lab.dashboard.forms import JobSpecForm
 from lab.dashboard.spec_editor import example_named, examples
@@ -81,7 +83,7 @@ def _jobs_table_context(request: HttpRequest, project: Project) -> dict:
     return {
         "project": project,
         "page": page,
-        "jobs": [(job, job_to_dict(job)) for job in page],
+        "jobs": [(job, {"queue_position": queue_position(job), "cost_usd": money(job.cost_usd)}) for job in page],
         "status": status,
         "status_problem": status_problem,
         "statuses": JobStatus.values,
@@ -167,8 +169,9 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
     )
     events = list(job.events.order_by("-id")[:EVENTS_SHOWN])
     steps = sample_steps(job=job)
+    header = _job_header_context(job)
     context = {
-        **_job_header_context(job),
+        **header,
         "project": project,
         "events": events,
         "checkpoints": job.checkpoints.order_by("-step", "-id"),
@@ -176,7 +179,7 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
         "sample_steps": steps,
         "spec_json": json.dumps(job.spec, indent=2),
         "page_data": {
-            "job": job_to_dict(job),
+            "job": header["job_data"],
             "stream_url": f"/api/v1/jobs/{job.public_id}/stream",
             "stream_after": stream_after,
             "metrics": initial["data"],

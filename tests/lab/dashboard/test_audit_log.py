@@ -55,7 +55,8 @@ def test_it_keeps_other_organizations_entries_out(owner, outsider, owner_client)
 
 def test_it_pages_the_log_newest_first(owner, owner_client):
     AuditLogEntry.objects.bulk_create(
-        AuditLogEntry(organization=owner.organization, action="test.action", target=f"t{number}") for number in range(60)
+        AuditLogEntry(organization=owner.organization, action="test.action", target=f"t{number}")
+        for number in range(60)
     )
     total = AuditLogEntry.objects.filter(organization=owner.organization).count()
     first = owner_client.get("/o/acme/audit/")

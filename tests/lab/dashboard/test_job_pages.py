@@ -199,6 +199,7 @@ def test_every_spec_problem_is_shown_next_to_its_line(owner_client):
     lines = text.splitlines()
     assert set(problems) >= {"model", "sampling.max_tokens"}
     assert lines[problems["model"]["line"] - 1].startswith("model =")
+    assert problems["model"]["source"] == 'model = "no/such-model"'
     assert lines[problems["sampling.max_tokens"]["line"] - 1].startswith("max_tokens =")
     content = response.content.decode()
     assert 'id="spec-problems"' in content
@@ -343,6 +344,32 @@ def test_the_job_page_serves_a_hundred_thousand_steps_downsampled(owner_client, 
     data = page_data(owner_client.get(job_url(job)))
     assert 2 < len(data["metrics"]) <= data["max_points"] == 2000
     assert data["metrics"][-1]["step"] == 100_000
+
+
+def test_the_header_of_a_queued_job_shows_its_queue_position_and_reason(owner, owner_client, spec):
+    first, second = submit(owner, spec, name="first"), submit(owner, spec, name="second")
+    header = owner_client.get(job_url(second, "header/"))
+    assert header.status_code == 200
+    content = header.content.decode()
+    assert 'id="job-status">queued<' in content
+    assert 'id="job-queue-position">#2 in queue<' in content
+    assert 'id="job-status-reason">waiting<' in content
+    assert f'href="{job_url(second, "cancel/")}"' in content
+    assert "restart/" not in content
+    table = owner_client.get(PROJECT + "jobs/table/").content.decode()
+    assert "#1" in table and "#2" in table and first.public_id in table
+
+
+def test_a_failed_job_shows_its_error(owner, owner_client, spec):
+    from jobs.services import job_transition
+
+    job = job_transition(
+        job=submit(owner, spec), to=JobStatus.FAILED, error_code="oom", error_message="out of <memory>"
+    )
+    content = owner_client.get(job_url(job)).content.decode()
+    assert "<strong>oom</strong>: out of &lt;memory&gt;" in content
+    assert f'href="{job_url(job, "restart/")}"' in content
+    assert f'href="{job_url(job, "cancel/")}"' not in content
 
 
 def test_cancel_asks_to_confirm_then_cancels(owner, owner_client, spec):
