@@ -24,6 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from jobs.checkpoints import checkpoint_download_response
 from jobs.estimates import job_estimate
 from jobs.models import Checkpoint, Job, JobStatus
+from jobs.queue import queue_position
 from jobs.selectors import (
     job_list,
     job_logs,
@@ -34,7 +35,6 @@ from jobs.selectors import (
     metric_points,
     sample_steps,
 )
-from jobs.queue import queue_position
 from jobs.serializers import job_to_dict
 from jobs.services import job_cancel, job_restart, job_submit
 from lab.api.errors import ApiError
