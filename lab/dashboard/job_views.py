@@ -115,14 +115,16 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
     one whose estimate was shown; otherwise it is estimated again first.
     """
     example = example_named(request.GET.get("example"))
-    estimate = None
+    estimate, changed_since_estimate = None, False
     if request.method == "GET":
         form = JobSpecForm(initial={"format": "toml", "spec": example.text if example else ""})
     else:
         form = JobSpecForm(request.POST)
         if form.is_valid():
             data = form.cleaned_data["data"]
-            confirmed = request.POST.get("action") == "submit" and form.cleaned_data["estimated"] == form.digest
+            submitting = request.POST.get("action") == "submit"
+            confirmed = submitting and form.cleaned_data["estimated"] == form.digest
+            changed_since_estimate = submitting and not confirmed
             try:
                 if confirmed:
                     job = job_submit(project=project, actor=_actor(request), data=data)
@@ -142,6 +144,7 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
         "examples": examples(),
         "example": example,
         "estimate": estimate,
+        "changed_since_estimate": changed_since_estimate and estimate is not None,
         "digest": form.digest if estimate else "",
     }
     return _render(request, "dashboard/job_new.html", context, access=access, status=200)

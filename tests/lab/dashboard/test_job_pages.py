@@ -182,6 +182,7 @@ def test_text_changed_after_the_estimate_is_estimated_again_not_submitted(owner_
     )
     assert response.status_code == 200
     assert response.context["estimate"]["cpu_seconds"] > estimated.context["estimate"]["cpu_seconds"]
+    assert 'id="estimate-changed"' in response.content.decode()
     assert Job.objects.count() == 0
 
 
