@@ -49,23 +49,43 @@ def checkpoint_register(*, job: Job, attempt: JobAttempt, step: int, format: str
     return checkpoint, storage.upload_target(checkpoint.storage_key)
 
 
-@transaction.atomic
 def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256: str) -> Checkpoint:
     """Verify the stored archive's size (bytes) and hex SHA-256: ``ready`` when they match, else ``failed``.
 
-    Completing an already ready checkpoint again is a no-op. A failed one's object is deleted.
-    Raises ApiError 404 for a checkpoint of another job and 409 for one that already failed.
+    The archive is read (on S3: downloaded) before any row is locked, so a large one does not
+    hold up the job's other reports; the outcome is then applied under the job's lock unless a
+    concurrent completion got there first. Completing an already ready checkpoint again is a
+    no-op. A failed one's object is deleted. Raises ApiError 404 for a checkpoint of another job
+    and 409 for one that already failed.
     """
-    job = Job.objects.select_for_update().get(pk=job.pk)
-    checkpoint = Checkpoint.objects.select_for_update().filter(job=job, public_id=checkpoint_id).first()
-    if checkpoint is None:
-        raise ApiError(404, "not_found", "No such checkpoint.")
+    checkpoint = _completable(job=job, checkpoint_id=checkpoint_id)
     if checkpoint.status == CheckpointStatus.READY:
         return checkpoint
+    stored = storage.stored_size_and_sha256(checkpoint.storage_key, expected_size=size_bytes)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        checkpoint = _completable(job=job, checkpoint_id=checkpoint_id, lock=True)
+        if checkpoint.status == CheckpointStatus.READY:
+            return checkpoint
+        return _apply_verification(job=job, checkpoint=checkpoint, stored=stored, expected=(size_bytes, sha256))
+
+
+def _completable(*, job: Job, checkpoint_id: str, lock: bool = False) -> Checkpoint:
+    """Return ``job``'s checkpoint ``checkpoint_id``; 404 when it has none, 409 when it failed."""
+    rows = Checkpoint.objects.select_for_update() if lock else Checkpoint.objects.all()
+    checkpoint = rows.filter(job=job, public_id=checkpoint_id).first()
+    if checkpoint is None:
+        raise ApiError(404, "not_found", "No such checkpoint.")
     if checkpoint.status == CheckpointStatus.FAILED:
         raise ApiError(409, "invalid_state", "This checkpoint already failed verification.")
-    stored = storage.stored_size_and_sha256(checkpoint.storage_key)
-    if stored == (size_bytes, sha256):
+    return checkpoint
+
+
+def _apply_verification(
+    *, job: Job, checkpoint: Checkpoint, stored: tuple[int, str] | None, expected: tuple[int, str]
+) -> Checkpoint:
+    """Mark a locked ``uploading`` checkpoint ``ready`` or ``failed`` from what is stored."""
+    if stored == expected:
         checkpoint.status = CheckpointStatus.READY
         checkpoint.size_bytes, checkpoint.sha256 = stored
         checkpoint.ready_at = timezone.now()
@@ -84,7 +104,12 @@ def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256
         stream_records.number(job.pk, [checkpoint])
         checkpoint.save(update_fields=["status", "stream_seq"])
         publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
-        found = "nothing" if stored is None else f"{stored[0]} bytes with SHA-256 {stored[1][:12]}…"
+        if stored is None:
+            found = "nothing"
+        elif stored[1]:
+            found = f"{stored[0]} bytes with SHA-256 {stored[1][:12]}…"
+        else:
+            found = f"{stored[0]} bytes, not the {expected[0]} reported"
         job_record_event(
             job=job,
             type="checkpoint.failed",

@@ -105,19 +105,23 @@ def open_archive(key: str):
     return storage.open(key, "rb")
 
 
-def stored_size_and_sha256(key: str) -> tuple[int, str] | None:
+def stored_size_and_sha256(key: str, *, expected_size: int | None = None) -> tuple[int, str] | None:
     """Return (size in bytes, hex SHA-256) of what is stored at ``key``, or None when absent.
 
     Reads the whole object (on S3: downloads it), so the answer is about the stored bytes, not
-    about what the uploader claims.
+    about what the uploader claims. When the stored size differs from ``expected_size`` the
+    bytes are not read and the SHA-256 is ``""``.
     """
-    try:
-        handle = open_archive(key)
-    except FileNotFoundError:
+    storage = checkpoint_storage()
+    if not storage.exists(key):
         return None
+    if expected_size is not None:
+        size = storage.size(key)
+        if size != expected_size:
+            return size, ""
     digest = hashlib.sha256()
     size = 0
-    with handle:
+    with storage.open(key, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)

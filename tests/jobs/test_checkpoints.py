@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 
 from jobs import storage
 from jobs.checkpoints import checkpoint_sweep_orphans
+from jobs.tasks import sweep_orphan_checkpoints
 from jobs.ingest.tokens import job_token
 from jobs.models import Checkpoint, Job, JobEvent, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
@@ -142,6 +143,40 @@ def test_it_marks_a_tampered_upload_failed_and_deletes_what_was_stored(owner, sp
     assert again.status_code == 409
 
 
+def test_a_size_that_differs_fails_without_hashing_and_says_what_was_found(owner, spec):
+    job, engine, base = start(owner, spec)
+    registered = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 5, "format": "peft-lora"}, format="json").json()
+    Path(registered["upload"]["path"]).write_bytes(b"short")
+    answer = engine.post(
+        f"{base}/checkpoints/{registered['id']}/complete",
+        {"size_bytes": 6, "sha256": hashlib.sha256(b"short!").hexdigest()},
+        format="json",
+    )
+    assert answer.json() == {"id": registered["id"], "status": "failed"}
+    event = JobEvent.objects.get(job=job, type="checkpoint.failed")
+    assert event.message == "Checkpoint of step 5 failed verification: found 5 bytes, not the 6 reported."
+    nothing = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 6, "format": "peft-lora"}, format="json").json()
+    engine.post(f"{base}/checkpoints/{nothing['id']}/complete", {"size_bytes": 6, "sha256": "0" * 64}, format="json")
+    assert JobEvent.objects.filter(job=job, type="checkpoint.failed").latest("id").message == (
+        "Checkpoint of step 6 failed verification: found nothing."
+    )
+
+
+def test_completing_a_ready_checkpoint_again_changes_nothing(owner, spec):
+    job, engine, base = start(owner, spec)
+    ckpt = upload(engine, base, 1, b"weights")
+    before = Checkpoint.objects.get(public_id=ckpt["id"])
+    again = engine.post(
+        f"{base}/checkpoints/{ckpt['id']}/complete", {"size_bytes": 1, "sha256": "0" * 64}, format="json"
+    )
+    assert again.json() == {"id": ckpt["id"], "status": "ready"}
+    after = Checkpoint.objects.get(public_id=ckpt["id"])
+    assert (after.status, after.size_bytes, after.sha256, after.ready_at) == (
+        before.status, before.size_bytes, before.sha256, before.ready_at
+    )
+    assert JobEvent.objects.filter(job=job, type="checkpoint.ready").count() == 1
+
+
 def test_it_refuses_to_complete_another_jobs_checkpoint(owner, spec):
     _, engine_a, base_a = start(owner, spec)
     job_b, engine_b, base_b = start(owner, spec)
@@ -216,7 +251,10 @@ def test_the_orphan_sweep_removes_old_objects_without_a_row_and_spares_young_one
     two_hours_ago = time.time() - 7200
     for path in (kept_path, old_orphan):
         os.utime(path, (two_hours_ago, two_hours_ago))
-    assert checkpoint_sweep_orphans() == 1
+    assert sweep_orphan_checkpoints() == 1  # the beat task
+    assert "sweep-orphan-checkpoints" in {
+        name for name, entry in settings.CELERY_BEAT_SCHEDULE.items() if entry["task"] == sweep_orphan_checkpoints.name
+    }
     assert not old_orphan.exists()
     assert kept_path.exists() and young_orphan.exists()
     assert checkpoint_sweep_orphans() == 0  # idempotent
