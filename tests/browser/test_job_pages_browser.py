@@ -146,6 +146,9 @@ def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsi
     page.wait_for_function("() => document.getElementById('job-status').textContent === 'succeeded'", timeout=120_000)
     page.wait_for_function("() => window.labJobPage.charts[0].plot.data[0].length === 30", timeout=30_000)
     assert page.evaluate("() => window.notReloaded") is True
+    # reward/mean is drawn raw and smoothed, inside a band of ± reward/std.
+    assert page.evaluate("() => window.labJobPage.charts[0].plot.data.length") == 5
+    assert page.evaluate("() => window.labJobPage.charts[0].plot.bands.length") == 1
     assert page.inner_text("#job-step") == "30"
     assert "job.succeeded" in page.inner_text("#events")
 

@@ -528,3 +528,21 @@ def test_signed_out_visitors_are_sent_to_log_in(client, owner, spec):
     for url in (PROJECT, PROJECT + "jobs/new/", job_url(job), job_url(job, "data/metrics/"), PROJECT + "compare/"):
         response = client.get(url)
         assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_the_vendored_libraries_are_served_with_their_licences(owner_client):
+    from django.contrib.staticfiles import finders
+
+    for path in (
+        "vendor/htmx-2.0.11/htmx.min.js",
+        "vendor/htmx-2.0.11/LICENSE",
+        "vendor/uplot-1.6.32/uPlot.iife.min.js",
+        "vendor/uplot-1.6.32/uPlot.min.css",
+        "vendor/uplot-1.6.32/LICENSE",
+        "js/job.js",
+        "js/charts.js",
+    ):
+        assert finders.find(path), path
+    assert "Zero-Clause BSD" in Path(finders.find("vendor/htmx-2.0.11/LICENSE")).read_text()
+    assert "MIT" in Path(finders.find("vendor/uplot-1.6.32/LICENSE")).read_text()
+    assert b'version:"2.0.11"' in Path(finders.find("vendor/htmx-2.0.11/htmx.min.js")).read_bytes().replace(b" ", b"")
