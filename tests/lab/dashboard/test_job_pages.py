@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from jobs.models import Job, JobStatus, MetricStep
+from jobs.webhooks.models import WebhookEndpoint
 from lab.dashboard.spec_editor import param_line
 from lab.models import AuditLogEntry
 from tests.lab.dashboard.jobs_helpers import Engine, submit
@@ -546,3 +547,39 @@ def test_the_vendored_libraries_are_served_with_their_licences(owner_client):
     assert "Zero-Clause BSD" in Path(finders.find("vendor/htmx-2.0.11/LICENSE")).read_text()
     assert "MIT" in Path(finders.find("vendor/uplot-1.6.32/LICENSE")).read_text()
     assert b'version:"2.0.11"' in Path(finders.find("vendor/htmx-2.0.11/htmx.min.js")).read_bytes().replace(b" ", b"")
+
+
+HOSTILE_QUERIES = [
+    "?status=%00&page=-1",
+    "?step=99999999999999999999&page=abc",
+    "?names=" + "a," * 5000 + "&max_points=10001&after_step=-7",
+    "?job=%F0%9F%92%A5&job=" + "x" * 300 + "&metric=" + "m" * 300,
+    "?example=%2e%2e%2f%2e%2e%2fsettings&status=%ED%A0%80",
+    "?limit=0&after=-1&last_event_id=%3Cscript%3E",
+]
+
+
+@pytest.mark.parametrize("query", HOSTILE_QUERIES)
+def test_hostile_query_strings_never_cause_a_server_error(owner, owner_client, member_client, running_job, query):
+    job = running_job.job
+    endpoint = WebhookEndpoint.objects.create(project=owner.project, url="http://127.0.0.1:9/x", secret="whsec_x")
+    urls = [
+        PROJECT,
+        PROJECT + "jobs/table/",
+        PROJECT + "jobs/new/",
+        PROJECT + "compare/",
+        PROJECT + "webhooks/",
+        f"{PROJECT}webhooks/{endpoint.public_id}/",
+        *(job_url(job, rest) for rest in JOB_GETS),
+    ]
+    for client in (owner_client, member_client):
+        for url in urls:
+            response = client.get(url + query)
+            assert response.status_code in (200, 400, 404), (url + query[:80], response.status_code)
+
+
+def test_a_member_reads_every_job_page(member_client, running_job):
+    job = running_job.job
+    for rest in ("", "header/", "checkpoints/", "rollouts/", "data/metrics/", "data/samples/", "data/logs/"):
+        assert member_client.get(job_url(job, rest)).status_code == 200, rest
+    assert member_client.get(f"{PROJECT}compare/?job={job.public_id}").status_code == 200
