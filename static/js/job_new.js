@@ -11,3 +11,15 @@ document.querySelectorAll(".line-link").forEach(function (link) {
     area.scrollTop = Math.max(0, (line - 5) * lineHeight);
   });
 });
+
+// One submission per click: a second press while the first is on its way does nothing (a double
+// click on "Submit job" would otherwise queue the job twice).
+(function () {
+  var form = document.getElementById("job-form");
+  if (!form) return;
+  form.addEventListener("submit", function (event) {
+    if (form.dataset.sending) { event.preventDefault(); return; }
+    form.dataset.sending = "1";
+  });
+  window.addEventListener("pageshow", function () { delete form.dataset.sending; });
+})();
