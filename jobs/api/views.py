@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.http import JsonResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from labsdk.spec import job_spec_json_schema
+from rest_framework.exceptions import NotAcceptable
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -122,7 +123,7 @@ class ArchiveNegotiation(DefaultContentNegotiation):
     def select_renderer(self, request, renderers, format_suffix=None):
         try:
             return super().select_renderer(request, renderers, format_suffix)
-        except Exception:  # NotAcceptable: the archive is the answer anyway
+        except NotAcceptable:  # the archive is the answer anyway
             return renderers[0], renderers[0].media_type
 
 

@@ -307,3 +307,54 @@ def test_an_engine_downloads_its_init_checkpoint_but_no_other(owner, outsider, s
     assert anonymous.status_code == 401
     wrong_job = follower_engine.get(f"{base}/checkpoints/{init}/download")
     assert wrong_job.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("", {"BACKEND": "django.core.files.storage.FileSystemStorage"}),
+        ("s3://bucket", {"BACKEND": "storages.backends.s3.S3Storage", "bucket_name": "bucket", "location": ""}),
+        ("s3://bucket/a/b/", {"BACKEND": "storages.backends.s3.S3Storage", "bucket_name": "bucket", "location": "a/b"}),
+    ],
+)
+def test_lab_storage_url_chooses_the_backend(url, expected, monkeypatch):
+    from lab.settings import _checkpoint_storage
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    entry = _checkpoint_storage(url)
+    assert entry["BACKEND"] == expected["BACKEND"]
+    for name in ("bucket_name", "location"):
+        if name in expected:
+            assert entry["OPTIONS"][name] == expected[name]
+    if url:
+        assert entry["OPTIONS"]["endpoint_url"] == "http://127.0.0.1:9000"
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/x", "s3://", "s3:/bucket", "/tmp/checkpoints"])
+def test_a_malformed_lab_storage_url_stops_startup(url):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from lab.settings import _checkpoint_storage
+
+    with pytest.raises(ImproperlyConfigured, match="LAB_STORAGE_URL must be empty or s3://bucket"):
+        _checkpoint_storage(url)
+
+
+def test_a_download_answers_whatever_the_client_accepts(owner, spec):
+    _, engine, base = start(owner, spec)
+    ckpt = upload(engine, base, 1, b"bytes")
+    for accept in ("application/x-tar", "*/*", "text/html", "application/json"):
+        answer = owner.client().get(f"/api/v1/checkpoints/{ckpt['id']}/download", HTTP_ACCEPT=accept)
+        assert answer.status_code == 200, accept
+    refused = owner.client().get("/api/v1/checkpoints/ckpt_missing/download", HTTP_ACCEPT="application/x-tar")
+    assert refused.status_code == 404
+    assert refused.json()["error"]["code"] == "not_found"
+
+
+def test_a_read_only_key_downloads(owner, spec):
+    from lab.services import api_key_create
+
+    _, engine, base = start(owner, spec)
+    ckpt = upload(engine, base, 1, b"bytes")
+    _, key = api_key_create(actor=Actor(user=owner.user), project=owner.project, name="read", scopes=["read"])
+    assert owner.client(key).get(f"/api/v1/checkpoints/{ckpt['id']}/download").status_code == 200
