@@ -138,3 +138,9 @@ def test_the_cli_exits_2_for_a_missing_init_path(tmp_path):
     result = _engine(tmp_path, "--init-from", str(tmp_path / "nowhere.tar"))
     assert result.returncode == 2
     assert f"--init-from {tmp_path / 'nowhere.tar'} does not exist" in result.stderr
+
+
+def test_the_cli_exits_2_when_an_offline_run_resumes_from_a_checkpoint_id(tmp_path):
+    result = _engine(tmp_path, "--resume-from", "ckpt_abc")
+    assert result.returncode == 2
+    assert "--resume-from ckpt_abc: cannot fetch it: an offline run cannot fetch checkpoint ckpt_abc" in result.stderr
