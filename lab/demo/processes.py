@@ -180,7 +180,9 @@ class LabProcesses:
         for name in ("web", "beat", "worker"):
             process = self.processes.get(name)
             if process is not None and process.poll() is None:
-                _signal_group(process.pid, signal.SIGTERM)
+                # The leader alone: Celery's main process stops its pool itself (a warm
+                # shutdown); a SIGTERM to the whole group makes it wait on children killed under it.
+                process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for name, process in list(self.processes.items()):
             try:

@@ -138,43 +138,43 @@ def register_webhook_endpoint(*, base_url: str, api_key: str, url: str) -> dict[
     return response.json()
 
 
-def follow(lab: Lab, job: labsdk.Job, *, timeout_s: float) -> labsdk.Job:
-    """Show a progress bar (step, status, latest ``reward/mean``) until the job ends; return it.
+def follow(lab: Lab, job: labsdk.Job, *, timeout_s: int) -> labsdk.Job:
+    """Follow the job's live stream (``lab.jobs.stream``) with a progress bar of its steps, status
+    and latest ``reward/mean`` until it ends; return the finished job.
 
     DemoError when ``timeout_s`` seconds pass first.
     """
-    deadline = time.monotonic() + timeout_s
+
+    def give_up(signum, frame) -> None:
+        raise DemoError(f"{job.id} did not finish within {timeout_s} s (DEMO_TIMEOUT_S); it is {job.status}")
+
     bar = tqdm(total=job.max_steps, desc=job.id, unit="step", dynamic_ncols=True, file=sys.stdout)
-    # On a terminal the bar redraws every second (its clock moves); into a pipe or a log file
-    # only when something changed, so the file stays readable.
-    redraw_always = sys.stdout.isatty()
-    last_step: int | None = None
-    reward: float | None = None
+    step, reward = 0, None
     shown: tuple | None = None
+    previous_handler = signal.signal(signal.SIGALRM, give_up)
+    signal.alarm(timeout_s)
     try:
-        while True:
-            for point in lab.jobs.metrics(job.id, names=[REWARD_METRIC], after_step=last_step):
-                last_step = point.step
-                reward = point.values.get(REWARD_METRIC, reward)
-            state = (job.step, job.status, reward)
-            if redraw_always or state != shown:
-                shown = state
-                bar.n = job.step or 0
-                postfix = {"status": job.status}
-                if reward is not None:
-                    postfix["reward"] = f"{reward:.3f}"
-                bar.set_postfix(postfix, refresh=False)
-                bar.refresh()
-            if job.is_terminal:
-                return job
-            if time.monotonic() > deadline:
-                raise DemoError(
-                    f"{job.id} did not finish within {timeout_s:.0f} s (DEMO_TIMEOUT_S); it is {job.status}"
-                )
-            time.sleep(1.0)
-            job = lab.jobs.retrieve(job.id)
+        for event in lab.jobs.stream(job.id):
+            if event.event == "status":
+                job = event.data
+            elif event.event == "metrics":
+                step = max(step, event.data.step)
+                reward = event.data.values.get(REWARD_METRIC, reward)
+            state = (step, job.status, reward)
+            if state == shown:
+                continue
+            shown = state
+            bar.n = step
+            postfix = {"status": job.status}
+            if reward is not None:
+                postfix["reward"] = f"{reward:.3f}"
+            bar.set_postfix(postfix, refresh=False)
+            bar.refresh()
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous_handler)
         bar.close()
+    return lab.jobs.retrieve(job.id)
 
 
 def reward_curve(lab: Lab, job_id: str) -> dict[int, float]:
