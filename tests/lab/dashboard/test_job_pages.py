@@ -356,10 +356,13 @@ def test_the_header_of_a_queued_job_shows_its_queue_position_and_reason(owner, o
     assert 'id="job-status">queued<' in content
     assert 'id="job-queue-position">#2 in queue<' in content
     assert 'id="job-status-reason">waiting<' in content
+    assert 'id="queue-poll"' in content
     assert f'href="{job_url(second, "cancel/")}"' in content
     assert "restart/" not in content
     table = owner_client.get(PROJECT + "jobs/table/").content.decode()
     assert "#1" in table and "#2" in table and first.public_id in table
+    owner_client.post(job_url(second, "cancel/"))
+    assert 'id="queue-poll"' not in owner_client.get(job_url(second, "header/")).content.decode()
 
 
 def test_a_failed_job_shows_its_error(owner, owner_client, spec):
