@@ -100,25 +100,30 @@ def _apply_verification(
         )
         checkpoint_apply_retention(job=job)
     else:
-        checkpoint.status = CheckpointStatus.FAILED
-        stream_records.number(job.pk, [checkpoint])
-        checkpoint.save(update_fields=["status", "stream_seq"])
-        publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
         if stored is None:
             found = "nothing"
         elif stored[1]:
             found = f"{stored[0]} bytes with SHA-256 {stored[1][:12]}…"
         else:
             found = f"{stored[0]} bytes, not the {expected[0]} reported"
-        job_record_event(
-            job=job,
-            type="checkpoint.failed",
-            level=EventLevel.WARNING,
-            message=f"Checkpoint of step {checkpoint.step} failed verification: found {found}.",
-            data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
-        )
-        _delete_after_commit(checkpoint.storage_key)
+        _mark_failed(job=job, checkpoint=checkpoint, message=f"Checkpoint of step {checkpoint.step} failed verification: found {found}.")
     return checkpoint
+
+
+def _mark_failed(*, job: Job, checkpoint: Checkpoint, message: str) -> None:
+    """Mark a locked checkpoint ``failed`` with a ``checkpoint.failed`` event; delete its object after commit."""
+    checkpoint.status = CheckpointStatus.FAILED
+    stream_records.number(job.pk, [checkpoint])
+    checkpoint.save(update_fields=["status", "stream_seq"])
+    publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
+    job_record_event(
+        job=job,
+        type="checkpoint.failed",
+        level=EventLevel.WARNING,
+        message=message,
+        data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
+    )
+    _delete_after_commit(checkpoint.storage_key)
 
 
 def checkpoint_apply_retention(*, job: Job) -> list[str]:
@@ -199,11 +204,13 @@ def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
     """Delete stored objects that no checkpoint row refers to; return how many went.
 
     Objects younger than ``LAB_ORPHAN_GRACE_S`` are left alone, so an upload that has not
-    registered its row yet, or is still being written, is never removed. Idempotent: a second
-    pass finds nothing more to delete.
+    registered its row yet, or is still being written, is never removed. First, uploads that
+    their attempt abandoned are failed (``checkpoint_fail_abandoned``). Idempotent: a second pass
+    finds nothing more to delete.
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.LAB_ORPHAN_GRACE_S)
+    checkpoint_fail_abandoned(older_than=cutoff)
     candidates = [key for key, modified in storage.iter_objects() if modified <= cutoff]
     deleted = 0
     for batch_start in range(0, len(candidates), 500):
@@ -216,6 +223,31 @@ def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
     if deleted:
         logger.info("deleted orphan checkpoint objects", extra={"count": deleted})
     return deleted
+
+
+def checkpoint_fail_abandoned(*, older_than: datetime) -> list[str]:
+    """Fail ``uploading`` checkpoints registered before ``older_than`` whose attempt is over.
+
+    An attempt is over when the job has moved on to a newer attempt or has finished: nothing
+    will complete its upload any more. Returns the public ids failed.
+    """
+    failed = []
+    stale = Checkpoint.objects.filter(status=CheckpointStatus.UPLOADING, created_at__lte=older_than)
+    for checkpoint_pk, job_pk in stale.values_list("pk", "job_id"):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job_pk)
+            checkpoint = (
+                Checkpoint.objects.select_for_update().filter(pk=checkpoint_pk, status=CheckpointStatus.UPLOADING).first()
+            )
+            if checkpoint is None or (checkpoint.attempt == job.attempt and not job.is_terminal):
+                continue
+            _mark_failed(
+                job=job,
+                checkpoint=checkpoint,
+                message=f"Checkpoint of step {checkpoint.step} failed: attempt {checkpoint.attempt} ended before completing its upload.",
+            )
+            failed.append(checkpoint.public_id)
+    return failed
 
 
 def _delete_after_commit(key: str) -> None:

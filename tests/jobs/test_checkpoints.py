@@ -358,3 +358,28 @@ def test_a_read_only_key_downloads(owner, spec):
     ckpt = upload(engine, base, 1, b"bytes")
     _, key = api_key_create(actor=Actor(user=owner.user), project=owner.project, name="read", scopes=["read"])
     assert owner.client(key).get(f"/api/v1/checkpoints/{ckpt['id']}/download").status_code == 200
+
+
+def test_the_sweep_fails_uploads_that_their_attempt_abandoned(owner, spec, settings):
+    settings.LAB_ORPHAN_GRACE_S = 3600
+    ended, ended_engine, ended_base = start(owner, spec)
+    abandoned = ended_engine.post(f"{ended_base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
+    Path(abandoned["upload"]["path"]).write_bytes(b"half an upl")
+    running, running_engine, running_base = start(owner, spec)
+    in_progress = running_engine.post(f"{running_base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
+    Path(in_progress["upload"]["path"]).write_bytes(b"still going")
+    finish(ended)
+    assert checkpoint_sweep_orphans() == 0  # inside the grace period nothing changes
+    assert Checkpoint.objects.get(public_id=abandoned["id"]).status == "uploading"
+
+    later = timezone.now() + timedelta(hours=2)
+    checkpoint_sweep_orphans(now=later)
+    assert Checkpoint.objects.get(public_id=abandoned["id"]).status == "failed"
+    assert not Path(abandoned["upload"]["path"]).exists()
+    event = JobEvent.objects.get(job=ended, type="checkpoint.failed")
+    assert event.message == "Checkpoint of step 1 failed: attempt 1 ended before completing its upload."
+    # The running attempt may still complete its upload.
+    assert Checkpoint.objects.get(public_id=in_progress["id"]).status == "uploading"
+    assert Path(in_progress["upload"]["path"]).exists()
+    checkpoint_sweep_orphans(now=later)
+    assert JobEvent.objects.filter(type="checkpoint.failed").count() == 1
