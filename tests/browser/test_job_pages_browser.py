@@ -115,7 +115,7 @@ def chart_points(page) -> int:
     return page.evaluate("() => window.labJobPage ? window.labJobPage.charts[0].plot.data[0].length : -1")
 
 
-def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsider, stack, browser):
+def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsider, stack, browser, capsys):
     page = log_in(browser, stack, owner.user.email)
     page.goto("/o/acme/p/default/jobs/new/")
     assert page.input_value("textarea").startswith("# A fast smoke job")
@@ -172,7 +172,8 @@ def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsi
     page.evaluate("() => window.scrollTo(0, 0)")
     shot = artifacts_dir() / f"job-page-{job_id}.png"
     page.screenshot(path=str(shot), full_page=True)
-    print(f"job page screenshot: {shot}")
+    with capsys.disabled():  # shown even when output is captured
+        print(f"\njob page screenshot: {shot}")
     if os.environ.get("LAB_DOCS_SCREENSHOT"):  # the README's picture: the top of the page as rendered anew
         page.reload()
         page.wait_for_selector("#rollouts details.group")
