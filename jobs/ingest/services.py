@@ -37,7 +37,7 @@ from jobs.models import (
     MetricStep,
     RolloutSample,
 )
-from jobs.services import job_record_event, job_transition, store_log_lines
+from jobs.services import job_transition, store_log_lines
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
 from lab.api.errors import ApiError

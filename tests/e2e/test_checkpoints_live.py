@@ -102,7 +102,7 @@ def adapter_weights(directory) -> dict[str, torch.Tensor]:
 
 
 def test_a_tiny_jobs_checkpoint_downloads_loads_with_peft_and_seeds_another_job(stack, storage_kind, owner, tmp_path):
-    kind, _, s3 = storage_kind
+    _, _, s3 = storage_kind
     with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
         source = lab.jobs.create(SPEC)
         wait_done(lab, stack, source.id)

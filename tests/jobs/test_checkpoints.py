@@ -16,10 +16,10 @@ from rest_framework.test import APIClient
 
 from jobs import storage
 from jobs.checkpoints import checkpoint_sweep_orphans
-from jobs.tasks import sweep_orphan_checkpoints
 from jobs.ingest.tokens import job_token
 from jobs.models import Checkpoint, Job, JobEvent, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
+from jobs.tasks import sweep_orphan_checkpoints
 from lab.services import Actor
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,7 +112,7 @@ def test_it_answers_400_for_a_nul_in_a_checkpoint_id(owner):
 
 
 def test_it_refuses_to_download_a_checkpoint_that_is_not_ready(owner, spec):
-    job, engine, base = start(owner, spec)
+    _, engine, base = start(owner, spec)
     uploading = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
     failed = upload(engine, base, 2, b"stored", claimed=b"claimed")
     assert failed["status"] == "failed"
@@ -121,6 +121,7 @@ def test_it_refuses_to_download_a_checkpoint_that_is_not_ready(owner, spec):
         assert answer.status_code == 409
         assert answer.json()["error"]["code"] == "checkpoint_not_ready"
         assert status in answer.json()["error"]["message"]
+        assert Checkpoint.objects.get(public_id=ckpt_id).status == status
 
 
 def test_it_marks_a_tampered_upload_failed_and_deletes_what_was_stored(owner, spec):
@@ -179,7 +180,7 @@ def test_completing_a_ready_checkpoint_again_changes_nothing(owner, spec):
 
 def test_it_refuses_to_complete_another_jobs_checkpoint(owner, spec):
     _, engine_a, base_a = start(owner, spec)
-    job_b, engine_b, base_b = start(owner, spec)
+    _, engine_b, base_b = start(owner, spec)
     ckpt = engine_a.post(f"{base_a}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
     Path(ckpt["upload"]["path"]).write_bytes(b"a")
     answer = engine_b.post(
@@ -289,11 +290,11 @@ def test_the_ready_webhook_links_to_the_download_endpoint(owner, spec, settings)
 
 
 def test_an_engine_downloads_its_init_checkpoint_but_no_other(owner, outsider, spec):
-    source, engine, base = start(owner, spec)
+    _, engine, base = start(owner, spec)
     init = upload(engine, base, 1, b"init weights")["id"]
-    unrelated_job, unrelated_engine, unrelated_base = start(owner, spec)
+    _, unrelated_engine, unrelated_base = start(owner, spec)
     unrelated = upload(unrelated_engine, unrelated_base, 1, b"other")["id"]
-    foreign_job, foreign_engine, foreign_base = start(outsider, spec)
+    _, foreign_engine, foreign_base = start(outsider, spec)
     foreign = upload(foreign_engine, foreign_base, 1, b"foreign")["id"]
     follower, follower_engine, follower_base = start(owner, {**spec, "init_from": init})
     assert follower.init_from.public_id == init
@@ -365,7 +366,7 @@ def test_the_sweep_fails_uploads_that_their_attempt_abandoned(owner, spec, setti
     ended, ended_engine, ended_base = start(owner, spec)
     abandoned = ended_engine.post(f"{ended_base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
     Path(abandoned["upload"]["path"]).write_bytes(b"half an upl")
-    running, running_engine, running_base = start(owner, spec)
+    _, running_engine, running_base = start(owner, spec)
     in_progress = running_engine.post(f"{running_base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
     Path(in_progress["upload"]["path"]).write_bytes(b"still going")
     finish(ended)
