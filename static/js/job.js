@@ -216,11 +216,19 @@
     document.getElementById("live-indicator").hidden = true;
   }
 
+  var jobFinished = false;
+  var snapshotPending = false;
+
   function connect() {
     if (!window.EventSource) return;
     source = new EventSource(page.stream_url + "?last_event_id=" + encodeURIComponent(page.stream_after));
-    source.addEventListener("open", function () { setLive(true); });
-    source.addEventListener("error", function () { setLive(false); });
+    // Every connection opens with a snapshot of the job (a status event without an id).
+    source.addEventListener("open", function () { setLive(true); snapshotPending = true; });
+    // Lab ends the stream after a finished job's history; the browser would reconnect.
+    source.addEventListener("error", function () {
+      setLive(false);
+      if (jobFinished) { source.close(); finished(); }
+    });
     source.addEventListener("metrics", function (message) {
       var point = JSON.parse(message.data);
       merge([point]);
@@ -238,7 +246,12 @@
       var job = JSON.parse(message.data);
       setStep(job.step);
       document.body.dispatchEvent(new CustomEvent("job-status"));
-      if (TERMINAL.indexOf(job.status) >= 0) { source.close(); finished(); }
+      var snapshot = snapshotPending;
+      snapshotPending = false;
+      jobFinished = TERMINAL.indexOf(job.status) >= 0;
+      // After the opening snapshot the history since the last event is still to come; a
+      // terminal status from the history itself is the job's last record.
+      if (jobFinished && !snapshot) { source.close(); finished(); }
     });
     source.addEventListener("log", function (message) { appendLog(JSON.parse(message.data)); });
     source.addEventListener("event", function (message) { prependEvent(JSON.parse(message.data)); });
