@@ -6,9 +6,14 @@ its init checkpoint through a signed redirect)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import signal
+import tarfile
+
+import httpx
 
 import peft
 import pytest
@@ -20,6 +25,7 @@ from labsdk import Lab
 
 from engine.models import tiny_random_llama
 from jobs.models import Checkpoint, Job, JobAttempt, LogLine, MetricStep
+from jobs.webhooks.models import WebhookMessage
 from tests.s3server import S3Server
 from tests.stack import LabStack, wait_for
 
@@ -62,7 +68,7 @@ def storage_kind(request, tmp_path):
 @pytest.fixture
 def stack(tmp_path, settings, storage_kind):
     _, environment, _ = storage_kind
-    lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1", **environment)
+    lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1", LAB_WEBHOOK_ALLOW_PRIVATE="1", **environment)
     settings.LAB_DATA_DIR = lab.data_dir
     try:
         yield lab.start()
@@ -103,6 +109,11 @@ def adapter_weights(directory) -> dict[str, torch.Tensor]:
 
 def test_a_tiny_jobs_checkpoint_downloads_loads_with_peft_and_seeds_another_job(stack, storage_kind, owner, tmp_path):
     _, _, s3 = storage_kind
+    auth = {"Authorization": f"Bearer {owner.key}"}
+    # A subscriber, so the checkpoint.ready webhook is written (its delivery is tests/webhooks' part).
+    hook = httpx.post(f"{stack.base_url}/api/v1/webhook-endpoints", headers=auth,
+                      json={"url": "http://127.0.0.1:9/never", "events": ["checkpoint.ready"]})
+    assert hook.status_code == 201, hook.text
     with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
         source = lab.jobs.create(SPEC)
         wait_done(lab, stack, source.id)
@@ -112,7 +123,21 @@ def test_a_tiny_jobs_checkpoint_downloads_loads_with_peft_and_seeds_another_job(
             server, bucket = s3
             assert server.keys(bucket) == [f"checkpoints/{source.id}/{final.id}.tar"]
 
-        directory = lab.checkpoints.download(final.id, tmp_path / "source", progress=False)
+        # The webhook's download_url gives the archive (streamed, or a redirect to storage).
+        (message,) = [
+            json.loads(body) for body in WebhookMessage.objects.filter(type="checkpoint.ready").values_list("body", flat=True)
+        ]
+        assert message["data"]["checkpoint_id"] == final.id
+        fetched = httpx.get(message["data"]["download_url"], headers=auth, follow_redirects=True, timeout=30)
+        assert fetched.status_code == 200
+        assert hashlib.sha256(fetched.content).hexdigest() == final.sha256
+        directory = tmp_path / "source"
+        with tarfile.open(fileobj=io.BytesIO(fetched.content), mode="r:") as archive:
+            archive.extractall(directory, filter="data")
+        through_sdk = lab.checkpoints.download(final.id, tmp_path / "through-sdk", progress=False)
+        assert sorted(p.relative_to(through_sdk) for p in through_sdk.rglob("*")) == sorted(
+            p.relative_to(directory) for p in directory.rglob("*")
+        )
         state = json.loads((directory / "trainer_state" / "state.json").read_text())
         assert (state["step"], state["format"]) == (2, "peft-lora")
         base, _ = tiny_random_llama()
