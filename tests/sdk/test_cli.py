@@ -269,7 +269,7 @@ def test_checkpoints_download_writes_the_archive(lab_env, capsys, tmp_path):
     lab_env.archives["ckpt_7"] = b"archive bytes"
     target = tmp_path / "out.tar"
 
-    status, out, _ = run(capsys, "checkpoints", "download", "ckpt_7", "-o", str(target))
+    status, out, _ = run(capsys, "checkpoints", "download", "ckpt_7", "--tar", "-o", str(target))
 
     assert (status, out) == (0, f"{target}\n")
     assert target.read_bytes() == b"archive bytes"

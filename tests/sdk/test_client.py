@@ -548,7 +548,7 @@ def test_checkpoints_are_listed_and_downloaded(fake_lab, lab_client, tmp_path):
     fake_lab.archives["ckpt_1"] = b"tar" * 100_000
 
     [checkpoint] = list(lab_client.jobs.checkpoints(job["id"]))
-    saved = lab_client.checkpoints.download(checkpoint.id, tmp_path / "ckpt.tar", progress=False)
+    saved = lab_client.checkpoints.download(checkpoint.id, tmp_path / "ckpt.tar", extract=False, progress=False)
 
     assert saved == tmp_path / "ckpt.tar"
     assert saved.read_bytes() == b"tar" * 100_000
@@ -558,7 +558,7 @@ def test_a_redirected_download_never_sends_the_api_key_to_storage(fake_lab, lab_
     fake_lab.archives["ckpt_1"] = b"archive"
     fake_lab.redirect_downloads = True
 
-    saved = lab_client.checkpoints.download("ckpt_1", tmp_path / "ckpt.tar", progress=False)
+    saved = lab_client.checkpoints.download("ckpt_1", tmp_path / "ckpt.tar", extract=False, progress=False)
 
     assert saved.read_bytes() == b"archive"
     [storage_request] = [r for r in fake_lab.requests if r.path.startswith("/signed/")]
@@ -571,9 +571,9 @@ def test_a_failed_download_leaves_no_file(fake_lab, lab_client, tmp_path):
     fake_lab.truncate_downloads = True
 
     with pytest.raises(APIConnectionError, match="broke off"):
-        lab_client.checkpoints.download("ckpt_1", tmp_path / "ckpt.tar", progress=False)
+        lab_client.checkpoints.download("ckpt_1", tmp_path / "ckpt.tar", extract=False, progress=False)
     with pytest.raises(NotFoundError):
-        lab_client.checkpoints.download("ckpt_2", tmp_path / "other.tar", progress=False)
+        lab_client.checkpoints.download("ckpt_2", tmp_path / "other.tar", extract=False, progress=False)
 
     assert list(tmp_path.iterdir()) == []
 
