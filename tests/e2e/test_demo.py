@@ -199,6 +199,40 @@ def test_a_port_in_use_is_named_and_nothing_starts(tmp_path):
     assert_nothing_left(data_dir)
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(
+    not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"),
+    reason="needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)",
+)
+def test_with_database_and_redis_urls_set_it_runs_on_them(tmp_path):
+    import redis
+
+    from jobs.models import Job
+    from tests.stack import _database_url
+
+    data_dir = tmp_path / "data"
+    broker = os.environ.get("CELERY_BROKER_URL") or os.environ["REDIS_URL"]
+    redis.Redis.from_url(broker).flushdb()
+    env = demo_environment(
+        data_dir,
+        DEMO_MODEL="lab/tiny-random-llama",
+        DEMO_MAX_STEPS="3",
+        DATABASE_URL=_database_url(),
+        REDIS_URL=os.environ["REDIS_URL"],
+        CELERY_BROKER_URL=broker,
+    )
+
+    result = run_demo(env, timeout=600)
+
+    assert result.returncode == 0, result.stdout[-4000:]
+    job = Job.objects.get()
+    assert (job.status, job.step, job.project.slug, job.project.organization.slug) == ("succeeded", 3, "demo", "demo")
+    assert f"Job {job.public_id} (lab/tiny-random-llama, 3 steps) succeeded" in result.stdout
+    assert not (data_dir / "lab.sqlite3").exists()
+    assert not (data_dir / "celery-broker.sqlite3").exists()
+    assert_nothing_left(data_dir)
+
+
 @pytest.mark.real_model
 def test_the_demo_trains_smollm2_from_its_gguf_for_three_steps(tmp_path):
     data_dir = tmp_path / "data"
