@@ -440,7 +440,8 @@ class Checkpoints:
         is the file the uncompressed tar is saved as. Nothing is left at ``path`` when the
         download fails. Raises ``NotFoundError`` for a checkpoint outside this project,
         ``ConflictError`` for one that is not ready, ``ValueError`` when ``path`` is a file or
-        a non-empty directory (with ``extract``), ``APIError`` when the archive is not a tar.
+        a non-empty directory (with ``extract``), ``APIError`` when the archive is not a tar or
+        has a member that would land outside ``path``.
         """
         path = Path(path)
         route = f"checkpoints/{_segment(checkpoint_id)}/download"
@@ -459,7 +460,7 @@ class Checkpoints:
                     # "data": no links out, no absolute paths, no devices (PEP 706).
                     tar.extractall(staging, filter="data")
             except tarfile.TarError as exc:
-                raise APIError(f"checkpoint {checkpoint_id}: the downloaded archive is not a valid tar: {exc}") from exc
+                raise APIError(f"checkpoint {checkpoint_id}: cannot unpack the downloaded archive: {exc}") from exc
             if path.exists():
                 path.rmdir()
             staging.replace(path)

@@ -31,7 +31,7 @@ def test_it_unpacks_a_redirected_download(fake_lab, lab_client, tmp_path):
 
 def test_a_body_that_is_not_a_tar_is_an_error_and_leaves_nothing(fake_lab, lab_client, tmp_path):
     fake_lab.archives["ckpt_1"] = b"<html>not a tar</html>" * 100
-    with pytest.raises(APIError, match="not a valid tar"):
+    with pytest.raises(APIError, match="cannot unpack the downloaded archive"):
         lab_client.checkpoints.download("ckpt_1", tmp_path / "adapter", progress=False)
     assert list(tmp_path.iterdir()) == []
 
