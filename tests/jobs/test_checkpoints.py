@@ -384,3 +384,30 @@ def test_the_sweep_fails_uploads_that_their_attempt_abandoned(owner, spec, setti
     assert Path(in_progress["upload"]["path"]).exists()
     checkpoint_sweep_orphans(now=later)
     assert JobEvent.objects.filter(type="checkpoint.failed").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"attempt": 1, "step": 1, "format": "safetensors"}, 400, "format"),
+        ({"attempt": 1, "step": -1, "format": "peft-lora"}, 400, "step"),
+        ({"attempt": 1, "format": "peft-lora"}, 400, "step"),
+        ({"attempt": 2, "step": 1, "format": "peft-lora"}, 400, "attempt"),
+        ({"attempt": "one", "step": 1, "format": "peft-lora"}, 400, "attempt"),
+    ],
+)
+def test_a_malformed_registration_is_refused_and_creates_nothing(owner, spec, body, status, param):
+    job, engine, base = start(owner, spec)
+    answer = engine.post(f"{base}/checkpoints", body, format="json")
+    assert answer.status_code == status, answer.content
+    assert answer.json()["error"]["param"] == param
+    assert not Checkpoint.objects.filter(job=job).exists()
+    assert list(storage.iter_objects()) == []
+
+
+@pytest.mark.parametrize("bad_id", ["ckpt_" + "x" * 300, "ckpt_unknown", "..%2F..%2Fx"])
+def test_completing_an_unknown_or_malformed_checkpoint_id_is_a_404(owner, spec, bad_id):
+    _, engine, base = start(owner, spec)
+    answer = engine.post(f"{base}/checkpoints/{bad_id}/complete", {"size_bytes": 1, "sha256": "0" * 64}, format="json")
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "not_found"
