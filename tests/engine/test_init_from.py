@@ -14,6 +14,7 @@ import safetensors.torch
 import torch
 
 from engine import checkpoints as ckpt
+from engine.models import tiny_random_llama
 from engine.reporter import OfflineTransport, Reporter
 from engine.trainer import EngineConfig, Trainer
 from tests.engine.conftest import REPO_ROOT, write_spec
@@ -144,3 +145,26 @@ def test_the_cli_exits_2_when_an_offline_run_resumes_from_a_checkpoint_id(tmp_pa
     result = _engine(tmp_path, "--resume-from", "ckpt_abc")
     assert result.returncode == 2
     assert "--resume-from ckpt_abc: cannot fetch it: an offline run cannot fetch checkpoint ckpt_abc" in result.stderr
+
+
+def test_full_weights_seed_a_full_fine_tuning_job_and_refuse_a_lora_one(tmp_path):
+    source_dir = tmp_path / "full-source"
+    trainer, reporter = trainer_for(source_dir, config(lora_rank=0, max_steps=1, checkpoint_interval=1))
+    assert trainer.run() == "succeeded"
+    reporter.close("succeeded", timeout=10)
+    trained_full = source_dir / "checkpoints" / ckpt.checkpoint_name(1)
+    weights = safetensors.torch.load_file(str(trained_full / "model.safetensors"))
+    fresh = tiny_random_llama()[0].state_dict()
+    assert weights and any(not torch.equal(fresh[name], tensor) for name, tensor in weights.items())
+
+    follower, reporter = trainer_for(tmp_path / "full-follower", config(lora_rank=0, seed=5))
+    follower.initialize_from(trained_full)
+    reporter.close("succeeded", timeout=10)
+    state = follower.model.state_dict()
+    assert follower.start_step == 1
+    assert all(torch.equal(state[name], tensor) for name, tensor in weights.items())
+
+    lora, reporter = trainer_for(tmp_path / "lora-follower", config())
+    with pytest.raises(ValueError, match="checkpoint format hf-full needs a job that trains full weights"):
+        lora.initialize_from(trained_full)
+    reporter.close("failed", timeout=10)
