@@ -74,18 +74,42 @@ def _raw_catalog_problems(data: Mapping[str, Any], models, environments, known: 
     ]
 
 
-def _init_from_problems(project: Project, checkpoint_id: str | None) -> tuple[Checkpoint | None, list[SpecProblem]]:
+def _init_from_problems(project: Project, spec) -> tuple[Checkpoint | None, list[SpecProblem]]:
+    """Find ``spec.init_from`` among the project's ready checkpoints and check that it fits the
+    job: the same base model, and the same LoRA rank (0 = full weights), as the engine requires."""
+    checkpoint_id = spec.init_from
     if checkpoint_id is None:
         return None, []
-    checkpoint = Checkpoint.objects.filter(
-        job__project=project, public_id=checkpoint_id, status=CheckpointStatus.READY
-    ).first()
+    checkpoint = (
+        Checkpoint.objects.select_related("job")
+        .filter(job__project=project, public_id=checkpoint_id, status=CheckpointStatus.READY)
+        .first()
+    )
     if checkpoint is None:
         # Another project's checkpoint reads exactly like a missing one.
         return None, [
             SpecProblem("init_from", "unknown_checkpoint", f"no ready checkpoint '{checkpoint_id}' in this project")
         ]
-    return checkpoint, []
+    source = checkpoint.job.spec
+    problems = []
+    if source.get("model") != spec.model:
+        problems.append(
+            SpecProblem(
+                "init_from",
+                "incompatible_checkpoint",
+                f"checkpoint '{checkpoint_id}' was trained from {source.get('model')}; this job's model is {spec.model}",
+            )
+        )
+    elif source.get("lora_rank") != spec.lora_rank:
+        problems.append(
+            SpecProblem(
+                "lora_rank",
+                "incompatible_checkpoint",
+                f"checkpoint '{checkpoint_id}' has lora_rank {source.get('lora_rank')} (0 = full weights); "
+                f"this job asks for {spec.lora_rank}",
+            )
+        )
+    return checkpoint, problems
 
 
 def validate_job_spec(*, project: Project, data: Any) -> ValidatedSpec:
@@ -107,7 +131,7 @@ def validate_job_spec(*, project: Project, data: Any) -> ValidatedSpec:
     spec = parsed.spec
     problems = catalog_problems(spec, models=models, environments=environments)
     problems += pool_problems(spec)
-    checkpoint, init_problems = _init_from_problems(project, spec.init_from)
+    checkpoint, init_problems = _init_from_problems(project, spec)
     problems += init_problems
     if problems:
         raise _invalid_spec(problems)

@@ -140,13 +140,36 @@ def test_init_from_another_projects_checkpoint_reads_like_a_missing_one(owner, o
     assert Job.objects.filter(project=owner.project).count() == 0
 
 
+def _ready_checkpoint_of(owner, spec) -> Checkpoint:
+    source = Job.objects.get(public_id=owner.client().post("/api/v1/jobs", spec, format="json").json()["id"])
+    return Checkpoint.objects.create(job=source, step=1, attempt=1, format="peft-lora", status=CheckpointStatus.READY)
+
+
 def test_init_from_a_ready_checkpoint_of_the_project_is_accepted(owner, spec):
-    source = Job.objects.create(project=owner.project, spec={}, max_steps=1, model="m")
-    checkpoint = Checkpoint.objects.create(job=source, step=1, attempt=1, format="peft-lora", status=CheckpointStatus.READY)
+    checkpoint = _ready_checkpoint_of(owner, dict(spec))
     spec["init_from"] = checkpoint.public_id
     response = owner.client().post("/api/v1/jobs", spec, format="json")
     assert response.status_code == 201
     assert Job.objects.get(public_id=response.json()["id"]).init_from == checkpoint
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "message"),
+    [
+        ({"model": "HuggingFaceTB/SmolLM2-135M-Instruct"}, "init_from", "was trained from lab/tiny-random-llama"),
+        ({"lora_rank": 4}, "lora_rank", "has lora_rank 16 (0 = full weights); this job asks for 4"),
+        ({"lora_rank": 0}, "lora_rank", "this job asks for 0"),
+    ],
+)
+def test_init_from_a_checkpoint_that_does_not_fit_the_job_is_refused_at_submit(owner, spec, change, param, message):
+    checkpoint = _ready_checkpoint_of(owner, {**spec, "lora_rank": 16})
+    before = Job.objects.count()
+    response = owner.client().post("/api/v1/jobs", {**spec, **change, "init_from": checkpoint.public_id}, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["param"], error["errors"][0]["code"]) == (param, "incompatible_checkpoint")
+    assert message in error["errors"][0]["message"]
+    assert Job.objects.count() == before
 
 
 @pytest.mark.parametrize(
