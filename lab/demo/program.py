@@ -7,6 +7,7 @@ user's own program would; only starting the processes and bootstrapping the tena
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
@@ -337,12 +338,55 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
+def start_lab(processes: LabProcesses, settings: DemoSettings, receiver: WebhookReceiver) -> Lab:
+    """Migrate, bootstrap the demo tenant, start web, worker and beat, and register the webhook
+    receiver; return an SDK client with the tenant's new API key."""
+    began = time.monotonic()
+    say(f"Lab demo: data in {settings.data_dir}, logs in {processes.log_dir}")
+    say("Migrating the database ...")
+    processes.run("manage.py", "migrate", "--noinput", what="manage.py migrate")
+    tenant = processes.run(
+        "manage.py", "bootstrap_tenant", "--org", ORGANIZATION, "--project", PROJECT,
+        "--email", EMAIL, "--password", settings.password, what="manage.py bootstrap_tenant",
+    )
+    api_key = _last_json_line(tenant)["api_key"]
+    say(f"Starting web, worker and beat on {processes.base_url} ...")
+    processes.start()
+    say(f"Lab is up ({time.monotonic() - began:.1f} s). Registering the webhook receiver {receiver.url} ...")
+    endpoint = register_webhook_endpoint(base_url=processes.base_url, api_key=api_key, url=receiver.url)
+    receiver.secret = endpoint["secret"]
+    return Lab(api_key=api_key, base_url=processes.base_url)
+
+
+def judge(lab: Lab, job: labsdk.Job, *, settings: DemoSettings, receiver: WebhookReceiver, run_seconds: float):
+    """Run every check on a finished job; return the Outcome and the usage line."""
+    outcome = Outcome(job=job, run_seconds=run_seconds)
+    error = f": {job.error.code}: {job.error.message}" if job.error else ""
+    outcome.checks.append(Check("job succeeded", job.status == "succeeded", f"{job.status}{error}"))
+    outcome.rewards = reward_curve(lab, job.id)
+    outcome.checks.append(check_learning(outcome.rewards, model=job.spec["model"], max_steps=job.max_steps))
+    outcome.checks.append(check_checkpoint(lab, job, settings, outcome))
+    outcome.checks.append(check_webhooks(receiver, job))
+    usage_check, usage_line = check_usage(lab, lab.jobs.retrieve(job.id))
+    outcome.checks.append(usage_check)
+    return outcome, usage_line
+
+
+def print_log_tail(lab: Lab, job_id: str, lines: int = 15) -> None:
+    """Print the last ``lines`` lines the job's engine wrote (for a job that did not succeed)."""
+    tail = [f"{line.stream}: {line.line}" for line in lab.jobs.logs(job_id, limit=100)][-lines:]
+    say(f"The last {len(tail)} lines of {job_id}'s logs:")
+    for line in tail:
+        say(f"  {line}")
+
+
 def _stop_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
 def run(settings: DemoSettings, environ: dict[str, str]) -> int:
-    """Run the demo; return the exit status (0 only when every check passed)."""
+    """Run the demo; return the exit status: 0 when every check passed, 1 when one failed, 130
+    when interrupted before the checks."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if not port_is_free(settings.port):
         raise DemoError(f"port {settings.port} is in use (another Lab?); choose another with DEMO_PORT")
@@ -353,21 +397,7 @@ def run(settings: DemoSettings, environ: dict[str, str]) -> int:
     job: labsdk.Job | None = None
     status = 130
     try:
-        began = time.monotonic()
-        say(f"Lab demo: data in {settings.data_dir}, logs in {processes.log_dir}")
-        say("Migrating the database ...")
-        processes.run("manage.py", "migrate", "--noinput", what="manage.py migrate")
-        tenant = processes.run(
-            "manage.py", "bootstrap_tenant", "--org", ORGANIZATION, "--project", PROJECT,
-            "--email", EMAIL, "--password", settings.password, what="manage.py bootstrap_tenant",
-        )
-        api_key = _last_json_line(tenant)["api_key"]
-        say(f"Starting web, worker and beat on {processes.base_url} ...")
-        processes.start()
-        say(f"Lab is up ({time.monotonic() - began:.1f} s). Registering the webhook receiver {receiver.url} ...")
-        endpoint = register_webhook_endpoint(base_url=processes.base_url, api_key=api_key, url=receiver.url)
-        receiver.secret = endpoint["secret"]
-        lab = Lab(api_key=api_key, base_url=processes.base_url)
+        lab = start_lab(processes, settings, receiver)
         overrides: dict[str, Any] = {}
         if settings.model:
             overrides["model"] = settings.model
@@ -377,20 +407,16 @@ def run(settings: DemoSettings, environ: dict[str, str]) -> int:
         submitted = time.monotonic()
         say(f"Submitted {job.id}: {job.spec['model']} on {job.spec['env'][0]['id']}, {job.max_steps} steps.")
         job = follow(lab, job, timeout_s=settings.timeout_s)
-        outcome = Outcome(job=job, run_seconds=time.monotonic() - submitted)
-        outcome.checks.append(Check("job succeeded", job.status == "succeeded",
-                                    job.status if job.error is None else f"{job.status}: {job.error}"))
-        outcome.rewards = reward_curve(lab, job.id)
-        outcome.checks.append(check_learning(outcome.rewards, model=job.spec["model"], max_steps=job.max_steps))
-        outcome.checks.append(check_checkpoint(lab, job, settings, outcome))
-        outcome.checks.append(check_webhooks(receiver, job))
-        usage_check, usage_line = check_usage(lab, lab.jobs.retrieve(job.id))
-        outcome.checks.append(usage_check)
+        outcome, usage_line = judge(
+            lab, job, settings=settings, receiver=receiver, run_seconds=time.monotonic() - submitted
+        )
         print_summary(outcome, settings=settings, base_url=processes.base_url, receiver=receiver, usage_line=usage_line)
+        if job.status != "succeeded":
+            print_log_tail(lab, job.id)
         failed = [check.name for check in outcome.checks if check.passed is False]
         status = 1 if failed else 0
         say()
-        say(f"Every check passed." if not failed else f"FAILED: {', '.join(failed)}.")
+        say(f"FAILED: {', '.join(failed)}." if failed else "Every check passed.")
         if settings.exit_when_done:
             return status
         say(f"Lab keeps running at {processes.base_url} for you to explore; Ctrl-C stops everything.")
@@ -432,8 +458,6 @@ def _cancel_if_running(lab: Lab, job_id: str) -> None:
 
 
 def _last_json_line(output: str) -> dict[str, Any]:
-    import json
-
     lines = [line for line in output.strip().splitlines() if line.strip()]
     try:
         return json.loads(lines[-1])

@@ -90,12 +90,14 @@ class WebhookReceiver:
             return self._arrived.wait_for(lambda: predicate(list(self.received)), timeout=timeout)
 
     def snapshot(self) -> list[ReceivedWebhook]:
-        """Return the webhooks received so far, oldest first, without duplicates by ``webhook-id``
-        (a retried delivery carries the same id)."""
+        """Return the webhooks received so far, oldest first, one per ``webhook-id`` (a retried
+        delivery carries the same id; a verified copy wins over one that failed the check)."""
         with self._lock:
             unique: dict[str, ReceivedWebhook] = {}
             for webhook in self.received:
-                unique.setdefault(webhook.webhook_id or str(id(webhook)), webhook)
+                key = webhook.webhook_id or str(id(webhook))
+                if key not in unique or (webhook.verified and not unique[key].verified):
+                    unique[key] = webhook
             return list(unique.values())
 
     def stop(self) -> None:
