@@ -14,10 +14,13 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib.auth import get_user
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -27,7 +30,7 @@ from jobs.serializers import job_to_dict
 from jobs.stream.fanout import Subscription, get_hub
 from jobs.stream.records import STATUS, StreamRecord, read_after, record
 from lab.api.errors import ApiError, error_json_response, not_found
-from lab.models import ApiKeyScope
+from lab.models import ApiKey, ApiKeyScope
 from lab.services import api_key_authenticate
 
 _INVALID_KEY = "Missing, malformed, revoked or unknown API key; send 'Authorization: Bearer lab_...'."
@@ -46,9 +49,12 @@ def _in_thread(function: Callable[..., Any]) -> Callable[..., Any]:
     return sync_to_async(call, thread_sensitive=False)
 
 
-def _find_job(*, authorization: str | None, user: Any, job_id: str) -> Job:
-    """Return the job the caller may read: by API key (``read`` scope, its project) or by a
-    dashboard session (a member of the job's organization). Raises ApiError 401/403/404."""
+def _find_job(
+    *, authorization: str | None, user: Any, session_key: str | None, job_id: str
+) -> tuple[Job, tuple[str, Any]]:
+    """Return the job the caller may read, with the grant that allows it (see :func:`_allowed`):
+    by API key (``read`` scope, its project) or by a dashboard session (a member of the job's
+    organization). Raises ApiError 401/403/404."""
     jobs = Job.objects.filter(public_id=job_id) if len(job_id) <= 64 else Job.objects.none()
     if authorization is not None:
         scheme, _, plaintext = authorization.partition(" ")
@@ -58,14 +64,30 @@ def _find_job(*, authorization: str | None, user: Any, job_id: str) -> Job:
         if ApiKeyScope.READ not in api_key.scopes:
             raise ApiError(403, "insufficient_scope", "This API key lacks the 'read' scope.")
         jobs = jobs.filter(project=api_key.project)
+        grant = ("key", api_key.pk)
     elif user is not None and user.is_authenticated:
         jobs = jobs.filter(project__organization__memberships__user=user)
+        grant = ("session", session_key)
     else:
         raise ApiError(401, "invalid_api_key", _INVALID_KEY)
     job = jobs.first()
     if job is None:
         raise not_found("job")
-    return job
+    return job, grant
+
+
+def _allowed(grant: tuple[str, Any], job_pk: int) -> bool:
+    """Whether the grant that opened the stream still allows reading the job: the API key is not
+    revoked, or the session still exists (not logged out), its user is active (password
+    unchanged) and still a member of the job's organization. A stream can last for hours."""
+    kind, value = grant
+    if kind == "key":
+        return ApiKey.objects.filter(pk=value, revoked_at__isnull=True).exists()
+    request = SimpleNamespace(session=import_module(settings.SESSION_ENGINE).SessionStore(value))
+    user = get_user(request)
+    return (
+        user.is_authenticated and Job.objects.filter(pk=job_pk, project__organization__memberships__user=user).exists()
+    )
 
 
 def _resume_point(request: HttpRequest) -> int | None:
@@ -76,7 +98,9 @@ def _resume_point(request: HttpRequest) -> int | None:
     if start not in (None, "now", "start"):
         raise ApiError(400, "invalid_request", "from must be 'now' or 'start'.", param="from")
     if raw:
-        if not raw.isascii() or not raw.isdigit() or int(raw) > _MAX_SEQ:
+        # The length is checked before int(): int() refuses thousands of digits with a
+        # ValueError, which would otherwise be a server error.
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > _MAX_SEQ:
             raise ApiError(
                 400, "invalid_request", "Last-Event-ID must be an event id this stream sent.", param="last_event_id"
             )
@@ -100,6 +124,7 @@ _snapshot_async = _in_thread(_snapshot)
 _catch_up_async = _in_thread(_catch_up)
 _gap_async = _in_thread(read_after)
 _find_job_async = _in_thread(_find_job)
+_allowed_async = _in_thread(_allowed)
 
 
 @csrf_exempt  # read-only; any other method gets 405 in the API's error shape
@@ -113,10 +138,13 @@ async def job_stream(request: HttpRequest, job_id: str) -> HttpResponse:
         resume = _resume_point(request)
         authorization = request.headers.get("Authorization")
         user = None if authorization is not None else await request.auser()
-        job = await _find_job_async(authorization=authorization, user=user, job_id=job_id)
+        session_key = None if authorization is not None else request.session.session_key
+        job, grant = await _find_job_async(
+            authorization=authorization, user=user, session_key=session_key, job_id=job_id
+        )
     except ApiError as error:
         return error_json_response(error)
-    response = StreamingHttpResponse(_events(job.pk, job.public_id, resume), content_type="text/event-stream")
+    response = StreamingHttpResponse(_events(job.pk, job.public_id, resume, grant), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass events on as they come
     return response
@@ -129,6 +157,7 @@ class _Follower:
         self.job_pk = job_pk
         self.last = 0
         self.finished = False
+        self.exists = True
 
     def emit(self, records: list[StreamRecord]) -> list[str]:
         """Return the frames of the records not sent yet, remembering the last number."""
@@ -143,28 +172,32 @@ class _Follower:
                 self.finished = json.loads(item.data).get("status") in TERMINAL_STATUSES
         return frames
 
-    async def catch_up(self) -> tuple[list[str], bool]:
-        """Send what the database holds after ``last``; return frames and whether the job exists."""
-        frames: list[str] = []
+    async def catch_up(self) -> AsyncIterator[str]:
+        """Yield the frames of what the database holds after ``last``, a page at a time (a long
+        history is never held in memory whole); sets ``exists``, whether the job still exists."""
         while True:
-            records, complete, exists = await _catch_up_async(self.job_pk, self.last)
-            frames += self.emit(records)
+            records, complete, self.exists = await _catch_up_async(self.job_pk, self.last)
+            for frame in self.emit(records):
+                yield frame
             if complete or not records:
-                return frames, exists
+                return
 
-    async def fill_gap(self, up_to: int) -> list[str]:
-        """Send the committed records numbered between ``last`` and ``up_to`` (inclusive)."""
-        frames: list[str] = []
+    async def fill_gap(self, up_to: int) -> AsyncIterator[str]:
+        """Yield the frames of the committed records numbered between ``last`` and ``up_to``
+        (inclusive), a page at a time."""
         while self.last < up_to:
             records, complete = await _gap_async(self.job_pk, self.last, until=up_to)
-            frames += self.emit(records)
+            for frame in self.emit(records):
+                yield frame
             if complete or not records:
                 break
-        return frames
 
 
-async def _events(job_pk: int, job_public_id: str, resume: int | None) -> AsyncIterator[str]:
-    """Yield the connection's frames (see module doc); unsubscribes however it ends."""
+async def _events(
+    job_pk: int, job_public_id: str, resume: int | None, grant: tuple[str, Any] | None = None
+) -> AsyncIterator[str]:
+    """Yield the connection's frames (see module doc); unsubscribes however it ends. With a
+    ``grant``, the stream ends at the first heartbeat after it no longer allows reading the job."""
     hub = get_hub()
     subscription: Subscription | None = None
     if hub is not None:
@@ -181,13 +214,12 @@ async def _events(job_pk: int, job_public_id: str, resume: int | None) -> AsyncI
         follower.last = stream_seq if resume == -1 else (resume or 0)
         yield record(None, STATUS, job).frame()
         follower.finished = job["status"] in TERMINAL_STATUSES
-        frames, exists = await follower.catch_up()
-        for frame in frames:
+        async for frame in follower.catch_up():
             yield frame
         heartbeat = float(settings.LAB_STREAM_HEARTBEAT_S)
         poll = settings.LAB_STREAM_POLL_MS / 1000
         next_beat = time.monotonic() + heartbeat
-        while exists and not follower.finished:
+        while follower.exists and not follower.finished:
             live = subscription is not None and not subscription.broken
             wait = max(0.0, next_beat - time.monotonic())
             batch: list[StreamRecord] | None = None
@@ -199,22 +231,22 @@ async def _events(job_pk: int, job_public_id: str, resume: int | None) -> AsyncI
             else:
                 await asyncio.sleep(min(poll, wait))
             if batch and not subscription.lagged:
-                frames = []
                 for item in batch:
                     if item.seq is not None and item.seq > follower.last + 1:
-                        frames += await follower.fill_gap(item.seq - 1)
-                    frames += follower.emit([item])
+                        async for frame in follower.fill_gap(item.seq - 1):
+                            yield frame
+                    for frame in follower.emit([item]):
+                        yield frame
             elif not live or time.monotonic() >= next_beat or (subscription is not None and subscription.lagged):
                 if subscription is not None and subscription.lagged:
                     subscription.lagged = False
                     while not subscription.queue.empty():
                         subscription.queue.get_nowait()
-                frames, exists = await follower.catch_up()
-            else:
-                frames = []
-            for frame in frames:
-                yield frame
+                async for frame in follower.catch_up():
+                    yield frame
             if time.monotonic() >= next_beat and not follower.finished:
+                if grant is not None and not await _allowed_async(grant, job_pk):
+                    return  # key revoked, logged out or no longer a member: reconnecting says which
                 yield ": keep-alive\n\n"
                 next_beat = time.monotonic() + heartbeat
     finally:

@@ -1,0 +1,467 @@
+"""The live stream ``GET /api/v1/jobs/{id}/stream`` under hostile or careless use.
+
+Foreign and malformed ids, junk resume points, odd methods, clients that drop mid-stream or never
+read, Redis going away under live clients, a job deleted or restarted while followed, and
+concurrent ingest. A real uvicorn serves the stream (see tests/jobs/test_stream.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+
+from jobs.models import Job
+from tests.jobs.test_stream import Reader, _web, auth, finish, running_job, stream_url
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+
+@pytest.fixture(autouse=True)
+def _no_broker(monkeypatch):
+    """No worker runs here: the tasks a status change enqueues are dropped."""
+    from jobs import tasks
+
+    for name in ("admit", "launch_attempt", "reconcile_job"):
+        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
+
+
+@pytest.fixture
+def web(tmp_path):
+    stack = _web(tmp_path)
+    yield stack
+    stack.stop()
+
+
+def raw_request(stack, target: bytes, headers: list[bytes] = (), method: bytes = b"GET") -> tuple[int, bytes]:
+    """Send one hand-written HTTP/1.1 request (bytes an HTTP client would refuse to send);
+    return the status code and the first bytes of the answer."""
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=10) as sock:
+        lines = [method + b" " + target + b" HTTP/1.1", b"Host: 127.0.0.1", b"Connection: close", *headers]
+        sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        try:
+            while len(answer) < 4096:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        except TimeoutError:
+            pass
+    return int(answer.split(b" ", 2)[1]), answer
+
+
+def _error(response: httpx.Response) -> tuple[int, dict]:
+    return response.status_code, response.json()["error"]
+
+
+def test_a_last_event_id_too_long_for_a_number_is_a_400_not_a_server_error(owner, spec, web):
+    job, _ = running_job(owner, spec, web)
+    url = stream_url(web, job)
+    for raw in ("9" * 5000, "0" * 5000 + "1", "1" * 100_00):
+        code, error = _error(httpx.get(url, headers={**auth(owner.key), "Last-Event-ID": raw}, timeout=10))
+        assert (code, error["param"]) == (400, "last_event_id"), raw[:10]
+        code, error = _error(httpx.get(url, headers=auth(owner.key), params={"last_event_id": raw}, timeout=10))
+        assert (code, error["param"]) == (400, "last_event_id"), raw[:10]
+    # A zero-padded id of an ordinary length is still that id.
+    finish(job)
+    resumed = Reader(url, {**auth(owner.key), "Last-Event-ID": "000"}).read()
+    assert resumed.status_code == 200 and resumed.closed_by_server and resumed.numbered()[0].id == "1"
+
+
+def test_foreign_and_odd_job_ids_are_the_same_404_as_a_missing_job(owner, outsider, spec, web, client):
+    job, _ = running_job(owner, spec, web)
+    missing = httpx.get(f"{web.base_url}/api/v1/jobs/job_doesnotexist/stream", headers=auth(owner.key), timeout=10)
+    assert missing.status_code == 404
+    foreign = httpx.get(stream_url(web, job), headers=auth(outsider.key), timeout=10)
+    assert (foreign.status_code, foreign.json()) == (404, missing.json())
+    client.force_login(outsider.user)
+    cookie = {
+        "Cookie": f"{django_settings.SESSION_COOKIE_NAME}={client.cookies[django_settings.SESSION_COOKIE_NAME].value}"
+    }
+    by_session = httpx.get(stream_url(web, job), headers=cookie, timeout=10)
+    assert (by_session.status_code, by_session.json()) == (404, missing.json())
+    # The job's numeric primary key, another spelling of its id, or unicode junk: never found.
+    for odd in (str(job.pk), job.public_id.upper(), f" {job.public_id}", "job_%C3%A9%E2%98%83", "%ff%fe", "job_%0a"):
+        response = httpx.get(f"{web.base_url}/api/v1/jobs/{odd}/stream", headers=auth(owner.key), timeout=10)
+        assert response.status_code in (400, 404), odd
+        assert response.status_code != 404 or response.json() == missing.json(), odd
+    with_nul = raw_request(web, b"/api/v1/jobs/job_%00x/stream", [b"Authorization: Bearer " + owner.key.encode()])
+    assert with_nul[0] == 400
+
+
+def test_methods_other_than_get_are_405_in_the_api_error_shape(owner, spec, web):
+    job, _ = running_job(owner, spec, web)
+    for method in ("POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+        response = httpx.request(method, stream_url(web, job), headers=auth(owner.key), timeout=10)
+        assert response.status_code == 405, method
+        assert response.headers["Allow"] == "GET" and response.json()["error"]["code"] == "method_not_allowed"
+    head = httpx.head(stream_url(web, job), headers=auth(owner.key), timeout=10)
+    assert head.status_code == 405
+
+
+def test_junk_resume_points_and_from_values_are_400s(owner, spec, web):
+    job, _ = running_job(owner, spec, web)
+    bearer = b"Authorization: Bearer " + owner.key.encode()
+    path = f"/api/v1/jobs/{job.public_id}/stream".encode()
+    for header in (
+        "Last-Event-ID: ١٢".encode(),
+        b"Last-Event-ID: \xff\xfe",
+        b"Last-Event-ID: +5",
+        b"Last-Event-ID: 1e3",
+    ):
+        code, body = raw_request(web, path, [bearer, header])
+        assert code == 400 and b'"last_event_id"' in body, header
+    for query in (b"?from=", b"?from=%00", b"?from=NOW", b"?last_event_id=%00", b"?last_event_id=%EF%BC%91"):
+        code, _ = raw_request(web, path + query, [bearer])
+        assert code == 400, query
+
+
+def test_a_long_history_is_sent_a_page_at_a_time_not_read_whole_first(owner, spec, settings, monkeypatch):
+    """Replaying a job of thousands of records must not hold the whole history in memory
+    before the first byte goes out: each page read from the database is sent before the next."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from jobs.services import job_submit, store_log_lines
+    from jobs.stream import views
+    from lab.services import Actor
+
+    settings.REDIS_URL = ""
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    now = datetime.now(UTC)
+    store_log_lines(
+        job=job, attempt_number=1, source="engine", lines=[(n, now, "stdout", f"l{n}") for n in range(1200)]
+    )
+    reads = []
+    real = views._catch_up_async
+
+    async def counting(job_pk, after):
+        reads.append(after)
+        return await real(job_pk, after)
+
+    monkeypatch.setattr(views, "_catch_up_async", counting)
+
+    async def first_frames(count):
+        stream = views._events(job.pk, job.public_id, None)
+        try:
+            return [await anext(stream) for _ in range(count)]
+        finally:
+            await stream.aclose()
+
+    frames = asyncio.run(first_frames(2))
+    assert frames[0].startswith("event: status") and frames[1].startswith("id: ")
+    assert len(reads) == 1, f"{len(reads)} pages were read before the first record went out"
+
+
+def _ids(reader: Reader) -> list[int]:
+    return [int(frame.id) for frame in reader.numbered()]
+
+
+def _strictly_increasing(ids: list[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(ids))
+
+
+def test_a_job_that_fails_and_is_restarted_resumes_and_replays_exactly(owner, spec, web):
+    from jobs.models import JobStatus
+    from jobs.services import job_claim_for_start, job_restart, job_transition
+    from lab.services import Actor
+    from tests.jobs.test_stream import Engine
+
+    job, engine = running_job(owner, spec, web)
+    url = stream_url(web, job)
+    live = Reader(url, auth(owner.key)).start(timeout=60)
+    engine.metrics(*range(1, 601))  # more than one page of the replay
+    engine.logs((1, "first attempt"))
+    job_transition(job=Job.objects.get(pk=job.pk), to=JobStatus.FAILED, error_code="oom", error_message="boom")
+    live.join()  # the stream ends after the failed status
+    assert live.closed_by_server and live.frames[-1].data["status"] == "failed"
+    # A client that comes back now is told the job failed and is closed again at once.
+    again = Reader(url, {**auth(owner.key), "Last-Event-ID": live.numbered()[-1].id}).read(timeout=10)
+    assert again.closed_by_server and again.numbered() == [] and again.frames[0].data["status"] == "failed"
+
+    job_restart(job=Job.objects.get(pk=job.pk), actor=Actor(user=owner.user))
+    job_claim_for_start(job_id=job.pk)
+    engine = Engine(web, Job.objects.get(pk=job.pk))
+    engine.post("status", {"phase": "running", "step": 0})
+    engine.metrics(599, 600, 601, 602)  # 599 and 600 supersede the first attempt's points
+    engine.logs((1, "second attempt"))
+    finish(job)
+
+    resumed = Reader(url, {**auth(owner.key), "Last-Event-ID": live.numbered()[-1].id}).read()
+    assert resumed.closed_by_server and resumed.frames[-1].data["status"] == "succeeded"
+    seen = _ids(live) + _ids(resumed)
+    assert _strictly_increasing(seen)
+    statuses = [f.data["status"] for f in resumed.frames[1:] if f.event == "status"]
+    assert statuses == ["queued", "starting", "running", "succeeded"]
+    assert [f.data["step"] for f in resumed.frames if f.event == "metrics"] == [599, 600, 601, 602]
+    assert [f.data["attempt"] for f in resumed.frames if f.event == "metrics"] == [2, 2, 2, 2]
+
+    # The whole replay runs past the first attempt's terminal status to the end, and a resume
+    # from any point of it is exactly the rest of it.
+    full = Reader(url, auth(owner.key)).read()
+    assert full.closed_by_server and _strictly_increasing(_ids(full))
+    replay_statuses = [f.data["status"] for f in full.frames[1:] if f.event == "status"]
+    assert replay_statuses[-5:] == ["failed", "queued", "starting", "running", "succeeded"]
+    steps = [f.data["step"] for f in full.frames if f.event == "metrics"]
+    assert steps == list(range(1, 599)) + [599, 600, 601, 602]
+    numbered = full.numbered()
+    for cut in (0, 499, 500, 598, len(numbered) - 8, len(numbered) - 2):
+        rest = Reader(url, {**auth(owner.key), "Last-Event-ID": numbered[cut].id}).read()
+        assert [(f.id, f.event, f.data) for f in rest.numbered()] == [
+            (f.id, f.event, f.data) for f in numbered[cut + 1 :]
+        ], cut
+
+
+def test_concurrent_ingest_reaches_every_live_client_in_number_order(owner, spec, web):
+    import threading
+
+    from tests.jobs.test_stream import NOW
+
+    job, engine = running_job(owner, spec, web)
+    url = stream_url(web, job)
+    readers = [Reader(url, auth(owner.key)).start(timeout=90) for _ in range(3)]
+    wait_for_all = time.monotonic() + 10
+    while not all(r.frames for r in readers) and time.monotonic() < wait_for_all:
+        time.sleep(0.05)
+    errors = []
+
+    def post(worker: int):
+        try:
+            for n in range(15):
+                step = worker * 100 + n + 1
+                engine.post("metrics", {"points": [{"step": step, "time": NOW, "values": {"x": float(step)}}]})
+                engine.logs((step, f"w{worker} {n}"))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=post, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    finish(job)
+    for reader in readers:
+        reader.join()
+    full = Reader(url, auth(owner.key)).read()
+    expected = [(f.id, f.event, f.data) for f in full.numbered()]
+    assert len([e for e in expected if e[1] == "metrics"]) == 60 and len([e for e in expected if e[1] == "log"]) == 60
+    assert _strictly_increasing(_ids(full))
+    for reader in readers:
+        assert reader.closed_by_server
+        assert [(f.id, f.event, f.data) for f in reader.numbered()] == expected
+
+
+def _subscribers(redis_url: str, job: Job) -> int:
+    import redis
+
+    from jobs.stream.fanout import channel_name
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return dict(client.pubsub_numsub(channel_name(job.public_id)))[channel_name(job.public_id).encode()]
+    finally:
+        client.close()
+
+
+def test_clients_that_drop_mid_stream_leave_no_subscription_behind(owner, spec, web):
+    import struct
+
+    job, engine = running_job(owner, spec, web)
+    engine.metrics(*range(1, 200))
+    request = (
+        f"GET /api/v1/jobs/{job.public_id}/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {owner.key}\r\n\r\n"
+    ).encode()
+    sockets = []
+    for n in range(30):
+        sock = socket.create_connection(("127.0.0.1", web.port), timeout=10)
+        sock.sendall(request if n % 5 else request[: len(request) // 2])  # some never finish the request
+        sockets.append(sock)
+    for n, sock in enumerate(sockets):
+        if n % 5 and n % 2:
+            sock.recv(100)  # half-read
+        if n % 3 == 0:  # reset, not a polite close
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    redis_url = web.env["REDIS_URL"]
+    deadline = time.monotonic() + 20
+    while _subscribers(redis_url, job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _subscribers(redis_url, job) == 0
+    # The server still serves the job, live.
+    reader = Reader(stream_url(web, job), auth(owner.key), params={"from": "now"}).start(timeout=30)
+    deadline = time.monotonic() + 10
+    while not reader.frames and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _subscribers(redis_url, job) == 1
+    engine.metrics(200)
+    finish(job)
+    reader.join()
+    assert [f.data["step"] for f in reader.frames if f.event == "metrics"] == [200]
+    deadline = time.monotonic() + 10
+    while _subscribers(redis_url, job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _subscribers(redis_url, job) == 0
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A Redis server of this test's own, on a free port, that the test may kill and restart."""
+    import shutil
+    import subprocess
+
+    from tests.stack import free_port
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is needed to test losing Redis")
+    port = free_port()
+
+    class Server:
+        url = f"redis://127.0.0.1:{port}/0"
+        process = None
+
+        def start(self):
+            self.process = subprocess.Popen(
+                [
+                    binary,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(tmp_path),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    return
+                except OSError:
+                    time.sleep(0.05)
+            raise AssertionError("own redis-server did not start")
+
+        def kill(self):
+            if self.process is not None:
+                self.process.kill()
+                self.process.wait(timeout=10)
+                self.process = None
+
+    server = Server()
+    server.start()
+    yield server
+    server.kill()
+
+
+def in_process(engine, *steps: int) -> None:
+    from datetime import UTC, datetime
+
+    from jobs.ingest.schemas import MetricsBatch
+    from jobs.ingest.services import ingest_metrics
+
+    now = datetime.now(UTC)
+    points = [{"step": s, "time": now, "values": {"reward/mean": s / 10, "loss/mean": 1.0}} for s in steps]
+    ingest_metrics(attempt=engine.attempt, batch=MetricsBatch(attempt=engine.attempt.number, points=points))
+
+
+def test_live_clients_lose_nothing_when_redis_dies_and_comes_back(owner, spec, tmp_path, own_redis, settings):
+    settings.REDIS_URL = own_redis.url  # this process publishes status changes there too
+    stack = _web(tmp_path, REDIS_URL=own_redis.url, LAB_STREAM_POLL_MS="100")
+    try:
+        job, engine = running_job(owner, spec, stack)
+        url = stream_url(stack, job)
+        before = Reader(url, auth(owner.key)).start(timeout=90)
+        deadline = time.monotonic() + 10
+        while not before.frames and time.monotonic() < deadline:
+            time.sleep(0.05)
+        engine.metrics(1, 2, 3)
+        own_redis.kill()
+        # The ingest API counts its rate limit in the Redis cache, so while Redis is down the
+        # records are stored here, in this process, as the ingest view would store them.
+        in_process(engine, 4, 5, 6)
+        during = Reader(url, auth(owner.key)).start(timeout=90)  # connects while Redis is down
+        in_process(engine, 7)
+        own_redis.start()
+        engine.metrics(8, 9)
+        after = Reader(url, auth(owner.key)).start(timeout=90)
+        deadline = time.monotonic() + 10
+        while not after.frames and time.monotonic() < deadline:
+            time.sleep(0.05)
+        engine.metrics(10)
+        finish(job)
+        for reader in (before, during, after):
+            reader.join()
+        full = Reader(url, auth(owner.key)).read()
+    finally:
+        stack.stop()
+    expected = [(f.id, f.event, f.data) for f in full.numbered()]
+    assert [f.data["step"] for f in full.frames if f.event == "metrics"] == list(range(1, 11))
+    for reader in (before, during, after):
+        assert reader.closed_by_server
+        assert [(f.id, f.event, f.data) for f in reader.numbered()] == expected
+
+
+def test_a_revoked_key_a_removed_member_or_a_logout_ends_an_open_stream(owner, member, spec, tmp_path):
+    """Access is checked when a stream opens and again at every heartbeat: a stream may last as
+    long as its job (hours), and must not outlive the key or the membership that opened it."""
+    from django.contrib.sessions.models import Session
+    from django.test import Client
+
+    from lab.models import Membership
+    from lab.services import Actor, api_key_create, api_key_revoke, membership_remove
+
+    stack = _web(tmp_path, LAB_STREAM_HEARTBEAT_S="1")
+
+    def session_cookie(user) -> dict[str, str]:
+        client = Client()
+        client.force_login(user)
+        name = django_settings.SESSION_COOKIE_NAME
+        return {"Cookie": f"{name}={client.cookies[name].value}"}
+
+    try:
+        job, _ = running_job(owner, spec, stack)
+        url = stream_url(stack, job)
+        _, other_key = api_key_create(actor=Actor(user=owner.user), project=owner.project, name="kept")
+        kept = Reader(url, auth(other_key)).start(timeout=20)
+        by_key = Reader(url, auth(owner.key)).start(timeout=20)
+        by_member = Reader(url, session_cookie(member)).start(timeout=20)
+        owner_cookie = session_cookie(owner.user)
+        by_owner_session = Reader(url, owner_cookie).start(timeout=20)
+        readers = (kept, by_key, by_member, by_owner_session)
+        deadline = time.monotonic() + 10
+        while not all(r.comments for r in readers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(r.status_code == 200 and r.comments for r in readers)
+        api_key_revoke(actor=Actor(user=owner.user), api_key=owner.api_key)
+        membership_remove(
+            actor=Actor(user=owner.user),
+            membership=Membership.objects.get(user=member, organization=owner.organization),
+        )
+        # The owner logs out elsewhere: the session is gone.
+        Session.objects.filter(session_key=owner_cookie["Cookie"].split("=", 1)[1]).delete()
+        for reader in (by_key, by_member, by_owner_session):
+            reader.join(timeout=10)
+            assert reader.closed_by_server, "the stream outlived the access that opened it"
+        assert not kept.closed_by_server and kept.error is None
+        kept.stop()
+        finish(job)
+        kept.join(timeout=10)
+    finally:
+        stack.stop()
