@@ -153,6 +153,8 @@ class JobSpecForm(forms.Form):
     )
     # The digest of the text whose estimate the user saw: submitting other text estimates again.
     estimated = forms.CharField(required=False, widget=forms.HiddenInput)
+    # A one-time token issued with each estimate: the same form posted twice queues one job.
+    submission = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

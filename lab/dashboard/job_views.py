@@ -14,9 +14,11 @@ under ``.../data/`` serve the charts' other metrics with the API's shapes and do
 from __future__ import annotations
 
 import json
+import secrets
 
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods
@@ -43,7 +45,7 @@ from lab.dashboard.access import OrganizationAccess, project_view
 from lab.dashboard.forms import JobSpecForm
 from lab.dashboard.spec_editor import example_named, examples
 from lab.dashboard.views import _actor, _render
-from lab.models import Project
+from lab.models import IdempotencyRecord, Project
 
 JOBS_PAGE_SIZE = 25
 #: The job page's fixed charts; ``reward/std`` draws the band around ``reward/mean``.
@@ -127,8 +129,16 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
             changed_since_estimate = submitting and not confirmed
             try:
                 if confirmed:
-                    job = job_submit(project=project, actor=_actor(request), data=data)
-                    messages.success(request, f"Submitted {job.name or job.public_id}.")
+                    job, first_time = _submit_once(
+                        request, project, data, token=form.cleaned_data["submission"], digest=form.digest
+                    )
+                    if job is None:
+                        messages.info(request, "This spec was already submitted.")
+                        return redirect("project", org_slug=access.organization.slug, project_slug=project.slug)
+                    if first_time:
+                        messages.success(request, f"Submitted {job.name or job.public_id}.")
+                    else:
+                        messages.info(request, f"{job.name or job.public_id} was already submitted.")
                     return redirect(
                         "job", org_slug=access.organization.slug, project_slug=project.slug, job_id=job.public_id
                     )
@@ -146,8 +156,39 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
         "estimate": estimate,
         "changed_since_estimate": changed_since_estimate and estimate is not None,
         "digest": form.digest if estimate else "",
+        "submission": secrets.token_urlsafe(24) if estimate else "",
     }
     return _render(request, "dashboard/job_new.html", context, access=access, status=200)
+
+
+def _submit_once(request: HttpRequest, project: Project, data, *, token: str, digest: str) -> tuple[Job | None, bool]:
+    """Submit ``data`` once per submission token (issued with its estimate).
+
+    Returns ``(job, True)`` for a new job, ``(job, False)`` when the token was used already (a
+    double click, a resend after "back"; ``job`` is ``None`` if that job has since been deleted).
+    The token is kept as the project's idempotency key ``dashboard-new-job:<token>``: two
+    concurrent posts are serialized by its unique constraint. Without a token, it just submits.
+    """
+    if not token:
+        return job_submit(project=project, actor=_actor(request), data=data), True
+    key = f"dashboard-new-job:{token}"
+
+    def earlier() -> tuple[Job | None, bool]:
+        record = IdempotencyRecord.objects.filter(project=project, key=key).first()
+        job_id = (record.response_body or {}).get("id") if record else None
+        return Job.objects.filter(project=project, public_id=job_id or "").first(), False
+
+    if IdempotencyRecord.objects.filter(project=project, key=key).exists():
+        return earlier()
+    try:
+        with transaction.atomic():
+            job = job_submit(project=project, actor=_actor(request), data=data)
+            IdempotencyRecord.objects.create(
+                project=project, key=key, request_hash=digest, status_code=201, response_body={"id": job.public_id}
+            )
+    except IntegrityError:
+        return earlier()
+    return job, True
 
 
 # --- one job -----------------------------------------------------------------------------------

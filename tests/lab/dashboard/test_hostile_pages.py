@@ -1,0 +1,99 @@
+"""The dashboard's job and webhook pages under hostile or careless use: other tenants' ids in
+every URL, hostile "New job" text, double submits, CSRF and junk parameters. Never a 500."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+PROJECT = "/o/acme/p/default/"
+EXAMPLE = (Path(__file__).resolve().parents[3] / "examples" / "addition-tiny.toml").read_text()
+
+
+@pytest.fixture(autouse=True)
+def _no_broker(monkeypatch):
+    from jobs import tasks
+
+    for name in ("admit", "launch_attempt", "reconcile_job"):
+        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
+
+
+def estimate_then_submit(client, format: str, text: str):
+    """Estimate ``text``, then submit it with the digest of that estimate; return both answers."""
+    estimated = client.post(PROJECT + "jobs/new/", {"format": format, "spec": text, "action": "estimate"})
+    if estimated.status_code != 200:
+        return estimated, None
+    digest = estimated.context["form"].digest
+    submitted = client.post(
+        PROJECT + "jobs/new/", {"format": format, "spec": text, "action": "submit", "estimated": digest}
+    )
+    return estimated, submitted
+
+
+def _hostile_specs(spec: dict) -> dict[str, tuple[str, str]]:
+    return {
+        "NUL escaped in JSON": ("json", json.dumps({**spec, "name": "a\u0000b"})),
+        "NUL in a metadata key": ("json", json.dumps({**spec, "metadata": {"k\u0000": "v"}})),
+        "lone surrogate": ("json", json.dumps({**spec, "name": "a\ud800b"})),
+        "lone surrogate env id": ("json", json.dumps({**spec, "env": [{"id": "lab/\ud800"}]})),
+        "deep JSON arrays": ("json", '{"metadata": {"a": ' + "[" * 100000 + "]" * 100000 + "}}"),
+        "deep JSON objects": ("json", '{"metadata": ' + '{"a":' * 50000 + "1" + "}" * 50000 + "}"),
+        "deep TOML arrays": ("toml", "a = " + "[" * 100000 + "]" * 100000),
+        "deep TOML inline tables": ("toml", "a = " + "{b=" * 50000 + "1" + "}" * 50000),
+        "TOML integer past 64 bits": ("toml", EXAMPLE.replace("max_steps = ", "max_steps = 99999999999999999999999#")),
+        "JSON integer of 5000 digits": (
+            "json",
+            json.dumps(spec).replace('"max_steps": 3', '"max_steps": ' + "9" * 5000),
+        ),
+        "JSON 1e999": ("json", json.dumps(spec).replace('"max_steps": 3', '"max_steps": 1e999')),
+        "JSON NaN": ("json", json.dumps(spec).replace('"max_steps": 3', '"max_steps": NaN')),
+        "TOML nan in metadata": ("toml", EXAMPLE + "\n[metadata]\nx = nan\n"),
+        "TOML datetime in metadata": ("toml", EXAMPLE + "\n[metadata]\nx = 1979-05-27T07:32:00Z\n"),
+        "huge metadata": ("json", json.dumps({**spec, "metadata": {f"k{i}": "v" * 100 for i in range(5000)}})),
+        "huge integer env arg": (
+            "json",
+            json.dumps({**spec, "env": [{"id": "lab/addition", "args": {"max_operand": 10**30}}]}),
+        ),
+        "init_from with NUL": ("json", json.dumps({**spec, "init_from": "ckpt_\u0000"})),
+        "binary": ("toml", "\x01\x02\ufffd\ufeff = 1"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_hostile_specs({})))
+def test_hostile_new_job_text_is_a_problem_never_a_server_error_or_a_job(owner_client, spec, case):
+    format, text = _hostile_specs(spec)[case]
+    estimated, submitted = estimate_then_submit(owner_client, format, text)
+    assert estimated.status_code in (200, 400, 413)
+    if estimated.status_code == 200:
+        form = estimated.context["form"]
+        assert form.problems or form.errors
+        assert submitted.status_code == 200
+    assert Job.objects.count() == 0
+
+
+def test_a_submit_sent_twice_queues_the_job_once(owner, owner_client):
+    """A double click (or a resend after "back") posts the estimated form twice: one job only."""
+    estimated = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "estimate"})
+    form = estimated.content.decode()
+    import re
+
+    fields = dict(re.findall(r'<input type="hidden" name="(estimated|submission)" value="([^"]*)"', form))
+    body = {"format": "toml", "spec": EXAMPLE, "action": "submit", **fields}
+    first = owner_client.post(PROJECT + "jobs/new/", body)
+    second = owner_client.post(PROJECT + "jobs/new/", body)
+    job = Job.objects.get()
+    assert first.status_code == second.status_code == 302
+    assert first["Location"] == second["Location"] == f"{PROJECT}jobs/{job.public_id}/"
+    # Estimating again gives a new submission: the same spec may run twice on purpose.
+    again = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "estimate"})
+    fields = dict(
+        re.findall(r'<input type="hidden" name="(estimated|submission)" value="([^"]*)"', again.content.decode())
+    )
+    third = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "submit", **fields})
+    assert third.status_code == 302 and Job.objects.count() == 2
