@@ -114,6 +114,9 @@ def address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, a
     return "blocked_address"
 
 
+_NOT_IN_URLS = frozenset('<>"{}|\\^`')
+
+
 def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
     """Refuse ``url`` unless it may be requested; raise ``UnsafeURL`` with the reason.
 
@@ -139,6 +142,12 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
         raise UnsafeURL("invalid_url", "The URL may not contain a user name or password.")
     if any(ord(char) < 33 or ord(char) == 127 or 0xD800 <= ord(char) <= 0xDFFF for char in url):
         raise UnsafeURL("invalid_url", "The URL may not contain spaces, control characters or lone surrogates.")
+    outside_host = url.replace(parts.netloc, "", 1)
+    if any(not char.isascii() or char in _NOT_IN_URLS for char in outside_host):
+        # RFC 3986: only the host may be an internationalized name; the rest is percent-encoded.
+        raise UnsafeURL(
+            "invalid_url", 'Outside its host the URL must be ASCII without <>"{}|\\^` (percent-encode other characters).'
+        )
     try:
         literal = ipaddress.ip_address(host)
     except ValueError:

@@ -39,6 +39,11 @@ from lab.lib.http import RequestFailed, SafeClient, UnsafeURL, check_url, mask_u
         ("https://example.com/a b", "invalid_url"),
         ("https://example.com/\x00", "invalid_url"),
         ("https://example.com/\ud800", "invalid_url"),
+        ("http://127.0.0.1/\u202e<script>", "invalid_url"),
+        ("https://example.com/caf\u00e9", "invalid_url"),
+        ("https://example.com/a<b", "invalid_url"),
+        ('https://example.com/"quoted"', "invalid_url"),
+        ("https://example.com/?q={x}", "invalid_url"),
         ("https://example.com:99999/", "invalid_url"),
         ("https://example.com/" + "a" * 2040, "url_too_long"),
     ],
@@ -72,6 +77,10 @@ def test_it_refuses_a_host_name_that_cannot_be_encoded():
 
 def test_it_accepts_public_addresses():
     check_url("https://93.184.215.14/hook", allow_private=False, resolve=False)
+
+
+def test_it_accepts_an_internationalized_host_and_percent_encoded_paths():
+    check_url("https://b\u00fccher.example/caf%C3%A9?q=%7Bx%7D", allow_private=False, resolve=False)
 
 
 def _fake_dns(monkeypatch, answers: dict[str, list[str]]):
