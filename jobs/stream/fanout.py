@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 #: Messages a client may have waiting before it is switched to catching up from the database.
 QUEUE_LIMIT = 1000
+#: Bytes of record data a client may have waiting, likewise: a message can be a megabyte (a
+#: batch of 1,000 samples), so a message count alone would let one client that does not read
+#: hold a gigabyte of the server's memory.
+QUEUE_BYTES_LIMIT = 8 * 1024 * 1024
 
 
 def channel_name(job_public_id: str) -> str:
@@ -67,21 +71,48 @@ def publish_on_commit(job_public_id: str, records: Sequence[StreamRecord]) -> No
 class Subscription:
     """One client's view of a channel: a bounded queue of record batches.
 
-    ``lagged`` is set when a batch could not be queued (the client must catch up from the
-    database); ``broken`` when the hub lost Redis (the client must poll from now on).
+    ``lagged`` is set when a batch could not be queued (more than ``QUEUE_LIMIT`` batches or
+    ``QUEUE_BYTES_LIMIT`` bytes waiting: the client must catch up from the database); ``broken``
+    when the hub lost Redis (the client must poll from now on).
     """
 
     def __init__(self, channel: str):
         self.channel = channel
-        self.queue: asyncio.Queue[list[StreamRecord] | None] = asyncio.Queue(maxsize=QUEUE_LIMIT)
+        self.queue: asyncio.Queue[tuple[list[StreamRecord], int] | None] = asyncio.Queue(maxsize=QUEUE_LIMIT)
+        self.queued_bytes = 0
         self.lagged = False
         self.broken = False
 
-    def deliver(self, records: list[StreamRecord]) -> None:
-        try:
-            self.queue.put_nowait(records)
-        except asyncio.QueueFull:
+    def deliver(self, records: list[StreamRecord], size: int = 0) -> None:
+        """Queue a batch of ``size`` bytes, or mark the client lagged (and drop what waits: the
+        client reads all of it again from the database)."""
+        if self.lagged:
+            return
+        if self.queued_bytes + size > QUEUE_BYTES_LIMIT or self.queue.full():
             self.lagged = True
+            self.clear()
+            self.queue.put_nowait(([], 0))  # wake the client now, to catch up
+            return
+        self.queue.put_nowait((records, size))
+        self.queued_bytes += size
+
+    async def get(self) -> list[StreamRecord] | None:
+        """Wait for the next batch (``None`` when the hub lost Redis)."""
+        item = await self.queue.get()
+        if item is None:
+            return None
+        records, size = item
+        self.queued_bytes -= size
+        return records
+
+    def clear(self) -> None:
+        """Drop every waiting batch (a lagged client catches up from the database instead)."""
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if item is None:  # keep the hub's wake-up: the client must learn it lost Redis
+                self.queue.put_nowait(None)
+                break
+        self.queued_bytes = 0
 
     def interrupt(self) -> None:
         self.broken = True
@@ -164,8 +195,9 @@ class StreamHub:
             except (ValueError, TypeError) as exc:
                 logger.warning("ignoring a malformed stream message on %s: %s", channel, exc)
                 continue
+            size = len(message["data"])
             for subscription in list(listeners):
-                subscription.deliver(records)
+                subscription.deliver(records, size)
 
     async def _fail(self, exc: BaseException) -> None:
         """Redis is gone: tell every client to poll the database, and start afresh next time."""

@@ -225,7 +225,7 @@ async def _events(
             batch: list[StreamRecord] | None = None
             if live:
                 try:
-                    batch = await asyncio.wait_for(subscription.queue.get(), timeout=wait)
+                    batch = await asyncio.wait_for(subscription.get(), timeout=wait)
                 except TimeoutError:
                     batch = None
             else:
@@ -239,9 +239,8 @@ async def _events(
                         yield frame
             elif not live or time.monotonic() >= next_beat or (subscription is not None and subscription.lagged):
                 if subscription is not None and subscription.lagged:
+                    subscription.clear()
                     subscription.lagged = False
-                    while not subscription.queue.empty():
-                        subscription.queue.get_nowait()
                 async for frame in follower.catch_up():
                     yield frame
             if time.monotonic() >= next_beat and not follower.finished:

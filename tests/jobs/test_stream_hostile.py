@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -280,20 +281,24 @@ def test_clients_that_drop_mid_stream_leave_no_subscription_behind(owner, spec, 
     job, engine = running_job(owner, spec, web)
     engine.metrics(*range(1, 200))
     request = (
-        f"GET /api/v1/jobs/{job.public_id}/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {owner.key}\r\n\r\n"
+        f"GET /api/v1/jobs/{job.public_id}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {owner.key}\r\n\r\n"
     ).encode()
     sockets = []
     for n in range(30):
         sock = socket.create_connection(("127.0.0.1", web.port), timeout=10)
         sock.sendall(request if n % 5 else request[: len(request) // 2])  # some never finish the request
         sockets.append(sock)
+    redis_url = web.env["REDIS_URL"]
+    for n, sock in enumerate(sockets):
+        if n % 5:
+            assert sock.recv(12) == b"HTTP/1.1 200"  # each full request is a stream, followed live
+    assert _subscribers(redis_url, job) == 1  # one subscription, shared by the process's clients
     for n, sock in enumerate(sockets):
         if n % 5 and n % 2:
             sock.recv(100)  # half-read
         if n % 3 == 0:  # reset, not a polite close
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
-    redis_url = web.env["REDIS_URL"]
     deadline = time.monotonic() + 20
     while _subscribers(redis_url, job) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -345,6 +350,9 @@ def own_redis(tmp_path):
                     "no",
                     "--dir",
                     str(tmp_path),
+                    # The hub must keep up by itself: Redis never cuts it off for a slow read.
+                    "--client-output-buffer-limit",
+                    "pubsub 0 0 0",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -465,3 +473,132 @@ def test_a_revoked_key_a_removed_member_or_a_logout_ends_an_open_stream(owner, m
         kept.join(timeout=10)
     finally:
         stack.stop()
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_never_reads_holds_a_bounded_amount_of_server_memory(owner, spec, tmp_path, own_redis):
+    """The records waiting for a client that does not read are bounded in bytes, not only in
+    messages: 1,000 messages of a megabyte each would be a gigabyte per client."""
+    import json
+
+    import redis
+
+    from jobs.stream.fanout import channel_name
+
+    stack = _web(tmp_path, REDIS_URL=own_redis.url)
+    sock = None
+    try:
+        job, _ = running_job(owner, spec, stack)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", stack.port))
+        sock.sendall(
+            f"GET /api/v1/jobs/{job.public_id}/stream?from=now HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {owner.key}\r\n\r\n".encode()
+        )
+        publisher = redis.Redis.from_url(own_redis.url)
+        channel = channel_name(job.public_id)
+        assert sock.recv(12) == b"HTTP/1.1 200"
+        deadline = time.monotonic() + 10
+        while publisher.pubsub_numsub(channel)[0][1] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert publisher.pubsub_numsub(channel)[0][1] == 1
+        pid = stack.processes["web"].pid
+        before = _rss_bytes(pid)
+        line = "x" * (256 * 1024)
+        for n in range(400):  # 100 MiB of records the client never reads
+            payload = json.dumps([[10**9 + n, "log", json.dumps({"seq": n, "line": line})]])
+            publisher.publish(channel, payload)
+            if n % 50 == 0:
+                time.sleep(0.05)
+        time.sleep(2)
+        grown = _rss_bytes(pid) - before
+        publisher.close()
+        assert grown < 48 * 1024 * 1024, f"the server grew by {grown // 2**20} MiB for one client that does not read"
+        assert httpx.get(f"{stack.base_url}/healthz", timeout=10).status_code == 200
+    finally:
+        if sock is not None:
+            sock.close()
+        stack.stop()
+
+
+def test_a_client_that_falls_behind_catches_up_from_the_database_exactly(owner, spec, tmp_path, own_redis, settings):
+    import redis
+
+    from jobs.stream import fanout
+
+    settings.REDIS_URL = own_redis.url
+    stack = _web(tmp_path, REDIS_URL=own_redis.url)
+    try:
+        job, engine = running_job(owner, spec, stack)
+        url = stream_url(stack, job)
+        paused = []
+
+        def pause_once(reader):
+            if not paused and reader.frames:
+                paused.append(True)
+                time.sleep(3)  # stop reading while the engine goes on
+            return False
+
+        slow = Reader(url, auth(owner.key)).start(until=pause_once, timeout=60)
+        steady = Reader(url, auth(owner.key)).start(timeout=60)
+        deadline = time.monotonic() + 10
+        while not (paused and steady.frames) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        engine.metrics(1, 2, 3)
+        # A message bigger than a client may have waiting: every client lags and must read
+        # what it missed from the database (the message itself holds no record).
+        publisher = redis.Redis.from_url(own_redis.url)
+        publisher.publish(fanout.channel_name(job.public_id), "[]" + " " * (fanout.QUEUE_BYTES_LIMIT + 1))
+        publisher.close()
+        for step in range(4, 30):
+            engine.metrics(step)
+        finish(job)
+        slow.join()
+        steady.join()
+        full = Reader(url, auth(owner.key)).read()
+    finally:
+        stack.stop()
+    expected = [(f.id, f.event, f.data) for f in full.numbered()]
+    assert [f.data["step"] for f in full.frames if f.event == "metrics"] == list(range(1, 30))
+    for reader in (slow, steady):
+        assert reader.closed_by_server
+        assert [(f.id, f.event, f.data) for f in reader.numbered()] == expected
+
+
+def test_a_lagging_subscription_drops_what_waits_and_wakes_its_client():
+    import asyncio
+
+    from jobs.stream.fanout import QUEUE_BYTES_LIMIT, QUEUE_LIMIT, Subscription
+    from jobs.stream.records import record
+
+    async def scenario():
+        by_count = Subscription("c")
+        for n in range(QUEUE_LIMIT + 5):
+            by_count.deliver([record(n + 1, "log", {"n": n})], 10)
+        assert by_count.lagged and by_count.queued_bytes == 0 and by_count.queue.qsize() == 1
+        assert await by_count.get() == []  # the wake-up: catch up now
+        by_count.lagged = False
+        by_count.deliver([record(1, "log", {})], 10)
+        assert by_count.queued_bytes == 10 and len(await by_count.get()) == 1 and by_count.queued_bytes == 0
+
+        by_bytes = Subscription("c")
+        by_bytes.deliver([record(1, "log", {})], QUEUE_BYTES_LIMIT // 2)
+        by_bytes.deliver([record(2, "log", {})], QUEUE_BYTES_LIMIT // 2)
+        assert not by_bytes.lagged
+        by_bytes.deliver([record(3, "log", {})], 1)
+        assert by_bytes.lagged and by_bytes.queue.qsize() == 1 and by_bytes.queued_bytes == 0
+
+        broken = Subscription("c")
+        broken.deliver([record(1, "log", {})], 1)
+        broken.interrupt()
+        broken.clear()  # the hub's "lost Redis" wake-up survives a clear
+        assert await broken.get() is None and broken.broken
+
+    asyncio.run(scenario())
