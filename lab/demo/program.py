@@ -17,6 +17,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -284,14 +285,21 @@ def check_webhooks(receiver: WebhookReceiver, job: labsdk.Job) -> Check:
 
 
 def check_usage(lab: Lab, job: labsdk.Job) -> tuple[Check, str]:
-    """CPU-seconds recorded for the job; return the check and a line with the cost at the local rate."""
+    """CPU-seconds recorded for the job, and a cost that matches them at the local ``cpu`` rate
+    of the price table (to the cent, which is how costs are rounded); return the check and a
+    line for the summary."""
+    name = "usage recorded and priced"
     usage = job.usage
     rate = next((price.usd_per_hour for price in lab.prices.list() if price.resource_type == "cpu"), None)
-    if usage is None or not usage.cpu_seconds:
-        return Check("usage recorded", False, f"no CPU-seconds recorded: {usage}"), ""
-    rate_text = f" at the local rate of ${rate} per hour" if rate is not None else ""
-    line = f"{usage.cpu_seconds:,.1f} CPU-seconds, ${usage.cost_usd}{rate_text}"
-    return Check("usage recorded", True, line), line
+    if usage is None or not usage.cpu_seconds or usage.cost_usd is None:
+        return Check(name, False, f"no CPU-seconds or cost recorded: {usage}"), ""
+    if rate is None:
+        return Check(name, False, "the price table has no local (cpu) rate"), ""
+    line = f"{usage.cpu_seconds:,.1f} CPU-seconds, ${usage.cost_usd} at the local rate of ${rate} per hour"
+    expected = Decimal(str(usage.cpu_seconds)) / 3600 * rate
+    if abs(usage.cost_usd - expected) > Decimal("0.01"):
+        return Check(name, False, f"{line}, but that rate gives ${expected:.4f}"), line
+    return Check(name, True, line), line
 
 
 def dashboard_url(base_url: str, job_id: str) -> str:
@@ -307,7 +315,7 @@ def print_summary(outcome: Outcome, *, settings: DemoSettings, base_url: str, re
     say(f"Job {job.id} ({job.spec.get('model')}, {job.max_steps} steps) {job.status} "
         f"{_duration(outcome.run_seconds)} after it was submitted.")
     say(f"  Dashboard   {dashboard_url(base_url, job.id)}")
-    say(f"  Log in as   {EMAIL} / {settings.password}")
+    say(f"  Log in as   {EMAIL} / {settings.password}   ({base_url}/login/)")
     say(f"  Rewards     {_reward_line(outcome.rewards)}")
     if outcome.checkpoint_dir is not None:
         say(f"  Checkpoint  {outcome.checkpoint_dir}")

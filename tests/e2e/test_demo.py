@@ -114,7 +114,7 @@ def test_the_demo_runs_the_main_job_with_every_check_but_learning(tmp_path):
     assert "[n/a ] reward went up: not checked on lab/tiny-random-llama" in output
     assert "[PASS] final checkpoint loads with peft" in output
     assert "[PASS] webhooks verified, checkpoint.ready among them" in output
-    assert "[PASS] usage recorded" in output
+    assert "[PASS] usage recorded and priced: " in output
     assert "[FAIL]" not in output
     assert output.rstrip().endswith("Every check passed.")
     webhook_lines = [line.split() for line in output.splitlines() if line.strip().startswith("Webhook ")]
