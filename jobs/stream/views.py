@@ -90,6 +90,12 @@ def _allowed(grant: tuple[str, Any], job_pk: int) -> bool:
     )
 
 
+def _bad_resume_point() -> ApiError:
+    return ApiError(
+        400, "invalid_request", "Last-Event-ID must be an event id this stream sent.", param="last_event_id"
+    )
+
+
 def _resume_point(request: HttpRequest) -> int | None:
     """Return the number to resume after (``Last-Event-ID`` header or ``?last_event_id=``),
     ``None`` for the whole history, or -1 for ``?from=now``. Raises ApiError 400."""
@@ -101,9 +107,7 @@ def _resume_point(request: HttpRequest) -> int | None:
         # The length is checked before int(): int() refuses thousands of digits with a
         # ValueError, which would otherwise be a server error.
         if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > _MAX_SEQ:
-            raise ApiError(
-                400, "invalid_request", "Last-Event-ID must be an event id this stream sent.", param="last_event_id"
-            )
+            raise _bad_resume_point()
         return int(raw)
     return -1 if start == "now" else None
 
@@ -142,6 +146,10 @@ async def job_stream(request: HttpRequest, job_id: str) -> HttpResponse:
         job, grant = await _find_job_async(
             authorization=authorization, user=user, session_key=session_key, job_id=job_id
         )
+        if resume is not None and resume > job.stream_seq:
+            # Not an id this stream sent (numbers only grow): following after it would skip
+            # every record, the final status included, and never end.
+            raise _bad_resume_point()
     except ApiError as error:
         return error_json_response(error)
     response = StreamingHttpResponse(_events(job.pk, job.public_id, resume, grant), content_type="text/event-stream")

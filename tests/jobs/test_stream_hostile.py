@@ -602,3 +602,19 @@ def test_a_lagging_subscription_drops_what_waits_and_wakes_its_client():
         assert await broken.get() is None and broken.broken
 
     asyncio.run(scenario())
+
+
+def test_a_last_event_id_beyond_anything_the_job_sent_is_a_400_not_a_stream_that_never_ends(owner, spec, web):
+    """An id the stream never sent (another job's, or made up) would skip every record, the
+    final status included, so the stream would never end: refuse it."""
+    job, engine = running_job(owner, spec, web)
+    engine.metrics(1, 2)
+    sent = Job.objects.get(pk=job.pk).stream_seq
+    url = stream_url(web, job)
+    for beyond in (sent + 1, 10**12):
+        code, error = _error(httpx.get(url, headers={**auth(owner.key), "Last-Event-ID": str(beyond)}, timeout=10))
+        assert (code, error["param"]) == (400, "last_event_id")
+    finish(job)
+    last = Reader(url, {**auth(owner.key), "Last-Event-ID": str(sent)}).read(timeout=10)
+    assert last.closed_by_server and [f.event for f in last.numbered()] == ["event", "status"]
+    assert last.frames[-1].data["status"] == "succeeded"

@@ -97,3 +97,64 @@ def test_a_submit_sent_twice_queues_the_job_once(owner, owner_client):
     )
     third = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "submit", **fields})
     assert third.status_code == 302 and Job.objects.count() == 2
+
+
+# --- checkpoint downloads --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def checkpoints(owner, spec, settings, tmp_path):
+    """A running job of Acme with a ready checkpoint and one still uploading."""
+    from tests.lab.dashboard.jobs_helpers import Engine, submit
+    from tests.lab.dashboard.test_job_pages import _ready_checkpoint
+
+    settings.LAB_DATA_DIR = tmp_path
+    engine = Engine(submit(owner, spec, max_steps=30))
+    engine.running(0)
+    ready, data = _ready_checkpoint(engine, step=2)
+    pending = engine.post("checkpoints", {"attempt": 1, "step": 4, "format": "peft-lora"})["id"]
+    return {"ready": ready, "data": data, "pending": pending, "engine": engine}
+
+
+def test_checkpoint_downloads_of_other_tenants_or_odd_ids_are_404s(owner, outsider, checkpoints, outsider_client):
+    from jobs.models import Checkpoint
+
+    api = "/api/v1/checkpoints/{}/download"
+    mine = owner.client().get(api.format(checkpoints["ready"]))
+    assert mine.status_code == 200 and b"".join(mine.streaming_content) == checkpoints["data"]
+    missing = owner.client().get(api.format("ckpt_missing"))
+    assert missing.status_code == 404
+    for ckpt in (checkpoints["ready"], checkpoints["pending"]):
+        foreign = outsider.client().get(api.format(ckpt))
+        assert (foreign.status_code, foreign.json()) == (404, missing.json())
+    for odd in ("..", "ckpt_%2e%2e%2f%2e%2e", checkpoints["ready"].upper(), "ckpt_" + "x" * 5000, "%E2%98%83", "1"):
+        response = owner.client().get(api.format(odd))
+        assert response.status_code in (400, 404), odd
+    # The checkpoint's numeric primary key is not an id.
+    pk = Checkpoint.objects.get(public_id=checkpoints["ready"]).pk
+    assert owner.client().get(api.format(pk)).status_code == 404
+    # The dashboard route: another organization's checkpoint, from its own project's URL too.
+    for url in (
+        f"{PROJECT}checkpoints/{checkpoints['ready']}/download/",
+        f"/o/globex/p/default/checkpoints/{checkpoints['ready']}/download/",
+    ):
+        assert outsider_client.get(url).status_code == 404
+
+
+def test_a_checkpoint_not_ready_or_gone_is_refused_cleanly(owner, checkpoints, owner_client):
+    from jobs import storage
+    from jobs.models import Checkpoint
+
+    api = "/api/v1/checkpoints/{}/download"
+    pending = owner.client().get(api.format(checkpoints["pending"]))
+    assert pending.status_code == 409 and pending.json()["error"]["code"] == "checkpoint_not_ready"
+    checkpoint = Checkpoint.objects.get(public_id=checkpoints["ready"])
+    storage.delete(checkpoint.storage_key)
+    gone = owner.client().get(api.format(checkpoints["ready"]))
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+    page = owner_client.get(f"{PROJECT}checkpoints/{checkpoints['ready']}/download/")
+    assert page.status_code == 404
+    # Several quick clicks on a pending checkpoint's link: each one a redirect with the reason.
+    for _ in range(3):
+        again = owner_client.get(f"{PROJECT}checkpoints/{checkpoints['pending']}/download/")
+        assert again.status_code == 302
