@@ -158,3 +158,65 @@ def test_a_checkpoint_not_ready_or_gone_is_refused_cleanly(owner, checkpoints, o
     for _ in range(3):
         again = owner_client.get(f"{PROJECT}checkpoints/{checkpoints['pending']}/download/")
         assert again.status_code == 302
+
+
+# --- webhook pages ---------------------------------------------------------------------------------
+
+
+def test_hostile_webhook_forms_and_ids_are_never_a_server_error(owner, owner_client, member_client, outsider_client):
+    from jobs.webhooks.models import WebhookEndpoint
+
+    owner_client.raise_request_exception = False
+    endpoint = WebhookEndpoint.objects.create(project=owner.project, url="http://127.0.0.1:9/x", secret="whsec_x")
+    base = f"{PROJECT}webhooks/"
+    page = f"{base}{endpoint.public_id}/"
+    posts = [
+        (base, {"url": "http://" + "a" * 5000 + ".test/", "events": ["job.queued"]}),
+        (base, {"url": "javascript:alert(1)", "events": ["job.queued"]}),
+        (base, {"url": "https://example.com/\u202ehook", "events": ["nope", "job.queued"]}),
+        (base, {"url": "https://example.com/x", "events": "job.queued" * 1000}),
+        (base, {}),
+        (page + "enabled/", {"enabled": "maybe"}),
+        (page + "enabled/", {}),
+        (page + "rotate/", {"extra": "x" * 10000}),
+        (page + "deliveries/whd_missing/redeliver/", {}),
+        (page + "deliveries/" + "x" * 3000 + "/redeliver/", {}),
+        (f"{base}whep_missing/enabled/", {"enabled": "true"}),
+    ]
+    for client in (member_client, owner_client):
+        client.raise_request_exception = False
+        if client is owner_client:  # the member before could neither rotate nor disable it
+            assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == "whsec_x"
+            assert WebhookEndpoint.objects.get(pk=endpoint.pk).enabled
+        for url, body in posts:
+            response = client.post(url, body)
+            assert response.status_code in (200, 302, 400, 403, 404), (url[:80], response.status_code)
+        for url in (page + "rotate/", page + "enabled/", page + "test/"):
+            assert client.get(url).status_code == 405
+        assert client.get(page + "?status=%F0%9F%92%A5&page=99999999999999999999").status_code == 200
+    assert WebhookEndpoint.objects.filter(project=owner.project).count() == 1
+    for url, body in posts:
+        assert outsider_client.post(url, body).status_code == 404
+
+
+def test_cancel_and_restart_posted_twice_act_once(owner, owner_client, member_client, spec):
+    from jobs.models import JobEvent, JobStatus
+    from tests.lab.dashboard.jobs_helpers import submit
+
+    job = submit(owner, spec)
+    url = f"{PROJECT}jobs/{job.public_id}/"
+    assert owner_client.post(url + "cancel/").status_code == 302
+    assert member_client.post(url + "cancel/").status_code == 302
+    assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
+    assert owner_client.post(url + "restart/").status_code == 302
+    assert member_client.post(url + "restart/").status_code == 302
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+    types = list(JobEvent.objects.filter(job=job).values_list("type", flat=True))
+    assert types.count("job.cancelled") == 1 and types.count("job.restarted") == 1
+    # Without the CSRF token a post changes nothing.
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(owner.user)
+    assert strict.post(url + "cancel/").status_code == 403
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
