@@ -295,8 +295,11 @@ def check_usage(lab: Lab, job: labsdk.Job) -> tuple[Check, str]:
         return Check(name, False, f"no CPU-seconds or cost recorded: {usage}"), ""
     if rate is None:
         return Check(name, False, "the price table has no local (cpu) rate"), ""
-    line = f"{usage.cpu_seconds:,.1f} CPU-seconds, ${usage.cost_usd} at the local rate of ${rate} per hour"
     expected = Decimal(str(usage.cpu_seconds)) / 3600 * rate
+    line = (
+        f"{usage.cpu_seconds:,.1f} CPU-seconds at the local rate of ${rate} per hour: "
+        f"${usage.cost_usd} (${expected:.4f} before rounding to the cent)"
+    )
     if abs(usage.cost_usd - expected) > Decimal("0.01"):
         return Check(name, False, f"{line}, but that rate gives ${expected:.4f}"), line
     return Check(name, True, line), line
