@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import weakref
 from collections.abc import Sequence
 from functools import cache
@@ -28,6 +29,10 @@ from jobs.stream.records import StreamRecord
 
 logger = logging.getLogger(__name__)
 
+#: Seconds the hub waits for Redis to take a subscription before its clients poll instead, and
+#: seconds it then leaves Redis alone.
+REDIS_TIMEOUT_S = 2.0
+RETRY_AFTER_S = 5.0
 #: Messages a client may have waiting before it is switched to catching up from the database.
 QUEUE_LIMIT = 1000
 #: Bytes of record data a client may have waiting, likewise: a message can be a megabyte (a
@@ -132,6 +137,7 @@ class StreamHub:
         self._channels: dict[str, set[Subscription]] = {}
         self._reader: asyncio.Task | None = None
         self._lock = asyncio.Lock()
+        self._retry_at = 0.0
 
     @property
     def channel_count(self) -> int:
@@ -139,19 +145,30 @@ class StreamHub:
         return len(self._channels)
 
     async def subscribe(self, job_public_id: str) -> Subscription:
-        """Follow a job's channel. Raises ``redis.RedisError`` when Redis cannot be reached."""
+        """Follow a job's channel. Raises ``redis.RedisError`` when Redis cannot be reached.
+
+        A Redis that does not answer within ``REDIS_TIMEOUT_S`` (stopped, or a dead network path
+        that still accepts connections) counts as unreachable, and for ``RETRY_AFTER_S`` after
+        that every subscribe fails at once: clients poll the database instead of queueing up
+        behind one another on the hub's lock.
+        """
         subscription = Subscription(channel_name(job_public_id))
         async with self._lock:
+            if time.monotonic() < self._retry_at:
+                raise redis.ConnectionError("Redis was unreachable moments ago")
             if self._pubsub is None:
-                self._client = redis.asyncio.Redis.from_url(self._url, socket_connect_timeout=5)
+                self._client = redis.asyncio.Redis.from_url(self._url, socket_connect_timeout=REDIS_TIMEOUT_S)
                 self._pubsub = self._client.pubsub()
             listeners = self._channels.setdefault(subscription.channel, set())
             if not listeners:
                 try:
-                    await self._pubsub.subscribe(subscription.channel)
-                except (redis.RedisError, OSError):
+                    await asyncio.wait_for(self._pubsub.subscribe(subscription.channel), REDIS_TIMEOUT_S)
+                except (redis.RedisError, OSError, TimeoutError) as exc:
                     del self._channels[subscription.channel]
-                    raise
+                    self._retry_at = time.monotonic() + RETRY_AFTER_S
+                    closing = self._detach()
+                    await _close(closing)
+                    raise redis.ConnectionError(f"Redis did not take the subscription: {exc!r}") from exc
             listeners.add(subscription)
             if self._reader is None:
                 self._reader = asyncio.create_task(self._read(), name="lab-stream-hub")
@@ -167,14 +184,17 @@ class StreamHub:
             if not listeners:
                 del self._channels[subscription.channel]
                 try:
-                    await self._pubsub.unsubscribe(subscription.channel)
-                except (redis.RedisError, OSError) as exc:
-                    logger.warning("stream unsubscribe failed: %s", exc)
+                    await asyncio.wait_for(self._pubsub.unsubscribe(subscription.channel), REDIS_TIMEOUT_S)
+                except (redis.RedisError, OSError, TimeoutError) as exc:
+                    logger.warning("stream unsubscribe failed: %r", exc)
 
     async def _read(self) -> None:
         """Hand each message to the channel's clients while any channel is followed."""
+        me = asyncio.current_task()
         while True:
             async with self._lock:
+                if self._reader is not me:  # the hub dropped Redis and may have started afresh
+                    return
                 if not self._channels:
                     self._reader = None
                     return
@@ -182,7 +202,7 @@ class StreamHub:
             try:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             except (redis.RedisError, OSError, RuntimeError) as exc:
-                await self._fail(exc)
+                await self._fail(exc, pubsub)
                 return
             if message is None or message.get("type") != "message":
                 continue
@@ -199,23 +219,38 @@ class StreamHub:
             for subscription in list(listeners):
                 subscription.deliver(records, size)
 
-    async def _fail(self, exc: BaseException) -> None:
+    async def _fail(self, exc: BaseException, pubsub) -> None:
         """Redis is gone: tell every client to poll the database, and start afresh next time."""
         logger.warning("stream hub lost Redis; clients fall back to polling: %s", exc)
         async with self._lock:
-            for listeners in self._channels.values():
-                for subscription in listeners:
-                    subscription.interrupt()
-            self._channels.clear()
-            self._reader = None
-            pubsub, client = self._pubsub, self._client
-            self._pubsub = self._client = None
-        for closing in (pubsub, client):
-            try:
-                if closing is not None:
-                    await closing.aclose()
-            except (redis.RedisError, OSError):
-                pass
+            if self._pubsub is not pubsub:  # already dropped (and perhaps replaced)
+                return
+            closing = self._detach()
+        await _close(closing)
+
+    def _detach(self) -> tuple:
+        """Drop the Redis connection (the lock held): every client is told to poll from now on.
+        Returns what the caller must close."""
+        for listeners in self._channels.values():
+            for subscription in listeners:
+                subscription.interrupt()
+        self._channels.clear()
+        reader, self._reader = self._reader, None
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
+        closing = (self._pubsub, self._client)
+        self._pubsub = self._client = None
+        return closing
+
+
+async def _close(closing: tuple) -> None:
+    for item in closing:
+        if item is None:
+            continue
+        try:
+            await asyncio.wait_for(item.aclose(), REDIS_TIMEOUT_S)
+        except (redis.RedisError, OSError, TimeoutError):
+            pass
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StreamHub] = weakref.WeakKeyDictionary()

@@ -618,3 +618,70 @@ def test_a_last_event_id_beyond_anything_the_job_sent_is_a_400_not_a_stream_that
     last = Reader(url, {**auth(owner.key), "Last-Event-ID": str(sent)}).read(timeout=10)
     assert last.closed_by_server and [f.event for f in last.numbered()] == ["event", "status"]
     assert last.frames[-1].data["status"] == "succeeded"
+
+
+def test_a_job_deleted_during_a_replay_ends_the_stream_cleanly(owner, spec, settings, monkeypatch):
+    """Only finished jobs can be deleted, so a follower meets a deletion while it replays: the
+    stream ends after the page it was sending, without an error."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from jobs.services import job_delete, job_submit, job_transition, store_log_lines
+    from jobs.stream import views
+    from lab.services import Actor
+
+    settings.REDIS_URL = ""
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    now = datetime.now(UTC)
+    store_log_lines(job=job, attempt_number=1, source="engine", lines=[(n, now, "stdout", "x") for n in range(1200)])
+    job_transition(job=job, to="cancelled", message="stop")
+    real = views._catch_up_async
+    pages = []
+
+    async def deleting(job_pk, after):
+        answer = await real(job_pk, after)
+        pages.append(after)
+        if len(pages) == 1:
+            await views._in_thread(lambda: job_delete(job=Job.objects.get(pk=job_pk), actor=Actor(user=owner.user)))()
+        return answer
+
+    monkeypatch.setattr(views, "_catch_up_async", deleting)
+
+    async def everything():
+        return [frame async for frame in views._events(job.pk, job.public_id, None)]
+
+    frames = asyncio.run(everything())
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert frames[0].startswith("event: status") and 1 < len(frames) < 1200
+    assert len(pages) == 2  # the page after the deletion found nothing more, and the stream ended
+
+
+def test_new_streams_answer_and_follow_while_redis_hangs(owner, spec, tmp_path, own_redis, settings):
+    """A Redis that accepts connections but never answers (stopped, or a dead network path)
+    must not hold up new streams: they answer at once and follow by polling the database."""
+    import os
+    import signal
+
+    settings.REDIS_URL = own_redis.url
+    stack = _web(tmp_path, REDIS_URL=own_redis.url, LAB_STREAM_POLL_MS="100")
+    try:
+        job, engine = running_job(owner, spec, stack)  # the ingest API needs Redis (its rate limit)
+        os.kill(own_redis.process.pid, signal.SIGSTOP)
+        url = stream_url(stack, job)
+        started = time.monotonic()
+        readers = [Reader(url, auth(owner.key)).start(timeout=40) for _ in range(3)]
+        deadline = time.monotonic() + 30
+        while not all(r.frames for r in readers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        opened = time.monotonic() - started
+        assert all(r.frames for r in readers), "no snapshot while Redis hangs"
+        assert opened < 10, f"new streams waited {opened:.1f} s for a Redis that does not answer"
+        in_process(engine, 1, 2)
+        finish(job)  # publishing here fails (after its timeout) and is logged; the clients poll
+        for reader in readers:
+            reader.join(timeout=40)
+            assert reader.closed_by_server
+            assert [f.data["step"] for f in reader.frames if f.event == "metrics"] == [1, 2]
+    finally:
+        os.kill(own_redis.process.pid, signal.SIGCONT)
+        stack.stop()
