@@ -131,27 +131,46 @@ _SOURCES = (
 )
 
 
-def read_after(job_id: int, after: int, *, until: int | None = None, limit: int = 500) -> tuple[list[StreamRecord], bool]:
+#: About how many bytes of record data one :func:`read_after` call returns (at least one record):
+#: a sample can be 128 KiB of text, so 500 rows of each table could be hundreds of megabytes.
+PAGE_BYTES = 4 * 1024 * 1024
+
+
+def read_after(
+    job_id: int, after: int, *, until: int | None = None, limit: int = 500, max_bytes: int = PAGE_BYTES
+) -> tuple[list[StreamRecord], bool]:
     """Read the job's records numbered above ``after`` (and at most ``until``) from the database.
 
     Returns ``(records, complete)``: records in number order, and whether they reach the end
     (``False`` when more are left: call again after the last number returned). At most
-    ``limit`` rows are read from each table per call.
+    ``limit`` rows are read from each table per call, and reading stops once about
+    ``max_bytes`` of record data is in hand.
     """
     batches: list[list[StreamRecord]] = []
     horizon: int | None = until
+    budget = max_bytes
     for queryset, to_records in _SOURCES:
         # An event numbered ``after`` may carry the status record ``after + 1``.
         floor = {"stream_seq__gte": after} if queryset.model is JobEvent else {"stream_seq__gt": after}
         rows = queryset.filter(job_id=job_id, **floor)
         if until is not None:
             rows = rows.filter(stream_seq__lte=until)
-        page = list(rows.order_by("stream_seq")[:limit])
-        if len(page) == limit:
-            # This table may hold more: nothing past its last row is known to be complete.
-            last = page[-1].stream_seq
-            horizon = last if horizon is None else min(horizon, last)
-        batches.append(to_records(page))
+        taken: list[StreamRecord] = []
+        count, last, cut = 0, None, None
+        for row in rows.order_by("stream_seq")[:limit].iterator(chunk_size=50):
+            converted = to_records([row])
+            taken += converted
+            count, last = count + 1, row.stream_seq
+            budget -= sum(len(item.data) for item in converted)
+            if budget <= 0 and last > after:
+                cut = last  # enough for this call: the rest of this table waits for the next
+                break
+        if cut is None and count == limit:
+            cut = last  # this table may hold more
+        if cut is not None:
+            # Nothing past the last row read from a table cut short is known to be complete.
+            horizon = cut if horizon is None else min(horizon, cut)
+        batches.append(taken)
     complete = horizon is None or horizon == until
     merged = sorted((item for batch in batches for item in batch if item.seq > after), key=lambda item: item.seq)
     if horizon is not None:

@@ -685,3 +685,64 @@ def test_new_streams_answer_and_follow_while_redis_hangs(owner, spec, tmp_path, 
     finally:
         os.kill(own_redis.process.pid, signal.SIGCONT)
         stack.stop()
+
+
+def test_a_replay_page_holds_a_bounded_amount_of_data_and_pages_join_up_exactly(owner, spec):
+    """A sample is up to 128 KiB of text: 500 of them in one page would be 64 MiB per client."""
+    from datetime import UTC, datetime
+
+    from django.db import transaction
+
+    from jobs.models import RolloutSample
+    from jobs.services import job_submit, store_log_lines
+    from jobs.stream import records
+    from lab.services import Actor
+
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    now = datetime.now(UTC)
+    big = "x" * 65_536
+    for batch in range(20):
+        with transaction.atomic():
+            rows = [
+                RolloutSample(
+                    job=job, step=batch, attempt=1, group=g, prompt=big, completion=big, reward=0.0, advantage=0.0
+                )
+                for g in range(5)
+            ]
+            records.number(job.pk, rows)
+            RolloutSample.objects.bulk_create(rows)
+        store_log_lines(
+            job=job, attempt_number=1, source="engine", lines=[(batch * 10 + n, now, "stdout", "l") for n in range(5)]
+        )
+    from jobs.models import JobEvent, LogLine
+
+    expected = sorted(
+        [*RolloutSample.objects.filter(job=job).values_list("stream_seq", flat=True)]
+        + [*LogLine.objects.filter(job=job).values_list("stream_seq", flat=True)]
+        + [
+            seq + extra
+            for seq in JobEvent.objects.filter(job=job).values_list("stream_seq", flat=True)
+            for extra in (0, 1)
+        ]
+    )
+    assert len(expected) == 2 + 100 + 100  # job.queued with its status, the samples, the lines
+    pages, after = [], 0
+    while True:
+        page, complete = records.read_after(job.pk, after)
+        size = sum(len(item.data) for item in page)
+        assert size <= 5 * 2**20, f"one page held {size // 2**20} MiB"
+        pages += page
+        if complete or not page:
+            break
+        after = page[-1].seq
+    assert [item.seq for item in pages] == expected
+    whole = pages
+    # A tiny budget still makes progress one record at a time, and still joins up exactly.
+    pages, after = [], 0
+    while True:
+        page, complete = records.read_after(job.pk, after, max_bytes=1)
+        pages += page
+        if complete or not page:
+            break
+        after = page[-1].seq
+    assert pages == whole

@@ -220,3 +220,30 @@ def test_cancel_and_restart_posted_twice_act_once(owner, owner_client, member_cl
     strict.force_login(owner.user)
     assert strict.post(url + "cancel/").status_code == 403
     assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+
+
+JUNK_DATA_QUERIES = [
+    "?max_points=1e9&limit=99999999999999999999999",
+    "?after_step=1e400&names=",
+    "?after_step=" + "9" * 5000,
+    "?limit=-0&max_points=0",
+    "?names=" + ",".join(f"m{i}" for i in range(3000)),
+    "?step=" + "1" * 5000 + "&after=" + "2" * 5000,
+    "?after=NaN&step=inf&limit=Infinity",
+    "?names=reward%2Fmean&names=loss%2Fmean&max_points=2&max_points=-5",
+]
+
+
+@pytest.mark.parametrize("query", JUNK_DATA_QUERIES)
+def test_the_chart_json_routes_answer_junk_with_a_400_in_the_api_shape(owner, owner_client, spec, query):
+    from tests.lab.dashboard.jobs_helpers import Engine, submit
+
+    engine = Engine(submit(owner, spec, max_steps=30))
+    engine.running(0)
+    engine.metrics((1, {"reward/mean": 0.1}), (2, {"reward/mean": 0.2}))
+    owner_client.raise_request_exception = False
+    for rest in ("data/metrics/", "data/samples/", "data/logs/", "rollouts/"):
+        response = owner_client.get(f"{PROJECT}jobs/{engine.job.public_id}/{rest}{query}")
+        assert response.status_code in (200, 400), (rest, query[:60], response.status_code)
+        if response.status_code == 400 and rest.startswith("data/"):
+            assert response.json()["error"]["type"]
