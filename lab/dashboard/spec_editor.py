@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from django.conf import settings
@@ -16,7 +17,10 @@ from django.conf import settings
 EXAMPLES_DIR = Path(settings.BASE_DIR) / "examples"
 DEFAULT_EXAMPLE = "addition-tiny"
 
-_TOML_TABLE = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
+# No two quantifiers here can match the same characters, so a hostile line (``[a`` and a million
+# spaces) is matched in linear time; the table name's characters are checked separately.
+_TOML_TABLE = re.compile(r"^\s*(\[\[?)([^\[\]#]*)\]\]?\s*(#.*)?$")
+_TOML_TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-\"' ]+")
 _TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\")\s*=")
 
 
@@ -48,7 +52,8 @@ def example_named(name: str | None) -> Example | None:
     return next((example for example in every if example.name == name), every[0] if every else None)
 
 
-def _toml_key_paths(text: str) -> list[tuple[str, int]]:
+@lru_cache(maxsize=4)
+def _toml_key_paths(text: str) -> tuple[tuple[str, int], ...]:
     """Return ``(dotted path, line number)`` for every table header and ``key =`` line of ``text``.
 
     Arrays of tables count their members, so the second ``[[env]]`` is ``env.1``. A best effort
@@ -59,6 +64,8 @@ def _toml_key_paths(text: str) -> list[tuple[str, int]]:
     array_counts: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         header = _TOML_TABLE.match(line)
+        if header and not _TOML_TABLE_NAME.fullmatch(header.group(2).strip()):
+            header = None
         if header:
             name = ".".join(part.strip().strip("\"'") for part in header.group(2).split("."))
             if header.group(1) == "[[":
@@ -73,7 +80,7 @@ def _toml_key_paths(text: str) -> list[tuple[str, int]]:
         if key:
             name = key.group(1).strip('"')
             paths.append((f"{table}.{name}" if table else name, number))
-    return paths
+    return tuple(paths)
 
 
 def _with_array_indexes(name: str, array_counts: dict[str, int]) -> str:

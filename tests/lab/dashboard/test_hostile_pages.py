@@ -247,3 +247,30 @@ def test_the_chart_json_routes_answer_junk_with_a_400_in_the_api_shape(owner, ow
         assert response.status_code in (200, 400), (rest, query[:60], response.status_code)
         if response.status_code == 400 and rest.startswith("data/"):
             assert response.json()["error"]["type"]
+
+
+def test_pointing_at_problem_lines_takes_linear_time_on_hostile_text(owner_client):
+    """The editor finds the line of each problem with regular expressions: a line built to make
+    them backtrack (within the 1 MB limit) must not hold a server worker for minutes."""
+    import time
+
+    evil = "[a" + " " * 60_000 + "x"
+    text = f'name = """\n{evil}\n{evil}\n"""\nbogus_key = 1\n' + EXAMPLE.replace('name = "addition-tiny"\n', "")
+    started = time.monotonic()
+    response = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": text, "action": "estimate"})
+    took = time.monotonic() - started
+    assert response.status_code == 200
+    assert "bogus_key" in [problem["param"] for problem in response.context["form"].problems]
+    assert took < 3, f"the editor took {took:.1f} s to point at the problems"
+
+
+def test_many_problems_in_a_long_spec_are_pointed_at_quickly(owner_client):
+    import time
+
+    envs = "".join(f'[[env]]\nid = "nobody/env-{n}"\n' for n in range(1500))
+    text = EXAMPLE.split("[[env]]")[0] + envs
+    started = time.monotonic()
+    response = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": text, "action": "estimate"})
+    took = time.monotonic() - started
+    assert response.status_code == 200 and response.context["form"].problems
+    assert took < 5, f"the editor took {took:.1f} s for {len(response.context['form'].problems)} problems"
