@@ -152,6 +152,22 @@ def test_a_flood_from_one_key_gets_429_with_retry_after(owner, outsider):
     assert outsider.client().get("/api/v1/whoami").status_code == 200
 
 
+@override_settings(
+    LAB_API_RATE_LIMIT_PER_MINUTE=1,
+    CACHES={
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",  # nothing listens there
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
+    },
+)
+def test_an_unreachable_rate_limit_cache_lets_requests_through(owner, caplog):
+    client = owner.client()
+    assert [client.get("/api/v1/whoami").status_code for _ in range(3)] == [200, 200, 200]
+    assert "rate limit not counted" in caplog.text
+
+
 def test_every_response_carries_a_request_id(owner):
     response = owner.client().get("/api/v1/whoami", HTTP_X_REQUEST_ID="abc-123")
     assert response["X-Request-Id"] == "abc-123"
