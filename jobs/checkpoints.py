@@ -46,7 +46,7 @@ def checkpoint_register(*, job: Job, attempt: JobAttempt, step: int, format: str
     stream_records.number(job.pk, [checkpoint])
     checkpoint.save(update_fields=["storage_key", "stream_seq"])
     publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
-    return checkpoint, storage.upload_target(checkpoint.storage_key)
+    return checkpoint, storage.upload_target(storage.upload_key(checkpoint.storage_key))
 
 
 def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256: str) -> Checkpoint:
@@ -61,7 +61,7 @@ def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256
     checkpoint = _completable(job=job, checkpoint_id=checkpoint_id)
     if checkpoint.status == CheckpointStatus.READY:
         return checkpoint
-    stored = storage.stored_size_and_sha256(checkpoint.storage_key, expected_size=size_bytes)
+    stored = storage.seal(checkpoint.storage_key, expected_size=size_bytes)
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         checkpoint = _completable(job=job, checkpoint_id=checkpoint_id, lock=True)
@@ -124,6 +124,7 @@ def _mark_failed(*, job: Job, checkpoint: Checkpoint, message: str) -> None:
         data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
     )
     _delete_after_commit(checkpoint.storage_key)
+    _delete_after_commit(storage.upload_key(checkpoint.storage_key))
 
 
 def checkpoint_apply_retention(*, job: Job) -> list[str]:
@@ -216,6 +217,14 @@ def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
     for batch_start in range(0, len(candidates), 500):
         batch = candidates[batch_start : batch_start + 500]
         known = set(Checkpoint.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
+        # An upload belongs to its archive's row while that checkpoint is still uploading.
+        uploads = {storage.archive_key_of_upload(key): key for key in batch if storage.archive_key_of_upload(key)}
+        known |= {
+            uploads[archive]
+            for archive in Checkpoint.objects.filter(
+                storage_key__in=list(uploads), status=CheckpointStatus.UPLOADING
+            ).values_list("storage_key", flat=True)
+        }
         for key in batch:
             if key not in known:
                 storage.delete(key)

@@ -2,9 +2,11 @@
 
 The filesystem under ``LAB_DATA_DIR/checkpoints`` by default; an S3-compatible bucket through
 django-storages when ``LAB_STORAGE_URL`` is ``s3://bucket/prefix`` (lab/settings.py). Keys look
-like ``<job public id>/<checkpoint public id>.tar``. An engine on the filesystem backend writes the
-archive straight to ``upload_target(key)["path"]``; on S3 it PUTs it to a pre-signed URL. Either
-way Lab then re-hashes what is stored (``stored_size_and_sha256``).
+like ``<job public id>/<checkpoint public id>.tar``. The engine never writes there: it uploads to
+the archive's *upload key* (``upload_key(key)``; a local path on the filesystem backend, a
+pre-signed PUT URL on S3), and Lab seals the upload (``seal``): it copies it to the archive key,
+hashes what it wrote, and deletes the upload. Whoever still holds the upload path or URL can
+then change nothing that Lab serves.
 
 This module only moves bytes; what a checkpoint row may do is decided in ``jobs.checkpoints``.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,6 +41,63 @@ def is_filesystem() -> bool:
 def checkpoint_key(job_public_id: str, checkpoint_public_id: str) -> str:
     """Return the storage key of a checkpoint archive."""
     return f"{job_public_id}/{checkpoint_public_id}.tar"
+
+
+def upload_key(key: str) -> str:
+    """Return where the engine uploads the archive of ``key`` before Lab seals it."""
+    return key.removesuffix(".tar") + ".upload.tar"
+
+
+def archive_key_of_upload(key: str) -> str | None:
+    """Return the archive key whose upload ``key`` is, or None when ``key`` is no upload."""
+    return key.removesuffix(".upload.tar") + ".tar" if key.endswith(".upload.tar") else None
+
+
+def seal(key: str, *, expected_size: int | None = None) -> tuple[int, str] | None:
+    """Move the engine's upload of ``key`` to ``key`` itself; return (size in bytes, hex SHA-256)
+    of what is now stored at ``key``, or None when nothing was uploaded.
+
+    On the filesystem the bytes are copied into a new file while being hashed (a writer still
+    holding the upload open cannot reach it); on S3 the object is copied server-side, then the
+    copy is read back and hashed. The upload is deleted. When the upload's size differs from
+    ``expected_size`` nothing is copied, the upload is deleted and the SHA-256 is ``""``. Sealing
+    again after a success (the upload gone, the archive there) hashes the archive.
+    """
+    storage = checkpoint_storage()
+    upload = upload_key(key)
+    if not storage.exists(upload):
+        return stored_size_and_sha256(key, expected_size=expected_size)
+    if expected_size is not None and (size := storage.size(upload)) != expected_size:
+        storage.delete(upload)
+        return size, ""
+    if isinstance(storage, FileSystemStorage):
+        sealed = _copy_hashing(path_of(upload), path_of(key))
+    else:
+        client = _s3_client(storage)
+        client.copy(
+            {"Bucket": storage.bucket_name, "Key": _s3_object_key(storage, upload)},
+            storage.bucket_name,
+            _s3_object_key(storage, key),
+            ExtraArgs={"ContentType": ARCHIVE_CONTENT_TYPE},
+        )
+        sealed = stored_size_and_sha256(key)
+    storage.delete(upload)
+    return sealed
+
+
+def _copy_hashing(source: Path, destination: Path) -> tuple[int, str]:
+    """Copy ``source`` to a new file at ``destination`` (written aside, then renamed into place)
+    and return (size, hex SHA-256) of the bytes written."""
+    digest = hashlib.sha256()
+    size = 0
+    partial = destination.with_name(f"{destination.name}.{uuid.uuid4().hex}.sealing")  # one per sealer
+    with source.open("rb") as reader, partial.open("wb") as writer:
+        while chunk := reader.read(_CHUNK):
+            digest.update(chunk)
+            writer.write(chunk)
+            size += len(chunk)
+    partial.replace(destination)
+    return size, digest.hexdigest()
 
 
 def path_of(key: str) -> Path:

@@ -85,13 +85,25 @@ def test_register_answers_a_presigned_put_that_the_engine_uploads_to(owner, spec
     assert target["headers"] == {"Content-Type": "application/x-tar"}
     url = urlsplit(target["url"])
     assert f"{url.scheme}://{url.netloc}" == s3_server.endpoint_url
-    assert url.path == f"/{bucket}/{PREFIX}/{job.public_id}/{ckpt['id']}.tar"
+    assert url.path == f"/{bucket}/{PREFIX}/{job.public_id}/{ckpt['id']}.upload.tar"  # sealed into .tar by Lab
     assert "X-Amz-Signature" in parse_qs(url.query)
     assert ckpt["status"] == "ready"
     checkpoint = Checkpoint.objects.get(public_id=ckpt["id"])
     assert checkpoint.size_bytes == 1200
     assert checkpoint.sha256 == hashlib.sha256(b"lora weights" * 100).hexdigest()
     assert s3_server.keys(bucket) == [f"{PREFIX}/{job.public_id}/{ckpt['id']}.tar"]
+
+
+def test_a_put_to_the_upload_url_after_sealing_changes_nothing_lab_serves(owner, spec, s3_server, bucket, tmp_path):
+    job, engine, base, token = start(owner, spec)
+    archive = b"verified" * 64
+    ckpt = upload(engine, base, job, token, 2, archive, tmp_path)
+    assert ckpt["status"] == "ready"
+    again = tmp_path / "again.tar"
+    again.write_bytes(b"replaced after completion")
+    HttpTransport("http://127.0.0.1:9", job.public_id, token).upload(ckpt["upload"], again)  # the URL still signs
+    key = f"{job.public_id}/{ckpt['id']}.tar"
+    assert storage.stored_size_and_sha256(key) == (len(archive), hashlib.sha256(archive).hexdigest())
 
 
 def test_a_tampered_or_missing_upload_fails_and_leaves_nothing_stored(owner, spec, s3_server, bucket, tmp_path):

@@ -88,6 +88,29 @@ def test_it_streams_a_ready_checkpoint_with_length_and_file_name(owner, spec):
     assert answer["Content-Disposition"] == f'attachment; filename="{job.public_id}-step-000004-{ckpt["id"]}.tar"'
 
 
+def test_an_upload_changed_after_sealing_changes_nothing_lab_serves(owner, spec):
+    job, engine, base = start(owner, spec)
+    registered = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 3, "format": "peft-lora"}, format="json").json()
+    upload_path = Path(registered["upload"]["path"])
+    archive = b"verified bytes " * 100
+    with upload_path.open("wb") as held_open:
+        held_open.write(archive)
+        held_open.flush()
+        completed = engine.post(
+            f"{base}/checkpoints/{registered['id']}/complete",
+            {"size_bytes": len(archive), "sha256": hashlib.sha256(archive).hexdigest()},
+            format="json",
+        )
+        assert completed.json()["status"] == "ready"
+        held_open.write(b"written through a handle kept open")  # reaches the upload's old file only
+    upload_path.write_bytes(b"written to the upload path again")
+    answer = owner.client().get(f"/api/v1/checkpoints/{registered['id']}/download")
+    assert b"".join(answer.streaming_content) == archive
+    assert answer["Content-Length"] == str(len(archive))
+    stored = storage.path_of(Checkpoint.objects.get(public_id=registered["id"]).storage_key)
+    assert stored != upload_path and stored.read_bytes() == archive
+
+
 def test_it_answers_404_for_another_organizations_checkpoint_as_for_a_missing_one(owner, outsider, spec):
     _, engine, base = start(owner, spec)
     ckpt = upload(engine, base, 1, b"mine")
