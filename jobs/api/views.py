@@ -144,7 +144,7 @@ class CheckpointDownloadView(ProjectAPIView):
     )
     def get(self, request: Request, checkpoint_id: str):
         checkpoint = self.get_owned(Checkpoint.objects.select_related("job"), checkpoint_id, "checkpoint")
-        return checkpoint_download_response(checkpoint)
+        return checkpoint_download_response(checkpoint, request=request)
 
 
 class JobCancelView(ProjectAPIView):

@@ -160,7 +160,7 @@ class CheckpointDownloadView(IngestView):
     @extend_schema(exclude=True)
     def get(self, request: Request, job_id: str, checkpoint_id: str):
         checkpoint = checkpoints.checkpoint_for_engine(job=self.attempt.job, checkpoint_id=checkpoint_id)
-        return checkpoints.checkpoint_download_response(checkpoint)
+        return checkpoints.checkpoint_download_response(checkpoint, request=request)
 
 
 class FinishView(IngestView):

@@ -347,7 +347,7 @@ def checkpoint_download(
     if checkpoint is None:
         raise Http404("No such checkpoint.")
     try:
-        return checkpoint_download_response(checkpoint)
+        return checkpoint_download_response(checkpoint, request=request)
     except ApiError as error:
         if error.status == 404:
             raise Http404(error.message) from None
