@@ -132,13 +132,17 @@ class LabStack:
         for name in list(self.processes):
             process = self.processes[name]
             try:
-                os.killpg(process.pid, signal.SIGTERM)
+                # The leader alone: a Celery worker shuts its pool down itself, and hangs when
+                # its children get SIGTERM from the group at the same time.
+                process.send_signal(signal.SIGTERM)
                 process.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # whatever the leader left behind
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=10)
             self.processes.pop(name)
         for pid_file in self.data_dir.glob("runs/*/attempt-*/engine.pid"):
             try:

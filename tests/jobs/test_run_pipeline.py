@@ -132,7 +132,7 @@ def test_a_killed_engine_resumes_from_its_checkpoint_and_succeeds(owner, spec, s
 
 
 def test_cancel_while_queued_and_while_running_frees_the_slot(owner, spec, stack):
-    spec.update(max_steps=50)
+    spec.update(max_steps=5000)  # far more than can finish before the cancel lands
     api = Api(stack, owner.key)
     running = api.create(spec)["id"]
     queued = api.create(spec)["id"]  # LAB_LOCAL_SLOTS = 1: this one waits
