@@ -16,10 +16,12 @@
   var redrawPending = false;
   var source = null;
 
-  function merge(points) {
+  // Fetched points may carry only some names: merge them. A streamed point is the step's whole
+  // row (a later attempt's step replaces the earlier one's): replace.
+  function merge(points, whole) {
     points.forEach(function (point) {
       var values = store.get(point.step);
-      if (!values) { store.set(point.step, Object.assign({}, point.values)); return; }
+      if (!values || whole) { store.set(point.step, Object.assign({}, point.values)); return; }
       Object.assign(values, point.values);
     });
   }
@@ -231,7 +233,7 @@
     });
     source.addEventListener("metrics", function (message) {
       var point = JSON.parse(message.data);
-      merge([point]);
+      merge([point], true);
       setStep(point.step);
       var picker = false;
       Object.keys(point.values).forEach(function (name) {
