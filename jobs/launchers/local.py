@@ -24,8 +24,8 @@ _START_GRACE_S = 30.0
 _MAX_READ = 256 * 1024
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone; Linux ``/proc``)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -111,7 +111,7 @@ class LocalLauncher(Launcher):
         supervisor = _read_pid(workdir / "supervisor.pid")
         if supervisor is None:
             return Observation(AttemptPhase.PENDING)
-        if _alive(supervisor):
+        if process_alive(supervisor):
             return Observation(AttemptPhase.RUNNING)
         # The supervisor died without recording an exit (killed): make sure the engine is gone too.
         self.cancel(handle, force=True)
@@ -167,7 +167,7 @@ class LocalLauncher(Launcher):
             if str(workdir) in live or (workdir / "exit.json").exists():
                 continue
             engine = _read_pid(pid_file)
-            if engine is not None and _alive(engine):
+            if engine is not None and process_alive(engine):
                 try:
                     os.killpg(engine, signal.SIGKILL)
                     ended.append(str(workdir))

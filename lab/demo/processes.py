@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from jobs.launchers.local import process_alive
 from lab.celery import Queue
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,21 +33,6 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _cmdline(pid: int) -> str:
@@ -170,7 +156,7 @@ class LabProcesses:
             except (OSError, ValueError):
                 continue
             # The pid must still be that attempt's process, not a recycled number.
-            if _alive(pid) and str(pid_file.parent) in _cmdline(pid):
+            if process_alive(pid) and str(pid_file.parent) in _cmdline(pid):
                 groups.append(pid)
         return groups
 
@@ -199,7 +185,7 @@ class LabProcesses:
         deadline = time.monotonic() + STOP_GRACE_S
         while groups and time.monotonic() < deadline:
             time.sleep(0.2)
-            groups = [pid for pid in groups if _alive(pid)]
+            groups = [pid for pid in groups if process_alive(pid)]
         for pid in groups:
             _signal_group(pid, signal.SIGKILL)
 
