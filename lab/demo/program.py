@@ -358,7 +358,8 @@ def start_lab(processes: LabProcesses, settings: DemoSettings, receiver: Webhook
     processes.run("manage.py", "migrate", "--noinput", what="manage.py migrate")
     tenant = processes.run(
         "manage.py", "bootstrap_tenant", "--org", ORGANIZATION, "--project", PROJECT,
-        "--email", EMAIL, "--password", settings.password, what="manage.py bootstrap_tenant",
+        # One argument: a generated password may start with "-", which argparse takes for an option.
+        "--email", EMAIL, f"--password={settings.password}", what="manage.py bootstrap_tenant",
     )
     api_key = _last_json_line(tenant)["api_key"]
     say(f"Starting web, worker and beat on {processes.base_url} ...")

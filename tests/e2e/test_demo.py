@@ -104,12 +104,14 @@ def assert_nothing_left(data_dir: Path) -> None:
 
 def test_the_demo_runs_the_main_job_with_every_check_but_learning(tmp_path):
     data_dir = tmp_path / "data"
-    env = demo_environment(data_dir, DEMO_MODEL="lab/tiny-random-llama")
+    # A password that looks like an option (generated ones start with "-" one time in 64).
+    env = demo_environment(data_dir, DEMO_MODEL="lab/tiny-random-llama", DEMO_PASSWORD="-Zy-U3IRHA5U6yo7v")
 
     result = run_demo(env, timeout=600)
 
     output = result.stdout
     assert result.returncode == 0, output[-4000:]
+    assert "demo@lab.localhost / -Zy-U3IRHA5U6yo7v" in output
     assert "[PASS] job succeeded" in output
     assert "[n/a ] reward went up: not checked on lab/tiny-random-llama" in output
     assert "[PASS] final checkpoint loads with peft" in output
