@@ -93,10 +93,10 @@ def job_record_event(
     rows are written in the same transaction.
     """
     event = JobEvent(job=job, type=type, level=level, message=message, data=data or {})
-    stream_records.number(job.pk, [event])
+    # A status change takes two numbers: the event's, and the status record's right after it.
+    event.stream_seq = stream_records.allocate(job.pk, 2 if status_change else 1)
     if status_change:
         event.job_snapshot = job_to_dict(job)
-        stream_records.allocate(job.pk, 1)  # the status record's number: the event's + 1
     event.save(force_insert=True)
     enqueue_event(event)
     publish_on_commit(job.public_id, stream_records.event_records([event]))

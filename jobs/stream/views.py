@@ -29,11 +29,10 @@ from jobs.models import TERMINAL_STATUSES, Job
 from jobs.serializers import job_to_dict
 from jobs.stream.fanout import Subscription, get_hub
 from jobs.stream.records import STATUS, StreamRecord, read_after, record
+from lab.api.auth import INVALID_API_KEY, api_key_from_authorization
 from lab.api.errors import ApiError, error_json_response, not_found
 from lab.models import ApiKey, ApiKeyScope
-from lab.services import api_key_authenticate
 
-_INVALID_KEY = "Missing, malformed, revoked or unknown API key; send 'Authorization: Bearer lab_...'."
 _MAX_SEQ = 2**62
 
 
@@ -57,10 +56,9 @@ def _find_job(
     organization). Raises ApiError 401/403/404."""
     jobs = Job.objects.filter(public_id=job_id) if len(job_id) <= 64 else Job.objects.none()
     if authorization is not None:
-        scheme, _, plaintext = authorization.partition(" ")
-        api_key = api_key_authenticate(plaintext.strip()) if scheme.lower() == "bearer" else None
+        api_key = api_key_from_authorization(authorization)
         if api_key is None:
-            raise ApiError(401, "invalid_api_key", _INVALID_KEY)
+            raise ApiError(401, "invalid_api_key", INVALID_API_KEY)
         if ApiKeyScope.READ not in api_key.scopes:
             raise ApiError(403, "insufficient_scope", "This API key lacks the 'read' scope.")
         jobs = jobs.filter(project=api_key.project)
@@ -69,7 +67,7 @@ def _find_job(
         jobs = jobs.filter(project__organization__memberships__user=user)
         grant = ("session", session_key)
     else:
-        raise ApiError(401, "invalid_api_key", _INVALID_KEY)
+        raise ApiError(401, "invalid_api_key", INVALID_API_KEY)
     job = jobs.first()
     if job is None:
         raise not_found("job")
@@ -119,9 +117,10 @@ def _snapshot(job_pk: int) -> tuple[dict, int] | None:
 
 
 def _catch_up(job_pk: int, after: int) -> tuple[list[StreamRecord], bool, bool]:
-    """Return ``(records after `after`, complete, job still exists)``."""
+    """Return ``(records after `after`, complete, job still exists)``; whether the job exists is
+    asked once the history is complete (a page of it proves it still did)."""
     records, complete = read_after(job_pk, after)
-    return records, complete, Job.objects.filter(pk=job_pk).exists()
+    return records, complete, Job.objects.filter(pk=job_pk).exists() if complete else True
 
 
 _snapshot_async = _in_thread(_snapshot)

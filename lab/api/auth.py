@@ -10,23 +10,29 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from lab.models import ApiKey, ApiKeyScope
 from lab.services import api_key_authenticate
 
-_INVALID = "Missing, malformed, revoked or unknown API key; send 'Authorization: Bearer lab_...'."
+INVALID_API_KEY = "Missing, malformed, revoked or unknown API key; send 'Authorization: Bearer lab_...'."
+
+
+def api_key_from_authorization(header: str | bytes) -> ApiKey | None:
+    """Return the active API key an ``Authorization: Bearer lab_...`` header value names, or None."""
+    if isinstance(header, bytes):
+        try:
+            header = header.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    parts = header.split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    return api_key_authenticate(parts[1])
 
 
 class ApiKeyAuthentication(BaseAuthentication):
     """Authenticate ``Authorization: Bearer lab_...``; ``request.auth`` becomes the ApiKey."""
 
     def authenticate(self, request) -> tuple[None, ApiKey]:
-        header = get_authorization_header(request).split()
-        if len(header) != 2 or header[0].lower() != b"bearer":
-            raise AuthenticationFailed(_INVALID)
-        try:
-            plaintext = header[1].decode("ascii")
-        except UnicodeDecodeError:
-            raise AuthenticationFailed(_INVALID) from None
-        api_key = api_key_authenticate(plaintext)
+        api_key = api_key_from_authorization(get_authorization_header(request))
         if api_key is None:
-            raise AuthenticationFailed(_INVALID)
+            raise AuthenticationFailed(INVALID_API_KEY)
         return (None, api_key)
 
     def authenticate_header(self, request) -> str:
@@ -42,7 +48,7 @@ class HasProjectScope(BasePermission):
     def has_permission(self, request, view) -> bool:
         api_key = request.auth
         if not isinstance(api_key, ApiKey):
-            raise AuthenticationFailed(_INVALID)
+            raise AuthenticationFailed(INVALID_API_KEY)
         required = getattr(view, "required_scope", None) or (
             ApiKeyScope.READ if request.method in SAFE_METHODS else ApiKeyScope.WRITE
         )

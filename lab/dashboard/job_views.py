@@ -273,37 +273,35 @@ def job_rollouts(request: HttpRequest, access: OrganizationAccess, project: Proj
     return _render(request, "dashboard/_job_rollouts.html", context, access=access)
 
 
+def _selector_json(selector, request: HttpRequest, project: Project, job_id: str) -> JsonResponse:
+    """Answer with ``selector(job=..., params=request.GET)``, the REST list body, for the session;
+    a refused parameter is the API's error body."""
+    job = _job(project, job_id)
+    try:
+        return JsonResponse(selector(job=job, params=request.GET))
+    except ApiError as error:
+        return _api_error_json(error)
+
+
 @require_GET
 @project_view
 def job_metrics_data(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> JsonResponse:
     """``GET /jobs/{id}/metrics`` for the session: same parameters, same list body."""
-    job = _job(project, job_id)
-    try:
-        return JsonResponse(metric_points(job=job, params=request.GET))
-    except ApiError as error:
-        return _api_error_json(error)
+    return _selector_json(metric_points, request, project, job_id)
 
 
 @require_GET
 @project_view
 def job_samples_data(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> JsonResponse:
     """``GET /jobs/{id}/samples`` for the session."""
-    job = _job(project, job_id)
-    try:
-        return JsonResponse(job_samples(job=job, params=request.GET))
-    except ApiError as error:
-        return _api_error_json(error)
+    return _selector_json(job_samples, request, project, job_id)
 
 
 @require_GET
 @project_view
 def job_logs_data(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> JsonResponse:
     """``GET /jobs/{id}/logs`` for the session."""
-    job = _job(project, job_id)
-    try:
-        return JsonResponse(job_logs(job=job, params=request.GET))
-    except ApiError as error:
-        return _api_error_json(error)
+    return _selector_json(job_logs, request, project, job_id)
 
 
 def _job_action(request, access, project, job_id, *, verb: str, act) -> HttpResponse:
