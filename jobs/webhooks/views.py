@@ -11,6 +11,7 @@ from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoin
 from jobs.webhooks.serializers import delivery_to_dict, endpoint_to_dict
 from lab.api.base import ProjectAPIView
 from lab.api.errors import ApiError, FieldError, not_found
+from lab.api.idempotency import replay_as
 from lab.api.pagination import paginate_by_public_id
 
 _BODY = {"application/json": OpenApiTypes.OBJECT}
@@ -22,7 +23,8 @@ class _EndpointView(ProjectAPIView):
 
 
 class EndpointListView(_EndpointView):
-    """``GET /webhook-endpoints`` (newest first); ``POST /webhook-endpoints`` (answer carries the secret)."""
+    """``GET /webhook-endpoints`` (newest first); ``POST /webhook-endpoints`` (answer carries the secret;
+    an ``Idempotency-Key`` replay answers without it)."""
 
     @extend_schema(
         parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", str)], responses=OpenApiTypes.OBJECT
@@ -35,7 +37,8 @@ class EndpointListView(_EndpointView):
     @extend_schema(request=_BODY, responses={201: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:
         endpoint = services.endpoint_create(project=self.project, actor=self.actor, data=request.data)
-        return Response(endpoint_to_dict(endpoint, include_secret=True), status=201)
+        answer = Response(endpoint_to_dict(endpoint, include_secret=True), status=201)
+        return replay_as(answer, endpoint_to_dict(endpoint))
 
 
 class EndpointDetailView(_EndpointView):
@@ -57,12 +60,13 @@ class EndpointDetailView(_EndpointView):
 
 
 class EndpointRotateSecretView(_EndpointView):
-    """``POST /webhook-endpoints/{id}/rotate-secret``: a new secret (the old one signs for 24 h more)."""
+    """``POST /webhook-endpoints/{id}/rotate-secret``: a new secret (the old one signs for 24 h more);
+    an ``Idempotency-Key`` replay answers without it."""
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, endpoint_id: str) -> Response:
         endpoint = services.endpoint_rotate_secret(endpoint=self.endpoint(endpoint_id), actor=self.actor)
-        return Response(endpoint_to_dict(endpoint, include_secret=True))
+        return replay_as(Response(endpoint_to_dict(endpoint, include_secret=True)), endpoint_to_dict(endpoint))
 
 
 class EndpointTestView(_EndpointView):

@@ -5,6 +5,10 @@ body) is 409 ``idempotency_conflict``. The stored answer is written in the same 
 the work it describes, so a request that fails with an error (or a 5xx) stores nothing and can be
 retried with the same key; two concurrent requests with one key are serialized by the unique
 constraint, and the second replays the first's answer.
+
+One exception: an answer that shows a secret once (a webhook endpoint's ``whsec_...`` on create
+and rotate) names, with ``replay_as(response, body)``, the body to store and replay instead,
+so the secret is never written to the idempotency table nor answered twice.
 """
 
 from __future__ import annotations
@@ -24,6 +28,17 @@ from lab.models import IdempotencyRecord, Project
 
 HEADER = "Idempotency-Key"
 _MAX_KEY_LENGTH = 255
+_REPLAY_BODY = "lab_replay_body"
+
+
+def replay_as(response: Response, body: dict) -> Response:
+    """Mark ``response`` so ``body`` (the answer less what is shown once) is stored and replayed.
+
+    Use it for answers that carry a secret: the live answer shows it, a replay of the same
+    ``Idempotency-Key`` answers the original status with ``body`` instead. Returns ``response``.
+    """
+    setattr(response, _REPLAY_BODY, body)
+    return response
 
 
 def _request_hash(request) -> str:
@@ -75,7 +90,7 @@ def run_idempotently(request, project: Project, handler: Callable[[], Response])
                     key=key,
                     request_hash=request_hash,
                     status_code=response.status_code,
-                    response_body=response.data,
+                    response_body=getattr(response, _REPLAY_BODY, response.data),
                 )
             return response
     except IntegrityError:

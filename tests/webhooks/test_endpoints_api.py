@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jobs.webhooks.models import WebhookDelivery, WebhookEndpoint
@@ -202,3 +204,44 @@ def test_hostile_bodies_are_refused_or_accepted_never_5xx(owner, body):
     assert response.status_code in (201, 400), response.content
     if response.status_code == 400:
         assert not WebhookEndpoint.objects.exists()
+
+
+def test_an_idempotent_replay_of_a_create_answers_without_the_secret_and_stores_none(owner):
+    from lab.models import IdempotencyRecord
+
+    client = owner.client()
+    body = {"url": "https://93.184.215.14/hooks/lab", "events": ["job.failed"]}
+    first = client.post(BASE, body, format="json", HTTP_IDEMPOTENCY_KEY="create-1")
+    replay = client.post(BASE, body, format="json", HTTP_IDEMPOTENCY_KEY="create-1")
+    endpoint = WebhookEndpoint.objects.get()
+    assert first.status_code == 201
+    assert first.json()["secret"] == endpoint.secret
+    assert replay.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true"
+    shown = owner.client().get(f"{BASE}/{endpoint.public_id}").json()
+    assert replay.json() == shown
+    assert "secret" not in replay.json()
+    record = IdempotencyRecord.objects.get(project=owner.project, key="create-1")
+    assert record.status_code == 201
+    assert record.response_body == shown
+    assert endpoint.secret not in json.dumps(record.response_body)
+
+
+def test_an_idempotent_replay_of_a_rotation_answers_without_the_secret_and_stores_none(owner):
+    from lab.models import IdempotencyRecord
+
+    created = create(owner)
+    client = owner.client()
+    first = client.post(f"{BASE}/{created['id']}/rotate-secret", HTTP_IDEMPOTENCY_KEY="rotate-1")
+    replay = client.post(f"{BASE}/{created['id']}/rotate-secret", HTTP_IDEMPOTENCY_KEY="rotate-1")
+    endpoint = WebhookEndpoint.objects.get()
+    assert first.status_code == 200
+    assert first.json()["secret"] == endpoint.secret
+    assert endpoint.previous_secret == created["secret"]
+    assert replay.status_code == 200
+    assert replay["Idempotent-Replayed"] == "true"
+    assert replay.json() == owner.client().get(f"{BASE}/{endpoint.public_id}").json()
+    record = IdempotencyRecord.objects.get(project=owner.project, key="rotate-1")
+    assert "secret" not in record.response_body
+    stored = json.dumps(record.response_body)
+    assert endpoint.secret not in stored and created["secret"] not in stored
