@@ -142,6 +142,7 @@ class CheckpointStatus(models.TextChoices):
     UPLOADING = "uploading"
     READY = "ready"
     FAILED = "failed"
+    DELETED = "deleted"  # removed by keep_last retention or job deletion; stays listed, no download
 
 
 class CheckpointFormat(models.TextChoices):
@@ -171,6 +172,10 @@ class Checkpoint(models.Model):
         indexes = [
             models.Index(fields=["job", "status", "-step"], name="checkpoint_job_latest"),
             models.Index(fields=["job", "stream_seq"], name="checkpoint_job_stream"),
+        ]
+        constraints = [
+            # One checkpoint per step of an attempt: a retried or replayed registration reuses it.
+            models.UniqueConstraint(fields=["job", "attempt", "step"], name="checkpoint_once_per_attempt_step"),
         ]
 
 
