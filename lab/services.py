@@ -338,8 +338,12 @@ def invitation_revoke(*, actor: Actor, invitation: Invitation) -> None:
 
 
 @transaction.atomic
-def membership_set_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
-    """Change a member's role; only owners grant or take away ownership; one owner always stays."""
+def membership_set_role(*, actor: Actor, membership: Membership, role: str) -> tuple[Membership, int]:
+    """Change a member's role; only owners grant or take away ownership; one owner always stays.
+
+    A member lowered to a role that may not create API keys (below admin) loses the keys they
+    created in the organization: return the membership and how many keys were revoked.
+    """
     organization = membership.organization
     _require_manager(actor, organization)
     if role not in Role.values:
@@ -351,19 +355,31 @@ def membership_set_role(*, actor: Actor, membership: Membership, role: str) -> M
     _keep_one_owner(membership, new_role=role)
     old_role, membership.role = membership.role, role
     membership.save(update_fields=["role"])
+    revoked = 0
+    if not membership.can_manage:
+        revoked = _revoke_api_keys_created_by(
+            actor=actor, organization=organization, user=membership.user, reason="membership.set_role"
+        )
+    data: dict[str, Any] = {"from": old_role, "to": role}
+    if revoked:
+        data["revoked_api_keys"] = revoked
     audit_record(
         actor=actor,
         organization=organization,
         action="membership.set_role",
         target=membership.user.email,
-        data={"from": old_role, "to": role},
+        data=data,
     )
-    return membership
+    return membership, revoked
 
 
 @transaction.atomic
-def membership_remove(*, actor: Actor, membership: Membership) -> None:
-    """Remove a member (a member may also leave by themself); the last owner cannot leave."""
+def membership_remove(*, actor: Actor, membership: Membership) -> int:
+    """Remove a member (a member may also leave by themself); the last owner cannot leave.
+
+    The API keys the member created in the organization are revoked with them, so access does
+    not outlive the membership: return how many were.
+    """
     organization = membership.organization
     if actor.user is None or actor.user.pk != membership.user_id:
         _require_manager(actor, organization)
@@ -372,8 +388,41 @@ def membership_remove(*, actor: Actor, membership: Membership) -> None:
             raise PermissionDenied("Only owners may remove an owner.")
     _keep_one_owner(membership, new_role=None)
     email = membership.user.email
+    revoked = _revoke_api_keys_created_by(
+        actor=actor, organization=organization, user=membership.user, reason="membership.remove"
+    )
     membership.delete()
-    audit_record(actor=actor, organization=organization, action="membership.remove", target=email)
+    audit_record(
+        actor=actor,
+        organization=organization,
+        action="membership.remove",
+        target=email,
+        data={"revoked_api_keys": revoked} if revoked else None,
+    )
+    return revoked
+
+
+def _revoke_api_keys_created_by(*, actor: Actor, organization: Organization, user: User, reason: str) -> int:
+    """Revoke the active keys ``user`` created in ``organization``'s projects, one audit row each
+    (``reason`` names the membership change); return how many. Call inside that change's transaction."""
+    now = timezone.now()
+    api_keys = list(
+        ApiKey.objects.select_for_update(of=("self",))
+        .select_related("project")
+        .filter(project__organization=organization, created_by=user, revoked_at__isnull=True)
+        .order_by("id")
+    )
+    ApiKey.objects.filter(pk__in=[api_key.pk for api_key in api_keys]).update(revoked_at=now)
+    for api_key in api_keys:
+        audit_record(
+            actor=actor,
+            organization=organization,
+            project=api_key.project,
+            action="api_key.revoke",
+            target=api_key.public_id,
+            data={"reason": reason, "created_by": user.email},
+        )
+    return len(api_keys)
 
 
 def _keep_one_owner(membership: Membership, *, new_role: str | None) -> None:

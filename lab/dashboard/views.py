@@ -253,6 +253,16 @@ def invitation_revoke(request: HttpRequest, access: OrganizationAccess, invitati
     return redirect("organization", org_slug=access.organization.slug)
 
 
+def _revoked_keys(count: int, *, whose: str = "they") -> str:
+    """Say how many API keys a membership change revoked ("; 2 API keys they created were
+    revoked"), or nothing when it revoked none."""
+    if not count:
+        return ""
+    if count == 1:
+        return f"; 1 API key {whose} created was revoked"
+    return f"; {count} API keys {whose} created were revoked"
+
+
 @require_POST
 @organization_view
 def membership_role(request: HttpRequest, access: OrganizationAccess, membership_id: int) -> HttpResponse:
@@ -266,11 +276,13 @@ def membership_role(request: HttpRequest, access: OrganizationAccess, membership
         messages.error(request, "Choose a role: owner, admin or member.")
     else:
         try:
-            services.membership_set_role(actor=_actor(request), membership=membership, role=form.cleaned_data["role"])
+            _, revoked = services.membership_set_role(
+                actor=_actor(request), membership=membership, role=form.cleaned_data["role"]
+            )
         except ValidationError as error:
             messages.error(request, " ".join(error.messages))
         else:
-            messages.success(request, f"{membership.user.email} is now {membership.role}.")
+            messages.success(request, f"{membership.user.email} is now {membership.role}{_revoked_keys(revoked)}.")
     return redirect("organization", org_slug=access.organization.slug)
 
 
@@ -285,14 +297,14 @@ def membership_remove(request: HttpRequest, access: OrganizationAccess, membersh
     if not leaving:
         access.require_manager()
     try:
-        services.membership_remove(actor=_actor(request), membership=membership)
+        revoked = services.membership_remove(actor=_actor(request), membership=membership)
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
         return redirect("organization", org_slug=access.organization.slug)
     if leaving:
-        messages.success(request, f"You left {access.organization.name}.")
+        messages.success(request, f"You left {access.organization.name}{_revoked_keys(revoked, whose='you')}.")
         return redirect("home")
-    messages.success(request, f"Removed {membership.user.email}.")
+    messages.success(request, f"Removed {membership.user.email}{_revoked_keys(revoked)}.")
     return redirect("organization", org_slug=access.organization.slug)
 
 

@@ -196,3 +196,49 @@ def test_it_creates_another_organization(owner, owner_client):
     response = owner_client.post("/organizations/new/", {"name": "Initech"})
     assert response.status_code == 302 and response["Location"] == "/o/initech/"
     assert Membership.objects.get(user=owner.user, organization__slug="initech").role == Role.OWNER
+
+
+def flashed(response) -> list[str]:
+    """The messages shown on a page reached by following a redirect."""
+    return [str(message) for message in response.context["messages"]]
+
+
+def test_it_says_how_many_keys_a_removed_member_loses(owner, member, owner_client):
+    membership = Membership.objects.get(user=member)
+    Membership.objects.filter(pk=membership.pk).update(role=Role.ADMIN)
+    for name in ("ci", "laptop"):
+        api_key_create(actor=Actor(user=member), project=owner.project, name=name)
+
+    response = owner_client.post(f"/o/acme/members/{membership.pk}/remove/", follow=True)
+
+    assert response.redirect_chain == [("/o/acme/", 302)]
+    assert flashed(response) == ["Removed member@acme.test; 2 API keys they created were revoked."]
+    assert "Removed member@acme.test; 2 API keys they created were revoked." in response.content.decode()
+    assert sorted(ApiKey.objects.filter(revoked_at__isnull=True).values_list("name", flat=True)) == ["test"]
+
+
+def test_it_says_nothing_about_keys_when_a_removed_member_had_none(owner, member, owner_client):
+    membership = Membership.objects.get(user=member)
+    response = owner_client.post(f"/o/acme/members/{membership.pk}/remove/", follow=True)
+    assert flashed(response) == ["Removed member@acme.test."]
+
+
+def test_it_says_how_many_keys_a_demoted_admin_loses(owner, member, owner_client):
+    membership = Membership.objects.get(user=member)
+    Membership.objects.filter(pk=membership.pk).update(role=Role.ADMIN)
+    api_key_create(actor=Actor(user=member), project=owner.project, name="ci")
+
+    response = owner_client.post(f"/o/acme/members/{membership.pk}/role/", {"role": "member"}, follow=True)
+
+    assert flashed(response) == ["member@acme.test is now member; 1 API key they created was revoked."]
+    assert ApiKey.objects.get(name="ci").revoked_at is not None
+
+
+def test_it_says_how_many_keys_a_leaving_admin_loses(owner, member, member_client):
+    membership = Membership.objects.get(user=member)
+    Membership.objects.filter(pk=membership.pk).update(role=Role.ADMIN)
+    api_key_create(actor=Actor(user=member), project=owner.project, name="ci")
+
+    response = member_client.post(f"/o/acme/members/{membership.pk}/remove/", follow=True)
+
+    assert flashed(response) == ["You left Acme; 1 API key you created was revoked."]
