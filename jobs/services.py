@@ -7,6 +7,7 @@ the webhook event name, and updates the timestamps, all in one transaction.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs import storage, tasks
+from jobs.launchers.registry import get_launcher
 from jobs.models import (
     Checkpoint,
     CheckpointStatus,
@@ -36,6 +38,8 @@ from jobs.webhooks.services import enqueue_event
 from lab.api.errors import ApiError
 from lab.models import Project
 from lab.services import Actor, audit_record
+
+logger = logging.getLogger(__name__)
 
 S = JobStatus
 
@@ -288,19 +292,39 @@ def job_restart(*, job: Job, actor: Actor) -> Job:
 
 @transaction.atomic
 def job_delete(*, job: Job, actor: Actor) -> None:
-    """Delete a finished job with its metrics, samples, logs, events and checkpoint objects.
+    """Delete a finished job with its metrics, samples, logs, events, checkpoint objects and files.
 
+    The files (checkpoint archives, and the launcher's work dirs of every attempt: spooled
+    samples, logs, local weights) go once the rows are committed (``job_files_delete``).
     Raises ApiError 409 ``invalid_state`` unless the job is terminal.
     """
     locked = Job.objects.select_for_update().get(pk=job.pk)
     if not locked.is_terminal:
         raise ApiError(409, "invalid_state", f"Only finished jobs can be deleted; this one is {locked.status}. Cancel it first.")
     public_id = locked.public_id
+    handles = [attempt.handle for attempt in locked.attempts.order_by("number")]
     audit_record(
         actor=actor, organization=job.project.organization, project=job.project, action="job.delete", target=public_id
     )
     locked.delete()
-    transaction.on_commit(lambda: storage.delete_job_objects(public_id))
+    transaction.on_commit(lambda: job_files_delete(job_public_id=public_id, handles=handles))
+
+
+def job_files_delete(*, job_public_id: str, handles: list[dict]) -> None:
+    """Delete what a deleted job left outside the database: checkpoint objects and work dirs.
+
+    ``handles`` are its attempts' launcher handles. Runs after the delete committed; a failure is
+    logged, never raised (the job is gone either way, and the orphan sweep catches stray
+    archives), and files already gone are fine.
+    """
+    try:
+        storage.delete_job_objects(job_public_id)
+    except Exception:
+        logger.exception("deleting a job's checkpoint objects failed", extra={"job": job_public_id})
+    try:
+        get_launcher().delete_job_files(job_public_id, handles)
+    except Exception:
+        logger.exception("deleting a job's work dirs failed", extra={"job": job_public_id})
 
 
 @transaction.atomic

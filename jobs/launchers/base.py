@@ -109,3 +109,9 @@ class Launcher(abc.ABC):
     def sweep_orphans(self, live_handles: list[dict]) -> list[str]:
         """End engine processes that belong to no live attempt; return what was ended."""
         return []
+
+    def delete_job_files(self, job_id: str, handles: list[dict]) -> None:
+        """Delete what this launcher keeps on disk for a deleted job, given its attempts' handles.
+
+        Missing files are not an error. Nothing by default (launchers that keep no files).
+        """

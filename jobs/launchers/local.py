@@ -2,7 +2,8 @@
 
 Each attempt gets its own work dir ``LAB_DATA_DIR/runs/<job>/attempt-<n>`` holding the spec, the
 engine's stdout/stderr, and the pid and exit files of ``jobs.launchers.supervise``. The number of
-attempts running at once is bounded by admission (``LAB_LOCAL_SLOTS``), not here.
+attempts running at once is bounded by admission (``LAB_LOCAL_SLOTS``), not here. Deleting a job
+deletes ``LAB_DATA_DIR/runs/<job>`` (``delete_job_files``).
 """
 
 from __future__ import annotations
@@ -174,6 +175,29 @@ class LocalLauncher(Launcher):
                 except (ProcessLookupError, PermissionError):
                     pass
         return ended
+
+    def delete_job_files(self, job_id: str, handles: list[dict]) -> None:
+        """Delete ``runs_dir/<job>`` and every attempt's work dir named in ``handles``.
+
+        A handle's work dir may lie under another runs dir (``LAB_DATA_DIR`` changed between
+        attempts); it is deleted only when it has this launcher's layout (``.../<job>/attempt-<n>``),
+        so a handle pointing anywhere else deletes nothing. Its job dir goes too once empty.
+        """
+        if not job_id or job_id in (".", "..") or "/" in job_id or os.sep in job_id:
+            return
+        shutil.rmtree(self.runs_dir / job_id, ignore_errors=True)
+        for handle in handles:
+            workdir = handle.get("workdir") if isinstance(handle, dict) else None
+            if not isinstance(workdir, str):
+                continue
+            path = Path(workdir)
+            if path.parent.name != job_id or not path.name.startswith("attempt-"):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            try:
+                path.parent.rmdir()
+            except OSError:
+                pass  # not empty (files of something else) or already gone
 
 
 def _stderr_tail(workdir: Path, lines: int = 20) -> str:

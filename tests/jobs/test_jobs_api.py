@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from jobs.models import Checkpoint, CheckpointStatus, Job, JobEvent, JobStatus
-from jobs.services import job_transition
+from jobs.models import Checkpoint, CheckpointStatus, Job, JobAttempt, JobEvent, JobStatus
+from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.services import Actor, api_key_create
 
 pytestmark = pytest.mark.django_db
@@ -362,3 +363,89 @@ def test_the_job_spec_json_schema_is_public():
     assert schema["title"] == "Lab job spec"
     assert "model" in schema["properties"]
     assert "model" in schema["required"]
+
+
+def _attempt_with_files(job: Job, runs_dir) -> JobAttempt:
+    """Claim an attempt of ``job`` and leave in its work dir what an engine leaves: spool, log, weights."""
+    attempt = job_claim_for_start(job_id=job.pk)
+    workdir = runs_dir / job.public_id / f"attempt-{attempt.number}"
+    (workdir / "spool").mkdir(parents=True)
+    (workdir / "spool" / "samples.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n')
+    (workdir / "stderr.log").write_text("step 1\n")
+    (workdir / "weights").mkdir()
+    (workdir / "weights" / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    attempt.handle = {"workdir": str(workdir)}
+    attempt.save(update_fields=["handle"])
+    return attempt
+
+
+def test_deleting_a_job_removes_its_run_directory_and_every_attempt_work_dir(
+    owner, spec, settings, tmp_path, django_capture_on_commit_callbacks
+):
+    settings.LAB_DATA_DIR = tmp_path / "data"
+    runs = tmp_path / "data" / "runs"
+    earlier_runs = tmp_path / "earlier-data" / "runs"  # an attempt launched under another LAB_DATA_DIR
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    first = _attempt_with_files(job, earlier_runs)
+    job_transition(job=job, to=JobStatus.QUEUED)
+    second = _attempt_with_files(job, runs)
+    job_transition(job=job, to=JobStatus.FAILED)
+    (runs / job.public_id / "stray.txt").write_text("left by hand")
+    other = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    other_attempt = _attempt_with_files(other, runs)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = owner.client().delete(f"/api/v1/jobs/{job.public_id}")
+    assert response.status_code == 204
+    assert len(callbacks) == 1
+    assert not Path(first.handle["workdir"]).exists()
+    assert not (earlier_runs / job.public_id).exists()
+    assert not Path(second.handle["workdir"]).exists()
+    assert not (runs / job.public_id).exists()
+    assert sorted(path.name for path in runs.iterdir()) == [other.public_id]
+    assert (Path(other_attempt.handle["workdir"]) / "weights" / "adapter_model.safetensors").read_bytes() == b"\0" * 64
+    assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def test_deleting_a_job_whose_files_are_gone_still_succeeds(owner, spec, settings, tmp_path, django_capture_on_commit_callbacks):
+    settings.LAB_DATA_DIR = tmp_path / "data"
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    attempt.handle = {"workdir": str(tmp_path / "data" / "runs" / job.public_id / "attempt-1")}
+    attempt.save(update_fields=["handle"])
+    job_transition(job=job, to=JobStatus.CANCELLED)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = owner.client().delete(f"/api/v1/jobs/{job.public_id}")
+    assert response.status_code == 204
+    assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def test_deleting_a_job_leaves_a_work_dir_its_attempt_handle_points_outside_the_job(
+    owner, spec, settings, tmp_path, django_capture_on_commit_callbacks
+):
+    settings.LAB_DATA_DIR = tmp_path / "data"
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "keep.txt").write_text("not a work dir")
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    attempt.handle = {"workdir": str(precious)}
+    attempt.save(update_fields=["handle"])
+    job_transition(job=job, to=JobStatus.CANCELLED)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert owner.client().delete(f"/api/v1/jobs/{job.public_id}").status_code == 204
+    assert (precious / "keep.txt").read_text() == "not a work dir"
+
+
+def test_a_job_that_is_not_finished_keeps_its_files_when_its_delete_is_refused(
+    owner, spec, settings, tmp_path, django_capture_on_commit_callbacks
+):
+    settings.LAB_DATA_DIR = tmp_path / "data"
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    attempt = _attempt_with_files(job, tmp_path / "data" / "runs")
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = owner.client().delete(f"/api/v1/jobs/{job.public_id}")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "invalid_state"
+    assert callbacks == []
+    assert (Path(attempt.handle["workdir"]) / "stderr.log").read_text() == "step 1\n"
+    assert Job.objects.filter(pk=job.pk).exists()
