@@ -1,9 +1,18 @@
 """Django admin for accounts and tenancy (staff only)."""
 
 from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 
+from lab.lockout import LockoutAuthenticationMixin
 from lab.models import ApiKey, AuditLogEntry, Invitation, Membership, Organization, Project, User
+
+
+class AdminLoginForm(LockoutAuthenticationMixin, AdminAuthenticationForm):
+    """The admin's sign-in, locked out like the dashboard's: it takes the same passwords."""
+
+
+admin.site.login_form = AdminLoginForm
 
 
 @admin.register(User)

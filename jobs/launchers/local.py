@@ -4,6 +4,10 @@ Each attempt gets its own work dir ``LAB_DATA_DIR/runs/<job>/attempt-<n>`` holdi
 engine's stdout/stderr, and the pid and exit files of ``jobs.launchers.supervise``. The number of
 attempts running at once is bounded by admission (``LAB_LOCAL_SLOTS``), not here. Deleting a job
 deletes ``LAB_DATA_DIR/runs/<job>`` (``delete_job_files``).
+
+The engine does not inherit the worker's environment, which holds Lab's secrets (``SECRET_KEY``
+signs job tokens; ``DATABASE_URL``, ``STRIPE_*``, ``AWS_*``, ``EMAIL_*``, ``*_FILE``): it gets
+``engine_environment``, an allow-list of what it reads, plus its job token.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from jobs.launchers.base import AttemptPhase, CapturedLine, Launcher, LaunchRequest, Observation, engine_args
@@ -23,6 +28,45 @@ from jobs.launchers.base import AttemptPhase, CapturedLine, Launcher, LaunchRequ
 _START_GRACE_S = 30.0
 #: Most captured bytes read per call, so a chatty engine cannot stall the reconciler.
 _MAX_READ = 256 * 1024
+
+#: Variables the engine inherits by exact name: the process basics, where models live (engine/catalog.py),
+#: CA bundles for an https Lab, thread and GPU selection.
+ENGINE_ENV_NAMES = frozenset(
+    """
+    PATH HOME USER LOGNAME LANG LANGUAGE TZ TMPDIR TEMP TMP LD_LIBRARY_PATH XDG_CACHE_HOME
+    SSL_CERT_FILE SSL_CERT_DIR LAB_DATA_DIR LAB_MODEL_DIR LAB_PUBLIC_URL NUMEXPR_NUM_THREADS
+    TOKENIZERS_PARALLELISM PYTHONDONTWRITEBYTECODE NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES
+    """.split()
+)
+#: Variables the engine inherits by prefix: locale, its own settings (``LAB_ENGINE_*``, ``LAB_JOB_*``),
+#: Hugging Face offline switches and caches, BLAS/OpenMP threads, torch, vLLM, CUDA and NCCL.
+ENGINE_ENV_PREFIXES = tuple(
+    "LC_ LAB_ENGINE_ LAB_JOB_ HF_ TRANSFORMERS_ OMP_ MKL_ OPENBLAS_ TORCH_ TORCHINDUCTOR_ VLLM_ CUDA_ NCCL_".split()
+)
+#: A name matched by prefix that holds one of these is a credential and stays out (``HF_TOKEN``).
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "KEY")
+
+
+def engine_environment(*, token: str, repo_dir: Path, source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the engine's whole environment: the allowed variables of ``source`` (default this
+    process's environment), the job token as ``LAB_JOB_TOKEN``, unbuffered output, and a
+    ``PYTHONPATH`` of ``repo_dir``, its ``sdk/`` and the worker's own ``PYTHONPATH``.
+
+    The engine reaches storage through the ingest API's upload targets (a path or a pre-signed
+    URL), so it needs no storage credentials; everything else of Lab's stays out.
+    """
+    source = os.environ if source is None else source
+    env = {}
+    for name, value in source.items():
+        if name in ENGINE_ENV_NAMES:
+            env[name] = value
+        elif name.startswith(ENGINE_ENV_PREFIXES) and not name.endswith("_FILE"):
+            if not any(word in name for word in _SECRET_WORDS):
+                env[name] = value
+    env["LAB_JOB_TOKEN"] = token
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_dir), str(repo_dir / "sdk"), source.get("PYTHONPATH")]))
+    return env
 
 
 def process_alive(pid: int) -> bool:
@@ -82,10 +126,7 @@ class LocalLauncher(Launcher):
             workdir=str(workdir),
             resume_dir=str(resume_dir) if resume_dir else None,
         )
-        env = {**os.environ, "LAB_JOB_TOKEN": request.token, "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(self.repo_dir), str(self.repo_dir / "sdk"), os.environ.get("PYTHONPATH")])
-        )
+        env = engine_environment(token=request.token, repo_dir=self.repo_dir)
         command = [self.python, "-m", "engine", *args]
         starter = subprocess.run(
             [self.python, "-m", "jobs.launchers.supervise", str(workdir), "--", *command],

@@ -11,6 +11,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from lab import lockout
 from lab.models import ApiKeyScope, Role, User
 from lab.services import invitation_accept, organization_create, user_sign_up
 
@@ -68,7 +69,7 @@ class SignUpForm(forms.Form):
         add_service_errors(self, error, {"name": "organization_name"})
 
 
-class EmailAuthenticationForm(AuthenticationForm):
+class EmailAuthenticationForm(lockout.LockoutAuthenticationMixin, AuthenticationForm):
     """Django's login form, asking for an email address (emails are stored lowercase)."""
 
     def __init__(self, request=None, *args, **kwargs):

@@ -2,10 +2,10 @@
 
 Accounts (anyone)
     home                     /                                the user's organizations; redirects to the only one
-    signup                   /signup/                         account + organization; ?invitation=<token> joins
-    login                    /login/                          email + password
+    signup                   /signup/                         account + organization; ?invitation=<token> joins; throttled (429)
+    login                    /login/                          email + password; locked out after failures (429)
     logout                   /logout/                         POST only
-    password_reset           /password-reset/                 ask for a reset email
+    password_reset           /password-reset/                 ask for a reset email; throttled (429)
     password_reset_done      /password-reset/sent/
     password_reset_confirm   /password-reset/<uidb64>/<token>/    the emailed link; choose a new password
     password_reset_complete  /password-reset/complete/
@@ -66,7 +66,7 @@ urlpatterns = [
     path("signup/", views.sign_up, name="signup"),
     path(
         "login/",
-        auth_views.LoginView.as_view(
+        views.LoginView.as_view(
             template_name="accounts/login.html",
             authentication_form=EmailAuthenticationForm,
             redirect_authenticated_user=True,
@@ -76,7 +76,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "password-reset/",
-        auth_views.PasswordResetView.as_view(
+        views.PasswordResetView.as_view(
             template_name="accounts/password_reset_form.html",
             email_template_name="accounts/password_reset_email.txt",
             subject_template_name="accounts/password_reset_subject.txt",

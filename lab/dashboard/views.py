@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ValidationError
@@ -17,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from lab import services
+from lab import lockout, services
 from lab.api.errors import not_found
 from lab.dashboard.access import OrganizationAccess, organization_view, project_view
 from lab.dashboard.forms import (
@@ -80,9 +81,45 @@ def _invitation_problem(invitation: Invitation | None) -> str:
     return ""
 
 
+def _locked_out(response: HttpResponse, refusal: lockout.LockedOut) -> HttpResponse:
+    """Turn the page that shows ``refusal`` into a 429 with ``Retry-After``."""
+    response.status_code = 429
+    response["Retry-After"] = str(refusal.retry_after_s)
+    return response
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login view over :class:`EmailAuthenticationForm`; a locked-out sign-in (the form
+    refuses it before checking the password) answers 429 with ``Retry-After``."""
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        return _locked_out(response, form.locked_out) if form.locked_out else response
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """Django's password-reset request, throttled per email and per client address (``lab.lockout``):
+    a flood of reset emails to one person, or from one address, answers 429 and sends nothing."""
+
+    def form_valid(self, form):
+        try:
+            lockout.attempt(
+                lockout.PASSWORD_RESET,
+                email=form.cleaned_data["email"],
+                address=lockout.client_address(self.request),
+            )
+        except lockout.LockedOut as refusal:
+            form.add_error(None, refusal.message)
+            return _locked_out(self.form_invalid(form), refusal)
+        return super().form_valid(form)
+
+
 @require_http_methods(["GET", "POST"])
 def sign_up(request: HttpRequest) -> HttpResponse:
-    """Create an account and an organization, or join the organization of ``?invitation=<token>``."""
+    """Create an account and an organization, or join the organization of ``?invitation=<token>``.
+
+    Sign-ups are throttled per client address (``lab.lockout``): past the limit the page answers 429.
+    """
     source = request.POST if request.method == "POST" else request.GET
     token = (source.get("invitation") or "").strip()
     invitation = services.invitation_by_token(token) if token else None
@@ -93,9 +130,14 @@ def sign_up(request: HttpRequest) -> HttpResponse:
         invitation_token=token,
         initial={"email": invitation.email} if invitation else None,
     )
+    refusal = None
     if request.method == "POST" and form.is_valid():
         try:
+            lockout.attempt(lockout.SIGN_UP, address=lockout.client_address(request))
             user = form.save()
+        except lockout.LockedOut as locked_out:
+            refusal = locked_out
+            form.add_error(None, refusal.message)
         except ValidationError as error:
             form.add_service_errors(error)
         else:
@@ -106,7 +148,8 @@ def sign_up(request: HttpRequest) -> HttpResponse:
         "invitation": invitation,
         "invitation_problem": _invitation_problem(invitation) if token else "",
     }
-    return _render(request, "accounts/signup.html", context)
+    response = _render(request, "accounts/signup.html", context)
+    return _locked_out(response, refusal) if refusal else response
 
 
 @require_http_methods(["GET", "POST"])
