@@ -6,6 +6,28 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
+def keep_latest_states(apps, schema_editor):
+    """Give every numbered checkpoint its latest state as a change, so existing streams replay it."""
+    Checkpoint = apps.get_model("jobs", "Checkpoint")
+    CheckpointChange = apps.get_model("jobs", "CheckpointChange")
+    changes = []
+    for row in Checkpoint.objects.exclude(stream_seq=None).select_related("job").iterator(chunk_size=500):
+        snapshot = {
+            "id": row.public_id,
+            "object": "checkpoint",
+            "job_id": row.job.public_id,
+            "step": row.step,
+            "attempt": row.attempt,
+            "status": row.status,
+            "format": row.format,
+            "size_bytes": row.size_bytes,
+            "sha256": row.sha256 or None,
+            "created_at": row.created_at.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        changes.append(CheckpointChange(job_id=row.job_id, checkpoint_id=row.pk, stream_seq=row.stream_seq, snapshot=snapshot))
+    CheckpointChange.objects.bulk_create(changes, batch_size=500)
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
