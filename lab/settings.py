@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "csp",
     "lab",
     "jobs",
     "billing",
@@ -77,6 +78,7 @@ MIDDLEWARE = [
     "lab.middleware.BodySizeLimitMiddleware",
     "lab.middleware.NulCharacterMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -228,6 +230,22 @@ CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+# Content-Security-Policy (django-csp): scripts, styles and everything else from Lab's own origin
+# only; no inline scripts, inline styles, event-handler attributes or eval (htmx runs with
+# allowEval off, set in templates/base.html). The dashboard keeps its JavaScript in static/js/.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'none'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "form-action": ["'self'"],
+        "base-uri": ["'none'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 # --- i18n, static ----------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

@@ -143,9 +143,7 @@
     var counter = document.getElementById("job-step"), bar = document.getElementById("job-progress");
     if (!counter || !bar || step <= Number(counter.textContent)) return;
     counter.textContent = step;
-    var max = Number(bar.getAttribute("aria-valuemax")) || 1;
-    bar.setAttribute("aria-valuenow", step);
-    bar.firstElementChild.style.width = Math.min(100, (100 * step) / max) + "%";
+    bar.value = Math.min(step, bar.max);
   }
 
   var lastLogSeq = 0;

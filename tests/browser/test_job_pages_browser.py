@@ -93,15 +93,37 @@ def browser():
             chromium.close()
 
 
+# Runs before each document's own scripts: report every Content-Security-Policy violation to the
+# console (where the test collects them) and count htmx swaps.
+WATCH_PAGE = """
+window.labSwaps = 0;
+document.addEventListener("securitypolicyviolation", function (event) {
+  console.error("CSP violation: " + event.violatedDirective + " blocked " + (event.blockedURI || "inline")
+    + " at " + event.sourceFile + ":" + event.lineNumber);
+});
+document.addEventListener("htmx:afterSwap", function () { window.labSwaps += 1; });
+"""
+
+
 def log_in(browser, stack: LabStack, email: str):
+    """Log ``email`` in on a new browser context; return its page and the list that collects the
+    Content-Security-Policy violations of every page it opens."""
     context = browser.new_context(base_url=stack.base_url, viewport={"width": 1440, "height": 1000})
+    context.add_init_script(WATCH_PAGE)
+    violations: list[str] = []
+
+    def collect(message) -> None:
+        if "CSP violation" in message.text or "Content Security Policy" in message.text:
+            violations.append(message.text)
+
+    context.on("console", collect)
     page = context.new_page()
     page.goto("/login/")
     page.fill("input[name=username]", email)
     page.fill("input[name=password]", PASSWORD)
     page.click("form button[type=submit]")
     page.wait_for_url(lambda url: "/login/" not in url)
-    return page
+    return page, violations
 
 
 def artifacts_dir() -> Path:
@@ -116,7 +138,7 @@ def chart_points(page) -> int:
 
 
 def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsider, stack, browser, capsys):
-    page = log_in(browser, stack, owner.user.email)
+    page, violations = log_in(browser, stack, owner.user.email)
     page.goto("/o/acme/p/default/jobs/new/")
     assert page.input_value("textarea").startswith("# A fast smoke job")
     page.fill("textarea", SPEC)
@@ -189,7 +211,72 @@ def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsi
     assert "addition-live" in page.inner_text("#compare-chart")
 
     # An outsider's session gets the 404 of a missing page.
-    stranger = log_in(browser, stack, outsider.user.email)
+    stranger, _ = log_in(browser, stack, outsider.user.email)
     response = stranger.goto(job_url)
     assert response.status == 404
     assert "addition-live" not in stranger.content()
+    # Nothing on the way broke the Content-Security-Policy.
+    assert violations == []
+
+
+@pytest.fixture
+def web(tmp_path, settings):
+    """The web server alone (no worker: submitted jobs stay queued)."""
+    lab = LabStack(tmp_path / "lab", LAB_WEBHOOK_ALLOW_PRIVATE="1")
+    settings.LAB_DATA_DIR = lab.data_dir
+    lab.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lab.start_web()
+        yield lab
+    finally:
+        lab.stop()
+
+
+def test_the_dashboard_works_under_its_content_security_policy(owner, web, browser):
+    page, violations = log_in(browser, web, owner.user.email)
+    response = page.goto("/o/acme/")
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "'unsafe-eval'" not in policy and "'unsafe-inline'" not in policy
+    assert page.evaluate("() => [htmx.config.allowEval, htmx.config.allowScriptTags]") == [False, False]
+
+    # A job page: its scripts, charts and htmx fragments load; the queued job's header polls.
+    page.goto("/o/acme/p/default/jobs/new/")
+    page.fill("textarea", SPEC)
+    page.click("button[value=estimate]")
+    page.wait_for_selector("#estimate")
+    page.click("#submit-job")
+    page.wait_for_url("**/jobs/job_*/")
+    page.wait_for_function("() => window.labJobPage !== undefined && window.labJobPage.charts.length > 0")
+    page.wait_for_function("() => window.labSwaps > 0", timeout=15_000)
+    assert page.get_attribute("#job-progress", "value") == "0"
+
+    # The project page's jobs table refreshes itself through htmx.
+    page.goto("/o/acme/p/default/")
+    page.wait_for_function("() => window.labSwaps > 0", timeout=15_000)
+    assert "addition-live" in page.inner_text("#jobs-table")
+
+    # A form that asks first: dismissing the question sends nothing; accepting it sends the form.
+    page.goto("/o/acme/p/default/webhooks/")
+    page.fill("input[name=url]", "http://127.0.0.1:9/hook")
+    page.click("form.inline-form button[type=submit]")
+    first_secret = page.inner_text("#new-webhook-secret")
+    page.click("text=Open the endpoint")
+    endpoint_url = page.url
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    page.click("button:has-text('Rotate secret')")
+    page.wait_for_timeout(500)
+    assert page.url == endpoint_url and page.locator("#new-webhook-secret").count() == 0
+    questions: list[str] = []
+
+    def accept(dialog) -> None:
+        questions.append(dialog.message)
+        dialog.accept()
+
+    page.once("dialog", accept)
+    page.click("button:has-text('Rotate secret')")
+    page.wait_for_selector("#new-webhook-secret")
+    assert questions == ["Rotate the signing secret? The old one keeps signing for 24 hours."]
+    assert page.inner_text("#new-webhook-secret").startswith("whsec_")
+    assert page.inner_text("#new-webhook-secret") != first_secret
+
+    assert violations == []

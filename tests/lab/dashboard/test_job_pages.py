@@ -279,7 +279,7 @@ def test_the_job_page_shows_status_progress_data_logs_events_and_rollouts(owner_
     assert response.status_code == 200
     content = response.content.decode()
     assert 'id="job-status">running<' in content
-    assert 'aria-valuenow="3"' in content and "/30 steps" in content
+    assert 'max="30" value="3" id="job-progress"' in content and "/30 steps" in content
     data = page_data(response)
     assert data["stream_url"] == f"/api/v1/jobs/{job.public_id}/stream"
     assert data["stream_after"] == job.stream_seq > 0
