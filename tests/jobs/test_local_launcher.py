@@ -1,0 +1,122 @@
+"""The local launcher's engine environment (jobs/launchers/local.py): an allow-list, never the
+worker's secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.launchers.base import LaunchRequest
+from jobs.launchers.local import LocalLauncher, engine_environment
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: What a worker's environment holds besides what the engine needs (DESIGN.md §4 "Configuration").
+WORKER_SECRETS = {
+    "SECRET_KEY": "django-insecure-signs-job-tokens",
+    "SECRET_KEY_FILE": "/run/secrets/secret-key",
+    "DATABASE_URL": "postgres://lab:hunter2@db:5432/lab",
+    "DATABASE_URL_FILE": "/run/secrets/database-url",
+    "REDIS_URL": "redis://:hunter2@redis:6379/0",
+    "CELERY_BROKER_URL": "redis://:hunter2@redis:6379/1",
+    "STRIPE_API_KEY": "sk_live_123",
+    "STRIPE_WEBHOOK_SECRET": "whsec_stripe",
+    "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "AWS_SESSION_TOKEN": "aws-session",
+    "AWS_ENDPOINT_URL": "http://minio:9000",
+    "EMAIL_HOST_PASSWORD": "mail-secret",
+    "EMAIL_HOST_USER": "lab@example.com",
+    "LAB_API_KEY": "lab_operator_key",
+    "HF_TOKEN": "hf_operator_token",
+    "LAB_ENGINE_SECRET": "not for the engine either",
+    "LAB_JOB_TOKEN": "a token of another job",
+    "DJANGO_SETTINGS_MODULE": "lab.settings",
+}
+
+#: What the engine reads or needs to run (engine/cli.py, engine/catalog.py, torch, transformers).
+ENGINE_NEEDS = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/home/lab",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TZ": "UTC",
+    "TMPDIR": "/tmp/lab",
+    "LAB_DATA_DIR": "/var/lib/lab",
+    "LAB_MODEL_DIR": "/var/lib/lab/models",
+    "LAB_ENGINE_THREADS": "1",
+    "LAB_ENGINE_ROLLOUT": "transformers",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "2",
+    "MKL_NUM_THREADS": "2",
+    "CUDA_VISIBLE_DEVICES": "0",
+}
+
+
+def test_it_passes_what_the_engine_needs_and_none_of_the_workers_secrets():
+    env = engine_environment(token="job-token", repo_dir=Path("/srv/lab"), source={**WORKER_SECRETS, **ENGINE_NEEDS})
+    assert env == {
+        **ENGINE_NEEDS,
+        "LAB_JOB_TOKEN": "job-token",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": "/srv/lab:/srv/lab/sdk",
+    }
+
+
+def test_it_keeps_the_workers_python_path_after_lab_and_the_sdk():
+    env = engine_environment(token="t", repo_dir=Path("/srv/lab"), source={"PYTHONPATH": "/opt/extra"})
+    assert env["PYTHONPATH"] == "/srv/lab:/srv/lab/sdk:/opt/extra"
+
+
+def test_it_reads_the_process_environment_by_default(monkeypatch):
+    for name, value in WORKER_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LAB_ENGINE_OVERLAP", "0")
+    env = engine_environment(token="job-token", repo_dir=REPO)
+    assert env["LAB_ENGINE_OVERLAP"] == "0"
+    assert env["LAB_JOB_TOKEN"] == "job-token"
+    assert sorted(set(WORKER_SECRETS) & set(env)) == ["LAB_JOB_TOKEN"]
+    assert not any(value in env.values() for name, value in WORKER_SECRETS.items() if name != "DJANGO_SETTINGS_MODULE")
+
+
+@pytest.fixture
+def engine_stand_in(tmp_path) -> Path:
+    """An interpreter for the launcher that runs the supervisor for real and, in place of the
+    engine, prints its own environment as JSON."""
+    script = tmp_path / "python"
+    dump = "import json, os; print(json.dumps(dict(os.environ)))"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "-m" ] && [ "$2" = "engine" ]; then exec "{sys.executable}" -c "{dump}"; fi\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_a_launched_engine_process_sees_none_of_the_workers_secrets(monkeypatch, tmp_path, engine_stand_in):
+    for name, value in WORKER_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LAB_ENGINE_THREADS", "1")
+    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=REPO, python=str(engine_stand_in))
+    request = LaunchRequest(job_id="job_env", attempt=1, spec={}, lab_url="http://127.0.0.1:9", token="job-token")
+    handle = launcher.launch(request)
+    workdir = Path(handle["workdir"])
+    deadline = time.monotonic() + 30
+    while not (workdir / "exit.json").exists():
+        assert time.monotonic() < deadline, (workdir / "stderr.log").read_text()
+        time.sleep(0.05)
+    assert json.loads((workdir / "exit.json").read_text()) == {"exit_code": 0}
+    seen = json.loads((workdir / "stdout.log").read_text())
+    assert seen["LAB_JOB_TOKEN"] == "job-token"
+    assert seen["LAB_ENGINE_THREADS"] == "1"
+    assert seen["PATH"] == os.environ["PATH"]
+    assert sorted(set(WORKER_SECRETS) & set(seen)) == ["LAB_JOB_TOKEN"]
+    assert not any(value in seen.values() for name, value in WORKER_SECRETS.items() if name != "DJANGO_SETTINGS_MODULE")
