@@ -20,8 +20,19 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+def _is_client_error(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is Django's note of a 4xx answer (its ``status_code`` extra)."""
+    status_code = getattr(record, "status_code", None)
+    return isinstance(status_code, int) and 400 <= status_code < 500
+
+
 class JsonFormatter(logging.Formatter):
-    """Format a record as one JSON line: time, level, logger, message, request id, extras."""
+    """Format a record as one JSON line: time, level, logger, message, request id, extras.
+
+    The traceback is kept for everything but a refused request (4xx): Django logs the exception
+    behind a 403 (PermissionDenied) or a 400 (a SuspiciousOperation such as a foreign Host header)
+    with it, and there it is the client's doing, not a fault to debug, so the line stays one line.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -34,6 +45,6 @@ class JsonFormatter(logging.Formatter):
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRIBUTES and not key.startswith("_"):
                 entry[key] = value
-        if record.exc_info:
+        if record.exc_info and not _is_client_error(record):
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
