@@ -6,3 +6,7 @@ class LabConfig(AppConfig):
 
     name = "lab"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Register Lab's system checks."""
+        from lab import checks  # noqa: F401  (registers them on import)

@@ -134,10 +134,23 @@ def _answers(url: str) -> bool:
 
 def test_production_like_settings_pass_the_deploy_check(tmp_path):
     env = embedded_env(
-        tmp_path, DEBUG="0", SECRET_KEY=secrets.token_urlsafe(64), ALLOWED_HOSTS="lab.example.com"
+        tmp_path,
+        DEBUG="0",
+        SECRET_KEY=secrets.token_urlsafe(64),
+        ALLOWED_HOSTS="lab.example.com",
+        EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
+        EMAIL_HOST="smtp.example.com",
     )
     result = manage(env, "check", "--deploy", "--fail-level", "WARNING", check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_deploy_check_warns_while_mail_goes_to_the_console(tmp_path):
+    env = embedded_env(tmp_path, DEBUG="0", SECRET_KEY=secrets.token_urlsafe(64), ALLOWED_HOSTS="lab.example.com")
+    result = manage(env, "check", "--deploy", "--fail-level", "WARNING", check=False)
+    assert result.returncode == 1
+    assert "(lab.W001) EMAIL_BACKEND is Django's console backend" in result.stderr
+    assert "System check identified 1 issue (0 silenced)." in result.stderr
 
 
 @pytest.mark.parametrize(
