@@ -185,10 +185,22 @@ def extract_tar(archive: pathlib.Path, directory: pathlib.Path) -> pathlib.Path:
     return directory
 
 
-def prune_checkpoints(root: pathlib.Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` local checkpoint directories and their tars."""
+def prune_checkpoints(root: pathlib.Path, keep_last: int, *, pending_archives: set[pathlib.Path] = frozenset()) -> list[pathlib.Path]:
+    """Delete all but the newest `keep_last` local checkpoint directories and their tars.
+
+    A checkpoint whose tar is in `pending_archives` (not yet settled with Lab: still to be
+    registered, uploaded or completed) is kept whatever its age, so an upload never finds its
+    archive gone. Returns the directories deleted.
+    """
     root = pathlib.Path(root)
+    pending = {pathlib.Path(path).resolve() for path in pending_archives}
     steps = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".partial"))
+    deleted = []
     for old in steps[:-keep_last] if keep_last > 0 else []:
+        archive = old.with_name(old.name + ".tar")
+        if archive.resolve() in pending:
+            continue
         shutil.rmtree(old, ignore_errors=True)
-        old.with_name(old.name + ".tar").unlink(missing_ok=True)
+        archive.unlink(missing_ok=True)
+        deleted.append(old)
+    return deleted

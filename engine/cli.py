@@ -201,13 +201,14 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
 
     from engine.reporter import HttpTransport, OfflineTransport, Reporter, ReporterLogHandler
+    from engine.spool import attempt_spool_dir
 
     token = os.environ.get("LAB_JOB_TOKEN", "")
     if not args.offline and not token:
         print("engine: LAB_JOB_TOKEN is not set (or pass --offline)", file=sys.stderr)
         return EXIT_INVALID
     transport = OfflineTransport(workdir) if args.offline else HttpTransport(args.lab_url, args.job_id, token)
-    reporter = Reporter(transport, job_id=args.job_id, attempt=args.attempt, spool_dir=workdir / "spool" / f"attempt-{args.attempt}")
+    reporter = Reporter(transport, job_id=args.job_id, attempt=args.attempt, spool_dir=attempt_spool_dir(workdir, args.attempt))
     reporter.start()
     handler = ReporterLogHandler(reporter)
     handler.setFormatter(logging.Formatter("%(message)s"))

@@ -1,14 +1,17 @@
 """The reporter: everything the engine tells Lab goes through the ingest API (DESIGN.md §4).
 
-Metrics, samples and log lines are appended to a spool on disk first (one JSON-lines file per
-stream and a cursor of what Lab has acknowledged), then sent in batches by a background
-thread; training never waits on Lab. When Lab is unreachable or answers 429/5xx, the sender
-backs off (capped exponential) and retries the very same batch with the same idempotency
-key, so nothing is lost and nothing is sent twice on purpose; Lab's per-step merge makes a
-replay harmless anyway. A second thread sends the heartbeat (`POST /status`) and turns
+Metrics, samples, log lines and checkpoints are appended to a spool on disk first
+(`engine.spool`: one JSON-lines file per stream and a cursor of what Lab has acknowledged),
+then sent by one background thread per stream; training never waits on Lab, and a stream
+that cannot get through never holds up another. When Lab is unreachable or answers 429/5xx,
+a sender backs off (capped exponential) and retries the very same batch with the same
+idempotency key, so nothing is lost and nothing is sent twice on purpose; Lab's per-step
+merge makes a replay harmless anyway. A refusal for good (4xx) or a checkpoint archive that
+is gone is never retried. Another thread sends the heartbeat (`POST /status`) and turns
 `{"action": "stop"}` into `stop_requested`. Checkpoints are registered, uploaded and
-completed by the sender in order. `--offline` swaps the HTTP transport for one that writes
-the same bodies under the work directory.
+completed in order. What is still unsent when the engine exits stays in the spool, and Lab
+delivers it from there (`jobs.ingest.spool`). `--offline` swaps the HTTP transport for one
+that writes the same bodies under the work directory.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import shutil
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
+
+from engine.spool import Spool
 
 logger = logging.getLogger("engine.reporter")
 
@@ -92,6 +96,7 @@ class HttpTransport:
     def upload(self, upload: dict, archive: pathlib.Path) -> None:
         import httpx
 
+        _require_archive(archive)
         method = upload.get("method")
         try:
             if method == "local":
@@ -130,6 +135,12 @@ class HttpTransport:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _require_archive(archive: pathlib.Path) -> None:
+    """Raise a non-retryable IngestError when the archive to upload is gone: no retry brings it back."""
+    if not pathlib.Path(archive).is_file():
+        raise IngestError(f"checkpoint archive {archive} no longer exists", retryable=False)
 
 
 def _copy_atomically(source: pathlib.Path, target: pathlib.Path) -> None:
@@ -188,6 +199,7 @@ class OfflineTransport:
         raise IngestError(f"offline transport has no {path}", retryable=False)
 
     def upload(self, upload: dict, archive: pathlib.Path) -> None:
+        _require_archive(archive)
         _copy_atomically(archive, pathlib.Path(upload["path"]))
 
     def download_checkpoint(self, checkpoint_id: str, destination: pathlib.Path) -> pathlib.Path:
@@ -200,73 +212,27 @@ class OfflineTransport:
         pass
 
 
-class Spool:
-    """One stream's records on disk: `<name>.jsonl` (append-only) and `<name>.sent` (acknowledged count)."""
+@dataclass
+class _Lane:
+    """One stream of reports with its own sender thread and backoff, so a stream Lab keeps
+    refusing (or an upload that keeps failing) never holds up the others."""
 
-    def __init__(self, directory: pathlib.Path, name: str):
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{name}.jsonl"
-        self.cursor_path = directory / f"{name}.sent"
-        self.records: list[dict] = []
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    self.records.append(json.loads(line))
-                except ValueError:
-                    break  # a torn last line from a crash; everything before it is intact
-        self.sent = int(self.cursor_path.read_text()) if self.cursor_path.exists() else 0
-        self._handle = open(self.path, "a")
-        self._lock = threading.Lock()
-
-    def append(self, record: dict) -> int:
-        """Store one record durably (flushed to the OS) and return its index."""
-        with self._lock:
-            self._handle.write(json.dumps(record, allow_nan=False, sort_keys=True) + "\n")
-            self._handle.flush()
-            self.records.append(record)
-            return len(self.records) - 1
-
-    def pending(self, limit: int) -> tuple[int, list[dict]]:
-        """Return (index of the first unacknowledged record, up to `limit` records from it)."""
-        with self._lock:
-            return self.sent, self.records[self.sent : self.sent + limit]
-
-    def acknowledge(self, count: int) -> None:
-        """Mark `count` more records as received by Lab, durably."""
-        with self._lock:
-            self.sent += count
-            partial = self.cursor_path.with_name(self.cursor_path.name + ".partial")
-            partial.write_text(str(self.sent))
-            os.replace(partial, self.cursor_path)
-
-    def unsent(self) -> int:
-        with self._lock:
-            return len(self.records) - self.sent
-
-    def close(self) -> None:
-        self._handle.close()
+    name: str
+    body_key: str  # the batch's key in the POST body; "" for checkpoints (one item at a time)
+    batch_limit: int
+    spool: Spool
+    wake: threading.Event = field(default_factory=threading.Event)
+    inflight: tuple[int, list[dict]] | None = None
 
 
 @dataclass
-class _CheckpointUpload:
-    step: int
-    format: str
-    archive: pathlib.Path
-    size_bytes: int
-    sha256: str
+class _CheckpointProgress:
+    """How far the checkpoint at the head of the lane got: registered (id, upload target), uploaded."""
+
+    index: int
     checkpoint_id: str | None = None
     upload: dict | None = None
     uploaded: bool = False
-    on_done: Callable[[str | None], None] | None = None
-
-
-@dataclass
-class _Stream:
-    name: str
-    body_key: str
-    batch_limit: int
-    spool: Spool
-    inflight: tuple[int, list[dict]] | None = None
 
 
 @dataclass
@@ -282,8 +248,13 @@ class Heartbeat:
 class Reporter:
     """Spool-and-send client of the ingest API for one attempt of one job.
 
-    `stop_requested` is set when Lab answers a heartbeat with `{"action": "stop"}`; the
-    trainer treats it like SIGTERM. Call `start()` once, `close()` at the end.
+    Four lanes (metrics, samples, logs, checkpoints), each spooled under `spool_dir` and sent
+    by its own thread with its own capped exponential backoff; a heartbeat thread beside them.
+    A report Lab refuses for good (4xx) is dropped and counted in `dropped`, never retried; a
+    checkpoint whose archive is gone is completed anyway, so Lab marks it `failed` and the lane
+    moves on. `stop_requested` is set when Lab answers a heartbeat with `{"action": "stop"}`;
+    the trainer treats it like SIGTERM. Call `start()` once, `close()` at the end; what is
+    still unsent then stays in the spool, where Lab picks it up after the engine exited.
     """
 
     def __init__(
@@ -306,39 +277,42 @@ class Reporter:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         spool_dir = pathlib.Path(spool_dir)
-        self.streams = [
-            _Stream("metrics", "points", MAX_POINTS_PER_BATCH, Spool(spool_dir, "metrics")),
-            _Stream("samples", "samples", MAX_SAMPLES_PER_BATCH, Spool(spool_dir, "samples")),
-            _Stream("logs", "lines", MAX_LINES_PER_BATCH, Spool(spool_dir, "logs")),
-        ]
-        self._logs = self.streams[2].spool
-        self.checkpoints: deque[_CheckpointUpload] = deque()
+        self._metrics = _Lane("metrics", "points", MAX_POINTS_PER_BATCH, Spool(spool_dir, "metrics"))
+        self._samples = _Lane("samples", "samples", MAX_SAMPLES_PER_BATCH, Spool(spool_dir, "samples"))
+        self._logs = _Lane("logs", "lines", MAX_LINES_PER_BATCH, Spool(spool_dir, "logs"))
+        self._checkpoints = _Lane("checkpoints", "", 1, Spool(spool_dir, "checkpoints"))
+        self.lanes = (self._metrics, self._samples, self._logs, self._checkpoints)
+        self._checkpoint_progress: _CheckpointProgress | None = None
+        self._checkpoint_callbacks: dict[int, Callable[[str | None], None]] = {}
         self.heartbeat = Heartbeat()
         self.stop_requested = threading.Event()
-        self._wake = threading.Event()
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._failure_lock = threading.Lock()
         self._failures = 0
         self._last_error = ""
+        #: Reports Lab refused for good, per lane (records, or checkpoints).
+        self.dropped: dict[str, int] = {lane.name: 0 for lane in self.lanes}
 
     # ---- producer side (called by the trainer; never blocks on Lab) ----
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         """Queue one step's metric point; non-finite values are left out (JSON has no NaN)."""
         finite = {name: float(v) for name, v in values.items() if v is not None and math.isfinite(float(v))}
-        self.streams[0].spool.append({"step": step, "time": utc_now(), "values": finite})
-        self._wake.set()
+        self._metrics.spool.append({"step": step, "time": utc_now(), "values": finite})
+        self._metrics.wake.set()
 
     def samples(self, samples: list[dict]) -> None:
         """Queue rollout samples: dicts with step, group, prompt, completion, reward, advantage, metrics."""
         for sample in samples:
-            self.streams[1].spool.append(sample)
-        self._wake.set()
+            self._samples.spool.append(sample)
+        self._samples.wake.set()
 
     def log(self, line: str, stream: str = "stdout") -> None:
         """Queue one log line; its seq is its index in this attempt's log."""
-        self._logs.append({"seq": len(self._logs.records), "time": utc_now(), "stream": stream, "line": line})
+        spool = self._logs.spool
+        spool.append({"seq": len(spool.records), "time": utc_now(), "stream": stream, "line": line})
 
     def set_status(self, phase: str, step: int, message: str = "") -> None:
         """Set what the heartbeat reports (phase: loading|running|checkpointing|finishing)."""
@@ -349,27 +323,44 @@ class Reporter:
         self, step: int, format: str, archive: pathlib.Path, size_bytes: int, sha256: str,
         on_done: Callable[[str | None], None] | None = None,
     ) -> None:
-        """Queue a checkpoint archive for register → upload → complete (in the background)."""
-        self.checkpoints.append(_CheckpointUpload(step, format, pathlib.Path(archive), size_bytes, sha256, on_done=on_done))
-        self._wake.set()
+        """Queue a checkpoint archive for register → upload → complete (in the background).
+
+        `on_done` is called with the checkpoint's id once Lab has it (ready or failed), or None
+        when Lab refused it; the archive must stay where it is until then (`pending_archives`).
+        """
+        index = self._checkpoints.spool.append(
+            {"step": step, "format": format, "archive": str(archive), "size_bytes": size_bytes, "sha256": sha256}
+        )
+        if on_done is not None:
+            self._checkpoint_callbacks[index] = on_done
+        self._checkpoints.wake.set()
+
+    def pending_archives(self) -> set[pathlib.Path]:
+        """Return the archives of checkpoints Lab has not settled yet: they must not be deleted."""
+        start, records = self._checkpoints.spool.pending(1 << 30)
+        return {pathlib.Path(record["archive"]) for record in records}
 
     # ---- lifecycle ----
 
     def start(self) -> None:
-        """Start the sender and heartbeat threads (daemons)."""
-        for target, name in ((self._send_loop, "lab-sender"), (self._heartbeat_loop, "lab-heartbeat")):
-            thread = threading.Thread(target=target, name=name, daemon=True)
+        """Start the lanes' sender threads and the heartbeat thread (daemons)."""
+        for lane in self.lanes:
+            thread = threading.Thread(target=self._lane_loop, args=(lane,), name=f"lab-{lane.name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        thread = threading.Thread(target=self._heartbeat_loop, name="lab-heartbeat", daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def unsent(self) -> int:
         """Records and checkpoints not yet acknowledged by Lab."""
-        return sum(s.spool.unsent() for s in self.streams) + len(self.checkpoints)
+        return sum(lane.spool.unsent() for lane in self.lanes)
 
     def flush(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for everything queued to reach Lab; True if it did."""
         deadline = time.monotonic() + timeout
-        self._wake.set()
+        for lane in self.lanes:
+            lane.wake.set()
         while self.unsent() and time.monotonic() < deadline:
             time.sleep(0.05)
         return not self.unsent()
@@ -401,11 +392,12 @@ class Reporter:
                     delay = min(self.backoff_cap, delay * 2)
         self._closing.set()
         self._stopped.set()
-        self._wake.set()
+        for lane in self.lanes:
+            lane.wake.set()
         for thread in self._threads:
             thread.join(timeout=5)
-        for stream in self.streams:
-            stream.spool.close()
+        for lane in self.lanes:
+            lane.spool.close()
         close = getattr(self.transport, "close", None)
         if close:
             close()
@@ -414,83 +406,99 @@ class Reporter:
     # ---- background threads ----
 
     def _note_failure(self, error: IngestError) -> None:
-        self._failures += 1
-        message = str(error)
-        if message != self._last_error:
+        with self._failure_lock:
+            self._failures += 1
+            message = str(error)
+            if message == self._last_error:
+                return
             self._last_error = message
-            print(f"engine: Lab ingest: {message}", file=sys.stderr, flush=True)
+        print(f"engine: Lab ingest: {message}", file=sys.stderr, flush=True)
 
-    def _send_stream(self, stream: _Stream) -> bool:
-        """Send one batch of a stream; return True if something was acknowledged."""
-        if stream.inflight is None:
-            start, records = stream.spool.pending(stream.batch_limit)
+    def _send_batch(self, lane: _Lane) -> bool:
+        """Send one batch of a lane; return True if something was settled."""
+        if lane.inflight is None:
+            start, records = lane.spool.pending(lane.batch_limit)
             if not records:
                 return False
-            stream.inflight = (start, records)
-        start, records = stream.inflight
-        body = {"attempt": self.attempt, stream.body_key: records}
-        key = f"{self.job_id}:{self.attempt}:{stream.name}:{start}:{len(records)}"
+            lane.inflight = (start, records)
+        start, records = lane.inflight
+        body = {"attempt": self.attempt, lane.body_key: records}
+        key = f"{self.job_id}:{self.attempt}:{lane.name}:{start}:{len(records)}"
         try:
-            self.transport.post(stream.name, body, idempotency_key=key)
+            self.transport.post(lane.name, body, idempotency_key=key)
         except IngestError as error:
             if error.retryable:
                 raise
             # Lab refused this batch for good (4xx): retrying cannot help; drop it, keep going.
             self._note_failure(error)
-        stream.spool.acknowledge(len(records))
-        stream.inflight = None
+            self.dropped[lane.name] += len(records)
+        lane.spool.acknowledge(len(records))
+        lane.inflight = None
         return True
 
-    def _send_checkpoint(self, item: _CheckpointUpload) -> None:
-        key = f"{self.job_id}:{self.attempt}:checkpoint:{item.step}"
-        if item.checkpoint_id is None:
-            answer = self.transport.post(
-                "checkpoints", {"attempt": self.attempt, "step": item.step, "format": item.format},
-                idempotency_key=key,
+    def _send_checkpoint(self) -> bool:
+        """Register, upload and complete the checkpoint at the head of the lane; True when settled."""
+        lane = self._checkpoints
+        index, records = lane.spool.pending(1)
+        if not records:
+            return False
+        record = records[0]
+        progress = self._checkpoint_progress
+        if progress is None or progress.index != index:
+            progress = self._checkpoint_progress = _CheckpointProgress(index)
+        step = int(record["step"])
+        key = f"{self.job_id}:{self.attempt}:checkpoint:{step}"
+        settled_id: str | None = None
+        try:
+            if progress.checkpoint_id is None:
+                answer = self.transport.post(
+                    "checkpoints", {"attempt": self.attempt, "step": step, "format": record["format"]},
+                    idempotency_key=key,
+                )
+                progress.checkpoint_id, progress.upload = answer["id"], answer["upload"]
+            if not progress.uploaded:
+                try:
+                    self.transport.upload(progress.upload, pathlib.Path(record["archive"]))
+                except IngestError as error:
+                    if error.retryable:
+                        raise
+                    # Completing anyway lets Lab find nothing stored and fail the checkpoint.
+                    self._note_failure(error)
+                progress.uploaded = True
+            self.transport.post(
+                f"checkpoints/{progress.checkpoint_id}/complete",
+                {"size_bytes": record["size_bytes"], "sha256": record["sha256"]},
+                idempotency_key=key + ":complete",
             )
-            item.checkpoint_id, item.upload = answer["id"], answer["upload"]
-        if not item.uploaded:
-            self.transport.upload(item.upload, item.archive)
-            item.uploaded = True
-        self.transport.post(
-            f"checkpoints/{item.checkpoint_id}/complete",
-            {"size_bytes": item.size_bytes, "sha256": item.sha256},
-            idempotency_key=key + ":complete",
-        )
+            settled_id = progress.checkpoint_id
+        except IngestError as error:
+            if error.retryable:
+                raise
+            self._note_failure(error)
+            self.dropped[lane.name] += 1
+        lane.spool.acknowledge(1)
+        self._checkpoint_progress = None
+        callback = self._checkpoint_callbacks.pop(index, None)
+        if callback is not None:
+            callback(settled_id)
+        return True
 
-    def _send_loop(self) -> None:
+    def _lane_loop(self, lane: _Lane) -> None:
+        send = self._send_checkpoint if lane is self._checkpoints else (lambda: self._send_batch(lane))
         delay = self.backoff_base
         while not self._stopped.is_set():
             try:
-                progressed = False
-                for stream in self.streams:
-                    progressed |= self._send_stream(stream)
-                if self.checkpoints:
-                    item = self.checkpoints[0]
-                    try:
-                        self._send_checkpoint(item)
-                        done_id = item.checkpoint_id
-                    except IngestError as error:
-                        if error.retryable:
-                            raise
-                        self._note_failure(error)
-                        done_id = None
-                    self.checkpoints.popleft()
-                    if item.on_done:
-                        item.on_done(done_id)
-                    progressed = True
+                progressed = send()
                 delay = self.backoff_base
                 if not progressed:
-                    self._wake.wait(self.flush_interval)
-                    self._wake.clear()
-            except IngestError as error:
-                self._note_failure(error)
-                self._wake.wait(delay)  # close() wakes us early to flush
-                self._wake.clear()
-                delay = min(self.backoff_cap, delay * 2)
+                    lane.wake.wait(self.flush_interval)
+                    lane.wake.clear()
             except Exception as error:  # a bug here must not kill training; report and retry
-                self._note_failure(IngestError(f"reporter error: {error!r}", retryable=True))
-                self._wake.wait(delay)
+                if not isinstance(error, IngestError):
+                    error = IngestError(f"reporter error ({lane.name}): {error!r}", retryable=True)
+                self._note_failure(error)
+                lane.wake.wait(delay)  # close() wakes us early to flush
+                lane.wake.clear()
                 delay = min(self.backoff_cap, delay * 2)
 
     def _heartbeat_loop(self) -> None:

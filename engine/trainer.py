@@ -379,7 +379,7 @@ class Trainer:
         archive = directory.with_name(directory.name + ".tar")
         size, digest = ckpt.write_tar(directory, archive)
         self.reporter.checkpoint(step, self.format, archive, size, digest)
-        ckpt.prune_checkpoints(self.checkpoint_root, self.config.keep_last)
+        ckpt.prune_checkpoints(self.checkpoint_root, self.config.keep_last, pending_archives=self.reporter.pending_archives())
         logger.info("checkpoint step %d: %s (%d bytes, sha256 %s)", step, archive.name, size, digest[:12])
         self.reporter.set_status("running", step)
         return directory

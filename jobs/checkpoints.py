@@ -1,8 +1,8 @@
 """The checkpoint lifecycle, in one place (DESIGN.md §4).
 
-``pending → uploading → ready | failed``: the engine registers a checkpoint and gets an upload
-target, uploads one uncompressed tar, completes; Lab re-hashes what is stored and marks it
-``ready`` when size and SHA-256 match, else ``failed``. Every status change of a checkpoint
+``pending → uploading → ready | failed``, then ``ready → deleted`` (retention): the engine
+registers a checkpoint and gets an upload target, uploads one uncompressed tar, completes; Lab
+re-hashes what is stored and marks it ``ready`` when size and SHA-256 match, else ``failed``. Every status change of a checkpoint
 happens in a function of this module, so whatever follows a change (events, the live stream)
 hooks here.
 """
@@ -24,7 +24,8 @@ from django.utils import timezone
 from django.utils.http import content_disposition_header
 
 from jobs import storage
-from jobs.models import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, EventLevel, Job, JobAttempt
+from jobs.models import TERMINAL_STATUSES, Checkpoint, CheckpointChange, CheckpointStatus, EventLevel, Job, JobAttempt
+from jobs.serializers import checkpoint_to_dict
 from jobs.services import job_record_event
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
@@ -42,14 +43,19 @@ def checkpoint_register(*, job: Job, attempt: JobAttempt, step: int, format: str
 
     The caller holds the job row lock and has checked the attempt. The upload target is
     ``{"method": "local", "path": ...}`` or ``{"method": "put", "url": ..., "headers": {...}}``.
+    A checkpoint is unique per (job, attempt, step): registering the same step of the same
+    attempt again returns the row already there (with a fresh target), so a retried
+    registration, or Lab delivering an exited engine's spool, never makes two.
     """
+    existing = Checkpoint.objects.filter(job=job, attempt=attempt.number, step=step).first()
+    if existing is not None:
+        return existing, storage.upload_target(storage.upload_key(existing.storage_key))
     checkpoint = Checkpoint.objects.create(
         job=job, step=step, attempt=attempt.number, format=format, status=CheckpointStatus.UPLOADING
     )
     checkpoint.storage_key = storage.checkpoint_key(job.public_id, checkpoint.public_id)
-    stream_records.number(job.pk, [checkpoint])
+    _stream_changes(job, [checkpoint])
     checkpoint.save(update_fields=["storage_key", "stream_seq"])
-    publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
     return checkpoint, storage.upload_target(storage.upload_key(checkpoint.storage_key))
 
 
@@ -93,9 +99,8 @@ def _apply_verification(
         checkpoint.status = CheckpointStatus.READY
         checkpoint.size_bytes, checkpoint.sha256 = stored
         checkpoint.ready_at = timezone.now()
-        stream_records.number(job.pk, [checkpoint])
+        _stream_changes(job, [checkpoint])
         checkpoint.save(update_fields=["status", "size_bytes", "sha256", "ready_at", "stream_seq"])
-        publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
         job_record_event(
             job=job,
             type="checkpoint.ready",
@@ -117,9 +122,8 @@ def _apply_verification(
 def _mark_failed(*, job: Job, checkpoint: Checkpoint, message: str) -> None:
     """Mark a locked checkpoint ``failed`` with a ``checkpoint.failed`` event; delete its object after commit."""
     checkpoint.status = CheckpointStatus.FAILED
-    stream_records.number(job.pk, [checkpoint])
+    _stream_changes(job, [checkpoint])
     checkpoint.save(update_fields=["status", "stream_seq"])
-    publish_on_commit(job.public_id, stream_records.checkpoint_records([checkpoint]))
     job_record_event(
         job=job,
         type="checkpoint.failed",
@@ -135,7 +139,9 @@ def checkpoint_apply_retention(*, job: Job) -> list[str]:
     """Keep the newest ``checkpoints.keep_last`` ready checkpoints of ``job``; delete the rest.
 
     The final checkpoint (the highest step) is always kept, and so is one that a job still to
-    run starts from (``init_from``). Rows go in the caller's transaction, objects after commit.
+    run starts from (``init_from``). A deleted checkpoint's row stays, with status ``deleted``,
+    and the change is a ``checkpoint`` record of the live stream like any other, so a replay
+    is the history that was sent live; its object goes after the caller's transaction commits.
     Returns the public ids deleted.
     """
     keep_last = max(1, int(job.spec.get("checkpoints", {}).get("keep_last", DEFAULT_KEEP_LAST)))
@@ -145,14 +151,26 @@ def checkpoint_apply_retention(*, job: Job) -> list[str]:
         .exclude(status__in=TERMINAL_STATUSES)
         .values_list("init_from_id", flat=True)
     )
-    deleted = []
-    for old in ready[keep_last:]:
-        if old.pk in still_needed:
-            continue
+    removed = [old for old in ready[keep_last:] if old.pk not in still_needed]
+    for old in removed:
+        old.status = CheckpointStatus.DELETED
         _delete_after_commit(old.storage_key)
-        deleted.append(old.public_id)
-        old.delete()
-    return deleted
+    if removed:
+        _stream_changes(job, removed)
+        Checkpoint.objects.bulk_update(removed, ["status", "stream_seq"])
+    return [old.public_id for old in removed]
+
+
+def _stream_changes(job: Job, rows: list[Checkpoint]) -> None:
+    """Number the new state of each of ``rows`` in the job's live stream, keep it as a
+    CheckpointChange (what a replay sends) and publish it after commit. The caller saves the rows."""
+    stream_records.number(job.pk, rows)
+    changes = []
+    for row in rows:
+        row.job = job
+        changes.append(CheckpointChange(job=job, checkpoint=row, stream_seq=row.stream_seq, snapshot=checkpoint_to_dict(row)))
+    CheckpointChange.objects.bulk_create(changes)
+    publish_on_commit(job.public_id, stream_records.checkpoint_records(changes))
 
 
 def checkpoint_download_response(checkpoint: Checkpoint, *, request: Any) -> HttpResponse:
@@ -237,7 +255,11 @@ def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
     deleted = 0
     for batch_start in range(0, len(candidates), 500):
         batch = candidates[batch_start : batch_start + 500]
-        known = set(Checkpoint.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
+        known = set(
+            Checkpoint.objects.filter(storage_key__in=batch)
+            .exclude(status=CheckpointStatus.DELETED)
+            .values_list("storage_key", flat=True)
+        )
         # An upload belongs to its archive's row while that checkpoint is still uploading.
         uploads = {storage.archive_key_of_upload(key): key for key in batch if storage.archive_key_of_upload(key)}
         known |= {
@@ -255,11 +277,30 @@ def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
     return deleted
 
 
+def checkpoint_fail_unfinished(*, job: Job, attempt_number: int) -> list[str]:
+    """Fail the ``uploading`` checkpoints of an attempt that has ended (the caller holds the job's
+    lock, and has delivered the attempt's spool first): nothing will complete them any more.
+    ``latest_checkpoint`` stays the last ``ready`` one. Returns the public ids failed."""
+    failed = []
+    for checkpoint in Checkpoint.objects.select_for_update().filter(
+        job=job, attempt=attempt_number, status=CheckpointStatus.UPLOADING
+    ):
+        _mark_failed(
+            job=job,
+            checkpoint=checkpoint,
+            message=f"Checkpoint of step {checkpoint.step} failed: attempt {attempt_number} ended before completing its upload.",
+        )
+        failed.append(checkpoint.public_id)
+    return failed
+
+
 def checkpoint_fail_abandoned(*, older_than: datetime) -> list[str]:
     """Fail ``uploading`` checkpoints registered before ``older_than`` whose attempt is over.
 
     An attempt is over when the job has moved on to a newer attempt or has finished: nothing
-    will complete its upload any more. Returns the public ids failed.
+    will complete its upload any more. The reconciler fails an ended attempt's uploads at once
+    (``checkpoint_fail_unfinished``); this sweep catches what it could not (a crash in between).
+    Returns the public ids failed.
     """
     failed = []
     stale = Checkpoint.objects.filter(status=CheckpointStatus.UPLOADING, created_at__lte=older_than)

@@ -113,6 +113,24 @@ class EventLevel(models.TextChoices):
     ERROR = "error"
 
 
+class EventType(models.TextChoices):
+    """The types of JobEvent (DESIGN.md §4 "Conventions"); webhooks carry a subset of them."""
+
+    QUEUED = "job.queued"
+    STARTING = "job.starting"
+    STARTED = "job.started"
+    REQUEUED = "job.requeued"
+    RESTARTED = "job.restarted"
+    CANCELLING = "job.cancelling"
+    SUCCEEDED = "job.succeeded"
+    FAILED = "job.failed"
+    CANCELLED = "job.cancelled"
+    DATA_INCOMPLETE = "job.data_incomplete"  # a warning: data an engine could not deliver
+    CHECKPOINT_READY = "checkpoint.ready"
+    CHECKPOINT_FAILED = "checkpoint.failed"
+    ADAPTER_READY = "adapter.ready"
+
+
 class JobEvent(models.Model):
     """One thing that happened to a job; ``type`` is a webhook event name (``job.started``...)."""
 
@@ -177,6 +195,20 @@ class Checkpoint(models.Model):
             # One checkpoint per step of an attempt: a retried or replayed registration reuses it.
             models.UniqueConstraint(fields=["job", "attempt", "step"], name="checkpoint_once_per_attempt_step"),
         ]
+
+
+class CheckpointChange(models.Model):
+    """One state of a checkpoint as the live stream sent it (the Checkpoint object then, under
+    its stream number). A checkpoint row holds only its latest state, so the stream replays
+    these: a replay after any number is exactly what was sent live after it."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoint_changes")
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="changes")
+    stream_seq = models.BigIntegerField()
+    snapshot = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "stream_seq"], name="checkpoint_change_once_per_number")]
 
 
 class AttemptState(models.TextChoices):

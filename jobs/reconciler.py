@@ -26,11 +26,25 @@ from django.utils import timezone
 
 from billing.pricing import cost_usd
 from jobs import storage, tasks
+from jobs.checkpoints import checkpoint_fail_unfinished
+from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import job_token
 from jobs.launchers.base import AttemptPhase, LaunchRequest, Observation
 from jobs.launchers.registry import get_launcher
-from jobs.models import ACTIVE_STATUSES, AttemptState, Job, JobAttempt, JobStatus, LogSource, StopReason
-from jobs.services import attempt_request_stop, current_attempt, job_transition, store_log_lines
+from jobs.models import (
+    ACTIVE_STATUSES,
+    AttemptState,
+    CheckpointStatus,
+    EventLevel,
+    EventType,
+    Job,
+    JobAttempt,
+    JobStatus,
+    LogSource,
+    MetricStep,
+    StopReason,
+)
+from jobs.services import attempt_request_stop, current_attempt, job_record_event, job_transition, store_log_lines
 
 logger = logging.getLogger(__name__)
 S = JobStatus
@@ -115,7 +129,10 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
     code = observation.exit_code
     engine_error = attempt.outcome_error or {}
     detail = {"attempt": attempt.number, "exit_code": code}
+    # Nothing will complete this attempt's uploads any more (its spool was delivered first).
+    checkpoint_fail_unfinished(job=job, attempt_number=attempt.number)
     if code == 0:
+        _record_missing_data(job, attempt)
         job_transition(job=job, to=S.SUCCEEDED, message="Finished all steps.", data=detail)
     elif code == 2:
         job_transition(
@@ -186,9 +203,74 @@ def _signal_if_due(job: Job, attempt: JobAttempt, launcher, now) -> None:
         launcher.cancel(attempt.handle, force=True)
 
 
+def _deliver_spool_of_exited(job_id: int, launcher) -> None:
+    """Before an exited attempt's outcome is applied, store what its engine left unsent in its
+    spool (``jobs.ingest.spool``), outside the job's lock: each batch locks it on its own. What
+    the spool held that Lab had to refuse is told in a ``job.data_incomplete`` warning."""
+    job = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
+    attempt = current_attempt(job) if job is not None else None
+    if attempt is None or attempt.state != AttemptState.LAUNCHED:
+        return
+    workdir = launcher.engine_workdir(attempt.handle)
+    if workdir is None or launcher.observe(attempt.handle).phase not in (AttemptPhase.EXITED, AttemptPhase.LOST):
+        return
+    delivery = deliver_attempt_spool(attempt=attempt, workdir=workdir)
+    if delivery.complete:
+        return
+    refused = ", ".join(f"{count} {stream}" for stream, count in sorted(delivery.refused.items()))
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        job_record_event(
+            job=job,
+            type=EventType.DATA_INCOMPLETE,
+            level=EventLevel.WARNING,
+            message=f"Attempt {attempt.number} left reports Lab could not store: {refused}.",
+            data={"attempt": attempt.number, "refused": delivery.refused, "problems": delivery.problems[:20]},
+        )
+
+
+def _record_missing_data(job: Job, attempt: JobAttempt) -> None:
+    """On success, check that every step's metrics and the final checkpoint arrived; a
+    ``job.data_incomplete`` warning names what did not (the job still succeeds: it trained)."""
+    stored = set(MetricStep.objects.filter(job=job, step__lte=job.max_steps).values_list("step", flat=True))
+    missing_steps = sorted(set(range(1, job.max_steps + 1)) - stored)
+    final = job.checkpoints.filter(step=job.max_steps).order_by("-attempt").first()
+    final_ready = final is not None and final.status == CheckpointStatus.READY
+    if not missing_steps and final_ready:
+        return
+    problems = []
+    if missing_steps:
+        problems.append(f"metrics of {len(missing_steps)} steps ({_ranges(missing_steps)})")
+    if not final_ready:
+        problems.append(f"the final checkpoint (step {job.max_steps}, {final.status if final else 'never registered'})")
+    job_record_event(
+        job=job,
+        type=EventType.DATA_INCOMPLETE,
+        level=EventLevel.WARNING,
+        message=f"The job finished, but Lab never received {' and '.join(problems)}.",
+        data={
+            "attempt": attempt.number,
+            "missing_metric_steps": _ranges(missing_steps),
+            "final_checkpoint": final.status if final else None,
+        },
+    )
+
+
+def _ranges(steps: list[int]) -> str:
+    """Write sorted steps as ranges: ``[1, 2, 3, 7]`` → ``"1-3, 7"``."""
+    parts: list[str] = []
+    for step in steps:
+        if parts and int(parts[-1].split("-")[-1]) == step - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{step}"
+        else:
+            parts.append(str(step))
+    return ", ".join(parts)
+
+
 def reconcile_job(*, job_id: int) -> None:
     """Bring one active job in line with what its launcher observes."""
     launcher = get_launcher()
+    _deliver_spool_of_exited(job_id, launcher)
     now = timezone.now()
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id, status__in=ACTIVE_STATUSES).first()

@@ -188,6 +188,22 @@ def stored_size_and_sha256(key: str, *, expected_size: int | None = None) -> tup
     return size, digest.hexdigest()
 
 
+def put_file(key: str, source: Path) -> None:
+    """Store the local file ``source`` at ``key``, replacing what is there (Lab's own upload of an
+    archive an engine left behind; ``seal`` then treats it like the engine's)."""
+    storage = checkpoint_storage()
+    if isinstance(storage, FileSystemStorage):
+        target = path_of(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{uuid.uuid4().hex}.partial")
+        shutil.copyfile(source, partial)
+        partial.replace(target)
+        return
+    _s3_client(storage).upload_file(
+        str(source), storage.bucket_name, _s3_object_key(storage, key), ExtraArgs={"ContentType": ARCHIVE_CONTENT_TYPE}
+    )
+
+
 def delete(key: str) -> None:
     """Delete the object at ``key``; a missing one is not an error."""
     checkpoint_storage().delete(key)

@@ -87,7 +87,7 @@ def ingest_status(*, attempt: JobAttempt, report: StatusReport) -> str:
     attempt.last_heartbeat_at = timezone.now()
     attempt.phase = report.phase
     attempt.save(update_fields=["last_heartbeat_at", "phase"])
-    if report.step > job.step:
+    if report.step > job.step and not job.is_terminal:
         job.step = min(report.step, job.max_steps)
         job.save(update_fields=["step"])
     if job.status == JobStatus.STARTING and report.phase != "loading":
@@ -95,10 +95,31 @@ def ingest_status(*, attempt: JobAttempt, report: StatusReport) -> str:
     return "stop" if should_stop(job, attempt) else "continue"
 
 
+def _check_steps(job: Job, steps: set[int], what: str) -> None:
+    """Refuse a batch (409 ``invalid_step``, nothing stored) naming a step the job cannot have:
+    beyond ``max_steps``, or, once the job has ended, beyond the last step it reached (the hour
+    of grace after the end is for late flushes of steps that happened)."""
+    if not steps:
+        return
+    top = max(steps)
+    if top > job.max_steps:
+        raise ApiError(409, "invalid_step", f"{what} for step {top}: this job has {job.max_steps} steps.", param="step")
+    if job.status in TERMINAL_STATUSES and top > job.step:
+        raise ApiError(
+            409,
+            "invalid_step",
+            f"{what} for step {top}: this job ended at step {job.step} and takes late reports of its steps only.",
+            param="step",
+        )
+
+
 @transaction.atomic
 def ingest_metrics(*, attempt: JobAttempt, batch: MetricsBatch) -> dict[str, int]:
-    """Store a batch of metric points (one row per step). Returns accepted/duplicates/superseded."""
+    """Store a batch of metric points (one row per step). Returns accepted/duplicates/superseded.
+
+    Raises ApiError 409 ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
     job, attempt = _locked(attempt, batch.attempt)
+    _check_steps(job, {point.step for point in batch.points}, "metrics")
     by_step: dict[int, tuple[datetime, dict[str, float]]] = {}
     for point in batch.points:
         time, values = by_step.get(point.step, (point.time, {}))
@@ -177,9 +198,12 @@ def _insert_metric_steps(rows: list[MetricStep]) -> None:
 
 @transaction.atomic
 def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch) -> dict[str, int]:
-    """Store rollout samples; a batch replaces any samples stored earlier for the steps it names."""
+    """Store rollout samples; a batch replaces any samples stored earlier for the steps it names.
+
+    Raises ApiError 409 ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
     job, attempt = _locked(attempt, batch.attempt)
     steps = {sample.step for sample in batch.samples}
+    _check_steps(job, steps, "samples")
     RolloutSample.objects.filter(job=job, step__in=steps).delete()
     rows = [
         RolloutSample(

@@ -106,6 +106,11 @@ class Launcher(abc.ABC):
         """
         return []
 
+    def engine_workdir(self, handle: dict) -> Path | None:
+        """Return the attempt's engine work dir when Lab can read it after the engine exited
+        (its spool is delivered from there: ``jobs.ingest.spool``), else None."""
+        return None
+
     def sweep_orphans(self, live_handles: list[dict]) -> list[str]:
         """End engine processes that belong to no live attempt; return what was ended."""
         return []

@@ -173,6 +173,9 @@ class LocalLauncher(Launcher):
         self.cancel(handle, force=True)
         shutil.rmtree(workdir / "resume", ignore_errors=True)
 
+    def engine_workdir(self, handle: dict) -> Path | None:
+        return Path(handle["workdir"]) if "workdir" in handle else None
+
     def captured_lines(self, handle: dict) -> list[CapturedLine]:
         """Return complete stdout/stderr lines written since the last call.
 

@@ -16,9 +16,8 @@ from typing import Any
 
 from django.db import connection, models
 
-from jobs.models import Checkpoint, Job, JobEvent, LogLine, MetricStep, RolloutSample
+from jobs.models import CheckpointChange, Job, JobEvent, LogLine, MetricStep, RolloutSample
 from jobs.serializers import (
-    checkpoint_to_dict,
     event_to_dict,
     log_line_to_dict,
     metric_point_to_dict,
@@ -116,9 +115,9 @@ def event_records(events: Iterable[JobEvent]) -> list[StreamRecord]:
     return records
 
 
-def checkpoint_records(rows: Iterable[Checkpoint]) -> list[StreamRecord]:
-    """Return the ``checkpoint`` records of numbered checkpoints (their current state)."""
-    return [record(row.stream_seq, CHECKPOINT, checkpoint_to_dict(row)) for row in rows]
+def checkpoint_records(changes: Iterable[CheckpointChange]) -> list[StreamRecord]:
+    """Return the ``checkpoint`` records of checkpoint changes (each the Checkpoint object as it was)."""
+    return [StreamRecord(change.stream_seq, CHECKPOINT, encode(change.snapshot)) for change in changes]
 
 
 # Every table that holds stream records, how to read it and how to turn its rows into records.
@@ -127,7 +126,7 @@ _SOURCES = (
     (RolloutSample.objects.all(), sample_records),
     (LogLine.objects.all(), log_records),
     (JobEvent.objects.select_related("job"), event_records),
-    (Checkpoint.objects.select_related("job"), checkpoint_records),
+    (CheckpointChange.objects.all(), checkpoint_records),
 )
 
 

@@ -73,6 +73,7 @@ WEBHOOK_EVENT_TYPES = (
     "job.succeeded",
     "job.failed",
     "job.cancelled",
+    "job.data_incomplete",
     "checkpoint.ready",
     "webhook_endpoint.disabled",
 )

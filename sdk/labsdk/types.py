@@ -63,7 +63,7 @@ class Usage(LabObject):
 
 
 class Checkpoint(LabObject):
-    """A checkpoint: ``status`` is ``pending``, ``uploading``, ``ready`` or ``failed``;
+    """A checkpoint: ``status`` is ``pending``, ``uploading``, ``ready``, ``failed`` or ``deleted``;
     ``format`` ``peft-lora`` or ``hf-full``; ``size_bytes`` and ``sha256`` of its tar."""
 
     id: str

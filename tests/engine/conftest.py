@@ -34,6 +34,8 @@ class FakeLab:
     checkpoints: dict = field(default_factory=dict)
     finish: list = field(default_factory=list)
     storage: pathlib.Path | None = None
+    #: Requests whose action starts with one of these answer 503 for as long as it is set.
+    down_for: tuple = ()
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handle(self, path: str, body: dict, token: str) -> tuple[int, dict]:
@@ -48,6 +50,9 @@ class FakeLab:
             if not path.startswith(prefix):
                 return 404, {"error": {"type": "invalid_request", "code": "not_found", "message": path}}
             action = path[len(prefix):]
+            if self.down_for and action.startswith(self.down_for):
+                self.refused += 1
+                return 503, {"error": {"type": "api_error", "code": "unavailable", "message": "down"}}
             if action == "status":
                 self.statuses.append(body)
                 return 200, {"action": self.action}
@@ -75,7 +80,7 @@ class FakeLab:
                 checkpoint = self.checkpoints[action.split("/")[1]]
                 import hashlib
 
-                data = checkpoint["path"].read_bytes()
+                data = checkpoint["path"].read_bytes() if checkpoint["path"].exists() else b""
                 ok = hashlib.sha256(data).hexdigest() == body["sha256"] and len(data) == body["size_bytes"]
                 checkpoint["status"] = "ready" if ok else "failed"
                 return 200, {"status": checkpoint["status"]}

@@ -80,3 +80,58 @@ def test_it_writes_the_same_bodies_under_the_workdir_offline(tmp_path):
     (point,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert (point["step"], point["attempt"], point["values"]) == (1, 2, {"reward/mean": 0.25})
     assert json.loads((tmp_path / "finish.json").read_text()) == {"attempt": 2, "outcome": "succeeded"}
+
+
+def make_archive(tmp_path, step):
+    directory = tmp_path / f"step-{step:06d}"
+    (directory / "trainer_state").mkdir(parents=True)
+    (directory / "trainer_state" / "state.json").write_text(json.dumps({"step": step}))
+    archive = tmp_path / f"step-{step:06d}.tar"
+    size, digest = write_tar(directory, archive)
+    return archive, size, digest
+
+
+def test_it_fails_a_checkpoint_whose_archive_vanished_and_moves_on(fake_lab, tmp_path):
+    gone, gone_size, gone_digest = make_archive(tmp_path, 10)
+    kept, kept_size, kept_digest = make_archive(tmp_path, 20)
+    gone.unlink()
+    settled = []
+    reporter = make_reporter(fake_lab, tmp_path)
+    reporter.checkpoint(10, "peft-lora", gone, gone_size, gone_digest, on_done=settled.append)
+    reporter.checkpoint(20, "peft-lora", kept, kept_size, kept_digest, on_done=settled.append)
+    reporter.start()
+    assert reporter.close("succeeded", timeout=10)
+    assert [(c["step"], c["status"]) for c in fake_lab.checkpoints.values()] == [(10, "failed"), (20, "ready")]
+    assert settled == ["ckpt_1", "ckpt_2"]
+    assert (tmp_path / "spool" / "checkpoints.sent").read_text() == "2"
+
+
+def test_it_keeps_sending_metrics_samples_and_logs_while_checkpoints_cannot_get_through(fake_lab, tmp_path):
+    archive, size, digest = make_archive(tmp_path, 5)
+    fake_lab.down_for = ("checkpoints",)
+    reporter = make_reporter(fake_lab, tmp_path)
+    reporter.start()
+    reporter.checkpoint(5, "peft-lora", archive, size, digest)
+    time.sleep(0.5)  # the checkpoint lane is backing off by now
+    for step in range(1, 31):
+        reporter.metrics(step, {"reward/mean": 0.5})
+        reporter.samples([{"step": step, "group": 0, "prompt": "p", "completion": "c", "reward": 0.5, "advantage": 0.0, "metrics": {}}])
+        reporter.log(f"step {step}")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (len(fake_lab.metrics) < 30 or len(fake_lab.logs) < 30 or len(fake_lab.samples) < 30):
+        time.sleep(0.05)
+    assert sorted(fake_lab.metrics) == list(range(1, 31))
+    assert len(fake_lab.samples) == 30 and len(fake_lab.logs) == 30
+    assert reporter.pending_archives() == {archive}
+    assert not reporter.close("succeeded", timeout=0.5)  # the checkpoint is still owed
+    assert fake_lab.checkpoints == {}
+    assert not (tmp_path / "spool" / "checkpoints.sent").exists()  # left in the spool for Lab
+
+
+def test_it_never_prunes_a_checkpoint_lab_has_not_settled(tmp_path):
+    from engine.checkpoints import prune_checkpoints
+
+    archives = {step: make_archive(tmp_path, step)[0] for step in (10, 20, 30, 40)}
+    deleted = prune_checkpoints(tmp_path, 2, pending_archives={archives[10]})
+    assert [path.name for path in deleted] == ["step-000020"]
+    assert sorted(path.name for path in tmp_path.glob("step-*.tar")) == ["step-000010.tar", "step-000030.tar", "step-000040.tar"]

@@ -230,11 +230,27 @@ def test_retention_keeps_the_newest_keep_last_and_the_final_one(owner, spec):
     spec["max_steps"] = 4
     job, engine, base = start(owner, spec)
     ids = [upload(engine, base, step, f"step {step}".encode())["id"] for step in (1, 2, 3, 4)]
-    kept = list(Checkpoint.objects.filter(job=job).order_by("step").values_list("public_id", flat=True))
-    assert kept == ids[2:]
+    statuses = list(Checkpoint.objects.filter(job=job).order_by("step").values_list("public_id", "status"))
+    assert statuses == [(ids[0], "deleted"), (ids[1], "deleted"), (ids[2], "ready"), (ids[3], "ready")]
     assert sorted(key for key, _ in storage.iter_objects() if key.startswith(job.public_id)) == sorted(
         f"{job.public_id}/{ckpt_id}.tar" for ckpt_id in ids[2:]
     )
+
+
+def test_a_deleted_checkpoint_stays_listed_without_a_download_and_its_removal_is_streamed(owner, spec):
+    from jobs.stream.records import read_after
+
+    spec["checkpoints"] = {"interval": 1, "keep_last": 1}
+    job, engine, base = start(owner, spec)
+    first = upload(engine, base, 1, b"first")["id"]
+    upload(engine, base, 2, b"second")
+    listed = owner.client().get(f"/api/v1/jobs/{job.public_id}/checkpoints").json()["data"]
+    assert [(c["id"], c["status"]) for c in listed if c["id"] == first] == [(first, "deleted")]
+    download = owner.client().get(f"/api/v1/checkpoints/{first}/download")
+    assert download.status_code == 409 and download.json()["error"]["code"] == "checkpoint_not_ready"
+    replay, complete = read_after(job.pk, 0)
+    states = [json.loads(r.data)["status"] for r in replay if r.event == "checkpoint" and json.loads(r.data)["id"] == first]
+    assert complete and states == ["uploading", "ready", "deleted"]
 
 
 def test_retention_keeps_a_checkpoint_that_a_queued_job_starts_from(owner, spec):
@@ -244,10 +260,12 @@ def test_retention_keeps_a_checkpoint_that_a_queued_job_starts_from(owner, spec)
     follower = job_submit(project=owner.project, actor=Actor(user=owner.user), data={**spec, "init_from": first})
     assert follower.status == JobStatus.QUEUED
     second = upload(engine, base, 2, b"second")["id"]
-    assert set(Checkpoint.objects.filter(job=source).values_list("public_id", flat=True)) == {first, second}
+    ready = Checkpoint.objects.filter(job=source, status="ready")
+    assert set(ready.values_list("public_id", flat=True)) == {first, second}
     third = upload(engine, base, 3, b"third")["id"]
     # The follower still needs the first; the second is neither newest nor needed.
-    assert set(Checkpoint.objects.filter(job=source).values_list("public_id", flat=True)) == {first, third}
+    assert set(ready.values_list("public_id", flat=True)) == {first, third}
+    assert Checkpoint.objects.get(public_id=second).status == "deleted"
 
 
 def test_deleting_a_job_deletes_its_archives(owner, spec):

@@ -123,7 +123,7 @@ def test_a_token_works_only_for_its_job(owner, spec):
 
 def test_a_token_expires_an_hour_after_the_job_ends(owner, spec):
     job, client, base = start(owner, spec)
-    job_transition(job=job, to=JobStatus.RUNNING)
+    client.post(f"{base}/status", {"attempt": 1, "phase": "running", "step": 1}, format="json")
     job_transition(job=Job.objects.get(pk=job.pk), to=JobStatus.SUCCEEDED)
     late = {"attempt": 1, "points": [point(1, r=1.0)]}
     assert client.post(f"{base}/metrics", late, format="json").status_code == 200
@@ -256,3 +256,41 @@ def test_json_nested_past_the_recursion_limit_is_400(owner, spec):
     response = client.post(f"{base}/metrics", deep, content_type="application/json")
     assert response.status_code == 400
     assert not MetricStep.objects.exists()
+
+
+def test_it_refuses_metrics_and_samples_beyond_max_steps_and_stores_nothing(owner, spec):
+    job, client, base = start(owner, spec)  # max_steps 3
+    metrics = client.post(f"{base}/metrics", {"attempt": 1, "points": [point(3, r=1.0), point(4, r=1.0)]}, format="json")
+    assert metrics.status_code == 409
+    assert metrics.json()["error"]["code"] == "invalid_step"
+    assert metrics.json()["error"]["message"] == "metrics for step 4: this job has 3 steps."
+    sample = {"step": 4, "group": 0, "prompt": "p", "completion": "c", "reward": 1.0, "advantage": 0.0}
+    samples = client.post(f"{base}/samples", {"attempt": 1, "samples": [sample]}, format="json")
+    assert (samples.status_code, samples.json()["error"]["code"]) == (409, "invalid_step")
+    assert not MetricStep.objects.filter(job=job).exists() and not RolloutSample.objects.filter(job=job).exists()
+
+
+def test_after_the_end_it_takes_late_reports_of_steps_that_happened_only(owner, spec):
+    job, client, base = start(owner, spec)
+    client.post(f"{base}/status", {"attempt": 1, "phase": "running", "step": 2}, format="json")
+    job_transition(job=Job.objects.get(pk=job.pk), to=JobStatus.SUCCEEDED)
+    # A heartbeat after the end cannot widen the window.
+    client.post(f"{base}/status", {"attempt": 1, "phase": "running", "step": 3}, format="json")
+    assert Job.objects.get(pk=job.pk).step == 2
+    late = client.post(f"{base}/metrics", {"attempt": 1, "points": [point(1, r=1.0), point(2, r=1.0)]}, format="json")
+    assert late.status_code == 200 and late.json()["accepted"] == 2
+    never = client.post(f"{base}/metrics", {"attempt": 1, "points": [point(3, r=1.0)]}, format="json")
+    assert never.status_code == 409
+    assert never.json()["error"]["message"] == (
+        "metrics for step 3: this job ended at step 2 and takes late reports of its steps only."
+    )
+    assert sorted(MetricStep.objects.filter(job=job).values_list("step", flat=True)) == [1, 2]
+
+
+def test_registering_the_same_step_of_an_attempt_twice_returns_the_same_checkpoint(owner, spec):
+    job, client, base = start(owner, spec)
+    body = {"attempt": 1, "step": 1, "format": "peft-lora"}
+    first = client.post(f"{base}/checkpoints", body, format="json").json()
+    again = client.post(f"{base}/checkpoints", body, format="json").json()
+    assert first["id"] == again["id"] and first["upload"] == again["upload"]
+    assert Checkpoint.objects.filter(job=job).count() == 1

@@ -172,7 +172,8 @@ class Engine:
         )
 
 
-def running_job(owner, spec, stack: LabStack) -> tuple[Job, Engine]:
+def running_job(owner, spec, stack: LabStack, *, max_steps: int = 1000) -> tuple[Job, Engine]:
+    spec = {**spec, "max_steps": max_steps}  # by default room for every step the tests report
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     job_claim_for_start(job_id=job.pk)
     job = Job.objects.get(pk=job.pk)
@@ -449,7 +450,7 @@ def test_lab_jobs_logs_follow_prints_each_line_once_until_the_job_ends(owner, sp
 
 
 def test_lab_jobs_watch_shows_the_latest_metrics_and_exits_with_the_jobs_outcome(owner, spec, web):
-    job, engine = running_job(owner, spec, web)
+    job, engine = running_job(owner, spec, web, max_steps=3)
     engine.metrics(1, 2)
     command = _lab_command("jobs", "watch", job.public_id, "--json", key=owner.key, base_url=web.base_url)
     engine.metrics(3)

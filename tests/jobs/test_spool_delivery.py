@@ -1,0 +1,194 @@
+"""What an engine left in its spool when it exited is delivered by Lab before the exit is applied
+(jobs.ingest.spool, jobs.reconciler), on a launcher that reports a finished process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from engine.checkpoints import write_tar
+from engine.spool import Spool, attempt_spool_dir
+from jobs import reconciler
+from jobs.ingest.spool import deliver_attempt_spool
+from jobs.launchers.base import AttemptPhase, Launcher, Observation
+from jobs.models import AttemptState, Checkpoint, Job, JobAttempt, JobEvent, LogLine, MetricStep, RolloutSample
+from jobs.services import job_claim_for_start, job_submit
+from lab.services import Actor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOW = "2026-11-29T22:16:31Z"
+
+
+@pytest.fixture(autouse=True)
+def _no_broker(monkeypatch):
+    from jobs import tasks
+
+    for name in ("admit", "launch_attempt", "reconcile_job"):
+        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
+
+
+@pytest.fixture(autouse=True)
+def _own_storage(settings, tmp_path):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "checkpoints": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "checkpoints")}},
+    }
+
+
+class ExitedLauncher(Launcher):
+    """A launcher whose every attempt has exited with ``exit_code``; work dirs are handles."""
+
+    name = "exited"
+
+    def __init__(self, exit_code: int = 0):
+        self.exit_code = exit_code
+
+    def launch(self, request):
+        raise AssertionError("not launched here")
+
+    def observe(self, handle):
+        return Observation(AttemptPhase.EXITED, exit_code=self.exit_code)
+
+    def cancel(self, handle, *, force=False):
+        pass
+
+    def cleanup(self, handle):
+        pass
+
+    def engine_workdir(self, handle):
+        return Path(handle["workdir"])
+
+
+def launched(owner, spec, workdir: Path) -> tuple[Job, JobAttempt]:
+    """A job whose first attempt was launched with ``workdir`` as its work dir."""
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    JobAttempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.LAUNCHED, handle={"workdir": str(workdir)}, launched_at=timezone.now()
+    )
+    return Job.objects.get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
+
+
+def spool(workdir: Path, name: str, records: list[dict], *, sent: int = 0) -> None:
+    writer = Spool(attempt_spool_dir(workdir, 1), name)
+    for record in records:
+        writer.append(record)
+    if sent:
+        writer.acknowledge(sent)
+    writer.close()
+
+
+def archive(workdir: Path, step: int) -> dict:
+    directory = workdir / "checkpoints" / f"step-{step:06d}"
+    (directory / "trainer_state").mkdir(parents=True)
+    (directory / "trainer_state" / "state.json").write_text(f'{{"step": {step}}}')
+    path = directory.with_name(directory.name + ".tar")
+    size, digest = write_tar(directory, path)
+    return {"step": step, "format": "peft-lora", "archive": str(path), "size_bytes": size, "sha256": digest}
+
+
+def point(step: int) -> dict:
+    return {"step": step, "time": NOW, "values": {"reward/mean": step / 10}}
+
+
+def test_it_stores_what_the_spool_holds_past_its_cursors_and_moves_them_on(owner, spec, tmp_path):
+    workdir = tmp_path / "attempt-1"
+    job, attempt = launched(owner, spec, workdir)
+    spool(workdir, "metrics", [point(1), point(2), point(3)], sent=1)
+    spool(workdir, "logs", [{"seq": n, "time": NOW, "stream": "stdout", "line": f"line {n}"} for n in range(3)])
+    spool(workdir, "samples", [{"step": 3, "group": 0, "prompt": "p", "completion": "c", "reward": 1.0, "advantage": 0.5, "metrics": {}}])
+    spool(workdir, "checkpoints", [archive(workdir, 3)])
+
+    delivery = deliver_attempt_spool(attempt=attempt, workdir=workdir)
+
+    assert delivery.complete
+    assert delivery.delivered == {"metrics": 2, "logs": 3, "samples": 1, "checkpoints": 1}
+    assert sorted(MetricStep.objects.filter(job=job).values_list("step", flat=True)) == [2, 3]  # step 1 was sent
+    assert LogLine.objects.filter(job=job).count() == 3 and RolloutSample.objects.filter(job=job).count() == 1
+    (checkpoint,) = Checkpoint.objects.filter(job=job)
+    assert (checkpoint.step, checkpoint.attempt, checkpoint.status) == (3, 1, "ready")
+    assert (attempt_spool_dir(workdir, 1) / "metrics.sent").read_text() == "3"
+    again = deliver_attempt_spool(attempt=attempt, workdir=workdir)
+    assert again.delivered == {} and Checkpoint.objects.filter(job=job).count() == 1
+
+
+def test_it_never_copies_an_archive_from_outside_the_work_dir(owner, spec, tmp_path):
+    workdir = tmp_path / "attempt-1"
+    job, attempt = launched(owner, spec, workdir)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET_KEY=do-not-leak")
+    (workdir / "checkpoints").mkdir(parents=True)
+    link = workdir / "checkpoints" / "step-000002.tar"
+    os.symlink(secret, link)
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+    size = secret.stat().st_size
+    spool(workdir, "checkpoints", [
+        {"step": 1, "format": "peft-lora", "archive": str(secret), "size_bytes": size, "sha256": digest},
+        {"step": 2, "format": "peft-lora", "archive": str(link), "size_bytes": size, "sha256": digest},
+        {"step": 3, "format": "peft-lora", "archive": "../secret.txt", "size_bytes": size, "sha256": digest},
+    ])
+
+    deliver_attempt_spool(attempt=attempt, workdir=workdir)
+
+    assert dict(Checkpoint.objects.filter(job=job).values_list("step", "status")) == {1: "failed", 2: "failed", 3: "failed"}
+    stored = [p for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()]
+    assert stored == []
+
+
+def test_it_refuses_malformed_records_and_says_so_in_a_data_incomplete_warning(owner, spec, tmp_path, monkeypatch):
+    workdir = tmp_path / "attempt-1"
+    job, attempt = launched(owner, spec, workdir)
+    spool(workdir, "metrics", [point(1), {"step": "one", "values": {}}])
+    spool(workdir, "checkpoints", [{"step": 3, "format": "zip"}])
+    monkeypatch.setattr(reconciler, "get_launcher", lambda: ExitedLauncher(exit_code=0))
+
+    reconciler.reconcile_job(job_id=job.pk)
+
+    job = Job.objects.get(pk=job.pk)
+    assert job.status == "succeeded"
+    warnings = list(JobEvent.objects.filter(job=job, type="job.data_incomplete").order_by("id"))
+    assert [w.message for w in warnings] == [
+        "Attempt 1 left reports Lab could not store: 1 checkpoints, 2 metrics.",
+        "The job finished, but Lab never received metrics of 3 steps (1-3) and the final checkpoint (step 3, never registered).",
+    ]
+    assert warnings[0].level == "warning" and warnings[0].data["refused"] == {"metrics": 2, "checkpoints": 1}
+
+
+def test_a_clean_exit_with_everything_delivered_records_no_warning(owner, spec, tmp_path, monkeypatch):
+    workdir = tmp_path / "attempt-1"
+    job, attempt = launched(owner, spec, workdir)
+    spool(workdir, "metrics", [point(1), point(2), point(3)])
+    spool(workdir, "checkpoints", [archive(workdir, 2), archive(workdir, 3)])
+    monkeypatch.setattr(reconciler, "get_launcher", lambda: ExitedLauncher(exit_code=0))
+
+    reconciler.reconcile_job(job_id=job.pk)
+
+    job = Job.objects.get(pk=job.pk)
+    assert job.status == "succeeded"
+    assert not JobEvent.objects.filter(job=job, type="job.data_incomplete").exists()
+    assert dict(Checkpoint.objects.filter(job=job).values_list("step", "status")) == {2: "ready", 3: "ready"}
+
+
+def test_an_ended_attempts_unfinished_upload_fails_at_once(owner, spec, tmp_path, monkeypatch):
+    from jobs.checkpoints import checkpoint_register
+
+    workdir = tmp_path / "attempt-1"
+    job, attempt = launched(owner, spec, workdir)
+    spool(workdir, "metrics", [point(1), point(2), point(3)])
+    spool(workdir, "checkpoints", [archive(workdir, 3)])
+    with transaction.atomic():
+        stuck, _ = checkpoint_register(job=job, attempt=attempt, step=2, format="peft-lora")
+    monkeypatch.setattr(reconciler, "get_launcher", lambda: ExitedLauncher(exit_code=0))
+
+    reconciler.reconcile_job(job_id=job.pk)
+
+    assert Checkpoint.objects.get(pk=stuck.pk).status == "failed"
+    from jobs.serializers import job_to_dict
+
+    assert job_to_dict(Job.objects.get(pk=job.pk))["latest_checkpoint"]["step"] == 3
