@@ -38,7 +38,7 @@ web: migrate  ## ASGI server
 	$(VENV)/bin/uvicorn lab.asgi:application --host $(HOST) --port $(PORT) --timeout-graceful-shutdown 5
 
 worker: install  ## Celery worker on every queue
-	$(VENV)/bin/celery -A lab worker --loglevel INFO --concurrency 2 -Q default,admission,reconciler,webhooks,billing
+	$(VENV)/bin/celery -A lab worker --loglevel INFO --concurrency 2
 
 beat: install  ## Celery beat (periodic tasks)
 	$(VENV)/bin/celery -A lab beat --loglevel INFO --schedule $${LAB_DATA_DIR:-var}/celerybeat-schedule

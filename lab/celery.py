@@ -10,12 +10,13 @@ import os
 from enum import StrEnum
 
 from celery import Celery
+from kombu import Queue as KombuQueue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.settings")
 
 
 class Queue(StrEnum):
-    """The Celery queues; a worker started by ``make worker`` consumes all of them."""
+    """The Celery queues; a bare ``celery -A lab worker`` consumes all of them (``-Q`` narrows it)."""
 
     DEFAULT = "default"
     ADMISSION = "admission"
@@ -28,6 +29,8 @@ app = Celery("lab")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
     task_default_queue=Queue.DEFAULT.value,
+    # Declared, so a worker started without -Q consumes every queue, not only the default one.
+    task_queues=[KombuQueue(queue.value) for queue in Queue],
     task_ignore_result=True,
     result_backend=None,
     task_acks_late=True,

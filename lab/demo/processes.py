@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 
 from jobs.launchers.local import process_alive
-from lab.celery import Queue
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Seconds a process gets to exit after SIGTERM before SIGKILL.
@@ -101,7 +100,6 @@ class LabProcesses:
         not answer within ``timeout`` seconds.
         """
         self.started_at = time.time()
-        queues = ",".join(queue.value for queue in Queue)
         self._spawn(
             "web",
             [
@@ -112,7 +110,7 @@ class LabProcesses:
         )
         self._spawn(
             "worker",
-            ["-m", "celery", "-A", "lab", "worker", "--concurrency", "2", "-Q", queues, "--loglevel", "INFO"],
+            ["-m", "celery", "-A", "lab", "worker", "--concurrency", "2", "--loglevel", "INFO"],
         )
         self._spawn(
             "beat",
