@@ -9,7 +9,7 @@ has of each type.
 from __future__ import annotations
 
 from django.conf import settings
-from django.db.models import Q, Sum
+from django.db.models import Count, Q, Sum
 
 from jobs.models import ACTIVE_STATUSES, Job, JobStatus
 from jobs.pool import pool_nodes
@@ -52,18 +52,33 @@ def start_blocker(*, organization: Organization, gpu_type: str, gpus: int) -> st
     return None
 
 
-def jobs_ahead(*, priority: int, queued_at, exclude_pk: int | None = None) -> int:
+def queue_positions(jobs: list[Job]) -> dict[int, int]:
+    """Return the 1-based queue place of each queued job among ``jobs`` (by primary key), in one
+    query whatever their number; jobs that are not queued are left out. Same rule as ``queue_position``."""
+    queued = [job for job in jobs if job.status == JobStatus.QUEUED]
+    if not queued:
+        return {}
+    counts = {
+        f"ahead_{job.pk}": Count(
+            "pk",
+            filter=_ahead_of(priority=job.priority, queued_at=job.queued_at) & ~Q(pk=job.pk),
+        )
+        for job in queued
+    }
+    ahead = Job.objects.filter(status=JobStatus.QUEUED).aggregate(**counts)
+    return {job.pk: ahead[f"ahead_{job.pk}"] + 1 for job in queued}
+
+
+def _ahead_of(*, priority: int, queued_at) -> Q:
+    """The queued jobs that come before one with this priority and queue time."""
+    return Q(priority__gt=priority) | Q(priority=priority, queued_at__lt=queued_at)
+
+
+def jobs_ahead(*, priority: int, queued_at) -> int:
     """Return how many queued jobs come before one with this priority and queue time."""
-    ahead = Job.objects.filter(status=JobStatus.QUEUED).filter(
-        Q(priority__gt=priority) | Q(priority=priority, queued_at__lt=queued_at)
-    )
-    if exclude_pk is not None:
-        ahead = ahead.exclude(pk=exclude_pk)
-    return ahead.count()
+    return Job.objects.filter(status=JobStatus.QUEUED).filter(_ahead_of(priority=priority, queued_at=queued_at)).count()
 
 
 def queue_position(job: Job) -> int | None:
     """Return ``job``'s 1-based place in the queue, or None when it is not queued."""
-    if job.status != JobStatus.QUEUED:
-        return None
-    return jobs_ahead(priority=job.priority, queued_at=job.queued_at, exclude_pk=job.pk) + 1
+    return queue_positions([job]).get(job.pk)

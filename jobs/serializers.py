@@ -8,7 +8,7 @@ from typing import Any
 from billing.models import Price
 from engine.catalog import EnvironmentInfo, ModelInfo
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobEvent, JobPriority, JobStatus, RolloutSample
-from jobs.queue import queue_position
+from jobs.queue import queue_positions
 from lab.api.formats import iso, money
 
 
@@ -30,18 +30,42 @@ def checkpoint_to_dict(checkpoint: Checkpoint) -> dict[str, Any]:
 
 def job_to_dict(job: Job) -> dict[str, Any]:
     """Return the Job object: status, queue place, spec, progress, usage and latest checkpoint."""
-    latest = (
-        job.checkpoints.filter(status=CheckpointStatus.READY).order_by("-step", "-id").first()
-        if job.status != JobStatus.QUEUED or job.attempt
-        else None
+    return jobs_to_dicts([job])[0]
+
+
+def jobs_to_dicts(jobs: list[Job]) -> list[dict[str, Any]]:
+    """Return the Job objects of ``jobs``, in order, in a constant number of queries: latest ready
+    checkpoints and queue places are read for all of them at once."""
+    jobs = list(jobs)
+    latest = _latest_ready_checkpoints(jobs)
+    positions = queue_positions(jobs)
+    return [_job_dict(job, latest.get(job.pk), positions.get(job.pk)) for job in jobs]
+
+
+def _latest_ready_checkpoints(jobs: list[Job]) -> dict[int, Checkpoint]:
+    """Return each job's ready checkpoint of the highest step (one query for all of them)."""
+    with_checkpoints = [job.pk for job in jobs if job.status != JobStatus.QUEUED or job.attempt]
+    latest: dict[int, Checkpoint] = {}
+    if not with_checkpoints:
+        return latest
+    ready = (
+        Checkpoint.objects.filter(job_id__in=with_checkpoints, status=CheckpointStatus.READY)
+        .select_related("job")
+        .order_by("job_id", "-step", "-id")
     )
+    for checkpoint in ready:  # a job keeps only ``keep_last`` ready ones: a short list
+        latest.setdefault(checkpoint.job_id, checkpoint)
+    return latest
+
+
+def _job_dict(job: Job, latest: Checkpoint | None, position: int | None) -> dict[str, Any]:
     return {
         "id": job.public_id,
         "object": "job",
         "name": job.name,
         "status": job.status,
         "status_reason": job.status_reason or None,
-        "queue_position": queue_position(job),
+        "queue_position": position,
         "priority": JobPriority(job.priority).label,
         "spec": job.spec,
         "warnings": job.warnings,

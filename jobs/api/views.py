@@ -21,6 +21,7 @@ from jobs.serializers import (
     environment_to_dict,
     event_to_dict,
     job_to_dict,
+    jobs_to_dicts,
     model_to_dict,
     price_to_dict,
 )
@@ -49,7 +50,7 @@ class JobListView(ProjectAPIView):
             status=request.query_params.get("status"),
             metadata=metadata_filters(request.query_params),
         )
-        return Response(paginate_by_public_id(jobs, request.query_params, job_to_dict))
+        return Response(paginate_by_public_id(jobs, request.query_params, serialize_page=jobs_to_dicts))
 
     @extend_schema(request=_SPEC_BODY, responses={201: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:

@@ -41,13 +41,19 @@ def list_envelope(items: Iterable[dict[str, Any]], *, has_more: bool) -> dict[st
 
 
 def paginate_by_public_id(
-    queryset: QuerySet, params, serialize: Callable[[Any], dict[str, Any]], *, newest_first: bool = True
+    queryset: QuerySet,
+    params,
+    serialize: Callable[[Any], dict[str, Any]] | None = None,
+    *,
+    newest_first: bool = True,
+    serialize_page: Callable[[list[Any]], list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """Page ``queryset`` (already scoped to the tenant) by its ``public_id`` cursor.
 
     Items are ordered by primary key (newest first by default); ``after`` names the last item of
     the previous page and must belong to the same queryset, otherwise it is a 404 like any id
-    the caller cannot see.
+    the caller cannot see. Items are turned into JSON by ``serialize`` one at a time, or by
+    ``serialize_page`` all at once (to read what they share in a constant number of queries).
     """
     limit = parse_limit(params)
     ordered = queryset.order_by("-pk" if newest_first else "pk")
@@ -58,4 +64,5 @@ def paginate_by_public_id(
             raise ApiError(404, "not_found", f"No such object: {after[:64]}", param="after")
         ordered = ordered.filter(pk__lt=anchor) if newest_first else ordered.filter(pk__gt=anchor)
     page = list(ordered[: limit + 1])
-    return list_envelope((serialize(item) for item in page[:limit]), has_more=len(page) > limit)
+    items = serialize_page(page[:limit]) if serialize_page else [serialize(item) for item in page[:limit]]
+    return list_envelope(items, has_more=len(page) > limit)

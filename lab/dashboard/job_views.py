@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from jobs.checkpoints import checkpoint_download_response
 from jobs.estimates import job_estimate
 from jobs.models import Checkpoint, Job, JobStatus
-from jobs.queue import queue_position
+from jobs.queue import queue_positions
 from jobs.selectors import (
     job_list,
     job_logs,
@@ -82,10 +82,11 @@ def _jobs_table_context(request: HttpRequest, project: Project) -> dict:
         status_problem = ""
     jobs = jobs_with_latest_reward(job_list(project=project, status=status or None)).order_by("-id")
     page = Paginator(jobs, JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
+    positions = queue_positions(list(page))
     return {
         "project": project,
         "page": page,
-        "jobs": [(job, {"queue_position": queue_position(job), "cost_usd": money(job.cost_usd)}) for job in page],
+        "jobs": [(job, {"queue_position": positions.get(job.pk), "cost_usd": money(job.cost_usd)}) for job in page],
         "status": status,
         "status_problem": status_problem,
         "statuses": JobStatus.values,
