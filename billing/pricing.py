@@ -5,8 +5,8 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 
 from billing.models import Price
+from lab.lib.resources import resource_units
 
-CPU = "cpu"
 _CENT = Decimal("0.01")
 
 
@@ -23,5 +23,5 @@ def cost_usd(*, gpu_type: str, gpus: int, seconds: float, prices: dict[str, Deci
     """
     prices = price_table() if prices is None else prices
     hourly = prices.get(gpu_type, Decimal(0))
-    units = Decimal(1) if gpu_type == CPU else Decimal(gpus)
+    units = Decimal(resource_units(gpu_type=gpu_type, gpus=gpus))
     return (hourly * units * Decimal(str(seconds)) / Decimal(3600)).quantize(_CENT, rounding=ROUND_HALF_UP)

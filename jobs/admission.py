@@ -1,8 +1,9 @@
 """Admission: which queued jobs start now. One pass looks at the whole queue in order.
 
-Order: ``priority`` (high first); then fair share across organizations: the organization whose
-running jobs cost less per hour right now goes first (then the one running fewer jobs), and each job admitted in this pass adds to
-its organization's share; then age (``queued_at``). A job starts when its organization is under
+Order (``jobs.queue.fair_share_order``, the same the queue places follow): ``priority`` (high
+first); then fair share across organizations: the organization whose running jobs cost less per
+hour right now goes first (then the one running fewer jobs), and each job admitted in this pass
+adds to its organization's share; then age (``queued_at``). A job starts when its organization is under
 its cap, billing allows it (``billing_allows``, allow-all until billing lands) and the pool has
 room; otherwise its ``status_reason`` says why. A job is claimed with a conditional UPDATE (queued
 → starting), so two workers never launch it twice; passes are serialized by a database lock so
@@ -11,20 +12,18 @@ they never overcommit capacity.
 
 from __future__ import annotations
 
-import heapq
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field
-from decimal import Decimal
 
 from django.db import connection, transaction
-from django.db.models import Count, Sum
 
 from billing.pricing import price_table
 from jobs.metrics import record_admission_pass
-from jobs.models import ACTIVE_STATUSES, Job, JobStatus
-from jobs.queue import organization_cap, pool_capacity
+from jobs.models import Job, JobStatus, StatusReason
+from jobs.queue import QueuedJob, fair_share_order, organization_cap, pool_capacity, pool_usage, queued_jobs
 from jobs.services import job_claim_for_start
+from lab.lib.resources import resource_units
 from lab.models import Organization
 
 #: The advisory lock key that serializes admission passes on PostgreSQL.
@@ -48,26 +47,11 @@ def billing_allows(organization_id: int) -> str | None:
     return None
 
 
-def _hourly_cost(gpu_type: str, gpus: int, prices: dict[str, Decimal]) -> Decimal:
-    units = Decimal(1) if gpu_type == "cpu" else Decimal(gpus)
-    return prices.get(gpu_type, Decimal(0)) * units
-
-
 def _lock_admission() -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ADMISSION_LOCK])
     # SQLite runs IMMEDIATE transactions: the write lock is taken when the transaction begins.
-
-
-def _priority_bands(queued: list[tuple]) -> list[list[tuple]]:
-    """Split rows already ordered by (-priority, age) into one list per priority."""
-    bands: list[list[tuple]] = []
-    for row in queued:
-        if not bands or bands[-1][0][1] != row[1]:
-            bands.append([])
-        bands[-1].append(row)
-    return bands
 
 
 @transaction.atomic
@@ -76,73 +60,40 @@ def admission_pass() -> AdmissionResult:
     started_at = time.perf_counter()
     _lock_admission()
     result = AdmissionResult()
-    prices = price_table()
-
-    running_per_org: dict[int, int] = defaultdict(int)
-    cost_per_org: dict[int, Decimal] = defaultdict(Decimal)
-    used_per_type: dict[str, int] = defaultdict(int)
-    active = (
-        Job.objects.filter(status__in=ACTIVE_STATUSES)
-        .values("project__organization_id", "gpu_type", "gpus")
-        .annotate(jobs=Count("id"), total_gpus=Sum("gpus"))
-    )
-    for row in active:
-        organization_id = row["project__organization_id"]
-        running_per_org[organization_id] += row["jobs"]
-        cost_per_org[organization_id] += _hourly_cost(row["gpu_type"], row["gpus"], prices) * row["jobs"]
-        used_per_type[row["gpu_type"]] += row["jobs"] if row["gpu_type"] == "cpu" else row["total_gpus"] or 0
-
-    queued = list(
-        Job.objects.filter(status=JobStatus.QUEUED)
-        .order_by("-priority", "queued_at", "id")
-        .values_list("id", "priority", "project__organization_id", "gpu_type", "gpus", "status_reason")
-    )
+    queued = queued_jobs()
     result.considered = len(queued)
     if not queued:
         result.elapsed_ms = (time.perf_counter() - started_at) * 1000
         return result
-    organizations = {org.pk: org for org in Organization.objects.filter(pk__in={row[2] for row in queued})}
+    prices = price_table()
+    usage = pool_usage(prices)
+    organizations = {org.pk: org for org in Organization.objects.filter(pk__in={job.organization_id for job in queued})}
     caps = {pk: organization_cap(org) for pk, org in organizations.items()}
     capacity: dict[str, int] = {}
-
     reasons: dict[int, str] = {}
-    for band in _priority_bands(queued):
-        # Fair share: take the next job of the organization whose running jobs cost least per
-        # hour (then: that runs fewer jobs); ties go to the one whose next job waited longest.
-        per_org: dict[int, deque] = defaultdict(deque)
-        for position, row in enumerate(band):
-            per_org[row[2]].append((position, row))
-        heap = [(cost_per_org[org], running_per_org[org], jobs[0][0], org) for org, jobs in per_org.items()]
-        heapq.heapify(heap)
-        while heap:
-            *_, organization_id = heapq.heappop(heap)
-            _, row = per_org[organization_id].popleft()
-            job_id, _, _, gpu_type, gpus, _ = row
-            need = 1 if gpu_type == "cpu" else gpus
-            if gpu_type not in capacity:
-                capacity[gpu_type] = pool_capacity(gpu_type)
-            reason = None
-            if running_per_org[organization_id] >= caps[organization_id]:
-                reason = "org_concurrency_limit"
-            elif blocked := billing_allows(organization_id):
-                reason = blocked
-            elif used_per_type[gpu_type] + need > capacity[gpu_type]:
-                reason = "pool_full"
-            elif job_claim_for_start(job_id=job_id) is not None:
-                result.started.append(job_id)
-                running_per_org[organization_id] += 1
-                used_per_type[gpu_type] += need
-                cost_per_org[organization_id] += _hourly_cost(gpu_type, gpus, prices)
-            if reason:
-                reasons[job_id] = reason
-            if per_org[organization_id]:
-                share = (cost_per_org[organization_id], running_per_org[organization_id])
-                heapq.heappush(heap, (*share, per_org[organization_id][0][0], organization_id))
 
-    changed = [(job_id, reason) for job_id, _, _, _, _, old in queued if (reason := reasons.get(job_id)) and reason != old]
+    def take(job: QueuedJob) -> bool:
+        if job.gpu_type not in capacity:
+            capacity[job.gpu_type] = pool_capacity(job.gpu_type)
+        need = resource_units(gpu_type=job.gpu_type, gpus=job.gpus)
+        if usage.running_per_org[job.organization_id] >= caps[job.organization_id]:
+            reasons[job.job_id] = StatusReason.ORG_CONCURRENCY_LIMIT
+        elif blocked := billing_allows(job.organization_id):
+            reasons[job.job_id] = blocked
+        elif usage.used_per_type[job.gpu_type] + need > capacity[job.gpu_type]:
+            reasons[job.job_id] = StatusReason.POOL_FULL
+        elif job_claim_for_start(job_id=job.job_id) is not None:
+            result.started.append(job.job_id)
+            return True
+        return False
+
+    fair_share_order(queued, usage, prices, take)
+
     by_reason: dict[str, list[int]] = defaultdict(list)
-    for job_id, reason in changed:
-        by_reason[reason].append(job_id)
+    for job in queued:
+        reason = reasons.get(job.job_id)
+        if reason and reason != job.status_reason:
+            by_reason[reason].append(job.job_id)
     for reason, job_ids in by_reason.items():
         Job.objects.filter(pk__in=job_ids, status=JobStatus.QUEUED).update(status_reason=reason)
     result.elapsed_ms = (time.perf_counter() - started_at) * 1000

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils import timezone
-
 from billing.pricing import cost_usd
-from jobs.models import JobPriority
-from jobs.queue import jobs_ahead, start_blocker
+from jobs.models import JobPriority, StatusReason
+from jobs.queue import place_of_new_job, start_blocker
 from jobs.specs import ValidatedSpec, installed_models, validate_job_spec
+from lab.lib.resources import CPU
 from lab.models import Project
 
 CPU_DEVICE_RATE = 7.4e9
@@ -51,14 +50,16 @@ def job_estimate(*, project: Project, data: Any) -> dict[str, Any]:
     spec = validated.parsed.spec
     seconds = estimate_run_seconds(validated)
     gpu_type, gpus = spec.resources.gpu_type, spec.resources.gpus or 0
-    ahead = jobs_ahead(priority=JobPriority[spec.priority.upper()], queued_at=timezone.now())
+    place = place_of_new_job(
+        organization_id=project.organization_id, priority=JobPriority[spec.priority.upper()], gpu_type=gpu_type, gpus=gpus
+    )
     blocker = start_blocker(organization=project.organization, gpu_type=gpu_type, gpus=gpus)
-    reason = blocker or ("waiting" if ahead else None)
+    reason = blocker or (StatusReason.WAITING if place > 1 else None)
     return {
-        "gpu_seconds": round(seconds * gpus, 1) if gpu_type != "cpu" else 0.0,
-        "cpu_seconds": round(seconds, 1) if gpu_type == "cpu" else 0.0,
+        "gpu_seconds": round(seconds * gpus, 1) if gpu_type != CPU else 0.0,
+        "cpu_seconds": round(seconds, 1) if gpu_type == CPU else 0.0,
         "cost_usd": str(cost_usd(gpu_type=gpu_type, gpus=gpus, seconds=seconds)),
-        "queue_position": ahead + 1,
+        "queue_position": place,
         "can_start_now": reason is None,
         "reason": reason,
         "warnings": validated.parsed.warnings,

@@ -44,6 +44,35 @@ TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.
 ACTIVE_STATUSES = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING})
 
 
+class StatusReason(models.TextChoices):
+    """Why a queued job waits (DESIGN.md §4 "Conventions": ``status_reason``)."""
+
+    WAITING = "waiting"
+    ORG_CONCURRENCY_LIMIT = "org_concurrency_limit"
+    POOL_FULL = "pool_full"
+    PAYMENT_REQUIRED = "payment_required"
+    REQUEUED_AFTER_PREEMPTION = "requeued_after_preemption"
+    REQUEUED_AFTER_CRASH = "requeued_after_crash"
+    KUEUE_PENDING = "kueue_pending"
+    KUEUE_INADMISSIBLE = "kueue_inadmissible"
+
+
+class ErrorCode(models.TextChoices):
+    """Why a job failed (DESIGN.md §4 "Conventions": ``error.code``)."""
+
+    INVALID_SPEC = "invalid_spec"
+    MODEL_NOT_FOUND = "model_not_found"
+    ENVIRONMENT_ERROR = "environment_error"
+    OOM = "oom"
+    MAX_RESTARTS_EXCEEDED = "max_restarts_exceeded"
+    HEARTBEAT_LOST = "heartbeat_lost"
+    MAX_RUNTIME_EXCEEDED = "max_runtime_exceeded"
+    INSUFFICIENT_CREDIT = "insufficient_credit"
+    IMAGE_PULL_FAILED = "image_pull_failed"
+    UNSCHEDULABLE = "unschedulable"
+    INTERNAL_ERROR = "internal_error"
+
+
 class JobPriority(models.IntegerChoices):
     """Queue priority; a higher value is admitted first."""
 

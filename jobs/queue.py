@@ -1,6 +1,7 @@
 """The queue's rules: order, positions, and what keeps a queued job from starting.
 
-Order (DESIGN.md / run-pipeline issue): ``priority`` first, then age. Capacity: an organization
+Order: ``priority`` first, then fair share across organizations, then age
+(``fair_share_order``); admission, queue places and estimates all follow it. Capacity: an organization
 runs at most its cap of jobs at once (``LAB_ORG_MAX_RUNNING_JOBS``, lowerable per organization);
 the pool runs at most ``LAB_LOCAL_SLOTS`` CPU jobs on the local launcher, and at most the GPUs it
 has of each type.
@@ -8,11 +9,19 @@ has of each type.
 
 from __future__ import annotations
 
-from django.conf import settings
-from django.db.models import Count, Q, Sum
+import heapq
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
 
-from jobs.models import ACTIVE_STATUSES, Job, JobStatus
+from django.conf import settings
+from django.db.models import Count, Sum
+
+from billing.pricing import price_table
+from jobs.models import ACTIVE_STATUSES, Job, JobStatus, StatusReason
 from jobs.pool import pool_nodes
+from lab.lib.resources import CPU, resource_units
 from lab.models import Organization
 
 
@@ -29,15 +38,51 @@ def organization_running(organization: Organization) -> int:
 
 def pool_capacity(gpu_type: str) -> int:
     """Return the pool's capacity for ``gpu_type``: CPU job slots, or GPUs of that type."""
-    if gpu_type == "cpu":
-        return settings.LAB_LOCAL_SLOTS if any(group.gpu_type == "cpu" for group in pool_nodes()) else 0
+    if gpu_type == CPU:
+        return settings.LAB_LOCAL_SLOTS if any(group.gpu_type == CPU for group in pool_nodes()) else 0
     return sum(group.gpus * group.count for group in pool_nodes() if group.gpu_type == gpu_type)
+
+
+def hourly_cost(*, gpu_type: str, gpus: int, prices: dict[str, Decimal]) -> Decimal:
+    """Return what a job of ``gpu_type`` with ``gpus`` GPUs costs per hour at ``prices`` (USD)."""
+    return prices.get(gpu_type, Decimal(0)) * resource_units(gpu_type=gpu_type, gpus=gpus)
+
+
+@dataclass
+class PoolUsage:
+    """What active jobs hold now: jobs and USD per hour per organization, capacity units per type."""
+
+    running_per_org: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    cost_per_org: dict[int, Decimal] = field(default_factory=lambda: defaultdict(Decimal))
+    used_per_type: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, *, organization_id: int, gpu_type: str, gpus: int, prices: dict[str, Decimal], jobs: int = 1) -> None:
+        """Count ``jobs`` more active jobs of this organization and shape."""
+        self.running_per_org[organization_id] += jobs
+        self.cost_per_org[organization_id] += hourly_cost(gpu_type=gpu_type, gpus=gpus, prices=prices) * jobs
+        self.used_per_type[gpu_type] += resource_units(gpu_type=gpu_type, gpus=gpus) * jobs
+
+
+def pool_usage(prices: dict[str, Decimal]) -> PoolUsage:
+    """Return what the active jobs (starting, running, cancelling) hold now, in one query."""
+    usage = PoolUsage()
+    active = (
+        Job.objects.filter(status__in=ACTIVE_STATUSES)
+        .values("project__organization_id", "gpu_type", "gpus")
+        .annotate(jobs=Count("id"))
+    )
+    for row in active:
+        usage.add(
+            organization_id=row["project__organization_id"], gpu_type=row["gpu_type"], gpus=row["gpus"],
+            prices=prices, jobs=row["jobs"],
+        )
+    return usage
 
 
 def pool_in_use(gpu_type: str) -> int:
     """Return the capacity of ``gpu_type`` that active jobs hold (jobs for CPU, GPUs otherwise)."""
     active = Job.objects.filter(gpu_type=gpu_type, status__in=ACTIVE_STATUSES)
-    if gpu_type == "cpu":
+    if gpu_type == CPU:
         return active.count()
     return active.aggregate(total=Sum("gpus"))["total"] or 0
 
@@ -45,40 +90,92 @@ def pool_in_use(gpu_type: str) -> int:
 def start_blocker(*, organization: Organization, gpu_type: str, gpus: int) -> str | None:
     """Return why a job with these needs cannot start now (a ``status_reason``), or None."""
     if organization_running(organization) >= organization_cap(organization):
-        return "org_concurrency_limit"
-    need = 1 if gpu_type == "cpu" else gpus
+        return StatusReason.ORG_CONCURRENCY_LIMIT
+    need = resource_units(gpu_type=gpu_type, gpus=gpus)
     if pool_in_use(gpu_type) + need > pool_capacity(gpu_type):
-        return "pool_full"
+        return StatusReason.POOL_FULL
     return None
 
 
+@dataclass(frozen=True)
+class QueuedJob:
+    """What the queue's order needs of a queued job."""
+
+    job_id: int
+    priority: int
+    organization_id: int
+    gpu_type: str
+    gpus: int
+    status_reason: str = ""
+
+
+def queued_jobs() -> list[QueuedJob]:
+    """Return every queued job by priority (high first), then age."""
+    rows = (
+        Job.objects.filter(status=JobStatus.QUEUED)
+        .order_by("-priority", "queued_at", "id")
+        .values_list("id", "priority", "project__organization_id", "gpu_type", "gpus", "status_reason")
+    )
+    return [QueuedJob(*row) for row in rows]
+
+
+def fair_share_order(
+    queued: list[QueuedJob], usage: PoolUsage, prices: dict[str, Decimal], take: Callable[[QueuedJob], bool]
+) -> None:
+    """Offer each of ``queued`` (already by priority, then age) to ``take`` in start order.
+
+    Within a priority, the next job is that of the organization whose active jobs cost least per
+    hour (then: that runs fewer jobs); ties go to the job that waited longest. When ``take``
+    returns True the job counts as started: it adds to its organization's share in ``usage``
+    (which this changes). Admission takes only what may start; queue places take every job.
+    """
+    band_start = 0
+    while band_start < len(queued):
+        band_end = band_start
+        while band_end < len(queued) and queued[band_end].priority == queued[band_start].priority:
+            band_end += 1
+        per_org: dict[int, deque] = defaultdict(deque)
+        for position in range(band_start, band_end):
+            per_org[queued[position].organization_id].append((position, queued[position]))
+        heap = [(usage.cost_per_org[org], usage.running_per_org[org], jobs[0][0], org) for org, jobs in per_org.items()]
+        heapq.heapify(heap)
+        while heap:
+            *_, organization_id = heapq.heappop(heap)
+            _, job = per_org[organization_id].popleft()
+            if take(job):
+                usage.add(organization_id=organization_id, gpu_type=job.gpu_type, gpus=job.gpus, prices=prices)
+            if per_org[organization_id]:
+                share = (usage.cost_per_org[organization_id], usage.running_per_org[organization_id])
+                heapq.heappush(heap, (*share, per_org[organization_id][0][0], organization_id))
+        band_start = band_end
+
+
+def _start_order(queued: list[QueuedJob]) -> list[int]:
+    """Return the job ids of ``queued`` in the order admission would start them if all fit."""
+    prices = price_table()
+    order: list[int] = []
+    fair_share_order(queued, pool_usage(prices), prices, lambda job: order.append(job.job_id) is None)
+    return order
+
+
 def queue_positions(jobs: list[Job]) -> dict[int, int]:
-    """Return the 1-based queue place of each queued job among ``jobs`` (by primary key), in one
-    query whatever their number; jobs that are not queued are left out. Same rule as ``queue_position``."""
-    queued = [job for job in jobs if job.status == JobStatus.QUEUED]
-    if not queued:
+    """Return the 1-based queue place of each queued job among ``jobs`` (by primary key): its
+    place in admission's start order (priority, fair share, age). A constant number of queries
+    whatever the page; jobs that are not queued are left out."""
+    page = {job.pk for job in jobs if job.status == JobStatus.QUEUED}
+    if not page:
         return {}
-    counts = {
-        f"ahead_{job.pk}": Count(
-            "pk",
-            filter=_ahead_of(priority=job.priority, queued_at=job.queued_at) & ~Q(pk=job.pk),
-        )
-        for job in queued
-    }
-    ahead = Job.objects.filter(status=JobStatus.QUEUED).aggregate(**counts)
-    return {job.pk: ahead[f"ahead_{job.pk}"] + 1 for job in queued}
-
-
-def _ahead_of(*, priority: int, queued_at) -> Q:
-    """The queued jobs that come before one with this priority and queue time."""
-    return Q(priority__gt=priority) | Q(priority=priority, queued_at__lt=queued_at)
-
-
-def jobs_ahead(*, priority: int, queued_at) -> int:
-    """Return how many queued jobs come before one with this priority and queue time."""
-    return Job.objects.filter(status=JobStatus.QUEUED).filter(_ahead_of(priority=priority, queued_at=queued_at)).count()
+    return {job_id: place for place, job_id in enumerate(_start_order(queued_jobs()), start=1) if job_id in page}
 
 
 def queue_position(job: Job) -> int | None:
     """Return ``job``'s 1-based place in the queue, or None when it is not queued."""
     return queue_positions([job]).get(job.pk)
+
+
+def place_of_new_job(*, organization_id: int, priority: int, gpu_type: str, gpus: int) -> int:
+    """Return the queue place a job submitted now would take (it is the youngest of its priority)."""
+    queued = queued_jobs()
+    newcomer = QueuedJob(job_id=0, priority=priority, organization_id=organization_id, gpu_type=gpu_type, gpus=gpus)
+    at = next((index for index, job in enumerate(queued) if job.priority < priority), len(queued))
+    return _start_order([*queued[:at], newcomer, *queued[at:]]).index(0) + 1
