@@ -29,10 +29,10 @@ test: install  ## the whole suite
 test-fast: install  ## the suite without end-to-end, browser and real-model tests
 	$(VENV)/bin/pytest -m "not e2e and not browser and not real_model"
 
-demo:  ## install, then the main job end to end (python -m lab.demo; DEMO_EXIT=1 stops after the checks)
+demo:  ## install, then the main job end to end (python -m demo; DEMO_EXIT=1 stops after the checks)
 	@started=$$(date +%s); $(MAKE) --no-print-directory install && \
 	echo "Installation: $$(( $$(date +%s) - started )) s (not counted in the run's time)."
-	$(PY) -m lab.demo
+	$(PY) -m demo
 
 web: migrate  ## ASGI server
 	$(VENV)/bin/uvicorn lab.asgi:application --host $(HOST) --port $(PORT) --timeout-graceful-shutdown 5

@@ -1,4 +1,4 @@
-"""Lab: the Django project (settings, tenancy, API conventions, dashboard) and the Celery app."""
+"""Lab: the Django project (settings, tenancy, audit, API conventions) and the Celery app."""
 
 from lab.celery import app as celery_app
 

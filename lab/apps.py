@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class LabConfig(AppConfig):
-    """Accounts, tenancy, API conventions and the dashboard."""
+    """Accounts, tenancy, audit and API conventions."""
 
     name = "lab"
     default_auto_field = "django.db.models.BigAutoField"

@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "lab",
     "jobs",
     "billing",
+    "dashboard",
 ]
 
 MIDDLEWARE = [

@@ -1,4 +1,5 @@
-"""Top-level URLs: the REST API under /api/v1, operations endpoints, admin and the dashboard."""
+"""Top-level URLs: the REST API under /api/v1 (Lab's own routes, then the jobs app's), operations
+endpoints, admin and the dashboard."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -7,11 +8,12 @@ from lab import ops
 
 urlpatterns = [
     path("api/v1/", include("lab.api.urls")),
+    path("api/v1/", include("jobs.api.urls")),
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),
     path("admin/", admin.site.urls),
-    path("", include("lab.dashboard.urls")),
+    path("", include("dashboard.urls")),
 ]
 
-handler404 = "lab.dashboard.views.not_found_page"
+handler404 = "dashboard.views.not_found_page"

@@ -1,6 +1,7 @@
-"""REST API routes under /api/v1 (DESIGN.md §4 "REST API")."""
+"""Lab's own REST API routes under /api/v1 (DESIGN.md §4 "REST API"); the apps' routes are
+mounted beside them in ``lab/urls.py``."""
 
-from django.urls import include, path
+from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
 from lab.api.views import WhoAmIView
@@ -8,5 +9,4 @@ from lab.api.views import WhoAmIView
 urlpatterns = [
     path("whoami", WhoAmIView.as_view(), name="api-whoami"),
     path("schema", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="api-schema"),
-    path("", include("jobs.api.urls")),
 ]

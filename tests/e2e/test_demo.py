@@ -1,4 +1,4 @@
-"""``python -m lab.demo`` end to end, the way CI runs it: from the existing virtual environment, on
+"""``python -m demo`` end to end, the way CI runs it: from the existing virtual environment, on
 the embedded defaults (no DATABASE_URL, REDIS_URL or CELERY_BROKER_URL), in a fresh data dir, on
 free ports. Each test checks that nothing it started is left running afterwards.
 """
@@ -50,7 +50,7 @@ def processes_using(data_dir: Path) -> list[str]:
 def run_demo(env: dict[str, str], *, timeout: float) -> subprocess.CompletedProcess:
     """Run the demo to its end; return its result with stdout and stderr together."""
     return subprocess.run(
-        [sys.executable, "-m", "lab.demo"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "demo"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, timeout=timeout,
     )
 
@@ -60,7 +60,7 @@ class DemoProcess:
 
     def __init__(self, env: dict[str, str]):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lab.demo"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "demo"], cwd=REPO, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True,
         )
         self.output: list[str] = []

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from lab.demo.program import DemoError, DemoSettings, check_learning
-from lab.demo.receiver import WebhookReceiver
+from demo.program import DemoError, DemoSettings, check_learning
+from demo.receiver import WebhookReceiver
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()

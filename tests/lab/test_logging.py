@@ -11,7 +11,7 @@ from django.test import Client
 
 from lab.logging import JsonFormatter
 from lab.services import Actor, api_key_create
-from tests.lab.dashboard.helpers import signed_in
+from tests.dashboard.helpers import signed_in
 
 pytestmark = pytest.mark.django_db
 

@@ -32,4 +32,4 @@ urlpatterns = [
     path("api/v1/test-keys/<str:key_id>", KeyDetailView.as_view()),
     path("", include("lab.urls")),
 ]
-handler404 = "lab.dashboard.views.not_found_page"
+handler404 = "dashboard.views.not_found_page"

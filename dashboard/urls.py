@@ -52,8 +52,8 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from lab.dashboard import job_views, views, webhook_views
-from lab.dashboard.forms import EmailAuthenticationForm
+from dashboard import job_views, views, webhook_views
+from dashboard.forms import EmailAuthenticationForm
 
 _ORGANIZATION = "o/<slug:org_slug>/"
 _PROJECT = _ORGANIZATION + "p/<slug:project_slug>/"

@@ -26,9 +26,9 @@ import labsdk
 from labsdk import Lab, LabError
 from tqdm import tqdm
 
+from demo.processes import ROOT, LabProcesses, port_is_free
+from demo.receiver import ReceivedWebhook, WebhookReceiver
 from engine.catalog import TINY_RANDOM_LLAMA_ID
-from lab.demo.processes import ROOT, LabProcesses, port_is_free
-from lab.demo.receiver import ReceivedWebhook, WebhookReceiver
 
 SPEC_FILE = ROOT / "examples" / "addition-smollm2.toml"
 REWARD_METRIC = "reward/mean"
@@ -60,7 +60,7 @@ def _env_int(environ: dict[str, str], name: str, default: int | None, *, minimum
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """What the demo runs, from ``DEMO_*`` variables (see :mod:`lab.demo`)."""
+    """What the demo runs, from ``DEMO_*`` variables (see :mod:`demo`)."""
 
     data_dir: Path
     model_dir: Path
@@ -478,7 +478,7 @@ def _last_json_line(output: str) -> dict[str, Any]:
 
 
 def main() -> int:
-    """Entry point of ``python -m lab.demo``."""
+    """Entry point of ``python -m demo``."""
     environ = dict(os.environ)
     try:
         settings = DemoSettings.from_environment(environ)

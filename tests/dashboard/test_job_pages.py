@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from dashboard.spec_editor import param_line
 from jobs.models import Job, JobStatus, MetricStep
 from jobs.webhooks.models import WebhookEndpoint
-from lab.dashboard.spec_editor import param_line
 from lab.models import AuditLogEntry
-from tests.lab.dashboard.jobs_helpers import Engine, submit
+from tests.dashboard.jobs_helpers import Engine, submit
 
 pytestmark = pytest.mark.django_db
 
 PROJECT = "/o/acme/p/default/"
-EXAMPLE = (Path(__file__).resolve().parents[3] / "examples" / "addition-tiny.toml").read_text()
+EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "addition-tiny.toml").read_text()
 
 
 @pytest.fixture(autouse=True)

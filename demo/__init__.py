@@ -1,4 +1,4 @@
-"""The main job end to end on one machine: ``python -m lab.demo`` (``make demo`` installs, then runs it).
+"""The main job end to end on one machine: ``python -m demo`` (``make demo`` installs, then runs it).
 
 It starts Lab's own processes (uvicorn, a Celery worker, Celery beat) on whatever the
 environment configures (embedded SQLite and a server-less broker by default), bootstraps a demo

@@ -13,7 +13,7 @@ from jobs.models import Job
 pytestmark = pytest.mark.django_db
 
 PROJECT = "/o/acme/p/default/"
-EXAMPLE = (Path(__file__).resolve().parents[3] / "examples" / "addition-tiny.toml").read_text()
+EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "addition-tiny.toml").read_text()
 
 
 @pytest.fixture(autouse=True)
@@ -105,8 +105,8 @@ def test_a_submit_sent_twice_queues_the_job_once(owner, owner_client):
 @pytest.fixture
 def checkpoints(owner, spec, settings, tmp_path):
     """A running job of Acme with a ready checkpoint and one still uploading."""
-    from tests.lab.dashboard.jobs_helpers import Engine, submit
-    from tests.lab.dashboard.test_job_pages import _ready_checkpoint
+    from tests.dashboard.jobs_helpers import Engine, submit
+    from tests.dashboard.test_job_pages import _ready_checkpoint
 
     settings.LAB_DATA_DIR = tmp_path
     engine = Engine(submit(owner, spec, max_steps=30))
@@ -201,7 +201,7 @@ def test_hostile_webhook_forms_and_ids_are_never_a_server_error(owner, owner_cli
 
 def test_cancel_and_restart_posted_twice_act_once(owner, owner_client, member_client, spec):
     from jobs.models import JobEvent, JobStatus
-    from tests.lab.dashboard.jobs_helpers import submit
+    from tests.dashboard.jobs_helpers import submit
 
     job = submit(owner, spec)
     url = f"{PROJECT}jobs/{job.public_id}/"
@@ -236,7 +236,7 @@ JUNK_DATA_QUERIES = [
 
 @pytest.mark.parametrize("query", JUNK_DATA_QUERIES)
 def test_the_chart_json_routes_answer_junk_with_a_400_in_the_api_shape(owner, owner_client, spec, query):
-    from tests.lab.dashboard.jobs_helpers import Engine, submit
+    from tests.dashboard.jobs_helpers import Engine, submit
 
     engine = Engine(submit(owner, spec, max_steps=30))
     engine.running(0)

@@ -1,7 +1,7 @@
 """Dashboard pages for jobs: the project's jobs table, "New job", the job page, compare.
 
 Thin adapters over ``jobs.services``, ``jobs.estimates`` and ``jobs.selectors``; every job is looked
-up *with* the project that ``lab.dashboard.access`` resolved for the signed-in member, so another
+up *with* the project that ``dashboard.access`` resolved for the signed-in member, so another
 organization's job is the same 404 as a missing one. Any member of the organization may submit,
 cancel and restart the project's jobs (as a read-write API key of the project may).
 
@@ -23,6 +23,10 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods
 
+from dashboard.access import OrganizationAccess, project_view
+from dashboard.forms import JobSpecForm
+from dashboard.spec_editor import example_named, examples
+from dashboard.views import _actor, _render
 from jobs.checkpoints import checkpoint_download_response
 from jobs.estimates import job_estimate
 from jobs.models import Checkpoint, Job, JobStatus
@@ -41,10 +45,6 @@ from jobs.serializers import job_to_dict
 from jobs.services import job_cancel, job_restart, job_submit
 from lab.api.errors import ApiError
 from lab.api.formats import money
-from lab.dashboard.access import OrganizationAccess, project_view
-from lab.dashboard.forms import JobSpecForm
-from lab.dashboard.spec_editor import example_named, examples
-from lab.dashboard.views import _actor, _render
 from lab.models import IdempotencyRecord, Project
 
 JOBS_PAGE_SIZE = 25

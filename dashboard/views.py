@@ -1,6 +1,6 @@
 """Dashboard views: thin adapters from HTTP to the services in ``lab.services``.
 
-Tenant-owned pages resolve their organization and project through ``lab.dashboard.access`` (a
+Tenant-owned pages resolve their organization and project through ``dashboard.access`` (a
 non-member gets the same 404 as a missing slug). Pages that change something accept POST only, and
 refuse members who may not manage with 403 before reading the form; the services check again.
 """
@@ -18,10 +18,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from lab import lockout, services
-from lab.api.errors import not_found
-from lab.dashboard.access import OrganizationAccess, organization_view, project_view
-from lab.dashboard.forms import (
+from dashboard.access import OrganizationAccess, organization_view, project_view
+from dashboard.forms import (
     ApiKeyCreateForm,
     InvitationCreateForm,
     MembershipRoleForm,
@@ -30,6 +28,8 @@ from lab.dashboard.forms import (
     SignUpForm,
     add_service_errors,
 )
+from lab import lockout, services
+from lab.api.errors import not_found
 from lab.models import ApiKey, Invitation, Membership, Project, Role
 from lab.services import Actor
 

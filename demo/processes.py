@@ -18,7 +18,7 @@ import httpx
 
 from jobs.launchers.local import process_alive
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 #: Seconds a process gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE_S = 20.0
 

@@ -15,7 +15,7 @@ from django.core import mail
 from lab.models import ApiKey, AuditLogEntry, Invitation, Membership, Project, Role
 from lab.services import Actor, api_key_create, invitation_create, user_sign_up
 from tests.conftest import PASSWORD
-from tests.lab.dashboard.helpers import signed_in
+from tests.dashboard.helpers import signed_in
 
 pytestmark = pytest.mark.django_db
 

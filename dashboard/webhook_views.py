@@ -14,12 +14,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from dashboard.access import OrganizationAccess, project_view
+from dashboard.forms import WebhookEndpointForm
+from dashboard.views import _actor, _render
 from jobs.webhooks import services
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from lab.api.errors import ApiError
-from lab.dashboard.access import OrganizationAccess, project_view
-from lab.dashboard.forms import WebhookEndpointForm
-from lab.dashboard.views import _actor, _render
 from lab.models import Project
 
 DELIVERIES_PAGE_SIZE = 25

@@ -180,7 +180,7 @@ class JobSpecForm(forms.Form):
 
     def add_problems(self, problems: list[dict]) -> None:
         """Record ``problems`` (``{"param", "code", "message"}``) with the line of each field."""
-        from lab.dashboard.spec_editor import param_line
+        from dashboard.spec_editor import param_line
 
         text, format = self.data.get("spec", ""), self.data.get("format", "toml")
         lines = text.splitlines()

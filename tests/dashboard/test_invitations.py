@@ -12,7 +12,7 @@ from django.utils import timezone
 from lab.models import Invitation, Membership, Role, User
 from lab.services import Actor, invitation_create, user_sign_up
 from tests.conftest import PASSWORD
-from tests.lab.dashboard.helpers import link_in_last_email, signed_in
+from tests.dashboard.helpers import link_in_last_email, signed_in
 
 pytestmark = pytest.mark.django_db
 
