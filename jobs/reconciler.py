@@ -25,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.pricing import cost_usd
-from jobs import storage, tasks
+from jobs import dispatch, storage
 from jobs.checkpoints import checkpoint_fail_unfinished
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import job_token
@@ -89,7 +89,7 @@ def attempt_launch(*, attempt_id: int) -> None:
             attempt.state, attempt.ended_at = AttemptState.ENDED, timezone.now()
             attempt.save(update_fields=["state", "ended_at"])
             job_transition(job=job, to=S.FAILED, error_code="internal_error", error_message=f"Launch failed: {exc}")
-            transaction.on_commit(tasks.admit.delay)
+            dispatch.enqueue_admission()
             return
         attempt.state, attempt.handle, attempt.launched_at = AttemptState.LAUNCHED, handle, timezone.now()
         attempt.save(update_fields=["state", "handle", "launched_at"])
@@ -151,7 +151,7 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
                 job=job,
                 to=S.FAILED,
                 error_code="max_runtime_exceeded",
-                error_message=f"The job ran longer than max_runtime_minutes ({job.spec.get('max_runtime_minutes')}).",
+                error_message=f"The job ran longer than max_runtime_minutes ({job.spec['max_runtime_minutes']}).",
                 data=detail,
             )
         else:
@@ -169,7 +169,7 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
     else:
         crashes = job.crash_count + 1
         Job.objects.filter(pk=job.pk).update(crash_count=crashes)
-        max_restarts = int(job.spec.get("max_restarts", 2))
+        max_restarts = job.spec["max_restarts"]
         what = observation.detail.strip().splitlines()[-1:] or ["no output"]
         if crashes > max_restarts:
             job_transition(
@@ -188,7 +188,7 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
                 data={**detail, "crashes": crashes},
             )
     get_launcher().cleanup(attempt.handle)
-    transaction.on_commit(tasks.admit.delay)
+    dispatch.enqueue_admission()
 
 
 def _signal_if_due(job: Job, attempt: JobAttempt, launcher, now) -> None:
@@ -285,9 +285,9 @@ def reconcile_job(*, job_id: int) -> None:
                 attempt.state, attempt.ended_at = AttemptState.ENDED, now
                 attempt.save(update_fields=["state", "ended_at"])
                 job_transition(job=job, to=S.CANCELLED, message="Cancelled before it started.")
-                transaction.on_commit(tasks.admit.delay)
+                dispatch.enqueue_admission()
             elif now - attempt.created_at > RELAUNCH_AFTER:
-                transaction.on_commit(lambda: tasks.launch_attempt.delay(attempt.pk))
+                dispatch.enqueue_launch(attempt.pk)
             return
         observation = launcher.observe(attempt.handle)
         _capture_logs(job, attempt, launcher)
@@ -303,7 +303,7 @@ def reconcile_job(*, job_id: int) -> None:
             logger.warning("heartbeat lost; killing the attempt", extra={"job": job.public_id, "attempt": attempt.number})
             launcher.cancel(attempt.handle, force=True)
             return
-        runtime_limit = timedelta(minutes=int(job.spec.get("max_runtime_minutes", 600)))
+        runtime_limit = timedelta(minutes=job.spec["max_runtime_minutes"])
         if job.started_at and now - job.started_at > runtime_limit and not attempt.stop_reason:
             attempt_request_stop(job=job, reason=StopReason.RUNTIME)
             attempt.refresh_from_db()

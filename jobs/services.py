@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import storage, tasks
+from jobs import dispatch, storage
 from jobs.launchers.registry import get_launcher
 from jobs.models import (
     Checkpoint,
@@ -140,7 +140,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     audit_record(
         actor=actor, organization=project.organization, project=project, action="job.create", target=job.public_id
     )
-    transaction.on_commit(tasks.admit.delay)
+    dispatch.enqueue_admission()
     return job
 
 
@@ -213,7 +213,7 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
     updated = job_transition(job=locked, to=to, message="Cancelled by request.")
     if to == S.CANCELLING:
         attempt_request_stop(job=updated, reason=StopReason.CANCEL)
-        transaction.on_commit(lambda: tasks.reconcile_job.delay(updated.pk))
+        dispatch.enqueue_reconcile(updated.pk)
     audit_record(
         actor=actor,
         organization=job.project.organization,
@@ -255,7 +255,7 @@ def job_claim_for_start(*, job_id: int) -> JobAttempt | None:
     job_record_event(
         job=job, type="job.starting", message=f"Attempt {attempt.number} is starting.", data=data, status_change=True
     )
-    transaction.on_commit(lambda: tasks.launch_attempt.delay(attempt.pk))
+    dispatch.enqueue_launch(attempt.pk)
     return attempt
 
 
@@ -286,7 +286,7 @@ def job_restart(*, job: Job, actor: Actor) -> Job:
     audit_record(
         actor=actor, organization=job.project.organization, project=job.project, action="job.restart", target=job.public_id
     )
-    transaction.on_commit(tasks.admit.delay)
+    dispatch.enqueue_admission()
     return updated
 
 

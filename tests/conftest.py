@@ -96,3 +96,16 @@ def member(owner: Tenant) -> User:
 def outsider(db) -> Tenant:
     """The owner of another organization, "Globex", who must never see Acme's objects."""
     return make_tenant("outsider@globex.test", "Globex")
+
+
+@pytest.fixture
+def no_broker(monkeypatch) -> list[tuple[str, int | None]]:
+    """Drop the run pipeline's tasks instead of sending them to a broker (jobs.dispatch); returns
+    what was enqueued, as ``(kind, id)`` pairs, for tests that check it."""
+    from jobs import dispatch
+
+    enqueued: list[tuple[str, int | None]] = []
+    monkeypatch.setattr(dispatch, "enqueue_admission", lambda: enqueued.append(("admission", None)))
+    monkeypatch.setattr(dispatch, "enqueue_launch", lambda attempt_id: enqueued.append(("launch", attempt_id)))
+    monkeypatch.setattr(dispatch, "enqueue_reconcile", lambda job_id: enqueued.append(("reconcile", job_id)))
+    return enqueued

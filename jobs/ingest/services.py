@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import checkpoints, tasks
+from jobs import checkpoints, dispatch
 from jobs.ingest.schemas import (
     CheckpointComplete,
     CheckpointRegister,
@@ -255,4 +255,4 @@ def ingest_finish(*, attempt: JobAttempt, report: FinishReport) -> None:
     attempt.outcome = report.outcome
     attempt.outcome_error = report.error.model_dump() if report.error else None
     attempt.save(update_fields=["outcome", "outcome_error"])
-    transaction.on_commit(lambda: tasks.reconcile_job.delay(job.pk))
+    dispatch.enqueue_reconcile(job.pk)

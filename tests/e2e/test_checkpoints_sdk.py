@@ -21,7 +21,7 @@ from lab.services import Actor
 from tests.e2e.test_cli_live import lab_cli
 from tests.s3server import S3Server, use_s3_storage
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 FILES = {
     "adapter_config.json": b'{"peft_type": "LORA"}',
@@ -67,14 +67,6 @@ class Engine:
             )
             assert answer.json()["status"] == "ready"
         return body["id"]
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
 
 
 @pytest.fixture(autouse=True)

@@ -12,15 +12,7 @@ from jobs.models import Job, JobAttempt, JobEvent, JobStatus
 from jobs.services import job_submit
 from lab.services import Actor
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
 
 def submit(tenant, spec, **changes) -> Job:

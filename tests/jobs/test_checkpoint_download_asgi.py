@@ -16,17 +16,9 @@ from jobs.services import job_claim_for_start, job_submit
 from lab.services import Actor
 from tests.stack import LabStack
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 ARCHIVE_MB = 96
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
 
 
 def _memory_kib(pid: int, field: str) -> int:

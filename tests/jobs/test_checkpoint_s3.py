@@ -23,7 +23,7 @@ from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.services import Actor
 from tests.s3server import S3Server, use_s3_storage
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
 PREFIX = "lab/checkpoints"
 
@@ -41,14 +41,6 @@ def bucket(s3_server, settings, monkeypatch) -> str:
     name = s3_server.new_bucket()
     use_s3_storage(settings, monkeypatch, s3_server, name, PREFIX)
     return name
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
 
 
 def start(tenant, spec) -> tuple[Job, APIClient, str, str]:

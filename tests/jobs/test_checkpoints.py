@@ -22,16 +22,7 @@ from jobs.services import job_claim_for_start, job_submit, job_transition
 from jobs.tasks import sweep_orphan_checkpoints
 from lab.services import Actor
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    """Keep tasks from reaching a broker: these tests drive services and the API alone."""
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
 
 @pytest.fixture(autouse=True)

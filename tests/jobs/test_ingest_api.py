@@ -16,18 +16,9 @@ from jobs.models import Checkpoint, Job, JobEvent, JobStatus, LogLine, MetricSte
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.services import Actor
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
 NOW = "2026-11-29T22:16:31Z"
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(settings, monkeypatch):
-    """Keep tasks from reaching a broker: these tests drive the ingest API alone."""
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
 
 
 def start(owner, spec) -> tuple[Job, APIClient, str]:

@@ -11,15 +11,7 @@ from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus
 from jobs.services import job_claim_for_start, job_record_event, job_submit, job_transition
 from lab.services import Actor
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 
 
 def add_jobs(tenant, spec, count: int) -> None:

@@ -20,17 +20,9 @@ from jobs.models import AttemptState, Checkpoint, Job, JobAttempt, JobEvent, Log
 from jobs.services import job_claim_for_start, job_submit
 from lab.services import Actor
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
 NOW = "2026-11-29T22:16:31Z"
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
 
 
 @pytest.fixture(autouse=True)

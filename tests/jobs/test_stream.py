@@ -29,18 +29,9 @@ from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.services import Actor
 from tests.stack import LabStack, wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 NOW = "2026-11-29T22:16:31Z"
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    """No worker runs here: the tasks a status change enqueues are dropped."""
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
 
 
 def _web(tmp_path, **env: str) -> LabStack:

@@ -19,16 +19,7 @@ from django.conf import settings as django_settings
 from jobs.models import Job
 from tests.jobs.test_stream import Reader, _web, auth, finish, running_job, stream_url
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(monkeypatch):
-    """No worker runs here: the tasks a status change enqueues are dropped."""
-    from jobs import tasks
-
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, **kwargs: None)
+pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 
 @pytest.fixture
