@@ -19,7 +19,9 @@ Retries: 2xx is delivered; network errors, timeouts, 429 and 5xx are retried aft
 10 h, 10 h; see https://docs.svix.com/retries) with ±10 % jitter; any other status (3xx, 4xx) or
 a refused address fails the delivery at once. An endpoint whose attempts have failed without a
 success for 5 days is disabled, with a ``webhook_endpoint.disabled`` event to the project's
-other endpoints.
+other endpoints. An endpoint whose URL can never be sent (refused as written, e.g. stored before
+the URL rules refused it) is disabled at its first try (``disabled_reason`` ``invalid_url``),
+with the same event.
 
 Every function that depends on the time takes ``now`` so tests can inject the clock; the
 signature timestamp is always the real time of sending (receivers check it against theirs).
@@ -116,8 +118,10 @@ def new_secret() -> str:
 def parse_endpoint_input(data: Any, *, creating: bool) -> dict[str, Any]:
     """Validate a create/PATCH body; return the fields given, cleaned.
 
-    ``url``: http(s), at most 2,048 characters, not resolving to a refused address (private and
-    loopback ones are allowed only with ``LAB_WEBHOOK_ALLOW_PRIVATE``); required on create.
+    ``url``: http(s), at most 2,048 characters, a host the client can send to as written (IDNA
+    2008, no trailing dot), not resolving to a refused address (private and loopback ones are
+    allowed only with ``LAB_WEBHOOK_ALLOW_PRIVATE``; IPv6 forms that carry an IPv4 address are
+    judged by it: ``lab.lib.http.check_url``); required on create.
     ``events``: a non-empty list of ``WEBHOOK_EVENT_TYPES`` (default: all of them).
     ``enabled``: a boolean. Raises ApiError 400 ``invalid_request`` listing every problem.
     """
@@ -422,6 +426,8 @@ class DeliveryResult:
     status_code: int | None
     error: str
     duration_ms: int
+    #: The endpoint's URL is refused as written and can never be sent: the endpoint is disabled.
+    url_refused: bool = False
 
 
 _clients: dict[tuple[float, bool], SafeClient] = {}
@@ -506,7 +512,8 @@ def _send(delivery: WebhookDelivery, headers: dict[str, str], client: SafeClient
     try:
         response = client.post(delivery.endpoint.url, content=delivery.message.body.encode(), headers=headers)
     except UnsafeURL as exc:
-        return DeliveryResult(delivery.pk, False, False, None, f"refused: {exc.message}"[:300], 0), ""
+        error = f"refused: {exc.message}"[:300]
+        return DeliveryResult(delivery.pk, False, False, None, error, 0, url_refused=exc.permanent), ""
     except RequestFailed as exc:
         error = exc.message.replace("\x00", "")[:300]
         return DeliveryResult(delivery.pk, False, True, None, error, exc.duration_ms), ""
@@ -569,6 +576,7 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
         # try whose lease ran out (and was claimed again) is ignored.
         succeeded: dict[tuple[int, int | None], list[int]] = defaultdict(list)
         failed_endpoints: dict[int, WebhookEndpoint] = {}
+        unsendable_endpoints: dict[int, WebhookEndpoint] = {}
         recovered_endpoints: set[int] = set()
         for (delivery, _headers), (result, _excerpt) in zip(prepared, outcomes, strict=False):
             if result.succeeded:
@@ -580,7 +588,10 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
                 pk=delivery.pk, status=DeliveryStatus.PENDING, attempt_count=delivery.attempt_count
             )
             common = {"last_status_code": result.status_code, "last_error": result.error}
-            failed_endpoints[delivery.endpoint_id] = delivery.endpoint
+            if result.url_refused:
+                unsendable_endpoints[delivery.endpoint_id] = delivery.endpoint
+            else:
+                failed_endpoints[delivery.endpoint_id] = delivery.endpoint
             delay = retry_delay(delivery.attempt_count) if result.retryable else None
             if delay is None:
                 held.update(status=DeliveryStatus.FAILED, next_attempt_at=None, finished_at=now, **common)
@@ -601,9 +612,12 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
         if recovered_endpoints:
             WebhookEndpoint.objects.filter(pk__in=recovered_endpoints).update(failing_since=None)
         for endpoint_id, endpoint in failed_endpoints.items():
-            if endpoint_id in recovered_endpoints:
+            if endpoint_id in recovered_endpoints or endpoint_id in unsendable_endpoints:
                 continue
             _note_failure(endpoint, now=now)
+        for endpoint in unsendable_endpoints.values():
+            # Retrying cannot help: the URL is refused before any network use.
+            endpoint_disable(endpoint=endpoint, reason="invalid_url", now=now)
         for delivery_id, delay in retry_soon:
             _deliver_on_commit([delivery_id], countdown=delay)
 

@@ -3,10 +3,17 @@
 What it guarantees, whatever the URL says:
 
 - only ``http``/``https`` URLs with a host, at most 2,048 characters, no user:password part;
+- the URL is parsed once, by the client's own parser (httpx: IDNA 2008 for internationalized
+  names), and what is checked is what is sent: ``check_url`` returns the parsed URL and
+  ``SafeClient.post`` sends exactly that. A host that this parser refuses (``①②⑦.0.0.1``, which
+  the resolver's IDNA 2003 would map to ``127.0.0.1``), that ends with a dot, or that is neither
+  an IP address nor a DNS name (letters, digits, ``-`` and ``_`` in labels) is refused;
 - the host is resolved once per new connection and *every* address is checked; loopback,
   private, shared (CGNAT), link-local, multicast, reserved, unspecified and cloud-metadata
   addresses are refused (``allow_private`` lets loopback/private/shared ones through for local
-  development; metadata, link-local, multicast and reserved stay refused). The socket is then
+  development; metadata, link-local, multicast and reserved stay refused). IPv6 addresses
+  that carry an IPv4 address (IPv4-mapped ``::ffff:a.b.c.d``, 6to4 ``2002::/16``, Teredo
+  ``2001::/32``) are judged by the IPv4 addresses they carry. The socket is then
   opened to the address that was checked, so a DNS answer that changes between the check and
   the connection (DNS rebinding) cannot redirect the request. TLS still verifies the
   certificate against the URL's host name (SNI and ``Host`` are unchanged);
@@ -15,7 +22,9 @@ What it guarantees, whatever the URL says:
 - logs carry the URL's scheme and host only (``https://hooks.example.com/…``), never a path,
   query or header value, since those often hold secrets.
 
-Errors: ``UnsafeURL`` (the URL or its addresses are refused: no request was sent) and
+Errors: ``UnsafeURL`` (the URL or its addresses are refused: no request was sent; ``permanent``
+when the URL itself can never be sent, as opposed to a name that resolves to a refused address
+now) and
 ``RequestFailed`` (network error or timeout; ``timed_out`` says which). HTTP error statuses are
 not exceptions: the caller reads ``Response.status_code``.
 """
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 import time
@@ -53,12 +63,15 @@ class UnsafeURL(ValueError):
 
     ``code`` is one of ``invalid_url``, ``url_too_long``, ``unsupported_scheme``,
     ``private_address``, ``blocked_address``; ``message`` says why in words (URL masked).
+    ``permanent`` is True when the URL as written is refused (it can never be sent under these
+    rules) and False when a host name resolves to a refused address now (DNS may change).
     """
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, *, permanent: bool = True):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.permanent = permanent
 
 
 class RequestFailed(Exception):
@@ -91,13 +104,33 @@ def mask_url(url: str) -> str:
     return f"{parts.scheme}://{host}/…"
 
 
+def embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """Return the IPv4 addresses an IPv6 address carries: IPv4-mapped (RFC 4291), 6to4 (RFC 3056)
+    or Teredo server and client (RFC 4380); none for any other address."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    if address.ipv4_mapped is not None:
+        return [address.ipv4_mapped]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)
+    return []
+
+
 def address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, allow_private: bool) -> str | None:
     """Return why ``address`` may not be connected to (``private_address``/``blocked_address``), or None.
 
-    IPv4-mapped IPv6 addresses (``::ffff:127.0.0.1``) are judged as the IPv4 address they carry.
+    An IPv6 address carrying IPv4 addresses (``::ffff:127.0.0.1``, 6to4 ``2002:a9fe:a9fe::``,
+    Teredo) is judged by them: refused when any of them is (the worst reason wins).
     """
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    carried = embedded_ipv4(address)
+    if carried:
+        problems = {address_problem(inner, allow_private=allow_private) for inner in carried}
+        for problem in ("blocked_address", "private_address"):
+            if problem in problems:
+                return problem
+        return None
     if address in METADATA_ADDRESSES:
         return "blocked_address"
     if address.is_multicast or address.is_unspecified or address.is_link_local:
@@ -115,14 +148,18 @@ def address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, a
 
 
 _NOT_IN_URLS = frozenset('<>"{}|\\^`')
+#: A DNS name as the client sends it (after IDNA): labels of letters, digits, ``-`` and ``_``.
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*", re.I)
 
 
-def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
+def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> httpx.URL:
     """Refuse ``url`` unless it may be requested; raise ``UnsafeURL`` with the reason.
 
-    Checks scheme, length, host and user-info, then the host's addresses: a literal IP always,
-    a name when ``resolve`` (a name that does not resolve now is accepted; it is checked again on
-    every connection).
+    Checks scheme, length, host and user-info, then the host as the client sends it (parsed by
+    httpx, so with its IDNA 2008 rules), then the host's addresses: a literal IP always, a name
+    when ``resolve`` (a name that does not resolve now is accepted; it is checked again on every
+    connection). Returns the parsed URL, which is what ``SafeClient.post`` sends.
     """
     if not isinstance(url, str) or not url:
         raise UnsafeURL("invalid_url", "The URL must be a non-empty string.")
@@ -148,22 +185,42 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
         raise UnsafeURL(
             "invalid_url", 'Outside its host the URL must be ASCII without <>"{}|\\^` (percent-encode other characters).'
         )
+    target, host = _parse_for_sending(url)
     try:
         literal = ipaddress.ip_address(host)
     except ValueError:
         literal = None
     if literal is not None:
-        addresses = [literal]
-    elif resolve:
+        _refuse_addresses(host, [literal], allow_private=allow_private, permanent=True)
+        return target
+    if host.endswith("."):
+        raise UnsafeURL("invalid_url", "The URL's host may not end with a dot.")
+    if not _HOST_NAME.fullmatch(host):
+        raise UnsafeURL("invalid_url", "The URL's host is not a valid host name.")
+    if resolve:
         try:
             addresses = resolve_host(host, port or (443 if parts.scheme == "https" else 80))
-        except UnicodeError:
-            raise UnsafeURL("invalid_url", "The URL's host is not a valid host name.") from None
-        except OSError:
-            return
-    else:
-        return
-    _refuse_addresses(host, addresses, allow_private=allow_private)
+        except (OSError, UnicodeError):
+            return target
+        _refuse_addresses(host, addresses, allow_private=allow_private, permanent=False)
+    return target
+
+
+def _parse_for_sending(url: str) -> tuple[httpx.URL, str]:
+    """Return ``url`` parsed by the client's own parser and its host as sent (ASCII, IDNA 2008
+    A-labels, no IPv6 brackets); raise ``UnsafeURL`` ``invalid_url`` when it cannot be sent.
+
+    Validation and sending both go through here, so a host is never checked in one form and
+    connected to in another (the resolver would apply IDNA 2003, which maps ``①②⑦`` to ``127``).
+    """
+    try:
+        target = httpx.URL(url)
+        host = target.raw_host.decode("ascii")
+    except (httpx.InvalidURL, UnicodeError, ValueError):
+        raise UnsafeURL("invalid_url", "The URL's host is not a valid host name (IDNA 2008).") from None
+    if not host:
+        raise UnsafeURL("invalid_url", "The URL has no host.")
+    return target, host
 
 
 def resolve_host(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -179,13 +236,18 @@ def resolve_host(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress
     return found
 
 
-def _refuse_addresses(host: str, addresses, *, allow_private: bool) -> None:
+def _refuse_addresses(host: str, addresses, *, allow_private: bool, permanent: bool) -> None:
     for address in addresses:
         problem = address_problem(address, allow_private=allow_private)
+        if not problem:
+            continue
+        carried = embedded_ipv4(address)
+        shown = f"{address}, which carries {', '.join(map(str, carried))}" if carried else str(address)
         if problem == "private_address":
-            raise UnsafeURL(problem, f"{host} resolves to a private or loopback address ({address}).")
-        if problem:
-            raise UnsafeURL(problem, f"{host} resolves to a refused address ({address}).")
+            message = f"{host} resolves to a private or loopback address ({shown})."
+        else:
+            message = f"{host} resolves to a refused address ({shown})."
+        raise UnsafeURL(problem, message, permanent=permanent)
 
 
 class _GuardedBackend(httpcore.SyncBackend):
@@ -199,7 +261,7 @@ class _GuardedBackend(httpcore.SyncBackend):
             addresses = resolve_host(host, port)
         except (OSError, UnicodeError) as exc:
             raise httpcore.ConnectError(f"cannot resolve host: {exc.__class__.__name__}") from None
-        _refuse_addresses(host, addresses, allow_private=self.allow_private)
+        _refuse_addresses(host, addresses, allow_private=self.allow_private, permanent=False)
         last_error: Exception | None = None
         for address in addresses:
             try:
@@ -258,11 +320,11 @@ class SafeClient:
 
         Raises UnsafeURL (nothing sent) or RequestFailed (network error or timeout).
         """
-        check_url(url, allow_private=self.allow_private, resolve=False)
+        target = check_url(url, allow_private=self.allow_private, resolve=False)
         started = time.monotonic()
         deadline = started + self.timeout
         try:
-            with self._client.stream("POST", url, content=content, headers=dict(headers)) as response:
+            with self._client.stream("POST", target, content=content, headers=dict(headers)) as response:
                 body = bytearray()
                 for chunk in response.iter_raw():
                     body.extend(chunk)

@@ -417,3 +417,49 @@ def test_finished_deliveries_are_purged_after_30_days_and_pending_ones_kept(owne
     assert services.purge_finished(now=clock.now) == 1
     assert not WebhookMessage.objects.exists()
     assert not WebhookDelivery.objects.exists() and not WebhookAttempt.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("stored_url", "error"),
+    [
+        ("http://\u2460\u2461\u2466.0.0.1:{port}/hook", "refused: The URL's host is not a valid host name (IDNA 2008)."),
+        ("http://127.0.0.1.:{port}/hook", "refused: The URL's host may not end with a dot."),
+        (
+            "http://[2002:a9fe:a9fe::]:{port}/hook",
+            "refused: 2002:a9fe:a9fe:: resolves to a refused address (2002:a9fe:a9fe::, which carries 169.254.169.254).",
+        ),
+    ],
+)
+def test_an_endpoint_whose_stored_url_can_never_be_sent_is_disabled_without_retries(
+    owner, spec, receiver, clock, caplog, stored_url, error
+):
+    """A URL stored before the rules refused it fails once, and its endpoint is disabled with an event."""
+    broken = endpoint_for(owner, receiver, "/hook")
+    WebhookEndpoint.objects.filter(pk=broken.pk).update(url=stored_url.format(port=receiver.port))
+    endpoint_for(owner, receiver, "/ops", events=["webhook_endpoint.disabled"])
+    job = submit(owner, spec)
+    job_record_event(job=job, type="job.started")
+    first = WebhookDelivery.objects.get(endpoint=broken, message__type="job.queued")
+    [result] = services.deliver([first.pk], now=clock.now)
+    assert (result.succeeded, result.retryable, result.status_code, result.error) == (False, False, None, error)
+    drain(clock.now)
+    broken.refresh_from_db()
+    assert (broken.enabled, broken.disabled_reason) == (False, "invalid_url")
+    assert broken.failing_since is None
+    deliveries = WebhookDelivery.objects.filter(endpoint=broken).order_by("pk")
+    assert [(d.message.type, d.status, d.attempt_count) for d in deliveries] == [
+        ("job.queued", "failed", 1),
+        ("job.started", "failed", 0),
+    ]
+    assert [d.last_error for d in deliveries] == [error, "endpoint disabled"]
+    assert WebhookAttempt.objects.filter(delivery__endpoint=broken).count() == 1
+    assert receiver.at("/hook") == []
+    [notice] = receiver.at("/ops")
+    assert notice.verified
+    assert notice.event["type"] == "webhook_endpoint.disabled"
+    assert (notice.event["data"]["id"], notice.event["data"]["enabled"]) == (broken.public_id, False)
+    assert [record for record in caplog.records if record.levelname in ("ERROR", "CRITICAL")] == []
+    assert drain(clock.advance(3600)) == []
+    job_record_event(job=job, type="job.succeeded")
+    assert drain(clock.advance(10)) == []
+    assert not WebhookDelivery.objects.filter(endpoint=broken, message__type="job.succeeded").exists()

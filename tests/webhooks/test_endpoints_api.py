@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
@@ -12,6 +13,8 @@ from jobs.webhooks.services import WEBHOOK_EVENT_TYPES
 pytestmark = pytest.mark.django_db
 
 BASE = "/api/v1/webhook-endpoints"
+#: How this Python writes ::ffff:169.254.169.254 (3.13 keeps the dotted form, older ones do not).
+MAPPED_METADATA = ipaddress.ip_address("::ffff:169.254.169.254")
 
 
 def create(tenant, **body):
@@ -245,3 +248,54 @@ def test_an_idempotent_replay_of_a_rotation_answers_without_the_secret_and_store
     assert "secret" not in record.response_body
     stored = json.dumps(record.response_body)
     assert endpoint.secret not in stored and created["secret"] not in stored
+
+
+@pytest.mark.parametrize("allow_private", [True, False])
+@pytest.mark.parametrize(
+    ("url", "code", "message"),
+    [
+        ("http://\u2460\u2461\u2466.0.0.1/", "invalid_url", "The URL's host is not a valid host name (IDNA 2008)."),
+        ("http://169.254.169.254.:80/", "invalid_url", "The URL's host may not end with a dot."),
+        ("https://hooks.example.com./lab", "invalid_url", "The URL's host may not end with a dot."),
+        (
+            "http://[2002:a9fe:a9fe::]/",
+            "blocked_address",
+            "2002:a9fe:a9fe:: resolves to a refused address (2002:a9fe:a9fe::, which carries 169.254.169.254).",
+        ),
+        (
+            "http://[2001:0:4136:e378:8000:63bf:5601:5601]/",
+            "blocked_address",
+            "2001:0:4136:e378:8000:63bf:5601:5601 resolves to a refused address "
+            "(2001:0:4136:e378:8000:63bf:5601:5601, which carries 65.54.227.120, 169.254.169.254).",
+        ),
+        (
+            "http://[::ffff:169.254.169.254]/",
+            "blocked_address",
+            f"::ffff:169.254.169.254 resolves to a refused address ({MAPPED_METADATA}, which carries 169.254.169.254).",
+        ),
+    ],
+)
+def test_it_refuses_urls_that_could_never_be_sent_and_creates_nothing(owner, settings, allow_private, url, code, message):
+    settings.LAB_WEBHOOK_ALLOW_PRIVATE = allow_private
+    response = owner.client().post(BASE, {"url": url}, format="json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert (error["code"], error["param"], error["message"]) == ("invalid_request", "url", message)
+    assert error["errors"] == [{"param": "url", "code": code, "message": message}]
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_it_refuses_a_6to4_form_of_a_loopback_address_unless_private_addresses_are_allowed(owner, settings):
+    settings.LAB_WEBHOOK_ALLOW_PRIVATE = False
+    response = owner.client().post(BASE, {"url": "http://[2002:7f00:1::]/hook"}, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["errors"][0]["code"] == "private_address"
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_it_refuses_a_url_change_to_a_trailing_dot_host_and_keeps_the_old_url(owner):
+    endpoint_id = create(owner)["id"]
+    response = owner.client().patch(f"{BASE}/{endpoint_id}", {"url": "http://169.254.169.254.:80/"}, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["errors"][0]["code"] == "invalid_url"
+    assert WebhookEndpoint.objects.get().url == "https://93.184.215.14/hooks/lab"

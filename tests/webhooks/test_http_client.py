@@ -24,6 +24,7 @@ from lab.lib.http import RequestFailed, SafeClient, UnsafeURL, check_url, mask_u
         ("http://[::1]/hook", "private_address"),
         ("http://[fd12::1]/hook", "private_address"),
         ("http://[::ffff:127.0.0.1]/hook", "private_address"),
+        ("http://[2002:7f00:1::]/hook", "private_address"),
         ("http://169.254.169.254/latest/meta-data", "blocked_address"),
         ("http://169.254.10.10/hook", "blocked_address"),
         ("http://[fe80::1]/hook", "blocked_address"),
@@ -62,6 +63,53 @@ def test_it_refuses_metadata_link_local_and_multicast_even_when_private_addresse
     with pytest.raises(UnsafeURL) as caught:
         check_url(url, allow_private=True, resolve=False)
     assert caught.value.code == "blocked_address"
+
+
+@pytest.mark.parametrize("allow_private", [False, True])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[2002:a9fe:a9fe::]/",  # 6to4 of 169.254.169.254
+        "http://[2002:a9fe:a01::1]/",  # 6to4 of link-local 169.254.10.1
+        "http://[2001:0:4136:e378:8000:63bf:5601:5601]/",  # Teredo, client 169.254.169.254
+        "http://[2001:0:a9fe:a9fe:8000:63bf:f7f7:f7f7]/",  # Teredo, server 169.254.169.254
+        "http://[::ffff:169.254.169.254]/",
+        "http://[::ffff:a9fe:a9fe]/",
+        "http://[::ffff:169.254.10.10]/",
+        "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of 169.254.169.254
+    ],
+)
+def test_it_refuses_ipv6_forms_of_refused_ipv4_addresses(url, allow_private):
+    with pytest.raises(UnsafeURL) as caught:
+        check_url(url, allow_private=allow_private, resolve=False)
+    assert caught.value.code == "blocked_address"
+
+
+@pytest.mark.parametrize("url", ["http://[2002:808:808::1]/hook", "http://[2001:0:4136:e378:8000:63bf:f7f7:f7f7]/hook"])
+def test_it_accepts_6to4_and_teredo_forms_of_public_addresses(url):
+    check_url(url, allow_private=False, resolve=False)
+
+
+@pytest.mark.parametrize("allow_private", [False, True])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://\u2460\u2461\u2466.0.0.1/",  # IDNA 2003 maps the circled digits to 127.0.0.1; IDNA 2008 refuses them
+        "http://\uff45xample.com/",  # fullwidth e: mapped by IDNA 2003 only
+        "http://169.254.169.254.:80/",
+        "http://hooks.example.com./hook",
+        "http://%31%32%37.0.0.1/",
+        "http://hooks..example.com/",
+    ],
+)
+def test_it_refuses_hosts_the_client_cannot_send_to_as_written(url, allow_private):
+    with pytest.raises(UnsafeURL) as caught:
+        check_url(url, allow_private=allow_private)
+    assert caught.value.code == "invalid_url"
+    with pytest.raises(UnsafeURL) as sending:
+        SafeClient(allow_private=allow_private).post(url, content=b"{}", headers={})
+    assert sending.value.code == "invalid_url"
+    assert sending.value.permanent is True
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000/hook", "http://10.0.0.5/hook", "http://[::1]/hook"])
