@@ -406,7 +406,9 @@ def test_deleting_a_job_removes_its_run_directory_and_every_attempt_work_dir(
     assert not Job.objects.filter(pk=job.pk).exists()
 
 
-def test_deleting_a_job_whose_files_are_gone_still_succeeds(owner, spec, settings, tmp_path, django_capture_on_commit_callbacks):
+def test_deleting_a_job_whose_files_are_gone_still_succeeds(
+    owner, spec, settings, tmp_path, django_capture_on_commit_callbacks
+):
     settings.LAB_DATA_DIR = tmp_path / "data"
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
