@@ -30,8 +30,9 @@ def main() -> None:
 
     from jobs.ingest.tokens import job_token
     from jobs.services import job_claim_for_start, job_submit
+    from lab.audit import Actor
     from lab.models import Project
-    from lab.services import Actor, bootstrap_tenant
+    from lab.services import bootstrap_tenant
 
     bootstrap_tenant(organization_slug="bench", project_slug="bench", email="bench@example.com", password=None)
     project = Project.objects.get(slug="bench")

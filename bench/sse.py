@@ -92,8 +92,9 @@ def main() -> None:
     from jobs.ingest.tokens import job_token
     from jobs.models import Job, JobStatus
     from jobs.services import job_claim_for_start, job_submit, job_transition
+    from lab.audit import Actor
     from lab.models import Project
-    from lab.services import Actor, bootstrap_tenant
+    from lab.services import bootstrap_tenant
     from tests.stack import free_port, wait_for
 
     for name in ("admit", "launch_attempt", "reconcile_job"):

@@ -99,8 +99,9 @@ def main() -> None:
     from jobs.models import Job
     from jobs.services import job_record_event
     from jobs.webhooks.services import endpoint_create
+    from lab.audit import Actor
     from lab.models import Project
-    from lab.services import Actor, bootstrap_tenant
+    from lab.services import bootstrap_tenant
 
     redis.Redis.from_url(broker).flushdb()
     tasks.admit.delay = lambda *a, **k: None  # no admission in this benchmark

@@ -30,8 +30,8 @@ from dashboard.forms import (
 )
 from lab import lockout, services
 from lab.api.errors import not_found
+from lab.audit import Actor
 from lab.models import ApiKey, Invitation, Membership, Project, Role
-from lab.services import Actor
 
 AUDIT_LOG_PAGE_SIZE = 50
 

@@ -36,8 +36,8 @@ from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
 from jobs.webhooks.services import enqueue_event
 from lab.api.errors import ApiError
+from lab.audit import Actor, AuditAction, audit_record
 from lab.models import Project
-from lab.services import Actor, audit_record
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,11 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     )
     job_record_event(job=job, type="job.queued", message="Job submitted and queued.", status_change=True)
     audit_record(
-        actor=actor, organization=project.organization, project=project, action="job.create", target=job.public_id
+        actor=actor,
+        organization=project.organization,
+        project=project,
+        action=AuditAction.JOB_CREATE,
+        target=job.public_id,
     )
     dispatch.enqueue_admission()
     return job
@@ -218,7 +222,7 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
         actor=actor,
         organization=job.project.organization,
         project=job.project,
-        action="job.cancel",
+        action=AuditAction.JOB_CANCEL,
         target=job.public_id,
     )
     return updated
@@ -284,7 +288,11 @@ def job_restart(*, job: Job, actor: Actor) -> Job:
     Job.objects.filter(pk=locked.pk).update(crash_count=0)
     updated = job_transition(job=locked, to=S.QUEUED, reason="waiting", message="Restarted by request.")
     audit_record(
-        actor=actor, organization=job.project.organization, project=job.project, action="job.restart", target=job.public_id
+        actor=actor,
+        organization=job.project.organization,
+        project=job.project,
+        action=AuditAction.JOB_RESTART,
+        target=job.public_id,
     )
     dispatch.enqueue_admission()
     return updated
@@ -304,7 +312,11 @@ def job_delete(*, job: Job, actor: Actor) -> None:
     public_id = locked.public_id
     handles = [attempt.handle for attempt in locked.attempts.order_by("number")]
     audit_record(
-        actor=actor, organization=job.project.organization, project=job.project, action="job.delete", target=public_id
+        actor=actor,
+        organization=job.project.organization,
+        project=job.project,
+        action=AuditAction.JOB_DELETE,
+        target=public_id,
     )
     locked.delete()
     transaction.on_commit(lambda: job_files_delete(job_public_id=public_id, handles=handles))

@@ -1,14 +1,14 @@
 """Services for accounts and tenancy: every state change goes through one of these functions.
 
-Each runs in one transaction and writes an audit row (``audit_record``). Permission problems raise
-``django.core.exceptions.PermissionDenied``; bad input raises ``django.core.exceptions.ValidationError``.
+Each runs in one transaction and writes an audit row (``lab.audit.audit_record``). Permission
+problems raise ``django.core.exceptions.PermissionDenied``; bad input raises
+``django.core.exceptions.ValidationError``.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -21,12 +21,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from lab.audit import Actor, AuditAction, audit_record  # Actor, audit_record re-exported for jobs.webhooks
 from lab.ids import sha256_hex
-from lab.logging import request_id_var
 from lab.models import (
     ApiKey,
     ApiKeyScope,
-    AuditLogEntry,
     Invitation,
     Membership,
     Organization,
@@ -38,41 +37,6 @@ from lab.models import (
 API_KEY_PREFIX = "lab_"
 # last_used_at is written at most this often per key, so reads do not turn into writes.
 _LAST_USED_RESOLUTION = timedelta(minutes=1)
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who performs an action: a signed-in user, an API key, or the system (both None)."""
-
-    user: User | None = None
-    api_key: ApiKey | None = None
-
-    @classmethod
-    def system(cls) -> Actor:
-        """Return the actor for actions Lab takes by itself (reconciler, commands)."""
-        return cls()
-
-
-def audit_record(
-    *,
-    actor: Actor,
-    organization: Organization,
-    action: str,
-    project: Project | None = None,
-    target: str = "",
-    data: dict[str, Any] | None = None,
-) -> AuditLogEntry:
-    """Write one audit row for a state-changing action (call inside the action's transaction)."""
-    return AuditLogEntry.objects.create(
-        organization=organization,
-        project=project,
-        actor_user=actor.user,
-        actor_api_key=actor.api_key,
-        action=action,
-        target=target,
-        data=data or {},
-        request_id=request_id_var.get() or "",
-    )
 
 
 # --- users and organizations -----------------------------------------------------------------
@@ -128,7 +92,9 @@ def organization_create(*, user: User, name: str, slug: str | None = None) -> Or
     )
     Membership.objects.create(organization=organization, user=user, role=Role.OWNER)
     actor = Actor(user=user)
-    audit_record(actor=actor, organization=organization, action="organization.create", target=organization.slug)
+    audit_record(
+        actor=actor, organization=organization, action=AuditAction.ORGANIZATION_CREATE, target=organization.slug
+    )
     project_create(actor=actor, organization=organization, name="Default", slug="default")
     return organization
 
@@ -162,7 +128,9 @@ def project_create(*, actor: Actor, organization: Organization, name: str, slug:
     if Project.objects.filter(organization=organization, slug=slug).exists():
         raise ValidationError({"slug": [f"The project {slug!r} already exists."]})
     project = Project.objects.create(organization=organization, name=name, slug=slug)
-    audit_record(actor=actor, organization=organization, project=project, action="project.create", target=slug)
+    audit_record(
+        actor=actor, organization=organization, project=project, action=AuditAction.PROJECT_CREATE, target=slug
+    )
     return project
 
 
@@ -195,7 +163,7 @@ def api_key_create(
         actor=actor,
         organization=project.organization,
         project=project,
-        action="api_key.create",
+        action=AuditAction.API_KEY_CREATE,
         target=api_key.public_id,
         data={"name": api_key.name, "scopes": scopes},
     )
@@ -214,7 +182,7 @@ def api_key_revoke(*, actor: Actor, api_key: ApiKey) -> ApiKey:
             actor=actor,
             organization=organization,
             project=api_key.project,
-            action="api_key.revoke",
+            action=AuditAction.API_KEY_REVOKE,
             target=api_key.public_id,
         )
     return api_key
@@ -274,7 +242,11 @@ def invitation_create(
         expires_at=timezone.now() + timedelta(seconds=settings.LAB_INVITATION_TTL_S),
     )
     audit_record(
-        actor=actor, organization=organization, action="invitation.create", target=email, data={"role": role}
+        actor=actor,
+        organization=organization,
+        action=AuditAction.INVITATION_CREATE,
+        target=email,
+        data={"role": role},
     )
     link = f"{(accept_url_base or settings.LAB_PUBLIC_URL).rstrip('/')}/invitations/{token}/"
     transaction.on_commit(
@@ -318,7 +290,7 @@ def invitation_accept(*, token: str, user: User) -> Membership:
     audit_record(
         actor=Actor(user=user),
         organization=invitation.organization,
-        action="invitation.accept",
+        action=AuditAction.INVITATION_ACCEPT,
         target=user.email,
         data={"role": membership.role},
     )
@@ -333,7 +305,10 @@ def invitation_revoke(*, actor: Actor, invitation: Invitation) -> None:
         invitation.revoked_at = timezone.now()
         invitation.save(update_fields=["revoked_at"])
         audit_record(
-            actor=actor, organization=invitation.organization, action="invitation.revoke", target=invitation.email
+            actor=actor,
+            organization=invitation.organization,
+            action=AuditAction.INVITATION_REVOKE,
+            target=invitation.email,
         )
 
 
@@ -358,7 +333,7 @@ def membership_set_role(*, actor: Actor, membership: Membership, role: str) -> t
     revoked = 0
     if not membership.can_manage:
         revoked = _revoke_api_keys_created_by(
-            actor=actor, organization=organization, user=membership.user, reason="membership.set_role"
+            actor=actor, organization=organization, user=membership.user, reason=AuditAction.MEMBERSHIP_SET_ROLE
         )
     data: dict[str, Any] = {"from": old_role, "to": role}
     if revoked:
@@ -366,7 +341,7 @@ def membership_set_role(*, actor: Actor, membership: Membership, role: str) -> t
     audit_record(
         actor=actor,
         organization=organization,
-        action="membership.set_role",
+        action=AuditAction.MEMBERSHIP_SET_ROLE,
         target=membership.user.email,
         data=data,
     )
@@ -389,20 +364,22 @@ def membership_remove(*, actor: Actor, membership: Membership) -> int:
     _keep_one_owner(membership, new_role=None)
     email = membership.user.email
     revoked = _revoke_api_keys_created_by(
-        actor=actor, organization=organization, user=membership.user, reason="membership.remove"
+        actor=actor, organization=organization, user=membership.user, reason=AuditAction.MEMBERSHIP_REMOVE
     )
     membership.delete()
     audit_record(
         actor=actor,
         organization=organization,
-        action="membership.remove",
+        action=AuditAction.MEMBERSHIP_REMOVE,
         target=email,
         data={"revoked_api_keys": revoked} if revoked else None,
     )
     return revoked
 
 
-def _revoke_api_keys_created_by(*, actor: Actor, organization: Organization, user: User, reason: str) -> int:
+def _revoke_api_keys_created_by(
+    *, actor: Actor, organization: Organization, user: User, reason: AuditAction
+) -> int:
     """Revoke the active keys ``user`` created in ``organization``'s projects, one audit row each
     (``reason`` names the membership change); return how many. Call inside that change's transaction."""
     now = timezone.now()
@@ -418,7 +395,7 @@ def _revoke_api_keys_created_by(*, actor: Actor, organization: Organization, use
             actor=actor,
             organization=organization,
             project=api_key.project,
-            action="api_key.revoke",
+            action=AuditAction.API_KEY_REVOKE,
             target=api_key.public_id,
             data={"reason": reason, "created_by": user.email},
         )
@@ -464,7 +441,12 @@ def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, p
     organization = Organization.objects.filter(slug=organization_slug).first()
     if organization is None:
         organization = Organization.objects.create(slug=organization_slug, name=organization_slug)
-        audit_record(actor=Actor.system(), organization=organization, action="organization.create", target=organization_slug)
+        audit_record(
+            actor=Actor.system(),
+            organization=organization,
+            action=AuditAction.ORGANIZATION_CREATE,
+            target=organization_slug,
+        )
     Membership.objects.get_or_create(organization=organization, user=user, defaults={"role": Role.OWNER})
     project = Project.objects.filter(organization=organization, slug=project_slug).first()
     if project is None:

@@ -13,8 +13,9 @@ import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
+from lab.audit import Actor
 from lab.models import ApiKey, Membership, Organization, Project, Role, User
-from lab.services import Actor, api_key_create, organization_create, user_sign_up
+from lab.services import api_key_create, organization_create, user_sign_up
 
 PASSWORD = "correct-horse-battery-staple"
 

@@ -13,8 +13,8 @@ from rest_framework.views import APIView
 
 from lab.api.errors import not_found
 from lab.api.idempotency import idempotent
+from lab.audit import Actor
 from lab.models import ApiKey, Project
-from lab.services import Actor
 
 
 class ProjectAPIView(APIView):

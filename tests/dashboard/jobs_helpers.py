@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 from jobs.ingest.tokens import job_token
 from jobs.models import Job
 from jobs.services import job_claim_for_start, job_submit
-from lab.services import Actor
+from lab.audit import Actor
 
 NOW = "2026-11-29T22:16:31Z"
 

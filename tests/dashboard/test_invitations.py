@@ -9,8 +9,9 @@ from django.core import mail
 from django.test import Client
 from django.utils import timezone
 
+from lab.audit import Actor
 from lab.models import Invitation, Membership, Role, User
-from lab.services import Actor, invitation_create, user_sign_up
+from lab.services import invitation_create, user_sign_up
 from tests.conftest import PASSWORD
 from tests.dashboard.helpers import link_in_last_email, signed_in
 

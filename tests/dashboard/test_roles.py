@@ -12,8 +12,9 @@ import re
 import pytest
 from django.core import mail
 
+from lab.audit import Actor
 from lab.models import ApiKey, AuditLogEntry, Invitation, Membership, Project, Role
-from lab.services import Actor, api_key_create, invitation_create, user_sign_up
+from lab.services import api_key_create, invitation_create, user_sign_up
 from tests.conftest import PASSWORD
 from tests.dashboard.helpers import signed_in
 

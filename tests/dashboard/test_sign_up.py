@@ -8,8 +8,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from lab.audit import Actor
 from lab.models import AuditLogEntry, Invitation, Membership, Organization, Project, Role, User
-from lab.services import Actor, invitation_create, invitation_revoke
+from lab.services import invitation_create, invitation_revoke
 
 pytestmark = pytest.mark.django_db
 

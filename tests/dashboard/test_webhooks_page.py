@@ -10,8 +10,8 @@ import pytest
 
 from jobs.webhooks import services
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
+from lab.audit import Actor
 from lab.models import AuditLogEntry
-from lab.services import Actor
 from tests.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.django_db

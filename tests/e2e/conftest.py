@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from labsdk import Lab
 
-from lab.services import Actor, api_key_create
+from lab.audit import Actor
+from lab.services import api_key_create
 from tests.conftest import Tenant, make_tenant
 
 REPO = Path(__file__).resolve().parents[2]

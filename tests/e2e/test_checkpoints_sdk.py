@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from jobs.ingest.tokens import job_token
 from jobs.services import job_claim_for_start, job_submit
-from lab.services import Actor
+from lab.audit import Actor
 from tests.e2e.test_cli_live import lab_cli
 from tests.s3server import S3Server, use_s3_storage
 

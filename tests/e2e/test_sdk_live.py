@@ -27,8 +27,9 @@ from labsdk import (
 
 from jobs.models import Job, JobEvent, JobStatus
 from jobs.services import job_transition
+from lab.audit import Actor
 from lab.models import IdempotencyRecord
-from lab.services import Actor, api_key_revoke
+from lab.services import api_key_revoke
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -10,7 +10,7 @@ from django.db import connection
 from jobs.admission import admission_pass
 from jobs.models import Job, JobAttempt, JobEvent, JobStatus
 from jobs.services import job_submit
-from lab.services import Actor
+from lab.audit import Actor
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

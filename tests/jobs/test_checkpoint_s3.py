@@ -20,7 +20,7 @@ from jobs.checkpoints import checkpoint_sweep_orphans
 from jobs.ingest.tokens import job_token
 from jobs.models import Checkpoint, Job, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
-from lab.services import Actor
+from lab.audit import Actor
 from tests.s3server import S3Server, use_s3_storage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]

@@ -20,7 +20,7 @@ from jobs.ingest.tokens import job_token
 from jobs.models import Checkpoint, Job, JobEvent, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from jobs.tasks import sweep_orphan_checkpoints
-from lab.services import Actor
+from lab.audit import Actor
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from jobs.ingest.tokens import job_token
 from jobs.models import Checkpoint, Job, JobEvent, JobStatus, LogLine, MetricStep, RolloutSample
 from jobs.services import job_claim_for_start, job_submit, job_transition
-from lab.services import Actor
+from lab.audit import Actor
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

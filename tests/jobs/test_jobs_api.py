@@ -9,7 +9,8 @@ import pytest
 
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobAttempt, JobEvent, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
-from lab.services import Actor, api_key_create
+from lab.audit import Actor
+from lab.services import api_key_create
 
 pytestmark = pytest.mark.django_db
 

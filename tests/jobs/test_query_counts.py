@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from jobs.checkpoints import checkpoint_register
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus
 from jobs.services import job_claim_for_start, job_record_event, job_submit, job_transition
-from lab.services import Actor
+from lab.audit import Actor
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 

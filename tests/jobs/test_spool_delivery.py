@@ -18,7 +18,7 @@ from jobs.ingest.spool import deliver_attempt_spool
 from jobs.launchers.base import AttemptPhase, Launcher, Observation
 from jobs.models import AttemptState, Checkpoint, Job, JobAttempt, JobEvent, LogLine, MetricStep, RolloutSample
 from jobs.services import job_claim_for_start, job_submit
-from lab.services import Actor
+from lab.audit import Actor
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

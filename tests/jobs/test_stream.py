@@ -26,7 +26,7 @@ from labsdk import Lab
 from jobs.ingest.tokens import job_token
 from jobs.models import Job, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
-from lab.services import Actor
+from lab.audit import Actor
 from tests.stack import LabStack, wait_for
 
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.django_db(transaction=True), pytest.mark.e2e]

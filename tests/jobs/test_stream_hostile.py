@@ -126,7 +126,7 @@ def test_a_long_history_is_sent_a_page_at_a_time_not_read_whole_first(owner, spe
 
     from jobs.services import job_submit, store_log_lines
     from jobs.stream import views
-    from lab.services import Actor
+    from lab.audit import Actor
 
     settings.REDIS_URL = ""
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
@@ -166,7 +166,7 @@ def _strictly_increasing(ids: list[int]) -> bool:
 def test_a_job_that_fails_and_is_restarted_resumes_and_replays_exactly(owner, spec, web):
     from jobs.models import JobStatus
     from jobs.services import job_claim_for_start, job_restart, job_transition
-    from lab.services import Actor
+    from lab.audit import Actor
     from tests.jobs.test_stream import Engine
 
     job, engine = running_job(owner, spec, web)
@@ -423,8 +423,9 @@ def test_a_revoked_key_a_removed_member_or_a_logout_ends_an_open_stream(owner, m
     from django.contrib.sessions.models import Session
     from django.test import Client
 
+    from lab.audit import Actor
     from lab.models import Membership
-    from lab.services import Actor, api_key_create, api_key_revoke, membership_remove
+    from lab.services import api_key_create, api_key_revoke, membership_remove
 
     stack = _web(tmp_path, LAB_STREAM_HEARTBEAT_S="1")
 
@@ -619,7 +620,7 @@ def test_a_job_deleted_during_a_replay_ends_the_stream_cleanly(owner, spec, sett
 
     from jobs.services import job_delete, job_submit, job_transition, store_log_lines
     from jobs.stream import views
-    from lab.services import Actor
+    from lab.audit import Actor
 
     settings.REDIS_URL = ""
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
@@ -687,7 +688,7 @@ def test_a_replay_page_holds_a_bounded_amount_of_data_and_pages_join_up_exactly(
     from jobs.models import RolloutSample
     from jobs.services import job_submit, store_log_lines
     from jobs.stream import records
-    from lab.services import Actor
+    from lab.audit import Actor
 
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     now = datetime.now(UTC)

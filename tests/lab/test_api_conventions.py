@@ -8,8 +8,9 @@ import pytest
 from django.test import override_settings
 from rest_framework.test import APIClient
 
+from lab.audit import Actor
 from lab.models import ApiKey
-from lab.services import Actor, api_key_create, api_key_revoke
+from lab.services import api_key_create, api_key_revoke
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.lab.urls_for_tests")]
 

@@ -9,8 +9,9 @@ import sys
 import pytest
 from django.test import Client
 
+from lab.audit import Actor
 from lab.logging import JsonFormatter
-from lab.services import Actor, api_key_create
+from lab.services import api_key_create
 from tests.dashboard.helpers import signed_in
 
 pytestmark = pytest.mark.django_db

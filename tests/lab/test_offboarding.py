@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from lab.audit import Actor
 from lab.models import ApiKey, AuditLogEntry, Membership, Role
-from lab.services import (
-    Actor,
-    api_key_create,
-    api_key_revoke,
-    membership_remove,
-    membership_set_role,
-    project_create,
-)
+from lab.services import api_key_create, api_key_revoke, membership_remove, membership_set_role, project_create
 from tests.conftest import Tenant
 
 pytestmark = pytest.mark.django_db
