@@ -39,14 +39,20 @@ def _peak_rss_mb() -> float:
 
 def run_engine(steps: int, warmup: int, overlap: bool) -> dict:
     """Train `steps` engine steps offline; return per-step seconds (after warmup) and peak RSS."""
+    from labsdk.spec import parse_spec
+
     from engine.reporter import OfflineTransport, Reporter
     from engine.trainer import EngineConfig, Trainer
 
-    config = EngineConfig(
-        model=MODEL_ID, envs=[("lab/addition", {"max_operand": 20})], max_steps=steps,
-        checkpoint_interval=0, keep_last=1, eval_interval=0, overlap=overlap, max_off_policy_steps=1,
-        **SETTINGS,
-    )
+    spec = parse_spec({
+        "model": MODEL_ID, "env": [{"id": "lab/addition", "args": {"max_operand": 20}}], "max_steps": steps,
+        "batch_size": SETTINGS["batch_size"], "rollouts_per_example": SETTINGS["rollouts_per_example"],
+        "learning_rate": SETTINGS["learning_rate"], "lora_rank": SETTINGS["lora_rank"],
+        "lora_alpha": SETTINGS["lora_alpha"], "seed": SETTINGS["seed"], "max_off_policy_steps": 1,
+        "sampling": {"max_tokens": SETTINGS["max_tokens"]},
+        "checkpoints": {"interval": 0, "keep_last": 1}, "eval": {"interval": 0},
+    }).spec
+    config = EngineConfig(spec=spec, overlap=overlap)
     with tempfile.TemporaryDirectory() as workdir:
         workdir = pathlib.Path(workdir)
         reporter = Reporter(OfflineTransport(workdir), job_id="bench", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)

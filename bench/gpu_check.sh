@@ -32,6 +32,7 @@ import pathlib
 import string
 import tempfile
 import time
+from types import SimpleNamespace
 
 import torch
 import tokenizers
@@ -80,13 +81,17 @@ print(f"model ready in {time.perf_counter() - started:.1f}s", flush=True)
 
 def measure(lora_rank: int) -> None:
     label = "lora16" if lora_rank else "full"
-    config = EngineConfig(
-        model=MODEL_ID, envs=[("lab/reverse-text", {"min_length": 4, "max_length": 12})],
+    # What the trainer reads of a job spec, as plain attributes: labsdk.spec needs pydantic,
+    # which the GPU machine does not have.
+    spec = SimpleNamespace(
+        model=MODEL_ID, env=[SimpleNamespace(id="lab/reverse-text", args={"min_length": 4, "max_length": 12})],
         max_steps=STEPS + 1, batch_size=256, rollouts_per_example=8, learning_rate=1e-5,
-        lora_rank=lora_rank, lora_alpha=32, seed=0, max_tokens=128, temperature=1.0,
-        checkpoint_interval=0, keep_last=1, eval_interval=0, overlap=False,
-        micro_batch_rollouts=64, skip_equal_reward_groups=False,
+        lora_rank=lora_rank, lora_alpha=32, seed=0, max_off_policy_steps=1, init_from=None,
+        sampling=SimpleNamespace(max_tokens=128, temperature=1.0),
+        eval=SimpleNamespace(interval=0, num_examples=32),
+        checkpoints=SimpleNamespace(interval=0, keep_last=1),
     )
+    config = EngineConfig(spec=spec, overlap=False, micro_batch_rollouts=64, skip_equal_reward_groups=False)
     with tempfile.TemporaryDirectory() as workdir:
         workdir = pathlib.Path(workdir)
         reporter = Reporter(OfflineTransport(workdir), job_id="gpu-check", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
@@ -99,7 +104,7 @@ def measure(lora_rank: int) -> None:
         def counting_generate(step, version, backend):
             batch = generate(step, version, backend)
             completion = sum(len(c.token_ids) for c in batch.completions)
-            prompt = sum(len(batch.prompts[r // config.rollouts_per_example]) for r in range(len(batch.completions)))
+            prompt = sum(len(batch.prompts[r // spec.rollouts_per_example]) for r in range(len(batch.completions)))
             counts[step] = (prompt, completion)
             return batch
 

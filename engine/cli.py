@@ -122,8 +122,8 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
     rollout = os.environ.get("LAB_ENGINE_ROLLOUT") or "transformers"
     if rollout not in ("transformers", "vllm"):
         raise ConfigError(f"LAB_ENGINE_ROLLOUT must be transformers or vllm, not {rollout!r}", "internal_error")
-    config = EngineConfig.from_spec(
-        parsed.spec,
+    config = EngineConfig(
+        spec=parsed.spec,
         overlap=overlap,
         micro_batch_rollouts=max(1, micro_batch),
         rollout_backend=rollout,
@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
         resume_dir = _resume_dir(args.resume_from, workdir, transport) if args.resume_from else None
         # A resume carries the trained weights on; the init checkpoint only seeds a fresh start.
-        init_value = None if resume_dir is not None else (args.init_from or config.init_from)
+        init_value = None if resume_dir is not None else (args.init_from or config.spec.init_from)
         init_dir = _init_dir(init_value, workdir, transport) if init_value else None
 
         from engine.environments import InvalidEnvironment
@@ -261,7 +261,10 @@ def run(args: argparse.Namespace) -> int:
                 trainer.resume(resume_dir)
             except (ValueError, KeyError, FileNotFoundError) as error:
                 raise ConfigError(f"cannot resume from {args.resume_from}: {_one_line(error)}", "internal_error") from None
-        logger.info("loaded %s in %.1fs; training steps %d..%d", config.model, time.perf_counter() - started, trainer.start_step, config.max_steps)
+        logger.info(
+            "loaded %s in %.1fs; training steps %d..%d",
+            config.spec.model, time.perf_counter() - started, trainer.start_step, config.spec.max_steps,
+        )
         outcome = trainer.run()
     except ConfigError as error:
         message = _one_line(error)

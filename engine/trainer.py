@@ -23,6 +23,7 @@ import pathlib
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,40 +43,32 @@ from engine.policy import (
 from engine.reporter import Reporter
 from engine.rollout import Completion, TransformersBackend
 
+if TYPE_CHECKING:
+    # Only a type: the trainer reads the spec's attributes and runs where pydantic is absent
+    # (bench/gpu_check.sh on a bare GPU machine).
+    from labsdk.spec import JobSpec
+
 logger = logging.getLogger("engine")
 
 _EVAL_SEED_OFFSET = 1 << 40
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
-    """The settings the trainer runs with: the spec's (DESIGN.md §4 "Job spec") plus engine knobs.
+    """What the trainer runs with: the validated job spec plus the engine's own settings.
 
-    Spec fields keep the spec's names and units; `envs` is [(id, args)]. Engine knobs:
-    `overlap` (sample step n+1 while step n trains, when max_off_policy_steps ≥ 1),
-    `micro_batch_rollouts` (rollouts per forward/backward pass; bounds memory),
-    `clip_epsilon` (PPO ε), `max_grad_norm` (global L2 clip), `samples_per_step` (rollout
-    samples reported per step), `rollout_backend` ("transformers", or "vllm" on GPU pods),
-    `device` ("auto": CUDA when present), `skip_equal_reward_groups` (skip the forward and
-    backward passes of groups whose gradient is exactly zero; off only to measure throughput).
+    `spec` is a `labsdk.spec.JobSpec` (DESIGN.md §4 "Job spec"): every training setting and
+    its default live there, once, and the trainer reads them from it. The rest are engine
+    settings that no spec names: `overlap` (sample step n+1 while step n trains, when
+    max_off_policy_steps ≥ 1), `micro_batch_rollouts` (rollouts per forward/backward pass;
+    bounds memory), `clip_epsilon` (PPO ε), `max_grad_norm` (global L2 clip),
+    `samples_per_step` (rollout samples reported per step), `rollout_backend`
+    ("transformers", or "vllm" on GPU pods), `device` ("auto": CUDA when present),
+    `skip_equal_reward_groups` (skip the forward and backward passes of groups whose gradient
+    is exactly zero; off only to measure throughput).
     """
 
-    model: str
-    envs: list[tuple[str, dict]]
-    max_steps: int = 20
-    batch_size: int = 32
-    rollouts_per_example: int = 4
-    learning_rate: float = 1e-4
-    lora_rank: int = 16
-    lora_alpha: int = 16
-    seed: int = 0
-    max_off_policy_steps: int = 1
-    max_tokens: int = 128
-    temperature: float = 1.0
-    eval_interval: int = 0
-    eval_num_examples: int = 32
-    checkpoint_interval: int = 10
-    keep_last: int = 3
+    spec: JobSpec
     overlap: bool = False
     micro_batch_rollouts: int = 16
     clip_epsilon: float = 0.2
@@ -84,42 +77,33 @@ class EngineConfig:
     rollout_backend: str = "transformers"
     device: str = "auto"
     skip_equal_reward_groups: bool = True
-    init_from: str | None = None
-
-    @classmethod
-    def from_spec(cls, spec, **engine_options) -> "EngineConfig":
-        """Build from a validated `labsdk.spec.JobSpec`."""
-        return cls(
-            model=spec.model,
-            envs=[(env.id, dict(env.args)) for env in spec.env],
-            max_steps=spec.max_steps,
-            batch_size=spec.batch_size,
-            rollouts_per_example=spec.rollouts_per_example,
-            learning_rate=spec.learning_rate,
-            lora_rank=spec.lora_rank,
-            lora_alpha=spec.lora_alpha,
-            seed=spec.seed,
-            max_off_policy_steps=spec.max_off_policy_steps,
-            max_tokens=spec.sampling.max_tokens,
-            temperature=spec.sampling.temperature,
-            eval_interval=spec.eval.interval,
-            eval_num_examples=spec.eval.num_examples,
-            checkpoint_interval=spec.checkpoints.interval,
-            keep_last=spec.checkpoints.keep_last,
-            init_from=spec.init_from,
-            **engine_options,
-        )
 
     def digest(self) -> str:
-        """Hash the settings that change the training trajectory (not max_steps or reporting)."""
-        keys = ("model", "envs", "batch_size", "rollouts_per_example", "learning_rate", "lora_rank",
-                "lora_alpha", "seed", "max_tokens", "temperature", "clip_epsilon", "max_grad_norm")
-        data = {key: getattr(self, key) for key in keys}
+        """Hash the settings that change the training trajectory (not max_steps or reporting).
+
+        The hash is stored in each checkpoint; a resume with other settings logs a warning.
+        """
+        spec = self.spec
+        data = {
+            "model": spec.model,
+            "envs": [(env.id, dict(env.args)) for env in spec.env],
+            "batch_size": spec.batch_size,
+            "rollouts_per_example": spec.rollouts_per_example,
+            "learning_rate": spec.learning_rate,
+            "lora_rank": spec.lora_rank,
+            "lora_alpha": spec.lora_alpha,
+            "seed": spec.seed,
+            "max_tokens": spec.sampling.max_tokens,
+            "temperature": spec.sampling.temperature,
+            "clip_epsilon": self.clip_epsilon,
+            "max_grad_norm": self.max_grad_norm,
+        }
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
     def use_overlap(self) -> bool:
-        return self.overlap and self.max_off_policy_steps >= 1
+        """Whether rollouts of the next step are sampled while this one trains."""
+        return self.overlap and self.spec.max_off_policy_steps >= 1
 
 
 @dataclass
@@ -160,25 +144,25 @@ class Trainer:
 
         Raises engine.models.ModelNotFound and environments.InvalidEnvironment (exit 2 upstream).
         """
-        config = self.config
+        config, spec = self.config, self.config.spec
         self.environments: list[Environment] = [
-            load_environment(env_id, args, config.seed) for env_id, args in config.envs
+            load_environment(env.id, dict(env.args), spec.seed) for env in spec.env
         ]
         self.device = torch.device(config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
         # fp32 on CPU (exact resumes, no bf16 units there); bf16 base weights on GPU, with
         # peft keeping the LoRA weights themselves in fp32.
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        base, self.tokenizer = load_model(config.model, self.model_dir, dtype=dtype)
+        base, self.tokenizer = load_model(spec.model, self.model_dir, dtype=dtype)
         base.to(self.device)
-        torch.manual_seed(config.seed)  # LoRA's A matrices are initialised from the torch RNG
-        self.model = make_trainable(base, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, base_model_id=config.model)
+        torch.manual_seed(spec.seed)  # LoRA's A matrices are initialised from the torch RNG
+        self.model = make_trainable(base, lora_rank=spec.lora_rank, lora_alpha=spec.lora_alpha, base_model_id=spec.model)
         self.parameters = trainable_parameters(self.model)
         for _, parameter in self.parameters:
             # Zero (not None) gradients: AdamW then steps every parameter every step, as the
             # full-batch algorithm does, even when all groups had equal rewards.
             parameter.grad = torch.zeros_like(parameter)
         self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.parameters], lr=config.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
+            [p for _, p in self.parameters], lr=spec.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
         )
         stop_ids = {self.tokenizer.eos_token_id}
         generation_eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
@@ -189,8 +173,8 @@ class Trainer:
             from engine.catalog import SMOLLM2_ID
             from engine.vllm_backend import VLLMBackend
 
-            path = convert_smollm2(self.model_dir) if config.model == SMOLLM2_ID else model_path(config.model, self.model_dir)
-            self.rollout_backend = VLLMBackend(str(path), seed=config.seed, max_model_len=4096)
+            path = convert_smollm2(self.model_dir) if spec.model == SMOLLM2_ID else model_path(spec.model, self.model_dir)
+            self.rollout_backend = VLLMBackend(str(path), seed=spec.seed, max_model_len=4096)
         else:
             # LoRA samples from a merged copy (fast); full fine-tuning samples from the
             # trainer's own model unless overlap needs a second copy (made in run()).
@@ -211,7 +195,7 @@ class Trainer:
         sampling follow this job's seed. Raises ValueError when the checkpoint does not fit the
         model (other base model, LoRA vs full, other rank).
         """
-        state = ckpt.load_weights(checkpoint_dir, model=self.model, base_model_id=self.config.model)
+        state = ckpt.load_weights(checkpoint_dir, model=self.model, base_model_id=self.config.spec.model)
         logger.info("initialised from %s (its step %d); training starts at step 1", checkpoint_dir, state.step)
 
     def resume(self, checkpoint_dir: pathlib.Path) -> None:
@@ -232,9 +216,9 @@ class Trainer:
 
     def _generate_batch(self, step: int, policy_version: int, backend) -> RolloutBatch:
         """Sample and score the rollouts of `step` (examples and seed derived from seed and step)."""
-        config = self.config
+        spec = self.config.spec
         started = time.perf_counter()
-        groups = config.batch_size // config.rollouts_per_example
+        groups = spec.batch_size // spec.rollouts_per_example
         env_indices, prompts, examples = [], [], []
         for slot in range(groups):
             index = (step - 1) * groups + slot
@@ -244,12 +228,12 @@ class Trainer:
             prompts.append(ids)
             examples.append(example)
         completions = backend.generate(
-            prompts, n=config.rollouts_per_example, max_tokens=config.max_tokens,
-            temperature=config.temperature, seed=(config.seed << 20) + step,
+            prompts, n=spec.rollouts_per_example, max_tokens=spec.sampling.max_tokens,
+            temperature=spec.sampling.temperature, seed=(spec.seed << 20) + step,
         )
         texts, rewards, functions = [], [], []
         for row, completion in enumerate(completions):
-            group = row // config.rollouts_per_example
+            group = row // spec.rollouts_per_example
             text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
             scores = self.environments[env_indices[group]].score(text, examples[group])
             texts.append(text)
@@ -269,8 +253,8 @@ class Trainer:
         Groups whose advantages are all zero are skipped: their loss terms and gradients are
         exactly zero, but their tokens still count in the token-level average.
         """
-        config = self.config
-        group_size = config.rollouts_per_example
+        config, spec = self.config, self.config.spec
+        group_size = spec.rollouts_per_example
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         total_tokens = sum(len(c.token_ids) for c in batch.completions)
@@ -293,7 +277,9 @@ class Trainer:
                 if values:
                     sampling_logprobs[i, : len(values)] = torch.tensor(values)
             logits = completion_logits(self.model, packed)
-            logprobs, entropy = token_logprobs_and_entropy(logits, packed.completion_ids.to(logits.device), config.temperature)
+            logprobs, entropy = token_logprobs_and_entropy(
+                logits, packed.completion_ids.to(logits.device), spec.sampling.temperature
+            )
             mask = packed.completion_mask.to(logprobs.device)
             terms = grpo_loss(
                 logprobs, sampling_logprobs.to(logprobs.device), advantages[rows].to(logprobs.device), mask,
@@ -307,7 +293,7 @@ class Trainer:
             token_count += tokens
         grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm)
         self.optimizer.step()
-        metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": config.learning_rate}
+        metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate}
         if token_count:
             metrics["entropy/mean"] = entropy_sum / token_count
             metrics["mismatch_kl/mean"] = kl_sum / token_count
@@ -315,16 +301,17 @@ class Trainer:
 
     def _evaluate(self, step: int) -> dict[str, float]:
         """Mean reward of the current policy on `eval_num_examples` held-out examples per environment."""
+        spec = self.config.spec
         results = {}
         for env in self.environments:
             prompts, examples = [], []
-            for index in range(self.config.eval_num_examples):
+            for index in range(spec.eval.num_examples):
                 ids, example = self._prompt_ids(env, index, "eval")
                 prompts.append(ids)
                 examples.append(example)
             completions = self.rollout_backend.generate(
-                prompts, n=1, max_tokens=self.config.max_tokens, temperature=self.config.temperature,
-                seed=(self.config.seed << 20) + _EVAL_SEED_OFFSET,
+                prompts, n=1, max_tokens=spec.sampling.max_tokens, temperature=spec.sampling.temperature,
+                seed=(spec.seed << 20) + _EVAL_SEED_OFFSET,
             )
             rewards = [
                 env.score(self.tokenizer.decode(c.token_ids, skip_special_tokens=True), example).reward
@@ -335,7 +322,7 @@ class Trainer:
 
     def _step_metrics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         rewards = torch.tensor(batch.rewards, dtype=torch.float64)
-        group_size = self.config.rollouts_per_example
+        group_size = self.config.spec.rollouts_per_example
         metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False))}
         for env_index, env in enumerate(self.environments):
             rows = [r for r in range(len(batch.rewards)) if batch.env_indices[r // group_size] == env_index]
@@ -350,7 +337,7 @@ class Trainer:
         return metrics
 
     def _samples(self, batch: RolloutBatch, advantages: torch.Tensor) -> list[dict]:
-        group_size = self.config.rollouts_per_example
+        group_size = self.config.spec.rollouts_per_example
         samples = []
         for row in range(min(self.config.samples_per_step, len(batch.completions))):
             group = row // group_size
@@ -369,17 +356,20 @@ class Trainer:
 
     def _checkpoint(self, step: int, pending: RolloutBatch | None) -> pathlib.Path:
         self.reporter.set_status("checkpointing", step)
+        spec = self.config.spec
         directory = ckpt.save_checkpoint(
             self.checkpoint_root / ckpt.checkpoint_name(step),
             model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-            state=ckpt.TrainerState(step=step, data_position=step * (self.config.batch_size // self.config.rollouts_per_example),
-                                    seed=self.config.seed, spec_digest=self.config.digest(), format=self.format),
+            state=ckpt.TrainerState(step=step, data_position=step * (spec.batch_size // spec.rollouts_per_example),
+                                    seed=spec.seed, spec_digest=self.config.digest(), format=self.format),
             pending_rollouts=pending,
         )
         archive = directory.with_name(directory.name + ".tar")
         size, digest = ckpt.write_tar(directory, archive)
         self.reporter.checkpoint(step, self.format, archive, size, digest)
-        ckpt.prune_checkpoints(self.checkpoint_root, self.config.keep_last, pending_archives=self.reporter.pending_archives())
+        ckpt.prune_checkpoints(
+            self.checkpoint_root, spec.checkpoints.keep_last, pending_archives=self.reporter.pending_archives()
+        )
         logger.info("checkpoint step %d: %s (%d bytes, sha256 %s)", step, archive.name, size, digest[:12])
         self.reporter.set_status("running", step)
         return directory
@@ -392,7 +382,7 @@ class Trainer:
     def run(self) -> str:
         """Train from `start_step` to `max_steps`; return "succeeded", or "stopped" after a
         checkpoint when a stop was requested (SIGTERM or Lab's `action: stop`)."""
-        config = self.config
+        config, spec = self.config, self.config.spec
         executor = None
         if config.use_overlap:
             if getattr(self.rollout_backend, "model", None) is self.model:
@@ -409,7 +399,7 @@ class Trainer:
             return "stopped"
         step = self.start_step - 1
         try:
-            for step in range(self.start_step, config.max_steps + 1):
+            for step in range(self.start_step, spec.max_steps + 1):
                 step_started = time.perf_counter()
                 if pending is None:
                     self.rollout_backend.load_weights(policy_weights(self.model))
@@ -418,23 +408,23 @@ class Trainer:
                     batch = pending.result()
                     pending = None
                 wait_seconds = time.perf_counter() - step_started
-                if executor is not None and step < config.max_steps:
+                if executor is not None and step < spec.max_steps:
                     self.rollout_backend.load_weights(policy_weights(self.model))
                     pending = executor.submit(self._generate_batch, step + 1, step - 1, self.rollout_backend)
                 rewards = torch.tensor(batch.rewards, dtype=torch.float32)
-                advantages = group_advantages(rewards, config.rollouts_per_example)
+                advantages = group_advantages(rewards, spec.rollouts_per_example)
                 train_started = time.perf_counter()
                 train_metrics = self._train_on(batch, advantages)
                 train_seconds = time.perf_counter() - train_started
                 metrics = self._step_metrics(batch, advantages)
                 metrics.update(train_metrics)
-                if config.eval_interval and step % config.eval_interval == 0:
+                if spec.eval.interval and step % spec.eval.interval == 0:
                     if pending is not None:
                         pending.result()  # the sampler is free, and its weights can move to this step's
                     self.rollout_backend.load_weights(policy_weights(self.model))
                     metrics.update(self._evaluate(step))
                 step_seconds = time.perf_counter() - step_started
-                tokens = sum(len(batch.prompts[r // config.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
+                tokens = sum(len(batch.prompts[r // spec.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
                 metrics.update({
                     "time/step": step_seconds,
                     "time/generate": batch.generate_seconds,
@@ -445,14 +435,14 @@ class Trainer:
                 self.reporter.samples(self._samples(batch, advantages))
                 logger.info(
                     "step %d/%d reward %.3f loss %.4f entropy %s time %.1fs (generate %.1fs%s, train %.1fs)",
-                    step, config.max_steps, metrics["reward/mean"], metrics["loss/mean"],
+                    step, spec.max_steps, metrics["reward/mean"], metrics["loss/mean"],
                     f"{metrics['entropy/mean']:.3f}" if "entropy/mean" in metrics else "-",
                     step_seconds, batch.generate_seconds,
                     f", waited {wait_seconds:.1f}s" if batch.policy_version < step - 1 else "", train_seconds,
                 )
                 self.reporter.set_status("running", step)
-                stopping = self._stop_requested() and step < config.max_steps
-                if stopping or step == config.max_steps or (config.checkpoint_interval and step % config.checkpoint_interval == 0):
+                stopping = self._stop_requested() and step < spec.max_steps
+                if stopping or step == spec.max_steps or (spec.checkpoints.interval and step % spec.checkpoints.interval == 0):
                     # The rollouts already sampled for the next step go into the checkpoint,
                     # so a resume trains on exactly what an uninterrupted run would.
                     next_batch = pending.result() if pending is not None else None

@@ -33,7 +33,6 @@ from lab.api.errors import ApiError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_KEEP_LAST = 3
 # A redirect's signed URL only has to outlive the client following it (seconds).
 DOWNLOAD_URL_EXPIRE_S = 300
 
@@ -144,7 +143,7 @@ def checkpoint_apply_retention(*, job: Job) -> list[str]:
     is the history that was sent live; its object goes after the caller's transaction commits.
     Returns the public ids deleted.
     """
-    keep_last = max(1, int(job.spec.get("checkpoints", {}).get("keep_last", DEFAULT_KEEP_LAST)))
+    keep_last = job.spec["checkpoints"]["keep_last"]
     ready = list(Checkpoint.objects.filter(job=job, status=CheckpointStatus.READY).order_by("-step", "-id"))
     still_needed = set(
         Job.objects.filter(init_from__in=[c.pk for c in ready[keep_last:]])

@@ -31,7 +31,8 @@ class ValidatedSpec:
 
     @property
     def canonical(self) -> dict[str, Any]:
-        """The canonical JSON dict stored on the job (defaults filled in)."""
+        """The canonical JSON dict stored as ``Job.spec``: every default filled in, so readers of
+        a job's spec index it directly and no default is restated outside ``labsdk.spec``."""
         return self.parsed.to_dict()
 
 

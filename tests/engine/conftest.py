@@ -132,8 +132,9 @@ def fake_lab(tmp_path):
     server.server_close()
 
 
-def write_spec(path: pathlib.Path, **overrides) -> pathlib.Path:
-    """Write a small JSON spec for the tiny model (reverse-text gives partial rewards, so it trains)."""
+def tiny_spec(**overrides) -> dict:
+    """Return a small spec for the tiny model (reverse-text gives partial rewards, so it trains);
+    ``overrides`` replace top-level keys."""
     spec = {
         "model": "lab/tiny-random-llama",
         "max_steps": 3,
@@ -148,7 +149,20 @@ def write_spec(path: pathlib.Path, **overrides) -> pathlib.Path:
         "checkpoints": {"interval": 2, "keep_last": 2},
         "eval": {"interval": 0, "num_examples": 4},
     }
-    for key, value in overrides.items():
-        spec[key] = value
-    path.write_text(json.dumps(spec))
+    spec.update(overrides)
+    return spec
+
+
+def write_spec(path: pathlib.Path, **overrides) -> pathlib.Path:
+    """Write :func:`tiny_spec` with ``overrides`` as a JSON spec file."""
+    path.write_text(json.dumps(tiny_spec(**overrides)))
     return path
+
+
+def engine_config(spec: dict, **engine_settings):
+    """Return an EngineConfig for ``spec`` (validated by labsdk.spec) and engine settings."""
+    from labsdk.spec import parse_spec
+
+    from engine.trainer import EngineConfig
+
+    return EngineConfig(spec=parse_spec(spec).spec, **engine_settings)

@@ -13,10 +13,13 @@ EXAMPLES = sorted((REPO_ROOT / "examples").glob("*-tiny.toml")) + sorted((REPO_R
 def test_it_accepts_the_example_specs(path):
     config, warnings = load_config(path)
     assert warnings == []
-    assert config.batch_size % config.rollouts_per_example == 0
+    assert config.spec.batch_size % config.spec.rollouts_per_example == 0
 
 
 def test_it_has_the_main_job_settings():
-    config, _ = load_config(REPO_ROOT / "examples" / "addition-smollm2.toml")
-    assert (config.model, config.max_steps, config.batch_size, config.max_tokens) == ("HuggingFaceTB/SmolLM2-135M-Instruct", 20, 32, 24)
-    assert (config.lora_rank, config.learning_rate, config.seed, config.envs) == (16, 5e-4, 0, [("lab/addition", {"max_operand": 20})])
+    spec = load_config(REPO_ROOT / "examples" / "addition-smollm2.toml")[0].spec
+    assert (spec.model, spec.max_steps, spec.batch_size, spec.sampling.max_tokens) == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct", 20, 32, 24
+    )
+    assert (spec.lora_rank, spec.learning_rate, spec.seed) == (16, 5e-4, 0)
+    assert [(env.id, env.args) for env in spec.env] == [("lab/addition", {"max_operand": 20})]

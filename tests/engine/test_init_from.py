@@ -17,16 +17,12 @@ from engine import checkpoints as ckpt
 from engine.models import tiny_random_llama
 from engine.reporter import OfflineTransport, Reporter
 from engine.trainer import EngineConfig, Trainer
-from tests.engine.conftest import REPO_ROOT, write_spec
+from tests.engine.conftest import REPO_ROOT, engine_config, tiny_spec, write_spec
 
 
 def config(**overrides) -> EngineConfig:
-    values = dict(
-        model="lab/tiny-random-llama", envs=[("lab/reverse-text", {"min_length": 2, "max_length": 4})],
-        max_steps=2, batch_size=8, rollouts_per_example=4, learning_rate=1e-2, lora_rank=4,
-        lora_alpha=8, seed=1, max_tokens=6, checkpoint_interval=2, keep_last=1, micro_batch_rollouts=4,
-    )
-    return EngineConfig(**{**values, **overrides})
+    spec = tiny_spec(max_steps=2, seed=1, checkpoints={"interval": 2, "keep_last": 1}, eval={})
+    return engine_config({**spec, **overrides}, micro_batch_rollouts=4)
 
 
 def trainer_for(workdir: pathlib.Path, cfg: EngineConfig) -> tuple[Trainer, Reporter]:
@@ -149,7 +145,7 @@ def test_the_cli_exits_2_when_an_offline_run_resumes_from_a_checkpoint_id(tmp_pa
 
 def test_full_weights_seed_a_full_fine_tuning_job_and_refuse_a_lora_one(tmp_path):
     source_dir = tmp_path / "full-source"
-    trainer, reporter = trainer_for(source_dir, config(lora_rank=0, max_steps=1, checkpoint_interval=1))
+    trainer, reporter = trainer_for(source_dir, config(lora_rank=0, max_steps=1, checkpoints={"interval": 1, "keep_last": 1}))
     assert trainer.run() == "succeeded"
     reporter.close("succeeded", timeout=10)
     trained_full = source_dir / "checkpoints" / ckpt.checkpoint_name(1)

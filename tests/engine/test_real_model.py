@@ -7,7 +7,8 @@ import pytest
 
 from engine.catalog import SMOLLM2_ID, default_model_dir
 from engine.reporter import OfflineTransport, Reporter
-from engine.trainer import EngineConfig, Trainer
+from engine.trainer import Trainer
+from tests.engine.conftest import engine_config
 
 pytestmark = [
     pytest.mark.real_model,
@@ -17,11 +18,11 @@ pytestmark = [
 
 def test_it_trains_smollm2_converted_from_the_gguf(tmp_path):
     model_dir = default_model_dir()  # shared cache: the conversion happens once per machine
-    config = EngineConfig(
-        model=SMOLLM2_ID, envs=[("lab/addition", {"max_operand": 9})], max_steps=2, batch_size=8,
-        rollouts_per_example=4, learning_rate=5e-4, lora_rank=8, lora_alpha=16, max_tokens=8,
-        checkpoint_interval=0, keep_last=1,
-    )
+    config = engine_config({
+        "model": SMOLLM2_ID, "env": [{"id": "lab/addition", "args": {"max_operand": 9}}], "max_steps": 2,
+        "batch_size": 8, "rollouts_per_example": 4, "learning_rate": 5e-4, "lora_rank": 8, "lora_alpha": 16,
+        "sampling": {"max_tokens": 8}, "checkpoints": {"interval": 0, "keep_last": 1},
+    })
     reporter = Reporter(OfflineTransport(tmp_path), job_id="real", attempt=1, spool_dir=tmp_path / "spool", heartbeat_interval=60)
     reporter.start()
     trainer = Trainer(config=config, workdir=tmp_path, reporter=reporter, model_dir=model_dir)

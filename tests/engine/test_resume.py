@@ -5,7 +5,8 @@ import json
 import pytest
 
 from engine.reporter import OfflineTransport, Reporter
-from engine.trainer import EngineConfig, Trainer
+from engine.trainer import Trainer
+from tests.engine.conftest import engine_config, tiny_spec
 
 # Times and throughput differ between runs; everything else must match exactly.
 NONDETERMINISTIC = {"time/step", "time/generate", "time/train", "perf/tokens_per_s"}
@@ -38,12 +39,8 @@ def train(workdir, config, resume_from=None, stop_after=None):
 
 
 def config(max_steps, overlap):
-    return EngineConfig(
-        model="lab/tiny-random-llama", envs=[("lab/reverse-text", {"min_length": 2, "max_length": 4})],
-        max_steps=max_steps, batch_size=8, rollouts_per_example=4, learning_rate=1e-2, lora_rank=4,
-        lora_alpha=8, seed=1, max_tokens=6, checkpoint_interval=2, keep_last=3, overlap=overlap,
-        micro_batch_rollouts=4,
-    )
+    spec = tiny_spec(max_steps=max_steps, seed=1, checkpoints={"interval": 2, "keep_last": 3}, eval={})
+    return engine_config(spec, overlap=overlap, micro_batch_rollouts=4)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
