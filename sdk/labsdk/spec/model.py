@@ -201,7 +201,7 @@ def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list
 
     resources = data.get("resources")
     if isinstance(resources, Mapping) and "resources.gpus" not in bad_params:
-        gpu_type = resources.get("gpu_type", "cpu")
+        gpu_type = resources.get("gpu_type", ResourcesConfig.model_fields["gpu_type"].default)
         gpus = resources.get("gpus")
         if isinstance(gpus, int) and not isinstance(gpus, bool) and isinstance(gpu_type, str):
             if gpu_type == "cpu" and gpus > 0:
