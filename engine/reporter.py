@@ -85,16 +85,19 @@ class HttpTransport:
 
     def post(self, path: str, body: dict, *, idempotency_key: str | None = None) -> dict:
         from labsdk.errors import LabError
+        from labsdk.retry import is_retryable_status
 
         try:
             return self.client.request("POST", path, json_body=body, idempotency_key=idempotency_key) or {}
         except LabError as error:
             status = error.status_code
-            retryable = status is None or status == 429 or status >= 500
-            raise IngestError(f"POST {path}: {error}", retryable=retryable, status_code=status) from error
+            raise IngestError(
+                f"POST {path}: {error}", retryable=is_retryable_status(status), status_code=status
+            ) from error
 
     def upload(self, upload: dict, archive: pathlib.Path) -> None:
         import httpx
+        from labsdk.retry import is_retryable_status
 
         _require_archive(archive)
         method = upload.get("method")
@@ -113,7 +116,7 @@ class HttpTransport:
                 if response.status_code >= 400:
                     raise IngestError(
                         f"checkpoint upload answered {response.status_code}",
-                        retryable=response.status_code == 429 or response.status_code >= 500,
+                        retryable=is_retryable_status(response.status_code),
                         status_code=response.status_code,
                     )
             else:
@@ -125,13 +128,15 @@ class HttpTransport:
         """GET `checkpoints/{id}/download` with the job token: the tar itself (filesystem
         storage) or, after a redirect, from the signed storage URL without the token."""
         from labsdk.errors import LabError
+        from labsdk.retry import is_retryable_status
 
         try:
             return self.client.download(f"checkpoints/{checkpoint_id}/download", destination)
         except LabError as error:
             status = error.status_code
-            retryable = status is None or status == 429 or status >= 500
-            raise IngestError(f"checkpoint {checkpoint_id}: {error}", retryable=retryable, status_code=status) from error
+            raise IngestError(
+                f"checkpoint {checkpoint_id}: {error}", retryable=is_retryable_status(status), status_code=status
+            ) from error
 
     def close(self) -> None:
         self.client.close()

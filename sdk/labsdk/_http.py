@@ -3,7 +3,7 @@
 Used by :class:`labsdk.Lab` with an API key and meant for the RL engine's reporter with a
 job token; it knows nothing about jobs.
 
-Retries (STYLE.md §6): connection failures and timeouts, 429 and 5xx are retried up to
+Retries (:mod:`labsdk.retry`): connection failures and timeouts, 429 and 5xx are retried up to
 ``max_retries`` times with capped exponential backoff and jitter ("Exponential Backoff And
 Jitter", AWS Architecture Blog, 2015), or after exactly the ``Retry-After`` the server
 asked for. Every POST carries an ``Idempotency-Key`` (a uuid4 unless the caller gives one)
@@ -36,6 +36,7 @@ from labsdk.errors import (
     error_from_response,
     parse_retry_after,
 )
+from labsdk.retry import is_retryable_status
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 #: Errors worth another try: the request may not have reached Lab, or its answer was lost.
@@ -274,7 +275,7 @@ class HTTPClient:
             except httpx.HTTPError as exc:
                 raise APIConnectionError(f"could not reach Lab at {self.base_url}: {exc}") from exc
 
-            if response.status_code == 429 or response.status_code >= 500:
+            if is_retryable_status(response.status_code):
                 delay = self._retry_delay(response, retry)
                 if delay is not None:
                     response.close()

@@ -135,3 +135,24 @@ def test_it_never_prunes_a_checkpoint_lab_has_not_settled(tmp_path):
     deleted = prune_checkpoints(tmp_path, 2, pending_archives={archives[10]})
     assert [path.name for path in deleted] == ["step-000020"]
     assert sorted(path.name for path in tmp_path.glob("step-*.tar")) == ["step-000010.tar", "step-000030.tar", "step-000040.tar"]
+
+
+def test_the_http_transport_retries_what_labsdk_retry_does_and_nothing_else(fake_lab):
+    from engine.reporter import IngestError
+
+    transport = HttpTransport(fake_lab.url, "job_1", fake_lab.token, timeout=5)
+    fake_lab.refuse_next = 1
+    outcomes = []
+    for path in ("status", "no-such-endpoint"):  # 503 (Lab down), then 404
+        try:
+            transport.post(path, {"attempt": 1, "phase": "running", "step": 0, "message": ""})
+        except IngestError as error:
+            outcomes.append((error.status_code, error.retryable))
+    transport.close()
+    unreachable = HttpTransport("http://127.0.0.1:9", "job_1", "token", timeout=2)
+    try:
+        unreachable.post("status", {})
+    except IngestError as error:
+        outcomes.append((error.status_code, error.retryable))
+    unreachable.close()
+    assert outcomes == [(503, True), (404, False), (None, True)]
