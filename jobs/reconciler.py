@@ -17,11 +17,16 @@ job. Idempotent: each step checks the current state under the job's row lock.
 
 from __future__ import annotations
 
+import copy
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from billing.pricing import cost_usd
@@ -29,16 +34,18 @@ from jobs import dispatch, storage
 from jobs.checkpoints import checkpoint_fail_unfinished
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import job_token
-from jobs.launchers.base import AttemptPhase, LaunchRequest, Observation
+from jobs.launchers.base import AttemptPhase, CapturedLine, LaunchRequest, Observation
 from jobs.launchers.registry import get_launcher
 from jobs.models import (
     ACTIVE_STATUSES,
     AttemptState,
     CheckpointStatus,
+    ErrorCode,
     EventLevel,
     EventType,
     Job,
     JobAttempt,
+    JobPriority,
     JobStatus,
     LogSource,
     MetricStep,
@@ -51,48 +58,92 @@ S = JobStatus
 
 #: A pending attempt whose launch task has not run after this long gets its launch re-enqueued.
 RELAUNCH_AFTER = timedelta(seconds=30)
+#: Active jobs observed at once by one periodic pass (one launcher call per batch where it can).
+RECONCILE_BATCH = 200
+#: The advisory lock class of attempt launches (the attempt's primary key is the second key).
+_LAUNCH_LOCK = 0x1AB0002
+
+
+@contextmanager
+def _launch_claim(attempt_id: int) -> Iterator[bool]:
+    """Hold a claim on launching ``attempt_id`` without locking any row (a PostgreSQL session
+    advisory lock; SQLite serializes writers anyway): yields False when another worker holds it."""
+    if connection.vendor != "postgresql":
+        yield True
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LAUNCH_LOCK, attempt_id])
+        claimed = cursor.fetchone()[0]
+    try:
+        yield claimed
+    finally:
+        if claimed:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_LAUNCH_LOCK, attempt_id])
+
+
+def launch_request(attempt: JobAttempt) -> LaunchRequest:
+    """Return what the launcher needs to start ``attempt`` (its job, project and resume point loaded)."""
+    job = attempt.job
+    resume = attempt.resume_from
+    organization = job.project.organization.slug
+    return LaunchRequest(
+        job_id=job.public_id,
+        attempt=attempt.number,
+        spec=job.spec,
+        lab_url=settings.LAB_PUBLIC_URL,
+        token=job_token(attempt),
+        resume_archive=storage.path_of(resume.storage_key) if resume is not None and storage.is_filesystem() else None,
+        resume_checkpoint_id=resume.public_id if resume is not None and not storage.is_filesystem() else None,
+        organization=organization,
+        project=job.project.slug,
+        namespace=settings.LAB_K8S_NAMESPACE or f"lab-{organization}",
+        priority=JobPriority(job.priority).label,
+        gpu_type=job.gpu_type,
+        gpus=job.gpus,
+        environments=tuple(env.get("id", "") for env in job.spec.get("env", []) if isinstance(env, dict)),
+    )
 
 
 def attempt_launch(*, attempt_id: int) -> None:
     """Launch a pending attempt through the configured launcher; a no-op once launched.
 
-    A launcher error fails the job with ``internal_error``.
+    No row is locked while the launcher works (on a cluster that is API round trips): the
+    attempt is checked, launched, and the handle recorded only if the attempt is still pending;
+    if it was cancelled meanwhile, what was launched is stopped again. A launcher error fails
+    the job with ``internal_error``.
     """
     launcher = get_launcher()
-    with transaction.atomic():
+    with _launch_claim(attempt_id) as claimed:
+        if not claimed:
+            return
         attempt = (
-            JobAttempt.objects.select_for_update(of=("self",))
-            .select_related("job", "resume_from")
-            .filter(pk=attempt_id)
+            JobAttempt.objects.select_related("job__project__organization", "resume_from")
+            .filter(pk=attempt_id, state=AttemptState.PENDING)
             .first()
         )
-        if attempt is None or attempt.state != AttemptState.PENDING:
+        if attempt is None or attempt.job.status != S.STARTING or attempt.job.attempt != attempt.number:
             return
-        job = attempt.job
-        if job.status != S.STARTING or job.attempt != attempt.number:
-            return
-        resume = attempt.resume_from
-        request = LaunchRequest(
-            job_id=job.public_id,
-            attempt=attempt.number,
-            spec=job.spec,
-            lab_url=settings.LAB_PUBLIC_URL,
-            token=job_token(attempt),
-            resume_archive=storage.path_of(resume.storage_key) if resume is not None and storage.is_filesystem() else None,
-            resume_checkpoint_id=resume.public_id if resume is not None and not storage.is_filesystem() else None,
-            gpus=job.gpus,
-        )
         try:
-            handle = launcher.launch(request)
+            handle = launcher.launch(launch_request(attempt))
         except Exception as exc:  # the launcher's failure ends this job, not the worker
-            logger.exception("launch failed", extra={"job": job.public_id, "attempt": attempt.number})
-            attempt.state, attempt.ended_at = AttemptState.ENDED, timezone.now()
-            attempt.save(update_fields=["state", "ended_at"])
-            job_transition(job=job, to=S.FAILED, error_code="internal_error", error_message=f"Launch failed: {exc}")
-            dispatch.enqueue_admission()
+            logger.exception("launch failed", extra={"job": attempt.job.public_id, "attempt": attempt.number})
+            with transaction.atomic():
+                job = Job.objects.select_for_update().get(pk=attempt.job_id)
+                if JobAttempt.objects.filter(pk=attempt_id, state=AttemptState.PENDING).update(
+                    state=AttemptState.ENDED, ended_at=timezone.now()
+                ) and job.status == S.STARTING:
+                    job_transition(
+                        job=job, to=S.FAILED, error_code=ErrorCode.INTERNAL_ERROR, error_message=f"Launch failed: {exc}"
+                    )
+                dispatch.enqueue_admission()
             return
-        attempt.state, attempt.handle, attempt.launched_at = AttemptState.LAUNCHED, handle, timezone.now()
-        attempt.save(update_fields=["state", "handle", "launched_at"])
+        recorded = JobAttempt.objects.filter(pk=attempt_id, state=AttemptState.PENDING).update(
+            state=AttemptState.LAUNCHED, handle=handle, launched_at=timezone.now()
+        )
+        if not recorded:  # cancelled while launching: stop what was started
+            launcher.cancel(handle, force=True)
+            launcher.cleanup(handle)
 
 
 def _record_usage(job: Job, now) -> None:
@@ -109,21 +160,22 @@ def _record_usage(job: Job, now) -> None:
     Job.objects.filter(pk=job.pk).update(cpu_seconds=job.cpu_seconds, gpu_seconds=job.gpu_seconds, cost_usd=job.cost_usd)
 
 
-def _capture_logs(job: Job, attempt: JobAttempt, launcher) -> None:
-    lines = launcher.captured_lines(attempt.handle)
-    if lines:
+def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
+    """Store the launcher's captured output lines and the handle's read progress."""
+    if seen.lines:
         now = timezone.now()
         store_log_lines(
             job=job,
             attempt_number=attempt.number,
             source=LogSource.LAUNCHER,
-            lines=[(line.seq, now, line.stream, line.line) for line in lines],
+            lines=[(line.seq, now, line.stream, line.line) for line in seen.lines],
         )
-    JobAttempt.objects.filter(pk=attempt.pk).update(handle=attempt.handle)
+    JobAttempt.objects.filter(pk=attempt.pk).update(handle=seen.handle)
 
 
-def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now) -> None:
-    """Apply the exit-code table to an attempt that ended."""
+def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now, after: list[Callable[[], None]]) -> None:
+    """Apply the exit-code table to an attempt that ended (the caller holds the job's lock);
+    the launcher's cleanup is queued on ``after``, to run once the lock is released."""
     attempt.state, attempt.ended_at, attempt.exit_code = AttemptState.ENDED, now, observation.exit_code
     attempt.save(update_fields=["state", "ended_at", "exit_code"])
     code = observation.exit_code
@@ -187,32 +239,31 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
                 message=f"Attempt {attempt.number} crashed (exit {code}); resuming from the latest checkpoint.",
                 data={**detail, "crashes": crashes},
             )
-    get_launcher().cleanup(attempt.handle)
+    handle = attempt.handle
+    after.append(lambda: get_launcher().cleanup(handle))
     dispatch.enqueue_admission()
 
 
-def _signal_if_due(job: Job, attempt: JobAttempt, launcher, now) -> None:
-    """Escalate a requested stop: SIGTERM after the grace period, SIGKILL after another."""
+def _signal_if_due(attempt: JobAttempt, launcher, now, after: list[Callable[[], None]]) -> None:
+    """Escalate a requested stop: SIGTERM after the grace period, SIGKILL after another (sent
+    once the caller's lock is released, through ``after``)."""
+    handle = attempt.handle
     if attempt.stop_requested_at is None:
         return
     if attempt.terminate_sent_at is None:
         if now - attempt.stop_requested_at >= timedelta(seconds=settings.LAB_STOP_GRACE_S):
-            launcher.cancel(attempt.handle)
             JobAttempt.objects.filter(pk=attempt.pk).update(terminate_sent_at=now)
+            after.append(lambda: launcher.cancel(handle))
     elif now - attempt.terminate_sent_at >= timedelta(seconds=settings.LAB_KILL_GRACE_S):
-        launcher.cancel(attempt.handle, force=True)
+        after.append(lambda: launcher.cancel(handle, force=True))
 
 
-def _deliver_spool_of_exited(job_id: int, launcher) -> None:
+def _deliver_spool_of_exited(job_id: int, attempt: JobAttempt, launcher) -> None:
     """Before an exited attempt's outcome is applied, store what its engine left unsent in its
     spool (``jobs.ingest.spool``), outside the job's lock: each batch locks it on its own. What
     the spool held that Lab had to refuse is told in a ``job.data_incomplete`` warning."""
-    job = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
-    attempt = current_attempt(job) if job is not None else None
-    if attempt is None or attempt.state != AttemptState.LAUNCHED:
-        return
     workdir = launcher.engine_workdir(attempt.handle)
-    if workdir is None or launcher.observe(attempt.handle).phase not in (AttemptPhase.EXITED, AttemptPhase.LOST):
+    if workdir is None:
         return
     delivery = deliver_attempt_spool(attempt=attempt, workdir=workdir)
     if delivery.complete:
@@ -267,61 +318,118 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(parts)
 
 
-def reconcile_job(*, job_id: int) -> None:
-    """Bring one active job in line with what its launcher observes."""
+@dataclass
+class _Seen:
+    """What the launcher said of one launched attempt, asked while no row was locked."""
+
+    attempt_id: int
+    observation: Observation
+    lines: list[CapturedLine]
+    handle: dict
+
+
+def _look(launcher, attempts: list[JobAttempt]) -> dict[int, _Seen]:
+    """Observe ``attempts`` (launched ones) and read their captured output, holding no lock."""
+    observations = launcher.observe_many([attempt.handle for attempt in attempts])
+    seen = {}
+    for attempt, observation in zip(attempts, observations):
+        handle = copy.deepcopy(attempt.handle)
+        seen[attempt.job_id] = _Seen(attempt.pk, observation, launcher.captured_lines(handle), handle)
+    return seen
+
+
+def _launched_attempts(job_ids: list[int]) -> list[JobAttempt]:
+    """Return the current attempt of each of ``job_ids`` that is launched (one query)."""
+    return list(
+        JobAttempt.objects.filter(job_id__in=job_ids, state=AttemptState.LAUNCHED, number=F("job__attempt"))
+    )
+
+
+def reconcile_job(*, job_id: int, seen: _Seen | None = None) -> None:
+    """Bring one active job in line with what its launcher observes.
+
+    The launcher is asked first, with no row locked (``seen`` when the caller asked already);
+    then the job is locked briefly to apply what it said, and the signals it calls for are sent
+    after the lock is released.
+    """
     launcher = get_launcher()
-    _deliver_spool_of_exited(job_id, launcher)
-    now = timezone.now()
+    if seen is None:
+        seen = _look(launcher, _launched_attempts([job_id])).get(job_id)
+    if seen is not None and seen.observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST):
+        attempt = JobAttempt.objects.filter(pk=seen.attempt_id, state=AttemptState.LAUNCHED).first()
+        if attempt is not None:
+            _deliver_spool_of_exited(job_id, attempt, launcher)
+    after: list[Callable[[], None]] = []
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
-        if job is None:
-            return
-        attempt = current_attempt(job)
-        if attempt is None or attempt.state == AttemptState.ENDED:
-            job_transition(job=job, to=S.FAILED, error_code="internal_error", error_message="The job lost its attempt.")
-            return
-        if attempt.state == AttemptState.PENDING:
-            if job.status == S.CANCELLING:
-                attempt.state, attempt.ended_at = AttemptState.ENDED, now
-                attempt.save(update_fields=["state", "ended_at"])
-                job_transition(job=job, to=S.CANCELLED, message="Cancelled before it started.")
-                dispatch.enqueue_admission()
-            elif now - attempt.created_at > RELAUNCH_AFTER:
-                dispatch.enqueue_launch(attempt.pk)
-            return
-        observation = launcher.observe(attempt.handle)
-        _capture_logs(job, attempt, launcher)
-        if observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST):
-            _finish_attempt(job, attempt, observation, now)
-            _record_usage(job, now)
-            return
-        _record_usage(job, now)
-        last_sign_of_life = attempt.last_heartbeat_at or attempt.launched_at
-        if observation.phase == AttemptPhase.RUNNING and now - last_sign_of_life > timedelta(
-            seconds=settings.LAB_HEARTBEAT_TIMEOUT_S
-        ):
-            logger.warning("heartbeat lost; killing the attempt", extra={"job": job.public_id, "attempt": attempt.number})
-            launcher.cancel(attempt.handle, force=True)
-            return
-        runtime_limit = timedelta(minutes=job.spec["max_runtime_minutes"])
-        if job.started_at and now - job.started_at > runtime_limit and not attempt.stop_reason:
-            attempt_request_stop(job=job, reason=StopReason.RUNTIME)
-            attempt.refresh_from_db()
-        _signal_if_due(job, attempt, launcher, now)
-
-
-def reconcile_all() -> int:
-    """Reconcile every active job and end orphan engine processes; return how many jobs were seen."""
-    job_ids = list(Job.objects.filter(status__in=ACTIVE_STATUSES).values_list("pk", flat=True))
-    for job_id in job_ids:
+        _apply(job_id, seen, launcher, after)
+    for action in after:
         try:
-            reconcile_job(job_id=job_id)
-        except Exception:  # one broken job must not stop the others from being reconciled
-            logger.exception("reconcile failed", extra={"job_pk": job_id})
-    live = [
-        attempt.handle
-        for attempt in JobAttempt.objects.filter(state=AttemptState.LAUNCHED).only("handle")
-    ]
-    for workdir in get_launcher().sweep_orphans(live):
+            action()
+        except Exception:  # a signal that fails is sent again at the next pass
+            logger.exception("launcher action failed", extra={"job_pk": job_id})
+
+
+def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], None]]) -> None:
+    """Apply what was seen of ``job_id``'s attempt under the job's lock."""
+    now = timezone.now()
+    job = Job.objects.select_for_update().filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
+    if job is None:
+        return
+    attempt = current_attempt(job)
+    if attempt is None or attempt.state == AttemptState.ENDED:
+        job_transition(job=job, to=S.FAILED, error_code=ErrorCode.INTERNAL_ERROR, error_message="The job lost its attempt.")
+        return
+    if attempt.state == AttemptState.PENDING:
+        if job.status == S.CANCELLING:
+            attempt.state, attempt.ended_at = AttemptState.ENDED, now
+            attempt.save(update_fields=["state", "ended_at"])
+            job_transition(job=job, to=S.CANCELLED, message="Cancelled before it started.")
+            dispatch.enqueue_admission()
+        elif now - attempt.created_at > RELAUNCH_AFTER:
+            dispatch.enqueue_launch(attempt.pk)
+        return
+    if seen is None or seen.attempt_id != attempt.pk:
+        return  # launched after the launcher was asked: the next pass looks at it
+    _store_captured(job, attempt, seen)
+    observation = seen.observation
+    if observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST):
+        _finish_attempt(job, attempt, observation, now, after)
+        _record_usage(job, now)
+        return
+    _record_usage(job, now)
+    last_sign_of_life = attempt.last_heartbeat_at or attempt.launched_at
+    if observation.phase == AttemptPhase.RUNNING and now - last_sign_of_life > timedelta(
+        seconds=settings.LAB_HEARTBEAT_TIMEOUT_S
+    ):
+        logger.warning("heartbeat lost; killing the attempt", extra={"job": job.public_id, "attempt": attempt.number})
+        handle = attempt.handle
+        after.append(lambda: launcher.cancel(handle, force=True))
+        return
+    runtime_limit = timedelta(minutes=job.spec["max_runtime_minutes"])
+    if job.started_at and now - job.started_at > runtime_limit and not attempt.stop_reason:
+        attempt_request_stop(job=job, reason=StopReason.RUNTIME)
+        attempt.refresh_from_db()
+    _signal_if_due(attempt, launcher, now, after)
+
+
+def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
+    """Reconcile every active job, ``batch_size`` at a time (the launcher asked about a whole
+    batch at once, no lock held), and end orphan engine processes; return how many jobs were seen."""
+    launcher = get_launcher()
+    job_ids = list(Job.objects.filter(status__in=ACTIVE_STATUSES).order_by("pk").values_list("pk", flat=True))
+    for start in range(0, len(job_ids), batch_size):
+        batch = job_ids[start : start + batch_size]
+        try:
+            seen = _look(launcher, _launched_attempts(batch))
+        except Exception:
+            logger.exception("observing a batch failed")
+            continue
+        for job_id in batch:
+            try:
+                reconcile_job(job_id=job_id, seen=seen.get(job_id))
+            except Exception:  # one broken job must not stop the others from being reconciled
+                logger.exception("reconcile failed", extra={"job_pk": job_id})
+    live = [attempt.handle for attempt in JobAttempt.objects.filter(state=AttemptState.LAUNCHED).only("handle")]
+    for workdir in launcher.sweep_orphans(live):
         logger.warning("ended an orphan engine process", extra={"workdir": workdir})
     return len(job_ids)

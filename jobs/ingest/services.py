@@ -43,10 +43,12 @@ from jobs.stream.fanout import publish_on_commit
 from lab.api.errors import ApiError
 
 
-def _locked(attempt: JobAttempt, reported_attempt: int) -> tuple[Job, JobAttempt]:
+def _locked(attempt: JobAttempt, reported_attempt: int, *, live: bool = True) -> tuple[Job, JobAttempt]:
     """Lock the job; refuse a report that is not from the token's attempt or is stale.
 
-    Data from the current attempt also proves it is training: a starting job becomes running.
+    Live data from the current attempt also proves it is training: a starting job becomes
+    running. Reports Lab delivers from an exited engine's spool (``live=False``) prove nothing
+    of the kind.
     """
     if reported_attempt != attempt.number:
         raise ApiError(
@@ -60,7 +62,7 @@ def _locked(attempt: JobAttempt, reported_attempt: int) -> tuple[Job, JobAttempt
             f"attempt {attempt.number} was superseded by attempt {job.attempt}.",
             param="attempt",
         )
-    if job.status == JobStatus.STARTING:
+    if live and job.status == JobStatus.STARTING:
         job = job_transition(job=job, to=JobStatus.RUNNING, message="The engine is training.")
     return job, JobAttempt.objects.get(pk=attempt.pk)
 
@@ -114,11 +116,11 @@ def _check_steps(job: Job, steps: set[int], what: str) -> None:
 
 
 @transaction.atomic
-def ingest_metrics(*, attempt: JobAttempt, batch: MetricsBatch) -> dict[str, int]:
+def ingest_metrics(*, attempt: JobAttempt, batch: MetricsBatch, live: bool = True) -> dict[str, int]:
     """Store a batch of metric points (one row per step). Returns accepted/duplicates/superseded.
 
     Raises ApiError 409 ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
-    job, attempt = _locked(attempt, batch.attempt)
+    job, attempt = _locked(attempt, batch.attempt, live=live)
     _check_steps(job, {point.step for point in batch.points}, "metrics")
     by_step: dict[int, tuple[datetime, dict[str, float]]] = {}
     for point in batch.points:
@@ -197,11 +199,11 @@ def _insert_metric_steps(rows: list[MetricStep]) -> None:
 
 
 @transaction.atomic
-def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch) -> dict[str, int]:
+def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch, live: bool = True) -> dict[str, int]:
     """Store rollout samples; a batch replaces any samples stored earlier for the steps it names.
 
     Raises ApiError 409 ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
-    job, attempt = _locked(attempt, batch.attempt)
+    job, attempt = _locked(attempt, batch.attempt, live=live)
     steps = {sample.step for sample in batch.samples}
     _check_steps(job, steps, "samples")
     RolloutSample.objects.filter(job=job, step__in=steps).delete()
@@ -226,18 +228,18 @@ def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch) -> dict[str, int
 
 
 @transaction.atomic
-def ingest_logs(*, attempt: JobAttempt, batch: LogsBatch) -> dict[str, int]:
+def ingest_logs(*, attempt: JobAttempt, batch: LogsBatch, live: bool = True) -> dict[str, int]:
     """Store the engine's log lines; a resent line (same seq) is stored once."""
-    job, attempt = _locked(attempt, batch.attempt)
+    job, attempt = _locked(attempt, batch.attempt, live=live)
     lines = [(line.seq, line.time, line.stream, line.line) for line in batch.lines]
     accepted = store_log_lines(job=job, attempt_number=attempt.number, source=LogSource.ENGINE, lines=lines)
     return {"accepted": accepted, "duplicates": len(lines) - accepted}
 
 
 @transaction.atomic
-def checkpoint_register(*, attempt: JobAttempt, report: CheckpointRegister) -> tuple[Checkpoint, dict[str, Any]]:
+def checkpoint_register(*, attempt: JobAttempt, report: CheckpointRegister, live: bool = True) -> tuple[Checkpoint, dict[str, Any]]:
     """Create a checkpoint row for the upload and return it with its upload target (jobs.checkpoints)."""
-    job, attempt = _locked(attempt, report.attempt)
+    job, attempt = _locked(attempt, report.attempt, live=live)
     return checkpoints.checkpoint_register(job=job, attempt=attempt, step=report.step, format=report.format)
 
 

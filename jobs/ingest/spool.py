@@ -4,8 +4,9 @@ The engine spools every report on disk (``engine.spool``) and sends it in the ba
 Lab was unreachable at the end, the engine exits with reports still unsent. Before the
 reconciler applies an attempt's exit, it reads that attempt's spool (where the launcher can
 reach it: the local launcher's work dir) and stores the rest exactly as the ingest API would
-have: the same pydantic bodies in batches of at most 1,000, the same services, so the attempt
-rule, per-step merge and log dedupe hold (a record Lab already has counts as a duplicate), and
+have: the same pydantic bodies in batches of at most 1,000, the same services (except that what
+arrives after the exit never marks a starting job running), so the attempt rule, per-step merge
+and log dedupe hold (a record Lab already has counts as a duplicate), and
 then moves the spool's cursors on. A checkpoint still owed is registered (once per attempt and
 step), its archive stored from the work dir and verified like any upload.
 
@@ -71,7 +72,7 @@ def deliver_attempt_spool(*, attempt: JobAttempt, workdir: Path) -> SpoolDeliver
             if not records:
                 break
             try:
-                ingest(attempt=attempt, batch=model.model_validate({"attempt": attempt.number, key: records}))
+                ingest(attempt=attempt, batch=model.model_validate({"attempt": attempt.number, key: records}), live=False)
                 result.delivered[name] = result.delivered.get(name, 0) + len(records)
             except (ValidationError, ApiError) as error:
                 result.refused[name] = result.refused.get(name, 0) + len(records)
@@ -113,7 +114,7 @@ def _deliver_checkpoint(*, attempt: JobAttempt, workdir: Path, record: dict) -> 
     """Register, store and verify one spooled checkpoint; an archive that is gone fails it."""
     spooled = _SpooledCheckpoint.model_validate(record)
     register = schemas.CheckpointRegister(attempt=attempt.number, step=spooled.step, format=spooled.format)
-    checkpoint, _ = services.checkpoint_register(attempt=attempt, report=register)
+    checkpoint, _ = services.checkpoint_register(attempt=attempt, report=register, live=False)
     archive = _archive_inside(workdir, spooled.archive)
     if archive is not None:
         storage.put_file(storage.upload_key(checkpoint.storage_key), archive)

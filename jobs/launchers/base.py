@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 
@@ -23,12 +24,22 @@ class AttemptPhase(StrEnum):
 
 @dataclass(frozen=True)
 class Observation:
-    """What a launcher sees of one attempt now."""
+    """What a launcher sees of one attempt now.
+
+    ``reason`` says why in DESIGN.md §4's words when the launcher knows (``kueue_pending``,
+    ``image_pull_failed``, ``unschedulable``, ``oom``...). ``started_at`` and ``ended_at`` are
+    when the attempt's compute began and ended as the launcher measured them (process or pod
+    times, UTC; None while unknown or still running): what usage is billed from, never the
+    engine's own word.
+    """
 
     phase: AttemptPhase
     exit_code: int | None = None
     oom_killed: bool = False
     detail: str = ""
+    reason: str = ""
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +59,15 @@ class LaunchRequest:
     token: str
     resume_archive: Path | None = None
     resume_checkpoint_id: str | None = None
+    organization: str = ""  # slug
+    project: str = ""  # slug
+    namespace: str = ""  # Kubernetes namespace (LAB_K8S_NAMESPACE, else one per organization)
+    priority: str = "normal"  # low | normal | high
+    gpu_type: str = "cpu"
     gpus: int = 0
+    roles: tuple[str, ...] = ("engine",)  # engine processes to start (the whole engine, for now)
+    environments: tuple[str, ...] = ()  # environment ids of the spec
+    environment_packages: tuple[dict, ...] = ()  # uploaded packages to install: {"id", "sha256", "url"}
 
 
 def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_dir: str | None) -> list[str]:
@@ -89,6 +108,11 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def observe(self, handle: dict) -> Observation:
         """Return what the attempt with ``handle`` is doing now."""
+
+    def observe_many(self, handles: list[dict]) -> list[Observation]:
+        """Return what each attempt of ``handles`` is doing now, in order (a cluster launcher
+        answers a whole batch from one listing; by default one ``observe`` each)."""
+        return [self.observe(handle) for handle in handles]
 
     @abc.abstractmethod
     def cancel(self, handle: dict, *, force: bool = False) -> None:

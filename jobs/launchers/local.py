@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 
 from jobs.launchers.base import AttemptPhase, CapturedLine, Launcher, LaunchRequest, Observation, engine_args
@@ -149,12 +150,18 @@ class LocalLauncher(Launcher):
                 exit_code = int(json.loads(exit_file.read_text())["exit_code"])
             except (OSError, ValueError, KeyError, TypeError):
                 return Observation(AttemptPhase.LOST, detail="unreadable exit.json")
-            return Observation(AttemptPhase.EXITED, exit_code=exit_code, detail=_stderr_tail(workdir))
+            return Observation(
+                AttemptPhase.EXITED,
+                exit_code=exit_code,
+                detail=_stderr_tail(workdir),
+                started_at=_modified_at(workdir / "supervisor.pid"),
+                ended_at=_modified_at(exit_file),
+            )
         supervisor = _read_pid(workdir / "supervisor.pid")
         if supervisor is None:
             return Observation(AttemptPhase.PENDING)
         if process_alive(supervisor):
-            return Observation(AttemptPhase.RUNNING)
+            return Observation(AttemptPhase.RUNNING, started_at=_modified_at(workdir / "supervisor.pid"))
         # The supervisor died without recording an exit (killed): make sure the engine is gone too.
         self.cancel(handle, force=True)
         return Observation(AttemptPhase.LOST, detail="the supervisor process was killed")
@@ -242,6 +249,15 @@ class LocalLauncher(Launcher):
                 path.parent.rmdir()
             except OSError:
                 pass  # not empty (files of something else) or already gone
+
+
+def _modified_at(path: Path) -> datetime | None:
+    """Return when ``path`` was last written (UTC), or None when it is missing: the supervisor
+    writes its pid file as the engine starts and ``exit.json`` as it ends."""
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
+    except OSError:
+        return None
 
 
 def _stderr_tail(workdir: Path, lines: int = 20) -> str:

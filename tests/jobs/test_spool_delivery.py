@@ -1,5 +1,5 @@
 """What an engine left in its spool when it exited is delivered by Lab before the exit is applied
-(jobs.ingest.spool, jobs.reconciler), on a launcher that reports a finished process."""
+(jobs.ingest.spool, jobs.reconciler), on a fake launcher that reports a finished process."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from engine.checkpoints import write_tar
 from engine.spool import Spool, attempt_spool_dir
 from jobs import reconciler
 from jobs.ingest.spool import deliver_attempt_spool
-from jobs.launchers.base import AttemptPhase, Launcher, Observation
 from jobs.models import AttemptState, Checkpoint, Job, JobAttempt, JobEvent, LogLine, MetricStep, RolloutSample
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
+from tests.jobs.fake_launcher import FakeLauncher
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
@@ -33,28 +33,11 @@ def _own_storage(settings, tmp_path):
     }
 
 
-class ExitedLauncher(Launcher):
-    """A launcher whose every attempt has exited with ``exit_code``; work dirs are handles."""
-
-    name = "exited"
-
-    def __init__(self, exit_code: int = 0):
-        self.exit_code = exit_code
-
-    def launch(self, request):
-        raise AssertionError("not launched here")
-
-    def observe(self, handle):
-        return Observation(AttemptPhase.EXITED, exit_code=self.exit_code)
-
-    def cancel(self, handle, *, force=False):
-        pass
-
-    def cleanup(self, handle):
-        pass
-
-    def engine_workdir(self, handle):
-        return Path(handle["workdir"])
+def exited_launcher(exit_code: int = 0) -> FakeLauncher:
+    """A fake launcher on which the attempt of handle 1 has exited with ``exit_code``."""
+    launcher = FakeLauncher()
+    launcher.exit({"id": 1}, exit_code)
+    return launcher
 
 
 def launched(owner, spec, workdir: Path) -> tuple[Job, JobAttempt]:
@@ -62,7 +45,7 @@ def launched(owner, spec, workdir: Path) -> tuple[Job, JobAttempt]:
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
     JobAttempt.objects.filter(pk=attempt.pk).update(
-        state=AttemptState.LAUNCHED, handle={"workdir": str(workdir)}, launched_at=timezone.now()
+        state=AttemptState.LAUNCHED, handle={"id": 1, "workdir": str(workdir)}, launched_at=timezone.now()
     )
     return Job.objects.get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
 
@@ -138,7 +121,7 @@ def test_it_refuses_malformed_records_and_says_so_in_a_data_incomplete_warning(o
     job, attempt = launched(owner, spec, workdir)
     spool(workdir, "metrics", [point(1), {"step": "one", "values": {}}])
     spool(workdir, "checkpoints", [{"step": 3, "format": "zip"}])
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: ExitedLauncher(exit_code=0))
+    monkeypatch.setattr(reconciler, "get_launcher", exited_launcher)
 
     reconciler.reconcile_job(job_id=job.pk)
 
@@ -157,13 +140,15 @@ def test_a_clean_exit_with_everything_delivered_records_no_warning(owner, spec, 
     job, attempt = launched(owner, spec, workdir)
     spool(workdir, "metrics", [point(1), point(2), point(3)])
     spool(workdir, "checkpoints", [archive(workdir, 2), archive(workdir, 3)])
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: ExitedLauncher(exit_code=0))
+    monkeypatch.setattr(reconciler, "get_launcher", exited_launcher)
 
     reconciler.reconcile_job(job_id=job.pk)
 
     job = Job.objects.get(pk=job.pk)
     assert job.status == "succeeded"
     assert not JobEvent.objects.filter(job=job, type="job.data_incomplete").exists()
+    # Reports delivered after the exit never claim the engine was training.
+    assert not JobEvent.objects.filter(job=job, type="job.started").exists()
     assert dict(Checkpoint.objects.filter(job=job).values_list("step", "status")) == {2: "ready", 3: "ready"}
 
 
@@ -176,7 +161,7 @@ def test_an_ended_attempts_unfinished_upload_fails_at_once(owner, spec, tmp_path
     spool(workdir, "checkpoints", [archive(workdir, 3)])
     with transaction.atomic():
         stuck, _ = checkpoint_register(job=job, attempt=attempt, step=2, format="peft-lora")
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: ExitedLauncher(exit_code=0))
+    monkeypatch.setattr(reconciler, "get_launcher", exited_launcher)
 
     reconciler.reconcile_job(job_id=job.pk)
 

@@ -96,7 +96,10 @@ def test_a_worker_killed_mid_delivery_leads_to_a_retry_with_the_same_webhook_id(
             data={"url": receiver.url("/slow"), "events": ["job.started"]},
         )
         receiver.expect("/slow", endpoint.secret, answers=[(200, 4.5)])
-        job = Job.objects.create(project=owner.project, spec={}, model="lab/tiny-random-llama", max_steps=1)
+        # Cancelled, so the running worker's admission leaves it alone: only this event is sent.
+        job = Job.objects.create(
+            project=owner.project, spec={}, model="lab/tiny-random-llama", max_steps=1, status="cancelled"
+        )
         with transaction.atomic():
             job_record_event(job=job, type="job.started")
         wait_for(lambda: receiver.at("/slow"), timeout=60, what="the first try to reach the receiver")
