@@ -18,6 +18,7 @@ from jobs.api.views import ArchiveNegotiation
 from jobs.ingest import schemas, services
 from jobs.ingest.tokens import attempt_for_token
 from jobs.models import JobAttempt
+from lab.api.auth import bearer_token
 from lab.api.errors import ApiError, FieldError
 from lab.api.throttling import over_limit
 
@@ -28,13 +29,9 @@ class JobTokenAuthentication(BaseAuthentication):
     """Authenticate ``Authorization: Bearer ljt_...`` for the job named in the URL."""
 
     def authenticate(self, request) -> tuple[None, JobAttempt]:
-        header = get_authorization_header(request).split()
-        if len(header) != 2 or header[0].lower() != b"bearer":
+        token = bearer_token(get_authorization_header(request))
+        if token is None:
             raise AuthenticationFailed(_INVALID)
-        try:
-            token = header[1].decode("ascii")
-        except UnicodeDecodeError:
-            raise AuthenticationFailed(_INVALID) from None
         job_id = request.parser_context["kwargs"].get("job_id", "")
         attempt = attempt_for_token(token, job_public_id=job_id)
         if attempt is None:

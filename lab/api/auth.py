@@ -13,8 +13,14 @@ from lab.services import api_key_authenticate
 INVALID_API_KEY = "Missing, malformed, revoked or unknown API key; send 'Authorization: Bearer lab_...'."
 
 
-def api_key_from_authorization(header: str | bytes) -> ApiKey | None:
-    """Return the active API key an ``Authorization: Bearer lab_...`` header value names, or None."""
+def bearer_token(header: str | bytes) -> str | None:
+    """Return the token of an ``Authorization: Bearer <token>`` header value, or None.
+
+    ``header`` is the value as DRF's ``get_authorization_header`` gives it (bytes) or as text;
+    the scheme is case-insensitive (RFC 9110 §11.1). None when bytes are not ASCII or the value
+    is not exactly the scheme ``Bearer`` and one token. Whose token it is, API key or job token,
+    is the caller's to check.
+    """
     if isinstance(header, bytes):
         try:
             header = header.decode("ascii")
@@ -23,7 +29,13 @@ def api_key_from_authorization(header: str | bytes) -> ApiKey | None:
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() != "bearer":
         return None
-    return api_key_authenticate(parts[1])
+    return parts[1]
+
+
+def api_key_from_authorization(header: str | bytes) -> ApiKey | None:
+    """Return the active API key an ``Authorization: Bearer lab_...`` header value names, or None."""
+    token = bearer_token(header)
+    return None if token is None else api_key_authenticate(token)
 
 
 class ApiKeyAuthentication(BaseAuthentication):
