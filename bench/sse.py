@@ -122,7 +122,7 @@ def main() -> None:
             ingest = httpx.Client(base_url=f"{base}/api/v1/ingest/jobs/{job.public_id}",
                                   headers={"Authorization": f"Bearer {job_token(attempt)}"}, timeout=30)
             ingest.post("/status", json={"attempt": 1, "phase": "running", "step": 0}).raise_for_status()
-            return Job.objects.get(pk=job.pk), ingest
+            return Job.objects.unscoped().get(pk=job.pk), ingest
 
         def post_step(ingest: httpx.Client, step: int) -> tuple[float, float]:
             """Post one step; return when the request was sent and when its answer came."""

@@ -46,6 +46,7 @@ from jobs.services import job_cancel, job_restart, job_submit
 from lab.api.errors import ApiError
 from lab.api.formats import money
 from lab.models import IdempotencyRecord, Project
+from lab.tenancy import get_owned
 
 JOBS_PAGE_SIZE = 25
 #: The job page's fixed charts; ``reward/std`` draws the band around ``reward/mean``.
@@ -59,10 +60,11 @@ COMPARE_MAX_JOBS = 8
 
 def _job(project: Project, job_id: str) -> Job:
     """Return the project's job ``job_id``; Http404 for a missing or foreign one."""
-    job = Job.objects.filter(project=project, public_id=job_id[:64]).select_related("project").first()
-    if job is None:
-        raise Http404("No such job.")
-    return job
+    return get_owned(Job.objects.select_related("project"), project, job_id, "job", error=_no_such)
+
+
+def _no_such(what: str) -> Http404:
+    return Http404(f"No such {what}.")
 
 
 def _api_error_json(error: ApiError) -> JsonResponse:
@@ -340,11 +342,7 @@ def checkpoint_download(
     request: HttpRequest, access: OrganizationAccess, project: Project, checkpoint_id: str
 ) -> HttpResponse:
     """Download a ready checkpoint of the project (the archive, or a redirect to a signed URL)."""
-    checkpoint = (
-        Checkpoint.objects.filter(job__project=project, public_id=checkpoint_id[:64]).select_related("job").first()
-    )
-    if checkpoint is None:
-        raise Http404("No such checkpoint.")
+    checkpoint = get_owned(Checkpoint.objects.select_related("job"), project, checkpoint_id, "checkpoint", error=_no_such)
     try:
         return checkpoint_download_response(checkpoint, request=request)
     except ApiError as error:

@@ -95,7 +95,7 @@ def admission_pass() -> AdmissionResult:
         if reason and reason != job.status_reason:
             by_reason[reason].append(job.job_id)
     for reason, job_ids in by_reason.items():
-        Job.objects.filter(pk__in=job_ids, status=JobStatus.QUEUED).update(status_reason=reason)
+        Job.objects.unscoped().filter(pk__in=job_ids, status=JobStatus.QUEUED).update(status_reason=reason)
     result.elapsed_ms = (time.perf_counter() - started_at) * 1000
     record_admission_pass(result.elapsed_ms)
     return result

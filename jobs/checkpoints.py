@@ -72,7 +72,7 @@ def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256
         return checkpoint
     stored = storage.seal(checkpoint.storage_key, expected_size=size_bytes)
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job.pk)
+        job = Job.objects.unscoped().select_for_update().get(pk=job.pk)
         checkpoint = _completable(job=job, checkpoint_id=checkpoint_id, lock=True)
         if checkpoint.status == CheckpointStatus.READY:
             return checkpoint
@@ -146,7 +146,7 @@ def checkpoint_apply_retention(*, job: Job) -> list[str]:
     keep_last = job.spec["checkpoints"]["keep_last"]
     ready = list(Checkpoint.objects.filter(job=job, status=CheckpointStatus.READY).order_by("-step", "-id"))
     still_needed = set(
-        Job.objects.filter(init_from__in=[c.pk for c in ready[keep_last:]])
+        Job.objects.unscoped().filter(init_from__in=[c.pk for c in ready[keep_last:]])
         .exclude(status__in=TERMINAL_STATUSES)
         .values_list("init_from_id", flat=True)
     )
@@ -229,7 +229,8 @@ def checkpoint_for_engine(*, job: Job, checkpoint_id: str) -> Checkpoint:
     Raises ApiError 404 for any other id (another job's checkpoint is as missing as an unknown one).
     """
     checkpoint = (
-        Checkpoint.objects.select_related("job")
+        Checkpoint.objects.unscoped()
+        .select_related("job")
         .filter(public_id=checkpoint_id, status=CheckpointStatus.READY)
         .filter(Q(job=job) | Q(pk=job.init_from_id or 0))
         .first()
@@ -255,7 +256,8 @@ def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
     for batch_start in range(0, len(candidates), 500):
         batch = candidates[batch_start : batch_start + 500]
         known = set(
-            Checkpoint.objects.filter(storage_key__in=batch)
+            Checkpoint.objects.unscoped()
+            .filter(storage_key__in=batch)
             .exclude(status=CheckpointStatus.DELETED)
             .values_list("storage_key", flat=True)
         )
@@ -263,7 +265,7 @@ def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
         uploads = {storage.archive_key_of_upload(key): key for key in batch if storage.archive_key_of_upload(key)}
         known |= {
             uploads[archive]
-            for archive in Checkpoint.objects.filter(
+            for archive in Checkpoint.objects.unscoped().filter(
                 storage_key__in=list(uploads), status=CheckpointStatus.UPLOADING
             ).values_list("storage_key", flat=True)
         }
@@ -302,12 +304,15 @@ def checkpoint_fail_abandoned(*, older_than: datetime) -> list[str]:
     Returns the public ids failed.
     """
     failed = []
-    stale = Checkpoint.objects.filter(status=CheckpointStatus.UPLOADING, created_at__lte=older_than)
+    stale = Checkpoint.objects.unscoped().filter(status=CheckpointStatus.UPLOADING, created_at__lte=older_than)
     for checkpoint_pk, job_pk in stale.values_list("pk", "job_id"):
         with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_pk)
+            job = Job.objects.unscoped().select_for_update().get(pk=job_pk)
             checkpoint = (
-                Checkpoint.objects.select_for_update().filter(pk=checkpoint_pk, status=CheckpointStatus.UPLOADING).first()
+                Checkpoint.objects.unscoped()
+                .select_for_update()
+                .filter(pk=checkpoint_pk, status=CheckpointStatus.UPLOADING)
+                .first()
             )
             if checkpoint is None or (checkpoint.attempt == job.attempt and not job.is_terminal):
                 continue

@@ -39,7 +39,7 @@ class JobsCollector(Collector):
 
         jobs = GaugeMetricFamily("lab_jobs", "Jobs by status (queued and active ones)", labels=["status"])
         counts = dict(
-            Job.objects.filter(
+            Job.objects.unscoped().filter(
                 status__in=[JobStatus.QUEUED, JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING]
             )
             .values_list("status")

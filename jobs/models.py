@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from lab.ids import public_id
 from lab.models import ApiKey, Project, User
+from lab.tenancy import TenantManager
 
 
 def _job_public_id() -> str:
@@ -83,6 +84,9 @@ class JobPriority(models.IntegerChoices):
 
 class Job(models.Model):
     """One RL training job: its validated spec, status, progress and usage."""
+
+    tenant_path = "project"
+    objects = TenantManager()
 
     public_id = models.CharField(max_length=40, unique=True, default=_job_public_id)
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="jobs")
@@ -201,6 +205,10 @@ class CheckpointFormat(models.TextChoices):
 
 class Checkpoint(models.Model):
     """A saved training state of one job attempt at one step (one uncompressed tar)."""
+
+    tenant_path = "job__project"
+    tenant_parents = ("job",)
+    objects = TenantManager()
 
     public_id = models.CharField(max_length=40, unique=True, default=_checkpoint_public_id)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")

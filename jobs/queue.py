@@ -33,7 +33,7 @@ def organization_cap(organization: Organization) -> int:
 
 def organization_running(organization: Organization) -> int:
     """Return how many of ``organization``'s jobs hold capacity (starting, running, cancelling)."""
-    return Job.objects.filter(project__organization=organization, status__in=ACTIVE_STATUSES).count()
+    return Job.objects.unscoped().filter(project__organization=organization, status__in=ACTIVE_STATUSES).count()
 
 
 def pool_capacity(gpu_type: str) -> int:
@@ -67,7 +67,7 @@ def pool_usage(prices: dict[str, Decimal]) -> PoolUsage:
     """Return what the active jobs (starting, running, cancelling) hold now, in one query."""
     usage = PoolUsage()
     active = (
-        Job.objects.filter(status__in=ACTIVE_STATUSES)
+        Job.objects.unscoped().filter(status__in=ACTIVE_STATUSES)
         .values("project__organization_id", "gpu_type", "gpus")
         .annotate(jobs=Count("id"))
     )
@@ -81,7 +81,7 @@ def pool_usage(prices: dict[str, Decimal]) -> PoolUsage:
 
 def pool_in_use(gpu_type: str) -> int:
     """Return the capacity of ``gpu_type`` that active jobs hold (jobs for CPU, GPUs otherwise)."""
-    active = Job.objects.filter(gpu_type=gpu_type, status__in=ACTIVE_STATUSES)
+    active = Job.objects.unscoped().filter(gpu_type=gpu_type, status__in=ACTIVE_STATUSES)
     if gpu_type == CPU:
         return active.count()
     return active.aggregate(total=Sum("gpus"))["total"] or 0
@@ -112,7 +112,7 @@ class QueuedJob:
 def queued_jobs() -> list[QueuedJob]:
     """Return every queued job by priority (high first), then age."""
     rows = (
-        Job.objects.filter(status=JobStatus.QUEUED)
+        Job.objects.unscoped().filter(status=JobStatus.QUEUED)
         .order_by("-priority", "queued_at", "id")
         .values_list("id", "priority", "project__organization_id", "gpu_type", "gpus", "status_reason")
     )

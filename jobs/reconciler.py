@@ -129,7 +129,7 @@ def attempt_launch(*, attempt_id: int) -> None:
         except Exception as exc:  # the launcher's failure ends this job, not the worker
             logger.exception("launch failed", extra={"job": attempt.job.public_id, "attempt": attempt.number})
             with transaction.atomic():
-                job = Job.objects.select_for_update().get(pk=attempt.job_id)
+                job = Job.objects.unscoped().select_for_update().get(pk=attempt.job_id)
                 if JobAttempt.objects.filter(pk=attempt_id, state=AttemptState.PENDING).update(
                     state=AttemptState.ENDED, ended_at=timezone.now()
                 ) and job.status == S.STARTING:
@@ -157,7 +157,7 @@ def _record_usage(job: Job, now) -> None:
     else:
         job.cpu_seconds, job.gpu_seconds = 0.0, seconds * job.gpus
     job.cost_usd = cost_usd(gpu_type=job.gpu_type, gpus=job.gpus, seconds=seconds)
-    Job.objects.filter(pk=job.pk).update(cpu_seconds=job.cpu_seconds, gpu_seconds=job.gpu_seconds, cost_usd=job.cost_usd)
+    Job.objects.unscoped().filter(pk=job.pk).update(cpu_seconds=job.cpu_seconds, gpu_seconds=job.gpu_seconds, cost_usd=job.cost_usd)
 
 
 def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
@@ -220,7 +220,7 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
         job_transition(job=job, to=S.CANCELLED, message="Stopped, as requested.", data=detail)
     else:
         crashes = job.crash_count + 1
-        Job.objects.filter(pk=job.pk).update(crash_count=crashes)
+        Job.objects.unscoped().filter(pk=job.pk).update(crash_count=crashes)
         max_restarts = job.spec["max_restarts"]
         what = observation.detail.strip().splitlines()[-1:] or ["no output"]
         if crashes > max_restarts:
@@ -270,7 +270,7 @@ def _deliver_spool_of_exited(job_id: int, attempt: JobAttempt, launcher) -> None
         return
     refused = ", ".join(f"{count} {stream}" for stream, count in sorted(delivery.refused.items()))
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
+        job = Job.objects.unscoped().select_for_update().get(pk=job_id)
         job_record_event(
             job=job,
             type=EventType.DATA_INCOMPLETE,
@@ -372,7 +372,7 @@ def reconcile_job(*, job_id: int, seen: _Seen | None = None) -> None:
 def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], None]]) -> None:
     """Apply what was seen of ``job_id``'s attempt under the job's lock."""
     now = timezone.now()
-    job = Job.objects.select_for_update().filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
+    job = Job.objects.unscoped().select_for_update().filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
     if job is None:
         return
     attempt = current_attempt(job)
@@ -416,7 +416,7 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
     """Reconcile every active job, ``batch_size`` at a time (the launcher asked about a whole
     batch at once, no lock held), and end orphan engine processes; return how many jobs were seen."""
     launcher = get_launcher()
-    job_ids = list(Job.objects.filter(status__in=ACTIVE_STATUSES).order_by("pk").values_list("pk", flat=True))
+    job_ids = list(Job.objects.unscoped().filter(status__in=ACTIVE_STATUSES).order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(job_ids), batch_size):
         batch = job_ids[start : start + batch_size]
         try:

@@ -165,7 +165,7 @@ def job_transition(
     when failing. Returns the updated job (the row is locked and re-read first).
     Raises InvalidTransition, changing nothing, when the lifecycle forbids the move.
     """
-    locked = Job.objects.select_for_update().get(pk=job.pk)
+    locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if to not in ALLOWED_TRANSITIONS[locked.status]:
         raise InvalidTransition(locked, to)
     previous = locked.status
@@ -208,7 +208,7 @@ def job_cancel(*, job: Job, actor: Actor) -> Job:
     Cancelling a job that is already cancelling is a no-op. Raises ApiError 409 ``invalid_state``
     for a finished job.
     """
-    locked = Job.objects.select_for_update().get(pk=job.pk)
+    locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if locked.status == S.CANCELLING:
         return locked
     if locked.is_terminal:
@@ -240,12 +240,12 @@ def job_claim_for_start(*, job_id: int) -> JobAttempt | None:
     Returns the new JobAttempt (its launch task is enqueued on commit), or None when the job was
     no longer queued (another pass claimed it, or it was cancelled).
     """
-    claimed = Job.objects.filter(pk=job_id, status=S.QUEUED).update(
+    claimed = Job.objects.unscoped().filter(pk=job_id, status=S.QUEUED).update(
         status=S.STARTING, status_reason="", attempt=F("attempt") + 1
     )
     if claimed != 1:
         return None
-    job = Job.objects.get(pk=job_id)
+    job = Job.objects.unscoped().get(pk=job_id)
     resume = latest_ready_checkpoint(job)
     attempt = JobAttempt.objects.create(
         job=job, number=job.attempt, launcher=settings.LAB_LAUNCHER, resume_from=resume
@@ -282,10 +282,10 @@ def job_restart(*, job: Job, actor: Actor) -> Job:
 
     Raises ApiError 409 ``invalid_state`` for a job in any other status.
     """
-    locked = Job.objects.select_for_update().get(pk=job.pk)
+    locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if locked.status not in (S.FAILED, S.CANCELLED):
         raise ApiError(409, "invalid_state", f"Only failed or cancelled jobs can restart; this one is {locked.status}.")
-    Job.objects.filter(pk=locked.pk).update(crash_count=0)
+    Job.objects.unscoped().filter(pk=locked.pk).update(crash_count=0)
     updated = job_transition(job=locked, to=S.QUEUED, reason="waiting", message="Restarted by request.")
     audit_record(
         actor=actor,
@@ -306,7 +306,7 @@ def job_delete(*, job: Job, actor: Actor) -> None:
     samples, logs, local weights) go once the rows are committed (``job_files_delete``).
     Raises ApiError 409 ``invalid_state`` unless the job is terminal.
     """
-    locked = Job.objects.select_for_update().get(pk=job.pk)
+    locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if not locked.is_terminal:
         raise ApiError(409, "invalid_state", f"Only finished jobs can be deleted; this one is {locked.status}. Cancel it first.")
     public_id = locked.public_id

@@ -54,7 +54,7 @@ def _locked(attempt: JobAttempt, reported_attempt: int, *, live: bool = True) ->
         raise ApiError(
             400, "invalid_request", f"attempt {reported_attempt} does not match this token's attempt.", param="attempt"
         )
-    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    job = Job.objects.unscoped().select_for_update().get(pk=attempt.job_id)
     if attempt.number < job.attempt:
         raise ApiError(
             409,
@@ -80,7 +80,7 @@ def should_stop(job: Job, attempt: JobAttempt) -> bool:
 @transaction.atomic
 def ingest_status(*, attempt: JobAttempt, report: StatusReport) -> str:
     """Record a heartbeat; move a starting job to running once past loading. Returns the action."""
-    job = Job.objects.select_for_update().get(pk=attempt.job_id)
+    job = Job.objects.unscoped().select_for_update().get(pk=attempt.job_id)
     attempt = JobAttempt.objects.get(pk=attempt.pk)
     if report.attempt != attempt.number:
         raise ApiError(400, "invalid_request", "attempt does not match this token's attempt.", param="attempt")

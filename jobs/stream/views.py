@@ -32,6 +32,7 @@ from jobs.stream.records import STATUS, StreamRecord, read_after, record
 from lab.api.auth import INVALID_API_KEY, api_key_from_authorization
 from lab.api.errors import ApiError, error_json_response, not_found
 from lab.models import ApiKey, ApiKeyScope
+from lab.tenancy import MAX_PUBLIC_ID, get_owned
 
 _MAX_SEQ = 2**62
 
@@ -54,24 +55,19 @@ def _find_job(
     """Return the job the caller may read, with the grant that allows it (see :func:`_allowed`):
     by API key (``read`` scope, its project) or by a dashboard session (a member of the job's
     organization). Raises ApiError 401/403/404."""
-    jobs = Job.objects.filter(public_id=job_id) if len(job_id) <= 64 else Job.objects.none()
     if authorization is not None:
         api_key = api_key_from_authorization(authorization)
         if api_key is None:
             raise ApiError(401, "invalid_api_key", INVALID_API_KEY)
         if ApiKeyScope.READ not in api_key.scopes:
             raise ApiError(403, "insufficient_scope", "This API key lacks the 'read' scope.")
-        jobs = jobs.filter(project=api_key.project)
-        grant = ("key", api_key.pk)
-    elif user is not None and user.is_authenticated:
-        jobs = jobs.filter(project__organization__memberships__user=user)
-        grant = ("session", session_key)
-    else:
-        raise ApiError(401, "invalid_api_key", INVALID_API_KEY)
-    job = jobs.first()
-    if job is None:
-        raise not_found("job")
-    return job, grant
+        return get_owned(Job.objects.all(), api_key.project, job_id, "job"), ("key", api_key.pk)
+    if user is not None and user.is_authenticated:
+        job = Job.objects.for_member(user).filter(public_id=job_id).first() if len(job_id) <= MAX_PUBLIC_ID else None
+        if job is None:
+            raise not_found("job")
+        return job, ("session", session_key)
+    raise ApiError(401, "invalid_api_key", INVALID_API_KEY)
 
 
 def _allowed(grant: tuple[str, Any], job_pk: int) -> bool:
@@ -84,7 +80,7 @@ def _allowed(grant: tuple[str, Any], job_pk: int) -> bool:
     request = SimpleNamespace(session=import_module(settings.SESSION_ENGINE).SessionStore(value))
     user = get_user(request)
     return (
-        user.is_authenticated and Job.objects.filter(pk=job_pk, project__organization__memberships__user=user).exists()
+        user.is_authenticated and Job.objects.for_member(user).filter(pk=job_pk).exists()
     )
 
 
@@ -112,7 +108,7 @@ def _resume_point(request: HttpRequest) -> int | None:
 
 def _snapshot(job_pk: int) -> tuple[dict, int] | None:
     """Return the Job object and its last stream number, or ``None`` once the job is deleted."""
-    job = Job.objects.filter(pk=job_pk).first()
+    job = Job.objects.unscoped().filter(pk=job_pk).first()  # the caller's access was checked
     return (job_to_dict(job), job.stream_seq) if job else None
 
 
@@ -120,7 +116,7 @@ def _catch_up(job_pk: int, after: int) -> tuple[list[StreamRecord], bool, bool]:
     """Return ``(records after `after`, complete, job still exists)``; whether the job exists is
     asked once the history is complete (a page of it proves it still did)."""
     records, complete = read_after(job_pk, after)
-    return records, complete, Job.objects.filter(pk=job_pk).exists() if complete else True
+    return records, complete, Job.objects.unscoped().filter(pk=job_pk).exists() if complete else True
 
 
 _snapshot_async = _in_thread(_snapshot)

@@ -15,6 +15,7 @@ from lab.api.errors import not_found
 from lab.api.idempotency import idempotent
 from lab.audit import Actor
 from lab.models import ApiKey, Project
+from lab.tenancy import MAX_PUBLIC_ID, TenantQuerySet, get_owned
 
 
 class ProjectAPIView(APIView):
@@ -40,8 +41,10 @@ class ProjectAPIView(APIView):
         return queryset.filter(**{self.project_field: self.project})
 
     def get_owned(self, queryset: QuerySet, public_id: str, what: str = "object") -> Model:
-        """Return the object with ``public_id`` in this project, or raise the 404."""
-        obj = self.scoped(queryset).filter(public_id=public_id).first() if len(public_id) <= 64 else None
+        """Return the object with ``public_id`` in this project, or raise the 404 (``lab.tenancy.get_owned``)."""
+        if isinstance(queryset, TenantQuerySet):
+            return get_owned(queryset, self.project, public_id, what)
+        obj = self.scoped(queryset).filter(public_id=public_id).first() if len(public_id) <= MAX_PUBLIC_ID else None
         if obj is None:
             raise not_found(what)
         return obj

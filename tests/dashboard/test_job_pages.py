@@ -70,7 +70,7 @@ def running_job(owner, spec):
         ],
     )
     engine.logs("loading model", "step 1/30 reward 0.100")
-    engine.job = Job.objects.get(pk=job.pk)
+    engine.job = Job.objects.unscoped().get(pk=job.pk)
     return engine
 
 
@@ -144,7 +144,7 @@ def test_validating_shows_the_estimate_and_creates_nothing(owner, owner_client):
     content = response.content.decode()
     assert 'id="estimate"' in content and 'id="submit-job"' in content
     assert response.context["digest"] == response.context["form"].digest
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_submitting_the_estimated_spec_creates_the_job_as_the_signed_in_user(owner, owner_client):
@@ -153,7 +153,7 @@ def test_submitting_the_estimated_spec_creates_the_job_as_the_signed_in_user(own
     response = owner_client.post(
         PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "submit", "estimated": digest}
     )
-    job = Job.objects.get()
+    job = Job.objects.unscoped().get()
     assert response.status_code == 302
     assert response["Location"] == job_url(job)
     assert job.name == "addition-tiny"
@@ -171,7 +171,7 @@ def test_a_member_submits_json_too(member, member_client, spec):
         PROJECT + "jobs/new/",
         {"format": "json", "spec": text, "action": "submit", "estimated": estimated.context["digest"]},
     )
-    assert Job.objects.get().created_by == member
+    assert Job.objects.unscoped().get().created_by == member
 
 
 def test_text_changed_after_the_estimate_is_estimated_again_not_submitted(owner_client):
@@ -184,7 +184,7 @@ def test_text_changed_after_the_estimate_is_estimated_again_not_submitted(owner_
     assert response.status_code == 200
     assert response.context["estimate"]["cpu_seconds"] > estimated.context["estimate"]["cpu_seconds"]
     assert 'id="estimate-changed"' in response.content.decode()
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_every_spec_problem_is_shown_next_to_its_line(owner_client):
@@ -207,7 +207,7 @@ def test_every_spec_problem_is_shown_next_to_its_line(owner_client):
     assert 'id="spec-problems"' in content
     assert 'data-param="model"' in content
     assert response.context["estimate"] is None
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_an_unknown_environment_points_at_its_id_line(owner_client, spec):
@@ -235,7 +235,7 @@ def test_malformed_specs_are_problems_not_errors(owner_client, format, text, cod
     assert form.problems or form.errors
     if code:
         assert [problem["code"] for problem in form.problems] == [code]
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_hostile_input_is_refused_or_escaped_and_changes_nothing(owner_client):
@@ -250,13 +250,13 @@ def test_hostile_input_is_refused_or_escaped_and_changes_nothing(owner_client):
     assert "<script>alert(1)</script>" not in escaped.content.decode()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in escaped.content.decode()
     assert [problem["param"] for problem in escaped.context["form"].problems] == ["bogus_key"]
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_an_oversized_spec_is_refused_without_a_server_error(owner_client):
     huge = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": "# " + "x" * (1024 * 1024 + 10)})
     assert huge.status_code in (400, 413)
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_param_line_finds_fields_in_toml_and_json():
@@ -382,10 +382,10 @@ def test_cancel_asks_to_confirm_then_cancels(owner, owner_client, spec):
     confirm = owner_client.get(job_url(job, "cancel/"))
     assert confirm.status_code == 200
     assert 'id="confirm-cancel"' in confirm.content.decode()
-    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.QUEUED
     response = owner_client.post(job_url(job, "cancel/"))
     assert response.status_code == 302 and response["Location"] == job_url(job)
-    assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.CANCELLED
     assert AuditLogEntry.objects.filter(action="job.cancel", actor_user=owner.user).count() == 1
 
 
@@ -402,13 +402,13 @@ def test_restart_runs_a_cancelled_job_again_and_refuses_a_queued_one(owner, memb
     job = submit(owner, spec)
     refused = member_client.post(job_url(job, "restart/"), follow=True)
     assert "Only failed or cancelled jobs can restart" in refused.content.decode()
-    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.QUEUED
     member_client.post(job_url(job, "cancel/"))
     header = member_client.get(job_url(job, "header/")).content.decode()
     assert f'href="{job_url(job, "restart/")}"' in header
     member_client.post(job_url(job, "restart/"))
-    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
-    assert list(Job.objects.get(pk=job.pk).events.values_list("type", flat=True).order_by("id")) == [
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.QUEUED
+    assert list(Job.objects.unscoped().get(pk=job.pk).events.values_list("type", flat=True).order_by("id")) == [
         "job.queued",
         "job.cancelled",
         "job.restarted",
@@ -507,7 +507,7 @@ def test_outsiders_change_nothing(owner, outsider, outsider_client, spec, runnin
     job = submit(owner, spec)
     for url in (job_url(job, "cancel/"), job_url(job, "restart/"), f"/o/globex/p/default/jobs/{job.public_id}/cancel/"):
         assert outsider_client.post(url).status_code == 404
-    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.QUEUED
     assert (
         outsider_client.post(
             PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "estimate"}
@@ -516,7 +516,7 @@ def test_outsiders_change_nothing(owner, outsider, outsider_client, spec, runnin
     )
     for url in (PROJECT, PROJECT + "jobs/table/", PROJECT + "jobs/new/", PROJECT + "compare/"):
         assert outsider_client.get(url).status_code == 404
-    assert Job.objects.filter(project=outsider.project).count() == 0
+    assert Job.objects.unscoped().filter(project=outsider.project).count() == 0
 
 
 def test_a_checkpoint_of_another_organization_is_a_404(owner_client, outsider, spec, settings, tmp_path):

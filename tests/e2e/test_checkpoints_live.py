@@ -170,7 +170,7 @@ def test_a_tiny_jobs_checkpoint_downloads_loads_with_peft_and_seeds_another_job(
         logs = list(LogLine.objects.filter(job__public_id=follower.id).values_list("line", flat=True))
         assert any("initialised from" in line and "(its step 2); training starts at step 1" in line for line in logs), logs
         # The source's final checkpoint stays while it is someone's init_from, and after.
-        assert Checkpoint.objects.get(public_id=final.id).status == "ready"
+        assert Checkpoint.objects.unscoped().get(public_id=final.id).status == "ready"
 
 
 def test_a_killed_engine_resumes_from_a_checkpoint_stored_on_s3(s3_stack, owner, spec):
@@ -179,7 +179,7 @@ def test_a_killed_engine_resumes_from_a_checkpoint_stored_on_s3(s3_stack, owner,
     with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
         job_id = lab.jobs.create(spec).id
         wait_for(
-            lambda: Job.objects.filter(public_id=job_id, checkpoints__status="ready").exists(),
+            lambda: Job.objects.unscoped().filter(public_id=job_id, checkpoints__status="ready").exists(),
             timeout=180,
             what="a ready checkpoint",
         )
@@ -199,5 +199,5 @@ def test_a_killed_engine_resumes_from_a_checkpoint_stored_on_s3(s3_stack, owner,
     assert [step for step, _ in rows] == [1, 2, 3, 4, 5, 6]
     assert all(number == 2 for step, number in rows if step > resumed_from.step)
     assert all(number == 1 for step, number in rows if step <= resumed_from.step)
-    ready = Checkpoint.objects.filter(job__public_id=job_id, status="ready").order_by("step")
+    ready = Checkpoint.objects.unscoped().filter(job__public_id=job_id, status="ready").order_by("step")
     assert server.keys(bucket) == sorted(f"checkpoints/{job_id}/{c.public_id}.tar" for c in ready)

@@ -59,7 +59,7 @@ def test_jobs_create_prints_the_new_job_id(cli, tenant, tiny_toml):
     result = cli("jobs", "create", "-f", str(tiny_toml))
 
     assert result.returncode == 0, result.stderr
-    job = Job.objects.get(project=tenant.project)
+    job = Job.objects.unscoped().get(project=tenant.project)
     assert result.stdout == f"{job.public_id}\n"
     assert job.public_id.startswith("job_")
     assert result.stderr == ""
@@ -81,10 +81,10 @@ def test_jobs_list_json_get_and_cancel(cli, tenant, tiny_toml):
     assert first in shown.stdout and "queued" in shown.stdout and "lab/addition" in shown.stdout
     assert json.loads(shown_json.stdout)["name"] == "second"
     assert (cancelled.returncode, cancelled.stdout) == (0, f"{first} cancelled\n")
-    assert Job.objects.get(public_id=first).status == JobStatus.CANCELLED
+    assert Job.objects.unscoped().get(public_id=first).status == JobStatus.CANCELLED
     assert again.returncode == 1
     assert "(invalid_state)" in again.stderr and "Traceback" not in again.stderr
-    assert Job.objects.get(public_id=second).status == JobStatus.QUEUED
+    assert Job.objects.unscoped().get(public_id=second).status == JobStatus.QUEUED
 
 
 def test_spec_check_names_every_problem_without_a_traceback(cli, tmp_path):
@@ -115,7 +115,7 @@ def test_spec_check_asks_lab_for_the_catalogue_checks(cli, tmp_path, tiny_toml):
     assert "(invalid_spec)" in bad.stderr and "  env.0.id: " in bad.stderr
     assert "lab/addition" in bad.stderr
     assert "Traceback" not in bad.stderr
-    assert not Job.objects.exists()
+    assert not Job.objects.unscoped().exists()
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_a_wrong_key_fails_with_the_servers_message(cli, tiny_toml):
         assert "Missing, malformed, revoked or unknown API key" in result.stderr
         assert "(invalid_api_key)" in result.stderr
         assert "Traceback" not in result.stderr
-    assert not Job.objects.exists()
+    assert not Job.objects.unscoped().exists()
 
 
 def test_another_tenants_job_is_not_found(cli, outsider, tiny_toml):
@@ -160,7 +160,7 @@ def test_another_tenants_job_is_not_found(cli, outsider, tiny_toml):
     for result in (shown, cancelled):
         assert result.returncode == 1
         assert "(not_found)" in result.stderr and "Traceback" not in result.stderr
-    assert Job.objects.get(public_id=job_id).status == JobStatus.QUEUED
+    assert Job.objects.unscoped().get(public_id=job_id).status == JobStatus.QUEUED
 
 
 def test_a_toml_with_only_prime_keys_is_accepted_with_warnings(cli, tenant, tmp_path):
@@ -172,7 +172,7 @@ def test_a_toml_with_only_prime_keys_is_accepted_with_warnings(cli, tenant, tmp_
     result = cli("jobs", "create", "-f", str(path))
 
     assert result.returncode == 0, result.stderr
-    job = Job.objects.get(project=tenant.project)
+    job = Job.objects.unscoped().get(project=tenant.project)
     assert result.stdout == f"{job.public_id}\n"
     assert result.stderr.count("warning: ") == len(job.warnings) == 7
     assert job.spec["wandb"] == {"project": "lab-runs", "name": "addition"}

@@ -241,7 +241,7 @@ def test_with_database_and_redis_urls_set_it_runs_on_them(tmp_path):
     result = run_demo(env, timeout=600)
 
     assert result.returncode == 0, result.stdout[-4000:]
-    job = Job.objects.get()
+    job = Job.objects.unscoped().get()
     assert (job.status, job.step, job.project.slug, job.project.organization.slug) == ("succeeded", 3, "demo", "demo")
     assert f"Job {job.public_id} (lab/tiny-random-llama, 3 steps) succeeded" in result.stdout
     assert not (data_dir / "lab.sqlite3").exists()

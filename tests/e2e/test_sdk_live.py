@@ -44,7 +44,7 @@ JOB_KEYS = {
 def test_it_creates_a_job_from_a_spec_file(lab, tenant, tiny_toml):
     job = lab.jobs.create(spec_file=str(tiny_toml))
 
-    stored = Job.objects.get(project=tenant.project)
+    stored = Job.objects.unscoped().get(project=tenant.project)
     assert job.id == stored.public_id
     assert job.id.startswith("job_")
     assert (job.status, job.status_reason, job.queue_position) == ("queued", "waiting", 1)
@@ -79,7 +79,7 @@ def test_it_creates_from_a_dict_and_from_keyword_fields(lab, tenant, spec):
     assert from_dict.name == "addition-tiny"
     assert from_fields.name == "from-fields"
     assert (overridden.name, overridden.max_steps, overridden.spec["max_steps"]) == ("renamed", 5, 5)
-    assert Job.objects.filter(project=tenant.project).count() == 3
+    assert Job.objects.unscoped().filter(project=tenant.project).count() == 3
 
 
 def test_it_stores_prime_keys_and_warns_about_them(lab, spec):
@@ -126,7 +126,7 @@ def test_it_cancels_a_queued_job_at_once_and_records_events(lab, tenant, spec):
 
     assert (cancelled.status, cancelled.status_reason, cancelled.queue_position) == ("cancelled", None, None)
     assert cancelled.finished_at is not None
-    assert Job.objects.get(public_id=created.id).status == JobStatus.CANCELLED
+    assert Job.objects.unscoped().get(public_id=created.id).status == JobStatus.CANCELLED
     events = list(lab.jobs.events(created.id, limit=1))
     assert [event.type for event in events] == ["job.queued", "job.cancelled"]
     assert all(event.id.startswith("evt_") and event.level == "info" for event in events)
@@ -146,7 +146,7 @@ def test_cancelling_a_cancelled_job_is_a_conflict(lab, spec):
 
 def test_cancelling_a_running_job_answers_cancelling_and_again_is_a_no_op(lab, spec):
     job = lab.jobs.create(spec)
-    stored = Job.objects.get(public_id=job.id)
+    stored = Job.objects.unscoped().get(public_id=job.id)
     job_transition(job=stored, to=JobStatus.STARTING)
     job_transition(job=stored, to=JobStatus.RUNNING)
 
@@ -187,7 +187,7 @@ def test_it_estimates_without_creating_anything(lab, tenant, spec):
     assert estimate.queue_position == 1
     assert isinstance(estimate.can_start_now, bool)
     assert len(estimate.warnings) == 1 and "wandb" in estimate.warnings[0]
-    assert not Job.objects.exists()
+    assert not Job.objects.unscoped().exists()
 
 
 def test_it_reads_the_catalogues_prices_and_whoami(lab, tenant):
@@ -235,7 +235,7 @@ def test_a_bad_spec_is_an_invalid_spec_error_naming_every_field(lab, tenant, spe
     assert error.param == error.errors[0].param
     unknown_env = next(problem for problem in error.errors if problem.param == "env.0.id")
     assert "lab/addition" in unknown_env.message
-    assert not Job.objects.exists()
+    assert not Job.objects.unscoped().exists()
 
 
 def test_estimate_reports_the_same_problems_as_create(lab, spec):
@@ -282,8 +282,8 @@ def test_a_read_only_key_reads_and_estimates_but_cannot_create_or_cancel(live_se
 
     assert (on_create.value.status_code, on_create.value.code) == (403, "insufficient_scope")
     assert on_cancel.value.code == "insufficient_scope"
-    assert Job.objects.count() == 1
-    assert Job.objects.get().status == JobStatus.QUEUED
+    assert Job.objects.unscoped().count() == 1
+    assert Job.objects.unscoped().get().status == JobStatus.QUEUED
 
 
 def test_another_tenants_job_is_not_found_and_unchanged(live_server, lab, outsider, spec):
@@ -298,7 +298,7 @@ def test_another_tenants_job_is_not_found_and_unchanged(live_server, lab, outsid
             other.jobs.retrieve("job_doesnotexist0000000")
 
     assert missing.value.message == caught.value.message
-    stored = Job.objects.get()
+    stored = Job.objects.unscoped().get()
     assert stored.status == JobStatus.QUEUED
     assert JobEvent.objects.filter(job=stored).count() == 1
 
@@ -312,7 +312,7 @@ def test_an_idempotency_key_replays_and_refuses_another_body(lab, tenant, spec):
 
     assert replayed.id == first.id
     assert (caught.value.status_code, caught.value.code) == (409, "idempotency_conflict")
-    assert Job.objects.filter(project=tenant.project).count() == 1
+    assert Job.objects.unscoped().filter(project=tenant.project).count() == 1
 
 
 def test_a_body_over_one_megabyte_is_request_too_large(lab, spec):
@@ -320,7 +320,7 @@ def test_a_body_over_one_megabyte_is_request_too_large(lab, spec):
         lab.jobs.create(spec, metadata={"blob": "x" * 1_100_000})
 
     assert (caught.value.status_code, caught.value.code) == (413, "request_too_large")
-    assert not Job.objects.exists()
+    assert not Job.objects.unscoped().exists()
 
 
 # --- a create whose first answer is lost ------------------------------------------------------
@@ -414,8 +414,8 @@ def test_a_create_whose_answer_is_lost_is_retried_without_a_second_job(live_serv
     assert len(posts) == 2
     assert _idempotency_key(posts[0]) == _idempotency_key(posts[1])
     assert posts[0].partition(b"\r\n\r\n")[2] == posts[1].partition(b"\r\n\r\n")[2]
-    assert Job.objects.filter(project=tenant.project).count() == 1
-    assert job.id == Job.objects.get().public_id == fetched.id
+    assert Job.objects.unscoped().filter(project=tenant.project).count() == 1
+    assert job.id == Job.objects.unscoped().get().public_id == fetched.id
     assert IdempotencyRecord.objects.filter(project=tenant.project).count() == 1
 
 
@@ -428,7 +428,7 @@ def test_a_lost_answer_without_retries_left_is_a_connection_error_and_one_job(li
     finally:
         proxy.close()
 
-    assert Job.objects.filter(project=tenant.project).count() == 1
+    assert Job.objects.unscoped().filter(project=tenant.project).count() == 1
 
 
 def test_concurrent_creates_with_one_idempotency_key_make_one_job(live_server, tenant, spec):
@@ -442,8 +442,8 @@ def test_concurrent_creates_with_one_idempotency_key_make_one_job(live_server, t
         ids = list(pool.map(create, range(6)))
 
     assert len(set(ids)) == 1
-    assert Job.objects.filter(project=tenant.project).count() == 1
-    assert ids[0] == Job.objects.get().public_id
+    assert Job.objects.unscoped().filter(project=tenant.project).count() == 1
+    assert ids[0] == Job.objects.unscoped().get().public_id
 
 
 def test_past_the_rate_limit_the_sdk_raises_rate_limit_error_with_retry_after(live_server, tenant, settings):
@@ -471,7 +471,7 @@ def test_limits_are_checked_at_submit(lab, spec):
     problems = {problem.param: problem.code for problem in caught.value.errors}
     assert set(problems) == {"sampling.max_tokens", "resources.gpu_type"}, caught.value.errors
     assert "512" in next(p.message for p in caught.value.errors if p.param == "sampling.max_tokens")
-    assert not Job.objects.exists()
+    assert not Job.objects.unscoped().exists()
 
 
 def test_an_unknown_key_is_named_with_the_allowed_ones(lab, spec):
@@ -491,7 +491,7 @@ def test_an_idempotency_key_never_replays_another_tenants_answer(live_server, la
         cancelled_elsewhere = other.jobs.cancel(theirs.id)
 
     assert theirs.id != ours.id
-    assert Job.objects.get(public_id=theirs.id).project == outsider.project
+    assert Job.objects.unscoped().get(public_id=theirs.id).project == outsider.project
     assert cancelled_elsewhere.status == "cancelled"
     assert lab.jobs.retrieve(ours.id).status == "queued"
 
@@ -508,7 +508,7 @@ def test_it_restarts_and_deletes_a_cancelled_job(lab, spec):
     assert restarted.finished_at is None
     with pytest.raises(NotFoundError):
         lab.jobs.retrieve(job.id)
-    assert not Job.objects.exists()
+    assert not Job.objects.unscoped().exists()
 
 
 def test_running_jobs_can_be_neither_restarted_nor_deleted(lab, spec):
@@ -520,7 +520,7 @@ def test_running_jobs_can_be_neither_restarted_nor_deleted(lab, spec):
         lab.jobs.delete(job.id)
 
     assert (on_restart.value.code, on_delete.value.code) == ("invalid_state", "invalid_state")
-    assert Job.objects.get().status == JobStatus.QUEUED
+    assert Job.objects.unscoped().get().status == JobStatus.QUEUED
 
 
 def test_another_tenant_reaches_none_of_a_jobs_endpoints(live_server, lab, outsider, spec):
@@ -542,7 +542,7 @@ def test_another_tenant_reaches_none_of_a_jobs_endpoints(live_server, lab, outsi
             codes[name] = (caught.value.status_code, caught.value.code)
 
     assert set(codes.values()) == {(404, "not_found")}, codes
-    assert Job.objects.get(public_id=job.id).status == JobStatus.CANCELLED
+    assert Job.objects.unscoped().get(public_id=job.id).status == JobStatus.CANCELLED
     assert [event.type for event in lab.jobs.events(job.id)] == ["job.queued", "job.cancelled"]
 
 
@@ -551,7 +551,7 @@ def test_it_lists_checkpoints_across_pages_and_shows_the_latest_ready_one(lab, s
 
     job = lab.jobs.create(spec)
     lab.jobs.cancel(job.id)
-    stored = Job.objects.get(public_id=job.id)
+    stored = Job.objects.unscoped().get(public_id=job.id)
     made = [
         Checkpoint.objects.create(
             job=stored, step=step, attempt=1, format="peft-lora", status=status, size_bytes=10 * step, sha256="ab" * 32
@@ -574,7 +574,7 @@ def _metric_steps(job_id: str, count: int) -> None:
 
     from jobs.models import MetricStep
 
-    stored = Job.objects.get(public_id=job_id)
+    stored = Job.objects.unscoped().get(public_id=job_id)
     now = timezone.now()
     rewards = {30: 0.25, 60: 1.5}
     MetricStep.objects.bulk_create(

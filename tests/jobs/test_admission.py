@@ -20,7 +20,7 @@ def submit(tenant, spec, **changes) -> Job:
 
 
 def statuses(*jobs: Job) -> list[str]:
-    return [Job.objects.get(pk=job.pk).status for job in jobs]
+    return [Job.objects.unscoped().get(pk=job.pk).status for job in jobs]
 
 
 def test_it_starts_jobs_up_to_the_local_slots_and_explains_the_rest(owner, spec, settings):
@@ -29,7 +29,7 @@ def test_it_starts_jobs_up_to_the_local_slots_and_explains_the_rest(owner, spec,
     result = admission_pass()
     assert result.started == [jobs[0].pk, jobs[1].pk]
     assert statuses(*jobs) == ["starting", "starting", "queued"]
-    waiting = Job.objects.get(pk=jobs[2].pk)
+    waiting = Job.objects.unscoped().get(pk=jobs[2].pk)
     assert waiting.status_reason == "pool_full"
     assert [a.number for a in JobAttempt.objects.filter(job=jobs[0])] == [1]
     assert JobEvent.objects.filter(job=jobs[0], type="job.starting").count() == 1
@@ -45,7 +45,7 @@ def test_the_organization_cap_holds_and_can_be_lowered(owner, outsider, spec, se
     theirs = [submit(outsider, spec) for _ in range(4)]
     admission_pass()
     assert statuses(*mine) == ["starting", "queued"]
-    assert Job.objects.get(pk=mine[1].pk).status_reason == "org_concurrency_limit"
+    assert Job.objects.unscoped().get(pk=mine[1].pk).status_reason == "org_concurrency_limit"
     assert statuses(*theirs) == ["starting", "starting", "starting", "queued"]
 
 
@@ -59,7 +59,7 @@ def test_priority_first_then_fair_share_then_age(owner, outsider, spec, settings
     newer_from_idle_org = submit(outsider, spec)
     urgent = submit(owner, spec, priority="high")
     # Free the slot: the high-priority job goes first even though it is the newest.
-    Job.objects.filter(pk=busy.pk).update(status=JobStatus.SUCCEEDED)
+    Job.objects.unscoped().filter(pk=busy.pk).update(status=JobStatus.SUCCEEDED)
     admission_pass()
     assert statuses(urgent, older_from_busy_org, newer_from_idle_org) == ["starting", "queued", "queued"]
     # Now the owner's organization runs something and the outsider's runs nothing: fair share
@@ -100,6 +100,6 @@ def test_two_concurrent_passes_never_overcommit_or_claim_twice(owner, spec, sett
     for thread in threads:
         thread.join()
     assert errors == []
-    assert Job.objects.filter(status=JobStatus.STARTING).count() == 3
+    assert Job.objects.unscoped().filter(status=JobStatus.STARTING).count() == 3
     assert JobAttempt.objects.count() == 3
     assert all(JobAttempt.objects.filter(job=job).count() <= 1 for job in jobs)

@@ -35,7 +35,7 @@ def test_a_large_archive_is_streamed_by_uvicorn_without_being_held_in_memory(own
     try:
         job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
         attempt = job_claim_for_start(job_id=job.pk)
-        job = Job.objects.get(pk=job.pk)
+        job = Job.objects.unscoped().get(pk=job.pk)
         engine = httpx.Client(
             base_url=f"{stack.base_url}/api/v1/ingest/jobs/{job.public_id}",
             headers={"Authorization": f"Bearer {job_token(attempt)}"},

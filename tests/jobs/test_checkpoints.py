@@ -40,7 +40,7 @@ def start(tenant, spec) -> tuple[Job, APIClient, str]:
     attempt = job_claim_for_start(job_id=job.pk)
     engine = APIClient()
     engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
-    return Job.objects.get(pk=job.pk), engine, f"/api/v1/ingest/jobs/{job.public_id}"
+    return Job.objects.unscoped().get(pk=job.pk), engine, f"/api/v1/ingest/jobs/{job.public_id}"
 
 
 def upload(engine: APIClient, base: str, step: int, content: bytes, *, claimed: bytes | None = None) -> dict:
@@ -62,7 +62,7 @@ def upload(engine: APIClient, base: str, step: int, content: bytes, *, claimed: 
 
 def finish(job: Job) -> None:
     """End a job that its engine's reports made ``running``."""
-    job = Job.objects.get(pk=job.pk)
+    job = Job.objects.unscoped().get(pk=job.pk)
     assert job.status == JobStatus.RUNNING
     job_transition(job=job, to=JobStatus.SUCCEEDED)
 
@@ -98,7 +98,7 @@ def test_an_upload_changed_after_sealing_changes_nothing_lab_serves(owner, spec)
     answer = owner.client().get(f"/api/v1/checkpoints/{registered['id']}/download")
     assert b"".join(answer.streaming_content) == archive
     assert answer["Content-Length"] == str(len(archive))
-    stored = storage.path_of(Checkpoint.objects.get(public_id=registered["id"]).storage_key)
+    stored = storage.path_of(Checkpoint.objects.unscoped().get(public_id=registered["id"]).storage_key)
     assert stored != upload_path and stored.read_bytes() == archive
 
 
@@ -135,7 +135,7 @@ def test_it_refuses_to_download_a_checkpoint_that_is_not_ready(owner, spec):
         assert answer.status_code == 409
         assert answer.json()["error"]["code"] == "checkpoint_not_ready"
         assert status in answer.json()["error"]["message"]
-        assert Checkpoint.objects.get(public_id=ckpt_id).status == status
+        assert Checkpoint.objects.unscoped().get(public_id=ckpt_id).status == status
 
 
 def test_it_marks_a_tampered_upload_failed_and_deletes_what_was_stored(owner, spec):
@@ -149,7 +149,7 @@ def test_it_marks_a_tampered_upload_failed_and_deletes_what_was_stored(owner, sp
         f"{base}/checkpoints/{registered['id']}/complete", {"size_bytes": 16, "sha256": digest}, format="json"
     )
     assert answer.json() == {"id": registered["id"], "status": "failed"}
-    checkpoint = Checkpoint.objects.get(public_id=registered["id"])
+    checkpoint = Checkpoint.objects.unscoped().get(public_id=registered["id"])
     assert (checkpoint.status, checkpoint.size_bytes, checkpoint.sha256) == ("failed", None, "")
     assert not path.exists()
     event = JobEvent.objects.get(job=job, type="checkpoint.failed")
@@ -180,12 +180,12 @@ def test_a_size_that_differs_fails_without_hashing_and_says_what_was_found(owner
 def test_completing_a_ready_checkpoint_again_changes_nothing(owner, spec):
     job, engine, base = start(owner, spec)
     ckpt = upload(engine, base, 1, b"weights")
-    before = Checkpoint.objects.get(public_id=ckpt["id"])
+    before = Checkpoint.objects.unscoped().get(public_id=ckpt["id"])
     again = engine.post(
         f"{base}/checkpoints/{ckpt['id']}/complete", {"size_bytes": 1, "sha256": "0" * 64}, format="json"
     )
     assert again.json() == {"id": ckpt["id"], "status": "ready"}
-    after = Checkpoint.objects.get(public_id=ckpt["id"])
+    after = Checkpoint.objects.unscoped().get(public_id=ckpt["id"])
     assert (after.status, after.size_bytes, after.sha256, after.ready_at) == (
         before.status, before.size_bytes, before.sha256, before.ready_at
     )
@@ -201,7 +201,7 @@ def test_it_refuses_to_complete_another_jobs_checkpoint(owner, spec):
         f"{base_b}/checkpoints/{ckpt['id']}/complete", {"size_bytes": 1, "sha256": hashlib.sha256(b"a").hexdigest()}, format="json"
     )
     assert answer.status_code == 404
-    assert Checkpoint.objects.get(public_id=ckpt["id"]).status == "uploading"
+    assert Checkpoint.objects.unscoped().get(public_id=ckpt["id"]).status == "uploading"
 
 
 @pytest.mark.parametrize(
@@ -213,7 +213,7 @@ def test_it_refuses_a_malformed_completion_and_changes_nothing(owner, spec, body
     ckpt = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
     answer = engine.post(f"{base}/checkpoints/{ckpt['id']}/complete", body, format="json")
     assert answer.status_code == 400
-    assert Checkpoint.objects.get(public_id=ckpt["id"]).status == "uploading"
+    assert Checkpoint.objects.unscoped().get(public_id=ckpt["id"]).status == "uploading"
 
 
 def test_retention_keeps_the_newest_keep_last_and_the_final_one(owner, spec):
@@ -221,7 +221,7 @@ def test_retention_keeps_the_newest_keep_last_and_the_final_one(owner, spec):
     spec["max_steps"] = 4
     job, engine, base = start(owner, spec)
     ids = [upload(engine, base, step, f"step {step}".encode())["id"] for step in (1, 2, 3, 4)]
-    statuses = list(Checkpoint.objects.filter(job=job).order_by("step").values_list("public_id", "status"))
+    statuses = list(Checkpoint.objects.unscoped().filter(job=job).order_by("step").values_list("public_id", "status"))
     assert statuses == [(ids[0], "deleted"), (ids[1], "deleted"), (ids[2], "ready"), (ids[3], "ready")]
     assert sorted(key for key, _ in storage.iter_objects() if key.startswith(job.public_id)) == sorted(
         f"{job.public_id}/{ckpt_id}.tar" for ckpt_id in ids[2:]
@@ -251,18 +251,18 @@ def test_retention_keeps_a_checkpoint_that_a_queued_job_starts_from(owner, spec)
     follower = job_submit(project=owner.project, actor=Actor(user=owner.user), data={**spec, "init_from": first})
     assert follower.status == JobStatus.QUEUED
     second = upload(engine, base, 2, b"second")["id"]
-    ready = Checkpoint.objects.filter(job=source, status="ready")
+    ready = Checkpoint.objects.unscoped().filter(job=source, status="ready")
     assert set(ready.values_list("public_id", flat=True)) == {first, second}
     third = upload(engine, base, 3, b"third")["id"]
     # The follower still needs the first; the second is neither newest nor needed.
     assert set(ready.values_list("public_id", flat=True)) == {first, third}
-    assert Checkpoint.objects.get(public_id=second).status == "deleted"
+    assert Checkpoint.objects.unscoped().get(public_id=second).status == "deleted"
 
 
 def test_deleting_a_job_deletes_its_archives(owner, spec):
     job, engine, base = start(owner, spec)
     ckpt = upload(engine, base, 1, b"weights")
-    path = storage.path_of(Checkpoint.objects.get(public_id=ckpt["id"]).storage_key)
+    path = storage.path_of(Checkpoint.objects.unscoped().get(public_id=ckpt["id"]).storage_key)
     assert path.exists()
     finish(job)
     assert owner.client().delete(f"/api/v1/jobs/{job.public_id}").status_code == 204
@@ -275,7 +275,7 @@ def test_the_orphan_sweep_removes_old_objects_without_a_row_and_spares_young_one
     settings.LAB_ORPHAN_GRACE_S = 3600
     job, engine, base = start(owner, spec)
     kept = upload(engine, base, 1, b"kept")
-    kept_path = storage.path_of(Checkpoint.objects.get(public_id=kept["id"]).storage_key)
+    kept_path = storage.path_of(Checkpoint.objects.unscoped().get(public_id=kept["id"]).storage_key)
     old_orphan = storage.path_of(f"{job.public_id}/ckpt_gone.tar")
     old_orphan.write_bytes(b"left behind")
     young_orphan = storage.path_of("job_notyet/ckpt_uploading.tar.partial")
@@ -403,16 +403,16 @@ def test_the_sweep_fails_uploads_that_their_attempt_abandoned(owner, spec, setti
     Path(in_progress["upload"]["path"]).write_bytes(b"still going")
     finish(ended)
     assert checkpoint_sweep_orphans() == 0  # inside the grace period nothing changes
-    assert Checkpoint.objects.get(public_id=abandoned["id"]).status == "uploading"
+    assert Checkpoint.objects.unscoped().get(public_id=abandoned["id"]).status == "uploading"
 
     later = timezone.now() + timedelta(hours=2)
     checkpoint_sweep_orphans(now=later)
-    assert Checkpoint.objects.get(public_id=abandoned["id"]).status == "failed"
+    assert Checkpoint.objects.unscoped().get(public_id=abandoned["id"]).status == "failed"
     assert not Path(abandoned["upload"]["path"]).exists()
     event = JobEvent.objects.get(job=ended, type="checkpoint.failed")
     assert event.message == "Checkpoint of step 1 failed: attempt 1 ended before completing its upload."
     # The running attempt may still complete its upload.
-    assert Checkpoint.objects.get(public_id=in_progress["id"]).status == "uploading"
+    assert Checkpoint.objects.unscoped().get(public_id=in_progress["id"]).status == "uploading"
     assert Path(in_progress["upload"]["path"]).exists()
     checkpoint_sweep_orphans(now=later)
     assert JobEvent.objects.filter(type="checkpoint.failed").count() == 1
@@ -433,7 +433,7 @@ def test_a_malformed_registration_is_refused_and_creates_nothing(owner, spec, bo
     answer = engine.post(f"{base}/checkpoints", body, format="json")
     assert answer.status_code == status, answer.content
     assert answer.json()["error"]["param"] == param
-    assert not Checkpoint.objects.filter(job=job).exists()
+    assert not Checkpoint.objects.unscoped().filter(job=job).exists()
     assert list(storage.iter_objects()) == []
 
 

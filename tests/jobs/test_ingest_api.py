@@ -26,7 +26,7 @@ def start(owner, spec) -> tuple[Job, APIClient, str]:
     attempt = job_claim_for_start(job_id=job.pk)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
-    return Job.objects.get(pk=job.pk), client, f"/api/v1/ingest/jobs/{job.public_id}"
+    return Job.objects.unscoped().get(pk=job.pk), client, f"/api/v1/ingest/jobs/{job.public_id}"
 
 
 def point(step: int, **values: float) -> dict:
@@ -38,7 +38,7 @@ def test_a_heartbeat_moves_the_job_to_running_and_answers_continue(owner, spec):
     loading = client.post(f"{base}/status", {"attempt": 1, "phase": "loading", "step": 0}, format="json")
     assert loading.status_code == 200
     assert loading.json() == {"action": "continue"}
-    assert Job.objects.get(pk=job.pk).status == JobStatus.STARTING
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.STARTING
     running = client.post(f"{base}/status", {"attempt": 1, "phase": "running", "step": 1}, format="json")
     assert running.json() == {"action": "continue"}
     job.refresh_from_db()
@@ -68,7 +68,7 @@ def test_metrics_are_stored_once_per_step_and_merged(owner, spec):
         1: {"reward/mean": 0.1, "loss/mean": 2.0},
         2: {"reward/mean": 0.2, "eval/addition/mean": 0.5},
     }
-    assert Job.objects.get(pk=job.pk).step == 2
+    assert Job.objects.unscoped().get(pk=job.pk).step == 2
     listed = owner.client().get(f"/api/v1/jobs/{job.public_id}/metrics").json()
     assert listed["data"] == [
         {"step": 1, "time": NOW, "attempt": 1, "values": {"reward/mean": 0.1, "loss/mean": 2.0}},
@@ -79,8 +79,8 @@ def test_metrics_are_stored_once_per_step_and_merged(owner, spec):
 def test_a_newer_attempt_supersedes_and_an_older_one_is_refused(owner, spec):
     job, first, base = start(owner, spec)
     first.post(f"{base}/metrics", {"attempt": 1, "points": [point(1, r=1.0), point(2, r=2.0)]}, format="json")
-    assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING  # data proves the attempt is training
-    job_transition(job=Job.objects.get(pk=job.pk), to=JobStatus.QUEUED, reason="requeued_after_crash")
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.RUNNING  # data proves the attempt is training
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.QUEUED, reason="requeued_after_crash")
     second_attempt = job_claim_for_start(job_id=job.pk)
     second = APIClient()
     second.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(second_attempt)}")
@@ -115,10 +115,10 @@ def test_a_token_works_only_for_its_job(owner, spec):
 def test_a_token_expires_an_hour_after_the_job_ends(owner, spec):
     job, client, base = start(owner, spec)
     client.post(f"{base}/status", {"attempt": 1, "phase": "running", "step": 1}, format="json")
-    job_transition(job=Job.objects.get(pk=job.pk), to=JobStatus.SUCCEEDED)
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.SUCCEEDED)
     late = {"attempt": 1, "points": [point(1, r=1.0)]}
     assert client.post(f"{base}/metrics", late, format="json").status_code == 200
-    Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(hours=1, minutes=1))
+    Job.objects.unscoped().filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(hours=1, minutes=1))
     assert client.post(f"{base}/metrics", late, format="json").status_code == 401
 
 
@@ -215,7 +215,7 @@ def test_a_checkpoint_is_ready_only_when_what_is_stored_matches(owner, spec):
         format="json",
     )
     # keep_last = 1: the older ready checkpoint and its archive are gone.
-    assert list(Checkpoint.objects.filter(job=job, status="ready").values_list("public_id", flat=True)) == [third["id"]]
+    assert list(Checkpoint.objects.unscoped().filter(job=job, status="ready").values_list("public_id", flat=True)) == [third["id"]]
     assert not Path(second["upload"]["path"]).exists()
     listed = owner.client().get(f"/api/v1/jobs/{job.public_id}").json()["latest_checkpoint"]
     assert listed["id"] == third["id"]
@@ -264,10 +264,10 @@ def test_it_refuses_metrics_and_samples_beyond_max_steps_and_stores_nothing(owne
 def test_after_the_end_it_takes_late_reports_of_steps_that_happened_only(owner, spec):
     job, client, base = start(owner, spec)
     client.post(f"{base}/status", {"attempt": 1, "phase": "running", "step": 2}, format="json")
-    job_transition(job=Job.objects.get(pk=job.pk), to=JobStatus.SUCCEEDED)
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.SUCCEEDED)
     # A heartbeat after the end cannot widen the window.
     client.post(f"{base}/status", {"attempt": 1, "phase": "running", "step": 3}, format="json")
-    assert Job.objects.get(pk=job.pk).step == 2
+    assert Job.objects.unscoped().get(pk=job.pk).step == 2
     late = client.post(f"{base}/metrics", {"attempt": 1, "points": [point(1, r=1.0), point(2, r=1.0)]}, format="json")
     assert late.status_code == 200 and late.json()["accepted"] == 2
     never = client.post(f"{base}/metrics", {"attempt": 1, "points": [point(3, r=1.0)]}, format="json")
@@ -284,4 +284,4 @@ def test_registering_the_same_step_of_an_attempt_twice_returns_the_same_checkpoi
     first = client.post(f"{base}/checkpoints", body, format="json").json()
     again = client.post(f"{base}/checkpoints", body, format="json").json()
     assert first["id"] == again["id"] and first["upload"] == again["upload"]
-    assert Checkpoint.objects.filter(job=job).count() == 1
+    assert Checkpoint.objects.unscoped().filter(job=job).count() == 1

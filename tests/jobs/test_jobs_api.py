@@ -23,7 +23,7 @@ def test_it_creates_a_queued_job(owner, spec):
     response = owner.client().post("/api/v1/jobs", spec, format="json")
     assert response.status_code == 201, response.content
     body = response.json()
-    job = Job.objects.get()
+    job = Job.objects.unscoped().get()
     assert body["id"] == job.public_id
     assert body["id"].startswith("job_")
     assert body["object"] == "job"
@@ -104,7 +104,7 @@ def test_it_refuses_bad_specs_with_the_path_and_creates_nothing(owner, spec, cha
     assert error["code"] == "invalid_spec"
     assert error["param"] == param
     assert (param, code) in [(item["param"], item["code"]) for item in error["errors"]]
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
     assert JobEvent.objects.count() == 0
 
 
@@ -139,11 +139,11 @@ def test_init_from_another_projects_checkpoint_reads_like_a_missing_one(owner, o
     missing_error = owner.client().post("/api/v1/jobs", spec, format="json").json()["error"]
     assert foreign_error["param"] == missing_error["param"] == "init_from"
     assert foreign_error["errors"][0]["code"] == missing_error["errors"][0]["code"] == "unknown_checkpoint"
-    assert Job.objects.filter(project=owner.project).count() == 0
+    assert Job.objects.unscoped().filter(project=owner.project).count() == 0
 
 
 def _ready_checkpoint_of(owner, spec) -> Checkpoint:
-    source = Job.objects.get(public_id=owner.client().post("/api/v1/jobs", spec, format="json").json()["id"])
+    source = Job.objects.unscoped().get(public_id=owner.client().post("/api/v1/jobs", spec, format="json").json()["id"])
     return Checkpoint.objects.create(job=source, step=1, attempt=1, format="peft-lora", status=CheckpointStatus.READY)
 
 
@@ -152,7 +152,7 @@ def test_init_from_a_ready_checkpoint_of_the_project_is_accepted(owner, spec):
     spec["init_from"] = checkpoint.public_id
     response = owner.client().post("/api/v1/jobs", spec, format="json")
     assert response.status_code == 201
-    assert Job.objects.get(public_id=response.json()["id"]).init_from == checkpoint
+    assert Job.objects.unscoped().get(public_id=response.json()["id"]).init_from == checkpoint
 
 
 @pytest.mark.parametrize(
@@ -165,13 +165,13 @@ def test_init_from_a_ready_checkpoint_of_the_project_is_accepted(owner, spec):
 )
 def test_init_from_a_checkpoint_that_does_not_fit_the_job_is_refused_at_submit(owner, spec, change, param, message):
     checkpoint = _ready_checkpoint_of(owner, {**spec, "lora_rank": 16})
-    before = Job.objects.count()
+    before = Job.objects.unscoped().count()
     response = owner.client().post("/api/v1/jobs", {**spec, **change, "init_from": checkpoint.public_id}, format="json")
     assert response.status_code == 400
     error = response.json()["error"]
     assert (error["param"], error["errors"][0]["code"]) == (param, "incompatible_checkpoint")
     assert message in error["errors"][0]["message"]
-    assert Job.objects.count() == before
+    assert Job.objects.unscoped().count() == before
 
 
 @pytest.mark.parametrize(
@@ -182,7 +182,7 @@ def test_it_refuses_non_object_and_hostile_bodies(owner, body):
     response = owner.client().post("/api/v1/jobs", data=body, content_type="application/json")
     assert response.status_code == 400
     assert response.json()["error"]["code"] in {"invalid_spec", "invalid_request"}
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_it_refuses_huge_numbers_and_non_finite_floats(owner, spec):
@@ -191,17 +191,17 @@ def test_it_refuses_huge_numbers_and_non_finite_floats(owner, spec):
         body = json.dumps(spec, allow_nan=True)
         response = owner.client().post("/api/v1/jobs", data=body, content_type="application/json")
         assert response.status_code == 400, response.content
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_a_read_key_cannot_create_or_cancel_but_can_estimate(owner, spec):
     _, read_key = api_key_create(actor=Actor(user=owner.user), project=owner.project, name="ro", scopes=["read"])
     client = owner.client(read_key)
     assert client.post("/api/v1/jobs", spec, format="json").status_code == 403
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
     job = owner.client().post("/api/v1/jobs", spec, format="json").json()
     assert client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 403
-    assert Job.objects.get().status == "queued"
+    assert Job.objects.unscoped().get().status == "queued"
     assert client.post("/api/v1/jobs/estimate", spec, format="json").status_code == 200
     assert client.get(f"/api/v1/jobs/{job['id']}").status_code == 200
 
@@ -220,7 +220,7 @@ def test_an_outsider_gets_404_for_every_job_endpoint_and_changes_nothing(owner, 
         missing = getattr(client, method)(path.replace(job_id, "job_00000000000000000000"))
         assert missing.json() == response.json()
     assert client.get("/api/v1/jobs").json()["data"] == []
-    assert Job.objects.get().status == "queued"
+    assert Job.objects.unscoped().get().status == "queued"
     assert JobEvent.objects.count() == 1
 
 
@@ -230,12 +230,12 @@ def test_create_replays_with_the_same_idempotency_key(owner, spec):
     second = client.post("/api/v1/jobs", spec, format="json", HTTP_IDEMPOTENCY_KEY="create-1")
     assert first.status_code == second.status_code == 201
     assert first.json() == second.json()
-    assert Job.objects.count() == 1
+    assert Job.objects.unscoped().count() == 1
     spec["name"] = "other"
     conflict = client.post("/api/v1/jobs", spec, format="json", HTTP_IDEMPOTENCY_KEY="create-1")
     assert conflict.status_code == 409
     assert conflict.json()["error"]["code"] == "idempotency_conflict"
-    assert Job.objects.count() == 1
+    assert Job.objects.unscoped().count() == 1
 
 
 def test_a_failed_create_does_not_burn_the_idempotency_key(owner, spec):
@@ -243,7 +243,7 @@ def test_a_failed_create_does_not_burn_the_idempotency_key(owner, spec):
     bad = dict(spec, max_steps=0)
     assert client.post("/api/v1/jobs", bad, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 400
     assert client.post("/api/v1/jobs", bad, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 400
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
 
 
 def test_it_lists_newest_first_with_filters_and_pages(owner, spec):
@@ -297,7 +297,7 @@ def test_cancel_of_a_queued_job_is_immediate(owner, spec):
 
 def test_cancel_of_a_running_job_asks_it_to_stop(owner, spec):
     client = owner.client()
-    job = Job.objects.get(public_id=client.post("/api/v1/jobs", spec, format="json").json()["id"])
+    job = Job.objects.unscoped().get(public_id=client.post("/api/v1/jobs", spec, format="json").json()["id"])
     job_transition(job=job, to=JobStatus.STARTING)
     job_transition(job=job, to=JobStatus.RUNNING)
     body = client.post(f"/api/v1/jobs/{job.public_id}/cancel").json()
@@ -317,7 +317,7 @@ def test_estimate_validates_and_prices_without_creating(owner, spec):
     assert body["queue_position"] == 1
     assert body["can_start_now"] is True
     assert body["reason"] is None
-    assert Job.objects.count() == 0
+    assert Job.objects.unscoped().count() == 0
     bad = owner.client().post("/api/v1/jobs/estimate", dict(spec, model="x/y"), format="json")
     assert bad.status_code == 400
     assert bad.json()["error"]["param"] == "model"
@@ -332,7 +332,7 @@ def test_estimate_of_a_long_real_model_run_costs_money(owner, spec):
 
 def test_estimate_says_why_a_job_would_wait(owner, spec, settings):
     settings.LAB_ORG_MAX_RUNNING_JOBS = 1
-    job = Job.objects.get(public_id=owner.client().post("/api/v1/jobs", spec, format="json").json()["id"])
+    job = Job.objects.unscoped().get(public_id=owner.client().post("/api/v1/jobs", spec, format="json").json()["id"])
     job_transition(job=job, to=JobStatus.STARTING)
     body = owner.client().post("/api/v1/jobs/estimate", spec, format="json").json()
     assert body["can_start_now"] is False
@@ -404,7 +404,7 @@ def test_deleting_a_job_removes_its_run_directory_and_every_attempt_work_dir(
     assert not (runs / job.public_id).exists()
     assert sorted(path.name for path in runs.iterdir()) == [other.public_id]
     assert (Path(other_attempt.handle["workdir"]) / "weights" / "adapter_model.safetensors").read_bytes() == b"\0" * 64
-    assert not Job.objects.filter(pk=job.pk).exists()
+    assert not Job.objects.unscoped().filter(pk=job.pk).exists()
 
 
 def test_deleting_a_job_whose_files_are_gone_still_succeeds(
@@ -419,7 +419,7 @@ def test_deleting_a_job_whose_files_are_gone_still_succeeds(
     with django_capture_on_commit_callbacks(execute=True):
         response = owner.client().delete(f"/api/v1/jobs/{job.public_id}")
     assert response.status_code == 204
-    assert not Job.objects.filter(pk=job.pk).exists()
+    assert not Job.objects.unscoped().filter(pk=job.pk).exists()
 
 
 def test_deleting_a_job_leaves_a_work_dir_its_attempt_handle_points_outside_the_job(
@@ -451,4 +451,4 @@ def test_a_job_that_is_not_finished_keeps_its_files_when_its_delete_is_refused(
     assert response.json()["error"]["code"] == "invalid_state"
     assert callbacks == []
     assert (Path(attempt.handle["workdir"]) / "stderr.log").read_text() == "step 1\n"
-    assert Job.objects.filter(pk=job.pk).exists()
+    assert Job.objects.unscoped().filter(pk=job.pk).exists()

@@ -34,10 +34,10 @@ def running(owner, spec, launcher: FakeLauncher, *, status: str = S.RUNNING) -> 
     attempt = job_claim_for_start(job_id=job.pk)
     reconciler.attempt_launch(attempt_id=attempt.pk)
     if status != S.STARTING:
-        job_transition(job=Job.objects.get(pk=job.pk), to=S.RUNNING)
+        job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=S.RUNNING)
     if status == S.CANCELLING:
-        job_transition(job=Job.objects.get(pk=job.pk), to=S.CANCELLING)
-    return Job.objects.get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
+        job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=S.CANCELLING)
+    return Job.objects.unscoped().get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
 
 
 EXIT_TABLE = [
@@ -61,13 +61,13 @@ EXIT_TABLE = [
 def test_every_row_of_the_exit_code_table(owner, spec, launcher, code, oom, stop, engine_error, crashes, before, status, reason, error_code):
     spec["max_restarts"] = 2
     job, attempt = running(owner, spec, launcher, status=before)
-    Job.objects.filter(pk=job.pk).update(crash_count=crashes)
+    Job.objects.unscoped().filter(pk=job.pk).update(crash_count=crashes)
     JobAttempt.objects.filter(pk=attempt.pk).update(stop_reason=stop, outcome_error=engine_error)
     launcher.exit(attempt.handle, code, oom_killed=oom)
 
     reconciler.reconcile_job(job_id=job.pk)
 
-    job = Job.objects.get(pk=job.pk)
+    job = Job.objects.unscoped().get(pk=job.pk)
     assert (job.status, job.status_reason, job.error_code) == (status, reason, error_code)
     attempt = JobAttempt.objects.get(pk=attempt.pk)
     assert (attempt.state, attempt.exit_code) == (AttemptState.ENDED, code)
@@ -80,7 +80,7 @@ def test_a_lost_attempt_counts_as_a_crash(owner, spec, launcher):
     job, attempt = running(owner, spec, launcher)
     launcher.observations[attempt.handle["id"]] = Observation(AttemptPhase.LOST, detail="the supervisor process was killed")
     reconciler.reconcile_job(job_id=job.pk)
-    job = Job.objects.get(pk=job.pk)
+    job = Job.objects.unscoped().get(pk=job.pk)
     assert (job.status, job.status_reason, job.crash_count) == (S.QUEUED, "requeued_after_crash", 1)
 
 
@@ -102,7 +102,7 @@ def test_a_launch_holds_no_lock_on_the_job_or_its_attempt(owner, spec, launcher)
         def other_connection():
             try:
                 with transaction.atomic():
-                    Job.objects.select_for_update(nowait=True).get(pk=job.pk)
+                    Job.objects.unscoped().select_for_update(nowait=True).get(pk=job.pk)
                     JobAttempt.objects.select_for_update(nowait=True).get(pk=attempt.pk)
             except Exception as error:  # DatabaseError: could not obtain lock
                 locked_out.append(error)
@@ -136,7 +136,7 @@ def test_a_failing_launcher_fails_the_job_with_internal_error(owner, spec, launc
     attempt = job_claim_for_start(job_id=job.pk)
     launcher.fail_launch = RuntimeError("no nodes")
     reconciler.attempt_launch(attempt_id=attempt.pk)
-    job = Job.objects.get(pk=job.pk)
+    job = Job.objects.unscoped().get(pk=job.pk)
     assert (job.status, job.error_code, job.error_message) == (S.FAILED, "internal_error", "Launch failed: no nodes")
     assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.ENDED
 
@@ -150,7 +150,7 @@ def test_a_periodic_pass_observes_in_batches_with_no_job_locked(owner, spec, lau
         def other_connection():
             try:
                 with transaction.atomic():
-                    list(Job.objects.select_for_update(nowait=True).filter(pk__in=[job.pk for job in jobs]))
+                    list(Job.objects.unscoped().select_for_update(nowait=True).filter(pk__in=[job.pk for job in jobs]))
             except Exception as error:
                 locked_out.append(error)
             finally:
@@ -165,7 +165,7 @@ def test_a_periodic_pass_observes_in_batches_with_no_job_locked(owner, spec, lau
     assert reconciler.reconcile_all(batch_size=2) == 5
     assert launcher.observe_calls == [2, 2, 1]
     assert locked_out == []
-    assert [Job.objects.get(pk=job.pk).status for job in jobs] == [S.RUNNING, S.RUNNING, S.SUCCEEDED, S.RUNNING, S.RUNNING]
+    assert [Job.objects.unscoped().get(pk=job.pk).status for job in jobs] == [S.RUNNING, S.RUNNING, S.SUCCEEDED, S.RUNNING, S.RUNNING]
 
 
 def test_signals_are_sent_after_the_lock_is_released(owner, spec, launcher, settings):

@@ -113,7 +113,7 @@ def test_a_killed_engine_resumes_from_its_checkpoint_and_succeeds(owner, spec, s
     api = Api(stack, owner.key)
     job_id = api.create(spec)["id"]
     wait_for(
-        lambda: Job.objects.filter(public_id=job_id, checkpoints__status="ready").exists(),
+        lambda: Job.objects.unscoped().filter(public_id=job_id, checkpoints__status="ready").exists(),
         timeout=180,
         what="a ready checkpoint",
     )

@@ -47,7 +47,7 @@ def launched(owner, spec, workdir: Path) -> tuple[Job, JobAttempt]:
     JobAttempt.objects.filter(pk=attempt.pk).update(
         state=AttemptState.LAUNCHED, handle={"id": 1, "workdir": str(workdir)}, launched_at=timezone.now()
     )
-    return Job.objects.get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
+    return Job.objects.unscoped().get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
 
 
 def spool(workdir: Path, name: str, records: list[dict], *, sent: int = 0) -> None:
@@ -86,11 +86,11 @@ def test_it_stores_what_the_spool_holds_past_its_cursors_and_moves_them_on(owner
     assert delivery.delivered == {"metrics": 2, "logs": 3, "samples": 1, "checkpoints": 1}
     assert sorted(MetricStep.objects.filter(job=job).values_list("step", flat=True)) == [2, 3]  # step 1 was sent
     assert LogLine.objects.filter(job=job).count() == 3 and RolloutSample.objects.filter(job=job).count() == 1
-    (checkpoint,) = Checkpoint.objects.filter(job=job)
+    (checkpoint,) = Checkpoint.objects.unscoped().filter(job=job)
     assert (checkpoint.step, checkpoint.attempt, checkpoint.status) == (3, 1, "ready")
     assert (attempt_spool_dir(workdir, 1) / "metrics.sent").read_text() == "3"
     again = deliver_attempt_spool(attempt=attempt, workdir=workdir)
-    assert again.delivered == {} and Checkpoint.objects.filter(job=job).count() == 1
+    assert again.delivered == {} and Checkpoint.objects.unscoped().filter(job=job).count() == 1
 
 
 def test_it_never_copies_an_archive_from_outside_the_work_dir(owner, spec, tmp_path):
@@ -111,7 +111,7 @@ def test_it_never_copies_an_archive_from_outside_the_work_dir(owner, spec, tmp_p
 
     deliver_attempt_spool(attempt=attempt, workdir=workdir)
 
-    assert dict(Checkpoint.objects.filter(job=job).values_list("step", "status")) == {1: "failed", 2: "failed", 3: "failed"}
+    assert dict(Checkpoint.objects.unscoped().filter(job=job).values_list("step", "status")) == {1: "failed", 2: "failed", 3: "failed"}
     stored = [p for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()]
     assert stored == []
 
@@ -125,7 +125,7 @@ def test_it_refuses_malformed_records_and_says_so_in_a_data_incomplete_warning(o
 
     reconciler.reconcile_job(job_id=job.pk)
 
-    job = Job.objects.get(pk=job.pk)
+    job = Job.objects.unscoped().get(pk=job.pk)
     assert job.status == "succeeded"
     warnings = list(JobEvent.objects.filter(job=job, type="job.data_incomplete").order_by("id"))
     assert [w.message for w in warnings] == [
@@ -144,12 +144,12 @@ def test_a_clean_exit_with_everything_delivered_records_no_warning(owner, spec, 
 
     reconciler.reconcile_job(job_id=job.pk)
 
-    job = Job.objects.get(pk=job.pk)
+    job = Job.objects.unscoped().get(pk=job.pk)
     assert job.status == "succeeded"
     assert not JobEvent.objects.filter(job=job, type="job.data_incomplete").exists()
     # Reports delivered after the exit never claim the engine was training.
     assert not JobEvent.objects.filter(job=job, type="job.started").exists()
-    assert dict(Checkpoint.objects.filter(job=job).values_list("step", "status")) == {2: "ready", 3: "ready"}
+    assert dict(Checkpoint.objects.unscoped().filter(job=job).values_list("step", "status")) == {2: "ready", 3: "ready"}
 
 
 def test_an_ended_attempts_unfinished_upload_fails_at_once(owner, spec, tmp_path, monkeypatch):
@@ -165,7 +165,7 @@ def test_an_ended_attempts_unfinished_upload_fails_at_once(owner, spec, tmp_path
 
     reconciler.reconcile_job(job_id=job.pk)
 
-    assert Checkpoint.objects.get(pk=stuck.pk).status == "failed"
+    assert Checkpoint.objects.unscoped().get(pk=stuck.pk).status == "failed"
     from jobs.serializers import job_to_dict
 
-    assert job_to_dict(Job.objects.get(pk=job.pk))["latest_checkpoint"]["step"] == 3
+    assert job_to_dict(Job.objects.unscoped().get(pk=job.pk))["latest_checkpoint"]["step"] == 3
