@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -52,6 +51,8 @@ from jobs.models import (
     StopReason,
 )
 from jobs.services import attempt_request_stop, current_attempt, job_record_event, job_transition, store_log_lines
+from lab.lib import locks
+from lab.lib.locks import advisory_lock
 
 logger = logging.getLogger(__name__)
 S = JobStatus
@@ -60,26 +61,6 @@ S = JobStatus
 RELAUNCH_AFTER = timedelta(seconds=30)
 #: Active jobs observed at once by one periodic pass (one launcher call per batch where it can).
 RECONCILE_BATCH = 200
-#: The advisory lock class of attempt launches (the attempt's primary key is the second key).
-_LAUNCH_LOCK = 0x1AB0002
-
-
-@contextmanager
-def _launch_claim(attempt_id: int) -> Iterator[bool]:
-    """Hold a claim on launching ``attempt_id`` without locking any row (a PostgreSQL session
-    advisory lock; SQLite serializes writers anyway): yields False when another worker holds it."""
-    if connection.vendor != "postgresql":
-        yield True
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LAUNCH_LOCK, attempt_id])
-        claimed = cursor.fetchone()[0]
-    try:
-        yield claimed
-    finally:
-        if claimed:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_LAUNCH_LOCK, attempt_id])
 
 
 def launch_request(attempt: JobAttempt) -> LaunchRequest:
@@ -114,7 +95,7 @@ def attempt_launch(*, attempt_id: int) -> None:
     the job with ``internal_error``.
     """
     launcher = get_launcher()
-    with _launch_claim(attempt_id) as claimed:
+    with advisory_lock(locks.LAUNCH, attempt_id, wait=False) as claimed:
         if not claimed:
             return
         attempt = (

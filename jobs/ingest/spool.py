@@ -26,8 +26,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from engine.spool import Spool, attempt_spool_dir
 from jobs import storage
 from jobs.ingest import schemas, services
-from jobs.models import JobAttempt
+from jobs.models import CheckpointStatus, JobAttempt
 from lab.api.errors import ApiError
+from lab.lib import locks
+from lab.lib.locks import advisory_lock
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +63,17 @@ def deliver_attempt_spool(*, attempt: JobAttempt, workdir: Path) -> SpoolDeliver
     batch they refuse (400/409) is counted in ``refused`` and skipped, like the engine skips a
     4xx. Returns what was delivered and refused per stream.
     """
-    result = SpoolDelivery()
     directory = attempt_spool_dir(workdir, attempt.number)
     if not directory.is_dir():
-        return result
+        return SpoolDelivery()
+    # Two reconcilers may both find the attempt exited: one delivers, the other waits and then
+    # finds the cursors moved on, so nothing is stored twice or half-way.
+    with advisory_lock(locks.SPOOL_DELIVERY, attempt.pk, wait=True):
+        return _deliver(attempt=attempt, workdir=workdir, directory=directory)
+
+
+def _deliver(*, attempt: JobAttempt, workdir: Path, directory: Path) -> SpoolDelivery:
+    result = SpoolDelivery()
     for name, (model, key, ingest) in _BATCH_STREAMS.items():
         spool = Spool(directory, name, writable=False)
         while True:
@@ -115,6 +124,8 @@ def _deliver_checkpoint(*, attempt: JobAttempt, workdir: Path, record: dict) -> 
     spooled = _SpooledCheckpoint.model_validate(record)
     register = schemas.CheckpointRegister(attempt=attempt.number, step=spooled.step, format=spooled.format)
     checkpoint, _ = services.checkpoint_register(attempt=attempt, report=register, live=False)
+    if checkpoint.status != CheckpointStatus.UPLOADING:
+        return  # settled already (the engine completed it before it exited)
     archive = _archive_inside(workdir, spooled.archive)
     if archive is not None:
         storage.put_file(storage.upload_key(checkpoint.storage_key), archive)

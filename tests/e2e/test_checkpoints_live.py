@@ -200,4 +200,5 @@ def test_a_killed_engine_resumes_from_a_checkpoint_stored_on_s3(s3_stack, owner,
     assert all(number == 2 for step, number in rows if step > resumed_from.step)
     assert all(number == 1 for step, number in rows if step <= resumed_from.step)
     ready = Checkpoint.objects.unscoped().filter(job__public_id=job_id, status="ready").order_by("step")
-    assert server.keys(bucket) == sorted(f"checkpoints/{job_id}/{c.public_id}.tar" for c in ready)
+    everything = list(Checkpoint.objects.unscoped().filter(job__public_id=job_id).values_list("public_id", "attempt", "step", "status"))
+    assert server.keys(bucket) == sorted(f"checkpoints/{job_id}/{c.public_id}.tar" for c in ready), everything

@@ -169,3 +169,20 @@ def test_an_ended_attempts_unfinished_upload_fails_at_once(owner, spec, tmp_path
     from jobs.serializers import job_to_dict
 
     assert job_to_dict(Job.objects.unscoped().get(pk=job.pk))["latest_checkpoint"]["step"] == 3
+
+
+def test_a_checkpoint_the_engine_completed_is_not_stored_again(owner, spec, tmp_path):
+    from jobs import storage
+
+    workdir = tmp_path / "attempt-1"
+    job, attempt = launched(owner, spec, workdir)
+    record = archive(workdir, 3)
+    spool(workdir, "checkpoints", [record])  # the engine died before moving its cursor
+    first = deliver_attempt_spool(attempt=attempt, workdir=workdir)
+    (attempt_spool_dir(workdir, 1) / "checkpoints.sent").unlink()  # as if the cursor write was lost
+
+    again = deliver_attempt_spool(attempt=attempt, workdir=workdir)
+
+    (checkpoint,) = Checkpoint.objects.filter(job=job)
+    assert first.delivered == again.delivered == {"checkpoints": 1} and checkpoint.status == "ready"
+    assert [key for key, _ in storage.iter_objects()] == [checkpoint.storage_key]  # no upload left behind
