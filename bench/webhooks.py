@@ -1,8 +1,8 @@
 """Benchmarks ``webhook_deliveries_per_s`` and ``webhook_latency_p99_ms``.
 
 A real Celery worker (2 prefork processes, queue ``webhooks``) on PostgreSQL and Redis delivers
-signed webhooks through the outbox to a local receiver (an HTTP server thread in this process)
-with 10 endpoints.
+signed webhooks through the outbox to a local receiver (``labsdk.webhooks.WebhookReceiver``, an
+HTTP server thread in this process that verifies every signature) with 10 endpoints.
 
 - ``webhook_deliveries_per_s``: ``--burst`` job events (each to all 10 endpoints) are recorded in
   one transaction; the figure is deliveries received / seconds from that commit to the last one
@@ -19,66 +19,32 @@ emptied first, so no other worker on ``CELERY_BROKER_URL`` can take the benchmar
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from labsdk.webhooks import WebhookReceiver
 
 import _django
 
 ENDPOINTS = 10
 
 
-class Receiver:
-    """Records when each (endpoint path, event id) arrived; answers 200 at once."""
-
-    def __init__(self) -> None:
-        self.arrivals: dict[tuple[str, str], float] = {}
-        self.count = 0
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                arrived = time.time()
-                event_id = json.loads(body)["id"]
-                with receiver.lock:
-                    receiver.arrivals.setdefault((self.path, event_id), arrived)
-                    receiver.count += 1
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 512
-            daemon_threads = True
-
-            def handle_error(self, request, client_address) -> None:
-                pass  # workers closing kept-alive connections at exit
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait_for(self, total: int, timeout: float) -> float:
-        """Wait until ``total`` distinct deliveries arrived; return the last arrival time."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                if len(self.arrivals) >= total:
-                    return max(self.arrivals.values())
-            time.sleep(0.02)
-        raise SystemExit(f"only {len(self.arrivals)} of {total} deliveries arrived within {timeout} s")
+def wait_for_deliveries(receiver: WebhookReceiver, total: int, timeout: float) -> float:
+    """Wait until ``total`` distinct deliveries (by webhook-id) arrived, each verified; return
+    the last arrival time (Unix seconds). SystemExit when they do not arrive in ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        arrived = receiver.unique()
+        if len(arrived) >= total:
+            forged = [webhook.error for webhook in arrived if not webhook.verified]
+            if forged:
+                raise SystemExit(f"{len(forged)} deliveries failed the signature check: {forged[0]}")
+            return max(webhook.arrived for webhook in arrived)
+        time.sleep(0.02)
+    raise SystemExit(f"only {len(receiver.unique())} of {total} deliveries arrived within {timeout} s")
 
 
 def main() -> None:
@@ -98,7 +64,7 @@ def main() -> None:
     from jobs import tasks
     from jobs.models import Job
     from jobs.services import job_record_event
-    from jobs.webhooks.services import endpoint_create
+    from jobs.webhooks.endpoints import endpoint_create
     from lab.audit import Actor
     from lab.models import Project
     from lab.services import bootstrap_tenant
@@ -107,13 +73,14 @@ def main() -> None:
     tasks.admit.delay = lambda *a, **k: None  # no admission in this benchmark
     bootstrap_tenant(organization_slug="bench", project_slug="bench", email="bench@example.com", password=None)
     project = Project.objects.get(slug="bench")
-    receiver = Receiver()
+    receiver = WebhookReceiver().start()
     for index in range(ENDPOINTS):
-        endpoint_create(
+        endpoint = endpoint_create(
             project=project,
             actor=Actor.system(),
-            data={"url": f"http://127.0.0.1:{receiver.port}/e{index}", "events": ["job.started"]},
+            data={"url": receiver.url(f"/e{index}"), "events": ["job.started"]},
         )
+        receiver.expect(f"/e{index}", endpoint.secret)
     job = Job.objects.create(project=project, spec={}, model="lab/tiny-random-llama", max_steps=1, status="running")
 
     env = {**os.environ, "DATABASE_URL": url, "CELERY_BROKER_URL": broker}
@@ -143,15 +110,15 @@ def main() -> None:
         with transaction.atomic():
             for _ in range(4):
                 job_record_event(job=job, type="job.started")
-        receiver.wait_for(4 * ENDPOINTS, timeout=120)
-        before = len(receiver.arrivals)
+        wait_for_deliveries(receiver, 4 * ENDPOINTS, timeout=120)
+        before = len(receiver.unique())
 
         # Throughput: one commit, then everything it queued.
         with transaction.atomic():
             for _ in range(args.burst):
                 job_record_event(job=job, type="job.started")
         committed = time.time()
-        last = receiver.wait_for(before + args.burst * ENDPOINTS, timeout=600)
+        last = wait_for_deliveries(receiver, before + args.burst * ENDPOINTS, timeout=600)
         deliveries_per_s = args.burst * ENDPOINTS / (last - committed)
 
         # Latency: a steady stream below capacity.
@@ -167,11 +134,11 @@ def main() -> None:
             pause = started + sent * interval - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
-        receiver.wait_for(before + (args.burst + sent) * ENDPOINTS, timeout=300)
+        wait_for_deliveries(receiver, before + (args.burst + sent) * ENDPOINTS, timeout=300)
         latencies = sorted(
-            (arrived - committed_at[event_id]) * 1000
-            for (path, event_id), arrived in receiver.arrivals.items()
-            if event_id in committed_at
+            (webhook.arrived - committed_at[webhook.event["id"]]) * 1000
+            for webhook in receiver.unique()
+            if webhook.event["id"] in committed_at
         )
         p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
         _django.report(
@@ -194,6 +161,7 @@ def main() -> None:
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+        receiver.stop()
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from labsdk import Lab, LabError
 from tqdm import tqdm
 
 from demo.processes import ROOT, LabProcesses, port_is_free
-from demo.receiver import ReceivedWebhook, WebhookReceiver
 from engine.catalog import TINY_RANDOM_LLAMA_ID
+from labsdk.webhooks import ReceivedWebhook, WebhookReceiver
 
 SPEC_FILE = ROOT / "examples" / "addition-smollm2.toml"
 REWARD_METRIC = "reward/mean"
@@ -39,6 +39,8 @@ MIN_REWARD_GAIN = 0.1
 #: Seconds to wait, after the job ends, for its webhooks to arrive.
 WEBHOOK_WAIT_S = 60.0
 ORGANIZATION, PROJECT, EMAIL = "demo", "demo", "demo@lab.localhost"
+#: The receiver's path that the demo registers as its webhook endpoint.
+WEBHOOK_PATH = "/webhooks"
 
 
 class DemoError(Exception):
@@ -253,7 +255,7 @@ def check_checkpoint(lab: Lab, job: labsdk.Job, settings: DemoSettings, outcome:
 
 
 def _webhook_key(webhook: ReceivedWebhook) -> tuple[str | None, str | None]:
-    data = (webhook.body or {}).get("data") or {}
+    data = (webhook.event or {}).get("data") or {}
     return webhook.type, data.get("checkpoint_id") if webhook.type == "checkpoint.ready" else None
 
 
@@ -270,8 +272,8 @@ def check_webhooks(receiver: WebhookReceiver, job: labsdk.Job) -> Check:
     """Every webhook verified, and ``checkpoint.ready`` of the final checkpoint among them."""
     name = "webhooks verified, checkpoint.ready among them"
     expected = expected_webhooks(job)
-    receiver.wait_for(lambda received: expected <= {_webhook_key(w) for w in received}, timeout=WEBHOOK_WAIT_S)
-    received = receiver.snapshot()
+    receiver.wait_for(lambda r: expected <= {_webhook_key(w) for w in r.unique()}, timeout=WEBHOOK_WAIT_S)
+    received = receiver.unique()
     bad = [webhook for webhook in received if not webhook.verified]
     missing = sorted(f"{kind} {checkpoint or ''}".strip() for kind, checkpoint in
                      expected - {_webhook_key(webhook) for webhook in received})
@@ -322,8 +324,8 @@ def print_summary(outcome: Outcome, *, settings: DemoSettings, base_url: str, re
     say(f"  Rewards     {_reward_line(outcome.rewards)}")
     if outcome.checkpoint_dir is not None:
         say(f"  Checkpoint  {outcome.checkpoint_dir}")
-    for webhook in receiver.snapshot():
-        data = (webhook.body or {}).get("data") or {}
+    for webhook in receiver.unique():
+        data = (webhook.event or {}).get("data") or {}
         about = f"step {data['step']}" if "step" in data and webhook.type == "checkpoint.ready" else ""
         verdict = "signature verified" if webhook.verified else f"signature REJECTED: {webhook.error}"
         say(f"  Webhook     {webhook.type or '?':<18} {about:<9} {verdict}")
@@ -364,9 +366,10 @@ def start_lab(processes: LabProcesses, settings: DemoSettings, receiver: Webhook
     api_key = _last_json_line(tenant)["api_key"]
     say(f"Starting web, worker and beat on {processes.base_url} ...")
     processes.start()
-    say(f"Lab is up ({time.monotonic() - began:.1f} s). Registering the webhook receiver {receiver.url} ...")
-    endpoint = register_webhook_endpoint(base_url=processes.base_url, api_key=api_key, url=receiver.url)
-    receiver.secret = endpoint["secret"]
+    url = receiver.url(WEBHOOK_PATH)
+    say(f"Lab is up ({time.monotonic() - began:.1f} s). Registering the webhook receiver {url} ...")
+    endpoint = register_webhook_endpoint(base_url=processes.base_url, api_key=api_key, url=url)
+    receiver.expect(WEBHOOK_PATH, endpoint["secret"])
     return Lab(api_key=api_key, base_url=processes.base_url)
 
 
