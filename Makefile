@@ -34,21 +34,19 @@ demo:  ## install, then the main job end to end (python -m demo; DEMO_EXIT=1 sto
 	echo "Installation: $$(( $$(date +%s) - started )) s (not counted in the run's time)."
 	$(PY) -m demo
 
+# web, worker, beat and up run jobs/processes.py, the process manager the demo and the tests use.
+# exec: make's own signals (Ctrl-C, SIGTERM) reach the process itself, with no shell in between.
 web: migrate  ## ASGI server
-	$(VENV)/bin/uvicorn lab.asgi:application --host $(HOST) --port $(PORT) --timeout-graceful-shutdown 5
+	exec $(PY) -m jobs.processes web --host $(HOST) --port $(PORT)
 
 worker: install  ## Celery worker on every queue
-	$(VENV)/bin/celery -A lab worker --loglevel INFO --concurrency 2
+	exec $(PY) -m jobs.processes worker
 
 beat: install  ## Celery beat (periodic tasks)
-	$(VENV)/bin/celery -A lab beat --loglevel INFO --schedule $${LAB_DATA_DIR:-var}/celerybeat-schedule
+	exec $(PY) -m jobs.processes beat
 
-up: migrate  ## web + worker + beat; Ctrl-C stops all three
-	@trap 'kill 0' INT TERM EXIT; \
-	$(MAKE) --no-print-directory worker & \
-	$(MAKE) --no-print-directory beat & \
-	$(MAKE) --no-print-directory web & \
-	wait
+up: install  ## web + worker + beat (migrated first; logs in LAB_DATA_DIR/logs); Ctrl-C or SIGTERM stops all three
+	@exec $(PY) -m jobs.processes up --host $(HOST) --port $(PORT)
 
 bench: install  ## benchmarks, one JSON line per figure (needs PostgreSQL at DATABASE_URL)
 	@$(PIP) install -q --disable-pip-version-check $(PIP_FLAGS) -r bench/requirements-bench.txt

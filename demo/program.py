@@ -26,8 +26,8 @@ import labsdk
 from labsdk import Lab, LabError
 from tqdm import tqdm
 
-from demo.processes import ROOT, LabProcesses, port_is_free
 from engine.catalog import TINY_RANDOM_LLAMA_ID
+from jobs.processes import ROOT, LabProcesses, port_is_free
 from labsdk.webhooks import ReceivedWebhook, WebhookReceiver
 
 SPEC_FILE = ROOT / "examples" / "addition-smollm2.toml"
@@ -357,7 +357,7 @@ def start_lab(processes: LabProcesses, settings: DemoSettings, receiver: Webhook
     began = time.monotonic()
     say(f"Lab demo: data in {settings.data_dir}, logs in {processes.log_dir}")
     say("Migrating the database ...")
-    processes.run("manage.py", "migrate", "--noinput", what="manage.py migrate")
+    processes.migrate()
     tenant = processes.run(
         "manage.py", "bootstrap_tenant", "--org", ORGANIZATION, "--project", PROJECT,
         # One argument: a generated password may start with "-", which argparse takes for an option.
