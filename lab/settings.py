@@ -323,6 +323,12 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    # 3.1: bodies are JSON Schema 2020-12, the dialect of the job spec's schema (labsdk.spec).
+    "OAS_VERSION": "3.1.0",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "lab.api.schema.postprocess_lab_schema",
+    ],
 }
 
 # --- logging: one JSON object per line, with the request id ----------------------------------

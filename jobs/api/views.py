@@ -12,9 +12,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.models import Price
+from jobs.api import openapi
 from jobs.checkpoints import checkpoint_download_response
 from jobs.estimates import job_estimate
-from jobs.models import Checkpoint, Job, JobEvent
+from jobs.models import Checkpoint, Job, JobEvent, JobStatus
 from jobs.selectors import job_list, job_logs, job_samples, metadata_filters, metric_points
 from jobs.serializers import (
     checkpoint_to_dict,
@@ -29,8 +30,9 @@ from jobs.services import job_cancel, job_delete, job_restart, job_submit
 from jobs.specs import installed_environments, installed_models
 from lab.api.base import ProjectAPIView
 from lab.api.pagination import list_envelope, paginate_by_public_id
+from lab.api.schema import ERROR, integer_parameter, json_body, limit_parameter
 
-_SPEC_BODY = {"application/json": OpenApiTypes.OBJECT}
+_SPEC_BODY = json_body(openapi.JOB_SPEC)
 
 
 class JobListView(ProjectAPIView):
@@ -38,11 +40,11 @@ class JobListView(ProjectAPIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("status", str, description="keep jobs with this status"),
-            OpenApiParameter("limit", int),
+            OpenApiParameter("status", str, enum=JobStatus.values, description="keep jobs with this status"),
+            limit_parameter(),
             OpenApiParameter("after", str, description="id of the last job seen"),
         ],
-        responses=OpenApiTypes.OBJECT,
+        responses={200: openapi.JOB_LIST},
     )
     def get(self, request: Request) -> Response:
         jobs = job_list(
@@ -52,7 +54,7 @@ class JobListView(ProjectAPIView):
         )
         return Response(paginate_by_public_id(jobs, request.query_params, serialize_page=jobs_to_dicts))
 
-    @extend_schema(request=_SPEC_BODY, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=_SPEC_BODY, responses={201: openapi.JOB})
     def post(self, request: Request) -> Response:
         job = job_submit(project=self.project, actor=self.actor, data=request.data)
         return Response(job_to_dict(job), status=201)
@@ -61,7 +63,7 @@ class JobListView(ProjectAPIView):
 class JobDetailView(ProjectAPIView):
     """``GET /jobs/{id}``; ``DELETE /jobs/{id}`` (finished jobs, with all their data)."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: openapi.JOB})
     def get(self, request: Request, job_id: str) -> Response:
         return Response(job_to_dict(self.get_owned(Job.objects.all(), job_id, "job")))
 
@@ -74,7 +76,7 @@ class JobDetailView(ProjectAPIView):
 class JobRestartView(ProjectAPIView):
     """``POST /jobs/{id}/restart``: a failed or cancelled job runs again from its latest checkpoint."""
 
-    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=None, responses={200: openapi.JOB})
     def post(self, request: Request, job_id: str) -> Response:
         job = self.get_owned(Job.objects.all(), job_id, "job")
         return Response(job_to_dict(job_restart(job=job, actor=self.actor)))
@@ -83,7 +85,15 @@ class JobRestartView(ProjectAPIView):
 class JobMetricsView(ProjectAPIView):
     """``GET /jobs/{id}/metrics?after_step=&names=&max_points=``."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[
+            integer_parameter("after_step", minimum=-1, maximum=10**9, description="steps after this one"),
+            OpenApiParameter("names", str, description="comma-separated metric names to keep"),
+            integer_parameter("max_points", minimum=2, maximum=10_000, description="downsample to at most this many"),
+            limit_parameter(default=1000, maximum=10_000),
+        ],
+        responses={200: openapi.METRIC_POINT_LIST},
+    )
     def get(self, request: Request, job_id: str) -> Response:
         job = self.get_owned(Job.objects.all(), job_id, "job")
         return Response(metric_points(job=job, params=request.query_params))
@@ -92,7 +102,13 @@ class JobMetricsView(ProjectAPIView):
 class JobSamplesView(ProjectAPIView):
     """``GET /jobs/{id}/samples?step=``."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[
+            integer_parameter("step", minimum=0, maximum=10**9, description="default: the latest step with samples"),
+            limit_parameter(default=100, maximum=1000),
+        ],
+        responses={200: openapi.ROLLOUT_SAMPLE_LIST},
+    )
     def get(self, request: Request, job_id: str) -> Response:
         job = self.get_owned(Job.objects.all(), job_id, "job")
         return Response(job_samples(job=job, params=request.query_params))
@@ -101,7 +117,13 @@ class JobSamplesView(ProjectAPIView):
 class JobLogsView(ProjectAPIView):
     """``GET /jobs/{id}/logs?after=``."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[
+            integer_parameter("after", minimum=0, maximum=2**62, description="seq of the last line seen"),
+            limit_parameter(default=100, maximum=1000),
+        ],
+        responses={200: openapi.LOG_LINE_LIST},
+    )
     def get(self, request: Request, job_id: str) -> Response:
         job = self.get_owned(Job.objects.all(), job_id, "job")
         return Response(job_logs(job=job, params=request.query_params))
@@ -110,7 +132,10 @@ class JobLogsView(ProjectAPIView):
 class JobCheckpointsView(ProjectAPIView):
     """``GET /jobs/{id}/checkpoints``, newest first."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[limit_parameter(), OpenApiParameter("after", str, description="id of the last one seen")],
+        responses={200: openapi.CHECKPOINT_LIST},
+    )
     def get(self, request: Request, job_id: str) -> Response:
         job = self.get_owned(Job.objects.all(), job_id, "job")
         checkpoints = Checkpoint.objects.filter(job=job).select_related("job")
@@ -140,7 +165,7 @@ class CheckpointDownloadView(ProjectAPIView):
 
     @extend_schema(
         operation_id="checkpoints_download",
-        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 302: None},
+        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 302: None, 409: ERROR},
         description="The checkpoint archive (one uncompressed tar), or a redirect to a short-lived signed URL.",
     )
     def get(self, request: Request, checkpoint_id: str):
@@ -151,7 +176,7 @@ class CheckpointDownloadView(ProjectAPIView):
 class JobCancelView(ProjectAPIView):
     """``POST /jobs/{id}/cancel``: ``cancelled`` at once if queued, else ``cancelling``."""
 
-    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=None, responses={200: openapi.JOB})
     def post(self, request: Request, job_id: str) -> Response:
         job = self.get_owned(Job.objects.all(), job_id, "job")
         return Response(job_to_dict(job_cancel(job=job, actor=self.actor)))
@@ -160,7 +185,10 @@ class JobCancelView(ProjectAPIView):
 class JobEventsView(ProjectAPIView):
     """``GET /jobs/{id}/events``, oldest first."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[limit_parameter(), OpenApiParameter("after", str, description="id of the last one seen")],
+        responses={200: openapi.JOB_EVENT_LIST},
+    )
     def get(self, request: Request, job_id: str) -> Response:
         job = self.get_owned(Job.objects.all(), job_id, "job")
         events = JobEvent.objects.filter(job=job).select_related("job")
@@ -172,7 +200,7 @@ class JobEstimateView(ProjectAPIView):
 
     required_scope = "read"
 
-    @extend_schema(request=_SPEC_BODY, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=_SPEC_BODY, responses={200: openapi.ESTIMATE})
     def post(self, request: Request) -> Response:
         return Response(job_estimate(project=self.project, data=request.data))
 
@@ -180,7 +208,7 @@ class JobEstimateView(ProjectAPIView):
 class ModelListView(ProjectAPIView):
     """``GET /models``: the model catalogue."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: openapi.MODEL_LIST})
     def get(self, request: Request) -> Response:
         return Response(list_envelope(map(model_to_dict, installed_models().values()), has_more=False))
 
@@ -188,7 +216,7 @@ class ModelListView(ProjectAPIView):
 class EnvironmentListView(ProjectAPIView):
     """``GET /environments``: the environments installed on this Lab."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: openapi.ENVIRONMENT_LIST})
     def get(self, request: Request) -> Response:
         return Response(list_envelope(map(environment_to_dict, installed_environments().values()), has_more=False))
 
@@ -196,7 +224,7 @@ class EnvironmentListView(ProjectAPIView):
 class PriceListView(ProjectAPIView):
     """``GET /prices``: USD per hour for each resource type."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: openapi.PRICE_LIST})
     def get(self, request: Request) -> Response:
         return Response(list_envelope(map(price_to_dict, Price.objects.all()), has_more=False))
 
@@ -208,6 +236,6 @@ class JobSpecSchemaView(APIView):
     permission_classes: list = []
     throttle_classes: list = []
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="schema_job_spec_retrieve", responses={200: openapi.JSON_SCHEMA_DOCUMENT})
     def get(self, request: Request) -> JsonResponse:
         return JsonResponse(job_spec_json_schema())

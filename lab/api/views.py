@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from lab.api.base import ProjectAPIView
+from lab.api.schema import STRING, component, obj
+from lab.models import ApiKeyScope
+
+_NAMED = obj({"id": STRING, "slug": STRING, "name": STRING})
+WHOAMI = component(
+    "WhoAmI",
+    obj(
+        {
+            "organization": _NAMED,
+            "project": _NAMED,
+            "scopes": {"type": "array", "items": {"type": "string", "enum": list(ApiKeyScope.values)}},
+        },
+        description="The organization, project and scopes of the calling API key.",
+    ),
+)
 
 
 class WhoAmIView(ProjectAPIView):
     """``GET /api/v1/whoami``: the organization, project and scopes of the calling key."""
 
-    @extend_schema(
-        responses=inline_serializer(
-            "WhoAmI",
-            {
-                "organization": serializers.DictField(),
-                "project": serializers.DictField(),
-                "scopes": serializers.ListField(child=serializers.CharField()),
-            },
-        )
-    )
+    @extend_schema(operation_id="whoami_retrieve", responses={200: WHOAMI})
     def get(self, request: Request) -> Response:
         organization = self.project.organization
         return Response(

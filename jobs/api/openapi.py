@@ -1,0 +1,209 @@
+"""OpenAPI components of the job and catalogue bodies (DESIGN.md §4), as ``jobs/serializers.py``
+and ``jobs/estimates.py`` build them; the job spec is labsdk's own JSON Schema, not restated.
+
+Each name below is a ``$ref`` for ``@extend_schema`` in ``jobs/api/views.py``;
+``tests/lab/test_openapi.py`` checks real answers against them.
+"""
+
+from __future__ import annotations
+
+from labsdk.spec import job_spec_json_schema
+
+from jobs.models import CheckpointFormat, CheckpointStatus, EventLevel, JobPriority, JobStatus
+from lab.api.schema import (
+    BOOLEAN,
+    FREE_OBJECT,
+    INTEGER,
+    MONEY,
+    NUMBER,
+    STRING,
+    TIMESTAMP,
+    component,
+    json_schema_component,
+    list_component,
+    nullable,
+    obj,
+)
+
+_VALUES = {"type": "object", "additionalProperties": NUMBER, "description": "metric name: value"}
+
+
+def _enum(values) -> dict:
+    return {"type": "string", "enum": list(values)}
+
+
+JOB_SPEC = json_schema_component("JobSpec", job_spec_json_schema())
+
+CHECKPOINT = component(
+    "Checkpoint",
+    obj(
+        {
+            "id": STRING,
+            "object": {"const": "checkpoint"},
+            "job_id": STRING,
+            "step": INTEGER,
+            "attempt": INTEGER,
+            "status": _enum(CheckpointStatus.values),
+            "format": _enum(CheckpointFormat.values),
+            "size_bytes": nullable(INTEGER),
+            "sha256": nullable(STRING),
+            "created_at": TIMESTAMP,
+        },
+        description="A checkpoint of a job (ckpt_...); only ready ones can be downloaded.",
+    ),
+)
+CHECKPOINT_LIST = list_component("Checkpoint", "A job's checkpoints, newest first.")
+
+JOB_ERROR = component(
+    "JobError",
+    obj(
+        {
+            "code": STRING | {"description": "invalid_spec, oom, max_restarts_exceeded, heartbeat_lost, ..."},
+            "message": STRING,
+        },
+        description="Why a job failed.",
+    ),
+)
+JOB = component(
+    "Job",
+    obj(
+        {
+            "id": STRING,
+            "object": {"const": "job"},
+            "name": STRING,
+            "status": _enum(JobStatus.values),
+            "status_reason": nullable(STRING) | {"description": "why a queued job waits (waiting, pool_full, ...)"},
+            "queue_position": nullable(INTEGER),
+            "priority": _enum(JobPriority.labels),
+            "spec": JOB_SPEC,
+            "warnings": {"type": "array", "items": STRING, "description": "spec keys accepted but ignored"},
+            "attempt": INTEGER,
+            "step": INTEGER,
+            "max_steps": INTEGER,
+            "created_at": TIMESTAMP,
+            "started_at": nullable(TIMESTAMP),
+            "finished_at": nullable(TIMESTAMP),
+            "error": nullable(JOB_ERROR),
+            "usage": obj({"gpu_seconds": NUMBER, "cpu_seconds": NUMBER, "cost_usd": MONEY}),
+            "latest_checkpoint": nullable(CHECKPOINT),
+            "metadata": {"type": "object", "additionalProperties": STRING},
+        },
+        description="A training job (job_...): its spec as stored (defaults filled in), status and progress.",
+    ),
+)
+JOB_LIST = list_component("Job", "Jobs, newest first.")
+
+JOB_EVENT = component(
+    "JobEvent",
+    obj(
+        {
+            "id": STRING,
+            "object": {"const": "event"},
+            "job_id": STRING,
+            "created_at": TIMESTAMP,
+            "level": _enum(EventLevel.values),
+            "type": STRING | {"description": "job.queued, job.started, checkpoint.ready, ..."},
+            "message": STRING,
+            "data": FREE_OBJECT,
+        },
+        description="Something that happened to a job (evt_...).",
+    ),
+)
+JOB_EVENT_LIST = list_component("JobEvent", "A job's events, oldest first.")
+
+METRIC_POINT = component(
+    "MetricPoint",
+    obj({"step": INTEGER, "time": TIMESTAMP, "attempt": INTEGER, "values": _VALUES}, description="One step's metrics."),
+)
+METRIC_POINT_LIST = list_component("MetricPoint", "Metric points in step order.")
+
+ROLLOUT_SAMPLE = component(
+    "RolloutSample",
+    obj(
+        {
+            "step": INTEGER,
+            "attempt": INTEGER,
+            "group": INTEGER,
+            "prompt": STRING,
+            "completion": STRING,
+            "reward": NUMBER,
+            "advantage": NUMBER,
+            "metrics": _VALUES,
+        },
+        description="One rollout of a step: prompt, completion, reward and its advantage in its group.",
+    ),
+)
+ROLLOUT_SAMPLE_LIST = list_component("RolloutSample", "Rollouts of one step, by group.")
+
+LOG_LINE = component(
+    "LogLine",
+    obj(
+        {"seq": INTEGER, "time": TIMESTAMP, "attempt": INTEGER, "stream": STRING, "line": STRING},
+        description="One log line; seq increases, pass the last one seen as after.",
+    ),
+)
+LOG_LINE_LIST = list_component("LogLine", "Log lines in order.")
+
+ESTIMATE = component(
+    "Estimate",
+    obj(
+        {
+            "gpu_seconds": NUMBER,
+            "cpu_seconds": NUMBER,
+            "cost_usd": MONEY,
+            "queue_position": INTEGER,
+            "can_start_now": BOOLEAN,
+            "reason": nullable(STRING),
+            "warnings": {"type": "array", "items": STRING},
+        },
+        description="What a spec would cost and where it would queue; nothing is created.",
+    ),
+)
+
+MODEL = component(
+    "Model",
+    obj(
+        {
+            "id": STRING,
+            "object": {"const": "model"},
+            "context_length": INTEGER,
+            "parameters": nullable(INTEGER),
+            "description": STRING,
+            "source": STRING,
+        },
+        description="A model of the catalogue.",
+    ),
+)
+MODEL_LIST = list_component("Model", "The model catalogue.")
+
+ENVIRONMENT = component(
+    "Environment",
+    obj(
+        {
+            "id": STRING,
+            "object": {"const": "environment"},
+            "name": STRING,
+            "description": STRING,
+            "args": FREE_OBJECT | {"description": "the arguments it takes, with their defaults"},
+        },
+        description="An environment installed on this Lab.",
+    ),
+)
+ENVIRONMENT_LIST = list_component("Environment", "The installed environments.")
+
+PRICE = component(
+    "Price",
+    obj(
+        {
+            "object": {"const": "price"},
+            "resource_type": STRING,
+            "usd_per_hour": MONEY,
+            "unit": _enum(["job_hour", "gpu_hour"]),
+            "description": STRING,
+        },
+        description="USD per hour of one resource type.",
+    ),
+)
+PRICE_LIST = list_component("Price", "The price table.")
+
+JSON_SCHEMA_DOCUMENT = FREE_OBJECT | {"description": "a JSON Schema (draft 2020-12) document"}
