@@ -210,7 +210,7 @@ class WebhookEndpointForm(forms.Form):
     events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, label="Events")
 
     def __init__(self, *args, **kwargs):
-        from jobs.webhooks.services import WEBHOOK_EVENT_TYPES
+        from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 
         super().__init__(*args, **kwargs)
         self.fields["events"].choices = [(event_type, event_type) for event_type in WEBHOOK_EVENT_TYPES]

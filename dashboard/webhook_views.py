@@ -1,7 +1,7 @@
 """Dashboard pages for a project's webhook endpoints: list, create, enable/disable, rotate the
 secret, send a test event, delete, and read deliveries (request and response) with "redeliver".
 
-Thin adapters over ``jobs.webhooks.services``. Every member can read the endpoints and their
+Thin adapters over ``jobs.webhooks.endpoints``. Every member can read the endpoints and their
 deliveries; only owners and admins change them (403 before the form is read), as with API keys.
 A secret is shown once, in the answer of the POST that made it (create, rotate), never again.
 """
@@ -17,7 +17,14 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from dashboard.access import OrganizationAccess, project_view
 from dashboard.forms import WebhookEndpointForm
 from dashboard.views import _actor, _render
-from jobs.webhooks import services
+from jobs.webhooks.endpoints import (
+    delivery_redeliver,
+    endpoint_create,
+    endpoint_delete,
+    endpoint_rotate_secret,
+    endpoint_send_test,
+    endpoint_update,
+)
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from lab.api.errors import ApiError
 from lab.models import Project
@@ -67,7 +74,7 @@ def webhooks(request: HttpRequest, access: OrganizationAccess, project: Project)
     if form.is_valid():
         data = {"url": form.cleaned_data["url"], "events": form.cleaned_data["events"]}
         try:
-            endpoint = services.endpoint_create(project=project, actor=_actor(request), data=data)
+            endpoint = endpoint_create(project=project, actor=_actor(request), data=data)
         except ApiError as error:
             _add_api_errors(form, error)
         else:
@@ -131,7 +138,7 @@ def webhook_endpoint_enabled(
     if choice not in ("true", "false"):
         messages.error(request, "Choose to enable or to disable the endpoint.")
         return _back(access, project, endpoint)
-    services.endpoint_update(endpoint=endpoint, actor=_actor(request), data={"enabled": choice == "true"})
+    endpoint_update(endpoint=endpoint, actor=_actor(request), data={"enabled": choice == "true"})
     messages.success(request, f"{'Enabled' if choice == 'true' else 'Disabled'} the endpoint.")
     return _back(access, project, endpoint)
 
@@ -143,7 +150,7 @@ def webhook_endpoint_rotate(
 ) -> HttpResponse:
     """Give the endpoint a new secret and show it once (the old one also signs for 24 hours)."""
     access.require_manager()
-    endpoint = services.endpoint_rotate_secret(endpoint=_endpoint(project, endpoint_id), actor=_actor(request))
+    endpoint = endpoint_rotate_secret(endpoint=_endpoint(project, endpoint_id), actor=_actor(request))
     return _endpoint_page(request, access, project, endpoint, rotated=True)
 
 
@@ -156,7 +163,7 @@ def webhook_endpoint_test(
     access.require_manager()
     endpoint = _endpoint(project, endpoint_id)
     try:
-        delivery = services.endpoint_send_test(endpoint=endpoint, actor=_actor(request))
+        delivery = endpoint_send_test(endpoint=endpoint, actor=_actor(request))
     except ApiError as error:
         messages.error(request, error.message)
     else:
@@ -173,7 +180,7 @@ def webhook_endpoint_delete(
     access.require_manager()
     endpoint = _endpoint(project, endpoint_id)
     if request.method == "POST":
-        services.endpoint_delete(endpoint=endpoint, actor=_actor(request))
+        endpoint_delete(endpoint=endpoint, actor=_actor(request))
         messages.success(request, "Deleted the webhook endpoint.")
         return redirect("webhooks", org_slug=access.organization.slug, project_slug=project.slug)
     return _render(
@@ -193,7 +200,7 @@ def webhook_delivery_redeliver(
     if delivery is None:
         raise Http404("No such delivery.")
     try:
-        services.delivery_redeliver(delivery=delivery, actor=_actor(request))
+        delivery_redeliver(delivery=delivery, actor=_actor(request))
     except ApiError as error:
         messages.error(request, error.message)
     else:

@@ -2,8 +2,12 @@
 
 - ``models``: WebhookEndpoint, WebhookMessage (one per event), WebhookDelivery (one per
   message and endpoint: the outbox row), WebhookAttempt (one per HTTP try).
-- ``services``: create/update/rotate endpoints, ``enqueue_event`` (called by
-  ``jobs.services.job_record_event``), the test event, redeliver, and delivery itself.
+- ``events``: the event types.
+- ``endpoints``: create/update/rotate/delete endpoints, the test event and redeliver.
+- ``outbox``: ``enqueue_event`` (called by ``jobs.services.job_record_event``), messages and
+  delivery rows, queued on commit; the retry schedule.
+- ``delivery``: claim, sign, send and record tries; disable endpoints that keep failing.
+- ``sweep``: the periodic queueing of due retries and purge of old deliveries.
 - ``tasks``: Celery adapters; ``views``/``urls``: the REST endpoints.
 """
 

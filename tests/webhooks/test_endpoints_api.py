@@ -8,7 +8,7 @@ import json
 import pytest
 
 from jobs.webhooks.models import WebhookDelivery, WebhookEndpoint
-from jobs.webhooks.services import WEBHOOK_EVENT_TYPES
+from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 
 pytestmark = pytest.mark.django_db
 

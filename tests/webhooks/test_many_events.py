@@ -9,7 +9,8 @@ import pytest
 
 from jobs.models import JobEvent
 from jobs.services import job_record_event, job_submit
-from jobs.webhooks import services
+from jobs.webhooks.endpoints import endpoint_create
+from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from jobs.webhooks.models import WebhookDelivery
 from lab.services import Actor
 from tests.webhooks.conftest import drain
@@ -22,9 +23,9 @@ JOB_TYPES = ["job.started", "job.requeued", "job.succeeded", "job.failed", "job.
 def test_1000_events_to_10_endpoints_all_arrive_verified_and_once(owner, spec, receiver):
     endpoints = {}
     for index in range(10):
-        events = list(services.WEBHOOK_EVENT_TYPES) if index % 2 == 0 else ["job.started", "checkpoint.ready"]
+        events = list(WEBHOOK_EVENT_TYPES) if index % 2 == 0 else ["job.started", "checkpoint.ready"]
         path = f"/endpoint-{index}"
-        endpoint = services.endpoint_create(
+        endpoint = endpoint_create(
             project=owner.project, actor=Actor(user=owner.user), data={"url": receiver.url(path), "events": events}
         )
         receiver.expect(path, endpoint.secret)
