@@ -2,7 +2,7 @@
 
 - ``models``: WebhookEndpoint, WebhookMessage (one per event), WebhookDelivery (one per
   message and endpoint: the outbox row), WebhookAttempt (one per HTTP try).
-- ``events``: the event types.
+- ``events``: the event types; ``schemas``: endpoint bodies (pydantic).
 - ``endpoints``: create/update/rotate/delete endpoints, the test event and redeliver.
 - ``outbox``: ``enqueue_event`` (called by ``jobs.services.job_record_event``), messages and
   delivery rows, queued on commit; the retry schedule.

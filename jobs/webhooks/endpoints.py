@@ -1,7 +1,8 @@
 """Webhook endpoint services: create, change, rotate the secret, test, delete, redeliver.
 
-Each runs in one transaction and writes an audit row (``lab.audit``). A secret is
-``whsec_<base64>`` (Standard Webhooks), shown by the callers on create and rotate only.
+Each runs in one transaction and writes an audit row (``lab.audit``). Bodies are validated by
+``jobs.webhooks.schemas``; a secret is ``whsec_<base64>`` (Standard Webhooks), shown by the
+callers on create and rotate only.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.webhooks import outbox
-from jobs.webhooks.events import TEST_EVENT_TYPE, WEBHOOK_EVENT_TYPES
+from jobs.webhooks.events import TEST_EVENT_TYPE
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
-from lab.api.errors import ApiError, FieldError
+from jobs.webhooks.schemas import parse_endpoint_create, parse_endpoint_update
+from lab.api.errors import ApiError
 from lab.audit import Actor, AuditAction, audit_record
-from lab.lib.http import UnsafeURL, check_url, mask_url
+from lab.lib.http import mask_url
 from lab.models import Project
 
 #: How long the previous secret keeps signing after a rotation.
 PREVIOUS_SECRET_TTL = timedelta(hours=24)
-_ENDPOINT_FIELDS = ("url", "events", "enabled")
 
 
 def new_secret() -> str:
@@ -33,80 +34,16 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
-def parse_endpoint_input(data: Any, *, creating: bool) -> dict[str, Any]:
-    """Validate a create/PATCH body; return the fields given, cleaned.
-
-    ``url``: http(s), at most 2,048 characters, a host the client can send to as written (IDNA
-    2008, no trailing dot), not resolving to a refused address (private and loopback ones are
-    allowed only with ``LAB_WEBHOOK_ALLOW_PRIVATE``; IPv6 forms that carry an IPv4 address are
-    judged by it: ``lab.lib.http.check_url``); required on create.
-    ``events``: a non-empty list of ``WEBHOOK_EVENT_TYPES`` (default: all of them).
-    ``enabled``: a boolean. Raises ApiError 400 ``invalid_request`` listing every problem.
-    """
-    if not isinstance(data, dict):
-        raise ApiError(400, "invalid_request", "The body must be a JSON object.")
-    errors: list[FieldError] = []
-    cleaned: dict[str, Any] = {}
-    for key in data:
-        if key not in _ENDPOINT_FIELDS:
-            errors.append(
-                FieldError(_printable(key), "unknown_field", f"Unknown field; allowed: {', '.join(_ENDPOINT_FIELDS)}.")
-            )
-    if "url" in data or creating:
-        url = data.get("url")
-        if not isinstance(url, str) or not url.strip():
-            errors.append(FieldError("url", "required" if url is None else "invalid_url", "Give the endpoint's URL."))
-        else:
-            url = url.strip()
-            try:
-                check_url(url, allow_private=settings.LAB_WEBHOOK_ALLOW_PRIVATE)
-                cleaned["url"] = url
-            except UnsafeURL as exc:
-                message = exc.message
-                if exc.code == "private_address":
-                    message += " Private and loopback addresses need LAB_WEBHOOK_ALLOW_PRIVATE."
-                errors.append(FieldError("url", exc.code, message))
-    if "events" in data:
-        events = data["events"]
-        if not isinstance(events, list) or not events:
-            errors.append(FieldError("events", "invalid", "events must be a non-empty list of event types."))
-        else:
-            chosen: list[str] = []
-            for index, event_type in enumerate(events):
-                if not isinstance(event_type, str) or event_type not in WEBHOOK_EVENT_TYPES:
-                    errors.append(
-                        FieldError(
-                            f"events.{index}",
-                            "unknown_event_type",
-                            f"Unknown event type; choose from {', '.join(WEBHOOK_EVENT_TYPES)}.",
-                        )
-                    )
-                elif event_type not in chosen:
-                    chosen.append(event_type)
-            cleaned["events"] = chosen
-    elif creating:
-        cleaned["events"] = list(WEBHOOK_EVENT_TYPES)
-    if "enabled" in data:
-        if not isinstance(data["enabled"], bool):
-            errors.append(FieldError("enabled", "invalid", "enabled must be true or false."))
-        else:
-            cleaned["enabled"] = data["enabled"]
-    if errors:
-        message = errors[0].message if len(errors) == 1 else f"{len(errors)} problems in the request."
-        raise ApiError(400, "invalid_request", message, errors=errors)
-    return cleaned
-
-
-def _printable(key: Any) -> str:
-    """Return ``key`` cut to 100 characters with lone surrogates escaped, so the error body encodes."""
-    return str(key)[:100].encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 @transaction.atomic
 def endpoint_create(*, project: Project, actor: Actor, data: Any) -> WebhookEndpoint:
-    """Create an endpoint from a request body (see ``parse_endpoint_input``) with a new secret."""
-    fields = parse_endpoint_input(data, creating=True)
-    endpoint = WebhookEndpoint.objects.create(project=project, secret=new_secret(), **fields)
+    """Create an endpoint from a request body (``jobs.webhooks.schemas.EndpointCreate``) with a new secret.
+
+    Raises ApiError 400 ``invalid_request``.
+    """
+    fields = parse_endpoint_create(data, allow_private=settings.LAB_WEBHOOK_ALLOW_PRIVATE)
+    endpoint = WebhookEndpoint.objects.create(
+        project=project, secret=new_secret(), url=fields.url, events=fields.events, enabled=fields.enabled
+    )
     _audit(
         actor,
         endpoint,
@@ -120,8 +57,12 @@ def endpoint_create(*, project: Project, actor: Actor, data: Any) -> WebhookEndp
 def endpoint_update(
     *, endpoint: WebhookEndpoint, actor: Actor, data: Any, now: datetime | None = None
 ) -> WebhookEndpoint:
-    """Change ``url``, ``events`` and/or ``enabled``; enabling again forgets past failures."""
-    fields = parse_endpoint_input(data, creating=False)
+    """Change ``url``, ``events`` and/or ``enabled`` (``jobs.webhooks.schemas.EndpointUpdate``).
+
+    Enabling again forgets past failures; disabling records ``disabled_by_user``. Raises
+    ApiError 400 ``invalid_request``, changing nothing.
+    """
+    fields = parse_endpoint_update(data, allow_private=settings.LAB_WEBHOOK_ALLOW_PRIVATE).changes()
     endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
     for name, value in fields.items():
         setattr(endpoint, name, value)
