@@ -2,8 +2,9 @@
 secret, send a test event, delete, and read deliveries (request and response) with "redeliver".
 
 Thin adapters over ``jobs.webhooks.endpoints``. Every member can read the endpoints and their
-deliveries; only owners and admins change them (403 before the form is read), as with API keys.
-A secret is shown once, in the answer of the POST that made it (create, rotate), never again.
+deliveries; only owners and admins change them (403 before the form is read), as with API keys,
+and the services refuse anyone else too. A secret is shown once, in the answer of the POST that
+made it (create, rotate), never again.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 - ``models``: WebhookEndpoint, WebhookMessage (one per event), WebhookDelivery (one per
   message and endpoint: the outbox row), WebhookAttempt (one per HTTP try).
 - ``events``: the event types; ``schemas``: endpoint bodies (pydantic).
-- ``endpoints``: create/update/rotate/delete endpoints, the test event and redeliver.
+- ``endpoints``: create/update/rotate/delete endpoints, the test event and redeliver, each for
+  owners, admins and write keys only (``require_endpoint_manager``).
 - ``outbox``: ``enqueue_event`` (called by ``jobs.services.job_record_event``), messages and
   delivery rows, queued on commit; the retry schedule.
 - ``delivery``: claim, sign, send and record tries; disable endpoints that keep failing.

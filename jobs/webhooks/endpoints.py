@@ -1,8 +1,12 @@
 """Webhook endpoint services: create, change, rotate the secret, test, delete, redeliver.
 
-Each runs in one transaction and writes an audit row (``lab.audit``). Bodies are validated by
-``jobs.webhooks.schemas``; a secret is ``whsec_<base64>`` (Standard Webhooks), shown by the
-callers on create and rotate only.
+Who may: owners and admins of the project's organization, the project's API keys with the
+``write`` scope (keys are made by owners and admins only), and Lab itself; every service here
+asks ``require_endpoint_manager`` first, so the API, the dashboard and any other caller apply
+the same rule. Each runs in one transaction and writes an audit row (``lab.audit``).
+
+Bodies are validated by ``jobs.webhooks.schemas``; a secret is ``whsec_<base64>`` (Standard
+Webhooks), shown by the callers on create and rotate only.
 """
 
 from __future__ import annotations
@@ -20,13 +24,36 @@ from jobs.webhooks import outbox
 from jobs.webhooks.events import TEST_EVENT_TYPE
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from jobs.webhooks.schemas import parse_endpoint_create, parse_endpoint_update
-from lab.api.errors import ApiError
+from lab.api.errors import ApiError, not_found
 from lab.audit import Actor, AuditAction, audit_record
 from lab.lib.http import mask_url
-from lab.models import Project
+from lab.models import ApiKeyScope, Membership, Project
 
 #: How long the previous secret keeps signing after a rotation.
 PREVIOUS_SECRET_TTL = timedelta(hours=24)
+
+
+def require_endpoint_manager(*, actor: Actor, project: Project) -> None:
+    """Refuse an actor who may not change ``project``'s webhook endpoints and deliveries.
+
+    Allowed: an owner or admin of the project's organization, an API key of the project with the
+    ``write`` scope, and the system actor. Raises ApiError 403 ``insufficient_scope`` for a
+    plain member or a read-only key, and 404 ``not_found`` for a user or key of another tenant
+    (another tenant's objects are never a 403).
+    """
+    if actor.api_key is not None:
+        if actor.api_key.project_id != project.pk:
+            raise not_found("project")
+        if ApiKeyScope.WRITE not in actor.api_key.scopes:
+            raise ApiError(403, "insufficient_scope", f"This API key lacks the '{ApiKeyScope.WRITE}' scope.")
+    if actor.user is not None:
+        membership = Membership.objects.filter(user=actor.user, organization_id=project.organization_id).first()
+        if membership is None:
+            raise not_found("project")
+        if not membership.can_manage:
+            raise ApiError(
+                403, "insufficient_scope", "Only organization owners and admins may change webhook endpoints."
+            )
 
 
 def new_secret() -> str:
@@ -38,8 +65,9 @@ def new_secret() -> str:
 def endpoint_create(*, project: Project, actor: Actor, data: Any) -> WebhookEndpoint:
     """Create an endpoint from a request body (``jobs.webhooks.schemas.EndpointCreate``) with a new secret.
 
-    Raises ApiError 400 ``invalid_request``.
+    Raises ApiError 403/404 (``require_endpoint_manager``) or 400 ``invalid_request``.
     """
+    require_endpoint_manager(actor=actor, project=project)
     fields = parse_endpoint_create(data, allow_private=settings.LAB_WEBHOOK_ALLOW_PRIVATE)
     endpoint = WebhookEndpoint.objects.create(
         project=project, secret=new_secret(), url=fields.url, events=fields.events, enabled=fields.enabled
@@ -60,8 +88,9 @@ def endpoint_update(
     """Change ``url``, ``events`` and/or ``enabled`` (``jobs.webhooks.schemas.EndpointUpdate``).
 
     Enabling again forgets past failures; disabling records ``disabled_by_user``. Raises
-    ApiError 400 ``invalid_request``, changing nothing.
+    ApiError 403/404 (``require_endpoint_manager``) or 400 ``invalid_request``, changing nothing.
     """
+    require_endpoint_manager(actor=actor, project=endpoint.project)
     fields = parse_endpoint_update(data, allow_private=settings.LAB_WEBHOOK_ALLOW_PRIVATE).changes()
     endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
     for name, value in fields.items():
@@ -79,14 +108,19 @@ def endpoint_update(
 
 @transaction.atomic
 def endpoint_delete(*, endpoint: WebhookEndpoint, actor: Actor) -> None:
-    """Delete an endpoint with its deliveries and attempts."""
+    """Delete an endpoint with its deliveries and attempts. Raises ApiError 403/404 (``require_endpoint_manager``)."""
+    require_endpoint_manager(actor=actor, project=endpoint.project)
     _audit(actor, endpoint, AuditAction.WEBHOOK_ENDPOINT_DELETE, {})
     endpoint.delete()
 
 
 @transaction.atomic
 def endpoint_rotate_secret(*, endpoint: WebhookEndpoint, actor: Actor, now: datetime | None = None) -> WebhookEndpoint:
-    """Give the endpoint a new secret; the old one also signs for 24 h so receivers can switch."""
+    """Give the endpoint a new secret; the old one also signs for 24 h so receivers can switch.
+
+    Raises ApiError 403/404 (``require_endpoint_manager``).
+    """
+    require_endpoint_manager(actor=actor, project=endpoint.project)
     now = now or timezone.now()
     endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
     endpoint.previous_secret = endpoint.secret
@@ -102,8 +136,10 @@ def endpoint_rotate_secret(*, endpoint: WebhookEndpoint, actor: Actor, now: date
 def endpoint_send_test(*, endpoint: WebhookEndpoint, actor: Actor, now: datetime | None = None) -> WebhookDelivery:
     """Send a ``webhook.test`` event to this endpoint only; return its delivery.
 
-    Raises ApiError 409 ``invalid_state`` when the endpoint is disabled.
+    Raises ApiError 403/404 (``require_endpoint_manager``), or 409 ``invalid_state`` when the
+    endpoint is disabled.
     """
+    require_endpoint_manager(actor=actor, project=endpoint.project)
     if not endpoint.enabled:
         raise ApiError(409, "invalid_state", "This endpoint is disabled; enable it to send a test event.")
     now = now or timezone.now()
@@ -119,9 +155,10 @@ def endpoint_send_test(*, endpoint: WebhookEndpoint, actor: Actor, now: datetime
 def delivery_redeliver(*, delivery: WebhookDelivery, actor: Actor, now: datetime | None = None) -> WebhookDelivery:
     """Try a delivery again now, with the same ``webhook-id`` and body.
 
-    A delivery that had used up its schedule gets one more try. Raises ApiError 409
-    ``invalid_state`` when the endpoint is disabled.
+    A delivery that had used up its schedule gets one more try. Raises ApiError 403/404
+    (``require_endpoint_manager``), or 409 ``invalid_state`` when the endpoint is disabled.
     """
+    require_endpoint_manager(actor=actor, project=delivery.endpoint.project)
     now = now or timezone.now()
     delivery = WebhookDelivery.objects.select_for_update().select_related("endpoint", "message").get(pk=delivery.pk)
     if not delivery.endpoint.enabled:
