@@ -11,8 +11,12 @@ Claiming: due rows are locked with ``SELECT ... FOR UPDATE SKIP LOCKED`` and the
 ``next_attempt_at`` pushed forward by ``lease()`` before any HTTP, so a worker killed
 mid-delivery leads to a retry (by ``jobs.webhooks.sweep``), never a loss or a double claim.
 
-Retries: 2xx is delivered; network errors, timeouts, 429 and 5xx are retried on the outbox's
-schedule; any other status (3xx, 4xx) or a refused address fails the delivery at once.
+Retries: 2xx is delivered. Whether a failed try is tried again is
+``labsdk.retry.is_retryable_status``, the rule the SDK and the engine use too: no answer
+(network errors, timeouts), 429 and 5xx are retried on the outbox's schedule; any other status
+fails the delivery at once: 4xx (408 included) is the receiver's word on this message, and 3xx
+leads nowhere since redirects are never followed (saleor's webhooks do the same). A refused
+address fails it at once too.
 
 Endpoint health: an endpoint whose tries have failed without a success for 5 days is disabled,
 with a ``webhook_endpoint.disabled`` event to the project's other endpoints. An endpoint whose
@@ -37,6 +41,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from labsdk.retry import is_retryable_status
 from standardwebhooks import Webhook
 
 from jobs.webhooks import outbox
@@ -162,13 +167,13 @@ def _send(delivery: WebhookDelivery, headers: dict[str, str], client: SafeClient
         return DeliveryResult(delivery.pk, False, False, None, error, 0, url_refused=exc.permanent), ""
     except RequestFailed as exc:
         error = exc.message.replace("\x00", "")[:300]
-        return DeliveryResult(delivery.pk, False, True, None, error, exc.duration_ms), ""
+        return DeliveryResult(delivery.pk, False, is_retryable_status(None), None, error, exc.duration_ms), ""
     except Exception as exc:  # never lose the bookkeeping of the others over one bad try
         logger.exception("webhook try crashed", extra={"delivery": delivery.public_id})
         return DeliveryResult(delivery.pk, False, True, None, f"internal error: {type(exc).__name__}", 0), ""
     code = response.status_code
     succeeded = 200 <= code < 300
-    retryable = code == 429 or code >= 500
+    retryable = is_retryable_status(code)
     error = "" if succeeded else f"HTTP {code}"
     return DeliveryResult(delivery.pk, succeeded, retryable, code, error, response.duration_ms), response.excerpt
 
