@@ -10,7 +10,8 @@ operation, what follows from the conventions of DESIGN.md §4 rather than from o
 * the components themselves;
 * the error responses (the one error body, ``Error``) an operation can answer;
 * the ``Idempotency-Key`` header of every authenticated POST;
-* ``allowEmptyValue`` on every query parameter (an empty value counts as absent);
+* ``allowEmptyValue`` on every query parameter (an empty value counts as absent), and no NUL
+  character in a path or query string (``lab.middleware`` refuses it: no database stores it);
 * links from each create answer (``POST /things``, 201) to the operations on
   ``/things/{id}...``, with the id from ``$response.body#/id``, so that clients and stateful
   fuzzers can follow them.
@@ -181,6 +182,7 @@ _IDEMPOTENCY_KEY = {
     "description": "Replays the first answer of this key (per project, 24 h); another body with it is a 409.",
 }
 _PATH_PARAMETER = re.compile(r"\{[^}]+\}")
+_NO_NUL = r"^[^\x00]*$"
 
 
 def _error_statuses(method: str, path: str, operation: Schema) -> list[str]:
@@ -253,5 +255,8 @@ def postprocess_lab_schema(result: Schema, generator, request, public: bool) -> 
             for parameter in operation.get("parameters", []):
                 if parameter["in"] == "query":
                     parameter["allowEmptyValue"] = True
+                schema = parameter.get("schema", {})
+                if parameter["in"] in ("query", "path") and schema.get("type") == "string" and "enum" not in schema:
+                    schema.setdefault("pattern", _NO_NUL)
     _links(paths)
     return result

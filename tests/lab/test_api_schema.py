@@ -80,6 +80,16 @@ def test_every_authenticated_post_takes_an_idempotency_key(document):
             assert names == ["Idempotency-Key"], path
 
 
+def test_query_parameters_may_be_empty_and_no_string_parameter_takes_a_nul(document):
+    for path, method, operation in _operations(document):
+        for parameter in operation.get("parameters", []):
+            schema = parameter["schema"]
+            if parameter["in"] == "query":
+                assert parameter["allowEmptyValue"] is True, (method, path, parameter["name"])
+            if parameter["in"] in ("query", "path") and schema["type"] == "string" and "enum" not in schema:
+                assert schema["pattern"] == "^[^\\x00]*$", (method, path, parameter["name"])
+
+
 def test_create_answers_link_to_the_operations_on_the_new_object(document):
     job_links = document["paths"]["/api/v1/jobs"]["post"]["responses"]["201"]["links"]
     assert job_links["jobs_retrieve"] == {
