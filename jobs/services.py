@@ -34,7 +34,7 @@ from jobs.serializers import job_to_dict
 from jobs.specs import validate_job_spec
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
-from jobs.webhooks.services import enqueue_event
+from jobs.webhooks.outbox import enqueue_event
 from lab.api.errors import ApiError
 from lab.audit import Actor, AuditAction, audit_record
 from lab.models import Project

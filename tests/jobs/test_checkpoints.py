@@ -299,7 +299,7 @@ def test_the_orphan_sweep_removes_old_objects_without_a_row_and_spares_young_one
 
 def test_the_ready_webhook_links_to_the_download_endpoint(owner, spec, settings):
     from jobs.webhooks.models import WebhookMessage
-    from jobs.webhooks.services import endpoint_create
+    from jobs.webhooks.endpoints import endpoint_create
 
     settings.LAB_WEBHOOK_ALLOW_PRIVATE = True
     endpoint_create(
