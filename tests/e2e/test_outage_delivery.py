@@ -12,7 +12,6 @@ step is stored, every checkpoint is ``ready`` or (retention) ``deleted``, the fi
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import httpx
@@ -94,7 +93,7 @@ def _assert_nothing_lost(stack: LabStack, job_id: str) -> None:
 def test_it_stores_every_step_and_checkpoint_across_a_web_outage_mid_run(stack, owner):
     job_id, attempt_dir = _submit(stack, owner.key)
     wait_for(lambda: _spooled_steps(attempt_dir) >= 19, timeout=240, what="step 19")
-    stack.kill("web", signal.SIGTERM)
+    stack.kill("web")  # at once: a graceful shutdown would let the engine finish its reports
     outage_from = _spooled_steps(attempt_dir)
     # Longer than keep_last × interval = 20 steps: retention runs while uploads are owed.
     wait_for(lambda: _spooled_steps(attempt_dir) >= outage_from + 25, timeout=240, what="25 steps without Lab")
@@ -105,7 +104,7 @@ def test_it_stores_every_step_and_checkpoint_across_a_web_outage_mid_run(stack, 
 def test_it_delivers_from_the_spool_what_the_engine_could_not_before_it_exited(stack, owner):
     job_id, attempt_dir = _submit(stack, owner.key)
     wait_for(lambda: _spooled_steps(attempt_dir) >= 15, timeout=240, what="step 15")
-    stack.kill("web", signal.SIGTERM)
+    stack.kill("web")  # at once: a graceful shutdown would let the engine finish its reports
     # The engine trains to the end and exits with steps and checkpoints still in its spool.
     wait_for(lambda: (attempt_dir / "exit.json").exists(), timeout=300, what="the engine's exit")
     cursor = attempt_dir / "spool" / "attempt-1" / "metrics.sent"

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.webhooks import services
+from jobs.webhooks.delivery import DeliveryResult, deliver
+from labsdk.webhooks import WebhookReceiver
 from tests.conftest import TINY_SPEC
-from tests.webhooks.receiver import Receiver
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,7 @@ def spec() -> dict:
 
 @pytest.fixture
 def receiver():
-    with Receiver() as running:
+    with WebhookReceiver() as running:
         yield running
 
 
@@ -50,11 +50,11 @@ def clock() -> Clock:
     return Clock()
 
 
-def drain(now: datetime | None = None, *, rounds: int = 10_000) -> list[services.DeliveryResult]:
+def drain(now: datetime | None = None, *, rounds: int = 10_000) -> list[DeliveryResult]:
     """Run every delivery due at ``now`` (and retries due by then) until none is due; return the results."""
-    results: list[services.DeliveryResult] = []
+    results: list[DeliveryResult] = []
     for _ in range(rounds):
-        batch = services.deliver(None, now=now or timezone.now(), limit=100)
+        batch = deliver(None, now=now or timezone.now(), limit=100)
         if not batch:
             return results
         results.extend(batch)

@@ -11,12 +11,20 @@ from standardwebhooks import Webhook
 
 from jobs.models import Checkpoint, JobEvent
 from jobs.services import job_record_event, job_submit
-from jobs.webhooks import services
+from jobs.webhooks.delivery import claim_deliveries, deliver, endpoint_disable, lease, signature_headers
+from jobs.webhooks.endpoints import (
+    delivery_redeliver,
+    endpoint_create,
+    endpoint_rotate_secret,
+    endpoint_update,
+    new_secret,
+)
 from jobs.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookMessage
-from labsdk.webhooks import WebhookVerificationError, verify
+from jobs.webhooks.sweep import purge_finished, sweep
+from lab.api.errors import ApiError
+from labsdk.webhooks import WebhookReceiver, WebhookVerificationError, verify
 from lab.services import Actor
 from tests.webhooks.conftest import drain
-from tests.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +33,7 @@ def endpoint_for(tenant, receiver, path="/hook", events=None, answers=None) -> W
     body = {"url": receiver.url(path)}
     if events is not None:
         body["events"] = events
-    endpoint = services.endpoint_create(project=tenant.project, actor=Actor(user=tenant.user), data=body)
+    endpoint = endpoint_create(project=tenant.project, actor=Actor(user=tenant.user), data=body)
     receiver.expect(path, endpoint.secret, answers)
     return endpoint
 
@@ -99,7 +107,7 @@ def test_a_receiver_down_for_its_first_attempts_still_gets_the_event_with_the_sa
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    endpoint = services.endpoint_create(
+    endpoint = endpoint_create(
         project=owner.project, actor=Actor(user=owner.user), data={"url": f"http://127.0.0.1:{port}/hook"}
     )
     submit(owner, spec)
@@ -109,7 +117,7 @@ def test_a_receiver_down_for_its_first_attempts_still_gets_the_event_with_the_sa
     assert drain(clock.now) == []  # the retry is not due yet
     [second] = drain(clock.advance(6))
     assert not second.succeeded
-    with Receiver(port=port) as receiver:
+    with WebhookReceiver(port=port) as receiver:
         receiver.expect("/hook", endpoint.secret)
         assert drain(clock.advance(200)) == []
         [third] = drain(clock.advance(140))
@@ -132,7 +140,7 @@ def test_a_400_answer_is_not_retried(owner, spec, receiver, clock):
     delivery = WebhookDelivery.objects.get()
     assert (delivery.status, delivery.attempt_count, delivery.next_attempt_at) == ("failed", 1, None)
     assert len(receiver.at("/hook")) == 1
-    assert delivery.attempts.get().response_excerpt == "nope"
+    assert delivery.attempts.get().response_excerpt == '{"ok": false}'
 
 
 @pytest.mark.parametrize("status", [429, 500, 503])
@@ -175,9 +183,9 @@ def test_a_delivery_whose_schedule_runs_out_fails(owner, spec, receiver, clock, 
 def test_a_worker_killed_mid_delivery_leads_to_a_retry_after_the_lease(owner, spec, receiver, clock):
     endpoint_for(owner, receiver)
     submit(owner, spec)
-    [claimed] = services.claim_deliveries(None, now=clock.now)  # ...and the worker dies here
-    assert services.claim_deliveries(None, now=clock.advance(30)) == []  # still held by the lease
-    [result] = drain(clock.advance(services.lease().total_seconds()))
+    [claimed] = claim_deliveries(None, now=clock.now)  # ...and the worker dies here
+    assert claim_deliveries(None, now=clock.advance(30)) == []  # still held by the lease
+    [result] = drain(clock.advance(lease().total_seconds()))
     assert result.succeeded and result.delivery_id == claimed.pk
     [received] = receiver.at("/hook")
     assert received.webhook_id == claimed.public_id and received.verified
@@ -192,9 +200,9 @@ def test_the_sweep_queues_due_retries_and_leaves_fresh_deliveries_to_their_task(
     monkeypatch.setattr(tasks.deliver, "delay", lambda ids: queued.append(ids))
     endpoint_for(owner, receiver)
     submit(owner, spec)
-    assert services.sweep(now=clock.now) == 0
-    assert services.sweep(now=clock.advance(10)) == 0
-    assert services.sweep(now=clock.advance(6)) == 1
+    assert sweep(now=clock.now) == 0
+    assert sweep(now=clock.advance(10)) == 0
+    assert sweep(now=clock.advance(6)) == 1
     assert queued == [[WebhookDelivery.objects.get().pk]]
 
 
@@ -246,7 +254,7 @@ def test_a_success_resets_the_failure_clock(owner, spec, receiver, clock):
 def test_after_a_rotation_both_secrets_sign_for_24_hours(owner, spec, receiver, clock):
     endpoint = endpoint_for(owner, receiver)
     old_secret = endpoint.secret
-    endpoint = services.endpoint_rotate_secret(endpoint=endpoint, actor=Actor(user=owner.user), now=clock.now)
+    endpoint = endpoint_rotate_secret(endpoint=endpoint, actor=Actor(user=owner.user), now=clock.now)
     receiver.expect("/hook", endpoint.secret)
     submit(owner, spec)
     drain(clock.now)
@@ -255,7 +263,7 @@ def test_after_a_rotation_both_secrets_sign_for_24_hours(owner, spec, receiver, 
     assert len(received.headers["webhook-signature"].split(" ")) == 2
     Webhook(old_secret).verify(received.body, received.headers)
     delivery = WebhookDelivery.objects.get()
-    later = services.signature_headers(delivery, now=clock.now + timedelta(hours=25))
+    later = signature_headers(delivery, now=clock.now + timedelta(hours=25))
     assert len(later["webhook-signature"].split(" ")) == 1
 
 
@@ -264,7 +272,7 @@ def test_redeliver_sends_the_same_message_again(owner, spec, receiver, clock):
     submit(owner, spec)
     drain(clock.now)
     delivery = WebhookDelivery.objects.get()
-    services.delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user), now=clock.advance(60))
+    delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user), now=clock.advance(60))
     drain(clock.now)
     first, second = receiver.at("/hook")
     assert first.body == second.body and first.webhook_id == second.webhook_id == delivery.public_id
@@ -299,7 +307,7 @@ def test_the_sdk_refuses_a_tampered_body_a_wrong_secret_and_missing_headers(owne
     with pytest.raises(WebhookVerificationError):
         verify(received.body.replace(b"queued", b"failed"), received.headers, endpoint.secret)
     with pytest.raises(WebhookVerificationError):
-        verify(received.body, received.headers, services.new_secret())
+        verify(received.body, received.headers, new_secret())
     with pytest.raises(WebhookVerificationError):
         verify(received.body, {"webhook-id": received.webhook_id}, endpoint.secret)
     with pytest.raises(WebhookVerificationError):
@@ -336,7 +344,7 @@ def test_an_answer_with_nul_bytes_is_stored(owner, spec, clock):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        services.endpoint_create(
+        endpoint_create(
             project=owner.project,
             actor=Actor(user=owner.user),
             data={"url": f"http://127.0.0.1:{server.server_address[1]}/hook"},
@@ -390,16 +398,16 @@ def test_enabling_a_disabled_endpoint_again_forgets_its_failures_and_redeliver_n
     submit(owner, spec)
     drain()
     delivery = WebhookDelivery.objects.get()
-    assert services.endpoint_disable(endpoint=endpoint, reason="test") is True
-    assert services.endpoint_disable(endpoint=endpoint, reason="test") is False
+    assert endpoint_disable(endpoint=endpoint, reason="test") is True
+    assert endpoint_disable(endpoint=endpoint, reason="test") is False
     delivery.refresh_from_db()
     assert (delivery.status, delivery.last_error) == ("failed", "endpoint disabled")
-    with pytest.raises(services.ApiError) as refused:
-        services.delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user))
+    with pytest.raises(ApiError) as refused:
+        delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user))
     assert refused.value.status == 409
-    endpoint = services.endpoint_update(endpoint=endpoint, actor=Actor(user=owner.user), data={"enabled": True})
+    endpoint = endpoint_update(endpoint=endpoint, actor=Actor(user=owner.user), data={"enabled": True})
     assert (endpoint.enabled, endpoint.failing_since, endpoint.disabled_reason) == (True, None, "")
-    services.delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user))
+    delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user))
     [result] = drain()
     assert result.succeeded
     delivery.refresh_from_db()
@@ -411,10 +419,10 @@ def test_finished_deliveries_are_purged_after_30_days_and_pending_ones_kept(owne
     endpoint_for(owner, receiver, "/down", answers=[(500, 0)])
     submit(owner, spec)
     drain(clock.now)
-    assert services.purge_finished(now=clock.advance(29 * 24 * 3600)) == 0
-    assert services.purge_finished(now=clock.advance(2 * 24 * 3600)) == 0  # one delivery is still pending
+    assert purge_finished(now=clock.advance(29 * 24 * 3600)) == 0
+    assert purge_finished(now=clock.advance(2 * 24 * 3600)) == 0  # one delivery is still pending
     WebhookDelivery.objects.filter(status="pending").update(status="failed")
-    assert services.purge_finished(now=clock.now) == 1
+    assert purge_finished(now=clock.now) == 1
     assert not WebhookMessage.objects.exists()
     assert not WebhookDelivery.objects.exists() and not WebhookAttempt.objects.exists()
 
@@ -440,7 +448,7 @@ def test_an_endpoint_whose_stored_url_can_never_be_sent_is_disabled_without_retr
     job = submit(owner, spec)
     job_record_event(job=job, type="job.started")
     first = WebhookDelivery.objects.get(endpoint=broken, message__type="job.queued")
-    [result] = services.deliver([first.pk], now=clock.now)
+    [result] = deliver([first.pk], now=clock.now)
     assert (result.succeeded, result.retryable, result.status_code, result.error) == (False, False, None, error)
     drain(clock.now)
     broken.refresh_from_db()
