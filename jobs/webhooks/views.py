@@ -1,20 +1,27 @@
-"""REST endpoints for webhook endpoints and their deliveries. Thin over ``jobs.webhooks.services``."""
+"""REST endpoints for webhook endpoints and their deliveries. Thin over ``jobs.webhooks.endpoints``."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs.webhooks import services
+from jobs.webhooks import openapi
+from jobs.webhooks.endpoints import (
+    delivery_redeliver,
+    endpoint_create,
+    endpoint_delete,
+    endpoint_rotate_secret,
+    endpoint_send_test,
+    endpoint_update,
+)
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from jobs.webhooks.serializers import delivery_to_dict, endpoint_to_dict
 from lab.api.base import ProjectAPIView
 from lab.api.errors import ApiError, FieldError, not_found
 from lab.api.idempotency import replay_as
 from lab.api.pagination import paginate_by_public_id
-
-_BODY = {"application/json": OpenApiTypes.OBJECT}
+from lab.api.schema import json_body, limit_parameter
 
 
 class _EndpointView(ProjectAPIView):
@@ -27,16 +34,19 @@ class EndpointListView(_EndpointView):
     an ``Idempotency-Key`` replay answers without it)."""
 
     @extend_schema(
-        parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", str)], responses=OpenApiTypes.OBJECT
+        parameters=[limit_parameter(), OpenApiParameter("after", str)],
+        responses={200: openapi.WEBHOOK_ENDPOINT_LIST},
     )
     def get(self, request: Request) -> Response:
         return Response(
             paginate_by_public_id(self.scoped(WebhookEndpoint.objects.all()), request.query_params, endpoint_to_dict)
         )
 
-    @extend_schema(request=_BODY, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(
+        request=json_body(openapi.WEBHOOK_ENDPOINT_CREATE), responses={201: openapi.WEBHOOK_ENDPOINT_WITH_SECRET}
+    )
     def post(self, request: Request) -> Response:
-        endpoint = services.endpoint_create(project=self.project, actor=self.actor, data=request.data)
+        endpoint = endpoint_create(project=self.project, actor=self.actor, data=request.data)
         answer = Response(endpoint_to_dict(endpoint, include_secret=True), status=201)
         return replay_as(answer, endpoint_to_dict(endpoint))
 
@@ -44,18 +54,18 @@ class EndpointListView(_EndpointView):
 class EndpointDetailView(_EndpointView):
     """``GET``, ``PATCH`` (url, events, enabled) and ``DELETE /webhook-endpoints/{id}``."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: openapi.WEBHOOK_ENDPOINT})
     def get(self, request: Request, endpoint_id: str) -> Response:
         return Response(endpoint_to_dict(self.endpoint(endpoint_id)))
 
-    @extend_schema(request=_BODY, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=json_body(openapi.WEBHOOK_ENDPOINT_UPDATE), responses={200: openapi.WEBHOOK_ENDPOINT})
     def patch(self, request: Request, endpoint_id: str) -> Response:
-        endpoint = services.endpoint_update(endpoint=self.endpoint(endpoint_id), actor=self.actor, data=request.data)
+        endpoint = endpoint_update(endpoint=self.endpoint(endpoint_id), actor=self.actor, data=request.data)
         return Response(endpoint_to_dict(endpoint))
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, endpoint_id: str) -> Response:
-        services.endpoint_delete(endpoint=self.endpoint(endpoint_id), actor=self.actor)
+        endpoint_delete(endpoint=self.endpoint(endpoint_id), actor=self.actor)
         return Response(status=204)
 
 
@@ -63,18 +73,18 @@ class EndpointRotateSecretView(_EndpointView):
     """``POST /webhook-endpoints/{id}/rotate-secret``: a new secret (the old one signs for 24 h more);
     an ``Idempotency-Key`` replay answers without it."""
 
-    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=None, responses={200: openapi.WEBHOOK_ENDPOINT_WITH_SECRET})
     def post(self, request: Request, endpoint_id: str) -> Response:
-        endpoint = services.endpoint_rotate_secret(endpoint=self.endpoint(endpoint_id), actor=self.actor)
+        endpoint = endpoint_rotate_secret(endpoint=self.endpoint(endpoint_id), actor=self.actor)
         return replay_as(Response(endpoint_to_dict(endpoint, include_secret=True)), endpoint_to_dict(endpoint))
 
 
 class EndpointTestView(_EndpointView):
     """``POST /webhook-endpoints/{id}/test``: send a ``webhook.test`` event; 202 with its delivery."""
 
-    @extend_schema(request=None, responses={202: OpenApiTypes.OBJECT})
+    @extend_schema(request=None, responses={202: openapi.WEBHOOK_DELIVERY})
     def post(self, request: Request, endpoint_id: str) -> Response:
-        delivery = services.endpoint_send_test(endpoint=self.endpoint(endpoint_id), actor=self.actor)
+        delivery = endpoint_send_test(endpoint=self.endpoint(endpoint_id), actor=self.actor)
         return Response(delivery_to_dict(delivery), status=202)
 
 
@@ -83,11 +93,11 @@ class DeliveryListView(_EndpointView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("status", str, description="pending, succeeded or failed"),
-            OpenApiParameter("limit", int),
+            OpenApiParameter("status", str, enum=DeliveryStatus.values),
+            limit_parameter(),
             OpenApiParameter("after", str),
         ],
-        responses=OpenApiTypes.OBJECT,
+        responses={200: openapi.WEBHOOK_DELIVERY_LIST},
     )
     def get(self, request: Request, endpoint_id: str) -> Response:
         endpoint = self.endpoint(endpoint_id)
@@ -105,12 +115,12 @@ class DeliveryListView(_EndpointView):
 class DeliveryRedeliverView(_EndpointView):
     """``POST /webhook-endpoints/{id}/deliveries/{delivery_id}/redeliver``: try again now; 202."""
 
-    @extend_schema(request=None, responses={202: OpenApiTypes.OBJECT})
+    @extend_schema(request=None, responses={202: openapi.WEBHOOK_DELIVERY})
     def post(self, request: Request, endpoint_id: str, delivery_id: str) -> Response:
         endpoint = self.endpoint(endpoint_id)
         delivery = WebhookDelivery.objects.filter(endpoint=endpoint, public_id=delivery_id[:64]).first()
         if delivery is None:
             raise not_found("webhook delivery")
-        delivery = services.delivery_redeliver(delivery=delivery, actor=self.actor)
+        delivery = delivery_redeliver(delivery=delivery, actor=self.actor)
         delivery = WebhookDelivery.objects.select_related("message", "endpoint").get(pk=delivery.pk)
         return Response(delivery_to_dict(delivery), status=202)

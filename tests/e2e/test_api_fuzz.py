@@ -4,9 +4,9 @@ answer is one the OpenAPI document describes (status, content type, headers, bod
 Two fuzzers, both bounded and deterministic (fixed example counts, ``derandomize``):
 
 * schemathesis over the OpenAPI document served at ``/api/v1/schema``, every operation, with
-  valid (positive) and invalid (negative) inputs; then once more over the operations that take a
-  job spec (``POST /jobs``, ``/jobs/estimate``) with the model and environment ids narrowed to
-  this Lab's catalogues, so that schema-valid bodies are accepted, not only refused;
+  valid (positive) and invalid (negative) inputs; then once more over the operations that create
+  (``POST /jobs``, ``/jobs/estimate``, ``/webhook-endpoints``) with the model and environment ids
+  narrowed to this Lab's catalogues, so that schema-valid bodies are accepted, not only refused;
 * hypothesis-built hostile job specs for ``POST /jobs`` and ``POST /jobs/estimate``: wrong
   types, huge and negative numbers, long and odd unicode strings, nesting, unknown keys. They
   must be refused (400 or 413) or accepted, never 5xx, and a refused body creates no job.
@@ -31,6 +31,7 @@ from schemathesis import GenerationMode, checks
 from schemathesis.errors import FailureGroup
 
 from jobs.models import Job
+from jobs.webhooks.models import WebhookEndpoint
 from tests.conftest import TINY_SPEC
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -127,13 +128,15 @@ def test_every_operation_answers_as_documented_never_5xx(live_server, tenant):
 _CREATING = {
     "/api/v1/jobs": (Job.objects.unscoped, 201),
     "/api/v1/jobs/estimate": (Job.objects.unscoped, 200),
+    "/api/v1/webhook-endpoints": (WebhookEndpoint.objects.all, 201),
 }
 
 
 def _catalogue_openapi(base_url: str, key: str) -> dict:
     """Return the served OpenAPI document cut to the ``POST`` operations of ``_CREATING``, with
     the job spec's model and environment ids narrowed to this Lab's catalogues (which no static
-    schema can know) so that schema-valid specs name installed ones."""
+    schema can know) so that schema-valid specs name installed ones, and webhook URLs to public
+    addresses."""
     headers = {"Authorization": f"Bearer {key}"}
     document = httpx.get(f"{base_url}/api/v1/schema", params={"format": "json"}).json()
     models = [model["id"] for model in httpx.get(f"{base_url}/api/v1/models", headers=headers).json()["data"]]
@@ -141,6 +144,9 @@ def _catalogue_openapi(base_url: str, key: str) -> dict:
     components = document["components"]["schemas"]
     components["JobSpec"]["properties"]["model"] = {"enum": models}
     components["EnvConfig"]["properties"]["id"] = {"enum": environments}
+    # Public addresses, as no static schema can tell which hosts resolve to private ones.
+    public_url = r"^https://93\.184\.215\.[1-9][0-9]?/[a-z]{0,9}$"
+    components["WebhookEndpointCreate"]["properties"]["url"] = {"type": "string", "pattern": public_url}
     document["paths"] = {path: {"post": document["paths"][path]["post"]} for path in _CREATING}
     return document
 

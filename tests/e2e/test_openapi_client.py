@@ -1,6 +1,6 @@
 """A client generated from the live OpenAPI document works: openapi-python-client reads
 ``/api/v1/schema`` from the running server, writes a typed package into a temporary directory,
-and that package creates and reads a job, and reads an error body.
+and that package creates and reads a job and a webhook endpoint, and reads an error body.
 
 The generator's post hooks (ruff) are turned off, so nothing but the generator itself runs; it
 must not warn about any part of the document (``--fail-on-warning``).
@@ -100,3 +100,21 @@ def test_a_generated_client_creates_and_reads_a_job(generated_client, live_serve
     assert isinstance(missing.parsed, Error)
     assert (missing.parsed.error.code, missing.parsed.error.type_.value) == ("not_found", "not_found_error")
 
+
+def test_a_generated_client_creates_a_webhook_endpoint_and_sees_the_secret_once(generated_client, live_server, tenant):
+    from lab_api_client.api.webhook_endpoints import webhook_endpoints_create, webhook_endpoints_retrieve
+    from lab_api_client.models import WebhookEndpoint, WebhookEndpointCreate, WebhookEndpointWithSecret
+
+    client = generated_client.AuthenticatedClient(base_url=live_server.url, token=tenant.key)
+
+    created = webhook_endpoints_create.sync(
+        client=client,
+        body=WebhookEndpointCreate.from_dict({"url": "https://93.184.215.14/hooks", "events": ["job.failed"]}),
+    )
+
+    assert isinstance(created, WebhookEndpointWithSecret)
+    assert created.secret.startswith("whsec_")
+    assert [event.value for event in created.events] == ["job.failed"]
+    shown = webhook_endpoints_retrieve.sync(endpoint_id=created.id, client=client)
+    assert isinstance(shown, WebhookEndpoint)
+    assert shown.id == created.id and "secret" not in shown.to_dict()

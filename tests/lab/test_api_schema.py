@@ -47,6 +47,20 @@ def test_it_is_a_valid_openapi_3_1_document_of_valid_json_schemas(document):
         Draft202012Validator.check_schema(schema)
 
 
+def test_every_json_body_is_a_component_not_a_free_form_object(document):
+    free_form = []
+    for path, method, operation in _operations(document):
+        bodies = [("request", operation.get("requestBody", {}).get("content", {}).get("application/json"))]
+        bodies += [
+            (status, answer.get("content", {}).get("application/json"))
+            for status, answer in operation["responses"].items()
+        ]
+        for where, body in bodies:
+            if body is not None and "$ref" not in body["schema"] and path != "/api/v1/schema/job-spec.json":
+                free_form.append(f"{method.upper()} {path} {where}")
+    assert free_form == []
+
+
 def test_the_job_spec_component_is_labsdks_json_schema(document):
     served = job_spec_json_schema()
     components = document["components"]["schemas"]
