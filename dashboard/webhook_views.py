@@ -29,16 +29,18 @@ from jobs.webhooks.endpoints import (
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from lab.api.errors import ApiError
 from lab.models import Project
+from lab.tenancy import get_owned
 
 DELIVERIES_PAGE_SIZE = 25
 
 
 def _endpoint(project: Project, endpoint_id: str) -> WebhookEndpoint:
     """Return the project's endpoint ``endpoint_id``; Http404 for a missing or foreign one."""
-    endpoint = WebhookEndpoint.objects.filter(project=project, public_id=endpoint_id[:64]).first()
-    if endpoint is None:
-        raise Http404("No such webhook endpoint.")
-    return endpoint
+    return get_owned(WebhookEndpoint.objects.all(), project, endpoint_id, "webhook endpoint", error=_no_such)
+
+
+def _no_such(what: str) -> Http404:
+    return Http404(f"No such {what}.")
 
 
 def _add_api_errors(form: WebhookEndpointForm, error: ApiError) -> None:

@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from lab.audit import Actor, AuditAction, audit_record  # Actor, audit_record re-exported for jobs.webhooks
+from lab.audit import Actor, AuditAction, audit_record
 from lab.ids import sha256_hex
 from lab.models import (
     ApiKey,

@@ -261,7 +261,7 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
                 last_error="",
             )
         if recovered_endpoints:
-            WebhookEndpoint.objects.filter(pk__in=recovered_endpoints).update(failing_since=None)
+            WebhookEndpoint.objects.unscoped().filter(pk__in=recovered_endpoints).update(failing_since=None)
         for endpoint_id, endpoint in failed_endpoints.items():
             if endpoint_id in recovered_endpoints or endpoint_id in unsendable_endpoints:
                 continue
@@ -276,7 +276,7 @@ def _record(prepared, outcomes, *, started_at: datetime, now: datetime) -> None:
 def _note_failure(endpoint: WebhookEndpoint, *, now: datetime) -> None:
     """Start the endpoint's failure clock, or disable it when it has run for ``DISABLE_AFTER``."""
     if endpoint.failing_since is None:
-        WebhookEndpoint.objects.filter(pk=endpoint.pk, failing_since__isnull=True).update(failing_since=now)
+        WebhookEndpoint.objects.unscoped().filter(pk=endpoint.pk, failing_since__isnull=True).update(failing_since=now)
         return
     if now - endpoint.failing_since < DISABLE_AFTER:
         return
@@ -292,7 +292,7 @@ def endpoint_disable(*, endpoint: WebhookEndpoint, reason: str, now: datetime | 
     """
     now = now or timezone.now()
     with transaction.atomic():
-        changed = WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True).update(
+        changed = WebhookEndpoint.objects.unscoped().filter(pk=endpoint.pk, enabled=True).update(
             enabled=False, disabled_reason=reason, updated_at=now
         )
         if not changed:

@@ -92,7 +92,7 @@ def endpoint_update(
     """
     require_endpoint_manager(actor=actor, project=endpoint.project)
     fields = parse_endpoint_update(data, allow_private=settings.LAB_WEBHOOK_ALLOW_PRIVATE).changes()
-    endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+    endpoint = WebhookEndpoint.objects.unscoped().select_for_update().get(pk=endpoint.pk)
     for name, value in fields.items():
         setattr(endpoint, name, value)
     if fields.get("enabled") is True:
@@ -122,7 +122,7 @@ def endpoint_rotate_secret(*, endpoint: WebhookEndpoint, actor: Actor, now: date
     """
     require_endpoint_manager(actor=actor, project=endpoint.project)
     now = now or timezone.now()
-    endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+    endpoint = WebhookEndpoint.objects.unscoped().select_for_update().get(pk=endpoint.pk)
     endpoint.previous_secret = endpoint.secret
     endpoint.previous_secret_expires_at = now + PREVIOUS_SECRET_TTL
     endpoint.secret = new_secret()

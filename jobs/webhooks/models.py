@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from lab.ids import public_id
+from lab.tenancy import TenantManager
 
 
 def _endpoint_public_id() -> str:
@@ -36,6 +37,9 @@ class WebhookEndpoint(models.Model):
     ``failing_since`` is the first failed attempt of the current run of failures (None after a
     success); an endpoint failing for 5 days is disabled.
     """
+
+    tenant_path = "project"
+    objects = TenantManager()
 
     public_id = models.CharField(max_length=40, unique=True, default=_endpoint_public_id)
     project = models.ForeignKey("lab.Project", on_delete=models.CASCADE, related_name="webhook_endpoints")

@@ -52,7 +52,7 @@ def test_an_owner_creates_an_endpoint_and_sees_its_secret_once(owner, owner_clie
     )
     assert response.status_code == 200
     assert response["Cache-Control"] == "no-store"
-    endpoint = WebhookEndpoint.objects.get()
+    endpoint = WebhookEndpoint.objects.unscoped().get()
     assert secret_in(response) == endpoint.secret
     assert endpoint.url == "http://127.0.0.1:8123/hook"
     assert endpoint.events == ["job.succeeded", "checkpoint.ready"]
@@ -80,14 +80,14 @@ def test_a_bad_endpoint_is_refused_next_to_its_field_and_nothing_is_created(owne
     assert field in response.context["form"].errors
     assert "<script>" not in response.content.decode()
     assert 'id="new-webhook-secret"' not in response.content.decode()
-    assert WebhookEndpoint.objects.count() == 0
+    assert WebhookEndpoint.objects.unscoped().count() == 0
 
 
 def test_a_private_address_is_refused_unless_allowed(owner_client, settings):
     settings.LAB_WEBHOOK_ALLOW_PRIVATE = False
     response = owner_client.post(WEBHOOKS, {"url": "http://10.1.2.3/hook", "events": ["job.failed"]})
     assert "LAB_WEBHOOK_ALLOW_PRIVATE" in " ".join(response.context["form"].errors["url"])
-    assert WebhookEndpoint.objects.count() == 0
+    assert WebhookEndpoint.objects.unscoped().count() == 0
 
 
 def test_members_read_but_do_not_change(owner, member_client):
@@ -111,7 +111,7 @@ def test_members_read_but_do_not_change(owner, member_client):
     ]:
         assert member_client.post(url, data).status_code == 403, url
     assert member_client.get(base + "delete/").status_code == 403
-    after = WebhookEndpoint.objects.get()
+    after = WebhookEndpoint.objects.unscoped().get()
     assert (after.enabled, after.secret, WebhookDelivery.objects.count()) == (True, endpoint.secret, 1)
 
 
@@ -173,9 +173,9 @@ def test_a_test_event_is_delivered_and_its_request_and_response_are_shown(owner,
 def test_deleting_asks_first(owner, owner_client):
     endpoint = endpoint_of(owner)
     assert owner_client.get(f"{WEBHOOKS}{endpoint.public_id}/delete/").status_code == 200
-    assert WebhookEndpoint.objects.count() == 1
+    assert WebhookEndpoint.objects.unscoped().count() == 1
     assert owner_client.post(f"{WEBHOOKS}{endpoint.public_id}/delete/").status_code == 302
-    assert WebhookEndpoint.objects.count() == 0
+    assert WebhookEndpoint.objects.unscoped().count() == 0
 
 
 def test_another_organizations_endpoint_and_delivery_are_404s(owner, outsider, owner_client, outsider_client):
@@ -196,8 +196,8 @@ def test_another_organizations_endpoint_and_delivery_are_404s(owner, outsider, o
     )
     assert outsider_client.get(WEBHOOKS).status_code == 404
     assert outsider_client.post(WEBHOOKS, {"url": "http://127.0.0.1/x", "events": ["job.failed"]}).status_code == 404
-    foreign_after, mine_after = WebhookEndpoint.objects.get(pk=foreign.pk), WebhookEndpoint.objects.get(pk=mine.pk)
+    foreign_after, mine_after = WebhookEndpoint.objects.unscoped().get(pk=foreign.pk), WebhookEndpoint.objects.unscoped().get(pk=mine.pk)
     assert (foreign_after.enabled, foreign_after.secret) == (True, foreign.secret)
     assert (mine_after.enabled, mine_after.secret) == (True, mine.secret)
-    assert WebhookEndpoint.objects.count() == 2
+    assert WebhookEndpoint.objects.unscoped().count() == 2
     assert WebhookDelivery.objects.count() == 1

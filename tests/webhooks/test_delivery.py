@@ -23,7 +23,7 @@ from jobs.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
 from jobs.webhooks.sweep import purge_finished, sweep
 from lab.api.errors import ApiError
 from labsdk.webhooks import WebhookReceiver, WebhookVerificationError, verify
-from lab.services import Actor
+from lab.audit import Actor
 from tests.webhooks.conftest import drain
 
 pytestmark = pytest.mark.django_db
@@ -66,13 +66,13 @@ def test_a_job_event_arrives_signed_with_the_job_object(owner, spec, receiver):
     [attempt] = delivery.attempts.all()
     assert attempt.status_code == 200 and attempt.succeeded and attempt.response_excerpt == '{"ok": true}'
     assert attempt.request_headers["webhook-id"] == delivery.public_id
-    assert verify(received.body, received.headers, WebhookEndpoint.objects.get().secret)["id"] == event.public_id
+    assert verify(received.body, received.headers, WebhookEndpoint.objects.unscoped().get().secret)["id"] == event.public_id
 
 
 def test_only_subscribed_event_types_of_the_projects_enabled_endpoints_are_sent(owner, outsider, spec, receiver):
     endpoint_for(owner, receiver, "/only-succeeded", events=["job.succeeded"])
     disabled = endpoint_for(owner, receiver, "/disabled")
-    WebhookEndpoint.objects.filter(pk=disabled.pk).update(enabled=False)
+    WebhookEndpoint.objects.unscoped().filter(pk=disabled.pk).update(enabled=False)
     endpoint_for(outsider, receiver, "/outsider")
     job = submit(owner, spec)
     job_record_event(job=job, type="job.starting")
@@ -375,7 +375,7 @@ def test_an_endpoint_whose_name_now_resolves_to_a_private_address_gets_nothing(
     from lab.lib import http
 
     endpoint = endpoint_for(owner, receiver)
-    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url=f"http://hooks.example:{receiver.port}/hook")
+    WebhookEndpoint.objects.unscoped().filter(pk=endpoint.pk).update(url=f"http://hooks.example:{receiver.port}/hook")
     real = socket_module.getaddrinfo
     monkeypatch.setattr(
         http.socket,
@@ -443,7 +443,7 @@ def test_an_endpoint_whose_stored_url_can_never_be_sent_is_disabled_without_retr
 ):
     """A URL stored before the rules refused it fails once, and its endpoint is disabled with an event."""
     broken = endpoint_for(owner, receiver, "/hook")
-    WebhookEndpoint.objects.filter(pk=broken.pk).update(url=stored_url.format(port=receiver.port))
+    WebhookEndpoint.objects.unscoped().filter(pk=broken.pk).update(url=stored_url.format(port=receiver.port))
     endpoint_for(owner, receiver, "/ops", events=["webhook_endpoint.disabled"])
     job = submit(owner, spec)
     job_record_event(job=job, type="job.started")

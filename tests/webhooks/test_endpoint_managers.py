@@ -52,7 +52,7 @@ def every_change(project, endpoint, delivery):
 
 
 def assert_unchanged(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> None:
-    after = WebhookEndpoint.objects.get()
+    after = WebhookEndpoint.objects.unscoped().get()
     assert (after.url, after.events, after.enabled, after.secret, after.previous_secret) == (
         endpoint.url,
         endpoint.events,
@@ -118,7 +118,7 @@ def test_an_admin_changes_endpoints_through_the_services(owner, admin):
     assert rotated.previous_secret == endpoint.secret
     assert endpoint_update(endpoint=endpoint, actor=actor, data={"enabled": False}).enabled is False
     endpoint_delete(endpoint=endpoint, actor=actor)
-    assert not WebhookEndpoint.objects.exists()
+    assert not WebhookEndpoint.objects.unscoped().exists()
     assert list(AuditLogEntry.objects.filter(actor_user=admin).order_by("pk").values_list("action", flat=True)) == [
         "webhook_endpoint.create",
         "webhook_endpoint.test",
@@ -131,7 +131,7 @@ def test_an_admin_changes_endpoints_through_the_services(owner, admin):
 
 def test_lab_itself_may_create_endpoints(owner):
     endpoint = endpoint_create(project=owner.project, actor=Actor.system(), data={"url": URL})
-    assert WebhookEndpoint.objects.get() == endpoint
+    assert WebhookEndpoint.objects.unscoped().get() == endpoint
 
 
 def test_a_write_key_made_by_an_admin_manages_endpoints_and_keeps_its_scopes_after_a_role_change(owner, admin):
@@ -141,11 +141,11 @@ def test_a_write_key_made_by_an_admin_manages_endpoints_and_keeps_its_scopes_aft
     Membership.objects.filter(user=admin).update(role=Role.MEMBER)
     rotated = owner.client(key).post(f"/api/v1/webhook-endpoints/{created.json()['id']}/rotate-secret")
     assert rotated.status_code == 200, rotated.content
-    assert WebhookEndpoint.objects.get().secret == rotated.json()["secret"]
+    assert WebhookEndpoint.objects.unscoped().get().secret == rotated.json()["secret"]
 
 
 def test_the_dashboard_refuses_a_member_with_its_own_message_before_the_service_is_asked(owner, member):
     response = signed_in(member).post("/o/acme/p/default/webhooks/", {"url": URL, "events": ["job.failed"]})
     assert response.status_code == 403
     assert "Only organization owners and admins may do this." in response.content.decode()
-    assert not WebhookEndpoint.objects.exists()
+    assert not WebhookEndpoint.objects.unscoped().exists()

@@ -26,7 +26,7 @@ def create(tenant, **body):
 
 def test_it_creates_an_endpoint_and_shows_the_secret_once(owner):
     body = create(owner, events=["job.succeeded", "checkpoint.ready"])
-    endpoint = WebhookEndpoint.objects.get()
+    endpoint = WebhookEndpoint.objects.unscoped().get()
     assert body == {
         "id": endpoint.public_id,
         "object": "webhook_endpoint",
@@ -75,7 +75,7 @@ def test_it_refuses_bad_input_with_the_field_named(owner, settings, body, param,
     assert error["code"] == "invalid_request"
     assert error["param"] == param
     assert error["errors"][0]["code"] == code
-    assert not WebhookEndpoint.objects.exists()
+    assert not WebhookEndpoint.objects.unscoped().exists()
 
 
 def test_it_accepts_a_loopback_url_when_private_addresses_are_allowed(owner, settings):
@@ -96,7 +96,7 @@ def test_it_updates_url_events_and_enabled(owner):
     assert "secret" not in body
     refused = owner.client().patch(f"{BASE}/{endpoint_id}", {"events": ["nope"]}, format="json")
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "events.0"
-    assert WebhookEndpoint.objects.get().events == ["job.failed"]
+    assert WebhookEndpoint.objects.unscoped().get().events == ["job.failed"]
 
 
 def test_it_rotates_the_secret(owner):
@@ -105,7 +105,7 @@ def test_it_rotates_the_secret(owner):
     assert response.status_code == 200
     rotated = response.json()
     assert rotated["secret"].startswith("whsec_") and rotated["secret"] != created["secret"]
-    endpoint = WebhookEndpoint.objects.get()
+    endpoint = WebhookEndpoint.objects.unscoped().get()
     assert endpoint.secret == rotated["secret"] and endpoint.previous_secret == created["secret"]
 
 
@@ -113,7 +113,7 @@ def test_it_deletes_an_endpoint_with_its_deliveries(owner):
     endpoint_id = create(owner)["id"]
     owner.client().post(f"{BASE}/{endpoint_id}/test")
     assert owner.client().delete(f"{BASE}/{endpoint_id}").status_code == 204
-    assert not WebhookEndpoint.objects.exists() and not WebhookDelivery.objects.exists()
+    assert not WebhookEndpoint.objects.unscoped().exists() and not WebhookDelivery.objects.exists()
     assert owner.client().get(f"{BASE}/{endpoint_id}").status_code == 404
 
 
@@ -140,12 +140,13 @@ def test_a_disabled_endpoint_refuses_test_events(owner):
 
 
 def test_a_read_only_key_cannot_create_endpoints(owner):
-    from lab.services import Actor, api_key_create
+    from lab.audit import Actor
+    from lab.services import api_key_create
 
     _, read_key = api_key_create(actor=Actor(user=owner.user), project=owner.project, name="ro", scopes=["read"])
     response = owner.client(read_key).post(BASE, {"url": "https://93.184.215.14/"}, format="json")
     assert response.status_code == 403
-    assert not WebhookEndpoint.objects.exists()
+    assert not WebhookEndpoint.objects.unscoped().exists()
 
 
 def test_an_outsider_gets_404_for_every_webhook_endpoint_and_changes_nothing(owner, outsider):
@@ -167,7 +168,7 @@ def test_an_outsider_gets_404_for_every_webhook_endpoint_and_changes_nothing(own
         assert response.status_code == 404, (method, path, response.content)
         assert response.json()["error"]["code"] == "not_found"
     assert client.get(BASE).json()["data"] == []
-    endpoint = WebhookEndpoint.objects.get()
+    endpoint = WebhookEndpoint.objects.unscoped().get()
     assert (endpoint.url, endpoint.enabled, endpoint.secret) == (created["url"], True, created["secret"])
     assert WebhookDelivery.objects.count() == 1
 
@@ -206,7 +207,7 @@ def test_hostile_bodies_are_refused_or_accepted_never_5xx(owner, body):
     response = owner.client().generic("POST", BASE, content, content_type="application/json")
     assert response.status_code in (201, 400), response.content
     if response.status_code == 400:
-        assert not WebhookEndpoint.objects.exists()
+        assert not WebhookEndpoint.objects.unscoped().exists()
 
 
 def test_an_idempotent_replay_of_a_create_answers_without_the_secret_and_stores_none(owner):
@@ -216,7 +217,7 @@ def test_an_idempotent_replay_of_a_create_answers_without_the_secret_and_stores_
     body = {"url": "https://93.184.215.14/hooks/lab", "events": ["job.failed"]}
     first = client.post(BASE, body, format="json", HTTP_IDEMPOTENCY_KEY="create-1")
     replay = client.post(BASE, body, format="json", HTTP_IDEMPOTENCY_KEY="create-1")
-    endpoint = WebhookEndpoint.objects.get()
+    endpoint = WebhookEndpoint.objects.unscoped().get()
     assert first.status_code == 201
     assert first.json()["secret"] == endpoint.secret
     assert replay.status_code == 201
@@ -237,7 +238,7 @@ def test_an_idempotent_replay_of_a_rotation_answers_without_the_secret_and_store
     client = owner.client()
     first = client.post(f"{BASE}/{created['id']}/rotate-secret", HTTP_IDEMPOTENCY_KEY="rotate-1")
     replay = client.post(f"{BASE}/{created['id']}/rotate-secret", HTTP_IDEMPOTENCY_KEY="rotate-1")
-    endpoint = WebhookEndpoint.objects.get()
+    endpoint = WebhookEndpoint.objects.unscoped().get()
     assert first.status_code == 200
     assert first.json()["secret"] == endpoint.secret
     assert endpoint.previous_secret == created["secret"]
@@ -282,7 +283,7 @@ def test_it_refuses_urls_that_could_never_be_sent_and_creates_nothing(owner, set
     error = response.json()["error"]
     assert (error["code"], error["param"], error["message"]) == ("invalid_request", "url", message)
     assert error["errors"] == [{"param": "url", "code": code, "message": message}]
-    assert not WebhookEndpoint.objects.exists()
+    assert not WebhookEndpoint.objects.unscoped().exists()
 
 
 def test_it_refuses_a_6to4_form_of_a_loopback_address_unless_private_addresses_are_allowed(owner, settings):
@@ -290,7 +291,7 @@ def test_it_refuses_a_6to4_form_of_a_loopback_address_unless_private_addresses_a
     response = owner.client().post(BASE, {"url": "http://[2002:7f00:1::]/hook"}, format="json")
     assert response.status_code == 400, response.content
     assert response.json()["error"]["errors"][0]["code"] == "private_address"
-    assert not WebhookEndpoint.objects.exists()
+    assert not WebhookEndpoint.objects.unscoped().exists()
 
 
 def test_it_refuses_a_url_change_to_a_trailing_dot_host_and_keeps_the_old_url(owner):
@@ -298,4 +299,4 @@ def test_it_refuses_a_url_change_to_a_trailing_dot_host_and_keeps_the_old_url(ow
     response = owner.client().patch(f"{BASE}/{endpoint_id}", {"url": "http://169.254.169.254.:80/"}, format="json")
     assert response.status_code == 400, response.content
     assert response.json()["error"]["errors"][0]["code"] == "invalid_url"
-    assert WebhookEndpoint.objects.get().url == "https://93.184.215.14/hooks/lab"
+    assert WebhookEndpoint.objects.unscoped().get().url == "https://93.184.215.14/hooks/lab"

@@ -12,7 +12,7 @@ from jobs.services import job_record_event, job_submit
 from jobs.webhooks.endpoints import endpoint_create
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from jobs.webhooks.models import WebhookDelivery
-from lab.services import Actor
+from lab.audit import Actor
 from tests.webhooks.conftest import drain
 
 pytestmark = pytest.mark.django_db
