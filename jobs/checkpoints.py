@@ -286,13 +286,18 @@ def checkpoint_fail_unfinished(*, job: Job, attempt_number: int) -> list[str]:
     for checkpoint in Checkpoint.objects.select_for_update().filter(
         job=job, attempt=attempt_number, status=CheckpointStatus.UPLOADING
     ):
-        _mark_failed(
-            job=job,
-            checkpoint=checkpoint,
-            message=f"Checkpoint of step {checkpoint.step} failed: attempt {attempt_number} ended before completing its upload.",
-        )
+        _fail_abandoned(job, checkpoint)
         failed.append(checkpoint.public_id)
     return failed
+
+
+def _fail_abandoned(job: Job, checkpoint: Checkpoint) -> None:
+    """Fail a locked ``uploading`` checkpoint whose attempt ended without completing it."""
+    _mark_failed(
+        job=job,
+        checkpoint=checkpoint,
+        message=f"Checkpoint of step {checkpoint.step} failed: attempt {checkpoint.attempt} ended before completing its upload.",
+    )
 
 
 def checkpoint_fail_abandoned(*, older_than: datetime) -> list[str]:
@@ -316,11 +321,7 @@ def checkpoint_fail_abandoned(*, older_than: datetime) -> list[str]:
             )
             if checkpoint is None or (checkpoint.attempt == job.attempt and not job.is_terminal):
                 continue
-            _mark_failed(
-                job=job,
-                checkpoint=checkpoint,
-                message=f"Checkpoint of step {checkpoint.step} failed: attempt {checkpoint.attempt} ended before completing its upload.",
-            )
+            _fail_abandoned(job, checkpoint)
             failed.append(checkpoint.public_id)
     return failed
 

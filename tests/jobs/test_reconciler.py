@@ -84,6 +84,30 @@ def test_a_lost_attempt_counts_as_a_crash(owner, spec, launcher):
     assert (job.status, job.status_reason, job.crash_count) == (S.QUEUED, "requeued_after_crash", 1)
 
 
+def locks_refused_while(launcher: FakeLauncher, *querysets) -> list[Exception]:
+    """Make the launcher try, from another connection while it works, to lock the rows of
+    ``querysets`` at once (NOWAIT); return the refusals it met (none: no row was locked)."""
+    refused: list[Exception] = []
+
+    def try_locks():
+        def other_connection():
+            try:
+                with transaction.atomic():
+                    for queryset in querysets:
+                        list(queryset.select_for_update(nowait=True))
+            except Exception as error:  # DatabaseError: could not obtain lock
+                refused.append(error)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=other_connection)
+        thread.start()
+        thread.join()
+
+    launcher.while_working = try_locks
+    return refused
+
+
 def test_launch_passes_a_typed_request_and_records_the_handle(owner, spec, launcher):
     spec["priority"] = "high"
     job, attempt = running(owner, spec, launcher, status=S.STARTING)
@@ -96,24 +120,9 @@ def test_launch_passes_a_typed_request_and_records_the_handle(owner, spec, launc
 def test_a_launch_holds_no_lock_on_the_job_or_its_attempt(owner, spec, launcher):
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
-    locked_out = []
-
-    def try_locks():
-        def other_connection():
-            try:
-                with transaction.atomic():
-                    Job.objects.unscoped().select_for_update(nowait=True).get(pk=job.pk)
-                    JobAttempt.objects.select_for_update(nowait=True).get(pk=attempt.pk)
-            except Exception as error:  # DatabaseError: could not obtain lock
-                locked_out.append(error)
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=other_connection)
-        thread.start()
-        thread.join()
-
-    launcher.while_working = try_locks
+    locked_out = locks_refused_while(
+        launcher, Job.objects.unscoped().filter(pk=job.pk), JobAttempt.objects.filter(pk=attempt.pk)
+    )
     reconciler.attempt_launch(attempt_id=attempt.pk)
     assert locked_out == []
     assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.LAUNCHED
@@ -144,23 +153,7 @@ def test_a_failing_launcher_fails_the_job_with_internal_error(owner, spec, launc
 def test_a_periodic_pass_observes_in_batches_with_no_job_locked(owner, spec, launcher, settings):
     settings.LAB_ORG_MAX_RUNNING_JOBS = 10
     jobs = [running(owner, spec, launcher)[0] for _ in range(5)]
-    locked_out = []
-
-    def try_locks():
-        def other_connection():
-            try:
-                with transaction.atomic():
-                    list(Job.objects.unscoped().select_for_update(nowait=True).filter(pk__in=[job.pk for job in jobs]))
-            except Exception as error:
-                locked_out.append(error)
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=other_connection)
-        thread.start()
-        thread.join()
-
-    launcher.while_working = try_locks
+    locked_out = locks_refused_while(launcher, Job.objects.unscoped().filter(pk__in=[job.pk for job in jobs]))
     launcher.exit({"id": 3}, 0)
     assert reconciler.reconcile_all(batch_size=2) == 5
     assert launcher.observe_calls == [2, 2, 1]
