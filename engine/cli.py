@@ -1,4 +1,4 @@
-"""The engine's command line (DESIGN.md §4 "Engine exit codes").
+"""The engine's command line (docs/api.md "Engine exit codes").
 
     python -m engine run --spec FILE --job-id ID --attempt N --lab-url URL --workdir DIR
                          [--offline] [--resume-from CKPT_ID_OR_DIR_OR_TAR] [--init-from CKPT_ID_OR_DIR_OR_TAR]

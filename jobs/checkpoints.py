@@ -1,4 +1,4 @@
-"""The checkpoint lifecycle, in one place (DESIGN.md §4).
+"""The checkpoint lifecycle, in one place (docs/checkpoints.md).
 
 ``pending → uploading → ready | failed``, then ``ready → deleted`` (retention): the engine
 registers a checkpoint and gets an upload target, uploads one uncompressed tar, completes; Lab

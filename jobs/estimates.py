@@ -44,7 +44,7 @@ def job_estimate(*, project: Project, data: Any) -> dict[str, Any]:
     """Validate ``data`` fully (as ``job_submit`` would) and estimate it without creating anything.
 
     Returns ``{"gpu_seconds", "cpu_seconds", "cost_usd", "queue_position", "can_start_now",
-    "reason", "warnings"}`` (DESIGN.md §4). Raises ApiError 400 ``invalid_spec``.
+    "reason", "warnings"}`` (docs/api.md). Raises ApiError 400 ``invalid_spec``.
     """
     validated = validate_job_spec(project=project, data=data)
     spec = validated.parsed.spec

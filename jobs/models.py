@@ -1,7 +1,7 @@
 """Jobs and what they produce: the job row, its event log and its checkpoints.
 
 A Job belongs to one Project; every change of its status goes through ``jobs.services`` and
-writes a JobEvent whose ``type`` is the webhook event name (DESIGN.md §4).
+writes a JobEvent whose ``type`` is the webhook event name (docs/api.md).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _checkpoint_public_id() -> str:
 
 
 class JobStatus(models.TextChoices):
-    """Lifecycle of a job (DESIGN.md §4)."""
+    """Lifecycle of a job (docs/api.md)."""
 
     QUEUED = "queued"
     STARTING = "starting"
@@ -46,7 +46,7 @@ ACTIVE_STATUSES = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CA
 
 
 class StatusReason(models.TextChoices):
-    """Why a queued job waits (DESIGN.md §4 "Conventions": ``status_reason``)."""
+    """Why a queued job waits (docs/api.md "Statuses": ``status_reason``)."""
 
     WAITING = "waiting"
     ORG_CONCURRENCY_LIMIT = "org_concurrency_limit"
@@ -59,7 +59,7 @@ class StatusReason(models.TextChoices):
 
 
 class ErrorCode(models.TextChoices):
-    """Why a job failed (DESIGN.md §4 "Conventions": ``error.code``)."""
+    """Why a job failed (docs/api.md "Statuses": ``error.code``)."""
 
     INVALID_SPEC = "invalid_spec"
     MODEL_NOT_FOUND = "model_not_found"
@@ -147,7 +147,7 @@ class EventLevel(models.TextChoices):
 
 
 class EventType(models.TextChoices):
-    """The types of JobEvent (DESIGN.md §4 "Conventions"); webhooks carry a subset of them."""
+    """The types of JobEvent (docs/api.md "Statuses"); webhooks carry a subset of them."""
 
     QUEUED = "job.queued"
     STARTING = "job.starting"
@@ -187,7 +187,7 @@ class JobEvent(models.Model):
 
 
 class CheckpointStatus(models.TextChoices):
-    """Lifecycle of a checkpoint (DESIGN.md §4): only ``ready`` ones can be downloaded or resumed."""
+    """Lifecycle of a checkpoint (docs/checkpoints.md): only ``ready`` ones can be downloaded or resumed."""
 
     PENDING = "pending"
     UPLOADING = "uploading"
@@ -257,7 +257,7 @@ class AttemptState(models.TextChoices):
 
 
 class StopReason(models.TextChoices):
-    """Why Lab asked an attempt to stop (DESIGN.md §4 "Engine exit codes")."""
+    """Why Lab asked an attempt to stop (docs/api.md "Engine exit codes")."""
 
     NONE = ""
     CANCEL = "cancel"
@@ -307,7 +307,7 @@ class JobAttempt(models.Model):
 class MetricStep(models.Model):
     """All metric values of one job at one step (one row per step, not per number).
 
-    ``values`` maps metric names (DESIGN.md §4 "Metric names") to floats; ``attempt`` is the
+    ``values`` maps metric names (docs/api.md "Metric names") to floats; ``attempt`` is the
     attempt that wrote the step (a newer attempt's point replaces an older one's).
     """
 

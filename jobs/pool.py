@@ -1,4 +1,4 @@
-"""The compute pool's inventory, from ``LAB_POOL`` (DESIGN.md §4 "Configuration").
+"""The compute pool's inventory, from ``LAB_POOL`` (docs/configuration.md).
 
 ``{"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}, ...]}``: ``count`` nodes of a type, each
 with ``gpus`` GPUs; ``gpu_type: "cpu"`` with ``gpus: 0`` is the local CPU pool. A job asks for

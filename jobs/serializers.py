@@ -1,4 +1,4 @@
-"""JSON shapes of jobs, events, checkpoints and catalogue entries (DESIGN.md §4)."""
+"""JSON shapes of jobs, events, checkpoints and catalogue entries (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 S = JobStatus
 
-#: Which status may follow which (DESIGN.md §4 "Statuses"). ``queued`` after ``starting`` or
+#: Which status may follow which (docs/api.md "Statuses"). ``queued`` after ``starting`` or
 #: ``running`` is a requeue (preemption, crash); after ``failed``/``cancelled`` a restart.
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.STARTING, S.CANCELLED, S.FAILED}),

@@ -1,7 +1,7 @@
 """Accounts and tenancy: users, organizations, memberships, projects, API keys, audit log.
 
 An Organization owns Projects; a Project owns everything a job produces; an ApiKey belongs to
-one Project and is the tenant boundary of the REST API (DESIGN.md §4).
+one Project and is the tenant boundary of the REST API (docs/api.md).
 """
 
 from __future__ import annotations

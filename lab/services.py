@@ -418,7 +418,7 @@ def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, p
     """Create or reuse the user, organization (user as owner) and project, and add a new API key.
 
     Idempotent for the user, organization and project; each call makes one new read-write key.
-    Returns ``{"organization", "project", "api_key", "user"}`` (DESIGN.md §4 "Set-up").
+    Returns ``{"organization", "project", "api_key", "user"}`` (docs/api.md "Set-up").
     Raises ValidationError for an invalid email, slug or password.
     """
     try:

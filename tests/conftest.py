@@ -19,7 +19,7 @@ from lab.services import api_key_create, organization_create, user_sign_up
 
 PASSWORD = "correct-horse-battery-staple"
 
-#: A small valid spec on the tiny model (DESIGN.md §4 "Job spec").
+#: A small valid spec on the tiny model (docs/spec.md).
 TINY_SPEC = {
     "name": "addition-tiny",
     "model": "lab/tiny-random-llama",

@@ -1,4 +1,4 @@
-"""Imports point one way, in layers (DESIGN.md §1 "Layout").
+"""Imports point one way, in layers (docs/architecture.md "Layout").
 
 ``dashboard`` → ``jobs`` → (``billing``, ``environments``) → ``lab``. ``billing`` and
 ``environments`` are independent of each other. ``lab`` names the apps above it only in its
@@ -112,7 +112,7 @@ def layer_violations(root: Path = ROOT) -> list[str]:
 def test_it_keeps_every_import_in_its_layer():
     problems = layer_violations()
     if problems:
-        pytest.fail("imports that break the layers (DESIGN.md §1):\n" + "\n".join(problems), pytrace=False)
+        pytest.fail("imports that break the layers (docs/architecture.md):\n" + "\n".join(problems), pytrace=False)
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

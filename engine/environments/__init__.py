@@ -4,7 +4,7 @@ The protocol is small on purpose, so that an adapter for verifiers tasksets or a
 uploaded environment package fits later: an environment turns (seed, split, index) into an
 `Example` and scores a completion with weighted reward functions. The reward of a rollout is
 the weighted sum of its functions' scores; every function's score is also reported as the
-metric `reward/<env>/<function>/mean` (DESIGN.md §4), weight 0 included.
+metric `reward/<env>/<function>/mean` (docs/api.md), weight 0 included.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenAPI components of the job and catalogue bodies (DESIGN.md §4), as ``jobs/serializers.py``
+"""OpenAPI components of the job and catalogue bodies (docs/api.md), as ``jobs/serializers.py``
 and ``jobs/estimates.py`` build them; the job spec is labsdk's own JSON Schema, not restated.
 
 Each name below is a ``$ref`` for ``@extend_schema`` in ``jobs/api/views.py``;

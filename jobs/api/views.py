@@ -1,4 +1,4 @@
-"""REST endpoints for jobs and the catalogues (DESIGN.md §4 "REST API"). Thin over services."""
+"""REST endpoints for jobs and the catalogues (docs/api.md). Thin over services."""
 
 from __future__ import annotations
 

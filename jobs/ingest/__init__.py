@@ -1,1 +1,1 @@
-"""The ingest API engines report to (DESIGN.md §4 "Ingest API"), authenticated by job tokens."""
+"""The ingest API engines report to (docs/ingest-api.md), authenticated by job tokens."""

@@ -1,4 +1,4 @@
-"""Bodies of the ingest API (DESIGN.md §4 "Ingest API"), validated strictly with pydantic.
+"""Bodies of the ingest API (docs/ingest-api.md), validated strictly with pydantic.
 
 Sizes: at most 1,000 points, samples or lines per batch (more is 413), metric names up to 128
 characters and 512 per point, finite numbers only, log lines up to 16 KiB.
@@ -132,7 +132,7 @@ class CheckpointComplete(BaseModel):
 
 
 class FinishError(BaseModel):
-    """Why an attempt failed, in DESIGN.md §4's ``error.code`` terms."""
+    """Why an attempt failed, in docs/api.md "Statuses"' ``error.code`` terms."""
 
     model_config = _STRICT
     code: Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_storable)]

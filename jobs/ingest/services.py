@@ -1,7 +1,7 @@
 """What the ingest API does with an engine's reports. Every write locks the job row first, so
 reports of one job are applied one at a time and the attempt rule holds under concurrency.
 
-Attempt rule (DESIGN.md §4): a report from an attempt older than the job's current one is refused
+Attempt rule (docs/ingest-api.md): a report from an attempt older than the job's current one is refused
 with 409 ``stale_attempt``; a metric point is unique per (job, step): a resend from the same
 attempt merges new names and counts the rest as duplicates, a point from a newer attempt replaces
 an older attempt's point for that step.

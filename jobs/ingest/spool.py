@@ -1,4 +1,4 @@
-"""Deliver what an engine left in its spool when it exited (DESIGN.md §4 "Ingest API").
+"""Deliver what an engine left in its spool when it exited (docs/ingest-api.md).
 
 The engine spools every report on disk (``engine.spool``) and sends it in the background; when
 Lab was unreachable at the end, the engine exits with reports still unsent. Before the

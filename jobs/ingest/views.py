@@ -1,4 +1,4 @@
-"""Ingest API views (engine → Lab, DESIGN.md §4): thin adapters over ``jobs.ingest.services``."""
+"""Ingest API views (engine → Lab, docs/ingest-api.md): thin adapters over ``jobs.ingest.services``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The launcher interface: ``launch``, ``observe``, ``cancel``, ``cleanup`` (and orphan sweeping).
 
 A launcher knows nothing of job statuses: it starts what it is given, says what it sees, and
-signals. The reconciler turns observations into status changes (DESIGN.md §4 "Engine exit codes").
+signals. The reconciler turns observations into status changes (docs/api.md "Engine exit codes").
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class AttemptPhase(StrEnum):
 class Observation:
     """What a launcher sees of one attempt now.
 
-    ``reason`` says why in DESIGN.md §4's words when the launcher knows (``kueue_pending``,
+    ``reason`` says why in docs/api.md's words when the launcher knows (``kueue_pending``,
     ``image_pull_failed``, ``unschedulable``, ``oom``...). ``started_at`` and ``ended_at`` are
     when the attempt's compute began and ended as the launcher measured them (process or pod
     times, UTC; None while unknown or still running): what usage is billed from, never the
@@ -71,7 +71,7 @@ class LaunchRequest:
 
 
 def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_dir: str | None) -> list[str]:
-    """Return the engine's arguments after ``python -m engine`` (DESIGN.md / engine issue)."""
+    """Return the engine's arguments after ``python -m engine`` (docs/local-launcher.md)."""
     args = [
         "run",
         "--spec", spec_path,

@@ -1,4 +1,4 @@
-"""The live stream of a job (DESIGN.md §4 "Live stream", ``GET /jobs/{id}/stream``).
+"""The live stream of a job (docs/live-stream.md, ``GET /jobs/{id}/stream``).
 
 Every record a client can see (a metric step, a rollout sample, a log line, a JobEvent, a status
 change, a checkpoint change) takes the next number of its job's sequence (``Job.stream_seq``) in

@@ -1,4 +1,4 @@
-"""Live fan-out of stream records over Redis pub/sub (DESIGN.md §3 "live fan-out").
+"""Live fan-out of stream records over Redis pub/sub (docs/architecture.md "Parts and how each runs").
 
 Writers publish each committed batch of records on the job's channel (:func:`publish_on_commit`).
 In each server process one :class:`StreamHub` holds one Redis connection subscribed to the

@@ -1,7 +1,7 @@
 """Numbering, encoding and reading the records of a job's live stream.
 
 A record is one Server-Sent Event (WHATWG HTML, "Server-sent events"): ``id:`` the record's
-number in its job's sequence, ``event:`` its kind, ``data:`` one line of JSON (DESIGN.md §4).
+number in its job's sequence, ``event:`` its kind, ``data:`` one line of JSON (docs/live-stream.md).
 Writers number their rows with :func:`number` inside the transaction that stores them and hand
 the records to :func:`jobs.stream.fanout.publish_on_commit`; readers get them back from the
 database with :func:`read_after`.

@@ -1,4 +1,4 @@
-"""``GET /api/v1/jobs/{id}/stream``: a job's records as Server-Sent Events (DESIGN.md §4).
+"""``GET /api/v1/jobs/{id}/stream``: a job's records as Server-Sent Events (docs/live-stream.md).
 
 An async view, served by the ASGI server without a thread per client. Every connection opens
 with a ``status`` snapshot (no ``id:``), replays the records after the resume point from the

@@ -1,4 +1,4 @@
-"""Webhooks (Standard Webhooks, DESIGN.md §4): endpoints, the outbox and its delivery.
+"""Webhooks (Standard Webhooks, docs/webhooks.md): endpoints, the outbox and its delivery.
 
 - ``models``: WebhookEndpoint, WebhookMessage (one per event), WebhookDelivery (one per
   message and endpoint: the outbox row), WebhookAttempt (one per HTTP try).

@@ -1,4 +1,4 @@
-"""The event types webhooks carry (DESIGN.md §4 "Webhooks").
+"""The event types webhooks carry (docs/webhooks.md).
 
 Endpoints subscribe to ``WEBHOOK_EVENT_TYPES``; the outbox sends only those (plus
 ``TEST_EVENT_TYPE``, sent to one endpoint when its test button is pressed).

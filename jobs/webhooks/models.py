@@ -1,4 +1,4 @@
-"""Webhook endpoints and the outbox (Standard Webhooks, DESIGN.md §4).
+"""Webhook endpoints and the outbox (Standard Webhooks, docs/webhooks.md).
 
 These models belong to the ``jobs`` app (``jobs/models.py`` imports this module), so their
 migrations live in ``jobs/migrations``. One ``WebhookMessage`` per event (its ``public_id`` is

@@ -1,4 +1,4 @@
-"""OpenAPI components of the webhook endpoint and delivery bodies (DESIGN.md §4 "REST API"), as
+"""OpenAPI components of the webhook endpoint and delivery bodies (docs/api.md), as
 ``jobs/webhooks/serializers.py`` builds them and ``jobs.webhooks.schemas`` accepts them.
 
 The endpoint's ``secret`` is only in ``WebhookEndpointWithSecret``, the answer of create and

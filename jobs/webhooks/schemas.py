@@ -1,4 +1,4 @@
-"""Bodies of the webhook endpoint API (DESIGN.md §4 "REST API"), validated with pydantic.
+"""Bodies of the webhook endpoint API (docs/api.md), validated with pydantic.
 
 ``POST /webhook-endpoints`` is an ``EndpointCreate``, ``PATCH /webhook-endpoints/{id}`` an
 ``EndpointUpdate``; ``parse_endpoint_create`` and ``parse_endpoint_update`` validate a body and

@@ -1,4 +1,4 @@
-"""JSON shapes of webhook endpoints and deliveries (DESIGN.md §4 "REST API")."""
+"""JSON shapes of webhook endpoints and deliveries (docs/api.md)."""
 
 from __future__ import annotations
 

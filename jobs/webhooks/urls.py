@@ -1,4 +1,4 @@
-"""Webhook endpoint routes under /api/v1 (DESIGN.md §4 "REST API")."""
+"""Webhook endpoint routes under /api/v1 (docs/api.md)."""
 
 from django.urls import path
 

@@ -1,1 +1,1 @@
-"""Lab's REST conventions (DESIGN.md §4): authentication, tenancy, errors, lists, idempotency."""
+"""Lab's REST conventions (docs/api.md): authentication, tenancy, errors, lists, idempotency."""

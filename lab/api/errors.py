@@ -1,6 +1,6 @@
 """The one error body of the API and the DRF exception handler that produces it.
 
-Body (DESIGN.md §4 "Conventions"):
+Body (docs/api.md "Conventions"):
 ``{"error": {"type", "code", "message", "param", "errors": [{"param", "code", "message"}]}}``
 where ``param`` is the first bad field as a dotted path (``env.0.id``) and ``errors`` lists every
 problem found.
@@ -49,7 +49,7 @@ class FieldError:
 
 @dataclass
 class ApiError(Exception):
-    """An error the API answers with: HTTP ``status``, a ``code`` from DESIGN.md §4 and a message.
+    """An error the API answers with: HTTP ``status``, a ``code`` from docs/api.md and a message.
 
     ``errors`` lists every field problem; ``param`` defaults to the first of them.
     ``headers`` are added to the response (e.g. ``Retry-After``).

@@ -1,4 +1,4 @@
-"""Formats shared by every response body (DESIGN.md §4 "Conventions")."""
+"""Formats shared by every response body (docs/api.md "Conventions")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``Idempotency-Key`` for POSTs (DESIGN.md §4): a replay returns the original status and body.
+"""``Idempotency-Key`` for POSTs (docs/api.md): a replay returns the original status and body.
 
 Keys are per project and kept 24 hours. The same key with a different request (method, path or
 body) is 409 ``idempotency_conflict``. The stored answer is written in the same transaction as

@@ -1,7 +1,7 @@
 """The list envelope ``{"object": "list", "data": [...], "has_more": bool}`` and cursor paging.
 
 ``limit`` (default 20, max 100 unless the endpoint allows more) and ``after`` (the public id of
-the last item seen) follow DESIGN.md §4 "Conventions".
+the last item seen) follow docs/api.md "Conventions".
 """
 
 from __future__ import annotations

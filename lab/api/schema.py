@@ -5,7 +5,7 @@ Bodies are built as plain dicts by the serializers (``jobs/serializers.py``), so
 described by raw JSON Schema components (OpenAPI 3.1 speaks JSON Schema 2020-12), registered
 with ``component`` by the module that owns the shape and referenced from ``@extend_schema``.
 ``postprocess_lab_schema`` (a drf-spectacular postprocessing hook) then adds, for every
-operation, what follows from the conventions of DESIGN.md §4 rather than from one view:
+operation, what follows from the conventions of docs/api.md rather than from one view:
 
 * the components themselves;
 * the error responses (the one error body, ``Error``) an operation can answer;
@@ -186,7 +186,7 @@ _NO_NUL = r"^[^\x00]*$"
 
 
 def _error_statuses(method: str, path: str, operation: Schema) -> list[str]:
-    """Return the error statuses ``operation`` can answer under DESIGN.md §4 "Conventions"."""
+    """Return the error statuses ``operation`` can answer under docs/api.md "Conventions"."""
     authenticated = bool(operation.get("security"))
     parameters = operation.get("parameters", [])
     has_body = "requestBody" in operation

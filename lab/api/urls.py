@@ -1,4 +1,4 @@
-"""Lab's own REST API routes under /api/v1 (DESIGN.md §4 "REST API"); the apps' routes are
+"""Lab's own REST API routes under /api/v1 (docs/api.md); the apps' routes are
 mounted beside them in ``lab/urls.py``."""
 
 from django.urls import path

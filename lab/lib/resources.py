@@ -1,7 +1,7 @@
 """What a job holds of the pool, in one rule shared by admission, the queue, usage and prices.
 
 A CPU job (``gpu_type "cpu"``) takes one slot of the local CPU pool and is priced per job-hour;
-a GPU job takes ``gpus`` GPUs of its type and is priced per GPU-hour (DESIGN.md §4 "Job spec").
+a GPU job takes ``gpus`` GPUs of its type and is priced per GPU-hour (docs/spec.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Retries (:mod:`labsdk.retry`): connection failures and timeouts, 429 and 5xx are
 Jitter", AWS Architecture Blog, 2015), or after exactly the ``Retry-After`` the server
 asked for. Every POST carries an ``Idempotency-Key`` (a uuid4 unless the caller gives one)
 and the same body bytes on every retry, so Lab replays the first answer instead of acting
-twice (DESIGN.md §4 "Conventions").
+twice (docs/api.md "Conventions").
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class HTTPClient:
     def download(self, path: str, destination: str | Path, *, progress: bool = False) -> Path:
         """Stream ``GET path`` into the file ``destination`` and return its path.
 
-        Lab answers with the bytes or with a redirect to a signed URL (DESIGN.md §4
+        Lab answers with the bytes or with a redirect to a signed URL (docs/api.md
         ``/checkpoints/{id}/download``); the signed URL is fetched without Lab's
         ``Authorization`` header so the key never leaves for the storage host. The file is
         written under a ``.part`` name and renamed when complete, so a failed download

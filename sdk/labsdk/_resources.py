@@ -1,5 +1,5 @@
 """The API's resources as methods: ``client.jobs``, ``client.models``, ``client.environments``,
-``client.prices``, ``client.checkpoints`` (DESIGN.md §4 "REST API")."""
+``client.prices``, ``client.checkpoints`` (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ class Jobs:
     ) -> Job:
         """Submit a job (``POST /jobs``) and return it, ``queued``.
 
-        The spec comes from ``spec`` (a mapping as in DESIGN.md §4 "Job spec", or a
+        The spec comes from ``spec`` (a mapping as in docs/spec.md, or a
         :class:`~labsdk.spec.JobSpec`), or ``spec_file`` (TOML, or JSON by its ``.json``
         suffix), or keyword arguments alone; keyword arguments override top-level keys of
         either (``name="run-2"``). Lab validates it; the returned Job's ``warnings`` list ignored Prime Intellect keys.

@@ -1,6 +1,6 @@
 """Exceptions raised by the SDK, one class per kind of failure a caller may handle.
 
-HTTP errors are built from Lab's error body (DESIGN.md §4 "Conventions"):
+HTTP errors are built from Lab's error body (docs/api.md "Conventions"):
 ``{"error": {"type", "code", "message", "param", "errors": [{"param", "code", "message"}]}}``.
 """
 

@@ -1,4 +1,4 @@
-"""Typed objects returned by the SDK, in the shapes of DESIGN.md §4.
+"""Typed objects returned by the SDK, in the shapes of docs/api.md.
 
 Every class keeps fields a newer server adds (``extra="allow"``: read them as attributes or
 through :meth:`LabObject.to_dict`), and fields it leaves out default to ``None``, so an SDK
@@ -33,7 +33,7 @@ __all__ = [
     "WhoAmI",
 ]
 
-#: Job statuses after which nothing changes (DESIGN.md §4).
+#: Job statuses after which nothing changes (docs/api.md).
 TERMINAL_JOB_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -211,7 +211,7 @@ class WhoAmI(LabObject):
 
 
 class StreamEvent(LabObject):
-    """One event of a job's live stream (``GET /jobs/{id}/stream``, DESIGN.md §4).
+    """One event of a job's live stream (``GET /jobs/{id}/stream``, docs/live-stream.md).
 
     ``event`` is ``status`` (``data`` a :class:`Job`), ``metrics`` (:class:`MetricPoint`),
     ``sample`` (:class:`Sample`), ``checkpoint`` (:class:`Checkpoint`), ``log``

@@ -1,4 +1,4 @@
-"""The real SDK (labsdk) against the real jobs API on a live HTTP server (DESIGN.md §4).
+"""The real SDK (labsdk) against the real jobs API on a live HTTP server (docs/api.md).
 
 Tenants are made through ``lab.services``; everything else goes over HTTP exactly as a user's
 program would: create in its three forms, retrieve, list with paging and filters, cancel,
@@ -34,7 +34,7 @@ from lab.services import api_key_revoke
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
-#: The Job keys of DESIGN.md §4 "Job".
+#: The Job keys of docs/api.md "Objects".
 JOB_KEYS = {
     "id", "object", "name", "status", "status_reason", "queue_position", "spec", "warnings", "attempt", "step",
     "max_steps", "created_at", "started_at", "finished_at", "error", "usage", "latest_checkpoint", "metadata",

@@ -15,7 +15,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @dataclass
 class FakeLab:
-    """A real HTTP server speaking the ingest API (DESIGN.md §4), storing what it accepts.
+    """A real HTTP server speaking the ingest API (docs/ingest-api.md), storing what it accepts.
 
     `refuse_next` answers that many requests with 503 first (Lab down); metric points are
     stored per step exactly as Lab does: a resend merges, so `metric_posts` counts arrivals.

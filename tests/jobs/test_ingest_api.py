@@ -1,4 +1,4 @@
-"""The ingest API engines report to (DESIGN.md §4 "Ingest API"), driven as an engine would."""
+"""The ingest API engines report to (docs/ingest-api.md), driven as an engine would."""
 
 from __future__ import annotations
 

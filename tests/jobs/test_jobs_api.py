@@ -1,4 +1,4 @@
-"""The jobs REST API: create, list, retrieve, cancel, events, estimate, catalogues (DESIGN.md §4)."""
+"""The jobs REST API: create, list, retrieve, cancel, events, estimate, catalogues (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from jobs.launchers.local import LocalLauncher, engine_environment
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: What a worker's environment holds besides what the engine needs (DESIGN.md §4 "Configuration").
+#: What a worker's environment holds besides what the engine needs (docs/configuration.md).
 WORKER_SECRETS = {
     "SECRET_KEY": "django-insecure-signs-job-tokens",
     "SECRET_KEY_FILE": "/run/secrets/secret-key",

@@ -1,4 +1,4 @@
-"""The reconciler's rules on a fake launcher: every row of the exit-code table (DESIGN.md §4),
+"""The reconciler's rules on a fake launcher: every row of the exit-code table (docs/api.md),
 launching without holding locks, batched observation, signals sent outside locks."""
 
 from __future__ import annotations

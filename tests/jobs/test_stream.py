@@ -1,4 +1,4 @@
-"""The live stream ``GET /api/v1/jobs/{id}/stream`` (DESIGN.md §4 "Live stream"), end to end.
+"""The live stream ``GET /api/v1/jobs/{id}/stream`` (docs/live-stream.md), end to end.
 
 A real uvicorn serves the stream; the test process plays the engine through the ingest API over
 HTTP and changes statuses through the services, so records cross processes through Redis (or,

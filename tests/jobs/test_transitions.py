@@ -1,4 +1,4 @@
-"""Job statuses change exactly as ALLOWED_TRANSITIONS says (DESIGN.md §4 "Statuses"), and a
+"""Job statuses change exactly as ALLOWED_TRANSITIONS says (docs/api.md "Statuses"), and a
 refused change changes nothing."""
 
 from __future__ import annotations

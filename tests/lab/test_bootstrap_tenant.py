@@ -1,4 +1,4 @@
-"""``manage.py bootstrap_tenant`` (DESIGN.md §4 "Set-up")."""
+"""``manage.py bootstrap_tenant`` (docs/api.md "Set-up")."""
 
 from __future__ import annotations
 

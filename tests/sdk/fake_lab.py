@@ -1,6 +1,6 @@
 """A small stand-in for Lab's REST API on a real local HTTP server, for SDK and CLI tests.
 
-It speaks DESIGN.md §4's shapes (list envelope, error body, Idempotency-Key replay) over a
+It speaks docs/api.md's shapes (list envelope, error body, Idempotency-Key replay) over a
 real socket, so the SDK's HTTP layer, retries and parsing run for real. Tests steer it:
 ``fail_next`` queues error answers, ``drop_next`` processes requests but closes the
 connection instead of answering (a lost answer), ``timelines`` script how a job moves on

@@ -1,4 +1,4 @@
-"""Specs shared by the SDK tests: the smallest valid one, DESIGN.md's example, and a Prime
+"""Specs shared by the SDK tests: the smallest valid one, docs/spec.md's example, and a Prime
 Intellect hosted-training file that uses only Prime's keys."""
 
 MINIMAL = {"model": "lab/tiny-random-llama", "env": [{"id": "lab/addition"}]}

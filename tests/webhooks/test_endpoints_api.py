@@ -1,4 +1,4 @@
-"""The webhook endpoint REST API (DESIGN.md §4): shapes, validation, tenancy."""
+"""The webhook endpoint REST API (docs/api.md): shapes, validation, tenancy."""
 
 from __future__ import annotations
 

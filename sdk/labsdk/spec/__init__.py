@@ -1,7 +1,7 @@
 """The job spec: one pydantic model shared by the server, the SDK/CLI and the RL engine.
 
 A job spec says which base model to train, on which environments, with which GRPO
-settings. It travels as JSON over the API and as TOML in files (DESIGN.md §4 "Job spec").
+settings. It travels as JSON over the API and as TOML in files (docs/spec.md).
 The format is a superset of Prime Intellect's hosted-training TOML
 (https://docs.primeintellect.ai/hosted-training/advanced-configs): Prime's keys that Lab
 does not use are accepted, kept in the canonical dict and reported as warnings; any other

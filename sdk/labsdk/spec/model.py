@@ -13,7 +13,7 @@ from labsdk.spec.problems import SpecProblem
 from labsdk.spec.values import JsonLike, JsonObject, MetadataKey, MetadataValue, Text
 
 #: Prime Intellect keys Lab accepts and stores but does not act on, as dotted paths.
-#: Prime's docs spell the secrets key ``env_file``; DESIGN.md says ``env_files``: both are kept.
+#: Prime's docs spell the secrets key ``env_file``; Lab's spec says ``env_files``: both are kept.
 PRIME_UNUSED_KEYS: tuple[str, ...] = (
     "oversampling_factor",
     "max_async_level",
@@ -108,7 +108,7 @@ class ResourcesConfig(BaseModel):
 
 
 class JobSpec(BaseModel):
-    """A training job: base model, environments and GRPO settings (DESIGN.md §4).
+    """A training job: base model, environments and GRPO settings (docs/spec.md).
 
     Only ``model`` and ``env`` are required. Durations are in minutes where the name says
     so, counts in steps, rollouts or tokens. Prime Intellect's unused keys are fields
