@@ -1,16 +1,30 @@
-"""Prices: USD per hour for each resource type (each GPU type, and CPU for local runs)."""
+"""Billing's rows: prices and their history, billing accounts, credit grants and the usage ledger.
+
+The ledger (``UsageInterval``) is append-only: one row per closed interval of one job attempt,
+priced once from the price in force when it closed. It refers to jobs by public id and to
+attempts by row id (``billing`` never imports ``jobs``), so a deleted job leaves its usage in the
+ledger. Money is stored exactly, in micro-dollars (1 USD = 1,000,000); it is rounded to the
+cent only for display and invoices.
+"""
 
 from __future__ import annotations
 
 from django.db import models
 from django.utils import timezone
 
+from lab.ids import public_id
+from lab.tenancy import TenantManager
+
+#: Micro-dollars per dollar: every amount of money billing stores is an integer of these.
+MICRO_USD = 1_000_000
+
 
 class Price(models.Model):
-    """The hourly list price of one resource type.
+    """The hourly list price of one resource type, as it is now.
 
     For a GPU type the unit is one GPU for one hour (a job pays ``gpus × hours × usd_per_hour``);
-    for ``cpu`` it is one CPU-only job for one hour. Editable in the admin; seeded by a migration.
+    for ``cpu`` it is one CPU-only job for one hour. Change it with ``billing.pricing.price_set``
+    (the admin does), which also appends a ``PriceChange``: intervals are priced from that history.
     """
 
     resource_type = models.CharField(max_length=32, unique=True)
@@ -23,3 +37,123 @@ class Price(models.Model):
 
     def __str__(self) -> str:
         return f"{self.resource_type}: ${self.usd_per_hour}/h"
+
+
+class PriceChange(models.Model):
+    """One price of one resource type from ``effective_from`` on, until the next change.
+
+    An interval is priced from the newest change in force at its end; a resource with no
+    change recorded is priced from its ``Price`` row.
+    """
+
+    resource_type = models.CharField(max_length=32)
+    usd_per_hour = models.DecimalField(max_digits=10, decimal_places=4)
+    effective_from = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["resource_type", "-effective_from"], name="price_change_latest")]
+
+
+class Plan(models.TextChoices):
+    """How an organization pays (issue 15): credits bought in advance, or a monthly invoice."""
+
+    PREPAID = "prepaid"
+    INVOICED = "invoiced"
+
+
+class BillingAccount(models.Model):
+    """One organization's billing state: plan, prepaid balance, spend limit, Stripe ids.
+
+    Created on first use with ``LAB_TRIAL_CREDIT_USD`` (``billing.accounts.account_for``). The
+    balance only changes under this row's lock, by ``F()`` updates.
+    """
+
+    organization = models.OneToOneField("lab.Organization", on_delete=models.CASCADE, related_name="billing_account")
+    plan = models.CharField(max_length=10, choices=Plan.choices, default=Plan.PREPAID)
+    balance_micro_usd = models.BigIntegerField(default=0)
+    monthly_spend_limit_micro_usd = models.BigIntegerField(null=True, blank=True)
+    payment_failed = models.BooleanField(default=False)
+    stripe_customer_id = models.CharField(max_length=64, blank=True)
+    stripe_subscription_id = models.CharField(max_length=64, blank=True)
+    subscription_status = models.CharField(max_length=32, blank=True)
+    # When the subscription state was last set from Stripe (events older than it are not applied).
+    subscription_updated_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"billing account of organization {self.organization_id}"
+
+
+class CreditKind(models.TextChoices):
+    """Where credit came from."""
+
+    TRIAL = "trial"
+    PURCHASE = "purchase"
+    ADJUSTMENT = "adjustment"
+
+
+class CreditGrant(models.Model):
+    """Credit added to a prepaid balance: the trial credit, a Checkout purchase, an adjustment.
+
+    ``reference`` (a Stripe Checkout session id, or ``trial``) is unique per account, so the same
+    purchase never adds credit twice.
+    """
+
+    account = models.ForeignKey(BillingAccount, on_delete=models.CASCADE, related_name="credit_grants")
+    kind = models.CharField(max_length=12, choices=CreditKind.choices)
+    amount_micro_usd = models.BigIntegerField()
+    reference = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["account", "reference"], name="credit_grant_once")]
+
+
+def _usage_interval_public_id() -> str:
+    return public_id("usage")
+
+
+class UsageInterval(models.Model):
+    """One closed interval of one attempt's compute, priced once (the append-only ledger).
+
+    ``index`` counts the attempt's intervals from 0; (``attempt_id``, ``index``) is unique, so a
+    reconciler running twice or two workers at once record an interval once. ``gpu_seconds`` is
+    wall seconds × GPUs of a GPU job, ``cpu_seconds`` wall seconds × slots of a CPU job, both
+    measured by the launcher. ``cost_micro_usd`` is the price in force at ``ended_at`` times
+    those seconds; ``charged_micro_usd`` is what was drawn from the prepaid balance for it (less
+    than the cost only when the balance hit its grace floor; 0 when billing is off or the plan is
+    invoiced). ``public_id`` is the stable id sent to Stripe as a meter event ``identifier``.
+    """
+
+    tenant_path = "project"
+    objects = TenantManager()
+
+    public_id = models.CharField(max_length=40, unique=True, default=_usage_interval_public_id)
+    organization = models.ForeignKey("lab.Organization", on_delete=models.CASCADE, related_name="+")
+    project = models.ForeignKey("lab.Project", on_delete=models.CASCADE, related_name="+")
+    job_public_id = models.CharField(max_length=40)
+    attempt_id = models.BigIntegerField()
+    attempt_number = models.PositiveIntegerField()
+    index = models.PositiveIntegerField()
+    resource_type = models.CharField(max_length=32)
+    units = models.PositiveSmallIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField()
+    gpu_seconds = models.DecimalField(max_digits=18, decimal_places=6, default=0)
+    cpu_seconds = models.DecimalField(max_digits=18, decimal_places=6, default=0)
+    usd_per_hour = models.DecimalField(max_digits=10, decimal_places=4)
+    cost_micro_usd = models.BigIntegerField()
+    charged_micro_usd = models.BigIntegerField(default=0)
+    plan = models.CharField(max_length=10, choices=Plan.choices)
+    billing_enabled = models.BooleanField(default=False)
+    closed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["attempt_id", "index"], name="usage_interval_once")]
+        indexes = [
+            models.Index(fields=["organization", "ended_at"], name="usage_org_time"),
+            models.Index(fields=["job_public_id", "attempt_id"], name="usage_job"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_public_id} attempt {self.attempt_number} interval {self.index}"

@@ -1,22 +1,94 @@
-"""What a job costs at the list prices of the ``Price`` table."""
+"""What compute costs: the ``Price`` table, its history, and exact money in micro-dollars.
+
+A price change is appended to ``PriceChange`` (``price_set``), so usage is always priced at the
+price in force when it was used (``price_at``), never at today's.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone as dt_timezone
 from decimal import ROUND_HALF_UP, Decimal
 
-from billing.models import Price
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import MICRO_USD, Price, PriceChange
 from lab.lib.resources import resource_units
 
 _CENT = Decimal("0.01")
+_EPOCH = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
 
 
 def price_table() -> dict[str, Decimal]:
-    """Return USD per hour by resource type."""
+    """Return USD per hour by resource type, as the prices are now."""
     return {price.resource_type: price.usd_per_hour for price in Price.objects.all()}
 
 
+def price_at(resource_type: str, moment: datetime) -> Decimal:
+    """Return the USD per hour of ``resource_type`` in force at ``moment``.
+
+    The newest ``PriceChange`` effective at ``moment``; without one, the ``Price`` row; 0 for a
+    resource that has no price.
+    """
+    change = (
+        PriceChange.objects.filter(resource_type=resource_type, effective_from__lte=moment)
+        .order_by("-effective_from", "-id")
+        .first()
+    )
+    if change is not None:
+        return change.usd_per_hour
+    price = Price.objects.filter(resource_type=resource_type).first()
+    return price.usd_per_hour if price is not None else Decimal(0)
+
+
+@transaction.atomic
+def price_set(*, resource_type: str, usd_per_hour: Decimal, description: str | None = None) -> Price:
+    """Set the price of ``resource_type`` from now on, keeping the old one for usage before now.
+
+    Creates the ``Price`` row when missing. The first change of a resource also records the
+    price it had until now (effective since 2000-01-01), so intervals that ended earlier but are
+    closed later still get the old price.
+    """
+    now = timezone.now()
+    price = Price.objects.select_for_update().filter(resource_type=resource_type).first()
+    if price is not None and not PriceChange.objects.filter(resource_type=resource_type).exists():
+        PriceChange.objects.create(resource_type=resource_type, usd_per_hour=price.usd_per_hour, effective_from=_EPOCH)
+    if price is None:
+        price = Price(resource_type=resource_type)
+    price.usd_per_hour = Decimal(usd_per_hour)
+    if description is not None:
+        price.description = description
+    price.updated_at = now
+    price.save()
+    PriceChange.objects.create(resource_type=resource_type, usd_per_hour=price.usd_per_hour, effective_from=now)
+    return price
+
+
+def cost_micro_usd(*, usd_per_hour: Decimal, units: int, seconds: Decimal) -> int:
+    """Return the exact cost in micro-dollars of ``units`` for ``seconds`` at ``usd_per_hour``
+    (``usd_per_hour × units × seconds / 3600``, rounded half-up to the micro-dollar)."""
+    micro = Decimal(usd_per_hour) * units * Decimal(seconds) * MICRO_USD / 3600
+    return int(micro.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+def micro_to_usd(micro_usd: int) -> Decimal:
+    """Return micro-dollars as an exact USD Decimal (``1_250_000`` → ``Decimal("1.25")``)."""
+    return Decimal(int(micro_usd)) / MICRO_USD
+
+
+def usd_to_micro(usd: Decimal) -> int:
+    """Return USD as micro-dollars, rounded half-up."""
+    return int((Decimal(usd) * MICRO_USD).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+def cents(usd: Decimal) -> Decimal:
+    """Return ``usd`` rounded half-up to the cent (for display and invoices only)."""
+    return Decimal(usd).quantize(_CENT, rounding=ROUND_HALF_UP)
+
+
 def cost_usd(*, gpu_type: str, gpus: int, seconds: float, prices: dict[str, Decimal] | None = None) -> Decimal:
-    """Return the cost in USD of running ``gpus`` GPUs of ``gpu_type`` (or a CPU job) for ``seconds``.
+    """Return the cost in USD of running ``gpus`` GPUs of ``gpu_type`` (or a CPU job) for ``seconds``
+    at the current prices (estimates; usage is priced by the ledger).
 
     GPU jobs pay per GPU-hour, CPU jobs per job-hour. A resource without a price costs 0.
     Rounded half-up to the cent.
@@ -24,4 +96,4 @@ def cost_usd(*, gpu_type: str, gpus: int, seconds: float, prices: dict[str, Deci
     prices = price_table() if prices is None else prices
     hourly = prices.get(gpu_type, Decimal(0))
     units = Decimal(resource_units(gpu_type=gpu_type, gpus=gpus))
-    return (hourly * units * Decimal(str(seconds)) / Decimal(3600)).quantize(_CENT, rounding=ROUND_HALF_UP)
+    return cents(hourly * units * Decimal(str(seconds)) / Decimal(3600))

@@ -28,7 +28,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from billing.pricing import cost_usd
+from billing.ledger import AttemptUsage, job_usage_totals, usage_close
+from billing.pricing import micro_to_usd
 from jobs import dispatch, storage
 from jobs.checkpoints import checkpoint_fail_unfinished
 from jobs.ingest.spool import deliver_attempt_spool
@@ -127,18 +128,36 @@ def attempt_launch(*, attempt_id: int) -> None:
             launcher.cleanup(handle)
 
 
-def _record_usage(job: Job, now) -> None:
-    """Recompute the job's CPU/GPU-seconds (launcher wall time × GPUs) and cost from its attempts."""
-    seconds = sum(
-        max(0.0, ((attempt.ended_at or now) - attempt.launched_at).total_seconds())
-        for attempt in job.attempts.exclude(launched_at=None)
+def _record_usage(job: Job, attempt: JobAttempt, observation: Observation, now) -> None:
+    """Close the attempt's due usage intervals in the billing ledger (launcher times: the
+    observation's, else the launch time; nothing while the launcher has not started it), set the
+    job's totals from the ledger, and ask a running attempt to stop when its organization has
+    nothing left to spend."""
+    started_at = observation.started_at or attempt.launched_at
+    if observation.phase == AttemptPhase.PENDING or started_at is None:
+        return
+    ended = observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST)
+    result = usage_close(
+        usage=AttemptUsage(
+            organization_id=job.project.organization_id,
+            project_id=job.project_id,
+            job_public_id=job.public_id,
+            attempt_id=attempt.pk,
+            attempt_number=attempt.number,
+            resource_type=job.gpu_type,
+            gpus=job.gpus,
+            started_at=started_at,
+            ended_at=(observation.ended_at or now) if ended else None,
+        ),
+        now=now,
     )
-    if job.gpu_type == "cpu":
-        job.cpu_seconds, job.gpu_seconds = seconds, 0.0
-    else:
-        job.cpu_seconds, job.gpu_seconds = 0.0, seconds * job.gpus
-    job.cost_usd = cost_usd(gpu_type=job.gpu_type, gpus=job.gpus, seconds=seconds)
+    totals = job_usage_totals(job.public_id)
+    job.gpu_seconds, job.cpu_seconds = float(totals.gpu_seconds), float(totals.cpu_seconds)
+    job.cost_usd = micro_to_usd(totals.cost_micro_usd)
     Job.objects.unscoped().filter(pk=job.pk).update(cpu_seconds=job.cpu_seconds, gpu_seconds=job.gpu_seconds, cost_usd=job.cost_usd)
+    if result.exhausted and not ended and not attempt.stop_reason:
+        attempt_request_stop(job=job, reason=StopReason.CREDIT)
+        attempt.refresh_from_db()
 
 
 def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
@@ -374,10 +393,10 @@ def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], N
     _store_captured(job, attempt, seen)
     observation = seen.observation
     if observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST):
+        _record_usage(job, attempt, observation, now)
         _finish_attempt(job, attempt, observation, now, after)
-        _record_usage(job, now)
         return
-    _record_usage(job, now)
+    _record_usage(job, attempt, observation, now)
     last_sign_of_life = attempt.last_heartbeat_at or attempt.launched_at
     if observation.phase == AttemptPhase.RUNNING and now - last_sign_of_life > timedelta(
         seconds=settings.LAB_HEARTBEAT_TIMEOUT_S

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,17 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ImproperlyConfigured(f"{name}={value!r} must be one of {', '.join(choices)}")
     return value
+
+
+def env_decimal(name: str, default: str, *, minimum: Decimal | None = None) -> Decimal:
+    """Return ``name`` as a finite decimal number (money in USD, e.g. ``"10.00"``), at least ``minimum``."""
+    value = env_str(name, default)
+    try:
+        number = Decimal(value.strip())
+    except InvalidOperation:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a decimal number") from None
+    if not number.is_finite():
+        raise ImproperlyConfigured(f"{name}={value!r} is not a finite number")
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} is below the minimum {minimum}")
+    return number

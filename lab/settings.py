@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
@@ -17,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from lab.config import (
     env_bool,
     env_choice,
+    env_decimal,
     env_int,
     env_int_list,
     env_json,
@@ -70,6 +72,7 @@ INSTALLED_APPS = [
     "lab",
     "jobs",
     "billing",
+    "environments",
     "dashboard",
 ]
 
@@ -186,15 +189,25 @@ LAB_STREAM_POLL_MS = env_int("LAB_STREAM_POLL_MS", 500, minimum=50, maximum=10_0
 LAB_WEBHOOK_TIMEOUT_S = env_int("LAB_WEBHOOK_TIMEOUT_S", 15, minimum=1, maximum=60)  # 2xx within this many seconds = delivered
 LAB_WEBHOOK_RETRY_SCHEDULE = env_int_list("LAB_WEBHOOK_RETRY_SCHEDULE", [0, 5, 300, 1800, 7200, 18000, 36000, 36000])
 LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
-LAB_TRIAL_CREDIT_USD = env_str("LAB_TRIAL_CREDIT_USD", "10.00")
+# Billing (issue 15, docs/billing.md): on only when STRIPE_API_KEY is set; usage is recorded either way.
+LAB_TRIAL_CREDIT_USD = env_decimal("LAB_TRIAL_CREDIT_USD", "10.00", minimum=Decimal(0))
+LAB_CREDIT_GRACE_USD = env_decimal("LAB_CREDIT_GRACE_USD", "0", minimum=Decimal(0))
+LAB_USAGE_INTERVAL_S = env_int("LAB_USAGE_INTERVAL_S", 60, minimum=1, maximum=3600)
 STRIPE_API_KEY = env_str("STRIPE_API_KEY", "")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
 STRIPE_METER_EVENT_NAME = env_str("STRIPE_METER_EVENT_NAME", "lab_gpu_seconds")
+STRIPE_METERED_PRICE_ID = env_str("STRIPE_METERED_PRICE_ID", "")
+STRIPE_API_BASE = env_str("STRIPE_API_BASE", "")  # e.g. a stripe-mock or local fake; Stripe's own when empty
+STRIPE_API_VERSION = env_str("STRIPE_API_VERSION", "")  # empty: the version pinned in billing/stripe_api.py
 
 # Requests per minute one API key may make before it gets 429 with Retry-After.
 LAB_API_RATE_LIMIT_PER_MINUTE = env_int("LAB_API_RATE_LIMIT_PER_MINUTE", 1200, minimum=1)
 # Request bodies above this many bytes are refused with 413 (DESIGN.md §4 conventions).
 LAB_MAX_REQUEST_BYTES = 1024 * 1024
+# Environment wheel uploads (docs/environments.md): wheels up to 100 MB, plus multipart framing;
+# the wheel's own size is checked against 100 MB exactly by environments.services.
+LAB_UPLOAD_PATHS = frozenset({"/api/v1/environments", "/environments/push"})
+LAB_MAX_UPLOAD_REQUEST_BYTES = 100 * 1024 * 1024 + 64 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = LAB_MAX_REQUEST_BYTES
 LAB_IDEMPOTENCY_TTL_S = 24 * 3600
 

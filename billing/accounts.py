@@ -1,0 +1,191 @@
+"""Billing accounts: the plan, the prepaid balance, the monthly spend limit, and what may run.
+
+Billing is on only when ``STRIPE_API_KEY`` is set (``billing_enabled``). Off, usage is still
+recorded and shown, but no balance is drawn down and nothing is refused. On:
+
+- a **prepaid** organization draws its balance down as intervals close; the balance never goes
+  below ``-LAB_CREDIT_GRACE_USD`` (an interval that would take it lower is charged only down to
+  that floor, the rest stays recorded as its cost);
+- an **invoiced** organization is never charged credit (its usage goes to Stripe as meter events);
+- either may have a monthly spend limit (calendar month, UTC).
+
+"Nothing can run at all" (``run_blocker``): a failed payment, the monthly spend limit reached, or
+a prepaid balance at or below the grace floor (docs/billing.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone as dt_timezone
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from billing.models import BillingAccount, CreditGrant, CreditKind, Plan, UsageInterval
+from billing.pricing import micro_to_usd, usd_to_micro
+from lab.models import Organization
+
+
+class Blocker:
+    """Why nothing of an organization can run: the API's 402 codes (DESIGN.md §4)."""
+
+    INSUFFICIENT_CREDIT = "insufficient_credit"
+    SPEND_LIMIT_REACHED = "spend_limit_reached"
+    PAYMENT_FAILED = "payment_failed"
+
+
+BLOCKER_MESSAGES = {
+    Blocker.INSUFFICIENT_CREDIT: "The organization's credit is used up; buy credits to run jobs.",
+    Blocker.SPEND_LIMIT_REACHED: "The organization reached its monthly spend limit; raise it to run jobs.",
+    Blocker.PAYMENT_FAILED: "The organization's last payment failed; update the payment method to run jobs.",
+}
+
+
+def billing_enabled() -> bool:
+    """Return whether billing is on (``STRIPE_API_KEY`` set): credits drawn, limits enforced."""
+    return bool(settings.STRIPE_API_KEY)
+
+
+def grace_floor_micro_usd() -> int:
+    """Return the lowest balance allowed, in micro-dollars (``-LAB_CREDIT_GRACE_USD``)."""
+    return -usd_to_micro(settings.LAB_CREDIT_GRACE_USD)
+
+
+def account_for(organization_id: int) -> BillingAccount:
+    """Return the organization's billing account, creating it (prepaid, with the trial credit
+    ``LAB_TRIAL_CREDIT_USD`` as its first grant) on first use. Safe against concurrent creation."""
+    account = BillingAccount.objects.filter(organization_id=organization_id).first()
+    if account is not None:
+        return account
+    trial = usd_to_micro(settings.LAB_TRIAL_CREDIT_USD)
+    try:
+        with transaction.atomic():
+            account = BillingAccount.objects.create(organization_id=organization_id, balance_micro_usd=trial)
+            CreditGrant.objects.create(account=account, kind=CreditKind.TRIAL, amount_micro_usd=trial, reference="trial")
+    except IntegrityError:  # another request created it first
+        account = BillingAccount.objects.get(organization_id=organization_id)
+    return account
+
+
+def locked_account(organization_id: int) -> BillingAccount:
+    """Return the organization's account locked for update (call inside a transaction)."""
+    account_for(organization_id)
+    return BillingAccount.objects.select_for_update().get(organization_id=organization_id)
+
+
+def month_start(moment: datetime) -> datetime:
+    """Return the first instant (UTC) of ``moment``'s calendar month."""
+    moment = moment.astimezone(dt_timezone.utc)
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def spent_this_month_micro_usd(organization_id: int, *, now: datetime | None = None) -> int:
+    """Return the cost of the organization's intervals that ended this calendar month (UTC)."""
+    start = month_start(now or timezone.now())
+    total = (
+        UsageInterval.objects.unscoped()
+        .filter(organization_id=organization_id, ended_at__gte=start)
+        .aggregate(total=Sum("cost_micro_usd"))["total"]
+    )
+    return int(total or 0)
+
+
+def left_to_spend_micro_usd(account: BillingAccount, *, spent_this_month: int | None = None) -> int | None:
+    """Return how much the organization may still spend, in micro-dollars, or None for no bound.
+
+    The smaller of the prepaid balance above the grace floor and what the monthly spend limit
+    leaves; None for an invoiced organization without a limit, or when billing is off.
+    """
+    if not billing_enabled():
+        return None
+    bounds = []
+    if account.plan == Plan.PREPAID:
+        bounds.append(account.balance_micro_usd - grace_floor_micro_usd())
+    if account.monthly_spend_limit_micro_usd is not None:
+        spent = spent_this_month_micro_usd(account.organization_id) if spent_this_month is None else spent_this_month
+        bounds.append(account.monthly_spend_limit_micro_usd - spent)
+    return max(0, min(bounds)) if bounds else None
+
+
+def run_blocker(account: BillingAccount) -> str | None:
+    """Return why nothing of this organization can run now (a ``Blocker`` code), or None.
+
+    Always None when billing is off.
+    """
+    if not billing_enabled():
+        return None
+    if account.payment_failed:
+        return Blocker.PAYMENT_FAILED
+    if account.monthly_spend_limit_micro_usd is not None and (
+        spent_this_month_micro_usd(account.organization_id) >= account.monthly_spend_limit_micro_usd
+    ):
+        return Blocker.SPEND_LIMIT_REACHED
+    if account.plan == Plan.PREPAID and account.balance_micro_usd <= grace_floor_micro_usd():
+        return Blocker.INSUFFICIENT_CREDIT
+    return None
+
+
+def organization_run_blocker(organization_id: int) -> str | None:
+    """Return ``run_blocker`` of the organization's account (created on first use)."""
+    if not billing_enabled():
+        return None
+    return run_blocker(account_for(organization_id))
+
+
+def charge(account: BillingAccount, cost_micro_usd: int) -> int:
+    """Draw up to ``cost_micro_usd`` from a locked prepaid ``account`` without passing the grace
+    floor; return what was drawn (0 when billing is off or the plan is invoiced).
+
+    The caller holds the account's row lock (``locked_account``); the balance changes by an
+    ``F()`` update and ``account`` is kept in step.
+    """
+    if not billing_enabled() or account.plan != Plan.PREPAID or cost_micro_usd <= 0:
+        return 0
+    drawn = max(0, min(cost_micro_usd, account.balance_micro_usd - grace_floor_micro_usd()))
+    if drawn:
+        BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=F("balance_micro_usd") - drawn)
+        account.balance_micro_usd -= drawn
+    return drawn
+
+
+@dataclass(frozen=True)
+class Balance:
+    """``GET /billing/balance`` (docs/billing.md): money in USD, exact."""
+
+    plan: str
+    balance_usd: Decimal
+    spend_limit_usd: Decimal | None
+    spent_this_month_usd: Decimal
+    payment_failed: bool
+    billing_enabled: bool
+
+
+def balance_of(organization: Organization) -> Balance:
+    """Return the organization's plan, balance, spend limit and this month's spend."""
+    account = account_for(organization.pk)
+    limit = account.monthly_spend_limit_micro_usd
+    return Balance(
+        plan=account.plan,
+        balance_usd=micro_to_usd(account.balance_micro_usd),
+        spend_limit_usd=None if limit is None else micro_to_usd(limit),
+        spent_this_month_usd=micro_to_usd(spent_this_month_micro_usd(organization.pk)),
+        payment_failed=account.payment_failed,
+        billing_enabled=billing_enabled(),
+    )
+
+
+@transaction.atomic
+def credit_add(*, organization_id: int, amount_micro_usd: int, kind: str, reference: str) -> bool:
+    """Add credit to the organization's balance once per ``reference``; return whether it was added.
+
+    A second call with the same ``reference`` (a Stripe Checkout session id) changes nothing.
+    """
+    account = locked_account(organization_id)
+    if CreditGrant.objects.filter(account=account, reference=reference).exists():
+        return False
+    CreditGrant.objects.create(account=account, kind=kind, amount_micro_usd=amount_micro_usd, reference=reference)
+    BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=F("balance_micro_usd") + amount_micro_usd)
+    return True

@@ -1,0 +1,141 @@
+"""The usage ledger: close an attempt's intervals of compute, price and charge each once.
+
+An attempt's compute is cut into intervals of ``LAB_USAGE_INTERVAL_S`` seconds from the moment
+the launcher says it started: a running attempt's intervals close as each one ends, and the last,
+shorter one closes at the attempt's end. Each interval is priced at the price in force at its end
+(``billing.pricing.price_at``), stored once under the unique key (attempt, index), and, for a
+prepaid organization with billing on, drawn from the balance in the same transaction. Every
+closing takes the organization's billing account row lock first, so two reconcilers (or two
+workers) closing the same attempt at once serialize, and the second finds the intervals closed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+
+from billing.accounts import charge, left_to_spend_micro_usd, locked_account, spent_this_month_micro_usd
+from billing.models import UsageInterval
+from billing.pricing import cost_micro_usd, price_at
+from lab.lib.resources import CPU, resource_units
+
+
+@dataclass(frozen=True)
+class AttemptUsage:
+    """One attempt as the launcher measured it: whose it is, what it holds, when it ran.
+
+    ``attempt_id`` is the attempt's row id (the ledger's key with the interval index);
+    ``started_at``/``ended_at`` are the launcher's times (UTC; ``ended_at`` None while running).
+    """
+
+    organization_id: int
+    project_id: int
+    job_public_id: str
+    attempt_id: int
+    attempt_number: int
+    resource_type: str
+    gpus: int
+    started_at: datetime
+    ended_at: datetime | None = None
+
+
+@dataclass
+class CloseResult:
+    """What one closing did: the intervals it recorded, and whether nothing is left to spend
+    (billing on and the balance or the monthly limit used up: the attempt should stop)."""
+
+    closed: list[UsageInterval] = field(default_factory=list)
+    exhausted: bool = False
+
+
+def interval_seconds() -> timedelta:
+    """Return the ledger's interval length (``LAB_USAGE_INTERVAL_S``)."""
+    return timedelta(seconds=settings.LAB_USAGE_INTERVAL_S)
+
+
+def _due_bounds(start: datetime, *, until: datetime, ended: bool) -> list[tuple[datetime, datetime]]:
+    """Return the (start, end) of each interval due from ``start``: whole intervals ending by
+    ``until``, and, when the attempt ``ended`` at ``until``, the shorter last one."""
+    length = interval_seconds()
+    bounds = []
+    while start + length <= until:
+        bounds.append((start, start + length))
+        start += length
+    if ended and start < until:
+        bounds.append((start, until))
+    return bounds
+
+
+def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:
+    """Close and price the attempt's intervals that are due at ``now``; charge prepaid credit.
+
+    Idempotent: intervals already in the ledger are never recorded or charged again. Returns the
+    new intervals and whether the organization has nothing left to spend.
+    """
+    with transaction.atomic():
+        account = locked_account(usage.organization_id)
+        last = UsageInterval.objects.unscoped().filter(attempt_id=usage.attempt_id).order_by("-index").first()
+        start = last.ended_at if last is not None else usage.started_at
+        index = last.index + 1 if last is not None else 0
+        until = usage.ended_at if usage.ended_at is not None else now
+        units = resource_units(gpu_type=usage.resource_type, gpus=usage.gpus)
+        closed = []
+        for begin, end in _due_bounds(start, until=until, ended=usage.ended_at is not None):
+            seconds = Decimal((end - begin) // timedelta(microseconds=1)) / 1_000_000
+            usd_per_hour = price_at(usage.resource_type, end)
+            cost = cost_micro_usd(usd_per_hour=usd_per_hour, units=units, seconds=seconds)
+            closed.append(
+                UsageInterval(
+                    organization_id=usage.organization_id,
+                    project_id=usage.project_id,
+                    job_public_id=usage.job_public_id,
+                    attempt_id=usage.attempt_id,
+                    attempt_number=usage.attempt_number,
+                    index=index,
+                    resource_type=usage.resource_type,
+                    units=units,
+                    started_at=begin,
+                    ended_at=end,
+                    gpu_seconds=0 if usage.resource_type == CPU else seconds * units,
+                    cpu_seconds=seconds * units if usage.resource_type == CPU else 0,
+                    usd_per_hour=usd_per_hour,
+                    cost_micro_usd=cost,
+                    charged_micro_usd=charge(account, cost),
+                    plan=account.plan,
+                    billing_enabled=bool(settings.STRIPE_API_KEY),
+                    closed_at=now,
+                )
+            )
+            index += 1
+        if closed:
+            UsageInterval.objects.bulk_create(closed)
+        spent = spent_this_month_micro_usd(usage.organization_id, now=now) if account.monthly_spend_limit_micro_usd is not None else None
+        left = left_to_spend_micro_usd(account, spent_this_month=spent)
+        return CloseResult(closed=closed, exhausted=left is not None and left <= 0)
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """A job's usage summed from the ledger: seconds, and cost in micro-dollars."""
+
+    gpu_seconds: Decimal
+    cpu_seconds: Decimal
+    cost_micro_usd: int
+
+
+def job_usage_totals(job_public_id: str) -> UsageTotals:
+    """Return the sums of every interval of the job with ``job_public_id`` (all its attempts)."""
+    sums = (
+        UsageInterval.objects.unscoped()
+        .filter(job_public_id=job_public_id)
+        .aggregate(gpu=Sum("gpu_seconds"), cpu=Sum("cpu_seconds"), cost=Sum("cost_micro_usd"))
+    )
+    return UsageTotals(
+        gpu_seconds=sums["gpu"] or Decimal(0), cpu_seconds=sums["cpu"] or Decimal(0), cost_micro_usd=int(sums["cost"] or 0)
+    )
+

@@ -1,0 +1,56 @@
+"""Billing fixtures: billing on or off, a fake launcher for the reconciler, running jobs."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from jobs import reconciler
+from jobs.launchers.base import AttemptPhase, Observation
+from jobs.models import Job, JobAttempt, JobStatus
+from jobs.services import job_claim_for_start, job_submit, job_transition
+from lab.audit import Actor
+from tests.jobs.fake_launcher import FakeLauncher
+
+#: A fixed moment the launcher's times are measured from in these tests.
+T0 = datetime(2026, 11, 3, 12, 0, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def billing_on(settings):
+    """Billing on (a Stripe key set), interval 60 s, no grace."""
+    settings.STRIPE_API_KEY = "sk_test_lab"
+    settings.LAB_USAGE_INTERVAL_S = 60
+    return settings
+
+
+@pytest.fixture
+def launcher(monkeypatch) -> FakeLauncher:
+    fake = FakeLauncher()
+    monkeypatch.setattr(reconciler, "get_launcher", lambda: fake)
+    return fake
+
+
+def start_job(tenant, spec, launcher: FakeLauncher) -> tuple[Job, JobAttempt]:
+    """Submit ``spec`` for ``tenant``, claim and launch its first attempt, mark it running."""
+    job = job_submit(project=tenant.project, actor=Actor(user=tenant.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    reconciler.attempt_launch(attempt_id=attempt.pk)
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.RUNNING)
+    return Job.objects.unscoped().get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
+
+
+def observe(launcher: FakeLauncher, attempt: JobAttempt, *, started_at=T0, ended_at=None, exit_code=None) -> None:
+    """Script what the launcher measures of ``attempt``: running since ``started_at``, or exited."""
+    if ended_at is None:
+        launcher.observations[attempt.handle["id"]] = Observation(AttemptPhase.RUNNING, started_at=started_at)
+    else:
+        launcher.observations[attempt.handle["id"]] = Observation(
+            AttemptPhase.EXITED, exit_code=exit_code, started_at=started_at, ended_at=ended_at
+        )
+
+
+def at(seconds: float) -> datetime:
+    """Return ``T0`` plus ``seconds``."""
+    return T0 + timedelta(seconds=seconds)
