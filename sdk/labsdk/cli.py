@@ -24,7 +24,8 @@ from rich.table import Table
 from labsdk._version import __version__
 from labsdk.client import Lab
 from labsdk.errors import APIConnectionError, JobCancelledError, JobFailedError, LabError, WaitTimeoutError
-from labsdk.spec import SpecError, load_spec_file
+from labsdk.spec import SpecError, job_spec_json_schema, load_spec_file
+from labsdk.spec_template import DEFAULT_ENV, DEFAULT_MODEL, spec_fields, spec_template
 from labsdk.types import Job, LabObject
 
 EXIT_OK = 0
@@ -343,8 +344,10 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
         _print_json({"valid": True, "errors": [], "warnings": warnings,
                      "estimate": estimate.to_dict() if estimate else None})
         return EXIT_OK
-    checked = "valid (checked locally and by Lab)" if estimate else "valid (checked locally; set LAB_API_KEY " \
-        "to check the catalogues and the pool through Lab)"
+    checked = "valid (checked locally and by Lab)" if estimate else (
+        "valid locally; its model and environments were not checked (no LAB_API_KEY): "
+        "set LAB_API_KEY to check them, and the pool, through Lab"
+    )
     print(f"{args.file}: {checked}")
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -359,6 +362,41 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
             if value is not None:
                 table.add_row(name, _text(value))
         Console().print(table)
+    return EXIT_OK
+
+
+def spec_init(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab spec init [FILE] [--model M] [--env E] [--force]``: write a commented spec template
+    (to stdout without FILE) that passes ``lab spec check`` as written."""
+    text = spec_template(model=args.model, env=args.env)
+    if not args.file or args.file == "-":
+        sys.stdout.write(text)
+        return EXIT_OK
+    if os.path.exists(args.file) and not args.force:
+        raise _UsageError(f"{args.file} exists; pass --force to overwrite it")
+    with open(args.file, "w", encoding="utf-8") as out:
+        out.write(text)
+    print(f"wrote {args.file}: check it with `lab spec check {args.file}`, "
+          f"run it with `lab jobs create -f {args.file} --wait`", file=sys.stderr)
+    return EXIT_OK
+
+
+def spec_schema(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab spec schema [--fields]``: the job spec's JSON Schema (the one served at
+    ``/api/v1/schema/job-spec.json``), or with ``--fields`` a table of every key."""
+    if not args.fields:
+        _print_json(job_spec_json_schema())
+        return EXIT_OK
+    fields = spec_fields()
+    if args.json:
+        _print_json([{"key": f.key, "type": f.type, "default": f.default, "required": f.required,
+                      "meaning": f.meaning} for f in fields])
+        return EXIT_OK
+    table = _table("KEY", "TYPE", "DEFAULT", "MEANING")
+    for field in fields:
+        default = "required" if field.required else ("" if field.default is None else json.dumps(field.default))
+        table.add_row(_text(field.key), _text(field.type), _text(default), _text(field.meaning))
+    Console().print(table)
     return EXIT_OK
 
 
@@ -412,6 +450,16 @@ def whoami(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     print(f"project:      {project.slug if project else ''} ({project.name if project else ''})")
     print(f"scopes:       {', '.join(identity.scopes)}")
     return EXIT_OK
+
+
+def _repeats_first_problem(exc: LabError) -> bool:
+    """Whether the error's message only restates its first problem (Lab's ``invalid_spec``
+    message is "<param>: <message> (and N more problems)"), which the problem list prints anyway."""
+    if not exc.errors:
+        return False
+    first = exc.errors[0]
+    said = f"{first.param}: {first.message}" if first.param else first.message
+    return bool(first.message) and (exc.message.startswith(said) or exc.message.startswith(first.message))
 
 
 class _UsageError(Exception):
@@ -506,8 +554,27 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("--tar", action="store_true", help="save the uncompressed tar archive instead of unpacking it")
     download.set_defaults(handler=checkpoints_download)
 
-    spec = commands.add_parser("spec", help="work with job spec files")
+    spec = commands.add_parser(
+        "spec", help="write, check and look up job spec files",
+        epilog="Model ids: `lab models`; environment ids and their arguments: `lab envs`; "
+               "every key: `lab spec schema --fields` (and docs/spec.md).",
+    )
     spec_commands = spec.add_subparsers(dest="spec_command", required=True, metavar="COMMAND")
+    init = spec_commands.add_parser(
+        "init", help="write a commented spec template that passes `lab spec check` as written",
+        epilog="Model ids: `lab models`; environment ids: `lab envs`.",
+    )
+    init.add_argument("file", nargs="?", help="where to write it (default: print it)")
+    init.add_argument("--model", default=DEFAULT_MODEL, help=f"model catalogue id, see `lab models` (default {DEFAULT_MODEL})")
+    init.add_argument("--env", default=DEFAULT_ENV, help=f"environment id, see `lab envs` (default {DEFAULT_ENV})")
+    init.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    init.set_defaults(handler=spec_init)
+    schema = spec_commands.add_parser(
+        "schema", parents=[json_flag],
+        help="print the job spec's JSON Schema (also at /api/v1/schema/job-spec.json), or --fields a table of every key",
+    )
+    schema.add_argument("--fields", action="store_true", help="a table of every key: type, default, meaning")
+    schema.set_defaults(handler=spec_schema)
     check = spec_commands.add_parser(
         "check", parents=[json_flag],
         help="validate a spec file locally, then through Lab's estimate when LAB_API_KEY is set",
@@ -516,8 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=spec_check)
 
     for name, handler, help_text in (
-        ("models", models, "list the models a job may train"),
-        ("envs", envs, "list installed environments"),
+        ("models", models, "list the models a job may train (a spec's `model`)"),
+        ("envs", envs, "list installed environments (a spec's `[[env]] id` and `args`)"),
         ("prices", prices, "show the price table (USD per hour per GPU, or per CPU job)"),
         ("whoami", whoami, "show the organization, project and scopes of the API key"),
     ):
@@ -541,7 +608,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args, client)
     except LabError as exc:
         suffix = f" ({exc.code})" if exc.code else ""
-        print(f"error: {exc.message}{suffix}", file=sys.stderr)
+        if _repeats_first_problem(exc):  # list each problem once, under a count
+            count = len(exc.errors)
+            print(f"error: {count} problem{'s' if count > 1 else ''}{suffix}", file=sys.stderr)
+        else:
+            print(f"error: {exc.message}{suffix}", file=sys.stderr)
         _report_problems(exc.errors)
         return EXIT_FAILED
     except _UsageError as exc:

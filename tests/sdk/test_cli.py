@@ -59,7 +59,7 @@ def test_jobs_create_prints_every_server_problem_and_fails(lab_env, capsys, spec
 
     assert status == 1 and out == ""
     assert err.splitlines() == [
-        "error: Input should be less than or equal to 2 (invalid_spec)",
+        "error: 3 problems (invalid_spec)",
         "  sampling.temperature: Input should be less than or equal to 2 [out_of_range]",
         '  env.0.id: must be an environment id like "lab/addition" or "owner/name@version" [invalid_value]',
         (
@@ -185,7 +185,7 @@ def test_spec_check_passes_locally_when_no_lab_is_configured(capsys, spec_file, 
     status, out, err = run(capsys, "spec", "check", spec_file(PRIME_ONLY_TOML))
 
     assert status == 0
-    assert "valid (checked locally; set LAB_API_KEY" in out
+    assert "valid locally; its model and environments were not checked (no LAB_API_KEY)" in out
     assert err.count("warning: ") == 7
 
 
