@@ -1,0 +1,342 @@
+"""An in-memory cluster behind the ``ClusterGateway`` interface, for launcher, reconciler and
+benchmark runs without a cluster.
+
+It keeps objects with increasing ``resourceVersion``s, answers label selectors, treats a
+duplicate create as the real gateway does (the existing object, counted in ``conflicts``),
+keeps a bounded event log per kind for watches (older versions are 410 Gone), garbage-collects
+dependents (``ownerReferences``) on delete, and plays the controllers Lab relies on: Kueue
+(a Workload per suspended JobSet; ``admit``, ``evict``, ``mark_inadmissible``) and JobSet/Job/
+kubelet (``run``, ``exit``, ``oom``, ``image_pull_error``, ``unschedulable``). Faults are
+injected per call with ``fail`` (status 410, 429, 500, or 0 for no answer at all).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import defaultdict, deque
+from collections.abc import Iterator
+
+from jobs.launchers.kubernetes.cache import JOBSET_NAME_LABEL
+from jobs.launchers.kubernetes.gateway import (
+    ClusterError,
+    ClusterGateway,
+    ClusterUnavailable,
+    ObjectList,
+    ResourceVersionGone,
+    WatchEvent,
+)
+from jobs.launchers.kubernetes.kinds import JOB, JOBSET, POD, WORKLOAD, Kind, kind_of
+
+TIME = "2026-12-01T12:00:00Z"
+
+
+def matches(labels: dict, selector: str) -> bool:
+    """Whether ``labels`` match a selector of ``key``, ``!key``, ``key=value``, ``key!=value``."""
+    for term in filter(None, (part.strip() for part in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key.rstrip("=")) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class FakeGateway(ClusterGateway):
+    """The cluster in a dict: ``objects[(kind, namespace, name)]``."""
+
+    def __init__(self, *, history: int = 10_000):
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self._version = itertools.count(100)
+        self.last_version = 99
+        self.events: dict[str, deque[tuple[int, WatchEvent]]] = defaultdict(lambda: deque(maxlen=history))
+        self.compacted: dict[str, int] = defaultdict(int)  # newest version no longer in the log
+        self.calls: list[tuple[str, str]] = []  # (call, kind)
+        self.conflicts = 0
+        self.faults: dict[str, list[int]] = defaultdict(list)
+        self._uids = itertools.count(1)
+
+    # --- faults -----------------------------------------------------------------------------
+
+    def fail(self, call: str, status: int, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``call`` (apply, get, list, watch, delete) fail."""
+        self.faults[call] += [status] * times
+
+    def _fault(self, call: str, kind: Kind) -> None:
+        self.calls.append((call, kind.kind))
+        if self.faults[call]:
+            status = self.faults[call].pop(0)
+            if status == 410:
+                raise ResourceVersionGone(410, "too old resource version")
+            if status in (0, 429) or status >= 500:
+                raise ClusterUnavailable(status, "injected")
+            raise ClusterError(status, "injected")
+
+    def compact(self, kind: Kind) -> None:
+        """Forget ``kind``'s event log, as etcd compaction does: older watches get 410."""
+        log = self.events[kind.kind]
+        if log:
+            self.compacted[kind.kind] = log[-1][0]
+            log.clear()
+
+    # --- the interface ------------------------------------------------------------------------
+
+    def apply(self, obj: dict) -> dict:
+        kind = kind_of(obj)
+        self._fault("apply", kind)
+        key = self._key(kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        if key in self.objects:
+            self.conflicts += 1
+            return copy.deepcopy(self.objects[key])
+        stored = copy.deepcopy(obj)
+        stored["metadata"].setdefault("uid", f"uid-{next(self._uids)}")
+        stored["metadata"]["creationTimestamp"] = TIME
+        self._store(kind, stored, "ADDED")
+        if kind is JOBSET and stored["spec"].get("suspend"):
+            self._create_workload(stored)
+        return copy.deepcopy(stored)
+
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict | None:
+        self._fault("get", kind)
+        found = self.objects.get(self._key(kind, namespace or "", name))
+        return copy.deepcopy(found) if found else None
+
+    def list(self, kind: Kind, *, namespace: str | None = None, label_selector: str = "") -> ObjectList:
+        self._fault("list", kind)
+        items = [
+            copy.deepcopy(obj) for (kind_name, obj_namespace, _), obj in sorted(self.objects.items())
+            if kind_name == kind.kind and (not namespace or obj_namespace == namespace)
+            and matches(obj["metadata"].get("labels") or {}, label_selector)
+        ]
+        return ObjectList(items=items, resource_version=str(self._current()))
+
+    def watch(self, kind: Kind, *, resource_version: str, namespace: str | None = None, label_selector: str = "",
+              timeout_s: int = 60) -> Iterator[WatchEvent]:
+        """Yield the logged events after ``resource_version``, then end (as a server's timeout)."""
+        self._fault("watch", kind)
+        since = int(resource_version)
+        if since < self.compacted[kind.kind]:
+            raise ResourceVersionGone(410, f"too old resource version: {since}")
+        for version, event in list(self.events[kind.kind]):
+            if version <= since:
+                continue
+            metadata = event.object["metadata"]
+            if namespace and metadata.get("namespace") != namespace:
+                continue
+            if matches(metadata.get("labels") or {}, label_selector):
+                yield WatchEvent(event.type, copy.deepcopy(event.object))
+            if self.faults["watch_midway"]:
+                self.faults["watch_midway"].pop(0)
+                raise ResourceVersionGone(410, "too old resource version")
+
+    def delete(self, kind: Kind, name: str, namespace: str | None = None, *, grace_period_s: int | None = None) -> bool:
+        self._fault("delete", kind)
+        key = self._key(kind, namespace or "", name)
+        if key not in self.objects:
+            return False
+        self._delete(key)
+        return True
+
+    # --- the controllers ----------------------------------------------------------------------
+
+    def jobset(self, namespace: str, name: str) -> dict:
+        """Return the stored JobSet (not a copy)."""
+        return self.objects[("JobSet", namespace, name)]
+
+    def workload_of(self, namespace: str, name: str) -> dict:
+        """Return the stored Workload of a JobSet (not a copy)."""
+        return self.objects[("Workload", namespace, f"jobset-{name}")]
+
+    def admit(self, namespace: str, name: str) -> None:
+        """Kueue admits the JobSet's Workload and unsuspends it; its pods are created, pending."""
+        workload = self.workload_of(namespace, name)
+        self._conditions(workload, QuotaReserved=("True", "QuotaReserved"), Admitted=("True", "Admitted"),
+                         Evicted=None, Preempted=None)
+        self._store(WORKLOAD, workload, "MODIFIED")
+        jobset = self.jobset(namespace, name)
+        jobset["spec"]["suspend"] = False
+        self._store(JOBSET, jobset, "MODIFIED")
+        for replicated in jobset["spec"]["replicatedJobs"]:
+            job_name = f"{name}-{replicated['name']}-0"
+            template = replicated["template"]
+            job = {
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": job_name, "namespace": namespace, "uid": f"uid-{next(self._uids)}",
+                             "labels": {**(template["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name},
+                             "ownerReferences": [self._owner(jobset)]},
+                "spec": copy.deepcopy(template["spec"]), "status": {"active": 1},
+            }
+            self._store(JOB, job, "ADDED")
+            pod_template = template["spec"]["template"]
+            pod = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"{job_name}-pod", "namespace": namespace,
+                             "labels": {**(pod_template["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name},
+                             "ownerReferences": [self._owner(job)]},
+                "spec": copy.deepcopy(pod_template["spec"]),
+                "status": {"phase": "Pending"},
+            }
+            self._store(POD, pod, "ADDED")
+
+    def run(self, namespace: str, name: str, *, started_at: str = "2026-12-01T12:01:00Z") -> None:
+        """The kubelet starts every pod of the JobSet."""
+        for pod in self._pods(namespace, name):
+            container = pod["spec"]["containers"][0]["name"]
+            pod["status"] = {
+                "phase": "Running", "startTime": started_at,
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": container, "ready": True, "restartCount": 0,
+                                       "state": {"running": {"startedAt": started_at}}}],
+            }
+            self._store(POD, pod, "MODIFIED")
+
+    def exit(self, namespace: str, name: str, exit_code: int, *, reason: str = "",
+             finished_at: str = "2026-12-01T12:31:00Z", delete_pods: bool = False) -> None:
+        """The engine container exits with ``exit_code``; the Job and JobSet end as their
+        controllers would (any non-zero exit is FailJob by the pod failure policy)."""
+        for pod in self._pods(namespace, name):
+            status = pod["status"]
+            started = (status.get("containerStatuses") or [{}])[0].get("state", {}).get("running", {}).get(
+                "startedAt", status.get("startTime", TIME))
+            status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+            status["containerStatuses"] = [{
+                "name": pod["spec"]["containers"][0]["name"], "ready": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+                                         "startedAt": started, "finishedAt": finished_at}},
+            }]
+            if delete_pods:
+                self._delete(("Pod", namespace, pod["metadata"]["name"]), event_object=pod)
+            else:
+                self._store(POD, pod, "MODIFIED")
+        for job in self._owned(JOB, namespace, name):
+            if exit_code == 0:
+                self._conditions(job, Complete=("True", "Completed"))
+            else:
+                job["status"]["conditions"] = [{
+                    "type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                    "message": f"Container engine for pod {namespace}/{job['metadata']['name']}-pod failed with "
+                               f"exit code {exit_code} matching FailJob rule at index 0",
+                }]
+            self._store(JOB, job, "MODIFIED")
+        jobset = self.jobset(namespace, name)
+        self._conditions(jobset, **({"Completed": ("True", "AllJobsCompleted")} if exit_code == 0
+                                    else {"Failed": ("True", "FailurePolicy")}))
+        self._store(JOBSET, jobset, "MODIFIED")
+        workload = self.workload_of(namespace, name)
+        self._conditions(workload, Finished=("True", "Succeeded" if exit_code == 0 else "Failed"))
+        self._store(WORKLOAD, workload, "MODIFIED")
+
+    def oom(self, namespace: str, name: str) -> None:
+        """The kernel's OOM killer ends the engine (exit 137, reason OOMKilled)."""
+        self.exit(namespace, name, 137, reason="OOMKilled")
+
+    def image_pull_error(self, namespace: str, name: str, reason: str = "ImagePullBackOff") -> None:
+        """The kubelet cannot pull the engine image."""
+        for pod in self._pods(namespace, name):
+            pod["status"] = {"phase": "Pending", "containerStatuses": [{
+                "name": pod["spec"]["containers"][0]["name"], "ready": False, "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": "pull access denied"}}}]}
+            self._store(POD, pod, "MODIFIED")
+
+    def unschedulable(self, namespace: str, name: str, *, since: str = TIME) -> None:
+        """The scheduler finds no node for the pods."""
+        for pod in self._pods(namespace, name):
+            pod["status"] = {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.", "lastTransitionTime": since}]}
+            self._store(POD, pod, "MODIFIED")
+
+    def evict(self, namespace: str, name: str, reason: str = "Preempted") -> None:
+        """Kueue preempts the Workload: evicted, requeued, the JobSet suspended, its pods gone."""
+        workload = self.workload_of(namespace, name)
+        self._conditions(workload, Evicted=("True", reason), Preempted=("True", "InClusterQueue"),
+                         QuotaReserved=("False", "Pending"), Admitted=("False", "NoReservation"),
+                         Requeued=("True", reason))
+        self._store(WORKLOAD, workload, "MODIFIED")
+        jobset = self.jobset(namespace, name)
+        jobset["spec"]["suspend"] = True
+        self._store(JOBSET, jobset, "MODIFIED")
+        for kind in (POD, JOB):
+            for obj in self._owned(kind, namespace, name):
+                self._delete((kind.kind, namespace, obj["metadata"]["name"]))
+
+    def mark_inadmissible(self, namespace: str, name: str) -> None:
+        """Kueue finds the Workload can never fit its ClusterQueue."""
+        workload = self.workload_of(namespace, name)
+        self._conditions(workload, QuotaReserved=("False", "Inadmissible"))
+        self._store(WORKLOAD, workload, "MODIFIED")
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _create_workload(self, jobset: dict) -> None:
+        metadata = jobset["metadata"]
+        workload = {
+            "apiVersion": WORKLOAD.api_version, "kind": "Workload",
+            "metadata": {"name": f"jobset-{metadata['name']}", "namespace": metadata["namespace"],
+                         "uid": f"uid-{next(self._uids)}", "ownerReferences": [self._owner(jobset)]},
+            "spec": {"queueName": metadata["labels"].get("kueue.x-k8s.io/queue-name", ""),
+                     "priorityClassName": metadata["labels"].get("kueue.x-k8s.io/priority-class", "")},
+            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                       "message": "couldn't assign flavors"}]},
+        }
+        self._store(WORKLOAD, workload, "ADDED")
+
+    @staticmethod
+    def _owner(obj: dict) -> dict:
+        return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+                "uid": obj["metadata"]["uid"], "controller": True}
+
+    @staticmethod
+    def _conditions(obj: dict, **conditions) -> None:
+        status = obj.setdefault("status", {})
+        current = {condition["type"]: condition for condition in status.get("conditions") or []}
+        for kind, value in conditions.items():
+            if value is None:
+                current.pop(kind, None)
+            else:
+                current[kind] = {"type": kind, "status": value[0], "reason": value[1], "message": value[1],
+                                 "lastTransitionTime": TIME}
+        status["conditions"] = list(current.values())
+
+    def _pods(self, namespace: str, jobset_name: str) -> list[dict]:
+        return self._owned(POD, namespace, jobset_name)
+
+    def _owned(self, kind: Kind, namespace: str, jobset_name: str) -> list[dict]:
+        return [obj for (kind_name, obj_namespace, _), obj in list(self.objects.items())
+                if kind_name == kind.kind and obj_namespace == namespace
+                and (obj["metadata"].get("labels") or {}).get(JOBSET_NAME_LABEL) == jobset_name]
+
+    def _current(self) -> int:
+        return self.last_version
+
+    @staticmethod
+    def _key(kind: Kind, namespace: str, name: str) -> tuple[str, str, str]:
+        return kind.kind, namespace if kind.namespaced else "", name
+
+    def _store(self, kind: Kind, obj: dict, event_type: str) -> None:
+        version = self.last_version = next(self._version)
+        obj["metadata"]["resourceVersion"] = str(version)
+        self.objects[self._key(kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
+        self.events[kind.kind].append((version, WatchEvent(event_type, copy.deepcopy(obj))))
+
+    def _delete(self, key: tuple[str, str, str], *, event_object: dict | None = None) -> None:
+        obj = self.objects.pop(key)
+        if event_object is not None:
+            obj = event_object
+        version = self.last_version = next(self._version)
+        obj["metadata"]["resourceVersion"] = str(version)
+        self.events[key[0]].append((version, WatchEvent("DELETED", copy.deepcopy(obj))))
+        uid = obj["metadata"].get("uid")
+        for dependent_key, dependent in list(self.objects.items()):  # the garbage collector
+            owners = dependent["metadata"].get("ownerReferences") or []
+            if dependent_key in self.objects and any(owner.get("uid") == uid for owner in owners):
+                self._delete(dependent_key)
+
