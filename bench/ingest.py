@@ -29,6 +29,7 @@ def main() -> None:
     import httpx
 
     from jobs.ingest.tokens import job_token
+    from jobs.processes import free_port
     from jobs.services import job_claim_for_start, job_submit
     from lab.audit import Actor
     from lab.models import Project
@@ -44,7 +45,7 @@ def main() -> None:
     attempt = job_claim_for_start(job_id=job.pk)
     token = job_token(attempt)
 
-    port = 8765
+    port = free_port()
     env = {**os.environ, "DATABASE_URL": url}
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "lab.asgi:application", "--port", str(port), "--log-level", "warning"],

@@ -95,7 +95,8 @@ def main() -> None:
     from lab.audit import Actor
     from lab.models import Project
     from lab.services import bootstrap_tenant
-    from tests.stack import free_port, wait_for
+    from jobs.processes import free_port
+    from tests.stack import wait_for
 
     for name in ("admit", "launch_attempt", "reconcile_job"):
         getattr(tasks, name).delay = lambda *a, **k: None  # no worker: this measures the stream alone

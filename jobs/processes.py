@@ -60,6 +60,13 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 def web_command(*, host: str, port: int) -> list[str]:
     """Return the command line of the ASGI server on ``host:port``."""
     return [

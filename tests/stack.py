@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,14 +17,7 @@ from pathlib import Path
 import redis
 from django.db import connection
 
-from jobs.processes import ROOT, LabProcesses
-
-
-def free_port() -> int:
-    """Return a TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from jobs.processes import ROOT, LabProcesses, free_port  # noqa: F401 (re-exported for the tests)
 
 
 def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float = 0.25, what: str = "condition"):
