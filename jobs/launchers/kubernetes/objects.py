@@ -1,0 +1,259 @@
+"""The objects one attempt needs on the cluster, built from its ``LaunchRequest``.
+
+- a Namespace per organization (``lab-<organization slug>``) unless ``LAB_K8S_NAMESPACE`` names
+  a shared one, with its Kueue LocalQueue ``lab`` pointing at the ClusterQueue ``lab``;
+- the attempt's JobSet (``jobset.x-k8s.io/v1alpha2``), created suspended for Kueue, one
+  replicated job per engine role, no retry inside an attempt (``backoffLimit: 0``, a
+  ``podFailurePolicy`` whose every rule is ``FailJob``, ``failurePolicy.maxRestarts: 0``);
+- an immutable Secret with the job token and the spec, owned by the JobSet so it goes with it.
+
+docs/kubernetes.md pins every name and label used here. Names are deterministic per job
+attempt (``lab-<job id>-a<attempt>``), so a repeated launch finds what the first one created.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from jobs.launchers.base import LaunchRequest, engine_args
+
+#: Label keys Lab puts on everything it creates (docs/kubernetes.md).
+JOB_LABEL = "lab.dev/job-id"
+ATTEMPT_LABEL = "lab.dev/attempt"
+ORGANIZATION_LABEL = "lab.dev/organization"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+#: Kueue's labels: the LocalQueue a workload queues in, and its WorkloadPriorityClass.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+#: NVIDIA's GPU feature discovery labels each GPU node with its product name.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+LOCAL_QUEUE = "lab"
+CLUSTER_QUEUE = "lab"
+#: The WorkloadPriorityClass of each spec ``priority`` (k8s/base/kueue.yaml defines them).
+PRIORITY_CLASSES = {"low": "lab-low", "normal": "lab-normal", "high": "lab-high"}
+
+#: ``nvidia.com/gpu.product`` of the catalogue's GPU types, as GPU feature discovery names them;
+#: a ``LAB_POOL`` node group's ``product`` overrides its type's entry.
+DEFAULT_GPU_PRODUCTS = {
+    "A100": "NVIDIA-A100-SXM4-80GB",
+    "H100": "NVIDIA-H100-80GB-HBM3",
+    "H200": "NVIDIA-H200",
+    "B200": "NVIDIA-B200",
+    "L4": "NVIDIA-L4",
+    "L40S": "NVIDIA-L40S",
+}
+
+#: Where the engine finds its inputs inside the pod.
+SPEC_DIR = "/etc/lab"
+WORK_DIR = "/var/lab/work"
+SECONDS_PER_DAY = 86_400
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """What the launcher needs to know of the pool and of Lab (from settings, via the registry).
+
+    ``gpu_products`` maps Lab GPU types to ``nvidia.com/gpu.product`` values; ``cpu_per_gpu``
+    (cores) and ``memory_per_gpu_gib`` size a GPU job's requests, ``cpu_job_cpu`` and
+    ``cpu_job_memory_gib`` a CPU job's; ``stop_grace_s`` is the time Lab gives an engine to
+    checkpoint after asking it to stop (``LAB_STOP_GRACE_S`` + ``LAB_KILL_GRACE_S``).
+    """
+
+    engine_image: str = "lab-engine:latest"
+    model_dir: str = "/models"
+    model_claim: str = "lab-models"
+    gpu_products: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_GPU_PRODUCTS))
+    cpu_per_gpu: int = 8
+    memory_per_gpu_gib: int = 64
+    cpu_job_cpu: int = 2
+    cpu_job_memory_gib: int = 8
+    stop_grace_s: int = 60
+    shared_namespace: str = ""
+
+
+def gpu_products(pool: dict) -> dict[str, str]:
+    """Return the GPU product of each GPU type: the defaults, overridden by ``LAB_POOL`` node
+    groups that name a ``product`` (``{"nodes": [{"gpu_type": "H100", "product": "...", ...}]}``)."""
+    products = dict(DEFAULT_GPU_PRODUCTS)
+    for node in pool.get("nodes", []):
+        if isinstance(node, dict) and node.get("product"):
+            products[str(node["gpu_type"])] = str(node["product"])
+    return products
+
+
+def jobset_name(job_id: str, attempt: int) -> str:
+    """Return the JobSet (and Secret) name of an attempt: ``lab-job-<id>-a<attempt>``.
+
+    Public ids are ``job_`` and 20 base-36 characters, so the name is 32 characters at most for
+    attempts below 10,000: a DNS-1123 label with room for JobSet's Job and pod suffixes.
+    """
+    return f"lab-{job_id.replace('_', '-').lower()}-a{attempt}"
+
+
+def labels(request: LaunchRequest) -> dict[str, str]:
+    """Return Lab's labels of an attempt's objects."""
+    return {
+        MANAGED_BY_LABEL: "lab",
+        COMPONENT_LABEL: "engine",
+        JOB_LABEL: request.job_id,
+        ATTEMPT_LABEL: str(request.attempt),
+        ORGANIZATION_LABEL: request.organization,
+    }
+
+
+def namespace_object(namespace: str, organization: str) -> dict:
+    """Return the Namespace of an organization (or the shared one, without an organization)."""
+    metadata: dict = {"name": namespace, "labels": {MANAGED_BY_LABEL: "lab"}}
+    if organization:
+        metadata["labels"][ORGANIZATION_LABEL] = organization
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+
+
+def local_queue_object(namespace: str) -> dict:
+    """Return the LocalQueue Lab's JobSets in ``namespace`` queue in (Kueue v1beta2)."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": LOCAL_QUEUE, "namespace": namespace, "labels": {MANAGED_BY_LABEL: "lab"}},
+        "spec": {"clusterQueue": CLUSTER_QUEUE},
+    }
+
+
+def secret_object(request: LaunchRequest, *, owner: dict) -> dict:
+    """Return the attempt's immutable Secret: the job token and the spec (which may carry the
+    job's own secrets, ``env_files``), owned by the JobSet ``owner`` (as stored, with its uid)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": jobset_name(request.job_id, request.attempt),
+            "namespace": request.namespace,
+            "labels": labels(request),
+            "ownerReferences": [{
+                "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
+            }],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {"LAB_JOB_TOKEN": request.token, "spec.json": json.dumps(request.spec, sort_keys=True)},
+    }
+
+
+def active_deadline_s(request: LaunchRequest, settings: PoolSettings, *, elapsed_s: float = 0.0) -> int:
+    """Return the attempt's ``activeDeadlineSeconds``: the job's remaining ``max_runtime_minutes``
+    plus the stop grace. A safety net only: Lab's own runtime stop (exit 3 after a checkpoint)
+    comes first; at least the grace, so an attempt past its runtime can still stop cleanly."""
+    remaining = max(0.0, request.spec.get("max_runtime_minutes", 600) * 60 - elapsed_s)
+    return int(math.ceil(remaining)) + settings.stop_grace_s
+
+
+def _resources(request: LaunchRequest, settings: PoolSettings) -> dict:
+    if request.gpu_type == "cpu" or request.gpus == 0:
+        requests = {"cpu": str(settings.cpu_job_cpu), "memory": f"{settings.cpu_job_memory_gib}Gi"}
+        return {"requests": requests, "limits": {"memory": requests["memory"]}}
+    requests = {"cpu": str(settings.cpu_per_gpu * request.gpus), "memory": f"{settings.memory_per_gpu_gib * request.gpus}Gi"}
+    return {
+        "requests": {**requests, GPU_RESOURCE: str(request.gpus)},
+        "limits": {"memory": requests["memory"], GPU_RESOURCE: str(request.gpus)},
+    }
+
+
+def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> dict:
+    name = jobset_name(request.job_id, request.attempt)
+    args = engine_args(request, spec_path=f"{SPEC_DIR}/spec.json", workdir=WORK_DIR, resume_dir=None)
+    if role != "engine":  # one process per role, when the engine is split (DESIGN.md §4)
+        args = [role, *args[1:]]
+    spec: dict = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": settings.stop_grace_s,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+        "containers": [{
+            "name": "engine",
+            "image": settings.engine_image,
+            "command": ["python", "-m", "engine"],
+            "args": args,
+            "env": [
+                {"name": "LAB_JOB_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "LAB_JOB_TOKEN"}}},
+                {"name": "LAB_PUBLIC_URL", "value": request.lab_url},
+                {"name": "LAB_MODEL_DIR", "value": settings.model_dir},
+                {"name": "HF_HUB_OFFLINE", "value": "1"},
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+            ],
+            "resources": _resources(request, settings),
+            "volumeMounts": [
+                {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+                {"name": "models", "mountPath": settings.model_dir, "readOnly": True},
+                {"name": "work", "mountPath": WORK_DIR},
+            ],
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        }],
+        "volumes": [
+            {"name": "spec", "secret": {"secretName": name, "items": [{"key": "spec.json", "path": "spec.json"}]}},
+            {"name": "models", "persistentVolumeClaim": {"claimName": settings.model_claim, "readOnly": True}},
+            {"name": "work", "emptyDir": {}},
+        ],
+    }
+    if request.gpu_type != "cpu" and request.gpus:
+        spec["nodeSelector"] = {GPU_PRODUCT_LABEL: settings.gpu_products.get(request.gpu_type, request.gpu_type)}
+        spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    return {"metadata": {"labels": labels(request)}, "spec": spec}
+
+
+def jobset_object(request: LaunchRequest, settings: PoolSettings, *, elapsed_s: float = 0.0) -> dict:
+    """Return the attempt's JobSet: suspended, in the organization's LocalQueue at the spec's
+    priority, one replicated job per role of ``request.roles``; ``elapsed_s`` is the runtime the
+    job has used in earlier attempts (seconds)."""
+    replicated_jobs = []
+    for role in request.roles:
+        replicated_jobs.append({
+            "name": role,
+            "replicas": 1,
+            "template": {
+                "metadata": {"labels": labels(request)},
+                "spec": {
+                    "parallelism": 1,
+                    "completions": 1,
+                    "backoffLimit": 0,
+                    "activeDeadlineSeconds": active_deadline_s(request, settings, elapsed_s=elapsed_s),
+                    # Every pod failure ends the attempt with a reason Lab reads back: an engine
+                    # exit (2 invalid spec, 3 stopped, 4 OOM, other crash) or a disruption
+                    # (preemption, node drain). Lab decides what comes next, never the Job.
+                    "podFailurePolicy": {"rules": [
+                        {"action": "FailJob", "onExitCodes": {"containerName": "engine", "operator": "NotIn", "values": [0]}},
+                        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    ]},
+                    "template": _pod_template(request, settings, role),
+                },
+            },
+        })
+    spec: dict = {
+        "suspend": True,
+        "ttlSecondsAfterFinished": SECONDS_PER_DAY,  # outlasts an API outage: Lab reads how it ended
+        "failurePolicy": {"maxRestarts": 0},
+        "replicatedJobs": replicated_jobs,
+    }
+    if "orchestrator" in request.roles and len(request.roles) > 1:
+        # The inference role never exits by itself: the attempt is done when the orchestrator is.
+        spec["successPolicy"] = {"operator": "All", "targetReplicatedJobs": ["orchestrator"]}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": jobset_name(request.job_id, request.attempt),
+            "namespace": request.namespace,
+            "labels": {
+                **labels(request),
+                QUEUE_LABEL: LOCAL_QUEUE,
+                PRIORITY_LABEL: PRIORITY_CLASSES.get(request.priority, PRIORITY_CLASSES["normal"]),
+            },
+        },
+        "spec": spec,
+    }
