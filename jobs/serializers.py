@@ -7,6 +7,7 @@ from typing import Any
 
 from billing.models import Price
 from engine.catalog import EnvironmentInfo, ModelInfo
+from environments.models import EnvironmentPackage
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobEvent, JobPriority, JobStatus, RolloutSample
 from jobs.queue import queue_positions
 from lab.api.formats import iso, money
@@ -137,13 +138,47 @@ def model_to_dict(model: ModelInfo) -> dict[str, Any]:
 
 
 def environment_to_dict(environment: EnvironmentInfo) -> dict[str, Any]:
-    """Return an environment catalogue entry with its default arguments."""
+    """Return a built-in environment as an Environment object (``kind`` ``builtin``, no version)."""
     return {
         "id": environment.id,
         "object": "environment",
+        "kind": "builtin",
         "name": environment.name,
+        "version": None,
+        "sha256": None,
+        "size_bytes": None,
+        "created_at": None,
         "description": environment.description,
         "args": environment.args,
+        "entry_point": None,
+        "dependencies": [],
+        "verifiers_version": None,
+        "pushed_by": None,
+    }
+
+
+def environment_package_to_dict(package: EnvironmentPackage) -> dict[str, Any]:
+    """Return an uploaded package as an Environment object (DESIGN.md §4): id
+    ``<org>/<name>@<version>``, ``kind`` ``verifiers`` or ``lab``, what its metadata declares, and
+    who pushed it (an email, or ``api_key:<key id>``). ``args`` is empty: the package checks its own."""
+    pusher = package.pushed_by.email if package.pushed_by else (
+        f"api_key:{package.pushed_by_key.public_id}" if package.pushed_by_key_id else None
+    )
+    return {
+        "id": package.public_id,
+        "object": "environment",
+        "kind": package.kind,
+        "name": package.name,
+        "version": package.version,
+        "sha256": package.sha256,
+        "size_bytes": package.size_bytes,
+        "created_at": iso(package.created_at),
+        "description": package.summary,
+        "args": {},
+        "entry_point": package.entry_point,
+        "dependencies": package.dependencies,
+        "verifiers_version": package.verifiers_version or None,
+        "pushed_by": pusher,
     }
 
 

@@ -114,7 +114,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     Returns the Job (``queued``, reason ``waiting``) with its ``job.queued`` event.
     Raises ApiError 400 ``invalid_spec`` listing every problem; nothing is created then.
     """
-    validated = validate_job_spec(project=project, data=data)
+    validated = validate_job_spec(project=project, data=data, lock_environments=True)
     spec = validated.parsed.spec
     now = timezone.now()
     job = Job.objects.create(

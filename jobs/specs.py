@@ -8,7 +8,7 @@ Every problem is reported at once, as 400 ``invalid_spec`` with ``errors``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,10 +16,12 @@ from django.conf import settings
 from labsdk.spec import ParsedSpec, SpecError, SpecProblem, catalog_problems, parse_spec
 
 from engine.catalog import EnvironmentInfo, ModelInfo, list_environments, list_models
+from environments.models import EnvironmentPackage
+from environments.services import EnvironmentRef, environment_catalogue, environment_find
 from jobs.models import Checkpoint, CheckpointStatus
 from jobs.pool import pool_problems
 from lab.api.errors import ApiError, FieldError
-from lab.models import Project
+from lab.models import Organization, Project
 
 
 @dataclass(frozen=True)
@@ -28,12 +30,18 @@ class ValidatedSpec:
 
     parsed: ParsedSpec
     init_from: Checkpoint | None
+    #: The uploaded packages of ``env``, by index, resolved to exact versions.
+    environment_packages: Mapping[int, EnvironmentPackage] = field(default_factory=dict)
 
     @property
     def canonical(self) -> dict[str, Any]:
         """The canonical JSON dict stored as ``Job.spec``: every default filled in, so readers of
-        a job's spec index it directly and no default is restated outside ``labsdk.spec``."""
-        return self.parsed.to_dict()
+        a job's spec index it directly and no default is restated outside ``labsdk.spec``; an
+        uploaded environment's id names its exact version (``@latest`` resolved at submit)."""
+        canonical = self.parsed.to_dict()
+        for index, package in self.environment_packages.items():
+            canonical["env"][index]["id"] = package.public_id
+        return canonical
 
 
 def installed_models() -> dict[str, ModelInfo]:
@@ -41,9 +49,35 @@ def installed_models() -> dict[str, ModelInfo]:
     return list_models(settings.LAB_MODEL_DIR)
 
 
-def installed_environments() -> dict[str, EnvironmentInfo]:
-    """Return the environments installed on this Lab."""
-    return list_environments()
+def installed_environments(organization: Organization | None = None) -> dict[str, EnvironmentInfo]:
+    """Return the environments installed on this Lab: the built-ins, and with ``organization`` its
+    uploaded packages under every id that names one (``environments.services.environment_catalogue``)."""
+    environments = list_environments()
+    if organization is not None:
+        environments |= environment_catalogue(organization=organization)
+    return environments
+
+
+def _resolve_packages(
+    organization: Organization, spec, environments: Mapping[str, EnvironmentInfo], *, lock: bool
+) -> tuple[dict[int, EnvironmentPackage], list[SpecProblem]]:
+    """Find the package each uploaded ``env.N.id`` names (its latest version when it names none),
+    locking the rows with ``lock``; a package deleted meanwhile reads like a missing one."""
+    packages, problems = {}, []
+    for index, env in enumerate(spec.env):
+        ref = EnvironmentRef.parse(env.id) if env.id not in list_environments() else None
+        if ref is None:
+            continue
+        package = environment_find(organization=organization, ref=ref, lock=lock)
+        if package is None:
+            installed = ", ".join(sorted(name for name in environments if name != env.id)) or "none"
+            problems.append(SpecProblem(
+                f"env.{index}.id", "unknown_environment",
+                f"environment '{env.id}' is not installed; installed environments: {installed}",
+            ))
+        else:
+            packages[index] = package
+    return packages, problems
 
 
 def _raw_catalog_problems(data: Mapping[str, Any], models, environments, known: set[str]) -> list[SpecProblem]:
@@ -113,14 +147,16 @@ def _init_from_problems(project: Project, spec) -> tuple[Checkpoint | None, list
     return checkpoint, problems
 
 
-def validate_job_spec(*, project: Project, data: Any) -> ValidatedSpec:
+def validate_job_spec(*, project: Project, data: Any, lock_environments: bool = False) -> ValidatedSpec:
     """Validate ``data`` (decoded JSON) as a job spec for ``project``.
 
-    Returns the ValidatedSpec. Raises ApiError 400 ``invalid_spec`` listing every problem with
-    its dotted path: shape and cross-field rules, unknown model or environment, environment
-    arguments, context length, pool capacity, and ``init_from``.
+    Returns the ValidatedSpec, its uploaded environments resolved to exact versions (locked for
+    the caller's transaction with ``lock_environments``, so that no delete slips in before the job
+    exists). Raises ApiError 400 ``invalid_spec`` listing every problem with its dotted path:
+    shape and cross-field rules, unknown model or environment (another organization's package is
+    unknown), environment arguments, context length, pool capacity, and ``init_from``.
     """
-    models, environments = installed_models(), installed_environments()
+    models, environments = installed_models(), installed_environments(project.organization)
     try:
         parsed = parse_spec(data)
     except SpecError as exc:
@@ -134,9 +170,13 @@ def validate_job_spec(*, project: Project, data: Any) -> ValidatedSpec:
     problems += pool_problems(spec)
     checkpoint, init_problems = _init_from_problems(project, spec)
     problems += init_problems
+    packages, package_problems = ({}, []) if problems else _resolve_packages(
+        project.organization, spec, environments, lock=lock_environments
+    )
+    problems += package_problems
     if problems:
         raise _invalid_spec(problems)
-    return ValidatedSpec(parsed=parsed, init_from=checkpoint)
+    return ValidatedSpec(parsed=parsed, init_from=checkpoint, environment_packages=packages)
 
 
 def _invalid_spec(problems: list[SpecProblem]) -> ApiError:

@@ -1,12 +1,11 @@
-"""Where checkpoint archives live: the ``checkpoints`` entry of Django's STORAGES.
+"""Where checkpoint archives live: Lab's object storage (``lab.storage``), under ``<job public id>/``.
 
-The filesystem under ``LAB_DATA_DIR/checkpoints`` by default; an S3-compatible bucket through
-django-storages when ``LAB_STORAGE_URL`` is ``s3://bucket/prefix`` (lab/settings.py). Keys look
-like ``<job public id>/<checkpoint public id>.tar``. The engine never writes there: it uploads to
-the archive's *upload key* (``upload_key(key)``; a local path on the filesystem backend, a
-pre-signed PUT URL on S3), and Lab seals the upload (``seal``): it copies it to the archive key,
-hashes what it wrote, and deletes the upload. Whoever still holds the upload path or URL can
-then change nothing that Lab serves.
+Keys look like ``<job public id>/<checkpoint public id>.tar``. The engine never writes there: it
+uploads to the archive's *upload key* (``upload_key(key)``; a local path on the filesystem
+backend, a pre-signed PUT URL on S3), and Lab seals the upload (``seal``): it copies it to the
+archive key, hashes what it wrote, and deletes the upload. Whoever still holds the upload path or
+URL can then change nothing that Lab serves. Environment packages share the storage under their
+own prefix (``environments.storage``); the checkpoint listing here leaves them out.
 
 This module only moves bytes; what a checkpoint row may do is decided in ``jobs.checkpoints``.
 """
@@ -17,25 +16,27 @@ import hashlib
 import shutil
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.files.storage import FileSystemStorage, Storage, storages
+from django.core.files.storage import FileSystemStorage
+
+from environments.storage import KEY_PREFIX as ENVIRONMENT_KEY_PREFIX
+from lab import storage as objects
+from lab.storage import delete, is_filesystem, path_of, s3_client as _s3_client, s3_object_key as _s3_object_key
+from lab.storage import object_storage as checkpoint_storage
+from lab.storage import stored_size_and_sha256
+
+__all__ = [
+    "ARCHIVE_CONTENT_TYPE", "archive_key_of_upload", "checkpoint_key", "checkpoint_storage", "delete",
+    "delete_job_objects", "download_url", "is_filesystem", "iter_objects", "open_archive", "path_of", "put_file",
+    "seal", "stored_size_and_sha256", "upload_key", "upload_target",
+]
 
 _CHUNK = 1024 * 1024
 ARCHIVE_CONTENT_TYPE = "application/x-tar"
-
-
-def checkpoint_storage() -> Storage:
-    """Return the storage backend that holds checkpoint archives."""
-    return storages["checkpoints"]
-
-
-def is_filesystem() -> bool:
-    """Return True when archives are files on this machine (the default backend)."""
-    return isinstance(checkpoint_storage(), FileSystemStorage)
 
 
 def checkpoint_key(job_public_id: str, checkpoint_public_id: str) -> str:
@@ -100,20 +101,6 @@ def _copy_hashing(source: Path, destination: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def path_of(key: str) -> Path:
-    """Return the file path of ``key`` on the filesystem backend (keys never leave its root).
-
-    Raises ValueError for a key that would escape the root, and for an object store, which has
-    no local paths.
-    """
-    storage = checkpoint_storage()
-    if not isinstance(storage, FileSystemStorage):
-        raise ValueError("checkpoint storage is an object store: its archives have no local path")
-    root = Path(storage.location).resolve()
-    path = (root / key).resolve()
-    if root not in path.parents:
-        raise ValueError(f"storage key escapes the storage root: {key!r}")
-    return path
 
 
 def upload_target(key: str) -> dict[str, Any]:
@@ -138,96 +125,31 @@ def upload_target(key: str) -> dict[str, Any]:
 
 
 def download_url(key: str, *, filename: str, expires_s: int = 300) -> str:
-    """Return a pre-signed GET URL of ``key`` on S3, good for ``expires_s`` seconds, that saves as ``filename``.
-
-    Raises ValueError on the filesystem backend, which serves archives itself.
-    """
-    storage = checkpoint_storage()
-    if isinstance(storage, FileSystemStorage):
-        raise ValueError("the filesystem backend has no signed URLs")
-    return _s3_client(storage).generate_presigned_url(
-        "get_object",
-        Params={
-            "Bucket": storage.bucket_name,
-            "Key": _s3_object_key(storage, key),
-            "ResponseContentDisposition": f'attachment; filename="{filename}"',
-            "ResponseContentType": ARCHIVE_CONTENT_TYPE,
-        },
-        ExpiresIn=expires_s,
-    )
+    """Return a pre-signed GET URL of the archive at ``key`` on S3, good for ``expires_s`` seconds,
+    that saves as ``filename``. Raises ValueError on the filesystem backend, which serves archives itself."""
+    return objects.download_url(key, filename=filename, content_type=ARCHIVE_CONTENT_TYPE, expires_s=expires_s)
 
 
 def open_archive(key: str):
-    """Open the stored object at ``key`` for reading in binary; raise FileNotFoundError when absent."""
-    storage = checkpoint_storage()
-    if not storage.exists(key):
-        raise FileNotFoundError(key)
-    return storage.open(key, "rb")
-
-
-def stored_size_and_sha256(key: str, *, expected_size: int | None = None) -> tuple[int, str] | None:
-    """Return (size in bytes, hex SHA-256) of what is stored at ``key``, or None when absent.
-
-    Reads the whole object (on S3: downloads it), so the answer is about the stored bytes, not
-    about what the uploader claims. When the stored size differs from ``expected_size`` the
-    bytes are not read and the SHA-256 is ``""``.
-    """
-    storage = checkpoint_storage()
-    if not storage.exists(key):
-        return None
-    if expected_size is not None:
-        size = storage.size(key)
-        if size != expected_size:
-            return size, ""
-    digest = hashlib.sha256()
-    size = 0
-    with storage.open(key, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+    """Open the stored archive at ``key`` for reading in binary; raise FileNotFoundError when absent."""
+    return objects.open_object(key)
 
 
 def put_file(key: str, source: Path) -> None:
     """Store the local file ``source`` at ``key``, replacing what is there (Lab's own upload of an
     archive an engine left behind; ``seal`` then treats it like the engine's)."""
-    storage = checkpoint_storage()
-    if isinstance(storage, FileSystemStorage):
-        target = path_of(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}.{uuid.uuid4().hex}.partial")
-        shutil.copyfile(source, partial)
-        partial.replace(target)
-        return
-    _s3_client(storage).upload_file(
-        str(source), storage.bucket_name, _s3_object_key(storage, key), ExtraArgs={"ContentType": ARCHIVE_CONTENT_TYPE}
-    )
-
-
-def delete(key: str) -> None:
-    """Delete the object at ``key``; a missing one is not an error."""
-    checkpoint_storage().delete(key)
+    objects.put_file(key, source, content_type=ARCHIVE_CONTENT_TYPE)
 
 
 def iter_objects() -> Iterator[tuple[str, datetime]]:
-    """Yield ``(key, last modified (UTC))`` for every stored object, in no particular order.
+    """Yield ``(key, last modified (UTC))`` for every stored checkpoint object, in no particular order.
 
     Unfinished local uploads (``*.partial``) are objects too: the orphan sweep's grace period
-    protects them while they are young.
+    protects them while they are young. Environment packages are not checkpoint objects.
     """
-    storage = checkpoint_storage()
-    if isinstance(storage, FileSystemStorage):
-        root = Path(storage.location)
-        if not root.is_dir():
-            return
-        for path in root.rglob("*"):
-            if path.is_file():
-                modified = datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
-                yield path.relative_to(root).as_posix(), modified
-        return
-    prefix = _s3_object_key(storage, "")
-    for item in storage.bucket.objects.filter(Prefix=prefix):
-        yield item.key[len(prefix):], item.last_modified
+    for key, modified in objects.iter_objects():
+        if not key.startswith(ENVIRONMENT_KEY_PREFIX):
+            yield key, modified
 
 
 def delete_job_objects(job_public_id: str) -> None:
@@ -242,11 +164,4 @@ def delete_job_objects(job_public_id: str) -> None:
     storage.bucket.objects.filter(Prefix=prefix).delete()
 
 
-def _s3_client(storage: Storage):
-    return storage.connection.meta.client
 
-
-def _s3_object_key(storage: Storage, key: str) -> str:
-    """Return the bucket key of storage ``key`` (the ``LAB_STORAGE_URL`` prefix, then the key)."""
-    location = storage.location.strip("/")
-    return f"{location}/{key}" if location else key

@@ -37,6 +37,8 @@ class AuditAction(StrEnum):
     WEBHOOK_ENDPOINT_TEST = "webhook_endpoint.test"
     WEBHOOK_ENDPOINT_DISABLE = "webhook_endpoint.disable"
     WEBHOOK_DELIVERY_REDELIVER = "webhook_delivery.redeliver"
+    ENVIRONMENT_PUSH = "environment.push"
+    ENVIRONMENT_DELETE = "environment.delete"
 
 
 @dataclass(frozen=True)

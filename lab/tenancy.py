@@ -2,7 +2,10 @@
 
 A tenant-owned model (a job, a checkpoint, a webhook endpoint, ...) sets ``tenant_path``, the
 lookup from it to its ``Project`` (``"project"``, ``"job__project"``), and uses
-``TenantManager`` as ``objects``. Its querysets run only once they are scoped:
+``TenantManager`` as ``objects``. A model that an organization owns for all its projects (an
+environment package) sets ``tenant_owner = "organization"`` and a ``tenant_path`` to its
+``Organization`` instead; a project then sees its organization's rows. Its querysets run only
+once they are scoped:
 
 - ``for_project(project)``: the rows of one project (API keys belong to one project);
 - ``for_member(user)``: the rows of every organization ``user`` is a member of (dashboard sessions);
@@ -50,12 +53,22 @@ class TenantQuerySet(models.QuerySet):
         return queryset
 
     def for_project(self, project) -> TenantQuerySet:
-        """Return the rows of ``project``."""
+        """Return the rows of ``project`` (of its organization, for organization-owned models)."""
+        if _owned_by_organization(self.model):
+            return self.for_organization(project.organization_id)
         return self._scoped(self.filter(**{self.model.tenant_path: project}))
+
+    def for_organization(self, organization) -> TenantQuerySet:
+        """Return the rows of ``organization`` (an Organization or its row id); organization-owned
+        models only (``tenant_owner = "organization"``): a project's rows are ``for_project``'s."""
+        if not _owned_by_organization(self.model):
+            raise TypeError(f"{self.model.__name__} rows belong to projects: scope them with for_project()")
+        return self._scoped(self.filter(**{self.model.tenant_path: organization}))
 
     def for_member(self, user) -> TenantQuerySet:
         """Return the rows of the organizations ``user`` is a member of."""
-        return self._scoped(self.filter(**{f"{self.model.tenant_path}__organization__memberships__user": user}))
+        organization = self.model.tenant_path if _owned_by_organization(self.model) else f"{self.model.tenant_path}__organization"
+        return self._scoped(self.filter(**{f"{organization}__memberships__user": user}))
 
     def unscoped(self) -> TenantQuerySet:
         """Return this queryset allowed to run across tenants (system code and the admin only)."""
@@ -104,6 +117,10 @@ class TenantQuerySet(models.QuerySet):
     def delete(self):
         self._require_scope()
         return super().delete()
+
+
+def _owned_by_organization(model: type[models.Model]) -> bool:
+    return getattr(model, "tenant_owner", "project") == "organization"
 
 
 def _scope_keys(model: type[models.Model]) -> set[str]:

@@ -180,13 +180,22 @@ ENVIRONMENT = component(
     "Environment",
     obj(
         {
-            "id": STRING,
+            "id": STRING | {"description": "built-in lab/<name>, or uploaded <organization slug>/<name>@<version>"},
             "object": {"const": "environment"},
+            "kind": _enum(["builtin", "verifiers", "lab"]),
             "name": STRING,
+            "version": nullable(STRING),
+            "sha256": nullable(STRING),
+            "size_bytes": nullable(INTEGER),
+            "created_at": nullable(TIMESTAMP),
             "description": STRING,
-            "args": FREE_OBJECT | {"description": "the arguments it takes, with their defaults"},
+            "args": FREE_OBJECT | {"description": "the arguments it takes, with their defaults (uploaded: checked by the package)"},
+            "entry_point": nullable(STRING),
+            "dependencies": {"type": "array", "items": STRING},
+            "verifiers_version": nullable(STRING),
+            "pushed_by": nullable(STRING),
         },
-        description="An environment installed on this Lab.",
+        description="An environment: a built-in, or a version of an organization's uploaded package.",
     ),
 )
 ENVIRONMENT_LIST = list_component("Environment", "The installed environments.")

@@ -2,7 +2,7 @@
 
 from django.urls import include, path
 
-from jobs.api import views
+from jobs.api import environments, views
 from jobs.stream.views import job_stream
 
 urlpatterns = [
@@ -21,7 +21,12 @@ urlpatterns = [
     path("jobs/<str:job_id>/checkpoints", views.JobCheckpointsView.as_view(), name="api-job-checkpoints"),
     path("checkpoints/<str:checkpoint_id>/download", views.CheckpointDownloadView.as_view(), name="api-checkpoint-download"),
     path("models", views.ModelListView.as_view(), name="api-models"),
-    path("environments", views.EnvironmentListView.as_view(), name="api-environments"),
+    path("environments", environments.EnvironmentListView.as_view(), name="api-environments"),
+    path(
+        "environments/<str:organization>/<str:name>",
+        environments.EnvironmentDetailView.as_view(),
+        name="api-environment",
+    ),
     path("prices", views.PriceListView.as_view(), name="api-prices"),
     path("schema/job-spec.json", views.JobSpecSchemaView.as_view(), name="api-job-spec-schema"),
 ]

@@ -19,7 +19,6 @@ from jobs.models import Checkpoint, Job, JobEvent, JobStatus
 from jobs.selectors import job_list, job_logs, job_samples, metadata_filters, metric_points
 from jobs.serializers import (
     checkpoint_to_dict,
-    environment_to_dict,
     event_to_dict,
     job_to_dict,
     jobs_to_dicts,
@@ -27,7 +26,7 @@ from jobs.serializers import (
     price_to_dict,
 )
 from jobs.services import job_cancel, job_delete, job_restart, job_submit
-from jobs.specs import installed_environments, installed_models
+from jobs.specs import installed_models
 from lab.api.base import ProjectAPIView
 from lab.api.pagination import list_envelope, paginate_by_public_id
 from lab.api.schema import ERROR, integer_parameter, json_body, limit_parameter
@@ -211,14 +210,6 @@ class ModelListView(ProjectAPIView):
     @extend_schema(responses={200: openapi.MODEL_LIST})
     def get(self, request: Request) -> Response:
         return Response(list_envelope(map(model_to_dict, installed_models().values()), has_more=False))
-
-
-class EnvironmentListView(ProjectAPIView):
-    """``GET /environments``: the environments installed on this Lab."""
-
-    @extend_schema(responses={200: openapi.ENVIRONMENT_LIST})
-    def get(self, request: Request) -> Response:
-        return Response(list_envelope(map(environment_to_dict, installed_environments().values()), has_more=False))
 
 
 class PriceListView(ProjectAPIView):

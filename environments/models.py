@@ -1,0 +1,63 @@
+"""Environment packages: one row per pushed version of an organization's environment wheel."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from lab.models import ApiKey, Organization, User
+from lab.tenancy import TenantManager
+
+
+class EnvironmentKind(models.TextChoices):
+    """Which protocol a package speaks (environments.wheels): verifiers' tasksets, or Lab's own."""
+
+    VERIFIERS = "verifiers"
+    LAB = "lab"
+
+
+class EnvironmentPackage(models.Model):
+    """One version of an organization's environment wheel, usable by all its projects.
+
+    Its id is ``<organization slug>/<name>@<version>``. Versions are immutable and never reused:
+    a deleted version keeps its row (``deleted_at`` set, its object gone) so that the same
+    version cannot be pushed again with other bytes. Everything but who pushed it and when is
+    read from the wheel's metadata.
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="environment_packages")
+    name = models.CharField(max_length=100)  # normalized project name (PEP 503), e.g. "my-env"
+    version = models.CharField(max_length=64)  # normalized version (PEP 440), e.g. "0.1.0"
+    kind = models.CharField(max_length=16, choices=EnvironmentKind.choices)
+    filename = models.CharField(max_length=200)
+    module = models.CharField(max_length=100)
+    entry_point = models.CharField(max_length=300)
+    summary = models.CharField(max_length=500, blank=True)
+    dependencies = models.JSONField(default=list)
+    verifiers_version = models.CharField(max_length=200, blank=True)
+    requires_python = models.CharField(max_length=100, blank=True)
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    storage_key = models.CharField(max_length=400)
+    pushed_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    pushed_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    tenant_owner = "organization"
+    tenant_path = "organization"
+    objects = TenantManager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "name", "version"], name="environment_version_unique"),
+        ]
+        ordering = ["name", "created_at"]
+
+    @property
+    def public_id(self) -> str:
+        """The id jobs name it by: ``<organization slug>/<name>@<version>``."""
+        return f"{self.organization.slug}/{self.name}@{self.version}"
+
+    def __str__(self) -> str:
+        return self.public_id
