@@ -189,3 +189,4 @@ def credit_add(*, organization_id: int, amount_micro_usd: int, kind: str, refere
     CreditGrant.objects.create(account=account, kind=kind, amount_micro_usd=amount_micro_usd, reference=reference)
     BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=F("balance_micro_usd") + amount_micro_usd)
     return True
+

@@ -21,7 +21,7 @@ from django.db.models import Sum
 
 from billing.accounts import charge, left_to_spend_micro_usd, locked_account, spent_this_month_micro_usd
 from billing.models import UsageInterval
-from billing.pricing import cost_micro_usd, price_at
+from billing.pricing import exact_cost_micro_usd, price_at, round_micro
 from lab.lib.resources import CPU, resource_units
 
 
@@ -82,13 +82,15 @@ def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:
         last = UsageInterval.objects.unscoped().filter(attempt_id=usage.attempt_id).order_by("-index").first()
         start = last.ended_at if last is not None else usage.started_at
         index = last.index + 1 if last is not None else 0
+        running = last.running_cost_micro_usd if last is not None else Decimal(0)
         until = usage.ended_at if usage.ended_at is not None else now
         units = resource_units(gpu_type=usage.resource_type, gpus=usage.gpus)
         closed = []
         for begin, end in _due_bounds(start, until=until, ended=usage.ended_at is not None):
             seconds = Decimal((end - begin) // timedelta(microseconds=1)) / 1_000_000
             usd_per_hour = price_at(usage.resource_type, end)
-            cost = cost_micro_usd(usd_per_hour=usd_per_hour, units=units, seconds=seconds)
+            previous, running = running, running + exact_cost_micro_usd(usd_per_hour=usd_per_hour, units=units, seconds=seconds)
+            cost = round_micro(running) - round_micro(previous)
             closed.append(
                 UsageInterval(
                     organization_id=usage.organization_id,
@@ -105,6 +107,7 @@ def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:
                     cpu_seconds=seconds * units if usage.resource_type == CPU else 0,
                     usd_per_hour=usd_per_hour,
                     cost_micro_usd=cost,
+                    running_cost_micro_usd=running,
                     charged_micro_usd=charge(account, cost),
                     plan=account.plan,
                     billing_enabled=bool(settings.STRIPE_API_KEY),

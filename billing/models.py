@@ -120,7 +120,7 @@ class UsageInterval(models.Model):
     reconciler running twice or two workers at once record an interval once. ``gpu_seconds`` is
     wall seconds × GPUs of a GPU job, ``cpu_seconds`` wall seconds × slots of a CPU job, both
     measured by the launcher. ``cost_micro_usd`` is the price in force at ``ended_at`` times
-    those seconds; ``charged_micro_usd`` is what was drawn from the prepaid balance for it (less
+    those seconds (rounded so that an attempt's intervals sum to its exact cost); ``charged_micro_usd`` is what was drawn from the prepaid balance for it (less
     than the cost only when the balance hit its grace floor; 0 when billing is off or the plan is
     invoiced). ``public_id`` is the stable id sent to Stripe as a meter event ``identifier``.
     """
@@ -143,6 +143,10 @@ class UsageInterval(models.Model):
     cpu_seconds = models.DecimalField(max_digits=18, decimal_places=6, default=0)
     usd_per_hour = models.DecimalField(max_digits=10, decimal_places=4)
     cost_micro_usd = models.BigIntegerField()
+    # The attempt's exact cost through this interval (micro-dollars, unrounded): each interval's
+    # cost is the rounded running total less the previous one's, so an attempt's intervals add up
+    # to its exact cost rounded once, however many intervals it has.
+    running_cost_micro_usd = models.DecimalField(max_digits=32, decimal_places=12, default=0)
     charged_micro_usd = models.BigIntegerField(default=0)
     plan = models.CharField(max_length=10, choices=Plan.choices)
     billing_enabled = models.BooleanField(default=False)

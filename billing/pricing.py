@@ -64,11 +64,16 @@ def price_set(*, resource_type: str, usd_per_hour: Decimal, description: str | N
     return price
 
 
-def cost_micro_usd(*, usd_per_hour: Decimal, units: int, seconds: Decimal) -> int:
-    """Return the exact cost in micro-dollars of ``units`` for ``seconds`` at ``usd_per_hour``
-    (``usd_per_hour × units × seconds / 3600``, rounded half-up to the micro-dollar)."""
+def exact_cost_micro_usd(*, usd_per_hour: Decimal, units: int, seconds: Decimal) -> Decimal:
+    """Return the cost in micro-dollars, unrounded, of ``units`` for ``seconds`` at ``usd_per_hour``
+    (``usd_per_hour × units × seconds / 3600``, 12 decimals)."""
     micro = Decimal(usd_per_hour) * units * Decimal(seconds) * MICRO_USD / 3600
-    return int(micro.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    return micro.quantize(Decimal("1e-12"), rounding=ROUND_HALF_UP)
+
+
+def round_micro(amount: Decimal) -> int:
+    """Return micro-dollars rounded half-up to a whole micro-dollar."""
+    return int(Decimal(amount).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 
 def micro_to_usd(micro_usd: int) -> Decimal:

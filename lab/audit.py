@@ -37,6 +37,8 @@ class AuditAction(StrEnum):
     WEBHOOK_ENDPOINT_TEST = "webhook_endpoint.test"
     WEBHOOK_ENDPOINT_DISABLE = "webhook_endpoint.disable"
     WEBHOOK_DELIVERY_REDELIVER = "webhook_delivery.redeliver"
+    BILLING_SETTINGS_UPDATE = "billing.settings_update"
+    BILLING_CHECKOUT_CREATE = "billing.checkout_create"
     ENVIRONMENT_PUSH = "environment.push"
     ENVIRONMENT_DELETE = "environment.delete"
 

@@ -46,13 +46,14 @@ def test_it_closes_whole_intervals_while_running_and_the_last_one_at_the_end(own
     assert [(i.index, i.started_at, i.ended_at) for i in rows] == [
         (0, at(0), at(60)), (1, at(60), at(120)), (2, at(120), at(130.5))
     ]
-    # cpu at $0.10 per job-hour: 60 s = 1666.67 micro-dollars, 10.5 s = 291.67
+    # cpu at $0.10 per job-hour: 60 s = 1666.67 micro-dollars, 10.5 s = 291.67; each interval is the
+    # rounded running total less the previous one, so they add up to 130.5 s = 3625 exactly
     assert [(i.cpu_seconds, i.gpu_seconds, i.cost_micro_usd) for i in rows] == [
-        (Decimal("60"), Decimal("0"), 1667), (Decimal("60"), Decimal("0"), 1667), (Decimal("10.5"), Decimal("0"), 292)
+        (Decimal("60"), Decimal("0"), 1667), (Decimal("60"), Decimal("0"), 1666), (Decimal("10.5"), Decimal("0"), 292)
     ]
     job = Job.objects.unscoped().get(pk=job.pk)
     assert job.status == JobStatus.SUCCEEDED
-    assert (job.cpu_seconds, job.gpu_seconds, job.cost_usd) == (130.5, 0.0, Decimal("0.003626"))
+    assert (job.cpu_seconds, job.gpu_seconds, job.cost_usd) == (130.5, 0.0, Decimal("0.003625"))
 
 
 def test_gpu_seconds_are_wall_seconds_times_gpus(owner, spec, launcher, monkeypatch, settings):
@@ -113,8 +114,8 @@ def test_two_workers_closing_the_same_attempt_at_once_record_each_interval_once(
     assert errors == []
     assert [i.index for i in intervals(job)] == list(range(10))
     account = BillingAccount.objects.get(organization=owner.organization)
-    # $10 trial less ten minutes of one CPU job ($0.10/h): 10 × 1667 micro-dollars
-    assert account.balance_micro_usd == 10_000_000 - 10 * 1667
+    # $10 trial less ten minutes of one CPU job ($0.10/h): 16666.67 micro-dollars, rounded once
+    assert account.balance_micro_usd == 10_000_000 - 16667
 
 
 def test_a_price_edited_mid_job_leaves_closed_intervals_at_the_old_price(owner, spec, launcher, monkeypatch):
@@ -128,11 +129,11 @@ def test_a_price_edited_mid_job_leaves_closed_intervals_at_the_old_price(owner, 
     reconcile_at(monkeypatch, job, at(190))
 
     assert [(i.usd_per_hour, i.cost_micro_usd) for i in intervals(job)] == [
-        (Decimal("0.1000"), 1667), (Decimal("0.1000"), 1667), (Decimal("0.4000"), 6667)
+        (Decimal("0.1000"), 1667), (Decimal("0.1000"), 1666), (Decimal("0.4000"), 6667)
     ]
     assert price_at("cpu", at(100)) == Decimal("0.10")
     assert price_at("cpu", at(131)) == Decimal("0.40")
-    assert Job.objects.unscoped().get(pk=job.pk).cost_usd == Decimal("0.010001")
+    assert Job.objects.unscoped().get(pk=job.pk).cost_usd == Decimal("0.010000")
 
 
 def test_every_attempt_counts_toward_the_job_usage(owner, spec, launcher, monkeypatch):
