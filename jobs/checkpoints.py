@@ -135,7 +135,7 @@ def _mark_failed(*, job: Job, checkpoint: Checkpoint, message: str) -> None:
 
 
 def checkpoint_apply_retention(*, job: Job) -> list[str]:
-    """Keep the newest ``checkpoints.keep_last`` ready checkpoints of ``job``; delete the rest.
+    """Keep the newest ``checkpoints.keep_last`` ready checkpoints of ``job`` (-1: all); delete the rest.
 
     The final checkpoint (the highest step) is always kept, and so is one that a job still to
     run starts from (``init_from``). A deleted checkpoint's row stays, with status ``deleted``,
@@ -144,6 +144,8 @@ def checkpoint_apply_retention(*, job: Job) -> list[str]:
     Returns the public ids deleted.
     """
     keep_last = job.spec["checkpoints"]["keep_last"]
+    if keep_last == -1:  # -1 keeps them all
+        return []
     ready = list(Checkpoint.objects.filter(job=job, status=CheckpointStatus.READY).order_by("-step", "-id"))
     still_needed = set(
         Job.objects.unscoped().filter(init_from__in=[c.pk for c in ready[keep_last:]])

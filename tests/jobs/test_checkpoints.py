@@ -228,6 +228,16 @@ def test_retention_keeps_the_newest_keep_last_and_the_final_one(owner, spec):
     )
 
 
+def test_retention_keeps_every_checkpoint_with_primes_keep_cloud_minus_one(owner, spec):
+    spec["checkpoints"] = {"interval": 1, "keep_cloud": -1}
+    spec["max_steps"] = 3
+    job, engine, base = start(owner, spec)
+    assert job.spec["checkpoints"] == {"interval": 1, "keep_last": -1}
+    for step in (1, 2, 3):
+        upload(engine, base, step, f"step {step}".encode())
+    assert list(Checkpoint.objects.unscoped().filter(job=job).values_list("status", flat=True)) == ["ready"] * 3
+
+
 def test_a_deleted_checkpoint_stays_listed_without_a_download_and_its_removal_is_streamed(owner, spec):
     from jobs.stream.records import read_after
 

@@ -52,7 +52,6 @@ env_files = ["secrets.env"]
 [sampling]
 max_tokens = 512
 enable_thinking = false
-reasoning_effort = "high"
 
 [[env]]
 id = "lab/addition"

@@ -39,7 +39,7 @@ def test_jobs_create_takes_a_name_and_prints_prime_warnings(lab_env, capsys, spe
     status, out, err = run(capsys, "jobs", "create", "-f", spec_file(PRIME_ONLY_TOML), "--name", "prime-run")
 
     assert status == 0 and out == "job_0001\n"
-    assert err.count("warning: ") == 7
+    assert err.count("warning: ") == 6
     assert "'wandb' is a Prime Intellect setting" in err
     assert lab_env.jobs["job_0001"]["name"] == "prime-run"
 
@@ -176,7 +176,7 @@ def test_spec_check_lists_every_local_problem_without_lab(capsys, spec_file, mon
     assert "  model: 'model' is required [required]" in err
     assert "  max_steps: Input should be greater than or equal to 1 [out_of_range]" in err
     assert "  env.0.args.a: NaN and infinity are not allowed [invalid_value]" in err
-    assert "  modle: unknown key 'modle'; allowed keys: name, model," in err
+    assert "  modle: unknown key 'modle' (did you mean 'model'?); allowed keys: name, model," in err
 
 
 def test_spec_check_passes_locally_when_no_lab_is_configured(capsys, spec_file, monkeypatch):
@@ -186,7 +186,7 @@ def test_spec_check_passes_locally_when_no_lab_is_configured(capsys, spec_file, 
 
     assert status == 0
     assert "valid locally; its model and environments were not checked (no LAB_API_KEY)" in out
-    assert err.count("warning: ") == 7
+    assert err.count("warning: ") == 6
 
 
 def test_spec_check_asks_lab_for_an_estimate_when_configured(lab_env, capsys, spec_file):
@@ -324,7 +324,7 @@ def test_jobs_metrics_shows_one_row_per_step(lab_env, capsys):
 
     assert status == 0
     assert [line.split() for line in out.splitlines()] == [
-        ["STEP", "loss/mean", "reward/mean"], ["1", "0.5", "0.125"], ["2", "0.25"],
+        ["STEP", "reward/mean", "loss/mean"], ["1", "0.125", "0.5"], ["2", "0.25"],
     ]
     status, out, _ = run(capsys, "jobs", "metrics", job["id"], "--names", "reward/mean", "--json")
     assert [point["values"] for point in json.loads(out)] == [{"reward/mean": 0.125}, {"reward/mean": 0.25}]

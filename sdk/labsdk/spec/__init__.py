@@ -30,6 +30,7 @@ code                        meaning
 ``invalid_syntax``          a spec file that is not valid TOML or JSON
 ``duplicate_key``           a key given twice in a spec file
 ``too_large``               a spec file over 1 MiB (the API's body limit)
+``conflicting_keys``        two keys that exclude each other were both given
 ==========================  ==========================================================
 
 Only ``model`` and ``env`` are required. Defaults: ``max_steps`` 20, ``batch_size`` 32,
@@ -46,7 +47,9 @@ Nothing here imports Django or torch; the catalogues are passed in by the caller
 The package's modules, by role: :mod:`~labsdk.spec.problems` (SpecProblem, SpecError, the
 codes), :mod:`~labsdk.spec.values` (storable text, bounded JSON), :mod:`~labsdk.spec.model`
 (the pydantic model and its JSON Schema), :mod:`~labsdk.spec.translate` (pydantic errors as
-problems), :mod:`~labsdk.spec.parse` (validation and warnings), :mod:`~labsdk.spec.files`
+problems), :mod:`~labsdk.spec.layouts` (prime-rl's native layout and the older prime CLI
+form, translated), :mod:`~labsdk.spec.warnings` (what Lab does not use, said once),
+:mod:`~labsdk.spec.parse` (validation and warnings), :mod:`~labsdk.spec.files`
 (TOML/JSON text and files) and :mod:`~labsdk.spec.catalog` (catalogue checks). Import from
 ``labsdk.spec`` itself; the module split is not part of the API.
 """
@@ -55,14 +58,21 @@ from __future__ import annotations
 
 from labsdk.spec.catalog import EnvironmentInfoLike, ModelInfoLike, catalog_problems
 from labsdk.spec.files import MAX_SPEC_BYTES, decode_spec, load_spec_file, loads_spec, read_spec_file
+from labsdk.spec.layouts import detect_layout, translate_layout
 from labsdk.spec.model import (
     PRIME_UNUSED_KEYS,
+    AdaptersConfig,
+    BatchFilterConfig,
     CheckpointsConfig,
     EnvConfig,
     EvalConfig,
+    EvalEnvConfig,
     JobSpec,
     ResourcesConfig,
     SamplingConfig,
+    TeacherConfig,
+    TemperatureScheduleConfig,
+    ValConfig,
     job_spec_json_schema,
 )
 from labsdk.spec.parse import ParsedSpec, parse_spec
@@ -82,17 +92,25 @@ from labsdk.spec.values import (
 
 __all__ = [
     "PRIME_UNUSED_KEYS",
+    "AdaptersConfig",
+    "BatchFilterConfig",
     "CheckpointsConfig",
     "EnvConfig",
     "EvalConfig",
+    "EvalEnvConfig",
     "JobSpec",
     "ParsedSpec",
     "ResourcesConfig",
     "SamplingConfig",
     "SpecError",
     "SpecProblem",
+    "TeacherConfig",
+    "TemperatureScheduleConfig",
+    "ValConfig",
     "catalog_problems",
     "decode_spec",
+    "detect_layout",
+    "translate_layout",
     "job_spec_json_schema",
     "load_spec_file",
     "loads_spec",

@@ -1,60 +1,201 @@
 """The job spec model: pydantic classes for a spec and its sections, with their defaults
-and bounds, the rules across fields, and the spec's JSON Schema."""
+and bounds, the rules across fields, and the spec's JSON Schema.
+
+Every key of Prime Intellect's hosted-training ``RLConfig`` (prime-cli's
+``commands/rl.py``) is a field here, so a Prime file validates as it is. Three of them
+are other names for Lab keys and are resolved when a spec is validated: ``checkpoint_id``
+becomes ``init_from``, ``checkpoints.keep_cloud`` becomes ``checkpoints.keep_last`` and the
+deprecated ``eval.eval_base_model`` becomes ``eval.skip_first_step`` (inverted); the
+deprecated ``max_async_level`` fills ``max_off_policy_steps`` when that is absent. Which
+keys Lab acts on, and which it only stores, is :mod:`labsdk.spec.warnings`' business.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from labsdk.spec.problems import SpecProblem
-from labsdk.spec.values import JsonLike, JsonObject, MetadataKey, MetadataValue, Text
-
-#: Prime Intellect keys Lab accepts and stores but does not act on, as dotted paths.
-#: Prime's docs spell the secrets key ``env_file``; Lab's spec says ``env_files``: both are kept.
-PRIME_UNUSED_KEYS: tuple[str, ...] = (
-    "oversampling_factor",
-    "max_async_level",
-    "trajectory_strategy",
-    "env_file",
-    "env_files",
-    "wandb",
-    "sampling.enable_thinking",
-    "sampling.reasoning_effort",
+from labsdk.spec.values import (
+    JsonDocument,
+    JsonLike,
+    JsonObject,
+    MetadataKey,
+    MetadataValue,
+    Text,
+    _check_json_like,
+    _check_text,
 )
 
+#: Keys whose value Lab stores but never acts on, as dotted paths (each one is a warning).
+PRIME_UNUSED_KEYS: tuple[str, ...] = (
+    "cluster_name",
+    "run_config",
+    "wandb",
+    "infrastructure",
+    "tailscale",
+    "env_file",
+    "env_files",
+    "trajectory_strategy",
+    "buffer",
+)
+
+#: An environment id: built-in ``lab/<name>`` or uploaded ``<organization>/<name>[@<version>]``.
+ENV_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._+-]+)?$"
+_VERSION_PATTERN = r"^[A-Za-z0-9._+-]+$"
+#: Redacted value stored in place of a secret written into a spec (``tailscale.auth_key``).
+REDACTED = "[redacted]"
 
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
+ReasoningEffort = Literal["low", "medium", "high"]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096), AfterValidator(_check_text)]
 
-class SamplingConfig(BaseModel):
-    """How rollouts are sampled from the policy."""
+
+class _Section(BaseModel):
+    """A spec section whose optional keys are left out of the canonical dict while unset.
+
+    ``_keep_none`` names the fields that stay in the canonical dict as ``null`` (keys Lab's
+    own readers index directly); every other field whose value is ``None`` is left out, so a
+    stored spec holds only the optional keys that were given.
+    """
 
     model_config = _STRICT
+    _keep_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_absent(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in list(data):
+                if data[name] is None and name not in self._keep_none and name in type(self).model_fields:
+                    del data[name]
+        return data
+
+
+def _raise_at(subpath: str, code: str, message: str) -> None:
+    """Raise a validation error for the key ``subpath`` inside the section being validated."""
+    raise PydanticCustomError(code, message, {"subpath": subpath})
+
+
+class TemperatureScheduleConfig(_Section):
+    """A temperature that moves from ``start_temperature`` to ``end_temperature``
+    over ``total_steps`` steps (default ``max_steps``), linearly or along half a cosine."""
+
+    type: Literal["linear", "cosine"] = Field("linear", description="Shape of the schedule.")
+    start_temperature: Temperature = Field(description="Temperature at step 1.")
+    end_temperature: Temperature = Field(description="Temperature from step total_steps on.")
+    total_steps: int | None = Field(
+        None, ge=1, le=100_000, description="Steps the schedule takes; at most max_steps (default max_steps).",
+    )
+
+
+def _extra_body_field() -> Any:
+    return Field(None, description="Extra fields for the inference request (OpenAI-compatible body).")
+
+
+def _enable_thinking_field() -> Any:
+    return Field(
+        None, description="Thinking on or off through the chat template; exclusive with reasoning_effort.",
+    )
+
+
+def _reasoning_effort_field() -> Any:
+    return Field(
+        None, description='"low", "medium" or "high" (GPT-OSS style); exclusive with enable_thinking.',
+    )
+
+
+class _ReasoningControls(_Section):
+    """A sampling section with Prime's two reasoning controls, which exclude each other."""
+
+    @model_validator(mode="after")
+    def _one_reasoning_control(self) -> _ReasoningControls:
+        if getattr(self, "enable_thinking", None) is not None and getattr(self, "reasoning_effort", None) is not None:
+            _raise_at(
+                "reasoning_effort", "conflicting_keys",
+                "enable_thinking and reasoning_effort cannot both be set; keep one",
+            )
+        return self
+
+
+class SamplingConfig(_ReasoningControls):
+    """How rollouts are sampled from the policy."""
 
     max_tokens: int = Field(
         128, ge=1, le=131_072,
         description="Most tokens generated per completion; must fit the model's context.",
     )
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature.")
-    enable_thinking: JsonLike = Field(
-        None, description="Prime Intellect key, stored but not used by Lab."
+    temperature: Temperature = Field(1.0, description="Sampling temperature.")
+    temp_scheduler: TemperatureScheduleConfig | None = Field(
+        None, description="A temperature schedule over the steps instead of one temperature.",
     )
-    reasoning_effort: JsonLike = Field(
-        None, description="Prime Intellect key, stored but not used by Lab."
+    extra_body: JsonObject | None = _extra_body_field()
+    enable_thinking: bool | None = _enable_thinking_field()
+    reasoning_effort: ReasoningEffort | None = _reasoning_effort_field()
+
+
+class TeacherSamplingConfig(_ReasoningControls):
+    """How the teacher's completions are sampled (``loss = "sft"``)."""
+
+    max_tokens: int | None = Field(None, ge=1, le=131_072, description="Most tokens per teacher completion.")
+    temperature: Temperature | None = Field(None, description="Teacher sampling temperature.")
+    extra_body: JsonObject | None = _extra_body_field()
+    enable_thinking: bool | None = _enable_thinking_field()
+    reasoning_effort: ReasoningEffort | None = _reasoning_effort_field()
+
+
+class EvalSamplingConfig(TeacherSamplingConfig):
+    """Sampling overrides for eval rollouts."""
+
+
+class TeacherClientConfig(_Section):
+    """An OpenAI-compatible endpoint serving the teacher model."""
+
+    base_url: Text = Field(min_length=1, max_length=2048, description="Endpoint base URL, e.g. https://host/v1.")
+    api_key_var: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the job secret holding the endpoint's API key.",
     )
+    headers_from_env: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], str] | None = Field(
+        None, max_length=16, description="HTTP header name -> name of the job secret holding its value.",
+    )
+    skip_model_check: bool | None = Field(None, description="Do not ask the endpoint whether it serves the model.")
 
 
-class EnvConfig(BaseModel):
-    """One training environment and the arguments its loader takes."""
+class TeacherConfig(_Section):
+    """The teacher of a distillation job (``loss = "sft"``)."""
 
-    model_config = _STRICT
+    model: Text = Field(min_length=1, max_length=256, description="Model id the teacher endpoint serves.")
+    client: TeacherClientConfig | None = Field(None, description="The endpoint; default Prime Inference.")
+    sampling: TeacherSamplingConfig | None = Field(None, description="Teacher sampling settings.")
 
-    id: str = Field(
-        min_length=1, max_length=128,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._+-]+)?$",
+
+class EnvConfig(_Section):
+    """One training environment: Prime's legacy form (``id``, ``args``, ``version``,
+    ``max_retries``) or its v1 form (``name``, ``taskset``, ``harness``, ``ratio``, ...).
+
+    A v1 block without ``id`` takes its id from ``taskset.id``; a separate ``version`` is
+    folded into the id as ``<id>@<version>``, Lab's spelling.
+    """
+
+    _keep_none = frozenset({"id"})
+
+    id: str | None = Field(
+        None, min_length=1, max_length=128, pattern=ENV_ID_PATTERN,
         description='Environment id: built-in "lab/<name>" or uploaded '
         '"<organization slug>/<name>[@<version>]".',
     )
@@ -63,33 +204,160 @@ class EnvConfig(BaseModel):
         description="Keyword arguments for the environment; keys and JSON types must match "
         "the environment's defaults.",
     )
+    version: str | None = Field(
+        None, min_length=1, max_length=64, pattern=_VERSION_PATTERN,
+        description="Environment version; the same as writing id@version.",
+    )
+    name: Text | None = Field(None, min_length=1, max_length=128, description="Display name of this block.")
+    max_retries: int | None = Field(None, ge=0, le=100, description="Retries of a failed rollout.")
+    taskset: JsonObject | None = Field(None, description="v1 form: the taskset, {id = ..., ...}.")
+    harness: JsonObject | None = Field(
+        None, description='v1 form: the harness, {id = ..., runtime = {type = "subprocess"}}.',
+    )
+    ratio: float | None = Field(None, gt=0.0, le=1_000_000.0, description="Share of each batch from this environment.")
+    group_size: int | None = Field(None, ge=1, le=256, description="Rollouts per example for this environment.")
+    max_turns: int | None = Field(None, ge=1, le=10_000, description="Most turns of a multi-turn episode.")
+    max_input_tokens: int | None = Field(None, ge=1, le=1_048_576, description="Most prompt tokens per turn.")
+    max_output_tokens: int | None = Field(None, ge=1, le=131_072, description="Most completion tokens per turn.")
+    timeout: float | None = Field(None, gt=0.0, le=86_400.0, description="Seconds a rollout may take.")
+    retries: int | None = Field(None, ge=0, le=100, description="Retries of a failed rollout (v1 name).")
+
+    @model_validator(mode="after")
+    def _resolve_id(self) -> EnvConfig:
+        if self.id is None:
+            taskset_id = self.taskset.get("id") if self.taskset else None
+            if taskset_id is None:
+                _raise_at("id", "required", "'id' is required (or a v1 taskset = {id = ...})")
+            if not isinstance(taskset_id, str) or not re.match(ENV_ID_PATTERN, taskset_id):
+                _raise_at(
+                    "taskset.id", "invalid_value",
+                    'must be an environment id like "lab/addition" or "owner/name@version"',
+                )
+            self.id = taskset_id
+        if self.version is not None:
+            if "@" in self.id and self.id.rsplit("@", 1)[1] != self.version:
+                _raise_at(
+                    "version", "conflicting_keys",
+                    f"version '{self.version}' differs from the version in id '{self.id}'; give one",
+                )
+            if "@" not in self.id:
+                if len(self.id) + 1 + len(self.version) > 128:
+                    _raise_at("version", "too_long", "id@version would be longer than 128 characters")
+                self.id = f"{self.id}@{self.version}"
+            self.version = None
+        return self
 
 
-class EvalConfig(BaseModel):
+class EvalEnvConfig(EnvConfig):
+    """An environment evaluated (not trained on), with its own example count and group size."""
+
+    num_examples: int | None = Field(None, ge=-1, le=10_000, description="Examples; -1 = all.")
+    rollouts_per_example: int | None = Field(None, ge=1, le=256, description="Rollouts per eval example.")
+
+
+def _refuse_zero(value: int | None, key: str) -> None:
+    if value == 0:
+        _raise_at(key, "out_of_range", "must be -1 (all) or at least 1")
+
+
+class EvalConfig(_Section):
     """Periodic evaluation on held-out examples."""
 
-    model_config = _STRICT
-
     interval: int = Field(0, ge=0, le=100_000, description="Steps between evals; 0 = never.")
-    num_examples: int = Field(32, ge=1, le=10_000, description="Examples per eval.")
+    num_examples: int = Field(32, ge=-1, le=10_000, description="Examples per eval; -1 = the whole eval split.")
+    rollouts_per_example: int | None = Field(None, ge=1, le=256, description="Rollouts per eval example.")
+    skip_first_step: bool | None = Field(None, description="Skip the eval of the base model before step 1.")
+    eval_base_model: bool | None = Field(
+        None, description="Deprecated: the inverse of skip_first_step.",
+    )
+    sampling: EvalSamplingConfig | None = Field(None, description="Sampling overrides for eval rollouts.")
+    env: list[EvalEnvConfig] | None = Field(
+        None, max_length=16, description="Environments to evaluate instead of the training ones.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        _refuse_zero(self.num_examples, "num_examples")
+        for index, env in enumerate(self.env or []):
+            _refuse_zero(env.num_examples, f"env.{index}.num_examples")
+        if self.eval_base_model is not None:
+            if self.skip_first_step is None:
+                self.skip_first_step = not self.eval_base_model
+            self.eval_base_model = None
+        return self
+
+    def examples_per_environment(self, default: int = 32) -> int:
+        """Return how many examples each eval takes: ``num_examples``, or ``default`` for
+        ``-1`` (every example) until environments declare the size of their eval split."""
+        return default if self.num_examples == -1 else self.num_examples
 
 
-class CheckpointsConfig(BaseModel):
+class ValConfig(_Section):
+    """Validation on held-out examples of the training environments."""
+
+    num_examples: int | None = Field(None, ge=1, le=10_000, description="Examples per validation.")
+    rollouts_per_example: int | None = Field(None, ge=1, le=256, description="Rollouts per example.")
+    interval: int | None = Field(None, ge=0, le=100_000, description="Steps between validations.")
+
+
+class BatchFilterConfig(_Section):
+    """A rollout filter of ``[[pre_batch_filters]]`` or ``[[post_batch_filters]]``; keys
+    other than ``type`` and ``enforce`` are the filter's own settings, kept as given."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    type: Literal["zero_advantage", "gibberish", "repetition"] = Field(description="What the filter flags.")
+    enforce: bool | None = Field(None, description="Drop flagged rollouts (default) or only count them (false).")
+
+    @model_validator(mode="after")
+    def _check_settings(self) -> BatchFilterConfig:
+        extra = self.model_extra or {}
+        if len(extra) > 32:
+            _raise_at("", "too_long", "a filter takes at most 32 settings")
+        for key, value in extra.items():
+            try:
+                _check_json_like(value)
+            except PydanticCustomError as exc:
+                subpath = ".".join(part for part in (key, (exc.context or {}).get("subpath", "")) if part)
+                raise PydanticCustomError(exc.type, exc.message(), {"subpath": subpath}) from None
+        return self
+
+
+class CheckpointsConfig(_Section):
     """When checkpoints are written and how many are kept."""
-
-    model_config = _STRICT
 
     interval: int = Field(
         10, ge=0, le=100_000,
         description="Steps between checkpoints; 0 = only the final one.",
     )
-    keep_last: int = Field(3, ge=1, le=100, description="Ready checkpoints kept per job.")
+    keep_last: int = Field(3, ge=-1, le=100, description="Ready checkpoints kept per job; -1 = all.")
+    keep_cloud: int | None = Field(None, ge=-1, le=100, description="Prime's name for keep_last.")
+
+    @model_validator(mode="after")
+    def _resolve_keep_cloud(self) -> CheckpointsConfig:
+        if self.keep_cloud is not None and "keep_last" in self.model_fields_set:
+            _raise_at(
+                "keep_cloud", "conflicting_keys",
+                "keep_cloud and keep_last are the same setting; give one",
+            )
+        _refuse_zero(self.keep_cloud, "keep_cloud")
+        _refuse_zero(self.keep_last, "keep_last")
+        if self.keep_cloud is not None:
+            self.keep_last, self.keep_cloud = self.keep_cloud, None
+        return self
 
 
-class ResourcesConfig(BaseModel):
+class AdaptersConfig(_Section):
+    """Adapter artifacts: the trained weights alone, without optimizer state."""
+
+    interval: int | None = Field(None, ge=0, le=100_000, description="Steps between adapters; 0 = only at the end.")
+    keep_last: int | None = Field(None, ge=-1, le=100, description="Adapters kept; -1 = all.")
+
+
+class ResourcesConfig(_Section):
     """What the job runs on."""
 
-    model_config = _STRICT
+    _keep_none = frozenset({"gpus"})
 
     gpu_type: str = Field(
         "cpu", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
@@ -107,25 +375,47 @@ class ResourcesConfig(BaseModel):
         return self
 
 
-class JobSpec(BaseModel):
+class TranslatedFrom(_Section):
+    """The config a spec was translated from, as submitted (another layout than Lab's)."""
+
+    layout: Literal["prime-rl", "prime-cli-v0"] = Field(
+        description='"prime-rl": prime-rl\'s native tables; "prime-cli-v0": the older prime CLI form.',
+    )
+    config: JsonDocument = Field(description="The config as submitted.")
+
+
+class JobSpec(_Section):
     """A training job: base model, environments and GRPO settings (docs/spec.md).
 
     Only ``model`` and ``env`` are required. Durations are in minutes where the name says
-    so, counts in steps, rollouts or tokens. Prime Intellect's unused keys are fields
-    here so they are stored; :func:`parse_spec` reports them as warnings.
+    so, counts in steps, rollouts or tokens. Prime Intellect's keys are fields here, so
+    they are validated and stored; :func:`parse_spec` says which ones Lab does not use.
     """
 
-    model_config = _STRICT
+    _keep_none = frozenset({"name", "init_from"})
 
     name: Text | None = Field(None, min_length=1, max_length=128, description="Display name.")
     model: Text = Field(
         min_length=1, max_length=256, description="Model catalogue id (GET /api/v1/models)."
     )
+    loss: Literal["rl", "sft", "opd"] = Field(
+        "rl", description='"rl" (GRPO on the environments\' rewards) or "sft" (distillation from [teacher]).',
+    )
+    teacher: TeacherConfig | None = Field(None, description='The teacher of loss = "sft".')
     max_steps: int = Field(20, ge=1, le=100_000, description="Training steps.")
     batch_size: int = Field(32, ge=1, le=8192, description="Rollouts per step.")
     rollouts_per_example: int = Field(
         4, ge=1, le=256,
         description="GRPO group size; batch_size must be a multiple of it.",
+    )
+    max_inflight_rollouts: int | None = Field(
+        None, ge=1, le=1_048_576,
+        description="Most rollouts in flight at once; at least rollouts_per_example; exclusive with "
+        "oversampling_factor.",
+    )
+    oversampling_factor: float | None = Field(
+        None, gt=0.0, le=1000.0,
+        description="Rollouts in flight as a multiple of batch_size; exclusive with max_inflight_rollouts.",
     )
     learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="Optimizer learning rate.")
     lora_alpha: int = Field(16, ge=1, le=4096, description="LoRA alpha scaling factor.")
@@ -138,6 +428,9 @@ class JobSpec(BaseModel):
         1, ge=0, le=16,
         description="Rollouts may come from a policy at most this many steps old.",
     )
+    max_async_level: int | None = Field(
+        None, ge=0, le=16, description="Deprecated Prime name of max_off_policy_steps.",
+    )
     priority: Literal["low", "normal", "high"] = Field("normal", description="Queue priority.")
     max_runtime_minutes: int = Field(
         600, ge=1, le=10_080, description="Wall-clock limit in minutes (at most a week)."
@@ -146,42 +439,67 @@ class JobSpec(BaseModel):
         None, max_length=64, pattern=r"^ckpt_[A-Za-z0-9]+$",
         description="Start from this ready checkpoint of the same project.",
     )
+    checkpoint_id: str | None = Field(
+        None, max_length=64, pattern=r"^ckpt_[A-Za-z0-9]+$", description="Prime's name for init_from.",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     env: list[EnvConfig] = Field(min_length=1, max_length=16, description="Environments.")
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    val: ValConfig | None = Field(None, description="Validation on held-out examples.")
+    pre_batch_filters: list[BatchFilterConfig] | None = Field(
+        None, max_length=8, description="Rollout filters applied before a rollout takes a batch slot.",
+    )
+    post_batch_filters: list[BatchFilterConfig] | None = Field(
+        None, max_length=8, description="Rollout filters applied to a full batch.",
+    )
     checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
+    adapters: AdaptersConfig | None = Field(None, description="Adapter artifacts.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     metadata: dict[MetadataKey, MetadataValue] = Field(
         default_factory=dict, max_length=16,
         description="Up to 16 string pairs for filtering jobs (keys ≤ 64, values ≤ 512).",
     )
 
-    oversampling_factor: JsonLike = Field(
-        None, description="Prime Intellect key, stored but not used by Lab."
+    cluster_name: Text | None = Field(None, max_length=256, description="Prime key, stored but not used by Lab.")
+    run_config: JsonObject | None = Field(None, description="Prime key, stored but not used by Lab.")
+    wandb: JsonObject | None = Field(None, description="Prime key, stored but not used by Lab.")
+    infrastructure: JsonObject | None = Field(None, description="Prime key, stored but not used by Lab.")
+    tailscale: JsonObject | None = Field(
+        None, description="Prime key, stored but not used by Lab (auth_key is not stored).",
     )
-    max_async_level: JsonLike = Field(
-        None, description="Prime Intellect key, stored but not used by Lab."
+    env_file: list[FilePath] | None = Field(
+        None, max_length=16, description="Deprecated spelling of env_files.",
     )
-    trajectory_strategy: JsonLike = Field(
-        None, description="Prime Intellect key, stored but not used by Lab."
+    env_files: list[FilePath] | None = Field(
+        None, max_length=16,
+        description="Secrets files (KEY=VALUE lines) the CLI reads, relative to the spec file.",
     )
-    env_file: JsonLike = Field(None, description="Prime Intellect key, stored but not used by Lab.")
-    env_files: JsonLike = Field(
-        None, description="Prime Intellect key, stored but not used by Lab."
+    trajectory_strategy: JsonLike = Field(None, description="Deprecated Prime key, stored but not used.")
+    buffer: JsonObject | None = Field(
+        None, description="Deprecated Prime key (the difficulty buffer), stored but not used.",
     )
-    wandb: JsonLike = Field(None, description="Prime Intellect key, stored but not used by Lab.")
+    translated_from: TranslatedFrom | None = Field(
+        None, description="The config this spec was translated from, when it came in another layout.",
+    )
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> JobSpec:
-        problems = _cross_field_problems(self.model_dump(), set())
+        problems = _cross_field_problems(self.model_dump(exclude_unset=True), set())
         if problems:
             first = problems[0]
             raise PydanticCustomError(first.code, first.message, {"param": first.param})
+        if self.checkpoint_id is not None:
+            self.init_from, self.checkpoint_id = self.checkpoint_id, None
+        if self.max_async_level is not None and "max_off_policy_steps" not in self.model_fields_set:
+            self.max_off_policy_steps = self.max_async_level
+        if self.tailscale and self.tailscale.get("auth_key") not in (None, REDACTED):
+            self.tailscale = {**self.tailscale, "auth_key": REDACTED}
         return self
 
 
 def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list[SpecProblem]:
-    """Check rules spanning several fields on raw data, skipping fields already refused."""
+    """Check rules spanning several fields on raw data (keys present = keys given), skipping
+    fields already refused."""
     problems: list[SpecProblem] = []
 
     def plain_int(name: str) -> int | None:
@@ -189,6 +507,9 @@ def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list
             return None
         value = data.get(name, JobSpec.model_fields[name].default)
         return None if isinstance(value, bool) or not isinstance(value, int) else value
+
+    def given(name: str) -> bool:
+        return data.get(name) is not None and name not in bad_params
 
     batch_size = plain_int("batch_size")
     group_size = plain_int("rollouts_per_example")
@@ -198,6 +519,54 @@ def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list
             f"batch_size ({batch_size}) must be a multiple of rollouts_per_example "
             f"({group_size}): each step trains on whole groups",
         ))
+
+    if given("checkpoint_id") and given("init_from"):
+        problems.append(SpecProblem(
+            "checkpoint_id", "conflicting_keys",
+            "checkpoint_id and init_from are the same setting (the checkpoint to start from); give one",
+        ))
+
+    loss = data.get("loss", "rl") if "loss" not in bad_params else None
+    if loss == "opd":
+        problems.append(SpecProblem(
+            "loss", "invalid_value",
+            'loss = "opd" (on-policy distillation) is not supported: it needs the teacher\'s '
+            'log-probabilities of the policy\'s tokens, which hosted teachers do not give; '
+            'use "rl" or "sft"',
+        ))
+    elif loss == "rl" and given("teacher"):
+        problems.append(SpecProblem(
+            "teacher", "conflicting_keys",
+            'a [teacher] is only used with loss = "sft"; remove [teacher] or set loss = "sft"',
+        ))
+    elif loss == "sft" and data.get("teacher") is None and "teacher" not in bad_params:
+        problems.append(SpecProblem(
+            "teacher", "required", 'loss = "sft" needs a [teacher] with the model to distil from',
+        ))
+
+    if given("max_inflight_rollouts") and given("oversampling_factor"):
+        problems.append(SpecProblem(
+            "oversampling_factor", "conflicting_keys",
+            "max_inflight_rollouts and oversampling_factor both bound the rollouts in flight; give one",
+        ))
+    inflight = plain_int("max_inflight_rollouts")
+    if inflight and group_size and inflight < group_size:
+        problems.append(SpecProblem(
+            "max_inflight_rollouts", "out_of_range",
+            f"max_inflight_rollouts ({inflight}) must be at least rollouts_per_example ({group_size}): "
+            "a group is sampled at once",
+        ))
+
+    sampling = data.get("sampling")
+    schedule = sampling.get("temp_scheduler") if isinstance(sampling, Mapping) else None
+    max_steps = plain_int("max_steps")
+    if isinstance(schedule, Mapping) and "sampling.temp_scheduler.total_steps" not in bad_params:
+        total_steps = schedule.get("total_steps")
+        if type(total_steps) is int and max_steps and total_steps > max_steps:
+            problems.append(SpecProblem(
+                "sampling.temp_scheduler.total_steps", "out_of_range",
+                f"total_steps ({total_steps}) must not exceed max_steps ({max_steps})",
+            ))
 
     resources = data.get("resources")
     if isinstance(resources, Mapping) and "resources.gpus" not in bad_params:

@@ -9,9 +9,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from labsdk.spec.model import PRIME_UNUSED_KEYS, JobSpec, _cross_field_problems
+from labsdk.spec.layouts import translate_layout
+from labsdk.spec.model import JobSpec, _cross_field_problems
 from labsdk.spec.problems import SpecError, SpecProblem
 from labsdk.spec.translate import _problem_from_pydantic
+from labsdk.spec.warnings import spec_warnings
 
 
 @dataclass(frozen=True)
@@ -23,33 +25,31 @@ class ParsedSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the canonical JSON-able dict: every Lab key with its default filled in,
-        plus the Prime Intellect keys that were given (absent ones are left out)."""
-        data = self.spec.model_dump(mode="json")
-        for path in PRIME_UNUSED_KEYS:
-            *parents, key = path.split(".")
-            holder = data
-            for part in parents:
-                holder = holder[part]
-            if holder.get(key) is None:
-                holder.pop(key, None)
-        return data
+        plus the optional keys that were given (absent ones are left out). Prime's other
+        names are resolved: ``checkpoint_id`` is stored as ``init_from``,
+        ``checkpoints.keep_cloud`` as ``checkpoints.keep_last``, ``eval.eval_base_model`` as
+        ``eval.skip_first_step``. Parsing the canonical dict gives it back unchanged."""
+        return self.spec.model_dump(mode="json")
 
 
 def parse_spec(data: Mapping[str, Any]) -> ParsedSpec:
     """Validate a spec given as a mapping (decoded JSON or TOML).
 
-    Returns the :class:`ParsedSpec`; warnings name the Prime Intellect keys that were
-    stored but are not used. Raises :class:`SpecError` listing every problem at once:
-    field errors, unknown keys and cross-field rules together. Catalogue checks (model,
-    environments, context length) are separate: :func:`catalog_problems`.
+    Lab's layout, prime-rl's native layout and the older prime CLI form are accepted; the
+    other two are translated first (:mod:`labsdk.spec.layouts`). Returns the
+    :class:`ParsedSpec`; its warnings name every key that was given but that Lab does not
+    act on (:mod:`labsdk.spec.warnings`). Raises :class:`SpecError` listing every problem at
+    once: field errors, unknown keys and cross-field rules together. Catalogue checks
+    (model, environments, context length) are separate: :func:`catalog_problems`.
     """
     if not isinstance(data, Mapping):
         raise SpecError([SpecProblem(
             "", "invalid_type", f"a spec must be a JSON object, not {type(data).__name__}"
         )])
+    data, layout_warnings = translate_layout(data)
     problems: list[SpecProblem] = []
     try:
-        spec = JobSpec.model_validate(dict(data))
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         spec = None
         problems = [_problem_from_pydantic(e) for e in exc.errors(include_url=False)]
@@ -59,16 +59,4 @@ def parse_spec(data: Mapping[str, Any]) -> ParsedSpec:
             if problem not in problems:
                 problems.append(problem)
         raise SpecError(problems)
-
-    warnings = []
-    for path in PRIME_UNUSED_KEYS:
-        *parents, key = path.split(".")
-        holder: Any = data
-        for part in parents:
-            holder = holder.get(part) if isinstance(holder, Mapping) else None
-        if isinstance(holder, Mapping) and key in holder:
-            warnings.append(
-                f"'{path}' is a Prime Intellect setting that Lab does not use; "
-                "it is stored and ignored"
-            )
-    return ParsedSpec(spec=spec, warnings=warnings)
+    return ParsedSpec(spec=spec, warnings=layout_warnings + spec_warnings(data, spec))

@@ -41,5 +41,5 @@ class SpecError(Exception):
 VOCABULARY = frozenset({
     "required", "invalid_type", "invalid_value", "out_of_range", "too_long", "too_short",
     "too_deep", "unknown_key", "not_divisible", "unknown_model", "unknown_environment",
-    "invalid_encoding", "invalid_syntax", "duplicate_key", "too_large",
+    "invalid_encoding", "invalid_syntax", "duplicate_key", "too_large", "conflicting_keys",
 })

@@ -3,18 +3,28 @@ with the dotted ``param``, a code of the spec vocabulary and a message for peopl
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
 from labsdk.spec.model import (
+    AdaptersConfig,
     CheckpointsConfig,
     EnvConfig,
     EvalConfig,
+    EvalEnvConfig,
+    EvalSamplingConfig,
     JobSpec,
     ResourcesConfig,
     SamplingConfig,
+    TeacherClientConfig,
+    TeacherConfig,
+    TeacherSamplingConfig,
+    TemperatureScheduleConfig,
+    TranslatedFrom,
+    ValConfig,
 )
 from labsdk.spec.problems import VOCABULARY, SpecProblem
 from labsdk.spec.values import _json_type, _printable
@@ -38,6 +48,9 @@ _CODE_BY_PYDANTIC_TYPE = {
 
 _PATTERN_MESSAGES = {
     ("env", "id"): 'must be an environment id like "lab/addition" or "owner/name@version"',
+    ("eval", "env", "id"): 'must be an environment id like "lab/addition" or "owner/name@version"',
+    ("checkpoint_id",): 'must be a checkpoint id like "ckpt_..."',
+    ("teacher", "client", "api_key_var"): "must be an environment variable name (letters, digits, _)",
     ("init_from",): 'must be a checkpoint id like "ckpt_..."',
     ("resources", "gpu_type"): 'must be "cpu" or a GPU type name such as "H100"',
 }
@@ -45,10 +58,19 @@ _PATTERN_MESSAGES = {
 _MODEL_AT_PATH: dict[tuple[str, ...], type[BaseModel]] = {
     (): JobSpec,
     ("sampling",): SamplingConfig,
+    ("sampling", "temp_scheduler"): TemperatureScheduleConfig,
+    ("teacher",): TeacherConfig,
+    ("teacher", "client"): TeacherClientConfig,
+    ("teacher", "sampling"): TeacherSamplingConfig,
     ("env",): EnvConfig,
     ("eval",): EvalConfig,
+    ("eval", "sampling"): EvalSamplingConfig,
+    ("eval", "env"): EvalEnvConfig,
+    ("val",): ValConfig,
     ("checkpoints",): CheckpointsConfig,
+    ("adapters",): AdaptersConfig,
     ("resources",): ResourcesConfig,
+    ("translated_from",): TranslatedFrom,
 }
 
 
@@ -74,9 +96,11 @@ def _problem_from_pydantic(error: Mapping[str, Any]) -> SpecProblem:
     if code == "unknown_key":
         parent = tuple(part for part in loc[:-1] if not part.isdigit())
         model = _MODEL_AT_PATH.get(parent)
-        allowed = ", ".join(model.model_fields) if model else ""
-        message = f"unknown key '{loc[-1]}'" + (f"; allowed keys: {allowed}" if allowed else "")
-    elif code == "required":
+        allowed = list(model.model_fields) if model else []
+        close = difflib.get_close_matches(loc[-1], allowed, n=1, cutoff=0.6)
+        message = f"unknown key '{loc[-1]}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+        message += f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+    elif code == "required" and kind == "missing":
         message = f"'{loc[-1]}' is required"
     elif code == "invalid_type" and kind not in VOCABULARY:
         message = f"{error['msg']} (got {_json_type(error.get('input'))})"

@@ -47,7 +47,7 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
-def _check_json_like(value: Any) -> Any:
+def _check_json_like(value: Any, *, max_depth: int = JSON_MAX_DEPTH, max_items: int = JSON_MAX_ITEMS) -> Any:
     """Refuse values that are not small, finite JSON: depth, item count, string size.
 
     Raises ``PydanticCustomError`` whose context carries ``subpath``, the dotted path of
@@ -58,16 +58,16 @@ def _check_json_like(value: Any) -> Any:
     def walk(node: Any, path: list[str], depth: int) -> None:
         nonlocal items
         subpath = ".".join(path)
-        if depth > JSON_MAX_DEPTH:
+        if depth > max_depth:
             raise PydanticCustomError(
                 "too_deep", "nested deeper than {max_depth} levels",
-                {"max_depth": JSON_MAX_DEPTH, "subpath": subpath},
+                {"max_depth": max_depth, "subpath": subpath},
             )
         items += 1
-        if items > JSON_MAX_ITEMS:
+        if items > max_items:
             raise PydanticCustomError(
                 "too_long", "more than {max_items} values in all",
-                {"max_items": JSON_MAX_ITEMS, "subpath": ""},
+                {"max_items": max_items, "subpath": ""},
             )
         if node is None or isinstance(node, bool):
             return
@@ -129,6 +129,11 @@ def _check_json_like(value: Any) -> Any:
 JsonLike = Annotated[Any, AfterValidator(_check_json_like)]
 #: A JSON object of such values, e.g. an environment's ``args``.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json_like)]
+#: A whole config document kept as submitted: deeper and larger than :data:`JsonObject`
+#: (prime-rl's tables nest ten levels), the same rules otherwise.
+JsonDocument = Annotated[
+    dict[str, Any], AfterValidator(lambda value: _check_json_like(value, max_depth=16, max_items=10_000))
+]
 
 #: A string that can be stored: no NUL, no unpaired surrogate.
 Text = Annotated[str, AfterValidator(_check_text)]

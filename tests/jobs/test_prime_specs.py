@@ -1,0 +1,77 @@
+"""Prime configs through the API: warnings in the create and estimate answers, a translated
+layout kept as submitted on the job, and Prime's refusals as 400s that create nothing."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+NATIVE = (Path(__file__).parents[1] / "sdk" / "data" / "prime" / "reverse-text-rl.toml").read_text()
+
+
+def native_config() -> dict:
+    text = NATIVE.replace("PrimeIntellect/Qwen3-0.6B-Reverse-Text-SFT", "lab/tiny-random-llama")
+    config = tomllib.loads(text.replace('{ id = "reverse-text-v1" }', '{ id = "lab/reverse-text" }'))
+    config["orchestrator"]["batch_size"] = 16
+    return config
+
+
+def test_it_creates_a_job_from_prime_rls_native_layout_and_keeps_the_original(owner):
+    config = native_config()
+
+    response = owner.client().post("/api/v1/jobs", config, format="json")
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    job = Job.objects.unscoped().get()
+    assert job.spec["translated_from"] == {"layout": "prime-rl", "config": config}
+    assert body["spec"]["translated_from"]["config"] == config
+    assert (job.spec["model"], job.spec["batch_size"], job.spec["rollouts_per_example"]) == (
+        "lab/tiny-random-llama", 16, 16,
+    )
+    assert body["warnings"] == job.warnings
+    assert body["warnings"][0].startswith("this is prime-rl's native layout")
+    assert any(warning.startswith("'orchestrator.renderer'") for warning in body["warnings"])
+
+
+def test_estimate_answers_the_same_warnings_as_create(owner):
+    spec = {
+        "model": "lab/tiny-random-llama", "env": [{"id": "lab/addition"}], "max_steps": 3,
+        "wandb": {"project": "p"}, "val": {"interval": 2}, "checkpoint_id": None,
+    }
+
+    estimate = owner.client().post("/api/v1/jobs/estimate", spec, format="json")
+    created = owner.client().post("/api/v1/jobs", spec, format="json")
+
+    assert estimate.status_code == 200, estimate.content
+    assert created.status_code == 201, created.content
+    assert estimate.json()["warnings"] == created.json()["warnings"]
+    assert [warning.split("'")[1] for warning in estimate.json()["warnings"]] == ["val", "wandb"]
+
+
+@pytest.mark.parametrize("keys, param", [
+    ({"checkpoint_id": "ckpt_a", "init_from": "ckpt_b"}, "checkpoint_id"),
+    ({"checkpoints": {"keep_cloud": 1, "keep_last": 2}}, "checkpoints.keep_cloud"),
+    ({"loss": "opd"}, "loss"),
+    ({"teacher": {"model": "t"}}, "teacher"),
+    ({"max_inflight_rollouts": 8, "oversampling_factor": 2.0}, "oversampling_factor"),
+    ({"sampling": {"temp_scheduler": {"start_temperature": 1.0, "end_temperature": -1.0}}},
+     "sampling.temp_scheduler.end_temperature"),
+    ({"sampling": {"temp_scheduler": {"start_temperature": 1.0, "end_temperature": 0.5, "total_steps": 4}}},
+     "sampling.temp_scheduler.total_steps"),
+])
+def test_primes_refusals_are_a_400_naming_the_key_and_create_nothing(owner, keys, param):
+    spec = {"model": "lab/tiny-random-llama", "env": [{"id": "lab/addition"}], "max_steps": 3, **keys}
+
+    response = owner.client().post("/api/v1/jobs", spec, format="json")
+
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_spec", param)
+    assert Job.objects.unscoped().count() == 0

@@ -1,0 +1,292 @@
+"""Prime Intellect's own config files against labsdk.spec and ``lab spec check``: the hosted
+template (as written and with every optional section uncommented), prime-rl's native layout
+and the older CLI form, from tests/sdk/data/prime/ as published."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from labsdk.spec import SpecError, SpecProblem, loads_spec, parse_spec
+
+DATA = Path(__file__).parent / "data" / "prime"
+TEMPLATE = (DATA / "rl.toml").read_text()
+INSTALLED_MODEL = "lab/tiny-random-llama"
+
+
+def installed(text: str) -> str:
+    """Point the model and environment ids of a Prime file at ones Lab has installed."""
+    text = re.sub(r'^model = ".*"', f'model = "{INSTALLED_MODEL}"', text, flags=re.M)
+    text = text.replace('"primeintellect/reverse-text"', '"lab/reverse-text"')
+    text = text.replace('"primeintellect/another-env"', '"lab/addition"')
+    text = text.replace('"primeintellect/eval-env"', '"lab/alphabet-sort"')
+    return text
+
+
+def uncomment_everything(template: str) -> str:
+    """Uncomment every optional line of Prime's template, following its own instructions: loss
+    becomes "sft" for the [teacher] block, and of the two mutually exclusive reasoning controls
+    of [sampling] only the first is kept; the checkpoint id gets a Lab-shaped value."""
+    lines = []
+    for line in template.splitlines():
+        match = re.match(r"^# (\[.*|[a-z_]+ = .*)$", line)
+        lines.append(match.group(1) if match else line)
+    text = "\n".join(lines) + "\n"
+    text = text.replace('loss = "rl"', 'loss = "sft"', 1)
+    text = text.replace('reasoning_effort = "high"  # supported models: GPT-OSS', '# reasoning_effort = "high"')
+    return text.replace('checkpoint_id = "..."', 'checkpoint_id = "ckpt_3fA9"')
+
+
+def keys_warned(warnings):
+    return [warning.split("'")[1] for warning in warnings if warning.startswith("'")]
+
+
+def lab_spec_check(path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Run ``lab spec check`` as a user does, in its own process, with no Lab configured."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("LAB_")}
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("lab")), "spec", "check", str(path), *extra],
+        capture_output=True, text=True, timeout=60, env=environment, check=False,
+    )
+
+
+# --- the hosted template -----------------------------------------------------------------
+
+def test_it_accepts_primes_template_as_written_with_no_warning():
+    parsed = loads_spec(installed(TEMPLATE), "toml")
+
+    assert parsed.warnings == []
+    assert parsed.spec.loss == "rl"
+    assert (parsed.spec.batch_size, parsed.spec.rollouts_per_example, parsed.spec.sampling.max_tokens) == (128, 8, 2048)
+
+
+def test_it_accepts_primes_template_with_every_section_uncommented_warning_only_for_unused_keys():
+    parsed = loads_spec(installed(uncomment_everything(TEMPLATE)), "toml")
+
+    assert keys_warned(parsed.warnings) == [
+        "loss", "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
+        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters",
+        "adapters", "env_files",
+    ]
+    spec = parsed.spec
+    assert spec.init_from == "ckpt_3fA9" and spec.checkpoint_id is None
+    assert spec.checkpoints.keep_last == 5 and spec.checkpoints.interval == 100
+    assert [env.id for env in spec.env] == ["lab/reverse-text", "lab/addition"]
+    assert spec.teacher.client.api_key_var == "OPENAI_API_KEY"
+    stored = parsed.to_dict()
+    assert "checkpoint_id" not in stored and "keep_cloud" not in stored["checkpoints"]
+    assert parse_spec(stored).to_dict() == stored
+
+
+def test_lab_spec_check_passes_the_uncommented_template_in_its_own_process(tmp_path):
+    path = tmp_path / "rl.toml"
+    path.write_text(installed(uncomment_everything(TEMPLATE)))
+
+    result = lab_spec_check(path)
+
+    assert result.returncode == 0, result.stderr
+    assert "valid locally" in result.stdout
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 11
+    assert "warning: 'val': Lab does not use it yet" in result.stderr
+
+
+def test_lab_spec_check_json_lists_the_template_warnings(tmp_path):
+    path = tmp_path / "rl.toml"
+    path.write_text(installed(TEMPLATE))
+
+    result = lab_spec_check(path, "--json")
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["warnings"] == []
+
+
+def test_it_accepts_the_older_template_translating_keep_cloud_and_warning_for_deprecated_keys():
+    text = installed((DATA / "rl-older-template.toml").read_text())
+    uncommented = uncomment_everything(text)
+    parsed = loads_spec(uncommented, "toml")
+
+    assert parsed.spec.checkpoints.keep_last == -1  # keep_cloud = -1: all; [adapters] keep_last is separate
+    assert parsed.spec.max_off_policy_steps == 4
+    assert keys_warned(parsed.warnings) == [
+        "oversampling_factor", "max_async_level", "eval.num_examples", "eval.eval_base_model",
+        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "adapters", "wandb", "env_files",
+        "trajectory_strategy", "buffer",
+    ]
+    assert parsed.spec.eval.skip_first_step is False  # eval_base_model = true, inverted
+    assert any("use [[pre_batch_filters]] with type = \"zero_advantage\"" in w for w in parsed.warnings)
+    as_written = loads_spec(text, "toml")
+    assert as_written.spec.checkpoints.keep_last == -1 and as_written.warnings == []
+
+
+# --- prime-rl's native layout --------------------------------------------------------------
+
+def native_installed() -> str:
+    text = (DATA / "reverse-text-rl.toml").read_text()
+    text = text.replace('name = "PrimeIntellect/Qwen3-0.6B-Reverse-Text-SFT"', f'name = "{INSTALLED_MODEL}"')
+    return text.replace('{ id = "reverse-text-v1" }', '{ id = "lab/reverse-text" }')
+
+
+def test_it_translates_prime_rls_native_layout_and_keeps_the_original():
+    parsed = loads_spec(native_installed(), "toml")
+    spec = parsed.spec
+
+    assert spec.model == INSTALLED_MODEL
+    assert (spec.max_steps, spec.batch_size, spec.rollouts_per_example) == (20, 128, 16)
+    assert spec.sampling.max_tokens == 128
+    assert spec.learning_rate == 3e-6
+    assert spec.lora_rank == 0  # no [model.lora]: prime-rl trains every weight
+    assert spec.checkpoints.interval == 0  # an empty [ckpt]: only at the end
+    assert spec.env[0].id == "lab/reverse-text" and spec.env[0].name == "reverse-text"
+    assert spec.env[0].harness == {"id": "null", "runtime": {"type": "subprocess"}}
+    assert spec.translated_from.layout == "prime-rl"
+    assert spec.translated_from.config == tomllib.loads(native_installed())
+    assert parsed.warnings[0].startswith("this is prime-rl's native layout")
+    assert keys_warned(parsed.warnings[1:]) == ["orchestrator.renderer", "env.0.name", "env.0.harness", "wandb"]
+    stored = parsed.to_dict()
+    assert parse_spec(stored).to_dict() == stored
+
+
+def test_it_warns_for_native_keys_it_does_not_translate_instead_of_refusing_them():
+    text = native_installed() + '\n[trainer.scheduler]\ntype = "cosine"\n[orchestrator.eval]\ninterval = 5\n'
+    text = text.replace("[trainer.optim]\nlr = 3e-6", "[trainer.optim]\nlr = 3e-6\nweight_decay = 0.01\nmax_norm = 1.0")
+    parsed = loads_spec(text, "toml")
+
+    assert parsed.spec.eval.interval == 5
+    assert {"trainer.optim.weight_decay", "trainer.optim.max_norm", "trainer.scheduler"} <= set(
+        keys_warned(parsed.warnings)
+    )
+
+
+def test_it_reads_native_lora_and_gpu_split():
+    text = native_installed().replace(
+        f'name = "{INSTALLED_MODEL}"', f'name = "{INSTALLED_MODEL}"\nlora = {{ rank = 8, alpha = 32 }}'
+    )
+    text = 'gpu_type = "H100"\n' + text + "\n[deployment]\nnum_train_gpus = 1\nnum_infer_gpus = 1\n"
+    spec = loads_spec(text, "toml").spec
+
+    assert (spec.lora_rank, spec.lora_alpha) == (8, 32)
+    assert (spec.resources.gpu_type, spec.resources.gpus) == ("H100", 2)
+
+
+# --- the older CLI form ---------------------------------------------------------------------
+
+def test_it_translates_the_older_cli_form_with_a_warning():
+    text = (DATA / "rl_config.toml").read_text()
+    text = installed(text).replace('"dev-prime/single-turn-math"', '"lab/addition"').replace("4096", "64")
+    parsed = loads_spec(text, "toml")
+
+    assert [env.id for env in parsed.spec.env] == ["lab/addition"]
+    assert (parsed.spec.rollouts_per_example, parsed.spec.sampling.max_tokens) == (8, 64)
+    assert parsed.spec.translated_from.layout == "prime-cli-v0"
+    assert parsed.warnings == [
+        "this is the older prime CLI form; Lab translated environments to [[env]] blocks, rollouts to "
+        "rollouts_per_example, seq_len to sampling.max_tokens: write [[env]] blocks, rollouts_per_example "
+        "and sampling.max_tokens instead"
+    ]
+
+
+# --- what maps, and what is refused ----------------------------------------------------------
+
+BASE = {"model": INSTALLED_MODEL, "env": [{"id": "lab/addition"}]}
+
+
+def refused(**keys):
+    with pytest.raises(SpecError) as caught:
+        parse_spec({**BASE, **keys})
+    return caught.value.errors
+
+
+def test_checkpoint_id_and_init_from_together_are_refused_naming_both():
+    assert refused(checkpoint_id="ckpt_a", init_from="ckpt_b") == [SpecProblem(
+        "checkpoint_id", "conflicting_keys",
+        "checkpoint_id and init_from are the same setting (the checkpoint to start from); give one",
+    )]
+
+
+def test_keep_cloud_and_keep_last_together_are_refused():
+    assert refused(checkpoints={"keep_cloud": 2, "keep_last": 3}) == [SpecProblem(
+        "checkpoints.keep_cloud", "conflicting_keys", "keep_cloud and keep_last are the same setting; give one",
+    )]
+    assert refused(checkpoints={"keep_cloud": 0})[0].code == "out_of_range"
+
+
+def test_loss_opd_is_a_clear_refusal_and_teacher_follows_loss():
+    assert refused(loss="opd")[0].param == "loss"
+    assert "not supported" in refused(loss="opd")[0].message
+    assert refused(teacher={"model": "t"})[0] == SpecProblem(
+        "teacher", "conflicting_keys",
+        'a [teacher] is only used with loss = "sft"; remove [teacher] or set loss = "sft"',
+    )
+    assert refused(loss="sft")[0].code == "required"
+    assert parse_spec({**BASE, "loss": "sft", "teacher": {"model": "t"}}).spec.teacher.model == "t"
+
+
+def test_inflight_bounds_exclude_each_other_and_cover_a_group():
+    assert refused(max_inflight_rollouts=8, oversampling_factor=1.5)[0].code == "conflicting_keys"
+    assert refused(max_inflight_rollouts=2)[0] == SpecProblem(
+        "max_inflight_rollouts", "out_of_range",
+        "max_inflight_rollouts (2) must be at least rollouts_per_example (4): a group is sampled at once",
+    )
+
+
+def test_temperature_schedules_are_checked():
+    schedule = {"type": "cosine", "start_temperature": 1.0, "end_temperature": 0.5, "total_steps": 21}
+    assert refused(sampling={"temp_scheduler": schedule})[0].param == "sampling.temp_scheduler.total_steps"
+    negative = {**schedule, "total_steps": 10, "end_temperature": -0.1}
+    assert refused(sampling={"temp_scheduler": negative})[0].param == "sampling.temp_scheduler.end_temperature"
+    assert refused(sampling={"temp_scheduler": {**schedule, "type": "step"}})[0].code == "invalid_value"
+    assert parse_spec({**BASE, "sampling": {"temp_scheduler": {**schedule, "total_steps": 10}}}).warnings
+
+
+def test_reasoning_controls_exclude_each_other():
+    assert refused(sampling={"enable_thinking": True, "reasoning_effort": "low"})[0] == SpecProblem(
+        "sampling.reasoning_effort", "conflicting_keys",
+        "enable_thinking and reasoning_effort cannot both be set; keep one",
+    )
+
+
+def test_both_env_forms_are_accepted():
+    legacy = {"id": "lab/addition", "args": {"max_operand": 5}, "version": "1.0", "max_retries": 2}
+    v1 = {
+        "name": "rev", "taskset": {"id": "lab/reverse-text"},
+        "harness": {"id": "null", "runtime": {"type": "subprocess"}}, "ratio": 0.5, "group_size": 4,
+        "max_turns": 1, "max_input_tokens": 256, "max_output_tokens": 64, "timeout": 30.0, "retries": 1,
+    }
+    parsed = parse_spec({**BASE, "env": [legacy, v1]})
+
+    assert [env.id for env in parsed.spec.env] == ["lab/addition@1.0", "lab/reverse-text"]
+    assert "'env.1.ratio': Lab does not use it yet; it is stored and ignored" in parsed.warnings
+    assert refused(env=[{"name": "x"}])[0].param == "env.0.id"
+    assert refused(env=[{"id": "lab/addition@2", "version": "1"}])[0].code == "conflicting_keys"
+
+
+def test_a_misspelt_key_gets_the_closest_allowed_key():
+    problem = refused(max_step=5)[0]
+    assert problem.message.startswith("unknown key 'max_step' (did you mean 'max_steps'?); allowed keys: name,")
+
+
+def test_unused_prime_tables_are_stored_with_a_warning_and_a_tailscale_key_is_not_kept():
+    parsed = parse_spec({
+        **BASE, "cluster_name": "c1", "run_config": {"a": 1}, "infrastructure": {"compute_size": "m"},
+        "tailscale": {"enabled": True, "auth_key": "tskey-auth-secret"},
+    })
+
+    assert keys_warned(parsed.warnings) == ["cluster_name", "run_config", "infrastructure", "tailscale"]
+    stored = parsed.to_dict()
+    assert stored["tailscale"] == {"enabled": True, "auth_key": "[redacted]"}
+    assert "tskey-auth-secret" not in json.dumps(stored)
+    assert stored["infrastructure"] == {"compute_size": "m"}
+
+
+def test_filters_keep_their_own_settings_and_refuse_bad_ones():
+    parsed = parse_spec({**BASE, "post_batch_filters": [{"type": "repetition", "enforce": False, "ngram": 4}]})
+    assert parsed.to_dict()["post_batch_filters"] == [{"type": "repetition", "enforce": False, "ngram": 4}]
+    assert refused(pre_batch_filters=[{"type": "nonsense"}])[0].param == "pre_batch_filters.0.type"
+    assert refused(pre_batch_filters=[{"type": "gibberish", "threshold": float("nan")}])[0].param == (
+        "pre_batch_filters.0.threshold"
+    )
