@@ -9,6 +9,7 @@ import httpx
 
 from labsdk._http import HTTPClient
 from labsdk._resources import Checkpoints, Environments, Jobs, Models, Prices
+from labsdk.billing import Billing, UsageRow, usage_list
 from labsdk.types import WhoAmI
 
 #: Where the SDK looks for Lab when neither ``base_url`` nor ``LAB_BASE_URL`` says.
@@ -29,7 +30,8 @@ class Lab:
     ``api_key`` defaults to ``LAB_API_KEY``, ``base_url`` to ``LAB_BASE_URL`` then
     ``http://127.0.0.1:8000``. ``timeout`` is seconds per HTTP attempt, ``max_retries`` the
     retries after a connection error, 429 or 5xx. Resources: :attr:`jobs`, :attr:`models`,
-    :attr:`environments`, :attr:`prices`, :attr:`checkpoints`; and :meth:`whoami`. Usable as a context manager.
+    :attr:`environments`, :attr:`prices`, :attr:`checkpoints`, :attr:`billing`; and :meth:`whoami`,
+    :meth:`usage`. Usable as a context manager.
     """
 
     def __init__(
@@ -55,10 +57,17 @@ class Lab:
         self.environments = Environments(self._http)
         self.prices = Prices(self._http)
         self.checkpoints = Checkpoints(self._http)
+        self.billing = Billing(self._http)
 
     def whoami(self) -> WhoAmI:
         """Return the organization, project and scopes of this client's API key."""
         return WhoAmI.model_validate(self._http.request("GET", "whoami"))
+
+    def usage(self, start=None, end=None, group_by="day", job_id: str | None = None) -> list[UsageRow]:
+        """Return this project's usage (GPU/CPU-seconds and cost) from ``start`` to ``end`` (dates,
+        date-times or ISO strings; default the last 30 days), grouped by ``"day"``, ``"resource"``,
+        ``"job"`` or a list of them (``labsdk.billing.usage_list``)."""
+        return usage_list(self._http, start=start, end=end, group_by=group_by, job_id=job_id)
 
     def close(self) -> None:
         """Close the client's connections."""

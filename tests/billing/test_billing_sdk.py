@@ -1,0 +1,60 @@
+"""labsdk's ``lab.usage(...)``, ``lab.billing.balance()`` and the ``lab usage`` / ``lab billing
+balance`` commands, against Lab's real views (httpx's WSGI transport into the Django app)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import timedelta
+from decimal import Decimal
+
+import httpx
+import pytest
+from django.core.wsgi import get_wsgi_application
+from django.utils import timezone
+from labsdk import cli
+from labsdk.client import Lab
+from labsdk.errors import NotFoundError
+
+from tests.billing.test_billing_api import record
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
+
+
+@pytest.fixture
+def transport():
+    return httpx.WSGITransport(app=get_wsgi_application())
+
+
+def test_the_sdk_reads_usage_and_the_balance(owner, transport, billing_on):
+    record(owner, job_id="job_sdk", seconds=3600)
+    lab = Lab(api_key=owner.key, base_url="http://127.0.0.1", transport=transport)
+
+    balance = lab.billing.balance()
+    assert (balance.plan, balance.balance_usd, balance.spent_this_month_usd) == ("prepaid", Decimal("9.9"), Decimal("0.1"))
+    [row] = lab.usage(group_by=["day", "job"], start=timezone.now() - timedelta(days=1))
+    assert (row.job_id, row.cpu_seconds, row.cost_usd, row.date) == ("job_sdk", 3600.0, Decimal("0.10"), timezone.now().date())
+    with pytest.raises(NotFoundError):
+        lab.usage(job_id="job_nobody")
+    assert lab.billing.update_settings(monthly_spend_limit_usd=Decimal("12.50")).spend_limit_usd == Decimal("12.50")
+
+
+def test_the_cli_prints_usage_and_the_balance(owner, transport, monkeypatch, capsys):
+    record(owner, job_id="job_cli", seconds=1800)
+    monkeypatch.setattr(cli, "Lab", functools.partial(Lab, api_key=owner.key, base_url="http://127.0.0.1", transport=transport))
+
+    assert cli.main(["usage", "--group-by", "job", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"date": None, "resource": None, "job_id": "job_cli", "gpu_seconds": 0.0, "cpu_seconds": 1800.0, "cost_usd": "0.05"}
+    ]
+    assert cli.main(["usage", "--group-by", "resource"]) == 0
+    table = capsys.readouterr().out
+    assert "RESOURCE" in table and "cpu" in table and "1800.0" in table and "0.05" in table
+    assert cli.main(["billing", "balance"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "plan:             prepaid (billing off: nothing is charged)",
+        "balance:          $10.00",
+        "spent this month: $0.05 (limit none)",
+    ]
+    assert cli.main(["usage", "--group-by", "week"]) == 1
+    assert "group_by must be" in capsys.readouterr().err
