@@ -395,15 +395,46 @@ class Models:
         return list(_paginate(self._http, "models", Model, {"limit": 100}))
 
 
+def _environment_path(environment_id: str) -> str:
+    """Return the URL path of ``<organization>/<name>[@<version>]``, each segment quoted."""
+    owner, slash, name = environment_id.partition("/") if isinstance(environment_id, str) else ("", "", "")
+    if not slash or not owner or not name or "/" in name:
+        raise ValueError(f"expected an environment id <organization>/<name>[@<version>], got {environment_id!r}")
+    return f"environments/{_segment(owner)}/{_segment(name)}"
+
+
 class Environments:
-    """Installed environments (``GET /environments``): built-in and this organization's."""
+    """Environments (``/environments``): the built-ins and this organization's uploaded packages
+    (docs/environments.md)."""
 
     def __init__(self, http: HTTPClient):
         self._http = http
 
     def list(self) -> list[Environment]:
-        """Return every environment a job of this project may use."""
+        """Return every environment a job of this project may use: built-ins, then the
+        organization's packages by name, newest version first."""
         return list(_paginate(self._http, "environments", Environment, {"limit": 100}))
+
+    def push(self, wheel: str | Path) -> Environment:
+        """Upload the environment wheel at ``wheel`` (a ``.whl`` file, at most 100 MB) for the
+        whole organization and return its Environment (pushing the same bytes again returns the
+        same one). Raises ``BadRequestError`` for a file Lab refuses (its message says why),
+        ``ConflictError`` when that version exists with other bytes or was deleted, and
+        ``RequestTooLargeError`` above 100 MB."""
+        return _parse(Environment, self._http.upload("environments", field="file", file=wheel, content_type="application/zip"))
+
+    def retrieve(self, environment_id: str) -> Environment:
+        """Return the package ``<organization>/<name>[@<version>]`` (no version, or ``@latest``:
+        the highest). Raises ``NotFoundError`` for a missing or another organization's package."""
+        return _parse(Environment, self._http.request("GET", _environment_path(environment_id)))
+
+    get = retrieve
+
+    def delete(self, environment_id: str) -> None:
+        """Delete one version (no version: the latest); the version can never be pushed again.
+        Raises ``ConflictError`` while a queued or running job uses it, ``NotFoundError`` as
+        :meth:`retrieve` does."""
+        self._http.request("DELETE", _environment_path(environment_id))
 
 
 class Prices:

@@ -414,15 +414,60 @@ def models(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def envs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab envs``: installed environments and their arguments."""
+    """``lab envs [list]``: the built-in environments with their arguments, and the
+    organization's uploaded packages with their versions, who pushed them and when."""
     found = client().environments.list()
     if args.json:
         _print_json(found)
         return EXIT_OK
-    table = _table("ID", "ARGS", "DESCRIPTION")
+    table = _table("ID", "KIND", "ARGS", "PUSHED", "DESCRIPTION")
     for environment in found:
-        table.add_row(_text(environment.id), _text(json.dumps(environment.args)), _text(environment.description))
+        pushed = f"{environment.pushed_by or ''} {environment.created_at:%Y-%m-%d %H:%M}" if environment.created_at else ""
+        table.add_row(_text(environment.id), _text(environment.kind), _text(json.dumps(environment.args)),
+                      _text(pushed.strip()), _text(environment.description))
     Console().print(table)
+    return EXIT_OK
+
+
+def _print_environment(environment) -> None:
+    for label, value in (
+        ("id", environment.id), ("kind", environment.kind), ("version", environment.version),
+        ("sha256", environment.sha256), ("size_bytes", environment.size_bytes),
+        ("entry_point", environment.entry_point), ("verifiers", environment.verifiers_version),
+        ("dependencies", ", ".join(environment.dependencies)), ("pushed_by", environment.pushed_by),
+        ("created_at", environment.created_at.strftime("%Y-%m-%dT%H:%M:%SZ") if environment.created_at else None),
+        ("description", environment.description),
+    ):
+        print(f"{label + ':':14}{'' if value is None else value}")
+
+
+def envs_push(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab envs push WHEEL``: upload an environment wheel for the organization; prints its id."""
+    environment = client().environments.push(args.wheel)
+    if args.json:
+        _print_json(environment)
+    else:
+        print(environment.id)
+    return EXIT_OK
+
+
+def envs_info(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab envs info ID``: one package version (no version: the latest)."""
+    environment = client().environments.retrieve(args.id)
+    if args.json:
+        _print_json(environment)
+    else:
+        _print_environment(environment)
+    return EXIT_OK
+
+
+def envs_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab envs delete ID``: delete one package version (no version: the latest); prints the
+    exact version deleted. Refused while a queued or running job uses it."""
+    lab = client()
+    environment = lab.environments.retrieve(args.id)
+    lab.environments.delete(environment.id)
+    print(f"deleted {environment.id}")
     return EXIT_OK
 
 
@@ -614,11 +659,27 @@ def billing_balance(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
     for name, handler, help_text in (
         ("models", models, "list the models a job may train (a spec's `model`)"),
-        ("envs", envs, "list installed environments (a spec's `[[env]] id` and `args`)"),
         ("prices", prices, "show the price table (USD per hour per GPU, or per CPU job)"),
         ("whoami", whoami, "show the organization, project and scopes of the API key"),
     ):
         commands.add_parser(name, parents=[json_flag], help=help_text).set_defaults(handler=handler)
+
+    environments = commands.add_parser(
+        "envs", parents=[json_flag], help="list, push, inspect and delete environments (a spec's `[[env]] id`)",
+        epilog="Without a command: list. An id reads <organization>/<name>[@<version>]; no version means the latest.",
+    )
+    environments.set_defaults(handler=envs)
+    env_commands = environments.add_subparsers(dest="env_command", metavar="COMMAND")
+    env_commands.add_parser("list", parents=[json_flag], help="built-ins and the organization's packages").set_defaults(handler=envs)
+    push = env_commands.add_parser("push", parents=[json_flag], help="upload an environment wheel (.whl, at most 100 MB)")
+    push.add_argument("wheel", help="the wheel file, e.g. dist/my_env-0.1.0-py3-none-any.whl")
+    push.set_defaults(handler=envs_push)
+    info = env_commands.add_parser("info", parents=[json_flag], help="show one package version")
+    info.add_argument("id", help="<organization>/<name>[@<version>]")
+    info.set_defaults(handler=envs_info)
+    delete = env_commands.add_parser("delete", parents=[json_flag], help="delete one package version (never reused)")
+    delete.add_argument("id", help="<organization>/<name>[@<version>]")
+    delete.set_defaults(handler=envs_delete)
     return parser
 
 

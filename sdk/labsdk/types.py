@@ -164,12 +164,24 @@ class Model(LabObject):
 
 
 class Environment(LabObject):
-    """An installed environment; ``args`` are its arguments with their defaults."""
+    """An environment: a built-in (``kind`` ``builtin``, ``lab/<name>``) or a version of an
+    organization's uploaded package (``kind`` ``verifiers`` or ``lab``, id
+    ``<organization slug>/<name>@<version>``, with its wheel's ``sha256`` and ``size_bytes``).
+    ``args`` are a built-in's arguments with their defaults (an uploaded package checks its own)."""
 
     id: str
+    kind: str | None = None
     name: str | None = None
+    version: str | None = None
+    sha256: str | None = None
+    size_bytes: int | None = None
+    created_at: datetime | None = None
     description: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
+    entry_point: str | None = None
+    dependencies: list[str] = Field(default_factory=list)
+    verifiers_version: str | None = None
+    pushed_by: str | None = None
 
 
 class Price(LabObject):
