@@ -382,3 +382,4 @@ from jobs.webhooks.models import (  # noqa: E402,F401  (models of the jobs app)
     WebhookEndpoint,
     WebhookMessage,
 )
+from jobs.secrets.models import JobSecrets  # noqa: E402,F401  (a model of the jobs app)
