@@ -484,6 +484,36 @@ def prices(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     return EXIT_OK
 
 
+def usage(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab usage [--start --end --group-by --job]``: the project's GPU/CPU-seconds and cost."""
+    rows = client().usage(start=args.start, end=args.end, group_by=args.group_by, job_id=args.job)
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    keys = [key for key in ("date", "resource", "job_id") if any(getattr(row, key) is not None for row in rows)]
+    table = _table(*[key.upper().replace("_", " ") for key in keys], "GPU-SECONDS", "CPU-SECONDS", "COST USD")
+    for row in rows:
+        table.add_row(*[_text(getattr(row, key)) for key in keys], f"{row.gpu_seconds or 0:.1f}",
+                      f"{row.cpu_seconds or 0:.1f}", _text(row.cost_usd))
+    Console().print(table)
+    return EXIT_OK
+
+
+def billing_balance(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab billing balance``: plan, balance, monthly spend limit and this month's spend."""
+    balance = client().billing.balance()
+    if args.json:
+        _print_json(balance)
+        return EXIT_OK
+    limit = "none" if balance.spend_limit_usd is None else f"${balance.spend_limit_usd}"
+    print(f"plan:             {balance.plan}" + ("" if balance.billing_enabled else " (billing off: nothing is charged)"))
+    print(f"balance:          ${balance.balance_usd}")
+    print(f"spent this month: ${balance.spent_this_month_usd} (limit {limit})")
+    if balance.payment_failed:
+        print("payment failed:   yes (new jobs are refused until it is paid)")
+    return EXIT_OK
+
+
 def whoami(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab whoami``: the organization, project and scopes of the API key."""
     identity = client().whoami()
@@ -562,36 +592,6 @@ def build_parser() -> argparse.ArgumentParser:
         ("checkpoints", jobs_checkpoints, "list a job's checkpoints"),
     ):
         command = job_commands.add_parser(name, parents=[json_flag], help=help_text)
-def usage(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab usage [--start --end --group-by --job]``: the project's GPU/CPU-seconds and cost."""
-    rows = client().usage(start=args.start, end=args.end, group_by=args.group_by, job_id=args.job)
-    if args.json:
-        _print_json(rows)
-        return EXIT_OK
-    keys = [key for key in ("date", "resource", "job_id") if any(getattr(row, key) is not None for row in rows)]
-    table = _table(*[key.upper().replace("_", " ") for key in keys], "GPU-SECONDS", "CPU-SECONDS", "COST USD")
-    for row in rows:
-        table.add_row(*[_text(getattr(row, key)) for key in keys], f"{row.gpu_seconds or 0:.1f}",
-                      f"{row.cpu_seconds or 0:.1f}", _text(row.cost_usd))
-    Console().print(table)
-    return EXIT_OK
-
-
-def billing_balance(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab billing balance``: plan, balance, monthly spend limit and this month's spend."""
-    balance = client().billing.balance()
-    if args.json:
-        _print_json(balance)
-        return EXIT_OK
-    limit = "none" if balance.spend_limit_usd is None else f"${balance.spend_limit_usd}"
-    print(f"plan:             {balance.plan}" + ("" if balance.billing_enabled else " (billing off: nothing is charged)"))
-    print(f"balance:          ${balance.balance_usd}")
-    print(f"spent this month: ${balance.spent_this_month_usd} (limit {limit})")
-    if balance.payment_failed:
-        print("payment failed:   yes (new jobs are refused until it is paid)")
-    return EXIT_OK
-
-
         command.add_argument("id", help="job id (job_...)")
         command.set_defaults(handler=handler)
 
@@ -657,6 +657,16 @@ def billing_balance(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     check.add_argument("file", help="job spec, TOML (or JSON with a .json suffix)")
     check.set_defaults(handler=spec_check)
 
+    usage_command = commands.add_parser("usage", parents=[json_flag], help="show the project's usage and cost")
+    usage_command.add_argument("--start", help="from this date or ISO 8601 time (default 30 days ago)")
+    usage_command.add_argument("--end", help="until this date or time, excluded (default now)")
+    usage_command.add_argument("--group-by", default="day", help="day, resource, job, or several joined by commas")
+    usage_command.add_argument("--job", help="only this job's usage")
+    usage_command.set_defaults(handler=usage)
+    billing = commands.add_parser("billing", help="the organization's balance and spend")
+    billing_commands = billing.add_subparsers(dest="billing_command", required=True, metavar="COMMAND")
+    billing_commands.add_parser("balance", parents=[json_flag], help="plan, balance, spend limit and this month's spend").set_defaults(handler=billing_balance)
+
     for name, handler, help_text in (
         ("models", models, "list the models a job may train (a spec's `model`)"),
         ("prices", prices, "show the price table (USD per hour per GPU, or per CPU job)"),
@@ -717,13 +727,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for opened in clients:
             opened.close()
-    usage_command = commands.add_parser("usage", parents=[json_flag], help="show the project's usage and cost")
-    usage_command.add_argument("--start", help="from this date or ISO 8601 time (default 30 days ago)")
-    usage_command.add_argument("--end", help="until this date or time, excluded (default now)")
-    usage_command.add_argument("--group-by", default="day", help="day, resource, job, or several joined by commas")
-    usage_command.add_argument("--job", help="only this job's usage")
-    usage_command.set_defaults(handler=usage)
-    billing = commands.add_parser("billing", help="the organization's balance and spend")
-    billing_commands = billing.add_subparsers(dest="billing_command", required=True, metavar="COMMAND")
-    billing_commands.add_parser("balance", parents=[json_flag], help="plan, balance, spend limit and this month's spend").set_defaults(handler=billing_balance)
-
