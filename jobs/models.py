@@ -115,6 +115,9 @@ class Job(models.Model):
     gpu_seconds = models.FloatField(default=0.0)
     cpu_seconds = models.FloatField(default=0.0)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal("0"))
+    # What the whole run was estimated to cost at submission (jobs.estimates), in USD: admission
+    # starts a job only while its organization can still pay the part not yet used.
+    estimated_cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal("0"))
     created_at = models.DateTimeField(default=timezone.now)
     queued_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
