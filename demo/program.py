@@ -11,9 +11,11 @@ import json
 import math
 import os
 import secrets
+import shlex
 import signal
 import statistics
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from typing import Any
 import httpx
 import labsdk
 from labsdk import Lab, LabError
+from labsdk.display import format_bytes, job_progress, status_order
 from tqdm import tqdm
 
 from engine.catalog import TINY_RANDOM_LLAMA_ID
@@ -142,9 +145,16 @@ def register_webhook_endpoint(*, base_url: str, api_key: str, url: str) -> dict[
     return response.json()
 
 
+#: Seconds between the demo's reads of the job while it follows the stream: the stream carries
+#: status changes and steps, a read also the queue place and the engine's phase (its heartbeat).
+POLL_S = 2.0
+
+
 def follow(lab: Lab, job: labsdk.Job, *, timeout_s: int) -> labsdk.Job:
-    """Follow the job's live stream (``lab.jobs.stream``) with a progress bar of its steps, status
-    and latest ``reward/mean`` until it ends; return the finished job.
+    """Follow the job's live stream (``lab.jobs.stream``) with a progress bar of its steps, its
+    status (a queued job's queue place and reason, a starting or running job's engine phase:
+    ``labsdk.display.job_progress``, read every ``POLL_S`` seconds) and the latest
+    ``reward/mean`` until it ends; return the finished job.
 
     DemoError when ``timeout_s`` seconds pass first.
     """
@@ -153,30 +163,52 @@ def follow(lab: Lab, job: labsdk.Job, *, timeout_s: int) -> labsdk.Job:
         raise DemoError(f"{job.id} did not finish within {timeout_s} s (DEMO_TIMEOUT_S); it is {job.status}")
 
     bar = tqdm(total=job.max_steps, desc=job.id, unit="step", dynamic_ncols=True, file=sys.stdout)
-    step, reward = 0, None
-    shown: tuple | None = None
+    state = {"job": job, "step": 0, "reward": None, "shown": None}
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def show(*, status: labsdk.Job | None = None, step: int | None = None, reward: float | None = None) -> None:
+        with lock:
+            if status is not None and status_order(status) >= status_order(state["job"]):
+                state["job"] = status
+            if step is not None:
+                state["step"] = max(state["step"], step)
+            if reward is not None:
+                state["reward"] = reward
+            postfix = job_progress(state["job"])
+            if state["reward"] is not None:
+                postfix["reward"] = f"{state['reward']:.3f}"
+            shown = (state["step"], tuple(postfix.items()))
+            if shown == state["shown"]:
+                return
+            state["shown"] = shown
+            bar.n = state["step"]
+            bar.set_postfix(postfix, refresh=False)
+            bar.refresh()
+
+    def poll() -> None:
+        with Lab(api_key=lab.api_key, base_url=lab.base_url) as reader:  # a client of its own thread
+            while not done.wait(POLL_S):
+                try:
+                    show(status=reader.jobs.retrieve(job.id))
+                except LabError:
+                    pass  # the stream is the source of truth; a missed read only delays the phase
+
+    poller = threading.Thread(target=poll, name="demo-progress", daemon=True)
     previous_handler = signal.signal(signal.SIGALRM, give_up)
     signal.alarm(timeout_s)
+    poller.start()
     try:
         for event in lab.jobs.stream(job.id):
             if event.event == "status":
-                job = event.data
+                show(status=event.data)
             elif event.event == "metrics":
-                step = max(step, event.data.step)
-                reward = event.data.values.get(REWARD_METRIC, reward)
-            state = (step, job.status, reward)
-            if state == shown:
-                continue
-            shown = state
-            bar.n = step
-            postfix = {"status": job.status}
-            if reward is not None:
-                postfix["reward"] = f"{reward:.3f}"
-            bar.set_postfix(postfix, refresh=False)
-            bar.refresh()
+                show(step=event.data.step, reward=event.data.values.get(REWARD_METRIC))
     finally:
+        done.set()
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous_handler)
+        poller.join(timeout=POLL_S + 30)
         bar.close()
     return lab.jobs.retrieve(job.id)
 
@@ -246,11 +278,13 @@ def check_checkpoint(lab: Lab, job: labsdk.Job, settings: DemoSettings, outcome:
         )
     destination = settings.data_dir / "demo" / job.id / checkpoint.id
     try:
-        outcome.checkpoint_dir = lab.checkpoints.download(checkpoint.id, destination, extract=True, progress=False)
+        say(f"Downloading {checkpoint.id} (step {checkpoint.step}, {format_bytes(checkpoint.size_bytes)}) ...")
+        outcome.checkpoint_dir = lab.checkpoints.download(checkpoint.id, destination, extract=True, progress=True)
+        say(f"Loading it on {job.spec['model']} with peft ...")
         line = load_with_peft(outcome.checkpoint_dir, model=job.spec["model"], model_dir=settings.model_dir)
     except Exception as exc:  # noqa: BLE001 (any failure to load is this check's verdict)
         return Check(name, False, f"{checkpoint.id}: {type(exc).__name__}: {exc}")
-    size = f"{checkpoint.size_bytes / 1e6:.1f} MB" if checkpoint.size_bytes else "size unknown"
+    size = format_bytes(checkpoint.size_bytes) if checkpoint.size_bytes else "size unknown"
     return Check(name, True, f"{checkpoint.id} (step {checkpoint.step}, {checkpoint.format}, {size}): {line}")
 
 
@@ -312,8 +346,14 @@ def dashboard_url(base_url: str, job_id: str) -> str:
     return f"{base_url}/o/{ORGANIZATION}/p/{PROJECT}/jobs/{job_id}/"
 
 
-def print_summary(outcome: Outcome, *, settings: DemoSettings, base_url: str, receiver: WebhookReceiver,
-                  usage_line: str) -> None:
+def export_line(*, api_key: str, base_url: str) -> str:
+    """Return the shell line that points the ``lab`` CLI and the SDK at the demo's project, so
+    that they show the same jobs as the dashboard login."""
+    return f"export LAB_API_KEY={shlex.quote(api_key)} LAB_BASE_URL={shlex.quote(base_url)}"
+
+
+def print_summary(outcome: Outcome, *, settings: DemoSettings, base_url: str, api_key: str,
+                  receiver: WebhookReceiver, usage_line: str) -> None:
     """Print what the run did and one verdict line per check."""
     job = outcome.job
     say()
@@ -321,6 +361,7 @@ def print_summary(outcome: Outcome, *, settings: DemoSettings, base_url: str, re
         f"{_duration(outcome.run_seconds)} after it was submitted.")
     say(f"  Dashboard   {dashboard_url(base_url, job.id)}")
     say(f"  Log in as   {EMAIL} / {settings.password}   ({base_url}/login/)")
+    say(f"  CLI, SDK    {export_line(api_key=api_key, base_url=base_url)}")
     say(f"  Rewards     {_reward_line(outcome.rewards)}")
     if outcome.checkpoint_dir is not None:
         say(f"  Checkpoint  {outcome.checkpoint_dir}")
@@ -425,7 +466,8 @@ def run(settings: DemoSettings, environ: dict[str, str]) -> int:
         outcome, usage_line = judge(
             lab, job, settings=settings, receiver=receiver, run_seconds=time.monotonic() - submitted
         )
-        print_summary(outcome, settings=settings, base_url=processes.base_url, receiver=receiver, usage_line=usage_line)
+        print_summary(outcome, settings=settings, base_url=processes.base_url, api_key=lab.api_key,
+                      receiver=receiver, usage_line=usage_line)
         if job.status != "succeeded":
             print_log_tail(lab, job.id)
         failed = [check.name for check in outcome.checks if check.passed is False]

@@ -8,7 +8,17 @@ from typing import Any
 from billing.models import Price
 from engine.catalog import EnvironmentInfo, ModelInfo
 from environments.models import EnvironmentPackage
-from jobs.models import Checkpoint, CheckpointStatus, Job, JobEvent, JobPriority, JobStatus, RolloutSample
+from jobs.models import (
+    ACTIVE_STATUSES,
+    Checkpoint,
+    CheckpointStatus,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobPriority,
+    JobStatus,
+    RolloutSample,
+)
 from jobs.queue import queue_positions
 from lab.api.formats import iso, money
 
@@ -36,11 +46,23 @@ def job_to_dict(job: Job) -> dict[str, Any]:
 
 def jobs_to_dicts(jobs: list[Job]) -> list[dict[str, Any]]:
     """Return the Job objects of ``jobs``, in order, in a constant number of queries: latest ready
-    checkpoints and queue places are read for all of them at once."""
+    checkpoints, queue places and engine phases are read for all of them at once."""
     jobs = list(jobs)
     latest = _latest_ready_checkpoints(jobs)
     positions = queue_positions(jobs)
-    return [_job_dict(job, latest.get(job.pk), positions.get(job.pk)) for job in jobs]
+    phases = _engine_phases(jobs)
+    return [_job_dict(job, latest.get(job.pk), positions.get(job.pk), phases.get(job.pk)) for job in jobs]
+
+
+def _engine_phases(jobs: list[Job]) -> dict[int, str]:
+    """Return the phase of each starting, running or cancelling job's current attempt, as its
+    engine's latest heartbeat said (``loading``, ``running``, ``checkpointing``, ``finishing``;
+    one query for all of them); jobs whose engine has not reported yet are left out."""
+    current = {job.pk: job.attempt for job in jobs if job.status in ACTIVE_STATUSES}
+    if not current:
+        return {}
+    attempts = JobAttempt.objects.filter(job_id__in=current).exclude(phase="").values_list("job_id", "number", "phase")
+    return {job_id: phase for job_id, number, phase in attempts if current[job_id] == number}
 
 
 def _latest_ready_checkpoints(jobs: list[Job]) -> dict[int, Checkpoint]:
@@ -59,7 +81,7 @@ def _latest_ready_checkpoints(jobs: list[Job]) -> dict[int, Checkpoint]:
     return latest
 
 
-def _job_dict(job: Job, latest: Checkpoint | None, position: int | None) -> dict[str, Any]:
+def _job_dict(job: Job, latest: Checkpoint | None, position: int | None, phase: str | None) -> dict[str, Any]:
     return {
         "id": job.public_id,
         "object": "job",
@@ -73,6 +95,7 @@ def _job_dict(job: Job, latest: Checkpoint | None, position: int | None) -> dict
         "attempt": job.attempt,
         "step": job.step,
         "max_steps": job.max_steps,
+        "phase": phase,
         "created_at": iso(job.created_at),
         "started_at": iso(job.started_at),
         "finished_at": iso(job.finished_at),

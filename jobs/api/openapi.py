@@ -80,6 +80,8 @@ JOB = component(
             "attempt": INTEGER,
             "step": INTEGER,
             "max_steps": INTEGER,
+            "phase": nullable(_enum(["loading", "running", "checkpointing", "finishing"]))
+            | {"description": "the engine's phase from its latest heartbeat while the job starts or runs"},
             "created_at": TIMESTAMP,
             "started_at": nullable(TIMESTAMP),
             "finished_at": nullable(TIMESTAMP),
@@ -89,6 +91,7 @@ JOB = component(
             "metadata": {"type": "object", "additionalProperties": STRING},
         },
         description="A training job (job_...): its spec as stored (defaults filled in), status and progress.",
+        optional=("phase",),  # absent from the snapshots stored before Lab reported it
     ),
 )
 JOB_LIST = list_component("Job", "Jobs, newest first.")

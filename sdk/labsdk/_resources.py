@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from labsdk._http import HTTPClient, ServerSentEvent
+from labsdk.display import job_progress
 from labsdk.errors import (
     APIConnectionError,
     APIError,
@@ -330,8 +331,9 @@ class Jobs:
         """Poll a job until it finishes and return it when it ``succeeded``.
 
         ``timeout`` and ``poll_interval`` are seconds (``None``: no limit). With
-        ``progress`` a tqdm bar on stderr shows step/max_steps, the status and the latest
-        ``reward/mean``. Raises ``JobFailedError`` or ``JobCancelledError`` (with ``.job``)
+        ``progress`` a tqdm bar on stderr shows step/max_steps, the status (a queued job's
+        queue place and reason, a running one's engine phase: :func:`labsdk.display.job_progress`)
+        and the latest ``reward/mean``. Raises ``JobFailedError`` or ``JobCancelledError`` (with ``.job``)
         when the job ends otherwise, ``WaitTimeoutError`` (with the last ``.job`` seen)
         when time runs out.
         """
@@ -377,7 +379,7 @@ class Jobs:
         if job.max_steps is not None and bar.total != job.max_steps:
             bar.total = job.max_steps
         bar.n = job.step or 0
-        postfix = {"status": job.status}
+        postfix = job_progress(job)
         if reward is not None:
             postfix[PROGRESS_METRIC] = f"{reward:.3f}"
         bar.set_postfix(postfix, refresh=False)

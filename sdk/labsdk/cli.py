@@ -23,6 +23,7 @@ from rich.table import Table
 
 from labsdk._version import __version__
 from labsdk.client import Lab
+from labsdk.display import MAIN_METRICS, format_bytes, progress_line, status_order
 from labsdk.errors import APIConnectionError, JobCancelledError, JobFailedError, LabError, WaitTimeoutError
 from labsdk.spec import SpecError, job_spec_json_schema, load_spec_file
 from labsdk.spec_template import DEFAULT_ENV, DEFAULT_MODEL, spec_fields, spec_template
@@ -121,8 +122,10 @@ def jobs_create(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_metrics(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab jobs metrics ID [--names a,b]``: a job's metrics per step."""
-    names = [name for name in (args.names or "").split(",") if name] or None
+    """``lab jobs metrics ID [--names a,b | --all] [--long]``: a job's metrics per step, by
+    default the main ones (``labsdk.display.MAIN_METRICS``), one column each; ``--long`` one
+    row per step and metric instead (step, name, value), which fits any terminal."""
+    names = [name for name in (args.names or "").split(",") if name] or (None if args.all else list(MAIN_METRICS))
     points = list(client().jobs.metrics(args.id, names=names))
     if args.json:
         _print_json(points)
@@ -130,11 +133,22 @@ def jobs_metrics(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     if not points:
         print("no metrics yet", file=sys.stderr)
         return EXIT_OK
-    columns = names or sorted({name for point in points for name in point.values})
-    table = _table("STEP", *columns)
-    for point in points:
-        values = [point.values.get(name) for name in columns]
-        table.add_row(str(point.step), *("" if value is None else f"{value:.4g}" for value in values))
+    present = {name for point in points for name in point.values}
+    columns = [name for name in names if name in present] if names else sorted(present)
+    if not columns:
+        print(f"none of {', '.join(names)} recorded; --all shows every metric", file=sys.stderr)
+        return EXIT_OK
+    if args.long:
+        table = _table("STEP", "NAME", "VALUE")
+        for point in points:
+            for name in columns:
+                if point.values.get(name) is not None:
+                    table.add_row(str(point.step), escape(name), f"{point.values[name]:.4g}")
+    else:
+        table = _table("STEP", *(escape(name) for name in columns))
+        for point in points:
+            values = [point.values.get(name) for name in columns]
+            table.add_row(str(point.step), *("" if value is None else f"{value:.4g}" for value in values))
     Console().print(table)
     return EXIT_OK
 
@@ -220,16 +234,23 @@ def jobs_logs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab jobs watch ID``: a live table of the job's status and latest metric values, until it
-    ends (with ``--json``: one JSON line per status change and metric step). Exit 1 unless the
-    job succeeded."""
+    ends. The header follows the newest status and step. Without a terminal (a pipe, a log file):
+    one plain line per status change and per metric step; with ``--json``: one JSON line per
+    status record and metric step. Exit 1 unless the job succeeded."""
     status: Job | None = None
     latest: dict[str, tuple[int, float]] = {}
+    newest_step = 0
     console = Console()
+    plain = not args.json and not console.is_terminal
+
+    def current() -> Job | None:
+        if status is None:
+            return None
+        return status.model_copy(update={"step": max(status.step or 0, newest_step)})
 
     def render() -> Table:
-        title = "waiting for the job" if status is None else (
-            f"{status.id}  {status.status}  step {status.step}/{status.max_steps}"
-        )
+        job = current()
+        title = "waiting for the job" if job is None else progress_line(job)
         table = _table("METRIC", "STEP", "VALUE")
         table.title = escape(title)
         for name in sorted(latest):
@@ -237,19 +258,31 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
             table.add_row(escape(name), str(step), f"{value:.6g}")
         return table
 
-    live = None if args.json else Live(render(), console=console, auto_refresh=False)
+    live = None if args.json or plain else Live(render(), console=console, auto_refresh=False)
     with live or contextlib.nullcontext():
         for event in client().jobs.stream(args.id):
+            line_values: dict[str, float] | None = None
             if event.event == "status":
+                if status is not None and status_order(event.data) < status_order(status):
+                    continue  # an older status replayed after the opening snapshot
+                changed = status is None or (event.data.status, event.data.phase) != (status.status, status.phase)
                 status = event.data
+                if not changed and plain:
+                    continue
             elif event.event == "metrics":
                 for name, value in event.data.values.items():
                     if name not in latest or latest[name][0] <= event.data.step:
                         latest[name] = (event.data.step, value)
+                newest_step = max(newest_step, event.data.step)
+                line_values = {name: event.data.values[name] for name in MAIN_METRICS if name in event.data.values}
             else:
                 continue
             if args.json:
                 print(json.dumps({"event": event.event, "data": event.data.to_dict()}), flush=True)
+            elif plain:
+                job = current()
+                if job is not None:
+                    print(progress_line(job, line_values), flush=True)
             else:
                 live.update(render(), refresh=True)
     return EXIT_OK if status is not None and status.status == "succeeded" else EXIT_FAILED
@@ -265,7 +298,7 @@ def jobs_checkpoints(args: argparse.Namespace, client: Callable[[], Lab]) -> int
     for checkpoint in checkpoints:
         table.add_row(
             _text(checkpoint.id), _text(checkpoint.step), _text(checkpoint.attempt), _text(checkpoint.status),
-            _text(checkpoint.format), _text(checkpoint.size_bytes), _when(checkpoint.created_at),
+            _text(checkpoint.format), format_bytes(checkpoint.size_bytes), _when(checkpoint.created_at),
         )
     Console().print(table)
     return EXIT_OK
@@ -613,7 +646,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     metrics = job_commands.add_parser("metrics", parents=[json_flag], help="show a job's metrics per step")
     metrics.add_argument("id", help="job id (job_...)")
-    metrics.add_argument("--names", help="comma-separated metric names (default: all)")
+    chosen = metrics.add_mutually_exclusive_group()
+    chosen.add_argument("--names", help=f"comma-separated metric names (default: {', '.join(MAIN_METRICS)})")
+    chosen.add_argument("--all", action="store_true", help="every metric the job recorded")
+    metrics.add_argument("--long", action="store_true", help="one row per step and metric (step, name, value)")
     metrics.set_defaults(handler=jobs_metrics)
 
     checkpoints = commands.add_parser("checkpoints", help="list and download checkpoints")

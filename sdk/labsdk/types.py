@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from labsdk.display import format_bytes
+
 __all__ = [
     "TERMINAL_JOB_STATUSES",
     "Checkpoint",
@@ -76,6 +78,11 @@ class Checkpoint(LabObject):
     sha256: str | None = None
     created_at: datetime | None = None
 
+    def __repr_args__(self):
+        """Show ``size_bytes`` as a size in the units of ``labsdk.display.format_bytes``."""
+        for name, value in super().__repr_args__():
+            yield ("size", format_bytes(value)) if name == "size_bytes" and value is not None else (name, value)
+
 
 class Job(LabObject):
     """A training job. ``status`` is one of ``queued``, ``starting``, ``running``,
@@ -100,6 +107,9 @@ class Job(LabObject):
     usage: Usage | None = None
     latest_checkpoint: Checkpoint | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    #: The engine's phase from its latest heartbeat while the job starts or runs (``loading``,
+    #: ``running``, ``checkpointing``, ``finishing``); ``None`` otherwise or from an older Lab.
+    phase: str | None = None
 
     @property
     def is_terminal(self) -> bool:
