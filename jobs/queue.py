@@ -25,6 +25,10 @@ from lab.lib.resources import CPU, resource_units
 from lab.models import Organization
 
 
+#: The capacity Lab counts with on the Kubernetes pool, where Kueue decides what fits.
+KUEUE_OWNS_CAPACITY = 2**31 - 1
+
+
 def organization_cap(organization: Organization) -> int:
     """Return how many jobs ``organization`` may run at once."""
     default = settings.LAB_ORG_MAX_RUNNING_JOBS
@@ -37,7 +41,14 @@ def organization_running(organization: Organization) -> int:
 
 
 def pool_capacity(gpu_type: str) -> int:
-    """Return the pool's capacity for ``gpu_type``: CPU job slots, or GPUs of that type."""
+    """Return the pool's capacity for ``gpu_type``: CPU job slots, or GPUs of that type.
+
+    On the Kubernetes pool Kueue owns capacity, order and placement: Lab's admission checks only
+    the organization's cap and billing (submit checked that the spec can ever fit), so there is
+    no limit here.
+    """
+    if settings.LAB_LAUNCHER == "kubernetes":
+        return KUEUE_OWNS_CAPACITY
     if gpu_type == CPU:
         return settings.LAB_LOCAL_SLOTS if any(group.gpu_type == CPU for group in pool_nodes()) else 0
     return sum(group.gpus * group.count for group in pool_nodes() if group.gpu_type == gpu_type)

@@ -34,7 +34,7 @@ from jobs import dispatch, storage
 from jobs.checkpoints import checkpoint_fail_unfinished
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import job_token
-from jobs.launchers.base import AttemptPhase, CapturedLine, LaunchRequest, Observation
+from jobs.launchers.base import AttemptPhase, CapturedLine, LauncherUnavailable, LaunchRequest, Observation
 from jobs.launchers.registry import get_launcher
 from jobs.models import (
     ACTIVE_STATUSES,
@@ -62,6 +62,10 @@ S = JobStatus
 RELAUNCH_AFTER = timedelta(seconds=30)
 #: Active jobs observed at once by one periodic pass (one launcher call per batch where it can).
 RECONCILE_BATCH = 200
+#: Launcher reasons that end a job for good: a cluster that cannot run it (DESIGN.md §4 error codes).
+LAUNCHER_FAILURES = frozenset({ErrorCode.IMAGE_PULL_FAILED, ErrorCode.UNSCHEDULABLE, ErrorCode.MAX_RUNTIME_EXCEEDED})
+#: The exit code an engine's ``finish`` report stands for once its process is gone without one.
+OUTCOME_EXIT_CODES = {"succeeded": 0, "failed": 2, "stopped": 3}
 
 
 def launch_request(attempt: JobAttempt) -> LaunchRequest:
@@ -108,6 +112,9 @@ def attempt_launch(*, attempt_id: int) -> None:
             return
         try:
             handle = launcher.launch(launch_request(attempt))
+        except LauncherUnavailable:  # e.g. the cluster API is down: the attempt stays pending, relaunched later
+            logger.warning("launcher unavailable; launch postponed", extra={"job": attempt.job.public_id})
+            return
         except Exception as exc:  # the launcher's failure ends this job, not the worker
             logger.exception("launch failed", extra={"job": attempt.job.public_id, "attempt": attempt.number})
             with transaction.atomic():
@@ -178,7 +185,7 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
     the launcher's cleanup is queued on ``after``, to run once the lock is released."""
     attempt.state, attempt.ended_at, attempt.exit_code = AttemptState.ENDED, now, observation.exit_code
     attempt.save(update_fields=["state", "ended_at", "exit_code"])
-    code = observation.exit_code
+    code = observation.exit_code if observation.exit_code is not None else _implied_exit_code(observation, attempt)
     engine_error = attempt.outcome_error or {}
     detail = {"attempt": attempt.number, "exit_code": code}
     # Nothing will complete this attempt's uploads any more (its spool was delivered first).
@@ -214,6 +221,10 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
         job_transition(
             job=job, to=S.QUEUED, reason="requeued_after_preemption", message="Stopped from outside; requeued.", data=detail
         )
+    elif observation.reason in LAUNCHER_FAILURES and job.status != S.CANCELLING:
+        job_transition(
+            job=job, to=S.FAILED, error_code=observation.reason, error_message=observation.detail[-2000:], data=detail
+        )
     elif code == 4 or observation.oom_killed:
         job_transition(job=job, to=S.FAILED, error_code="oom", error_message="The engine ran out of memory.", data=detail)
     elif job.status == S.CANCELLING:
@@ -242,6 +253,17 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
     handle = attempt.handle
     after.append(lambda: get_launcher().cleanup(handle))
     dispatch.enqueue_admission()
+
+
+def _implied_exit_code(observation: Observation, attempt: JobAttempt) -> int | None:
+    """Return the exit code an attempt that left none stands for: a preemption (a Kueue eviction,
+    a disrupted pod) is a stop from outside (3); an attempt whose process is gone after its engine
+    reported ``finish`` (a JobSet removed after it ended) ended as reported; else None."""
+    if observation.reason == "preempted":
+        return 3
+    if observation.phase == AttemptPhase.LOST and attempt.outcome:
+        return OUTCOME_EXIT_CODES.get(attempt.outcome)
+    return None
 
 
 def _signal_if_due(attempt: JobAttempt, launcher, now, after: list[Callable[[], None]]) -> None:
@@ -397,7 +419,8 @@ def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], N
         _finish_attempt(job, attempt, observation, now, after)
         return
     _record_usage(job, attempt, observation, now)
-    last_sign_of_life = attempt.last_heartbeat_at or attempt.launched_at
+    # A cluster attempt may wait in Kueue long after its launch: its clock starts with its pods.
+    last_sign_of_life = attempt.last_heartbeat_at or max(attempt.launched_at, observation.started_at or attempt.launched_at)
     if observation.phase == AttemptPhase.RUNNING and now - last_sign_of_life > timedelta(
         seconds=settings.LAB_HEARTBEAT_TIMEOUT_S
     ):

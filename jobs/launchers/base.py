@@ -22,6 +22,11 @@ class AttemptPhase(StrEnum):
     LOST = "lost"  # gone without a trace of how it ended
 
 
+class LauncherUnavailable(Exception):
+    """What the launcher runs on cannot be reached now (a cluster API outage): nothing was
+    decided, so the caller leaves its jobs as they are and asks again later."""
+
+
 @dataclass(frozen=True)
 class Observation:
     """What a launcher sees of one attempt now.

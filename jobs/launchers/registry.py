@@ -16,7 +16,26 @@ from jobs.launchers.local import LocalLauncher
 def _launcher(kind: str, data_dir: str) -> Launcher:
     if kind == "local":
         return LocalLauncher(runs_dir=Path(data_dir) / "runs", repo_dir=Path(settings.BASE_DIR))
+    if kind == "kubernetes":
+        from jobs.launchers.kubernetes.gateway import KubernetesGateway
+        from jobs.launchers.kubernetes.launcher import KubernetesLauncher
+
+        return KubernetesLauncher(gateway=KubernetesGateway(), settings=kubernetes_pool_settings())
     raise ImproperlyConfigured(f"LAB_LAUNCHER={kind!r} is not available in this build")
+
+
+def kubernetes_pool_settings():
+    """Return the Kubernetes launcher's ``PoolSettings`` from Lab's settings (``LAB_ENGINE_IMAGE``,
+    ``LAB_MODEL_DIR``, ``LAB_POOL``'s GPU products, the stop and kill graces, ``LAB_K8S_NAMESPACE``)."""
+    from jobs.launchers.kubernetes.objects import PoolSettings, gpu_products
+
+    return PoolSettings(
+        engine_image=settings.LAB_ENGINE_IMAGE,
+        model_dir=str(settings.LAB_MODEL_DIR),
+        gpu_products=gpu_products(settings.LAB_POOL),
+        stop_grace_s=settings.LAB_STOP_GRACE_S + settings.LAB_KILL_GRACE_S,
+        shared_namespace=settings.LAB_K8S_NAMESPACE,
+    )
 
 
 def get_launcher() -> Launcher:

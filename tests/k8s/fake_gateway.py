@@ -61,6 +61,7 @@ class FakeGateway(ClusterGateway):
         self.compacted: dict[str, int] = defaultdict(int)  # newest version no longer in the log
         self.calls: list[tuple[str, str]] = []  # (call, kind)
         self.conflicts = 0
+        self.deletes: list[tuple[str, str, int | None]] = []  # (kind, name, grace period) asked for
         self.faults: dict[str, list[int]] = defaultdict(list)
         self._uids = itertools.count(1)
 
@@ -142,6 +143,12 @@ class FakeGateway(ClusterGateway):
         key = self._key(kind, namespace or "", name)
         if key not in self.objects:
             return False
+        self.deletes.append((kind.kind, name, grace_period_s))
+        if kind is POD and grace_period_s != 0:  # the kubelet sends SIGTERM; the pod ends later (``exit``)
+            pod = self.objects[key]
+            pod["metadata"]["deletionTimestamp"] = TIME
+            self._store(POD, pod, "MODIFIED")
+            return True
         self._delete(key)
         return True
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 Group = tuple[str, str]  # (namespace, jobset name)
+#: JobSets seen deleted that the cache remembers (oldest forgotten first).
+TOMBSTONES = 10_000
 
 
 def jobset_group(obj: dict) -> Group | None:
@@ -85,6 +87,7 @@ class ClusterCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._groups: dict[Group, GroupObjects] = defaultdict(GroupObjects)
+        self._gone: OrderedDict[Group, None] = OrderedDict()
         self._resource_version: dict[str, str] = {}
         self._listed_at: dict[str, float] = {}
         #: The last failure of each kind's list or watch (None once it works again).
@@ -102,6 +105,17 @@ class ClusterCache:
             if found is None:
                 return GroupObjects()
             return GroupObjects(found.jobset, found.workload, dict(found.jobs), dict(found.pods))
+
+    def was_deleted(self, namespace: str, jobset_name: str) -> bool:
+        """Whether the cache saw this JobSet and then saw it go (a DELETED event, or missing from a relist)."""
+        with self._lock:
+            return (namespace, jobset_name) in self._gone
+
+    def jobsets(self) -> list[tuple[str, str, str]]:
+        """Return ``(namespace, name, creationTimestamp)`` of every JobSet in the cache."""
+        with self._lock:
+            return [(namespace, name, (group.jobset["metadata"].get("creationTimestamp") or ""))
+                    for (namespace, name), group in self._groups.items() if group.jobset is not None]
 
     @property
     def synced(self) -> bool:
@@ -182,6 +196,11 @@ class ClusterCache:
         listing = self.gateway.list(spec.kind, label_selector=spec.label_selector)
         with self._lock:
             self.lists += 1
+            if spec.kind is JOBSET:
+                listed = {jobset_group(obj) for obj in listing.items}
+                for key, group in self._groups.items():
+                    if group.jobset is not None and key not in listed:
+                        self._bury(key)
             for group in self._groups.values():
                 self._clear_kind(group, spec.kind.kind)
             for obj in listing.items:
@@ -219,6 +238,7 @@ class ClusterCache:
         kind, name = obj["kind"], obj["metadata"]["name"]
         if kind == JOBSET.kind:
             group.jobset = obj
+            self._gone.pop(group_key, None)
         elif kind == WORKLOAD.kind:
             group.workload = obj
         elif kind == JOB.kind:
@@ -234,6 +254,7 @@ class ClusterCache:
         kind, name = obj["kind"], obj["metadata"]["name"]
         if kind == JOBSET.kind:
             del self._groups[group_key]  # its dependents go with it (Background propagation)
+            self._bury(group_key)
         elif kind == WORKLOAD.kind:
             group.workload = None
         elif kind == JOB.kind:
@@ -243,6 +264,12 @@ class ClusterCache:
                 group.pods[name] = obj  # its final state: how its container ended
             else:
                 group.pods.pop(name, None)
+
+    def _bury(self, key: Group) -> None:
+        self._gone[key] = None
+        self._gone.move_to_end(key)
+        while len(self._gone) > TOMBSTONES:
+            self._gone.popitem(last=False)
 
     @staticmethod
     def _clear_kind(group: GroupObjects, kind: str) -> None:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from jobs.launchers.base import LauncherUnavailable
 from jobs.launchers.kubernetes.kinds import Kind, kind_of
 
 #: Answers worth asking again: throttling and server-side failures.
@@ -43,7 +44,7 @@ class ResourceVersionGone(ClusterError):
     """410 Gone: the watch's ``resourceVersion`` is too old; list again."""
 
 
-class ClusterUnavailable(ClusterError):
+class ClusterUnavailable(ClusterError, LauncherUnavailable):
     """The API did not answer, or kept answering 429/5xx, through every retry."""
 
 

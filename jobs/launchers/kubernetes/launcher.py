@@ -1,0 +1,150 @@
+"""The Kubernetes launcher: each attempt is a Kueue-queued JobSet (``jobs.launchers.kubernetes.objects``).
+
+``launch`` makes sure the organization's namespace and LocalQueue exist, creates the suspended
+JobSet, then its Secret owned by it; each create that finds its object already there (409)
+counts as done, so a repeated launch (a retried task, a worker that died after creating) makes
+nothing twice. ``observe_many`` reads the watch cache (``cache``), never one request per job;
+while the cache is not in sync with the API (an outage) it raises ``ClusterUnavailable``, so the
+reconciler leaves every job as it is until the API answers again. ``cancel`` deletes the
+attempt's pods (the kubelet sends SIGTERM and the engine checkpoints and exits 3; ``force``
+deletes with no grace); a JobSet still waiting in Kueue has no pods and is deleted instead.
+``cleanup`` deletes the JobSet (Background propagation: Jobs, pods and the Secret follow).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+
+from jobs.launchers.base import AttemptPhase, Launcher, LaunchRequest, Observation
+from jobs.launchers.kubernetes.cache import ClusterCache, WatchSpec
+from jobs.launchers.kubernetes.gateway import ClusterGateway, ClusterUnavailable
+from jobs.launchers.kubernetes.kinds import JOB, JOBSET, POD, WORKLOAD
+from jobs.launchers.kubernetes.objects import (
+    JOB_LABEL,
+    MANAGED_BY_LABEL,
+    PoolSettings,
+    jobset_object,
+    local_queue_object,
+    namespace_object,
+    secret_object,
+)
+from jobs.launchers.kubernetes.status import observe_attempt, parse_time
+
+logger = logging.getLogger(__name__)
+
+#: What the cache watches: Kueue's Workloads (no label of Lab's: matched to JobSets by owner),
+#: and the Jobs, pods and JobSets Lab labels. The JobSets come last, so a first round ends with
+#: a complete picture of them.
+WATCHES = [
+    WatchSpec(WORKLOAD),
+    WatchSpec(JOB, JOB_LABEL),
+    WatchSpec(POD, JOB_LABEL),
+    WatchSpec(JOBSET, f"{MANAGED_BY_LABEL}=lab"),
+]
+#: A JobSet of no live attempt is an orphan only once it is this old (a launch records its
+#: handle just after creating it).
+ORPHAN_AFTER = timedelta(minutes=10)
+
+
+class KubernetesLauncher(Launcher):
+    """Runs attempts as JobSets through ``gateway``; observes them through a watch cache.
+
+    With ``background`` the cache runs in daemon threads (a long-lived worker) and
+    ``observe_many`` waits up to ``sync_timeout_s`` for its first listing; without, every
+    ``observe_many`` first runs one synchronous list/watch round (tests, benchmarks).
+    """
+
+    name = "kubernetes"
+
+    def __init__(self, *, gateway: ClusterGateway, settings: PoolSettings, background: bool = True,
+                 sync_timeout_s: float = 30.0, clock=lambda: datetime.now(timezone.utc)):
+        self.gateway = gateway
+        self.settings = settings
+        self.cache = ClusterCache(gateway, WATCHES)
+        self.background = background
+        self.sync_timeout_s = sync_timeout_s
+        self._clock = clock
+        self._ready_namespaces: set[str] = set()
+
+    # --- launching ----------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> dict:
+        if request.resume_archive is not None and request.resume_checkpoint_id is None:
+            raise RuntimeError("the Kubernetes pool resumes from object storage: set LAB_STORAGE_URL=s3://...")
+        self._ensure_namespace(request.namespace, "" if self.settings.shared_namespace else request.organization)
+        jobset = self.gateway.apply(jobset_object(request, self.settings))
+        self.gateway.apply(secret_object(request, owner=jobset))
+        self.cache.remember(jobset)
+        return {
+            "namespace": request.namespace,
+            "jobset": jobset["metadata"]["name"],
+            "launched_at": self._clock().isoformat(),
+        }
+
+    def _ensure_namespace(self, namespace: str, organization: str) -> None:
+        if namespace in self._ready_namespaces:
+            return
+        self.gateway.apply(namespace_object(namespace, organization))
+        self.gateway.apply(local_queue_object(namespace))
+        self._ready_namespaces.add(namespace)
+
+    # --- observing ----------------------------------------------------------------------------
+
+    def _catch_up(self) -> None:
+        if self.background:
+            self.cache.start()
+            if not self.cache.wait_synced(self.sync_timeout_s):
+                raise ClusterUnavailable(0, "the cluster watch is not in sync")
+        else:
+            self.cache.sync()
+
+    def observe(self, handle: dict) -> Observation:
+        return self.observe_many([handle])[0]
+
+    def observe_many(self, handles: list[dict]) -> list[Observation]:
+        self._catch_up()
+        now = self._clock()
+        observations = []
+        for handle in handles:
+            if "jobset" not in handle:
+                observations.append(Observation(AttemptPhase.LOST, detail="not a Kubernetes attempt"))
+                continue
+            group = self.cache.group(handle["namespace"], handle["jobset"])
+            launched_at = parse_time(handle.get("launched_at")) or now
+            deleted = group.jobset is None and self.cache.was_deleted(handle["namespace"], handle["jobset"])
+            observations.append(observe_attempt(group, launched_at=launched_at, now=now, deleted=deleted))
+        return observations
+
+    # --- stopping -----------------------------------------------------------------------------
+
+    def cancel(self, handle: dict, *, force: bool = False) -> None:
+        if "jobset" not in handle:
+            return
+        group = self.cache.group(handle["namespace"], handle["jobset"])
+        live = [name for name, pod in group.pods.items() if (pod.get("status") or {}).get("phase") in (None, "Pending", "Running")]
+        if not live:  # still queued in Kueue, or its pods already ended: nothing to stop gracefully
+            self.gateway.delete(JOBSET, handle["jobset"], handle["namespace"])
+            return
+        for name in live:
+            self.gateway.delete(POD, name, handle["namespace"], grace_period_s=0 if force else None)
+
+    def cleanup(self, handle: dict) -> None:
+        if "jobset" in handle:
+            self.gateway.delete(JOBSET, handle["jobset"], handle["namespace"])
+
+    def sweep_orphans(self, live_handles: list[dict]) -> list[str]:
+        """Delete Lab's JobSets that belong to no live attempt and are older than ORPHAN_AFTER;
+        nothing while the cache is out of sync."""
+        if not self.cache.synced:
+            return []
+        live = {(handle.get("namespace"), handle.get("jobset")) for handle in live_handles}
+        now = self._clock()
+        ended = []
+        for namespace, name, created in self.cache.jobsets():
+            created_at = parse_time(created)
+            if (namespace, name) in live or created_at is None or now - created_at < ORPHAN_AFTER:
+                continue
+            if self.gateway.delete(JOBSET, name, namespace):
+                ended.append(f"{namespace}/{name}")
+        return ended

@@ -1,0 +1,149 @@
+"""Read one attempt's cluster objects (its JobSet, Kueue Workload, Jobs and pods) as an
+``Observation`` in Lab's words (DESIGN.md §4 ``status_reason`` and ``error.code``).
+
+| what the cluster shows | Observation |
+|---|---|
+| no JobSet yet, within ``missing_grace_s`` of the launch (and never seen deleted) | pending |
+| no JobSet after that (deleted by hand, or gone after ``ttlSecondsAfterFinished``) | lost: the reconciler reads the engine's ``finish`` report if it sent one, else a crash |
+| Workload not holding quota | pending, ``kueue_pending`` (``kueue_inadmissible`` when Kueue says so) |
+| Workload ``Evicted`` (``Preempted``, ...), or a pod ended by a ``DisruptionTarget`` condition | exited, reason ``preempted`` |
+| a container ``OOMKilled`` | exited, ``oom_killed`` |
+| ``ImagePullBackOff`` / ``InvalidImageName`` | exited, reason ``image_pull_failed`` (``ErrImagePull`` alone: pending) |
+| ``PodScheduled=False`` ``Unschedulable`` for ``unschedulable_after_s`` | exited, reason ``unschedulable`` (pending before) |
+| a Job failed by ``DeadlineExceeded`` (``activeDeadlineSeconds``) | exited, reason ``max_runtime_exceeded`` |
+| JobSet ``Completed`` / ``Failed`` | exited with the engine container's exit code (from its terminated state, else from the Job's ``PodFailurePolicy`` message) |
+| the engine container running | running |
+
+``started_at``/``ended_at`` are the pods' own times: the earliest container start and the
+latest container finish (what usage is billed from).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+from jobs.launchers.base import AttemptPhase, Observation
+from jobs.launchers.kubernetes.cache import GroupObjects
+
+#: ``Failed`` condition message of a Job ended by a pod failure policy rule (kube-controller-manager's wording).
+_EXIT_CODE_MESSAGE = re.compile(r"failed with exit code (\d+)")
+_IMAGE_PULL_FINAL = frozenset({"ImagePullBackOff", "InvalidImageName"})
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """Parse a Kubernetes timestamp (RFC 3339, ``2026-12-01T12:00:00Z``) as an aware UTC datetime."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(timezone.utc)
+    except ValueError:
+        return None
+
+
+def condition(obj: dict | None, kind: str) -> dict | None:
+    """Return the ``status.conditions`` entry of type ``kind`` whose status is ``"True"``."""
+    for entry in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if entry.get("type") == kind and entry.get("status") == "True":
+            return entry
+    return None
+
+
+def _any_condition(obj: dict | None, kind: str) -> dict | None:
+    for entry in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if entry.get("type") == kind:
+            return entry
+    return None
+
+
+def _containers(group: GroupObjects) -> list[dict]:
+    return [status for pod in group.pods.values() for status in (pod.get("status") or {}).get("containerStatuses") or []
+            if status.get("name") == "engine"]
+
+
+def _times(group: GroupObjects) -> tuple[datetime | None, datetime | None]:
+    starts, ends = [], []
+    for status in _containers(group):
+        state = status.get("state") or {}
+        for key in ("running", "terminated"):
+            if started := parse_time((state.get(key) or {}).get("startedAt")):
+                starts.append(started)
+        if finished := parse_time((state.get("terminated") or {}).get("finishedAt")):
+            ends.append(finished)
+    return min(starts, default=None), max(ends, default=None)
+
+
+def _exit_code(group: GroupObjects) -> int | None:
+    codes = [status["state"]["terminated"].get("exitCode") for status in _containers(group)
+             if "terminated" in (status.get("state") or {})]
+    failing = [code for code in codes if code not in (0, None)]
+    if failing:
+        return failing[0]
+    for job in group.jobs.values():
+        failed = condition(job, "Failed")
+        if failed and (match := _EXIT_CODE_MESSAGE.search(failed.get("message") or "")):
+            return int(match.group(1))
+    return codes[0] if codes else None
+
+
+def observe_attempt(
+    group: GroupObjects,
+    *,
+    launched_at: datetime,
+    now: datetime,
+    deleted: bool = False,
+    missing_grace_s: float = 120.0,
+    unschedulable_after_s: float = 600.0,
+) -> Observation:
+    """Return what ``group`` (one attempt's objects, from the cache) says of the attempt now.
+
+    ``launched_at`` is when Lab created the JobSet; ``now`` is the current time (both UTC);
+    ``deleted`` says the cache saw the JobSet go (no grace then).
+    """
+    if group.jobset is None:
+        if not deleted and (now - launched_at).total_seconds() < missing_grace_s:
+            return Observation(AttemptPhase.PENDING, detail="the JobSet is not in the watch cache yet")
+        return Observation(AttemptPhase.LOST, detail="the JobSet is gone (deleted, or removed after it finished)")
+    started_at, ended_at = _times(group)
+
+    def exited(reason: str = "", *, exit_code: int | None = None, oom: bool = False, detail: str = "") -> Observation:
+        return Observation(AttemptPhase.EXITED, exit_code=exit_code, oom_killed=oom, reason=reason, detail=detail,
+                           started_at=started_at, ended_at=ended_at or now)
+
+    for status in _containers(group):
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if terminated.get("reason") == "OOMKilled":
+            return exited("oom", exit_code=terminated.get("exitCode"), oom=True, detail="the engine was OOMKilled")
+    evicted = condition(group.workload, "Evicted") or condition(group.workload, "Preempted")
+    if evicted and not condition(group.workload, "Finished"):
+        return exited("preempted", detail=f"Kueue evicted the workload: {evicted.get('reason', '')} {evicted.get('message', '')}".strip())
+    for pod in group.pods.values():
+        if disruption := condition(pod, "DisruptionTarget"):
+            return exited("preempted", detail=f"the pod was disrupted: {disruption.get('reason', '')} {disruption.get('message', '')}".strip())
+    for job in group.jobs.values():
+        failed = condition(job, "Failed")
+        if failed and failed.get("reason") == "DeadlineExceeded":
+            return exited("max_runtime_exceeded", detail=failed.get("message") or "activeDeadlineSeconds passed")
+    if condition(group.jobset, "Completed"):
+        code = _exit_code(group)
+        return exited(exit_code=0 if code is None else code)
+    if failed := condition(group.jobset, "Failed"):
+        return exited(exit_code=_exit_code(group), detail=failed.get("message") or "the JobSet failed")
+    for status in _containers(group):
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in _IMAGE_PULL_FINAL:
+            return exited("image_pull_failed", detail=f"{waiting['reason']}: {waiting.get('message', '')}".strip())
+    for pod in group.pods.values():
+        scheduled = _any_condition(pod, "PodScheduled")
+        if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+            since = parse_time(scheduled.get("lastTransitionTime")) or now
+            if (now - since).total_seconds() >= unschedulable_after_s:
+                return exited("unschedulable", detail=scheduled.get("message") or "no node fits the pod")
+            return Observation(AttemptPhase.PENDING, reason="unschedulable", detail=scheduled.get("message") or "")
+    if any("running" in (status.get("state") or {}) for status in _containers(group)):
+        return Observation(AttemptPhase.RUNNING, started_at=started_at)
+    if not condition(group.workload, "QuotaReserved"):
+        reserved = _any_condition(group.workload, "QuotaReserved") or {}
+        reason = "kueue_inadmissible" if reserved.get("reason") == "Inadmissible" else "kueue_pending"
+        return Observation(AttemptPhase.PENDING, reason=reason, detail=reserved.get("message") or "")
+    return Observation(AttemptPhase.PENDING, detail="admitted; pods starting")
