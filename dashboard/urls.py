@@ -45,6 +45,8 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
     webhook_endpoint_test    <project>webhooks/<endpoint_id>/test/      POST; owners, admins
     webhook_endpoint_delete  <project>webhooks/<endpoint_id>/delete/    confirm (GET); delete (POST)
     webhook_delivery_redeliver <project>webhooks/<endpoint_id>/deliveries/<delivery_id>/redeliver/   POST
+    environments             /o/<org_slug>/environments/        built-ins and the organization's packages
+    environment_push         /o/<org_slug>/environments/push/   POST a wheel (owners, admins)
     api_keys                 /o/<org_slug>/p/<project_slug>/keys/                 list; POST creates (owners, admins)
     api_key_revoke           /o/<org_slug>/p/<project_slug>/keys/<key_id>/revoke/ confirm (GET); revoke (POST)
 """
@@ -52,7 +54,7 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import job_views, views, webhook_views
+from dashboard import environment_views, job_views, views, webhook_views
 from dashboard.forms import EmailAuthenticationForm
 
 _ORGANIZATION = "o/<slug:org_slug>/"
@@ -118,6 +120,8 @@ urlpatterns = [
     path(_ORGANIZATION + "members/<int:membership_id>/role/", views.membership_role, name="membership_role"),
     path(_ORGANIZATION + "members/<int:membership_id>/remove/", views.membership_remove, name="membership_remove"),
     path(_ORGANIZATION + "audit/", views.audit_log, name="audit_log"),
+    path(_ORGANIZATION + "environments/", environment_views.environments, name="environments"),
+    path(_ORGANIZATION + "environments/push/", environment_views.environment_push_view, name="environment_push"),
     # --- projects ---
     path(_PROJECT, job_views.project_detail, name="project"),
     path(_PROJECT + "jobs/table/", job_views.jobs_table, name="jobs_table"),

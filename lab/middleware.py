@@ -88,7 +88,7 @@ class PrometheusMiddleware(_Middleware):
 def max_request_bytes(path: str) -> int:
     """Return the largest body accepted on ``path``: 1 MB, except environment wheel uploads
     (``LAB_MAX_UPLOAD_REQUEST_BYTES``: a 100 MB wheel and its multipart framing)."""
-    if path in settings.LAB_UPLOAD_PATHS:
+    if re.match(settings.LAB_UPLOAD_PATH_PATTERN, path):
         return settings.LAB_MAX_UPLOAD_REQUEST_BYTES
     return settings.LAB_MAX_REQUEST_BYTES
 

@@ -206,7 +206,7 @@ LAB_API_RATE_LIMIT_PER_MINUTE = env_int("LAB_API_RATE_LIMIT_PER_MINUTE", 1200, m
 LAB_MAX_REQUEST_BYTES = 1024 * 1024
 # Environment wheel uploads (docs/environments.md): wheels up to 100 MB, plus multipart framing;
 # the wheel's own size is checked against 100 MB exactly by environments.services.
-LAB_UPLOAD_PATHS = frozenset({"/api/v1/environments", "/environments/push"})
+LAB_UPLOAD_PATH_PATTERN = r"^/(api/v1/environments|o/[-\w]+/environments/push/)$"
 LAB_MAX_UPLOAD_REQUEST_BYTES = 100 * 1024 * 1024 + 64 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = LAB_MAX_REQUEST_BYTES
 LAB_IDEMPOTENCY_TTL_S = 24 * 3600

@@ -1,0 +1,60 @@
+"""The dashboard's environments page: every member sees the list, owners and admins push."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from environments.models import EnvironmentPackage
+from tests.dashboard.helpers import signed_in
+from tests.environments.wheelbuilder import build_wheel
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _own_storage(settings, tmp_path):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "checkpoints": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "store")}},
+    }
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def upload(wheel):
+    filename, data = wheel
+    return {"file": SimpleUploadedFile(filename, data, content_type="application/zip")}
+
+
+def test_it_lets_an_owner_push_and_lists_versions_pusher_and_date(owner, member):
+    client = signed_in(owner.user)
+    response = client.post("/o/acme/environments/push/", upload(build_wheel("my-env", "0.3.0")))
+    assert response.status_code == 201
+    assert "Pushed <code>acme/my-env@0.3.0</code>" in response.content.decode()
+    package = EnvironmentPackage.objects.unscoped().get()
+    assert package.pushed_by == owner.user
+    page = signed_in(member).get("/o/acme/environments/").content.decode()
+    assert "<code>acme/my-env@0.3.0</code>" in page and "<code>lab/addition</code>" in page
+    assert "owner@acme.test" in page and package.created_at.strftime("%Y-%m-%dT%H:%M:%SZ") in page
+    assert 'name="file"' not in page  # members do not get the push form
+
+
+def test_it_refuses_a_push_from_a_plain_member(owner, member):
+    response = signed_in(member).post("/o/acme/environments/push/", upload(build_wheel()))
+    assert response.status_code == 403
+    assert EnvironmentPackage.objects.unscoped().count() == 0
+
+
+def test_it_shows_why_a_wheel_was_refused(owner):
+    response = signed_in(owner.user).post("/o/acme/environments/push/", upload(build_wheel(metadata_version="9.9")))
+    assert response.status_code == 400
+    assert "METADATA says version &#x27;9.9&#x27;, the file name says &#x27;0.1.0&#x27;" in response.content.decode()
+    assert EnvironmentPackage.objects.unscoped().count() == 0
+
+
+def test_it_is_a_404_for_an_outsider(owner, outsider):
+    signed_in(owner.user).post("/o/acme/environments/push/", upload(build_wheel()))
+    client = signed_in(outsider.user)
+    assert client.get("/o/acme/environments/").status_code == 404
+    assert client.post("/o/acme/environments/push/", upload(build_wheel("their-env"))).status_code == 404
+    assert EnvironmentPackage.objects.unscoped().count() == 1
