@@ -189,6 +189,12 @@ LAB_STREAM_POLL_MS = env_int("LAB_STREAM_POLL_MS", 500, minimum=50, maximum=10_0
 LAB_WEBHOOK_TIMEOUT_S = env_int("LAB_WEBHOOK_TIMEOUT_S", 15, minimum=1, maximum=60)  # 2xx within this many seconds = delivered
 LAB_WEBHOOK_RETRY_SCHEDULE = env_int_list("LAB_WEBHOOK_RETRY_SCHEDULE", [0, 5, 300, 1800, 7200, 18000, 36000, 36000])
 LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
+# The engine pods' model volume (a Kubernetes volume source, mounted read-only at LAB_MODEL_DIR):
+# a PVC in the jobs' namespace by default; with one namespace per organization, a source every
+# namespace can use (nfs, csi). docs/kubernetes.md.
+LAB_K8S_MODEL_VOLUME = env_json("LAB_K8S_MODEL_VOLUME", {"persistentVolumeClaim": {"claimName": "lab-models", "readOnly": True}})
+if not isinstance(LAB_K8S_MODEL_VOLUME, dict) or len(LAB_K8S_MODEL_VOLUME) != 1:
+    raise ImproperlyConfigured('LAB_K8S_MODEL_VOLUME must be one volume source, e.g. {"nfs": {"server": "...", "path": "/models"}}')
 # Billing (issue 15, docs/billing.md): on only when STRIPE_API_KEY is set; usage is recorded either way.
 LAB_TRIAL_CREDIT_USD = env_decimal("LAB_TRIAL_CREDIT_USD", "10.00", minimum=Decimal(0))
 LAB_CREDIT_GRACE_USD = env_decimal("LAB_CREDIT_GRACE_USD", "0", minimum=Decimal(0))

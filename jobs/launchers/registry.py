@@ -26,12 +26,13 @@ def _launcher(kind: str, data_dir: str) -> Launcher:
 
 def kubernetes_pool_settings():
     """Return the Kubernetes launcher's ``PoolSettings`` from Lab's settings (``LAB_ENGINE_IMAGE``,
-    ``LAB_MODEL_DIR``, ``LAB_POOL``'s GPU products, the stop and kill graces, ``LAB_K8S_NAMESPACE``)."""
+    ``LAB_MODEL_DIR``, ``LAB_K8S_MODEL_VOLUME``, ``LAB_POOL``'s GPU products, the stop and kill graces, ``LAB_K8S_NAMESPACE``)."""
     from jobs.launchers.kubernetes.objects import PoolSettings, gpu_products
 
     return PoolSettings(
         engine_image=settings.LAB_ENGINE_IMAGE,
         model_dir=str(settings.LAB_MODEL_DIR),
+        model_volume=settings.LAB_K8S_MODEL_VOLUME,
         gpu_products=gpu_products(settings.LAB_POOL),
         stop_grace_s=settings.LAB_STOP_GRACE_S + settings.LAB_KILL_GRACE_S,
         shared_namespace=settings.LAB_K8S_NAMESPACE,

@@ -175,3 +175,25 @@ def test_the_crd_copies_keep_their_licences():
 
     assert "Apache License" in (data / "LICENSE-kueue").read_text()
     assert "Apache License" in (data / "LICENSE-jobset").read_text()
+
+
+def test_the_model_volume_source_is_the_operators():
+    settings = PoolSettings(model_volume={"nfs": {"server": "nfs.example", "path": "/models", "readOnly": True}})
+    jobset = jobset_object(request(), settings)
+    volumes = {volume["name"]: volume for volume in engine_pod(jobset)["volumes"]}
+
+    assert volumes["models"] == {"name": "models", "nfs": {"server": "nfs.example", "path": "/models", "readOnly": True}}
+    validate(jobset)
+
+
+def test_the_registry_builds_the_launchers_settings_from_labs(settings):
+    from jobs.launchers.registry import kubernetes_pool_settings
+
+    settings.LAB_ENGINE_IMAGE = "registry.example/lab-engine-gpu:2"
+    settings.LAB_POOL = {"nodes": [{"gpu_type": "H100", "gpus": 8, "product": "NVIDIA-H100-NVL"}]}
+    settings.LAB_STOP_GRACE_S, settings.LAB_KILL_GRACE_S = 30, 15
+    pool = kubernetes_pool_settings()
+
+    assert (pool.engine_image, pool.gpu_products["H100"], pool.gpu_products["H200"], pool.stop_grace_s) == (
+        "registry.example/lab-engine-gpu:2", "NVIDIA-H100-NVL", "NVIDIA-H200", 45)
+    assert pool.model_volume == {"persistentVolumeClaim": {"claimName": "lab-models", "readOnly": True}}

@@ -60,13 +60,14 @@ class PoolSettings:
 
     ``gpu_products`` maps Lab GPU types to ``nvidia.com/gpu.product`` values; ``cpu_per_gpu``
     (cores) and ``memory_per_gpu_gib`` size a GPU job's requests, ``cpu_job_cpu`` and
-    ``cpu_job_memory_gib`` a CPU job's; ``stop_grace_s`` is the time Lab gives an engine to
+    ``cpu_job_memory_gib`` a CPU job's; ``model_volume`` is the volume source of the model cache
+    (``LAB_K8S_MODEL_VOLUME``), mounted read-only at ``model_dir``; ``stop_grace_s`` is the time Lab gives an engine to
     checkpoint after asking it to stop (``LAB_STOP_GRACE_S`` + ``LAB_KILL_GRACE_S``).
     """
 
     engine_image: str = "lab-engine:latest"
     model_dir: str = "/models"
-    model_claim: str = "lab-models"
+    model_volume: dict = field(default_factory=lambda: {"persistentVolumeClaim": {"claimName": "lab-models", "readOnly": True}})
     gpu_products: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_GPU_PRODUCTS))
     cpu_per_gpu: int = 8
     memory_per_gpu_gib: int = 64
@@ -197,7 +198,7 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
         }],
         "volumes": [
             {"name": "spec", "secret": {"secretName": name, "items": [{"key": "spec.json", "path": "spec.json"}]}},
-            {"name": "models", "persistentVolumeClaim": {"claimName": settings.model_claim, "readOnly": True}},
+            {"name": "models", **settings.model_volume},
             {"name": "work", "emptyDir": {}},
         ],
     }
