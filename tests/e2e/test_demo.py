@@ -5,7 +5,9 @@ free ports. Each test checks that nothing it started is left running afterwards.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +121,11 @@ def test_the_demo_runs_the_main_job_with_every_check_but_learning(tmp_path):
     assert "[PASS] usage recorded and priced: " in output
     assert "[FAIL]" not in output
     assert output.rstrip().endswith("Every check passed.")
+    assert re.search(r"^  CLI, SDK    export LAB_API_KEY=lab_\S+ LAB_BASE_URL=http://127\.0\.0\.1:\d+$", output, re.M)
+    # The checkpoint download has its own line and bar (tqdm, in the same decimal units as the summary).
+    download = re.search(r"Downloading (ckpt_\w+) \(step 20, ([\d.]+ [kMG]B)\) \.\.\.", output)
+    assert download, output[-4000:]
+    assert f"{download.group(1)} (step 20, peft-lora, {download.group(2)})" in output
     webhook_lines = [line.split() for line in output.splitlines() if line.strip().startswith("Webhook ")]
     assert ["Webhook", "checkpoint.ready", "step", "20", "signature", "verified"] in webhook_lines
     assert ["Webhook", "job.succeeded", "signature", "verified"] in webhook_lines
@@ -162,6 +169,14 @@ def test_after_the_summary_lab_keeps_running_until_ctrl_c(tmp_path):
         assert "Every check passed." in demo.text
         port = env["DEMO_PORT"]
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        # The printed export line points the CLI at the demo's project: it lists the demo's job.
+        exported = re.search(r"export LAB_API_KEY=(lab_\S+) LAB_BASE_URL=(\S+)$", demo.text, re.M)
+        assert exported and exported.group(2) == f"http://127.0.0.1:{port}", demo.text[-3000:]
+        job_id = re.search(r"Submitted (job_\w+)", demo.text).group(1)
+        cli = {**os.environ, "LAB_API_KEY": exported.group(1), "LAB_BASE_URL": exported.group(2)}
+        listed = subprocess.run([str(Path(sys.executable).with_name("lab")), "jobs", "list", "--json"], env=cli,
+                                capture_output=True, text=True, timeout=60, check=True)
+        assert [job["id"] for job in json.loads(listed.stdout)] == [job_id]
 
         status = demo.interrupt(timeout=120)
     finally:
