@@ -1,0 +1,15 @@
+# The engine on CPU (python -m engine ...; transformers for rollouts): for a CPU-only pool and
+# for trying the Kubernetes path without GPUs. No vLLM here.
+# Build from the repository root: docker build -f k8s/images/engine-cpu.Dockerfile -t lab-engine-cpu .
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
+    HF_HUB_OFFLINE=1 LAB_ENGINE_ROLLOUT=transformers
+WORKDIR /app
+COPY requirements.txt ./
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -r requirements.txt
+COPY sdk/ sdk/
+RUN pip install --no-deps ./sdk
+COPY engine/ engine/
+RUN useradd --uid 1000 --create-home lab
+USER 1000
+CMD ["python", "-m", "engine", "--help"]

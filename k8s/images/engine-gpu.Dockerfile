@@ -1,0 +1,18 @@
+# The engine on GPU nodes: vLLM with the CUDA torch its release pins (requirements-gpu.txt),
+# then the rest of requirements.txt without its CPU torch and transformers lines. The CUDA
+# runtime comes in torch's wheels; the node's NVIDIA driver and container toolkit do the rest.
+# Build from the repository root: docker build -f k8s/images/engine-gpu.Dockerfile -t lab-engine-gpu .
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
+    HF_HUB_OFFLINE=1 LAB_ENGINE_ROLLOUT=vllm
+WORKDIR /app
+COPY requirements.txt requirements-gpu.txt ./
+RUN pip install -r requirements-gpu.txt \
+    && grep -v -E '^(torch|transformers)==' requirements.txt > /tmp/requirements-rest.txt \
+    && pip install -r /tmp/requirements-rest.txt
+COPY sdk/ sdk/
+RUN pip install --no-deps ./sdk
+COPY engine/ engine/
+RUN useradd --uid 1000 --create-home lab
+USER 1000
+CMD ["python", "-m", "engine", "--help"]
