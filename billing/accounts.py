@@ -190,3 +190,39 @@ def credit_add(*, organization_id: int, amount_micro_usd: int, kind: str, refere
     BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=F("balance_micro_usd") + amount_micro_usd)
     return True
 
+
+
+class SpendBudget:
+    """What each organization may still spend, for one admission pass (billing on only).
+
+    ``refusal`` says why a job whose remaining estimate is ``estimate_micro_usd`` may not start
+    (nothing can run at all, or the estimate exceeds what is left); ``commit`` takes a started
+    job's estimate off what is left, so one pass never starts more than an organization can pay.
+    """
+
+    def __init__(self) -> None:
+        self._left: dict[int, int | None] = {}
+        self._blockers: dict[int, str | None] = {}
+
+    def _load(self, organization_id: int) -> None:
+        if organization_id not in self._left:
+            account = account_for(organization_id)
+            self._blockers[organization_id] = run_blocker(account)
+            self._left[organization_id] = left_to_spend_micro_usd(account)
+
+    def refusal(self, organization_id: int, estimate_micro_usd: int) -> str | None:
+        """Return a ``Blocker`` code when the job may not start, else None (always None when billing is off)."""
+        if not billing_enabled():
+            return None
+        self._load(organization_id)
+        if self._blockers[organization_id]:
+            return self._blockers[organization_id]
+        left = self._left[organization_id]
+        if left is not None and (left <= 0 or estimate_micro_usd > left):
+            return Blocker.INSUFFICIENT_CREDIT
+        return None
+
+    def commit(self, organization_id: int, estimate_micro_usd: int) -> None:
+        """Take a started job's estimate off what its organization has left in this pass."""
+        if organization_id in self._left and self._left[organization_id] is not None:
+            self._left[organization_id] -= estimate_micro_usd

@@ -102,3 +102,15 @@ def cost_usd(*, gpu_type: str, gpus: int, seconds: float, prices: dict[str, Deci
     hourly = prices.get(gpu_type, Decimal(0))
     units = Decimal(resource_units(gpu_type=gpu_type, gpus=gpus))
     return cents(hourly * units * Decimal(str(seconds)) / Decimal(3600))
+
+
+def list_cost_micro_usd(*, gpu_type: str, gpus: int, seconds: float) -> int:
+    """Return what ``seconds`` of a job holding ``gpus`` GPUs of ``gpu_type`` cost at today's list
+    prices, in micro-dollars (for estimates; usage is priced by the ledger)."""
+    return round_micro(
+        exact_cost_micro_usd(
+            usd_per_hour=price_table().get(gpu_type, Decimal(0)),
+            units=resource_units(gpu_type=gpu_type, gpus=gpus),
+            seconds=Decimal(str(seconds)),
+        )
+    )

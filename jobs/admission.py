@@ -4,7 +4,7 @@ Order (``jobs.queue.fair_share_order``, the same the queue places follow): ``pri
 first); then fair share across organizations: the organization whose running jobs cost less per
 hour right now goes first (then the one running fewer jobs), and each job admitted in this pass
 adds to its organization's share; then age (``queued_at``). A job starts when its organization is under
-its cap, billing allows it (``billing_allows``, allow-all until billing lands) and the pool has
+its cap, billing allows it (``billing_allows``: its organization can pay its estimate) and the pool has
 room; otherwise its ``status_reason`` says why. A job is claimed with a conditional UPDATE (queued
 → starting), so two workers never launch it twice; passes are serialized by a database lock so
 they never overcommit capacity.
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
-from billing.pricing import price_table
+from billing.accounts import SpendBudget, billing_enabled
+from billing.pricing import price_table, usd_to_micro
 from jobs.metrics import record_admission_pass
 from jobs.models import Job, JobStatus, StatusReason
 from jobs.queue import QueuedJob, fair_share_order, organization_cap, pool_capacity, pool_usage, queued_jobs
@@ -39,12 +40,20 @@ class AdmissionResult:
     elapsed_ms: float = 0.0
 
 
-def billing_allows(organization_id: int) -> str | None:
-    """Return a ``status_reason`` when billing forbids starting a job of this organization.
+def billing_allows(organization_id: int, estimate_micro_usd: int, budget: SpendBudget) -> str | None:
+    """Return ``payment_required`` when billing forbids starting a job of this organization whose
+    remaining estimate (estimated cost less what it already used) is ``estimate_micro_usd``:
+    nothing of the organization can run, or the estimate exceeds what it has left
+    (``billing.accounts.SpendBudget``). None when billing is off."""
+    return StatusReason.PAYMENT_REQUIRED if budget.refusal(organization_id, estimate_micro_usd) else None
 
-    Allow-all until billing is wired in; the billing issue fills this hook.
-    """
-    return None
+
+def _remaining_estimates(queued: list[QueuedJob]) -> dict[int, int]:
+    """Return each queued job's estimated cost not yet used, in micro-dollars (billing on only)."""
+    if not billing_enabled():
+        return {}
+    rows = Job.objects.unscoped().filter(pk__in=[job.job_id for job in queued]).values_list("pk", "estimated_cost_usd", "cost_usd")
+    return {pk: max(0, usd_to_micro(estimate - used)) for pk, estimate, used in rows}
 
 
 def _lock_admission() -> None:
@@ -71,6 +80,8 @@ def admission_pass() -> AdmissionResult:
     caps = {pk: organization_cap(org) for pk, org in organizations.items()}
     capacity: dict[str, int] = {}
     reasons: dict[int, str] = {}
+    budget = SpendBudget()
+    estimates = _remaining_estimates(queued)
 
     def take(job: QueuedJob) -> bool:
         if job.gpu_type not in capacity:
@@ -78,11 +89,12 @@ def admission_pass() -> AdmissionResult:
         need = resource_units(gpu_type=job.gpu_type, gpus=job.gpus)
         if usage.running_per_org[job.organization_id] >= caps[job.organization_id]:
             reasons[job.job_id] = StatusReason.ORG_CONCURRENCY_LIMIT
-        elif blocked := billing_allows(job.organization_id):
+        elif blocked := billing_allows(job.organization_id, estimates.get(job.job_id, 0), budget):
             reasons[job.job_id] = blocked
         elif usage.used_per_type[job.gpu_type] + need > capacity[job.gpu_type]:
             reasons[job.job_id] = StatusReason.POOL_FULL
         elif job_claim_for_start(job_id=job.job_id) is not None:
+            budget.commit(job.organization_id, estimates.get(job.job_id, 0))
             result.started.append(job.job_id)
             return True
         return False

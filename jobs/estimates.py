@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing.pricing import cost_usd
+from billing.accounts import SpendBudget
+from billing.pricing import cost_usd, list_cost_micro_usd
 from jobs.models import JobPriority, StatusReason
 from jobs.queue import place_of_new_job, start_blocker
 from jobs.specs import ValidatedSpec, installed_models, validate_job_spec
@@ -53,12 +54,16 @@ def job_estimate(*, project: Project, data: Any) -> dict[str, Any]:
     place = place_of_new_job(
         organization_id=project.organization_id, priority=JobPriority[spec.priority.upper()], gpu_type=gpu_type, gpus=gpus
     )
+    cost = cost_usd(gpu_type=gpu_type, gpus=gpus, seconds=seconds)
     blocker = start_blocker(organization=project.organization, gpu_type=gpu_type, gpus=gpus)
+    estimate_micro_usd = list_cost_micro_usd(gpu_type=gpu_type, gpus=gpus, seconds=seconds)
+    if blocker is None and SpendBudget().refusal(project.organization_id, estimate_micro_usd):
+        blocker = StatusReason.PAYMENT_REQUIRED
     reason = blocker or (StatusReason.WAITING if place > 1 else None)
     return {
         "gpu_seconds": round(seconds * gpus, 1) if gpu_type != CPU else 0.0,
         "cpu_seconds": round(seconds, 1) if gpu_type == CPU else 0.0,
-        "cost_usd": str(cost_usd(gpu_type=gpu_type, gpus=gpus, seconds=seconds)),
+        "cost_usd": str(cost),
         "queue_position": place,
         "can_start_now": reason is None,
         "reason": reason,

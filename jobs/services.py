@@ -16,7 +16,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from billing.accounts import BLOCKER_MESSAGES, organization_run_blocker
+from billing.pricing import list_cost_micro_usd, micro_to_usd
 from jobs import dispatch, storage
+from jobs.estimates import estimate_run_seconds
 from jobs.launchers.registry import get_launcher
 from jobs.models import (
     Checkpoint,
@@ -107,15 +110,26 @@ def job_record_event(
     return event
 
 
+def require_billing_allows_runs(project: Project) -> None:
+    """Raise ApiError 402 with the billing code when nothing of ``project``'s organization can run
+    (a failed payment, the monthly spend limit reached, credit used up: ``billing.accounts``)."""
+    blocker = organization_run_blocker(project.organization_id)
+    if blocker is not None:
+        raise ApiError(402, blocker, BLOCKER_MESSAGES[blocker])
+
+
 @transaction.atomic
 def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     """Validate ``data`` as a job spec and create a queued job in ``project``.
 
     Returns the Job (``queued``, reason ``waiting``) with its ``job.queued`` event.
-    Raises ApiError 400 ``invalid_spec`` listing every problem; nothing is created then.
+    Raises ApiError 400 ``invalid_spec`` listing every problem, and 402 (``insufficient_credit``,
+    ``spend_limit_reached``, ``payment_failed``) when billing lets nothing of the organization run
+    at all; nothing is created then.
     """
     validated = validate_job_spec(project=project, data=data, lock_environments=True)
     spec = validated.parsed.spec
+    require_billing_allows_runs(project)
     now = timezone.now()
     job = Job.objects.create(
         project=project,
@@ -133,6 +147,11 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
         gpus=spec.resources.gpus or 0,
         max_steps=spec.max_steps,
         init_from=validated.init_from,
+        estimated_cost_usd=micro_to_usd(
+            list_cost_micro_usd(
+                gpu_type=spec.resources.gpu_type, gpus=spec.resources.gpus or 0, seconds=estimate_run_seconds(validated)
+            )
+        ),
         created_at=now,
         queued_at=now,
     )
@@ -280,11 +299,13 @@ def attempt_request_stop(*, job: Job, reason: str) -> None:
 def job_restart(*, job: Job, actor: Actor) -> Job:
     """Queue a failed or cancelled job again; its next attempt resumes from its latest checkpoint.
 
-    Raises ApiError 409 ``invalid_state`` for a job in any other status.
+    Raises ApiError 409 ``invalid_state`` for a job in any other status, and 402 when billing lets
+    nothing of its organization run (``require_billing_allows_runs``).
     """
     locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if locked.status not in (S.FAILED, S.CANCELLED):
         raise ApiError(409, "invalid_state", f"Only failed or cancelled jobs can restart; this one is {locked.status}.")
+    require_billing_allows_runs(job.project)
     Job.objects.unscoped().filter(pk=locked.pk).update(crash_count=0)
     updated = job_transition(job=locked, to=S.QUEUED, reason="waiting", message="Restarted by request.")
     audit_record(
