@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django import template
 from labsdk.display import format_bytes
 
@@ -13,3 +15,17 @@ def size(value: int | None) -> str:
     """Return a byte count in decimal SI units (``62.6 MB``), the unit of ``lab checkpoints
     list`` and the SDK; ``""`` for ``None``."""
     return format_bytes(value)
+
+
+@register.filter
+def pretty_json(text: str | bytes | None) -> str:
+    """Return a JSON document indented by two spaces with its keys in their sent order, so that a
+    webhook body or a receiver's answer reads as a tree; text that is not JSON comes back as it was."""
+    if text is None:
+        return ""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text

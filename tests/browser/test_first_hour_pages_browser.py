@@ -1,0 +1,104 @@
+"""Pages a newcomer reads in their first hour, in headless Chromium (Debian's ``chromium`` driven
+by Playwright) against Django's live server: webhook deliveries whose collapsed rows say how each
+went (status code or error, next try) with bodies pretty-printed, and checkpoint sizes in the units
+of the CLI and the SDK (``labsdk.display.format_bytes``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+from django.test import Client
+from labsdk.webhooks import WebhookReceiver
+
+from jobs.models import Checkpoint, CheckpointStatus
+from jobs.webhooks import outbox
+from jobs.webhooks.delivery import deliver
+from jobs.webhooks.endpoints import endpoint_create, endpoint_send_test
+from jobs.webhooks.models import WebhookDelivery
+from lab.audit import Actor
+from tests.browser.test_job_pages_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.dashboard.jobs_helpers import Engine, submit
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+PROJECT = "/o/acme/p/default/"
+
+
+@contextlib.contextmanager
+def signed_in_page(live_server, user):
+    """Yield a Chromium page signed in as ``user`` (the session of Django's test client). Open it
+    after the test's rows are written: Playwright runs an event loop in this thread, inside
+    which Django refuses database queries."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
+    client = Client()
+    client.force_login(user)
+    session = client.cookies["sessionid"].value
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = chromium.new_context(base_url=live_server.url)
+            context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
+            yield context.new_page()
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def webhook_settings(settings, monkeypatch):
+    settings.LAB_WEBHOOK_ALLOW_PRIVATE = True
+    settings.LAB_WEBHOOK_RETRY_SCHEDULE = [0, 300, 300]
+    monkeypatch.setattr(outbox, "deliver_on_commit", lambda *args, **kwargs: None)  # delivered below
+
+
+def test_each_collapsed_delivery_says_how_it_went_and_bodies_are_indented(live_server, owner, webhook_settings):
+    actor = Actor(user=owner.user)
+    with WebhookReceiver() as receiver:
+        answering = endpoint_create(project=owner.project, actor=actor, data={"url": receiver.url("/hook")})
+        receiver.expect("/hook", answering.secret, answers=[(503, 0.0)])
+        refused = endpoint_create(project=owner.project, actor=actor, data={"url": "http://127.0.0.1:9/closed"})
+        for endpoint in (answering, refused):
+            endpoint_send_test(endpoint=endpoint, actor=actor)
+        deliver(list(WebhookDelivery.objects.values_list("pk", flat=True)))
+    answered = WebhookDelivery.objects.get(endpoint=answering)
+    unanswered = WebhookDelivery.objects.get(endpoint=refused)
+    assert (answered.status, answered.last_status_code) == ("pending", 503)
+    assert unanswered.last_status_code is None and unanswered.last_error
+
+    next_try = answered.next_attempt_at.strftime("%Y-%m-%d %H:%M:%S")
+    sent = json.dumps(json.loads(answered.message.body), indent=2, ensure_ascii=False)
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(f"{PROJECT}webhooks/{answering.public_id}/")
+        row = page.locator(f"details[data-delivery='{answered.public_id}']")
+        summary = row.locator("> summary").inner_text()
+        assert "HTTP 503" in summary
+        assert f"next try {next_try} UTC" in summary
+        assert row.locator("pre.payload").first.is_visible() is False  # collapsed
+        row.locator("> summary").click()
+        body = row.locator("pre.payload").first.inner_text()
+        assert body == sent
+        assert '\n  "type": "webhook.test",' in body
+
+        page.goto(f"{PROJECT}webhooks/{refused.public_id}/")
+        summary = page.locator(f"details[data-delivery='{unanswered.public_id}'] > summary").inner_text()
+        assert unanswered.last_error[:40] in summary
+        assert "next try " in summary and "HTTP" not in summary
+
+
+def test_checkpoint_sizes_read_as_in_the_cli(live_server, owner, spec, no_broker):
+    job = submit(owner, spec)
+    engine = Engine(job)
+    engine.running(step=2)
+    Checkpoint.objects.create(job=job, step=2, attempt=1, status=CheckpointStatus.READY, format="peft-lora",
+                              size_bytes=62_634_496, sha256="0" * 64)
+
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(f"{PROJECT}jobs/{job.public_id}/")
+        listed = page.locator("#job-checkpoints").inner_text()
+
+    assert "62.6 MB" in listed
