@@ -16,6 +16,7 @@ from billing.accounts import SpendBudget
 from billing.pricing import cost_usd, list_cost_micro_usd
 from jobs.models import JobPriority, StatusReason
 from jobs.queue import place_of_new_job, start_blocker
+from jobs.secrets.services import split_secrets
 from jobs.specs import ValidatedSpec, installed_models, validate_job_spec
 from lab.lib.resources import CPU
 from lab.models import Project
@@ -47,7 +48,8 @@ def job_estimate(*, project: Project, data: Any) -> dict[str, Any]:
     Returns ``{"gpu_seconds", "cpu_seconds", "cost_usd", "queue_position", "can_start_now",
     "reason", "warnings"}`` (docs/api.md). Raises ApiError 400 ``invalid_spec``.
     """
-    validated = validate_job_spec(project=project, data=data)
+    data, secrets = split_secrets(data)  # validated as job_submit would; never stored here
+    validated = validate_job_spec(project=project, data=data, secret_names=secrets.keys())
     spec = validated.parsed.spec
     seconds = estimate_run_seconds(validated)
     gpu_type, gpus = spec.resources.gpu_type, spec.resources.gpus or 0

@@ -33,6 +33,7 @@ from jobs.models import (
     LogLine,
     StopReason,
 )
+from jobs.secrets.services import masker, secrets_store, split_secrets
 from jobs.serializers import job_to_dict
 from jobs.specs import validate_job_spec
 from jobs.stream import records as stream_records
@@ -120,14 +121,17 @@ def require_billing_allows_runs(project: Project) -> None:
 
 @transaction.atomic
 def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
-    """Validate ``data`` as a job spec and create a queued job in ``project``.
+    """Validate ``data`` as a job spec and create a queued job in ``project``; a ``secrets`` member
+    beside the spec's keys is stored encrypted for the job's engine (``jobs.secrets.services``).
 
     Returns the Job (``queued``, reason ``waiting``) with its ``job.queued`` event.
-    Raises ApiError 400 ``invalid_spec`` listing every problem, and 402 (``insufficient_credit``,
+    Raises ApiError 400 ``invalid_spec`` listing every problem (``invalid_request`` for bad
+    ``secrets``), and 402 (``insufficient_credit``,
     ``spend_limit_reached``, ``payment_failed``) when billing lets nothing of the organization run
     at all; nothing is created then.
     """
-    validated = validate_job_spec(project=project, data=data, lock_environments=True)
+    data, secrets = split_secrets(data)
+    validated = validate_job_spec(project=project, data=data, lock_environments=True, secret_names=secrets.keys())
     spec = validated.parsed.spec
     require_billing_allows_runs(project)
     now = timezone.now()
@@ -155,6 +159,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
         created_at=now,
         queued_at=now,
     )
+    secrets_store(job=job, secrets=secrets)
     job_record_event(job=job, type="job.queued", message="Job submitted and queued.", status_change=True)
     audit_record(
         actor=actor,
@@ -206,8 +211,9 @@ def job_transition(
         locked.finished_at = now
         fields.append("finished_at")
     if to == S.FAILED:
+        mask = masker(job_id=locked.public_id)  # an engine's error text may quote one of its secrets
         locked.error_code = error_code or "internal_error"
-        locked.error_message = error_message
+        locked.error_message, message = mask(error_message), mask(message)
         fields += ["error_code", "error_message"]
     locked.save(update_fields=fields)
     level = EventLevel.ERROR if to == S.FAILED else EventLevel.INFO
@@ -364,8 +370,9 @@ def job_files_delete(*, job_public_id: str, handles: list[dict]) -> None:
 def store_log_lines(*, job: Job, attempt_number: int, source: str, lines: list[tuple[int, datetime, str, str]]) -> int:
     """Store ``(source_seq, time, stream, line)`` tuples once each and stream the new ones;
     return how many were new (a resent line is skipped by the unique constraint)."""
+    mask = masker(job_id=job.public_id)  # a job's secrets never reach its stored logs
     rows = [
-        LogLine(job=job, attempt=attempt_number, source=source, source_seq=seq, time=time, stream=stream, line=line)
+        LogLine(job=job, attempt=attempt_number, source=source, source_seq=seq, time=time, stream=stream, line=mask(line))
         for seq, time, stream, line in lines
     ]
     if not rows:

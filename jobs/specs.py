@@ -7,13 +7,21 @@ Every problem is reported at once, as 400 ``invalid_spec`` with ``errors``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
-from labsdk.spec import ParsedSpec, SpecError, SpecProblem, catalog_problems, parse_spec
+from labsdk.spec import (
+    ParsedSpec,
+    SpecError,
+    SpecProblem,
+    catalog_problems,
+    parse_spec,
+    secret_problems,
+    translate_layout,
+)
 
 from engine.catalog import EnvironmentInfo, ModelInfo, list_environments, list_models
 from environments.models import EnvironmentPackage
@@ -147,14 +155,18 @@ def _init_from_problems(project: Project, spec) -> tuple[Checkpoint | None, list
     return checkpoint, problems
 
 
-def validate_job_spec(*, project: Project, data: Any, lock_environments: bool = False) -> ValidatedSpec:
-    """Validate ``data`` (decoded JSON) as a job spec for ``project``.
+def validate_job_spec(
+    *, project: Project, data: Any, lock_environments: bool = False, secret_names: Collection[str] = ()
+) -> ValidatedSpec:
+    """Validate ``data`` (decoded JSON) as a job spec for ``project``, whose job is given the
+    secrets named ``secret_names``.
 
     Returns the ValidatedSpec, its uploaded environments resolved to exact versions (locked for
     the caller's transaction with ``lock_environments``, so that no delete slips in before the job
     exists). Raises ApiError 400 ``invalid_spec`` listing every problem with its dotted path:
     shape and cross-field rules, unknown model or environment (another organization's package is
-    unknown), environment arguments, context length, pool capacity, and ``init_from``.
+    unknown), environment arguments, context length, pool capacity, ``init_from``, and secrets the
+    spec names (``[teacher.client] api_key_var``) that the job is not given.
     """
     models, environments = installed_models(), installed_environments(project.organization)
     try:
@@ -163,13 +175,14 @@ def validate_job_spec(*, project: Project, data: Any, lock_environments: bool = 
         problems = list(exc.errors)
         if isinstance(data, Mapping):
             known = {problem.param for problem in problems}
-            problems += _raw_catalog_problems(data, models, environments, known)
+            problems += _raw_catalog_problems(translate_layout(data)[0], models, environments, known)
         raise _invalid_spec(problems) from None
     spec = parsed.spec
     problems = catalog_problems(spec, models=models, environments=environments)
     problems += pool_problems(spec)
     checkpoint, init_problems = _init_from_problems(project, spec)
     problems += init_problems
+    problems += secret_problems(spec, secret_names)
     packages, package_problems = ({}, []) if problems else _resolve_packages(
         project.organization, spec, environments, lock=lock_environments
     )

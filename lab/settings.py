@@ -195,6 +195,9 @@ LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
 LAB_K8S_MODEL_VOLUME = env_json("LAB_K8S_MODEL_VOLUME", {"persistentVolumeClaim": {"claimName": "lab-models", "readOnly": True}})
 if not isinstance(LAB_K8S_MODEL_VOLUME, dict) or len(LAB_K8S_MODEL_VOLUME) != 1:
     raise ImproperlyConfigured('LAB_K8S_MODEL_VOLUME must be one volume source, e.g. {"nfs": {"server": "...", "path": "/models"}}')
+# Job secrets (jobs/secrets/services.py): Fernet keys, comma-separated, the first encrypts; without
+# them a key derived from SECRET_KEY (so changing SECRET_KEY then loses stored secrets).
+LAB_SECRETS_KEY = env_str("LAB_SECRETS_KEY", "")
 # Billing (issue 15, docs/billing.md): on only when STRIPE_API_KEY is set; usage is recorded either way.
 LAB_TRIAL_CREDIT_USD = env_decimal("LAB_TRIAL_CREDIT_USD", "10.00", minimum=Decimal(0))
 LAB_CREDIT_GRACE_USD = env_decimal("LAB_CREDIT_GRACE_USD", "0", minimum=Decimal(0))
@@ -375,4 +378,6 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-jobs": {"task": "jobs.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
     "sweep-webhook-deliveries": {"task": "jobs.webhooks.sweep", "schedule": 5.0},
     "sweep-orphan-checkpoints": {"task": "jobs.sweep_orphan_checkpoints", "schedule": 3600.0},
+    # Meter events owed after a Stripe outage (each interval's close also enqueues the task).
+    "send-meter-events": {"task": "billing.send_meter_events", "schedule": 300.0},
 }

@@ -31,6 +31,7 @@ code                        meaning
 ``duplicate_key``           a key given twice in a spec file
 ``too_large``               a spec file over 1 MiB (the API's body limit)
 ``conflicting_keys``        two keys that exclude each other were both given
+``missing_secret``          a key names a job secret the job was not given
 ==========================  ==========================================================
 
 Only ``model`` and ``env`` are required. Defaults: ``max_steps`` 20, ``batch_size`` 32,
@@ -77,6 +78,7 @@ from labsdk.spec.model import (
 )
 from labsdk.spec.parse import ParsedSpec, parse_spec
 from labsdk.spec.problems import SpecError, SpecProblem
+from labsdk.spec.secrets import secret_names_used, secret_problems
 from labsdk.spec.values import (
     JSON_MAX_DEPTH,
     JSON_MAX_INT,
@@ -116,4 +118,6 @@ __all__ = [
     "loads_spec",
     "parse_spec",
     "read_spec_file",
+    "secret_names_used",
+    "secret_problems",
 ]

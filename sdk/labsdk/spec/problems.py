@@ -42,4 +42,5 @@ VOCABULARY = frozenset({
     "required", "invalid_type", "invalid_value", "out_of_range", "too_long", "too_short",
     "too_deep", "unknown_key", "not_divisible", "unknown_model", "unknown_environment",
     "invalid_encoding", "invalid_syntax", "duplicate_key", "too_large", "conflicting_keys",
+    "missing_secret",
 })
