@@ -7,6 +7,7 @@ or PEFT directory plus `trainer_state/`):
                                                      `peft.PeftModel.from_pretrained` and vLLM
     or config.json, model.safetensors                full weights (format "hf-full")
     tokenizer files, chat_template.jinja
+    README.md                    the model card (`model_card`): base model, job, step, reward, spec
     trainer_state/state.json     step, data position, seed, spec digest, lab metadata
     trainer_state/optimizer.pt   AdamW state (torch.save)
     trainer_state/rng.pt         torch and Python RNG states
@@ -47,6 +48,80 @@ class TrainerState:
     format: str
 
 
+#: What a model card says of a base model that is a test fixture, not a language model.
+TEST_MODEL_NOTE = (
+    "**This is a test model.** `{model}` has a few layers of seeded random weights and exists for "
+    "fast tests: it learns nothing, and this adapter is of no use outside Lab's tests."
+)
+
+
+def model_card(
+    *, base_model: str, job_id: str, step: int, max_steps: int, metrics: dict[str, float], spec: dict,
+    checkpoint_format: str, test_model: bool = False,
+) -> str:
+    """Return the checkpoint's model card (`README.md`): a Hugging Face card whose YAML front
+    matter names `base_model` (the catalogue id, which the local model cache is keyed by),
+    `library_name` peft for an adapter, and tags; then the job, the step of `max_steps`, the
+    step's `reward/mean` and other main metrics, how to load it, and the spec as JSON.
+
+    The front matter's keys are the Hub's model-card metadata (huggingface_hub `ModelCardData`:
+    `base_model`, `library_name`, `tags`). `test_model` adds a note that the base model is a test
+    fixture (`TEST_MODEL_NOTE`).
+    """
+    lora = checkpoint_format == FORMAT_LORA
+    front = ["---", f"base_model: {json.dumps(base_model)}"]
+    if lora:
+        front.append("library_name: peft")
+    front += ["tags:", "- lab", "- grpo", *(["- lora"] if lora else []), *(["- test-model"] if test_model else []), "---"]
+    shown = [name for name in ("reward/mean", "reward/std", "loss/mean", "entropy/mean", "seq_len/mean") if name in metrics]
+    lines = [
+        *front,
+        "",
+        f"# {spec.get('name') or job_id}, step {step}",
+        "",
+        f"{'A LoRA adapter' if lora else 'Full weights'} trained with GRPO by Lab job `{job_id}` on "
+        f"`{base_model}`: the checkpoint after step {step} of {max_steps}.",
+        "",
+    ]
+    if test_model:
+        lines += [TEST_MODEL_NOTE.format(model=base_model), ""]
+    if shown:
+        lines += ["| metric at this step | value |", "|---|---|", *(f"| `{name}` | {metrics[name]:.4g} |" for name in shown), ""]
+    lines += ["## Loading it", "", "```python", "import labsdk as lab"]
+    if test_model:
+        lines += [
+            "from engine.models import load_model   # in Lab's repository: a test model is built, not stored",
+            "",
+            f'base, tokenizer = load_model("{base_model}")',
+            'model = lab.checkpoints.load("ckpt_...", base_model=base)',
+        ]
+    else:
+        lines += [
+            "",
+            "# Downloads the checkpoint; the base weights come from the local model cache",
+            f"# (LAB_MODEL_DIR/{base_model}), nothing from a model hub.",
+            'model = lab.checkpoints.load("ckpt_...")',
+            "```",
+            "",
+            f"or by hand, from this directory{' with peft' if lora else ''}:",
+            "",
+            "```python",
+            "import os",
+            "import transformers" + ("\nimport peft" if lora else ""),
+            "",
+        ]
+        if lora:
+            lines += [
+                f'base_dir = os.path.join(os.environ["LAB_MODEL_DIR"], "{base_model}")',
+                "base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)",
+                'model = peft.PeftModel.from_pretrained(base, "path/to/this/directory")',
+            ]
+        else:
+            lines.append('model = transformers.AutoModelForCausalLM.from_pretrained("path/to/this/directory")')
+    lines += ["```", "", "## Spec", "", "```json", json.dumps(spec, indent=2, sort_keys=True, ensure_ascii=False), "```", ""]
+    return "\n".join(lines)
+
+
 def checkpoint_name(step: int) -> str:
     """Return the directory name of the checkpoint taken after `step` (e.g. "step-000005")."""
     return f"step-{step:06d}"
@@ -60,8 +135,11 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     state: TrainerState,
     pending_rollouts: object | None = None,
+    card: str | None = None,
 ) -> pathlib.Path:
-    """Write a checkpoint directory atomically (temp dir, then rename) and return its path."""
+    """Write a checkpoint directory atomically (temp dir, then rename) and return its path.
+
+    `card` (see `model_card`) replaces the `README.md` peft writes, an empty template."""
     directory = pathlib.Path(directory)
     staging = directory.with_name(directory.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -73,6 +151,8 @@ def save_checkpoint(
     else:
         model.save_pretrained(str(staging), safe_serialization=True)
     tokenizer.save_pretrained(str(staging))
+    if card is not None:
+        (staging / "README.md").write_text(card, encoding="utf-8")
     state_dir = staging / STATE_DIR
     state_dir.mkdir()
     torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")

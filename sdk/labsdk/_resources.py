@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from labsdk._http import HTTPClient, ServerSentEvent
 from labsdk.display import job_progress
+from labsdk.model_cache import model_cache_dir, model_path
 from labsdk.errors import (
     APIConnectionError,
     APIError,
@@ -177,6 +178,7 @@ class Jobs:
         *,
         spec_file: str | Path | None = None,
         idempotency_key: str | None = None,
+        secrets: Mapping[str, str] | None = None,
         **fields: Any,
     ) -> Job:
         """Submit a job (``POST /jobs``) and return it, ``queued``.
@@ -190,9 +192,14 @@ class Jobs:
 
         Raises ``InvalidSpecError`` (``.param``, ``.errors``), ``PermissionDeniedError``
         for a read-only key, ``PaymentRequiredError``, and the other ``LabError`` classes;
-        ``OSError`` when ``spec_file`` cannot be read.
+        ``OSError`` when ``spec_file`` cannot be read. ``secrets`` (``{"NAME": "value"}``, e.g. from
+        :func:`labsdk.secrets.collect_secrets`) go beside the spec, write-only: Lab stores them
+        encrypted and gives them to the job's engine process as environment variables, and never
+        answers them back.
         """
         body = _spec_body(spec, spec_file, fields)
+        if secrets:
+            body["secrets"] = dict(secrets)
         return _parse(Job, self._http.request("POST", "jobs", json_body=body, idempotency_key=idempotency_key))
 
     def retrieve(self, job_id: str) -> Job:
@@ -311,13 +318,17 @@ class Jobs:
         spec: SpecLike | None = None,
         *,
         spec_file: str | Path | None = None,
+        secrets: Mapping[str, str] | None = None,
         **fields: Any,
     ) -> Estimate:
         """Validate a spec fully on the server without creating a job (``POST
         /jobs/estimate``): GPU/CPU-seconds, cost in USD, queue position, whether it could
-        start now, warnings. Takes the spec as :meth:`create` does; raises
+        start now, warnings. Takes the spec and ``secrets`` as :meth:`create` does (secrets are
+        checked, not stored); raises
         ``InvalidSpecError`` listing every problem (catalogue and pool checks included)."""
         body = _spec_body(spec, spec_file, fields)
+        if secrets:
+            body["secrets"] = dict(secrets)
         return _parse(Estimate, self._http.request("POST", "jobs/estimate", json_body=body))
 
     def wait(
@@ -501,3 +512,41 @@ class Checkpoints:
             archive.unlink(missing_ok=True)
             shutil.rmtree(staging, ignore_errors=True)
         return path
+
+    def load(
+        self, checkpoint_id: str, *, path: str | Path | None = None, model_dir: str | Path | None = None,
+        base_model: Any = None, progress: bool = True,
+    ) -> Any:
+        """Return a ready checkpoint as a model: a ``peft.PeftModel`` for a ``peft-lora`` one, on
+        its base model loaded from the local model cache; a transformers model for ``hf-full``.
+
+        The checkpoint is downloaded (unpacked) to ``path`` (default
+        ``<model cache>/checkpoints/<checkpoint id>``), or used from there when already unpacked.
+        The base model is the adapter's ``base_model_name_or_path``, Lab's catalogue id, read
+        from ``model_dir`` (default ``labsdk.model_cache.model_cache_dir()``: ``LAB_MODEL_DIR``);
+        pass ``base_model`` (a transformers model) to use one loaded yourself, e.g. the test model
+        ``lab/tiny-random-llama``, which is built rather than stored. Nothing is fetched from a
+        model hub. Needs ``peft`` and ``transformers``. Raises ``FileNotFoundError`` naming the
+        directory when the base model is not in the cache, and what :meth:`download` raises.
+        """
+        try:
+            import peft
+            import transformers
+        except ImportError as exc:
+            raise ImportError(f"lab.checkpoints.load needs peft and transformers ({exc.name} is missing)") from exc
+        path = Path(path) if path is not None else model_cache_dir() / "checkpoints" / checkpoint_id
+        if not ((path / "adapter_config.json").is_file() or (path / "config.json").is_file()):
+            self.download(checkpoint_id, path, extract=True, progress=progress)
+        adapter_config = path / "adapter_config.json"
+        if not adapter_config.is_file():
+            return transformers.AutoModelForCausalLM.from_pretrained(str(path))
+        if base_model is None:
+            base_id = json.loads(adapter_config.read_text()).get("base_model_name_or_path") or ""
+            base_dir = model_path(base_id, model_dir)
+            if not (base_dir / "config.json").is_file():
+                raise FileNotFoundError(
+                    f"{checkpoint_id} is an adapter for {base_id}, which is not in the model cache at {base_dir}; "
+                    "set LAB_MODEL_DIR (or model_dir=) to the cache that holds it, or pass base_model="
+                )
+            base_model = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir))
+        return peft.PeftModel.from_pretrained(base_model, str(path))
