@@ -19,8 +19,15 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 
-from billing.accounts import charge, left_to_spend_micro_usd, locked_account, spent_this_month_micro_usd
-from billing.models import UsageInterval
+from billing.accounts import (
+    billing_enabled,
+    charge,
+    left_to_spend_micro_usd,
+    locked_account,
+    spent_this_month_micro_usd,
+)
+from billing.metering import enqueue_meter_events
+from billing.models import Plan, UsageInterval
 from billing.pricing import exact_cost_micro_usd, price_at, round_micro
 from lab.lib.resources import CPU, resource_units
 
@@ -110,13 +117,15 @@ def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:
                     running_cost_micro_usd=running,
                     charged_micro_usd=charge(account, cost),
                     plan=account.plan,
-                    billing_enabled=bool(settings.STRIPE_API_KEY),
+                    billing_enabled=billing_enabled(),
                     closed_at=now,
                 )
             )
             index += 1
         if closed:
             UsageInterval.objects.bulk_create(closed)
+            if account.plan == Plan.INVOICED and billing_enabled():
+                enqueue_meter_events()
         spent = spent_this_month_micro_usd(usage.organization_id, now=now) if account.monthly_spend_limit_micro_usd is not None else None
         left = left_to_spend_micro_usd(account, spent_this_month=spent)
         return CloseResult(closed=closed, exhausted=left is not None and left <= 0)

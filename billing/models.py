@@ -76,8 +76,10 @@ class BillingAccount(models.Model):
     stripe_customer_id = models.CharField(max_length=64, blank=True)
     stripe_subscription_id = models.CharField(max_length=64, blank=True)
     subscription_status = models.CharField(max_length=32, blank=True)
-    # When the subscription state was last set from Stripe (events older than it are not applied).
+    # When the subscription state and the payment state were last set from Stripe: an event
+    # created before is older news and is not applied (Stripe does not deliver in order).
     subscription_updated_at = models.DateTimeField(null=True, blank=True)
+    payment_status_updated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:
@@ -161,3 +163,40 @@ class UsageInterval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_public_id} attempt {self.attempt_number} interval {self.index}"
+
+
+class StripeEvent(models.Model):
+    """A Stripe webhook event Lab processed; the unique ``event_id`` makes each one apply once.
+
+    ``created`` is Stripe's time of the event (what out-of-order events are ordered by);
+    ``outcome`` is ``applied`` or ``ignored`` (an allow-listed type that changed nothing).
+    """
+
+    event_id = models.CharField(max_length=255, unique=True)
+    type = models.CharField(max_length=100)
+    created = models.DateTimeField()
+    outcome = models.CharField(max_length=16)
+    received_at = models.DateTimeField(default=timezone.now)
+
+
+class MeterEventState(models.TextChoices):
+    """Where an interval's Stripe meter event is."""
+
+    SENDING = "sending"  # claimed; being sent (a retry resends it under the same identifier)
+    SENT = "sent"  # Stripe accepted it: never sent again
+
+
+class MeterEvent(models.Model):
+    """The marker that one invoiced interval's usage went to Stripe as a meter event.
+
+    One row per interval (unique), written ``sending`` before the request and ``sent`` after
+    Stripe's answer: a sent interval is never sent again; one left ``sending`` by a crash is resent
+    with the same ``identifier`` (the interval's public id), which Stripe dedupes.
+    """
+
+    interval = models.OneToOneField(UsageInterval, on_delete=models.PROTECT, related_name="meter_event")
+    state = models.CharField(max_length=8, choices=MeterEventState.choices, default=MeterEventState.SENDING)
+    value = models.BigIntegerField()
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)

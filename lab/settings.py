@@ -380,4 +380,6 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-orphan-checkpoints": {"task": "jobs.sweep_orphan_checkpoints", "schedule": 3600.0},
     # Meter events owed after a Stripe outage (each interval's close also enqueues the task).
     "send-meter-events": {"task": "billing.send_meter_events", "schedule": 300.0},
+    # Meter events owed after a Stripe outage (each interval's close also enqueues the task).
+    "send-meter-events": {"task": "billing.send_meter_events", "schedule": 300.0},
 }

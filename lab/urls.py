@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/v1/", include("lab.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
     path("api/v1/", include("billing.api.urls")),
+    path("billing/", include("billing.urls")),
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),

@@ -18,10 +18,12 @@ T0 = datetime(2026, 11, 3, 12, 0, 0, tzinfo=timezone.utc)
 
 
 @pytest.fixture
-def billing_on(settings):
-    """Billing on (a Stripe key set), interval 60 s, no grace."""
+def billing_on(settings, monkeypatch):
+    """Billing on (a Stripe key set), interval 60 s, no grace; the meter-event task that closing
+    an invoiced interval enqueues is not sent to a broker (tests call ``meter_events_send``)."""
     settings.STRIPE_API_KEY = "sk_test_lab"
     settings.LAB_USAGE_INTERVAL_S = 60
+    monkeypatch.setattr("billing.ledger.enqueue_meter_events", lambda: None)
     return settings
 
 
