@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 
 from django.db.models import QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
@@ -172,9 +173,60 @@ def sample_steps(*, job: Job, limit: int = 1000) -> list[int]:
     )
 
 
-def job_logs_tail(*, job: Job, limit: int = 200) -> list[dict]:
-    """Return ``job``'s last ``limit`` log lines in order, each as in ``GET /jobs/{id}/logs``."""
-    rows = list(
-        LogLine.objects.filter(job=job).order_by("-pk").values_list("pk", "time", "attempt", "stream", "line")[:limit]
-    )
+def job_logs_tail(*, job: Job, limit: int = 200, contains: str = "", since: datetime | None = None) -> list[dict]:
+    """Return ``job``'s last ``limit`` log lines in order, each as in ``GET /jobs/{id}/logs``.
+
+    ``contains`` keeps only lines holding that text (case-sensitive); ``since`` only lines
+    logged at or after that moment.
+    """
+    lines = LogLine.objects.filter(job=job)
+    if contains:
+        lines = lines.filter(line__contains=contains)
+    if since is not None:
+        lines = lines.filter(time__gte=since)
+    rows = list(lines.order_by("-pk").values_list("pk", "time", "attempt", "stream", "line")[:limit])
     return [log_line_to_dict(*row) for row in reversed(rows)]
+
+
+def job_samples_page(*, job: Job, step: int, page: int, limit: int) -> tuple[list[dict], int]:
+    """Return one page of ``job``'s rollout samples of ``step`` (as in ``GET /jobs/{id}/samples``,
+    by group then arrival) and how many samples that step has in all; ``page`` counts from 1."""
+    samples = RolloutSample.objects.filter(job=job, step=step).order_by("group", "id")
+    offset = (page - 1) * limit
+    return [sample_to_dict(sample) for sample in samples[offset : offset + limit]], samples.count()
+
+
+#: The rollout sample fields a distribution can be taken of.
+DISTRIBUTION_VALUES = ("reward", "advantage")
+
+
+def sample_distribution(*, job: Job, value: str, step: int | None = None, bins: int = 20) -> dict:
+    """Return the histogram of one rollout sample field (``reward`` or ``advantage``) over one step.
+
+    ``step`` defaults to ``job``'s latest step with samples. Returns ``{"step", "bins": [{"min",
+    "max", "count"}]}``: ``bins`` equal-width bins from the smallest value to the largest, each
+    holding the values in [min, max) and the last one [min, max] (numpy.histogram's convention);
+    a single bin when every value is the same; ``"bins": []`` when the step has no samples
+    (``"step": None`` before the job's first). Raises ValueError for another ``value``.
+    """
+    if value not in DISTRIBUTION_VALUES:
+        raise ValueError(f"no distribution of {value!r}; use one of {', '.join(DISTRIBUTION_VALUES)}")
+    samples = RolloutSample.objects.filter(job=job)
+    if step is None:
+        step = samples.order_by("-step").values_list("step", flat=True).first()
+    values = list(samples.filter(step=step).values_list(value, flat=True)) if step is not None else []
+    if not values:
+        return {"step": step, "bins": []}
+    low, high = min(values), max(values)
+    if low == high:
+        return {"step": step, "bins": [{"min": low, "max": high, "count": len(values)}]}
+    width = (high - low) / bins
+    counts = [0] * bins
+    for item in values:
+        counts[min(int((item - low) / width), bins - 1)] += 1
+    edges = [low + index * width for index in range(bins)] + [high]
+    return {
+        "step": step,
+        "bins": [{"min": edges[index], "max": edges[index + 1], "count": counts[index]} for index in range(bins)],
+    }
+
