@@ -25,7 +25,8 @@ from labsdk._version import __version__
 from labsdk.client import Lab
 from labsdk.display import MAIN_METRICS, format_bytes, progress_line, status_order
 from labsdk.errors import APIConnectionError, JobCancelledError, JobFailedError, LabError, WaitTimeoutError
-from labsdk.spec import SpecError, job_spec_json_schema, load_spec_file
+from labsdk.secrets import SecretsError, take_spec_secrets
+from labsdk.spec import SpecError, job_spec_json_schema, parse_spec, read_spec_file, secret_problems
 from labsdk.spec_template import DEFAULT_ENV, DEFAULT_MODEL, spec_fields, spec_template
 from labsdk.types import Job, LabObject
 
@@ -104,10 +105,26 @@ def _report_problems(problems: Sequence[Any]) -> None:
 
 # --- commands: each takes the parsed arguments and a client factory, returns an exit status --
 
+def _spec_and_secrets(args: argparse.Namespace) -> tuple[dict | None, dict[str, str]]:
+    """Read ``args.file`` and the job secrets of ``-e``/``--env-file`` and the spec's ``env_files``
+    (``labsdk.secrets``), which leave the spec. A file that is not a readable table comes back as
+    ``None``, for the SDK to report as it does; raises SecretsError or OSError for the secrets."""
+    try:
+        data = read_spec_file(args.file)
+    except SpecError:
+        data = None
+    if not isinstance(data, dict):
+        return None, take_spec_secrets({}, args.file, env_files=args.env_file or [], env_arguments=args.env or [])
+    return data, take_spec_secrets(data, args.file, env_files=args.env_file or [], env_arguments=args.env or [])
+
+
 def jobs_create(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab jobs create -f FILE [--name NAME]``: submit a job and print its id."""
+    """``lab jobs create -f FILE [--name NAME] [-e KEY=VALUE] [--env-file FILE]``: submit a job
+    with its secrets and print its id."""
     fields = {"name": args.name} if args.name else {}
-    job = client().jobs.create(spec_file=args.file, **fields)
+    data, secrets = _spec_and_secrets(args)
+    source = {"spec": data} if data is not None else {"spec_file": args.file}
+    job = client().jobs.create(**source, secrets=secrets, **fields)
     for warning in job.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if not args.wait:
@@ -353,9 +370,16 @@ def _wait_and_report(lab: Lab, job_id: str, args: argparse.Namespace) -> int:
 
 
 def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab spec check FILE``: every local problem at once, then Lab's estimate when configured."""
+    """``lab spec check FILE [-e KEY=VALUE] [--env-file FILE]``: every local problem at once (the
+    secrets the spec names included), then Lab's estimate when configured."""
     try:
-        parsed = load_spec_file(args.file)
+        data = read_spec_file(args.file)
+        secrets = take_spec_secrets(data, args.file, env_files=args.env_file or [], env_arguments=args.env or []) \
+            if isinstance(data, dict) else {}
+        parsed = parse_spec(data)
+        missing = secret_problems(parsed.spec, secrets)
+        if missing:
+            raise SpecError(missing)
     except SpecError as exc:
         if args.json:
             _print_json({"valid": False, "errors": [p.to_dict() for p in exc.errors], "warnings": [], "estimate": None})
@@ -367,7 +391,7 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     estimate = None
     if os.environ.get("LAB_API_KEY"):
         try:
-            estimate = client().jobs.estimate(spec_file=args.file)
+            estimate = client().jobs.estimate(spec=data, secrets=secrets)
         except APIConnectionError:
             if not args.json:
                 print(f"{args.file}: valid locally; Lab was not reached to check the catalogues and the pool")
@@ -570,6 +594,17 @@ def _repeats_first_problem(exc: LabError) -> bool:
     return bool(first.message) and (exc.message.startswith(said) or exc.message.startswith(first.message))
 
 
+def _add_secret_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-e", "--env", action="append", metavar="KEY[=VALUE]",
+        help="a job secret (KEY alone reads $KEY here); repeatable; sent write-only, never shown again",
+    )
+    parser.add_argument(
+        "--env-file", action="append", metavar="FILE",
+        help="job secrets from a KEY=VALUE file, after the spec's env_files; repeatable",
+    )
+
+
 class _UsageError(Exception):
     """A command line the parser accepted but the command cannot use."""
 
@@ -607,6 +642,7 @@ def build_parser() -> argparse.ArgumentParser:
     create = job_commands.add_parser("create", parents=[json_flag], help="submit a job from a spec file; prints its id")
     create.add_argument("-f", "--file", required=True, help="job spec, TOML (or JSON with a .json suffix)")
     create.add_argument("--name", help="job name, overriding the file's")
+    _add_secret_options(create)
     _add_wait_options(create, "then wait for it to finish (exit 1 unless it succeeds)")
     create.set_defaults(handler=jobs_create)
 
@@ -691,6 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a spec file locally, then through Lab's estimate when LAB_API_KEY is set",
     )
     check.add_argument("file", help="job spec, TOML (or JSON with a .json suffix)")
+    _add_secret_options(check)
     check.set_defaults(handler=spec_check)
 
     usage_command = commands.add_parser("usage", parents=[json_flag], help="show the project's usage and cost")
@@ -751,6 +788,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"error: {exc.message}{suffix}", file=sys.stderr)
         _report_problems(exc.errors)
+        return EXIT_FAILED
+    except SecretsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except _UsageError as exc:
         parser.error(str(exc))

@@ -70,6 +70,7 @@ class FakeLab:
     cut_next_stream_after: int | None = None
     idempotency: dict[str, tuple[str, int, dict]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
+    secrets: list[dict] = field(default_factory=list)  # the secrets of each create or estimate body
     fail_next: list[tuple[int, dict, Any]] = field(default_factory=list)
     drop_next: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -109,6 +110,9 @@ class FakeLab:
         if method == "GET" and parts == ["prices"]:
             return 200, {}, {"object": "list", "data": PRICES, "has_more": False}
         if method == "POST" and parts in (["jobs"], ["jobs", "estimate"]):
+            if isinstance(body, dict) and "secrets" in body:  # beside the spec, as Lab takes them
+                body = dict(body)
+                self.secrets.append(body.pop("secrets"))
             try:
                 parsed = parse_spec(body)
             except SpecError as exc:

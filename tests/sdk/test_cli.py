@@ -36,12 +36,58 @@ def test_jobs_create_prints_the_job_id(lab_env, capsys, spec_file):
 
 
 def test_jobs_create_takes_a_name_and_prints_prime_warnings(lab_env, capsys, spec_file):
+    spec_file("HF_TOKEN=hf_from_file\n", name="secrets.env")
     status, out, err = run(capsys, "jobs", "create", "-f", spec_file(PRIME_ONLY_TOML), "--name", "prime-run")
 
     assert status == 0 and out == "job_0001\n"
-    assert err.count("warning: ") == 6
+    assert err.count("warning: ") == 5  # env_files were read here, and left out of the spec
     assert "'wandb' is a Prime Intellect setting" in err
     assert lab_env.jobs["job_0001"]["name"] == "prime-run"
+    assert "env_files" not in lab_env.jobs["job_0001"]["spec"]
+    assert lab_env.secrets == [{"HF_TOKEN": "hf_from_file"}]
+
+
+def test_jobs_create_sends_secrets_from_the_spec_files_the_command_line_and_env_files(
+    lab_env, capsys, spec_file, monkeypatch
+):
+    monkeypatch.setenv("FROM_SHELL", "shell-value")
+    spec_file('A=from-spec\nB="quoted ${FROM_SHELL}"\nexport C=\'${literal}\'\n# comment\n', name="secrets.env")
+    extra = spec_file("A=from-env-file\n", name="extra.env")
+    path = spec_file(PRIME_ONLY_TOML)
+
+    status, out, err = run(capsys, "jobs", "create", "-f", path, "--env-file", extra, "-e", "D=x=y", "-e", "FROM_SHELL")
+
+    assert status == 0, err
+    assert lab_env.secrets == [{
+        "A": "from-env-file", "B": "quoted shell-value", "C": "${literal}", "D": "x=y", "FROM_SHELL": "shell-value",
+    }]
+    assert "shell-value" not in out + err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-e", "1BAD=x"], "error: -e: '1BAD' is not an environment variable name"),
+    (["-e", "UNSET_HERE"], "error: -e UNSET_HERE: UNSET_HERE is not set in this environment"),
+    (["--env-file", "missing.env"], "missing.env"),
+])
+def test_jobs_create_refuses_unreadable_secrets_and_sends_nothing(lab_env, capsys, spec_file, monkeypatch, argv, message):
+    monkeypatch.delenv("UNSET_HERE", raising=False)
+    path = spec_file(DESIGN_EXAMPLE_TOML)
+
+    status, out, err = run(capsys, "jobs", "create", "-f", path, *argv)
+
+    assert status == 1 and out == ""
+    assert message in err
+    assert lab_env.count("POST", "/api/v1/jobs") == 0
+
+
+def test_a_secrets_file_over_64_kb_is_refused(lab_env, capsys, spec_file):
+    big = spec_file("KEY=" + "x" * 65_536 + "\n", name="big.env")
+
+    status, _, err = run(capsys, "jobs", "create", "-f", spec_file(DESIGN_EXAMPLE_TOML), "--env-file", big)
+
+    assert status == 1
+    assert "a secrets file may hold at most 65536 bytes" in err
+    assert lab_env.count("POST", "/api/v1/jobs") == 0
 
 
 def test_jobs_create_json_prints_the_job(lab_env, capsys, spec_file):
@@ -182,11 +228,12 @@ def test_spec_check_lists_every_local_problem_without_lab(capsys, spec_file, mon
 def test_spec_check_passes_locally_when_no_lab_is_configured(capsys, spec_file, monkeypatch):
     monkeypatch.delenv("LAB_API_KEY", raising=False)
 
+    spec_file("HF_TOKEN=hf_from_file\n", name="secrets.env")
     status, out, err = run(capsys, "spec", "check", spec_file(PRIME_ONLY_TOML))
 
     assert status == 0
     assert "valid locally; its model and environments were not checked (no LAB_API_KEY)" in out
-    assert err.count("warning: ") == 6
+    assert err.count("warning: ") == 5
 
 
 def test_spec_check_asks_lab_for_an_estimate_when_configured(lab_env, capsys, spec_file):

@@ -85,14 +85,36 @@ def test_it_accepts_primes_template_with_every_section_uncommented_warning_only_
 def test_lab_spec_check_passes_the_uncommented_template_in_its_own_process(tmp_path):
     path = tmp_path / "rl.toml"
     path.write_text(installed(uncomment_everything(TEMPLATE)))
+    (tmp_path / "secrets.env").write_text("# the template's env_files\nOPENAI_API_KEY='sk-test-1234'\n")
 
     result = lab_spec_check(path)
 
     assert result.returncode == 0, result.stderr
     assert "valid locally" in result.stdout
-    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
-    assert len(warned) == 11
-    assert "warning: 'val': Lab does not use it yet" in result.stderr
+    warned = [line.split("'")[1] for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warned == [  # env_files were read by the CLI: no warning for them
+        "loss", "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
+        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters", "adapters",
+    ]
+    assert "sk-test-1234" not in result.stdout + result.stderr
+
+
+def test_lab_spec_check_says_which_secret_the_teacher_lacks_and_which_file_is_missing(tmp_path):
+    path = tmp_path / "rl.toml"
+    path.write_text(installed(uncomment_everything(TEMPLATE)))
+
+    missing_file = lab_spec_check(path)
+    (tmp_path / "secrets.env").write_text("OTHER=x\n")
+    missing_secret = lab_spec_check(path)
+    given = lab_spec_check(path, "-e", "OPENAI_API_KEY=sk-test-1234")
+
+    assert missing_file.returncode == 1
+    assert "secrets.env" in missing_file.stderr
+    assert missing_secret.returncode == 1
+    assert "teacher.client.api_key_var: 'OPENAI_API_KEY' is not among the job's secrets (given: OTHER)" in (
+        missing_secret.stderr
+    )
+    assert given.returncode == 0, given.stderr
 
 
 def test_lab_spec_check_json_lists_the_template_warnings(tmp_path):

@@ -27,8 +27,10 @@ _NOT_USED: dict[str, str] = {
     "wandb": "Lab does not export to Weights & Biases yet; metrics are on the job page and at /metrics",
     "infrastructure": "Lab sizes a job from its [resources] table",
     "tailscale": "Lab's environments run inside the job; no auth_key is stored",
-    "env_file": "it is the deprecated spelling of env_files; Lab does not take job secrets yet",
-    "env_files": "Lab does not take job secrets yet; the files are not read",
+    "env_file": "the deprecated spelling of env_files: files on your machine, which the lab CLI reads; "
+                "the server never reads files, send their pairs as the request's secrets",
+    "env_files": "files on your machine, which the lab CLI reads and sends as the job's secrets; "
+                 "the server never reads files, send their pairs as the request's secrets",
 }
 
 #: Deprecated keys Prime itself strips, with their replacement.
