@@ -22,6 +22,10 @@ Organizations (members only; anyone else gets the 404 of a missing organization)
     membership_role          /o/<org_slug>/members/<membership_id>/role/          POST; owners and admins
     membership_remove        /o/<org_slug>/members/<membership_id>/remove/        POST; owners and admins, or oneself
     audit_log                /o/<org_slug>/audit/             owners only
+    billing                  /o/<org_slug>/billing/           plan, balance, spend, usage chart, jobs by cost (members)
+    billing_checkout         /o/<org_slug>/billing/checkout/  POST amount_usd: redirect to Stripe Checkout; owners and admins
+    billing_portal           /o/<org_slug>/billing/portal/    POST: redirect to the Stripe portal; owners and admins
+    billing_settings         /o/<org_slug>/billing/settings/  POST spend limit and concurrency cap; owners and admins
 
 Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/p/<project_slug>/)
     project                  <project>                        jobs table (?status=), "New job", compare
@@ -54,7 +58,7 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import environment_views, job_views, views, webhook_views
+from dashboard import billing_views, environment_views, job_views, views, webhook_views
 from dashboard.forms import EmailAuthenticationForm
 
 _ORGANIZATION = "o/<slug:org_slug>/"
@@ -120,6 +124,10 @@ urlpatterns = [
     path(_ORGANIZATION + "members/<int:membership_id>/role/", views.membership_role, name="membership_role"),
     path(_ORGANIZATION + "members/<int:membership_id>/remove/", views.membership_remove, name="membership_remove"),
     path(_ORGANIZATION + "audit/", views.audit_log, name="audit_log"),
+    path(_ORGANIZATION + "billing/", billing_views.billing, name="billing"),
+    path(_ORGANIZATION + "billing/checkout/", billing_views.billing_checkout, name="billing_checkout"),
+    path(_ORGANIZATION + "billing/portal/", billing_views.billing_portal, name="billing_portal"),
+    path(_ORGANIZATION + "billing/settings/", billing_views.billing_settings, name="billing_settings"),
     path(_ORGANIZATION + "environments/", environment_views.environments, name="environments"),
     path(_ORGANIZATION + "environments/push/", environment_views.environment_push_view, name="environment_push"),
     # --- projects ---
