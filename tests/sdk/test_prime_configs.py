@@ -312,3 +312,18 @@ def test_filters_keep_their_own_settings_and_refuse_bad_ones():
     assert refused(pre_batch_filters=[{"type": "gibberish", "threshold": float("nan")}])[0].param == (
         "pre_batch_filters.0.threshold"
     )
+
+
+def test_the_temperature_schedule_runs_from_start_to_end_and_stays():
+    def at(kind, step, total_steps=None):
+        schedule = {"type": kind, "start_temperature": 1.0, "end_temperature": 0.5}
+        if total_steps:
+            schedule["total_steps"] = total_steps
+        spec = parse_spec({**BASE, "max_steps": 5, "sampling": {"temp_scheduler": schedule}}).spec
+        return spec.sampling.temperature_at(step, spec.max_steps)
+
+    assert [at("linear", step) for step in range(1, 6)] == [1.0, 0.875, 0.75, 0.625, 0.5]
+    assert [round(at("cosine", step), 6) for step in (1, 3, 5)] == [1.0, 0.75, 0.5]
+    assert round(at("cosine", 2), 6) == round(0.5 + 0.5 * (1 + 0.7071067811865476) / 2, 6)
+    assert [at("linear", step, total_steps=3) for step in (1, 2, 3, 4, 5)] == [1.0, 0.75, 0.5, 0.5, 0.5]
+    assert parse_spec(BASE).spec.sampling.temperature_at(3, 20) == 1.0

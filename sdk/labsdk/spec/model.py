@@ -12,6 +12,7 @@ keys Lab acts on, and which it only stores, is :mod:`labsdk.spec.warnings`' busi
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
@@ -146,6 +147,26 @@ class SamplingConfig(_ReasoningControls):
     extra_body: JsonObject | None = _extra_body_field()
     enable_thinking: bool | None = _enable_thinking_field()
     reasoning_effort: ReasoningEffort | None = _reasoning_effort_field()
+
+    def temperature_at(self, step: int, max_steps: int) -> float:
+        """Return the sampling temperature of training step ``step`` (1-based) of ``max_steps``.
+
+        Without ``temp_scheduler``: ``temperature``. With one, the schedule runs from
+        ``start_temperature`` at step 1 to ``end_temperature`` at step ``total_steps`` (default
+        ``max_steps``) and stays there: progress ``p = (step - 1) / (total_steps - 1)`` clamped
+        to [0, 1]; linear ``start + (end - start) * p``; cosine ``end + (start - end) *
+        (1 + cos(pi * p)) / 2`` (the half-cosine of cosine annealing, Loshchilov & Hutter,
+        "SGDR", ICLR 2017).
+        """
+        schedule = self.temp_scheduler
+        if schedule is None:
+            return self.temperature
+        total = schedule.total_steps or max_steps
+        progress = 1.0 if total <= 1 else min(max((step - 1) / (total - 1), 0.0), 1.0)
+        start, end = schedule.start_temperature, schedule.end_temperature
+        if schedule.type == "cosine":
+            return end + (start - end) * (1.0 + math.cos(math.pi * progress)) / 2.0
+        return start + (end - start) * progress
 
 
 class TeacherSamplingConfig(_ReasoningControls):
