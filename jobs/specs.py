@@ -18,6 +18,7 @@ from labsdk.spec import (
     SpecError,
     SpecProblem,
     catalog_problems,
+    fit_seq_len,
     parse_spec,
     secret_problems,
     translate_layout,
@@ -177,6 +178,8 @@ def validate_job_spec(
             known = {problem.param for problem in problems}
             problems += _raw_catalog_problems(translate_layout(data)[0], models, environments, known)
         raise _invalid_spec(problems) from None
+    if parsed.spec.model in models:
+        parsed = fit_seq_len(parsed, models[parsed.spec.model].context_length)
     spec = parsed.spec
     problems = catalog_problems(spec, models=models, environments=environments)
     problems += pool_problems(spec)

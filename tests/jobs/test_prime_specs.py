@@ -75,3 +75,28 @@ def test_primes_refusals_are_a_400_naming_the_key_and_create_nothing(owner, keys
     error = response.json()["error"]
     assert (error["code"], error["param"]) == ("invalid_spec", param)
     assert Job.objects.unscoped().count() == 0
+
+
+def test_the_older_cli_forms_seq_len_is_capped_at_the_models_context(owner):
+    text = (Path(__file__).parents[1] / "sdk" / "data" / "prime" / "rl_config.toml").read_text()
+    config = tomllib.loads(text)
+    config.update(model="lab/tiny-random-llama", environments=["lab/addition"], max_steps=2)
+
+    response = owner.client().post("/api/v1/jobs", config, format="json")
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["spec"]["sampling"]["max_tokens"] == 512  # the tiny model's context, not seq_len = 4096
+    assert body["spec"]["rollouts_per_example"] == 8
+    assert body["warnings"][-1] == "'seq_len' = 4096 is longer than the model's context: sampling.max_tokens is capped at 512"
+    assert body["spec"]["translated_from"]["config"] == config
+
+
+def test_an_explicit_max_tokens_over_the_context_is_still_refused(owner):
+    config = {"model": "lab/tiny-random-llama", "environments": ["lab/addition"], "seq_len": 4096,
+              "sampling": {"max_tokens": 4096}}
+
+    response = owner.client().post("/api/v1/jobs", config, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "sampling.max_tokens"

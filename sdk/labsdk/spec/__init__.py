@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from labsdk.spec.catalog import EnvironmentInfoLike, ModelInfoLike, catalog_problems
 from labsdk.spec.files import MAX_SPEC_BYTES, decode_spec, load_spec_file, loads_spec, read_spec_file
-from labsdk.spec.layouts import detect_layout, translate_layout
+from labsdk.spec.layouts import detect_layout, fit_seq_len, translate_layout
 from labsdk.spec.model import (
     PRIME_UNUSED_KEYS,
     AdaptersConfig,
@@ -112,6 +112,7 @@ __all__ = [
     "catalog_problems",
     "decode_spec",
     "detect_layout",
+    "fit_seq_len",
     "translate_layout",
     "job_spec_json_schema",
     "load_spec_file",

@@ -247,3 +247,35 @@ class _NativeTranslation:
             if all(type(count) is int for count in gpus):
                 self.used.update({("deployment", "num_train_gpus"), ("deployment", "num_infer_gpus")})
                 self.spec["resources"]["gpus"] = sum(gpus)
+
+
+def _explicit_max_tokens(layout: str, config: Mapping[str, Any]) -> bool:
+    """Whether a translated config gave a completion limit of its own (not only ``seq_len``)."""
+    if layout == "prime-cli-v0":
+        sampling = config.get("sampling")
+        return isinstance(sampling, Mapping) and sampling.get("max_tokens") is not None
+    orchestrator = config.get("orchestrator") if isinstance(config.get("orchestrator"), Mapping) else {}
+    tables = [orchestrator.get("sampling"), (orchestrator.get("train") or {}).get("sampling")
+              if isinstance(orchestrator.get("train"), Mapping) else None]
+    return any(
+        isinstance(table, Mapping) and (table.get("max_tokens") is not None or table.get("max_completion_tokens") is not None)
+        for table in tables
+    )
+
+
+def fit_seq_len(parsed: Any, context_length: int) -> Any:
+    """Cap ``sampling.max_tokens`` at ``context_length`` (tokens) when it was translated from a
+    ``seq_len`` (prime's older CLI form, or prime-rl's layout without a sampling limit): there
+    ``seq_len`` bounds the whole sequence, and the model's context is the most a completion can
+    have. Returns ``parsed`` (a :class:`~labsdk.spec.ParsedSpec`) unchanged otherwise, or a copy
+    with the cap and a warning saying so."""
+    spec = parsed.spec
+    source = spec.translated_from
+    if source is None or spec.sampling.max_tokens <= context_length:
+        return parsed
+    if source.config.get("seq_len") != spec.sampling.max_tokens or _explicit_max_tokens(source.layout, source.config):
+        return parsed
+    sampling = spec.sampling.model_copy(update={"max_tokens": context_length})
+    warning = (f"'seq_len' = {spec.sampling.max_tokens} is longer than the model's context: "
+               f"sampling.max_tokens is capped at {context_length}")
+    return type(parsed)(spec=spec.model_copy(update={"sampling": sampling}), warnings=[*parsed.warnings, warning])
