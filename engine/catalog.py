@@ -150,6 +150,16 @@ def list_models(model_dir: pathlib.Path | None = None) -> dict[str, ModelInfo]:
     return models
 
 
+#: Uploaded packages this engine process installed for its job (engine.packages).
+_PACKAGE_ENVIRONMENTS: dict[str, EnvironmentInfo] = {}
+
+
+def register_environment(info: EnvironmentInfo) -> None:
+    """Add an environment of an uploaded package, installed for this job, to the catalogue."""
+    _PACKAGE_ENVIRONMENTS[info.id] = info
+
+
 def list_environments() -> dict[str, EnvironmentInfo]:
-    """Return the installed environments keyed by id (the built-ins for now)."""
-    return dict(_BUILTIN_ENVIRONMENTS)
+    """Return the installed environments keyed by id: the built-ins, and in an engine process the
+    uploaded packages installed for its job (``register_environment``)."""
+    return {**_BUILTIN_ENVIRONMENTS, **_PACKAGE_ENVIRONMENTS}

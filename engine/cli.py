@@ -247,6 +247,13 @@ def run(args: argparse.Namespace) -> int:
         from engine.catalog import default_model_dir
 
         model_dir = default_model_dir()
+        from engine.environments import InvalidEnvironment
+        from engine.packages import install_packages, packages_from_environment
+
+        try:  # before the spec check: the catalogue then knows the job's uploaded environments
+            install_packages(packages_from_environment(), workdir)
+        except InvalidEnvironment as error:
+            raise ConfigError(str(error), "environment_error") from None
         config, warnings = load_config(args.spec, model_dir)
         for warning in warnings:
             logger.warning("spec: %s", warning)

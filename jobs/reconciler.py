@@ -51,6 +51,7 @@ from jobs.models import (
     MetricStep,
     StopReason,
 )
+from jobs.environment_packages import launch_packages
 from jobs.services import attempt_request_stop, current_attempt, job_record_event, job_transition, store_log_lines
 from lab.lib import locks
 from lab.lib.locks import advisory_lock
@@ -88,6 +89,7 @@ def launch_request(attempt: JobAttempt) -> LaunchRequest:
         gpu_type=job.gpu_type,
         gpus=job.gpus,
         environments=tuple(env.get("id", "") for env in job.spec.get("env", []) if isinstance(env, dict)),
+        environment_packages=launch_packages(job),
     )
 
 

@@ -116,10 +116,11 @@ def load_environment(env_id: str, args: dict | None = None, seed: int = 0) -> En
 
     Raises InvalidEnvironment for an id that is not installed or invalid args.
     """
-    registry = _registry()
-    if env_id not in registry:
+    from engine.packages import installed_environment
+
+    cls = _registry().get(env_id) or installed_environment(env_id)
+    if cls is None:
         installed = ", ".join(sorted(list_environments()))
         raise InvalidEnvironment(f"environment {env_id!r} is not installed (installed: {installed})")
-    cls = registry[env_id]
     check_args(cls.info, dict(args or {}))
     return cls(dict(args or {}), seed)

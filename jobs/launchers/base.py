@@ -7,6 +7,7 @@ signals. The reconciler turns observations into status changes (docs/api.md "Eng
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -72,7 +73,7 @@ class LaunchRequest:
     gpus: int = 0
     roles: tuple[str, ...] = ("engine",)  # engine processes to start (the whole engine, for now)
     environments: tuple[str, ...] = ()  # environment ids of the spec
-    environment_packages: tuple[dict, ...] = ()  # uploaded packages to install: {"id", "sha256", "url"}
+    environment_packages: tuple[dict, ...] = ()  # uploaded packages to install: {"id", "sha256", "url", "filename"}
 
 
 def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_dir: str | None) -> list[str]:
@@ -90,6 +91,15 @@ def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_
     elif request.resume_checkpoint_id is not None:
         args += ["--resume-from", request.resume_checkpoint_id]
     return args
+
+
+def engine_package_environment(request: LaunchRequest) -> dict[str, str]:
+    """Return the variables that hand the engine its uploaded environment packages
+    (``LAB_JOB_ENVIRONMENT_PACKAGES``, a JSON list, read by ``engine.packages``); none without any.
+    Every launcher adds them to the engine's environment."""
+    if not request.environment_packages:
+        return {}
+    return {"LAB_JOB_ENVIRONMENT_PACKAGES": json.dumps(list(request.environment_packages), separators=(",", ":"))}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,15 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
-from jobs.launchers.base import AttemptPhase, CapturedLine, Launcher, LaunchRequest, Observation, engine_args
+from jobs.launchers.base import (
+    AttemptPhase,
+    CapturedLine,
+    Launcher,
+    LaunchRequest,
+    Observation,
+    engine_args,
+    engine_package_environment,
+)
 
 #: Seconds after launch during which a missing supervisor pid file means "still starting".
 _START_GRACE_S = 30.0
@@ -128,6 +136,7 @@ class LocalLauncher(Launcher):
             resume_dir=str(resume_dir) if resume_dir else None,
         )
         env = engine_environment(token=request.token, repo_dir=self.repo_dir)
+        env.update(engine_package_environment(request))
         command = [self.python, "-m", "engine", *args]
         starter = subprocess.run(
             [self.python, "-m", "jobs.launchers.supervise", str(workdir), "--", *command],

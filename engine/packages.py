@@ -1,0 +1,194 @@
+"""A job's uploaded environment packages: fetched, checked, installed into the attempt's own
+directory and imported, before the spec is checked against the catalogue.
+
+Lab hands the packages in ``LAB_JOB_ENVIRONMENT_PACKAGES``, a JSON list of
+``{"id": "<org>/<name>@<version>", "sha256", "url", "filename"}`` (``url`` is ``file://`` on a
+machine that shares Lab's storage, else a pre-signed HTTPS URL: no credential of Lab's is needed).
+Each wheel is fetched and its SHA-256 checked, then all are installed with
+``pip install --no-deps --no-index --target <workdir>/environments/site`` (no network, no
+dependency resolution: a package's dependencies must already be in the engine's environment),
+and that directory is *appended* to ``sys.path`` so nothing of the engine's own can be shadowed.
+
+A package of Lab's own protocol declares its ``engine.environments.Environment`` subclass as the
+one entry point of the ``lab.environments`` group; it is imported here, and a dependency missing
+from the engine's environment is an ``InvalidEnvironment`` naming the module (exit 2). A
+verifiers package (its top-level module exports a ``Taskset``) is imported the same way, then
+refused: this engine does not run verifiers tasksets yet (docs/environments.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.catalog import EnvironmentInfo, register_environment
+from engine.environments import Environment, InvalidEnvironment
+
+PACKAGES_VARIABLE = "LAB_JOB_ENVIRONMENT_PACKAGES"
+ENTRY_POINT_GROUP = "lab.environments"
+#: Seconds one wheel download or the pip install may take.
+FETCH_TIMEOUT_S = 120
+INSTALL_TIMEOUT_S = 300
+_CHUNK = 1024 * 1024
+
+#: Environment classes of the installed Lab-protocol packages, by environment id.
+_INSTALLED: dict[str, type[Environment]] = {}
+
+
+@dataclass(frozen=True)
+class Package:
+    """One package Lab asks the attempt to install."""
+
+    id: str
+    sha256: str
+    url: str
+    filename: str
+
+    @property
+    def name(self) -> str:
+        """The environment's name: its id without owner or version (``my-env``), as in metric names."""
+        return self.id.split("/", 1)[-1].split("@", 1)[0]
+
+
+def packages_from_environment(environ=None) -> list[Package]:
+    """Return the packages named by ``LAB_JOB_ENVIRONMENT_PACKAGES`` (none when unset).
+
+    Raises InvalidEnvironment when the variable is not a JSON list of package objects.
+    """
+    raw = (os.environ if environ is None else environ).get(PACKAGES_VARIABLE, "")
+    if not raw:
+        return []
+    try:
+        items = json.loads(raw)
+        packages = [Package(id=item["id"], sha256=item["sha256"], url=item["url"], filename=item["filename"]) for item in items]
+    except (ValueError, TypeError, KeyError) as error:
+        raise InvalidEnvironment(f"{PACKAGES_VARIABLE} is not a list of packages: {error}") from None
+    for package in packages:
+        if "/" in package.filename or not package.filename.endswith(".whl"):
+            raise InvalidEnvironment(f"package {package.id} has no wheel file name: {package.filename!r}")
+    return packages
+
+
+def _fetch(package: Package, directory: Path) -> Path:
+    """Copy or download the wheel into ``directory`` and check its SHA-256."""
+    target = directory / package.filename
+    digest = hashlib.sha256()
+    parsed = urllib.parse.urlsplit(package.url)
+    try:
+        if parsed.scheme == "file":
+            source = Path(urllib.request.url2pathname(parsed.path))
+            reader = source.open("rb")
+        elif parsed.scheme == "https" or (parsed.scheme == "http" and parsed.hostname in ("127.0.0.1", "localhost")):
+            reader = urllib.request.urlopen(package.url, timeout=FETCH_TIMEOUT_S)  # noqa: S310 - scheme checked above
+        else:
+            raise InvalidEnvironment(f"package {package.id}: cannot fetch from a {parsed.scheme or 'relative'} URL")
+        with reader, target.open("wb") as writer:
+            while chunk := reader.read(_CHUNK):
+                digest.update(chunk)
+                writer.write(chunk)
+    except OSError as error:
+        raise InvalidEnvironment(f"package {package.id}: cannot fetch its wheel: {error}") from None
+    if digest.hexdigest() != package.sha256:
+        raise InvalidEnvironment(f"package {package.id}: the fetched wheel's SHA-256 is not the pushed one's")
+    return target
+
+
+def install_packages(packages: list[Package], workdir: Path) -> Path | None:
+    """Install ``packages`` into ``workdir/environments/site``, import each, and register each
+    Lab-protocol environment in the catalogue (``engine.catalog.list_environments``).
+
+    Returns the site directory (None without packages). Raises InvalidEnvironment with a one-line
+    message for a wheel that cannot be fetched or does not match its SHA-256, a failed pip install,
+    an import that needs a module the engine's environment lacks (named in the message), and an
+    entry point that is not an ``engine.environments.Environment`` subclass.
+    """
+    if not packages:
+        return None
+    root = workdir / "environments"
+    shutil.rmtree(root, ignore_errors=True)  # a new attempt installs afresh
+    wheels_dir, site = root / "wheels", root / "site"
+    wheels_dir.mkdir(parents=True)
+    wheels = [_fetch(package, wheels_dir) for package in packages]
+    command = [
+        sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-input", "--disable-pip-version-check",
+        "--no-warn-script-location", "--target", str(site), *map(str, wheels),
+    ]
+    pip_environment = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1"}
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=pip_environment, check=False)
+    except subprocess.TimeoutExpired:
+        raise InvalidEnvironment(f"installing the environment packages took more than {INSTALL_TIMEOUT_S} s") from None
+    if result.returncode != 0:
+        last = next((line for line in reversed(result.stderr.splitlines()) if line.strip()), "no output")
+        raise InvalidEnvironment(f"pip could not install the environment packages: {last.strip()[:300]}")
+    if str(site) not in sys.path:
+        sys.path.append(str(site))
+    importlib.invalidate_caches()
+    for package in packages:
+        _load(package, site)
+    return site
+
+
+def _distribution(package: Package, site: Path) -> importlib.metadata.Distribution:
+    wanted = package.name.replace("-", "_").lower()
+    for distribution in importlib.metadata.distributions(path=[str(site)]):
+        if (distribution.metadata["Name"] or "").replace("-", "_").replace(".", "_").lower() == wanted:
+            return distribution
+    raise InvalidEnvironment(f"package {package.id} installed no distribution named {package.name}")
+
+
+def _import(package: Package, module: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name and error.name.split(".")[0] == module.split(".")[0]:
+            raise InvalidEnvironment(f"environment {package.id}: its package has no module '{error.name}'") from None
+        raise InvalidEnvironment(
+            f"environment {package.id} needs the module '{error.name}', which is not installed in the engine's "
+            "environment (packages install with --no-deps: every dependency must already be there)"
+        ) from None
+    except Exception as error:  # the package's own code failed while importing
+        message = " ".join(str(error).split())[:300]
+        raise InvalidEnvironment(f"environment {package.id}: importing it failed: {type(error).__name__}: {message}") from None
+
+
+def _load(package: Package, site: Path) -> None:
+    distribution = _distribution(package, site)
+    entry_points = [point for point in distribution.entry_points if point.group == ENTRY_POINT_GROUP]
+    if not entry_points:
+        _import(package, package.name.replace("-", "_"))  # a verifiers package: its module exports the Taskset
+        raise InvalidEnvironment(
+            f"environment {package.id} is a verifiers package; this engine runs Lab-protocol packages only "
+            "(docs/environments.md)"
+        )
+    point = entry_points[0]
+    module = _import(package, point.module)
+    target = module
+    for attribute in (point.attr or "").split("."):
+        target = getattr(target, attribute, None)
+    if not (isinstance(target, type) and issubclass(target, Environment)):
+        raise InvalidEnvironment(f"environment {package.id}: {point.value} is not an engine.environments.Environment subclass")
+    declared = getattr(target, "info", None)
+    info = EnvironmentInfo(
+        id=package.id,
+        name=package.name,
+        description=getattr(declared, "description", "") or distribution.metadata["Summary"] or "",
+        args=dict(getattr(declared, "args", {}) or {}),
+    )
+    _INSTALLED[package.id] = type(target.__name__, (target,), {"info": info, "__module__": target.__module__})
+    register_environment(info)
+
+
+def installed_environment(environment_id: str) -> type[Environment] | None:
+    """Return the Environment class of an installed Lab-protocol package, or None."""
+    return _INSTALLED.get(environment_id)

@@ -1,0 +1,83 @@
+"""The engine installs a job's uploaded packages into its own work dir (pip --no-deps --no-index
+--target), imports them, and trains on a Lab-protocol one; a missing dependency is exit 2 naming it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.environments.wheelbuilder import build_wheel, lab_wheel
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {
+    "model": "lab/tiny-random-llama",
+    "max_steps": 2,
+    "batch_size": 4,
+    "rollouts_per_example": 2,
+    "sampling": {"max_tokens": 4},
+    "checkpoints": {"interval": 0},
+}
+
+
+def run_engine(tmp_path: Path, env_id: str, wheels: list[tuple[str, bytes]], *, args=None, sha256=None) -> subprocess.CompletedProcess:
+    packages = []
+    for (filename, data), package_id in zip(wheels, [env_id] * len(wheels)):
+        path = tmp_path / filename
+        path.write_bytes(data)
+        packages.append({"id": package_id, "sha256": sha256 or hashlib.sha256(data).hexdigest(), "url": path.as_uri(), "filename": filename})
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**TINY, "env": [{"id": env_id, "args": args or {}}]}))
+    environment = {
+        **os.environ,
+        "LAB_MODEL_DIR": str(tmp_path / "models"),
+        "LAB_ENGINE_THREADS": "1",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'sdk'}",
+        "LAB_JOB_ENVIRONMENT_PACKAGES": json.dumps(packages),
+    }
+    command = [sys.executable, "-m", "engine", "run", "--offline", "--job-id", "job_1", "--attempt", "1",
+               "--workdir", str(tmp_path / "work"), "--spec", str(spec)]
+    return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_it_trains_on_an_uploaded_lab_environment_installed_in_the_work_dir(tmp_path):
+    result = run_engine(tmp_path, "acme/echo-env@0.1.0", [lab_wheel("echo-env", "0.1.0")], args={"digits": 2})
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    assert (work / "environments" / "site" / "echo_env" / "__init__.py").is_file()
+    points = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [point["step"] for point in points] == [1, 2]
+    assert {"reward/echo-env/mean", "reward/echo-env/exact/mean", "reward/echo-env/starts/mean"} <= set(points[0]["values"])
+    prompts = [json.loads(line)["prompt"] for line in (work / "samples.jsonl").read_text().splitlines()]
+    assert all("Say " in str(prompt) for prompt in prompts)
+
+
+def test_it_exits_2_naming_a_missing_dependency(tmp_path):
+    result = run_engine(tmp_path, "acme/needy-env@1.0", [lab_wheel("needy-env", "1.0", extra_requires=("frobnicator_9000",))])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "engine: environment acme/needy-env@1.0 needs the module 'frobnicator_9000', which is not installed in the "
+        "engine's environment (packages install with --no-deps: every dependency must already be there)"
+    )
+    assert json.loads((tmp_path / "work" / "finish.json").read_text())["error"]["code"] == "environment_error"
+
+
+def test_it_exits_2_when_the_wheel_is_not_the_pushed_one(tmp_path):
+    result = run_engine(tmp_path, "acme/echo-env@0.1.0", [lab_wheel()], sha256="0" * 64)
+    assert result.returncode == 2
+    assert "the fetched wheel's SHA-256 is not the pushed one's" in result.stderr
+
+
+def test_it_refuses_arguments_the_package_does_not_declare(tmp_path):
+    result = run_engine(tmp_path, "acme/echo-env@0.1.0", [lab_wheel()], args={"colour": "red"})
+    assert result.returncode == 2
+    assert "env.0.args.colour" in result.stderr
+
+
+def test_it_says_a_verifiers_package_is_not_run_by_this_engine(tmp_path):
+    result = run_engine(tmp_path, "acme/my-env@0.1.0", [build_wheel(requires=["verifiers>=0.4.0"])])
+    assert result.returncode == 2
+    assert "is a verifiers package; this engine runs Lab-protocol packages only" in result.stderr

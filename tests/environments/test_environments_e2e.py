@@ -1,0 +1,74 @@
+"""End to end: a wheel pushed through the SDK trains a tiny-model job on the real stack (uvicorn,
+Celery worker, local launcher, engine subprocess); a package with a missing dependency fails the job with environment_error naming the module."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from labsdk import Lab
+
+from jobs.models import Job
+from tests.environments.wheelbuilder import lab_wheel
+from tests.stack import LabStack, wait_for
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("default_prices"),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
+]
+
+SPEC = {
+    "model": "lab/tiny-random-llama",
+    "max_steps": 2,
+    "batch_size": 4,
+    "rollouts_per_example": 2,
+    "sampling": {"max_tokens": 4},
+    "checkpoints": {"interval": 0},
+}
+
+
+@pytest.fixture
+def stack(tmp_path, settings):
+    # Wheels on S3 (signed URL fetch, sweep, delete) are tests/environments/test_environments_s3.py's part.
+    lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1")
+    settings.LAB_DATA_DIR = lab.data_dir
+    try:
+        yield lab.start()
+    finally:
+        lab.stop()
+
+
+def wait_finished(lab: Lab, stack: LabStack, job_id: str):
+    try:
+        return wait_for(
+            lambda: (job := lab.jobs.retrieve(job_id)).status in {"succeeded", "failed", "cancelled"} and job,
+            timeout=180,
+            what=f"{job_id} finished",
+        )
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {lab.jobs.retrieve(job_id).to_dict()}\n{stack.logs()}") from None
+
+
+def test_a_pushed_environment_trains_a_tiny_job_and_a_missing_dependency_fails_it(stack, owner, tmp_path):
+    good = tmp_path / lab_wheel("echo-env", "0.1.0")[0]
+    good.write_bytes(lab_wheel("echo-env", "0.1.0")[1])
+    needy_name, needy_bytes = lab_wheel("needy-env", "1.0", extra_requires=("frobnicator_9000",))
+    needy = tmp_path / needy_name
+    needy.write_bytes(needy_bytes)
+    with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
+        assert lab.environments.push(good).id == "acme/echo-env@0.1.0"
+        assert lab.environments.push(needy).id == "acme/needy-env@1.0"
+        job = lab.jobs.create({**SPEC, "env": [{"id": "acme/echo-env", "args": {"digits": 2}}]})
+        assert job.spec["env"][0]["id"] == "acme/echo-env@0.1.0"
+        done = wait_finished(lab, stack, job.id)
+        assert done.status == "succeeded", f"{done.to_dict()}\n{stack.logs()}"
+        names = set().union(*(point.values for point in lab.jobs.metrics(job.id)))
+        assert {"reward/echo-env/mean", "reward/echo-env/exact/mean", "reward/echo-env/starts/mean"} <= names
+
+        failing = lab.jobs.create({**SPEC, "env": [{"id": "acme/needy-env@1.0"}]})
+        failed = wait_finished(lab, stack, failing.id)
+        assert failed.status == "failed"
+        assert failed.error.code == "environment_error"
+        assert "needs the module 'frobnicator_9000'" in failed.error.message
+        assert Job.objects.unscoped().get(public_id=failing.id).attempt == 1  # exit 2 is never retried
