@@ -327,3 +327,27 @@ def test_the_temperature_schedule_runs_from_start_to_end_and_stays():
     assert round(at("cosine", 2), 6) == round(0.5 + 0.5 * (1 + 0.7071067811865476) / 2, 6)
     assert [at("linear", step, total_steps=3) for step in (1, 2, 3, 4, 5)] == [1.0, 0.75, 0.5, 0.5, 0.5]
     assert parse_spec(BASE).spec.sampling.temperature_at(3, 20) == 1.0
+
+
+@pytest.mark.e2e
+def test_prime_rls_reverse_text_example_runs_on_the_tiny_model(tmp_path):
+    """The example as published, its ids pointed at installed ones and two steps of 16 rollouts
+    (the full 20 steps of 128 run the same way, in about two minutes on 2 cores)."""
+    text = native_installed().replace("max_steps = 20", "max_steps = 2").replace("batch_size = 128", "batch_size = 16")
+    (tmp_path / "rl.toml").write_text(text)
+    environment = {**os.environ, "LAB_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "sdk")])}
+
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "run", "--spec", str(tmp_path / "rl.toml"), "--job-id", "job_prime",
+         "--attempt", "1", "--workdir", str(tmp_path / "work"), "--offline"],
+        capture_output=True, text=True, timeout=300, env=environment, cwd=Path(__file__).parents[2], check=False,
+    )
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = [json.loads(line) for line in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
+    assert [point["step"] for point in steps] == [1, 2]
+    assert steps[-1]["values"]["optim/lr"] == 3e-6  # [trainer.optim] lr
+    assert sorted(path.name for path in (tmp_path / "work" / "checkpoints").iterdir()) == [
+        "step-000002", "step-000002.tar",  # an empty [ckpt]: only at the end
+    ]
