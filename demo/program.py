@@ -169,6 +169,8 @@ def follow(lab: Lab, job: labsdk.Job, *, timeout_s: int) -> labsdk.Job:
 
     def show(*, status: labsdk.Job | None = None, step: int | None = None, reward: float | None = None) -> None:
         with lock:
+            # The newest wins; a snapshot as new as the one shown (a replayed one, or the same
+            # status read again) still brings the queue place and phase it was read with.
             if status is not None and status_order(status) >= status_order(state["job"]):
                 state["job"] = status
             if step is not None:

@@ -61,8 +61,15 @@ def _engine_phases(jobs: list[Job]) -> dict[int, str]:
     current = {job.pk: job.attempt for job in jobs if job.status in ACTIVE_STATUSES}
     if not current:
         return {}
+    running = {job.pk for job in jobs if job.status == JobStatus.RUNNING}
     attempts = JobAttempt.objects.filter(job_id__in=current).exclude(phase="").values_list("job_id", "number", "phase")
-    return {job_id: phase for job_id, number, phase in attempts if current[job_id] == number}
+    return {
+        job_id: phase
+        for job_id, number, phase in attempts
+        # A running job is past loading (its engine reported a step); a "loading" heartbeat is
+        # one that the step's metrics overtook.
+        if current[job_id] == number and not (phase == "loading" and job_id in running)
+    }
 
 
 def _latest_ready_checkpoints(jobs: list[Job]) -> dict[int, Checkpoint]:

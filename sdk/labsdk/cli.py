@@ -16,10 +16,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from labsdk._version import __version__
 from labsdk.client import Lab
@@ -265,27 +266,23 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
             return None
         return status.model_copy(update={"step": max(status.step or 0, newest_step)})
 
-    def render() -> Table:
+    def render() -> Group:
         job = current()
-        title = "waiting for the job" if job is None else progress_line(job)
+        header = Text("waiting for the job" if job is None else progress_line(job), style="bold")
         table = _table("METRIC", "STEP", "VALUE")
-        table.title = escape(title)
         for name in sorted(latest):
             step, value = latest[name]
             table.add_row(escape(name), str(step), f"{value:.6g}")
-        return table
+        return Group(header, table)  # the header as wide as the terminal, not the table
 
     live = None if args.json or plain else Live(render(), console=console, auto_refresh=False)
     with live or contextlib.nullcontext():
         for event in client().jobs.stream(args.id):
             line_values: dict[str, float] | None = None
             if event.event == "status":
-                if status is not None and status_order(event.data) < status_order(status):
-                    continue  # an older status replayed after the opening snapshot
-                changed = status is None or (event.data.status, event.data.phase) != (status.status, status.phase)
+                if status is not None and status_order(event.data) <= status_order(status):
+                    continue  # an older status replayed after the opening snapshot, or the same one
                 status = event.data
-                if not changed and plain:
-                    continue
             elif event.event == "metrics":
                 for name, value in event.data.values.items():
                     if name not in latest or latest[name][0] <= event.data.step:

@@ -60,3 +60,17 @@ def test_a_finished_job_has_no_phase(owner, spec):
     assert body["status"] == "cancelling" and body["phase"] == "finishing"
     Job.objects.unscoped().filter(pk=job.pk).update(status="cancelled")
     assert owner.client().get(f"/api/v1/jobs/{job.public_id}").json()["phase"] is None
+
+
+def test_a_loading_heartbeat_overtaken_by_a_step_is_not_reported(owner, spec):
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    engine = APIClient()
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    heartbeat(engine, job, "loading", 0)
+    points = {"attempt": 1, "points": [{"step": 1, "time": "2026-11-29T22:16:31Z", "values": {"reward/mean": 0.5}}]}
+    assert engine.post(f"/api/v1/ingest/jobs/{job.public_id}/metrics", points, format="json").status_code == 200
+
+    body = owner.client().get(f"/api/v1/jobs/{job.public_id}").json()
+
+    assert (body["status"], body["step"], body["phase"]) == ("running", 1, None)
