@@ -1,4 +1,4 @@
-"""Benchmarks ``sse_latency_p99_ms`` and ``sse_clients_200_lost_events`` (DESIGN.md §5).
+"""Benchmarks ``sse_latency_p99_ms`` and ``sse_clients_200_lost_events`` (docs/architecture.md "Tests and benchmarks").
 
 A real uvicorn serves ``GET /api/v1/jobs/{id}/stream`` on PostgreSQL and Redis; this process
 plays the engine through the ingest API over HTTP (loopback) and reads the stream.

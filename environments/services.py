@@ -1,6 +1,6 @@
 """Pushing, finding and deleting an organization's environment packages.
 
-An environment id reads ``<organization slug>/<name>[@<version>]`` (DESIGN.md §4): without a
+An environment id reads ``<organization slug>/<name>[@<version>]`` (docs/api.md): without a
 version, or with ``@latest``, it means the highest non-deleted version (PEP 440 order). A
 package is read from its wheel's metadata only (``environments.wheels``); nothing here imports
 it. Whether a job still uses a package is known only to ``jobs``, which checks that before it

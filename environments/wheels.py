@@ -36,7 +36,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-#: The largest wheel accepted, in bytes (DESIGN.md §4: uploads up to 100 MB).
+#: The largest wheel accepted, in bytes (docs/api.md "Conventions": uploads up to 100 MB).
 MAX_WHEEL_BYTES = 100 * 1024 * 1024
 #: The most members a wheel may have.
 MAX_MEMBERS = 10_000

@@ -1,7 +1,7 @@
 """Where jobs meet environment packages: a package in use cannot be deleted, and a launch carries
 the packages its job's spec names.
 
-``environments`` never imports ``jobs``, so the checks that need jobs live here (DESIGN.md §1).
+``environments`` never imports ``jobs``, so the checks that need jobs live here (docs/architecture.md "Layout").
 A job's stored spec names each uploaded environment by its exact version (resolved at submit,
 ``jobs.specs``), so "in use" is "named by the spec of a job that is not finished".
 """

@@ -78,7 +78,7 @@ def web_command(*, host: str, port: int) -> list[str]:
 
 def worker_command(*, data_dir: Path, embedded_beat: bool = False) -> list[str]:
     """Return the command line of a Celery worker (2 processes) on every queue Lab uses (the
-    bare command of DESIGN.md §4), with beat inside it when ``embedded_beat`` is true."""
+    bare command of docs/architecture.md "Processes"), with beat inside it when ``embedded_beat`` is true."""
     command = [sys.executable, "-m", "celery", "-A", "lab", "worker", "--concurrency", "2", "--loglevel", "INFO"]
     if embedded_beat:
         command += ["-B", "--schedule", str(data_dir / "celerybeat-schedule")]

@@ -188,7 +188,7 @@ def environment_to_dict(environment: EnvironmentInfo) -> dict[str, Any]:
 
 
 def environment_package_to_dict(package: EnvironmentPackage) -> dict[str, Any]:
-    """Return an uploaded package as an Environment object (DESIGN.md §4): id
+    """Return an uploaded package as an Environment object (docs/api.md): id
     ``<org>/<name>@<version>``, ``kind`` ``verifiers`` or ``lab``, what its metadata declares, and
     who pushed it (an email, or ``api_key:<key id>``). ``args`` is empty: the package checks its own."""
     pusher = package.pushed_by.email if package.pushed_by else (

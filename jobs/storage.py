@@ -104,7 +104,7 @@ def _copy_hashing(source: Path, destination: Path) -> tuple[int, str]:
 
 
 def upload_target(key: str) -> dict[str, Any]:
-    """Return the ingest API's upload target for ``key`` (DESIGN.md §4 "Ingest API").
+    """Return the ingest API's upload target for ``key`` (docs/ingest-api.md).
 
     ``{"method": "local", "path": ...}`` on the filesystem; on S3
     ``{"method": "put", "url": <pre-signed PUT URL>, "headers": {"Content-Type": ...}}``, the URL

@@ -1,4 +1,4 @@
-"""REST endpoints for environments (DESIGN.md §4 "REST API"): one list of the built-ins and the
+"""REST endpoints for environments (docs/api.md): one list of the built-ins and the
 organization's uploaded packages, pushing a wheel, reading and deleting one version. Thin over
 ``environments.services`` and ``jobs.environment_packages`` (the in-use check knows jobs)."""
 

@@ -168,7 +168,7 @@ def _resources(request: LaunchRequest, settings: PoolSettings) -> dict:
 def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> dict:
     name = jobset_name(request.job_id, request.attempt)
     args = engine_args(request, spec_path=f"{SPEC_DIR}/spec.json", workdir=WORK_DIR, resume_dir=None)
-    if role != "engine":  # one process per role, when the engine is split (DESIGN.md §4)
+    if role != "engine":  # one process per role, when the engine is split (docs/architecture.md)
         args = [role, *args[1:]]
     spec: dict = {
         "restartPolicy": "Never",

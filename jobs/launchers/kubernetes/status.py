@@ -1,5 +1,5 @@
 """Read one attempt's cluster objects (its JobSet, Kueue Workload, Jobs and pods) as an
-``Observation`` in Lab's words (DESIGN.md §4 ``status_reason`` and ``error.code``).
+``Observation`` in Lab's words (docs/api.md "Statuses": ``status_reason`` and ``error.code``).
 
 | what the cluster shows | Observation |
 |---|---|
