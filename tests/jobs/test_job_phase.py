@@ -15,6 +15,15 @@ from tests.schema_check import assert_matches, served_document
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
 
+def started(owner, spec) -> tuple[Job, APIClient]:
+    """Submit ``spec`` and claim its first attempt; return the job and its engine's client."""
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    engine = APIClient()
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    return job, engine
+
+
 def heartbeat(client: APIClient, job: Job, phase: str, step: int) -> None:
     answer = client.post(f"/api/v1/ingest/jobs/{job.public_id}/status",
                          {"attempt": 1, "phase": phase, "step": step}, format="json")
@@ -47,10 +56,7 @@ def test_it_reports_the_phase_of_the_current_attempt(owner, spec):
 
 
 def test_a_finished_job_has_no_phase(owner, spec):
-    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
-    attempt = job_claim_for_start(job_id=job.pk)
-    engine = APIClient()
-    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    job, engine = started(owner, spec)
     heartbeat(engine, job, "running", 1)
     owner.client().post(f"/api/v1/jobs/{job.public_id}/cancel")
     heartbeat(engine, job, "finishing", 1)
@@ -63,10 +69,7 @@ def test_a_finished_job_has_no_phase(owner, spec):
 
 
 def test_a_loading_heartbeat_overtaken_by_a_step_is_not_reported(owner, spec):
-    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
-    attempt = job_claim_for_start(job_id=job.pk)
-    engine = APIClient()
-    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    job, engine = started(owner, spec)
     heartbeat(engine, job, "loading", 0)
     points = {"attempt": 1, "points": [{"step": 1, "time": "2026-11-29T22:16:31Z", "values": {"reward/mean": 0.5}}]}
     assert engine.post(f"/api/v1/ingest/jobs/{job.public_id}/metrics", points, format="json").status_code == 200
