@@ -120,3 +120,22 @@ def test_nothing_a_job_produced_holds_a_secret(owner, outsider, spec, no_broker)
     assert SECRET not in answers
     assert SECRET not in database_text()
     assert outsider.client().get(f"/api/v1/jobs/{job.public_id}").status_code == 404
+
+
+def test_secrets_key_rotation_keeps_old_secrets_readable(owner, spec, no_broker, settings):
+    from cryptography.fernet import Fernet
+    from django.core.exceptions import ImproperlyConfigured
+
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.LAB_SECRETS_KEY = old
+    assert create(owner, spec, {"OPENAI_API_KEY": SECRET}).status_code == 201
+    job_id = Job.objects.unscoped().get().public_id
+
+    settings.LAB_SECRETS_KEY = f"{new},{old}"
+    assert engine_secrets(job_id=job_id) == {"OPENAI_API_KEY": SECRET}
+    settings.LAB_SECRETS_KEY = new
+    with pytest.raises(ImproperlyConfigured, match="LAB_SECRETS_KEY must keep the key"):
+        engine_secrets(job_id=job_id)
+    settings.LAB_SECRETS_KEY = "not-a-key"
+    with pytest.raises(ImproperlyConfigured, match="must be Fernet keys"):
+        engine_secrets(job_id=job_id)
