@@ -1,5 +1,6 @@
 """End to end: a wheel pushed through the SDK trains a tiny-model job on the real stack (uvicorn,
-Celery worker, local launcher, engine subprocess); a package with a missing dependency fails the job with environment_error naming the module."""
+Celery worker, local launcher, engine subprocess); a package with a missing dependency fails the
+job with environment_error naming the module."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.db import connection
 from labsdk import Lab
 
 from jobs.models import Job
+from tests.environments.test_engine_packages import TINY
 from tests.environments.wheelbuilder import lab_wheel
 from tests.stack import LabStack, wait_for
 
@@ -17,16 +19,6 @@ pytestmark = [
     pytest.mark.usefixtures("default_prices"),
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
 ]
-
-SPEC = {
-    "model": "lab/tiny-random-llama",
-    "max_steps": 2,
-    "batch_size": 4,
-    "rollouts_per_example": 2,
-    "sampling": {"max_tokens": 4},
-    "checkpoints": {"interval": 0},
-}
-
 
 @pytest.fixture
 def stack(tmp_path, settings):
@@ -59,14 +51,14 @@ def test_a_pushed_environment_trains_a_tiny_job_and_a_missing_dependency_fails_i
     with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
         assert lab.environments.push(good).id == "acme/echo-env@0.1.0"
         assert lab.environments.push(needy).id == "acme/needy-env@1.0"
-        job = lab.jobs.create({**SPEC, "env": [{"id": "acme/echo-env", "args": {"digits": 2}}]})
+        job = lab.jobs.create({**TINY, "env": [{"id": "acme/echo-env", "args": {"digits": 2}}]})
         assert job.spec["env"][0]["id"] == "acme/echo-env@0.1.0"
         done = wait_finished(lab, stack, job.id)
         assert done.status == "succeeded", f"{done.to_dict()}\n{stack.logs()}"
         names = set().union(*(point.values for point in lab.jobs.metrics(job.id)))
         assert {"reward/echo-env/mean", "reward/echo-env/exact/mean", "reward/echo-env/starts/mean"} <= names
 
-        failing = lab.jobs.create({**SPEC, "env": [{"id": "acme/needy-env@1.0"}]})
+        failing = lab.jobs.create({**TINY, "env": [{"id": "acme/needy-env@1.0"}]})
         failed = wait_finished(lab, stack, failing.id)
         assert failed.status == "failed"
         assert failed.error.code == "environment_error"
