@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine import checkpoints as ckpt
+from engine.catalog import TINY_RANDOM_LLAMA_ID
 from engine.environments import Environment, load_environment
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
 from engine.models import load_model
@@ -394,15 +395,20 @@ class Trainer:
 
     # ---- checkpoints ----
 
-    def _checkpoint(self, step: int, pending: RolloutBatch | None) -> pathlib.Path:
+    def _checkpoint(self, step: int, pending: RolloutBatch | None, metrics: dict[str, float] | None = None) -> pathlib.Path:
         self.reporter.set_status("checkpointing", step)
         spec = self.config.spec
+        card = ckpt.model_card(
+            base_model=spec.model, job_id=self.reporter.job_id, step=step, max_steps=spec.max_steps,
+            metrics=metrics or {}, spec=spec.model_dump(mode="json", exclude_none=True),
+            checkpoint_format=self.format, test_model=spec.model == TINY_RANDOM_LLAMA_ID,
+        )
         directory = ckpt.save_checkpoint(
             self.checkpoint_root / ckpt.checkpoint_name(step),
             model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
             state=ckpt.TrainerState(step=step, data_position=step * (spec.batch_size // spec.rollouts_per_example),
                                     seed=spec.seed, spec_digest=self.config.digest(), format=self.format),
-            pending_rollouts=pending,
+            pending_rollouts=pending, card=card,
         )
         archive = directory.with_name(directory.name + ".tar")
         size, digest = ckpt.write_tar(directory, archive)
@@ -490,7 +496,7 @@ class Trainer:
                     # The rollouts already sampled for the next step go into the checkpoint,
                     # so a resume trains on exactly what an uninterrupted run would.
                     next_batch = pending.result() if pending is not None else None
-                    self._checkpoint(step, next_batch)
+                    self._checkpoint(step, next_batch, metrics)
                 if stopping:
                     logger.info("stop requested: stopped after step %d with a checkpoint", step)
                     return "stopped"

@@ -74,6 +74,12 @@ def test_it_runs_three_offline_steps_on_the_tiny_model(tmp_path):
     final = work / "checkpoints" / "step-000003"
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "trainer_state"} <= {p.name for p in final.iterdir()}
     assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == "lab/tiny-random-llama"
+    # The model card replaces peft's empty template: the catalogue id, the job, the step, its reward, the spec.
+    card = (final / "README.md").read_text()
+    assert card.startswith('---\nbase_model: "lab/tiny-random-llama"\nlibrary_name: peft\n')
+    assert "after step 3 of 3" in card and "**This is a test model.**" in card
+    assert f"| `reward/mean` | {points[2]['values']['reward/mean']:.4g} |" in card
+    assert json.loads(card.split("```json\n")[1].split("```")[0])["model"] == "lab/tiny-random-llama"
     assert json.loads((work / "finish.json").read_text()) == {"attempt": 1, "outcome": "succeeded"}
 
     # A second attempt resumed from the step-2 archive repeats step 3 exactly (times aside).
