@@ -53,6 +53,9 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 ENTRY_POINT_GROUP = "lab.environments"
 #: Top-level modules a package may not be named after: importing it would find these instead.
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {"engine", "labsdk", "torch", "transformers", "verifiers"}
+#: verifiers' own tasksets (``verifiers.v1.tasksets.<name>``, version 0.4.0): its loader imports one of
+#: these before a package's module of the same name (``verifiers/v1/utils/loaders.py``, ``_import_plugin``).
+VERIFIERS_BUILTIN_TASKSETS = frozenset({"harbor", "nemo_gym", "openenv", "textarena"})
 _CHUNK = 1024 * 1024
 
 
@@ -297,6 +300,8 @@ def _read_archive(archive: zipfile.ZipFile, *, filename: str, name: str, version
         )
     if not module.isidentifier() or module in RESERVED_MODULES:
         raise InvalidWheel(f"the module '{module}' cannot be an environment's: pick another package name")
+    if kind == "verifiers" and module in VERIFIERS_BUILTIN_TASKSETS:
+        raise InvalidWheel(f"verifiers has a taskset '{module}' of its own, which it would load instead: pick another package name")
     if not _ships_module(names, module):
         raise InvalidWheel(f"the wheel has no top-level module '{module}' ({module}/__init__.py or {module}.py)")
     return WheelInfo(

@@ -62,8 +62,8 @@ def installed_environments(organization: Organization | None = None) -> dict[str
     """Return the environments installed on this Lab: the built-ins, and with ``organization`` its
     uploaded packages under every id that names one (``environments.services.environment_catalogue``)."""
     environments = list_environments()
-    if organization is not None:
-        environments |= environment_catalogue(organization=organization)
+    if organization is not None:  # an organization slugged "lab" cannot shadow a built-in
+        environments = environment_catalogue(organization=organization) | environments
     return environments
 
 

@@ -265,3 +265,16 @@ def test_it_refuses_to_delete_a_package_a_queued_job_uses(owner, spec):
     spec["env"] = [{"id": "acme/my-env@0.1.0"}]
     response = owner.client().post("/api/v1/jobs", spec, format="json")
     assert (response.status_code, response.json()["error"]["param"]) == (400, "env.0.id")
+
+
+def test_a_built_in_id_keeps_meaning_the_built_in_for_an_organization_slugged_lab(db, spec):
+    from tests.conftest import make_tenant
+
+    lab = make_tenant("owner@lab.test", "Lab")
+    assert lab.organization.slug == "lab"
+    assert push(lab, build_wheel("addition", "1.0")).status_code == 201
+    spec["env"] = [{"id": "lab/addition", "args": {"colour": "red"}}]
+    response = lab.client().post("/api/v1/jobs", spec, format="json")
+    assert (response.status_code, response.json()["error"]["param"]) == (400, "env.0.args.colour")
+    spec["env"] = [{"id": "lab/addition@1.0"}]
+    assert lab.client().post("/api/v1/jobs", spec, format="json").json()["spec"]["env"][0]["id"] == "lab/addition@1.0"

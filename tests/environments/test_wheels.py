@@ -47,6 +47,7 @@ def test_it_reads_a_lab_package_from_its_entry_point():
         (build_wheel(requires=[]), "neither a verifiers environment"),
         (build_wheel(requires=["verifiers>=>0.4"]), "invalid Requires-Dist"),
         (build_wheel("json", files={"json/__init__.py": ""}), "cannot be an environment's"),
+        (build_wheel("textarena", files={"textarena/__init__.py": ""}), "verifiers has a taskset 'textarena' of its own"),
         (build_wheel(entry_points="[lab.environments]\na = x:Y\nb = x:Z\n"), "exactly one entry"),
         (build_wheel(entry_points="[lab.environments]\na = not a path\n"), "must read module:Class"),
         (build_wheel(entry_points="this is not ini"), "not a valid INI file"),
