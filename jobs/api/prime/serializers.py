@@ -48,7 +48,7 @@ def run_to_dict(job: Job, lab_job: dict[str, Any]) -> dict[str, Any]:
         "userId": job.created_by_key.public_id if job.created_by_key_id else "",
         "status": RUN_STATUSES[lab_job["status"]],
         "baseModel": spec.get("model"),
-        "environments": [{"id": env["id"], "name": env["id"]} for env in spec.get("env", [])],
+        "environments": [{"id": env.get("id"), "name": env.get("name") or env.get("id")} for env in spec.get("env", [])],
         "maxSteps": lab_job["max_steps"],
         "batchSize": spec.get("batch_size"),
         "rolloutsPerExample": spec.get("rollouts_per_example"),
