@@ -22,6 +22,7 @@ from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods
+from labsdk.spec_template import spec_to_toml
 
 from dashboard.access import OrganizationAccess, project_view
 from dashboard.forms import JobSpecForm
@@ -29,7 +30,7 @@ from dashboard.spec_editor import example_named, examples
 from dashboard.views import _actor, _render
 from jobs.checkpoints import checkpoint_download_response
 from jobs.estimates import job_estimate
-from jobs.models import Checkpoint, Job, JobStatus
+from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus
 from jobs.queue import queue_positions
 from jobs.selectors import (
     job_list,
@@ -112,7 +113,8 @@ def jobs_table(request: HttpRequest, access: OrganizationAccess, project: Projec
 @require_http_methods(["GET", "POST"])
 @project_view
 def job_create(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
-    """ "New job": edit a spec (pre-filled from an example), see its estimate, then submit it.
+    """ "New job": edit a spec (pre-filled from an example, or with ``?from_checkpoint=ckpt_...``
+    from that checkpoint's job with ``init_from`` set), see its estimate, then submit it.
 
     A POST validates the spec through ``jobs.estimates.job_estimate`` (what ``POST /jobs/estimate``
     does) and shows every problem next to its line, or the estimate with a "Submit" button. The
@@ -122,7 +124,9 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
     example = example_named(request.GET.get("example"))
     estimate, changed_since_estimate = None, False
     if request.method == "GET":
-        form = JobSpecForm(initial={"format": "toml", "spec": example.text if example else ""})
+        source = request.GET.get("from_checkpoint")
+        text = _spec_from_checkpoint(project, source) if source else (example.text if example else "")
+        form = JobSpecForm(initial={"format": "toml", "spec": text})
     else:
         form = JobSpecForm(request.POST)
         if form.is_valid():
@@ -162,6 +166,22 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
         "submission": secrets.token_urlsafe(24) if estimate else "",
     }
     return _render(request, "dashboard/job_new.html", context, access=access, status=200)
+
+
+def _spec_from_checkpoint(project: Project, checkpoint_id: str) -> str:
+    """Return, as TOML, the spec of the job that wrote ready checkpoint ``checkpoint_id`` with
+    ``init_from`` naming it (a new job starts from its weights) and a name saying so. Http404
+    for a checkpoint that is missing, another tenant's, or not ready."""
+    checkpoint = get_owned(Checkpoint.objects.select_related("job"), project, checkpoint_id, "checkpoint", error=_no_such)
+    if checkpoint.status != CheckpointStatus.READY:
+        raise _no_such("ready checkpoint")
+    spec = {key: value for key, value in checkpoint.job.spec.items() if key != "checkpoint_id"}  # Prime's init_from
+    base_name = spec.get("name") or checkpoint.job.public_id
+    spec = {"name": f"{base_name}-from-step-{checkpoint.step}", **{k: v for k, v in spec.items() if k != "name"}}
+    spec["init_from"] = checkpoint.public_id
+    comment = (f"A new job from {checkpoint.public_id}: step {checkpoint.step} of {checkpoint.job.public_id}, "
+               f"whose spec this is.\ninit_from starts it from that checkpoint's weights (a fresh optimizer, step 1).")
+    return spec_to_toml(spec, comment=comment)
 
 
 def _submit_once(request: HttpRequest, project: Project, data, *, token: str, digest: str) -> tuple[Job | None, bool]:

@@ -172,3 +172,39 @@ def spec_template(
         elif child.get("type") == "object" and _is_lab_setting(child):
             lines += ["", f"# [{section}]{_comment(child.get('description', ''))}", '# team = "research"']
     return "\n".join(lines) + "\n"
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _is_table_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(item, Mapping) for item in value)
+
+
+def spec_to_toml(spec: Mapping[str, Any], *, comment: str = "") -> str:
+    """Return ``spec`` (a spec as JSON data, e.g. a Job's ``spec``) as TOML that reads back to the
+    same data, ``None`` values left out: scalars first, then a ``[section]`` per table and a
+    ``[[section]]`` per item of a list of tables (their own tables inline). ``comment`` lines go
+    on top, each prefixed with ``# ``. Format: TOML 1.0 (toml.io/en/v1.0.0)."""
+    lines = [f"# {line}" if line else "#" for line in comment.splitlines()]
+
+    def table(data: Mapping[str, Any], path: str) -> None:
+        for key, value in data.items():
+            if value is not None and not isinstance(value, Mapping) and not _is_table_list(value):
+                lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+        for key, value in data.items():
+            if isinstance(value, Mapping):
+                lines.extend(["", f"[{path}{_toml_key(key)}]"])
+                table(value, f"{path}{_toml_key(key)}.")
+        for key, value in data.items():
+            if _is_table_list(value):
+                for item in value:
+                    lines.extend(["", f"[[{path}{_toml_key(key)}]]"])
+                    lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in item.items() if v is not None)
+
+    table(spec, "")
+    return "\n".join(lines).lstrip("\n") + "\n"

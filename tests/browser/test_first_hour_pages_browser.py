@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 from labsdk.webhooks import WebhookReceiver
 
-from jobs.models import Checkpoint, CheckpointStatus
+from jobs.models import Checkpoint, CheckpointStatus, Job
 from jobs.webhooks import outbox
 from jobs.webhooks.delivery import deliver
 from jobs.webhooks.endpoints import endpoint_create, endpoint_send_test
@@ -102,3 +102,26 @@ def test_checkpoint_sizes_read_as_in_the_cli(live_server, owner, spec, no_broker
         listed = page.locator("#job-checkpoints").inner_text()
 
     assert "62.6 MB" in listed
+
+
+def test_a_new_job_starts_from_a_checkpoint_of_the_job_page(live_server, owner, spec, no_broker):
+    job = submit(owner, spec, name="adder")
+    Engine(job).running(step=4)
+    checkpoint = Checkpoint.objects.create(job=job, step=4, attempt=1, status=CheckpointStatus.READY,
+                                           format="peft-lora", size_bytes=1000, sha256="0" * 64)
+
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(f"{PROJECT}jobs/{job.public_id}/")
+        page.click("#job-checkpoints a.new-from-checkpoint")
+        page.wait_for_url(f"**/jobs/new/?from_checkpoint={checkpoint.public_id}")
+        text = page.input_value("textarea[name=spec]")
+        page.click("button[value=estimate]")
+        page.wait_for_selector("#submit-job")
+        page.click("#submit-job")
+        page.wait_for_url("**/jobs/job_*/")
+        landed = page.url
+
+    assert f'init_from = "{checkpoint.public_id}"' in text and 'name = "adder-from-step-4"' in text
+    new = Job.objects.unscoped().exclude(pk=job.pk).get()
+    assert landed.endswith(f"/jobs/{new.public_id}/")
+    assert new.spec["init_from"] == checkpoint.public_id

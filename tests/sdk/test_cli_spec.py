@@ -102,3 +102,22 @@ def test_the_spec_help_names_init_schema_models_and_envs(tmp_path):
     assert result.returncode == 0
     for words in ("init", "schema", "check", "`lab models`", "`lab envs`", "lab spec schema --fields"):
         assert words in result.stdout
+
+
+def test_a_spec_as_toml_reads_back_to_the_same_data():
+    import tomllib
+
+    from labsdk.spec_template import spec_to_toml
+
+    spec = {
+        "name": "run \"one\"", "model": "lab/tiny-random-llama", "learning_rate": 1e-05, "init_from": None,
+        "sampling": {"max_tokens": 8, "temperature": 1.0},
+        "env": [{"id": "lab/addition", "args": {"max_operand": 9, "nested": {"a": [1, 2]}}}, {"id": "lab/reverse-text"}],
+        "eval": {"interval": 0, "sampling": {"temperature": 0.5}},
+        "metadata": {"team": "r&d", "a.b": "x"},
+    }
+
+    text = spec_to_toml(spec, comment="from ckpt_1")
+
+    assert text.startswith("# from ckpt_1\nname = ")
+    assert tomllib.loads(text) == {k: v for k, v in spec.items() if v is not None}
