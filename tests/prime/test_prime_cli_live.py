@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,16 @@ def test_prime_train_runs_a_prime_rl_config_on_lab_and_every_command_reads_or_ch
     assert foreign.returncode == missing.returncode == 1
     assert foreign.stdout == missing.stdout == "Error: HTTP 404: No such run.\n"
 
+    # A second run waits behind the first (one local slot), so it stops at once, twice.
+    second = ok(prime("train", "run", str(config), "--yes", key=owner.key)).split("Dispatched hosted run ")[1].split()[0]
+    stopped = ok(prime("train", "stop", second, "--force", key=owner.key))
+    assert f"Run {second} stopped successfully" in stopped and "Status: STOPPED" in stopped
+    assert Job.objects.unscoped().get(public_id=second).status == JobStatus.CANCELLED
+    restarted = ok(prime("train", "restart", second, "--force", key=owner.key))
+    assert f"Run {second} restarting from checkpoint" in restarted and "Status: QUEUED" in restarted
+    assert Job.objects.unscoped().get(public_id=second).status != JobStatus.CANCELLED
+    assert "Status: STOPPED" in ok(prime("train", "stop", second, "--force", key=owner.key))
+
     def finished():
         job.refresh_from_db()
         return job.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
@@ -96,18 +107,21 @@ def test_prime_train_runs_a_prime_rl_config_on_lab_and_every_command_reads_or_ch
     assert job.status == JobStatus.SUCCEEDED, f"{job.error_code} {job.error_message}\n{stack.logs()}"
     checkpoint = Checkpoint.objects.get(job=job, status="ready")
 
-    listed = ok(prime("train", "list", key=owner.key))
-    shown = ok(prime("train", "get", job.public_id, key=owner.key))
-    logs = ok(prime("train", "logs", job.public_id, "--raw", key=owner.key))
-    metrics = json.loads(ok(prime("train", "metrics", job.public_id, key=owner.key)))["metrics"]
-    progress = json.loads(ok(prime("train", "progress", job.public_id, key=owner.key)))
+    reads = {
+        "list": ("list",), "get": ("get", job.public_id), "logs": ("logs", job.public_id, "--raw"),
+        "metrics": ("metrics", job.public_id), "progress": ("progress", job.public_id),
+        "distributions": ("distributions", job.public_id),
+        "checkpoints": ("checkpoints", job.public_id, "-o", "json"), "usage": ("usage", job.public_id, "-o", "json"),
+        "models": ("models",), "gpus": ("gpus",),
+    }
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        printed = dict(zip(reads, pool.map(lambda argv: ok(prime("train", *argv, key=owner.key)), reads.values())))
+    listed, shown, logs, models, gpus = (printed[name] for name in ("list", "get", "logs", "models", "gpus"))
+    metrics = json.loads(printed["metrics"])["metrics"]
+    progress, distribution = json.loads(printed["progress"]), json.loads(printed["distributions"])
+    checkpoints, usage = json.loads(printed["checkpoints"]), json.loads(printed["usage"])
     step = progress["steps_with_samples"][-1]
     rollouts = json.loads(ok(prime("train", "rollouts", job.public_id, "--step", str(step), key=owner.key)))
-    distribution = json.loads(ok(prime("train", "distributions", job.public_id, key=owner.key)))
-    checkpoints = json.loads(ok(prime("train", "checkpoints", job.public_id, "-o", "json", key=owner.key)))
-    usage = json.loads(ok(prime("train", "usage", job.public_id, "-o", "json", key=owner.key)))
-    models = ok(prime("train", "models", key=owner.key))
-    gpus = ok(prime("train", "gpus", key=owner.key))
 
     assert job.public_id in listed and "COMPLETED" in listed and "lab/tiny-random-llama" in listed
     assert "Status: COMPLETED" in shown and "Batch Size: 8" in shown and "Environments: lab/addition" in shown
@@ -127,15 +141,6 @@ def test_prime_train_runs_a_prime_rl_config_on_lab_and_every_command_reads_or_ch
 
     refused_stop = prime("train", "stop", job.public_id, "--force", key=owner.key)
     assert refused_stop.returncode == 1 and "HTTP 409" in refused_stop.stdout
-
-    second = ok(prime("train", "run", str(config), "--yes", key=owner.key)).split("Dispatched hosted run ")[1].split()[0]
-    stopped = ok(prime("train", "stop", second, "--force", key=owner.key))
-    assert f"Run {second} stopped successfully" in stopped and "Status: STOPPED" in stopped
-    assert Job.objects.unscoped().get(public_id=second).status == JobStatus.CANCELLED
-    restarted = ok(prime("train", "restart", second, "--force", key=owner.key))
-    assert f"Run {second} restarting from checkpoint" in restarted and "Status: QUEUED" in restarted
-    assert Job.objects.unscoped().get(public_id=second).status != JobStatus.CANCELLED
-    assert "Status: STOPPED" in ok(prime("train", "stop", second, "--force", key=owner.key))
 
     for run_id in (job.public_id, second):
         assert f"Run {run_id} deleted successfully" in ok(prime("train", "delete", run_id, "--force", key=owner.key))
