@@ -34,6 +34,26 @@ def _enum(values) -> dict:
 
 JOB_SPEC = json_schema_component("JobSpec", job_spec_json_schema())
 
+
+def _job_create_schema() -> dict:
+    """The body of ``POST /jobs`` and ``/jobs/estimate``: the spec's keys and, beside them, the
+    write-only ``secrets`` (jobs.secrets.services says what is refused)."""
+    schema = job_spec_json_schema()
+    schema["properties"]["secrets"] = {
+        "type": ["object", "null"],
+        "writeOnly": True,
+        "maxProperties": 100,
+        "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+        "additionalProperties": {"type": "string"},
+        "description": "Job secrets, NAME -> value: stored encrypted, given to the job's engine process as "
+        "environment variables, never answered; at most 64 KB in all; LAB_* and the names that steer a process "
+        "(PATH, PYTHONPATH, LD_PRELOAD, HOME, ...) are refused.",
+    }
+    return schema
+
+
+JOB_CREATE = json_schema_component("JobCreate", _job_create_schema())
+
 CHECKPOINT = component(
     "Checkpoint",
     obj(

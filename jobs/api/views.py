@@ -31,7 +31,7 @@ from lab.api.base import ProjectAPIView
 from lab.api.pagination import list_envelope, paginate_by_public_id
 from lab.api.schema import ERROR, integer_parameter, json_body, limit_parameter
 
-_SPEC_BODY = json_body(openapi.JOB_SPEC)
+_SPEC_BODY = json_body(openapi.JOB_CREATE)
 
 
 class JobListView(ProjectAPIView):

@@ -66,14 +66,14 @@ def generated_client(live_server, tmp_path: Path, monkeypatch):
 
 def test_a_generated_client_creates_and_reads_a_job(generated_client, live_server, tenant):
     from lab_api_client.api.jobs import jobs_create, jobs_list, jobs_retrieve
-    from lab_api_client.models import Error, JobList, JobSpec, JobStatus
+    from lab_api_client.models import Error, JobCreate, JobList, JobStatus
     from lab_api_client.models import Job as JobModel
 
     client = generated_client.AuthenticatedClient(
         base_url=live_server.url, token=tenant.key, raise_on_unexpected_status=True
     )
 
-    created = jobs_create.sync_detailed(client=client, body=JobSpec.from_dict(TINY_SPEC))
+    created = jobs_create.sync_detailed(client=client, body=JobCreate.from_dict(TINY_SPEC))
 
     assert created.status_code == 201, created.content
     job = created.parsed

@@ -71,7 +71,11 @@ def test_the_job_spec_component_is_labsdks_json_schema(document):
     for path in ("/api/v1/jobs", "/api/v1/jobs/estimate"):
         body = document["paths"][path]["post"]["requestBody"]
         assert body["required"] is True
-        assert body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/JobSpec"}
+        assert body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/JobCreate"}
+    create = components["JobCreate"]
+    secrets = create["properties"].pop("secrets")
+    assert create == components["JobSpec"]  # the spec's keys, and the secrets beside them
+    assert secrets["writeOnly"] is True and secrets["additionalProperties"] == {"type": "string"}
 
 
 def test_every_authenticated_operation_documents_the_error_body(document):
