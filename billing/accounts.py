@@ -71,9 +71,13 @@ def account_for(organization_id: int) -> BillingAccount:
 
 
 def locked_account(organization_id: int) -> BillingAccount:
-    """Return the organization's account locked for update (call inside a transaction)."""
-    account_for(organization_id)
-    return BillingAccount.objects.select_for_update().get(organization_id=organization_id)
+    """Return the organization's account locked for update (call inside a transaction), creating
+    it first when missing."""
+    account = BillingAccount.objects.select_for_update().filter(organization_id=organization_id).first()
+    if account is None:
+        account_for(organization_id)
+        account = BillingAccount.objects.select_for_update().get(organization_id=organization_id)
+    return account
 
 
 def month_start(moment: datetime) -> datetime:

@@ -14,6 +14,7 @@ an operator, not a quote.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from decimal import Decimal
 
 DEFAULT_PRICES: dict[str, tuple[Decimal, str]] = {
@@ -31,3 +32,17 @@ def seed_default_prices(price_model) -> None:
         price_model.objects.get_or_create(
             resource_type=resource_type, defaults={"usd_per_hour": usd_per_hour, "description": description}
         )
+
+
+def seed_price_history(price_model, price_change_model) -> None:
+    """Give every price without a history its current value as its first entry, in force since
+    2000-01-01, so intervals are priced from the history alone."""
+    since = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    known = set(price_change_model.objects.values_list("resource_type", flat=True))
+    price_change_model.objects.bulk_create(
+        [
+            price_change_model(resource_type=price.resource_type, usd_per_hour=price.usd_per_hour, effective_from=since)
+            for price in price_model.objects.all()
+            if price.resource_type not in known
+        ]
+    )

@@ -27,7 +27,7 @@ from billing.accounts import (
     spent_this_month_micro_usd,
 )
 from billing.metering import enqueue_meter_events
-from billing.models import Plan, UsageInterval
+from billing.models import BillingAccount, Plan, UsageInterval
 from billing.pricing import exact_cost_micro_usd, price_at, round_micro
 from lab.lib.resources import CPU, resource_units
 
@@ -78,19 +78,32 @@ def _due_bounds(start: datetime, *, until: datetime, ended: bool) -> list[tuple[
     return bounds
 
 
+def _last_interval(attempt_id: int) -> UsageInterval | None:
+    return UsageInterval.objects.unscoped().filter(attempt_id=attempt_id).order_by("-index").first()
+
+
 def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:
     """Close and price the attempt's intervals that are due at ``now``; charge prepaid credit.
 
     Idempotent: intervals already in the ledger are never recorded or charged again. Returns the
-    new intervals and whether the organization has nothing left to spend.
+    new intervals and whether the organization has nothing left to spend. When no interval is
+    due (most reconciler passes), nothing is locked: one read of the ledger and one of the account.
     """
+    until = usage.ended_at if usage.ended_at is not None else now
+    last = _last_interval(usage.attempt_id)
+    start = last.ended_at if last is not None else usage.started_at
+    if not _due_bounds(start, until=until, ended=usage.ended_at is not None):
+        account = BillingAccount.objects.filter(organization_id=usage.organization_id).first()
+        left = left_to_spend_micro_usd(account) if account is not None else None
+        return CloseResult(closed=[], exhausted=left is not None and left <= 0)
     with transaction.atomic():
         account = locked_account(usage.organization_id)
-        last = UsageInterval.objects.unscoped().filter(attempt_id=usage.attempt_id).order_by("-index").first()
+        # Read again under the lock (a statement of its own, so it sees what committed while this
+        # one waited): another worker may have closed some meanwhile.
+        last = _last_interval(usage.attempt_id)
         start = last.ended_at if last is not None else usage.started_at
         index = last.index + 1 if last is not None else 0
         running = last.running_cost_micro_usd if last is not None else Decimal(0)
-        until = usage.ended_at if usage.ended_at is not None else now
         units = resource_units(gpu_type=usage.resource_type, gpus=usage.gpus)
         closed = []
         for begin, end in _due_bounds(start, until=until, ended=usage.ended_at is not None):
