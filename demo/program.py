@@ -323,23 +323,27 @@ def check_webhooks(receiver: WebhookReceiver, job: labsdk.Job) -> Check:
 
 
 def check_usage(lab: Lab, job: labsdk.Job) -> tuple[Check, str]:
-    """CPU-seconds recorded for the job, and a cost that matches them at the local ``cpu`` rate
-    of the price table (to the cent, which is how costs are rounded); return the check and a
-    line for the summary."""
+    """CPU-seconds recorded for the job in the billing ledger (``GET /usage``), the job's usage
+    equal to the ledger's figure, and a cost that matches those seconds at the local ``cpu`` rate
+    of the price table; return the check and a line for the summary."""
     name = "usage recorded and priced"
     usage = job.usage
     rate = next((price.usd_per_hour for price in lab.prices.list() if price.resource_type == "cpu"), None)
-    if usage is None or not usage.cpu_seconds or usage.cost_usd is None:
-        return Check(name, False, f"no CPU-seconds or cost recorded: {usage}"), ""
+    ledger = lab.usage(group_by="job", job_id=job.id, start=job.created_at) if usage and usage.cpu_seconds else []
+    if usage is None or not usage.cpu_seconds or usage.cost_usd is None or not ledger:
+        return Check(name, False, f"no CPU-seconds or cost recorded: {usage}, ledger {ledger}"), ""
     if rate is None:
         return Check(name, False, "the price table has no local (cpu) rate"), ""
-    expected = Decimal(str(usage.cpu_seconds)) / 3600 * rate
+    row = ledger[0]
+    expected = Decimal(str(row.cpu_seconds)) / 3600 * rate
     line = (
-        f"{usage.cpu_seconds:,.1f} CPU-seconds at the local rate of ${rate} per hour: "
-        f"${usage.cost_usd} (${expected:.4f} before rounding to the cent)"
+        f"{row.cpu_seconds:,.1f} CPU-seconds in the billing ledger at the local rate of ${rate} per hour: "
+        f"${row.cost_usd} (the job shows ${usage.cost_usd})"
     )
-    if abs(usage.cost_usd - expected) > Decimal("0.01"):
-        return Check(name, False, f"{line}, but that rate gives ${expected:.4f}"), line
+    if row.cost_usd != usage.cost_usd or abs(row.cpu_seconds - usage.cpu_seconds) > 0.01:
+        return Check(name, False, f"{line}, but the job's usage is not the ledger's"), line
+    if abs(row.cost_usd - expected) > Decimal("0.00001"):  # rounded to the micro-dollar once per attempt
+        return Check(name, False, f"{line}, but that rate gives ${expected:.6f}"), line
     return Check(name, True, line), line
 
 
