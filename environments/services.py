@@ -178,7 +178,7 @@ def environment_find(
             return None
         queryset = queryset.filter(version=version)
     if lock:
-        queryset = queryset.select_for_update()
+        queryset = queryset.select_for_update(of=("self",))  # the package rows, not their organization
     return _latest(list(queryset.select_related("organization")))
 
 
