@@ -2,7 +2,7 @@
 
 from django.urls import include, path
 
-from jobs.api import environments, views
+from jobs.api import distributions, environments, views
 from jobs.stream.views import job_stream
 
 urlpatterns = [
@@ -16,6 +16,7 @@ urlpatterns = [
     path("jobs/<str:job_id>/restart", views.JobRestartView.as_view(), name="api-job-restart"),
     path("jobs/<str:job_id>/metrics", views.JobMetricsView.as_view(), name="api-job-metrics"),
     path("jobs/<str:job_id>/samples", views.JobSamplesView.as_view(), name="api-job-samples"),
+    path("jobs/<str:job_id>/distributions", distributions.JobDistributionView.as_view(), name="api-job-distributions"),
     path("jobs/<str:job_id>/logs", views.JobLogsView.as_view(), name="api-job-logs"),
     path("jobs/<str:job_id>/stream", job_stream, name="api-job-stream"),
     path("jobs/<str:job_id>/checkpoints", views.JobCheckpointsView.as_view(), name="api-job-checkpoints"),

@@ -122,6 +122,7 @@ def test_create_answers_link_to_the_operations_on_the_new_object(document):
         "jobs_events_list",
         "jobs_metrics_list",
         "jobs_samples_list",
+        "jobs_distributions_retrieve",
         "jobs_logs_list",
         "jobs_checkpoints_list",
     }
