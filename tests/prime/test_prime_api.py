@@ -474,3 +474,45 @@ def test_an_outsider_gets_the_same_404_as_a_missing_run_everywhere_and_changes_n
     assert outsider.client().get(f"{BASE}/rft/runs").json() == {"runs": [], "total": 0, "page": 1, "limit": 20, "total_pages": 0}
     assert Job.objects.unscoped().get(pk=job_with_data.pk).status == JobStatus.SUCCEEDED
     assert Job.objects.unscoped().get(pk=restartable.pk).status == JobStatus.CANCELLED
+
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "start"),
+    [
+        ('{"config": {"deep": ' + "[" * 3000 + "]" * 3000 + "}}", 400, "Malformed request body"),
+        ('{"config": {"name": "nul\\u0000", "max_steps": 1' + "0" * 30 + "}}", 422, None),
+    ],
+    ids=["deeply-nested", "nul-and-huge-number"],
+)
+def test_hostile_run_bodies_get_a_4xx_detail_and_create_nothing(owner, body, status, start):
+    response = owner.client().post(f"{BASE}/training/runs", body, content_type="application/json")
+
+    assert response.status_code == status, response.content
+    detail = response.json()["detail"]
+    assert detail.startswith(start) if start else {item["loc"][1] for item in detail} >= {"name", "max_steps"}
+    assert not Job.objects.unscoped().exists()
+
+
+def test_bodies_and_paths_refused_before_the_api_keep_labs_error_message(owner):
+    """The body-size and NUL checks answer for every route before any view (lab.middleware), in
+    Lab's error body; the CLI prints its text after ``HTTP <status>:``."""
+    oversized = owner.client().post(
+        f"{BASE}/training/runs", '{"config": {"name": "' + "x" * 1_100_000 + '"}}', content_type="application/json"
+    )
+    nul = owner.client().get(f"{BASE}/rft/runs/job_%00")
+
+    assert oversized.status_code == 413 and "larger than 1 MB" in oversized.content.decode()
+    assert nul.status_code == 400
+    assert not Job.objects.unscoped().exists()
+
+
+@pytest.mark.parametrize(
+    ("run_id", "detail"),
+    [("job_" + "x" * 300, "No such run."), ("..%2F..%2Fjobs", "Lab's Prime-compatible API does not serve this route; see docs/prime-compat.md.")],
+    ids=["too-long", "traversal"],
+)
+def test_odd_run_ids_are_a_404(owner, run_id, detail):
+    response = owner.client().get(f"{BASE}/rft/runs/{run_id}")
+
+    assert (response.status_code, response.json()) == (404, {"detail": detail})
