@@ -30,7 +30,7 @@ from lab.models import Organization
 
 
 class Blocker:
-    """Why nothing of an organization can run: the API's 402 codes (DESIGN.md §4)."""
+    """Why nothing of an organization can run: the API's 402 codes (docs/api.md, docs/billing.md)."""
 
     INSUFFICIENT_CREDIT = "insufficient_credit"
     SPEND_LIMIT_REACHED = "spend_limit_reached"
