@@ -196,3 +196,20 @@ def test_the_token_bucket_lets_a_burst_through_then_paces_at_the_rate():
         bucket.take()
 
     assert waits == [pytest.approx(0.1), pytest.approx(0.2)]
+
+
+def test_the_cache_keeps_current_in_background_threads_against_the_api(httpserver, gateway):
+    pod = {"kind": "Pod", "metadata": {"name": "a", "namespace": "lab-acme", "resourceVersion": "5",
+                                        "labels": {"jobset.sigs.k8s.io/jobset-name": "js"}}}
+    httpserver.expect_request("/api/v1/pods", query_string={"limit": "500"}).respond_with_json(
+        {"kind": "PodList", "metadata": {"resourceVersion": "5"}, "items": [pod]})
+    httpserver.expect_request("/api/v1/pods", query_string={
+        "watch": "true", "resourceVersion": "5", "allowWatchBookmarks": "true", "timeoutSeconds": "1"}).respond_with_data("")
+    cache = ClusterCache(gateway, [WatchSpec(POD)], watch_timeout_s=1)
+
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        assert list(cache.group("lab-acme", "js").pods) == ["a"]
+    finally:
+        cache.stop()

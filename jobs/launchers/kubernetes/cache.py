@@ -14,6 +14,7 @@ exit code of an attempt whose pod was deleted (a stop Lab asked for) can still b
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -94,6 +95,7 @@ class ClusterCache:
         self.errors: dict[str, Exception | None] = {}
         self.lists = 0  # how many lists were made (first ones, relists after 410 and resyncs)
         self._threads: list[threading.Thread] = []
+        self._threads_pid = 0
         self._stop = threading.Event()
 
     # --- reading ----------------------------------------------------------------------------
@@ -150,9 +152,11 @@ class ClusterCache:
             raise failure
 
     def start(self) -> None:
-        """Keep every kind current in its own daemon thread (idempotent)."""
-        if self._threads:
+        """Keep every kind current in its own daemon thread (idempotent per process: a forked
+        child, e.g. a prefork Celery worker, starts its own, since threads do not survive a fork)."""
+        if self._threads and self._threads_pid == os.getpid():
             return
+        self._threads, self._threads_pid = [], os.getpid()
         for spec in self.watches:
             thread = threading.Thread(target=self._run, args=(spec,), name=f"lab-watch-{spec.kind.plural}", daemon=True)
             thread.start()
