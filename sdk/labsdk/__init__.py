@@ -35,6 +35,7 @@ from labsdk.errors import (
 from labsdk.spec import JobSpec, SpecError
 from labsdk.types import (
     Checkpoint,
+    Distribution,
     Environment,
     Estimate,
     Job,
@@ -55,6 +56,7 @@ __all__ = [
     "BadRequestError",
     "Checkpoint",
     "ConflictError",
+    "Distribution",
     "Environment",
     "Estimate",
     "InvalidSpecError",

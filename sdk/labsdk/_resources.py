@@ -31,6 +31,7 @@ from labsdk.errors import (
 from labsdk.spec import JobSpec, ParsedSpec, SpecError, parse_spec, read_spec_file
 from labsdk.types import (
     Checkpoint,
+    Distribution,
     Environment,
     Estimate,
     Job,
@@ -270,6 +271,15 @@ class Jobs:
         (``GET /jobs/{id}/samples``)."""
         page = self._http.request("GET", f"jobs/{_segment(job_id)}/samples", params={"step": step, "limit": limit})
         return [_parse(Sample, item) for item in _list_data(page, "samples")]
+
+    def distribution(
+        self, job_id: str, *, step: int | None = None, type: str = "reward", bins: int = 10
+    ) -> Distribution:
+        """Return a histogram of one step's stored rollout ``type`` values (``reward`` or
+        ``advantage``) in ``bins`` equal-width bins, of the latest step with samples unless
+        ``step`` is given (``GET /jobs/{id}/distributions``)."""
+        params = {"step": step, "type": type, "bins": bins}
+        return _parse(Distribution, self._http.request("GET", f"jobs/{_segment(job_id)}/distributions", params=params))
 
     def checkpoints(self, job_id: str, *, limit: int = 100) -> Iterator[Checkpoint]:
         """Iterate over a job's checkpoints (``GET /jobs/{id}/checkpoints``)."""

@@ -171,6 +171,26 @@ def jobs_metrics(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     return EXIT_OK
 
 
+def jobs_distributions(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs distributions ID [--step N] [--type reward|advantage] [--bins K]``: a histogram
+    of one step's rollout rewards or advantages, one row per bin with a bar."""
+    found = client().jobs.distribution(args.id, step=args.step, type=args.type, bins=args.bins)
+    if args.json:
+        _print_json(found)
+        return EXIT_OK
+    if not found.count:
+        print("no rollout samples yet", file=sys.stderr)
+        return EXIT_OK
+    print(f"{found.type} at step {found.step}: {found.count} rollouts, mean {found.mean:.4g}, "
+          f"min {found.min:.4g}, max {found.max:.4g}")
+    widest = max(item.count for item in found.bins) or 1
+    table = _table("FROM", "TO", "COUNT", "")
+    for item in found.bins:
+        table.add_row(f"{item.low:.4g}", f"{item.high:.4g}", str(item.count), "█" * round(30 * item.count / widest))
+    Console().print(table)
+    return EXIT_OK
+
+
 def jobs_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab jobs list``: the newest jobs, filtered by status and metadata."""
     metadata = {}
@@ -684,6 +704,15 @@ def build_parser() -> argparse.ArgumentParser:
     chosen.add_argument("--all", action="store_true", help="every metric the job recorded")
     metrics.add_argument("--long", action="store_true", help="one row per step and metric (step, name, value)")
     metrics.set_defaults(handler=jobs_metrics)
+
+    distributions = job_commands.add_parser(
+        "distributions", parents=[json_flag], help="histogram of one step's rollout rewards or advantages"
+    )
+    distributions.add_argument("id", help="job id (job_...)")
+    distributions.add_argument("--step", type=int, help="training step (default: the latest with rollouts)")
+    distributions.add_argument("--type", choices=("reward", "advantage"), default="reward", help="default: reward")
+    distributions.add_argument("--bins", type=_positive_int, default=10, help="number of bins (default 10, at most 100)")
+    distributions.set_defaults(handler=jobs_distributions)
 
     checkpoints = commands.add_parser("checkpoints", help="list and download checkpoints")
     checkpoint_commands = checkpoints.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")

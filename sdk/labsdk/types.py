@@ -163,6 +163,28 @@ class Sample(LabObject):
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 
+class DistributionBin(LabObject):
+    """One bin of a :class:`Distribution`: ``count`` values in [``low``, ``high``)."""
+
+    low: float | None = None
+    high: float | None = None
+    count: int = 0
+
+
+class Distribution(LabObject):
+    """A histogram of one step's stored rollout rewards or advantages (``type``), from ``count``
+    samples, with their ``min``, ``max`` and ``mean`` (``GET /jobs/{id}/distributions``)."""
+
+    job_id: str | None = None
+    step: int | None = None
+    type: str | None = None
+    count: int = 0
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    bins: list[DistributionBin] = Field(default_factory=list)
+
+
 class Model(LabObject):
     """A catalogue model a job may train; ``context_length`` in tokens."""
 

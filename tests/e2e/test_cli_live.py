@@ -194,3 +194,23 @@ def test_jobs_wait_and_events_report_how_a_job_ended(cli, tiny_toml):
     assert f"job {cancelled} was cancelled" in ended.stderr
     assert "Traceback" not in timed_out.stderr + ended.stderr
     assert [event["type"] for event in json.loads(events.stdout)] == ["job.queued", "job.cancelled"]
+
+
+def test_jobs_distributions_prints_a_histogram_of_a_steps_rewards(cli, tenant, spec, no_broker):
+    from tests.dashboard.jobs_helpers import Engine, submit
+
+    job = submit(tenant, spec)
+    engine = Engine(job)
+    engine.running(0)
+    rows = [{"group": i // 2, "prompt": "p", "completion": "c", "reward": r, "advantage": r - 0.5, "metrics": {}}
+            for i, r in enumerate([0.0, 0.0, 0.0, 1.0])]
+    engine.post("samples", {"attempt": 1, "samples": [{"step": 3, **row} for row in rows]})
+
+    shown = cli("jobs", "distributions", job.public_id, "--bins", "2")
+    as_json = cli("jobs", "distributions", job.public_id, "--type", "advantage", "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "reward at step 3: 4 rollouts, mean 0.25, min 0, max 1"
+    assert [line.split() for line in lines[2:]] == [["0", "0.5", "3", "█" * 30], ["0.5", "1", "1", "█" * 10]]
+    assert (json.loads(as_json.stdout)["type"], json.loads(as_json.stdout)["mean"]) == ("advantage", -0.25)
