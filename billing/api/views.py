@@ -22,6 +22,7 @@ from billing.selectors import GROUP_KEYS, default_range, usage_rows
 from billing.services import billing_settings_update
 from lab.api.base import ProjectAPIView
 from lab.api.errors import ApiError, FieldError
+from lab.api.schema import ERROR
 from lab.api.formats import money
 from lab.api.pagination import list_envelope
 from lab.tenancy import MAX_PUBLIC_ID
@@ -90,7 +91,7 @@ class UsageView(ProjectAPIView):
             OpenApiParameter("group_by", str, description="day, resource, job, or several joined by commas"),
             OpenApiParameter("job_id", str, description="only this job's usage"),
         ],
-        responses={200: openapi.USAGE_LIST},
+        responses={200: openapi.USAGE_LIST, 404: ERROR},
     )
     def get(self, request: Request) -> Response:
         params = request.query_params

@@ -53,7 +53,7 @@ class JobListView(ProjectAPIView):
         )
         return Response(paginate_by_public_id(jobs, request.query_params, serialize_page=jobs_to_dicts))
 
-    @extend_schema(request=_SPEC_BODY, responses={201: openapi.JOB})
+    @extend_schema(request=_SPEC_BODY, responses={201: openapi.JOB, 402: ERROR})
     def post(self, request: Request) -> Response:
         job = job_submit(project=self.project, actor=self.actor, data=request.data)
         return Response(job_to_dict(job), status=201)
@@ -75,7 +75,7 @@ class JobDetailView(ProjectAPIView):
 class JobRestartView(ProjectAPIView):
     """``POST /jobs/{id}/restart``: a failed or cancelled job runs again from its latest checkpoint."""
 
-    @extend_schema(request=None, responses={200: openapi.JOB})
+    @extend_schema(request=None, responses={200: openapi.JOB, 402: ERROR})
     def post(self, request: Request, job_id: str) -> Response:
         job = self.get_owned(Job.objects.all(), job_id, "job")
         return Response(job_to_dict(job_restart(job=job, actor=self.actor)))

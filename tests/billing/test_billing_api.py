@@ -183,3 +183,19 @@ def test_an_interval_is_recorded_once_even_if_closed_twice(owner):
     record(owner, ended=ended)
     record(owner, ended=ended)
     assert UsageInterval.objects.for_project(owner.project).count() == 2  # 120 s = two 60 s intervals
+
+
+def test_billing_answers_match_their_openapi_components(owner):
+    from tests.schema_check import assert_matches, served_document
+
+    document = served_document()
+    record(owner, job_id="job_schema", seconds=90)
+    client = owner.client()
+    assert_matches(document, "Balance", client.get("/api/v1/billing/balance").json())
+    assert_matches(document, "UsageRowList", client.get("/api/v1/usage?group_by=day,resource,job").json())
+    assert_matches(document, "Balance", client.patch("/api/v1/billing/settings", {"max_running_jobs": 1}, format="json").json())
+    operations = document["paths"]
+    assert "404" in operations["/api/v1/usage"]["get"]["responses"]
+    assert "402" in operations["/api/v1/jobs"]["post"]["responses"]
+    assert "402" in operations["/api/v1/jobs/{job_id}/restart"]["post"]["responses"]
+    assert set(operations["/api/v1/billing/settings"]) == {"patch"}
