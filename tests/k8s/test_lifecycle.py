@@ -333,3 +333,23 @@ def test_a_watch_compacted_away_is_listed_again(owner, spec, launcher, cluster):
 
     assert launcher.cache.lists == lists + 4
     assert reload(job).status == S.SUCCEEDED
+
+
+def iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_the_heartbeat_clock_starts_with_the_pods_not_the_launch(owner, spec, launcher, cluster, settings):
+    settings.LAB_HEARTBEAT_TIMEOUT_S = 120
+    job, attempt = submit(owner, spec)
+    name = attempt.handle["jobset"]
+    JobAttempt.objects.filter(pk=attempt.pk).update(launched_at=django_timezone.now() - timedelta(hours=3))  # hours in Kueue
+    cluster.admit(NAMESPACE, name)
+    cluster.run(NAMESPACE, name, started_at=iso(datetime.now(timezone.utc) - timedelta(seconds=30)))
+
+    reconciler.reconcile_job(job_id=job.pk)
+    assert [delete for delete in cluster.deletes if delete[0] == "Pod"] == []  # still loading, not lost
+
+    cluster.run(NAMESPACE, name, started_at=iso(datetime.now(timezone.utc) - timedelta(minutes=5)))
+    reconciler.reconcile_job(job_id=job.pk)
+    assert [delete for delete in cluster.deletes if delete[0] == "Pod"] == [("Pod", f"{name}-engine-0-pod", 0)]  # killed
