@@ -516,3 +516,15 @@ def test_odd_run_ids_are_a_404(owner, run_id, detail):
     response = owner.client().get(f"{BASE}/rft/runs/{run_id}")
 
     assert (response.status_code, response.json()) == (404, {"detail": detail})
+
+
+def test_gpu_type_fills_a_lab_layout_spec_too_and_the_pool_checks_it(owner, spec):
+    client = owner.client()
+
+    on_cpu = client.post(f"{BASE}/training/runs", {"config": spec, "gpuType": "cpu"}, format="json")
+    on_h100 = client.post(f"{BASE}/training/runs", {"config": spec, "gpuType": "H100"}, format="json")
+
+    assert on_cpu.status_code == 200, on_cpu.content
+    assert Job.objects.unscoped().get().gpu_type == "cpu"
+    assert on_h100.status_code == 422
+    assert [item["loc"] for item in on_h100.json()["detail"]] == [["body", "resources", "gpu_type"]]

@@ -166,9 +166,8 @@ class TrainingRunCreateView(PrimeAPIView):
         if gpu_type:
             if detect_layout(spec) == "prime-rl":
                 spec.setdefault("gpu_type", gpu_type)
-            else:
-                resources = spec.get("resources")
-                spec["resources"] = {"gpu_type": gpu_type, **(resources if isinstance(resources, Mapping) else {})}
+            elif isinstance(resources := spec.get("resources", {}), Mapping):  # else validation names it
+                spec["resources"] = {"gpu_type": gpu_type, **resources}
         if secrets:
             spec["secrets"] = secrets
         job = job_submit(project=self.project, actor=self.actor, data=spec)
