@@ -3,7 +3,6 @@ recorded once, the balance is exact, and it never goes below the grace floor."""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from decimal import Decimal
 
@@ -13,7 +12,7 @@ from django.db import connection
 from billing.accounts import account_for
 from billing.ledger import AttemptUsage, usage_close
 from billing.models import BillingAccount, UsageInterval
-from tests.billing.conftest import T0
+from tests.billing.conftest import T0, at_once
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
 
@@ -23,30 +22,17 @@ WORKERS = 8
 def close_concurrently(tenant, attempts: int, *, seconds: int) -> list[Exception]:
     """Close ``seconds`` of H100 usage (1 GPU) for each of ``attempts`` attempts, from 8 threads at once,
     each thread closing every attempt (so each interval is tried 8 times)."""
-    barrier = threading.Barrier(WORKERS)
-    errors: list[Exception] = []
 
     def work():
-        try:
-            barrier.wait()
-            for attempt_id in range(1, attempts + 1):
-                usage = AttemptUsage(
-                    organization_id=tenant.organization.pk, project_id=tenant.project.pk, job_public_id=f"job_{attempt_id}",
-                    attempt_id=attempt_id, attempt_number=1, resource_type="H100", gpus=1,
-                    started_at=T0, ended_at=T0 + timedelta(seconds=seconds),
-                )
-                usage_close(usage=usage, now=T0 + timedelta(seconds=seconds + 1))
-        except Exception as exc:  # reported by the test
-            errors.append(exc)
-        finally:
-            connection.close()
+        for attempt_id in range(1, attempts + 1):
+            usage = AttemptUsage(
+                organization_id=tenant.organization.pk, project_id=tenant.project.pk, job_public_id=f"job_{attempt_id}",
+                attempt_id=attempt_id, attempt_number=1, resource_type="H100", gpus=1,
+                started_at=T0, ended_at=T0 + timedelta(seconds=seconds),
+            )
+            usage_close(usage=usage, now=T0 + timedelta(seconds=seconds + 1))
 
-    threads = [threading.Thread(target=work) for _ in range(WORKERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return errors
+    return at_once(work, threads=WORKERS)
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal
 
 import pytest
@@ -16,7 +15,7 @@ from jobs import reconciler
 from jobs.models import Job, JobStatus
 from jobs.services import job_delete
 from lab.audit import Actor
-from tests.billing.conftest import T0, at, observe, start_job
+from tests.billing.conftest import T0, at, at_once, observe, start_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
 
@@ -93,23 +92,7 @@ def test_two_workers_closing_the_same_attempt_at_once_record_each_interval_once(
         organization_id=owner.organization.pk, project_id=owner.project.pk, job_public_id=job.public_id,
         attempt_id=attempt.pk, attempt_number=1, resource_type="cpu", gpus=0, started_at=T0, ended_at=at(600),
     )
-    barrier = threading.Barrier(6)
-    errors = []
-
-    def close():
-        try:
-            barrier.wait()
-            usage_close(usage=usage, now=at(700))
-        except Exception as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=close) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = at_once(lambda: usage_close(usage=usage, now=at(700)), threads=6)
 
     assert errors == []
     assert [i.index for i in intervals(job)] == list(range(10))

@@ -260,3 +260,21 @@ def test_the_webhook_refuses_get_and_oversized_bodies(owner, fake_stripe):
 def test_month_boundaries_count_only_this_month(owner, fake_stripe):
     record(owner, seconds=3600, ended=timezone.now() - timedelta(days=40), attempt_id=7)
     assert owner.client().get("/api/v1/billing/balance").json()["spent_this_month_usd"] == "0.00"
+
+
+def test_the_meter_task_retries_a_stripe_error_and_then_sends_everything_once(owner, fake_stripe):
+    from billing.tasks import send_meter_events
+
+    invoiced(owner)
+    record(owner, seconds=120)
+    fake_stripe.fail_next["/v1/billing/meter_events"] = [400]
+
+    result = send_meter_events.apply()  # eager: a retry runs again at once
+
+    assert result.successful(), result.traceback
+    assert result.result == 2
+    assert len(fake_stripe.calls("/v1/billing/meter_events")) == 3  # the refused one, then both
+    assert sorted(e["identifier"] for e in fake_stripe.accepted_meter_events) == sorted(
+        MeterEvent.objects.values_list("interval__public_id", flat=True)
+    )
+    assert send_meter_events.retry_backoff == 5 and send_meter_events.retry_backoff_max == 600
