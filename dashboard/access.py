@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import wraps
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
@@ -104,6 +105,39 @@ def project_view(view):
     @wraps(view)
     def wrapper(request, org_slug: str, project_slug: str, **kwargs):
         access = organization_access(user=request.user, organization_slug=org_slug)
-        return view(request, access, project_in(access, project_slug), **kwargs)
+        project = project_in(access, project_slug)
+        response = view(request, access, project, **kwargs)
+        remember_project(request, response, access.organization.slug, project.slug)
+        return response
 
     return wrapper
+
+
+#: The signed cookie naming the project this browser last opened (``<org slug>/<project slug>``),
+#: where signing in lands next time. A cookie rather than the session: signing out ends the session.
+LAST_PROJECT_COOKIE = "lab_last_project"
+LAST_PROJECT_MAX_AGE_S = 365 * 24 * 3600
+
+
+def remember_project(request, response, org_slug: str, project_slug: str) -> None:
+    """Set the last-project cookie on ``response`` when it names another project than the
+    request's (signed, so a visitor cannot make it name one; it grants nothing by itself)."""
+    value = f"{org_slug}/{project_slug}"
+    if request.get_signed_cookie(LAST_PROJECT_COOKIE, default=None, salt=LAST_PROJECT_COOKIE) != value:
+        response.set_signed_cookie(
+            LAST_PROJECT_COOKIE, value, salt=LAST_PROJECT_COOKIE, max_age=LAST_PROJECT_MAX_AGE_S,
+            httponly=True, samesite="Lax", secure=settings.SESSION_COOKIE_SECURE,
+        )
+
+
+def last_project(request) -> tuple[str, str] | None:
+    """Return the ``(org_slug, project_slug)`` this browser last opened if the signed-in user may
+    still open it (a member of its organization); else None."""
+    value = request.get_signed_cookie(LAST_PROJECT_COOKIE, default=None, salt=LAST_PROJECT_COOKIE)
+    org_slug, slash, project_slug = (value or "").partition("/")
+    if not slash:
+        return None
+    still = Project.objects.filter(
+        organization__slug=org_slug, slug=project_slug, organization__memberships__user=request.user
+    ).exists()
+    return (org_slug, project_slug) if still else None

@@ -15,10 +15,10 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, redirect, render, resolve_url
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dashboard.access import OrganizationAccess, organization_view, project_view
+from dashboard.access import OrganizationAccess, last_project, organization_view, project_view
 from dashboard.forms import (
     ApiKeyCreateForm,
     InvitationCreateForm,
@@ -95,6 +95,14 @@ class LoginView(auth_views.LoginView):
     def form_invalid(self, form):
         response = super().form_invalid(form)
         return _locked_out(response, form.locked_out) if form.locked_out else response
+
+    def get_default_redirect_url(self):
+        """Land on the jobs of the project this browser last opened, when the user may still
+        open it; else the home page (``LOGIN_REDIRECT_URL``). A ``?next=`` still wins."""
+        remembered = last_project(self.request)
+        if remembered:
+            return resolve_url("project", org_slug=remembered[0], project_slug=remembered[1])
+        return super().get_default_redirect_url()
 
 
 class PasswordResetView(auth_views.PasswordResetView):

@@ -100,8 +100,11 @@ def test_checkpoint_sizes_read_as_in_the_cli(live_server, owner, spec, no_broker
     with signed_in_page(live_server, owner.user) as page:
         page.goto(f"{PROJECT}jobs/{job.public_id}/")
         listed = page.locator("#job-checkpoints").inner_text()
+        icon = page.get_attribute("link[rel=icon]", "href")
+        served = page.request.get(live_server.url + icon)
 
     assert "62.6 MB" in listed
+    assert (served.status, served.headers["content-type"]) == (200, "image/svg+xml")
 
 
 def test_a_new_job_starts_from_a_checkpoint_of_the_job_page(live_server, owner, spec, no_broker):
