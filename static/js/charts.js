@@ -38,6 +38,24 @@
     return [min - margin, max + margin];
   }
 
+  // Steps are whole numbers: the x axis ticks only at integers, in steps of 1, 2 or 5 × 10^k.
+  var STEP_INCREMENTS = [];
+  for (var power = 1; power <= 1e7; power *= 10) STEP_INCREMENTS.push(power, 2 * power, 5 * power);
+
+  // With the cursor off the chart the legend shows each line's latest value, not dashes.
+  function showLatest(u) {
+    var count = u.data && u.data[0] ? u.data[0].length : 0;
+    if (count && u.legend.idx == null) u.setLegend({ idx: count - 1 }, false);
+  }
+
+  function withLatestLegend(hooks) {
+    var merged = {};
+    Object.keys(hooks || {}).forEach(function (name) { merged[name] = hooks[name].slice(); });
+    merged.setLegend = (merged.setLegend || []).concat(showLatest);
+    merged.setData = (merged.setData || []).concat(showLatest);
+    return merged;
+  }
+
   function transparent(color, alpha) {
     var hex = color.replace("#", "");
     var r = parseInt(hex.slice(0, 2), 16), g = parseInt(hex.slice(2, 4), 16), b = parseInt(hex.slice(4, 6), 16);
@@ -75,17 +93,19 @@
       bands: bands,
       scales: { x: { time: false }, y: { range: yRange } },
       axes: [
-        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" } },
+        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, incrs: STEP_INCREMENTS,
+          values: function (u, values) { return values.map(function (v) { return Number.isInteger(v) ? String(v) : ""; }); } },
         { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: 56,
           values: function (u, values) { return values.map(formatNumber); } },
       ],
       cursor: { drag: { x: true, y: false } },
       legend: { show: true, live: true },
-      hooks: options.hooks || {},
+      hooks: withLatestLegend(options.hooks),
     }, options.data || [[]].concat(series.slice(1).map(function () { return []; })), container);
     // The legend names the lines people read; raw values and band edges stay out of it.
     var rows = plot.root.querySelectorAll(".u-legend tr.u-series");
     hidden.forEach(function (index) { if (rows[index]) rows[index].style.display = "none"; });
+    showLatest(plot);
     return plot;
   }
 

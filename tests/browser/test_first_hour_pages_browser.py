@@ -128,3 +128,24 @@ def test_a_new_job_starts_from_a_checkpoint_of_the_job_page(live_server, owner, 
     new = Job.objects.unscoped().exclude(pk=job.pk).get()
     assert landed.endswith(f"/jobs/{new.public_id}/")
     assert new.spec["init_from"] == checkpoint.public_id
+
+
+def test_job_charts_tick_at_whole_steps_and_show_latest_values_without_hovering(live_server, owner, spec, no_broker):
+    job = submit(owner, spec, max_steps=30)
+    engine = Engine(job)
+    engine.running(0)
+    engine.metrics((1, {"reward/mean": 0.125, "reward/std": 0.05}), (2, {"reward/mean": 0.25, "reward/std": 0.05}),
+                   (3, {"reward/mean": 0.375, "reward/std": 0.05}))
+
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(f"{PROJECT}jobs/{job.public_id}/")
+        page.wait_for_function("() => window.labJobPage && window.labJobPage.charts.length > 0")
+        splits = page.evaluate("() => window.labJobPage.charts[0].plot.axes[0]._splits")
+        legend = page.evaluate("""() => Array.from(window.labJobPage.charts[0].plot.root
+            .querySelectorAll('.u-legend tr.u-series')).filter(row => row.style.display !== 'none')
+            .map(row => [row.querySelector('.u-label').textContent, row.querySelector('.u-value').textContent])""")
+
+    assert splits and all(float(split).is_integer() for split in splits), splits
+    # The latest step and its (smoothed) reward/mean, not uPlot's dashes for "no cursor".
+    assert legend[0] == ["step", "3"], legend
+    assert legend[1][0] == "reward/mean" and 0.125 <= float(legend[1][1]) <= 0.375, legend
