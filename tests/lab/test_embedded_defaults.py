@@ -157,6 +157,7 @@ def test_the_deploy_check_warns_while_mail_goes_to_the_console(tmp_path):
         {"LAB_LOCAL_SLOTS": "many"},
         {"LAB_POOL": "[1, 2]"},
         {"LAB_LAUNCHER": "docker"},
+        {"LAB_K8S_MODEL_VOLUME": '{"nfs": {}, "hostPath": {}}'},
     ],
 )
 def test_bad_settings_fail_at_start_up_with_the_variable_named(tmp_path, extra):
