@@ -147,7 +147,38 @@
   }
 
   var lastLogSeq = 0;
-  document.querySelectorAll("#logs .log-line").forEach(function (line) { lastLogSeq = Math.max(lastLogSeq, Number(line.dataset.seq)); });
+
+  // A progress bar an engine library draws on stderr (tqdm's "label:  50%|█████     | 1/2 [...]")
+  // is progress, not an error: shown muted, each redraw of one bar replacing its previous line.
+  var PROGRESS = /^(.*?)\s*\d{1,3}%\|[^|]*\|\s*\d+(?:\.\d+)?[kMG]?\/\d+(?:\.\d+)?[kMG]?/;
+
+  function progressKey(text) {
+    var match = PROGRESS.exec(text);
+    return match ? match[1] : null;
+  }
+
+  // Mark `span` as a progress line when it is one; return true when it replaced the bar's last line.
+  function placeProgress(logs, span) {
+    var key = progressKey(span.textContent);
+    if (key === null) return false;
+    span.className = "log-line log-progress";
+    span.dataset.progress = key;
+    var previous = span.previousElementSibling || logs.lastElementChild;
+    if (previous && previous !== span && previous.dataset.progress === key) {
+      previous.replaceWith(span);
+      return true;
+    }
+    return false;
+  }
+
+  (function classifyRenderedLogs() {
+    var logs = document.getElementById("logs");
+    if (!logs) return;
+    Array.from(logs.querySelectorAll(".log-line")).forEach(function (line) {
+      lastLogSeq = Math.max(lastLogSeq, Number(line.dataset.seq));
+      placeProgress(logs, line);
+    });
+  })();
 
   function appendLog(line) {
     if (line.seq <= lastLogSeq) return;
@@ -158,7 +189,7 @@
     span.className = "log-line log-" + line.stream;
     span.dataset.seq = line.seq;
     span.textContent = line.line + "\n";
-    logs.appendChild(span);
+    if (!placeProgress(logs, span)) logs.appendChild(span);
     while (logs.childElementCount > LOG_LINES_KEPT) logs.removeChild(logs.firstElementChild);
     if (atBottom) logs.scrollTop = logs.scrollHeight;
   }

@@ -149,3 +149,30 @@ def test_job_charts_tick_at_whole_steps_and_show_latest_values_without_hovering(
     # The latest step and its (smoothed) reward/mean, not uPlot's dashes for "no cursor".
     assert legend[0] == ["step", "3"], legend
     assert legend[1][0] == "reward/mean" and 0.125 <= float(legend[1][1]) <= 0.375, legend
+
+
+def test_engine_progress_bars_in_the_log_show_as_progress_not_errors(live_server, owner, spec, no_broker):
+    job = submit(owner, spec)
+    engine = Engine(job)
+    engine.running(0)
+    lines = [
+        ("stderr", "Loading checkpoint shards:  50%|█████     | 1/2 [00:01<00:01,  1.20it/s]"),
+        ("stderr", "Loading checkpoint shards: 100%|██████████| 2/2 [00:02<00:00,  1.10it/s]"),
+        ("stderr", "ValueError: something real went wrong"),
+        ("stdout", "step 1 done"),
+    ]
+    engine.post("logs", {"attempt": 1, "lines": [
+        {"seq": seq, "time": "2026-11-29T22:16:31Z", "stream": stream, "line": line} for seq, (stream, line) in enumerate(lines)
+    ]})
+
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(f"{PROJECT}jobs/{job.public_id}/")
+        page.wait_for_selector("#logs .log-progress")
+        shown = page.evaluate("""() => Array.from(document.querySelectorAll('#logs .log-line'))
+            .map(span => [span.className, span.textContent.trim()])""")
+
+    assert shown == [
+        ["log-line log-progress", lines[1][1]],
+        ["log-line log-stderr", lines[2][1]],
+        ["log-line log-stdout", lines[3][1]],
+    ]
