@@ -195,38 +195,3 @@ def job_samples_page(*, job: Job, step: int, page: int, limit: int) -> tuple[lis
     offset = (page - 1) * limit
     return [sample_to_dict(sample) for sample in samples[offset : offset + limit]], samples.count()
 
-
-#: The rollout sample fields a distribution can be taken of.
-DISTRIBUTION_VALUES = ("reward", "advantage")
-
-
-def sample_distribution(*, job: Job, value: str, step: int | None = None, bins: int = 20) -> dict:
-    """Return the histogram of one rollout sample field (``reward`` or ``advantage``) over one step.
-
-    ``step`` defaults to ``job``'s latest step with samples. Returns ``{"step", "bins": [{"min",
-    "max", "count"}]}``: ``bins`` equal-width bins from the smallest value to the largest, each
-    holding the values in [min, max) and the last one [min, max] (numpy.histogram's convention);
-    a single bin when every value is the same; ``"bins": []`` when the step has no samples
-    (``"step": None`` before the job's first). Raises ValueError for another ``value``.
-    """
-    if value not in DISTRIBUTION_VALUES:
-        raise ValueError(f"no distribution of {value!r}; use one of {', '.join(DISTRIBUTION_VALUES)}")
-    samples = RolloutSample.objects.filter(job=job)
-    if step is None:
-        step = samples.order_by("-step").values_list("step", flat=True).first()
-    values = list(samples.filter(step=step).values_list(value, flat=True)) if step is not None else []
-    if not values:
-        return {"step": step, "bins": []}
-    low, high = min(values), max(values)
-    if low == high:
-        return {"step": step, "bins": [{"min": low, "max": high, "count": len(values)}]}
-    width = (high - low) / bins
-    counts = [0] * bins
-    for item in values:
-        counts[min(int((item - low) / width), bins - 1)] += 1
-    edges = [low + index * width for index in range(bins)] + [high]
-    return {
-        "step": step,
-        "bins": [{"min": edges[index], "max": edges[index + 1], "count": counts[index]} for index in range(bins)],
-    }
-

@@ -14,7 +14,6 @@ from billing.models import UsageInterval
 from jobs.api.prime.serializers import RUN_TOKEN_PLACEHOLDER
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus, LogLine, MetricStep, RolloutSample
 from jobs.secrets.models import JobSecrets
-from jobs.selectors import sample_distribution
 from jobs.services import job_transition
 from lab.audit import Actor
 from lab.services import api_key_create
@@ -253,23 +252,24 @@ def test_progress_names_the_steps_with_samples(owner, job_with_data):
     }
 
 
-def test_distributions_are_histograms_of_a_steps_rewards_or_advantages(owner, job_with_data):
+def test_distributions_are_labs_histograms_of_a_steps_rewards_or_advantages(owner, job_with_data):
     url = f"{BASE}/rft/runs/{job_with_data.public_id}/distributions"
 
     rewards = owner.client().get(url).json()
     advantages = owner.client().get(url, {"type": "advantages", "step": 2}).json()
     nothing = owner.client().get(url, {"step": 1}).json()
-    bad = owner.client().get(url, {"type": "losses"})
+    bad_type = owner.client().get(url, {"type": "losses"})
+    bad_step = owner.client().get(url, {"step": "-1"})
 
-    assert rewards["step"] == 2 and len(rewards["bins"]) == 20
+    assert (rewards["step"], rewards["type"], rewards["count"], rewards["mean"]) == (2, "reward", 3, 0.5)
+    assert [item["count"] for item in rewards["bins"]] == [1, 0, 0, 0, 0, 1, 0, 0, 0, 1]
     assert (rewards["bins"][0], rewards["bins"][-1]) == (
-        {"min": 0.0, "max": pytest.approx(0.05), "count": 1}, {"min": pytest.approx(0.95), "max": 1.0, "count": 1},
+        {"min": 0.0, "max": pytest.approx(0.1), "count": 1}, {"min": pytest.approx(0.9), "max": 1.0, "count": 1},
     )
-    assert [item["count"] for item in rewards["bins"]] == [1] + [0] * 9 + [1] + [0] * 8 + [1]
-    assert advantages["bins"][0]["min"] == -0.5 and advantages["bins"][-1]["max"] == 0.5
-    assert sum(item["count"] for item in advantages["bins"]) == 3
-    assert nothing == {"bins": [], "step": 1}
-    assert bad.status_code == 400 and "reward, advantage" in bad.json()["detail"]
+    assert (advantages["type"], advantages["bins"][0]["min"], advantages["bins"][-1]["max"]) == ("advantage", -0.5, 0.5)
+    assert nothing == {"bins": [], "step": 1, "type": "reward", "count": 0, "mean": None}
+    assert bad_type.status_code == 400 and "reward, advantage" in bad_type.json()["detail"]
+    assert bad_step.status_code == 400 and bad_step.json()["detail"].startswith("step must be an integer")
 
 
 def test_a_distribution_of_equal_values_is_one_bin(owner):
@@ -278,10 +278,9 @@ def test_a_distribution_of_equal_values_is_one_bin(owner):
         RolloutSample.objects.create(job=job, step=3, attempt=1, group=group, prompt="p", completion="c",
                                      reward=0.5, advantage=0.0, metrics={})
 
-    assert sample_distribution(job=job, value="reward") == {"step": 3, "bins": [{"min": 0.5, "max": 0.5, "count": 4}]}
-    assert sample_distribution(job=job, value="advantage", step=9) == {"step": 9, "bins": []}
-    with pytest.raises(ValueError):
-        sample_distribution(job=job, value="loss")
+    body = owner.client().get(f"{BASE}/rft/runs/{job.public_id}/distributions").json()
+
+    assert (body["step"], body["bins"]) == (3, [{"min": 0.5, "max": 0.5, "count": 4}])
 
 
 def test_checkpoints_are_listed_with_their_download_url_and_filtered_by_status(owner, job_with_data):

@@ -30,17 +30,10 @@ from jobs.api.prime.serializers import (
     error_detail,
     run_to_dict,
 )
+from jobs.distributions import job_distribution
 from jobs.models import Checkpoint, Job, JobStatus, MetricStep
 from jobs.pool import pool_nodes
-from jobs.selectors import (
-    DISTRIBUTION_VALUES,
-    job_list,
-    job_logs_tail,
-    job_samples_page,
-    metric_points,
-    sample_distribution,
-    sample_steps,
-)
+from jobs.selectors import job_list, job_logs_tail, job_samples_page, metric_points, sample_steps
 from jobs.serializers import jobs_to_dicts
 from jobs.services import job_cancel, job_delete, job_restart, job_submit
 from jobs.specs import installed_models
@@ -367,18 +360,22 @@ def _iso_or(moment, fallback: str) -> str:
 
 class RunDistributionsView(PrimeAPIView):
     """``GET /rft/runs/{id}/distributions?type=&step=`` → ``{"bins": [{"min", "max", "count"}],
-    "step"}``: the histogram of the step's rollout rewards (``type`` ``reward``/``rewards``, the
-    default) or advantages (``advantage``/``advantages``), ``jobs.selectors.sample_distribution``."""
+    "step", "type", "count", "mean"}``: Lab's histogram of the step's rollout rewards (``type``
+    ``reward``/``rewards``, the default) or advantages (``advantage``/``advantages``), as
+    ``GET /api/v1/jobs/{id}/distributions`` answers it (``jobs.distributions``)."""
 
     def get(self, request: Request, run_id: str) -> Response:
         job = self.run(run_id)
         params = request.query_params
         kind = (params.get("type") or "reward").lower().removesuffix("s")
-        if kind not in DISTRIBUTION_VALUES:
-            message = f"type must be one of {', '.join(DISTRIBUTION_VALUES)} (or their plurals)."
-            raise ApiError(400, "invalid_request", message, param="type")
-        step = int_param(params, "step", minimum=0, maximum=10**9, default=None)
-        return Response(sample_distribution(job=job, value=kind, step=step))
+        distribution = job_distribution(job=job, params={"type": kind, "step": params.get("step") or ""})
+        return Response({
+            "bins": [{"min": item["low"], "max": item["high"], "count": item["count"]} for item in distribution["bins"]],
+            "step": distribution["step"],
+            "type": distribution["type"],
+            "count": distribution["count"],
+            "mean": distribution["mean"],
+        })
 
 
 class RunCheckpointsView(PrimeAPIView):
