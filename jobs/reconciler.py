@@ -1,4 +1,4 @@
-"""The reconciler: turns what launchers observe into job status changes (DESIGN.md §4 exit codes).
+"""The reconciler: turns what launchers observe into job status changes (docs/api.md "Engine exit codes").
 
 Runs per job (after an engine's ``finish`` or a cancel) and as a periodic pass over every active
 job. Idempotent: each step checks the current state under the job's row lock.
@@ -52,6 +52,7 @@ from jobs.models import (
     StopReason,
 )
 from jobs.environment_packages import launch_packages
+from jobs.secrets.services import engine_secrets
 from jobs.services import attempt_request_stop, current_attempt, job_record_event, job_transition, store_log_lines
 from lab.lib import locks
 from lab.lib.locks import advisory_lock
@@ -90,6 +91,7 @@ def launch_request(attempt: JobAttempt) -> LaunchRequest:
         gpus=job.gpus,
         environments=tuple(env.get("id", "") for env in job.spec.get("env", []) if isinstance(env, dict)),
         environment_packages=launch_packages(job),
+        secrets=engine_secrets(job_id=job.public_id),
     )
 
 

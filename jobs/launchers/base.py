@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import abc
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
@@ -53,7 +54,7 @@ class LaunchRequest:
     """Everything needed to start one attempt of the engine.
 
     ``token`` is the job token; launchers pass it as ``LAB_JOB_TOKEN`` in the environment,
-    never on a command line. ``resume_archive`` is a checkpoint tar on this machine to resume
+    never on a command line, and ``secrets`` likewise as variables of their own names. ``resume_archive`` is a checkpoint tar on this machine to resume
     from; with archives in an object store, ``resume_checkpoint_id`` names the checkpoint the
     engine fetches itself through the ingest API instead.
     """
@@ -74,6 +75,9 @@ class LaunchRequest:
     roles: tuple[str, ...] = ("engine",)  # engine processes to start (the whole engine, for now)
     environments: tuple[str, ...] = ()  # environment ids of the spec
     environment_packages: tuple[dict, ...] = ()  # uploaded packages to install: {"id", "sha256", "url", "filename"}
+    #: The job's secrets (jobs.secrets.services), for the engine's environment only: launchers never
+    #: log them, write them to files or put them on a command line; kept out of the repr.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_dir: str | None) -> list[str]:

@@ -56,10 +56,13 @@ ENGINE_ENV_PREFIXES = tuple(
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "KEY")
 
 
-def engine_environment(*, token: str, repo_dir: Path, source: Mapping[str, str] | None = None) -> dict[str, str]:
+def engine_environment(
+    *, token: str, repo_dir: Path, source: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Return the engine's whole environment: the allowed variables of ``source`` (default this
-    process's environment), the job token as ``LAB_JOB_TOKEN``, unbuffered output, and a
-    ``PYTHONPATH`` of ``repo_dir``, its ``sdk/`` and the worker's own ``PYTHONPATH``.
+    process's environment), the job's own ``secrets`` (names Lab never sets itself), the job token
+    as ``LAB_JOB_TOKEN``, unbuffered output, and a ``PYTHONPATH`` of ``repo_dir``, its ``sdk/`` and
+    the worker's own ``PYTHONPATH``.
 
     The engine reaches storage through the ingest API's upload targets (a path or a pre-signed
     URL), so it needs no storage credentials; everything else of Lab's stays out.
@@ -72,6 +75,7 @@ def engine_environment(*, token: str, repo_dir: Path, source: Mapping[str, str] 
         elif name.startswith(ENGINE_ENV_PREFIXES) and not name.endswith("_FILE"):
             if not any(word in name for word in _SECRET_WORDS):
                 env[name] = value
+    env.update(secrets or {})
     env["LAB_JOB_TOKEN"] = token
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_dir), str(repo_dir / "sdk"), source.get("PYTHONPATH")]))
@@ -135,7 +139,7 @@ class LocalLauncher(Launcher):
             workdir=str(workdir),
             resume_dir=str(resume_dir) if resume_dir else None,
         )
-        env = engine_environment(token=request.token, repo_dir=self.repo_dir)
+        env = engine_environment(token=request.token, repo_dir=self.repo_dir, secrets=request.secrets)
         env.update(engine_package_environment(request))
         command = [self.python, "-m", "engine", *args]
         starter = subprocess.run(
