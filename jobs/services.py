@@ -21,6 +21,7 @@ from billing.pricing import list_cost_micro_usd, micro_to_usd
 from jobs import dispatch, storage
 from jobs.estimates import estimate_run_seconds
 from jobs.launchers.registry import get_launcher
+from jobs.log_paths import path_hider
 from jobs.models import (
     Checkpoint,
     CheckpointStatus,
@@ -370,9 +371,11 @@ def job_files_delete(*, job_public_id: str, handles: list[dict]) -> None:
 def store_log_lines(*, job: Job, attempt_number: int, source: str, lines: list[tuple[int, datetime, str, str]]) -> int:
     """Store ``(source_seq, time, stream, line)`` tuples once each and stream the new ones;
     return how many were new (a resent line is skipped by the unique constraint)."""
-    mask = masker(job_id=job.public_id)  # a job's secrets never reach its stored logs
+    mask = masker(job_id=job.public_id)  # a job's secrets never reach its stored logs,
+    hide = path_hider()  # nor this server's paths
     rows = [
-        LogLine(job=job, attempt=attempt_number, source=source, source_seq=seq, time=time, stream=stream, line=mask(line))
+        LogLine(job=job, attempt=attempt_number, source=source, source_seq=seq, time=time, stream=stream,
+                line=hide(mask(line)))
         for seq, time, stream, line in lines
     ]
     if not rows:
