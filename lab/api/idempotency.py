@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -42,7 +43,9 @@ def replay_as(response: Response, body: dict) -> Response:
 
 
 def _request_hash(request) -> str:
-    digest = hashlib.sha256()
+    # Keyed (HMAC-SHA256 under SECRET_KEY): a body may carry write-only secrets (a job's
+    # ``secrets``), and a plain hash of a known body would let its secrets be guessed offline.
+    digest = hmac.new(settings.SECRET_KEY.encode(), digestmod=hashlib.sha256)
     digest.update(request.method.encode())
     digest.update(b"\0")
     digest.update(request.path.encode())

@@ -3,6 +3,8 @@ engine's environment only, never in an answer, event, log line, webhook or any s
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import connection
 from django.test import override_settings
@@ -139,3 +141,19 @@ def test_secrets_key_rotation_keeps_old_secrets_readable(owner, spec, no_broker,
     settings.LAB_SECRETS_KEY = "not-a-key"
     with pytest.raises(ImproperlyConfigured, match="must be Fernet keys"):
         engine_secrets(job_id=job_id)
+
+
+def test_an_idempotent_create_replays_without_the_secrets_and_keeps_no_plain_hash_of_them(owner, spec, no_broker):
+    import hashlib
+
+    from lab.models import IdempotencyRecord
+
+    body = json.dumps({**spec, "secrets": {"OPENAI_API_KEY": SECRET}})
+    first = owner.client().post("/api/v1/jobs", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k1")
+    replay = owner.client().post("/api/v1/jobs", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k1")
+
+    assert first.status_code == replay.status_code == 201
+    assert replay.json() == first.json() and SECRET not in replay.content.decode()
+    assert Job.objects.unscoped().count() == 1
+    plain = hashlib.sha256(b"POST\0/api/v1/jobs\0" + body.encode()).hexdigest()
+    assert IdempotencyRecord.objects.get().request_hash != plain  # keyed: no offline guessing of a secret
