@@ -10,7 +10,7 @@ import pytest
 
 from jobs.launchers.base import AttemptPhase, LaunchRequest
 from jobs.launchers.kubernetes.kinds import JOBSET
-from jobs.launchers.kubernetes.launcher import KubernetesLauncher
+from jobs.launchers.kubernetes.launcher import WATCHES, KubernetesLauncher
 from jobs.launchers.kubernetes.objects import PoolSettings
 from tests.k8s.fake_gateway import FakeGateway
 
@@ -85,3 +85,22 @@ def test_a_handle_of_another_launcher_is_lost():
     (observation,) = launcher.observe_many([{"workdir": "/var/lab/runs/job_x/attempt-1"}])
 
     assert observation.phase == AttemptPhase.LOST
+
+
+def test_a_jobset_created_while_a_listing_was_under_way_is_not_taken_for_deleted():
+    cluster, launcher = make()
+    launcher.observe_many([])  # first listing done
+    listing = cluster.list
+    created = {}
+
+    def list_then_launch(kind, **arguments):
+        answer = listing(kind, **arguments)  # the snapshot is taken before the launch below
+        created["handle"] = launcher.launch(request())
+        return answer
+
+    cluster.list = list_then_launch
+    launcher.cache._relist(WATCHES[-1])  # a resync of the JobSets, before any watch event of the new one
+    handle = created["handle"]
+
+    assert not launcher.cache.was_deleted(handle["namespace"], handle["jobset"])
+    assert launcher.cache.group(handle["namespace"], handle["jobset"]).jobset is not None

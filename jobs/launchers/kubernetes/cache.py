@@ -89,6 +89,7 @@ class ClusterCache:
         self._lock = threading.Lock()
         self._groups: dict[Group, GroupObjects] = defaultdict(GroupObjects)
         self._gone: OrderedDict[Group, None] = OrderedDict()
+        self._remembered: dict[Group, tuple[float, dict]] = {}  # JobSets Lab created: when, what
         self._resource_version: dict[str, str] = {}
         self._listed_at: dict[str, float] = {}
         #: The last failure of each kind's list or watch (None once it works again).
@@ -133,9 +134,12 @@ class ClusterCache:
         return self.synced
 
     def remember(self, obj: dict) -> None:
-        """Put an object Lab has just created into the cache before its watch event arrives."""
+        """Put an object Lab has just created into the cache before its watch event arrives (a
+        JobSet listing already under way when it was created keeps it too)."""
         with self._lock:
             self._put(obj)
+            if obj.get("kind") == JOBSET.kind:
+                self._remembered[jobset_group(obj)] = (self._clock(), obj)
 
     # --- feeding ----------------------------------------------------------------------------
 
@@ -197,19 +201,27 @@ class ClusterCache:
         self.errors[name] = None
 
     def _relist(self, spec: WatchSpec) -> None:
+        started = self._clock()
         listing = self.gateway.list(spec.kind, label_selector=spec.label_selector)
         with self._lock:
             self.lists += 1
+            # JobSets created while the list was under way may be missing from it: not gone.
+            fresh = {key: obj for key, (at, obj) in self._remembered.items() if at >= started}
             if spec.kind is JOBSET:
+                self._remembered = {key: self._remembered[key] for key in fresh}
                 listed = {jobset_group(obj) for obj in listing.items}
                 for key, group in self._groups.items():
-                    if group.jobset is not None and key not in listed:
+                    if group.jobset is not None and key not in listed and key not in fresh:
                         self._bury(key)
             for group in self._groups.values():
                 self._clear_kind(group, spec.kind.kind)
             for obj in listing.items:
                 obj.setdefault("kind", spec.kind.kind)
                 self._put(obj)
+            if spec.kind is JOBSET:
+                for key, obj in fresh.items():
+                    if self._groups[key].jobset is None:
+                        self._put(obj)
             self._drop_empty(without_jobset=spec.kind is JOBSET)
             self._resource_version[spec.kind.kind] = listing.resource_version
             self._listed_at[spec.kind.kind] = self._clock()
