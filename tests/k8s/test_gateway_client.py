@@ -212,4 +212,4 @@ def test_the_cache_keeps_current_in_background_threads_against_the_api(httpserve
         assert cache.wait_synced(10)
         assert list(cache.group("lab-acme", "js").pods) == ["a"]
     finally:
-        cache.stop()
+        cache.stop(wait_s=5)

@@ -166,9 +166,12 @@ class ClusterCache:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self) -> None:
-        """Ask the threads to stop after their current watch."""
+    def stop(self, *, wait_s: float = 0.0) -> None:
+        """Ask the threads to stop after their current watch; wait up to ``wait_s`` seconds for them."""
         self._stop.set()
+        deadline = time.monotonic() + wait_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self, spec: WatchSpec) -> None:
         failures = 0
