@@ -7,6 +7,7 @@ import json
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.test import override_settings
 from rest_framework.test import APIClient
 
@@ -120,6 +121,12 @@ def test_nothing_a_job_produced_holds_a_secret(owner, outsider, spec, no_broker)
                      f"/api/v1/jobs/{job.public_id}/logs", "/api/v1/jobs")
     )
     assert SECRET not in answers
+    browser = Client()
+    browser.force_login(owner.user)
+    pages = [browser.get(f"/o/acme/p/default/jobs/{job.public_id}/"), browser.get("/o/acme/p/default/")]
+    assert [page.status_code for page in pages] == [200, 200]
+    assert job.public_id in pages[0].content.decode()
+    assert not any(SECRET in page.content.decode() for page in pages)
     assert SECRET not in database_text()
     assert outsider.client().get(f"/api/v1/jobs/{job.public_id}").status_code == 404
 
