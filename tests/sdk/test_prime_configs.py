@@ -77,6 +77,7 @@ def test_it_accepts_primes_template_with_every_section_uncommented_warning_only_
     assert spec.checkpoints.keep_last == 5 and spec.checkpoints.interval == 100
     assert [env.id for env in spec.env] == ["lab/reverse-text", "lab/addition"]
     assert spec.teacher.client.api_key_var == "OPENAI_API_KEY"
+    assert spec.eval.num_examples == 32  # -1, the whole split, until environments declare its size
     stored = parsed.to_dict()
     assert "checkpoint_id" not in stored and "keep_cloud" not in stored["checkpoints"]
     assert parse_spec(stored).to_dict() == stored

@@ -60,6 +60,9 @@ _VERSION_PATTERN = r"^[A-Za-z0-9._+-]+$"
 REDACTED = "[redacted]"
 
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+#: Examples an eval of ``num_examples = -1`` (the whole eval split) takes until environments
+#: declare the size of their eval split.
+EVAL_EXAMPLES_FOR_ALL = 32
 
 ReasoningEffort = Literal["low", "medium", "high"]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -301,16 +304,18 @@ class EvalConfig(_Section):
         _refuse_zero(self.num_examples, "num_examples")
         for index, env in enumerate(self.env or []):
             _refuse_zero(env.num_examples, f"env.{index}.num_examples")
+        if self.num_examples == -1:  # until environments declare their eval split's size (a warning says so)
+            self.num_examples = EVAL_EXAMPLES_FOR_ALL
         if self.eval_base_model is not None:
             if self.skip_first_step is None:
                 self.skip_first_step = not self.eval_base_model
             self.eval_base_model = None
         return self
 
-    def examples_per_environment(self, default: int = 32) -> int:
-        """Return how many examples each eval takes: ``num_examples``, or ``default`` for
-        ``-1`` (every example) until environments declare the size of their eval split."""
-        return default if self.num_examples == -1 else self.num_examples
+    def examples_per_environment(self) -> int:
+        """Return how many examples each eval takes per environment: ``num_examples``, where a
+        given ``-1`` (every example) is stored as :data:`EVAL_EXAMPLES_FOR_ALL` for now."""
+        return self.num_examples
 
 
 class ValConfig(_Section):

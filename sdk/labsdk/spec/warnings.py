@@ -108,10 +108,10 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
         for key in _ENV_NOT_YET_USED:
             if isinstance(env, Mapping) and env.get(key) is not None:
                 warnings.append(_not_yet(f"env.{index}.{key}"))
-    if spec.eval.num_examples == -1:
+    if _lookup(data, "eval.num_examples")[1] == -1:
         warnings.append(
             "'eval.num_examples' = -1 (the whole eval split): Lab does not size evals by the split yet; "
-            f"each eval takes {spec.eval.examples_per_environment()} examples per environment"
+            f"each eval takes {spec.eval.num_examples} examples per environment, and the spec stores that"
         )
     if given("eval.eval_base_model"):
         warnings.append(
