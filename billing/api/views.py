@@ -22,7 +22,7 @@ from billing.selectors import GROUP_KEYS, default_range, usage_rows
 from billing.services import billing_settings_update
 from lab.api.base import ProjectAPIView
 from lab.api.errors import ApiError, FieldError
-from lab.api.schema import ERROR
+from lab.api.schema import ERROR, json_body
 from lab.api.formats import money
 from lab.api.pagination import list_envelope
 from lab.tenancy import MAX_PUBLIC_ID
@@ -122,7 +122,7 @@ class UsageView(ProjectAPIView):
 class SettingsView(ProjectAPIView):
     """``PATCH /billing/settings``: spend limit, concurrency cap, plan (owners, admins, write keys)."""
 
-    @extend_schema(request=openapi.SETTINGS_BODY, responses={200: openapi.BALANCE})
+    @extend_schema(request=json_body(openapi.SETTINGS_BODY), responses={200: openapi.BALANCE})
     def patch(self, request: Request) -> Response:
         billing_settings_update(actor=self.actor, organization=self.project.organization, data=request.data)
         return Response(balance_to_dict(self.project.organization))
@@ -131,7 +131,7 @@ class SettingsView(ProjectAPIView):
 class CheckoutView(ProjectAPIView):
     """``POST /billing/checkout {"amount_usd"}`` → ``{"url"}`` of a Stripe Checkout session."""
 
-    @extend_schema(request=openapi.CHECKOUT_BODY, responses={200: openapi.URL})
+    @extend_schema(request=json_body(openapi.CHECKOUT_BODY), responses={200: openapi.URL})
     def post(self, request: Request) -> Response:
         return Response({"url": checkout_create(actor=self.actor, organization=self.project.organization, data=request.data)})
 
