@@ -406,11 +406,41 @@ def job_compare(request: HttpRequest, access: OrganizationAccess, project: Proje
         }
         for job_id in chosen_ids
     ]
+    names = sorted({name for job in chosen.values() for name in metric_names(job=job)} | {metric})
     context = {
         "project": project,
         "recent_jobs": Job.objects.filter(project=project).order_by("-id")[:50],
         "chosen_ids": chosen_ids,
+        "chosen_jobs": [chosen[job_id] for job_id in chosen_ids],
         "metric": metric,
+        "metric_names": names,
+        "spec_differences": spec_differences([chosen[job_id].spec for job_id in chosen_ids]),
         "page_data": {"metric": metric, "series": series},
     }
     return _render(request, "dashboard/compare.html", context, access=access)
+
+
+def _flatten(value, prefix: str = "") -> dict[str, str]:
+    """Return ``value``'s leaves by dotted path (list items by index), each as compact JSON."""
+    if isinstance(value, dict):
+        leaves: dict[str, str] = {}
+        for key, item in value.items():
+            leaves.update(_flatten(item, f"{prefix}{key}."))
+        return leaves
+    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        leaves = {}
+        for index, item in enumerate(value):
+            leaves.update(_flatten(item, f"{prefix}{index}."))
+        return leaves
+    return {prefix.rstrip("."): json.dumps(value, ensure_ascii=False)}
+
+
+def spec_differences(specs: list[dict]) -> list[tuple[str, list[str]]]:
+    """Return ``(dotted key, [value in each spec])`` for every key whose value is not the same in
+    all of ``specs`` (absent shows as ``–``), sorted by key; none for fewer than two specs."""
+    if len(specs) < 2:
+        return []
+    flat = [_flatten(spec) for spec in specs]
+    keys = sorted(set().union(*flat))
+    rows = [(key, [leaves.get(key, "–") for leaves in flat]) for key in keys]
+    return [(key, values) for key, values in rows if len(set(values)) > 1]

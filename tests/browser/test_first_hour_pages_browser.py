@@ -176,3 +176,36 @@ def test_engine_progress_bars_in_the_log_show_as_progress_not_errors(live_server
         ["log-line log-stderr", lines[2][1]],
         ["log-line log-stdout", lines[3][1]],
     ]
+
+
+def test_runs_picked_in_the_jobs_table_are_compared_with_a_metric_picker_and_spec_differences(
+    live_server, owner, spec, no_broker
+):
+    jobs = [submit(owner, spec, name=name, learning_rate=rate) for name, rate in (("slow", 1e-4), ("fast", 1e-3))]
+    for job, rewards in zip(jobs, ((0.1, 0.2), (0.3, 0.6))):
+        engine = Engine(job)
+        engine.running(0)
+        engine.metrics(*((step, {"reward/mean": reward, "loss/mean": 1.0}) for step, reward in enumerate(rewards, 1)))
+
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(PROJECT)
+        for job in jobs:
+            page.check(f"#pick-{job.public_id}")
+        page.wait_for_timeout(3500)  # the table refreshes every 3 s: the picks must survive it
+        assert all(page.is_checked(f"#pick-{job.public_id}") for job in jobs)
+        page.click("#compare-picked button")
+        page.wait_for_selector("#compare-chart canvas")
+        options = page.eval_on_selector_all("#compare-metric option", "options => options.map(o => o.value)")
+        page.select_option("#compare-metric", "loss/mean")
+        page.click(".compare-form button[type=submit]")
+        page.wait_for_selector("#compare-chart canvas")
+        caption = page.inner_text(".compare-chart figcaption")
+        differences = page.eval_on_selector_all(
+            "#spec-differences tbody tr", "rows => rows.map(r => Array.from(r.cells).map(c => c.textContent.trim()))"
+        )
+
+    assert options == ["loss/mean", "reward/mean"]
+    assert caption == "loss/mean"
+    # Columns in the jobs table's order, newest first.
+    assert ["learning_rate", "0.001", "0.0001"] in differences and ["name", '"fast"', '"slow"'] in differences
+    assert all(row[0] not in ("model", "max_steps") for row in differences)
