@@ -195,8 +195,11 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
 def default_rollout_backend() -> str:
     """The rollout backend a job uses when `LAB_ENGINE_ROLLOUT` is unset: transformers.
 
-    Measured end to end on this repository's 2-core machines (docs/engine.md), whichever
-    backend made the main job faster is the default; vLLM is used only where installed.
+    Measured end to end on the 2-core CPU machines (docs/engine.md "Which backend is the
+    default"): vLLM samples faster once started, but its start-up (40–90 s) made a 6-step
+    SmolLM2 job slower overall (309 s against 223 s), and its per-step gain is within the
+    noise of a shared machine; so transformers stays the default and `LAB_ENGINE_ROLLOUT=vllm`
+    opts in.
     """
     return "transformers"
 

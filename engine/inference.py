@@ -413,26 +413,19 @@ def build_server(
     backend starts vLLM on the model's Hugging Face directory (engine.vllm_backend).
     Raises engine.models.ModelNotFound for an unknown id.
     """
-    from engine.catalog import SMOLLM2_ID, TINY_RANDOM_LLAMA_ID
-    from engine.models import convert_smollm2, load_model, model_path
+    from engine.models import context_length, huggingface_dir, load_model
+    from engine.models import stop_token_ids as model_stop_token_ids
     from engine.rollout import TransformersBackend
 
     model, tokenizer = load_model(model_id, model_dir)
-    stop_ids = {tokenizer.eos_token_id}
-    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    stop_ids |= set(generation_eos if isinstance(generation_eos, list) else [generation_eos] if generation_eos is not None else [])
-    stop_token_ids = sorted(i for i in stop_ids if i is not None)
-    max_model_len = min(int(getattr(model.config, "max_position_embeddings", 4096) or 4096), 4096)
+    stop_token_ids = model_stop_token_ids(model, tokenizer)
+    max_model_len = context_length(model)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     if backend_name == "vllm":
         from engine.vllm_backend import VLLMBackend
 
-        if model_id == TINY_RANDOM_LLAMA_ID:
-            path = workdir / "rollout-model"
-            model.save_pretrained(path, safe_serialization=True)
-        else:
-            path = convert_smollm2(model_dir) if model_id == SMOLLM2_ID else model_path(model_id, model_dir)
+        path = huggingface_dir(model_id, model, model_dir, workdir)
         backend = VLLMBackend(path, seed=seed, max_model_len=max_model_len, stop_token_ids=stop_token_ids, workdir=workdir, dtype=vllm_dtype)
         del model
     else:

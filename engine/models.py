@@ -179,3 +179,32 @@ def load_model(
     model.to(dtype)
     model.eval()
     return model, tokenizer
+
+
+def stop_token_ids(model: transformers.PreTrainedModel, tokenizer: transformers.PreTrainedTokenizerBase) -> list[int]:
+    """Return the token ids that end a completion: the tokenizer's EOS and the generation config's."""
+    stop_ids = {tokenizer.eos_token_id}
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    stop_ids |= set(generation_eos if isinstance(generation_eos, list) else [generation_eos] if generation_eos is not None else [])
+    return sorted(i for i in stop_ids if i is not None)
+
+
+def huggingface_dir(
+    model_id: str, model: transformers.PreTrainedModel, model_dir: pathlib.Path | None, workdir: pathlib.Path
+) -> pathlib.Path:
+    """Return a Hugging Face directory holding `model_id`'s base weights, for an inference engine
+    that loads from disk (vLLM): the model cache's directory, or, for a model built in memory
+    (`lab/tiny-random-llama`), `model` saved once under `workdir/rollout-model`. Call it before
+    LoRA wraps `model`'s layers."""
+    if model_id == TINY_RANDOM_LLAMA_ID:
+        path = workdir / "rollout-model"
+        model.save_pretrained(path, safe_serialization=True)
+        return path
+    if model_id == SMOLLM2_ID:
+        return convert_smollm2(model_dir)
+    return model_path(model_id, model_dir)
+
+
+def context_length(model: transformers.PreTrainedModel, cap: int = 4096) -> int:
+    """Return the tokens (prompt plus completion) a sequence may hold: the model's positions, at most `cap`."""
+    return min(int(getattr(model.config, "max_position_embeddings", cap) or cap), cap)

@@ -31,7 +31,7 @@ from engine import checkpoints as ckpt
 from engine.catalog import TINY_RANDOM_LLAMA_ID
 from engine.environments import Environment, load_environment
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
-from engine.models import load_model
+from engine.models import context_length, huggingface_dir, load_model, stop_token_ids
 from engine.policy import (
     completion_logits,
     is_lora,
@@ -159,7 +159,7 @@ class Trainer:
         base, self.tokenizer = load_model(spec.model, self.model_dir, dtype=dtype)
         base.to(self.device)
         # vLLM loads the base weights from disk, before LoRA wraps the model's layers in place.
-        rollout_model_dir = self._rollout_model_dir(base) if config.rollout_backend == "vllm" else None
+        rollout_model_dir = huggingface_dir(spec.model, base, self.model_dir, self.workdir) if config.rollout_backend == "vllm" else None
         torch.manual_seed(spec.seed)  # LoRA's A matrices are initialised from the torch RNG
         self.model = make_trainable(base, lora_rank=spec.lora_rank, lora_alpha=spec.lora_alpha, base_model_id=spec.model)
         self.parameters = trainable_parameters(self.model)
@@ -170,12 +170,9 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self.parameters], lr=spec.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
         )
-        stop_ids = {self.tokenizer.eos_token_id}
-        generation_eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
-        stop_ids |= set(generation_eos if isinstance(generation_eos, list) else [generation_eos] if generation_eos is not None else [])
-        self.stop_token_ids = sorted(i for i in stop_ids if i is not None)
+        self.stop_token_ids = stop_token_ids(base, self.tokenizer)
         if config.rollout_backend == "vllm":
-            self.rollout_backend = self._vllm_backend(rollout_model_dir, base.config)
+            self.rollout_backend = self._vllm_backend(rollout_model_dir, context_length(base))
         else:
             # LoRA samples from a merged copy (fast); full fine-tuning samples from the
             # trainer's own model unless overlap needs a second copy (made in run()).
@@ -183,33 +180,18 @@ class Trainer:
                 rollout_policy(self.model) if is_lora(self.model) else self.model,
                 pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
             )
+            logger.info("rollout backend: transformers (%s, torch threads %d)", self.device.type, torch.get_num_threads())
         self.start_step = 1
         self.pending_batch: RolloutBatch | None = None
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
         self.env_names = [env.name for env in self.environments]
 
-    def _rollout_model_dir(self, base: torch.nn.Module) -> pathlib.Path:
-        """Return the base model's Hugging Face directory (written under the work dir for a
-        model built in memory, such as the tiny test model)."""
-        from engine.catalog import SMOLLM2_ID, TINY_RANDOM_LLAMA_ID
-        from engine.models import convert_smollm2, model_path
-
-        spec = self.config.spec
-        if spec.model == TINY_RANDOM_LLAMA_ID:
-            path = self.workdir / "rollout-model"
-            base.save_pretrained(path, safe_serialization=True)
-            return path
-        if spec.model == SMOLLM2_ID:
-            return convert_smollm2(self.model_dir)
-        return model_path(spec.model, self.model_dir)
-
-    def _vllm_backend(self, path: pathlib.Path, model_config):
-        """Start vLLM on the base model's directory `path`."""
+    def _vllm_backend(self, path: pathlib.Path, max_model_len: int):
+        """Start vLLM on the base model's Hugging Face directory `path`."""
         from engine.vllm_backend import VLLMBackend
 
         spec = self.config.spec
-        max_model_len = min(int(getattr(model_config, "max_position_embeddings", 4096) or 4096), 4096)
         backend = VLLMBackend(
             path, seed=spec.seed, max_model_len=max_model_len, stop_token_ids=self.stop_token_ids,
             workdir=self.workdir, dtype=self.config.vllm_dtype,
@@ -420,6 +402,20 @@ class Trainer:
         self.reporter.set_status("running", step)
         return directory
 
+    def _load_policy(self, version: int) -> float:
+        """Load the trainer's current weights into the rollout backend as policy `version`
+        (optimizer updates seen); return the seconds it took."""
+        started = time.perf_counter()
+        self.rollout_backend.load_weights(policy_weights(self.model), policy_version=version)
+        return time.perf_counter() - started
+
+    @staticmethod
+    def _off_policy_metrics(step: int, batch: RolloutBatch) -> dict[str, float]:
+        """`off_policy/steps_mean` and `_max`: how many optimizer updates behind the policy
+        that trains at `step` (step - 1 updates) each rollout's sampling policy was."""
+        lags = [step - 1 - completion.policy_version for completion in batch.completions]
+        return {"off_policy/steps_mean": sum(lags) / len(lags), "off_policy/steps_max": float(max(lags))}
+
     def _stop_requested(self) -> bool:
         return self.stop_event.is_set() or self.reporter.stop_requested.is_set()
 
@@ -447,15 +443,16 @@ class Trainer:
         try:
             for step in range(self.start_step, spec.max_steps + 1):
                 step_started = time.perf_counter()
+                weights_seconds = 0.0
                 if pending is None:
-                    self.rollout_backend.load_weights(policy_weights(self.model), policy_version=step - 1)
+                    weights_seconds += self._load_policy(step - 1)
                     batch = self._generate_batch(step, step - 1, self.rollout_backend)
                 else:
                     batch = pending.result()
                     pending = None
-                wait_seconds = time.perf_counter() - step_started
+                wait_seconds = time.perf_counter() - step_started - weights_seconds
                 if executor is not None and step < spec.max_steps:
-                    self.rollout_backend.load_weights(policy_weights(self.model), policy_version=step - 1)
+                    weights_seconds += self._load_policy(step - 1)
                     pending = executor.submit(self._generate_batch, step + 1, step - 1, self.rollout_backend)
                 rewards = torch.tensor(batch.rewards, dtype=torch.float32)
                 advantages = group_advantages(rewards, spec.rollouts_per_example)
@@ -467,7 +464,7 @@ class Trainer:
                 if spec.eval.interval and step % spec.eval.interval == 0:
                     if pending is not None:
                         pending.result()  # the sampler is free, and its weights can move to this step's
-                    self.rollout_backend.load_weights(policy_weights(self.model), policy_version=step)
+                    weights_seconds += self._load_policy(step)
                     metrics.update(self._evaluate(step))
                 step_seconds = time.perf_counter() - step_started
                 tokens = sum(len(batch.prompts[r // spec.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
@@ -480,6 +477,10 @@ class Trainer:
                     "perf/rollout_tokens_per_s": completion_tokens / batch.generate_seconds if batch.generate_seconds > 0 else 0.0,
                     "perf/rollout_backend_vllm": 1.0 if config.rollout_backend == "vllm" else 0.0,
                     "perf/weight_reload_s": float(getattr(self.rollout_backend, "reload_seconds", 0.0)),
+                    "perf/train_tokens_per_s": tokens / train_seconds if train_seconds > 0 else 0.0,
+                    "time/wait_for_batch": wait_seconds,
+                    "time/wait_for_weights": weights_seconds,
+                    **self._off_policy_metrics(step, batch),
                 })
                 self.reporter.metrics(step, metrics)
                 self.reporter.samples(self._samples(batch, advantages))

@@ -101,6 +101,7 @@ class VLLMBackend:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.environment = configure_cpu(workdir, kv_cache_gb=kv_cache_gb, threads=threads) if self.device == "cpu" else {}
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-request INFO lines would flood the job's logs
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout stays the program's own (bench JSON lines)
         from vllm import LLM
 
         started = time.perf_counter()

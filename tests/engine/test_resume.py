@@ -51,5 +51,7 @@ def test_it_resumes_to_the_same_metrics_as_an_uninterrupted_run(tmp_path, overla
     assert first_half == {step: uninterrupted[step] for step in (1, 2)}
     assert resumed == {step: uninterrupted[step] for step in (3, 4)}
     assert any(values["loss/mean"] != 0.0 for values in uninterrupted.values())  # it did train
+    lags = {step: (values["off_policy/steps_mean"], values["off_policy/steps_max"]) for step, values in uninterrupted.items()}
+    assert lags == ({1: (0.0, 0.0), 2: (1.0, 1.0), 3: (1.0, 1.0), 4: (1.0, 1.0)} if overlap else {s: (0.0, 0.0) for s in (1, 2, 3, 4)})
     if overlap:
         assert all(values["mismatch_kl/mean"] > 0 for step, values in uninterrupted.items() if step > 1 and "mismatch_kl/mean" in values)

@@ -4,10 +4,10 @@ vLLM starts an engine process (about 20–40 s on 2 cores even in eager mode), s
 tests share one engine and everything here carries the `e2e` marker.
 """
 
-import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -112,9 +112,10 @@ def test_it_runs_a_tiny_job_reporting_every_step_once(tmp_path, fake_lab):
     assert process.returncode == 0, process.stderr[-3000:]
     assert fake_lab.finish == [{"attempt": 1, "outcome": "succeeded"}]
     assert fake_lab.metric_arrivals == {1: 1, 2: 1, 3: 1, 4: 1}
-    for values in fake_lab.metrics.values():
+    for step, values in fake_lab.metrics.items():
         assert values["perf/rollout_backend_vllm"] == 1.0
-        assert values["perf/rollout_tokens_per_s"] > 0
+        assert values["perf/rollout_tokens_per_s"] > 0 and values["time/wait_for_weights"] > 0
+        assert values["off_policy/steps_max"] == (0.0 if step == 1 else 1.0)
     # Steps after the first were sampled while the previous step trained: one version behind.
     assert any(values.get("mismatch_kl/mean", 0) > 0 for step, values in fake_lab.metrics.items() if step > 1)
     assert "eval/reverse-text/mean" in fake_lab.metrics[4]
@@ -122,3 +123,58 @@ def test_it_runs_a_tiny_job_reporting_every_step_once(tmp_path, fake_lab):
     assert [c["step"] for c in fake_lab.checkpoints.values()] == [2, 4]
     assert {c["status"] for c in fake_lab.checkpoints.values()} == {"ready"}
     assert any(line.startswith("rollout backend: vllm") for line in fake_lab.logs.values())
+
+
+def test_the_inference_role_serves_vllm_over_http_and_loads_tagged_weights(tmp_path):
+    import signal
+    import socket
+
+    import httpx
+    from safetensors.torch import save_file
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {
+        **os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "LAB_ENGINE_VLLM_DTYPE": "float32",
+        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}",
+    }
+    command = [sys.executable, "-m", "engine", "inference", "--model", "lab/tiny-random-llama", "--backend", "vllm",
+               "--port", str(port), "--workdir", str(tmp_path / "work")]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            for _ in range(600):
+                try:
+                    if client.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert process.poll() is None, process.stderr.read()[-3000:]
+                    time.sleep(0.5)
+            assert client.get("/health").json() == {"status": "ok", "policy_version": 0, "backend": "vllm"}
+            (card,) = client.get("/v1/models").json()["data"]
+            assert card["id"] == "lab/tiny-random-llama" and card["max_model_len"] == 512
+
+            model, tokenizer = tiny_random_llama()
+            prompt = prompts_of(tokenizer, 1)[0]
+            sampled = client.post("/inference/v1/generate", json={"model": card["id"], "token_ids": prompt, "sampling_params": {
+                "max_tokens": 6, "temperature": 1.0, "n": 2, "seed": 4, "logprobs": 1, "skip_special_tokens": False,
+                "stop_token_ids": [tokenizer.eos_token_id]}}).json()
+            assert sampled["prompt_token_ids"] == prompt and len(sampled["choices"]) == 2
+            for choice in sampled["choices"]:
+                assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{t}" for t in choice["token_ids"]]
+
+            greedy = {"model": card["id"], "token_ids": prompt, "sampling_params": {"max_tokens": 8, "temperature": 0}}
+            before = client.post("/inference/v1/generate", json=greedy).json()
+            name = "model.layers.0.self_attn.o_proj.weight"
+            (tmp_path / "policy").mkdir()
+            save_file({name: model.get_parameter(name).detach() * 20}, str(tmp_path / "policy" / "model.safetensors"))
+            assert client.post("/update_weights", json={"weights_path": str(tmp_path / "policy"), "policy_version": 1}).json() == {"policy_version": 1}
+            after = client.post("/inference/v1/generate", json=greedy).json()
+            assert after["policy_version"] == 1 and after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
