@@ -15,6 +15,8 @@
 # Needs torch (CUDA), transformers, peft, accelerate, safetensors, filelock: the engine's
 # trainer path imports nothing else (no pydantic, no labsdk, no vLLM).
 # Usage: bash bench/gpu_check.sh [STEPS]   (STEPS timed per mode after one warm-up step; default 3)
+# Then, where the CUDA vLLM is installed, the vLLM rollout backend on the same model
+# (gpu_vllm_generation_tokens_per_s); elsewhere a line with "not_run" says it could not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -133,3 +135,40 @@ def measure(lora_rank: int) -> None:
 measure(lora_rank=16)
 measure(lora_rank=0)
 PY
+
+# The vLLM rollout backend (engine/vllm_backend.py) on the same model, where the CUDA vLLM of
+# requirements-gpu.txt is installed; otherwise one line says it was not run. Written to a file
+# because vLLM starts worker processes that re-import the main module.
+if "$PYTHON" -c 'import vllm' 2>/dev/null; then
+  script="$(mktemp --suffix=.py)"
+  cat > "$script" <<'PY'
+import json, os, pathlib, tempfile, time
+
+from safetensors.torch import load_file
+
+from engine.vllm_backend import VLLMBackend
+
+
+def main():
+    model_dir = pathlib.Path(os.environ["LAB_MODEL_DIR"]) / "lab/gpu-check-qwen-0.5b"
+    with tempfile.TemporaryDirectory() as workdir:
+        backend = VLLMBackend(model_dir, seed=0, max_model_len=1024, stop_token_ids=[2], workdir=pathlib.Path(workdir), enforce_eager=False)
+        prompts = [[1, 10 + i, 20 + i, 30 + i] for i in range(32)]
+        backend.generate(prompts, n=8, max_tokens=128, temperature=1.0, seed=0)
+        started = time.perf_counter()
+        completions = backend.generate(prompts, n=8, max_tokens=128, temperature=1.0, seed=1)
+        seconds = time.perf_counter() - started
+        state = load_file(str(next(model_dir.glob("*.safetensors"))))
+        backend.load_weights(state.items(), policy_version=1)
+        print(json.dumps({"name": "gpu_vllm_generation_tokens_per_s", "value": round(sum(len(c.token_ids) for c in completions) / seconds, 1), "unit": "tokens/s", "startup_s": round(backend.startup_seconds, 1), "weight_reload_s": round(backend.reload_seconds, 2), "policy_version": completions[0].policy_version}), flush=True)
+        backend.close()
+
+
+if __name__ == "__main__":
+    main()
+PY
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "$script"
+  rm -f "$script"
+else
+  echo '{"name": "gpu_vllm_generation_tokens_per_s", "value": null, "unit": "tokens/s", "not_run": "vLLM is not installed here (requirements-gpu.txt); the vLLM backend and its weight reload ran only on CPU (tests/engine/test_vllm_backend.py)"}'
+fi
