@@ -352,3 +352,18 @@ def test_prime_rls_reverse_text_example_runs_on_the_tiny_model(tmp_path):
     assert sorted(path.name for path in (tmp_path / "work" / "checkpoints").iterdir()) == [
         "step-000002", "step-000002.tar",  # an empty [ckpt]: only at the end
     ]
+
+
+def test_a_problem_in_a_translated_config_names_the_key_as_written():
+    with pytest.raises(SpecError) as native:
+        parse_spec({"model": {"name": INSTALLED_MODEL}, "orchestrator": {
+            "batch_size": -1, "train": {"env": [{"env": {"taskset": {"id": "reverse-text-v1"}}}]}}})
+    with pytest.raises(SpecError) as older:
+        parse_spec({"model": INSTALLED_MODEL, "environments": ["lab/addition", "not an id"], "rollouts": 0})
+
+    assert [(p.param, p.message.rsplit(" (given as ", 1)[-1]) for p in native.value.errors] == [
+        ("batch_size", "'orchestrator.batch_size')"), ("env.0.taskset.id", "'orchestrator.train.env.0')"),
+    ]
+    assert [(p.param, p.message.rsplit(" (given as ", 1)[-1]) for p in older.value.errors] == [
+        ("rollouts_per_example", "'rollouts')"), ("env.1.id", "'environments.1')"),
+    ]

@@ -48,12 +48,24 @@ def translate_layout(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
     with no warnings. Never raises for bad values: they are copied to their Lab keys, where
     validation reports them.
     """
+    spec, warnings, _ = translate_with_sources(data)
+    return spec, warnings
+
+
+def translate_with_sources(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """:func:`translate_layout`, and where each translated Lab key came from: ``{"batch_size":
+    "orchestrator.batch_size", "env": "orchestrator.train.env", ...}`` (dotted paths), so a
+    problem found in the translation can name the key as the user wrote it."""
     layout = detect_layout(data)
     if layout == "prime-rl":
-        return _NativeTranslation(data).run()
+        translation = _NativeTranslation(data)
+        spec, warnings = translation.run()
+        return spec, warnings, translation.sources
     if layout == "prime-cli-v0":
-        return _translate_cli_v0(data)
-    return dict(data), []
+        spec, warnings = _translate_cli_v0(data)
+        sources = {"env": "environments", "rollouts_per_example": "rollouts", "sampling.max_tokens": "seq_len"}
+        return spec, warnings, {key: source for key, source in sources.items() if source in data}
+    return dict(data), [], {}
 
 
 def _translate_cli_v0(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -87,6 +99,7 @@ class _NativeTranslation:
         self.used: set[tuple[str, ...]] = set()
         self.spec: dict[str, Any] = {}
         self.unused_inside: list[tuple[str, ...]] = []  # keys inside translated lists
+        self.sources: dict[str, str] = {}  # Lab key -> the native key it came from (dotted)
 
     def get(self, *path: str) -> Any:
         node: Any = self.data
@@ -105,7 +118,9 @@ class _NativeTranslation:
         holder = self.spec
         for part in target[:-1]:
             holder = holder.setdefault(part, {})
-        holder.setdefault(target[-1], value)
+        if target[-1] not in holder:
+            holder[target[-1]] = value
+            self.sources[".".join(target)] = ".".join(path)
 
     def run(self) -> tuple[dict[str, Any], list[str]]:
         model = self.get("model")
@@ -179,6 +194,7 @@ class _NativeTranslation:
             entries = self.get(*base)
             if isinstance(entries, list) and "env" not in self.spec:
                 self.used.add(base)
+                self.sources["env"] = ".".join(base)
                 self.spec["env"] = [self._env(entry, (*base, str(i)), EnvConfig) for i, entry in enumerate(entries)]
         evaluation = self.get("orchestrator", "eval")
         if isinstance(evaluation, Mapping):

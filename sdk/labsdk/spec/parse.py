@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from labsdk.spec.layouts import translate_layout
+from labsdk.spec.layouts import translate_with_sources
 from labsdk.spec.model import JobSpec, _cross_field_problems
 from labsdk.spec.problems import SpecError, SpecProblem
 from labsdk.spec.translate import _problem_from_pydantic
@@ -46,7 +46,7 @@ def parse_spec(data: Mapping[str, Any]) -> ParsedSpec:
         raise SpecError([SpecProblem(
             "", "invalid_type", f"a spec must be a JSON object, not {type(data).__name__}"
         )])
-    data, layout_warnings = translate_layout(data)
+    data, layout_warnings, sources = translate_with_sources(data)
     problems: list[SpecProblem] = []
     try:
         spec = JobSpec.model_validate(data)
@@ -58,5 +58,18 @@ def parse_spec(data: Mapping[str, Any]) -> ParsedSpec:
         for problem in _cross_field_problems(data, bad_params):
             if problem not in problems:
                 problems.append(problem)
-        raise SpecError(problems)
+        raise SpecError([_named_as_given(problem, sources) for problem in problems])
     return ParsedSpec(spec=spec, warnings=layout_warnings + spec_warnings(data, spec))
+
+
+def _named_as_given(problem: SpecProblem, sources: Mapping[str, str]) -> SpecProblem:
+    """Say which key of the submitted layout a problem of a translated Lab key came from."""
+    parts = problem.param.split(".")
+    for length in range(len(parts), 0, -1):
+        source = sources.get(".".join(parts[:length]))
+        if source is not None:
+            # an environment block is reshaped by the translation: name the block, not a key inside it
+            index = parts[length:length + 1]
+            given = ".".join([source, *index]) if parts[0] == "env" and index and index[0].isdigit() else source
+            return SpecProblem(problem.param, problem.code, f"{problem.message} (given as '{given}')")
+    return problem
