@@ -29,6 +29,7 @@ from dashboard.forms import JobSpecForm
 from dashboard.spec_editor import example_named, examples
 from dashboard.views import _actor, _render
 from jobs.checkpoints import checkpoint_download_response
+from jobs.distributions import histogram
 from jobs.estimates import job_estimate
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus
 from jobs.queue import queue_positions
@@ -57,6 +58,10 @@ CHART_MAX_POINTS = 2000
 EVENTS_SHOWN = 200
 LOG_LINES_SHOWN = 200
 COMPARE_MAX_JOBS = 8
+
+
+#: Bins of the reward and advantage histograms above a step's rollouts.
+ROLLOUT_HISTOGRAM_BINS = 8
 
 
 def _job(project: Project, job_id: str) -> Job:
@@ -283,16 +288,33 @@ def job_checkpoints(request: HttpRequest, access: OrganizationAccess, project: P
 @require_GET
 @project_view
 def job_rollouts(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
-    """The rollouts of one step (``?step=``, default the latest), grouped as GRPO groups."""
+    """The rollouts of one step (``?step=``, default the latest), grouped as GRPO groups, with a
+    histogram of the step's rewards and advantages; ``?q=`` keeps those whose prompt or completion
+    holds the text (case-insensitive), ``?sort=reward|-reward|advantage|-advantage`` lists them
+    in that order instead of by group."""
     job = _job(project, job_id)
     try:
         samples = job_samples(job=job, params={"step": request.GET.get("step") or "", "limit": "1000"})["data"]
     except ApiError as error:
         return _render(request, "dashboard/_job_rollouts.html", {"problem": error.message}, access=access, status=400)
-    groups: dict[int, list[dict]] = {}
-    for sample in samples:
-        groups.setdefault(sample["group"], []).append(sample)
-    context = {"step": samples[0]["step"] if samples else None, "groups": sorted(groups.items())}
+    step = samples[0]["step"] if samples else None
+    histograms = [
+        (name, histogram([sample[name] for sample in samples], ROLLOUT_HISTOGRAM_BINS)) for name in ("reward", "advantage")
+    ]
+    query = (request.GET.get("q") or "")[:200].strip().lower()
+    if query:
+        samples = [s for s in samples if query in str(s["prompt"]).lower() or query in str(s["completion"]).lower()]
+    sort = request.GET.get("sort") or ""
+    context = {"step": step, "query": query, "sort": sort, "shown": len(samples),
+               "histograms": [(name, bins, max((b["count"] for b in bins), default=0)) for name, bins in histograms]}
+    if sort.lstrip("-") in ("reward", "advantage"):
+        context["ordered"] = True
+        context["sorted"] = sorted(samples, key=lambda sample: sample[sort.lstrip("-")], reverse=sort.startswith("-"))
+    else:
+        groups: dict[int, list[dict]] = {}
+        for sample in samples:
+            groups.setdefault(sample["group"], []).append(sample)
+        context["groups"] = sorted(groups.items())
     return _render(request, "dashboard/_job_rollouts.html", context, access=access)
 
 

@@ -209,3 +209,31 @@ def test_runs_picked_in_the_jobs_table_are_compared_with_a_metric_picker_and_spe
     # Columns in the jobs table's order, newest first.
     assert ["learning_rate", "0.001", "0.0001"] in differences and ["name", '"fast"', '"slow"'] in differences
     assert all(row[0] not in ("model", "max_steps") for row in differences)
+
+
+def test_rollouts_are_searched_sorted_and_shown_as_histograms(live_server, owner, spec, no_broker):
+    job = submit(owner, spec)
+    engine = Engine(job)
+    engine.running(0)
+    engine.samples(1, [
+        {"group": 0, "prompt": "What is 2 + 2?", "completion": "4", "reward": 1.0, "advantage": 0.5},
+        {"group": 0, "prompt": "What is 2 + 2?", "completion": "five", "reward": 0.0, "advantage": -0.5},
+        {"group": 1, "prompt": "What is 3 + 4?", "completion": "7", "reward": 1.0, "advantage": 0.0},
+        {"group": 1, "prompt": "What is 3 + 4?", "completion": "seven", "reward": 1.0, "advantage": 0.0},
+    ])
+
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(f"{PROJECT}jobs/{job.public_id}/")
+        page.wait_for_selector("#rollouts figure[data-histogram=reward]")
+        reward_counts = page.eval_on_selector_all(
+            "#rollouts figure[data-histogram=reward] progress", "bars => bars.map(b => Number(b.value))")
+        page.select_option("#rollout-sort", "-advantage")
+        page.wait_for_selector("#rollouts table.rollouts th:has-text('Group')")
+        by_advantage = page.eval_on_selector_all("#rollouts tr.rollout td:nth-child(2) > pre", "cells => cells.map(c => c.textContent)")
+        page.fill("#rollout-search", "seven")
+        page.wait_for_function("() => document.querySelectorAll('#rollouts tr.rollout').length === 1")
+        found = page.eval_on_selector_all("#rollouts tr.rollout td:nth-child(2) > pre", "cells => cells.map(c => c.textContent)")
+
+    assert sum(reward_counts) == 4 and reward_counts[0] == 1 and reward_counts[-1] == 3
+    assert by_advantage[0] == "4" and by_advantage[-1] == "five"
+    assert found == ["seven"]
