@@ -21,6 +21,7 @@ from django.core.paginator import Paginator
 from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 from labsdk.spec_template import spec_to_toml
 
@@ -38,6 +39,7 @@ from jobs.selectors import (
     job_logs,
     job_logs_tail,
     job_samples,
+    job_eta_seconds,
     jobs_with_latest_reward,
     metric_names,
     metric_points,
@@ -88,13 +90,28 @@ def _jobs_table_context(request: HttpRequest, project: Project) -> dict:
         status = ""
     else:
         status_problem = ""
-    jobs = jobs_with_latest_reward(job_list(project=project, status=status or None)).order_by("-id")
-    page = Paginator(jobs, JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
+    model = (request.GET.get("model") or "")[:256]
+    tag = (request.GET.get("tag") or "")[:577]
+    key, equals, value = tag.partition("=")
+    metadata = {key.strip(): value.strip()} if equals and key.strip() else {}
+    jobs = job_list(project=project, status=status or None, metadata=metadata, model=model or None)
+    page = Paginator(jobs_with_latest_reward(jobs).order_by("-id"), JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
     positions = queue_positions(list(page))
+    now = timezone.now()
     return {
         "project": project,
         "page": page,
-        "jobs": [(job, {"queue_position": positions.get(job.pk), "cost_usd": money(job.cost_usd)}) for job in page],
+        "jobs": [
+            (job, {"queue_position": positions.get(job.pk), "cost_usd": money(job.cost_usd),
+                   "eta_s": job_eta_seconds(job, now=now)})
+            for job in page
+        ],
+        "model": model,
+        "tag": tag,
+        "models": sorted(
+            m for m in Job.objects.filter(project=project).order_by().values_list("spec__model", flat=True).distinct()
+            if isinstance(m, str)
+        ),
         "status": status,
         "status_problem": status_problem,
         "statuses": JobStatus.values,

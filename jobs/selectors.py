@@ -16,8 +16,11 @@ from lab.api.pagination import int_param, list_envelope
 from lab.models import Project
 
 
-def job_list(*, project: Project, status: str | None = None, metadata: Mapping[str, str] | None = None) -> QuerySet:
-    """Return ``project``'s jobs, optionally of one ``status`` and with every ``metadata`` pair.
+def job_list(
+    *, project: Project, status: str | None = None, metadata: Mapping[str, str] | None = None, model: str | None = None
+) -> QuerySet:
+    """Return ``project``'s jobs, optionally of one ``status``, with every ``metadata`` pair and
+    on one base ``model`` (its catalogue id).
 
     Raises ApiError 400 for an unknown status.
     """
@@ -38,7 +41,18 @@ def job_list(*, project: Project, status: str | None = None, metadata: Mapping[s
         alias = f"metadata_{index}"
         value_of_key = Cast(KeyTextTransform(key, "metadata"), output_field=TextField())
         jobs = jobs.alias(**{alias: value_of_key}).filter(**{alias: value})
+    if model:
+        jobs = jobs.alias(spec_model=Cast(KeyTextTransform("model", "spec"), output_field=TextField())).filter(spec_model=model)
     return jobs
+
+
+def job_eta_seconds(job: Job, *, now) -> float | None:
+    """Return the seconds a running job needs for its remaining steps at its pace so far (the
+    time since it started over the steps done); None before its first step or when not running."""
+    if job.status != JobStatus.RUNNING or not job.started_at or not job.step or job.step >= job.max_steps:
+        return None
+    elapsed = (now - job.started_at).total_seconds()
+    return max(0.0, elapsed / job.step * (job.max_steps - job.step))
 
 
 def metadata_filters(params: Mapping[str, str]) -> dict[str, str]:

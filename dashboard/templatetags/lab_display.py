@@ -29,3 +29,18 @@ def pretty_json(text: str | bytes | None) -> str:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     except ValueError:
         return text
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    """Return seconds as a short duration: ``45 s``, ``3 min``, ``1 h 5 min``; ``""`` for None."""
+    if seconds is None:
+        return ""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"

@@ -237,3 +237,18 @@ def test_rollouts_are_searched_sorted_and_shown_as_histograms(live_server, owner
     assert sum(reward_counts) == 4 and reward_counts[0] == 1 and reward_counts[-1] == 3
     assert by_advantage[0] == "4" and by_advantage[-1] == "five"
     assert found == ["seven"]
+
+
+def test_the_jobs_table_filters_by_tag_and_keeps_the_filter_when_it_refreshes(live_server, owner, spec, no_broker):
+    submit(owner, spec, name="research-run", metadata={"team": "research"})
+    submit(owner, spec, name="infra-run", metadata={"team": "infra"})
+
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(PROJECT)
+        page.fill("#filter-tag", "team=research")
+        page.click("#job-filters button")
+        page.wait_for_url("**tag=team%3Dresearch**")
+        page.wait_for_timeout(3500)  # one refresh of the table
+        names = page.eval_on_selector_all("#jobs-table tr[data-job] td:nth-child(2) a", "links => links.map(a => a.textContent)")
+
+    assert names == ["research-run"]
