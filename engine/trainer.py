@@ -249,7 +249,7 @@ class Trainer:
             examples.append(example)
         completions = backend.generate(
             prompts, n=spec.rollouts_per_example, max_tokens=spec.sampling.max_tokens,
-            temperature=spec.sampling.temperature, seed=(spec.seed << 20) + step,
+            temperature=spec.sampling.temperature_at(step, spec.max_steps), seed=(spec.seed << 20) + step,
         )
         versions = {completion.policy_version for completion in completions}
         if versions != {policy_version}:
@@ -301,7 +301,7 @@ class Trainer:
                     sampling_logprobs[i, : len(values)] = torch.tensor(values)
             logits = completion_logits(self.model, packed)
             logprobs, entropy = token_logprobs_and_entropy(
-                logits, packed.completion_ids.to(logits.device), spec.sampling.temperature
+                logits, packed.completion_ids.to(logits.device), spec.sampling.temperature_at(batch.step, spec.max_steps)
             )
             mask = packed.completion_mask.to(logprobs.device)
             terms = grpo_loss(
@@ -316,7 +316,8 @@ class Trainer:
             token_count += tokens
         grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm)
         self.optimizer.step()
-        metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate}
+        metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate,
+                   "sampling/temperature": spec.sampling.temperature_at(batch.step, spec.max_steps)}
         if token_count:
             metrics["entropy/mean"] = entropy_sum / token_count
             metrics["mismatch_kl/mean"] = kl_sum / token_count

@@ -263,7 +263,7 @@ def test_temperature_schedules_are_checked():
     negative = {**schedule, "total_steps": 10, "end_temperature": -0.1}
     assert refused(sampling={"temp_scheduler": negative})[0].param == "sampling.temp_scheduler.end_temperature"
     assert refused(sampling={"temp_scheduler": {**schedule, "type": "step"}})[0].code == "invalid_value"
-    assert parse_spec({**BASE, "sampling": {"temp_scheduler": {**schedule, "total_steps": 10}}}).warnings
+    assert parse_spec({**BASE, "sampling": {"temp_scheduler": {**schedule, "total_steps": 10}}}).warnings == []
 
 
 def test_reasoning_controls_exclude_each_other():
@@ -330,28 +330,51 @@ def test_the_temperature_schedule_runs_from_start_to_end_and_stays():
     assert parse_spec(BASE).spec.sampling.temperature_at(3, 20) == 1.0
 
 
+def run_engine(tmp_path: Path, text: str) -> Path:
+    """Run the engine offline on a spec file's text, as a job would; return its work dir."""
+    (tmp_path / "rl.toml").write_text(text)
+    root = Path(__file__).parents[2]
+    environment = {**os.environ, "LAB_DATA_DIR": str(tmp_path / "data"),
+                   "PYTHONPATH": os.pathsep.join([str(root), str(root / "sdk")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "run", "--spec", str(tmp_path / "rl.toml"), "--job-id", "job_prime",
+         "--attempt", "1", "--workdir", str(tmp_path / "work"), "--offline"],
+        capture_output=True, text=True, timeout=300, env=environment, cwd=root, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return tmp_path / "work"
+
+
 @pytest.mark.e2e
 def test_prime_rls_reverse_text_example_runs_on_the_tiny_model(tmp_path):
     """The example as published, its ids pointed at installed ones and two steps of 16 rollouts
     (the full 20 steps of 128 run the same way, in about two minutes on 2 cores)."""
     text = native_installed().replace("max_steps = 20", "max_steps = 2").replace("batch_size = 128", "batch_size = 16")
-    (tmp_path / "rl.toml").write_text(text)
-    environment = {**os.environ, "LAB_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "sdk")])}
 
-    result = subprocess.run(
-        [sys.executable, "-m", "engine", "run", "--spec", str(tmp_path / "rl.toml"), "--job-id", "job_prime",
-         "--attempt", "1", "--workdir", str(tmp_path / "work"), "--offline"],
-        capture_output=True, text=True, timeout=300, env=environment, cwd=Path(__file__).parents[2], check=False,
-    )
+    work = run_engine(tmp_path, text)
 
-    assert result.returncode == 0, result.stderr[-2000:]
-    steps = [json.loads(line) for line in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     assert [point["step"] for point in steps] == [1, 2]
     assert steps[-1]["values"]["optim/lr"] == 3e-6  # [trainer.optim] lr
-    assert sorted(path.name for path in (tmp_path / "work" / "checkpoints").iterdir()) == [
+    assert sorted(path.name for path in (work / "checkpoints").iterdir()) == [
         "step-000002", "step-000002.tar",  # an empty [ckpt]: only at the end
     ]
+
+
+@pytest.mark.e2e
+def test_the_engine_follows_the_temperature_schedule(tmp_path):
+    text = (
+        f'model = "{INSTALLED_MODEL}"\nmax_steps = 3\nbatch_size = 4\nrollouts_per_example = 2\n'
+        "[sampling]\nmax_tokens = 4\n"
+        'temp_scheduler = { type = "linear", start_temperature = 1.0, end_temperature = 0.5, total_steps = 2 }\n'
+        '[[env]]\nid = "lab/addition"\n[checkpoints]\ninterval = 0\n'
+    )
+    assert parse_spec(tomllib.loads(text)).warnings == []  # honoured, so no warning
+
+    work = run_engine(tmp_path, text)
+
+    steps = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [point["values"]["sampling/temperature"] for point in steps] == [1.0, 0.5, 0.5]
 
 
 def test_a_problem_in_a_translated_config_names_the_key_as_written():

@@ -43,7 +43,6 @@ _DEPRECATED: dict[str, str] = {
 _NOT_YET_USED: dict[str, str] = {
     "max_inflight_rollouts": "the engine samples one batch of batch_size rollouts at a time",
     "oversampling_factor": "the engine samples one batch of batch_size rollouts at a time",
-    "sampling.temp_scheduler": "rollouts are sampled at sampling.temperature on every step",
     "sampling.extra_body": "it is not passed to the inference backend",
     "sampling.enable_thinking": "the chat template is applied with its defaults",
     "sampling.reasoning_effort": "the chat template is applied with its defaults",
@@ -99,8 +98,7 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
                 "'max_async_level' is deprecated: prime-rl renamed it max_off_policy_steps; Lab uses it as "
                 f"max_off_policy_steps = {spec.max_off_policy_steps}"
             )
-    for path in ("sampling.temp_scheduler", "sampling.extra_body", "sampling.enable_thinking",
-                 "sampling.reasoning_effort"):
+    for path in ("sampling.extra_body", "sampling.enable_thinking", "sampling.reasoning_effort"):
         if given(path):
             warnings.append(_not_yet(path, _NOT_YET_USED[path]))
     envs = data.get("env") if isinstance(data.get("env"), list) else []
