@@ -48,20 +48,20 @@ def _moment(params, name: str) -> datetime | None:
     raw = params.get(name)
     if raw in (None, ""):
         return None
-    parsed: datetime | date | None = None
+    moment: datetime | None = None
     if len(raw) <= 40:
         try:
-            parsed = parse_datetime(raw) or parse_date(raw)
-        except ValueError:
-            parsed = None
-    if parsed is None:
+            parsed: datetime | date | None = parse_datetime(raw) or parse_date(raw)
+            if parsed is not None and not isinstance(parsed, datetime):
+                parsed = datetime.combine(parsed, time.min)
+            if parsed is not None:
+                moment = (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+        except (ValueError, OverflowError):  # not a date, or one UTC cannot hold (year 1 at +05:00)
+            moment = None
+    if moment is None:
         message = f"{name} must be a date (2026-11-01) or an ISO 8601 date-time."
         raise ApiError(400, "invalid_request", message, errors=[FieldError(name, "invalid", message)])
-    if not isinstance(parsed, datetime):
-        parsed = datetime.combine(parsed, time.min)
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
+    return moment
 
 
 def _group_by(params) -> tuple[str, ...]:

@@ -80,6 +80,10 @@ def test_it_groups_usage_by_day_resource_and_job(owner, settings):
         ("start=2026-13-01", "start"),
         ("end=" + "9" * 200, "end"),
         ("start=2026-11-02&end=2026-11-01", "end"),
+        ("start=0001-01-01T00:00:00%2B05:00", "start"),
+        ("end=9999-12-31T23:59:59-05:00", "end"),
+        ("start=2026-11-01T25:00:00Z", "start"),
+        ("start=%00", None),  # refused by lab.middleware before the view
     ],
 )
 def test_it_refuses_bad_usage_queries(owner, query, param):
