@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from datetime import datetime
 
 from django.contrib import messages
 from django.core.paginator import Paginator
@@ -430,18 +431,13 @@ def job_compare(request: HttpRequest, access: OrganizationAccess, project: Proje
     metric = request.GET.get("metric") or "reward/mean"
     if len(metric) > 200:
         metric = "reward/mean"
+    x_axis = request.GET.get("x") if request.GET.get("x") in COMPARE_X_AXES else "step"
     series = [
         {
             "id": job_id,
             "name": chosen[job_id].name or job_id,
             "status": chosen[job_id].status,
-            "points": [
-                [point["step"], point["values"].get(metric)]
-                for point in metric_points(
-                    job=chosen[job_id], params={"names": metric, "max_points": str(CHART_MAX_POINTS)}
-                )["data"]
-                if metric in point["values"]
-            ],
+            "points": _compare_points(chosen[job_id], metric, x_axis),
         }
         for job_id in chosen_ids
     ]
@@ -453,10 +449,31 @@ def job_compare(request: HttpRequest, access: OrganizationAccess, project: Proje
         "chosen_jobs": [chosen[job_id] for job_id in chosen_ids],
         "metric": metric,
         "metric_names": names,
+        "x_axis": x_axis,
+        "x_axes": COMPARE_X_AXES,
         "spec_differences": spec_differences([chosen[job_id].spec for job_id in chosen_ids]),
-        "page_data": {"metric": metric, "series": series},
+        "page_data": {"metric": metric, "series": series, "x": x_axis},
     }
     return _render(request, "dashboard/compare.html", context, access=access)
+
+
+#: What the compare chart's x axis can be: the training step, or wall time in minutes since the
+#: job's first step (each job's own clock, so runs started at different times line up).
+COMPARE_X_AXES = {"step": "step", "time": "minutes since the first step"}
+
+
+def _compare_points(job: Job, metric: str, x_axis: str) -> list[list[float]]:
+    """Return ``[x, value]`` of ``metric`` for each of ``job``'s steps that has it."""
+    points = metric_points(job=job, params={"names": metric, "max_points": str(CHART_MAX_POINTS)})["data"]
+    points = [point for point in points if metric in point["values"]]
+    if x_axis == "step" or not points:
+        return [[point["step"], point["values"][metric]] for point in points]
+    start = datetime.fromisoformat(points[0]["time"].replace("Z", "+00:00"))
+    return [
+        [round((datetime.fromisoformat(point["time"].replace("Z", "+00:00")) - start).total_seconds() / 60, 3),
+         point["values"][metric]]
+        for point in points
+    ]
 
 
 def _flatten(value, prefix: str = "") -> dict[str, str]:

@@ -63,7 +63,8 @@
   }
 
   // Create a chart in `container`. `lines` is [{label, color?}]; with `band: true` the first line
-  // gets a shaded band given as two extra data rows (upper, lower). Returns the uPlot instance.
+  // gets a shaded band given as two extra data rows (upper, lower); `integerX: false` for an x
+  // axis that is not whole steps (wall time). Returns the uPlot instance.
   function create(container, options) {
     var lines = options.lines, series = [{ label: "step" }], bands = [], hidden = [];
     lines.forEach(function (line, index) {
@@ -93,8 +94,10 @@
       bands: bands,
       scales: { x: { time: false }, y: { range: yRange } },
       axes: [
-        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, incrs: STEP_INCREMENTS,
-          values: function (u, values) { return values.map(function (v) { return Number.isInteger(v) ? String(v) : ""; }); } },
+        options.integerX === false
+          ? { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" } }
+          : { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, incrs: STEP_INCREMENTS,
+              values: function (u, values) { return values.map(function (v) { return Number.isInteger(v) ? String(v) : ""; }); } },
         { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: 56,
           values: function (u, values) { return values.map(formatNumber); } },
       ],

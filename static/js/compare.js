@@ -18,7 +18,7 @@
     function data() { return [xs].concat(raw.map(function (column) { return LabCharts.smooth(column, smoothing); })); }
     var plot = LabCharts.create(container, {
       lines: page.series.map(function (series) { return { label: series.name + " (" + series.id + ")" }; }),
-      raw: false, data: data(), height: 380,
+      raw: false, data: data(), height: 380, integerX: page.x === "step",
     });
     var slider = document.getElementById("smoothing");
     slider.addEventListener("input", function () {
@@ -27,5 +27,6 @@
       plot.setData(data());
     });
     window.addEventListener("resize", function () { LabCharts.fit([plot]); });
+    window.labCompare = { plot: plot }; // read by the browser tests
   });
 })();

@@ -252,3 +252,24 @@ def test_the_jobs_table_filters_by_tag_and_keeps_the_filter_when_it_refreshes(li
         names = page.eval_on_selector_all("#jobs-table tr[data-job] td:nth-child(2) a", "links => links.map(a => a.textContent)")
 
     assert names == ["research-run"]
+
+
+def test_compare_puts_wall_time_on_the_x_axis(live_server, owner, spec, no_broker):
+    jobs = [submit(owner, spec, name=name) for name in ("a", "b")]
+    for job, seconds in zip(jobs, ((0, 60, 120), (0, 30, 90))):
+        engine = Engine(job)
+        engine.running(0)
+        engine.post("metrics", {"attempt": 1, "points": [
+            {"step": step, "time": f"2026-11-29T22:{10 + s // 60:02d}:{s % 60:02d}Z", "values": {"reward/mean": step / 10}}
+            for step, s in enumerate(seconds, 1)
+        ]})
+    query = "&".join(f"job={job.public_id}" for job in jobs)
+
+    with signed_in_page(live_server, owner.user) as page:
+        page.goto(f"{PROJECT}compare/?{query}&x=time")
+        page.wait_for_selector("#compare-chart canvas")
+        xs = page.evaluate("() => document.querySelector('#compare-x').value")
+        data = page.evaluate("() => window.labCompare && window.labCompare.plot.data[0]")
+
+    assert xs == "time"
+    assert data == [0, 0.5, 1, 1.5, 2]
