@@ -64,7 +64,7 @@ S = JobStatus
 RELAUNCH_AFTER = timedelta(seconds=30)
 #: Active jobs observed at once by one periodic pass (one launcher call per batch where it can).
 RECONCILE_BATCH = 200
-#: Launcher reasons that end a job for good: a cluster that cannot run it (DESIGN.md §4 error codes).
+#: Launcher reasons that end a job for good: a cluster that cannot run it (docs/api.md "Statuses": error codes).
 LAUNCHER_FAILURES = frozenset({ErrorCode.IMAGE_PULL_FAILED, ErrorCode.UNSCHEDULABLE, ErrorCode.MAX_RUNTIME_EXCEEDED})
 #: The exit code an engine's ``finish`` report stands for once its process is gone without one.
 OUTCOME_EXIT_CODES = {"succeeded": 0, "failed": 2, "stopped": 3}
