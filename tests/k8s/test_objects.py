@@ -144,6 +144,24 @@ def test_the_secret_is_immutable_and_owned_by_the_jobset():
     }]
 
 
+def test_the_jobs_secrets_and_packages_reach_the_engine_through_the_secret_only():
+    package = {"id": "acme/count@0.1.0", "sha256": "0" * 64, "url": "https://s3.example/w?X-Amz-Signature=abc",
+               "filename": "count-0.1.0-py3-none-any.whl"}
+    attempt = request(secrets={"WANDB_API_KEY": "wandb-value-123"}, environment_packages=(package,))
+    jobset = owner(jobset_object(attempt, SETTINGS))
+    secret = secret_object(attempt, owner=jobset)
+    name = jobset_name(JOB_ID, 1)
+
+    assert "wandb-value-123" not in str(jobset) and "X-Amz-Signature" not in str(jobset)
+    env = {entry["name"]: entry for entry in engine_pod(jobset)["containers"][0]["env"]}
+    for variable in ("WANDB_API_KEY", "LAB_JOB_ENVIRONMENT_PACKAGES", "LAB_JOB_TOKEN"):
+        assert env[variable] == {"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": variable}}}
+    assert secret["stringData"]["WANDB_API_KEY"] == "wandb-value-123"
+    assert "X-Amz-Signature=abc" in secret["stringData"]["LAB_JOB_ENVIRONMENT_PACKAGES"]
+    assert secret["stringData"]["LAB_JOB_TOKEN"] == "job-token-secret"
+    validate(secret)
+
+
 def test_several_roles_complete_with_the_orchestrator():
     jobset = jobset_object(request(roles=("inference", "orchestrator", "trainer")), SETTINGS)
 

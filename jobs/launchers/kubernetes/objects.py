@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from jobs.launchers.base import LaunchRequest, engine_args
+from jobs.launchers.base import LaunchRequest, engine_args, engine_package_environment
 
 #: Label keys Lab puts on everything it creates (docs/kubernetes.md).
 JOB_LABEL = "lab.dev/job-id"
@@ -125,9 +125,16 @@ def local_queue_object(namespace: str) -> dict:
     }
 
 
+def secret_variables(request: LaunchRequest) -> dict[str, str]:
+    """Return the engine's variables that travel in the attempt's Secret, never in the pod
+    template: the job token, the job's own secrets (``LaunchRequest.secrets``, names Lab never
+    sets itself) and its environment packages (whose URLs may be signed)."""
+    return {**request.secrets, **engine_package_environment(request), "LAB_JOB_TOKEN": request.token}
+
+
 def secret_object(request: LaunchRequest, *, owner: dict) -> dict:
-    """Return the attempt's immutable Secret: the job token and the spec (which may carry the
-    job's own secrets, ``env_files``), owned by the JobSet ``owner`` (as stored, with its uid)."""
+    """Return the attempt's immutable Secret: the variables of ``secret_variables`` and the spec,
+    owned by the JobSet ``owner`` (as stored, with its uid)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -142,7 +149,7 @@ def secret_object(request: LaunchRequest, *, owner: dict) -> dict:
         },
         "type": "Opaque",
         "immutable": True,
-        "stringData": {"LAB_JOB_TOKEN": request.token, "spec.json": json.dumps(request.spec, sort_keys=True)},
+        "stringData": {**secret_variables(request), "spec.json": json.dumps(request.spec, sort_keys=True)},
     }
 
 
@@ -182,7 +189,10 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
             "command": ["python", "-m", "engine"],
             "args": args,
             "env": [
-                {"name": "LAB_JOB_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "LAB_JOB_TOKEN"}}},
+                *(
+                    {"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": variable}}}
+                    for variable in sorted(secret_variables(request))
+                ),
                 {"name": "LAB_PUBLIC_URL", "value": request.lab_url},
                 {"name": "LAB_MODEL_DIR", "value": settings.model_dir},
                 {"name": "HF_HUB_OFFLINE", "value": "1"},
