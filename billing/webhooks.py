@@ -137,8 +137,8 @@ def stripe_webhook_receive(*, payload: bytes, signature_header: str) -> WebhookR
     handler = HANDLERS.get(event["type"])
     if handler is None:
         return WebhookResult(event["id"], event["type"], "ignored")
-    obj = (event.get("data") or {}).get("object")
-    if not isinstance(obj, dict) or not isinstance(event.get("created"), int):
+    obj = (event.get("data") or {}).get("object") if isinstance(event.get("data"), dict) else None
+    if not isinstance(obj, dict) or not isinstance(event.get("created"), int) or not 0 < event["created"] < 2**33:
         raise WebhookRefused("The event has no data.object or created time.")
     try:
         with transaction.atomic():

@@ -278,3 +278,11 @@ def test_the_meter_task_retries_a_stripe_error_and_then_sends_everything_once(ow
         MeterEvent.objects.values_list("interval__public_id", flat=True)
     )
     assert send_meter_events.retry_backoff == 5 and send_meter_events.retry_backoff_max == 600
+
+
+@pytest.mark.parametrize("change", [{"created": 10**20}, {"created": "yesterday"}, {"data": []}, {"data": {"object": None}}])
+def test_a_signed_but_malformed_event_is_400_and_changes_nothing(owner, fake_stripe, change):
+    response = deliver(checkout_completed(owner) | change)
+    assert response.status_code == 400
+    assert account_for(owner.organization.pk).balance_micro_usd == 10_000_000
+    assert StripeEvent.objects.count() == 0
