@@ -95,7 +95,10 @@ def _jobs_table_context(request: HttpRequest, project: Project) -> dict:
     tag = (request.GET.get("tag") or "")[:577]
     key, equals, value = tag.partition("=")
     metadata = {key.strip(): value.strip()} if equals and key.strip() else {}
-    jobs = job_list(project=project, status=status or None, metadata=metadata, model=model or None)
+    environment = (request.GET.get("env") or "")[:256]
+    jobs = job_list(
+        project=project, status=status or None, metadata=metadata, model=model or None, environment=environment or None
+    )
     page = Paginator(jobs_with_latest_reward(jobs).order_by("-id"), JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
     positions = queue_positions(list(page))
     now = timezone.now()
@@ -108,6 +111,8 @@ def _jobs_table_context(request: HttpRequest, project: Project) -> dict:
             for job in page
         ],
         "model": model,
+        "environment": environment,
+        "environments": _environment_ids(project),
         "tag": tag,
         "models": sorted(
             m for m in Job.objects.filter(project=project).order_by().values_list("spec__model", flat=True).distinct()
@@ -117,6 +122,16 @@ def _jobs_table_context(request: HttpRequest, project: Project) -> dict:
         "status_problem": status_problem,
         "statuses": JobStatus.values,
     }
+
+
+def _environment_ids(project: Project) -> list[str]:
+    """The environment ids (without version) the project's jobs train on, for the filter."""
+    ids = set()
+    for blocks in Job.objects.filter(project=project).order_by().values_list("spec__env", flat=True).distinct():
+        for block in blocks if isinstance(blocks, list) else ():
+            if isinstance(block, dict) and isinstance(block.get("id"), str):
+                ids.add(block["id"].partition("@")[0])
+    return sorted(ids)
 
 
 @require_GET

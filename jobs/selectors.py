@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from django.db.models import QuerySet, TextField
-from django.db.models.fields.json import KeyTextTransform
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
 from django.db.models.functions import Cast
 
 from jobs.models import Job, JobStatus, LogLine, MetricStep, RolloutSample
@@ -16,11 +16,21 @@ from lab.api.pagination import int_param, list_envelope
 from lab.models import Project
 
 
+#: The most ``[[env]]`` blocks a spec has (labsdk.spec.model.JobSpec.env).
+MAX_SPEC_ENVIRONMENTS = 16
+
+
 def job_list(
-    *, project: Project, status: str | None = None, metadata: Mapping[str, str] | None = None, model: str | None = None
+    *,
+    project: Project,
+    status: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    model: str | None = None,
+    environment: str | None = None,
 ) -> QuerySet:
-    """Return ``project``'s jobs, optionally of one ``status``, with every ``metadata`` pair and
-    on one base ``model`` (its catalogue id).
+    """Return ``project``'s jobs, optionally of one ``status``, with every ``metadata`` pair, on
+    one base ``model`` (its catalogue id) and training on one ``environment`` (an id as stored,
+    ``owner/name@version``, or without the version: any version of it).
 
     Raises ApiError 400 for an unknown status.
     """
@@ -43,7 +53,21 @@ def job_list(
         jobs = jobs.alias(**{alias: value_of_key}).filter(**{alias: value})
     if model:
         jobs = jobs.alias(spec_model=Cast(KeyTextTransform("model", "spec"), output_field=TextField())).filter(spec_model=model)
+    if environment:
+        jobs = _training_on(jobs, environment)
     return jobs
+
+
+def _training_on(jobs: QuerySet, environment: str) -> QuerySet:
+    """Keep the jobs one of whose ``spec.env[i].id`` is ``environment`` (or ``environment@...``).
+    One text comparison per block index: JSON containment has no SQLite form."""
+    matches = Q()
+    for index in range(MAX_SPEC_ENVIRONMENTS):
+        alias = f"env_id_{index}"
+        block_id = KeyTextTransform("id", KeyTransform(str(index), KeyTransform("env", "spec")))
+        jobs = jobs.alias(**{alias: Cast(block_id, output_field=TextField())})
+        matches |= Q(**{alias: environment}) | Q(**{f"{alias}__startswith": f"{environment}@"})
+    return jobs.filter(matches)
 
 
 def job_eta_seconds(job: Job, *, now) -> float | None:

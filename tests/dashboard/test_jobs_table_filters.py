@@ -38,6 +38,20 @@ def test_it_filters_by_model_and_by_tag(owner, owner_client, spec):
     assert '<option value="HuggingFaceTB/SmolLM2-135M-Instruct">' in page
 
 
+def test_it_filters_by_environment_whatever_the_blocks_position(owner, owner_client, spec):
+    submit(owner, {**spec, "env": [{"id": "lab/addition"}]}, name="addition")
+    submit(owner, {**spec, "env": [{"id": "lab/addition"}, {"id": "lab/reverse-text"}]}, name="both")
+    submit(owner, {**spec, "env": [{"id": "lab/reverse-text"}]}, name="reverse")
+
+    assert listed(owner_client, env="lab/reverse-text") == ["reverse", "both"]
+    assert listed(owner_client, env="lab/addition") == ["both", "addition"]
+    assert listed(owner_client, env="lab/add") == []  # an id, not a prefix of one
+    assert listed(owner_client, env="lab/reverse-text", model="lab/tiny-random-llama", tag="a=b") == []
+    page = owner_client.get("/o/acme/p/default/", {"env": "lab/addition"}).content.decode()
+    assert "env=lab/addition" in page  # the table's refresh keeps the filter
+    assert '<option value="lab/reverse-text">' in page
+
+
 def test_a_running_job_shows_its_eta_at_its_pace_so_far(owner, owner_client, spec):
     job = submit(owner, spec, name="eta", max_steps=20)
     Engine(job).running(step=5)
