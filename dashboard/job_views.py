@@ -20,6 +20,7 @@ from datetime import datetime
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db import IntegrityError, transaction
+from django.db.models.fields.json import KeyTransform
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.utils import timezone
@@ -33,7 +34,7 @@ from dashboard.views import _actor, _render
 from jobs.checkpoints import checkpoint_download_response
 from jobs.distributions import histogram
 from jobs.estimates import job_estimate
-from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus
+from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus, MetricStep
 from jobs.queue import queue_positions
 from jobs.selectors import (
     job_list,
@@ -472,23 +473,45 @@ def job_compare(request: HttpRequest, access: OrganizationAccess, project: Proje
     return _render(request, "dashboard/compare.html", context, access=access)
 
 
-#: What the compare chart's x axis can be: the training step, or wall time in minutes since the
-#: job's first step (each job's own clock, so runs started at different times line up).
-COMPARE_X_AXES = {"step": "step", "time": "minutes since the first step"}
+#: What the compare chart's x axis can be: the training step, wall time in minutes since the
+#: job's first step (each job's own clock, so runs started at different times line up), or the
+#: tokens trained on up to and including the step (the running sum of ``perf/tokens``).
+COMPARE_X_AXES = {"step": "step", "time": "minutes since the first step", "tokens": "tokens trained on"}
 
 
 def _compare_points(job: Job, metric: str, x_axis: str) -> list[list[float]]:
-    """Return ``[x, value]`` of ``metric`` for each of ``job``'s steps that has it."""
+    """Return ``[x, value]`` of ``metric`` for each of ``job``'s steps that has it (on the tokens
+    axis, only the steps whose token count is known: those with ``perf/tokens`` up to them)."""
     points = metric_points(job=job, params={"names": metric, "max_points": str(CHART_MAX_POINTS)})["data"]
     points = [point for point in points if metric in point["values"]]
     if x_axis == "step" or not points:
         return [[point["step"], point["values"][metric]] for point in points]
+    if x_axis == "tokens":
+        tokens_by_step = _cumulative_tokens(job)
+        return [[tokens_by_step[point["step"]], point["values"][metric]] for point in points if point["step"] in tokens_by_step]
     start = datetime.fromisoformat(points[0]["time"].replace("Z", "+00:00"))
     return [
         [round((datetime.fromisoformat(point["time"].replace("Z", "+00:00")) - start).total_seconds() / 60, 3),
          point["values"][metric]]
         for point in points
     ]
+
+
+def _cumulative_tokens(job: Job) -> dict[int, float]:
+    """Return, per step, the tokens ``job`` trained on up to and including it (the running sum of
+    every stored step's ``perf/tokens``; it stops at the first step without one, whose total is
+    not known)."""
+    totals, total = {}, 0.0
+    rows = (
+        MetricStep.objects.filter(job=job).order_by("step")
+        .annotate(tokens=KeyTransform("perf/tokens", "values")).values_list("step", "tokens")
+    )
+    for expected, (step, tokens) in enumerate(rows, start=1):
+        if step != expected or not isinstance(tokens, (int, float)):
+            break
+        total += tokens
+        totals[step] = total
+    return totals
 
 
 def _flatten(value, prefix: str = "") -> dict[str, str]:

@@ -474,6 +474,7 @@ class Trainer:
                     "time/step": step_seconds,
                     "time/generate": batch.generate_seconds,
                     "time/train": train_seconds,
+                    "perf/tokens": float(tokens),
                     "perf/tokens_per_s": tokens / step_seconds if step_seconds > 0 else 0.0,
                     "perf/rollout_tokens_per_s": completion_tokens / batch.generate_seconds if batch.generate_seconds > 0 else 0.0,
                     "perf/rollout_backend_vllm": 1.0 if config.rollout_backend == "vllm" else 0.0,

@@ -1,7 +1,7 @@
 """Django settings for Lab.
 
-Every value comes from the environment through the typed helpers in ``lab.config`` (DESIGN.md §4
-"Configuration"). With no environment at all, Lab runs on embedded defaults: SQLite under
+Every value comes from the environment through the typed helpers in ``lab.config`` (every variable
+is listed in docs/configuration.md). With no environment at all, Lab runs on embedded defaults: SQLite under
 ``LAB_DATA_DIR``, a Celery broker on SQLite (no server), the local launcher and file storage.
 """
 
@@ -182,8 +182,8 @@ LAB_KILL_GRACE_S = env_int("LAB_KILL_GRACE_S", 30, minimum=0)
 LAB_RECONCILE_INTERVAL_S = env_int("LAB_RECONCILE_INTERVAL_S", 5, minimum=1)
 # Requests per minute one job's engine may make to the ingest API before it gets 429.
 LAB_INGEST_RATE_LIMIT_PER_MINUTE = env_int("LAB_INGEST_RATE_LIMIT_PER_MINUTE", 1200, minimum=1)
-# Live stream: a comment line this often keeps proxies from closing an idle stream (DESIGN.md
-# §4); without Redis, clients poll the database this often (milliseconds).
+# Live stream: a comment line this often keeps proxies from closing an idle stream
+# (docs/live-stream.md); without Redis, clients poll the database this often (milliseconds).
 LAB_STREAM_HEARTBEAT_S = env_int("LAB_STREAM_HEARTBEAT_S", 15, minimum=1, maximum=300)
 LAB_STREAM_POLL_MS = env_int("LAB_STREAM_POLL_MS", 500, minimum=50, maximum=10_000)
 LAB_WEBHOOK_TIMEOUT_S = env_int("LAB_WEBHOOK_TIMEOUT_S", 15, minimum=1, maximum=60)  # 2xx within this many seconds = delivered
@@ -211,7 +211,7 @@ STRIPE_API_VERSION = env_str("STRIPE_API_VERSION", "")  # empty: the version pin
 
 # Requests per minute one API key may make before it gets 429 with Retry-After.
 LAB_API_RATE_LIMIT_PER_MINUTE = env_int("LAB_API_RATE_LIMIT_PER_MINUTE", 1200, minimum=1)
-# Request bodies above this many bytes are refused with 413 (DESIGN.md §4 conventions).
+# Request bodies above this many bytes are refused with 413 (docs/api.md, conventions).
 LAB_MAX_REQUEST_BYTES = 1024 * 1024
 # Environment wheel uploads (docs/environments.md): wheels up to 100 MB, plus multipart framing;
 # the wheel's own size is checked against 100 MB exactly by environments.services.
@@ -378,8 +378,6 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-jobs": {"task": "jobs.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
     "sweep-webhook-deliveries": {"task": "jobs.webhooks.sweep", "schedule": 5.0},
     "sweep-orphan-checkpoints": {"task": "jobs.sweep_orphan_checkpoints", "schedule": 3600.0},
-    # Meter events owed after a Stripe outage (each interval's close also enqueues the task).
-    "send-meter-events": {"task": "billing.send_meter_events", "schedule": 300.0},
     # Meter events owed after a Stripe outage (each interval's close also enqueues the task).
     "send-meter-events": {"task": "billing.send_meter_events", "schedule": 300.0},
 }
