@@ -110,3 +110,13 @@ def no_broker(monkeypatch) -> list[tuple[str, int | None]]:
     monkeypatch.setattr(dispatch, "enqueue_launch", lambda attempt_id: enqueued.append(("launch", attempt_id)))
     monkeypatch.setattr(dispatch, "enqueue_reconcile", lambda job_id: enqueued.append(("reconcile", job_id)))
     return enqueued
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server (moto) for one test module; buckets come from ``new_bucket()``."""
+    from tests.s3server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("moto")).start()
+    yield server
+    server.stop()

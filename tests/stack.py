@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -104,3 +105,15 @@ class LabStack:
     def logs(self) -> str:
         """Return the tail of every process log (for assertion messages)."""
         return self._lab.logs()
+
+
+@contextmanager
+def running_stack(data_dir: Path, settings, **env: str) -> Iterator[LabStack]:
+    """Start a :class:`LabStack` on ``data_dir`` (``env`` as for it), point this process's
+    ``settings.LAB_DATA_DIR`` at it, yield it running and stop it however the block ends."""
+    lab = LabStack(data_dir, **env)
+    settings.LAB_DATA_DIR = lab.data_dir
+    try:
+        yield lab.start()
+    finally:
+        lab.stop()

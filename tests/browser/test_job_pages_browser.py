@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 from tests.conftest import PASSWORD
-from tests.stack import LabStack
+from tests.stack import LabStack, running_stack
 
 pytestmark = [
     pytest.mark.browser,
@@ -71,12 +71,8 @@ gpus = 0
 
 @pytest.fixture
 def stack(tmp_path, settings):
-    lab = LabStack(tmp_path / "lab", LAB_STOP_GRACE_S="2", LAB_KILL_GRACE_S="5")
-    settings.LAB_DATA_DIR = lab.data_dir
-    try:
-        yield lab.start()
-    finally:
-        lab.stop()
+    with running_stack(tmp_path / "lab", settings, LAB_STOP_GRACE_S="2", LAB_KILL_GRACE_S="5") as lab:
+        yield lab
 
 
 @pytest.fixture

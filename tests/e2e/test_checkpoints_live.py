@@ -27,7 +27,7 @@ from engine.models import tiny_random_llama
 from jobs.models import Checkpoint, Job, JobAttempt, LogLine, MetricStep
 from jobs.webhooks.models import WebhookMessage
 from tests.s3server import S3Server
-from tests.stack import LabStack, wait_for
+from tests.stack import LabStack, running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -68,12 +68,8 @@ def storage_kind(request, tmp_path):
 @pytest.fixture
 def stack(tmp_path, settings, storage_kind):
     _, environment, _ = storage_kind
-    lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1", LAB_WEBHOOK_ALLOW_PRIVATE="1", **environment)
-    settings.LAB_DATA_DIR = lab.data_dir
-    try:
-        yield lab.start()
-    finally:
-        lab.stop()
+    with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1", LAB_WEBHOOK_ALLOW_PRIVATE="1", **environment) as lab:
+        yield lab
 
 
 @pytest.fixture

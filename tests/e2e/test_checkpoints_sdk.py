@@ -19,7 +19,7 @@ from jobs.ingest.tokens import job_token
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
 from tests.e2e.test_cli_live import lab_cli
-from tests.s3server import S3Server, use_s3_storage
+from tests.s3server import use_s3_storage
 
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -81,13 +81,6 @@ def _own_storage(settings, tmp_path):
 def job_spec() -> dict:
     return {"model": "lab/tiny-random-llama", "max_steps": 4, "env": [{"id": "lab/addition"}],
             "checkpoints": {"interval": 1, "keep_last": 5}}
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("moto")).start()
-    yield server
-    server.stop()
 
 
 def test_list_gives_a_jobs_checkpoints_newest_first(lab, tenant, outsider, job_spec, tmp_path):

@@ -20,7 +20,7 @@ from django.db import connection
 
 from jobs.models import Checkpoint, Job, JobEvent, MetricStep
 from jobs.serializers import job_to_dict
-from tests.stack import LabStack, wait_for
+from tests.stack import LabStack, running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -49,12 +49,8 @@ SPEC = {
 @pytest.fixture
 def stack(tmp_path, settings):
     # A short flush at exit, so the second test's engine gives up on the absent web server soon.
-    lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1", LAB_ENGINE_FLUSH_TIMEOUT="3")
-    settings.LAB_DATA_DIR = lab.data_dir
-    try:
-        yield lab.start()
-    finally:
-        lab.stop()
+    with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1", LAB_ENGINE_FLUSH_TIMEOUT="3") as lab:
+        yield lab
 
 
 def _spooled_steps(attempt_dir: Path) -> int:

@@ -11,7 +11,7 @@ from labsdk import Lab
 from jobs.models import Job
 from tests.environments.test_engine_packages import TINY
 from tests.environments.wheelbuilder import lab_wheel
-from tests.stack import LabStack, wait_for
+from tests.stack import LabStack, running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -23,12 +23,8 @@ pytestmark = [
 @pytest.fixture
 def stack(tmp_path, settings):
     # Wheels on S3 (signed URL fetch, sweep, delete) are tests/environments/test_environments_s3.py's part.
-    lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1")
-    settings.LAB_DATA_DIR = lab.data_dir
-    try:
-        yield lab.start()
-    finally:
-        lab.stop()
+    with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1") as lab:
+        yield lab
 
 
 def wait_finished(lab: Lab, stack: LabStack, job_id: str):

@@ -14,17 +14,10 @@ from environments.models import EnvironmentPackage
 from environments.services import package_download_url
 from jobs.checkpoints import checkpoint_sweep_orphans
 from tests.environments.wheelbuilder import build_wheel
-from tests.s3server import S3Server, use_s3_storage
+from tests.s3server import use_s3_storage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 PREFIX = "lab/checkpoints"
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("moto")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -21,18 +21,11 @@ from jobs.ingest.tokens import job_token
 from jobs.models import Checkpoint, Job, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
-from tests.s3server import S3Server, use_s3_storage
+from tests.s3server import use_s3_storage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
 PREFIX = "lab/checkpoints"
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("moto")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

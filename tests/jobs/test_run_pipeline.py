@@ -13,7 +13,7 @@ from django.db import connection
 from labsdk import Lab
 
 from jobs.models import Job, JobAttempt, JobEvent, MetricStep
-from tests.stack import ROOT, LabStack, wait_for
+from tests.stack import LabStack, ROOT, running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -27,12 +27,8 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 @pytest.fixture
 def stack(tmp_path, settings):
-    lab = LabStack(tmp_path / "lab", LAB_STOP_GRACE_S="2", LAB_KILL_GRACE_S="5")
-    settings.LAB_DATA_DIR = lab.data_dir
-    try:
-        yield lab.start()
-    finally:
-        lab.stop()
+    with running_stack(tmp_path / "lab", settings, LAB_STOP_GRACE_S="2", LAB_KILL_GRACE_S="5") as lab:
+        yield lab
 
 
 class Api:

@@ -20,7 +20,7 @@ from django.db import connection
 
 from jobs.models import Checkpoint, Job, JobStatus
 from tests.prime.configs import BAD_RL_TOML, TINY_RL_TOML
-from tests.stack import LabStack, wait_for
+from tests.stack import running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -34,12 +34,8 @@ PRIME = Path(sys.executable).with_name("prime")
 
 @pytest.fixture
 def stack(tmp_path, settings):
-    lab = LabStack(tmp_path / "lab", LAB_ENGINE_THREADS="1")
-    settings.LAB_DATA_DIR = lab.data_dir
-    try:
-        yield lab.start()
-    finally:
-        lab.stop()
+    with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1") as lab:
+        yield lab
 
 
 @pytest.fixture
