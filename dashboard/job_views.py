@@ -319,13 +319,24 @@ def job_checkpoints(request: HttpRequest, access: OrganizationAccess, project: P
     return _render(request, "dashboard/_job_checkpoints.html", context, access=access)
 
 
+#: The rollouts page's ``?keep=`` choices: which rollouts of the step to show.
+ROLLOUT_FILTERS = {
+    "reward>0": lambda sample: sample["reward"] > 0,
+    "reward=0": lambda sample: sample["reward"] == 0,
+    "advantage>0": lambda sample: sample["advantage"] > 0,
+    "advantage<0": lambda sample: sample["advantage"] < 0,
+    "advantage=0": lambda sample: sample["advantage"] == 0,
+}
+
+
 @require_GET
 @project_view
 def job_rollouts(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
     """The rollouts of one step (``?step=``, default the latest), grouped as GRPO groups, with a
     histogram of the step's rewards and advantages; ``?q=`` keeps those whose prompt or completion
-    holds the text (case-insensitive), ``?sort=reward|-reward|advantage|-advantage`` lists them
-    in that order instead of by group."""
+    holds the text (case-insensitive), ``?keep=reward>0`` (``reward|advantage`` then ``>``, ``<``
+    or ``=`` then ``0``) those whose value compares so, ``?sort=reward|-reward|advantage|-advantage``
+    lists them in that order instead of by group. An unknown ``keep`` keeps every rollout."""
     job = _job(project, job_id)
     try:
         samples = job_samples(job=job, params={"step": request.GET.get("step") or "", "limit": "1000"})["data"]
@@ -338,6 +349,9 @@ def job_rollouts(request: HttpRequest, access: OrganizationAccess, project: Proj
     query = (request.GET.get("q") or "")[:200].strip().lower()
     if query:
         samples = [s for s in samples if query in str(s["prompt"]).lower() or query in str(s["completion"]).lower()]
+    keep = ROLLOUT_FILTERS.get(request.GET.get("keep") or "")
+    if keep is not None:
+        samples = [sample for sample in samples if keep(sample)]
     sort = request.GET.get("sort") or ""
     context = {"step": step, "query": query, "sort": sort, "shown": len(samples),
                "histograms": [(name, bins, max((b["count"] for b in bins), default=0)) for name, bins in histograms]}

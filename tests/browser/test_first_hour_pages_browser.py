@@ -233,10 +233,16 @@ def test_rollouts_are_searched_sorted_and_shown_as_histograms(live_server, owner
         page.fill("#rollout-search", "seven")
         page.wait_for_function("() => document.querySelectorAll('#rollouts tr.rollout').length === 1")
         found = page.eval_on_selector_all("#rollouts tr.rollout td:nth-child(2) > pre", "cells => cells.map(c => c.textContent)")
+        page.fill("#rollout-search", "")
+        page.wait_for_function("() => document.querySelectorAll('#rollouts tr.rollout').length === 4")
+        page.select_option("#rollout-keep", "reward=0")
+        page.wait_for_function("() => document.querySelectorAll('#rollouts tr.rollout').length === 1")
+        failed = page.eval_on_selector_all("#rollouts tr.rollout td:nth-child(2) > pre", "cells => cells.map(c => c.textContent)")
 
     assert sum(reward_counts) == 4 and reward_counts[0] == 1 and reward_counts[-1] == 3
     assert by_advantage[0] == "4" and by_advantage[-1] == "five"
     assert found == ["seven"]
+    assert failed == ["five"]
 
 
 def test_the_jobs_table_filters_by_tag_and_keeps_the_filter_when_it_refreshes(live_server, owner, spec, no_broker):

@@ -300,6 +300,21 @@ def test_the_job_page_shows_status_progress_data_logs_events_and_rollouts(owner_
     assert "-0.500" in rendered
 
 
+def test_the_rollouts_view_keeps_those_whose_reward_or_advantage_compares_so(owner_client, running_job):
+    job = running_job.job
+
+    def kept(keep: str) -> list[str]:
+        response = owner_client.get(job_url(job, "rollouts/"), {"step": 3, "keep": keep, "sort": "-reward"})
+        assert response.status_code == 200
+        return [sample["completion"] for sample in response.context["sorted"]]
+
+    assert kept("reward>0") == ["5", "8"]
+    assert kept("reward=0") == ["<script>alert(1)</script>"]
+    assert kept("advantage<0") == ["<script>alert(1)</script>"]
+    assert kept("advantage=0") == ["8"]
+    assert sorted(kept("nonsense")) == sorted(kept("")) == sorted(["5", "8", "<script>alert(1)</script>"])
+
+
 def test_the_rollouts_view_defaults_to_the_latest_step_and_refuses_bad_steps(owner_client, running_job):
     job = running_job.job
     latest = owner_client.get(job_url(job, "rollouts/"))
