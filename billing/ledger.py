@@ -11,13 +11,14 @@ workers) closing the same attempt at once serialize, and the second finds the in
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Max, Sum
 
 from billing.accounts import (
     billing_enabled,
@@ -80,6 +81,31 @@ def _due_bounds(start: datetime, *, until: datetime, ended: bool) -> list[tuple[
 
 def _last_interval(attempt_id: int) -> UsageInterval | None:
     return UsageInterval.objects.unscoped().filter(attempt_id=attempt_id).order_by("-index").first()
+
+
+def next_closings(started_at: Mapping[int, datetime]) -> dict[int, datetime]:
+    """Return, for each attempt id of ``started_at`` (its launcher start time, UTC), when its
+    next interval ends: the last recorded interval's end (else the start) plus one interval.
+    One query for all of them; an attempt due at or before now has an interval to close."""
+    ends = dict(
+        UsageInterval.objects.unscoped().filter(attempt_id__in=list(started_at))
+        .values("attempt_id").annotate(last_end=Max("ended_at")).values_list("attempt_id", "last_end")
+    )
+    return {attempt_id: ends.get(attempt_id, start) + interval_seconds() for attempt_id, start in started_at.items()}
+
+
+def organizations_exhausted(organization_ids: Iterable[int]) -> set[int]:
+    """Return those of ``organization_ids`` with nothing left to spend (billing on; the same
+    bound ``usage_close`` reports as ``exhausted``); empty when billing is off."""
+    if not billing_enabled():
+        return set()
+    accounts = BillingAccount.objects.filter(organization_id__in=set(organization_ids))
+    exhausted = set()
+    for account in accounts:
+        left = left_to_spend_micro_usd(account)
+        if left is not None and left <= 0:
+            exhausted.add(account.organization_id)
+    return exhausted
 
 
 def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:

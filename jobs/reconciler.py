@@ -28,7 +28,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from billing.ledger import AttemptUsage, job_usage_totals, usage_close
+from billing.ledger import AttemptUsage, job_usage_totals, next_closings, organizations_exhausted, usage_close
 from billing.pricing import micro_to_usd
 from jobs import dispatch, storage
 from jobs.checkpoints import checkpoint_fail_unfinished
@@ -162,10 +162,13 @@ def _record_usage(job: Job, attempt: JobAttempt, observation: Observation, now) 
         ),
         now=now,
     )
-    totals = job_usage_totals(job.public_id)
-    job.gpu_seconds, job.cpu_seconds = float(totals.gpu_seconds), float(totals.cpu_seconds)
-    job.cost_usd = micro_to_usd(totals.cost_micro_usd)
-    Job.objects.unscoped().filter(pk=job.pk).update(cpu_seconds=job.cpu_seconds, gpu_seconds=job.gpu_seconds, cost_usd=job.cost_usd)
+    if result.closed:  # the totals change only with the ledger (whoever closed an interval set them)
+        totals = job_usage_totals(job.public_id)
+        job.gpu_seconds, job.cpu_seconds = float(totals.gpu_seconds), float(totals.cpu_seconds)
+        job.cost_usd = micro_to_usd(totals.cost_micro_usd)
+        Job.objects.unscoped().filter(pk=job.pk).update(
+            cpu_seconds=job.cpu_seconds, gpu_seconds=job.gpu_seconds, cost_usd=job.cost_usd
+        )
     if result.exhausted and not ended and not attempt.stop_reason:
         attempt_request_stop(job=job, reason=StopReason.CREDIT)
         attempt.refresh_from_db()
@@ -365,10 +368,43 @@ def _look(launcher, attempts: list[JobAttempt]) -> dict[int, _Seen]:
 
 
 def _launched_attempts(job_ids: list[int]) -> list[JobAttempt]:
-    """Return the current attempt of each of ``job_ids`` that is launched (one query)."""
+    """Return the current attempt of each of ``job_ids`` that is launched, with its job (one query)."""
     return list(
         JobAttempt.objects.filter(job_id__in=job_ids, state=AttemptState.LAUNCHED, number=F("job__attempt"))
+        .select_related("job__project")
     )
+
+
+def _idle_jobs(attempts: list[JobAttempt], seen: dict[int, _Seen], now) -> set[int]:
+    """Return the ids of the jobs for which ``_apply`` would do nothing now, so a pass skips
+    their lock: running, its attempt still running with no captured output (nor read progress),
+    no stop asked,
+    heard from within the heartbeat timeout, inside its runtime, no usage interval due and its
+    organization not out of credit. Read without locks; a job wrongly left out is applied."""
+    candidates = {}
+    for attempt in attempts:
+        job, look = attempt.job, seen.get(attempt.job_id)
+        if (
+            look is None or look.lines or look.handle != attempt.handle or look.observation.phase != AttemptPhase.RUNNING
+            or job.status != S.RUNNING or attempt.stop_requested_at is not None or job.started_at is None
+        ):
+            continue
+        started_at = look.observation.started_at or attempt.launched_at
+        last_sign_of_life = attempt.last_heartbeat_at or max(attempt.launched_at, started_at)
+        if now - last_sign_of_life > timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S):
+            continue
+        if now - job.started_at > timedelta(minutes=job.spec["max_runtime_minutes"]):
+            continue
+        candidates[attempt.pk] = (attempt, started_at)
+    if not candidates:
+        return set()
+    closings = next_closings({attempt_id: started for attempt_id, (_, started) in candidates.items()})
+    exhausted = organizations_exhausted(attempt.job.project.organization_id for attempt, _ in candidates.values())
+    return {
+        attempt.job_id
+        for attempt_id, (attempt, _) in candidates.items()
+        if closings[attempt_id] > now and attempt.job.project.organization_id not in exhausted
+    }
 
 
 def reconcile_job(*, job_id: int, seen: _Seen | None = None) -> None:
@@ -447,11 +483,15 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
     for start in range(0, len(job_ids), batch_size):
         batch = job_ids[start : start + batch_size]
         try:
-            seen = _look(launcher, _launched_attempts(batch))
+            attempts = _launched_attempts(batch)
+            seen = _look(launcher, attempts)
+            idle = _idle_jobs(attempts, seen, timezone.now())
         except Exception:
             logger.exception("observing a batch failed")
             continue
         for job_id in batch:
+            if job_id in idle:
+                continue
             try:
                 reconcile_job(job_id=job_id, seen=seen.get(job_id))
             except Exception:  # one broken job must not stop the others from being reconciled

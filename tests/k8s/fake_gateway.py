@@ -55,6 +55,8 @@ class FakeGateway(ClusterGateway):
 
     def __init__(self, *, history: int = 10_000):
         self.objects: dict[tuple[str, str, str], dict] = {}
+        #: The keys of the objects that name each uid among their ownerReferences (for deletes).
+        self._dependents: dict[str | None, set[tuple[str, str, str]]] = {}
         self._version = itertools.count(100)
         self.last_version = 99
         self.events: dict[str, deque[tuple[int, WatchEvent]]] = defaultdict(lambda: deque(maxlen=history))
@@ -331,7 +333,10 @@ class FakeGateway(ClusterGateway):
     def _store(self, kind: Kind, obj: dict, event_type: str) -> None:
         version = self.last_version = next(self._version)
         obj["metadata"]["resourceVersion"] = str(version)
-        self.objects[self._key(kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
+        key = self._key(kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        self.objects[key] = obj
+        for owner in obj["metadata"].get("ownerReferences") or []:
+            self._dependents.setdefault(owner.get("uid"), set()).add(key)
         self.events[kind.kind].append((version, WatchEvent(event_type, copy.deepcopy(obj))))
 
     def _delete(self, key: tuple[str, str, str], *, event_object: dict | None = None) -> None:
@@ -342,8 +347,9 @@ class FakeGateway(ClusterGateway):
         obj["metadata"]["resourceVersion"] = str(version)
         self.events[key[0]].append((version, WatchEvent("DELETED", copy.deepcopy(obj))))
         uid = obj["metadata"].get("uid")
-        for dependent_key, dependent in list(self.objects.items()):  # the garbage collector
-            owners = dependent["metadata"].get("ownerReferences") or []
-            if dependent_key in self.objects and any(owner.get("uid") == uid for owner in owners):
+        for dependent_key in sorted(self._dependents.pop(uid, ())):  # the garbage collector
+            dependent = self.objects.get(dependent_key)
+            owners = (dependent or {}).get("metadata", {}).get("ownerReferences") or []
+            if dependent is not None and any(owner.get("uid") == uid for owner in owners):
                 self._delete(dependent_key)
 
