@@ -4,14 +4,17 @@ launching without holding locks, batched observation, signals sent outside locks
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing.models import UsageInterval
 from jobs import reconciler
 from jobs.launchers.base import AttemptPhase, Observation
-from jobs.models import AttemptState, Job, JobAttempt, JobEvent, JobStatus, StopReason
+from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StopReason
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 from tests.jobs.fake_launcher import FakeLauncher
@@ -173,3 +176,41 @@ def test_signals_are_sent_after_the_lock_is_released(owner, spec, launcher, sett
     launcher.cancel = cancel
     reconciler.reconcile_job(job_id=job.pk)
     assert launcher.cancels == [(1, True)] and sent_while_locked == [False]
+
+
+def _pass_queries() -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        reconciler.reconcile_all()
+    return [query["sql"] for query in queries]
+
+
+def test_a_pass_over_jobs_with_nothing_to_apply_locks_none_and_reads_per_batch(owner, spec, launcher, settings):
+    settings.LAB_ORG_MAX_RUNNING_JOBS = 50
+    for _ in range(2):
+        running(owner, spec, launcher)
+    reconciler.reconcile_all()  # the first pass closes nothing yet: each job's first interval is not due
+    few = _pass_queries()
+    for _ in range(8):
+        running(owner, spec, launcher)
+    reconciler.reconcile_all()
+    many = _pass_queries()
+
+    assert len(many) == len(few)
+    assert not any("FOR UPDATE" in sql for sql in many)
+
+
+def test_a_pass_still_applies_what_is_due_among_idle_jobs(owner, spec, launcher, settings):
+    settings.LAB_ORG_MAX_RUNNING_JOBS = 50
+    settings.LAB_USAGE_INTERVAL_S = 60
+    idle, _ = running(owner, spec, launcher)
+    due, due_attempt = running(owner, spec, launcher)
+    stopping, stopping_attempt = running(owner, spec, launcher)
+    long_ago = timezone.now() - timedelta(minutes=5)
+    JobAttempt.objects.filter(pk=due_attempt.pk).update(launched_at=long_ago, last_heartbeat_at=timezone.now())
+    JobAttempt.objects.filter(pk=stopping_attempt.pk).update(stop_requested_at=long_ago, stop_reason=StopReason.CANCEL)
+
+    reconciler.reconcile_all()
+
+    assert UsageInterval.objects.unscoped().filter(job_public_id=due.public_id).count() == 5  # five minutes closed
+    assert not UsageInterval.objects.unscoped().filter(job_public_id=idle.public_id).exists()
+    assert (stopping_attempt.handle["id"], False) in launcher.cancels  # its stop was escalated
