@@ -142,8 +142,11 @@ def _catalogue_openapi(base_url: str, key: str) -> dict:
     models = [model["id"] for model in httpx.get(f"{base_url}/api/v1/models", headers=headers).json()["data"]]
     environments = [env["id"] for env in httpx.get(f"{base_url}/api/v1/environments", headers=headers).json()["data"]]
     components = document["components"]["schemas"]
-    components["JobSpec"]["properties"]["model"] = {"enum": models}
+    for body in ("JobSpec", "JobCreate"):  # POST /jobs takes JobCreate: the spec's keys and secrets
+        components[body]["properties"]["model"] = {"enum": models}
     components["EnvConfig"]["properties"]["id"] = {"enum": environments}
+    # A block names its environment by id or by a v1 taskset's id; positive cases use the first.
+    components["EnvConfig"]["required"] = ["id"]
     # Public addresses, as no static schema can tell which hosts resolve to private ones.
     public_url = r"^https://93\.184\.215\.[1-9][0-9]?/[a-z]{0,9}$"
     components["WebhookEndpointCreate"]["properties"]["url"] = {"type": "string", "pattern": public_url}

@@ -596,3 +596,26 @@ def test_any_bytes_as_a_spec_file_are_parsed_or_refused_cleanly():
                 json.dumps(problem.to_dict(), ensure_ascii=False).encode("utf-8")
 
     check()
+
+
+def test_whole_numbers_written_as_floats_count_as_integers_outside_free_form_tables():
+    # JSON does not tell 20.0 from 20, and the JSON Schema's "integer" accepts both.
+    spec = parse_spec({**MINIMAL, "max_steps": 20.0, "max_restarts": 0.0, "env": [{"id": "lab/addition", "args": {"scale": 2.0}}]})
+    data = spec.to_dict()
+    assert data["max_steps"] == 20 and isinstance(data["max_steps"], int)
+    assert data["max_restarts"] == 0
+    assert data["env"][0]["args"] == {"scale": 2.0}  # an environment's own arguments keep their JSON type
+    with pytest.raises(SpecError) as refused:
+        parse_spec({**MINIMAL, "max_steps": 20.5})
+    assert [problem.param for problem in refused.value.errors] == ["max_steps"]
+
+
+def test_the_json_schema_says_a_v1_taskset_needs_an_id():
+    import jsonschema
+
+    schema = job_spec_json_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    base = {"model": "lab/tiny-random-llama"}
+    assert validator.is_valid({**base, "env": [{"id": "lab/addition"}]})
+    assert validator.is_valid({**base, "env": [{"taskset": {"id": "lab/addition"}}]})
+    assert not validator.is_valid({**base, "env": [{"taskset": {"name": "x"}}]})

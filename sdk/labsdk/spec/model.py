@@ -234,7 +234,9 @@ class EnvConfig(_Section):
     )
     name: Text | None = Field(None, min_length=1, max_length=128, description="Display name of this block.")
     max_retries: int | None = Field(None, ge=0, le=100, description="Retries of a failed rollout.")
-    taskset: JsonObject | None = Field(None, description="v1 form: the taskset, {id = ..., ...}.")
+    taskset: JsonObject | None = Field(
+        None, description="v1 form: the taskset, {id = ..., ...}.", json_schema_extra={"required": ["id"]},
+    )
     harness: JsonObject | None = Field(
         None, description='v1 form: the harness, {id = ..., runtime = {type = "subprocess"}}.',
     )

@@ -46,7 +46,7 @@ def parse_spec(data: Mapping[str, Any]) -> ParsedSpec:
         raise SpecError([SpecProblem(
             "", "invalid_type", f"a spec must be a JSON object, not {type(data).__name__}"
         )])
-    data, layout_warnings, sources = translate_with_sources(data)
+    data, layout_warnings, sources = translate_with_sources(_integral_numbers_as_ints(data))
     problems: list[SpecProblem] = []
     try:
         spec = JobSpec.model_validate(data)
@@ -60,6 +60,26 @@ def parse_spec(data: Mapping[str, Any]) -> ParsedSpec:
                 problems.append(problem)
         raise SpecError([_named_as_given(problem, sources) for problem in problems])
     return ParsedSpec(spec=spec, warnings=layout_warnings + spec_warnings(data, spec))
+
+
+#: Tables whose contents Lab passes on as given, so their numbers keep their JSON type.
+_FREE_FORM = frozenset({"args", "extra_body", "run_config", "wandb", "infrastructure", "tailscale", "metadata"})
+
+
+def _integral_numbers_as_ints(value: Any, key: str = "") -> Any:
+    """Return ``value`` with every float that is a whole number (``20.0``) as an int, outside the
+    free-form tables. JSON does not tell 20.0 from 20 (RFC 8259 §6) and the JSON Schema's
+    ``integer`` accepts both, while the model's integer fields take ints only; float fields
+    take ints too, so nothing else changes meaning."""
+    if key in _FREE_FORM:
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {name: _integral_numbers_as_ints(item, name) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_integral_numbers_as_ints(item) for item in value]
+    return value
 
 
 def _named_as_given(problem: SpecProblem, sources: Mapping[str, str]) -> SpecProblem:
