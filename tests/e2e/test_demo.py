@@ -5,6 +5,7 @@ free ports. Each test checks that nothing it started is left running afterwards.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -62,16 +63,18 @@ class DemoProcess:
 
     def __init__(self, env: dict[str, str]):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "demo"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "demo"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         self.output: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        for line in self.process.stdout:
-            self.output.append(line)
+        # Raw reads, not lines: a progress bar rewrites its line after a carriage return, and a
+        # line reader would hold its latest state back until the bar draws again.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while chunk := os.read(self.process.stdout.fileno(), 65536):
+            self.output.append(decoder.decode(chunk))
 
     @property
     def text(self) -> str:
