@@ -59,9 +59,10 @@ def run_demo(env: dict[str, str], *, timeout: float) -> subprocess.CompletedProc
 
 
 class DemoProcess:
-    """The demo running in the background, its output collected line by line."""
+    """The demo running in the background, its output collected as it comes."""
 
     def __init__(self, env: dict[str, str]):
+        self.data_dir = Path(env["LAB_DATA_DIR"])
         self.process = subprocess.Popen(
             [sys.executable, "-m", "demo"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
@@ -94,9 +95,16 @@ class DemoProcess:
         return status
 
     def kill(self) -> None:
+        """Kill the demo if it still runs, and whatever of Lab it started (after a failed check
+        the demo never got to stop its processes: they must not outlive the test)."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        for process in processes_using(self.data_dir):
+            try:
+                os.kill(int(process.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def assert_nothing_left(data_dir: Path) -> None:
