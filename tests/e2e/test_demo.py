@@ -157,7 +157,10 @@ def test_ctrl_c_while_the_job_runs_cancels_it_and_stops_every_process_engine_inc
     demo = DemoProcess(env)
     try:
         demo.wait_for_output("Submitted job_", timeout=180)
-        wait_for(lambda: "status=running" in demo.text, timeout=120, what="the job running")
+        # Training has begun once the engine has spooled a step's metrics (the demo's bar is
+        # not read: how it draws depends on the terminal).
+        wait_for(lambda: any(data_dir.glob("runs/*/attempt-1/spool/attempt-1/metrics.jsonl")), timeout=120,
+                 what="the engine's first metrics")
         running = processes_using(data_dir)
         assert any(" -m engine run " in process for process in running), running
 
