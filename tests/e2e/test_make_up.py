@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -97,7 +98,7 @@ class MakeUp:
 
 
 @pytest.fixture
-def make_up_environment(tmp_path) -> dict[str, str]:
+def make_up_environment(tmp_path) -> Iterator[dict[str, str]]:
     """The test's environment as a user's shell would hand it to make: its database (the test
     database on PostgreSQL) and Redis, a free PORT and a fresh LAB_DATA_DIR."""
     env = {name: value for name, value in os.environ.items() if name not in MAKE_VARIABLES}
@@ -110,7 +111,14 @@ def make_up_environment(tmp_path) -> dict[str, str]:
     if broker:
         redis.Redis.from_url(broker).flushdb()  # no task of an earlier test for this worker to run
     env.update(PORT=str(free_port()), LAB_DATA_DIR=str(tmp_path / "data"))
-    return env
+    yield env
+    # After the test's own checks: a failed one must not leave web, worker and beat running (each
+    # in a session of its own, beyond make's group), where the next tests' tasks would reach them.
+    for pid in processes_naming(tmp_path / "data"):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -124,8 +132,9 @@ def test_make_up_stops_quietly_and_leaves_no_process(make_up_environment, stop_s
         assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
         running = processes_naming(data_dir)
         commands = " | ".join(running.values())
-        for expected in ("make up", "-m jobs.processes up", "uvicorn lab.asgi:application", "celery -A lab worker",
-                         "celery -A lab beat"):
+        # Celery renames its processes ("[celeryd: ...] (-A lab worker ...)") where setproctitle is installed.
+        for expected in ("make up", "-m jobs.processes up", "uvicorn lab.asgi:application", "-A lab worker",
+                         "-A lab beat"):
             assert expected in commands, commands
         groups = {int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[2]) for pid in running}
 
