@@ -168,15 +168,19 @@ def test_a_toml_with_only_prime_keys_is_accepted_with_warnings(cli, tenant, tmp_
 
     path = tmp_path / "prime.toml"
     path.write_text(PRIME_ONLY_TOML)
+    (tmp_path / "secrets.env").write_text("WANDB_API_KEY=wandb-secret-value\n")  # its env_files, read by the CLI
 
     result = cli("jobs", "create", "-f", str(path))
 
     assert result.returncode == 0, result.stderr
     job = Job.objects.unscoped().get(project=tenant.project)
     assert result.stdout == f"{job.public_id}\n"
-    assert result.stderr.count("warning: ") == len(job.warnings) == 7
+    # oversampling_factor, max_async_level, trajectory_strategy, [wandb] and the reasoning controls;
+    # env_files is read by the CLI (the job's secrets), not sent
+    assert result.stderr.count("warning: ") == len(job.warnings) == 5
     assert job.spec["wandb"] == {"project": "lab-runs", "name": "addition"}
-    assert job.spec["sampling"]["reasoning_effort"] == "high"
+    assert job.spec["sampling"]["enable_thinking"] is False
+    assert "env_files" not in job.spec and job.secrets.names == ["WANDB_API_KEY"]
 
 
 def test_jobs_wait_and_events_report_how_a_job_ended(cli, tiny_toml):
