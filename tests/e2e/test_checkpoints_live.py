@@ -187,8 +187,9 @@ def test_a_killed_engine_resumes_from_a_checkpoint_stored_on_s3(s3_stack, owner,
     resumed_from = attempt.resume_from
     assert resumed_from is not None
     # The launcher had no archive to unpack: the engine fetched the checkpoint from Lab by id.
-    workdir = stack.data_dir / "runs" / job_id / "attempt-2"
-    expected = f"resumed from {workdir / 'resume' / resumed_from.public_id} at step {resumed_from.step}"
+    # Stored log lines name the data dir as $LAB_DATA_DIR (server paths stay out of what users read).
+    workdir = f"$LAB_DATA_DIR/runs/{job_id}/attempt-2"
+    expected = f"resumed from {workdir}/resume/{resumed_from.public_id} at step {resumed_from.step}"
     logs = list(LogLine.objects.filter(job__public_id=job_id, attempt=2).values_list("line", flat=True))
     assert any(expected in line for line in logs), logs
     rows = list(MetricStep.objects.filter(job__public_id=job_id).order_by("step").values_list("step", "attempt"))
