@@ -120,3 +120,14 @@ def s3_server(tmp_path_factory):
     server = S3Server(tmp_path_factory.mktemp("moto")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server, settings, monkeypatch) -> str:
+    """A fresh bucket on ``s3_server`` that this process's checkpoint storage points at (prefix
+    ``lab/checkpoints``)."""
+    from tests.s3server import use_s3_storage
+
+    name = s3_server.new_bucket()
+    use_s3_storage(settings, monkeypatch, s3_server, name, "lab/checkpoints")
+    return name

@@ -14,17 +14,9 @@ from environments.models import EnvironmentPackage
 from environments.services import package_download_url
 from jobs.checkpoints import checkpoint_sweep_orphans
 from tests.environments.wheelbuilder import build_wheel
-from tests.s3server import use_s3_storage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 PREFIX = "lab/checkpoints"
-
-
-@pytest.fixture
-def bucket(s3_server, settings, monkeypatch) -> str:
-    name = s3_server.new_bucket()
-    use_s3_storage(settings, monkeypatch, s3_server, name, PREFIX)
-    return name
 
 
 def test_a_wheel_on_s3_is_fetched_by_signed_url_survives_the_sweep_and_goes_on_delete(owner, s3_server, bucket, tmp_path, settings):

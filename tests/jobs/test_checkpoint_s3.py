@@ -21,19 +21,10 @@ from jobs.ingest.tokens import job_token
 from jobs.models import Checkpoint, Job, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
-from tests.s3server import use_s3_storage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
 PREFIX = "lab/checkpoints"
-
-
-@pytest.fixture
-def bucket(s3_server, settings, monkeypatch) -> str:
-    """A fresh bucket that this process's checkpoint storage points at."""
-    name = s3_server.new_bucket()
-    use_s3_storage(settings, monkeypatch, s3_server, name, PREFIX)
-    return name
 
 
 def start(tenant, spec) -> tuple[Job, APIClient, str, str]:
