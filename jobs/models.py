@@ -29,6 +29,10 @@ def _checkpoint_public_id() -> str:
     return public_id("ckpt")
 
 
+def _adapter_public_id() -> str:
+    return public_id("adp")
+
+
 class JobStatus(models.TextChoices):
     """Lifecycle of a job (docs/api.md)."""
 
@@ -249,6 +253,42 @@ class CheckpointChange(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "stream_seq"], name="checkpoint_change_once_per_number")]
+
+
+class AdapterStatus(models.TextChoices):
+    """Lifecycle of an adapter artifact (docs/adapters.md): only ``ready`` ones can be downloaded."""
+
+    UPLOADING = "uploading"
+    READY = "ready"
+    FAILED = "failed"
+    DELETED = "deleted"  # removed by ``[adapters] keep_last``; stays listed, no download
+
+
+class Adapter(models.Model):
+    """The trained weights alone (LoRA adapter or full Hugging Face weights, no optimizer or
+    trainer state) of one job at one step, as one uncompressed tar (``jobs.adapters``).
+
+    Unique per (job, step): a newer attempt's export of a step replaces an older attempt's.
+    """
+
+    tenant_path = "job__project"
+    tenant_parents = ("job",)
+    objects = TenantManager()
+
+    public_id = models.CharField(max_length=40, unique=True, default=_adapter_public_id)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="adapters")
+    attempt = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    status = models.CharField(max_length=12, choices=AdapterStatus.choices, default=AdapterStatus.UPLOADING)
+    format = models.CharField(max_length=12, choices=CheckpointFormat.choices)
+    storage_key = models.CharField(max_length=512, blank=True)
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "step"], name="adapter_once_per_step")]
 
 
 class AttemptState(models.TextChoices):
