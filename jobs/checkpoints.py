@@ -191,20 +191,34 @@ def checkpoint_download_response(checkpoint: Checkpoint, *, request: Any) -> Htt
             "checkpoint_not_ready",
             f"Checkpoint {checkpoint.public_id} is {checkpoint.status}; only ready checkpoints can be downloaded.",
         )
-    filename = checkpoint_archive_filename(checkpoint)
+    return archive_download_response(
+        key=checkpoint.storage_key,
+        size_bytes=checkpoint.size_bytes,
+        filename=checkpoint_archive_filename(checkpoint),
+        request=request,
+        what="checkpoint",
+    )
+
+
+def archive_download_response(*, key: str, size_bytes: int | None, filename: str, request: Any, what: str) -> HttpResponse:
+    """Return the HTTP answer that downloads the stored tar at ``key`` as ``filename`` (a
+    checkpoint's, or an adapter's: ``jobs.adapters``); see ``checkpoint_download_response``.
+
+    Raises ApiError 404 naming ``what`` when the object has gone missing.
+    """
     if storage.is_filesystem():
         try:
-            handle = storage.open_archive(checkpoint.storage_key)
+            handle = storage.open_archive(key)
         except FileNotFoundError:
-            raise ApiError(404, "not_found", "This checkpoint's archive is no longer stored.") from None
+            raise ApiError(404, "not_found", f"This {what}'s archive is no longer stored.") from None
         if isinstance(getattr(request, "_request", request), ASGIRequest):
             response = StreamingHttpResponse(_read_in_thread(handle), content_type=storage.ARCHIVE_CONTENT_TYPE)
             response["Content-Disposition"] = content_disposition_header(True, filename)
         else:
             response = FileResponse(handle, as_attachment=True, filename=filename, content_type=storage.ARCHIVE_CONTENT_TYPE)
-        response["Content-Length"] = str(checkpoint.size_bytes)
+        response["Content-Length"] = str(size_bytes)
         return response
-    url = storage.download_url(checkpoint.storage_key, filename=filename, expires_s=DOWNLOAD_URL_EXPIRE_S)
+    url = storage.download_url(key, filename=filename, expires_s=DOWNLOAD_URL_EXPIRE_S)
     response = HttpResponseRedirect(url)
     response["Cache-Control"] = "no-store"
     return response
@@ -243,16 +257,19 @@ def checkpoint_for_engine(*, job: Job, checkpoint_id: str) -> Checkpoint:
 
 
 def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
-    """Delete stored objects that no checkpoint row refers to; return how many went.
+    """Delete stored objects that no checkpoint or adapter row refers to; return how many went.
 
     Objects younger than ``LAB_ORPHAN_GRACE_S`` are left alone, so an upload that has not
     registered its row yet, or is still being written, is never removed. First, uploads that
-    their attempt abandoned are failed (``checkpoint_fail_abandoned``). Idempotent: a second pass
+    their attempt abandoned are failed (``checkpoint_fail_abandoned``, ``adapter_fail_abandoned``). Idempotent: a second pass
     finds nothing more to delete.
     """
+    from jobs.adapters import adapter_fail_abandoned, adapter_known_keys  # adapters build on this module
+
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.LAB_ORPHAN_GRACE_S)
     checkpoint_fail_abandoned(older_than=cutoff)
+    adapter_fail_abandoned(older_than=cutoff)
     candidates = [key for key, modified in storage.iter_objects() if modified <= cutoff]
     deleted = 0
     for batch_start in range(0, len(candidates), 500):
@@ -271,6 +288,7 @@ def checkpoint_sweep_orphans(*, now: datetime | None = None) -> int:
                 storage_key__in=list(uploads), status=CheckpointStatus.UPLOADING
             ).values_list("storage_key", flat=True)
         }
+        known |= adapter_known_keys(batch)
         for key in batch:
             if key not in known:
                 storage.delete(key)

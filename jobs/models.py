@@ -169,6 +169,7 @@ class EventType(models.TextChoices):
     CHECKPOINT_READY = "checkpoint.ready"
     CHECKPOINT_FAILED = "checkpoint.failed"
     ADAPTER_READY = "adapter.ready"
+    ADAPTER_FAILED = "adapter.failed"  # a warning: an adapter's upload failed verification or was abandoned
 
 
 class JobEvent(models.Model):

@@ -10,6 +10,7 @@ from engine.catalog import EnvironmentInfo, ModelInfo
 from environments.models import EnvironmentPackage
 from jobs.models import (
     ACTIVE_STATUSES,
+    Adapter,
     Checkpoint,
     CheckpointStatus,
     Job,
@@ -21,6 +22,22 @@ from jobs.models import (
 )
 from jobs.queue import queue_positions
 from lab.api.formats import iso, money
+
+
+def adapter_to_dict(adapter: Adapter) -> dict[str, Any]:
+    """Return the Adapter object (docs/adapters.md); ``size_bytes`` and ``sha256`` are null until ready."""
+    return {
+        "id": adapter.public_id,
+        "object": "adapter",
+        "job_id": adapter.job.public_id,
+        "step": adapter.step,
+        "attempt": adapter.attempt,
+        "status": adapter.status,
+        "format": adapter.format,
+        "size_bytes": adapter.size_bytes,
+        "sha256": adapter.sha256 or None,
+        "created_at": iso(adapter.created_at),
+    }
 
 
 def checkpoint_to_dict(checkpoint: Checkpoint) -> dict[str, Any]:

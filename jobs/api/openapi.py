@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from labsdk.spec import job_spec_json_schema
 
-from jobs.models import CheckpointFormat, CheckpointStatus, EventLevel, JobPriority, JobStatus
+from jobs.models import AdapterStatus, CheckpointFormat, CheckpointStatus, EventLevel, JobPriority, JobStatus
 from lab.api.schema import (
     BOOLEAN,
     FREE_OBJECT,
@@ -73,6 +73,27 @@ CHECKPOINT = component(
     ),
 )
 CHECKPOINT_LIST = list_component("Checkpoint", "A job's checkpoints, newest first.")
+
+ADAPTER = component(
+    "Adapter",
+    obj(
+        {
+            "id": STRING,
+            "object": {"const": "adapter"},
+            "job_id": STRING,
+            "step": INTEGER,
+            "attempt": INTEGER,
+            "status": _enum(AdapterStatus.values),
+            "format": _enum(CheckpointFormat.values),
+            "size_bytes": nullable(INTEGER),
+            "sha256": nullable(STRING),
+            "created_at": TIMESTAMP,
+        },
+        description="An adapter artifact of a job (adp_...): the trained weights alone, loadable with peft, "
+        "without optimizer state; only ready ones can be downloaded.",
+    ),
+)
+ADAPTER_LIST = list_component("Adapter", "A job's adapters, newest first.")
 
 JOB_ERROR = component(
     "JobError",

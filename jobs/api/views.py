@@ -12,12 +12,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.models import Price
+from jobs.adapters import adapter_download_response, adapter_list
 from jobs.api import openapi
 from jobs.checkpoints import checkpoint_download_response
 from jobs.estimates import job_estimate
-from jobs.models import Checkpoint, Job, JobEvent, JobStatus
+from jobs.models import Adapter, Checkpoint, Job, JobEvent, JobStatus
 from jobs.selectors import job_list, job_logs, job_samples, metadata_filters, metric_points
 from jobs.serializers import (
+    adapter_to_dict,
     checkpoint_to_dict,
     event_to_dict,
     job_to_dict,
@@ -170,6 +172,39 @@ class CheckpointDownloadView(ProjectAPIView):
     def get(self, request: Request, checkpoint_id: str):
         checkpoint = self.get_owned(Checkpoint.objects.select_related("job"), checkpoint_id, "checkpoint")
         return checkpoint_download_response(checkpoint, request=request)
+
+
+class JobAdaptersView(ProjectAPIView):
+    """``GET /jobs/{id}/adapters``, newest first (``[adapters]`` in the spec)."""
+
+    @extend_schema(
+        parameters=[limit_parameter(), OpenApiParameter("after", str, description="id of the last one seen")],
+        responses={200: openapi.ADAPTER_LIST},
+    )
+    def get(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        return Response(paginate_by_public_id(adapter_list(job=job), request.query_params, adapter_to_dict))
+
+
+class AdapterDownloadView(ProjectAPIView):
+    """``GET /adapters/{id}/download``: the ready adapter's tar, or 302 to a signed URL.
+
+    404 for an unknown id or another project's adapter; 409 ``adapter_not_ready`` for one that
+    is not ``ready`` (uploading, failed or deleted).
+    """
+
+    project_field = "job__project"
+    content_negotiation_class = ArchiveNegotiation
+
+    @extend_schema(
+        operation_id="adapters_download",
+        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 302: None, 409: ERROR},
+        description="The adapter archive (one uncompressed tar of a PEFT or Hugging Face directory, no optimizer "
+        "state), or a redirect to a short-lived signed URL.",
+    )
+    def get(self, request: Request, adapter_id: str):
+        adapter = self.get_owned(Adapter.objects.select_related("job"), adapter_id, "adapter")
+        return adapter_download_response(adapter, request=request)
 
 
 class JobCancelView(ProjectAPIView):

@@ -131,6 +131,25 @@ class CheckpointComplete(BaseModel):
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
+class AdapterRegister(BaseModel):
+    """The engine is about to upload the adapter artifact of ``step`` (``[adapters]``)."""
+
+    model_config = _STRICT
+    attempt: Attempt
+    step: Step
+    format: Literal["peft-lora", "hf-full"]
+
+
+class AdapterComplete(BaseModel):
+    """The engine finished uploading an adapter; Lab re-hashes what is stored and compares.
+
+    ``size_bytes`` over ``jobs.adapters.MAX_ADAPTER_BYTES`` is refused with 413 by the service."""
+
+    model_config = _STRICT
+    size_bytes: Annotated[int, Field(ge=0, le=2**50)]
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
 class FinishError(BaseModel):
     """Why an attempt failed, in docs/api.md "Statuses"' ``error.code`` terms."""
 

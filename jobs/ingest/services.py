@@ -16,8 +16,10 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import checkpoints, dispatch
+from jobs import adapters, checkpoints, dispatch
 from jobs.ingest.schemas import (
+    AdapterComplete,
+    AdapterRegister,
     CheckpointComplete,
     CheckpointRegister,
     FinishReport,
@@ -29,6 +31,7 @@ from jobs.ingest.schemas import (
 from jobs.metrics import INGESTED_POINTS, INGESTED_VALUES
 from jobs.models import (
     TERMINAL_STATUSES,
+    Adapter,
     Checkpoint,
     Job,
     JobAttempt,
@@ -247,6 +250,33 @@ def checkpoint_complete(*, attempt: JobAttempt, checkpoint_id: str, report: Chec
     """Verify the stored archive and mark the checkpoint ``ready`` or ``failed`` (jobs.checkpoints)."""
     return checkpoints.checkpoint_complete(
         job=attempt.job, checkpoint_id=checkpoint_id, size_bytes=report.size_bytes, sha256=report.sha256
+    )
+
+
+@transaction.atomic
+def adapter_register(*, attempt: JobAttempt, report: AdapterRegister, live: bool = True) -> tuple[Adapter, dict[str, Any]]:
+    """Create an adapter row for the upload and return it with its upload target (jobs.adapters).
+
+    Raises ApiError 400 for another attempt than the token's, 409 ``stale_attempt`` for a
+    superseded one, 409 ``invalid_step`` for a step the job cannot have (``_check_steps``)."""
+    job, attempt = _locked(attempt, report.attempt, live=live)
+    _check_steps(job, {report.step}, "adapter")
+    return adapters.adapter_register(job=job, attempt=attempt, step=report.step, format=report.format)
+
+
+def adapter_complete(*, attempt: JobAttempt, adapter_id: str, report: AdapterComplete) -> Adapter:
+    """Verify the stored archive and mark the adapter ``ready`` or ``failed`` (jobs.adapters).
+
+    Raises ApiError 413 ``request_too_large`` for a size over ``MAX_ADAPTER_BYTES`` (nothing changes)."""
+    if report.size_bytes > adapters.MAX_ADAPTER_BYTES:
+        raise ApiError(
+            413,
+            "request_too_large",
+            f"An adapter archive may be at most {adapters.MAX_ADAPTER_BYTES} bytes.",
+            param="size_bytes",
+        )
+    return adapters.adapter_complete(
+        job=attempt.job, adapter_id=adapter_id, size_bytes=report.size_bytes, sha256=report.sha256
     )
 
 

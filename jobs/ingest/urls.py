@@ -20,5 +20,11 @@ urlpatterns = [
         views.CheckpointDownloadView.as_view(),
         name="ingest-checkpoint-download",
     ),
+    path("<str:job_id>/adapters", views.AdapterRegisterView.as_view(), name="ingest-adapters"),
+    path(
+        "<str:job_id>/adapters/<str:adapter_id>/complete",
+        views.AdapterCompleteView.as_view(),
+        name="ingest-adapter-complete",
+    ),
     path("<str:job_id>/finish", views.FinishView.as_view(), name="ingest-finish"),
 ]

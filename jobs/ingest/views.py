@@ -160,6 +160,26 @@ class CheckpointDownloadView(IngestView):
         return checkpoints.checkpoint_download_response(checkpoint, request=request)
 
 
+class AdapterRegisterView(IngestView):
+    """``POST /ingest/jobs/{id}/adapters`` → 201 ``{"id", "upload"}``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        report = _parse(schemas.AdapterRegister, request)
+        adapter, upload = services.adapter_register(attempt=self.attempt, report=report)
+        return Response({"id": adapter.public_id, "upload": upload}, status=201)
+
+
+class AdapterCompleteView(IngestView):
+    """``POST /ingest/jobs/{id}/adapters/{adapter_id}/complete`` → ``{"id", "status"}``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str, adapter_id: str) -> Response:
+        report = _parse(schemas.AdapterComplete, request)
+        adapter = services.adapter_complete(attempt=self.attempt, adapter_id=adapter_id, report=report)
+        return Response({"id": adapter.public_id, "status": adapter.status})
+
+
 class FinishView(IngestView):
     """``POST /ingest/jobs/{id}/finish``."""
 

@@ -16,6 +16,7 @@ WEBHOOK_EVENT_TYPES = (
     "job.cancelled",
     "job.data_incomplete",
     "checkpoint.ready",
+    "adapter.ready",
     "webhook_endpoint.disabled",
 )
 #: The event ``POST /webhook-endpoints/{id}/test`` sends; never subscribed to.

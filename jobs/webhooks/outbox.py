@@ -39,8 +39,9 @@ def enqueue_event(event) -> list[WebhookDelivery]:
 
     One delivery per enabled endpoint of the job's project subscribed to ``event.type``; event
     types outside ``WEBHOOK_EVENT_TYPES`` send nothing. ``data`` is the Job object as it is now
-    for ``job.*`` events, and ``{"job_id", "checkpoint_id", "step", "download_url"}`` for
-    ``checkpoint.ready``. Returns the deliveries created (none when nobody listens).
+    for ``job.*`` events, ``{"job_id", "checkpoint_id", "step", "download_url"}`` for
+    ``checkpoint.ready``, ``{"job_id", "adapter_id", "step", "download_url"}`` for
+    ``adapter.ready``. Returns the deliveries created (none when nobody listens).
     """
     if event.type not in WEBHOOK_EVENT_TYPES:
         return []
@@ -59,6 +60,16 @@ def enqueue_event(event) -> list[WebhookDelivery]:
             "checkpoint_id": checkpoint_id,
             "step": event.data.get("step"),
             "download_url": f"{settings.LAB_PUBLIC_URL}/api/v1/checkpoints/{checkpoint_id}/download",
+        }
+    elif event.type == "adapter.ready":
+        from jobs.adapters import adapter_download_url
+
+        adapter_id = event.data.get("adapter_id")
+        data = {
+            "job_id": job.public_id,
+            "adapter_id": adapter_id,
+            "step": event.data.get("step"),
+            "download_url": adapter_download_url(adapter_id),
         }
     else:
         from jobs.serializers import job_to_dict

@@ -1,0 +1,267 @@
+"""Adapter artifacts (jobs/adapters.py): the ingest routes, listing and download, outsiders,
+hostile input, retention, a newer attempt's export, the adapter.ready webhook, job deletion
+and the orphan sweep."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from jobs import storage
+from jobs.checkpoints import checkpoint_sweep_orphans
+from jobs.ingest.tokens import job_token
+from jobs.models import Adapter, Job, JobEvent, JobStatus
+from jobs.services import job_claim_for_start, job_submit, job_transition
+from lab.api.formats import iso
+from lab.audit import Actor
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+
+
+@pytest.fixture(autouse=True)
+def _own_storage(settings, tmp_path):
+    """Give every test an empty object storage directory."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "checkpoints": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "objects")}},
+    }
+
+
+def start(tenant, spec) -> tuple[Job, APIClient, str]:
+    """Submit a job and claim its first attempt; return it, an engine client and its ingest base."""
+    job = job_submit(project=tenant.project, actor=Actor(user=tenant.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    engine = APIClient()
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    return Job.objects.unscoped().get(pk=job.pk), engine, f"/api/v1/ingest/jobs/{job.public_id}"
+
+
+def upload(engine: APIClient, base: str, step: int, content: bytes, *, claimed: bytes | None = None, attempt: int = 1) -> dict:
+    """Register an adapter, store ``content`` where Lab says, complete with the hash of ``claimed``."""
+    registered = engine.post(f"{base}/adapters", {"attempt": attempt, "step": step, "format": "peft-lora"}, format="json")
+    assert registered.status_code == 201, registered.content
+    body = registered.json()
+    assert body["id"].startswith("adp_") and body["upload"]["method"] == "local"
+    Path(body["upload"]["path"]).write_bytes(content)
+    claimed = content if claimed is None else claimed
+    completed = engine.post(
+        f"{base}/adapters/{body['id']}/complete",
+        {"size_bytes": len(claimed), "sha256": hashlib.sha256(claimed).hexdigest()},
+        format="json",
+    )
+    assert completed.status_code == 200, completed.content
+    return {**body, "status": completed.json()["status"]}
+
+
+def statuses(job: Job) -> list[tuple[int, str]]:
+    return list(Adapter.objects.unscoped().filter(job=job).order_by("step").values_list("step", "status"))
+
+
+def test_it_lists_and_streams_a_ready_adapter(owner, spec):
+    spec["adapters"] = {"interval": 1}
+    job, engine, base = start(owner, spec)
+    adapter = upload(engine, base, 2, b"adapter bytes " * 100)
+    assert adapter["status"] == "ready"
+
+    listed = owner.client().get(f"/api/v1/jobs/{job.public_id}/adapters").json()
+    row = Adapter.objects.unscoped().get(public_id=adapter["id"])
+    assert listed == {
+        "object": "list",
+        "has_more": False,
+        "data": [{
+            "id": adapter["id"], "object": "adapter", "job_id": job.public_id, "step": 2, "attempt": 1,
+            "status": "ready", "format": "peft-lora", "size_bytes": 1400,
+            "sha256": hashlib.sha256(b"adapter bytes " * 100).hexdigest(),
+            "created_at": iso(row.created_at),
+        }],
+    }
+    answer = owner.client().get(f"/api/v1/adapters/{adapter['id']}/download", HTTP_ACCEPT="application/x-tar")
+    assert answer.status_code == 200
+    assert b"".join(answer.streaming_content) == b"adapter bytes " * 100
+    assert answer["Content-Length"] == "1400"
+    assert answer["Content-Disposition"] == f'attachment; filename="{job.public_id}-step-000002-{adapter["id"]}.tar"'
+    assert list(JobEvent.objects.filter(job=job, type="adapter.ready").values_list("data", flat=True)) == [
+        {"adapter_id": adapter["id"], "step": 2}
+    ]
+
+
+def test_another_organizations_adapters_are_404_as_missing_ones(owner, outsider, spec):
+    job, engine, base = start(owner, spec)
+    adapter = upload(engine, base, 1, b"weights")
+    for path in (f"/api/v1/jobs/{job.public_id}/adapters", f"/api/v1/adapters/{adapter['id']}/download"):
+        foreign = outsider.client().get(path)
+        missing = outsider.client().get(path.replace(job.public_id, "job_missing").replace(adapter["id"], "adp_missing"))
+        assert foreign.status_code == missing.status_code == 404
+        assert foreign.json()["error"]["code"] == missing.json()["error"]["code"] == "not_found"
+    assert Adapter.objects.unscoped().get(public_id=adapter["id"]).status == "ready"
+
+
+def test_a_tampered_upload_fails_is_not_downloadable_and_its_object_goes(owner, spec):
+    job, engine, base = start(owner, spec)
+    adapter = upload(engine, base, 1, b"what was stored", claimed=b"what was claimed")
+    assert adapter["status"] == "failed"
+    key = Adapter.objects.unscoped().get(public_id=adapter["id"]).storage_key
+    assert not storage.path_of(key).exists() and not storage.path_of(storage.upload_key(key)).exists()
+    download = owner.client().get(f"/api/v1/adapters/{adapter['id']}/download")
+    assert download.status_code == 409 and download.json()["error"]["code"] == "adapter_not_ready"
+    assert JobEvent.objects.filter(job=job, type="adapter.failed", level="warning").count() == 1
+    assert not JobEvent.objects.filter(job=job, type="adapter.ready").exists()
+    again = engine.post(f"{base}/adapters/{adapter['id']}/complete", {"size_bytes": 1, "sha256": "0" * 64}, format="json")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "invalid_state"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({"attempt": 1, "step": 99, "format": "peft-lora"}, 409, "invalid_step", "step"),  # max_steps is 3
+        ({"attempt": 1, "step": -1, "format": "peft-lora"}, 400, "invalid_request", "step"),
+        ({"attempt": 1, "step": 1.5, "format": "peft-lora"}, 400, "invalid_request", "step"),
+        ({"attempt": 1, "step": 1, "format": "pickle"}, 400, "invalid_request", "format"),
+        ({"attempt": 2, "step": 1, "format": "peft-lora"}, 400, "invalid_request", "attempt"),
+        ({"attempt": 1, "step": 1, "format": "peft-lora", "path": "/etc/passwd"}, 400, "invalid_request", "path"),
+    ],
+)
+def test_a_hostile_registration_is_refused_and_creates_nothing(owner, spec, body, status, code, param):
+    job, engine, base = start(owner, spec)
+    answer = engine.post(f"{base}/adapters", body, format="json")
+    assert answer.status_code == status, answer.content
+    assert (answer.json()["error"]["code"], answer.json()["error"]["param"]) == (code, param)
+    assert not Adapter.objects.unscoped().filter(job=job).exists()
+    assert list(storage.iter_objects()) == []
+
+
+def test_an_oversize_or_malformed_completion_is_refused_and_changes_nothing(owner, spec):
+    job, engine, base = start(owner, spec)
+    registered = engine.post(f"{base}/adapters", {"attempt": 1, "step": 1, "format": "hf-full"}, format="json").json()
+    Path(registered["upload"]["path"]).write_bytes(b"x")
+    route = f"{base}/adapters/{registered['id']}/complete"
+    oversize = engine.post(route, {"size_bytes": 2**41, "sha256": "0" * 64}, format="json")
+    assert oversize.status_code == 413 and oversize.json()["error"]["param"] == "size_bytes"
+    malformed = engine.post(route, {"size_bytes": 1, "sha256": "ABC"}, format="json")
+    assert malformed.status_code == 400 and malformed.json()["error"]["param"] == "sha256"
+    huge_body = engine.post(route, {"size_bytes": 1, "sha256": "0" * 64, "pad": "x" * (2 * 1024 * 1024)}, format="json")
+    assert huge_body.status_code == 413
+    assert statuses(job) == [(1, "uploading")]
+    assert Path(registered["upload"]["path"]).read_bytes() == b"x"
+
+
+def test_another_jobs_token_cannot_complete_or_see_an_adapter(owner, spec):
+    job, engine, base = start(owner, spec)
+    other, other_engine, other_base = start(owner, spec)
+    registered = engine.post(f"{base}/adapters", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
+    foreign = other_engine.post(f"{other_base}/adapters/{registered['id']}/complete", {"size_bytes": 1, "sha256": "0" * 64}, format="json")
+    assert foreign.status_code == 404
+    wrong_job = other_engine.post(f"{base}/adapters", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json")
+    assert wrong_job.status_code == 401
+    assert statuses(job) == [(1, "uploading")] and statuses(other) == []
+
+
+def test_retention_keeps_the_newest_keep_last(owner, spec):
+    spec["adapters"] = {"interval": 1, "keep_last": 2}
+    job, engine, base = start(owner, spec)
+    ids = [upload(engine, base, step, f"step {step}".encode())["id"] for step in (1, 2, 3)]
+    assert statuses(job) == [(1, "deleted"), (2, "ready"), (3, "ready")]
+    assert sorted(key for key, _ in storage.iter_objects()) == sorted(
+        Adapter.objects.unscoped().get(public_id=adapter_id).storage_key for adapter_id in ids[1:]
+    )
+    assert owner.client().get(f"/api/v1/adapters/{ids[0]}/download").status_code == 409
+
+
+@pytest.mark.parametrize("adapters", [{"interval": 1, "keep_last": -1}, {"interval": 1}, None])
+def test_retention_keeps_every_adapter_with_minus_one_or_by_default(owner, spec, adapters):
+    if adapters is not None:
+        spec["adapters"] = adapters
+    job, engine, base = start(owner, spec)
+    for step in (1, 2, 3):
+        upload(engine, base, step, f"step {step}".encode())
+    assert statuses(job) == [(1, "ready"), (2, "ready"), (3, "ready")]
+
+
+def test_a_newer_attempt_replaces_an_older_attempts_adapter_of_the_same_step(owner, spec):
+    job, engine, base = start(owner, spec)
+    first = upload(engine, base, 2, b"attempt one")
+    old_key = Adapter.objects.unscoped().get(public_id=first["id"]).storage_key
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.QUEUED, message="preempted")
+    attempt = job_claim_for_start(job_id=job.pk)
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    second = upload(engine, base, 2, b"attempt two", attempt=2)
+    assert second["id"] == first["id"]
+    row = Adapter.objects.unscoped().get(public_id=first["id"])
+    assert (row.attempt, row.status, row.size_bytes) == (2, "ready", len(b"attempt two"))
+    assert not storage.path_of(old_key).exists()
+    answer = owner.client().get(f"/api/v1/adapters/{first['id']}/download")
+    assert b"".join(answer.streaming_content) == b"attempt two"
+
+
+def test_the_adapter_ready_webhook_links_to_the_download(owner, spec, settings):
+    from jobs.webhooks.endpoints import endpoint_create
+    from jobs.webhooks.models import WebhookMessage
+
+    settings.LAB_WEBHOOK_ALLOW_PRIVATE = True
+    endpoint_create(
+        project=owner.project, actor=Actor(user=owner.user),
+        data={"url": "http://127.0.0.1:9/hook", "events": ["adapter.ready"]},
+    )
+    job, engine, base = start(owner, spec)
+    upload(engine, base, 1, b"bad", claimed=b"other")  # a failed adapter sends nothing
+    adapter = upload(engine, base, 3, b"weights")
+    messages = list(WebhookMessage.objects.filter(project=owner.project).values_list("type", "body"))
+    assert [kind for kind, _ in messages] == ["adapter.ready"]
+    data = json.loads(messages[0][1])["data"]
+    assert data == {
+        "job_id": job.public_id,
+        "adapter_id": adapter["id"],
+        "step": 3,
+        "download_url": f"{settings.LAB_PUBLIC_URL}/api/v1/adapters/{adapter['id']}/download",
+    }
+    answer = owner.client().get(data["download_url"].removeprefix(settings.LAB_PUBLIC_URL))
+    assert b"".join(answer.streaming_content) == b"weights"
+
+
+def test_deleting_a_job_deletes_its_adapters_objects(owner, spec):
+    job, engine, base = start(owner, spec)
+    adapter = upload(engine, base, 1, b"weights")
+    path = storage.path_of(Adapter.objects.unscoped().get(public_id=adapter["id"]).storage_key)
+    assert path.exists()
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.SUCCEEDED)
+    assert owner.client().delete(f"/api/v1/jobs/{job.public_id}").status_code == 204
+    assert not path.exists()
+    assert not Adapter.objects.unscoped().filter(public_id=adapter["id"]).exists()
+    assert owner.client().get(f"/api/v1/adapters/{adapter['id']}/download").status_code == 404
+
+
+def test_the_orphan_sweep_spares_adapters_and_fails_abandoned_uploads(owner, spec, settings):
+    settings.LAB_ORPHAN_GRACE_S = 3600
+    job, engine, base = start(owner, spec)
+    kept = upload(engine, base, 1, b"kept")
+    kept_path = storage.path_of(Adapter.objects.unscoped().get(public_id=kept["id"]).storage_key)
+    abandoned = engine.post(f"{base}/adapters", {"attempt": 1, "step": 2, "format": "peft-lora"}, format="json").json()
+    upload_path = Path(abandoned["upload"]["path"])
+    upload_path.write_bytes(b"half")
+    orphan = storage.path_of(f"{job.public_id}/adapters/adp_gone-a1.tar")
+    orphan.write_bytes(b"left behind")
+    two_hours_ago = time.time() - 7200
+    for path in (kept_path, upload_path, orphan):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    assert checkpoint_sweep_orphans() == 1  # the attempt is still running: its upload stays
+    assert kept_path.exists() and upload_path.exists() and not orphan.exists()
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.FAILED)
+    checkpoint_sweep_orphans(now=timezone.now() + timedelta(hours=2))
+    assert statuses(job) == [(1, "ready"), (2, "failed")]
+    assert kept_path.exists() and not upload_path.exists()
+
+
+def test_the_openapi_document_has_the_adapter_routes(owner):
+    document = owner.client().get("/api/v1/schema", HTTP_ACCEPT="application/json").json()
+    assert "/api/v1/jobs/{job_id}/adapters" in document["paths"]
+    download = document["paths"]["/api/v1/adapters/{adapter_id}/download"]["get"]
+    assert download["operationId"] == "adapters_download"
+    assert "Adapter" in document["components"]["schemas"]
