@@ -319,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         init_value = None if resume_dir is not None else (args.init_from or config.spec.init_from)
         init_dir = _init_dir(init_value, workdir, transport) if init_value else None
 
+        from engine.distill import TeacherRefused
         from engine.environments import InvalidEnvironment
         from engine.models import ModelNotFound
         from engine.trainer import Trainer
@@ -331,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(str(error), "model_not_found") from None
         except InvalidEnvironment as error:
             raise ConfigError(str(error), "environment_error") from None
+        except TeacherRefused as error:
+            raise ConfigError(str(error), "invalid_spec") from None
         if init_dir is not None:
             try:
                 trainer.initialize_from(init_dir)
@@ -347,6 +350,8 @@ def run(args: argparse.Namespace) -> int:
         )
         try:
             outcome = trainer.run()
+        except TeacherRefused as error:  # e.g. the teacher's key was revoked mid-run
+            raise ConfigError(str(error), "invalid_spec") from None
         finally:
             trainer.close()
     except ConfigError as error:

@@ -102,6 +102,8 @@ class EngineConfig:
             "clip_epsilon": self.clip_epsilon,
             "max_grad_norm": self.max_grad_norm,
         }
+        if spec.loss == "sft":  # only then, so that GRPO checkpoints keep their digest
+            data["teacher"] = [spec.teacher.model, spec.teacher.endpoint().base_url]
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
@@ -186,6 +188,16 @@ class Trainer:
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
         self.env_names = [env.name for env in self.environments]
+        self.teacher = None
+        if spec.loss == "sft":
+            from engine.distill import TeacherClient
+
+            self.teacher = TeacherClient.from_spec(spec.teacher)
+            if spec.teacher.endpoint().check_model:
+                self.teacher.check_model()
+            self.context_length = context_length(base)
+            self.end_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.stop_token_ids[0]
+            logger.info("distilling from %s at %s", spec.teacher.model, self.teacher.base_url)
 
     def _vllm_backend(self, path: pathlib.Path, max_model_len: int):
         """Start vLLM on the base model's Hugging Face directory `path`."""
@@ -207,6 +219,8 @@ class Trainer:
         close = getattr(getattr(self, "rollout_backend", None), "close", None)
         if close is not None:
             close()
+        if getattr(self, "teacher", None) is not None:
+            self.teacher.close()
 
     def initialize_from(self, checkpoint_dir: pathlib.Path) -> None:
         """Start from another job's checkpoint: its weights (or adapter) only.
@@ -376,6 +390,90 @@ class Trainer:
             })
         return samples
 
+    # ---- distillation (loss = "sft", engine/distill.py) ----
+
+    def _teacher_batch(self, step: int, policy_version: int, backend=None) -> RolloutBatch:
+        """Ask the teacher for the completions of `step`'s prompts (the examples a GRPO step
+        would take) and score them; `backend` is unused (the teacher samples)."""
+        from engine.distill import teacher_token_ids
+
+        spec = self.config.spec
+        sampling = spec.teacher.sampling
+        started = time.perf_counter()
+        groups = spec.batch_size // spec.rollouts_per_example
+        requests = []
+        for slot in range(groups):
+            index = (step - 1) * groups + slot
+            env_index = index % len(self.environments)
+            ids, example = self._prompt_ids(self.environments[env_index], index, "train")
+            requests.append((index, env_index, ids, example))
+        max_tokens = (sampling.max_tokens if sampling and sampling.max_tokens else None) or spec.sampling.max_tokens
+        temperature = sampling.temperature if sampling and sampling.temperature is not None else spec.sampling.temperature_at(step, spec.max_steps)
+        extra = dict(sampling.extra_body or {}) if sampling else {}
+        if sampling and sampling.enable_thinking is not None:
+            extra["chat_template_kwargs"] = {**extra.get("chat_template_kwargs", {}), "enable_thinking": sampling.enable_thinking}
+        if sampling and sampling.reasoning_effort is not None:
+            extra["reasoning_effort"] = sampling.reasoning_effort
+
+        def ask(request):
+            index, _, _, example = request
+            return self.teacher.complete(
+                example.messages, n=spec.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
+                seed=(spec.seed << 20) + index, extra_body=extra,
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, groups), thread_name_prefix="teacher") as pool:
+            answers = list(pool.map(ask, requests))
+        completions, texts, rewards, functions = [], [], [], []
+        for (_, env_index, ids, example), answer in zip(requests, answers):
+            room = max(0, min(max_tokens, self.context_length - len(ids)))
+            for teacher_completion in answer:
+                token_ids = teacher_token_ids(self.tokenizer, teacher_completion, end_token_id=self.end_token_id, max_tokens=room)
+                completions.append(Completion(token_ids=token_ids, logprobs=[], truncated=not teacher_completion.finished,
+                                              policy_version=policy_version))
+                scores = self.environments[env_index].score(teacher_completion.text, example)
+                texts.append(teacher_completion.text)
+                rewards.append(scores.reward)
+                functions.append(scores.functions)
+        return RolloutBatch(
+            step=step, policy_version=policy_version, env_indices=[r[1] for r in requests], prompts=[r[2] for r in requests],
+            completions=completions, texts=texts, rewards=rewards, functions=functions,
+            generate_seconds=time.perf_counter() - started,
+        )
+
+    def _train_sft(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """One optimizer update on the teacher's completions with the SFT loss
+        (engine.distill.sft_loss); `advantages` is unused."""
+        from engine.distill import sft_loss
+
+        config, spec = self.config, self.config.spec
+        group_size = spec.rollouts_per_example
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        total_tokens = max(1, sum(len(c.token_ids) for c in batch.completions))
+        groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
+        loss_total, entropy_sum, token_count = 0.0, 0.0, 0.0
+        for first in range(0, len(batch.prompts), groups_per_pass):
+            chunk = range(first, min(len(batch.prompts), first + groups_per_pass))
+            rows = [g * group_size + k for g in chunk for k in range(group_size)]
+            packed = pack_rollouts(
+                [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows], group_size, self.tokenizer.pad_token_id,
+            )
+            logits = completion_logits(self.model, packed)
+            logprobs, entropy = token_logprobs_and_entropy(logits, packed.completion_ids.to(logits.device), 1.0)
+            mask = packed.completion_mask.to(logprobs.device)
+            loss = sft_loss(logprobs, mask, num_tokens=total_tokens)
+            loss.backward()
+            loss_total += float(loss.detach())
+            entropy_sum += float((entropy.detach() * mask).sum())
+            token_count += float(mask.sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm)
+        self.optimizer.step()
+        metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate}
+        if token_count:
+            metrics["entropy/mean"] = entropy_sum / token_count
+        return metrics
+
     # ---- checkpoints ----
 
     def _checkpoint(self, step: int, pending: RolloutBatch | None, metrics: dict[str, float] | None = None) -> pathlib.Path:
@@ -433,6 +531,9 @@ class Trainer:
                     rollout_policy(self.model), pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids
                 )
             executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts")
+        distilling = spec.loss == "sft"
+        generate_batch = self._teacher_batch if distilling else self._generate_batch
+        train_on = self._train_sft if distilling else self._train_on
         pending: concurrent.futures.Future | None = None
         if self.pending_batch is not None:
             pending = concurrent.futures.Future()
@@ -447,18 +548,19 @@ class Trainer:
                 weights_seconds = 0.0
                 if pending is None:
                     weights_seconds += self._load_policy(step - 1)
-                    batch = self._generate_batch(step, step - 1, self.rollout_backend)
+                    batch = generate_batch(step, step - 1, self.rollout_backend)
                 else:
                     batch = pending.result()
                     pending = None
                 wait_seconds = time.perf_counter() - step_started - weights_seconds
                 if executor is not None and step < spec.max_steps:
                     weights_seconds += self._load_policy(step - 1)
-                    pending = executor.submit(self._generate_batch, step + 1, step - 1, self.rollout_backend)
+                    pending = executor.submit(generate_batch, step + 1, step - 1, self.rollout_backend)
                 rewards = torch.tensor(batch.rewards, dtype=torch.float32)
-                advantages = group_advantages(rewards, spec.rollouts_per_example)
+                # Distillation trains on every teacher token alike: no advantages.
+                advantages = torch.zeros_like(rewards) if distilling else group_advantages(rewards, spec.rollouts_per_example)
                 train_started = time.perf_counter()
-                train_metrics = self._train_on(batch, advantages)
+                train_metrics = train_on(batch, advantages)
                 train_seconds = time.perf_counter() - train_started
                 metrics = self._step_metrics(batch, advantages)
                 metrics.update(train_metrics)

@@ -92,6 +92,19 @@ def test_a_teachers_api_key_var_must_be_among_the_secrets(owner, spec, no_broker
     assert Job.objects.unscoped().count() == 1
 
 
+def test_a_teacher_without_a_client_is_prime_inference_and_needs_prime_api_key(owner, spec, no_broker):
+    sft = {**spec, "loss": "sft", "teacher": {"model": "openai/gpt-oss-120b"}}
+
+    missing = create(owner, sft, {})
+    given = create(owner, sft, {"PRIME_API_KEY": SECRET})
+
+    assert missing.status_code == 400
+    assert [(e["param"], e["code"]) for e in missing.json()["error"]["errors"]] == [("teacher", "missing_secret")]
+    assert "'PRIME_API_KEY' is not among the job's secrets (given: none)" in missing.json()["error"]["errors"][0]["message"]
+    assert given.status_code == 201, given.content
+    assert Job.objects.unscoped().count() == 1
+
+
 @override_settings(LAB_WEBHOOK_ALLOW_PRIVATE=True)
 def test_nothing_a_job_produced_holds_a_secret(owner, outsider, spec, no_broker):
     owner.client().post("/api/v1/webhook-endpoints", {"url": "http://127.0.0.1:9/hook", "events": ["job.failed"]},

@@ -68,7 +68,7 @@ def test_it_accepts_primes_template_with_every_section_uncommented_warning_only_
     parsed = loads_spec(installed(uncomment_everything(TEMPLATE)), "toml")
 
     assert keys_warned(parsed.warnings) == [
-        "loss", "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
+        "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
         "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters",
         "adapters", "env_files",
     ]
@@ -94,7 +94,7 @@ def test_lab_spec_check_passes_the_uncommented_template_in_its_own_process(tmp_p
     assert "valid locally" in result.stdout
     warned = [line.split("'")[1] for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert warned == [  # env_files were read by the CLI: no warning for them
-        "loss", "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
+        "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
         "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters", "adapters",
     ]
     assert "sk-test-1234" not in result.stdout + result.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -200,12 +201,37 @@ class TeacherClientConfig(_Section):
     skip_model_check: bool | None = Field(None, description="Do not ask the endpoint whether it serves the model.")
 
 
+#: The teacher endpoint of a ``[teacher]`` without ``[teacher.client]``: Prime Inference, as in Prime.
+PRIME_INFERENCE_BASE_URL = "https://api.pinference.ai/api/v1"
+#: The job secret holding Prime Inference's API key (Prime's own variable name).
+PRIME_API_KEY_VAR = "PRIME_API_KEY"
+
+
+@dataclass(frozen=True)
+class TeacherEndpoint:
+    """Where a teacher is asked: the endpoint's base URL and the job secrets it needs
+    (``api_key_var`` for ``Authorization``, ``headers_from_env`` header name -> secret name)."""
+
+    base_url: str
+    api_key_var: str
+    headers_from_env: dict[str, str]
+    check_model: bool
+
+
 class TeacherConfig(_Section):
     """The teacher of a distillation job (``loss = "sft"``)."""
 
     model: Text = Field(min_length=1, max_length=256, description="Model id the teacher endpoint serves.")
     client: TeacherClientConfig | None = Field(None, description="The endpoint; default Prime Inference.")
     sampling: TeacherSamplingConfig | None = Field(None, description="Teacher sampling settings.")
+
+    def endpoint(self) -> TeacherEndpoint:
+        """Return the endpoint this teacher is asked at: ``[teacher.client]``, else Prime Inference
+        with the secret ``PRIME_API_KEY``."""
+        client = self.client
+        if client is None:
+            return TeacherEndpoint(PRIME_INFERENCE_BASE_URL, PRIME_API_KEY_VAR, {}, True)
+        return TeacherEndpoint(client.base_url, client.api_key_var, dict(client.headers_from_env or {}), not client.skip_model_check)
 
 
 class EnvConfig(_Section):

@@ -13,13 +13,15 @@ from labsdk.spec.problems import SpecProblem
 
 
 def secret_names_used(spec: JobSpec) -> list[tuple[str, str]]:
-    """Return ``(param, secret name)`` for every spec key that names a secret:
-    ``teacher.client.api_key_var`` and the values of ``teacher.client.headers_from_env``."""
-    client = spec.teacher.client if spec.teacher else None
-    if client is None:
+    """Return ``(param, secret name)`` for every secret the spec's teacher needs:
+    ``teacher.client.api_key_var`` (``PRIME_API_KEY`` for a ``[teacher]`` without a client) and
+    the values of ``teacher.client.headers_from_env``."""
+    if spec.teacher is None or spec.loss != "sft":
         return []
-    used = [("teacher.client.api_key_var", client.api_key_var)]
-    used += [(f"teacher.client.headers_from_env.{header}", name) for header, name in (client.headers_from_env or {}).items()]
+    endpoint = spec.teacher.endpoint()
+    # Without [teacher.client] the teacher is Prime Inference, whose key is the secret PRIME_API_KEY.
+    used = [("teacher.client.api_key_var" if spec.teacher.client else "teacher", endpoint.api_key_var)]
+    used += [(f"teacher.client.headers_from_env.{header}", name) for header, name in endpoint.headers_from_env.items()]
     return used
 
 

@@ -79,11 +79,6 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
     def given(path: str) -> bool:
         return _lookup(data, path)[0]
 
-    if spec.loss == "sft":
-        warnings.append(
-            "'loss' = \"sft\": Lab does not distil from a teacher yet; this job trains with GRPO on the "
-            "environments' rewards and [teacher] is stored, not called"
-        )
     for path in ("max_inflight_rollouts", "oversampling_factor"):
         if given(path):
             warnings.append(_not_yet(path, _NOT_YET_USED[path]))

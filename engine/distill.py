@@ -1,0 +1,211 @@
+"""Distillation from a teacher endpoint (`loss = "sft"`, Prime's hosted-training SFT).
+
+Each step the engine takes the step's prompts from the training environments (the same
+examples a GRPO step would take: `batch_size / rollouts_per_example` prompts), asks the
+teacher for `rollouts_per_example` completions of each, and trains the policy on the
+teacher's tokens with the supervised loss: the mean negative log-likelihood per completion
+token (token-level cross-entropy over the whole batch, as in prime-rl's SFT trainer).
+
+The teacher is any OpenAI-compatible chat-completions endpoint (`[teacher.client]
+base_url`, Prime Inference when the spec names none): `POST {base_url}/chat/completions`
+with `{"model", "messages", "n", "max_tokens", "temperature", "seed", ...extra_body}`,
+answering `{"choices": [{"message": {"content"}, "finish_reason"}]}` (OpenAI's chat
+completions format). Its API key is the job secret named by `api_key_var` and its extra
+headers the secrets named in `headers_from_env`; secrets reach the engine as environment
+variables and are never logged. The teacher's text is re-tokenized with the policy's
+tokenizer (teacher and student need not share a vocabulary), and a completion the teacher
+finished (`finish_reason = "stop"`) ends with the policy's end-of-turn token, so the student
+also learns to stop.
+
+The teacher's completions are scored by the environments as rollouts are, so `reward/mean`
+of an SFT step is the teacher's reward on that batch; the student's own progress shows in
+`eval/<env>/mean`.
+
+Errors: `TeacherRefused` when the endpoint refuses the job's request (4xx other than 429, an
+unknown model, a missing secret): a configuration error, exit 2. `TeacherUnavailable` when
+it cannot be reached or keeps failing (network errors, 429, 5xx) after retries: a crash
+that Lab retries as a new attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+logger = logging.getLogger("engine")
+
+#: Seconds one teacher request may take (a batch of n completions).
+REQUEST_TIMEOUT_S = 300.0
+#: Attempts per request (network errors, 429 and 5xx are retried with capped backoff).
+ATTEMPTS = 5
+#: Longest wait between attempts, in seconds (also the cap on a 429's Retry-After).
+MAX_BACKOFF_S = 30.0
+
+
+class TeacherRefused(Exception):
+    """The teacher endpoint refused the job's request (bad key, unknown model, bad body)."""
+
+
+class TeacherUnavailable(Exception):
+    """The teacher endpoint could not be reached or kept failing after every retry."""
+
+
+@dataclass(frozen=True)
+class TeacherCompletion:
+    """One completion of the teacher: its text and whether it ended on its own (not cut at max_tokens)."""
+
+    text: str
+    finished: bool
+
+
+class TeacherClient:
+    """Sample completions from one teacher model on an OpenAI-compatible endpoint.
+
+    `base_url` is the endpoint's base (`https://host/v1`; `/chat/completions` and `/models`
+    are appended). `headers` are sent with every request (the API key as
+    `Authorization: Bearer ...`). `sleep` is injectable so tests need not wait.
+    """
+
+    def __init__(
+        self, *, base_url: str, model: str, headers: Mapping[str, str], timeout: float = REQUEST_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None, sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._sleep = sleep
+        self._client = httpx.Client(headers=dict(headers), timeout=timeout, follow_redirects=False, transport=transport)
+
+    @classmethod
+    def from_spec(cls, teacher, environ: Mapping[str, str] | None = None, **kwargs) -> TeacherClient:
+        """Build the client of a spec's `[teacher]` (a `labsdk.spec.TeacherConfig`), reading its
+        secrets from `environ` (default the process environment).
+
+        Raises TeacherRefused when a secret it names is not set.
+        """
+        environ = os.environ if environ is None else environ
+        endpoint = teacher.endpoint()
+        wanted = {"Authorization": endpoint.api_key_var, **endpoint.headers_from_env}
+        missing = sorted({name for name in wanted.values() if not environ.get(name)})
+        if missing:
+            raise TeacherRefused(
+                f"the teacher endpoint needs the job secret(s) {', '.join(missing)}, which this job was not given"
+            )
+        headers = {header: environ[name] for header, name in wanted.items()}
+        headers["Authorization"] = f"Bearer {headers['Authorization']}"
+        return cls(base_url=endpoint.base_url, model=teacher.model, headers=headers, **kwargs)
+
+    def close(self) -> None:
+        """Close the HTTP connections; safe to call twice."""
+        self._client.close()
+
+    def check_model(self) -> None:
+        """Ask the endpoint's `GET /models` whether it serves the teacher model.
+
+        Raises TeacherRefused when it lists other models only, TeacherUnavailable when it
+        cannot be asked.
+        """
+        answer = self._request("GET", "/models")
+        data = answer.get("data") if isinstance(answer, dict) else None
+        served = [card.get("id") for card in data if isinstance(card, dict)] if isinstance(data, list) else []
+        if self.model not in served:
+            raise TeacherRefused(
+                f"the teacher endpoint {self.base_url} does not serve {self.model!r} (it lists {', '.join(map(str, served)) or 'none'}); "
+                "fix [teacher] model, or set [teacher.client] skip_model_check = true"
+            )
+
+    def complete(
+        self, messages: list[dict], *, n: int, max_tokens: int, temperature: float, seed: int,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> list[TeacherCompletion]:
+        """Return `n` completions of the chat `messages` (OpenAI chat messages).
+
+        `max_tokens` is counted in the teacher's tokens; `extra_body` keys are merged into the
+        request body as given (e.g. `chat_template_kwargs`, `top_p`). Raises TeacherRefused
+        or TeacherUnavailable (module docstring); an answer without `n` usable choices is
+        TeacherUnavailable too.
+        """
+        body = {**(extra_body or {}), "model": self.model, "messages": messages, "n": n,
+                "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+        answer = self._request("POST", "/chat/completions", body)
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        completions = []
+        for choice in choices if isinstance(choices, list) else []:
+            message = choice.get("message") if isinstance(choice, dict) else None
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                completions.append(TeacherCompletion(text=content, finished=choice.get("finish_reason") == "stop"))
+        if len(completions) != n:
+            raise TeacherUnavailable(f"the teacher endpoint answered {len(completions)} usable completions, {n} were asked for")
+        return completions
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> object:
+        url = self.base_url + path
+        problem = ""
+        for attempt in range(1, ATTEMPTS + 1):
+            wait = min(MAX_BACKOFF_S, 0.5 * 2 ** (attempt - 1))
+            try:
+                response = self._client.request(method, url, json=body)
+            except httpx.HTTPError as error:
+                problem = f"{type(error).__name__}: {error}"
+            else:
+                if response.status_code < 300:
+                    try:
+                        return response.json()
+                    except ValueError:
+                        problem = f"HTTP {response.status_code} with a body that is not JSON"
+                elif response.status_code == 429 or response.status_code >= 500:
+                    problem = f"HTTP {response.status_code}"
+                    wait = min(MAX_BACKOFF_S, max(wait, _retry_after(response)))
+                else:
+                    raise TeacherRefused(
+                        f"the teacher endpoint refused {method} {path} with HTTP {response.status_code}: {_error_message(response)}"
+                    )
+            if attempt < ATTEMPTS:
+                logger.warning("teacher %s %s failed (%s); retrying in %.1fs", method, path, problem, wait)
+                self._sleep(wait)
+        raise TeacherUnavailable(f"the teacher endpoint {self.base_url} failed {ATTEMPTS} times on {method} {path}: {problem}")
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return float(response.headers.get("Retry-After", "0"))
+    except ValueError:
+        return 0.0
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The message of an OpenAI-style error body, else the body's start (never the request)."""
+    try:
+        error = response.json().get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"][:300]
+    except (ValueError, AttributeError):
+        pass
+    return response.text[:300]
+
+
+def teacher_token_ids(tokenizer, completion: TeacherCompletion, *, end_token_id: int, max_tokens: int) -> list[int]:
+    """Tokenize a teacher completion with the policy's tokenizer for training.
+
+    Returns at most `max_tokens` ids: the text's tokens (no special tokens added), then
+    `end_token_id` when the teacher finished on its own and there is room.
+    """
+    ids = list(tokenizer(completion.text, add_special_tokens=False)["input_ids"])[:max_tokens]
+    if completion.finished and len(ids) < max_tokens:
+        ids.append(end_token_id)
+    return ids
+
+
+def sft_loss(logprobs, mask, *, num_tokens: int):
+    """The supervised loss of one micro-batch: −Σ log π(token) over its real completion tokens
+    divided by `num_tokens`, the completion tokens of the whole step, so that summing the
+    micro-batches' losses gives the step's mean negative log-likelihood per token (nats).
+
+    `logprobs` and `mask` are float [rows, C] (mask 1 on real tokens, 0 on padding).
+    """
+    return -(logprobs * mask).sum() / max(num_tokens, 1)
