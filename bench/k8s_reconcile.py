@@ -67,7 +67,7 @@ def main() -> None:
     for index, job in enumerate(jobs):
         slug = organizations[index % len(organizations)].slug
         handle = launcher.launch(LaunchRequest(
-            job_id=job.public_id, attempt=1, spec=spec, lab_url="http://lab", token="t", organization=slug,
+            job_id=job.public_id, attempt=1, spec=spec, lab_url="http://lab", token="t", bootstrap_token="ljb_t", organization=slug,
             namespace=f"lab-{slug}", gpu_type="H100", gpus=1))
         cluster.admit(handle["namespace"], handle["jobset"])
         cluster.run(handle["namespace"], handle["jobset"], started_at=pods_started)

@@ -7,7 +7,8 @@ adds to its organization's share; then age (``queued_at``). A job starts when it
 its cap, billing allows it (``billing_allows``: its organization can pay its estimate) and the pool has
 room; otherwise its ``status_reason`` says why. A job is claimed with a conditional UPDATE (queued
 → starting), so two workers never launch it twice; passes are serialized by a database lock so
-they never overcommit capacity.
+they never overcommit capacity. On the Kubernetes pool a job queued after a preemption whose JobSet
+waits in Kueue at its place is Kueue's to start again (``jobs.readmission``), not admission's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from billing.accounts import SpendBudget, billing_enabled
@@ -23,6 +25,7 @@ from billing.pricing import price_table, usd_to_micro
 from jobs.metrics import record_admission_pass
 from jobs.models import Job, JobStatus, StatusReason
 from jobs.queue import QueuedJob, fair_share_order, organization_cap, pool_capacity, pool_usage, queued_jobs
+from jobs.readmission import awaiting_readmission
 from jobs.services import job_claim_for_start
 from lab.lib.resources import resource_units
 from lab.models import Organization
@@ -70,6 +73,9 @@ def admission_pass() -> AdmissionResult:
     _lock_admission()
     result = AdmissionResult()
     queued = queued_jobs()
+    if settings.LAB_LAUNCHER == "kubernetes":  # a preempted job's JobSet waits in Kueue at its place
+        parked = awaiting_readmission(job.job_id for job in queued)
+        queued = [job for job in queued if job.job_id not in parked]
     result.considered = len(queued)
     if not queued:
         result.elapsed_ms = (time.perf_counter() - started_at) * 1000

@@ -33,7 +33,7 @@ from billing.pricing import micro_to_usd
 from jobs import dispatch, storage
 from jobs.checkpoints import checkpoint_fail_unfinished
 from jobs.ingest.spool import deliver_attempt_spool
-from jobs.ingest.tokens import job_token
+from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.launchers.base import AttemptPhase, CapturedLine, LauncherUnavailable, LaunchRequest, Observation
 from jobs.launchers.registry import get_launcher
 from jobs.models import (
@@ -49,9 +49,11 @@ from jobs.models import (
     JobStatus,
     LogSource,
     MetricStep,
+    StatusReason,
     StopReason,
 )
 from jobs.environment_packages import launch_packages
+from jobs.readmission import PARKED, attempt_unpark, parked_attempts
 from jobs.secrets.services import engine_secrets
 from jobs.services import attempt_request_stop, current_attempt, job_record_event, job_transition, store_log_lines
 from lab.lib import locks
@@ -66,6 +68,8 @@ RELAUNCH_AFTER = timedelta(seconds=30)
 RECONCILE_BATCH = 200
 #: Launcher reasons that end a job for good: a cluster that cannot run it (docs/api.md "Statuses": error codes).
 LAUNCHER_FAILURES = frozenset({ErrorCode.IMAGE_PULL_FAILED, ErrorCode.UNSCHEDULABLE, ErrorCode.MAX_RUNTIME_EXCEEDED})
+#: Why a launched attempt waits that a starting job shows as its ``status_reason`` (Kueue's word).
+WAITING_REASONS = frozenset({StatusReason.KUEUE_PENDING, StatusReason.KUEUE_INADMISSIBLE})
 #: The exit code an engine's ``finish`` report stands for once its process is gone without one.
 OUTCOME_EXIT_CODES = {"succeeded": 0, "failed": 2, "stopped": 3}
 
@@ -92,6 +96,7 @@ def launch_request(attempt: JobAttempt) -> LaunchRequest:
         environments=tuple(env.get("id", "") for env in job.spec.get("env", []) if isinstance(env, dict)),
         environment_packages=launch_packages(job),
         secrets=engine_secrets(job_id=job.public_id),
+        bootstrap_token=bootstrap_token(job.public_id),
     )
 
 
@@ -184,7 +189,8 @@ def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
             source=LogSource.LAUNCHER,
             lines=[(line.seq, now, line.stream, line.line) for line in seen.lines],
         )
-    JobAttempt.objects.filter(pk=attempt.pk).update(handle=seen.handle)
+    if seen.handle_changed:  # only the launcher's own progress: what else the handle got meanwhile stays
+        JobAttempt.objects.filter(pk=attempt.pk).update(handle=seen.handle)
 
 
 def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now, after: list[Callable[[], None]]) -> None:
@@ -224,6 +230,18 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
             job_transition(
                 job=job, to=S.FAILED, error_code="insufficient_credit", error_message="Out of credit.", data=detail
             )
+    elif code == 3 and observation.kept_in_queue:
+        # Kueue requeued the same Workload at its place: keep the JobSet for the next attempt,
+        # which its pod opens when Kueue readmits it (jobs.readmission); admission leaves it be.
+        attempt.handle = {**get_launcher().handle_for_readmission(attempt.handle), PARKED: True}
+        attempt.save(update_fields=["handle"])
+        job_transition(
+            job=job, to=S.QUEUED, reason="requeued_after_preemption",
+            message="Preempted; waiting in Kueue at its place to resume from the latest checkpoint.",
+            data={**detail, "kept_in_queue": True},
+        )
+        dispatch.enqueue_admission()
+        return
     elif code == 3:
         job_transition(
             job=job, to=S.QUEUED, reason="requeued_after_preemption", message="Stopped from outside; requeued.", data=detail
@@ -260,6 +278,17 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
     handle = attempt.handle
     after.append(lambda: get_launcher().cleanup(handle))
     dispatch.enqueue_admission()
+
+
+def _show_waiting_reason(job: Job, observation: Observation) -> None:
+    """Set a starting job's ``status_reason`` to why its launched attempt waits, in the words the
+    launcher read from the cluster (``kueue_pending``, ``kueue_inadmissible``: the Workload's
+    ``QuotaReserved=False`` condition; docs/api.md "Statuses"), or clear it once it waits for
+    nothing of the kind; one UPDATE only when it changes."""
+    reason = observation.reason if observation.reason in WAITING_REASONS else ""
+    if reason != job.status_reason:
+        Job.objects.unscoped().filter(pk=job.pk, status=S.STARTING).update(status_reason=reason)
+        job.status_reason = reason
 
 
 def _implied_exit_code(observation: Observation, attempt: JobAttempt) -> int | None:
@@ -355,6 +384,7 @@ class _Seen:
     observation: Observation
     lines: list[CapturedLine]
     handle: dict
+    handle_changed: bool = False
 
 
 def _look(launcher, attempts: list[JobAttempt]) -> dict[int, _Seen]:
@@ -363,7 +393,8 @@ def _look(launcher, attempts: list[JobAttempt]) -> dict[int, _Seen]:
     seen = {}
     for attempt, observation in zip(attempts, observations):
         handle = copy.deepcopy(attempt.handle)
-        seen[attempt.job_id] = _Seen(attempt.pk, observation, launcher.captured_lines(handle), handle)
+        lines = launcher.captured_lines(handle)
+        seen[attempt.job_id] = _Seen(attempt.pk, observation, lines, handle, handle != attempt.handle)
     return seen
 
 
@@ -385,7 +416,7 @@ def _idle_jobs(attempts: list[JobAttempt], seen: dict[int, _Seen], now) -> set[i
     for attempt in attempts:
         job, look = attempt.job, seen.get(attempt.job_id)
         if (
-            look is None or look.lines or look.handle != attempt.handle or look.observation.phase != AttemptPhase.RUNNING
+            look is None or look.lines or look.handle_changed or look.observation.phase != AttemptPhase.RUNNING
             or job.status != S.RUNNING or attempt.stop_requested_at is not None or job.started_at is None
         ):
             continue
@@ -459,6 +490,8 @@ def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], N
         _finish_attempt(job, attempt, observation, now, after)
         return
     _record_usage(job, attempt, observation, now)
+    if observation.phase == AttemptPhase.PENDING and job.status == S.STARTING:
+        _show_waiting_reason(job, observation)
     # A cluster attempt may wait in Kueue long after its launch: its clock starts with its pods.
     last_sign_of_life = attempt.last_heartbeat_at or max(attempt.launched_at, observation.started_at or attempt.launched_at)
     if observation.phase == AttemptPhase.RUNNING and now - last_sign_of_life > timedelta(
@@ -473,6 +506,35 @@ def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], N
         attempt_request_stop(job=job, reason=StopReason.RUNTIME)
         attempt.refresh_from_db()
     _signal_if_due(attempt, launcher, now, after)
+
+
+def _watch_parked(launcher) -> list[dict]:
+    """Look at the JobSets parked in Kueue after a preemption (``jobs.readmission``) and return
+    the handles of those still waiting. One that is gone, or that ended without opening the
+    job's next attempt (e.g. its readmitted pod could not pull its image), waits no more: it is
+    deleted and Lab's admission starts the job again with a new JobSet."""
+    attempts = parked_attempts()
+    if not attempts:
+        return []
+    try:
+        observations = launcher.observe_many([attempt.handle for attempt in attempts])
+    except LauncherUnavailable:
+        return [attempt.handle for attempt in attempts]
+    waiting = []
+    for attempt, observation in zip(attempts, observations):
+        ended = observation.phase == AttemptPhase.LOST or (
+            observation.phase == AttemptPhase.EXITED and not observation.kept_in_queue)
+        if not ended:
+            waiting.append(attempt.handle)
+        elif attempt_unpark(attempt_id=attempt.pk):
+            logger.warning("a parked JobSet ended before Kueue readmitted it; starting anew",
+                           extra={"job": attempt.job.public_id, "detail": observation.detail})
+            try:
+                launcher.cleanup(attempt.handle)
+            except Exception:  # the orphan sweep deletes it later
+                logger.exception("deleting a parked JobSet failed", extra={"job": attempt.job.public_id})
+            dispatch.enqueue_admission()
+    return waiting
 
 
 def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
@@ -496,7 +558,8 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
                 reconcile_job(job_id=job_id, seen=seen.get(job_id))
             except Exception:  # one broken job must not stop the others from being reconciled
                 logger.exception("reconcile failed", extra={"job_pk": job_id})
+    parked = _watch_parked(launcher)
     live = [attempt.handle for attempt in JobAttempt.objects.filter(state=AttemptState.LAUNCHED).only("handle")]
-    for workdir in launcher.sweep_orphans(live):
+    for workdir in launcher.sweep_orphans(live + parked):
         logger.warning("ended an orphan engine process", extra={"workdir": workdir})
     return len(job_ids)

@@ -23,6 +23,7 @@ from jobs.estimates import estimate_run_seconds
 from jobs.launchers.registry import get_launcher
 from jobs.log_paths import path_hider
 from jobs.models import (
+    AttemptState,
     Checkpoint,
     CheckpointStatus,
     EventLevel,
@@ -260,11 +261,13 @@ def latest_ready_checkpoint(job: Job) -> Checkpoint | None:
 
 
 @transaction.atomic
-def job_claim_for_start(*, job_id: int) -> JobAttempt | None:
+def job_claim_for_start(*, job_id: int, handle: dict | None = None) -> JobAttempt | None:
     """Claim a queued job for a new attempt: queued → starting with a conditional UPDATE.
 
     Returns the new JobAttempt (its launch task is enqueued on commit), or None when the job was
-    no longer queued (another pass claimed it, or it was cancelled).
+    no longer queued (another pass claimed it, or it was cancelled). With ``handle`` the attempt
+    is already running there (a JobSet Kueue readmitted after a preemption, ``jobs.readmission``):
+    it is created launched with that handle, and no launch is enqueued.
     """
     claimed = Job.objects.unscoped().filter(pk=job_id, status=S.QUEUED).update(
         status=S.STARTING, status_reason="", attempt=F("attempt") + 1
@@ -274,7 +277,8 @@ def job_claim_for_start(*, job_id: int) -> JobAttempt | None:
     job = Job.objects.unscoped().get(pk=job_id)
     resume = latest_ready_checkpoint(job)
     attempt = JobAttempt.objects.create(
-        job=job, number=job.attempt, launcher=settings.LAB_LAUNCHER, resume_from=resume
+        job=job, number=job.attempt, launcher=settings.LAB_LAUNCHER, resume_from=resume,
+        **({} if handle is None else {"state": AttemptState.LAUNCHED, "handle": handle, "launched_at": timezone.now()}),
     )
     if resume is not None and job.step != resume.step:
         job.step = resume.step
@@ -285,7 +289,8 @@ def job_claim_for_start(*, job_id: int) -> JobAttempt | None:
     job_record_event(
         job=job, type="job.starting", message=f"Attempt {attempt.number} is starting.", data=data, status_change=True
     )
-    dispatch.enqueue_launch(attempt.pk)
+    if handle is None:
+        dispatch.enqueue_launch(attempt.pk)
     return attempt
 
 

@@ -49,3 +49,29 @@ def attempt_for_token(token: str, *, job_public_id: str) -> JobAttempt | None:
     if finished is not None and timezone.now() > finished + GRACE_AFTER_END:
         return None
     return attempt
+
+
+#: Job bootstrap tokens: ``ljb_<signature>`` over the job's public id (docs/ingest-api.md
+#: "Opening an attempt"). Good for ``POST /attempts`` of that job only.
+BOOTSTRAP_PREFIX = "ljb_"
+_BOOTSTRAP_SALT = "lab.jobs.ingest.bootstrap"
+
+
+def bootstrap_token(job_public_id: str) -> str:
+    """Return the bootstrap token of job ``job_public_id``: what a Kubernetes engine pod holds in
+    its JobSet's Secret (deterministic for the job, so a readmitted JobSet still holds a good
+    one). It opens the job's next attempt and is accepted by nothing else."""
+    signed = signing.Signer(salt=_BOOTSTRAP_SALT).sign(job_public_id)
+    return BOOTSTRAP_PREFIX + signed[len(job_public_id) + 1 :]
+
+
+def bootstrap_token_valid(token: str, *, job_public_id: str) -> bool:
+    """Whether ``token`` is the bootstrap token of job ``job_public_id``."""
+    if not token.startswith(BOOTSTRAP_PREFIX) or len(token) > 200:
+        return False
+    signature = token[len(BOOTSTRAP_PREFIX) :]
+    try:
+        signing.Signer(salt=_BOOTSTRAP_SALT).unsign(f"{job_public_id}:{signature}")
+    except signing.BadSignature:
+        return False
+    return bool(signature)

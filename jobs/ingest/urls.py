@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from jobs.ingest import views
+from jobs.ingest import bootstrap, views
 
 urlpatterns = [
     path("<str:job_id>/status", views.StatusView.as_view(), name="ingest-status"),
@@ -27,4 +27,5 @@ urlpatterns = [
         name="ingest-adapter-complete",
     ),
     path("<str:job_id>/finish", views.FinishView.as_view(), name="ingest-finish"),
+    path("<str:job_id>/attempts", bootstrap.AttemptsView.as_view(), name="ingest-attempts"),
 ]

@@ -37,7 +37,9 @@ class Observation:
     ``image_pull_failed``, ``unschedulable``, ``oom``...). ``started_at`` and ``ended_at`` are
     when the attempt's compute began and ended as the launcher measured them (process or pod
     times, UTC; None while unknown or still running): what usage is billed from, never the
-    engine's own word.
+    engine's own word. ``kept_in_queue`` says the attempt ended (a preemption) but what ran it
+    waits in the cluster's queue for the job's next attempt (a JobSet Kueue evicted and will
+    readmit at its place: ``jobs.readmission``), so the reconciler keeps it instead of cleaning up.
     """
 
     phase: AttemptPhase
@@ -47,6 +49,7 @@ class Observation:
     reason: str = ""
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    kept_in_queue: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,9 @@ class LaunchRequest:
     ``token`` is the job token; launchers pass it as ``LAB_JOB_TOKEN`` in the environment,
     never on a command line, and ``secrets`` likewise as variables of their own names. ``resume_archive`` is a checkpoint tar on this machine to resume
     from; with archives in an object store, ``resume_checkpoint_id`` names the checkpoint the
-    engine fetches itself through the ingest API instead.
+    engine fetches itself through the ingest API instead. ``bootstrap_token`` is the job's
+    bootstrap token (``jobs.ingest.tokens``) for launchers whose engine opens its attempt itself
+    (Kubernetes: ``POST /attempts`` at pod start); kept out of the repr like the token.
     """
 
     job_id: str
@@ -78,6 +83,7 @@ class LaunchRequest:
     #: The job's secrets (jobs.secrets.services), for the engine's environment only: launchers never
     #: log them, write them to files or put them on a command line; kept out of the repr.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    bootstrap_token: str = field(default="", repr=False)
 
 
 def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_dir: str | None) -> list[str]:
@@ -140,6 +146,11 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def cleanup(self, handle: dict) -> None:
         """Free what the attempt held once it ended (processes, pods, secrets, scratch files)."""
+
+    def handle_for_readmission(self, handle: dict) -> dict:
+        """Return the handle to keep for the job's next attempt when an observation said
+        ``kept_in_queue`` (what it must tell apart from the ended attempt). The same by default."""
+        return dict(handle)
 
     def captured_lines(self, handle: dict) -> list[CapturedLine]:
         """Return stdout/stderr lines captured since the last call, noting progress in ``handle``.

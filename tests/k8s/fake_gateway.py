@@ -16,6 +16,7 @@ import copy
 import itertools
 from collections import defaultdict, deque
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 from jobs.launchers.kubernetes.cache import JOBSET_NAME_LABEL
 from jobs.launchers.kubernetes.gateway import (
@@ -66,6 +67,8 @@ class FakeGateway(ClusterGateway):
         self.deletes: list[tuple[str, str, int | None]] = []  # (kind, name, grace period) asked for
         self.faults: dict[str, list[int]] = defaultdict(list)
         self._uids = itertools.count(1)
+        self._seconds = itertools.count(1)  # the cluster's clock: each reading is a second later
+        self._admissions: dict[tuple[str, str], int] = defaultdict(int)
 
     # --- faults -----------------------------------------------------------------------------
 
@@ -164,15 +167,26 @@ class FakeGateway(ClusterGateway):
         """Return the stored Workload of a JobSet (not a copy)."""
         return self.objects[("Workload", namespace, f"jobset-{name}")]
 
+    def now(self) -> str:
+        """Return the cluster's time now (RFC 3339), a second later than the reading before."""
+        moment = datetime.fromisoformat(TIME.replace("Z", "+00:00")) + timedelta(seconds=next(self._seconds))
+        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
     def admit(self, namespace: str, name: str) -> None:
-        """Kueue admits the JobSet's Workload and unsuspends it; its pods are created, pending."""
+        """Kueue admits the JobSet's Workload and unsuspends it; its pods are created, pending
+        (new pods with new names and uids on every admission, as the Job controller makes them)."""
         workload = self.workload_of(namespace, name)
+        evicted_before = any(entry["type"] == "Evicted" for entry in workload["status"].get("conditions") or [])
+        # Kueue turns Evicted and Preempted False when it reserves quota again (workload.SetQuotaReservation).
+        cleared = ("False", "QuotaReserved") if evicted_before else None
         self._conditions(workload, QuotaReserved=("True", "QuotaReserved"), Admitted=("True", "Admitted"),
-                         Evicted=None, Preempted=None)
+                         Evicted=cleared, Preempted=cleared)
         self._store(WORKLOAD, workload, "MODIFIED")
         jobset = self.jobset(namespace, name)
         jobset["spec"]["suspend"] = False
         self._store(JOBSET, jobset, "MODIFIED")
+        self._admissions[(namespace, name)] += 1
+        admission = self._admissions[(namespace, name)]
         for replicated in jobset["spec"]["replicatedJobs"]:
             job_name = f"{name}-{replicated['name']}-0"
             template = replicated["template"]
@@ -187,7 +201,8 @@ class FakeGateway(ClusterGateway):
             pod_template = template["spec"]["template"]
             pod = {
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"{job_name}-pod", "namespace": namespace,
+                "metadata": {"name": f"{job_name}-pod" + (f"{admission}" if admission > 1 else ""), "namespace": namespace,
+                             "uid": f"uid-{next(self._uids)}", "creationTimestamp": self.now(),
                              "labels": {**(pod_template["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name},
                              "ownerReferences": [self._owner(job)]},
                 "spec": copy.deepcopy(pod_template["spec"]),
@@ -303,8 +318,7 @@ class FakeGateway(ClusterGateway):
         return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
                 "uid": obj["metadata"]["uid"], "controller": True}
 
-    @staticmethod
-    def _conditions(obj: dict, **conditions) -> None:
+    def _conditions(self, obj: dict, **conditions) -> None:
         status = obj.setdefault("status", {})
         current = {condition["type"]: condition for condition in status.get("conditions") or []}
         for kind, value in conditions.items():
@@ -312,7 +326,7 @@ class FakeGateway(ClusterGateway):
                 current.pop(kind, None)
             else:
                 current[kind] = {"type": kind, "status": value[0], "reason": value[1], "message": value[1],
-                                 "lastTransitionTime": TIME}
+                                 "lastTransitionTime": self.now()}
         status["conditions"] = list(current.values())
 
     def _pods(self, namespace: str, jobset_name: str) -> list[dict]:

@@ -23,7 +23,7 @@ def make(clock=lambda: NOW) -> tuple[FakeGateway, KubernetesLauncher]:
 
 
 def request(job_id: str = "job_0123456789abcdefghij", **changes) -> LaunchRequest:
-    fields = dict(job_id=job_id, attempt=1, spec={"max_runtime_minutes": 60}, lab_url="http://lab", token="t",
+    fields = dict(job_id=job_id, attempt=1, spec={"max_runtime_minutes": 60}, lab_url="http://lab", token="t", bootstrap_token="ljb_t",
                   organization="acme", namespace="lab-acme")
     return LaunchRequest(**{**fields, **changes})
 

@@ -1,6 +1,7 @@
 """``LAB_LAUNCHER=kubernetes`` through the real reconciler against the gateway fake: the same
 lifecycles as the local launcher (succeed, cancel, preempt-and-resume, crash-and-fail, OOM),
-the cluster's own failures (image pull, unschedulable, Kueue pending), a JobSet deleted by hand
+a preempted job kept at its Kueue place and resumed in the same JobSet (jobs.readmission), the
+cluster's own failures (image pull, unschedulable, Kueue pending), a JobSet deleted by hand
 or gone after its engine finished, and an API outage in which nothing is launched twice."""
 
 from __future__ import annotations
@@ -9,12 +10,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from django.utils import timezone as django_timezone
+from rest_framework.test import APIClient
 
 from jobs import reconciler
+from jobs.admission import admission_pass
+from jobs.ingest.tokens import job_token
 from jobs.launchers.base import AttemptPhase
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.launchers.kubernetes.objects import PoolSettings, jobset_name
-from jobs.models import AttemptState, Job, JobAttempt, JobStatus
+from jobs.models import AttemptState, Checkpoint, CheckpointStatus, Job, JobAttempt, JobStatus
+from jobs.serializers import job_to_dict
 from jobs.services import job_cancel, job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 from tests.k8s.fake_gateway import FakeGateway
@@ -74,11 +79,12 @@ def reload(job: Job) -> Job:
 
 
 def running(owner, spec, cluster) -> tuple[Job, JobAttempt, str]:
-    """A job whose attempt Kueue admitted and whose engine runs (and has sent a heartbeat)."""
+    """A job whose attempt Kueue admitted and whose engine runs (it opened its attempt and sent a heartbeat)."""
     job, attempt = submit(owner, spec)
     name = attempt.handle["jobset"]
     cluster.admit(NAMESPACE, name)
     cluster.run(NAMESPACE, name)
+    assert open_attempt(cluster, job, name).json()["attempt"] == attempt.number  # the engine's pod starts
     JobAttempt.objects.filter(pk=attempt.pk).update(last_heartbeat_at=django_timezone.now())
     job_transition(job=reload(job), to=S.RUNNING)  # the engine's first heartbeat says running
     reconciler.reconcile_job(job_id=job.pk)
@@ -100,10 +106,13 @@ def test_it_launches_the_namespace_queue_jobset_and_secret_and_succeeds(owner, g
     assert cluster.jobset(NAMESPACE, name)["spec"]["suspend"] is True
 
     reconciler.reconcile_job(job_id=job.pk)
-    assert reload(job).status == S.STARTING  # waiting in Kueue
+    assert (reload(job).status, reload(job).status_reason) == (S.STARTING, "kueue_pending")  # waiting in Kueue
     assert launcher.observe(attempt.handle).reason == "kueue_pending"
+    assert job_to_dict(reload(job))["status_reason"] == "kueue_pending"
 
     cluster.admit(NAMESPACE, name)
+    reconciler.reconcile_job(job_id=job.pk)
+    assert (reload(job).status, reload(job).status_reason) == (S.STARTING, "")  # admitted: its pods start
     cluster.run(NAMESPACE, name)
     assert launcher.observe(attempt.handle).phase == AttemptPhase.RUNNING
     cluster.exit(NAMESPACE, name, 0)
@@ -145,19 +154,172 @@ def test_a_job_cancelled_while_kueue_holds_it_deletes_the_jobset(owner, spec, la
     assert reload(job).status == S.CANCELLED
 
 
-def test_a_kueue_eviction_requeues_after_preemption_and_the_next_attempt_is_a_new_jobset(owner, gpu_spec, launcher, cluster):
-    job, attempt, name = running(owner, gpu_spec, cluster)
+def secret_bootstrap_token(cluster: FakeGateway, name: str) -> str:
+    """The bootstrap token the JobSet's pods get from its Secret (``LAB_JOB_BOOTSTRAP_TOKEN``)."""
+    return cluster.objects[("Secret", NAMESPACE, name)]["stringData"]["LAB_JOB_BOOTSTRAP_TOKEN"]
 
-    cluster.evict(NAMESPACE, name)
+
+def engine_pod(cluster: FakeGateway, name: str) -> dict:
+    """The JobSet's engine pod of its latest admission."""
+    pods = [obj for (kind, _, _), obj in cluster.objects.items()
+            if kind == "Pod" and obj["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name]
+    return max(pods, key=lambda pod: pod["metadata"]["creationTimestamp"])
+
+
+def open_attempt(cluster: FakeGateway, job: Job, name: str, *, pod: dict | None = None):
+    """What the engine does when its pod starts: POST /attempts with the Secret's bootstrap token."""
+    pod = pod or engine_pod(cluster, name)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret_bootstrap_token(cluster, name)}")
+    return client.post(f"/api/v1/ingest/jobs/{job.public_id}/attempts",
+                       {"pod_uid": pod["metadata"]["uid"], "jobset": name}, format="json")
+
+
+def heartbeat(job: Job, token: str, attempt: int):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client.post(f"/api/v1/ingest/jobs/{job.public_id}/status",
+                       {"attempt": attempt, "phase": "running", "step": 3}, format="json")
+
+
+def ready_checkpoint(job: Job, *, step: int, attempt: int) -> Checkpoint:
+    return Checkpoint.objects.create(job=job, step=step, attempt=attempt, status=CheckpointStatus.READY,
+                                     format="peft-lora", storage_key=f"{job.public_id}/{step}.tar", size_bytes=1)
+
+
+def test_the_first_pod_opens_the_launched_attempt_and_gets_its_token(owner, gpu_spec, launcher, cluster):
+    job, attempt = submit(owner, gpu_spec)
+    name = attempt.handle["jobset"]
+    cluster.admit(NAMESPACE, name)
+    cluster.run(NAMESPACE, name)
+
+    answer = open_attempt(cluster, job, name)
+
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"attempt": 1, "token": job_token(attempt), "resume_from": None}
+    assert JobAttempt.objects.get(pk=attempt.pk).handle["pod_uid"] == engine_pod(cluster, name)["metadata"]["uid"]
+    assert open_attempt(cluster, job, name).json() == answer.json()  # a retried call: the same attempt
+    assert heartbeat(job, answer.json()["token"], 1).json() == {"action": "continue"}
+    assert reload(job).status == S.RUNNING
+
+
+def test_a_kueue_eviction_keeps_the_jobset_in_its_queue_place_and_the_readmitted_pod_resumes_as_the_next_attempt(
+        owner, gpu_spec, launcher, cluster, no_broker):
+    job, attempt = submit(owner, gpu_spec)
+    name = attempt.handle["jobset"]
+    cluster.admit(NAMESPACE, name)
+    cluster.run(NAMESPACE, name)
+    first = open_attempt(cluster, job, name).json()
+    heartbeat(job, first["token"], 1)
+    checkpoint = ready_checkpoint(reload(job), step=2, attempt=1)
+
+    cluster.evict(NAMESPACE, name)  # Kueue preempts: the JobSet is suspended again, its pods go
     reconciler.reconcile_job(job_id=job.pk)
 
     job = reload(job)
-    assert (job.status, job.status_reason, job.crash_count) == (S.QUEUED, "requeued_after_preemption", 0)
-    assert jobsets(cluster) == []
-    second = job_claim_for_start(job_id=job.pk)
+    assert (job.status, job.status_reason, job.crash_count, job.attempt) == (S.QUEUED, "requeued_after_preemption", 0, 1)
+    ended = JobAttempt.objects.get(pk=attempt.pk)
+    assert ended.state == AttemptState.ENDED and ended.handle["parked"] is True
+    assert jobsets(cluster) == [name] and cluster.jobset(NAMESPACE, name)["spec"]["suspend"] is True
+    assert ("Secret", NAMESPACE, name) in cluster.objects
+    assert [delete for delete in cluster.deletes if delete[0] == "JobSet"] == []
+
+    assert admission_pass().started == []  # Kueue, not Lab, starts it again
+    reconciler.reconcile_all()  # the parked JobSet is neither an orphan nor ended
+    assert (reload(job).status, reload(job).attempt, jobsets(cluster)) == (S.QUEUED, 1, [name])
+
+    cluster.admit(NAMESPACE, name)  # Kueue readmits the same Workload; a new pod starts
+    cluster.run(NAMESPACE, name, started_at="2026-12-01T13:00:00Z")
+    second = open_attempt(cluster, job, name)
+
+    assert second.status_code == 200, second.content
+    assert second.json()["attempt"] == 2 and second.json()["resume_from"] == checkpoint.public_id
+    assert second.json()["token"] != first["token"]
+    assert open_attempt(cluster, job, name).json() == second.json()  # idempotent by pod uid
+    job = reload(job)
+    assert (job.status, job.attempt, job.step) == (S.STARTING, 2, 2)
+    new = JobAttempt.objects.get(job=job, number=2)
+    assert (new.state, new.handle["jobset"], new.resume_from_id) == (AttemptState.LAUNCHED, name, checkpoint.pk)
+    assert heartbeat(job, first["token"], 1).json() == {"action": "stop"}  # the old attempt's token is stale
+    assert heartbeat(job, second.json()["token"], 2).json() == {"action": "continue"}
+    reconciler.reconcile_all()
+    assert reload(job).status == S.RUNNING
+    assert launcher.observe(new.handle).started_at == datetime(2026, 12, 1, 13, 0, tzinfo=timezone.utc)
+
+    cluster.exit(NAMESPACE, name, 0)
+    reconciler.reconcile_job(job_id=job.pk)
+
+    job = reload(job)
+    assert (job.status, job.attempt) == (S.SUCCEEDED, 2)
+    assert JobAttempt.objects.get(pk=new.pk).exit_code == 0
+    assert jobsets(cluster) == []  # never a second JobSet; this one cleaned up at the end
+    assert ("launch", new.pk) not in no_broker
+
+
+def test_a_pod_readmitted_before_lab_saw_the_eviction_waits_until_the_previous_attempt_ends(owner, spec, launcher, cluster):
+    job, attempt = submit(owner, spec)
+    name = attempt.handle["jobset"]
+    cluster.admit(NAMESPACE, name)
+    cluster.run(NAMESPACE, name)
+    open_attempt(cluster, job, name)
+    cluster.evict(NAMESPACE, name)
+    cluster.admit(NAMESPACE, name)  # readmitted at once
+    cluster.run(NAMESPACE, name)
+
+    early = open_attempt(cluster, job, name)
+    assert (early.status_code, early.json()["error"]["code"], early["Retry-After"]) == (409, "attempt_not_ready", "5")
+    assert reload(job).attempt == 1
+
+    reconciler.reconcile_job(job_id=job.pk)  # the attempt's pod was replaced: it ended, kept in the queue
+    assert (reload(job).status, reload(job).status_reason) == (S.QUEUED, "requeued_after_preemption")
+    later = open_attempt(cluster, job, name)
+
+    assert later.status_code == 200 and later.json()["attempt"] == 2
+    reconciler.reconcile_job(job_id=job.pk)
+    assert (reload(job).status, jobsets(cluster)) == (S.STARTING, [name])
+
+
+def test_a_parked_jobset_that_goes_away_lets_lab_start_the_job_anew(owner, spec, launcher, cluster, clock):
+    job, attempt, name = running(owner, spec, cluster)
+    cluster.evict(NAMESPACE, name)
+    reconciler.reconcile_job(job_id=job.pk)
+    cluster.delete(cluster_kind("JobSet"), name, NAMESPACE)  # by hand, while it waits in Kueue
+
+    reconciler.reconcile_all()
+
+    assert JobAttempt.objects.get(pk=attempt.pk).handle["parked"] is False
+    assert [job.pk for job in [reload(job)] if job.status == S.QUEUED] == [job.pk]
+    assert admission_pass().started == [job.pk]
+    second = JobAttempt.objects.get(job=job, number=2)
     reconciler.attempt_launch(attempt_id=second.pk)
     assert jobsets(cluster) == [jobset_name(job.public_id, 2)]
-    assert cluster.jobset(NAMESPACE, jobset_name(job.public_id, 2))["metadata"]["labels"]["lab.dev/attempt"] == "2"
+
+
+def test_a_parked_jobset_whose_pods_fail_before_opening_an_attempt_is_replaced(owner, spec, launcher, cluster):
+    job, attempt, name = running(owner, spec, cluster)
+    cluster.evict(NAMESPACE, name)
+    reconciler.reconcile_job(job_id=job.pk)
+    cluster.admit(NAMESPACE, name)
+    cluster.run(NAMESPACE, name)
+    cluster.exit(NAMESPACE, name, 1)  # crashed before it asked Lab for its attempt
+
+    reconciler.reconcile_all()
+
+    assert JobAttempt.objects.get(pk=attempt.pk).handle["parked"] is False
+    assert jobsets(cluster) == []
+    assert admission_pass().started == [job.pk]
+
+
+def test_no_attempt_opens_for_an_ended_job_or_another_jobset(owner, spec, launcher, cluster):
+    job, attempt, name = running(owner, spec, cluster)
+    other = open_attempt(cluster, job, name, pod={"metadata": {"uid": "uid-stranger"}})
+    assert (other.status_code, other.json()["error"]["code"]) == (409, "attempt_not_ready")  # the attempt has its pod
+
+    job_transition(job=reload(job), to=S.FAILED, error_code="internal_error")
+    ended = open_attempt(cluster, job, name)
+
+    assert (ended.status_code, ended.json()["error"]["code"]) == (409, "invalid_state")
+    assert JobAttempt.objects.filter(job=job).count() == 1
 
 
 def test_a_disrupted_pod_reads_as_a_preemption(owner, spec, launcher, cluster):
@@ -253,8 +415,11 @@ def test_kueue_says_when_a_workload_is_inadmissible(owner, spec, launcher, clust
     job, attempt = submit(owner, spec)
 
     cluster.mark_inadmissible(NAMESPACE, attempt.handle["jobset"])
+    reconciler.reconcile_job(job_id=job.pk)
 
-    assert launcher.observe(attempt.handle).reason == "kueue_inadmissible"
+    observation = launcher.observe(attempt.handle)
+    assert (observation.reason, observation.detail) == ("kueue_inadmissible", "Inadmissible")
+    assert (reload(job).status, reload(job).status_reason) == (S.STARTING, "kueue_inadmissible")
 
 
 def test_a_jobset_deleted_by_hand_is_a_crash_and_resumes(owner, spec, launcher, cluster, clock):

@@ -161,7 +161,7 @@ def test_the_launchers_rbac_grants_exactly_what_it_calls(rendered):
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False,
                                   clock=lambda: datetime.now(timezone.utc))
     request = LaunchRequest(job_id="job_0123456789abcdefghij", attempt=1, spec={"max_runtime_minutes": 60}, lab_url="http://lab",
-                            token="t", organization="acme", namespace="lab-acme")
+                            token="t", bootstrap_token="ljb_t", organization="acme", namespace="lab-acme")
     handle = launcher.launch(request)
     launcher.launch(request)  # again: 409s, answered by get
     launcher.observe_many([handle])

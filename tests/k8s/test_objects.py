@@ -29,7 +29,7 @@ JOB_ID = "job_0123456789abcdefghij"
 def request(**changes) -> LaunchRequest:
     fields = dict(
         job_id=JOB_ID, attempt=1, spec={"name": "addition", "max_runtime_minutes": 90, "env": [{"id": "lab/addition"}]},
-        lab_url="https://lab.example", token="job-token-secret", organization="acme", project="default",
+        lab_url="https://lab.example", token="job-token-secret", bootstrap_token="ljb_bootstrap-secret", organization="acme", project="default",
         namespace="lab-acme", priority="normal", gpu_type="H100", gpus=2,
     )
     fields.update(changes)
@@ -110,7 +110,7 @@ def test_cpu_jobs_request_cpu_and_memory_only():
     assert "nodeSelector" not in pod and "tolerations" not in pod
 
 
-def test_the_engine_gets_its_token_from_the_secret_and_the_model_volume_at_lab_model_dir():
+def test_the_engine_gets_its_bootstrap_token_from_the_secret_and_the_model_volume_at_lab_model_dir():
     attempt = request(attempt=3, resume_checkpoint_id="ckpt_abc")
     pod = engine_pod(jobset_object(attempt, SETTINGS))
     container = pod["containers"][0]
@@ -120,9 +120,13 @@ def test_the_engine_gets_its_token_from_the_secret_and_the_model_volume_at_lab_m
     assert container["command"] == ["python", "-m", "engine"]
     assert container["args"] == ["run", "--spec", "/etc/lab/spec.json", "--job-id", JOB_ID, "--attempt", "3",
                                  "--lab-url", "https://lab.example", "--workdir", "/var/lab/work", "--resume-from", "ckpt_abc"]
-    assert "job-token-secret" not in str(pod)  # never on a command line or in the template
+    assert "job-token-secret" not in str(pod) and "bootstrap-secret" not in str(pod)  # never on a command line or in the template
     env = {entry["name"]: entry for entry in container["env"]}
-    assert env["LAB_JOB_TOKEN"] == {"name": "LAB_JOB_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "LAB_JOB_TOKEN"}}}
+    assert env["LAB_JOB_BOOTSTRAP_TOKEN"] == {"name": "LAB_JOB_BOOTSTRAP_TOKEN",
+                                              "valueFrom": {"secretKeyRef": {"name": name, "key": "LAB_JOB_BOOTSTRAP_TOKEN"}}}
+    assert "LAB_JOB_TOKEN" not in env  # the engine is given its attempt's token when it opens the attempt
+    assert env["LAB_POD_UID"] == {"name": "LAB_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+    assert env["LAB_JOBSET_NAME"] == {"name": "LAB_JOBSET_NAME", "value": name}
     assert env["LAB_MODEL_DIR"]["value"] == "/var/lib/lab/models"
     mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
     assert mounts["models"] == {"name": "models", "mountPath": "/var/lib/lab/models", "readOnly": True}
@@ -137,7 +141,8 @@ def test_the_secret_is_immutable_and_owned_by_the_jobset():
     secret = secret_object(attempt, owner=jobset)
 
     assert secret["immutable"] is True
-    assert secret["stringData"]["LAB_JOB_TOKEN"] == "job-token-secret"
+    assert secret["stringData"]["LAB_JOB_BOOTSTRAP_TOKEN"] == "ljb_bootstrap-secret"
+    assert "job-token-secret" not in str(secret)  # an attempt's token would outlive its attempt in a readmitted JobSet
     assert secret["metadata"]["ownerReferences"] == [{
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": jobset["metadata"]["name"],
         "uid": jobset["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
@@ -154,11 +159,11 @@ def test_the_jobs_secrets_and_packages_reach_the_engine_through_the_secret_only(
 
     assert "wandb-value-123" not in str(jobset) and "X-Amz-Signature" not in str(jobset)
     env = {entry["name"]: entry for entry in engine_pod(jobset)["containers"][0]["env"]}
-    for variable in ("WANDB_API_KEY", "LAB_JOB_ENVIRONMENT_PACKAGES", "LAB_JOB_TOKEN"):
+    for variable in ("WANDB_API_KEY", "LAB_JOB_ENVIRONMENT_PACKAGES", "LAB_JOB_BOOTSTRAP_TOKEN"):
         assert env[variable] == {"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": variable}}}
     assert secret["stringData"]["WANDB_API_KEY"] == "wandb-value-123"
     assert "X-Amz-Signature=abc" in secret["stringData"]["LAB_JOB_ENVIRONMENT_PACKAGES"]
-    assert secret["stringData"]["LAB_JOB_TOKEN"] == "job-token-secret"
+    assert secret["stringData"]["LAB_JOB_BOOTSTRAP_TOKEN"] == "ljb_bootstrap-secret"
     validate(secret)
 
 

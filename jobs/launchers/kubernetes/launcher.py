@@ -17,7 +17,7 @@ import logging
 from datetime import datetime, timedelta, timezone
 
 from jobs.launchers.base import AttemptPhase, Launcher, LaunchRequest, Observation
-from jobs.launchers.kubernetes.cache import ClusterCache, WatchSpec
+from jobs.launchers.kubernetes.cache import ClusterCache, GroupObjects, WatchSpec
 from jobs.launchers.kubernetes.gateway import ClusterGateway, ClusterUnavailable
 from jobs.launchers.kubernetes.kinds import JOB, JOBSET, POD, WORKLOAD
 from jobs.launchers.kubernetes.objects import (
@@ -42,6 +42,10 @@ WATCHES = [
     WatchSpec(POD, JOB_LABEL),
     WatchSpec(JOBSET, f"{MANAGED_BY_LABEL}=lab"),
 ]
+#: Handle keys: the uid of the pod that opened the attempt (``jobs.readmission``), and the
+#: time from which the JobSet's pods are this attempt's (after a readmission by Kueue).
+POD_UID_KEY = "pod_uid"
+PODS_SINCE_KEY = "pods_since"
 #: A JobSet of no live attempt is an orphan only once it is this old (a launch records its
 #: handle just after creating it).
 ORPHAN_AFTER = timedelta(minutes=10)
@@ -110,18 +114,41 @@ class KubernetesLauncher(Launcher):
             if "jobset" not in handle:
                 observations.append(Observation(AttemptPhase.LOST, detail="not a Kubernetes attempt"))
                 continue
-            group = self.cache.group(handle["namespace"], handle["jobset"])
+            group = self._attempt_group(handle)
             launched_at = parse_time(handle.get("launched_at")) or now
             deleted = group.jobset is None and self.cache.was_deleted(handle["namespace"], handle["jobset"])
-            observations.append(observe_attempt(group, launched_at=launched_at, now=now, deleted=deleted))
+            observations.append(observe_attempt(group, launched_at=launched_at, now=now, deleted=deleted,
+                                                opened_by=handle.get(POD_UID_KEY, "")))
         return observations
+
+    def _attempt_group(self, handle: dict) -> GroupObjects:
+        """Return the cache's group of ``handle``'s JobSet, without the pods of the admissions
+        before it (created before ``pods_since``: a JobSet Kueue readmitted runs new pods)."""
+        group = self.cache.group(handle["namespace"], handle["jobset"])
+        since = parse_time(handle.get(PODS_SINCE_KEY))
+        if since is not None:
+            group.pods = {name: pod for name, pod in group.pods.items()
+                          if (parse_time((pod.get("metadata") or {}).get("creationTimestamp")) or since) >= since}
+        return group
+
+    def handle_for_readmission(self, handle: dict) -> dict:
+        """Return the handle the job's next attempt takes over in the same JobSet once Kueue
+        readmits it: no pod owns it, and only pods created since the eviction (the Workload's
+        ``Evicted`` condition's last transition, the cluster's clock) are the next attempt's."""
+        group = self.cache.group(handle["namespace"], handle["jobset"])
+        evicted = next((entry for entry in ((group.workload or {}).get("status") or {}).get("conditions") or []
+                        if entry.get("type") == "Evicted"), {})
+        kept = {key: value for key, value in handle.items() if key != POD_UID_KEY}
+        if evicted.get("lastTransitionTime"):
+            kept[PODS_SINCE_KEY] = evicted["lastTransitionTime"]
+        return kept
 
     # --- stopping -----------------------------------------------------------------------------
 
     def cancel(self, handle: dict, *, force: bool = False) -> None:
         if "jobset" not in handle:
             return
-        group = self.cache.group(handle["namespace"], handle["jobset"])
+        group = self._attempt_group(handle)
         live = [name for name, pod in group.pods.items() if (pod.get("status") or {}).get("phase") in (None, "Pending", "Running")]
         if not live:  # still queued in Kueue, or its pods already ended: nothing to stop gracefully
             self.gateway.delete(JOBSET, handle["jobset"], handle["namespace"])

@@ -5,10 +5,13 @@
 - the attempt's JobSet (``jobset.x-k8s.io/v1alpha2``), created suspended for Kueue, one
   replicated job per engine role, no retry inside an attempt (``backoffLimit: 0``, a
   ``podFailurePolicy`` whose every rule is ``FailJob``, ``failurePolicy.maxRestarts: 0``);
-- an immutable Secret with the job token and the spec, owned by the JobSet so it goes with it.
+- an immutable Secret with the job's bootstrap token and the spec, owned by the JobSet so it
+  goes with it (the engine opens each attempt the JobSet runs with it: ``jobs.readmission``).
 
 docs/kubernetes.md pins every name and label used here. Names are deterministic per job
-attempt (``lab-<job id>-a<attempt>``), so a repeated launch finds what the first one created.
+attempt (``lab-<job id>-a<attempt>``: the attempt that launched it; a JobSet Kueue readmits after a
+preemption runs later attempts under the same name), so a repeated launch finds what the first
+one created.
 """
 
 from __future__ import annotations
@@ -127,9 +130,14 @@ def local_queue_object(namespace: str) -> dict:
 
 def secret_variables(request: LaunchRequest) -> dict[str, str]:
     """Return the engine's variables that travel in the attempt's Secret, never in the pod
-    template: the job token, the job's own secrets (``LaunchRequest.secrets``, names Lab never
-    sets itself) and its environment packages (whose URLs may be signed)."""
-    return {**request.secrets, **engine_package_environment(request), "LAB_JOB_TOKEN": request.token}
+    template: the job's bootstrap token (``LAB_JOB_BOOTSTRAP_TOKEN``: the engine opens its
+    attempt with it at every pod start and is given the attempt's job token then, so a JobSet
+    Kueue readmits after a preemption runs the next attempt; docs/kubernetes.md), the job's own
+    secrets (``LaunchRequest.secrets``, names Lab never sets itself) and its environment
+    packages (whose URLs may be signed). Raises ValueError without a bootstrap token."""
+    if not request.bootstrap_token:
+        raise ValueError("a Kubernetes attempt needs the job's bootstrap token")
+    return {**request.secrets, **engine_package_environment(request), "LAB_JOB_BOOTSTRAP_TOKEN": request.bootstrap_token}
 
 
 def secret_object(request: LaunchRequest, *, owner: dict) -> dict:
@@ -193,6 +201,9 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
                     {"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": variable}}}
                     for variable in sorted(secret_variables(request))
                 ),
+                # Who opens the attempt (POST /attempts): this pod, of this JobSet.
+                {"name": "LAB_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                {"name": "LAB_JOBSET_NAME", "value": name},
                 {"name": "LAB_PUBLIC_URL", "value": request.lab_url},
                 {"name": "LAB_MODEL_DIR", "value": settings.model_dir},
                 {"name": "HF_HUB_OFFLINE", "value": "1"},

@@ -6,7 +6,8 @@
 | no JobSet yet, within ``missing_grace_s`` of the launch (and never seen deleted) | pending |
 | no JobSet after that (deleted by hand, or gone after ``ttlSecondsAfterFinished``) | lost: the reconciler reads the engine's ``finish`` report if it sent one, else a crash |
 | Workload not holding quota | pending, ``kueue_pending`` (``kueue_inadmissible`` when Kueue says so) |
-| Workload ``Evicted`` (``Preempted``, ...), or a pod ended by a ``DisruptionTarget`` condition | exited, reason ``preempted`` |
+| Workload ``Evicted`` (``Preempted``, ...), or a pod ended by a ``DisruptionTarget`` condition | exited, reason ``preempted`` (``kept_in_queue`` when Kueue requeued the Workload: the JobSet waits for the next attempt) |
+| another pod of the JobSet live, the one that opened the attempt gone or ended | exited, reason ``preempted``, ``kept_in_queue`` (Kueue readmitted the JobSet before Lab saw the eviction) |
 | a container ``OOMKilled`` | exited, ``oom_killed`` |
 | ``ImagePullBackOff`` / ``InvalidImageName`` | exited, reason ``image_pull_failed`` (``ErrImagePull`` alone: pending) |
 | ``PodScheduled=False`` ``Unschedulable`` for ``unschedulable_after_s`` | exited, reason ``unschedulable`` (pending before) |
@@ -29,6 +30,8 @@ from jobs.launchers.kubernetes.cache import GroupObjects
 #: ``Failed`` condition message of a Job ended by a pod failure policy rule (kube-controller-manager's wording).
 _EXIT_CODE_MESSAGE = re.compile(r"failed with exit code (\d+)")
 _IMAGE_PULL_FINAL = frozenset({"ImagePullBackOff", "InvalidImageName"})
+#: Eviction reasons after which Kueue does not requeue the Workload (it was deactivated).
+_DEACTIVATED = frozenset({"InactiveWorkload", "Deactivated"})
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -86,19 +89,42 @@ def _exit_code(group: GroupObjects) -> int | None:
     return codes[0] if codes else None
 
 
+def requeued_by_kueue(group: GroupObjects) -> bool:
+    """Whether Kueue requeues the evicted Workload of ``group`` itself, at its place: the JobSet
+    is still there and has not ended, and the Workload was not deactivated (an inactive Workload
+    is evicted for good: ``spec.active: false``, reason ``InactiveWorkload``/``Deactivated``)."""
+    if group.jobset is None or condition(group.jobset, "Completed") or condition(group.jobset, "Failed"):
+        return False
+    workload = group.workload or {}
+    evicted = _any_condition(workload, "Evicted") or {}
+    return (workload.get("spec") or {}).get("active", True) is not False and evicted.get("reason") not in _DEACTIVATED
+
+
+def pod_uid(pod: dict) -> str:
+    """Return a pod's ``metadata.uid`` (empty when it has none)."""
+    return (pod.get("metadata") or {}).get("uid") or ""
+
+
+def _pod_ended(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or any(
+        "terminated" in (status.get("state") or {}) for status in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
 def observe_attempt(
     group: GroupObjects,
     *,
     launched_at: datetime,
     now: datetime,
     deleted: bool = False,
+    opened_by: str = "",
     missing_grace_s: float = 120.0,
     unschedulable_after_s: float = 600.0,
 ) -> Observation:
     """Return what ``group`` (one attempt's objects, from the cache) says of the attempt now.
 
     ``launched_at`` is when Lab created the JobSet; ``now`` is the current time (both UTC);
-    ``deleted`` says the cache saw the JobSet go (no grace then).
+    ``deleted`` says the cache saw the JobSet go (no grace then); ``opened_by`` is the uid of
+    the pod that opened the attempt (``jobs.readmission``), when one has.
     """
     if group.jobset is None:
         if not deleted and (now - launched_at).total_seconds() < missing_grace_s:
@@ -106,9 +132,10 @@ def observe_attempt(
         return Observation(AttemptPhase.LOST, detail="the JobSet is gone (deleted, or removed after it finished)")
     started_at, ended_at = _times(group)
 
-    def exited(reason: str = "", *, exit_code: int | None = None, oom: bool = False, detail: str = "") -> Observation:
+    def exited(reason: str = "", *, exit_code: int | None = None, oom: bool = False, detail: str = "",
+               kept: bool = False) -> Observation:
         return Observation(AttemptPhase.EXITED, exit_code=exit_code, oom_killed=oom, reason=reason, detail=detail,
-                           started_at=started_at, ended_at=ended_at or now)
+                           started_at=started_at, ended_at=ended_at or now, kept_in_queue=kept)
 
     for status in _containers(group):
         terminated = (status.get("state") or {}).get("terminated") or {}
@@ -116,7 +143,8 @@ def observe_attempt(
             return exited("oom", exit_code=terminated.get("exitCode"), oom=True, detail="the engine was OOMKilled")
     evicted = condition(group.workload, "Evicted") or condition(group.workload, "Preempted")
     if evicted and not condition(group.workload, "Finished"):
-        return exited("preempted", detail=f"Kueue evicted the workload: {evicted.get('reason', '')} {evicted.get('message', '')}".strip())
+        return exited("preempted", kept=requeued_by_kueue(group),
+                      detail=f"Kueue evicted the workload: {evicted.get('reason', '')} {evicted.get('message', '')}".strip())
     for pod in group.pods.values():
         if disruption := condition(pod, "DisruptionTarget"):
             return exited("preempted", detail=f"the pod was disrupted: {disruption.get('reason', '')} {disruption.get('message', '')}".strip())
@@ -140,6 +168,12 @@ def observe_attempt(
             if (now - since).total_seconds() >= unschedulable_after_s:
                 return exited("unschedulable", detail=scheduled.get("message") or "no node fits the pod")
             return Observation(AttemptPhase.PENDING, reason="unschedulable", detail=scheduled.get("message") or "")
+    if opened_by:
+        mine = [pod for pod in group.pods.values() if pod_uid(pod) == opened_by]
+        others = [pod for pod in group.pods.values() if pod_uid(pod) != opened_by and not _pod_ended(pod)]
+        if others and all(_pod_ended(pod) for pod in mine):
+            return exited("preempted", kept=requeued_by_kueue(group),
+                          detail=f"Kueue readmitted the JobSet: pod {others[0]['metadata'].get('name', '')} replaced the attempt's pod")
     if any("running" in (status.get("state") or {}) for status in _containers(group)):
         return Observation(AttemptPhase.RUNNING, started_at=started_at)
     if not condition(group.workload, "QuotaReserved"):

@@ -1,0 +1,87 @@
+"""``POST /api/v1/ingest/jobs/{job_id}/attempts``: an engine pod on the Kubernetes pool opens
+the attempt it runs (docs/ingest-api.md "Opening an attempt"); a thin adapter over
+``jobs.readmission.attempt_open_for_pod``.
+
+Authenticated by the job's bootstrap token (``ljb_...``, ``jobs.ingest.tokens``), which this
+endpoint alone accepts; a job token (``ljt_...``) or an API key is refused here like a bad one.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from pydantic import BaseModel, ConfigDict, Field
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
+from rest_framework.views import APIView
+
+from django.conf import settings
+
+from jobs.ingest.tokens import bootstrap_token_valid
+from jobs.ingest.views import _parse
+from jobs.readmission import attempt_open_for_pod
+from lab.api.auth import bearer_token
+from lab.api.throttling import over_limit
+
+_INVALID = "Missing, malformed or foreign bootstrap token."
+
+
+class AttemptOpen(BaseModel):
+    """The body: the pod's uid (the downward API's ``metadata.uid``) and its JobSet's name."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    pod_uid: str = Field(min_length=1, max_length=64)
+    jobset: str = Field(min_length=1, max_length=63)
+
+
+class BootstrapTokenAuthentication(BaseAuthentication):
+    """Authenticate ``Authorization: Bearer ljb_...`` for the job named in the URL; ``request.auth``
+    becomes the job's public id."""
+
+    def authenticate(self, request) -> tuple[None, str]:
+        token = bearer_token(get_authorization_header(request))
+        job_id = request.parser_context["kwargs"].get("job_id", "")
+        if token is None or not bootstrap_token_valid(token, job_public_id=job_id):
+            raise AuthenticationFailed(_INVALID)
+        return (None, job_id)
+
+    def authenticate_header(self, request) -> str:
+        return "Bearer"
+
+
+class HasBootstrapToken(BasePermission):
+    """Require a valid bootstrap token."""
+
+    def has_permission(self, request, view) -> bool:
+        if not isinstance(request.auth, str):
+            raise AuthenticationFailed(_INVALID)
+        return True
+
+
+class BootstrapRateThrottle(BaseThrottle):
+    """Share the job's ingest rate limit (``LAB_INGEST_RATE_LIMIT_PER_MINUTE``)."""
+
+    def allow_request(self, request, view) -> bool:
+        limited, self._wait = over_limit(f"job-bootstrap:{request.auth}", settings.LAB_INGEST_RATE_LIMIT_PER_MINUTE)
+        return not limited
+
+    def wait(self) -> float:
+        return self._wait
+
+
+class AttemptsView(APIView):
+    """``POST /ingest/jobs/{id}/attempts`` → ``{"attempt", "token", "resume_from"}``."""
+
+    authentication_classes = [BootstrapTokenAuthentication]
+    permission_classes = [HasBootstrapToken]
+    throttle_classes = [BootstrapRateThrottle]
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        body = _parse(AttemptOpen, request)
+        grant = attempt_open_for_pod(job_public_id=job_id, pod_uid=body.pod_uid, jobset=body.jobset)
+        return Response(grant.as_dict())

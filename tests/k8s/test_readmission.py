@@ -1,0 +1,81 @@
+"""``POST /api/v1/ingest/jobs/{id}/attempts`` refuses what it must (docs/ingest-api.md "Opening an
+attempt"): only the job's own bootstrap token opens it, that token opens nothing else, and a bad
+body is a 400 that changes nothing. The lifecycle through it is in test_lifecycle.py."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from jobs.ingest.tokens import bootstrap_token, job_token
+from jobs.models import JobAttempt
+from jobs.services import job_claim_for_start, job_submit
+from lab.audit import Actor
+from tests.conftest import make_tenant
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+
+
+def client(token: str) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return api
+
+
+@pytest.fixture
+def launched(owner, spec, settings):
+    settings.LAB_LAUNCHER = "kubernetes"
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    attempt = job_claim_for_start(job_id=job.pk)
+    JobAttempt.objects.filter(pk=attempt.pk).update(state="launched", handle={"namespace": "lab-acme", "jobset": "js-1"})
+    return job, JobAttempt.objects.get(pk=attempt.pk)
+
+
+BODY = {"pod_uid": "uid-1", "jobset": "js-1"}
+
+
+def test_it_opens_the_attempt_with_the_jobs_bootstrap_token(launched):
+    job, attempt = launched
+    answer = client(bootstrap_token(job.public_id)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", BODY, format="json")
+    assert answer.status_code == 200
+    assert answer.json() == {"attempt": 1, "token": job_token(attempt), "resume_from": None}
+
+
+@pytest.mark.parametrize("which", ["job token", "other job's bootstrap token", "api key", "garbage"])
+def test_it_refuses_any_other_credential_and_changes_nothing(launched, owner, which):
+    job, attempt = launched
+    outsider = make_tenant("outsider@evil.test", "Evil")
+    foreign = job_submit(project=outsider.project, actor=Actor(user=outsider.user), data={**job.spec})
+    token = {
+        "job token": job_token(attempt),
+        "other job's bootstrap token": bootstrap_token(foreign.public_id),
+        "api key": owner.key,
+        "garbage": "ljb_not-a-signature",
+    }[which]
+    answer = client(token).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", BODY, format="json")
+    assert answer.status_code == 401
+    assert JobAttempt.objects.get(pk=attempt.pk).handle == {"namespace": "lab-acme", "jobset": "js-1"}
+
+
+def test_the_bootstrap_token_opens_no_other_ingest_endpoint(launched):
+    job, attempt = launched
+    answer = client(bootstrap_token(job.public_id)).post(
+        f"/api/v1/ingest/jobs/{job.public_id}/status", {"attempt": 1, "phase": "running", "step": 1}, format="json")
+    assert answer.status_code == 401
+
+
+@pytest.mark.parametrize("body", [{}, {"pod_uid": "", "jobset": "js-1"}, {"pod_uid": 7, "jobset": "js-1"},
+                                  {"pod_uid": "uid-1", "jobset": "js-1", "attempt": 3}, {"pod_uid": "u" * 65, "jobset": "js-1"}])
+def test_a_bad_body_is_400_and_changes_nothing(launched, body):
+    job, attempt = launched
+    answer = client(bootstrap_token(job.public_id)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", body, format="json")
+    assert (answer.status_code, answer.json()["error"]["code"]) == (400, "invalid_request")
+    assert "pod_uid" not in JobAttempt.objects.get(pk=attempt.pk).handle
+
+
+def test_a_pod_of_another_jobset_is_refused_for_good(launched):
+    job, attempt = launched
+    answer = client(bootstrap_token(job.public_id)).post(
+        f"/api/v1/ingest/jobs/{job.public_id}/attempts", {"pod_uid": "uid-1", "jobset": "js-other"}, format="json")
+    assert (answer.status_code, answer.json()["error"]["code"]) == (409, "invalid_state")
+    assert "pod_uid" not in JobAttempt.objects.get(pk=attempt.pk).handle
