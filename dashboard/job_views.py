@@ -31,10 +31,11 @@ from dashboard.access import OrganizationAccess, project_view
 from dashboard.forms import JobSpecForm
 from dashboard.spec_editor import example_named, examples
 from dashboard.views import _actor, _render
+from jobs.adapters import adapter_download_response, adapter_list
 from jobs.checkpoints import checkpoint_download_response
 from jobs.distributions import histogram
 from jobs.estimates import job_estimate
-from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus, MetricStep
+from jobs.models import Adapter, Checkpoint, CheckpointStatus, Job, JobStatus, MetricStep
 from jobs.queue import queue_positions
 from jobs.selectors import (
     job_list,
@@ -281,6 +282,7 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
         "project": project,
         "events": events,
         "checkpoints": job.checkpoints.order_by("-step", "-id"),
+        "adapters": adapter_list(job=job).order_by("-step"),
         "logs": job_logs_tail(job=job, limit=LOG_LINES_SHOWN),
         "sample_steps": steps,
         "spec_json": json.dumps(job.spec, indent=2),
@@ -317,6 +319,15 @@ def job_checkpoints(request: HttpRequest, access: OrganizationAccess, project: P
     job = _job(project, job_id)
     context = {"job": job, "project": project, "checkpoints": job.checkpoints.order_by("-step", "-id")}
     return _render(request, "dashboard/_job_checkpoints.html", context, access=access)
+
+
+@require_GET
+@project_view
+def job_adapters(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
+    """The job page's adapters list alone."""
+    job = _job(project, job_id)
+    context = {"job": job, "project": project, "adapters": adapter_list(job=job).order_by("-step")}
+    return _render(request, "dashboard/_job_adapters.html", context, access=access)
 
 
 #: The rollouts page's ``?keep=`` choices: which rollouts of the step to show.
@@ -424,6 +435,20 @@ def job_cancel_view(request: HttpRequest, access: OrganizationAccess, project: P
 def job_restart_view(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
     """Confirm, then restart a failed or cancelled job (``jobs.services.job_restart``)."""
     return _job_action(request, access, project, job_id, verb="restart", act=job_restart)
+
+
+@require_GET
+@project_view
+def adapter_download(request: HttpRequest, access: OrganizationAccess, project: Project, adapter_id: str) -> HttpResponse:
+    """Download a ready adapter of the project (the archive, or a redirect to a signed URL)."""
+    adapter = get_owned(Adapter.objects.select_related("job"), project, adapter_id, "adapter", error=_no_such)
+    try:
+        return adapter_download_response(adapter, request=request)
+    except ApiError as error:
+        if error.status == 404:
+            raise Http404(error.message) from None
+        messages.error(request, error.message)
+        return redirect("job", org_slug=access.organization.slug, project_slug=project.slug, job_id=adapter.job.public_id)
 
 
 @require_GET

@@ -35,6 +35,7 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
     job                      <project>jobs/<job_id>/          status, progress, live charts, rollouts, logs, events, checkpoints
     job_header               <project>jobs/<job_id>/header/   the status header alone
     job_checkpoints          <project>jobs/<job_id>/checkpoints/   the checkpoints list alone
+    job_adapters             <project>jobs/<job_id>/adapters/      the adapters list alone
     job_rollouts             <project>jobs/<job_id>/rollouts/?step=   one step's rollouts by group
     job_metrics_data         <project>jobs/<job_id>/data/metrics/     JSON, as GET /api/v1/jobs/{id}/metrics
     job_samples_data         <project>jobs/<job_id>/data/samples/     JSON, as GET /api/v1/jobs/{id}/samples
@@ -42,6 +43,7 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
     job_cancel               <project>jobs/<job_id>/cancel/   confirm (GET); cancel (POST)
     job_restart              <project>jobs/<job_id>/restart/  confirm (GET); restart (POST)
     checkpoint_download      <project>checkpoints/<checkpoint_id>/download/
+    adapter_download         <project>adapters/<adapter_id>/download/
     webhooks                 <project>webhooks/               endpoints; POST creates (owners, admins), secret shown once
     webhook_endpoint         <project>webhooks/<endpoint_id>/ deliveries with request and response (?status=)
     webhook_endpoint_enabled <project>webhooks/<endpoint_id>/enabled/   POST enabled=true|false; owners, admins
@@ -138,6 +140,7 @@ urlpatterns = [
     path(_JOB, job_views.job_detail, name="job"),
     path(_JOB + "header/", job_views.job_header, name="job_header"),
     path(_JOB + "checkpoints/", job_views.job_checkpoints, name="job_checkpoints"),
+    path(_JOB + "adapters/", job_views.job_adapters, name="job_adapters"),
     path(_JOB + "rollouts/", job_views.job_rollouts, name="job_rollouts"),
     path(_JOB + "data/metrics/", job_views.job_metrics_data, name="job_metrics_data"),
     path(_JOB + "data/samples/", job_views.job_samples_data, name="job_samples_data"),
@@ -148,6 +151,11 @@ urlpatterns = [
         _PROJECT + "checkpoints/<str:checkpoint_id>/download/",
         job_views.checkpoint_download,
         name="checkpoint_download",
+    ),
+    path(
+        _PROJECT + "adapters/<str:adapter_id>/download/",
+        job_views.adapter_download,
+        name="adapter_download",
     ),
     path(_PROJECT + "webhooks/", webhook_views.webhooks, name="webhooks"),
     path(_ENDPOINT, webhook_views.webhook_endpoint, name="webhook_endpoint"),

@@ -284,3 +284,60 @@ def prune_checkpoints(root: pathlib.Path, keep_last: int, *, pending_archives: s
         archive.unlink(missing_ok=True)
         deleted.append(old)
     return deleted
+
+
+# ---- adapter artifacts ([adapters] in the spec; docs/adapters.md) ----
+
+ADAPTER_ROOT = "adapters"
+
+
+def adapter_due(adapters: object | None, step: int, max_steps: int) -> bool:
+    """Whether the adapter artifact of `step` is to be exported.
+
+    `adapters` is the spec's `[adapters]` section (None: the job exports none); its `interval`
+    is steps between exports, and 0 or absent exports only after the last step (`max_steps`).
+    """
+    if adapters is None:
+        return False
+    interval = getattr(adapters, "interval", None) or 0
+    return step == max_steps or (interval > 0 and step % interval == 0)
+
+
+def save_adapter(directory: pathlib.Path, *, model: torch.nn.Module, tokenizer, card: str | None = None) -> pathlib.Path:
+    """Write the adapter artifact of the current weights to `directory` atomically; return it.
+
+    A LoRA model writes its PEFT adapter alone (`adapter_config.json`,
+    `adapter_model.safetensors`; `peft.PeftModel.from_pretrained(base, directory)` loads it), a
+    full fine-tune its Hugging Face weights (`config.json`, `model.safetensors`); then the
+    tokenizer files and the model card (`README.md`). Unlike a checkpoint there is no
+    `trainer_state/`: no optimizer, RNG or data position, so it is small and cannot resume a job.
+    """
+    directory = pathlib.Path(directory)
+    staging = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    if is_lora(model):
+        model.save_pretrained(str(staging), safe_serialization=True, save_embedding_layers=False)
+    else:
+        model.save_pretrained(str(staging), safe_serialization=True)
+    tokenizer.save_pretrained(str(staging))
+    if card is not None:
+        (staging / "README.md").write_text(card, encoding="utf-8")
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(staging, directory)
+    return directory
+
+
+def prune_adapters(root: pathlib.Path, *, keep: set[pathlib.Path]) -> list[pathlib.Path]:
+    """Delete the local adapter directories under `root` and the tars not in `keep` (the archives
+    Lab has not settled yet); Lab keeps the settled ones. Returns what was deleted."""
+    keep = {pathlib.Path(path).resolve() for path in keep}
+    deleted = []
+    for path in sorted(pathlib.Path(root).glob("step-*")):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(path)
+        elif path.suffix == ".tar" and path.resolve() not in keep:
+            path.unlink(missing_ok=True)
+            deleted.append(path)
+    return deleted

@@ -262,7 +262,14 @@ def _init_dir(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
 
 def run(args: argparse.Namespace) -> int:
     """Run one attempt; return the exit code."""
+    from engine.distributed import DataParallel
+
     workdir = args.workdir.resolve()
+    parallel = DataParallel.from_environment()
+    if not parallel.is_main:
+        # Under torchrun rank 0 alone reports to Lab; the other ranks keep what they would
+        # report, offline, in a work dir of their own (engine/distributed.py).
+        workdir, args.offline = workdir / "ranks" / f"rank-{parallel.rank}", True
     workdir.mkdir(parents=True, exist_ok=True)
     stop_event = threading.Event()
 
@@ -294,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
         timeout = float(os.environ.get("LAB_ENGINE_FLUSH_TIMEOUT", "60"))
         # An invalid job has little to flush; do not hold its exit for long if Lab is away.
         reporter.close(outcome, error, timeout=min(timeout, 10.0) if code == EXIT_INVALID else timeout)
+        parallel.close()
         logger.removeHandler(handler)
         logger.propagate = True
         return code
@@ -324,7 +332,9 @@ def run(args: argparse.Namespace) -> int:
         from engine.models import ModelNotFound
         from engine.trainer import Trainer
 
-        trainer = Trainer(config=config, workdir=workdir, reporter=reporter, stop_event=stop_event, model_dir=model_dir)
+        trainer = Trainer(
+            config=config, workdir=workdir, reporter=reporter, stop_event=stop_event, model_dir=model_dir, parallel=parallel,
+        )
         started = time.perf_counter()
         try:
             trainer.setup()

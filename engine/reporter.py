@@ -1,7 +1,7 @@
 """The reporter: everything the engine tells Lab goes through the ingest API (docs/ingest-api.md).
 
-Metrics, samples, log lines and checkpoints are appended to a spool on disk first
-(`engine.spool`: one JSON-lines file per stream and a cursor of what Lab has acknowledged),
+Metrics, samples, log lines, checkpoints and adapter artifacts are appended to a spool on disk
+first (`engine.spool`: one JSON-lines file per stream and a cursor of what Lab has acknowledged),
 then sent by one background thread per stream; training never waits on Lab, and a stream
 that cannot get through never holds up another. When Lab is unreachable or answers 429/5xx,
 a sender backs off (capped exponential) and retries the very same batch with the same
@@ -9,9 +9,10 @@ idempotency key, so nothing is lost and nothing is sent twice on purpose; Lab's 
 merge makes a replay harmless anyway. A refusal for good (4xx) or a checkpoint archive that
 is gone is never retried. Another thread sends the heartbeat (`POST /status`) and turns
 `{"action": "stop"}` into `stop_requested`. Checkpoints are registered, uploaded and
-completed in order. What is still unsent when the engine exits stays in the spool, and Lab
-delivers it from there (`jobs.ingest.spool`). `--offline` swaps the HTTP transport for one
-that writes the same bodies under the work directory.
+completed in order, and so are adapters (`[adapters]`: the weights alone), in a lane of their
+own. What is still unsent when the engine exits stays in the spool, and Lab delivers it from
+there (`jobs.ingest.spool`). `--offline` swaps the HTTP transport for one that writes the same
+bodies under the work directory.
 """
 
 from __future__ import annotations
@@ -161,8 +162,9 @@ class OfflineTransport:
     """Write what would go to Lab under the work directory (`--offline`).
 
     `metrics.jsonl` (one point per line, with its attempt), `samples.jsonl`, `logs.jsonl`,
-    `checkpoints.jsonl` (completed checkpoints), `status.json` (last heartbeat) and
-    `finish.json`; checkpoint archives stay in `checkpoints/`.
+    `checkpoints.jsonl` (completed checkpoints), `adapters.jsonl` (completed adapters),
+    `status.json` (last heartbeat) and `finish.json`; checkpoint archives stay in `checkpoints/`,
+    adapter archives in `adapters/`.
     """
 
     def __init__(self, workdir: pathlib.Path):
@@ -198,6 +200,15 @@ class OfflineTransport:
             checkpoint_id = path.split("/")[1]
             self._append("checkpoints.jsonl", [{**self._checkpoints.get(checkpoint_id, {"id": checkpoint_id}), **body, "status": "ready"}])
             return {"id": checkpoint_id, "status": "ready"}
+        if path == "adapters":
+            adapter_id = f"adp_offline{body['step']:06d}"
+            archive = self.workdir / "adapters" / f"step-{body['step']:06d}.tar"
+            self._checkpoints[adapter_id] = {"id": adapter_id, "step": body["step"], "attempt": attempt, "format": body["format"], "path": str(archive)}
+            return {"id": adapter_id, "upload": {"method": "local", "path": str(archive)}}
+        if path.startswith("adapters/") and path.endswith("/complete"):
+            adapter_id = path.split("/")[1]
+            self._append("adapters.jsonl", [{**self._checkpoints.get(adapter_id, {"id": adapter_id}), **body, "status": "ready"}])
+            return {"id": adapter_id, "status": "ready"}
         if path == "finish":
             (self.workdir / "finish.json").write_text(json.dumps(body, sort_keys=True))
             return {}
@@ -223,7 +234,7 @@ class _Lane:
     refusing (or an upload that keeps failing) never holds up the others."""
 
     name: str
-    body_key: str  # the batch's key in the POST body; "" for checkpoints (one item at a time)
+    body_key: str  # the batch's key in the POST body; "" for checkpoints and adapters (one item at a time)
     batch_limit: int
     spool: Spool
     wake: threading.Event = field(default_factory=threading.Event)
@@ -232,7 +243,8 @@ class _Lane:
 
 @dataclass
 class _CheckpointProgress:
-    """How far the checkpoint at the head of the lane got: registered (id, upload target), uploaded."""
+    """How far the archive (checkpoint or adapter) at the head of its lane got: registered (id,
+    upload target), uploaded."""
 
     index: int
     checkpoint_id: str | None = None
@@ -253,7 +265,7 @@ class Heartbeat:
 class Reporter:
     """Spool-and-send client of the ingest API for one attempt of one job.
 
-    Four lanes (metrics, samples, logs, checkpoints), each spooled under `spool_dir` and sent
+    Five lanes (metrics, samples, logs, checkpoints, adapters), each spooled under `spool_dir` and sent
     by its own thread with its own capped exponential backoff; a heartbeat thread beside them.
     A report Lab refuses for good (4xx) is dropped and counted in `dropped`, never retried; a
     checkpoint whose archive is gone is completed anyway, so Lab marks it `failed` and the lane
@@ -286,8 +298,9 @@ class Reporter:
         self._samples = _Lane("samples", "samples", MAX_SAMPLES_PER_BATCH, Spool(spool_dir, "samples"))
         self._logs = _Lane("logs", "lines", MAX_LINES_PER_BATCH, Spool(spool_dir, "logs"))
         self._checkpoints = _Lane("checkpoints", "", 1, Spool(spool_dir, "checkpoints"))
-        self.lanes = (self._metrics, self._samples, self._logs, self._checkpoints)
-        self._checkpoint_progress: _CheckpointProgress | None = None
+        self._adapters = _Lane("adapters", "", 1, Spool(spool_dir, "adapters"))
+        self.lanes = (self._metrics, self._samples, self._logs, self._checkpoints, self._adapters)
+        self._archive_progress: dict[str, _CheckpointProgress | None] = {"checkpoints": None, "adapters": None}
         self._checkpoint_callbacks: dict[int, Callable[[str | None], None]] = {}
         self.heartbeat = Heartbeat()
         self.stop_requested = threading.Event()
@@ -340,9 +353,19 @@ class Reporter:
             self._checkpoint_callbacks[index] = on_done
         self._checkpoints.wake.set()
 
-    def pending_archives(self) -> set[pathlib.Path]:
-        """Return the archives of checkpoints Lab has not settled yet: they must not be deleted."""
-        start, records = self._checkpoints.spool.pending(1 << 30)
+    def adapter(self, step: int, format: str, archive: pathlib.Path, size_bytes: int, sha256: str) -> None:
+        """Queue an adapter archive (`[adapters]`) for register → upload → complete in the background,
+        in its own lane (`POST adapters`, `POST adapters/{id}/complete`); keep the archive until
+        it is settled (`pending_archives(adapters=True)`)."""
+        self._adapters.spool.append(
+            {"step": step, "format": format, "archive": str(archive), "size_bytes": size_bytes, "sha256": sha256}
+        )
+        self._adapters.wake.set()
+
+    def pending_archives(self, *, adapters: bool = False) -> set[pathlib.Path]:
+        """Return the archives of checkpoints (or, with `adapters`, of adapters) Lab has not
+        settled yet: they must not be deleted."""
+        start, records = (self._adapters if adapters else self._checkpoints).spool.pending(1 << 30)
         return {pathlib.Path(record["archive"]) for record in records}
 
     # ---- lifecycle ----
@@ -441,23 +464,24 @@ class Reporter:
         lane.inflight = None
         return True
 
-    def _send_checkpoint(self) -> bool:
-        """Register, upload and complete the checkpoint at the head of the lane; True when settled."""
-        lane = self._checkpoints
+    def _send_checkpoint(self, lane: _Lane | None = None) -> bool:
+        """Register, upload and complete the archive at the head of `lane` (checkpoints by
+        default, or adapters: the routes are the lane's name); True when settled."""
+        lane = lane or self._checkpoints
         index, records = lane.spool.pending(1)
         if not records:
             return False
         record = records[0]
-        progress = self._checkpoint_progress
+        progress = self._archive_progress[lane.name]
         if progress is None or progress.index != index:
-            progress = self._checkpoint_progress = _CheckpointProgress(index)
+            progress = self._archive_progress[lane.name] = _CheckpointProgress(index)
         step = int(record["step"])
-        key = f"{self.job_id}:{self.attempt}:checkpoint:{step}"
+        key = f"{self.job_id}:{self.attempt}:{lane.name.removesuffix('s')}:{step}"
         settled_id: str | None = None
         try:
             if progress.checkpoint_id is None:
                 answer = self.transport.post(
-                    "checkpoints", {"attempt": self.attempt, "step": step, "format": record["format"]},
+                    lane.name, {"attempt": self.attempt, "step": step, "format": record["format"]},
                     idempotency_key=key,
                 )
                 progress.checkpoint_id, progress.upload = answer["id"], answer["upload"]
@@ -471,7 +495,7 @@ class Reporter:
                     self._note_failure(error)
                 progress.uploaded = True
             self.transport.post(
-                f"checkpoints/{progress.checkpoint_id}/complete",
+                f"{lane.name}/{progress.checkpoint_id}/complete",
                 {"size_bytes": record["size_bytes"], "sha256": record["sha256"]},
                 idempotency_key=key + ":complete",
             )
@@ -482,14 +506,14 @@ class Reporter:
             self._note_failure(error)
             self.dropped[lane.name] += 1
         lane.spool.acknowledge(1)
-        self._checkpoint_progress = None
-        callback = self._checkpoint_callbacks.pop(index, None)
+        self._archive_progress[lane.name] = None
+        callback = self._checkpoint_callbacks.pop(index, None) if lane is self._checkpoints else None
         if callback is not None:
             callback(settled_id)
         return True
 
     def _lane_loop(self, lane: _Lane) -> None:
-        send = self._send_checkpoint if lane is self._checkpoints else (lambda: self._send_batch(lane))
+        send = (lambda: self._send_checkpoint(lane)) if not lane.body_key else (lambda: self._send_batch(lane))
         delay = self.backoff_base
         while not self._stopped.is_set():
             try:

@@ -29,6 +29,7 @@ import torch
 
 from engine import checkpoints as ckpt
 from engine.catalog import TINY_RANDOM_LLAMA_ID
+from engine.distributed import DataParallel
 from engine.environments import Environment, load_environment
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
 from engine.models import context_length, huggingface_dir, load_model, stop_token_ids
@@ -144,6 +145,8 @@ class Trainer:
     reporter: Reporter
     stop_event: threading.Event = field(default_factory=threading.Event)
     model_dir: pathlib.Path | None = None
+    #: This process's rank under torchrun; rank 0 alone writes checkpoints and adapters.
+    parallel: DataParallel = field(default_factory=DataParallel)
 
     def setup(self) -> None:
         """Load the model and environments, wrap the policy, build optimizer and rollout backend.
@@ -295,10 +298,11 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         total_tokens = sum(len(c.token_ids) for c in batch.completions)
-        active = [
+        # Under torchrun each rank trains on its share of the groups (engine/distributed.py).
+        active = self.parallel.shard([
             g for g in range(len(batch.prompts))
             if not config.skip_equal_reward_groups or bool(advantages[g * group_size:(g + 1) * group_size].abs().sum() > 0)
-        ]
+        ])
         groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
         loss_total, entropy_sum, kl_sum, token_count = 0.0, 0.0, 0.0, 0.0
         for chunk_start in range(0, len(active), groups_per_pass):
@@ -328,6 +332,8 @@ class Trainer:
             entropy_sum += float((entropy.detach() * mask).sum())
             kl_sum += terms.mismatch_kl * tokens
             token_count += tokens
+        self.parallel.sum_gradients([p for _, p in self.parameters])
+        loss_total, entropy_sum, kl_sum, token_count = self.parallel.sum([loss_total, entropy_sum, kl_sum, token_count])
         grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm)
         self.optimizer.step()
         metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate,
@@ -453,8 +459,9 @@ class Trainer:
         total_tokens = max(1, sum(len(c.token_ids) for c in batch.completions))
         groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
         loss_total, entropy_sum, token_count = 0.0, 0.0, 0.0
-        for first in range(0, len(batch.prompts), groups_per_pass):
-            chunk = range(first, min(len(batch.prompts), first + groups_per_pass))
+        groups = self.parallel.shard(range(len(batch.prompts)))
+        for first in range(0, len(groups), groups_per_pass):
+            chunk = groups[first:first + groups_per_pass]
             rows = [g * group_size + k for g in chunk for k in range(group_size)]
             packed = pack_rollouts(
                 [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows], group_size, self.tokenizer.pad_token_id,
@@ -467,6 +474,8 @@ class Trainer:
             loss_total += float(loss.detach())
             entropy_sum += float((entropy.detach() * mask).sum())
             token_count += float(mask.sum())
+        self.parallel.sum_gradients([p for _, p in self.parameters])
+        loss_total, entropy_sum, token_count = self.parallel.sum([loss_total, entropy_sum, token_count])
         grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm)
         self.optimizer.step()
         metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate}
@@ -596,12 +605,13 @@ class Trainer:
                     f", waited {wait_seconds:.1f}s" if batch.policy_version < step - 1 else "", train_seconds,
                 )
                 self.reporter.set_status("running", step)
-                stopping = self._stop_requested() and step < spec.max_steps
+                stopping = self.parallel.any(self._stop_requested()) and step < spec.max_steps
                 if stopping or step == spec.max_steps or (spec.checkpoints.interval and step % spec.checkpoints.interval == 0):
                     # The rollouts already sampled for the next step go into the checkpoint,
                     # so a resume trains on exactly what an uninterrupted run would.
                     next_batch = pending.result() if pending is not None else None
-                    self._checkpoint(step, next_batch, metrics)
+                    if self.parallel.is_main:
+                        self._checkpoint(step, next_batch, metrics)
                 if stopping:
                     logger.info("stop requested: stopped after step %d with a checkpoint", step)
                     return "stopped"

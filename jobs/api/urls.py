@@ -22,6 +22,7 @@ urlpatterns = [
     path("jobs/<str:job_id>/checkpoints", views.JobCheckpointsView.as_view(), name="api-job-checkpoints"),
     path("checkpoints/<str:checkpoint_id>/download", views.CheckpointDownloadView.as_view(), name="api-checkpoint-download"),
     path("jobs/<str:job_id>/adapters", views.JobAdaptersView.as_view(), name="api-job-adapters"),
+    path("adapters/<str:adapter_id>", views.AdapterDetailView.as_view(), name="api-adapter"),
     path("adapters/<str:adapter_id>/download", views.AdapterDownloadView.as_view(), name="api-adapter-download"),
     path("models", views.ModelListView.as_view(), name="api-models"),
     path("environments", environments.EnvironmentListView.as_view(), name="api-environments"),

@@ -186,6 +186,14 @@ class JobAdaptersView(ProjectAPIView):
         return Response(paginate_by_public_id(adapter_list(job=job), request.query_params, adapter_to_dict))
 
 
+class AdapterDetailView(ProjectAPIView):
+    """``GET /adapters/{id}``: one Adapter (its ``sha256`` lets a client check a download)."""
+
+    @extend_schema(responses={200: openapi.ADAPTER})
+    def get(self, request: Request, adapter_id: str) -> Response:
+        return Response(adapter_to_dict(self.get_owned(Adapter.objects.select_related("job"), adapter_id, "adapter")))
+
+
 class AdapterDownloadView(ProjectAPIView):
     """``GET /adapters/{id}/download``: the ready adapter's tar, or 302 to a signed URL.
 

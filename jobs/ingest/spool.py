@@ -7,8 +7,8 @@ reach it: the local launcher's work dir) and stores the rest exactly as the inge
 have: the same pydantic bodies in batches of at most 1,000, the same services (except that what
 arrives after the exit never marks a starting job running), so the attempt rule, per-step merge
 and log dedupe hold (a record Lab already has counts as a duplicate), and
-then moves the spool's cursors on. A checkpoint still owed is registered (once per attempt and
-step), its archive stored from the work dir and verified like any upload.
+then moves the spool's cursors on. A checkpoint or adapter still owed is registered (once per
+attempt and step), its archive stored from the work dir and verified like any upload.
 
 The spool is written by the engine, so it is untrusted input: a malformed record is refused
 like a malformed request, and a checkpoint archive must be a regular file inside the attempt's
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from engine.spool import Spool, attempt_spool_dir
 from jobs import storage
 from jobs.ingest import schemas, services
-from jobs.models import CheckpointStatus, JobAttempt
+from jobs.models import AdapterStatus, CheckpointStatus, JobAttempt
 from lab.api.errors import ApiError
 from lab.lib import locks
 from lab.lib.locks import advisory_lock
@@ -87,18 +87,19 @@ def _deliver(*, attempt: JobAttempt, workdir: Path, directory: Path) -> SpoolDel
                 result.refused[name] = result.refused.get(name, 0) + len(records)
                 result.problems.append(f"{name}: {_describe(error)}")
             spool.acknowledge(len(records))
-    spool = Spool(directory, "checkpoints", writable=False)
-    while True:
-        _, records = spool.pending(1)
-        if not records:
-            break
-        try:
-            _deliver_checkpoint(attempt=attempt, workdir=workdir, record=records[0])
-            result.delivered["checkpoints"] = result.delivered.get("checkpoints", 0) + 1
-        except (ValidationError, ApiError, ValueError) as error:
-            result.refused["checkpoints"] = result.refused.get("checkpoints", 0) + 1
-            result.problems.append(f"checkpoints: {_describe(error)}")
-        spool.acknowledge(1)
+    for name, deliver in (("checkpoints", _deliver_checkpoint), ("adapters", _deliver_adapter)):
+        spool = Spool(directory, name, writable=False)
+        while True:
+            _, records = spool.pending(1)
+            if not records:
+                break
+            try:
+                deliver(attempt=attempt, workdir=workdir, record=records[0])
+                result.delivered[name] = result.delivered.get(name, 0) + 1
+            except (ValidationError, ApiError, ValueError) as error:
+                result.refused[name] = result.refused.get(name, 0) + 1
+                result.problems.append(f"{name}: {_describe(error)}")
+            spool.acknowledge(1)
     if result.delivered or result.refused:
         logger.info(
             "delivered an exited attempt's spool",
@@ -131,6 +132,20 @@ def _deliver_checkpoint(*, attempt: JobAttempt, workdir: Path, record: dict) -> 
         storage.put_file(storage.upload_key(checkpoint.storage_key), archive)
     complete = schemas.CheckpointComplete(size_bytes=spooled.size_bytes, sha256=spooled.sha256)
     services.checkpoint_complete(attempt=attempt, checkpoint_id=checkpoint.public_id, report=complete)
+
+
+def _deliver_adapter(*, attempt: JobAttempt, workdir: Path, record: dict) -> None:
+    """Register, store and verify one spooled adapter (``Reporter.adapter``), as a checkpoint."""
+    spooled = _SpooledCheckpoint.model_validate(record)
+    register = schemas.AdapterRegister(attempt=attempt.number, step=spooled.step, format=spooled.format)
+    adapter, _ = services.adapter_register(attempt=attempt, report=register, live=False)
+    if adapter.status != AdapterStatus.UPLOADING:
+        return  # settled already
+    archive = _archive_inside(workdir, spooled.archive)
+    if archive is not None:
+        storage.put_file(storage.upload_key(adapter.storage_key), archive)
+    complete = schemas.AdapterComplete(size_bytes=spooled.size_bytes, sha256=spooled.sha256)
+    services.adapter_complete(attempt=attempt, adapter_id=adapter.public_id, report=complete)
 
 
 def _archive_inside(workdir: Path, archive: str) -> Path | None:

@@ -34,6 +34,7 @@ from labsdk.errors import (
 )
 from labsdk.spec import JobSpec, SpecError
 from labsdk.types import (
+    Adapter,
     Checkpoint,
     Distribution,
     Environment,
@@ -52,6 +53,7 @@ from labsdk.types import (
 __all__ = [
     "APIConnectionError",
     "APIError",
+    "Adapter",
     "AuthenticationError",
     "BadRequestError",
     "Checkpoint",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tarfile
@@ -471,6 +472,50 @@ class Prices:
         return [_parse(Price, item) for item in _list_data(self._http.request("GET", "prices"), "prices")]
 
 
+def download_unpacked(
+    http: HTTPClient, route: str, path: Path, *, what: str, progress: bool, sha256: str | None = None
+) -> Path:
+    """Download the tar at ``route`` and unpack it into the directory ``path`` (absent or empty).
+
+    With ``sha256`` (hex) the archive must have that SHA-256 before anything is unpacked.
+    Nothing is left at ``path`` when the download fails. Raises ``ValueError`` when ``path`` is
+    a file or a non-empty directory, ``APIError`` naming ``what`` when the archive's SHA-256
+    differs, it is not a tar, or a member would land outside ``path``.
+    """
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"{path} must be an empty directory or not exist yet, to unpack the {what.split()[0]} into")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    archive = path.with_name(f"{path.name}.tar.download")
+    staging = path.with_name(f"{path.name}.partial")
+    try:
+        http.download(route, archive, progress=progress)
+        if sha256 is not None and (found := _sha256_of(archive)) != sha256:
+            raise APIError(f"{what}: the downloaded archive has SHA-256 {found}, not the {sha256} Lab recorded")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            with tarfile.open(archive, "r:") as tar:
+                # "data": no links out, no absolute paths, no devices (PEP 706).
+                tar.extractall(staging, filter="data")
+        except tarfile.TarError as exc:
+            raise APIError(f"{what}: cannot unpack the downloaded archive: {exc}") from exc
+        if path.exists():
+            path.rmdir()
+        staging.replace(path)
+    finally:
+        archive.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _sha256_of(path: Path) -> str:
+    """Return the hex SHA-256 of a file, read a megabyte at a time."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 class Checkpoints:
     """A job's checkpoints and their archives (``GET /jobs/{id}/checkpoints``,
     ``GET /checkpoints/{id}/download``)."""
@@ -501,27 +546,7 @@ class Checkpoints:
         route = f"checkpoints/{_segment(checkpoint_id)}/download"
         if not extract:
             return self._http.download(route, path, progress=progress)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise ValueError(f"{path} must be an empty directory or not exist yet, to unpack the checkpoint into")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        archive = path.with_name(f"{path.name}.tar.download")
-        staging = path.with_name(f"{path.name}.partial")
-        try:
-            self._http.download(route, archive, progress=progress)
-            shutil.rmtree(staging, ignore_errors=True)
-            try:
-                with tarfile.open(archive, "r:") as tar:
-                    # "data": no links out, no absolute paths, no devices (PEP 706).
-                    tar.extractall(staging, filter="data")
-            except tarfile.TarError as exc:
-                raise APIError(f"checkpoint {checkpoint_id}: cannot unpack the downloaded archive: {exc}") from exc
-            if path.exists():
-                path.rmdir()
-            staging.replace(path)
-        finally:
-            archive.unlink(missing_ok=True)
-            shutil.rmtree(staging, ignore_errors=True)
-        return path
+        return download_unpacked(self._http, route, path, what=f"checkpoint {checkpoint_id}", progress=progress)
 
     def load(
         self, checkpoint_id: str, *, path: str | Path | None = None, model_dir: str | Path | None = None,

@@ -353,6 +353,37 @@ def checkpoints_download(args: argparse.Namespace, client: Callable[[], Lab]) ->
     return EXIT_OK
 
 
+def adapters_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab adapters list JOB``: a job's adapter artifacts, newest first."""
+    adapters = client().adapters.list(args.job)
+    if args.json:
+        _print_json(adapters)
+        return EXIT_OK
+    table = _table("ID", "STEP", "ATTEMPT", "STATUS", "FORMAT", "SIZE", "CREATED")
+    for adapter in adapters:
+        table.add_row(
+            _text(adapter.id), _text(adapter.step), _text(adapter.attempt), _text(adapter.status),
+            _text(adapter.format), format_bytes(adapter.size_bytes), _when(adapter.created_at),
+        )
+    Console().print(table)
+    return EXIT_OK
+
+
+def adapters_download(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab adapters download ID [--dir DIR]``: unpack a ready adapter (SHA-256 checked) into
+    ``DIR`` (default ``ID/``) and print where it is."""
+    destination = args.dir or args.id
+    try:
+        saved = client().adapters.download(args.id, destination, progress=not args.json)
+    except ValueError as exc:  # the destination is a file or a non-empty directory
+        raise _UsageError(str(exc)) from None
+    if args.json:
+        _print_json({"id": args.id, "path": str(saved)})
+    else:
+        print(saved)
+    return EXIT_OK
+
+
 def jobs_events(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab jobs events ID``: a job's history."""
     events = list(client().jobs.events(args.id))
@@ -726,6 +757,18 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("-o", "--output", help="directory to unpack into (default ID/), or with --tar the file (default ID.tar)")
     download.add_argument("--tar", action="store_true", help="save the uncompressed tar archive instead of unpacking it")
     download.set_defaults(handler=checkpoints_download)
+
+    adapters = commands.add_parser("adapters", help="list and download adapter artifacts ([adapters] in the spec)")
+    adapter_commands = adapters.add_subparsers(dest="adapter_command", required=True, metavar="COMMAND")
+    listing = adapter_commands.add_parser("list", parents=[json_flag], help="list a job's adapters, newest first")
+    listing.add_argument("job", help="job id (job_...)")
+    listing.set_defaults(handler=adapters_list)
+    download = adapter_commands.add_parser(
+        "download", parents=[json_flag], help="unpack a ready adapter into a directory, its SHA-256 checked"
+    )
+    download.add_argument("id", help="adapter id (adp_...)")
+    download.add_argument("--dir", help="directory to unpack into (default ID/)")
+    download.set_defaults(handler=adapters_download)
 
     spec = commands.add_parser(
         "spec", help="write, check and look up job spec files",

@@ -8,6 +8,7 @@ from typing import Self
 import httpx
 
 from labsdk._http import HTTPClient
+from labsdk.adapters import Adapters
 from labsdk._resources import Checkpoints, Environments, Jobs, Models, Prices
 from labsdk.billing import Billing, UsageRow, usage_list
 from labsdk.types import WhoAmI
@@ -30,7 +31,7 @@ class Lab:
     ``api_key`` defaults to ``LAB_API_KEY``, ``base_url`` to ``LAB_BASE_URL`` then
     ``http://127.0.0.1:8000``. ``timeout`` is seconds per HTTP attempt, ``max_retries`` the
     retries after a connection error, 429 or 5xx. Resources: :attr:`jobs`, :attr:`models`,
-    :attr:`environments`, :attr:`prices`, :attr:`checkpoints`, :attr:`billing`; and :meth:`whoami`,
+    :attr:`environments`, :attr:`prices`, :attr:`checkpoints`, :attr:`adapters`, :attr:`billing`; and :meth:`whoami`,
     :meth:`usage`. Usable as a context manager.
     """
 
@@ -57,6 +58,7 @@ class Lab:
         self.environments = Environments(self._http)
         self.prices = Prices(self._http)
         self.checkpoints = Checkpoints(self._http)
+        self.adapters = Adapters(self._http)
         self.billing = Billing(self._http)
 
     def whoami(self) -> WhoAmI:

@@ -64,6 +64,22 @@ class Usage(LabObject):
     cost_usd: Decimal | None = None
 
 
+class Adapter(LabObject):
+    """An adapter artifact (``[adapters]``): the trained weights alone, loadable with peft, without
+    optimizer state. ``status`` is ``uploading``, ``ready``, ``failed`` or ``deleted``; ``format``
+    ``peft-lora`` or ``hf-full``; ``size_bytes`` and ``sha256`` of its tar."""
+
+    id: str
+    job_id: str | None = None
+    step: int | None = None
+    attempt: int | None = None
+    status: str | None = None
+    format: str | None = None
+    size_bytes: int | None = None
+    sha256: str | None = None
+    created_at: datetime | None = None
+
+
 class Checkpoint(LabObject):
     """A checkpoint: ``status`` is ``pending``, ``uploading``, ``ready``, ``failed`` or ``deleted``;
     ``format`` ``peft-lora`` or ``hf-full``; ``size_bytes`` and ``sha256`` of its tar."""

@@ -285,7 +285,11 @@
       if (jobFinished && !snapshot) { source.close(); finished(); }
     });
     source.addEventListener("log", function (message) { appendLog(JSON.parse(message.data)); });
-    source.addEventListener("event", function (message) { prependEvent(JSON.parse(message.data)); });
+    source.addEventListener("event", function (message) {
+      var event = JSON.parse(message.data);
+      prependEvent(event);
+      if (event.type.indexOf("adapter.") === 0) { document.body.dispatchEvent(new CustomEvent("job-adapter")); }
+    });
     source.addEventListener("sample", function (message) { noteSampleStep(JSON.parse(message.data).step); });
     source.addEventListener("checkpoint", function () { document.body.dispatchEvent(new CustomEvent("job-checkpoint")); });
   }

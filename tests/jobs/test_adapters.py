@@ -96,7 +96,12 @@ def test_it_lists_and_streams_a_ready_adapter(owner, spec):
 def test_another_organizations_adapters_are_404_as_missing_ones(owner, outsider, spec):
     job, engine, base = start(owner, spec)
     adapter = upload(engine, base, 1, b"weights")
-    for path in (f"/api/v1/jobs/{job.public_id}/adapters", f"/api/v1/adapters/{adapter['id']}/download"):
+    assert owner.client().get(f"/api/v1/adapters/{adapter['id']}").json()["status"] == "ready"
+    for path in (
+        f"/api/v1/jobs/{job.public_id}/adapters",
+        f"/api/v1/adapters/{adapter['id']}",
+        f"/api/v1/adapters/{adapter['id']}/download",
+    ):
         foreign = outsider.client().get(path)
         missing = outsider.client().get(path.replace(job.public_id, "job_missing").replace(adapter["id"], "adp_missing"))
         assert foreign.status_code == missing.status_code == 404
@@ -262,6 +267,33 @@ def test_the_orphan_sweep_spares_adapters_and_fails_abandoned_uploads(owner, spe
 def test_the_openapi_document_has_the_adapter_routes(owner):
     document = owner.client().get("/api/v1/schema", HTTP_ACCEPT="application/json").json()
     assert "/api/v1/jobs/{job_id}/adapters" in document["paths"]
+    assert "/api/v1/adapters/{adapter_id}" in document["paths"]
     download = document["paths"]["/api/v1/adapters/{adapter_id}/download"]["get"]
     assert download["operationId"] == "adapters_download"
     assert "Adapter" in document["components"]["schemas"]
+
+
+def test_an_adapter_left_in_an_exited_engines_spool_is_delivered_once(owner, spec, tmp_path):
+    from engine.checkpoints import write_tar
+    from jobs.ingest.spool import deliver_attempt_spool
+    from tests.jobs.test_spool_delivery import launched, spool
+
+    workdir = tmp_path / "attempt-1"
+    job, attempt = launched(owner, spec, workdir)
+    directory = workdir / "adapters" / "step-000003"
+    directory.mkdir(parents=True)
+    (directory / "adapter_config.json").write_text("{}")
+    archive = directory.with_name("step-000003.tar")
+    size, digest = write_tar(directory, archive)
+    outside = tmp_path / "elsewhere.tar"
+    outside.write_bytes(b"not the engine's")
+    spool(workdir, "adapters", [
+        {"step": 3, "format": "peft-lora", "archive": str(archive), "size_bytes": size, "sha256": digest},
+        {"step": 2, "format": "peft-lora", "archive": str(outside), "size_bytes": 16, "sha256": "0" * 64},
+    ])
+    first = deliver_attempt_spool(attempt=attempt, workdir=workdir)
+    again = deliver_attempt_spool(attempt=attempt, workdir=workdir)
+    assert first.delivered == {"adapters": 2} and again.delivered == {}
+    assert statuses(job) == [(2, "failed"), (3, "ready")]  # nothing is copied from outside the work dir
+    ready = Adapter.objects.unscoped().get(job=job, step=3)
+    assert (ready.size_bytes, ready.sha256) == (size, digest)

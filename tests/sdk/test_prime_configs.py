@@ -70,7 +70,7 @@ def test_it_accepts_primes_template_with_every_section_uncommented_warning_only_
     assert keys_warned(parsed.warnings) == [
         "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
         "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters",
-        "adapters", "env_files",
+        "env_files",
     ]
     spec = parsed.spec
     assert spec.init_from == "ckpt_3fA9" and spec.checkpoint_id is None
@@ -95,7 +95,7 @@ def test_lab_spec_check_passes_the_uncommented_template_in_its_own_process(tmp_p
     warned = [line.split("'")[1] for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert warned == [  # env_files were read by the CLI: no warning for them
         "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
-        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters", "adapters",
+        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters",
     ]
     assert "sk-test-1234" not in result.stdout + result.stderr
 
@@ -137,7 +137,7 @@ def test_it_accepts_the_older_template_translating_keep_cloud_and_warning_for_de
     assert parsed.spec.max_off_policy_steps == 4
     assert keys_warned(parsed.warnings) == [
         "oversampling_factor", "max_async_level", "eval.num_examples", "eval.eval_base_model",
-        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "adapters", "wandb", "env_files",
+        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "wandb", "env_files",
         "trajectory_strategy", "buffer",
     ]
     assert parsed.spec.eval.skip_first_step is False  # eval_base_model = true, inverted

@@ -52,7 +52,6 @@ _NOT_YET_USED: dict[str, str] = {
     "val": "there is no validation besides [eval]",
     "pre_batch_filters": "every rollout is trained on",
     "post_batch_filters": "every rollout is trained on",
-    "adapters": "checkpoints (GET /jobs/{id}/checkpoints) hold the trained weights",
 }
 
 #: Fields of an ``[[env]]`` block still to come.
@@ -118,7 +117,7 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
             "the first eval is at step eval.interval"
         )
     for path in ("eval.rollouts_per_example", "eval.sampling", "eval.env", "val", "pre_batch_filters",
-                 "post_batch_filters", "adapters"):
+                 "post_batch_filters"):
         if given(path):
             warnings.append(_not_yet(path, _NOT_YET_USED[path]))
     for path, reason in _NOT_USED.items():
