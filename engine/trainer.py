@@ -510,6 +510,23 @@ class Trainer:
         self.reporter.set_status("running", step)
         return directory
 
+    def _adapter(self, step: int, metrics: dict[str, float]) -> None:
+        """Export the adapter artifact of `step` (`[adapters]`: the weights alone, no optimizer or
+        trainer state; engine.checkpoints.save_adapter) and queue it for Lab."""
+        spec = self.config.spec
+        root = self.workdir / ckpt.ADAPTER_ROOT
+        card = ckpt.model_card(
+            base_model=spec.model, job_id=self.reporter.job_id, step=step, max_steps=spec.max_steps,
+            metrics=metrics, spec=spec.model_dump(mode="json", exclude_none=True),
+            checkpoint_format=self.format, test_model=spec.model == TINY_RANDOM_LLAMA_ID,
+        )
+        directory = ckpt.save_adapter(root / ckpt.checkpoint_name(step), model=self.model, tokenizer=self.tokenizer, card=card)
+        archive = directory.with_name(directory.name + ".tar")
+        size, digest = ckpt.write_tar(directory, archive)
+        self.reporter.adapter(step, self.format, archive, size, digest)
+        ckpt.prune_adapters(root, keep=self.reporter.pending_archives(adapters=True))
+        logger.info("adapter step %d: %s (%d bytes, sha256 %s)", step, archive.name, size, digest[:12])
+
     def _load_policy(self, version: int) -> float:
         """Load the trainer's current weights into the rollout backend as policy `version`
         (optimizer updates seen); return the seconds it took."""
@@ -612,6 +629,8 @@ class Trainer:
                     next_batch = pending.result() if pending is not None else None
                     if self.parallel.is_main:
                         self._checkpoint(step, next_batch, metrics)
+                if self.parallel.is_main and ckpt.adapter_due(spec.adapters, step, spec.max_steps):
+                    self._adapter(step, metrics)
                 if stopping:
                     logger.info("stop requested: stopped after step %d with a checkpoint", step)
                     return "stopped"
