@@ -286,7 +286,7 @@ def prune_checkpoints(root: pathlib.Path, keep_last: int, *, pending_archives: s
     return deleted
 
 
-# ---- adapter artifacts ([adapters] in the spec; docs/adapters.md) ----
+# ---- adapter artifacts ([adapters]; docs/checkpoints.md, "Adapter artifacts") ----
 
 ADAPTER_ROOT = "adapters"
 

@@ -1,4 +1,4 @@
-"""Adapter artifacts, in one place (docs/adapters.md).
+"""Adapter artifacts, in one place (docs/checkpoints.md, "Adapter artifacts").
 
 An adapter is what ``[adapters]`` asks the engine to export every ``interval`` steps (0: only at
 the end): the trained weights alone (a PEFT LoRA adapter, ``adapter_config.json`` +

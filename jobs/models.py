@@ -257,7 +257,8 @@ class CheckpointChange(models.Model):
 
 
 class AdapterStatus(models.TextChoices):
-    """Lifecycle of an adapter artifact (docs/adapters.md): only ``ready`` ones can be downloaded."""
+    """Lifecycle of an adapter artifact (docs/checkpoints.md, "Adapter artifacts"): only ``ready``
+    ones can be downloaded."""
 
     UPLOADING = "uploading"
     READY = "ready"

@@ -25,7 +25,7 @@ from lab.api.formats import iso, money
 
 
 def adapter_to_dict(adapter: Adapter) -> dict[str, Any]:
-    """Return the Adapter object (docs/adapters.md); ``size_bytes`` and ``sha256`` are null until ready."""
+    """Return the Adapter object (docs/api.md); ``size_bytes`` and ``sha256`` are null until ready."""
     return {
         "id": adapter.public_id,
         "object": "adapter",

@@ -1,4 +1,5 @@
-"""``lab.adapters``: a job's adapter artifacts (``[adapters]`` in the spec; docs/adapters.md).
+"""``lab.adapters``: a job's adapter artifacts (``[adapters]`` in the spec; docs/checkpoints.md,
+"Adapter artifacts").
 
 An adapter is the trained weights alone, without optimizer or trainer state: a PEFT LoRA
 adapter (``adapter_config.json``, ``adapter_model.safetensors``) or, for a full fine-tune,
