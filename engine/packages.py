@@ -12,8 +12,10 @@ and that directory is *appended* to ``sys.path`` so nothing of the engine's own 
 A package of Lab's own protocol declares its ``engine.environments.Environment`` subclass as the
 one entry point of the ``lab.environments`` group; it is imported here, and a dependency missing
 from the engine's environment is an ``InvalidEnvironment`` naming the module (exit 2). A
-verifiers package (its top-level module exports a ``Taskset``) is imported the same way, then
-refused: this engine does not run verifiers tasksets yet (docs/environments.md).
+verifiers package (no such entry point: its top-level module exports a ``Taskset``) is never
+imported by the engine: verifiers lives in its own environment (``.venv-verifiers``), whose
+Python runs the verifiers bridge over the same site directory
+(``engine.environments.verifiers_taskset``); a module missing there is the same exit 2.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ FETCH_TIMEOUT_S = 120
 INSTALL_TIMEOUT_S = 300
 _CHUNK = 1024 * 1024
 
-#: Environment classes of the installed Lab-protocol packages, by environment id.
+#: Environment classes of the installed packages (Lab-protocol and verifiers), by environment id.
 _INSTALLED: dict[str, type[Environment]] = {}
 
 
@@ -104,13 +106,15 @@ def _fetch(package: Package, directory: Path) -> Path:
 
 
 def install_packages(packages: list[Package], workdir: Path) -> Path | None:
-    """Install ``packages`` into ``workdir/environments/site``, import each, and register each
-    Lab-protocol environment in the catalogue (``engine.catalog.list_environments``).
+    """Install ``packages`` into ``workdir/environments/site``, load each (a Lab-protocol one by
+    importing it, a verifiers one through a verifiers bridge) and register its environment in the
+    catalogue (``engine.catalog.list_environments``).
 
     Returns the site directory (None without packages). Raises InvalidEnvironment with a one-line
     message for a wheel that cannot be fetched or does not match its SHA-256, a failed pip install,
-    an import that needs a module the engine's environment lacks (named in the message), and an
-    entry point that is not an ``engine.environments.Environment`` subclass.
+    an import that needs a module the engine's (or the verifiers) environment lacks (named in the
+    message), an entry point that is not an ``engine.environments.Environment`` subclass, and a
+    verifiers package that wants another verifiers version or exports no usable Taskset.
     """
     if not packages:
         return None
@@ -166,11 +170,8 @@ def _load(package: Package, site: Path) -> None:
     distribution = _distribution(package, site)
     entry_points = [point for point in distribution.entry_points if point.group == ENTRY_POINT_GROUP]
     if not entry_points:
-        _import(package, package.name.replace("-", "_"))  # a verifiers package: its module exports the Taskset
-        raise InvalidEnvironment(
-            f"environment {package.id} is a verifiers package; this engine runs Lab-protocol packages only "
-            "(docs/environments.md)"
-        )
+        _load_verifiers(package, site, distribution)
+        return
     point = entry_points[0]
     module = _import(package, point.module)
     target = module
@@ -189,6 +190,26 @@ def _load(package: Package, site: Path) -> None:
     register_environment(info)
 
 
+def _load_verifiers(package: Package, site: Path, distribution: importlib.metadata.Distribution) -> None:
+    """Start a verifiers bridge for the package, read its taskset's arguments and register it."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    from engine.environments import verifiers_taskset
+
+    specifier = ""
+    for line in distribution.requires or []:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.name.lower() == "verifiers" and requirement.marker is None:
+            specifier = str(requirement.specifier)
+    bridge = verifiers_taskset.start_bridge(package_id=package.id, site=site, workdir=site.parents[1], requires_verifiers=specifier)
+    info = verifiers_taskset.describe(bridge, package_id=package.id, name=package.name, summary=distribution.metadata["Summary"] or "")
+    _INSTALLED[package.id] = verifiers_taskset.environment_class(info, bridge)
+    register_environment(info)
+
+
 def installed_environment(environment_id: str) -> type[Environment] | None:
-    """Return the Environment class of an installed Lab-protocol package, or None."""
+    """Return the Environment class of an installed package (Lab-protocol or verifiers), or None."""
     return _INSTALLED.get(environment_id)

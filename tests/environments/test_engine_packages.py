@@ -77,7 +77,11 @@ def test_it_refuses_arguments_the_package_does_not_declare(tmp_path):
     assert "env.0.args.colour" in result.stderr
 
 
-def test_it_says_a_verifiers_package_is_not_run_by_this_engine(tmp_path):
+def test_it_exits_2_for_a_verifiers_package_whose_module_exports_no_taskset(tmp_path):
+    # Trained verifiers packages are tests/environments/test_verifiers_tasksets.py's part.
     result = run_engine(tmp_path, "acme/my-env@0.1.0", [build_wheel(requires=["verifiers>=0.4.0"])])
     assert result.returncode == 2
-    assert "is a verifiers package; this engine runs Lab-protocol packages only" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "engine: environment acme/my-env@0.1.0: taskset module 'my_env' exports no Taskset subclass via `__all__` "
+        "(found ['MyTaskset']); export exactly one."
+    )

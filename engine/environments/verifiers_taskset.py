@@ -1,0 +1,316 @@
+"""verifiers v1 tasksets as engine environments, driven through the verifiers bridge.
+
+verifiers (0.4.0) lives in its own virtual environment (``.venv-verifiers``,
+requirements-verifiers.txt): its pins (transformers 5.24, mcp 2.0.0) clash with the engine's. The
+engine therefore never imports it; it starts ``engine/environments/verifiers_bridge.py`` with that
+environment's Python, once per uploaded verifiers package, and talks JSON lines to it (the
+protocol is in the bridge's docstring).
+
+For single-turn tasksets the engine drives each episode itself: the bridge hands out the
+taskset's tasks as chat messages, the trainer renders them through the policy tokenizer's chat
+template and samples completions with Lab's own rollout backend, and the bridge scores each
+completion with the task's own reward functions (``await task.score(trace)``, offline, as
+``vf-replay`` does). Every reward function's score is reported as
+``reward/<env>/<function>/mean``; the rollout's reward is verifiers' ``trace.reward`` (the sum of
+score x weight).
+
+The bridge runs in the attempt's work dir, with a minimal environment (no Lab variable, no job
+secret, offline switches on), in its own process group; it ends when the engine closes its stdin,
+when the engine exits (``close_bridges`` at exit; on Linux the bridge also asks the kernel for
+``PR_SET_PDEATHSIG``), or is killed with its group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from engine.catalog import EnvironmentInfo
+from engine.environments import Environment, Example, InvalidEnvironment, RewardFunction, Scores
+
+logger = logging.getLogger("engine")
+
+#: The verifiers environment's Python: LAB_ENGINE_VERIFIERS_PYTHON, else the repository's .venv-verifiers.
+PYTHON_VARIABLE = "LAB_ENGINE_VERIFIERS_PYTHON"
+DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-verifiers" / "bin" / "python"
+BRIDGE_SCRIPT = Path(__file__).resolve().with_name("verifiers_bridge.py")
+#: Seconds the bridge may take to start (import verifiers) and to answer one request.
+START_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = 300.0
+#: Tasks fetched from the bridge per request.
+TASK_CHUNK = 64
+#: Variables the bridge inherits from the engine; everything else (LAB_*, the job's secrets) stays out.
+_BRIDGE_ENV_NAMES = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR")
+_BRIDGE_ENV_FIXED = {
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONNOUSERSITE": "1",
+    # Nothing a taskset does may reach an index or a hub (verifiers' harnesses would run `uv sync`).
+    "UV_OFFLINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PIP_NO_INDEX": "1",
+}
+
+
+class BridgeFailed(RuntimeError):
+    """The bridge process died, hung or answered garbage (not the package's fault alone)."""
+
+
+def verifiers_python(environ=None) -> Path:
+    """Return the verifiers environment's Python (``LAB_ENGINE_VERIFIERS_PYTHON``, else
+    ``<repository>/.venv-verifiers/bin/python``)."""
+    value = (os.environ if environ is None else environ).get(PYTHON_VARIABLE)
+    return Path(value) if value else DEFAULT_PYTHON
+
+
+def bridge_environment(environ=None, *, site: Path | None = None) -> dict[str, str]:
+    """Return the bridge's whole environment: a few process basics of ``environ`` (locale, home,
+    temp dir, CA bundle) and the offline switches; never a LAB_* variable or a job secret."""
+    source = os.environ if environ is None else environ
+    env = {name: source[name] for name in _BRIDGE_ENV_NAMES if name in source}
+    env.update({name: value for name, value in source.items() if name.startswith("LC_")})
+    env.update(_BRIDGE_ENV_FIXED)
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+class Bridge:
+    """One bridge process and its JSON-lines channel; requests are serialised by a lock (the
+    trainer may sample in a background thread while it evaluates)."""
+
+    def __init__(self, *, python: Path, site: Path, workdir: Path, package_id: str):
+        self.package_id = package_id
+        self.log_path = workdir / "environments" / f"verifiers-bridge-{len(_BRIDGES) + 1}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._buffer = b""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(python), "-I", str(BRIDGE_SCRIPT), "--site", str(site)],
+                cwd=workdir, env=bridge_environment(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True,
+            )
+        _BRIDGES.append(self)
+        self.hello = self._read(START_TIMEOUT_S)
+
+    def _read(self, timeout: float) -> dict:
+        """Read one answer line; raise BridgeFailed past ``timeout`` seconds or when the bridge ends."""
+        deadline = time.monotonic() + timeout
+        stdout = self.process.stdout
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.close()
+                    raise BridgeFailed(f"the verifiers bridge of {self.package_id} gave no answer in {timeout:.0f} s{self._log_tail()}")
+                if not selector.select(left):
+                    continue
+                chunk = os.read(stdout.fileno(), 1 << 20)
+                if not chunk:
+                    code = self.process.wait()
+                    raise BridgeFailed(f"the verifiers bridge of {self.package_id} exited with status {code}{self._log_tail()}")
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise BridgeFailed(f"the verifiers bridge of {self.package_id} wrote a line that is not JSON: {line[:200]!r}") from None
+        if not answer.get("ok"):
+            raise BridgeRefused(answer.get("error") or {})
+        return answer["result"]
+
+    def _log_tail(self) -> str:
+        try:
+            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        return f": {' | '.join(lines[-3:])[:500]}" if lines else ""
+
+    def request(self, op: str, timeout: float = REQUEST_TIMEOUT_S, **arguments) -> dict:
+        """Send one request and return its result; raise BridgeRefused for an error answer and
+        BridgeFailed when the process is gone or silent."""
+        with self._lock:
+            if self.process.poll() is not None:
+                raise BridgeFailed(f"the verifiers bridge of {self.package_id} is not running (status {self.process.returncode})")
+            try:
+                self.process.stdin.write((json.dumps({"op": op, **arguments}) + "\n").encode())
+                self.process.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                raise BridgeFailed(f"the verifiers bridge of {self.package_id} stopped reading{self._log_tail()}") from None
+            return self._read(timeout)
+
+    def close(self) -> None:
+        """End the bridge: close its stdin, then SIGTERM and SIGKILL its process group; safe twice."""
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()
+                self.process.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                for sent in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(self.process.pid, sent)
+                        self.process.wait(timeout=3)
+                        break
+                    except ProcessLookupError:
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+        for stream in (self.process.stdin, self.process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class BridgeRefused(Exception):
+    """An error answer of the bridge: ``error`` is its ``{"code", "message"[, "module"]}``."""
+
+    def __init__(self, error: dict):
+        super().__init__(error.get("message") or "the verifiers bridge refused the request")
+        self.code = error.get("code", "")
+        self.module = error.get("module")
+
+
+_BRIDGES: list[Bridge] = []
+
+
+@atexit.register
+def close_bridges() -> None:
+    """End every bridge this process started."""
+    for bridge in list(_BRIDGES):
+        bridge.close()
+
+
+def _environment_error(package_id: str, refusal: BridgeRefused) -> InvalidEnvironment:
+    if refusal.code == "missing_module" and refusal.module:
+        return InvalidEnvironment(
+            f"environment {package_id} needs the module '{refusal.module}', which is not installed in the verifiers "
+            "environment (verifiers 0.4.0 and its dependencies, requirements-verifiers.txt; packages install with "
+            "--no-deps: every other dependency must already be there)"
+        )
+    message = str(refusal).removeprefix(f"taskset {package_id}: ")
+    return InvalidEnvironment(f"environment {package_id}: {message}")
+
+
+def start_bridge(*, package_id: str, site: Path, workdir: Path, requires_verifiers: str = "") -> Bridge:
+    """Start the bridge for one installed verifiers package and check the verifiers version.
+
+    ``requires_verifiers`` is the package's verifiers specifier (``">=0.4.0"``, ``""`` for any).
+    Raises InvalidEnvironment (exit 2 upstream) when the verifiers environment is missing, lacks
+    a module, or holds a verifiers the package does not accept.
+    """
+    python = verifiers_python()
+    if not python.exists():
+        raise InvalidEnvironment(
+            f"environment {package_id} is a verifiers package, and this engine has no verifiers environment: "
+            f"{python} does not exist (`make install` creates .venv-verifiers; {PYTHON_VARIABLE} names another)"
+        )
+    try:
+        bridge = Bridge(python=python, site=site, workdir=workdir, package_id=package_id)
+    except BridgeRefused as refusal:
+        raise _environment_error(package_id, refusal) from None
+    except (BridgeFailed, OSError) as error:
+        raise InvalidEnvironment(f"environment {package_id}: cannot start the verifiers bridge: {error}") from None
+    installed = bridge.hello.get("verifiers_version", "")
+    if requires_verifiers:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            accepted = SpecifierSet(requires_verifiers).contains(installed, prereleases=True)
+        except InvalidSpecifier:
+            accepted = False
+        if not accepted:
+            bridge.close()
+            raise InvalidEnvironment(
+                f"environment {package_id} needs verifiers{requires_verifiers}; this engine runs verifiers {installed}"
+            )
+    return bridge
+
+
+def describe(bridge: Bridge, *, package_id: str, name: str, summary: str = "") -> EnvironmentInfo:
+    """Return the catalogue entry of a verifiers package: its taskset's arguments and defaults.
+
+    Raises InvalidEnvironment when its module is missing, needs a module the verifiers
+    environment lacks, or exports no Taskset.
+    """
+    try:
+        described = bridge.request("describe", timeout=START_TIMEOUT_S, taskset=package_id)
+    except BridgeRefused as refusal:
+        raise _environment_error(package_id, refusal) from None
+    except BridgeFailed as error:
+        raise InvalidEnvironment(str(error)) from None
+    return EnvironmentInfo(id=package_id, name=name, description=described["description"] or summary, args=described["args"])
+
+
+class VerifiersTaskset(Environment):
+    """A single-turn verifiers v1 taskset of an uploaded package, as an engine Environment.
+
+    Subclasses made by ``environment_class`` set ``info`` and ``bridge``. ``args`` are the
+    taskset's config fields (``describe``); the job's seed orders the train split.
+    ``example(index, split)`` is the task at that position of the split (the bridge's docstring
+    says which), with ``info`` holding verifiers' task ``id``, ``key`` and ``idx``;
+    ``score(completion, example)`` asks the task's own reward functions.
+    """
+
+    bridge: Bridge
+
+    def __init__(self, args: dict, seed: int):
+        super().__init__(args, seed)
+        try:
+            opened = self.bridge.request("open", timeout=START_TIMEOUT_S, taskset=self.info.id, args=self.args)
+        except BridgeRefused as refusal:
+            raise _environment_error(self.info.id, refusal) from None
+        except BridgeFailed as error:
+            raise InvalidEnvironment(str(error)) from None
+        self.handle = opened["handle"]
+        self.sizes = opened["sizes"]
+        if self.sizes.get("eval"):
+            self.eval_size = self.sizes["eval"]  # an eval of num_examples = -1 takes the whole eval split
+        self.rubric = tuple(
+            RewardFunction(reward["name"], reward["weight"], self._function_score(reward["name"])) for reward in opened["rewards"]
+        )
+        self._examples: dict[tuple[str, int], Example] = {}
+
+    def _function_score(self, name: str):
+        return lambda completion, example: self.score(completion, example).functions[name]
+
+    def example(self, index: int, split: str = "train") -> Example:
+        """Return the task at position ``index`` of ``split`` as an Example (messages, no answer:
+        a verifiers task keeps its own)."""
+        key = (split, index)
+        if key not in self._examples:
+            start = index - index % TASK_CHUNK
+            tasks = self._request("tasks", split=split, start=start, n=TASK_CHUNK, seed=self.seed)["tasks"]
+            for offset, task in enumerate(tasks):
+                info = {"task_id": task["id"], "key": task["key"], "idx": task["idx"]}
+                if task.get("name"):
+                    info["name"] = task["name"]
+                self._examples[(split, start + offset)] = Example(messages=task["messages"], answer="", info=info)
+        return self._examples[key]
+
+    def score(self, completion: str, example: Example) -> Scores:
+        """Score a completion with the task's reward functions (each function's raw score, and
+        verifiers' weighted reward)."""
+        scored = self._request("score", task_id=example.info["task_id"], completion=completion)
+        return Scores(reward=scored["reward"], functions=scored["functions"])
+
+    def _request(self, op: str, **arguments) -> dict:
+        try:
+            return self.bridge.request(op, handle=self.handle, **arguments)
+        except BridgeRefused as refusal:
+            raise BridgeFailed(f"environment {self.info.id}: {refusal}") from None
+
+
+def environment_class(info: EnvironmentInfo, bridge: Bridge) -> type[VerifiersTaskset]:
+    """Return the Environment class of one installed verifiers package."""
+    return type("VerifiersTaskset", (VerifiersTaskset,), {"info": info, "bridge": bridge, "__module__": __name__})

@@ -1,0 +1,169 @@
+"""The engine trains on uploaded verifiers v1 tasksets: tasks from the taskset, prompts through
+the policy's chat template, completions from Lab's sampler, rewards from the taskset's own reward
+functions through the verifiers bridge (run with .venv-verifiers' Python)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from engine.environments.verifiers_taskset import bridge_environment
+from tests.environments.test_engine_packages import run_engine
+from tests.environments.verifiers_wheels import require_verifiers_python, run_in_verifiers, spell_wheel
+
+ENV_ID = "acme/spell-env@0.1.0"
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_it_trains_on_a_verifiers_taskset_with_one_metric_per_reward_function(tmp_path):
+    require_verifiers_python()
+    result = run_engine(tmp_path, ENV_ID, [spell_wheel()], args={"num_tasks": 40})
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    points = read_lines(work / "metrics.jsonl")
+    assert [point["step"] for point in points] == [1, 2]
+    for point in points:
+        values = point["values"]
+        assert {"reward/spell-env/mean", "reward/spell-env/exact/mean", "reward/spell-env/letters/mean",
+                "reward/spell-env/short/mean"} <= set(values)
+        # The rollout's reward is verifiers' weighted sum: exact x 1 + letters x 0.5 + short x 0.
+        expected = values["reward/spell-env/exact/mean"] + 0.5 * values["reward/spell-env/letters/mean"]
+        assert abs(values["reward/spell-env/mean"] - expected) < 1e-9
+    samples = read_lines(work / "samples.jsonl")
+    assert samples and all("spell '" in sample["prompt"] and "Answer with the word only." in sample["prompt"] for sample in samples)
+    assert all(set(sample["metrics"]) == {"exact", "letters", "short"} for sample in samples)
+
+
+# Scores each sample again by calling the taskset's reward methods directly (not Task.score, not
+# the bridge): the task is found by its prompt, the trace holds the prompt and the reply.
+_DIRECT_SCORES = r'''
+import asyncio, json, sys
+sys.path.append(sys.argv[1])
+import verifiers.v1 as vf
+from verifiers.v1.configs.agent import AgentConfig
+from verifiers.v1.graph import MessageNode
+from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+from verifiers.v1.types import AssistantMessage, SystemMessage, UserMessage
+import spell_env
+
+taskset = spell_env.SpellTaskset(spell_env.SpellConfig(id="spell-env", num_tasks=40))
+tasks = list(taskset)
+answers = []
+for line in open(sys.argv[2]):
+    sample = json.loads(line)
+    (task,) = [t for t in tasks if t.data.prompt in sample["prompt"]]
+    nodes = [MessageNode(message=SystemMessage(content=task.data.system_prompt)),
+             MessageNode(parent=0, message=UserMessage(content=task.data.prompt)),
+             MessageNode(parent=1, message=AssistantMessage(content=sample["completion"]), sampled=True)]
+    trace = Trace(task=TraceTask(type="SpellTask", data=task.data),
+                  agent=AgentInfo(config=AgentConfig.model_validate({"harness": {"id": "null"}, "runtime": {"type": "subprocess"}})),
+                  nodes=nodes)
+    scores = {name: asyncio.run(getattr(task, name)(trace)) for name in ("exact", "letters", "short")}
+    answers.append({"functions": scores, "reward": scores["exact"] + 0.5 * scores["letters"]})
+print(json.dumps(answers))
+'''
+
+
+def test_labs_rewards_equal_the_tasksets_own_reward_functions_for_the_same_completions(tmp_path):
+    require_verifiers_python()
+    result = run_engine(tmp_path, ENV_ID, [spell_wheel()], args={"num_tasks": 40})
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    samples = read_lines(work / "samples.jsonl")
+    assert len(samples) == 8  # two steps, four samples each
+    direct = run_in_verifiers(_DIRECT_SCORES, str(work / "environments" / "site"), str(work / "samples.jsonl"), cwd=tmp_path)
+    assert direct.returncode == 0, direct.stderr
+    expected = json.loads(direct.stdout)
+    assert [sample["metrics"] for sample in samples] == [answer["functions"] for answer in expected]
+    assert [sample["reward"] for sample in samples] == [answer["reward"] for answer in expected]
+    # The tiny model's random replies score something: the comparison is not between zeros only.
+    assert any(0.0 < sample["metrics"]["letters"] < 1.0 for sample in samples)
+
+
+def test_it_exits_2_naming_a_module_missing_from_the_verifiers_environment(tmp_path):
+    require_verifiers_python()
+    wheel = spell_wheel("needy-spell", "1.0", prelude="import frobnicator_9000", requires=("verifiers>=0.4.0", "frobnicator-9000"))
+    result = run_engine(tmp_path, "acme/needy-spell@1.0", [wheel])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "engine: environment acme/needy-spell@1.0 needs the module 'frobnicator_9000', which is not installed in the "
+        "verifiers environment (verifiers 0.4.0 and its dependencies, requirements-verifiers.txt; packages install "
+        "with --no-deps: every other dependency must already be there)"
+    )
+    finish = json.loads((tmp_path / "work" / "finish.json").read_text())
+    assert finish["error"]["code"] == "environment_error"
+    assert not (tmp_path / "work" / "metrics.jsonl").exists()
+
+
+def test_it_exits_2_for_a_package_that_wants_another_verifiers(tmp_path):
+    require_verifiers_python()
+    result = run_engine(tmp_path, "acme/old-spell@1.0", [spell_wheel("old-spell", "1.0", requires=("verifiers<0.4",))])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "engine: environment acme/old-spell@1.0 needs verifiers<0.4; this engine runs verifiers 0.4.0"
+    )
+
+
+def test_it_refuses_arguments_the_taskset_config_does_not_have_and_values_of_another_type(tmp_path):
+    require_verifiers_python()
+    (tmp_path / "unknown").mkdir()
+    (tmp_path / "mistyped").mkdir()
+    unknown = run_engine(tmp_path / "unknown", ENV_ID, [spell_wheel()], args={"colour": "red"})
+    assert unknown.returncode == 2
+    assert "env.0.args.colour" in unknown.stderr and "max_length" in unknown.stderr
+    mistyped = run_engine(tmp_path / "mistyped", ENV_ID, [spell_wheel()], args={"num_tasks": "many"})
+    assert mistyped.returncode == 2
+    assert "env.0.args.num_tasks" in mistyped.stderr
+
+
+def test_it_exits_2_when_the_engine_has_no_verifiers_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_ENGINE_VERIFIERS_PYTHON", str(tmp_path / "nowhere" / "python"))
+    result = run_engine(tmp_path, ENV_ID, [spell_wheel()])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"engine: environment {ENV_ID} is a verifiers package, and this engine has no verifiers environment: "
+        f"{tmp_path / 'nowhere' / 'python'} does not exist (`make install` creates .venv-verifiers; "
+        "LAB_ENGINE_VERIFIERS_PYTHON names another)"
+    )
+
+
+# Run at import of the package, in the bridge: where it runs, with which variables, as which process.
+_PROBE = '''
+import json as _json, os as _os
+with open("bridge-probe.json", "w") as _probe:
+    _json.dump({"cwd": _os.getcwd(), "pid": _os.getpid(), "pgid": _os.getpgid(0), "environ": sorted(_os.environ)}, _probe)
+'''
+
+
+def test_the_bridge_runs_in_the_work_dir_without_lab_secrets_in_its_own_group_and_ends_with_the_engine(tmp_path, monkeypatch):
+    require_verifiers_python()
+    monkeypatch.setenv("LAB_JOB_TOKEN", "lab-token-never-in-the-bridge")
+    monkeypatch.setenv("OPENAI_API_KEY", "a-job-secret-never-in-the-bridge")
+    result = run_engine(tmp_path, "acme/probe-spell@0.1.0", [spell_wheel("probe-spell", prelude=_PROBE)])
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    probe = json.loads((work / "bridge-probe.json").read_text())
+    assert probe["cwd"] == str(work.resolve())
+    assert not [name for name in probe["environ"] if name.startswith("LAB_") or name == "OPENAI_API_KEY"]
+    assert {"UV_OFFLINE", "HF_HUB_OFFLINE", "PYTHONNOUSERSITE"} <= set(probe["environ"])
+    assert probe["pgid"] == probe["pid"] != os.getpgid(0)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{probe['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{probe['pid']}").exists(), "the bridge outlived the engine"
+
+
+def test_bridge_environment_keeps_the_basics_and_drops_lab_variables_and_secrets():
+    environment = bridge_environment({
+        "PATH": "/usr/bin", "HOME": "/home/lab", "LC_ALL": "C.UTF-8", "LAB_JOB_TOKEN": "t", "LAB_ENGINE_THREADS": "1",
+        "OPENAI_API_KEY": "k", "DATABASE_URL": "postgres://x", "PYTHONPATH": "/work/main",
+    })
+    assert environment == {
+        "PATH": "/usr/bin", "HOME": "/home/lab", "LC_ALL": "C.UTF-8", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1", "UV_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
+    }
