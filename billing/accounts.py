@@ -15,13 +15,14 @@ a prepaid balance at or below the grace floor (docs/billing.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 from decimal import Decimal
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import BigIntegerField, Case, F, Sum, Value, When
 from django.utils import timezone
 
 from billing.models import BillingAccount, CreditGrant, CreditKind, Plan, UsageInterval
@@ -80,21 +81,49 @@ def locked_account(organization_id: int) -> BillingAccount:
     return account
 
 
+def locked_accounts(organization_ids: Iterable[int], *, skip_locked: bool = False) -> dict[int, BillingAccount]:
+    """Return the accounts of ``organization_ids`` locked for update, by organization id (call
+    inside a transaction; one query); without ``skip_locked``, those missing are created.
+
+    The rows are locked in organization order, so two callers locking overlapping sets never
+    deadlock (every other locker takes one account). With ``skip_locked``, an account another
+    transaction holds (or is creating) is left out instead of waited for.
+    """
+    wanted = sorted(set(organization_ids))
+    locking = BillingAccount.objects.select_for_update(skip_locked=skip_locked).order_by("organization_id")
+    accounts = {account.organization_id: account for account in locking.filter(organization_id__in=wanted)}
+    missing = [organization_id for organization_id in wanted if organization_id not in accounts]
+    if missing and not skip_locked:  # first use (callers create accounts before their transaction; this is the fallback)
+        for organization_id in missing:
+            account_for(organization_id)
+        accounts.update({account.organization_id: account for account in locking.filter(organization_id__in=missing)})
+    return accounts
+
+
 def month_start(moment: datetime) -> datetime:
     """Return the first instant (UTC) of ``moment``'s calendar month."""
     moment = moment.astimezone(dt_timezone.utc)
     return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
+def spent_this_month_by_organization(organization_ids: Iterable[int], *, now: datetime | None = None) -> dict[int, int]:
+    """Return, by organization id, the cost in micro-dollars of the intervals of each of
+    ``organization_ids`` that ended this calendar month (UTC); 0 for one without any. One query."""
+    wanted = set(organization_ids)
+    start = month_start(now or timezone.now())
+    spent = dict(
+        UsageInterval.objects.unscoped()
+        .filter(organization_id__in=wanted, ended_at__gte=start)
+        .values("organization_id")
+        .annotate(total=Sum("cost_micro_usd"))
+        .values_list("organization_id", "total")
+    )
+    return {organization_id: int(spent.get(organization_id) or 0) for organization_id in wanted}
+
+
 def spent_this_month_micro_usd(organization_id: int, *, now: datetime | None = None) -> int:
     """Return the cost of the organization's intervals that ended this calendar month (UTC)."""
-    start = month_start(now or timezone.now())
-    total = (
-        UsageInterval.objects.unscoped()
-        .filter(organization_id=organization_id, ended_at__gte=start)
-        .aggregate(total=Sum("cost_micro_usd"))["total"]
-    )
-    return int(total or 0)
+    return spent_this_month_by_organization([organization_id], now=now)[organization_id]
 
 
 def left_to_spend_micro_usd(account: BillingAccount, *, spent_this_month: int | None = None) -> int | None:
@@ -139,19 +168,38 @@ def organization_run_blocker(organization_id: int) -> str | None:
     return run_blocker(account_for(organization_id))
 
 
-def charge(account: BillingAccount, cost_micro_usd: int) -> int:
-    """Draw up to ``cost_micro_usd`` from a locked prepaid ``account`` without passing the grace
-    floor; return what was drawn (0 when billing is off or the plan is invoiced).
+def charge(costs: Sequence[tuple[BillingAccount, int]]) -> list[int]:
+    """Draw each ``(account, cost_micro_usd)`` of ``costs`` in turn from its locked prepaid
+    account without passing the grace floor; return what was drawn for each (0 when billing is
+    off or the account is invoiced).
 
-    The caller holds the account's row lock (``locked_account``); the balance changes by an
-    ``F()`` update and ``account`` is kept in step.
+    An account's first costs are drawn in full until its floor is reached; the one that reaches it
+    is drawn down to the floor, the rest not at all. The caller holds the accounts' row locks
+    (``locked_account``, ``locked_accounts``); the balances change by one ``F()`` update for all
+    of them, and each ``account`` is kept in step.
     """
-    if not billing_enabled() or account.plan != Plan.PREPAID or cost_micro_usd <= 0:
-        return 0
-    drawn = max(0, min(cost_micro_usd, account.balance_micro_usd - grace_floor_micro_usd()))
-    if drawn:
-        BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=F("balance_micro_usd") - drawn)
-        account.balance_micro_usd -= drawn
+    enabled = billing_enabled()
+    floor = grace_floor_micro_usd()
+    available: dict[int, int] = {}
+    totals: dict[int, int] = {}
+    drawn = []
+    for account, cost in costs:
+        if not enabled or account.plan != Plan.PREPAID:
+            drawn.append(0)
+            continue
+        left = available.setdefault(account.pk, account.balance_micro_usd - floor)
+        amount = max(0, min(cost, left))
+        available[account.pk] = left - amount
+        totals[account.pk] = totals.get(account.pk, 0) + amount
+        drawn.append(amount)
+    totals = {pk: total for pk, total in totals.items() if total}
+    if totals:
+        BillingAccount.objects.filter(pk__in=totals).update(
+            balance_micro_usd=F("balance_micro_usd")
+            - Case(*(When(pk=pk, then=Value(total)) for pk, total in totals.items()), output_field=BigIntegerField())
+        )
+        for account in {id(account): account for account, _ in costs}.values():
+            account.balance_micro_usd -= totals.get(account.pk, 0)
     return drawn
 
 

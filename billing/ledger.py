@@ -3,33 +3,40 @@
 An attempt's compute is cut into intervals of ``LAB_USAGE_INTERVAL_S`` seconds from the moment
 the launcher says it started: a running attempt's intervals close as each one ends, and the last,
 shorter one closes at the attempt's end. Each interval is priced at the price in force at its end
-(``billing.pricing.price_at``), stored once under the unique key (attempt, index), and, for a
-prepaid organization with billing on, drawn from the balance in the same transaction. Every
+(``billing.pricing.PriceHistory``), stored once under the unique key (attempt, index), and, for
+a prepaid organization with billing on, drawn from the balance in the same transaction. Every
 closing takes the organization's billing account row lock first, so two reconcilers (or two
 workers) closing the same attempt at once serialize, and the second finds the intervals closed.
+
+``usage_close_many`` closes a whole reconciler pass at once: one read of the ledger and of the
+accounts for every attempt, then, when something is due, one transaction (the account locks of
+the organizations concerned, in organization order; the ledger read again; one bulk insert; one
+balance update). ``usage_close`` is the same for one attempt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Max, Sum
+from django.db import connection, transaction
+from django.db.models import OuterRef, Subquery, Sum
+from django.utils import timezone
 
 from billing.accounts import (
+    account_for,
     billing_enabled,
     charge,
     left_to_spend_micro_usd,
-    locked_account,
-    spent_this_month_micro_usd,
+    locked_accounts,
+    spent_this_month_by_organization,
 )
 from billing.metering import enqueue_meter_events
 from billing.models import BillingAccount, Plan, UsageInterval
-from billing.pricing import exact_cost_micro_usd, price_at, round_micro
+from billing.pricing import PriceHistory, exact_cost_micro_usd, price_history, round_micro
 from lab.lib.resources import CPU, resource_units
 
 
@@ -79,19 +86,15 @@ def _due_bounds(start: datetime, *, until: datetime, ended: bool) -> list[tuple[
     return bounds
 
 
-def _last_interval(attempt_id: int) -> UsageInterval | None:
-    return UsageInterval.objects.unscoped().filter(attempt_id=attempt_id).order_by("-index").first()
-
-
 def next_closings(started_at: Mapping[int, datetime]) -> dict[int, datetime]:
     """Return, for each attempt id of ``started_at`` (its launcher start time, UTC), when its
     next interval ends: the last recorded interval's end (else the start) plus one interval.
     One query for all of them; an attempt due at or before now has an interval to close."""
-    ends = dict(
-        UsageInterval.objects.unscoped().filter(attempt_id__in=list(started_at))
-        .values("attempt_id").annotate(last_end=Max("ended_at")).values_list("attempt_id", "last_end")
-    )
-    return {attempt_id: ends.get(attempt_id, start) + interval_seconds() for attempt_id, start in started_at.items()}
+    lasts = _last_intervals(started_at)
+    return {
+        attempt_id: (lasts[attempt_id].ended_at if attempt_id in lasts else start) + interval_seconds()
+        for attempt_id, start in started_at.items()
+    }
 
 
 def organizations_exhausted(organization_ids: Iterable[int]) -> set[int]:
@@ -99,75 +102,199 @@ def organizations_exhausted(organization_ids: Iterable[int]) -> set[int]:
     bound ``usage_close`` reports as ``exhausted``); empty when billing is off."""
     if not billing_enabled():
         return set()
-    accounts = BillingAccount.objects.filter(organization_id__in=set(organization_ids))
+    return _exhausted(BillingAccount.objects.filter(organization_id__in=set(organization_ids)), now=timezone.now())
+
+
+@dataclass(frozen=True)
+class _Last:
+    """The newest recorded interval of an attempt: where the next one starts."""
+
+    index: int
+    ended_at: datetime
+    running_cost_micro_usd: Decimal
+
+
+#: The newest interval of each attempt of an array of attempt ids, one index probe each (the unique
+#: (attempt_id, index) index read backwards), however long the ledger: the ORM cannot drive a
+#: query from a list of values, and a grouped MAX reads every interval of every attempt.
+_LAST_INTERVALS_SQL = """
+SELECT newest.attempt_id, newest."index", newest.ended_at, newest.running_cost_micro_usd
+FROM unnest(%s::bigint[]) AS attempt(id)
+CROSS JOIN LATERAL (
+    SELECT attempt_id, "index", ended_at, running_cost_micro_usd FROM {table}
+    WHERE attempt_id = attempt.id ORDER BY "index" DESC LIMIT 1
+) AS newest
+"""
+
+
+def _last_intervals(attempt_ids: Iterable[int]) -> dict[int, _Last]:
+    """Return the newest recorded interval of each of ``attempt_ids`` that has one (one query)."""
+    wanted = sorted(set(attempt_ids))
+    if not wanted:
+        return {}
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_LAST_INTERVALS_SQL.format(table=connection.ops.quote_name(UsageInterval._meta.db_table)), [wanted])
+            rows = cursor.fetchall()
+    else:  # SQLite (local development): a correlated subquery per interval, fine at its sizes
+        newest = UsageInterval.objects.unscoped().filter(attempt_id=OuterRef("attempt_id")).order_by("-index").values("index")[:1]
+        rows = (
+            UsageInterval.objects.unscoped()
+            .filter(attempt_id__in=wanted, index=Subquery(newest))
+            .values_list("attempt_id", "index", "ended_at", "running_cost_micro_usd")
+        )
+    return {attempt_id: _Last(index, ended_at, Decimal(running)) for attempt_id, index, ended_at, running in rows}
+
+
+def _bounds_due(usage: AttemptUsage, last: _Last | None, *, now: datetime) -> list[tuple[datetime, datetime]]:
+    """Return the (start, end) of each of the attempt's intervals due at ``now`` after ``last``."""
+    until = usage.ended_at if usage.ended_at is not None else now
+    start = last.ended_at if last is not None else usage.started_at
+    return _due_bounds(start, until=until, ended=usage.ended_at is not None)
+
+
+def _intervals_due(
+    usage: AttemptUsage, last: _Last | None, *, now: datetime, prices: PriceHistory, plan: str, enabled: bool
+) -> list[UsageInterval]:
+    """Return the attempt's intervals due at ``now`` after ``last``, priced, not yet charged or saved.
+
+    Each costs the attempt's exact running total through it, rounded to the micro-dollar, less the
+    running total before it rounded the same way, so the intervals add up to the exact cost
+    rounded once.
+    """
+    index = last.index + 1 if last is not None else 0
+    running = last.running_cost_micro_usd if last is not None else Decimal(0)
+    units = resource_units(gpu_type=usage.resource_type, gpus=usage.gpus)
+    rows = []
+    for begin, end in _bounds_due(usage, last, now=now):
+        seconds = Decimal((end - begin) // timedelta(microseconds=1)) / 1_000_000
+        usd_per_hour = prices.at(usage.resource_type, end)
+        previous, running = running, running + exact_cost_micro_usd(usd_per_hour=usd_per_hour, units=units, seconds=seconds)
+        rows.append(
+            UsageInterval(
+                organization_id=usage.organization_id,
+                project_id=usage.project_id,
+                job_public_id=usage.job_public_id,
+                attempt_id=usage.attempt_id,
+                attempt_number=usage.attempt_number,
+                index=index,
+                resource_type=usage.resource_type,
+                units=units,
+                started_at=begin,
+                ended_at=end,
+                gpu_seconds=0 if usage.resource_type == CPU else seconds * units,
+                cpu_seconds=seconds * units if usage.resource_type == CPU else 0,
+                usd_per_hour=usd_per_hour,
+                cost_micro_usd=round_micro(running) - round_micro(previous),
+                running_cost_micro_usd=running,
+                plan=plan,
+                billing_enabled=enabled,
+                closed_at=now,
+            )
+        )
+        index += 1
+    return rows
+
+
+@dataclass
+class BatchCloseResult:
+    """What one closing of many attempts did: the intervals it recorded; the organizations of
+    those attempts that have nothing left to spend (billing on: their attempts should stop); and,
+    with ``skip_locked``, the organizations skipped because another closing held their account."""
+
+    closed: list[UsageInterval] = field(default_factory=list)
+    exhausted: set[int] = field(default_factory=set)
+    skipped: set[int] = field(default_factory=set)
+
+
+def _exhausted(accounts: Iterable[BillingAccount], *, now: datetime) -> set[int]:
+    """Return the organization ids of ``accounts`` with nothing left to spend
+    (``left_to_spend_micro_usd``; this month's spend read in one query for those with a limit)."""
+    accounts = list(accounts)
+    limited = [account.organization_id for account in accounts if account.monthly_spend_limit_micro_usd is not None]
+    spent = spent_this_month_by_organization(limited, now=now) if limited and billing_enabled() else {}
     exhausted = set()
     for account in accounts:
-        left = left_to_spend_micro_usd(account)
+        left = left_to_spend_micro_usd(account, spent_this_month=spent.get(account.organization_id))
         if left is not None and left <= 0:
             exhausted.add(account.organization_id)
     return exhausted
 
 
+def _close_due(due: list[AttemptUsage], *, now: datetime, prices: PriceHistory, skip_locked: bool) -> BatchCloseResult:
+    """Close, price and charge the due intervals of ``due`` in one transaction holding their
+    organizations' billing account locks (taken in organization order; with ``skip_locked``, an
+    organization whose account another transaction holds is left out and reported skipped).
+
+    The ledger is read again under the locks (a statement of its own, so it sees what committed
+    while this one waited): another worker may have closed some meanwhile. One bulk insert, one
+    ``F()`` update of the balances.
+    """
+    with transaction.atomic():
+        accounts = locked_accounts((usage.organization_id for usage in due), skip_locked=skip_locked)
+        skipped = {usage.organization_id for usage in due} - set(accounts)
+        due = [usage for usage in due if usage.organization_id in accounts]
+        lasts = _last_intervals(usage.attempt_id for usage in due)
+        enabled = billing_enabled()
+        rows = []
+        for usage in due:
+            account = accounts[usage.organization_id]
+            rows += _intervals_due(usage, lasts.get(usage.attempt_id), now=now, prices=prices, plan=account.plan, enabled=enabled)
+        if rows:
+            drawn = charge([(accounts[row.organization_id], row.cost_micro_usd) for row in rows])
+            for row, amount in zip(rows, drawn):
+                row.charged_micro_usd = amount
+            UsageInterval.objects.bulk_create(rows)
+            if enabled and any(row.plan == Plan.INVOICED for row in rows):
+                enqueue_meter_events()
+        return BatchCloseResult(closed=rows, exhausted=_exhausted(accounts.values(), now=now), skipped=skipped)
+
+
+def usage_close_many(*, usages: Sequence[AttemptUsage], now: datetime, skip_locked: bool = False) -> BatchCloseResult:
+    """Close and price the intervals of ``usages`` (one per attempt) that are due at ``now``, and
+    charge prepaid credit, in one transaction for all of them.
+
+    Idempotent: intervals already in the ledger are never recorded or charged again, whoever
+    closes them at the same time. When nothing is due (most reconciler passes) nothing is locked:
+    one read of the ledger for all the attempts and one of their accounts. With ``skip_locked``
+    (a reconciler pass), an organization whose account another transaction holds is not waited
+    for: its attempts stay due, for the next closing (``BatchCloseResult.skipped``). Raises
+    ``ValueError`` when an attempt appears twice.
+    """
+    attempt_ids = [usage.attempt_id for usage in usages]
+    if len(set(attempt_ids)) != len(attempt_ids):
+        raise ValueError("usage_close_many takes each attempt once")
+    if not usages:
+        return BatchCloseResult()
+    lasts = _last_intervals(attempt_ids)
+    due = [usage for usage in usages if _bounds_due(usage, lasts.get(usage.attempt_id), now=now)]
+    organizations = {usage.organization_id for usage in usages}
+    accounts = {account.organization_id: account for account in BillingAccount.objects.filter(organization_id__in=organizations)}
+    for usage in due:  # created before the transaction, so that it only locks
+        if usage.organization_id not in accounts:
+            accounts[usage.organization_id] = account_for(usage.organization_id)
+    due_organizations = {usage.organization_id for usage in due}
+    exhausted = _exhausted(
+        (account for organization_id, account in accounts.items() if organization_id not in due_organizations), now=now
+    )
+    if not due:
+        return BatchCloseResult(exhausted=exhausted)
+    prices = price_history({usage.resource_type for usage in due})
+    result = _close_due(due, now=now, prices=prices, skip_locked=skip_locked)
+    result.exhausted |= exhausted
+    return result
+
+
 def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:
-    """Close and price the attempt's intervals that are due at ``now``; charge prepaid credit.
+    """Close and price the attempt's intervals that are due at ``now``; charge prepaid credit
+    (``usage_close_many`` of this one attempt).
 
     Idempotent: intervals already in the ledger are never recorded or charged again. Returns the
     new intervals and whether the organization has nothing left to spend. When no interval is
-    due (most reconciler passes), nothing is locked: one read of the ledger and one of the account.
+    due, nothing is locked: one read of the ledger and one of the account.
     """
-    until = usage.ended_at if usage.ended_at is not None else now
-    last = _last_interval(usage.attempt_id)
-    start = last.ended_at if last is not None else usage.started_at
-    if not _due_bounds(start, until=until, ended=usage.ended_at is not None):
-        account = BillingAccount.objects.filter(organization_id=usage.organization_id).first()
-        left = left_to_spend_micro_usd(account) if account is not None else None
-        return CloseResult(closed=[], exhausted=left is not None and left <= 0)
-    with transaction.atomic():
-        account = locked_account(usage.organization_id)
-        # Read again under the lock (a statement of its own, so it sees what committed while this
-        # one waited): another worker may have closed some meanwhile.
-        last = _last_interval(usage.attempt_id)
-        start = last.ended_at if last is not None else usage.started_at
-        index = last.index + 1 if last is not None else 0
-        running = last.running_cost_micro_usd if last is not None else Decimal(0)
-        units = resource_units(gpu_type=usage.resource_type, gpus=usage.gpus)
-        closed = []
-        for begin, end in _due_bounds(start, until=until, ended=usage.ended_at is not None):
-            seconds = Decimal((end - begin) // timedelta(microseconds=1)) / 1_000_000
-            usd_per_hour = price_at(usage.resource_type, end)
-            previous, running = running, running + exact_cost_micro_usd(usd_per_hour=usd_per_hour, units=units, seconds=seconds)
-            cost = round_micro(running) - round_micro(previous)
-            closed.append(
-                UsageInterval(
-                    organization_id=usage.organization_id,
-                    project_id=usage.project_id,
-                    job_public_id=usage.job_public_id,
-                    attempt_id=usage.attempt_id,
-                    attempt_number=usage.attempt_number,
-                    index=index,
-                    resource_type=usage.resource_type,
-                    units=units,
-                    started_at=begin,
-                    ended_at=end,
-                    gpu_seconds=0 if usage.resource_type == CPU else seconds * units,
-                    cpu_seconds=seconds * units if usage.resource_type == CPU else 0,
-                    usd_per_hour=usd_per_hour,
-                    cost_micro_usd=cost,
-                    running_cost_micro_usd=running,
-                    charged_micro_usd=charge(account, cost),
-                    plan=account.plan,
-                    billing_enabled=billing_enabled(),
-                    closed_at=now,
-                )
-            )
-            index += 1
-        if closed:
-            UsageInterval.objects.bulk_create(closed)
-            if account.plan == Plan.INVOICED and billing_enabled():
-                enqueue_meter_events()
-        spent = spent_this_month_micro_usd(usage.organization_id, now=now) if account.monthly_spend_limit_micro_usd is not None else None
-        left = left_to_spend_micro_usd(account, spent_this_month=spent)
-        return CloseResult(closed=closed, exhausted=left is not None and left <= 0)
+    result = usage_close_many(usages=[usage], now=now)
+    return CloseResult(closed=result.closed, exhausted=usage.organization_id in result.exhausted)
 
 
 @dataclass(frozen=True)
@@ -179,14 +306,25 @@ class UsageTotals:
     cost_micro_usd: int
 
 
-def job_usage_totals(job_public_id: str) -> UsageTotals:
-    """Return the sums of every interval of the job with ``job_public_id`` (all its attempts)."""
-    sums = (
+def job_usage_totals_many(job_public_ids: Iterable[str]) -> dict[str, UsageTotals]:
+    """Return the sums of every interval (all attempts) of each of ``job_public_ids`` that has
+    one, by job public id (one query)."""
+    rows = (
         UsageInterval.objects.unscoped()
-        .filter(job_public_id=job_public_id)
-        .aggregate(gpu=Sum("gpu_seconds"), cpu=Sum("cpu_seconds"), cost=Sum("cost_micro_usd"))
+        .filter(job_public_id__in=set(job_public_ids))
+        .values("job_public_id")
+        .annotate(gpu=Sum("gpu_seconds"), cpu=Sum("cpu_seconds"), cost=Sum("cost_micro_usd"))
+        .values_list("job_public_id", "gpu", "cpu", "cost")
     )
-    return UsageTotals(
-        gpu_seconds=sums["gpu"] or Decimal(0), cpu_seconds=sums["cpu"] or Decimal(0), cost_micro_usd=int(sums["cost"] or 0)
-    )
+    return {
+        job_public_id: UsageTotals(gpu_seconds=gpu or Decimal(0), cpu_seconds=cpu or Decimal(0), cost_micro_usd=int(cost or 0))
+        for job_public_id, gpu, cpu, cost in rows
+    }
 
+
+def job_usage_totals(job_public_id: str) -> UsageTotals:
+    """Return the sums of every interval of the job with ``job_public_id`` (all its attempts);
+    zeros when it has none."""
+    return job_usage_totals_many([job_public_id]).get(
+        job_public_id, UsageTotals(gpu_seconds=Decimal(0), cpu_seconds=Decimal(0), cost_micro_usd=0)
+    )

@@ -6,6 +6,7 @@ price in force when it was used (``price_at``), never at today's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timezone as dt_timezone
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -24,21 +25,42 @@ def price_table() -> dict[str, Decimal]:
     return {price.resource_type: price.usd_per_hour for price in Price.objects.all()}
 
 
-def price_at(resource_type: str, moment: datetime) -> Decimal:
-    """Return the USD per hour of ``resource_type`` in force at ``moment``.
+class PriceHistory:
+    """The prices of some resource types over time, read once; ``at`` answers without a query.
 
-    The newest ``PriceChange`` effective at ``moment``; without one, the ``Price`` row; 0 for a
-    resource that has no price.
+    Built by ``price_history``; the usage ledger prices a whole batch of intervals from one.
     """
-    change = (
-        PriceChange.objects.filter(resource_type=resource_type, effective_from__lte=moment)
+
+    def __init__(self, changes: dict[str, list[tuple[datetime, Decimal]]], current: dict[str, Decimal]) -> None:
+        self._changes = changes  # per resource type, newest first
+        self._current = current
+
+    def at(self, resource_type: str, moment: datetime) -> Decimal:
+        """Return the USD per hour of ``resource_type`` in force at ``moment``: the newest change
+        effective at ``moment``; without one, the ``Price`` row; 0 for a resource with no price."""
+        for effective_from, usd_per_hour in self._changes.get(resource_type, ()):
+            if effective_from <= moment:
+                return usd_per_hour
+        return self._current.get(resource_type, Decimal(0))
+
+
+def price_history(resource_types: Iterable[str]) -> PriceHistory:
+    """Return the whole price history of ``resource_types`` (two queries, whatever their number)."""
+    resource_types = set(resource_types)
+    changes: dict[str, list[tuple[datetime, Decimal]]] = {}
+    for resource_type, effective_from, usd_per_hour in (
+        PriceChange.objects.filter(resource_type__in=resource_types)
         .order_by("-effective_from", "-id")
-        .first()
-    )
-    if change is not None:
-        return change.usd_per_hour
-    price = Price.objects.filter(resource_type=resource_type).first()
-    return price.usd_per_hour if price is not None else Decimal(0)
+        .values_list("resource_type", "effective_from", "usd_per_hour")
+    ):
+        changes.setdefault(resource_type, []).append((effective_from, usd_per_hour))
+    current = dict(Price.objects.filter(resource_type__in=resource_types).values_list("resource_type", "usd_per_hour"))
+    return PriceHistory(changes, current)
+
+
+def price_at(resource_type: str, moment: datetime) -> Decimal:
+    """Return the USD per hour of ``resource_type`` in force at ``moment`` (``PriceHistory.at``)."""
+    return price_history([resource_type]).at(resource_type, moment)
 
 
 @transaction.atomic

@@ -1,5 +1,7 @@
 """Many attempts of one organization closing intervals at once on PostgreSQL: every interval is
-recorded once, the balance is exact, and it never goes below the grace floor."""
+recorded once, the balance is exact, and it never goes below the grace floor, whether each worker
+closes one attempt at a time (``usage_close``) or all of them in one batch (``usage_close_many``,
+waiting for the account lock or skipping it as a reconciler pass does)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from django.db import connection
 
 from billing.accounts import account_for
-from billing.ledger import AttemptUsage, usage_close
+from billing.ledger import AttemptUsage, usage_close, usage_close_many
 from billing.models import BillingAccount, UsageInterval
 from tests.billing.conftest import T0, at_once
 
@@ -19,18 +21,28 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 WORKERS = 8
 
 
-def close_concurrently(tenant, attempts: int, *, seconds: int) -> list[Exception]:
+PATHS = ["one_at_a_time", "batch", "batch_skip_locked"]
+
+
+def close_concurrently(tenant, attempts: int, *, seconds: int, path: str) -> list[Exception]:
     """Close ``seconds`` of H100 usage (1 GPU) for each of ``attempts`` attempts, from 8 threads at once,
-    each thread closing every attempt (so each interval is tried 8 times)."""
+    each thread closing every attempt (so each interval is tried 8 times) along ``path``."""
+    usages = [
+        AttemptUsage(
+            organization_id=tenant.organization.pk, project_id=tenant.project.pk, job_public_id=f"job_{attempt_id}",
+            attempt_id=attempt_id, attempt_number=1, resource_type="H100", gpus=1,
+            started_at=T0, ended_at=T0 + timedelta(seconds=seconds),
+        )
+        for attempt_id in range(1, attempts + 1)
+    ]
+    now = T0 + timedelta(seconds=seconds + 1)
 
     def work():
-        for attempt_id in range(1, attempts + 1):
-            usage = AttemptUsage(
-                organization_id=tenant.organization.pk, project_id=tenant.project.pk, job_public_id=f"job_{attempt_id}",
-                attempt_id=attempt_id, attempt_number=1, resource_type="H100", gpus=1,
-                started_at=T0, ended_at=T0 + timedelta(seconds=seconds),
-            )
-            usage_close(usage=usage, now=T0 + timedelta(seconds=seconds + 1))
+        if path == "one_at_a_time":
+            for usage in usages:
+                usage_close(usage=usage, now=now)
+        else:
+            usage_close_many(usages=usages, now=now, skip_locked=path == "batch_skip_locked")
 
     return at_once(work, threads=WORKERS)
 
@@ -41,9 +53,10 @@ def _postgresql_only():
         pytest.skip("row locks under concurrency need PostgreSQL")
 
 
-def test_the_balance_is_exact_when_credit_suffices(owner, billing_on):
+@pytest.mark.parametrize("path", PATHS)
+def test_the_balance_is_exact_when_credit_suffices(owner, billing_on, path):
     account_for(owner.organization.pk)
-    errors = close_concurrently(owner, attempts=20, seconds=300)  # 20 × 5 GPU-minutes of H100 at $2.50/h
+    errors = close_concurrently(owner, attempts=20, seconds=300, path=path)  # 20 × 5 GPU-minutes of H100 at $2.50/h
     assert errors == []
     rows = UsageInterval.objects.for_project(owner.project)
     assert rows.count() == 20 * 5
@@ -52,11 +65,12 @@ def test_the_balance_is_exact_when_credit_suffices(owner, billing_on):
     assert BillingAccount.objects.get(organization=owner.organization).balance_micro_usd == 10_000_000 - 20 * 208333
 
 
-def test_the_balance_never_goes_below_the_grace(owner, billing_on):
+@pytest.mark.parametrize("path", PATHS)
+def test_the_balance_never_goes_below_the_grace(owner, billing_on, path):
     billing_on.LAB_CREDIT_GRACE_USD = Decimal("0.50")
     account = account_for(owner.organization.pk)
     BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=1_000_000)  # $1.00 left
-    errors = close_concurrently(owner, attempts=12, seconds=600)  # $0.416667 each: $5.00 used in all
+    errors = close_concurrently(owner, attempts=12, seconds=600, path=path)  # $0.416667 each: $5.00 used in all
 
     assert errors == []
     rows = UsageInterval.objects.for_project(owner.project)
