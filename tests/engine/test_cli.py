@@ -63,7 +63,10 @@ def test_it_runs_three_offline_steps_on_the_tiny_model(tmp_path):
     assert code == 0, stderr
     work = tmp_path / "work"
     points = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-    assert [p["step"] for p in points] == [1, 2, 3]
+    # Step 0 is the base model's eval (eval.skip_first_step is not set), alone.
+    assert [p["step"] for p in points] == [0, 1, 2, 3]
+    assert set(points[0]["values"]) == {"eval/reverse-text/mean", "eval/reverse-text/lcs_ratio/mean", "eval/reverse-text/exact/mean"}
+    points = points[1:]
     assert METRIC_NAMES <= set(points[0]["values"])
     assert "eval/reverse-text/mean" in points[2]["values"]
     samples = [json.loads(line) for line in (work / "samples.jsonl").read_text().splitlines()]

@@ -1,8 +1,12 @@
 """Built-in environments: seeded examples and their rubrics."""
 
+import logging
+import random
+
 import pytest
 
-from engine.environments import InvalidEnvironment, load_environment
+from engine.catalog import EnvironmentInfo
+from engine.environments import SPLITS, Environment, Example, InvalidEnvironment, load_environment, split_of
 
 
 def test_it_generates_the_same_examples_for_the_same_seed():
@@ -49,3 +53,40 @@ def test_it_scores_sorted_words_by_position():
 def test_it_refuses_unknown_environments_and_bad_args(env_id, args, message):
     with pytest.raises(InvalidEnvironment, match=message):
         load_environment(env_id, args, seed=0)
+
+
+def test_its_train_eval_and_val_splits_never_share_a_prompt():
+    env = load_environment("lab/addition", {"max_operand": 20}, seed=0)
+    prompts = {
+        split: {env.example(i, split).messages[1]["content"] for i in range(count)}
+        for split, count in (("train", 400), ("eval", 60), ("val", 60))
+    }
+    assert not prompts["train"] & prompts["eval"] and not prompts["train"] & prompts["val"] and not prompts["eval"] & prompts["val"]
+    assert all(split_of(env.example(i, split)) == split for split in SPLITS for i in range(20))
+    # 1/16 of the prompts are eval's and 1/16 val's: a first draw in the train bucket is kept as drawn.
+    first_draws = [env.make_example(random.Random(f"lab/addition:0:train:{i}")) for i in range(200)]
+    assert [env.example(i) for i in range(200) if split_of(first_draws[i]) == "train"] == [
+        e for e in first_draws if split_of(e) == "train"
+    ]
+    assert env.eval_size == 128
+    with pytest.raises(ValueError, match="split must be one of train, eval, val"):
+        env.example(0, "test")
+
+
+class OnePrompt(Environment):
+    info = EnvironmentInfo(id="test/one-prompt", name="one-prompt", description="always the same prompt")
+
+    def make_example(self, rng):
+        return Example(messages=[{"role": "user", "content": "Say 1"}], answer="1")
+
+
+def test_an_environment_too_small_to_split_repeats_its_prompts_and_says_so(caplog):
+    env = OnePrompt({}, seed=0)
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        examples = {split: env.example(0, split) for split in SPLITS}
+        env.example(1, "eval")
+    assert {e.messages[0]["content"] for e in examples.values()} == {"Say 1"}
+    unsplit = [split for split in SPLITS if split != split_of(examples["train"])]
+    assert [r.getMessage().split(": ")[1].split(" (")[0] for r in caplog.records] == [
+        f"no prompt of 256 draws belongs to its {split} split" for split in unsplit
+    ]

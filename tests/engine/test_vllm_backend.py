@@ -92,6 +92,19 @@ def test_it_loads_new_weights_in_place_and_tags_rollouts_with_their_policy_versi
     assert backend.reload_seconds > 0
 
 
+def test_it_passes_the_specs_extra_sampling_parameters_to_vllm(tiny):
+    _, tokenizer, backend = tiny
+    prompts = prompts_of(tokenizer, 2)
+    greedy = backend.generate(prompts, n=1, max_tokens=8, temperature=0.0, seed=1)
+    # top_k = 1 leaves one token to sample: every sample at temperature 1 is the greedy completion.
+    top_one = backend.generate(prompts, n=3, max_tokens=8, temperature=1.0, seed=1, sampling_params={"top_k": 1})
+    assert [c.token_ids for c in top_one] == [greedy[0].token_ids] * 3 + [greedy[1].token_ids] * 3
+    free = backend.generate(prompts, n=3, max_tokens=8, temperature=1.0, seed=1)
+    assert [c.token_ids for c in free] != [c.token_ids for c in top_one]
+    with pytest.raises(ValueError, match="sets seed itself"):
+        backend.generate(prompts, n=1, max_tokens=8, temperature=1.0, seed=1, sampling_params={"seed": 3})
+
+
 def test_it_refuses_a_weight_the_model_does_not_have(tiny):
     _, _, backend = tiny
     with pytest.raises(KeyError, match="no.such.weight"):

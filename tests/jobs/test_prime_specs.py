@@ -52,7 +52,7 @@ def test_estimate_answers_the_same_warnings_as_create(owner):
     assert estimate.status_code == 200, estimate.content
     assert created.status_code == 201, created.content
     assert estimate.json()["warnings"] == created.json()["warnings"]
-    assert [warning.split("'")[1] for warning in estimate.json()["warnings"]] == ["val", "wandb"]
+    assert [warning.split("'")[1] for warning in estimate.json()["warnings"]] == ["wandb"]
 
 
 @pytest.mark.parametrize("keys, param", [
@@ -65,6 +65,11 @@ def test_estimate_answers_the_same_warnings_as_create(owner):
      "sampling.temp_scheduler.end_temperature"),
     ({"sampling": {"temp_scheduler": {"start_temperature": 1.0, "end_temperature": 0.5, "total_steps": 4}}},
      "sampling.temp_scheduler.total_steps"),
+    ({"eval": {"interval": 1, "env": [{"id": "primeintellect/eval-env"}]}}, "eval.env.0.id"),
+    ({"eval": {"interval": 1, "env": [{"id": "lab/addition", "args": {"digits": 2}}]}}, "eval.env.0.args.digits"),
+    ({"eval": {"env": [{"id": "lab/addition", "group_size": 2, "rollouts_per_example": 2}]}}, "eval.env.0.group_size"),
+    ({"sampling": {"extra_body": {"top_p": 0}}}, "sampling.extra_body.top_p"),
+    ({"post_batch_filters": [{"type": "repetition", "ngram_size": "4"}]}, "post_batch_filters.0.ngram_size"),
 ])
 def test_primes_refusals_are_a_400_naming_the_key_and_create_nothing(owner, keys, param):
     spec = {"model": "lab/tiny-random-llama", "env": [{"id": "lab/addition"}], "max_steps": 3, **keys}
@@ -75,6 +80,21 @@ def test_primes_refusals_are_a_400_naming_the_key_and_create_nothing(owner, keys
     error = response.json()["error"]
     assert (error["code"], error["param"]) == ("invalid_spec", param)
     assert Job.objects.unscoped().count() == 0
+
+
+def test_an_eval_environments_split_argument_is_left_out_with_a_warning(owner):
+    spec = {
+        "model": "lab/tiny-random-llama", "env": [{"id": "lab/addition"}], "max_steps": 3,
+        "eval": {"interval": 1, "env": [{"id": "lab/alphabet-sort", "args": {"split": "test"}, "num_examples": -1}]},
+    }
+
+    response = owner.client().post("/api/v1/jobs", spec, format="json")
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["spec"]["eval"]["env"][0]["args"] == {"split": "test"}  # stored as given
+    assert body["spec"]["eval"]["env"][0]["num_examples"] == -1
+    assert [warning.split("'")[1] for warning in body["warnings"]] == ["eval.env.0.args.split"]
 
 
 def test_the_older_cli_forms_seq_len_is_capped_at_the_models_context(owner):

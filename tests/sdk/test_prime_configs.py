@@ -68,16 +68,14 @@ def test_it_accepts_primes_template_with_every_section_uncommented_warning_only_
     parsed = loads_spec(installed(uncomment_everything(TEMPLATE)), "toml")
 
     assert keys_warned(parsed.warnings) == [
-        "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
-        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters",
-        "env_files",
+        "max_inflight_rollouts", "eval.env.0.args.split", "env_files",
     ]
     spec = parsed.spec
     assert spec.init_from == "ckpt_3fA9" and spec.checkpoint_id is None
     assert spec.checkpoints.keep_last == 5 and spec.checkpoints.interval == 100
     assert [env.id for env in spec.env] == ["lab/reverse-text", "lab/addition"]
     assert spec.teacher.client.api_key_var == "OPENAI_API_KEY"
-    assert spec.eval.num_examples == 32  # -1, the whole split, until environments declare its size
+    assert spec.eval.num_examples == -1  # the whole eval split, sized by each environment (Environment.eval_size)
     stored = parsed.to_dict()
     assert "checkpoint_id" not in stored and "keep_cloud" not in stored["checkpoints"]
     assert parse_spec(stored).to_dict() == stored
@@ -94,8 +92,7 @@ def test_lab_spec_check_passes_the_uncommented_template_in_its_own_process(tmp_p
     assert "valid locally" in result.stdout
     warned = [line.split("'")[1] for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert warned == [  # env_files were read by the CLI: no warning for them
-        "max_inflight_rollouts", "sampling.enable_thinking", "eval.num_examples",
-        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "pre_batch_filters",
+        "max_inflight_rollouts", "eval.env.0.args.split",
     ]
     assert "sk-test-1234" not in result.stdout + result.stderr
 
@@ -136,9 +133,8 @@ def test_it_accepts_the_older_template_translating_keep_cloud_and_warning_for_de
     assert parsed.spec.checkpoints.keep_last == -1  # keep_cloud = -1: all; [adapters] keep_last is separate
     assert parsed.spec.max_off_policy_steps == 4
     assert keys_warned(parsed.warnings) == [
-        "oversampling_factor", "max_async_level", "eval.num_examples", "eval.eval_base_model",
-        "eval.skip_first_step", "eval.rollouts_per_example", "eval.env", "val", "wandb", "env_files",
-        "trajectory_strategy", "buffer",
+        "oversampling_factor", "max_async_level", "eval.eval_base_model", "eval.env.0.args.split", "wandb",
+        "env_files", "trajectory_strategy", "buffer",
     ]
     assert parsed.spec.eval.skip_first_step is False  # eval_base_model = true, inverted
     assert any("use [[pre_batch_filters]] with type = \"zero_advantage\"" in w for w in parsed.warnings)

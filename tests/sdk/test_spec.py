@@ -112,8 +112,7 @@ def test_it_accepts_a_prime_only_toml_with_warnings_and_stores_their_keys():
     parsed = loads_spec(PRIME_ONLY_TOML, "toml")
 
     assert [warning.split("'")[1] for warning in parsed.warnings] == [
-        "oversampling_factor", "max_async_level", "sampling.enable_thinking", "wandb", "env_files",
-        "trajectory_strategy",
+        "oversampling_factor", "max_async_level", "wandb", "env_files", "trajectory_strategy",
     ]
     assert parsed.warnings[1] == (
         "'max_async_level' is deprecated: prime-rl renamed it max_off_policy_steps; "

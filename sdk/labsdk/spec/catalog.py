@@ -40,8 +40,10 @@ def catalog_problems(
     ``environments`` maps environment ids to objects whose ``args`` holds each argument's
     default (its JSON type is the argument's type; a ``None`` default takes anything).
     Returns the problems (empty when the spec fits): ``unknown_model`` at ``model``,
-    ``unknown_environment`` at ``env.N.id``, ``unknown_key``/``invalid_type`` at
-    ``env.N.args.KEY``, ``out_of_range`` at ``sampling.max_tokens`` beyond the context.
+    ``unknown_environment`` at ``env.N.id`` (and ``eval.env.N.id``), ``unknown_key``/``invalid_type``
+    at ``env.N.args.KEY`` (and ``eval.env.N.args.KEY``; an eval environment's ``split`` it does
+    not take is left out, :meth:`EvalEnvConfig.environment_args`), ``out_of_range`` at
+    ``sampling.max_tokens`` beyond the context.
     """
     problems: list[SpecProblem] = []
     model = models.get(spec.model)
@@ -57,26 +59,32 @@ def catalog_problems(
             f"max_tokens {spec.sampling.max_tokens} exceeds the context length of "
             f"'{spec.model}' ({model.context_length} tokens)",
         ))
-    for index, env in enumerate(spec.env):
+    blocks = [(f"env.{index}", env, env.args) for index, env in enumerate(spec.env)]
+    # The server's checks of a spec that failed validation pass an object without [eval] (jobs/specs.py).
+    eval_envs = getattr(getattr(spec, "eval", None), "env", None) or []
+    for index, env in enumerate(eval_envs):
+        environment = environments.get(env.id)
+        blocks.append((f"eval.env.{index}", env, env.environment_args(environment.args if environment else {})))
+    for where, env, args in blocks:
         environment = environments.get(env.id)
         if environment is None:
             problems.append(SpecProblem(
-                f"env.{index}.id", "unknown_environment",
+                f"{where}.id", "unknown_environment",
                 f"environment '{env.id}' is not installed; installed environments: "
                 f"{', '.join(sorted(environments)) or 'none'}",
             ))
             continue
         defaults = environment.args
-        for key, value in env.args.items():
+        for key, value in args.items():
             if key not in defaults:
                 problems.append(SpecProblem(
-                    f"env.{index}.args.{key}", "unknown_key",
+                    f"{where}.args.{key}", "unknown_key",
                     f"'{env.id}' takes no argument '{key}'; allowed: "
                     f"{', '.join(defaults) or 'none'}",
                 ))
             elif not _type_fits(value, defaults[key]):
                 problems.append(SpecProblem(
-                    f"env.{index}.args.{key}", "invalid_type",
+                    f"{where}.args.{key}", "invalid_type",
                     f"'{key}' must be a JSON {_json_type(defaults[key])}, "
                     f"not {_json_type(value)}",
                 ))

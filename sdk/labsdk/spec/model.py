@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -61,9 +61,6 @@ _VERSION_PATTERN = r"^[A-Za-z0-9._+-]+$"
 REDACTED = "[redacted]"
 
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-#: Examples an eval of ``num_examples = -1`` (the whole eval split) takes until environments
-#: declare the size of their eval split.
-EVAL_EXAMPLES_FOR_ALL = 32
 
 ReasoningEffort = Literal["low", "medium", "high"]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -124,8 +121,74 @@ def _reasoning_effort_field() -> Any:
     )
 
 
+#: The keys of ``extra_body`` that Lab's engine passes to vLLM's ``SamplingParams`` (vLLM
+#: 0.32.0, ``vllm/sampling_params.py``); the engine sets the others itself (``n``,
+#: ``temperature``, ``max_tokens``, ``seed``, ``logprobs``, ``stop_token_ids``) or cannot
+#: honour them on token ids (``stop`` and ``bad_words`` are strings; vLLM runs without a tokenizer).
+VLLM_SAMPLING_KEYS: frozenset[str] = frozenset({
+    "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "min_tokens", "ignore_eos", "logit_bias", "allowed_token_ids",
+})
+#: The ``extra_body`` key whose table goes to the chat template, as vLLM's server reads it.
+CHAT_TEMPLATE_KWARGS_KEY = "chat_template_kwargs"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: What each key Lab passes on accepts (vLLM's own checks, ``SamplingParams._verify_args``).
+_SAMPLING_KEY_CHECKS: dict[str, tuple[Any, str]] = {
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (lambda v: _integer(v) and v >= -1, "an integer, -1 or 0 (off) or at least 1"),
+    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "presence_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+    "frequency_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+    "repetition_penalty": (lambda v: _number(v) and 0 < v <= 10, "a number in (0, 10]"),
+    "min_tokens": (lambda v: _integer(v) and 0 <= v <= 131_072, "an integer of at least 0"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "logit_bias": (
+        lambda v: isinstance(v, Mapping) and all(str(k).isdigit() and _number(b) and -100 <= b <= 100 for k, b in v.items()),
+        "a table of token id -> bias in [-100, 100]",
+    ),
+    "allowed_token_ids": (
+        lambda v: isinstance(v, list) and bool(v) and all(_integer(t) and t >= 0 for t in v),
+        "a non-empty list of token ids",
+    ),
+    CHAT_TEMPLATE_KWARGS_KEY: (lambda v: isinstance(v, Mapping), "a table of chat template arguments"),
+}
+
+
 class _ReasoningControls(_Section):
     """A sampling section with Prime's two reasoning controls, which exclude each other."""
+
+    def sampling_params(self) -> dict[str, Any]:
+        """Return the keys of ``extra_body`` that go to vLLM's ``SamplingParams``
+        (:data:`VLLM_SAMPLING_KEYS`), as given."""
+        body = getattr(self, "extra_body", None) or {}
+        params = {key: value for key, value in body.items() if key in VLLM_SAMPLING_KEYS}
+        if "logit_bias" in params:  # a TOML or JSON table's keys are strings; vLLM's are token ids
+            params["logit_bias"] = {int(token): bias for token, bias in params["logit_bias"].items()}
+        return params
+
+    def chat_template_kwargs(self) -> dict[str, Any]:
+        """Return the keyword arguments for the chat template: ``extra_body.chat_template_kwargs``
+        (a table), then ``enable_thinking`` or ``reasoning_effort`` when given."""
+        body = getattr(self, "extra_body", None) or {}
+        kwargs = dict(body.get(CHAT_TEMPLATE_KWARGS_KEY) or {}) if isinstance(body.get(CHAT_TEMPLATE_KWARGS_KEY), Mapping) else {}
+        for name in ("enable_thinking", "reasoning_effort"):
+            if getattr(self, name, None) is not None:
+                kwargs[name] = getattr(self, name)
+        return kwargs
+
+    def unknown_extra_body_keys(self) -> list[str]:
+        """Return the keys of ``extra_body`` that Lab passes nowhere, in order."""
+        body = getattr(self, "extra_body", None) or {}
+        return [key for key in body if key not in VLLM_SAMPLING_KEYS and key != CHAT_TEMPLATE_KWARGS_KEY]
 
     @model_validator(mode="after")
     def _one_reasoning_control(self) -> _ReasoningControls:
@@ -134,6 +197,11 @@ class _ReasoningControls(_Section):
                 "reasoning_effort", "conflicting_keys",
                 "enable_thinking and reasoning_effort cannot both be set; keep one",
             )
+        body = getattr(self, "extra_body", None) or {}
+        for key, value in body.items():
+            check = _SAMPLING_KEY_CHECKS.get(key)
+            if check is not None and not check[0](value):
+                _raise_at(f"extra_body.{key}", "invalid_value", f"must be {check[1]}")
         return self
 
 
@@ -300,11 +368,32 @@ class EnvConfig(_Section):
         return self
 
 
+#: The argument of an ``[[eval.env]]`` block that Lab leaves out when the environment does not take it.
+EVAL_SPLIT_ARG = "split"
+
+
 class EvalEnvConfig(EnvConfig):
-    """An environment evaluated (not trained on), with its own example count and group size."""
+    """An environment evaluated (not trained on), with its own example count and group size
+    (``rollouts_per_example``, or ``group_size`` as in ``[[env]]``; not both)."""
 
     num_examples: int | None = Field(None, ge=-1, le=10_000, description="Examples; -1 = all.")
     rollouts_per_example: int | None = Field(None, ge=1, le=256, description="Rollouts per eval example.")
+
+    def environment_args(self, accepted: Collection[str]) -> dict[str, Any]:
+        """Return the args the environment is loaded with: ``args`` without a ``split`` key
+        that the environment does not take (``accepted``: its argument names). Prime's eval
+        environments often choose a dataset split so; Lab evaluates every environment on its
+        own eval split, held out from training."""
+        return {key: value for key, value in self.args.items() if key != EVAL_SPLIT_ARG or key in accepted}
+
+    @model_validator(mode="after")
+    def _one_group_size(self) -> EvalEnvConfig:
+        if self.rollouts_per_example is not None and self.group_size is not None:
+            _raise_at(
+                "group_size", "conflicting_keys",
+                "group_size and rollouts_per_example are the same setting for an eval environment; give one",
+            )
+        return self
 
 
 def _refuse_zero(value: int | None, key: str) -> None:
@@ -332,26 +421,56 @@ class EvalConfig(_Section):
         _refuse_zero(self.num_examples, "num_examples")
         for index, env in enumerate(self.env or []):
             _refuse_zero(env.num_examples, f"env.{index}.num_examples")
-        if self.num_examples == -1:  # until environments declare their eval split's size (a warning says so)
-            self.num_examples = EVAL_EXAMPLES_FOR_ALL
         if self.eval_base_model is not None:
             if self.skip_first_step is None:
                 self.skip_first_step = not self.eval_base_model
             self.eval_base_model = None
         return self
 
-    def examples_per_environment(self) -> int:
-        """Return how many examples each eval takes per environment: ``num_examples``, where a
-        given ``-1`` (every example) is stored as :data:`EVAL_EXAMPLES_FOR_ALL` for now."""
-        return self.num_examples
+    @property
+    def evaluates_base_model(self) -> bool:
+        """Whether the base model is evaluated before step 1 (reported as step 0): when evals
+        run at all (``interval`` > 0) and ``skip_first_step`` is not true, as in Prime."""
+        return bool(self.interval) and not self.skip_first_step
+
+
+#: What ``[val]`` does for a key it leaves out.
+VAL_DEFAULTS = {"num_examples": 32, "rollouts_per_example": 1, "interval": 10}
 
 
 class ValConfig(_Section):
-    """Validation on held-out examples of the training environments."""
+    """Validation on held-out examples of the training environments (their "val" split,
+    disjoint from train and eval); a key left out takes its value in :data:`VAL_DEFAULTS`."""
 
-    num_examples: int | None = Field(None, ge=1, le=10_000, description="Examples per validation.")
-    rollouts_per_example: int | None = Field(None, ge=1, le=256, description="Rollouts per example.")
-    interval: int | None = Field(None, ge=0, le=100_000, description="Steps between validations.")
+    num_examples: int | None = Field(None, ge=1, le=10_000, description="Examples per validation (default 32).")
+    rollouts_per_example: int | None = Field(None, ge=1, le=256, description="Rollouts per example (default 1).")
+    interval: int | None = Field(None, ge=0, le=100_000, description="Steps between validations; 0 = never (default 10).")
+
+    def setting(self, name: str) -> int:
+        """Return ``name``'s value, or its default from :data:`VAL_DEFAULTS` when not given."""
+        value = getattr(self, name)
+        return VAL_DEFAULTS[name] if value is None else value
+
+
+#: The settings of each rollout filter type and their defaults (docs/spec.md defines them):
+#: gibberish flags a completion whose mean sampled-token log-probability (nats, under the
+#: sampling distribution) is below ``min_mean_logprob``, or whose decoded text is more than
+#: ``max_nonprintable_fraction`` non-printable characters; repetition flags one in which an
+#: n-gram of ``ngram_size`` tokens occurs more than ``max_repeats`` times; zero_advantage flags
+#: every rollout of a group whose rewards are all equal (spread below ``tolerance``).
+FILTER_SETTINGS: dict[str, dict[str, float | int]] = {
+    "zero_advantage": {"tolerance": 1e-6},
+    "gibberish": {"min_mean_logprob": -6.0, "max_nonprintable_fraction": 0.5},
+    "repetition": {"ngram_size": 4, "max_repeats": 8},
+}
+#: Bounds of each setting: (kind, lowest, highest).
+_FILTER_SETTING_BOUNDS: dict[str, tuple[type, float, float]] = {
+    "tolerance": (float, 0.0, 1e6),
+    "min_mean_logprob": (float, -1e6, 0.0),
+    "max_nonprintable_fraction": (float, 0.0, 1.0),
+    "ngram_size": (int, 1, 64),
+    "max_repeats": (int, 1, 100_000),
+}
 
 
 class BatchFilterConfig(_Section):
@@ -374,7 +493,38 @@ class BatchFilterConfig(_Section):
             except PydanticCustomError as exc:
                 subpath = ".".join(part for part in (key, (exc.context or {}).get("subpath", "")) if part)
                 raise PydanticCustomError(exc.type, exc.message(), {"subpath": subpath}) from None
+            if key in FILTER_SETTINGS[self.type]:
+                kind, lowest, highest = _FILTER_SETTING_BOUNDS[key]
+                number = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+                if not number:
+                    _raise_at(key, "invalid_type", f"must be {'a number' if kind is float else 'an integer'}")
+                if not lowest <= value <= highest:
+                    _raise_at(key, "out_of_range", f"must be between {lowest:g} and {highest:g}")
         return self
+
+    @property
+    def enforced(self) -> bool:
+        """Whether flagged rollouts are dropped (``enforce`` true or left out) or only counted."""
+        return self.enforce is not False
+
+    def settings(self) -> dict[str, float | int]:
+        """Return this filter's settings: :data:`FILTER_SETTINGS` defaults, overridden by the
+        keys given; keys that are not one of its type's settings are left out (a warning
+        names them)."""
+        given = self.model_extra or {}
+        return {name: given.get(name, default) for name, default in FILTER_SETTINGS[self.type].items()}
+
+    def unknown_settings(self) -> list[str]:
+        """Return the given keys that are not settings of this filter's type, in order."""
+        return [key for key in (self.model_extra or {}) if key not in FILTER_SETTINGS[self.type]]
+
+
+#: The filters of a slot whose key is left out: one enforced zero_advantage filter before
+#: advantages (a group whose rewards are all equal carries no signal), none after.
+DEFAULT_BATCH_FILTERS: dict[str, tuple[dict[str, Any], ...]] = {
+    "pre_batch_filters": ({"type": "zero_advantage"},),
+    "post_batch_filters": (),
+}
 
 
 class CheckpointsConfig(_Section):
@@ -535,6 +685,14 @@ class JobSpec(_Section):
     translated_from: TranslatedFrom | None = Field(
         None, description="The config this spec was translated from, when it came in another layout.",
     )
+
+    def batch_filters(self, slot: Literal["pre_batch_filters", "post_batch_filters"]) -> list[BatchFilterConfig]:
+        """Return the filters of ``slot``: the given list (an empty one turns the slot off), or
+        :data:`DEFAULT_BATCH_FILTERS` when the key was left out."""
+        given = getattr(self, slot)
+        if given is not None:
+            return list(given)
+        return [BatchFilterConfig.model_validate(data) for data in DEFAULT_BATCH_FILTERS[slot]]
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> JobSpec:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from labsdk.spec.model import JobSpec
+from labsdk.spec.model import CHAT_TEMPLATE_KWARGS_KEY, EVAL_SPLIT_ARG, FILTER_SETTINGS, VLLM_SAMPLING_KEYS, JobSpec
 
 _STORED = "it is stored and ignored"
 
@@ -43,15 +43,6 @@ _DEPRECATED: dict[str, str] = {
 _NOT_YET_USED: dict[str, str] = {
     "max_inflight_rollouts": "the engine samples one batch of batch_size rollouts at a time",
     "oversampling_factor": "the engine samples one batch of batch_size rollouts at a time",
-    "sampling.extra_body": "it is not passed to the inference backend",
-    "sampling.enable_thinking": "the chat template is applied with its defaults",
-    "sampling.reasoning_effort": "the chat template is applied with its defaults",
-    "eval.rollouts_per_example": "each eval example is sampled once",
-    "eval.sampling": "eval rollouts use the training sampling settings",
-    "eval.env": "evals run on the training environments",
-    "val": "there is no validation besides [eval]",
-    "pre_batch_filters": "every rollout is trained on",
-    "post_batch_filters": "every rollout is trained on",
 }
 
 #: Fields of an ``[[env]]`` block still to come.
@@ -59,6 +50,25 @@ _ENV_NOT_YET_USED = (
     "name", "max_retries", "harness", "ratio", "group_size", "max_turns", "max_input_tokens",
     "max_output_tokens", "timeout", "retries",
 )
+
+
+def _extra_body_warnings(section: str, sampling: Any) -> list[str]:
+    """Warn about the keys of ``<section>.extra_body`` that Lab passes nowhere, and say that the
+    vLLM sampling parameters among them apply only when the engine samples with vLLM."""
+    warnings = []
+    for key in sampling.unknown_extra_body_keys():
+        warnings.append(
+            f"'{section}.extra_body.{key}' is not a sampling parameter Lab passes on (it passes "
+            f"{', '.join(sorted(VLLM_SAMPLING_KEYS))} to vLLM's sampler and {CHAT_TEMPLATE_KWARGS_KEY} to the "
+            f"chat template); {_STORED}"
+        )
+    passed = sorted(sampling.sampling_params())
+    if passed:
+        warnings.append(
+            f"'{section}.extra_body' ({', '.join(passed)}): applied when the engine samples with vLLM "
+            "(LAB_ENGINE_ROLLOUT=vllm); the transformers backend samples without them"
+        )
+    return warnings
 
 
 def _lookup(data: Any, path: str) -> tuple[bool, Any]:
@@ -92,34 +102,38 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
                 "'max_async_level' is deprecated: prime-rl renamed it max_off_policy_steps; Lab uses it as "
                 f"max_off_policy_steps = {spec.max_off_policy_steps}"
             )
-    for path in ("sampling.extra_body", "sampling.enable_thinking", "sampling.reasoning_effort"):
-        if given(path):
-            warnings.append(_not_yet(path, _NOT_YET_USED[path]))
+    warnings.extend(_extra_body_warnings("sampling", spec.sampling))
     envs = data.get("env") if isinstance(data.get("env"), list) else []
     for index, env in enumerate(envs):
         for key in _ENV_NOT_YET_USED:
             if isinstance(env, Mapping) and env.get(key) is not None:
                 warnings.append(_not_yet(f"env.{index}.{key}"))
-    if _lookup(data, "eval.num_examples")[1] == -1:
-        warnings.append(
-            "'eval.num_examples' = -1 (the whole eval split): Lab does not size evals by the split yet; "
-            f"each eval takes {spec.eval.num_examples} examples per environment, and the spec stores that"
-        )
     if given("eval.eval_base_model"):
         warnings.append(
             "'eval.eval_base_model' is deprecated: prime-rl renamed it skip_first_step with the inverse "
             + ("meaning; it is ignored because eval.skip_first_step is set" if given("eval.skip_first_step")
                else f"meaning; Lab reads it as skip_first_step = {str(spec.eval.skip_first_step).lower()}")
         )
-    if spec.eval.skip_first_step is False:
-        warnings.append(
-            "'eval.skip_first_step' = false: Lab does not evaluate the base model before step 1 yet; "
-            "the first eval is at step eval.interval"
-        )
-    for path in ("eval.rollouts_per_example", "eval.sampling", "eval.env", "val", "pre_batch_filters",
-                 "post_batch_filters"):
-        if given(path):
-            warnings.append(_not_yet(path, _NOT_YET_USED[path]))
+    if spec.eval.sampling is not None:
+        warnings.extend(_extra_body_warnings("eval.sampling", spec.eval.sampling))
+    eval_envs = _lookup(data, "eval.env")[1] if isinstance(_lookup(data, "eval.env")[1], list) else []
+    for index, env in enumerate(eval_envs):
+        if isinstance(env, Mapping) and isinstance(env.get("args"), Mapping) and EVAL_SPLIT_ARG in env["args"]:
+            warnings.append(
+                f"'eval.env.{index}.args.{EVAL_SPLIT_ARG}': Lab evaluates each environment on its own eval split "
+                "(held out from training); an environment that takes no such argument is loaded without it"
+            )
+        for key in _ENV_NOT_YET_USED:
+            if key != "group_size" and isinstance(env, Mapping) and env.get(key) is not None:
+                warnings.append(_not_yet(f"eval.env.{index}.{key}"))
+    for slot in ("pre_batch_filters", "post_batch_filters"):
+        for index, batch_filter in enumerate(getattr(spec, slot) or []):
+            for key in batch_filter.unknown_settings():
+                settings = ", ".join(FILTER_SETTINGS[batch_filter.type]) or "none"
+                warnings.append(
+                    f"'{slot}.{index}.{key}' is not a setting of Lab's {batch_filter.type} filter "
+                    f"(its settings: {settings}); {_STORED}"
+                )
     for path, reason in _NOT_USED.items():
         if given(path):
             warnings.append(f"'{path}' is a Prime Intellect setting that Lab does not use ({reason}); {_STORED}")
