@@ -261,6 +261,12 @@ def _job_header_context(job: Job) -> dict:
     return {"job": job, "job_data": job_to_dict(job)}
 
 
+def _held_out_names(names: list[str], prefix: str) -> list[str]:
+    """Return the per-environment means of eval or validation (``<prefix>/<env>/mean``, docs/api.md),
+    which the job page draws in their own section; per-function means stay in the chart picker."""
+    return [name for name in names if name.startswith(f"{prefix}/") and name.count("/") == 2 and name.endswith("/mean")]
+
+
 @require_GET
 @project_view
 def job_detail(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
@@ -270,9 +276,9 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
     # (a point seen twice is merged by step on the page).
     stream_after = job.stream_seq
     names = metric_names(job=job)
-    eval_names = [name for name in names if name.startswith("eval/")]
+    eval_names, val_names = _held_out_names(names, "eval"), _held_out_names(names, "val")
     initial = metric_points(
-        job=job, params={"names": ",".join((*CHART_METRICS, *eval_names)), "max_points": str(CHART_MAX_POINTS)}
+        job=job, params={"names": ",".join((*CHART_METRICS, *eval_names, *val_names)), "max_points": str(CHART_MAX_POINTS)}
     )
     events = list(job.events.order_by("-id")[:EVENTS_SHOWN])
     steps = sample_steps(job=job)
@@ -294,6 +300,7 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
             "metric_names": names,
             "chart_metrics": list(CHART_METRICS),
             "eval_names": eval_names,
+            "val_names": val_names,
             "max_points": CHART_MAX_POINTS,
             "event_ids": [event.public_id for event in events],
             "sample_steps": steps,

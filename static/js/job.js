@@ -132,9 +132,18 @@
     });
   }
 
-  function addEvalChart(name) {
-    document.getElementById("eval-section").hidden = false;
-    addChart(document.getElementById("eval-charts"), [name], { raw: false, points: true });
+  // The per-environment means of eval and validation (eval/<env>/mean, val/<env>/mean) get their
+  // own sections; per-function means are in the "Add chart" picker.
+  function heldOutSection(name) {
+    var parts = name.split("/");
+    if (parts.length !== 3 || parts[2] !== "mean") return null;
+    return parts[0] === "eval" ? "eval" : parts[0] === "val" ? "val" : null;
+  }
+
+  function addHeldOutChart(name) {
+    var section = heldOutSection(name) || "eval";
+    document.getElementById(section + "-section").hidden = false;
+    addChart(document.getElementById(section + "-charts"), [name], { raw: false, points: true });
   }
 
   // --- status header, progress, logs, events, rollouts ------------------------------------------
@@ -268,7 +277,7 @@
       Object.keys(point.values).forEach(function (name) {
         if (knownNames.has(name)) return;
         knownNames.add(name); picker = true;
-        if (name.indexOf("eval/") === 0) addEvalChart(name);
+        if (heldOutSection(name)) addHeldOutChart(name);
       });
       if (picker) refreshPicker();
       scheduleRedraw();
@@ -301,7 +310,8 @@
     var grid = document.getElementById("charts");
     addChart(grid, ["reward/mean", "reward/std"], { kind: "reward", title: "reward/mean ± std" });
     ["loss/mean", "entropy/mean", "seq_len/mean", "perf/tokens_per_s"].forEach(function (name) { addChart(grid, [name], {}); });
-    page.eval_names.forEach(addEvalChart);
+    page.eval_names.forEach(addHeldOutChart);
+    page.val_names.forEach(addHeldOutChart);
     refreshPicker();
     document.getElementById("charts-empty").hidden = store.size > 0;
 
@@ -316,7 +326,7 @@
       if (!name) return;
       event.target.value = "";
       fetchPoints([name], { max_points: page.max_points }).then(function () {
-        if (name.indexOf("eval/") === 0) addEvalChart(name); else addChart(grid, [name], { removable: true });
+        if (heldOutSection(name)) addHeldOutChart(name); else addChart(grid, [name], { removable: true });
         refreshPicker();
       });
     });

@@ -273,6 +273,40 @@ def test_param_line_finds_fields_in_toml_and_json():
 # --- the job page --------------------------------------------------------------------------------
 
 
+def test_the_job_page_draws_eval_and_validation_means_in_their_own_sections(owner_client, owner, spec):
+    job = submit(owner, spec, max_steps=30, name="held-out")
+    engine = Engine(job)
+    engine.running(0)
+    engine.metrics(
+        (0, {"eval/addition/mean": 0.1, "eval/addition/correct/mean": 0.1}),
+        (1, {"reward/mean": 0.1, "val/addition/mean": 0.2, "val/addition/correct/mean": 0.2}),
+        (2, {"reward/mean": 0.3, "eval/addition/mean": 0.4, "val/addition/mean": 0.5, "filter/zero_advantage/fraction": 0.25}),
+    )
+
+    response = owner_client.get(job_url(job))
+
+    assert response.status_code == 200
+    content = response.content.decode()
+    data = page_data(response)
+    assert data["eval_names"] == ["eval/addition/mean"]
+    assert data["val_names"] == ["val/addition/mean"]
+    # The first points hold the charts' metrics and both sections' means; the per-function means are in the picker.
+    assert [(point["step"], point["values"]) for point in data["metrics"]] == [
+        (0, {"eval/addition/mean": 0.1}),
+        (1, {"reward/mean": 0.1, "val/addition/mean": 0.2}),
+        (2, {"reward/mean": 0.3, "eval/addition/mean": 0.4, "val/addition/mean": 0.5}),
+    ]
+    assert {"eval/addition/correct/mean", "val/addition/correct/mean", "filter/zero_advantage/fraction"} <= set(data["metric_names"])
+    assert '<section id="val-section">' in content and '<div class="charts" id="val-charts">' in content
+    assert '<section id="eval-section">' in content
+
+
+def test_the_job_page_hides_the_validation_section_without_val_metrics(owner_client, running_job):
+    response = owner_client.get(job_url(running_job.job))
+    assert '<section id="val-section" hidden>' in response.content.decode()
+    assert page_data(response)["val_names"] == []
+
+
 def test_the_job_page_shows_status_progress_data_logs_events_and_rollouts(owner_client, running_job):
     job = running_job.job
     response = owner_client.get(job_url(job))
