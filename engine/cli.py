@@ -182,12 +182,23 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
     vllm_dtype = os.environ.get("LAB_ENGINE_VLLM_DTYPE") or "bfloat16"
     if vllm_dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(f"LAB_ENGINE_VLLM_DTYPE must be bfloat16, float16 or float32, not {vllm_dtype!r}", "internal_error")
+    # Where rollouts are sampled (engine/remote_inference.py): a running inference role's URL,
+    # one started for this run ("process"), or this process (the default).
+    inference = os.environ.get("LAB_ENGINE_INFERENCE_URL") or os.environ.get("LAB_ENGINE_INFERENCE") or ""
+    if inference == "local":
+        inference = ""
+    if inference and inference != "process" and not inference.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"LAB_ENGINE_INFERENCE must be local or process (or set LAB_ENGINE_INFERENCE_URL), not {inference!r}", "internal_error"
+        )
     config = EngineConfig(
         spec=parsed.spec,
         overlap=overlap,
         micro_batch_rollouts=max(1, micro_batch),
         rollout_backend=rollout,
         vllm_dtype=vllm_dtype,
+        inference=inference,
+        weights_dir=os.environ.get("LAB_ENGINE_WEIGHTS_DIR", ""),
     )
     return config, parsed.warnings
 

@@ -1,0 +1,100 @@
+"""Prime's own hosted-training template (tests/sdk/data/prime/rl.toml) with every optional section
+uncommented runs on Lab: submitted with ``lab jobs create -f rl.toml`` (its ``env_files`` read by
+the CLI as the job's secrets), distilled (``loss = "sft"``) from a teacher endpoint, with eval,
+[[eval.env]], val, adapters and checkpoints, and nothing the job produced holds the secret.
+
+What the test changes in the file: the model and environment ids (to installed ones, as
+Lab's docs say), the sizes (steps, batch, tokens, intervals: the template's are for a GPU
+pool), the teacher's endpoint (the engine's own inference server on the tiny model, started
+here, in place of OpenAI; the teacher model id becomes the tiny model with the others) and the warm-start checkpoint id (dropped: it names a checkpoint of Prime's).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from django.db import connection
+from labsdk import Lab
+
+from tests.e2e.test_cli_live import lab_cli
+from tests.engine.test_distill import teacher_server  # noqa: F401  (a fixture)
+from tests.sdk.test_prime_configs import TEMPLATE, installed, uncomment_everything
+from tests.stack import running_stack, wait_for
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("default_prices"),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
+]
+
+SECRET = "sk-prime-template-7d41c9"
+
+
+def sized_for_the_tiny_model(text: str, teacher_url: str) -> str:
+    """The uncommented template, with sizes a CPU test affords and the test's teacher endpoint."""
+    replacements = [
+        (r"^max_steps = \d+", "max_steps = 3"),
+        (r"^batch_size = \d+", "batch_size = 8"),
+        (r"^rollouts_per_example = \d+", "rollouts_per_example = 4"),
+        (r"^max_inflight_rollouts = \d+", "max_inflight_rollouts = 8"),
+        (r"^learning_rate = .*", "learning_rate = 1e-2"),
+        (r'^checkpoint_id = ".*"\n', ""),
+        (r"^max_tokens = \d+", "max_tokens = 6"),
+        (r"^interval = 100 ", "interval = 3 "),
+        (r"^interval = 100\n", "interval = 2\n"),
+        (r"^num_examples = 64", "num_examples = 4"),
+        (r"^num_examples = 30", "num_examples = 4"),
+        (r"^interval = 5\n", "interval = 1\n"),
+        (r'^args = \{ split = "train", max_examples = 1000 \}\n', ""),
+        (r'^base_url = "https://api.openai.com/v1"', f'base_url = "{teacher_url}/v1"'),
+    ]
+    for pattern, replacement in replacements:
+        text, count = re.subn(pattern, replacement, text, flags=re.M)
+        assert count, f"the template no longer has {pattern!r}"
+    return text
+
+
+def test_primes_template_with_every_section_runs_on_the_tiny_model(tmp_path, settings, owner, teacher_server):  # noqa: F811
+    spec_path = tmp_path / "rl.toml"
+    spec_path.write_text(sized_for_the_tiny_model(installed(uncomment_everything(TEMPLATE)), teacher_server))
+    (tmp_path / "secrets.env").write_text(f"OPENAI_API_KEY={SECRET}\n")
+
+    with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1") as stack:
+        created = lab_cli("jobs", "create", "-f", str(spec_path), "--json", key=owner.key, base_url=stack.base_url)
+        assert created.returncode == 0, created.stdout + created.stderr
+        job_id = json.loads(created.stdout)["id"]
+        with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
+            job = lab.jobs.retrieve(job_id)
+            warned = sorted({warning.split("'")[1] for warning in job.warnings if warning.startswith("'")})
+
+            def finished():
+                current = lab.jobs.retrieve(job_id)
+                return current if current.status in {"succeeded", "failed", "cancelled"} else None
+
+            done = wait_for(finished, timeout=600, what=f"{job_id} finished")
+            assert done.status == "succeeded", f"{done.to_dict()}\n{stack.logs()}"
+            points = {point.step: point.values for point in lab.jobs.metrics(job_id, limit=100)}
+            adapters = wait_for(lambda: [a for a in lab.adapters.list(job_id) if a.status == "ready"], timeout=30, what="an adapter")
+            checkpoints = lab.checkpoints.list(job_id)
+            events = list(lab.jobs.events(job_id, limit=100))
+            logs = list(lab.jobs.logs(job_id, limit=100))
+
+    # Lab warns only for keys it does not use (none of the sections this test runs).
+    assert not {"loss", "eval", "val", "adapters", "pre_batch_filters", "teacher"} & set(warned), job.warnings
+    # skip_first_step = false: the base model is evaluated at step 0, before any update.
+    assert sorted(points) == [0, 1, 2, 3]
+    assert sorted(points[0]) == [  # the mean and each reward function's
+        "eval/alphabet-sort/exact/mean", "eval/alphabet-sort/mean", "eval/alphabet-sort/position_accuracy/mean",
+    ], points[0]
+    assert "eval/alphabet-sort/mean" in points[2] and "eval/alphabet-sort/mean" not in points[1]
+    every = {name for values in points.values() for name in values}
+    assert {"loss/mean", "reward/mean", "eval/alphabet-sort/mean", "val/reverse-text/mean", "val/addition/mean"} <= every, sorted(every)
+    assert "mismatch_kl/mean" not in every  # distillation: no importance ratio
+    assert [(a.step, a.format) for a in adapters] == [(3, "peft-lora")]  # [adapters] interval = 0: at the end only
+    assert [c.step for c in checkpoints if c.status == "ready"] == [3]
+    produced = json.dumps([done.to_dict(), [e.to_dict() for e in events], [line.to_dict() for line in logs]])
+    assert "distilling from lab/tiny-random-llama" in produced
+    assert SECRET not in produced
