@@ -188,6 +188,21 @@ def adapter_download_response(adapter: Adapter, *, request: Any) -> HttpResponse
     )
 
 
+def adapter_fail_unfinished(*, job: Job, attempt_number: int) -> list[str]:
+    """Fail the ``uploading`` adapters of an attempt that has ended (the caller holds the job's
+    lock and has delivered the attempt's spool first): nothing will complete them any more.
+    Returns the public ids failed."""
+    failed = []
+    for adapter in Adapter.objects.select_for_update().filter(job=job, attempt=attempt_number, status=AdapterStatus.UPLOADING):
+        _mark_failed(
+            job=job,
+            adapter=adapter,
+            message=f"Adapter of step {adapter.step} failed: attempt {attempt_number} ended before completing its upload.",
+        )
+        failed.append(adapter.public_id)
+    return failed
+
+
 def adapter_fail_abandoned(*, older_than: datetime) -> list[str]:
     """Fail ``uploading`` adapters registered before ``older_than`` whose attempt is over (the job
     moved on to a newer attempt, or finished): nothing will complete them. Returns the ids failed."""

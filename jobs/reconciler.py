@@ -31,6 +31,7 @@ from django.utils import timezone
 from billing.ledger import AttemptUsage, job_usage_totals, next_closings, organizations_exhausted, usage_close
 from billing.pricing import micro_to_usd
 from jobs import dispatch, storage
+from jobs.adapters import adapter_fail_unfinished
 from jobs.checkpoints import checkpoint_fail_unfinished
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import bootstrap_token, job_token
@@ -203,6 +204,7 @@ def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now
     detail = {"attempt": attempt.number, "exit_code": code}
     # Nothing will complete this attempt's uploads any more (its spool was delivered first).
     checkpoint_fail_unfinished(job=job, attempt_number=attempt.number)
+    adapter_fail_unfinished(job=job, attempt_number=attempt.number)
     if code == 0:
         _record_missing_data(job, attempt)
         job_transition(job=job, to=S.SUCCEEDED, message="Finished all steps.", data=detail)

@@ -297,3 +297,28 @@ def test_an_adapter_left_in_an_exited_engines_spool_is_delivered_once(owner, spe
     assert statuses(job) == [(2, "failed"), (3, "ready")]  # nothing is copied from outside the work dir
     ready = Adapter.objects.unscoped().get(job=job, step=3)
     assert (ready.size_bytes, ready.sha256) == (size, digest)
+
+
+def test_an_ended_attempts_unfinished_adapter_upload_fails_at_once(owner, spec, tmp_path, monkeypatch):
+    from jobs import reconciler
+    from tests.jobs.test_spool_delivery import exited_launcher, launched, point, spool
+
+    workdir = tmp_path / "attempt-1"
+    job, attempt = launched(owner, spec, workdir)
+    spool(workdir, "metrics", [point(1), point(2), point(3)])
+    engine = APIClient()
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    base = f"/api/v1/ingest/jobs/{job.public_id}"
+    ready = upload(engine, base, 1, b"done")
+    stuck = engine.post(f"{base}/adapters", {"attempt": 1, "step": 2, "format": "peft-lora"}, format="json").json()
+    Path(stuck["upload"]["path"]).write_bytes(b"half")
+    monkeypatch.setattr(reconciler, "get_launcher", exited_launcher)
+
+    reconciler.reconcile_job(job_id=job.pk)
+
+    assert Job.objects.unscoped().get(pk=job.pk).status == "succeeded"
+    assert statuses(job) == [(1, "ready"), (2, "failed")]
+    assert not Path(stuck["upload"]["path"]).exists()
+    failed = JobEvent.objects.get(job=job, type="adapter.failed")
+    assert failed.message == "Adapter of step 2 failed: attempt 1 ended before completing its upload."
+    assert Adapter.objects.unscoped().get(public_id=ready["id"]).status == "ready"
