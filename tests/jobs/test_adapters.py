@@ -322,3 +322,22 @@ def test_an_ended_attempts_unfinished_adapter_upload_fails_at_once(owner, spec, 
     failed = JobEvent.objects.get(job=job, type="adapter.failed")
     assert failed.message == "Adapter of step 2 failed: attempt 1 ended before completing its upload."
     assert Adapter.objects.unscoped().get(public_id=ready["id"]).status == "ready"
+
+
+@pytest.mark.parametrize(
+    ("adapters", "param", "code"),
+    [
+        ({"keep_last": 0}, "adapters.keep_last", "out_of_range"),
+        ({"keep_last": -2}, "adapters.keep_last", None),
+        ({"interval": -1}, "adapters.interval", None),
+        ({"interval": 1, "keep": 3}, "adapters.keep", None),
+    ],
+)
+def test_a_bad_adapters_section_is_a_400_and_creates_no_job(owner, spec, adapters, param, code):
+    answer = owner.client().post("/api/v1/jobs", {**spec, "adapters": adapters}, format="json")
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_spec", param)
+    if code:
+        assert error["errors"][0]["code"] == code
+    assert not Job.objects.unscoped().exists()

@@ -557,6 +557,11 @@ class AdaptersConfig(_Section):
     interval: int | None = Field(None, ge=0, le=100_000, description="Steps between adapters; 0 = only at the end.")
     keep_last: int | None = Field(None, ge=-1, le=100, description="Adapters kept; -1 = all.")
 
+    @model_validator(mode="after")
+    def _check(self) -> AdaptersConfig:
+        _refuse_zero(self.keep_last, "keep_last")  # keeping none would delete each one once ready
+        return self
+
 
 class ResourcesConfig(_Section):
     """What the job runs on."""
