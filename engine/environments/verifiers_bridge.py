@@ -254,9 +254,9 @@ class Bridge:
             "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}},
         }
         if not issubclass(vf.environment_class(taskset), vf.SingleAgentEnv):
-            raise BridgeError("not_single_turn", f"taskset {taskset} brings its own Env (multi-agent): not supported yet")
+            raise BridgeError("not_single_turn", f"taskset {taskset}: brings its own Env (multi-agent), which Lab does not run yet")
         if vf.default_harness_id(taskset) != "bash":
-            raise BridgeError("not_single_turn", f"taskset {taskset} brings its own Harness (multi-turn): not supported yet")
+            raise BridgeError("not_single_turn", f"taskset {taskset}: brings its own Harness (multi-turn), which Lab does not run yet")
         try:
             config = vf.resolve_env_config(data)
             env = vf.load_environment(config)
@@ -268,7 +268,7 @@ class Bridge:
         if task_type.NEEDS_CONTAINER:
             raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks need a container runtime")
         if type(env.taskset).toolsets(env.taskset.config) or task_type.toolsets(env.taskset.config.task):
-            raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks use tools (multi-turn): not supported yet")
+            raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks use tools (multi-turn), which Lab does not run yet")
         handle = len(self.opened) + 1
         opened = Opened(env, taskset)
         try:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from engine.environments.verifiers_taskset import bridge_environment
 from tests.environments.test_engine_packages import run_engine
-from tests.environments.verifiers_wheels import require_verifiers_python, run_in_verifiers, spell_wheel
+from tests.environments.verifiers_wheels import SPELL_TASKSET, require_verifiers_python, run_in_verifiers, spell_wheel
+from tests.environments.wheelbuilder import build_wheel
 
 ENV_ID = "acme/spell-env@0.1.0"
 
@@ -167,3 +168,29 @@ def test_bridge_environment_keeps_the_basics_and_drops_lab_variables_and_secrets
         "PATH": "/usr/bin", "HOME": "/home/lab", "LC_ALL": "C.UTF-8", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1", "UV_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
     }
+
+
+def test_it_exits_2_for_a_multi_turn_taskset_that_brings_its_own_harness(tmp_path):
+    require_verifiers_python()
+    source = SPELL_TASKSET.format(prelude="") + (
+        "\n\nclass SpellHarness(vf.Harness):\n    async def launch(self, *args, **kwargs):\n        return None\n\n\n"
+        '__all__ = ["SpellTaskset", "SpellHarness"]\n'
+    )
+    wheel = build_wheel("chatty-spell", "0.1.0", files={"chatty_spell/__init__.py": source}, requires=["verifiers>=0.4.0"])
+    result = run_engine(tmp_path, "acme/chatty-spell@0.1.0", [wheel])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "engine: environment acme/chatty-spell@0.1.0: brings its own Harness (multi-turn), which Lab does not run yet"
+    )
+
+
+def test_it_exits_2_for_a_taskset_whose_tasks_have_no_prompt(tmp_path):
+    require_verifiers_python()
+    source = SPELL_TASKSET.format(prelude="").replace('prompt=f"Task {index}: spell \'{word}\' backwards.",', "prompt=None,")
+    assert "prompt=None," in source
+    wheel = build_wheel("mute-spell", "0.1.0", files={"mute_spell/__init__.py": source}, requires=["verifiers>=0.4.0"])
+    result = run_engine(tmp_path, "acme/mute-spell@0.1.0", [wheel])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "engine: environment acme/mute-spell@0.1.0: a task has no prompt (the user opens the conversation)"
+    )
