@@ -26,9 +26,18 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
+from django.db.models import Case, Q, Value, When
 from django.utils import timezone
 
-from billing.ledger import AttemptUsage, job_usage_totals, next_closings, organizations_exhausted, usage_close
+from billing.ledger import (
+    AttemptUsage,
+    job_usage_totals,
+    job_usage_totals_many,
+    next_closings,
+    organizations_exhausted,
+    usage_close,
+    usage_close_many,
+)
 from billing.pricing import micro_to_usd
 from jobs import dispatch, storage
 from jobs.adapters import adapter_fail_unfinished
@@ -178,6 +187,69 @@ def _record_usage(job: Job, attempt: JobAttempt, observation: Observation, now) 
     if result.exhausted and not ended and not attempt.stop_reason:
         attempt_request_stop(job=job, reason=StopReason.CREDIT)
         attempt.refresh_from_db()
+
+
+def _close_due_usage(attempts: list[JobAttempt], seen: dict[int, _Seen], now) -> None:
+    """Close the due usage intervals of a batch's running attempts in one ledger transaction
+    (``usage_close_many``; launcher times as ``_record_usage`` takes them), holding no job lock,
+    and raise their jobs' usage totals to the ledger's.
+
+    An organization whose billing account another closing holds is skipped, not waited for: its
+    jobs stay due, so the pass applies them one by one (``_record_usage``), as it does attempts
+    that ended and organizations with nothing left to spend. A failure here is logged and leaves
+    the same work to those.
+    """
+    try:
+        running = {}
+        for attempt in attempts:
+            look = seen.get(attempt.job_id)
+            if look is not None and look.observation.phase == AttemptPhase.RUNNING:
+                running[attempt.pk] = (attempt, look.observation.started_at or attempt.launched_at)
+        closings = next_closings({attempt_id: started_at for attempt_id, (_, started_at) in running.items()})
+        due = [(attempt, started_at) for attempt_id, (attempt, started_at) in running.items() if closings[attempt_id] <= now]
+        if not due:
+            return
+        jobs = Job.objects.unscoped().filter(pk__in=[attempt.job_id for attempt, _ in due]).values(
+            "pk", "public_id", "gpu_type", "gpus", "project_id", "project__organization_id"
+        )
+        by_pk = {job["pk"]: job for job in jobs}
+        usages = []
+        for attempt, started_at in due:
+            job = by_pk[attempt.job_id]
+            usages.append(AttemptUsage(
+                organization_id=job["project__organization_id"], project_id=job["project_id"],
+                job_public_id=job["public_id"], attempt_id=attempt.pk, attempt_number=attempt.number,
+                resource_type=job["gpu_type"], gpus=job["gpus"], started_at=started_at,
+            ))
+        result = usage_close_many(usages=usages, now=now, skip_locked=True)
+        _raise_usage_totals({interval.job_public_id for interval in result.closed})
+    except Exception:
+        logger.exception("closing a batch's usage intervals failed")
+
+
+def _raise_usage_totals(job_public_ids: set[str]) -> None:
+    """Set the usage totals of the jobs ``job_public_ids`` to their ledger sums, in one statement
+    taking no lock first. The ledger only grows, so a job whose totals are already past these
+    (another closing wrote newer ones meanwhile) is left as it is."""
+    totals = job_usage_totals_many(job_public_ids)
+    if not totals:
+        return
+    values = {
+        public_id: (float(sums.gpu_seconds), float(sums.cpu_seconds), micro_to_usd(sums.cost_micro_usd))
+        for public_id, sums in totals.items()
+    }
+    newer = Q()
+    for public_id, (gpu, cpu, cost) in values.items():
+        newer |= Q(public_id=public_id, gpu_seconds__lte=gpu, cpu_seconds__lte=cpu, cost_usd__lte=cost)
+
+    fields = ("gpu_seconds", "cpu_seconds", "cost_usd")
+    Job.objects.unscoped().filter(newer).update(**{
+        field: Case(
+            *(When(public_id=public_id, then=Value(value[position])) for public_id, value in values.items()),
+            output_field=Job._meta.get_field(field),
+        )
+        for position, field in enumerate(fields)
+    })
 
 
 def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
@@ -549,6 +621,7 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
         try:
             attempts = _launched_attempts(batch)
             seen = _look(launcher, attempts)
+            _close_due_usage(attempts, seen, timezone.now())
             idle = _idle_jobs(attempts, seen, timezone.now())
         except Exception:
             logger.exception("observing a batch failed")
