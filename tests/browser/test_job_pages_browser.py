@@ -59,6 +59,10 @@ args = { max_operand = 9 }
 interval = 10
 num_examples = 4
 
+[val]
+interval = 10
+num_examples = 4
+
 [checkpoints]
 interval = 10
 keep_last = 2
@@ -178,9 +182,17 @@ def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsi
     assert "prompt" in first_group.inner_text().lower()
     assert first_group.locator("td.num").count() >= 2  # reward and advantage per rollout
 
-    # Checkpoints are listed with download links; the eval chart exists.
+    # Checkpoints are listed with download links; the eval and validation charts exist, each
+    # with its points: eval at steps 0 (the base model), 10, 20, 30; validation at 10, 20, 30.
     page.wait_for_selector("#job-checkpoints a:has-text('Download')")
-    assert page.locator("#eval-charts figure").count() >= 1
+    assert page.locator("#eval-charts figure").count() == 1
+    page.wait_for_selector("#val-charts figure[data-metric='val/addition/mean'] canvas")
+    assert page.locator("#val-section").is_visible()
+    held_out_steps = page.evaluate(
+        "() => window.labJobPage.charts.filter(c => c.names[0].indexOf('/addition/mean') > 0 && c.names[0] !== 'reward/addition/mean')"
+        ".map(c => [c.names[0], Array.from(c.plot.data[0])])"
+    )
+    assert sorted(held_out_steps) == [["eval/addition/mean", [0, 10, 20, 30]], ["val/addition/mean", [10, 20, 30]]]
 
     # Any other metric can be charted from the list.
     page.select_option("#add-metric", "time/step")

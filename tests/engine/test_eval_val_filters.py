@@ -173,3 +173,13 @@ def test_it_gives_the_chat_template_the_reasoning_controls_it_uses(tmp_path, cap
     plain = trainer._prompt_ids(env, 0, "train", {})[0]
     suffix = tokenizer.encode("<think>", add_special_tokens=False)
     assert thinking == plain + suffix and len(suffix) > 0
+
+
+def test_the_transformers_backend_says_it_samples_without_vllms_parameters(tmp_path, caplog):
+    spec = tiny_spec(max_steps=1, sampling={"max_tokens": 6, "extra_body": {"top_k": 5}})
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        trainer, _ = trainer_for(tmp_path, spec)
+    assert "sampling.extra_body: the transformers rollout backend does not take vLLM sampling parameters" in caplog.text
+    assert trainer._sampling_params(trainer.config.spec.sampling) == {}
+    vllm_config = engine_config(spec, rollout_backend="vllm")
+    assert vllm_config.spec.sampling.sampling_params() == {"top_k": 5}

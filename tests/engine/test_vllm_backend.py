@@ -113,7 +113,12 @@ def test_it_refuses_a_weight_the_model_does_not_have(tiny):
 
 
 def test_it_runs_a_tiny_job_reporting_every_step_once(tmp_path, fake_lab):
-    spec = write_spec(tmp_path / "spec.json", max_steps=4, checkpoints={"interval": 2, "keep_last": 2}, eval={"interval": 4, "num_examples": 4})
+    spec = write_spec(
+        tmp_path / "spec.json", max_steps=4, checkpoints={"interval": 2, "keep_last": 2},
+        # extra_body reaches vLLM's SamplingParams for training and (overridden) eval rollouts.
+        sampling={"max_tokens": 6, "temperature": 1.0, "extra_body": {"top_k": 50, "min_p": 0.0}},
+        eval={"interval": 4, "num_examples": 4, "sampling": {"extra_body": {"top_k": 1}}},
+    )
     environment = {
         **os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "LAB_JOB_TOKEN": fake_lab.token,
         "LAB_ENGINE_ROLLOUT": "vllm", "LAB_ENGINE_VLLM_DTYPE": "float32", "LAB_ENGINE_OVERLAP": "1",
@@ -124,15 +129,19 @@ def test_it_runs_a_tiny_job_reporting_every_step_once(tmp_path, fake_lab):
     process = subprocess.run(command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=400)
     assert process.returncode == 0, process.stderr[-3000:]
     assert fake_lab.finish == [{"attempt": 1, "outcome": "succeeded"}]
-    assert fake_lab.metric_arrivals == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert fake_lab.metric_arrivals == {0: 1, 1: 1, 2: 1, 3: 1, 4: 1}  # step 0: the base model's eval
+    assert set(fake_lab.metrics[0]) == {"eval/reverse-text/mean", "eval/reverse-text/lcs_ratio/mean", "eval/reverse-text/exact/mean"}
     for step, values in fake_lab.metrics.items():
+        if step == 0:
+            continue
         assert values["perf/rollout_backend_vllm"] == 1.0
         assert values["perf/rollout_tokens_per_s"] > 0 and values["time/wait_for_weights"] > 0
         assert values["off_policy/steps_max"] == (0.0 if step == 1 else 1.0)
     # Steps after the first were sampled while the previous step trained: one version behind.
     assert any(values.get("mismatch_kl/mean", 0) > 0 for step, values in fake_lab.metrics.items() if step > 1)
+    assert not any("does not take vLLM sampling parameters" in line for line in fake_lab.logs.values())
     assert "eval/reverse-text/mean" in fake_lab.metrics[4]
-    assert any(values["loss/mean"] != 0.0 for values in fake_lab.metrics.values())
+    assert any(values.get("loss/mean", 0.0) != 0.0 for values in fake_lab.metrics.values())
     assert [c["step"] for c in fake_lab.checkpoints.values()] == [2, 4]
     assert {c["status"] for c in fake_lab.checkpoints.values()} == {"ready"}
     assert any(line.startswith("rollout backend: vllm") for line in fake_lab.logs.values())
