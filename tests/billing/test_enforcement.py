@@ -12,6 +12,7 @@ from billing.models import BillingAccount, CreditKind
 from jobs import reconciler
 from jobs.admission import admission_pass
 from jobs.models import Job, JobAttempt, JobStatus, StopReason
+from jobs.services import job_transition
 from tests.billing.conftest import at, observe, start_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
@@ -120,3 +121,34 @@ def test_the_spend_limit_stops_an_invoiced_job_too(owner, spec, launcher, billin
     assert JobAttempt.objects.get(pk=attempt.pk).stop_reason == StopReason.CREDIT
     account = BillingAccount.objects.get(organization=owner.organization)
     assert account.balance_micro_usd == 0  # invoiced: never drawn from credit
+
+
+@pytest.mark.parametrize(
+    "fields, code",
+    [
+        ({"balance_micro_usd": 0}, "insufficient_credit"),
+        ({"payment_failed": True}, "payment_failed"),
+        ({"monthly_spend_limit_micro_usd": 0}, "spend_limit_reached"),
+    ],
+)
+def test_the_prime_routes_that_start_a_run_are_402_when_nothing_can_run(owner, billing_on, fields, code):
+    from billing.accounts import BLOCKER_MESSAGES
+    from tests.prime.configs import tiny_config
+
+    client = owner.client()
+    submitted = client.post("/prime/api/v1/training/runs", {"config": tiny_config()}, format="json")
+    assert submitted.status_code == 200, submitted.content
+    job = Job.objects.for_project(owner.project).get(public_id=submitted.json()["runId"])
+    job_transition(job=job, to=JobStatus.FAILED, error_code="internal_error", error_message="lost")
+    set_account(owner, **fields)
+
+    refusals = [
+        client.post("/prime/api/v1/training/runs", {"config": tiny_config()}, format="json"),
+        client.post(f"/prime/api/v1/training/runs/{job.public_id}/resume", {}, format="json"),
+        client.put(f"/prime/api/v1/rft/runs/{job.public_id}/restart"),
+    ]
+
+    assert [(refused.status_code, refused.json()) for refused in refusals] == [(402, {"detail": BLOCKER_MESSAGES[code]})] * 3
+    assert Job.objects.for_project(owner.project).count() == 1
+    job.refresh_from_db()
+    assert (job.status, job.attempt) == (JobStatus.FAILED, 0)  # never queued again

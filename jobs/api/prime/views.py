@@ -189,7 +189,7 @@ class TrainingRunResumeView(PrimeAPIView):
     """``POST /training/runs/{id}/resume``: Lab's restart of a stopped or failed job from its
     latest ready checkpoint (``job_restart``), the same job id again; answers ``{"runId",
     "tokenValue"}``. The job keeps its spec and secrets: a ``gpuType`` other than its own, or new
-    tokens, are 422."""
+    tokens, are 422; 402 when billing lets nothing run."""
 
     def post(self, request: Request, run_id: str) -> Response:
         job = self.run(run_id)
@@ -250,7 +250,8 @@ class RunStopView(PrimeAPIView):
 
 class RunRestartView(PrimeAPIView):
     """``PUT /rft/runs/{id}/restart``: Lab's restart (``job_restart``: a failed or stopped job is
-    queued again and resumes from its latest ready checkpoint) → ``{"run"}``; 409 otherwise."""
+    queued again and resumes from its latest ready checkpoint) → ``{"run"}``; 409 otherwise; 402
+    when billing lets nothing run."""
 
     def put(self, request: Request, run_id: str) -> Response:
         return Response(self.run_body(job_restart(job=self.run(run_id), actor=self.actor)))
