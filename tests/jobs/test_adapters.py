@@ -11,6 +11,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -341,3 +342,32 @@ def test_a_bad_adapters_section_is_a_400_and_creates_no_job(owner, spec, adapter
     if code:
         assert error["errors"][0]["code"] == code
     assert not Job.objects.unscoped().exists()
+
+
+def test_on_s3_the_engine_puts_to_a_signed_url_and_a_download_redirects(owner, spec, s3_server, bucket, tmp_path):
+    from engine.reporter import HttpTransport
+
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    token = job_token(job_claim_for_start(job_id=job.pk))
+    engine = APIClient()
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    base = f"/api/v1/ingest/jobs/{job.public_id}"
+    registered = engine.post(f"{base}/adapters", {"attempt": 1, "step": 3, "format": "peft-lora"}, format="json").json()
+    assert registered["upload"]["method"] == "put"
+    content = b"lora weights" * 50
+    archive = tmp_path / "adapter.tar"
+    archive.write_bytes(content)
+    HttpTransport("http://127.0.0.1:9", job.public_id, token).upload(registered["upload"], archive)
+    completed = engine.post(
+        f"{base}/adapters/{registered['id']}/complete",
+        {"size_bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}, format="json",
+    )
+    assert completed.json() == {"id": registered["id"], "status": "ready"}
+    key = f"lab/checkpoints/{job.public_id}/adapters/{registered['id']}-a1.tar"
+    assert s3_server.keys(bucket) == [key]  # the upload was sealed into the archive key
+    answer = owner.client().get(f"/api/v1/adapters/{registered['id']}/download")
+    assert answer.status_code == 302 and answer["Cache-Control"] == "no-store"
+    assert httpx.get(answer["Location"], timeout=10).content == content
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.SUCCEEDED)
+    assert owner.client().delete(f"/api/v1/jobs/{job.public_id}").status_code == 204
+    assert s3_server.keys(bucket) == []
