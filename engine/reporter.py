@@ -164,7 +164,7 @@ class OfflineTransport:
     `metrics.jsonl` (one point per line, with its attempt), `samples.jsonl`, `logs.jsonl`,
     `checkpoints.jsonl` (completed checkpoints), `adapters.jsonl` (completed adapters),
     `status.json` (last heartbeat) and `finish.json`; checkpoint archives stay in `checkpoints/`,
-    adapter archives in `adapters/`.
+    adapter archives are copied into `adapter-archives/`.
     """
 
     def __init__(self, workdir: pathlib.Path):
@@ -202,7 +202,8 @@ class OfflineTransport:
             return {"id": checkpoint_id, "status": "ready"}
         if path == "adapters":
             adapter_id = f"adp_offline{body['step']:06d}"
-            archive = self.workdir / "adapters" / f"step-{body['step']:06d}.tar"
+            # Not the trainer's own adapters/, which it prunes once Lab (here: this transport) has an archive.
+            archive = self.workdir / "adapter-archives" / f"step-{body['step']:06d}.tar"
             self._checkpoints[adapter_id] = {"id": adapter_id, "step": body["step"], "attempt": attempt, "format": body["format"], "path": str(archive)}
             return {"id": adapter_id, "upload": {"method": "local", "path": str(archive)}}
         if path.startswith("adapters/") and path.endswith("/complete"):

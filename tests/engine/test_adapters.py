@@ -88,9 +88,9 @@ def test_the_reporter_registers_uploads_and_completes_adapters_in_their_own_lane
     rows = [json.loads(line) for line in (tmp_path / "lab" / "adapters.jsonl").read_text().splitlines()]
     assert rows == [{
         "id": "adp_offline000002", "step": 2, "attempt": 1, "format": "peft-lora", "status": "ready",
-        "path": str(tmp_path / "lab" / "adapters" / "step-000002.tar"), "size_bytes": size, "sha256": digest,
+        "path": str(tmp_path / "lab" / "adapter-archives" / "step-000002.tar"), "size_bytes": size, "sha256": digest,
     }]
-    assert ckpt.sha256_file(tmp_path / "lab" / "adapters" / "step-000002.tar") == digest
+    assert ckpt.sha256_file(tmp_path / "lab" / "adapter-archives" / "step-000002.tar") == digest
     assert not (tmp_path / "lab" / "checkpoints.jsonl").exists()
 
 
@@ -102,3 +102,25 @@ def test_pruning_keeps_only_the_archives_lab_has_not_settled(tmp_path):
     deleted = ckpt.prune_adapters(root, keep={root / "step-000002.tar"})
     assert sorted(path.name for path in deleted) == ["step-000001", "step-000001.tar", "step-000002"]
     assert [path.name for path in root.iterdir()] == ["step-000002.tar"]
+
+
+def test_an_offline_run_exports_an_adapter_every_interval_and_keeps_only_unsettled_local_copies(tmp_path):
+    from tests.engine.conftest import write_spec
+    from tests.engine.test_cli import engine, finish
+
+    spec = write_spec(tmp_path / "spec.json", adapters={"interval": 2}, checkpoints={"interval": 0, "keep_last": 1})
+    code, _, stderr = finish(engine(["--spec", str(spec)], tmp_path))
+    assert code == 0, stderr
+    work = tmp_path / "work"
+    rows = [json.loads(line) for line in (work / "adapters.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["format"], row["status"]) for row in rows] == [(2, "peft-lora", "ready"), (3, "peft-lora", "ready")]
+    for row in rows:
+        with tarfile.open(row["path"]) as tar:
+            names = set(tar.getnames())
+        assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= names
+        assert not any(name.startswith(ckpt.STATE_DIR) for name in names)
+        assert ckpt.sha256_file(row["path"]) == row["sha256"]
+    # The trainer's own adapters/ keeps no unpacked directory; the last archive was still
+    # unsettled when it was pruned (earlier ones go once Lab has them).
+    local = sorted(p.name for p in (work / ckpt.ADAPTER_ROOT).iterdir())
+    assert local[-1] == "step-000003.tar" and all(name.endswith(".tar") for name in local)
