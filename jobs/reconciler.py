@@ -25,8 +25,10 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, FloatField
 from django.db.models import Case, Q, Value, When
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from billing.ledger import (
@@ -473,10 +475,16 @@ def _look(launcher, attempts: list[JobAttempt]) -> dict[int, _Seen]:
 
 
 def _launched_attempts(job_ids: list[int]) -> list[JobAttempt]:
-    """Return the current attempt of each of ``job_ids`` that is launched, with its job (one query)."""
+    """Return the current attempt of each of ``job_ids`` that is launched, with what a pass reads
+    of its job (one query): its status, start and organization, and the spec's
+    ``max_runtime_minutes`` as ``max_runtime_minutes`` (minutes; the spec itself, the largest
+    column, is left in the database)."""
     return list(
         JobAttempt.objects.filter(job_id__in=job_ids, state=AttemptState.LAUNCHED, number=F("job__attempt"))
         .select_related("job__project")
+        .only("pk", "job_id", "number", "state", "handle", "launched_at", "last_heartbeat_at", "stop_requested_at",
+              "job__status", "job__started_at", "job__project", "job__project__organization")
+        .annotate(max_runtime_minutes=Cast(KeyTextTransform("max_runtime_minutes", "job__spec"), FloatField()))
     )
 
 
@@ -498,7 +506,7 @@ def _idle_jobs(attempts: list[JobAttempt], seen: dict[int, _Seen], now) -> set[i
         last_sign_of_life = attempt.last_heartbeat_at or max(attempt.launched_at, started_at)
         if now - last_sign_of_life > timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S):
             continue
-        if now - job.started_at > timedelta(minutes=job.spec["max_runtime_minutes"]):
+        if now - job.started_at > timedelta(minutes=attempt.max_runtime_minutes):
             continue
         candidates[attempt.pk] = (attempt, started_at)
     if not candidates:
@@ -522,7 +530,8 @@ def reconcile_job(*, job_id: int, seen: _Seen | None = None) -> None:
     launcher = get_launcher()
     if seen is None:
         seen = _look(launcher, _launched_attempts([job_id])).get(job_id)
-    if seen is not None and seen.observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST):
+    if (seen is not None and seen.observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST)
+            and launcher.engine_workdir(seen.handle) is not None):  # a spool Lab can read (not on a cluster)
         attempt = JobAttempt.objects.filter(pk=seen.attempt_id, state=AttemptState.LAUNCHED).first()
         if attempt is not None:
             _deliver_spool_of_exited(job_id, attempt, launcher)
@@ -536,13 +545,28 @@ def reconcile_job(*, job_id: int, seen: _Seen | None = None) -> None:
             logger.exception("launcher action failed", extra={"job_pk": job_id})
 
 
+def _lock_active(job_id: int) -> tuple[Job | None, JobAttempt | None]:
+    """Lock ``job_id`` if it is active and return it (with its project) and its current attempt:
+    one query when it has one (the attempt row with its job, locking the job's row only)."""
+    attempt = (
+        JobAttempt.objects.select_for_update(of=("job",)).select_related("job__project")
+        .filter(job_id=job_id, number=F("job__attempt"), job__status__in=ACTIVE_STATUSES).first()
+    )
+    if attempt is not None:
+        return attempt.job, attempt
+    job = (
+        Job.objects.unscoped().select_for_update(of=("self",)).select_related("project")
+        .filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
+    )
+    return job, (current_attempt(job) if job is not None else None)
+
+
 def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], None]]) -> None:
     """Apply what was seen of ``job_id``'s attempt under the job's lock."""
     now = timezone.now()
-    job = Job.objects.unscoped().select_for_update().filter(pk=job_id, status__in=ACTIVE_STATUSES).first()
+    job, attempt = _lock_active(job_id)
     if job is None:
         return
-    attempt = current_attempt(job)
     if attempt is None or attempt.state == AttemptState.ENDED:
         job_transition(job=job, to=S.FAILED, error_code=ErrorCode.INTERNAL_ERROR, error_message="The job lost its attempt.")
         return

@@ -131,9 +131,12 @@ class FakeGateway(ClusterGateway):
         since = int(resource_version)
         if since < self.compacted[kind.kind]:
             raise ResourceVersionGone(410, f"too old resource version: {since}")
-        for version, event in list(self.events[kind.kind]):
+        newer = []
+        for version, event in reversed(self.events[kind.kind]):  # from the newest: only what is new is read
             if version <= since:
-                continue
+                break
+            newer.append(event)
+        for event in reversed(newer):
             metadata = event.object["metadata"]
             if namespace and metadata.get("namespace") != namespace:
                 continue
