@@ -40,7 +40,7 @@ def test_jobs_create_takes_a_name_and_prints_prime_warnings(lab_env, capsys, spe
     status, out, err = run(capsys, "jobs", "create", "-f", spec_file(PRIME_ONLY_TOML), "--name", "prime-run")
 
     assert status == 0 and out == "job_0001\n"
-    assert err.count("warning: ") == 5  # env_files were read here, and left out of the spec
+    assert err.count("warning: ") == 4  # env_files were read here, and left out of the spec
     assert "'wandb' is a Prime Intellect setting" in err
     assert lab_env.jobs["job_0001"]["name"] == "prime-run"
     assert "env_files" not in lab_env.jobs["job_0001"]["spec"]
@@ -233,7 +233,7 @@ def test_spec_check_passes_locally_when_no_lab_is_configured(capsys, spec_file, 
 
     assert status == 0
     assert "valid locally; its model and environments were not checked (no LAB_API_KEY)" in out
-    assert err.count("warning: ") == 5
+    assert err.count("warning: ") == 4
 
 
 def test_spec_check_asks_lab_for_an_estimate_when_configured(lab_env, capsys, spec_file):

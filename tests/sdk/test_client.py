@@ -59,7 +59,7 @@ def test_it_creates_a_job_from_a_toml_file_with_a_name_override(fake_lab, lab_cl
     job = lab_client.jobs.create(spec_file=path, name="renamed")
 
     assert job.name == "renamed"
-    assert len(job.warnings) == 6
+    assert len(job.warnings) == 5
     assert job.spec["wandb"] == {"project": "lab-runs", "name": "addition"}
     assert json.loads(posts(fake_lab)[0].body)["oversampling_factor"] == 2.0
 
@@ -352,7 +352,7 @@ def test_estimate_validates_and_prices_a_spec(fake_lab, lab_client, tmp_path):
 
     assert estimate.cost_usd == Decimal("0.01")
     assert estimate.can_start_now is True
-    assert len(estimate.warnings) == 6
+    assert len(estimate.warnings) == 5
     assert posts(fake_lab, "/api/v1/jobs/estimate")
     assert fake_lab.jobs == {}
 
