@@ -3,7 +3,9 @@
     python -m engine run --spec FILE --job-id ID --attempt N --lab-url URL --workdir DIR
                          [--offline] [--resume-from CKPT_ID_OR_DIR_OR_TAR] [--init-from CKPT_ID_OR_DIR_OR_TAR]
 
-The job token comes from `LAB_JOB_TOKEN`, never from the command line. Exit codes:
+The job token comes from `LAB_JOB_TOKEN`, never from the command line; on the Kubernetes pool
+(`LAB_JOB_BOOTSTRAP_TOKEN` set) the engine asks Lab for its attempt, token and resume point
+first (docs/engine.md "Start-up on the Kubernetes pool"). Exit codes:
 0 finished all steps; 2 invalid spec, unknown model or environment, bad config (one line on
 stderr, before step 0); 3 stopped after a checkpoint (SIGTERM or Lab's `action: stop`);
 4 out of memory; 1 any other crash (Lab requeues and resumes).
@@ -271,6 +273,31 @@ def _init_dir(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
     raise ConfigError(f"--init-from {path} does not exist", "invalid_spec")
 
 
+def _open_attempt(args: argparse.Namespace, bootstrap: str) -> str | int:
+    """Open the attempt this pod runs with the job's bootstrap token (docs/ingest-api.md "Opening
+    an attempt"): set `args.attempt` and `args.resume_from` from Lab's answer and return the
+    attempt's job token; or return the exit code when there is none to run (2 without
+    `LAB_POD_UID`/`LAB_JOBSET_NAME`; 3 when Lab refuses: the job ended; 1 when Lab stays away)."""
+    from engine.reporter import AttemptRefused, IngestError, open_attempt
+
+    pod_uid, jobset = os.environ.get("LAB_POD_UID", ""), os.environ.get("LAB_JOBSET_NAME", "")
+    if not pod_uid or not jobset:
+        print("engine: LAB_JOB_BOOTSTRAP_TOKEN needs LAB_POD_UID and LAB_JOBSET_NAME", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        grant = open_attempt(args.lab_url, args.job_id, bootstrap, pod_uid=pod_uid, jobset=jobset)
+    except AttemptRefused as error:
+        print(f"engine: {_one_line(error)}", file=sys.stderr)
+        return EXIT_STOPPED
+    except IngestError as error:
+        print(f"engine: cannot open an attempt: {_one_line(error)}", file=sys.stderr)
+        return EXIT_CRASHED
+    args.attempt, args.resume_from = grant.attempt, grant.resume_from
+    print(f"engine: attempt {grant.attempt}" + (f", resuming from {grant.resume_from}" if grant.resume_from else ""),
+          file=sys.stderr, flush=True)
+    return grant.token
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one attempt; return the exit code."""
     from engine.distributed import DataParallel
@@ -295,6 +322,12 @@ def run(args: argparse.Namespace) -> int:
     from engine.spool import attempt_spool_dir
 
     token = os.environ.get("LAB_JOB_TOKEN", "")
+    bootstrap = "" if args.offline else os.environ.get("LAB_JOB_BOOTSTRAP_TOKEN", "")
+    if bootstrap:  # a pod on the Kubernetes pool: Lab says which attempt it runs
+        opened = _open_attempt(args, bootstrap)
+        if isinstance(opened, int):
+            return opened
+        token = opened
     if not args.offline and not token:
         print("engine: LAB_JOB_TOKEN is not set (or pass --offline)", file=sys.stderr)
         return EXIT_INVALID

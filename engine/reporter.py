@@ -143,6 +143,71 @@ class HttpTransport:
         self.client.close()
 
 
+@dataclass(frozen=True)
+class AttemptGrant:
+    """The attempt Lab opened for this pod: its number, its job token, the checkpoint to resume from."""
+
+    attempt: int
+    token: str
+    resume_from: str | None
+
+
+class AttemptRefused(Exception):
+    """Lab will run no attempt in this pod (the job has ended, or this JobSet does not run it)."""
+
+
+def open_attempt(
+    lab_url: str,
+    job_id: str,
+    bootstrap_token: str,
+    *,
+    pod_uid: str,
+    jobset: str,
+    wait_s: float = 300.0,
+    sleep: Callable[[float], None] = time.sleep,
+    transport: "HttpTransport | None" = None,
+) -> AttemptGrant:
+    """Open the attempt this pod runs (`POST /api/v1/ingest/jobs/{job_id}/attempts` with the job's
+    bootstrap token, `LAB_JOB_BOOTSTRAP_TOKEN`; docs/ingest-api.md "Opening an attempt").
+
+    Asks again, with capped exponential backoff (or the answer's `Retry-After`), while Lab is
+    unreachable, answers 429/5xx, or says `attempt_not_ready` (it has not yet seen the cluster
+    catch up), for up to `wait_s` seconds, then raises the last IngestError. Raises
+    AttemptRefused when Lab says no for good (`invalid_state`, 404, a bad token).
+    """
+    from labsdk.errors import LabError
+    from labsdk.retry import is_retryable_status
+
+    transport = transport or HttpTransport(lab_url, job_id, bootstrap_token)
+    deadline = time.monotonic() + wait_s
+    delay = 1.0
+    while True:
+        try:
+            answer = transport.client.request("POST", "attempts", json_body={"pod_uid": pod_uid, "jobset": jobset})
+            return AttemptGrant(attempt=int(answer["attempt"]), token=str(answer["token"]), resume_from=answer.get("resume_from"))
+        except LabError as error:
+            retry = error.code == "attempt_not_ready" or error.status_code is None or is_retryable_status(error.status_code)
+            if not retry:
+                raise AttemptRefused(f"Lab opens no attempt for this pod: {error}") from error
+            last = IngestError(f"POST attempts: {error}", retryable=True, status_code=error.status_code)
+            asked = _retry_after(getattr(error, "headers", None) or {})
+            wait = delay if asked is None else asked
+        if time.monotonic() + wait > deadline:
+            raise last
+        sleep(wait)
+        delay = min(delay * 2, 30.0)
+
+
+def _retry_after(headers: dict) -> float | None:
+    for key, value in headers.items():
+        if key.lower() == "retry-after":
+            try:
+                return max(0.0, min(float(value), 60.0))
+            except ValueError:
+                return None
+    return None
+
+
 def _require_archive(archive: pathlib.Path) -> None:
     """Raise a non-retryable IngestError when the archive to upload is gone: no retry brings it back."""
     if not pathlib.Path(archive).is_file():

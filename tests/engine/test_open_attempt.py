@@ -1,0 +1,78 @@
+"""The engine opens its attempt at pod start (docs/ingest-api.md "Opening an attempt"): against
+a local HTTP server standing in for Lab, through the real HTTP transport."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from werkzeug import Response
+
+from engine import cli
+from engine.reporter import AttemptRefused, IngestError, open_attempt
+
+PATH = "/api/v1/ingest/jobs/job_1/attempts"
+GRANT = {"attempt": 2, "token": "ljt_2.sig", "resume_from": "ckpt_abc"}
+
+
+def not_ready() -> Response:
+    body = {"error": {"type": "invalid_request_error", "code": "attempt_not_ready", "message": "ask again"}}
+    return Response(json.dumps(body), status=409, headers={"Retry-After": "0", "Content-Type": "application/json"})
+
+
+def test_it_asks_again_while_lab_is_not_ready_then_takes_the_grant(httpserver):
+    answers = iter([not_ready(), not_ready(), Response(json.dumps(GRANT), content_type="application/json")])
+    seen = []
+
+    def handler(request):
+        seen.append((request.headers["Authorization"], request.get_json()))
+        return next(answers)
+
+    httpserver.expect_request(PATH, method="POST").respond_with_handler(handler)
+    slept = []
+
+    grant = open_attempt(httpserver.url_for(""), "job_1", "ljb_boot", pod_uid="uid-7", jobset="js", sleep=slept.append)
+
+    assert (grant.attempt, grant.token, grant.resume_from) == (2, "ljt_2.sig", "ckpt_abc")
+    assert seen == [("Bearer ljb_boot", {"pod_uid": "uid-7", "jobset": "js"})] * 3
+    assert slept == [0.0, 0.0]
+
+
+def test_a_refusal_for_good_is_not_asked_again(httpserver):
+    body = {"error": {"type": "invalid_request_error", "code": "invalid_state", "message": "The job has cancelled"}}
+    httpserver.expect_oneshot_request(PATH, method="POST").respond_with_json(body, status=409)
+
+    with pytest.raises(AttemptRefused, match="cancelled"):
+        open_attempt(httpserver.url_for(""), "job_1", "ljb_boot", pod_uid="uid-7", jobset="js", sleep=lambda s: None)
+
+
+def test_it_gives_up_after_its_wait(httpserver):
+    httpserver.expect_request(PATH, method="POST").respond_with_response(not_ready())
+
+    with pytest.raises(IngestError):
+        open_attempt(httpserver.url_for(""), "job_1", "ljb_boot", pod_uid="uid-7", jobset="js", wait_s=0.0)
+
+
+def test_the_cli_takes_the_attempt_and_resume_point_from_the_grant(httpserver, monkeypatch):
+    httpserver.expect_oneshot_request(PATH, method="POST").respond_with_json(GRANT)
+    monkeypatch.setenv("LAB_POD_UID", "uid-7")
+    monkeypatch.setenv("LAB_JOBSET_NAME", "js")
+    args = argparse.Namespace(lab_url=httpserver.url_for(""), job_id="job_1", attempt=1, resume_from=None)
+
+    assert cli._open_attempt(args, "ljb_boot") == "ljt_2.sig"
+    assert (args.attempt, args.resume_from) == (2, "ckpt_abc")
+
+
+@pytest.mark.parametrize(("answer", "code"), [(None, cli.EXIT_INVALID), ({"status": 409, "code": "invalid_state"}, cli.EXIT_STOPPED)])
+def test_the_cli_exits_without_an_attempt_to_run(httpserver, monkeypatch, answer, code):
+    if answer is None:
+        monkeypatch.delenv("LAB_POD_UID", raising=False)
+    else:
+        monkeypatch.setenv("LAB_POD_UID", "uid-7")
+        httpserver.expect_oneshot_request(PATH, method="POST").respond_with_json(
+            {"error": {"type": "invalid_request_error", "code": answer["code"], "message": "no"}}, status=answer["status"])
+    monkeypatch.setenv("LAB_JOBSET_NAME", "js")
+    args = argparse.Namespace(lab_url=httpserver.url_for(""), job_id="job_1", attempt=1, resume_from=None)
+
+    assert cli._open_attempt(args, "ljb_boot") == code
