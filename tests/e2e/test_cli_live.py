@@ -175,9 +175,9 @@ def test_a_toml_with_only_prime_keys_is_accepted_with_warnings(cli, tenant, tmp_
     assert result.returncode == 0, result.stderr
     job = Job.objects.unscoped().get(project=tenant.project)
     assert result.stdout == f"{job.public_id}\n"
-    # oversampling_factor, max_async_level, trajectory_strategy, [wandb] and the reasoning controls;
-    # env_files is read by the CLI (the job's secrets), not sent
-    assert result.stderr.count("warning: ") == len(job.warnings) == 5
+    # oversampling_factor, max_async_level, trajectory_strategy and [wandb] (the reasoning controls
+    # go to the chat template); env_files is read by the CLI (the job's secrets), not sent
+    assert result.stderr.count("warning: ") == len(job.warnings) == 4
     assert job.spec["wandb"] == {"project": "lab-runs", "name": "addition"}
     assert job.spec["sampling"]["enable_thinking"] is False
     assert "env_files" not in job.spec and job.secrets.names == ["WANDB_API_KEY"]
