@@ -1,8 +1,10 @@
-"""Django admin for prices (a change keeps the old price for usage already run) and billing accounts."""
+"""Django admin for prices (a change keeps the old price for usage already run), billing accounts,
+the ledger (read only) and meter events (where an operator resolves the unconfirmed ones)."""
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
-from billing.models import BillingAccount, Price, UsageInterval
+from billing.metering import meter_event_resolve
+from billing.models import BillingAccount, MeterEvent, MeterEventState, Price, UsageInterval
 from billing.pricing import price_set
 
 
@@ -35,3 +37,40 @@ class UsageIntervalAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(MeterEvent)
+class MeterEventAdmin(admin.ModelAdmin):
+    """Meter events by state; an ``unconfirmed`` one is resolved after checking Stripe's meter
+    event summaries (docs/billing.md)."""
+
+    list_display = ["identifier", "state", "value", "attempts", "requested_at", "sent_at"]
+    list_filter = ["state"]
+    list_select_related = ["interval"]
+    readonly_fields = ["interval", "state", "value", "attempts", "created_at", "requested_at", "claimed_until", "sent_at"]
+    actions = ["stripe_has_it", "stripe_does_not_have_it"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="identifier")
+    def identifier(self, marker: MeterEvent) -> str:
+        """The meter event's ``identifier`` at Stripe: the interval's public id."""
+        return marker.interval.public_id
+
+    def _resolve(self, request, queryset, *, stripe_has_it: bool) -> None:
+        markers = list(queryset.filter(state=MeterEventState.UNCONFIRMED).select_related("interval"))
+        for marker in markers:
+            meter_event_resolve(interval_public_id=marker.interval.public_id, stripe_has_it=stripe_has_it)
+        self.message_user(request, f"{len(markers)} unconfirmed meter event(s) resolved.", messages.SUCCESS)
+
+    @admin.action(description="Stripe has it: mark sent")
+    def stripe_has_it(self, request, queryset) -> None:
+        self._resolve(request, queryset, stripe_has_it=True)
+
+    @admin.action(description="Stripe does not have it: send again")
+    def stripe_does_not_have_it(self, request, queryset) -> None:
+        self._resolve(request, queryset, stripe_has_it=False)

@@ -180,23 +180,33 @@ class StripeEvent(models.Model):
 
 
 class MeterEventState(models.TextChoices):
-    """Where an interval's Stripe meter event is."""
+    """Where an interval's Stripe meter event is (``billing.metering``)."""
 
-    SENDING = "sending"  # claimed; being sent (a retry resends it under the same identifier)
+    SENDING = "sending"  # owed: being sent, or to be sent again under the same identifier
     SENT = "sent"  # Stripe accepted it: never sent again
+    # Requested more than the resend window ago without Stripe's answer reaching Lab: Stripe may
+    # or may not have it, and would no longer dedupe a resend. Never sent again automatically; an
+    # operator checks Stripe and resolves it (``billing.metering.meter_event_resolve``).
+    UNCONFIRMED = "unconfirmed"
 
 
 class MeterEvent(models.Model):
-    """The marker that one invoiced interval's usage went to Stripe as a meter event.
+    """The marker that one invoiced interval's usage goes to Stripe as a meter event.
 
-    One row per interval (unique), written ``sending`` before the request and ``sent`` after
-    Stripe's answer: a sent interval is never sent again; one left ``sending`` by a crash is resent
-    with the same ``identifier`` (the interval's public id), which Stripe dedupes.
+    One row per interval (unique). A sender claims it (``claimed_until``, a lease) and records
+    ``requested_at`` before its first request, and marks it ``sent`` after Stripe's answer: a sent
+    interval is never sent again; one left ``sending`` by a crash is resent with the same
+    ``identifier`` (the interval's public id), which Stripe dedupes, only while ``requested_at``
+    is within the resend window; later it becomes ``unconfirmed`` for an operator.
     """
 
     interval = models.OneToOneField(UsageInterval, on_delete=models.PROTECT, related_name="meter_event")
-    state = models.CharField(max_length=8, choices=MeterEventState.choices, default=MeterEventState.SENDING)
+    state = models.CharField(max_length=12, choices=MeterEventState.choices, default=MeterEventState.SENDING)
     value = models.BigIntegerField()
     attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
+    # When the first request for it left (the start of Stripe's dedupe window); null until then.
+    requested_at = models.DateTimeField(null=True, blank=True)
+    # A sender holds it until then (no other sends it meanwhile); null or past: free to claim.
+    claimed_until = models.DateTimeField(null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)

@@ -1,4 +1,4 @@
-"""Billing fixtures: billing on or off, a fake launcher for the reconciler, running jobs."""
+"""Billing fixtures: billing on or off, a fake Stripe, a fake launcher for the reconciler, running jobs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from jobs.launchers.base import AttemptPhase, Observation
 from jobs.models import Job, JobAttempt, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
+from tests.billing.fake_stripe import FakeStripe
 from tests.jobs.fake_launcher import FakeLauncher
 
 #: A fixed moment the launcher's times are measured from in these tests.
@@ -28,6 +29,22 @@ def billing_on(settings, monkeypatch):
     settings.LAB_USAGE_INTERVAL_S = 60
     monkeypatch.setattr("billing.ledger.enqueue_meter_events", lambda: None)
     return settings
+
+
+#: The webhook signing secret of the fake Stripe's endpoint.
+SECRET = "whsec_test_secret"
+
+
+@pytest.fixture
+def fake_stripe(billing_on, monkeypatch):
+    """Billing on against a fake Stripe API on a local socket (``STRIPE_API_BASE``), with its
+    webhook secret and metered price set."""
+    with FakeStripe() as fake:
+        billing_on.STRIPE_API_BASE = fake.base_url
+        billing_on.STRIPE_WEBHOOK_SECRET = SECRET
+        billing_on.STRIPE_METERED_PRICE_ID = "price_metered_gpu_seconds"
+        monkeypatch.setattr("billing.ledger.enqueue_meter_events", lambda: None)
+        yield fake
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ whatever the number of attempts."""
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from decimal import Decimal
 
 import pytest

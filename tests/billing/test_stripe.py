@@ -16,23 +16,11 @@ from billing.metering import meter_events_send
 from billing.models import BillingAccount, CreditGrant, MeterEvent, StripeEvent
 from lab.audit import Actor
 from lab.services import api_key_create
-from tests.billing.fake_stripe import FakeStripe, signed
+from tests.billing.conftest import SECRET
+from tests.billing.fake_stripe import signed
 from tests.billing.test_billing_api import record
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
-
-SECRET = "whsec_test_secret"
-
-
-@pytest.fixture
-def fake_stripe(billing_on, monkeypatch):
-    with FakeStripe() as fake:
-        billing_on.STRIPE_API_BASE = fake.base_url
-        billing_on.STRIPE_WEBHOOK_SECRET = SECRET
-        billing_on.STRIPE_METERED_PRICE_ID = "price_metered_gpu_seconds"
-        monkeypatch.setattr("billing.ledger.enqueue_meter_events", lambda: None)
-        yield fake
-
 
 def event(type_: str, obj: dict, *, event_id: str = "evt_1", created: int | None = None, api_version: str | None = None) -> dict:
     return {
