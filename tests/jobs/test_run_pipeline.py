@@ -89,9 +89,13 @@ def test_a_job_created_with_the_sdk_runs_to_succeeded_with_every_step_stored_onc
     assert done["latest_checkpoint"]["status"] == "ready"
     assert done["latest_checkpoint"]["step"] == 3
     steps = list(MetricStep.objects.filter(job__public_id=job["id"]).order_by("step").values_list("step", "attempt"))
-    assert steps == [(1, 1), (2, 1), (3, 1)]
+    # Step 0 is the base model's eval (the example's [eval] interval = 3, skip_first_step left out).
+    assert steps == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert set(MetricStep.objects.get(job__public_id=job["id"], step=0).values) == {
+        "eval/addition/mean", "eval/addition/correct/mean", "eval/addition/answer_only/mean",
+    }
     values = MetricStep.objects.get(job__public_id=job["id"], step=3).values
-    assert {"reward/mean", "loss/mean", "time/step"} <= set(values)
+    assert {"reward/mean", "loss/mean", "time/step", "eval/addition/mean", "filter/zero_advantage/fraction"} <= set(values)
     types = list(JobEvent.objects.filter(job__public_id=job["id"]).order_by("id").values_list("type", flat=True))
     assert types[:3] == ["job.queued", "job.starting", "job.started"]
     assert types[-1] == "job.succeeded"
