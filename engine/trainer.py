@@ -1,11 +1,15 @@
 """The GRPO training loop: sample groups, score them, step the policy, report, checkpoint.
 
-One process per job holds the trainer and a rollout backend. With overlap on
-(`max_off_policy_steps` ≥ 1 and `EngineConfig.overlap`), the rollouts of step n+1 are sampled
-in a background thread by a copy of the policy from before step n while step n trains, so
-they are one step off-policy; the loss corrects with the importance ratio against the
-sampler's log-probabilities and `mismatch_kl/mean` reports the gap. Without overlap every
-batch is sampled by the current policy.
+One process per job holds the trainer and a rollout backend (in this process, or an
+inference role over HTTP). With overlap on (`max_off_policy_steps` = k ≥ 1 and
+`EngineConfig.overlap`), a rollout thread samples the batches of up to `async_depth` future
+steps while the trainer trains: while step n trains, the batches of steps up to n + depth are
+sampled by a copy of the policy from before step n (n - 1 updates), so a batch is at most k
+updates old (prime-rl's bounded off-policy asynchrony, `max_async_level`); the loss corrects
+with the importance ratio against the sampler's log-probabilities and `mismatch_kl/mean`,
+`off_policy/steps_mean` and `_max` report the gap. `max_inflight_rollouts` (or
+`oversampling_factor`) bounds the depth by the rollouts it allows in flight. Without overlap
+every batch is sampled by the current policy.
 
 Steps are numbered from 1: step n applies the n-th optimizer update, its metrics carry
 `step = n`, and the checkpoint taken after it has step n. Everything random is derived from
@@ -15,6 +19,7 @@ uninterrupted one on CPU.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import hashlib
 import json
@@ -179,6 +184,22 @@ class EngineConfig:
         """Whether rollouts of the next step are sampled while this one trains."""
         return self.overlap and self.spec.max_off_policy_steps >= 1
 
+    @property
+    def async_depth(self) -> int:
+        """How many future steps' batches are sampled ahead while the trainer trains (0 without
+        overlap): at most `max_off_policy_steps`, so that a batch's policy is never more than
+        that many updates old, and at most the batches that `max_inflight_rollouts` (or
+        `oversampling_factor` × batch_size) rollouts make, but at least one."""
+        if not self.use_overlap:
+            return 0
+        spec = self.spec
+        depth = spec.max_off_policy_steps
+        if spec.max_inflight_rollouts is not None:
+            depth = min(depth, max(1, spec.max_inflight_rollouts // spec.batch_size))
+        elif spec.oversampling_factor is not None:
+            depth = min(depth, max(1, int(spec.oversampling_factor)))
+        return depth
+
 
 @dataclass
 class RolloutBatch:
@@ -256,7 +277,8 @@ class Trainer:
             )
             logger.info("rollout backend: transformers (%s, torch threads %d)", self.device.type, torch.get_num_threads())
         self.start_step = 1
-        self.pending_batch: RolloutBatch | None = None
+        #: Batches sampled ahead for the steps after start_step - 1 (restored by resume).
+        self.pending_batches: list[RolloutBatch] = []
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
         self.env_names = [env.name for env in self.environments]
@@ -348,7 +370,8 @@ class Trainer:
         if state.spec_digest != self.config.digest():
             logger.warning("resuming from a checkpoint written with different training settings")
         self.start_step = state.step + 1
-        self.pending_batch = pending
+        # A checkpoint holds the batches sampled ahead: a list, or one batch (older checkpoints).
+        self.pending_batches = [] if pending is None else (list(pending) if isinstance(pending, list) else [pending])
         logger.info("resumed from %s at step %d", checkpoint_dir, state.step)
 
     # ---- rollouts ----
@@ -692,7 +715,7 @@ class Trainer:
 
     # ---- checkpoints ----
 
-    def _checkpoint(self, step: int, pending: RolloutBatch | None, metrics: dict[str, float] | None = None) -> pathlib.Path:
+    def _checkpoint(self, step: int, pending: list[RolloutBatch] | None, metrics: dict[str, float] | None = None) -> pathlib.Path:
         self.reporter.set_status("checkpointing", step)
         spec = self.config.spec
         card = ckpt.model_card(
@@ -734,6 +757,18 @@ class Trainer:
         ckpt.prune_adapters(root, keep=self.reporter.pending_archives(adapters=True))
         logger.info("adapter step %d: %s (%d bytes, sha256 %s)", step, archive.name, size, digest[:12])
 
+    def _sample_ahead(self, executor, generate_batch, step: int, version: int) -> concurrent.futures.Future:
+        """Sample `step`'s batch in the rollout thread with the policy as it is now (`version`
+        updates): its weights are copied here and loaded by that thread just before it samples,
+        so the trainer may update its own meanwhile."""
+        weights = [(name, tensor.clone()) for name, tensor in policy_weights(self.model)]
+
+        def sample() -> RolloutBatch:
+            self.rollout_backend.load_weights(weights, policy_version=version)
+            return generate_batch(step, version, self.rollout_backend)
+
+        return executor.submit(sample)
+
     def _load_policy(self, version: int) -> float:
         """Load the trainer's current weights into the rollout backend as policy `version`
         (optimizer updates seen); return the seconds it took."""
@@ -767,10 +802,13 @@ class Trainer:
         distilling = spec.loss == "sft"
         generate_batch = self._teacher_batch if distilling else self._generate_batch
         train_on = self._train_sft if distilling else self._train_on
-        pending: concurrent.futures.Future | None = None
-        if self.pending_batch is not None:
-            pending = concurrent.futures.Future()
-            pending.set_result(self.pending_batch)
+        depth = config.async_depth
+        # (step, future batch) of the steps sampled ahead, oldest first.
+        ahead: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
+        for restored in self.pending_batches:
+            future = concurrent.futures.Future()
+            future.set_result(restored)
+            ahead.append((restored.step, future))
         self.reporter.set_status("running", self.start_step - 1, f"rollout backend: {config.rollout_backend}")
         if self._stop_requested():
             return "stopped"
@@ -784,16 +822,20 @@ class Trainer:
             for step in range(self.start_step, spec.max_steps + 1):
                 step_started = time.perf_counter()
                 weights_seconds = 0.0
-                if pending is None:
+                if ahead and ahead[0][0] == step:
+                    batch = ahead.popleft()[1].result()
+                else:
                     weights_seconds += self._load_policy(step - 1)
                     batch = generate_batch(step, step - 1, self.rollout_backend)
-                else:
-                    batch = pending.result()
-                    pending = None
                 wait_seconds = time.perf_counter() - step_started - weights_seconds
-                if executor is not None and step < spec.max_steps:
-                    weights_seconds += self._load_policy(step - 1)
-                    pending = executor.submit(generate_batch, step + 1, step - 1, self.rollout_backend)
+                if executor is not None:
+                    # Sample up to `depth` steps ahead with the policy that trains this step
+                    # (step - 1 updates): a batch for step s is then s - step updates old.
+                    first = ahead[-1][0] + 1 if ahead else step + 1
+                    for future_step in range(first, min(step + depth, spec.max_steps) + 1):
+                        snapshot_started = time.perf_counter()
+                        ahead.append((future_step, self._sample_ahead(executor, generate_batch, future_step, step - 1)))
+                        weights_seconds += time.perf_counter() - snapshot_started
                 rewards = torch.tensor(batch.rewards, dtype=torch.float32)
                 train_started = time.perf_counter()
                 if distilling:  # distillation trains on every teacher token alike: no advantages, no filters
@@ -810,8 +852,8 @@ class Trainer:
                 validating = (self.parallel.is_main and bool(self.val_targets) and bool(spec.val.setting("interval"))
                               and step % spec.val.setting("interval") == 0)
                 if evaluating or validating:
-                    if pending is not None:
-                        pending.result()  # the sampler is free, and its weights can move to this step's
+                    for _, future in ahead:
+                        future.result()  # the sampler is free, and its weights can move to this step's
                     weights_seconds += self._load_policy(step)
                     if evaluating:
                         metrics.update(self._evaluate(step))
@@ -846,19 +888,19 @@ class Trainer:
                 self.reporter.set_status("running", step)
                 stopping = self.parallel.any(self._stop_requested()) and step < spec.max_steps
                 if stopping or step == spec.max_steps or (spec.checkpoints.interval and step % spec.checkpoints.interval == 0):
-                    # The rollouts already sampled for the next step go into the checkpoint,
+                    # The rollouts already sampled for the next steps go into the checkpoint,
                     # so a resume trains on exactly what an uninterrupted run would.
-                    next_batch = pending.result() if pending is not None else None
+                    next_batches = [future.result() for _, future in ahead]
                     if self.parallel.is_main:
-                        self._checkpoint(step, next_batch, metrics)
+                        self._checkpoint(step, next_batches or None, metrics)
                 if self.parallel.is_main and ckpt.adapter_due(spec.adapters, step, spec.max_steps):
                     self._adapter(step, metrics)
                 if stopping:
                     logger.info("stop requested: stopped after step %d with a checkpoint", step)
                     return "stopped"
         finally:
-            if pending is not None and not pending.done():
-                pending.cancel()
+            for _, future in ahead:
+                future.cancel()
             if executor is not None:
                 executor.shutdown(wait=True)
         return "succeeded"

@@ -83,10 +83,10 @@ def test_it_creates_from_a_dict_and_from_keyword_fields(lab, tenant, spec):
 
 
 def test_it_stores_prime_keys_and_warns_about_them(lab, spec):
-    job = lab.jobs.create(spec, oversampling_factor=2, wandb={"project": "x"})
+    job = lab.jobs.create(spec, oversampling_factor=1.5, wandb={"project": "x"})
 
     assert len(job.warnings) == 2
-    assert any("oversampling_factor" in warning for warning in job.warnings)
+    assert any("'oversampling_factor': the engine samples whole batches ahead" in warning for warning in job.warnings)
     assert any("wandb" in warning for warning in job.warnings)
     assert job.spec["wandb"] == {"project": "x"}
     assert lab.jobs.retrieve(job.id).warnings == job.warnings

@@ -53,7 +53,7 @@ def test_it_loads_the_weights_only_and_starts_at_step_one(trained, tmp_path):
     trainer.initialize_from(trained)
     reporter.close("succeeded", timeout=10)
     assert trainer.start_step == 1
-    assert trainer.pending_batch is None
+    assert trainer.pending_batches == []
     assert trainer.optimizer.state_dict()["state"] == {}
     source = adapter(trained)
     loaded = {name: tensor.detach() for name, tensor in trainer.model.state_dict().items() if "lora_" in name}

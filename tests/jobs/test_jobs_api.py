@@ -60,7 +60,7 @@ def test_it_accepts_a_spec_with_only_prime_keys_and_warns(owner):
         "rollouts_per_example": 4,
         "learning_rate": 5e-4,
         "lora_alpha": 32,
-        "oversampling_factor": 2.0,
+        "oversampling_factor": 1.5,
         "max_async_level": 2,
         "trajectory_strategy": "interleaved",
         "sampling": {"max_tokens": 24, "temperature": 1.0, "enable_thinking": False},
@@ -74,7 +74,7 @@ def test_it_accepts_a_spec_with_only_prime_keys_and_warns(owner):
     for key in ("oversampling_factor", "max_async_level", "trajectory_strategy", "wandb"):
         assert key in warned
     assert "enable_thinking" not in warned  # passed to the chat template (the engine's log says when it has no use for it)
-    assert body["spec"]["oversampling_factor"] == 2.0
+    assert body["spec"]["oversampling_factor"] == 1.5
     assert body["spec"]["wandb"] == {"project": "x"}
 
 

@@ -61,7 +61,7 @@ def test_it_creates_a_job_from_a_toml_file_with_a_name_override(fake_lab, lab_cl
     assert job.name == "renamed"
     assert len(job.warnings) == 5
     assert job.spec["wandb"] == {"project": "lab-runs", "name": "addition"}
-    assert json.loads(posts(fake_lab)[0].body)["oversampling_factor"] == 2.0
+    assert json.loads(posts(fake_lab)[0].body)["oversampling_factor"] == 1.5
 
 
 def test_it_creates_a_job_from_keyword_fields(fake_lab, lab_client):

@@ -133,7 +133,7 @@ def test_it_accepts_the_older_template_translating_keep_cloud_and_warning_for_de
     assert parsed.spec.checkpoints.keep_last == -1  # keep_cloud = -1: all; [adapters] keep_last is separate
     assert parsed.spec.max_off_policy_steps == 4
     assert keys_warned(parsed.warnings) == [
-        "oversampling_factor", "max_async_level", "eval.eval_base_model", "eval.env.0.args.split", "wandb",
+        "max_async_level", "eval.eval_base_model", "eval.env.0.args.split", "wandb",
         "env_files", "trajectory_strategy", "buffer",
     ]
     assert parsed.spec.eval.skip_first_step is False  # eval_base_model = true, inverted

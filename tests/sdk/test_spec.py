@@ -119,7 +119,7 @@ def test_it_accepts_a_prime_only_toml_with_warnings_and_stores_their_keys():
         "Lab uses it as max_off_policy_steps = 2"
     )
     stored = parsed.to_dict()
-    assert stored["oversampling_factor"] == 2.0
+    assert stored["oversampling_factor"] == 1.5
     assert stored["max_async_level"] == 2
     assert stored["max_off_policy_steps"] == 2
     assert stored["trajectory_strategy"] == "interleaved"

@@ -41,8 +41,6 @@ _DEPRECATED: dict[str, str] = {
 
 #: Keys Lab validates and stores but whose behaviour is still to come (dotted path -> what Lab does now).
 _NOT_YET_USED: dict[str, str] = {
-    "max_inflight_rollouts": "the engine samples one batch of batch_size rollouts at a time",
-    "oversampling_factor": "the engine samples one batch of batch_size rollouts at a time",
 }
 
 #: Fields of an ``[[env]]`` block still to come.
@@ -88,9 +86,17 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
     def given(path: str) -> bool:
         return _lookup(data, path)[0]
 
-    for path in ("max_inflight_rollouts", "oversampling_factor"):
-        if given(path):
-            warnings.append(_not_yet(path, _NOT_YET_USED[path]))
+    inflight = spec.max_inflight_rollouts
+    if inflight is None and spec.oversampling_factor is not None:
+        inflight = spec.oversampling_factor * spec.batch_size
+    if inflight is not None and inflight % spec.batch_size:
+        batches = max(1, int(inflight // spec.batch_size))
+        path = "max_inflight_rollouts" if spec.max_inflight_rollouts is not None else "oversampling_factor"
+        warnings.append(
+            f"'{path}': the engine samples whole batches ahead, so it keeps {batches} batch"
+            f"{'es' if batches > 1 else ''} of {spec.batch_size} rollouts in flight ({batches * spec.batch_size} rollouts), "
+            f"and never more than max_off_policy_steps = {spec.max_off_policy_steps}"
+        )
     if given("max_async_level"):
         if given("max_off_policy_steps"):
             warnings.append(
