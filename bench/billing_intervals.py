@@ -5,7 +5,7 @@ second by 8 concurrent worker processes on PostgreSQL, billing on, every organiz
 workers at once, interval after interval, so every interval is contended. Each worker closes its
 200 attempts as a reconciler pass does (``jobs.reconciler.RECONCILE_BATCH``, 200 jobs): one
 ``usage_close_many(skip_locked=True)`` call per step, in which one interval of each attempt is
-due, so a worker never waits for an organization the other one is closing; 6 steps
+due, so a worker never waits for an organization the other one is closing; 12 steps
 (``--per-interval``: one ``usage_close`` call per attempt, the path before batching). A rate of
 1,000 intervals/s is what 60,000 running attempts need at the default 60 s interval, so the
 bench runs many attempts for a few intervals; ``--attempts 64 --intervals 60`` is the shape it
@@ -70,7 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-interval", action="store_true", help="one usage_close call per attempt and step")
     parser.add_argument("--attempts", type=int, default=800, help="running attempts (default 800)")
-    parser.add_argument("--intervals", type=int, default=6, help="intervals closed per attempt (default 6)")
+    parser.add_argument("--intervals", type=int, default=12, help="intervals closed per attempt (default 12)")
     options = parser.parse_args()
     os.environ["STRIPE_API_KEY"] = "sk_bench_no_stripe_call_is_made_for_prepaid"
     _django.setup()
