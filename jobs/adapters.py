@@ -83,22 +83,24 @@ def adapter_register(*, job: Job, attempt: JobAttempt, step: int, format: str) -
     return adapter, storage.upload_target(storage.upload_key(adapter.storage_key))
 
 
-def adapter_complete(*, job: Job, adapter_id: str, size_bytes: int, sha256: str) -> Adapter:
+def adapter_complete(*, job: Job, attempt_number: int, adapter_id: str, size_bytes: int, sha256: str) -> Adapter:
     """Verify the stored archive's size (bytes) and hex SHA-256: ``ready`` when they match, else ``failed``.
 
     The upload is sealed and hashed before any row is locked (as ``checkpoint_complete`` does);
     the outcome is applied under the job's lock. A ready adapter records an ``adapter.ready``
     JobEvent (data ``{"adapter_id", "step"}``; the webhook adds ``job_id`` and ``download_url``)
     and applies retention. Completing a ready adapter again is a no-op. Raises ApiError 404 for
-    an adapter of another job, 409 ``invalid_state`` for one that failed or was deleted.
+    an adapter of another job, 409 ``stale_attempt`` when ``attempt_number`` (the reporting
+    attempt) is not the one the adapter now belongs to (a newer attempt took its step over), 409
+    ``invalid_state`` for one that failed or was deleted.
     """
-    adapter = _completable(job=job, adapter_id=adapter_id)
+    adapter = _completable(job=job, attempt_number=attempt_number, adapter_id=adapter_id)
     if adapter.status == AdapterStatus.READY:
         return adapter
     stored = storage.seal(adapter.storage_key, expected_size=size_bytes)
     with transaction.atomic():
         job = Job.objects.unscoped().select_for_update().get(pk=job.pk)
-        adapter = _completable(job=job, adapter_id=adapter_id, lock=True)
+        adapter = _completable(job=job, attempt_number=attempt_number, adapter_id=adapter_id, lock=True)
         if adapter.status == AdapterStatus.READY:
             return adapter
         if stored == (size_bytes, sha256):
@@ -119,12 +121,17 @@ def adapter_complete(*, job: Job, adapter_id: str, size_bytes: int, sha256: str)
         return adapter
 
 
-def _completable(*, job: Job, adapter_id: str, lock: bool = False) -> Adapter:
-    """Return ``job``'s adapter ``adapter_id``; 404 when it has none, 409 when it failed or is deleted."""
+def _completable(*, job: Job, attempt_number: int, adapter_id: str, lock: bool = False) -> Adapter:
+    """Return ``job``'s adapter ``adapter_id``; 404 when it has none, 409 when another attempt owns
+    it now or it failed or is deleted."""
     rows = Adapter.objects.select_for_update() if lock else Adapter.objects.all()
     adapter = rows.filter(job=job, public_id=adapter_id).first() if len(adapter_id) <= 64 else None
     if adapter is None:
         raise ApiError(404, "not_found", "No such adapter.")
+    if adapter.attempt != attempt_number:
+        raise ApiError(
+            409, "stale_attempt", f"This adapter's step was exported again by attempt {adapter.attempt}.", param="attempt"
+        )
     if adapter.status in (AdapterStatus.FAILED, AdapterStatus.DELETED):
         raise ApiError(409, "invalid_state", f"This adapter is {adapter.status}; it cannot be completed.")
     return adapter

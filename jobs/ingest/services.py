@@ -276,7 +276,8 @@ def adapter_complete(*, attempt: JobAttempt, adapter_id: str, report: AdapterCom
             param="size_bytes",
         )
     return adapters.adapter_complete(
-        job=attempt.job, adapter_id=adapter_id, size_bytes=report.size_bytes, sha256=report.sha256
+        job=attempt.job, attempt_number=attempt.number, adapter_id=adapter_id,
+        size_bytes=report.size_bytes, sha256=report.sha256,
     )
 
 

@@ -371,3 +371,27 @@ def test_on_s3_the_engine_puts_to_a_signed_url_and_a_download_redirects(owner, s
     job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.SUCCEEDED)
     assert owner.client().delete(f"/api/v1/jobs/{job.public_id}").status_code == 204
     assert s3_server.keys(bucket) == []
+
+
+def test_an_older_attempt_cannot_complete_a_step_a_newer_attempt_took_over(owner, spec):
+    job, old_engine, base = start(owner, spec)
+    registered = old_engine.post(f"{base}/adapters", {"attempt": 1, "step": 2, "format": "peft-lora"}, format="json").json()
+    Path(registered["upload"]["path"]).write_bytes(b"attempt one")
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.QUEUED, message="preempted")
+    new_engine = APIClient()
+    new_engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(job_claim_for_start(job_id=job.pk))}")
+    taken = new_engine.post(f"{base}/adapters", {"attempt": 2, "step": 2, "format": "peft-lora"}, format="json").json()
+    assert taken["id"] == registered["id"]
+
+    late = old_engine.post(
+        f"{base}/adapters/{registered['id']}/complete",
+        {"size_bytes": 11, "sha256": hashlib.sha256(b"attempt one").hexdigest()}, format="json",
+    )
+    assert late.status_code == 409 and late.json()["error"]["code"] == "stale_attempt"
+    assert statuses(job) == [(2, "uploading")]
+    Path(taken["upload"]["path"]).write_bytes(b"attempt two")
+    done = new_engine.post(
+        f"{base}/adapters/{taken['id']}/complete",
+        {"size_bytes": 11, "sha256": hashlib.sha256(b"attempt two").hexdigest()}, format="json",
+    )
+    assert done.json()["status"] == "ready"
