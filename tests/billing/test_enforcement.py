@@ -11,7 +11,7 @@ from billing.accounts import account_for, credit_add
 from billing.models import BillingAccount, CreditKind
 from jobs import reconciler
 from jobs.admission import admission_pass
-from jobs.models import Job, JobAttempt, JobStatus, StopReason
+from jobs.models import Checkpoint, CheckpointStatus, Job, JobAttempt, JobStatus, StopReason
 from jobs.services import job_transition
 from tests.billing.conftest import at, observe, start_job
 
@@ -72,6 +72,7 @@ def test_a_running_job_that_runs_out_stops_fails_and_continues_after_a_top_up(ow
     job, attempt = start_job(owner, spec, launcher)
     set_account(owner, balance_micro_usd=2000)  # 72 s of a CPU job at $0.10/h
     observe(launcher, attempt)
+    checkpoint = Checkpoint.objects.create(job=job, step=4, attempt=1, format="peft-lora", status=CheckpointStatus.READY)
 
     monkeypatch.setattr(timezone, "now", lambda: at(60))
     reconciler.reconcile_job(job_id=job.pk)
@@ -100,6 +101,7 @@ def test_a_running_job_that_runs_out_stops_fails_and_continues_after_a_top_up(ow
     assert restarted.status_code == 200
     assert admission_pass().started == [job.pk]
     assert Job.objects.unscoped().get(pk=job.pk).attempt == 2
+    assert JobAttempt.objects.get(job=job, number=2).resume_from == checkpoint  # it continues from its checkpoint
 
 
 def test_without_billing_a_job_is_never_stopped_for_credit(owner, spec, launcher, monkeypatch):

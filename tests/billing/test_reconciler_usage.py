@@ -95,3 +95,25 @@ def test_the_totals_are_never_lowered_by_an_older_sum(owner, many_running, monke
     reconciler._raise_usage_totals({job.public_id})
     job.refresh_from_db()
     assert (job.cpu_seconds, job.cost_usd) == (120.0, Decimal("0.003333"))
+
+
+def test_an_invoiced_jobs_usage_closed_by_passes_goes_to_stripe_once_and_draws_no_credit(
+    owner, spec, launcher, fake_stripe, monkeypatch
+):
+    from billing.metering import meter_events_send
+
+    account = account_for(owner.organization.pk)
+    BillingAccount.objects.filter(pk=account.pk).update(plan="invoiced", stripe_customer_id="cus_inv")
+    job, attempt = start_job(owner, spec, launcher)
+    observe(launcher, attempt)
+
+    pass_at(monkeypatch, at(130))
+    pass_at(monkeypatch, at(130))
+    assert meter_events_send() == 2
+    pass_at(monkeypatch, at(190))
+    assert (meter_events_send(), meter_events_send()) == (1, 0)
+
+    identifiers = [request["form"]["identifier"] for request in fake_stripe.calls("/v1/billing/meter_events")]
+    assert sorted(identifiers) == sorted(UsageInterval.objects.unscoped().filter(job_public_id=job.public_id).values_list("public_id", flat=True))
+    assert len(identifiers) == 3
+    assert BillingAccount.objects.get(pk=account.pk).balance_micro_usd == 10_000_000
