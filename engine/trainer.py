@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import pathlib
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -63,6 +64,17 @@ _EVAL_SEED_OFFSET = 1 << 40
 _VAL_SEED_OFFSET = 1 << 41
 #: Prompts per sampling call of an eval or a validation (bounds memory on large splits).
 _HELD_OUT_PROMPTS_PER_CALL = 64
+
+
+def environment_index(index: int, ratios: list[float] | None, *, count: int, seed: int) -> int:
+    """Return which of the `count` training environments the `index`-th group of the run
+    (counted over all steps) samples from: round-robin when `ratios` is None, else (one ratio
+    per environment, from `[[env]] ratio`, 1 where a block gives none) drawn with probability
+    ratio / sum(ratios), as prime-rl mixes its environments. The draw is seeded by `seed` and
+    `index` alone, so a resumed run draws exactly what an uninterrupted one does."""
+    if ratios is None:
+        return index % count
+    return random.Random(f"lab-env-mix:{seed}:{index}").choices(range(count), weights=ratios)[0]
 
 
 def extra_sampling(params: dict) -> dict:
@@ -175,6 +187,8 @@ class EngineConfig:
             "sampling_params": spec.sampling.sampling_params(),
             "chat_template_kwargs": spec.sampling.chat_template_kwargs(),
         }
+        if any(env.ratio for env in spec.env):  # only then, so that older checkpoints keep their digest
+            data["env_ratios"] = [env.ratio for env in spec.env]
         if spec.loss == "sft":  # only then, so that GRPO checkpoints keep their digest
             data["teacher"] = [spec.teacher.model, spec.teacher.endpoint().base_url]
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -282,6 +296,8 @@ class Trainer:
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
         self.env_names = [env.name for env in self.environments]
+        # [[env]] ratio: the training environments' shares of each batch (None: round-robin).
+        self.env_ratios = [env.ratio or 1.0 for env in spec.env] if any(env.ratio for env in spec.env) else None
         self.template_kwargs = usable_template_kwargs(
             self.tokenizer, spec.sampling.chat_template_kwargs(), where="sampling", model=spec.model
         )
@@ -398,7 +414,7 @@ class Trainer:
         env_indices, prompts, examples = [], [], []
         for slot in range(groups):
             index = (step - 1) * groups + slot
-            env_index = index % len(self.environments)
+            env_index = environment_index(index, self.env_ratios, count=len(self.environments), seed=spec.seed)
             ids, example = self._prompt_ids(self.environments[env_index], index, "train")
             env_indices.append(env_index)
             prompts.append(ids)
@@ -640,7 +656,7 @@ class Trainer:
         requests = []
         for slot in range(groups):
             index = (step - 1) * groups + slot
-            env_index = index % len(self.environments)
+            env_index = environment_index(index, self.env_ratios, count=len(self.environments), seed=spec.seed)
             ids, example = self._prompt_ids(self.environments[env_index], index, "train")
             requests.append((index, env_index, ids, example))
         max_tokens = (sampling.max_tokens if sampling and sampling.max_tokens else None) or spec.sampling.max_tokens

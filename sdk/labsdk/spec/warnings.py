@@ -45,7 +45,7 @@ _NOT_YET_USED: dict[str, str] = {
 
 #: Fields of an ``[[env]]`` block still to come.
 _ENV_NOT_YET_USED = (
-    "name", "max_retries", "harness", "ratio", "group_size", "max_turns", "max_input_tokens",
+    "name", "max_retries", "harness", "group_size", "max_turns", "max_input_tokens",
     "max_output_tokens", "timeout", "retries",
 )
 
