@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, Sum
 
 from billing.pricing import price_table
@@ -169,14 +170,51 @@ def _start_order(queued: list[QueuedJob]) -> list[int]:
     return order
 
 
+#: Where Kueue's visibility API last placed Lab's jobs (``kueue_places_record``), and how long
+#: that stands without a newer reading (seconds; the reconciler's pass records one every pass).
+_KUEUE_PLACES_KEY = "lab:queue:kueue-places"
+KUEUE_PLACES_TTL_S = 60
+
+
+def kueue_places_record(*, places: dict[str, int], pending: int) -> None:
+    """Record the 1-based place in Kueue's ClusterQueue of each job waiting there (by public id)
+    and how many workloads wait there in all, as the visibility API said (the reconciler's pass:
+    one call per pass); ``queue_positions`` reads it."""
+    cache.set(_KUEUE_PLACES_KEY, {"places": places, "pending": pending}, KUEUE_PLACES_TTL_S)
+
+
+def kueue_places_forget() -> None:
+    """Forget Kueue's places (the visibility API is not served): Lab's own estimate stands."""
+    cache.delete(_KUEUE_PLACES_KEY)
+
+
 def queue_positions(jobs: list[Job]) -> dict[int, int]:
     """Return the 1-based queue place of each queued job among ``jobs`` (by primary key): its
     place in admission's start order (priority, fair share, age). A constant number of queries
-    whatever the page; jobs that are not queued are left out."""
-    page = {job.pk for job in jobs if job.status == JobStatus.QUEUED}
+    whatever the page; jobs that are not queued are left out.
+
+    On the Kubernetes pool, while Kueue's visibility API is read (``kueue_places_record``), a job
+    waiting in Kueue (its JobSet launched, or parked after a preemption; ``starting`` or
+    ``queued``) has Kueue's place, and a job Lab has not launched yet comes after everything
+    waiting in Kueue, in Lab's order."""
+    kueue = cache.get(_KUEUE_PLACES_KEY) if settings.LAB_LAUNCHER == "kubernetes" else None
+    positions: dict[int, int] = {}
+    if kueue is not None:
+        positions = {job.pk: kueue["places"][job.public_id] for job in jobs if job.public_id in kueue["places"]}
+    page = {job.pk for job in jobs if job.status == JobStatus.QUEUED and job.pk not in positions}
     if not page:
-        return {}
-    return {job_id: place for place, job_id in enumerate(_start_order(queued_jobs()), start=1) if job_id in page}
+        return positions
+    queued = queued_jobs()
+    offset = 0
+    if kueue is not None:
+        from jobs.readmission import awaiting_readmission  # jobs.readmission imports jobs.services
+
+        waiting = awaiting_readmission(job.job_id for job in queued)
+        queued = [job for job in queued if job.job_id not in waiting]
+        offset = kueue["pending"]
+    positions.update({job_id: offset + place for place, job_id in enumerate(_start_order(queued), start=1)
+                      if job_id in page})
+    return positions
 
 
 def queue_position(job: Job) -> int | None:

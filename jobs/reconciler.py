@@ -65,6 +65,8 @@ from jobs.models import (
     StopReason,
 )
 from jobs.environment_packages import launch_packages
+from jobs.pool import cluster_inventory_refresh
+from jobs.queue import kueue_places_forget, kueue_places_record
 from jobs.readmission import PARKED, attempt_unpark, parked_attempts
 from jobs.secrets.services import engine_secrets
 from jobs.services import attempt_request_stop, current_attempt, job_record_event, job_transition, store_log_lines
@@ -635,6 +637,25 @@ def _watch_parked(launcher) -> list[dict]:
     return waiting
 
 
+def _record_queue_places(launcher) -> None:
+    """Record where the jobs whose attempt waits in the pool's own queue stand there (Kueue's
+    visibility API on Kubernetes: one call per pass, whatever the number of jobs), for
+    ``jobs.queue.queue_positions``; forget them when the launcher cannot say."""
+    queue = launcher.queue_places()
+    if queue is None:
+        kueue_places_forget()
+        return
+    waiting = JobAttempt.objects.filter(
+        number=F("job__attempt"), job__status__in=(S.STARTING, S.QUEUED), state__in=(AttemptState.LAUNCHED, AttemptState.ENDED)
+    ).values_list("job__public_id", "handle")
+    places = {}
+    for public_id, handle in waiting:
+        place = queue.places.get((handle.get("namespace"), handle.get("jobset")))
+        if place is not None:
+            places[public_id] = place
+    kueue_places_record(places=places, pending=queue.pending)
+
+
 def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
     """Reconcile every active job, ``batch_size`` at a time (the launcher asked about a whole
     batch at once, no lock held), and end orphan engine processes; return how many jobs were seen."""
@@ -657,7 +678,15 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
                 reconcile_job(job_id=job_id, seen=seen.get(job_id))
             except Exception:  # one broken job must not stop the others from being reconciled
                 logger.exception("reconcile failed", extra={"job_pk": job_id})
+    try:  # the pool's inventory from the cluster's nodes, for submit's checks (jobs.pool)
+        cluster_inventory_refresh()
+    except Exception:
+        logger.exception("reading the pool's inventory failed")
     parked = _watch_parked(launcher)
+    try:
+        _record_queue_places(launcher)
+    except Exception:  # places are for show; the pass goes on without them
+        logger.exception("reading the queue's places failed")
     live = [attempt.handle for attempt in JobAttempt.objects.filter(state=AttemptState.LAUNCHED).only("handle")]
     for workdir in launcher.sweep_orphans(live + parked):
         logger.warning("ended an orphan engine process", extra={"workdir": workdir})

@@ -23,6 +23,7 @@ from lab.config import (
     env_int_list,
     env_json,
     env_list,
+    env_raw,
     env_str,
 )
 
@@ -170,6 +171,8 @@ LAB_STORAGE_URL = env_str("LAB_STORAGE_URL", "")
 if LAB_STORAGE_URL and not LAB_STORAGE_URL.startswith("s3://"):
     raise ImproperlyConfigured("LAB_STORAGE_URL must be empty (filesystem) or s3://bucket/prefix")
 LAB_POOL = env_json("LAB_POOL", {"nodes": [{"gpu_type": "cpu", "gpus": 0, "count": 1}]})
+# Without LAB_POOL the Kubernetes pool's inventory is read from the cluster's nodes (jobs/pool.py).
+LAB_POOL_CONFIGURED = env_raw("LAB_POOL") is not None
 if not isinstance(LAB_POOL, dict) or not isinstance(LAB_POOL.get("nodes"), list):
     raise ImproperlyConfigured('LAB_POOL must be a JSON object like {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}]}')
 LAB_ENGINE_IMAGE = env_str("LAB_ENGINE_IMAGE", "lab-engine:latest")

@@ -53,6 +53,15 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class QueuePlaces:
+    """Where launched attempts wait in the pool's own queue: ``places`` maps a handle's
+    ``(namespace, name)`` to its 1-based place, ``pending`` is how many wait there in all."""
+
+    places: dict[tuple[str, str], int]
+    pending: int
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     """Everything needed to start one attempt of the engine.
 
@@ -146,6 +155,17 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def cleanup(self, handle: dict) -> None:
         """Free what the attempt held once it ended (processes, pods, secrets, scratch files)."""
+
+    def queue_places(self) -> QueuePlaces | None:
+        """Return where launched attempts wait in the pool's own queue (Kueue's, on Kubernetes),
+        or None when the pool has none or cannot say (Lab's own estimate stands then)."""
+        return None
+
+    def pool_inventory(self) -> list[dict] | None:
+        """Return the node groups of the pool this launcher runs on, read from it
+        (``[{"gpu_type", "gpus", "count", "product"}]``), or None when it cannot tell (the local
+        launcher: ``LAB_POOL`` says). May raise LauncherUnavailable."""
+        return None
 
     def handle_for_readmission(self, handle: dict) -> dict:
         """Return the handle to keep for the job's next attempt when an observation said

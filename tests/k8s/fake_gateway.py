@@ -5,7 +5,8 @@ It keeps objects with increasing ``resourceVersion``s, answers label selectors, 
 duplicate create as the real gateway does (the existing object, counted in ``conflicts``),
 keeps a bounded event log per kind for watches (older versions are 410 Gone), garbage-collects
 dependents (``ownerReferences``) on delete, and plays the controllers Lab relies on: Kueue
-(a Workload per suspended JobSet; ``admit``, ``evict``, ``mark_inadmissible``) and JobSet/Job/
+(a Workload per suspended JobSet; ``admit``, ``evict``, ``mark_inadmissible``; its visibility
+API's pending workloads) and JobSet/Job/
 kubelet (``run``, ``exit``, ``oom``, ``image_pull_error``, ``unschedulable``). Faults are
 injected per call with ``fail`` (status 410, 429, 500, or 0 for no answer at all).
 """
@@ -30,6 +31,8 @@ from jobs.launchers.kubernetes.gateway import (
 from jobs.launchers.kubernetes.kinds import JOB, JOBSET, POD, WORKLOAD, Kind, kind_of
 
 TIME = "2026-12-01T12:00:00Z"
+#: The WorkloadPriorityClasses' values (k8s/base/kueue.yaml), as Kueue copies them into a Workload.
+PRIORITIES = {"lab-low": 100, "lab-normal": 500, "lab-high": 1000}
 
 
 def matches(labels: dict, selector: str) -> bool:
@@ -69,6 +72,7 @@ class FakeGateway(ClusterGateway):
         self._uids = itertools.count(1)
         self._seconds = itertools.count(1)  # the cluster's clock: each reading is a second later
         self._admissions: dict[tuple[str, str], int] = defaultdict(int)
+        self.visibility = True  # Kueue's visibility API is served
 
     # --- faults -----------------------------------------------------------------------------
 
@@ -159,6 +163,26 @@ class FakeGateway(ClusterGateway):
             return True
         self._delete(key)
         return True
+
+    def pending_workloads(self, cluster_queue: str, *, limit: int = 1000) -> list[dict] | None:
+        """Kueue's visibility API: the Workloads not holding quota, by priority (high first), then
+        creation (an evicted one keeps its place), as ``PendingWorkloadsSummary`` items; None
+        while ``visibility`` is off (the API not served)."""
+        self.calls.append(("pending_workloads", "PendingWorkloadsSummary"))
+        if not self.visibility:
+            return None
+        pending = [obj for (kind, _, _), obj in self.objects.items() if kind == "Workload"
+                   and not any(entry["type"] in ("QuotaReserved", "Finished") and entry["status"] == "True"
+                               for entry in obj.get("status", {}).get("conditions") or [])]
+        pending.sort(key=lambda obj: (-obj["spec"]["priority"], int(obj["metadata"]["uid"].split("-")[1])))
+        items, per_queue = [], defaultdict(int)
+        for position, obj in enumerate(pending[:limit]):
+            queue = (obj["metadata"]["namespace"], obj["spec"]["queueName"])
+            items.append({"metadata": {key: obj["metadata"][key] for key in ("name", "namespace", "ownerReferences")},
+                          "priority": obj["spec"]["priority"], "localQueueName": queue[1],
+                          "positionInClusterQueue": position, "positionInLocalQueue": per_queue[queue]})
+            per_queue[queue] += 1
+        return items
 
     # --- the controllers ----------------------------------------------------------------------
 
@@ -310,7 +334,8 @@ class FakeGateway(ClusterGateway):
             "metadata": {"name": f"jobset-{metadata['name']}", "namespace": metadata["namespace"],
                          "uid": f"uid-{next(self._uids)}", "ownerReferences": [self._owner(jobset)]},
             "spec": {"queueName": metadata["labels"].get("kueue.x-k8s.io/queue-name", ""),
-                     "priorityClassName": metadata["labels"].get("kueue.x-k8s.io/priority-class", "")},
+                     "priorityClassName": metadata["labels"].get("kueue.x-k8s.io/priority-class", ""),
+                     "priority": PRIORITIES.get(metadata["labels"].get("kueue.x-k8s.io/priority-class", ""), 0)},
             "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
                                        "message": "couldn't assign flavors"}]},
         }

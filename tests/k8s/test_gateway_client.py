@@ -213,3 +213,25 @@ def test_the_cache_keeps_current_in_background_threads_against_the_api(httpserve
         assert list(cache.group("lab-acme", "js").pods) == ["a"]
     finally:
         cache.stop(wait_s=5)
+
+
+PENDING = "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/lab/pendingworkloads"
+
+
+def test_it_reads_kueues_pending_workloads_in_one_call(httpserver, gateway):
+    item = {"metadata": {"name": "jobset-lab-job-abc-a1-1f2e3", "namespace": "lab-acme",
+                         "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                                              "name": "lab-job-abc-a1", "uid": "u1"}]},
+            "priority": 500, "localQueueName": "lab", "positionInClusterQueue": 3, "positionInLocalQueue": 1}
+    httpserver.expect_oneshot_request(PENDING, method="GET", query_string={"limit": "1000", "offset": "0"}).respond_with_json(
+        {"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta2", "metadata": {}, "items": [item]})
+
+    assert gateway.pending_workloads("lab") == [item]
+
+
+@pytest.mark.parametrize("code", [404, 403, 503])
+def test_without_the_visibility_api_it_says_none_and_asks_once(httpserver, gateway, slept, code):
+    httpserver.expect_request(PENDING, method="GET").respond_with_json(status(code, "NotFound"), status=code)
+
+    assert gateway.pending_workloads("lab") is None
+    assert len(httpserver.log) == 1 and slept == []  # never retried: the caller has its own estimate

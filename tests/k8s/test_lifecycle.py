@@ -54,6 +54,7 @@ def clock() -> Clock:
 def launcher(monkeypatch, settings, cluster, clock) -> KubernetesLauncher:
     settings.LAB_LAUNCHER = "kubernetes"
     settings.LAB_POOL = {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}, {"gpu_type": "cpu", "gpus": 0, "count": 4}]}
+    settings.LAB_POOL_CONFIGURED = True
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(engine_image="lab-engine-gpu:test"),
                                   background=False, clock=clock)
     monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
@@ -518,3 +519,37 @@ def test_the_heartbeat_clock_starts_with_the_pods_not_the_launch(owner, spec, la
     cluster.run(NAMESPACE, name, started_at=iso(datetime.now(timezone.utc) - timedelta(minutes=5)))
     reconciler.reconcile_job(job_id=job.pk)
     assert [delete for delete in cluster.deletes if delete[0] == "Pod"] == [("Pod", f"{name}-engine-0-pod", 0)]  # killed
+
+
+def test_queue_positions_come_from_kueues_visibility_api_one_call_per_pass(owner, spec, gpu_spec, launcher, cluster):
+    first, first_attempt = submit(owner, gpu_spec)
+    high = {**spec, "priority": "high"}
+    second, second_attempt = submit(owner, high)
+    waiting = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)  # not launched by Lab yet
+    calls = len([call for call in cluster.calls if call[0] == "pending_workloads"])
+
+    reconciler.reconcile_all()
+
+    assert len([call for call in cluster.calls if call[0] == "pending_workloads"]) == calls + 1
+    assert [job_to_dict(reload(job))["queue_position"] for job in (second, first, waiting)] == [1, 2, 3]
+    assert (reload(first).status, reload(first).status_reason) == (S.STARTING, "kueue_pending")
+
+    cluster.admit(NAMESPACE, second_attempt.handle["jobset"])
+    reconciler.reconcile_all()
+    assert [job_to_dict(reload(job))["queue_position"] for job in (second, first, waiting)] == [None, 1, 2]
+
+    cluster.visibility = False  # Kueue's VisibilityOnDemand off: Lab's own estimate
+    reconciler.reconcile_all()
+    assert [job_to_dict(reload(job))["queue_position"] for job in (first, waiting)] == [None, 1]
+
+
+def test_a_parked_job_keeps_its_kueue_place(owner, spec, launcher, cluster):
+    job, attempt, name = running(owner, spec, cluster)
+    later, _ = submit(owner, spec)  # waits in Kueue behind it (created after it)
+    cluster.evict(NAMESPACE, name)
+    reconciler.reconcile_job(job_id=job.pk)
+
+    reconciler.reconcile_all()
+
+    assert reload(job).status == S.QUEUED
+    assert [job_to_dict(reload(each))["queue_position"] for each in (job, later)] == [1, 2]

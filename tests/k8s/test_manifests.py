@@ -150,10 +150,12 @@ def test_the_kueue_objects_are_the_ones_the_launcher_names(rendered):
 
 
 #: The gateway call each RBAC verb stands for (``apply`` creates, and gets on 409).
-VERBS = {"apply": ["create", "get"], "get": ["get"], "list": ["list"], "watch": ["watch"], "delete": ["delete"]}
+VERBS = {"apply": ["create", "get"], "get": ["get"], "list": ["list"], "watch": ["watch"], "delete": ["delete"],
+         "pending_workloads": ["get"]}
 RESOURCES = {"Namespace": ("", "namespaces"), "Secret": ("", "secrets"), "Pod": ("", "pods"), "Job": ("batch", "jobs"),
              "JobSet": ("jobset.x-k8s.io", "jobsets"), "LocalQueue": ("kueue.x-k8s.io", "localqueues"),
-             "Workload": ("kueue.x-k8s.io", "workloads")}
+             "Workload": ("kueue.x-k8s.io", "workloads"), "Node": ("", "nodes"),
+             "PendingWorkloadsSummary": ("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads")}
 
 
 def test_the_launchers_rbac_grants_exactly_what_it_calls(rendered):
@@ -170,6 +172,8 @@ def test_the_launchers_rbac_grants_exactly_what_it_calls(rendered):
     launcher.cancel(handle)
     launcher.cleanup(handle)
     launcher.sweep_orphans([])
+    launcher.pool_inventory()
+    launcher.queue_places()
     used = {(RESOURCES[kind], verb) for call, kind in cluster.calls for verb in VERBS[call]}
     role = next(obj for obj in rendered if obj["kind"] == "ClusterRole")
     granted = {((group, resource), verb) for rule in role["rules"] for group in rule["apiGroups"]

@@ -25,6 +25,7 @@ def client(token: str) -> APIClient:
 @pytest.fixture
 def launched(owner, spec, settings):
     settings.LAB_LAUNCHER = "kubernetes"
+    settings.LAB_POOL_CONFIGURED = True
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
     JobAttempt.objects.filter(pk=attempt.pk).update(state="launched", handle={"namespace": "lab-acme", "jobset": "js-1"})

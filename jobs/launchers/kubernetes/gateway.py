@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from jobs.launchers.base import LauncherUnavailable
 from jobs.launchers.kubernetes.kinds import Kind, kind_of
 
+#: Kueue's on-demand visibility API (an aggregated API served by Kueue's controller).
+VISIBILITY_API = "visibility.kueue.x-k8s.io/v1beta2"
 #: Answers worth asking again: throttling and server-side failures.
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 
@@ -98,6 +100,17 @@ class ClusterGateway(abc.ABC):
     def delete(self, kind: Kind, name: str, namespace: str | None = None, *, grace_period_s: int | None = None) -> bool:
         """Delete the named object with Background propagation (its dependents are deleted by
         the garbage collector); return False when it was already gone."""
+
+    @abc.abstractmethod
+    def pending_workloads(self, cluster_queue: str, *, limit: int = 1000) -> list[dict] | None:
+        """Return the first ``limit`` pending workloads of ClusterQueue ``cluster_queue`` in
+        Kueue's order, from Kueue's visibility API (``visibility.kueue.x-k8s.io/v1beta2``,
+        ``clusterqueues/{name}/pendingworkloads``: its ``PendingWorkloadsSummary`` items, each with
+        ``metadata`` (name, namespace, ``ownerReferences``: the JobSet), ``priority``,
+        ``localQueueName``, ``positionInClusterQueue`` and ``positionInLocalQueue``, from 0).
+        None when the API is not there or does not answer (Kueue's ``VisibilityOnDemand`` off,
+        its APIService unavailable, no RBAC): asked once, never retried, since a caller has an
+        estimate of its own."""
 
 
 class TokenBucket:
@@ -241,21 +254,33 @@ class KubernetesGateway(ClusterGateway):
             raise
         return True
 
+    def pending_workloads(self, cluster_queue: str, *, limit: int = 1000) -> list[dict] | None:
+        path = f"/apis/{VISIBILITY_API}/clusterqueues/{cluster_queue}/pendingworkloads"
+        try:
+            summary = self._json("GET", path, query=[("limit", str(limit)), ("offset", "0")], retries=0)
+        except ClusterError:
+            return None
+        items = summary.get("items")
+        return items if isinstance(items, list) else None
+
     # --- requests -----------------------------------------------------------------------------
 
-    def _json(self, method: str, path: str, *, query: list | None = None, body: dict | None = None) -> dict:
-        response = self._request(method, path, query=query, body=body, timeout=self.request_timeout_s)
+    def _json(self, method: str, path: str, *, query: list | None = None, body: dict | None = None,
+              retries: int | None = None) -> dict:
+        response = self._request(method, path, query=query, body=body, timeout=self.request_timeout_s, retries=retries)
         return json.loads(response.read() or b"{}")
 
     def _request(self, method: str, path: str, *, query: list | None = None, body: dict | None = None,
-                 timeout: float):
-        """Send one request, paced and retried; return the client's RESTResponse of a 2xx answer."""
+                 timeout: float, retries: int | None = None):
+        """Send one request, paced and retried (``retries``, default ``max_retries``); return the
+        client's RESTResponse of a 2xx answer."""
         import urllib3
 
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        for attempt in range(self.max_retries + 1):
+        max_retries = self.max_retries if retries is None else retries
+        for attempt in range(max_retries + 1):
             self.bucket.take()
             retry_after = None
             try:
@@ -274,7 +299,7 @@ class KubernetesGateway(ClusterGateway):
                 retry_after = response.headers.get("Retry-After")
                 if status not in RETRYABLE_STATUSES:
                     raise _error(status, message)
-            if attempt == self.max_retries:
+            if attempt == max_retries:
                 raise ClusterUnavailable(status, message)
             self.retries += 1
             self._sleep(self._backoff(attempt, retry_after))

@@ -14,13 +14,17 @@ deletes with no grace); a JobSet still waiting in Kueue has no pods and is delet
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 
-from jobs.launchers.base import AttemptPhase, Launcher, LaunchRequest, Observation
+from jobs.launchers.base import AttemptPhase, Launcher, LaunchRequest, Observation, QueuePlaces
 from jobs.launchers.kubernetes.cache import ClusterCache, GroupObjects, WatchSpec
 from jobs.launchers.kubernetes.gateway import ClusterGateway, ClusterUnavailable
-from jobs.launchers.kubernetes.kinds import JOB, JOBSET, POD, WORKLOAD
+from jobs.launchers.kubernetes.kinds import JOB, JOBSET, NODE, POD, WORKLOAD
 from jobs.launchers.kubernetes.objects import (
+    CLUSTER_QUEUE,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
     JOB_LABEL,
     MANAGED_BY_LABEL,
     PoolSettings,
@@ -142,6 +146,49 @@ class KubernetesLauncher(Launcher):
         if evicted.get("lastTransitionTime"):
             kept[PODS_SINCE_KEY] = evicted["lastTransitionTime"]
         return kept
+
+    # --- the pool ---------------------------------------------------------------------------
+
+    def pool_inventory(self) -> list[dict]:
+        """Return the pool's node groups as the cluster's nodes say (one paged list of Nodes):
+        ``[{"gpu_type", "gpus", "count", "product"}]``, one group per (GPU type, GPUs per node).
+
+        A node's GPUs are its allocatable ``nvidia.com/gpu``; their type is the Lab GPU type whose
+        product (``PoolSettings.gpu_products``) is the node's ``nvidia.com/gpu.product`` label
+        (NVIDIA's GPU feature discovery), else that label itself. A node without GPUs counts as a
+        ``cpu`` node. Raises ClusterUnavailable when the API does not answer.
+        """
+        types = {product: gpu_type for gpu_type, product in self.settings.gpu_products.items()}
+        groups: Counter[tuple[str, int, str]] = Counter()
+        for node in self.gateway.list(NODE).items:
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            allocatable = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
+            try:
+                gpus = int(str(allocatable))
+            except ValueError:  # a quantity a device plugin never writes for whole devices
+                gpus = 0
+            product = labels.get(GPU_PRODUCT_LABEL, "")
+            if gpus > 0 and product:
+                groups[(types.get(product, product), gpus, product)] += 1
+            else:
+                groups[("cpu", 0, "")] += 1
+        return [{"gpu_type": gpu_type, "gpus": gpus, "count": count, "product": product}
+                for (gpu_type, gpus, product), count in sorted(groups.items())]
+
+    def queue_places(self) -> QueuePlaces | None:
+        """Return the 1-based place of each JobSet waiting in the ClusterQueue ``lab``, by
+        ``(namespace, JobSet name)``, and how many workloads wait there, from Kueue's visibility
+        API (one call, whatever the number of jobs); None when the API is not served."""
+        items = self.gateway.pending_workloads(CLUSTER_QUEUE)
+        if items is None:
+            return None
+        places: dict[tuple[str, str], int] = {}
+        for item in items:
+            metadata = item.get("metadata") or {}
+            for owner in metadata.get("ownerReferences") or []:
+                if owner.get("kind") == JOBSET.kind:
+                    places[(metadata.get("namespace", ""), owner.get("name", ""))] = int(item.get("positionInClusterQueue") or 0) + 1
+        return QueuePlaces(places=places, pending=len(items))
 
     # --- stopping -----------------------------------------------------------------------------
 
