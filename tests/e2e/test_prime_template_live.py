@@ -1,7 +1,9 @@
 """Prime's own hosted-training template (tests/sdk/data/prime/rl.toml) with every optional section
 uncommented runs on Lab: submitted with ``lab jobs create -f rl.toml`` (its ``env_files`` read by
 the CLI as the job's secrets), distilled (``loss = "sft"``) from a teacher endpoint, with eval,
-[[eval.env]], val, adapters and checkpoints, and nothing the job produced holds the secret.
+[[eval.env]], val, adapters and checkpoints, and nothing the job produced holds the secret; and
+the same file as an RL job (its [teacher] left out, a temperature schedule added), where the
+template's zero_advantage batch filter acts and the temperature follows the schedule.
 
 What the test changes in the file: the model and environment ids (to installed ones, as
 Lab's docs say), the sizes (steps, batch, tokens, intervals: the template's are for a GPU
@@ -33,6 +35,18 @@ pytestmark = [
 SECRET = "sk-prime-template-7d41c9"
 
 
+def as_rl(text: str) -> str:
+    """The uncommented template as an RL job: loss back to "rl", the [teacher] tables (which only
+    "sft" takes) left out, and a temperature schedule in place of the fixed temperature."""
+    text = text.replace('loss = "sft"', 'loss = "rl"', 1)
+    text, count = re.subn(r"^\[teacher\].*?(?=^\[sampling\])", "", text, flags=re.S | re.M)
+    assert count == 1
+    text, count = re.subn(r"^temperature = 0\.7", 'temp_scheduler = { type = "linear", start_temperature = 1.0, '
+                          "end_temperature = 0.5, total_steps = 3 }", text, flags=re.M)
+    assert count == 1
+    return text
+
+
 def sized_for_the_tiny_model(text: str, teacher_url: str) -> str:
     """The uncommented template, with sizes a CPU test affords and the test's teacher endpoint."""
     replacements = [
@@ -49,17 +63,20 @@ def sized_for_the_tiny_model(text: str, teacher_url: str) -> str:
         (r"^num_examples = 30", "num_examples = 4"),
         (r"^interval = 5\n", "interval = 1\n"),
         (r'^args = \{ split = "train", max_examples = 1000 \}\n', ""),
-        (r'^base_url = "https://api.openai.com/v1"', f'base_url = "{teacher_url}/v1"'),
     ]
     for pattern, replacement in replacements:
         text, count = re.subn(pattern, replacement, text, flags=re.M)
         assert count, f"the template no longer has {pattern!r}"
-    return text
+    return text.replace('base_url = "https://api.openai.com/v1"', f'base_url = "{teacher_url}/v1"')
 
 
-def test_primes_template_with_every_section_runs_on_the_tiny_model(tmp_path, settings, owner, teacher_server):  # noqa: F811
+@pytest.mark.parametrize("loss", ["sft", "rl"])
+def test_primes_template_with_every_section_runs_on_the_tiny_model(tmp_path, settings, owner, teacher_server, loss):  # noqa: F811
+    """sft: every section as the template has them (distilled from the teacher). rl: the same
+    without [teacher], with a temperature schedule, so that the batch filter acts."""
+    text = installed(uncomment_everything(TEMPLATE))
     spec_path = tmp_path / "rl.toml"
-    spec_path.write_text(sized_for_the_tiny_model(installed(uncomment_everything(TEMPLATE)), teacher_server))
+    spec_path.write_text(sized_for_the_tiny_model(text if loss == "sft" else as_rl(text), teacher_server))
     (tmp_path / "secrets.env").write_text(f"OPENAI_API_KEY={SECRET}\n")
 
     with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1") as stack:
@@ -92,9 +109,14 @@ def test_primes_template_with_every_section_runs_on_the_tiny_model(tmp_path, set
     assert "eval/alphabet-sort/mean" in points[2] and "eval/alphabet-sort/mean" not in points[1]
     every = {name for values in points.values() for name in values}
     assert {"loss/mean", "reward/mean", "eval/alphabet-sort/mean", "val/reverse-text/mean", "val/addition/mean"} <= every, sorted(every)
-    assert "mismatch_kl/mean" not in every  # distillation: no importance ratio
+    if loss == "sft":
+        assert "mismatch_kl/mean" not in every  # distillation: no importance ratio, no filters
+        assert not any(name.startswith("filter/") for name in every)
+    else:
+        assert all("filter/zero_advantage/fraction" in points[step] for step in (1, 2, 3))
+        assert [points[step]["sampling/temperature"] for step in (1, 2, 3)] == [1.0, 0.75, 0.5]
     assert [(a.step, a.format) for a in adapters] == [(3, "peft-lora")]  # [adapters] interval = 0: at the end only
     assert [c.step for c in checkpoints if c.status == "ready"] == [3]
     produced = json.dumps([done.to_dict(), [e.to_dict() for e in events], [line.to_dict() for line in logs]])
-    assert "distilling from lab/tiny-random-llama" in produced
+    assert ("distilling from lab/tiny-random-llama" in produced) == (loss == "sft")
     assert SECRET not in produced
