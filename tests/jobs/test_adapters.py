@@ -395,3 +395,15 @@ def test_an_older_attempt_cannot_complete_a_step_a_newer_attempt_took_over(owner
         {"size_bytes": 11, "sha256": hashlib.sha256(b"attempt two").hexdigest()}, format="json",
     )
     assert done.json()["status"] == "ready"
+
+
+def test_the_list_pages_newest_first_with_limit_and_after(owner, spec):
+    job, engine, base = start(owner, spec)
+    ids = [upload(engine, base, step, f"step {step}".encode())["id"] for step in (1, 2, 3)]
+    route = f"/api/v1/jobs/{job.public_id}/adapters"
+    first = owner.client().get(route, {"limit": 2}).json()
+    assert ([a["id"] for a in first["data"]], first["has_more"]) == ([ids[2], ids[1]], True)
+    rest = owner.client().get(route, {"limit": 2, "after": ids[1]}).json()
+    assert ([a["id"] for a in rest["data"]], rest["has_more"]) == ([ids[0]], False)
+    bad = owner.client().get(route, {"limit": 1000})
+    assert bad.status_code == 400
