@@ -372,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
         init_dir = _init_dir(init_value, workdir, transport) if init_value else None
 
         from engine.distill import TeacherRefused
-        from engine.environments import InvalidEnvironment
+        from engine.environments import EnvironmentFailed, InvalidEnvironment
         from engine.models import ModelNotFound
         from engine.trainer import Trainer
 
@@ -406,6 +406,8 @@ def run(args: argparse.Namespace) -> int:
             outcome = trainer.run()
         except TeacherRefused as error:  # e.g. the teacher's key was revoked mid-run
             raise ConfigError(str(error), "invalid_spec") from None
+        except EnvironmentFailed as error:  # the environment's own code raised; a retry would repeat it
+            raise ConfigError(str(error), "environment_error") from None
         finally:
             trainer.close()
     except ConfigError as error:

@@ -40,6 +40,12 @@ class InvalidEnvironment(ValueError):
     """An environment id is not installed or its args are invalid."""
 
 
+class EnvironmentFailed(Exception):
+    """An environment's own code failed while the job ran (a taskset's reward function or task
+    source raised): the job's fault, which a retry would repeat, so the engine exits 2
+    (`environment_error`) instead of crashing."""
+
+
 @dataclass(frozen=True)
 class Example:
     """One task: chat `messages` for the prompt and the `answer` the rubric checks against."""

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from engine.catalog import EnvironmentInfo
-from engine.environments import Environment, Example, InvalidEnvironment, RewardFunction, Scores
+from engine.environments import Environment, EnvironmentFailed, Example, InvalidEnvironment, RewardFunction, Scores
 
 logger = logging.getLogger("engine")
 
@@ -307,8 +307,8 @@ class VerifiersTaskset(Environment):
     def _request(self, op: str, **arguments) -> dict:
         try:
             return self.bridge.request(op, handle=self.handle, **arguments)
-        except BridgeRefused as refusal:
-            raise BridgeFailed(f"environment {self.info.id}: {refusal}") from None
+        except BridgeRefused as refusal:  # the taskset's own code raised: a retry would repeat it
+            raise EnvironmentFailed(f"environment {self.info.id}: {refusal}") from None
 
 
 def environment_class(info: EnvironmentInfo, bridge: Bridge) -> type[VerifiersTaskset]:

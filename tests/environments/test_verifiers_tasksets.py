@@ -194,3 +194,19 @@ def test_it_exits_2_for_a_taskset_whose_tasks_have_no_prompt(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         "engine: environment acme/mute-spell@0.1.0: a task has no prompt (the user opens the conversation)"
     )
+
+
+def test_a_reward_function_that_raises_fails_the_job_with_exit_2_not_a_crash(tmp_path):
+    """The taskset's own code failing is the job's fault: a retry would fail the same way."""
+    require_verifiers_python()
+    broken = SPELL_TASKSET.replace(
+        "return 1.0 if trace.last_reply == self.data.word[::-1] else 0.0", "raise ValueError('the exact reward broke')"
+    )
+    assert broken != SPELL_TASKSET
+    wheel = build_wheel("broken-spell", "1.0", files={"broken_spell/__init__.py": broken.format(prelude="")},
+                        requires=["verifiers>=0.4.0"])
+    result = run_engine(tmp_path, "acme/broken-spell@1.0", [wheel])
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("engine: environment acme/broken-spell@1.0: ") and "the exact reward broke" in last, last
+    assert json.loads((tmp_path / "work" / "finish.json").read_text())["error"]["code"] == "environment_error"
