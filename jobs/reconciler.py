@@ -25,8 +25,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, FloatField
-from django.db.models import Case, Q, Value, When
+from django.db.models import Case, F, FloatField, Q, Value, When
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
