@@ -16,7 +16,8 @@ from jobs.environment_packages import environment_delete
 from jobs.serializers import environment_package_to_dict, environment_to_dict
 from lab.api.base import ProjectAPIView
 from lab.api.errors import ApiError
-from lab.api.pagination import list_envelope
+from lab.api.pagination import paginate_list
+from lab.api.schema import limit_parameter
 from lab.api.parsers import LabJSONParser
 
 _UPLOAD_BODY = {
@@ -42,9 +43,12 @@ class EnvironmentListView(ProjectAPIView):
 
     parser_classes = [MultiPartParser, LabJSONParser]
 
-    @extend_schema(responses={200: openapi.ENVIRONMENT_LIST})
+    @extend_schema(
+        parameters=[limit_parameter(), OpenApiParameter("after", str, description="id of the last environment seen")],
+        responses={200: openapi.ENVIRONMENT_LIST},
+    )
     def get(self, request: Request) -> Response:
-        return Response(list_envelope(environment_objects(self.project.organization), has_more=False))
+        return Response(paginate_list(environment_objects(self.project.organization), request.query_params))
 
     @extend_schema(request=_UPLOAD_BODY, responses={201: openapi.ENVIRONMENT, 200: openapi.ENVIRONMENT})
     def post(self, request: Request) -> Response:

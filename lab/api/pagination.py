@@ -66,3 +66,19 @@ def paginate_by_public_id(
     page = list(ordered[: limit + 1])
     items = serialize_page(page[:limit]) if serialize_page else [serialize(item) for item in page[:limit]]
     return list_envelope(items, has_more=len(page) > limit)
+
+
+def paginate_list(items: list[dict[str, Any]], params, *, key: str = "id") -> dict[str, Any]:
+    """Page an already-ordered, already-serialized list (one the database cannot order, such as
+    environments sorted by name and version) by the ``key`` of the last item seen: ``after``
+    must name an item of ``items`` (else 404, like any id the caller cannot see)."""
+    limit = parse_limit(params)
+    after = params.get("after")
+    start = 0
+    if after:
+        position = next((index for index, item in enumerate(items) if item.get(key) == after), None)
+        if position is None:
+            raise ApiError(404, "not_found", f"No such object: {after[:64]}", param="after")
+        start = position + 1
+    page = items[start:start + limit]
+    return list_envelope(page, has_more=start + limit < len(items))

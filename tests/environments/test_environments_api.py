@@ -84,6 +84,22 @@ def test_it_lists_built_ins_and_the_organizations_packages_newest_version_first(
     assert (builtin["kind"], builtin["version"], builtin["sha256"]) == ("builtin", None, None)
 
 
+def test_the_list_pages_with_limit_and_after_like_every_list(owner, outsider):
+    for version in ("0.1.0", "0.2.0", "0.3.0"):
+        assert push(owner, build_wheel("my-env", version)).status_code == 201
+    assert push(outsider, build_wheel("their-env", "1.0")).status_code == 201
+    client = owner.client()
+    first = client.get("/api/v1/environments", {"limit": 4}).json()
+    second = client.get("/api/v1/environments", {"limit": 4, "after": first["data"][-1]["id"]}).json()
+    assert ([item["id"] for item in first["data"]], first["has_more"]) == ([*BUILTINS, "acme/my-env@0.3.0"], True)
+    assert ([item["id"] for item in second["data"]], second["has_more"]) == (["acme/my-env@0.2.0", "acme/my-env@0.1.0"], False)
+    # A cursor the caller cannot see (another organization's package, or none) is a 404, as a missing id.
+    for after in ("globex/their-env@1.0", "acme/none@9"):
+        refused = client.get("/api/v1/environments", {"after": after})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (404, "not_found")
+    assert client.get("/api/v1/environments", {"limit": 101}).status_code == 400
+
+
 def test_it_resolves_a_missing_version_and_latest_to_the_highest_one(owner):
     for version in ("0.9.0", "0.10.0"):
         push(owner, build_wheel("my-env", version))
