@@ -4,9 +4,9 @@
     job = lab.jobs.create(spec_file="job.toml")
     lab.jobs.wait(job.id)
 
-The module-level ``jobs``, ``models``, ``environments``, ``prices``, ``checkpoints`` and
-:func:`whoami` use a default :class:`Lab` client built on first use from ``LAB_API_KEY``
-and ``LAB_BASE_URL``.
+The module-level ``jobs``, ``models``, ``environments``, ``prices``, ``checkpoints``,
+``adapters``, ``billing``, ``usage`` and :func:`whoami` use a default :class:`Lab` client built
+on first use from ``LAB_API_KEY`` and ``LAB_BASE_URL``.
 """
 
 from __future__ import annotations
@@ -88,8 +88,14 @@ __all__ = [
     "whoami",
 ]
 
+# Importing labsdk.client imported the submodules labsdk.adapters and labsdk.billing, which
+# bound them as attributes of this package; drop those bindings so that ``lab.adapters`` and
+# ``lab.billing`` reach the default client's resources through __getattr__ below (the modules
+# stay importable: ``from labsdk.billing import Billing`` reads sys.modules).
+del adapters, billing  # noqa: F821
+
 _default_client: Lab | None = None
-_RESOURCES = ("jobs", "models", "environments", "prices", "checkpoints")
+_RESOURCES = ("jobs", "models", "environments", "prices", "checkpoints", "adapters", "billing", "usage")
 
 
 def default_client() -> Lab:

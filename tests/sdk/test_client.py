@@ -449,6 +449,18 @@ def test_the_module_level_client_reads_the_environment(lab_env):
     assert labsdk.default_client().base_url == lab_env.url
 
 
+def test_the_module_level_adapters_billing_and_usage_are_the_default_clients(lab_env):
+    # labsdk.adapters and labsdk.billing are also submodules: lab.adapters.list(...) as the docs
+    # write it must reach the client's resource, not the module.
+    import labsdk as lab
+    from labsdk.adapters import Adapters
+    from labsdk.billing import Billing
+
+    assert isinstance(lab.adapters, Adapters) and lab.adapters is labsdk.default_client().adapters
+    assert isinstance(lab.billing, Billing) and lab.billing is labsdk.default_client().billing
+    assert lab.usage == labsdk.default_client().usage
+
+
 def test_lab_reads_its_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("LAB_API_KEY", "lab_env_key")
     monkeypatch.setenv("LAB_BASE_URL", "https://lab.example.com/")
