@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from jobs import reconciler
 from jobs.admission import admission_pass
-from jobs.ingest.tokens import job_token
+from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.launchers.base import AttemptPhase
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.launchers.kubernetes.objects import PoolSettings, jobset_name
@@ -167,11 +167,11 @@ def engine_pod(cluster: FakeGateway, name: str) -> dict:
     return max(pods, key=lambda pod: pod["metadata"]["creationTimestamp"])
 
 
-def open_attempt(cluster: FakeGateway, job: Job, name: str, *, pod: dict | None = None):
+def open_attempt(cluster: FakeGateway, job: Job, name: str, *, pod: dict | None = None, token: str = ""):
     """What the engine does when its pod starts: POST /attempts with the Secret's bootstrap token."""
     pod = pod or engine_pod(cluster, name)
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret_bootstrap_token(cluster, name)}")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token or secret_bootstrap_token(cluster, name)}")
     return client.post(f"/api/v1/ingest/jobs/{job.public_id}/attempts",
                        {"pod_uid": pod["metadata"]["uid"], "jobset": name}, format="json")
 
@@ -553,3 +553,20 @@ def test_a_parked_job_keeps_its_kueue_place(owner, spec, launcher, cluster):
 
     assert reload(job).status == S.QUEUED
     assert [job_to_dict(reload(each))["queue_position"] for each in (job, later)] == [1, 2]
+
+
+def test_a_parked_job_cancelled_while_it_waits_has_its_jobset_swept(owner, spec, launcher, cluster, clock):
+    job, attempt, name = running(owner, spec, cluster)
+    cluster.evict(NAMESPACE, name)
+    reconciler.reconcile_job(job_id=job.pk)
+    reconciler.reconcile_all()
+    assert jobsets(cluster) == [name]  # parked: not an orphan
+
+    job_cancel(job=reload(job), actor=Actor(user=owner.user))  # queued: cancelled at once
+    clock.offset = timedelta(hours=1)  # the JobSet is older than ORPHAN_AFTER whatever the time of day
+    reconciler.reconcile_all()
+
+    assert (reload(job).status, jobsets(cluster)) == (S.CANCELLED, [])
+    # A pod of it that started before the sweep is told there is nothing to run.
+    late = open_attempt(cluster, job, name, pod={"metadata": {"uid": "uid-late"}}, token=bootstrap_token(job.public_id))
+    assert (late.status_code, late.json()["error"]["code"]) == (409, "invalid_state")
