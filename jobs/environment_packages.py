@@ -22,7 +22,10 @@ UNFINISHED_STATUSES = (JobStatus.QUEUED, JobStatus.STARTING, JobStatus.RUNNING, 
 
 
 def _environment_ids(spec: dict) -> list[str]:
-    return [env.get("id", "") for env in spec.get("env", []) if isinstance(env, dict)]
+    """The environment ids a stored spec names: its ``env`` blocks' and its ``[[eval.env]]`` blocks'."""
+    evaluation = spec.get("eval") if isinstance(spec.get("eval"), dict) else {}
+    blocks = [*spec.get("env", []), *(evaluation.get("env") or [])]
+    return [env.get("id", "") for env in blocks if isinstance(env, dict)]
 
 
 def jobs_using(package: EnvironmentPackage) -> list[str]:

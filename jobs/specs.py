@@ -39,8 +39,9 @@ class ValidatedSpec:
 
     parsed: ParsedSpec
     init_from: Checkpoint | None
-    #: The uploaded packages of ``env``, by index, resolved to exact versions.
-    environment_packages: Mapping[int, EnvironmentPackage] = field(default_factory=dict)
+    #: The uploaded packages the spec names, resolved to exact versions, by where: ``("env", N)``
+    #: for ``env.N`` and ``("eval.env", N)`` for ``eval.env.N``.
+    environment_packages: Mapping[tuple[str, int], EnvironmentPackage] = field(default_factory=dict)
 
     @property
     def canonical(self) -> dict[str, Any]:
@@ -48,8 +49,9 @@ class ValidatedSpec:
         a job's spec index it directly and no default is restated outside ``labsdk.spec``; an
         uploaded environment's id names its exact version (``@latest`` resolved at submit)."""
         canonical = self.parsed.to_dict()
-        for index, package in self.environment_packages.items():
-            canonical["env"][index]["id"] = package.public_id
+        for (section, index), package in self.environment_packages.items():
+            blocks = canonical["env"] if section == "env" else canonical["eval"]["env"]
+            blocks[index]["id"] = package.public_id
         return canonical
 
 
@@ -69,11 +71,14 @@ def installed_environments(organization: Organization | None = None) -> dict[str
 
 def _resolve_packages(
     organization: Organization, spec, environments: Mapping[str, EnvironmentInfo], *, lock: bool
-) -> tuple[dict[int, EnvironmentPackage], list[SpecProblem]]:
-    """Find the package each uploaded ``env.N.id`` names (its latest version when it names none),
-    locking the rows with ``lock``; a package deleted meanwhile reads like a missing one."""
+) -> tuple[dict[tuple[str, int], EnvironmentPackage], list[SpecProblem]]:
+    """Find the package each uploaded ``env.N.id`` and ``eval.env.N.id`` names (its latest
+    version when it names none), locking the rows with ``lock``; a package deleted meanwhile
+    reads like a missing one."""
     packages, problems = {}, []
-    for index, env in enumerate(spec.env):
+    blocks = [("env", index, env) for index, env in enumerate(spec.env)]
+    blocks += [("eval.env", index, env) for index, env in enumerate(spec.eval.env or [])]
+    for section, index, env in blocks:
         ref = EnvironmentRef.parse(env.id) if env.id not in list_environments() else None
         if ref is None:
             continue
@@ -81,11 +86,11 @@ def _resolve_packages(
         if package is None:
             installed = ", ".join(sorted(name for name in environments if name != env.id)) or "none"
             problems.append(SpecProblem(
-                f"env.{index}.id", "unknown_environment",
+                f"{section}.{index}.id", "unknown_environment",
                 f"environment '{env.id}' is not installed; installed environments: {installed}",
             ))
         else:
-            packages[index] = package
+            packages[(section, index)] = package
     return packages, problems
 
 

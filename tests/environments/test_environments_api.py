@@ -252,6 +252,24 @@ def test_it_stores_the_resolved_version_in_the_job(owner, spec):
         assert package["url"] == storage.path_of(row.storage_key).as_uri()
 
 
+def test_an_uploaded_eval_environment_is_resolved_installed_and_kept_from_deletion_like_a_training_one(owner, outsider, spec):
+    push(owner, build_wheel("my-env", "0.1.0"))
+    push(owner, build_wheel("my-env", "0.2.0"))
+    push(outsider, build_wheel("their-env", "1.0"))
+    spec["eval"] = {"interval": 1, "env": [{"id": "acme/my-env", "num_examples": 2}]}
+    response = owner.client().post("/api/v1/jobs", spec, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["spec"]["eval"]["env"][0]["id"] == "acme/my-env@0.2.0"  # resolved at submit
+    job = Job.objects.unscoped().get()
+    assert [package["id"] for package in launch_packages(job)] == ["acme/my-env@0.2.0"]  # the engine installs it
+    deleted = owner.client().delete("/api/v1/environments/acme/my-env@0.2.0")
+    assert deleted.status_code == 409 and job.public_id in deleted.json()["error"]["message"]
+    spec["eval"]["env"][0]["id"] = "globex/their-env"
+    refused = owner.client().post("/api/v1/jobs", spec, format="json")
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "eval.env.0.id")
+    assert Job.objects.unscoped().count() == 1
+
+
 def test_it_refuses_another_organizations_id_at_submit_like_a_missing_one(owner, outsider, spec):
     push(outsider, build_wheel("their-env", "1.0"))
     push(owner, build_wheel("my-env", "0.1.0"))
