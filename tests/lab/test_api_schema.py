@@ -125,6 +125,7 @@ def test_create_answers_link_to_the_operations_on_the_new_object(document):
         "jobs_distributions_retrieve",
         "jobs_logs_list",
         "jobs_checkpoints_list",
+        "jobs_adapters_list",
     }
     endpoint_links = document["paths"]["/api/v1/webhook-endpoints"]["post"]["responses"]["201"]["links"]
     assert endpoint_links["webhook_endpoints_retrieve"] == {
