@@ -9,6 +9,13 @@ COPY requirements.txt ./
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -r requirements.txt
 COPY sdk/ sdk/
 RUN pip install --no-deps ./sdk
+# verifiers tasksets run in their own environment (docs/environments.md: its pins clash with
+# vLLM's), every package pinned and installed without resolving, then checked.
+COPY requirements-verifiers.txt ./
+RUN python -m venv /opt/verifiers \
+    && /opt/verifiers/bin/pip install --no-deps -r requirements-verifiers.txt \
+    && /opt/verifiers/bin/pip check
+ENV LAB_ENGINE_VERIFIERS_PYTHON=/opt/verifiers/bin/python
 COPY engine/ engine/
 RUN useradd --uid 1000 --create-home lab
 USER 1000
