@@ -124,6 +124,8 @@ class Outcome:
     rewards: dict[int, float] = field(default_factory=dict)
     checkpoint_dir: Path | None = None
     checks: list[Check] = field(default_factory=list)
+    #: The inference backend the engine sampled with, from its perf/rollout_backend_vllm metric.
+    rollout_backend: str = ""
 
 
 def say(message: str = "") -> None:
@@ -213,6 +215,23 @@ def follow(lab: Lab, job: labsdk.Job, *, timeout_s: int) -> labsdk.Job:
         poller.join(timeout=POLL_S + 30)
         bar.close()
     return lab.jobs.retrieve(job.id)
+
+
+#: The engine's per-step flag of which inference backend sampled (1.0: vLLM, 0.0: transformers).
+BACKEND_METRIC = "perf/rollout_backend_vllm"
+
+
+def rollout_backend(lab: Lab, job_id: str) -> str:
+    """Return the inference backend the job's engine sampled with ("" when it reported none)."""
+    flags = {point.values.get(BACKEND_METRIC) for point in lab.jobs.metrics(job_id, names=[BACKEND_METRIC])} - {None}
+    return "" if not flags else ("vLLM" if flags == {1.0} else "transformers" if flags == {0.0} else "both")
+
+
+def _backend_line(backend: str) -> str:
+    if backend == "transformers":
+        return ("transformers (Lab's default on CPU: faster end to end here than vLLM, whose start-up "
+                "outweighs its faster sampling on a short job; LAB_ENGINE_ROLLOUT=vllm picks vLLM; docs/engine.md)")
+    return backend or "not reported"
 
 
 def reward_curve(lab: Lab, job_id: str) -> dict[int, float]:
@@ -369,6 +388,7 @@ def print_summary(outcome: Outcome, *, settings: DemoSettings, base_url: str, ap
     say(f"  Log in as   {EMAIL} / {settings.password}   ({base_url}/login/)")
     say(f"  CLI, SDK    {export_line(api_key=api_key, base_url=base_url)}")
     say(f"  Rewards     {_reward_line(outcome.rewards)}")
+    say(f"  Rollouts    sampled with {_backend_line(outcome.rollout_backend)}")
     if outcome.checkpoint_dir is not None:
         say(f"  Checkpoint  {outcome.checkpoint_dir}")
     for webhook in receiver.unique():
@@ -426,6 +446,7 @@ def judge(lab: Lab, job: labsdk.Job, *, settings: DemoSettings, receiver: Webhoo
     error = f": {job.error.code}: {job.error.message}" if job.error else ""
     outcome.checks.append(Check("job succeeded", job.status == "succeeded", f"{job.status}{error}"))
     outcome.rewards = reward_curve(lab, job.id)
+    outcome.rollout_backend = rollout_backend(lab, job.id)
     outcome.checks.append(check_learning(outcome.rewards, model=job.spec["model"], max_steps=job.max_steps))
     outcome.checks.append(check_checkpoint(lab, job, settings, outcome))
     outcome.checks.append(check_webhooks(receiver, job))

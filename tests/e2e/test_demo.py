@@ -132,6 +132,7 @@ def test_the_demo_runs_the_main_job_with_every_check_but_learning(tmp_path):
     assert "[PASS] usage recorded and priced: " in output
     assert "[FAIL]" not in output
     assert output.rstrip().endswith("Every check passed.")
+    assert "  Rollouts    sampled with transformers (Lab's default on CPU: faster end to end here than vLLM" in output
     assert re.search(r"^  CLI, SDK    export LAB_API_KEY=lab_\S+ LAB_BASE_URL=http://127\.0\.0\.1:\d+$", output, re.M)
     # The checkpoint download has its own line and bar (tqdm, in the same decimal units as the summary).
     download = re.search(r"Downloading (ckpt_\w+) \(step 20, ([\d.]+ [kMG]B)\) \.\.\.", output)
