@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from engine.http_retry import RetriesExhausted, request_json
+
 logger = logging.getLogger("engine")
 
 #: Seconds one teacher request may take (a batch of n completions).
@@ -144,38 +146,18 @@ class TeacherClient:
         return completions
 
     def _request(self, method: str, path: str, body: dict | None = None) -> object:
-        url = self.base_url + path
-        problem = ""
-        for attempt in range(1, ATTEMPTS + 1):
-            wait = min(MAX_BACKOFF_S, 0.5 * 2 ** (attempt - 1))
-            try:
-                response = self._client.request(method, url, json=body)
-            except httpx.HTTPError as error:
-                problem = f"{type(error).__name__}: {error}"
-            else:
-                if response.status_code < 300:
-                    try:
-                        return response.json()
-                    except ValueError:
-                        problem = f"HTTP {response.status_code} with a body that is not JSON"
-                elif response.status_code == 429 or response.status_code >= 500:
-                    problem = f"HTTP {response.status_code}"
-                    wait = min(MAX_BACKOFF_S, max(wait, _retry_after(response)))
-                else:
-                    raise TeacherRefused(
-                        f"the teacher endpoint refused {method} {path} with HTTP {response.status_code}: {_error_message(response)}"
-                    )
-            if attempt < ATTEMPTS:
-                logger.warning("teacher %s %s failed (%s); retrying in %.1fs", method, path, problem, wait)
-                self._sleep(wait)
-        raise TeacherUnavailable(f"the teacher endpoint {self.base_url} failed {ATTEMPTS} times on {method} {path}: {problem}")
+        def refuse(response: httpx.Response) -> TeacherRefused:
+            return TeacherRefused(
+                f"the teacher endpoint refused {method} {path} with HTTP {response.status_code}: {_error_message(response)}"
+            )
 
-
-def _retry_after(response: httpx.Response) -> float:
-    try:
-        return float(response.headers.get("Retry-After", "0"))
-    except ValueError:
-        return 0.0
+        try:
+            return request_json(
+                self._client, method, self.base_url + path, body, attempts=ATTEMPTS, max_backoff=MAX_BACKOFF_S,
+                refuse=refuse, what="teacher", sleep=self._sleep,
+            )
+        except RetriesExhausted as error:
+            raise TeacherUnavailable(f"the teacher endpoint {self.base_url} failed {ATTEMPTS} times on {method} {path}: {error}") from None
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 import httpx
 import torch
 
+from engine.http_retry import RetriesExhausted, request_json
 from engine.rollout import Completion
 
 logger = logging.getLogger("engine")
@@ -150,24 +151,19 @@ class HttpRolloutBackend:
             raise InferenceUnavailable(f"the inference role exited with code {self.process.returncode}")
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
-        problem = ""
-        for attempt in range(1, ATTEMPTS + 1):
+        def refuse(response: httpx.Response) -> InferenceUnavailable:
+            return InferenceUnavailable(
+                f"the inference role refused {method} {path} with HTTP {response.status_code}: {response.text[:300]}"
+            )
+
+        try:
+            return request_json(
+                self._client, method, path, body, attempts=ATTEMPTS, max_backoff=5.0, refuse=refuse,
+                what="inference role", before_attempt=self._check_process,
+            )
+        except RetriesExhausted as error:
             self._check_process()
-            try:
-                response = self._client.request(method, path, json=body)
-            except httpx.HTTPError as error:
-                problem = f"{type(error).__name__}: {error}"
-            else:
-                if response.status_code < 300:
-                    return response.json()
-                message = response.text[:300]
-                if response.status_code < 500:
-                    raise InferenceUnavailable(f"the inference role refused {method} {path} with HTTP {response.status_code}: {message}")
-                problem = f"HTTP {response.status_code}: {message}"
-            if attempt < ATTEMPTS:
-                time.sleep(min(5.0, 0.5 * 2 ** (attempt - 1)))
-        self._check_process()
-        raise InferenceUnavailable(f"the inference role at {self.base_url} failed {ATTEMPTS} times on {method} {path}: {problem}")
+            raise InferenceUnavailable(f"the inference role at {self.base_url} failed {ATTEMPTS} times on {method} {path}: {error}") from None
 
 
 def start_inference_role(model_id: str, *, backend: str, workdir: pathlib.Path, startup_timeout: float = READY_TIMEOUT_S) -> tuple[str, subprocess.Popen]:
