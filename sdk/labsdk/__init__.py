@@ -88,12 +88,6 @@ __all__ = [
     "whoami",
 ]
 
-# Importing labsdk.client imported the submodules labsdk.adapters and labsdk.billing, which
-# bound them as attributes of this package; drop those bindings so that ``lab.adapters`` and
-# ``lab.billing`` reach the default client's resources through __getattr__ below (the modules
-# stay importable: ``from labsdk.billing import Billing`` reads sys.modules).
-del adapters, billing  # noqa: F821
-
 _default_client: Lab | None = None
 _RESOURCES = ("jobs", "models", "environments", "prices", "checkpoints", "adapters", "billing", "usage")
 

@@ -8,9 +8,9 @@ from typing import Self
 import httpx
 
 from labsdk._http import HTTPClient
-from labsdk.adapters import Adapters
+from labsdk._adapters import Adapters
 from labsdk._resources import Checkpoints, Environments, Jobs, Models, Prices
-from labsdk.billing import Billing, UsageRow, usage_list
+from labsdk._billing import Billing, UsageRow, usage_list
 from labsdk.types import WhoAmI
 
 #: Where the SDK looks for Lab when neither ``base_url`` nor ``LAB_BASE_URL`` says.
@@ -68,7 +68,7 @@ class Lab:
     def usage(self, start=None, end=None, group_by="day", job_id: str | None = None) -> list[UsageRow]:
         """Return this project's usage (GPU/CPU-seconds and cost) from ``start`` to ``end`` (dates,
         date-times or ISO strings; default the last 30 days), grouped by ``"day"``, ``"resource"``,
-        ``"job"`` or a list of them (``labsdk.billing.usage_list``)."""
+        ``"job"`` or a list of them (``labsdk._billing.usage_list``)."""
         return usage_list(self._http, start=start, end=end, group_by=group_by, job_id=job_id)
 
     def close(self) -> None:

@@ -450,11 +450,11 @@ def test_the_module_level_client_reads_the_environment(lab_env):
 
 
 def test_the_module_level_adapters_billing_and_usage_are_the_default_clients(lab_env):
-    # labsdk.adapters and labsdk.billing are also submodules: lab.adapters.list(...) as the docs
-    # write it must reach the client's resource, not the module.
+    # lab.adapters.list(...) as the docs write it reaches the client's resource (no submodule
+    # of labsdk may take these names: they were once modules and shadowed the resources).
     import labsdk as lab
-    from labsdk.adapters import Adapters
-    from labsdk.billing import Billing
+    from labsdk._adapters import Adapters
+    from labsdk._billing import Billing
 
     assert isinstance(lab.adapters, Adapters) and lab.adapters is labsdk.default_client().adapters
     assert isinstance(lab.billing, Billing) and lab.billing is labsdk.default_client().billing
