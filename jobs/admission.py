@@ -18,20 +18,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from billing.accounts import SpendBudget, billing_enabled
 from billing.pricing import price_table, usd_to_micro
 from jobs.metrics import record_admission_pass
 from jobs.models import Job, JobStatus, StatusReason
-from jobs.queue import QueuedJob, fair_share_order, organization_cap, pool_capacity, pool_usage, queued_jobs
+from jobs.queue import QueuedJob, fair_share_order, lock_admission, organization_cap, pool_capacity, pool_usage, queued_jobs
 from jobs.readmission import awaiting_readmission
 from jobs.services import job_claim_for_start
 from lab.lib.resources import resource_units
 from lab.models import Organization
-
-#: The advisory lock key that serializes admission passes on PostgreSQL.
-_ADMISSION_LOCK = 0x1AB0001
 
 
 @dataclass
@@ -59,18 +56,11 @@ def _remaining_estimates(queued: list[QueuedJob]) -> dict[int, int]:
     return {pk: max(0, usd_to_micro(estimate - used)) for pk, estimate, used in rows}
 
 
-def _lock_admission() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ADMISSION_LOCK])
-    # SQLite runs IMMEDIATE transactions: the write lock is taken when the transaction begins.
-
-
 @transaction.atomic
 def admission_pass() -> AdmissionResult:
     """Start every queued job that may start now, in queue order; refresh the others' reasons."""
     started_at = time.perf_counter()
-    _lock_admission()
+    lock_admission()
     result = AdmissionResult()
     queued = queued_jobs()
     if settings.LAB_LAUNCHER == "kubernetes":  # a preempted job's JobSet waits in Kueue at its place

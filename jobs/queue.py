@@ -17,6 +17,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db import connection
 from django.db.models import Count, Sum
 
 from billing.pricing import price_table
@@ -28,6 +29,17 @@ from lab.models import Organization
 
 #: The capacity Lab counts with on the Kubernetes pool, where Kueue decides what fits.
 KUEUE_OWNS_CAPACITY = 2**31 - 1
+#: The PostgreSQL advisory lock that admission decisions take (``lock_admission``).
+_ADMISSION_LOCK = 0x1AB0001
+
+
+def lock_admission() -> None:
+    """Take admission's lock for the rest of the transaction: one admission decision at a time
+    (an admission pass, or a JobSet that Kueue readmitted opening its attempt)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ADMISSION_LOCK])
+    # SQLite runs IMMEDIATE transactions: the write lock is taken when the transaction begins.
 
 
 def organization_cap(organization: Organization) -> int:

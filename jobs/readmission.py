@@ -22,6 +22,7 @@ from django.db.models import F
 
 from jobs.ingest.tokens import job_token
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StatusReason
+from jobs.queue import lock_admission, organization_cap, organization_running
 from jobs.services import current_attempt, job_claim_for_start
 from lab.api.errors import ApiError
 
@@ -109,7 +110,9 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
     409 ``invalid_state`` when the job has ended or this JobSet does not run it (ask no more),
     and 404 for a job that no longer exists.
     """
-    job = Job.objects.unscoped().select_for_update().filter(public_id=job_public_id).first()
+    job = Job.objects.unscoped().select_for_update(of=("self",)).select_related("project__organization").filter(
+        public_id=job_public_id
+    ).first()
     if job is None:
         raise ApiError(404, "not_found", f"No job '{job_public_id}'.")
     if job.is_terminal:
@@ -122,6 +125,16 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
         if not (handle.get(PARKED) and handle.get("jobset") == jobset
                 and job.status_reason == StatusReason.REQUEUED_AFTER_PREEMPTION):
             raise ApiError(409, "invalid_state", "No attempt of this job waits in this JobSet.")
+        # Kueue readmitted the JobSet, but the organization's cap still holds: the pod waits
+        # (asking again) until one of the organization's jobs ends. Admission's lock keeps two
+        # readmissions, or a readmission and an admission, from both taking the last place.
+        lock_admission()
+        organization = job.project.organization
+        if organization_running(organization) >= organization_cap(organization):
+            raise _not_ready(
+                f"The organization already runs {organization_cap(organization)} jobs, its cap; "
+                "this job starts when one of them ends. Ask again."
+            )
         opened = job_claim_for_start(
             job_id=job.pk,
             handle={key: value for key, value in handle.items() if key != PARKED} | {POD_UID: pod_uid},

@@ -80,3 +80,28 @@ def test_a_pod_of_another_jobset_is_refused_for_good(launched):
         f"/api/v1/ingest/jobs/{job.public_id}/attempts", {"pod_uid": "uid-1", "jobset": "js-other"}, format="json")
     assert (answer.status_code, answer.json()["error"]["code"]) == (409, "invalid_state")
     assert "pod_uid" not in JobAttempt.objects.get(pk=attempt.pk).handle
+
+
+def test_a_readmitted_jobset_waits_for_its_organizations_cap(launched, owner, spec, settings):
+    """Kueue readmitting a parked JobSet does not let the organization run more than its cap:
+    the pod is told to ask again until one of the organization's jobs ends."""
+    from jobs.models import Job, JobStatus, StatusReason
+
+    job, attempt = launched
+    JobAttempt.objects.filter(pk=attempt.pk).update(state="ended", handle={**attempt.handle, "parked": True})
+    Job.objects.unscoped().filter(pk=job.pk).update(status=JobStatus.QUEUED, status_reason=StatusReason.REQUEUED_AFTER_PREEMPTION)
+    other = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    Job.objects.unscoped().filter(pk=other.pk).update(status=JobStatus.RUNNING)
+    settings.LAB_ORG_MAX_RUNNING_JOBS = 1
+    url = f"/api/v1/ingest/jobs/{job.public_id}/attempts"
+
+    waiting = client(bootstrap_token(job.public_id)).post(url, BODY, format="json")
+    assert (waiting.status_code, waiting.json()["error"]["code"], waiting["Retry-After"]) == (409, "attempt_not_ready", "5")
+    assert "its cap" in waiting.json()["error"]["message"]
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.QUEUED and job.attempts.count() == 1  # nothing opened
+
+    Job.objects.unscoped().filter(pk=other.pk).update(status=JobStatus.SUCCEEDED)
+    opened = client(bootstrap_token(job.public_id)).post(url, BODY, format="json")
+    assert opened.status_code == 200, opened.content
+    assert opened.json()["attempt"] == 2
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.STARTING
