@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models import F
 
+from billing.accounts import SpendBudget
+from billing.pricing import usd_to_micro
 from jobs.ingest.tokens import job_token
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StatusReason
 from jobs.queue import lock_admission, organization_cap, organization_running
@@ -125,8 +127,8 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
         if not (handle.get(PARKED) and handle.get("jobset") == jobset
                 and job.status_reason == StatusReason.REQUEUED_AFTER_PREEMPTION):
             raise ApiError(409, "invalid_state", "No attempt of this job waits in this JobSet.")
-        # Kueue readmitted the JobSet, but the organization's cap still holds: the pod waits
-        # (asking again) until one of the organization's jobs ends. Admission's lock keeps two
+        # Kueue readmitted the JobSet, but the organization's cap and billing still hold: the pod
+        # waits (asking again) until one of the organization's jobs ends or credit returns. Admission's lock keeps two
         # readmissions, or a readmission and an admission, from both taking the last place.
         lock_admission()
         organization = job.project.organization
@@ -135,6 +137,8 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
                 f"The organization already runs {organization_cap(organization)} jobs, its cap; "
                 "this job starts when one of them ends. Ask again."
             )
+        if blocker := SpendBudget().refusal(organization.pk, max(0, usd_to_micro(job.estimated_cost_usd - job.cost_usd))):
+            raise _not_ready(f"Billing does not let this job start now ({blocker}); ask again.")
         opened = job_claim_for_start(
             job_id=job.pk,
             handle={key: value for key, value in handle.items() if key != PARKED} | {POD_UID: pod_uid},

@@ -105,3 +105,25 @@ def test_a_readmitted_jobset_waits_for_its_organizations_cap(launched, owner, sp
     assert opened.status_code == 200, opened.content
     assert opened.json()["attempt"] == 2
     assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.STARTING
+
+
+def test_a_readmitted_jobset_waits_while_billing_refuses_its_organization(launched, settings, monkeypatch):
+    from billing.accounts import account_for
+    from billing.models import BillingAccount
+    from jobs.models import Job, JobStatus, StatusReason
+
+    job, attempt = launched
+    JobAttempt.objects.filter(pk=attempt.pk).update(state="ended", handle={**attempt.handle, "parked": True})
+    Job.objects.unscoped().filter(pk=job.pk).update(status=JobStatus.QUEUED, status_reason=StatusReason.REQUEUED_AFTER_PREEMPTION)
+    settings.STRIPE_API_KEY = "sk_test_lab"  # billing on
+    account = account_for(job.project.organization_id)
+    BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=0)
+    url = f"/api/v1/ingest/jobs/{job.public_id}/attempts"
+
+    waiting = client(bootstrap_token(job.public_id)).post(url, BODY, format="json")
+    assert (waiting.status_code, waiting.json()["error"]["code"]) == (409, "attempt_not_ready")
+    assert "insufficient_credit" in waiting.json()["error"]["message"]
+    assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.QUEUED
+
+    BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=100_000_000)  # a top-up
+    assert client(bootstrap_token(job.public_id)).post(url, BODY, format="json").json()["attempt"] == 2
