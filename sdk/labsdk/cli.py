@@ -432,7 +432,8 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
         if args.json:
             _print_json({"valid": False, "errors": [p.to_dict() for p in exc.errors], "warnings": [], "estimate": None})
         else:
-            print(f"{args.file}: {len(exc.errors)} problem(s)", file=sys.stderr)
+            count = len(exc.errors)
+            print(f"{args.file}: {count} problem{'' if count == 1 else 's'}", file=sys.stderr)
             _report_problems(exc.errors)
         return EXIT_FAILED
 

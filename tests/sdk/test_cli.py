@@ -218,7 +218,7 @@ def test_spec_check_lists_every_local_problem_without_lab(capsys, spec_file, mon
     status, out, err = run(capsys, "spec", "check", spec_file(text))
 
     assert status == 1 and out == ""
-    assert "4 problem(s)" in err.splitlines()[0]
+    assert "4 problems" in err.splitlines()[0]
     assert "  model: 'model' is required [required]" in err
     assert "  max_steps: Input should be greater than or equal to 1 [out_of_range]" in err
     assert "  env.0.args.a: NaN and infinity are not allowed [invalid_value]" in err
