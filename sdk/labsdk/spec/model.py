@@ -39,6 +39,8 @@ from labsdk.spec.values import (
     Text,
     _check_json_like,
     _check_text,
+    _printable,
+    _text_problem,
 )
 
 #: Keys whose value Lab stores but never acts on, as dotted paths (each one is a warning).
@@ -268,6 +270,40 @@ class TeacherClientConfig(_Section):
     )
     skip_model_check: bool | None = Field(None, description="Do not ask the endpoint whether it serves the model.")
 
+    @model_validator(mode="after")
+    def _check_endpoint(self) -> TeacherClientConfig:
+        # The engine sends these as they are (engine/distill.py): a URL httpx cannot ask or a
+        # header it cannot send would fail every attempt as a network error, so it is a 400 here.
+        match = _HTTP_URL.fullmatch(self.base_url)
+        if match is None or not match.group("host"):
+            _raise_at("base_url", "invalid_value", "must be an http:// or https:// URL with a host, e.g. https://host/v1")
+        seen: set[str] = set()
+        for header in self.headers_from_env or {}:
+            if _HEADER_NAME.fullmatch(header) is None:
+                _raise_at(
+                    f"headers_from_env.{_printable(header)}", "invalid_value",
+                    "is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only)",
+                )
+            if header.lower() in _RESERVED_HEADERS:
+                _raise_at(
+                    f"headers_from_env.{header}", "invalid_value",
+                    f"is a header the engine sets itself ({', '.join(sorted(_RESERVED_HEADERS))}); "
+                    "the API key goes in api_key_var",
+                )
+            if header.lower() in seen:
+                _raise_at(f"headers_from_env.{header}", "duplicate_key", "names a header already given in another case")
+            seen.add(header.lower())
+        return self
+
+
+#: An absolute http(s) URL without whitespace or control characters; ``host`` may be empty
+#: (``http:///v1``), which the validator refuses.
+_HTTP_URL = re.compile(r"https?://(?P<host>[^/?#@\s\x00-\x1f\x7f]*)(?:[/?#][^\s\x00-\x1f\x7f]*)?", re.IGNORECASE)
+#: A header field name: RFC 9110 section 5.1 ``token``.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: Headers the engine's HTTP client sets itself (lower case): the key, the target and the framing.
+_RESERVED_HEADERS = frozenset({"authorization", "host", "content-length", "content-type", "transfer-encoding", "connection"})
+
 
 #: The teacher endpoint of a ``[teacher]`` without ``[teacher.client]``: Prime Inference, as in Prime.
 PRIME_INFERENCE_BASE_URL = "https://api.pinference.ai/api/v1"
@@ -488,6 +524,10 @@ class BatchFilterConfig(_Section):
         if len(extra) > 32:
             _raise_at("", "too_long", "a filter takes at most 32 settings")
         for key, value in extra.items():
+            problem = _text_problem(key)
+            if problem:
+                # The key is stored with the spec (jsonb cannot hold NUL); _check_json_like checks values only here.
+                _raise_at(_printable(key), "invalid_value", "key " + problem)
             try:
                 _check_json_like(value)
             except PydanticCustomError as exc:
