@@ -27,6 +27,7 @@ from lab.api.auth import bearer_token
 from lab.api.throttling import over_limit
 
 _INVALID = "Missing, malformed or foreign bootstrap token."
+_KUBERNETES_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class AttemptOpen(BaseModel):
@@ -34,8 +35,10 @@ class AttemptOpen(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    pod_uid: str = Field(min_length=1, max_length=64)
-    jobset: str = Field(min_length=1, max_length=63)
+    # Kubernetes names and uids are ASCII letters, digits, "-", "." and "_" at most; anything else
+    # (NUL above all, which the attempt's JSON handle cannot store) is a 400, not a 500.
+    pod_uid: str = Field(min_length=1, max_length=64, pattern=_KUBERNETES_NAME)
+    jobset: str = Field(min_length=1, max_length=63, pattern=_KUBERNETES_NAME)
 
 
 class BootstrapTokenAuthentication(BaseAuthentication):

@@ -10,7 +10,7 @@ import math
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
 
 MAX_BATCH = 1000
 
@@ -44,8 +44,10 @@ def _printable(text: object) -> object:
 
 
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_storable)]
-Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
-Attempt = Annotated[int, Field(ge=1, le=10_000)]
+# Counts are strict integers: "3", 3.0 or true for a step or an attempt is a 400, not a step 3 or 1.
+Step = Annotated[int, Strict(), Field(ge=0, le=1_000_000_000)]
+Attempt = Annotated[int, Strict(), Field(ge=1, le=10_000)]
+SizeBytes = Annotated[int, Strict(), Field(ge=0, le=2**50)]
 
 
 class StatusReport(BaseModel):
@@ -80,7 +82,7 @@ class Sample(BaseModel):
 
     model_config = _STRICT
     step: Step
-    group: Annotated[int, Field(ge=0, le=1_000_000)]
+    group: Annotated[int, Strict(), Field(ge=0, le=1_000_000)]
     prompt: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)]
     completion: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)]
     reward: float
@@ -100,7 +102,7 @@ class LogLineIn(BaseModel):
     """One log line as the engine numbered it."""
 
     model_config = _STRICT
-    seq: Annotated[int, Field(ge=0, le=2**62)]
+    seq: Annotated[int, Strict(), Field(ge=0, le=2**62)]
     time: datetime
     stream: Annotated[str, StringConstraints(min_length=1, max_length=16), AfterValidator(_storable)] = "stdout"
     line: Annotated[str, StringConstraints(max_length=16_384), BeforeValidator(_printable)]
@@ -127,7 +129,7 @@ class CheckpointComplete(BaseModel):
     """The engine finished uploading; Lab re-hashes what is stored and compares."""
 
     model_config = _STRICT
-    size_bytes: Annotated[int, Field(ge=0, le=2**50)]
+    size_bytes: SizeBytes
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -146,7 +148,7 @@ class AdapterComplete(BaseModel):
     ``size_bytes`` over ``jobs.adapters.MAX_ADAPTER_BYTES`` is refused with 413 by the service."""
 
     model_config = _STRICT
-    size_bytes: Annotated[int, Field(ge=0, le=2**50)]
+    size_bytes: SizeBytes
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
