@@ -23,6 +23,7 @@ import base64
 import configparser
 import csv
 import hashlib
+import importlib.machinery
 import io
 import posixpath
 import stat
@@ -144,9 +145,13 @@ def _read_text(archive: zipfile.ZipFile, name: str, limit: int, budget: _Budget)
     if len(data) > limit:
         raise InvalidWheel(f"{name} is larger than {limit // 1024} KB")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidWheel(f"{name} is not UTF-8 text") from None
+    if "\x00" in text:
+        # What is read from these files is stored (summary, Requires-Python), and PostgreSQL's text cannot hold NUL.
+        raise InvalidWheel(f"{name} holds NUL characters")
+    return text
 
 
 def _digest(archive: zipfile.ZipFile, name: str, budget: _Budget) -> tuple[str, int]:
@@ -300,6 +305,11 @@ def _read_archive(archive: zipfile.ZipFile, *, filename: str, name: str, version
         )
     if not module.isidentifier() or module in RESERVED_MODULES:
         raise InvalidWheel(f"the module '{module}' cannot be an environment's: pick another package name")
+    if _importable(module):
+        raise InvalidWheel(
+            f"the module '{module}' is installed where Lab runs, and the engine would import that one instead "
+            "(packages come after its own modules on sys.path): pick another package name"
+        )
     if kind == "verifiers" and module in VERIFIERS_BUILTIN_TASKSETS:
         raise InvalidWheel(f"verifiers has a taskset '{module}' of its own, which it would load instead: pick another package name")
     if not _ships_module(names, module):
@@ -316,6 +326,23 @@ def _read_archive(archive: zipfile.ZipFile, *, filename: str, name: str, version
         verifiers_version=verifiers_version,
         requires_python=str(metadata.get("Requires-Python") or "")[:100],
     )
+
+
+#: Lab's own import path as it was at start-up, before any engine run in this process appended
+#: a job's package directory to it (engine/packages.py).
+_LAB_PATH = tuple(sys.path)
+
+
+def _importable(module: str) -> bool:
+    """Whether the top-level ``module`` is a module of Lab's own environment: built in, or found on
+    its start-up ``sys.path`` (found, not imported: no code of it runs). The engine appends a job's
+    packages to ``sys.path`` (engine/packages.py), so such a package's own module would never load."""
+    if module in sys.builtin_module_names:
+        return True
+    try:
+        return importlib.machinery.PathFinder.find_spec(module, list(_LAB_PATH)) is not None
+    except (ImportError, ValueError):
+        return True
 
 
 def _version(text: str, where: str) -> Version:
