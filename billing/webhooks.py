@@ -15,6 +15,7 @@ Reference: https://docs.stripe.com/webhooks (signatures, retries, ordering, even
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -24,6 +25,7 @@ from django.db import IntegrityError, transaction
 
 from billing import stripe_api
 from billing.accounts import credit_add
+from billing.checkout import MAX_PURCHASE_USD
 from billing.models import BillingAccount, CreditKind, Plan, StripeEvent
 from lab.models import Organization
 
@@ -31,6 +33,17 @@ logger = logging.getLogger(__name__)
 
 #: Subscription statuses under which an organization is invoiced.
 INVOICED_STATUSES = frozenset({"active", "trialing", "past_due", "incomplete"})
+#: The most credit one Checkout session can carry, in cents (what Lab's Checkout sells at most).
+MAX_CREDIT_CENTS = int(MAX_PURCHASE_USD * 100)
+_CENTS = re.compile(r"[0-9]{1,10}")
+
+
+def _stripe_id(value: Any, max_length: int) -> str | None:
+    """Return ``value`` if it can be a Stripe id stored in a column of ``max_length``: a string of
+    1 to ``max_length`` printable ASCII characters (Stripe's ids are ``evt_...``, ``cs_...``)."""
+    if isinstance(value, str) and 0 < len(value) <= max_length and value.isascii() and value.isprintable():
+        return value
+    return None
 
 
 class WebhookRefused(Exception):
@@ -61,16 +74,17 @@ def _checkout_completed(event: dict[str, Any], session: dict[str, Any]) -> bool:
     """Add the credit a paid Checkout session bought, once per session."""
     if session.get("payment_status") != "paid" or session.get("mode", "payment") != "payment":
         return False
+    session_id = _stripe_id(session.get("id"), 200)
     organization = Organization.objects.filter(public_id=str(session.get("client_reference_id") or "")).first()
-    try:
-        cents = int((session.get("metadata") or {}).get("credit_cents", ""))
-    except ValueError:
-        cents = 0
-    if organization is None or cents <= 0:
-        logger.warning("checkout session without a Lab organization or credit", extra={"session": session.get("id")})
+    metadata = session.get("metadata") if isinstance(session.get("metadata"), dict) else {}
+    # Lab's own Checkout writes credit_cents as a string of digits (billing.checkout); anything else is not its session.
+    raw_cents = metadata.get("credit_cents")
+    cents = int(raw_cents) if isinstance(raw_cents, str) and _CENTS.fullmatch(raw_cents) else 0
+    if organization is None or session_id is None or not 0 < cents <= MAX_CREDIT_CENTS:
+        logger.warning("checkout session without a Lab organization or credit", extra={"session": session_id})
         return False
     return credit_add(
-        organization_id=organization.pk, amount_micro_usd=cents * 10_000, kind=CreditKind.PURCHASE, reference=str(session["id"])
+        organization_id=organization.pk, amount_micro_usd=cents * 10_000, kind=CreditKind.PURCHASE, reference=session_id
     )
 
 
@@ -90,15 +104,17 @@ def _subscription(event: dict[str, Any], subscription: dict[str, Any]) -> bool:
     account = _account_by_customer(subscription.get("customer"))
     moment = _moment(event)
     deleted = event["type"] == "customer.subscription.deleted"
-    if account is None:
+    subscription_id = _stripe_id(subscription.get("id"), 64)
+    raw_status = subscription.get("status", "")
+    if account is None or subscription_id is None or not (isinstance(raw_status, str) and len(raw_status) <= 32):
         return False
     if account.subscription_updated_at and (
         moment < account.subscription_updated_at
         or (moment == account.subscription_updated_at and account.subscription_status == "canceled" and not deleted)
     ):
         return False  # older news than what the account shows
-    status = "canceled" if deleted else str(subscription.get("status", ""))
-    account.stripe_subscription_id = str(subscription.get("id", ""))
+    status = "canceled" if deleted else raw_status
+    account.stripe_subscription_id = subscription_id
     account.subscription_status = status
     account.subscription_updated_at = moment
     account.plan = Plan.INVOICED if status in INVOICED_STATUSES else Plan.PREPAID
@@ -126,7 +142,7 @@ def stripe_webhook_receive(*, payload: bytes, signature_header: str) -> WebhookR
         event = stripe_api.webhook_event(payload, signature_header)
     except (stripe.SignatureVerificationError, UnicodeDecodeError, ValueError) as exc:
         raise WebhookRefused(f"Invalid Stripe signature or body: {exc}") from None
-    if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not isinstance(event.get("type"), str):
+    if not isinstance(event, dict) or _stripe_id(event.get("id"), 255) is None or _stripe_id(event.get("type"), 100) is None:
         raise WebhookRefused("The body is not a Stripe event.")
     if event.get("api_version") != stripe_api.api_version():
         logger.error(
@@ -138,7 +154,8 @@ def stripe_webhook_receive(*, payload: bytes, signature_header: str) -> WebhookR
     if handler is None:
         return WebhookResult(event["id"], event["type"], "ignored")
     obj = (event.get("data") or {}).get("object") if isinstance(event.get("data"), dict) else None
-    if not isinstance(obj, dict) or not isinstance(event.get("created"), int) or not 0 < event["created"] < 2**33:
+    created = event.get("created")
+    if not isinstance(obj, dict) or not isinstance(created, int) or isinstance(created, bool) or not 0 < created < 2**33:
         raise WebhookRefused("The event has no data.object or created time.")
     try:
         with transaction.atomic():
