@@ -87,7 +87,9 @@ class TeacherClient:
         """Build the client of a spec's `[teacher]` (a `labsdk.spec.TeacherConfig`), reading its
         secrets from `environ` (default the process environment).
 
-        Raises TeacherRefused when a secret it names is not set.
+        Raises TeacherRefused when a secret it names is not set, or cannot be sent as a header
+        value (RFC 9110 section 5.5: visible ASCII, spaces and tabs; a line break, NUL or a
+        non-ASCII character would fail every request as if the endpoint were down).
         """
         environ = os.environ if environ is None else environ
         endpoint = teacher.endpoint()
@@ -96,6 +98,12 @@ class TeacherClient:
         if missing:
             raise TeacherRefused(
                 f"the teacher endpoint needs the job secret(s) {', '.join(missing)}, which this job was not given"
+            )
+        unsendable = sorted({name for name in wanted.values() if not _sendable(environ[name])})
+        if unsendable:
+            raise TeacherRefused(
+                f"the job secret(s) {', '.join(unsendable)} cannot be sent as HTTP header values "
+                "(a line break, NUL, another control character or a non-ASCII character)"
             )
         headers = {header: environ[name] for header, name in wanted.items()}
         headers["Authorization"] = f"Bearer {headers['Authorization']}"
@@ -158,6 +166,11 @@ class TeacherClient:
             )
         except RetriesExhausted as error:
             raise TeacherUnavailable(f"the teacher endpoint {self.base_url} failed {ATTEMPTS} times on {method} {path}: {error}") from None
+
+
+def _sendable(value: str) -> bool:
+    """Whether `value` is a header field value httpx and h11 send: visible ASCII, spaces, tabs."""
+    return all(character == "\t" or " " <= character <= "~" for character in value)
 
 
 def _error_message(response: httpx.Response) -> str:
