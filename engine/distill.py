@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
+from labsdk.spec.secrets import header_value_sendable
 
 from engine.http_retry import RetriesExhausted, request_json
 
@@ -99,7 +100,7 @@ class TeacherClient:
             raise TeacherRefused(
                 f"the teacher endpoint needs the job secret(s) {', '.join(missing)}, which this job was not given"
             )
-        unsendable = sorted({name for name in wanted.values() if not _sendable(environ[name])})
+        unsendable = sorted({name for name in wanted.values() if not header_value_sendable(environ[name])})
         if unsendable:
             raise TeacherRefused(
                 f"the job secret(s) {', '.join(unsendable)} cannot be sent as HTTP header values "
@@ -166,11 +167,6 @@ class TeacherClient:
             )
         except RetriesExhausted as error:
             raise TeacherUnavailable(f"the teacher endpoint {self.base_url} failed {ATTEMPTS} times on {method} {path}: {error}") from None
-
-
-def _sendable(value: str) -> bool:
-    """Whether `value` is a header field value httpx and h11 send: visible ASCII, spaces, tabs."""
-    return all(character == "\t" or " " <= character <= "~" for character in value)
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -49,7 +49,7 @@ def job_estimate(*, project: Project, data: Any) -> dict[str, Any]:
     "reason", "warnings"}`` (docs/api.md). Raises ApiError 400 ``invalid_spec``.
     """
     data, secrets = split_secrets(data)  # validated as job_submit would; never stored here
-    validated = validate_job_spec(project=project, data=data, secret_names=secrets.keys())
+    validated = validate_job_spec(project=project, data=data, secret_names=secrets)
     spec = validated.parsed.spec
     seconds = estimate_run_seconds(validated)
     gpu_type, gpus = spec.resources.gpu_type, spec.resources.gpus or 0

@@ -133,7 +133,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     at all; nothing is created then.
     """
     data, secrets = split_secrets(data)
-    validated = validate_job_spec(project=project, data=data, lock_environments=True, secret_names=secrets.keys())
+    validated = validate_job_spec(project=project, data=data, lock_environments=True, secret_names=secrets)
     spec = validated.parsed.spec
     require_billing_allows_runs(project)
     now = timezone.now()

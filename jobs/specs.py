@@ -162,10 +162,11 @@ def _init_from_problems(project: Project, spec) -> tuple[Checkpoint | None, list
 
 
 def validate_job_spec(
-    *, project: Project, data: Any, lock_environments: bool = False, secret_names: Collection[str] = ()
+    *, project: Project, data: Any, lock_environments: bool = False, secret_names: Collection[str] | Mapping[str, str] = ()
 ) -> ValidatedSpec:
     """Validate ``data`` (decoded JSON) as a job spec for ``project``, whose job is given the
-    secrets named ``secret_names``.
+    secrets named ``secret_names`` (given the secrets themselves, a name -> value mapping, the
+    values the teacher sends as headers are checked too: ``labsdk.spec.secret_problems``).
 
     Returns the ValidatedSpec, its uploaded environments resolved to exact versions (locked for
     the caller's transaction with ``lock_environments``, so that no delete slips in before the job

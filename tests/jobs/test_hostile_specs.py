@@ -79,3 +79,21 @@ def test_a_filter_setting_of_1e400_is_a_400(owner, spec):
 
     assert answer.status_code == 400, answer.content
     assert Job.objects.unscoped().count() == 0
+
+
+@pytest.mark.parametrize("path", ["/api/v1/jobs", "/api/v1/jobs/estimate"])
+@pytest.mark.parametrize("value", ["sk-abc\n", "sk-abc\r\nX-Injected: 1", "sk-clé"])
+def test_a_teacher_secret_that_cannot_be_a_header_value_is_a_400_that_never_echoes_it(owner, spec, path, value):
+    body = sft(spec)
+    body["secrets"]["OPENAI_API_KEY"] = value
+
+    answer = owner.client().post(path, body, format="json")
+
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["error"]["errors"] == [{
+        "param": "teacher.client.api_key_var", "code": "invalid_secret",
+        "message": "the secret 'OPENAI_API_KEY' is sent as an HTTP header and cannot be: it holds a line break, NUL, "
+                   "another control character or a non-ASCII character",
+    }]
+    assert value not in answer.content.decode() and "sk-abc" not in answer.content.decode()
+    assert Job.objects.unscoped().count() == 0 and JobSecrets.objects.unscoped().count() == 0

@@ -6,7 +6,7 @@ A job's secrets travel beside its spec (``secrets`` in the create body; the CLI 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from labsdk.spec.model import JobSpec
 from labsdk.spec.problems import SpecProblem
@@ -25,12 +25,29 @@ def secret_names_used(spec: JobSpec) -> list[tuple[str, str]]:
     return used
 
 
-def secret_problems(spec: JobSpec, names: Collection[str]) -> list[SpecProblem]:
-    """Return a ``missing_secret`` problem for each secret the spec names that is not in ``names``."""
+def secret_problems(spec: JobSpec, names: Collection[str] | Mapping[str, str]) -> list[SpecProblem]:
+    """Return a ``missing_secret`` problem for each secret the spec names that is not in ``names``.
+
+    Given the secrets themselves (a mapping of name to value), also return an ``invalid_secret``
+    problem for each one the teacher sends as an HTTP header whose value cannot be sent (a line
+    break, NUL, another control or a non-ASCII character: RFC 9110 section 5.5); the message
+    never holds the value."""
     given = ", ".join(sorted(names)) or "none"
-    return [
-        SpecProblem(param, "missing_secret", f"'{name}' is not among the job's secrets (given: {given}); "
-                    f"pass it with -e {name}=... or an env file, or as secrets.{name} in the request")
-        for param, name in secret_names_used(spec)
-        if name not in names
-    ]
+    problems = []
+    for param, name in secret_names_used(spec):
+        if name not in names:
+            problems.append(SpecProblem(
+                param, "missing_secret", f"'{name}' is not among the job's secrets (given: {given}); "
+                f"pass it with -e {name}=... or an env file, or as secrets.{name} in the request",
+            ))
+        elif isinstance(names, Mapping) and not header_value_sendable(str(names[name])):
+            problems.append(SpecProblem(
+                param, "invalid_secret", f"the secret '{name}' is sent as an HTTP header and cannot be: it holds "
+                "a line break, NUL, another control character or a non-ASCII character",
+            ))
+    return problems
+
+
+def header_value_sendable(value: str) -> bool:
+    """Whether ``value`` can be sent as an HTTP header field value: visible ASCII, spaces and tabs."""
+    return all(character == "\t" or " " <= character <= "~" for character in value)
