@@ -49,7 +49,9 @@ def main() -> None:
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False,
                                   clock=lambda: datetime.now(timezone.utc))
     reconciler.get_launcher = lambda: launcher
-    from jobs import dispatch
+    from jobs import dispatch, pool
+
+    pool.get_launcher = lambda: launcher  # the pass reads the nodes through the same fake cluster
 
     dispatch.enqueue_admission = lambda: None  # no broker: the pass itself is measured
 
