@@ -9,6 +9,7 @@ the first `--warmup` steps are not timed. Prints docs/architecture.md "Tests and
 peak resident memory of each. Needs `bench/requirements-bench.txt` (TRL) installed.
 
     python bench/engine_step.py [--steps 4] [--warmup 1] [--threads N] [--no-overlap]
+                                [--rollout transformers|vllm] [--max-off-policy-steps K]
 
 The engine runs with its CLI defaults (overlap on; on CPU torch threads = half the cores, so
 the sampler thread and the trainer each get their own); TRL with torch's default threads. `--threads`
@@ -37,7 +38,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
-def run_engine(steps: int, warmup: int, overlap: bool) -> dict:
+def run_engine(steps: int, warmup: int, overlap: bool, rollout: str = "transformers", max_off_policy_steps: int = 1) -> dict:
     """Train `steps` engine steps offline; return per-step seconds (after warmup) and peak RSS."""
     from labsdk.spec import parse_spec
 
@@ -48,11 +49,11 @@ def run_engine(steps: int, warmup: int, overlap: bool) -> dict:
         "model": MODEL_ID, "env": [{"id": "lab/addition", "args": {"max_operand": 20}}], "max_steps": steps,
         "batch_size": SETTINGS["batch_size"], "rollouts_per_example": SETTINGS["rollouts_per_example"],
         "learning_rate": SETTINGS["learning_rate"], "lora_rank": SETTINGS["lora_rank"],
-        "lora_alpha": SETTINGS["lora_alpha"], "seed": SETTINGS["seed"], "max_off_policy_steps": 1,
+        "lora_alpha": SETTINGS["lora_alpha"], "seed": SETTINGS["seed"], "max_off_policy_steps": max_off_policy_steps,
         "sampling": {"max_tokens": SETTINGS["max_tokens"]},
         "checkpoints": {"interval": 0, "keep_last": 1}, "eval": {"interval": 0},
     }).spec
-    config = EngineConfig(spec=spec, overlap=overlap)
+    config = EngineConfig(spec=spec, overlap=overlap, rollout_backend=rollout)
     with tempfile.TemporaryDirectory() as workdir:
         workdir = pathlib.Path(workdir)
         reporter = Reporter(OfflineTransport(workdir), job_id="bench", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
@@ -60,7 +61,10 @@ def run_engine(steps: int, warmup: int, overlap: bool) -> dict:
         trainer = Trainer(config=config, workdir=workdir, reporter=reporter)
         trainer.setup()
         trainer.checkpoint_root = workdir / "checkpoints"
-        trainer.run()
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
         reporter.close("succeeded", timeout=10)
         points = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     step_seconds = [p["values"]["time/step"] for p in points][warmup:]
@@ -124,6 +128,7 @@ def _child(part: str, args: argparse.Namespace) -> dict:
         command += ["--threads", str(args.threads)]
     if not args.overlap:
         command.append("--no-overlap")
+    command += ["--rollout", args.rollout, "--max-off-policy-steps", str(args.max_off_policy_steps)]
     env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
@@ -140,6 +145,8 @@ def main() -> int:
     parser.add_argument("--no-overlap", dest="overlap", action="store_false", help="engine samples and trains in turn")
     parser.add_argument("--part", choices=["engine", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--skip-trl", action="store_true", help="time the engine only")
+    parser.add_argument("--rollout", choices=["transformers", "vllm"], default="transformers", help="the engine's inference backend")
+    parser.add_argument("--max-off-policy-steps", type=int, default=1, help="the engine's asynchrony bound")
     args = parser.parse_args()
     if args.part:
         import torch
@@ -149,7 +156,8 @@ def main() -> int:
         elif not torch.cuda.is_available():
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as engine.cli does
         sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "sdk")]
-        result = run_engine(args.steps, args.warmup, args.overlap) if args.part == "engine" else run_trl(args.steps, args.warmup)
+        result = (run_engine(args.steps, args.warmup, args.overlap, args.rollout, args.max_off_policy_steps)
+                  if args.part == "engine" else run_trl(args.steps, args.warmup))
         print(json.dumps(result))
         return 0
 
@@ -159,6 +167,7 @@ def main() -> int:
     trl_s = statistics.mean(trl_result["step_s"]) if trl_result else None
     ratio = engine_s / trl_s if trl_s else None
     detail = {"steps_timed": len(engine["step_s"]), "threads": args.threads or None, "overlap": args.overlap,
+              "rollout": args.rollout, "max_off_policy_steps": args.max_off_policy_steps,
               "load_average_1m": round(os.getloadavg()[0], 2),
               "generate_s": round(statistics.mean(engine["generate_s"]), 3), "train_s": round(statistics.mean(engine["train_s"]), 3)}
     print(json.dumps({"name": "engine_step_s", "value": round(engine_s, 3), "unit": "s", "baseline": round(trl_s, 3) if trl_s else None,
