@@ -447,15 +447,18 @@ class Trainer:
         """One optimizer update on a scored batch; return loss/entropy/kl/grad-norm metrics.
 
         `keep`: per rollout, whether it is still in the batch after the filters (default all).
-        Dropped rollouts are out of the loss and of the token-level average's token count; a
-        group with none left is not run at all.
+        Dropped rollouts are out of the loss but their tokens still count in the token-level
+        average's denominator (every completion token of the batch), so a step in which few
+        groups carry signal takes a proportionally smaller step; measured on the main job
+        (bench/engine_learning.py), averaging over the kept tokens only left its 5-step mean reward
+        at 0.51 after 20 steps against 0.66 this way. A group with none left is not run at all.
         """
         config, spec = self.config, self.config.spec
         group_size = spec.rollouts_per_example
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         keep = [True] * len(batch.completions) if keep is None else keep
-        total_tokens = sum(len(c.token_ids) for c, kept in zip(batch.completions, keep) if kept)
+        total_tokens = sum(len(c.token_ids) for c in batch.completions)
         # Under torchrun each rank trains on its share of the groups (engine/distributed.py).
         active = self.parallel.shard([g for g in range(len(batch.prompts)) if any(keep[g * group_size:(g + 1) * group_size])])
         groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
