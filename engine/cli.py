@@ -95,6 +95,9 @@ def serve_inference(args: argparse.Namespace) -> int:
     elif backend != "transformers":
         print(f"engine: LAB_ENGINE_ROLLOUT must be transformers or vllm, not {backend!r}", file=sys.stderr)
         return EXIT_INVALID
+    parent = os.environ.get("LAB_ENGINE_PARENT_PID")
+    if parent:  # started by an engine for its rollouts (engine/remote_inference.py): end with it
+        _exit_with_parent(int(parent))
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     try:
@@ -122,6 +125,19 @@ def serve_inference(args: argparse.Namespace) -> int:
         if close is not None:
             close()
     return EXIT_SUCCEEDED
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Have Linux end this process when `parent` (the engine that started it) dies, however it
+    dies (SIGTERM on `PR_SET_PDEATHSIG`); exit at once when that engine is already gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the engine's own stop still ends it
+        pass
+    if os.getppid() != parent:
+        sys.exit(EXIT_CRASHED)
 
 
 def _one_line(text: str) -> str:

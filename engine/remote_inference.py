@@ -177,6 +177,7 @@ def start_inference_role(model_id: str, *, backend: str, workdir: pathlib.Path, 
         [sys.executable, "-m", "engine", "inference", "--model", model_id, "--backend", backend, "--host", "127.0.0.1",
          "--port", "0", "--workdir", str(workdir)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "LAB_ENGINE_PARENT_PID": str(os.getpid())},  # it ends with this engine, even on kill -9
     )
     log.close()
     deadline = time.monotonic() + startup_timeout

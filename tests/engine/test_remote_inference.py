@@ -32,6 +32,11 @@ def role_url(tmp_path):
     return re.search(r"serving .* on (http://\S+)", (tmp_path / "work" / "inference" / "inference.log").read_text()).group(1)
 
 
+def role_pids(tmp_path):
+    listed = subprocess.run(["pgrep", "-f", f"engine inference .*{tmp_path / 'work' / 'inference'}"], capture_output=True, text=True)
+    return [int(pid) for pid in listed.stdout.split()]
+
+
 def test_a_job_samples_through_an_inference_role_it_starts_and_stops_it_at_the_end(tmp_path):
     spec = write_spec(tmp_path / "spec.json", max_steps=3)
     process = engine(tmp_path, spec, {"LAB_ENGINE_INFERENCE": "process"})
@@ -69,13 +74,28 @@ def test_a_role_killed_mid_run_takes_the_attempt_down_as_a_crash(tmp_path):
     while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.5)
     port = role_url(tmp_path).rsplit(":", 1)[1]
-    (role_pid,) = [int(pid) for pid in subprocess.run(["pgrep", "-f", f"engine inference .*{tmp_path / 'work' / 'inference'}"],
-                                                      capture_output=True, text=True).stdout.split()]
+    (role_pid,) = role_pids(tmp_path)
     os.kill(role_pid, signal.SIGKILL)
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 1, stderr[-3000:]
     assert "the inference role exited with code -9" in stderr
     assert port  # the role had an address before it died
+
+
+def test_an_engine_killed_with_sigkill_takes_its_inference_role_with_it(tmp_path):
+    spec = write_spec(tmp_path / "spec.json", max_steps=200, checkpoints={"interval": 0, "keep_last": 1})
+    process = engine(tmp_path, spec, {"LAB_ENGINE_INFERENCE": "process"})
+    metrics = tmp_path / "work" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.5)
+    (role,) = role_pids(tmp_path)
+    process.kill()  # no clean-up code of the engine runs
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while role_pids(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert role_pids(tmp_path) == [], f"the inference role {role} outlived its engine"
 
 
 def test_a_role_serving_another_model_is_refused(tmp_path, teacher_server):  # noqa: F811

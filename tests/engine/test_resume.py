@@ -28,10 +28,13 @@ def train(workdir, config, resume_from=None, stop_after=None):
     reporter.stop_after = stop_after
     reporter.start()
     trainer = Trainer(config=config, workdir=workdir, reporter=reporter)
-    trainer.setup()
-    if resume_from is not None:
-        trainer.resume(resume_from)
-    outcome = trainer.run()
+    try:
+        trainer.setup()
+        if resume_from is not None:
+            trainer.resume(resume_from)
+        outcome = trainer.run()
+    finally:
+        trainer.close()  # an inference role it started (engine/remote_inference.py) stops too
     assert outcome == ("stopped" if stop_after else "succeeded")
     reporter.close(outcome, timeout=10)
     points = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
