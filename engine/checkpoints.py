@@ -141,18 +141,7 @@ def save_checkpoint(
 
     `card` (see `model_card`) replaces the `README.md` peft writes, an empty template."""
     directory = pathlib.Path(directory)
-    staging = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    if is_lora(model):
-        # The embeddings are frozen, so the adapter alone is the checkpoint (and peft need not
-        # look the base model up to decide that).
-        model.save_pretrained(str(staging), safe_serialization=True, save_embedding_layers=False)
-    else:
-        model.save_pretrained(str(staging), safe_serialization=True)
-    tokenizer.save_pretrained(str(staging))
-    if card is not None:
-        (staging / "README.md").write_text(card, encoding="utf-8")
+    staging = _stage_weights(directory, model=model, tokenizer=tokenizer, card=card)
     state_dir = staging / STATE_DIR
     state_dir.mkdir()
     torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
@@ -160,6 +149,29 @@ def save_checkpoint(
     if pending_rollouts is not None:
         torch.save(pending_rollouts, state_dir / "pending_rollouts.pt")
     (state_dir / "state.json").write_text(json.dumps(state.__dict__, indent=2, sort_keys=True))
+    return _publish(staging, directory)
+
+
+def _stage_weights(directory: pathlib.Path, *, model: torch.nn.Module, tokenizer, card: str | None) -> pathlib.Path:
+    """Write the weights of `model` (its PEFT adapter alone for LoRA, else its Hugging Face
+    weights), the tokenizer and the model card into a fresh `<directory>.partial`; return it."""
+    staging = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    if is_lora(model):
+        # The embeddings are frozen, so the adapter alone is the weights (and peft need not
+        # look the base model up to decide that).
+        model.save_pretrained(str(staging), safe_serialization=True, save_embedding_layers=False)
+    else:
+        model.save_pretrained(str(staging), safe_serialization=True)
+    tokenizer.save_pretrained(str(staging))
+    if card is not None:
+        (staging / "README.md").write_text(card, encoding="utf-8")
+    return staging
+
+
+def _publish(staging: pathlib.Path, directory: pathlib.Path) -> pathlib.Path:
+    """Put the finished `staging` directory in place of `directory` (a rename); return it."""
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(staging, directory)
     return directory
@@ -313,19 +325,7 @@ def save_adapter(directory: pathlib.Path, *, model: torch.nn.Module, tokenizer, 
     `trainer_state/`: no optimizer, RNG or data position, so it is small and cannot resume a job.
     """
     directory = pathlib.Path(directory)
-    staging = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    if is_lora(model):
-        model.save_pretrained(str(staging), safe_serialization=True, save_embedding_layers=False)
-    else:
-        model.save_pretrained(str(staging), safe_serialization=True)
-    tokenizer.save_pretrained(str(staging))
-    if card is not None:
-        (staging / "README.md").write_text(card, encoding="utf-8")
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(staging, directory)
-    return directory
+    return _publish(_stage_weights(directory, model=model, tokenizer=tokenizer, card=card), directory)
 
 
 def prune_adapters(root: pathlib.Path, *, keep: set[pathlib.Path]) -> list[pathlib.Path]:
