@@ -57,18 +57,20 @@ class HttpRolloutBackend:
     """A rollout backend that samples through an inference role at `base_url` serving `model_id`.
 
     `weights_dir` is where `load_weights` writes each policy version (created; the previous
-    version's file is removed once the role has loaded the next). `process` is the role's
+    version's file is removed once the role has loaded the next); None for a caller that only
+    loads weights others wrote (`load_weights_dir`: the orchestrator role). `process` is the role's
     process when this engine started it (its exit is reported as the cause of a failure).
     """
 
     def __init__(
-        self, base_url: str, *, model_id: str, weights_dir: pathlib.Path, process: subprocess.Popen | None = None,
+        self, base_url: str, *, model_id: str, weights_dir: pathlib.Path | None = None, process: subprocess.Popen | None = None,
         transport: httpx.BaseTransport | None = None, ready_timeout: float = READY_TIMEOUT_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model_id = model_id
         self.weights_dir = weights_dir
-        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        if weights_dir is not None:
+            self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.process = process
         self.policy_version = 0
         self._loaded: pathlib.Path | None = None
@@ -121,18 +123,19 @@ class HttpRolloutBackend:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, policy_version: int | None = None) -> None:
         """Write the weights as `policy-<version>/model.safetensors` under `weights_dir` and have
         the role load them in place as `policy_version` (default the next version)."""
-        from safetensors.torch import save_file
-
         version = self.policy_version + 1 if policy_version is None else policy_version
         directory = self.weights_dir / f"policy-{version}"
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
-        save_file({name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}, str(directory / "model.safetensors"))
-        answer = self._request("POST", "/update_weights", {"weights_path": str(directory), "policy_version": version})
-        self.policy_version = int(answer["policy_version"])
+        write_weights(named_tensors, directory)
+        self.load_weights_dir(directory, version)
         if self._loaded is not None and self._loaded != directory:
             shutil.rmtree(self._loaded, ignore_errors=True)
         self._loaded = directory
+
+    def load_weights_dir(self, directory: pathlib.Path, policy_version: int) -> None:
+        """Have the role load the weights already written in `directory` (`write_weights`) as
+        `policy_version`. Raises InferenceUnavailable when it refuses (e.g. an older version)."""
+        answer = self._request("POST", "/update_weights", {"weights_path": str(directory), "policy_version": policy_version})
+        self.policy_version = int(answer["policy_version"])
 
     def close(self) -> None:
         """Close the connections, stop the role this engine started and remove the weight files."""
@@ -144,7 +147,8 @@ class HttpRolloutBackend:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-        shutil.rmtree(self.weights_dir, ignore_errors=True)
+        if self.weights_dir is not None:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def _check_process(self) -> None:
         if self.process is not None and self.process.poll() is not None:
@@ -164,6 +168,16 @@ class HttpRolloutBackend:
         except RetriesExhausted as error:
             self._check_process()
             raise InferenceUnavailable(f"the inference role at {self.base_url} failed {ATTEMPTS} times on {method} {path}: {error}") from None
+
+
+def write_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], directory: pathlib.Path) -> None:
+    """Write (name, tensor) pairs as `directory/model.safetensors` (CPU, contiguous), replacing
+    the directory: the format `POST /update_weights` reads (docs/engine.md)."""
+    from safetensors.torch import save_file
+
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    save_file({name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}, str(directory / "model.safetensors"))
 
 
 def start_inference_role(model_id: str, *, backend: str, workdir: pathlib.Path, startup_timeout: float = READY_TIMEOUT_S) -> tuple[str, subprocess.Popen]:

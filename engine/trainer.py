@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import pathlib
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,10 +36,10 @@ import torch
 from engine import checkpoints as ckpt
 from engine.catalog import TINY_RANDOM_LLAMA_ID
 from engine.distributed import DataParallel
-from engine.environments import Environment, load_environment
 from engine.filters import Rollouts, apply_filters, filter_metrics
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
 from engine.models import context_length, huggingface_dir, load_model, stop_token_ids
+from engine.orchestrator import Orchestrator, RolloutBatch
 from engine.policy import (
     completion_logits,
     is_lora,
@@ -51,7 +50,7 @@ from engine.policy import (
     trainable_parameters,
 )
 from engine.reporter import Reporter
-from engine.rollout import Completion, TransformersBackend
+from engine.rollout import TransformersBackend
 
 if TYPE_CHECKING:
     # Only a type: the trainer reads the spec's attributes and runs where pydantic is absent
@@ -60,74 +59,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("engine")
 
-_EVAL_SEED_OFFSET = 1 << 40
-_VAL_SEED_OFFSET = 1 << 41
-#: Prompts per sampling call of an eval or a validation (bounds memory on large splits).
-_HELD_OUT_PROMPTS_PER_CALL = 64
-
-
-def environment_index(index: int, ratios: list[float] | None, *, count: int, seed: int) -> int:
-    """Return which of the `count` training environments the `index`-th group of the run
-    (counted over all steps) samples from: round-robin when `ratios` is None, else (one ratio
-    per environment, from `[[env]] ratio`, 1 where a block gives none) drawn with probability
-    ratio / sum(ratios), as prime-rl mixes its environments. The draw is seeded by `seed` and
-    `index` alone, so a resumed run draws exactly what an uninterrupted one does."""
-    if ratios is None:
-        return index % count
-    return random.Random(f"lab-env-mix:{seed}:{index}").choices(range(count), weights=ratios)[0]
-
-
-def extra_sampling(params: dict) -> dict:
-    """Return the keyword arguments that carry `params` (vLLM SamplingParams fields) to a
-    rollout backend's `generate`: none when empty, so the transformers backend is never given any."""
-    return {"sampling_params": params} if params else {}
-
-
-def template_variables(tokenizer) -> set[str] | None:
-    """Return the variables the tokenizer's chat template reads (jinja2's
-    `meta.find_undeclared_variables`), or None when it cannot be parsed."""
-    template = tokenizer.chat_template
-    if not isinstance(template, str):
-        return None
-    try:
-        import jinja2
-        from jinja2 import meta
-
-        return set(meta.find_undeclared_variables(jinja2.Environment().parse(template)))
-    except Exception:  # a template jinja2's plain environment does not parse (transformers extensions)
-        return None
-
-
-def usable_template_kwargs(tokenizer, kwargs: dict, *, where: str, model: str) -> dict:
-    """Return the entries of `kwargs` that the chat template reads; log a warning naming each
-    one it does not (the prompt is then built without it). `where` is the spec section, for
-    the message. A template that cannot be parsed gets the kwargs whose names it contains."""
-    if not kwargs:
-        return {}
-    variables = template_variables(tokenizer)
-    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
-    usable = {}
-    for name, value in kwargs.items():
-        if (name in variables) if variables is not None else (name in template):
-            usable[name] = value
-        else:
-            logger.warning(
-                "%s.%s: the chat template of %s does not use %r; prompts are built without it",
-                where, name, model, name,
-            )
-    return usable
-
-
-@dataclass(frozen=True)
-class HeldOutTarget:
-    """One environment an eval or a validation samples: `name` (in metric names),
-    `num_examples` of `split` ("eval" or "val"), `rollouts_per_example` each."""
-
-    environment: Environment
-    name: str
-    split: str
-    num_examples: int
-    rollouts_per_example: int
 
 
 @dataclass(frozen=True)
@@ -145,7 +76,9 @@ class EngineConfig:
     ratio corrects for the difference), `device` ("auto": CUDA when present),
     `inference` (where rollouts are sampled: "" in this process; "process": an inference
     role this engine starts; or the base URL of a running one, engine/remote_inference.py),
-    `weights_dir` (where weights for that role are written; "" = /dev/shm). Which rollouts
+    `weights_dir` (where weights for that role are written; "" = /dev/shm), `shared_dir` (set:
+    this process is the trainer role, taking its batches from an orchestrator role over that
+    directory, engine/roles.py; it then loads no environment and samples nothing). Which rollouts
     are trained on is the spec's business (its batch filters, engine.filters).
     """
 
@@ -160,6 +93,7 @@ class EngineConfig:
     device: str = "auto"
     inference: str = ""
     weights_dir: str = ""
+    shared_dir: str = ""
 
     def digest(self) -> str:
         """Hash the settings that change the training trajectory (not max_steps or reporting).
@@ -215,25 +149,6 @@ class EngineConfig:
         return depth
 
 
-@dataclass
-class RolloutBatch:
-    """The scored rollouts of one step: G prompts × K completions (K = rollouts_per_example).
-
-    `policy_version` is how many optimizer updates the sampling policy had seen;
-    `rewards` and `functions` (per reward function) are per rollout, prompt by prompt.
-    """
-
-    step: int
-    policy_version: int
-    env_indices: list[int]
-    prompts: list[list[int]]
-    completions: list[Completion]
-    texts: list[str]
-    rewards: list[float]
-    functions: list[dict[str, float]]
-    generate_seconds: float
-
-
 class StopTraining(Exception):
     """Raised inside the loop when a stop was requested (SIGTERM or Lab's `action: stop`)."""
 
@@ -249,6 +164,8 @@ class Trainer:
     model_dir: pathlib.Path | None = None
     #: This process's rank under torchrun; rank 0 alone writes checkpoints and adapters.
     parallel: DataParallel = field(default_factory=DataParallel)
+    #: The orchestrator role's process when this run started it (its exit ends the attempt).
+    orchestrator_process: object = None
 
     def setup(self) -> None:
         """Load the model and environments, wrap the policy, build optimizer and rollout backend.
@@ -256,9 +173,6 @@ class Trainer:
         Raises engine.models.ModelNotFound and environments.InvalidEnvironment (exit 2 upstream).
         """
         config, spec = self.config, self.config.spec
-        self.environments: list[Environment] = [
-            load_environment(env.id, dict(env.args), spec.seed) for env in spec.env
-        ]
         self.device = torch.device(config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
         # fp32 on CPU (exact resumes, no bf16 units there); bf16 base weights on GPU, with
         # peft keeping the LoRA weights themselves in fp32.
@@ -266,7 +180,7 @@ class Trainer:
         base, self.tokenizer = load_model(spec.model, self.model_dir, dtype=dtype)
         base.to(self.device)
         # vLLM loads the base weights from disk, before LoRA wraps the model's layers in place.
-        rollout_model_dir = huggingface_dir(spec.model, base, self.model_dir, self.workdir) if config.rollout_backend == "vllm" and not config.inference else None
+        rollout_model_dir = huggingface_dir(spec.model, base, self.model_dir, self.workdir) if config.rollout_backend == "vllm" and not (config.inference or config.shared_dir) else None
         torch.manual_seed(spec.seed)  # LoRA's A matrices are initialised from the torch RNG
         self.model = make_trainable(base, lora_rank=spec.lora_rank, lora_alpha=spec.lora_alpha, base_model_id=spec.model)
         self.parameters = trainable_parameters(self.model)
@@ -278,14 +192,17 @@ class Trainer:
             [p for _, p in self.parameters], lr=spec.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
         )
         self.stop_token_ids = stop_token_ids(base, self.tokenizer)
-        if config.inference:
-            self.rollout_backend = self._remote_backend()
+        backend = None  # stays None for the trainer role: the orchestrator role samples (engine/roles.py)
+        if config.shared_dir:
+            pass
+        elif config.inference:
+            backend = self._remote_backend()
         elif config.rollout_backend == "vllm":
-            self.rollout_backend = self._vllm_backend(rollout_model_dir, context_length(base))
+            backend = self._vllm_backend(rollout_model_dir, context_length(base))
         else:
             # LoRA samples from a merged copy (fast); full fine-tuning samples from the
             # trainer's own model unless overlap needs a second copy (made in run()).
-            self.rollout_backend = TransformersBackend(
+            backend = TransformersBackend(
                 rollout_policy(self.model) if is_lora(self.model) else self.model,
                 pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
             )
@@ -295,35 +212,11 @@ class Trainer:
         self.pending_batches: list[RolloutBatch] = []
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
-        self.env_names = [env.name for env in self.environments]
-        # [[env]] ratio: the training environments' shares of each batch (None: round-robin).
-        self.env_ratios = [env.ratio or 1.0 for env in spec.env] if any(env.ratio for env in spec.env) else None
-        self.template_kwargs = usable_template_kwargs(
-            self.tokenizer, spec.sampling.chat_template_kwargs(), where="sampling", model=spec.model
-        )
-        if config.rollout_backend != "vllm" and (spec.sampling.sampling_params() or (spec.eval.sampling and spec.eval.sampling.sampling_params())):
-            logger.warning("sampling.extra_body: the transformers rollout backend does not take vLLM sampling parameters; "
-                           "they apply only with LAB_ENGINE_ROLLOUT=vllm")
-        self.eval_targets = self._eval_targets()
-        eval_sampling = spec.eval.sampling
-        self.eval_template_kwargs = usable_template_kwargs(
-            self.tokenizer, {**spec.sampling.chat_template_kwargs(), **(eval_sampling.chat_template_kwargs() if eval_sampling else {})},
-            where="eval.sampling", model=spec.model,
-        ) if eval_sampling else self.template_kwargs
-        self.val_targets = [
-            HeldOutTarget(env, env.name, "val", spec.val.setting("num_examples"), spec.val.setting("rollouts_per_example"))
-            for env in self.environments
-        ] if spec.val is not None else []
-        self.teacher = None
-        if spec.loss == "sft":
-            from engine.distill import TeacherClient
-
-            self.teacher = TeacherClient.from_spec(spec.teacher)
-            if spec.teacher.endpoint().check_model:
-                self.teacher.check_model()
-            self.context_length = context_length(base)
-            self.end_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.stop_token_ids[0]
-            logger.info("distilling from %s at %s", spec.teacher.model, self.teacher.base_url)
+        #: The rollout side in this process (None for the trainer role: engine/roles.py).
+        self.orchestrator = None
+        if not config.shared_dir:
+            self.orchestrator = Orchestrator(config, self.tokenizer, self.stop_token_ids, context_length(base), backend=backend)
+            self.orchestrator.setup()
 
     def _remote_backend(self):
         """Sample through an inference role (engine/remote_inference.py): the one at
@@ -364,11 +257,11 @@ class Trainer:
 
     def close(self) -> None:
         """Release the rollout backend's processes and files (vLLM's engine); safe to call twice."""
-        close = getattr(getattr(self, "rollout_backend", None), "close", None)
+        close = getattr(getattr(getattr(self, "orchestrator", None), "backend", None), "close", None)
         if close is not None:
             close()
-        if getattr(self, "teacher", None) is not None:
-            self.teacher.close()
+        if getattr(self, "orchestrator", None) is not None:
+            self.orchestrator.close()
 
     def initialize_from(self, checkpoint_dir: pathlib.Path) -> None:
         """Start from another job's checkpoint: its weights (or adapter) only.
@@ -389,57 +282,6 @@ class Trainer:
         # A checkpoint holds the batches sampled ahead: a list, or one batch (older checkpoints).
         self.pending_batches = [] if pending is None else (list(pending) if isinstance(pending, list) else [pending])
         logger.info("resumed from %s at step %d", checkpoint_dir, state.step)
-
-    # ---- rollouts ----
-
-    def _prompt_ids(self, env: Environment, index: int, split: str, template_kwargs: dict | None = None) -> tuple[list[int], object]:
-        """Return the prompt token ids and the example `index` of `split`; `template_kwargs` go
-        to the chat template (default: the training sampling's, those the template uses)."""
-        example = env.example(index, split)
-        kwargs = self.template_kwargs if template_kwargs is None else template_kwargs
-        ids = self.tokenizer.apply_chat_template(
-            example.messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
-        )
-        return list(ids), example
-
-    def _sampling_params(self, sampling) -> dict:
-        """The extra vLLM SamplingParams of a sampling section (none on the transformers backend)."""
-        return sampling.sampling_params() if self.config.rollout_backend == "vllm" else {}
-
-    def _generate_batch(self, step: int, policy_version: int, backend) -> RolloutBatch:
-        """Sample and score the rollouts of `step` (examples and seed derived from seed and step)."""
-        spec = self.config.spec
-        started = time.perf_counter()
-        groups = spec.batch_size // spec.rollouts_per_example
-        env_indices, prompts, examples = [], [], []
-        for slot in range(groups):
-            index = (step - 1) * groups + slot
-            env_index = environment_index(index, self.env_ratios, count=len(self.environments), seed=spec.seed)
-            ids, example = self._prompt_ids(self.environments[env_index], index, "train")
-            env_indices.append(env_index)
-            prompts.append(ids)
-            examples.append(example)
-        completions = backend.generate(
-            prompts, n=spec.rollouts_per_example, max_tokens=spec.sampling.max_tokens,
-            temperature=spec.sampling.temperature_at(step, spec.max_steps), seed=(spec.seed << 20) + step,
-            **extra_sampling(self._sampling_params(spec.sampling)),
-        )
-        versions = {completion.policy_version for completion in completions}
-        if versions != {policy_version}:
-            raise RuntimeError(f"step {step}: rollouts from policy versions {sorted(versions)}, expected {policy_version}")
-        texts, rewards, functions = [], [], []
-        for row, completion in enumerate(completions):
-            group = row // spec.rollouts_per_example
-            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            scores = self.environments[env_indices[group]].score(text, examples[group])
-            texts.append(text)
-            rewards.append(scores.reward)
-            functions.append(scores.functions)
-        return RolloutBatch(
-            step=step, policy_version=policy_version, env_indices=env_indices, prompts=prompts,
-            completions=completions, texts=texts, rewards=rewards, functions=functions,
-            generate_seconds=time.perf_counter() - started,
-        )
 
     # ---- training ----
 
@@ -502,99 +344,6 @@ class Trainer:
             metrics["mismatch_kl/mean"] = kl_sum / token_count
         return metrics
 
-    def _eval_targets(self) -> list[HeldOutTarget]:
-        """The environments each eval samples: the `[[eval.env]]` blocks (loaded here, with
-        their own example counts and group sizes), else the training environments.
-
-        `num_examples = -1` takes the environment's whole eval split (`Environment.eval_size`);
-        a block without a count or group size takes `[eval]`'s (default 1 rollout per example).
-        Two targets with one name get `_<n>` suffixes (n from 2) in their metric names.
-        """
-        spec = self.config.spec
-        default_rollouts = spec.eval.rollouts_per_example or 1
-        if spec.eval.env:
-            blocks = [
-                (load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed),
-                 block.num_examples, block.rollouts_per_example or block.group_size)
-                for block in spec.eval.env
-            ]
-        else:
-            blocks = [(env, None, None) for env in self.environments]
-        targets, seen = [], {}
-        for env, count, rollouts in blocks:
-            count = count if count is not None else spec.eval.num_examples
-            seen[env.name] = seen.get(env.name, 0) + 1
-            name = env.name if seen[env.name] == 1 else f"{env.name}_{seen[env.name]}"
-            targets.append(HeldOutTarget(
-                env, name, "eval", env.eval_size if count == -1 else count, rollouts or default_rollouts,
-            ))
-        return targets
-
-    @staticmethod
-    def _environment_arguments(env_id: str) -> set[str]:
-        """The argument names environment `env_id` takes (none when it is not installed:
-        load_environment then says so)."""
-        from engine.catalog import list_environments
-
-        info = list_environments().get(env_id)
-        return set(info.args) if info else set()
-
-    def _held_out(self, prefix: str, targets: list[HeldOutTarget], *, max_tokens: int, temperature: float,
-                  seed: int, sampling_params: dict, template_kwargs: dict) -> dict[str, float]:
-        """Sample and score every target with the current weights of the rollout backend;
-        return `<prefix>/<name>/mean` (mean reward over all its rollouts) and
-        `<prefix>/<name>/<function>/mean` per reward function."""
-        results = {}
-        for target in targets:
-            env, rewards, functions = target.environment, [], {f.name: [] for f in target.environment.rubric}
-            for first in range(0, target.num_examples, _HELD_OUT_PROMPTS_PER_CALL):
-                indices = range(first, min(target.num_examples, first + _HELD_OUT_PROMPTS_PER_CALL))
-                prompts, examples = [], []
-                for index in indices:
-                    ids, example = self._prompt_ids(env, index, target.split, template_kwargs)
-                    prompts.append(ids)
-                    examples.append(example)
-                completions = self.rollout_backend.generate(
-                    prompts, n=target.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
-                    seed=seed + first, **extra_sampling(sampling_params),
-                )
-                for row, completion in enumerate(completions):
-                    text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                    scores = env.score(text, examples[row // target.rollouts_per_example])
-                    rewards.append(scores.reward)
-                    for name, value in scores.functions.items():
-                        functions.setdefault(name, []).append(value)
-            results[f"{prefix}/{target.name}/mean"] = sum(rewards) / len(rewards)
-            for name, values in functions.items():
-                results[f"{prefix}/{target.name}/{name}/mean"] = sum(values) / len(values)
-        return results
-
-    def _evaluate(self, step: int) -> dict[str, float]:
-        """Eval metrics of the current policy (`eval/<env>/mean`, `eval/<env>/<function>/mean`)
-        on the eval split of each eval target, sampled with `[eval.sampling]` over `[sampling]`
-        (temperature: the eval's, else the spec's base `sampling.temperature`). The same seed at
-        every eval, so evals of successive policies see the same examples and draws."""
-        spec = self.config.spec
-        overrides = spec.eval.sampling
-        max_tokens = (overrides.max_tokens if overrides else None) or spec.sampling.max_tokens
-        temperature = overrides.temperature if overrides and overrides.temperature is not None else spec.sampling.temperature
-        params = {**self._sampling_params(spec.sampling), **(self._sampling_params(overrides) if overrides else {})}
-        return self._held_out(
-            "eval", self.eval_targets, max_tokens=max_tokens, temperature=temperature,
-            seed=(spec.seed << 20) + _EVAL_SEED_OFFSET, sampling_params=params, template_kwargs=self.eval_template_kwargs,
-        )
-
-    def _validate(self, step: int) -> dict[str, float]:
-        """Validation metrics (`val/<env>/mean`, `val/<env>/<function>/mean`) of the current
-        policy on the val split of each training environment, sampled as training samples at
-        `step` (its max_tokens, temperature and options)."""
-        spec = self.config.spec
-        return self._held_out(
-            "val", self.val_targets, max_tokens=spec.sampling.max_tokens,
-            temperature=spec.sampling.temperature_at(step, spec.max_steps), seed=(spec.seed << 20) + _VAL_SEED_OFFSET,
-            sampling_params=self._sampling_params(spec.sampling), template_kwargs=self.template_kwargs,
-        )
-
     def _filtered_advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, list[bool], dict[str, float]]:
         """Run the spec's pre-batch filters, the group advantages over the rollouts they keep,
         then the post-batch filters (engine.filters); return the advantages, the keep mask
@@ -617,13 +366,15 @@ class Trainer:
         rewards = torch.tensor(batch.rewards, dtype=torch.float64)
         group_size = self.config.spec.rollouts_per_example
         metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False))}
-        for env_index, env in enumerate(self.environments):
+        # Batches of checkpoints written before they carried names: the environments' ids.
+        names = batch.env_names or [env.id for env in self.config.spec.env]
+        for env_index, name in enumerate(names):
             rows = [r for r in range(len(batch.rewards)) if batch.env_indices[r // group_size] == env_index]
             if not rows:
                 continue
-            metrics[f"reward/{env.name}/mean"] = sum(batch.rewards[r] for r in rows) / len(rows)
-            for function in env.rubric:
-                metrics[f"reward/{env.name}/{function.name}/mean"] = sum(batch.functions[r][function.name] for r in rows) / len(rows)
+            metrics[f"reward/{name}/mean"] = sum(batch.rewards[r] for r in rows) / len(rows)
+            for function in batch.functions[rows[0]]:
+                metrics[f"reward/{name}/{function}/mean"] = sum(batch.functions[r][function] for r in rows) / len(rows)
         lengths = [len(batch.prompts[r // group_size]) + len(c.token_ids) for r, c in enumerate(batch.completions)]
         metrics["seq_len/mean"] = sum(lengths) / len(lengths)
         metrics["is_truncated/mean"] = sum(c.truncated for c in batch.completions) / len(batch.completions)
@@ -644,57 +395,6 @@ class Trainer:
                 "metrics": batch.functions[row],
             })
         return samples
-
-    # ---- distillation (loss = "sft", engine/distill.py) ----
-
-    def _teacher_batch(self, step: int, policy_version: int, backend=None) -> RolloutBatch:
-        """Ask the teacher for the completions of `step`'s prompts (the examples a GRPO step
-        would take) and score them; `backend` is unused (the teacher samples)."""
-        from engine.distill import teacher_token_ids
-
-        spec = self.config.spec
-        sampling = spec.teacher.sampling
-        started = time.perf_counter()
-        groups = spec.batch_size // spec.rollouts_per_example
-        requests = []
-        for slot in range(groups):
-            index = (step - 1) * groups + slot
-            env_index = environment_index(index, self.env_ratios, count=len(self.environments), seed=spec.seed)
-            ids, example = self._prompt_ids(self.environments[env_index], index, "train")
-            requests.append((index, env_index, ids, example))
-        max_tokens = (sampling.max_tokens if sampling and sampling.max_tokens else None) or spec.sampling.max_tokens
-        temperature = sampling.temperature if sampling and sampling.temperature is not None else spec.sampling.temperature_at(step, spec.max_steps)
-        extra = dict(sampling.extra_body or {}) if sampling else {}
-        if sampling and sampling.enable_thinking is not None:
-            extra["chat_template_kwargs"] = {**extra.get("chat_template_kwargs", {}), "enable_thinking": sampling.enable_thinking}
-        if sampling and sampling.reasoning_effort is not None:
-            extra["reasoning_effort"] = sampling.reasoning_effort
-
-        def ask(request):
-            index, _, _, example = request
-            return self.teacher.complete(
-                example.messages, n=spec.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
-                seed=(spec.seed << 20) + index, extra_body=extra,
-            )
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, groups), thread_name_prefix="teacher") as pool:
-            answers = list(pool.map(ask, requests))
-        completions, texts, rewards, functions = [], [], [], []
-        for (_, env_index, ids, example), answer in zip(requests, answers):
-            room = max(0, min(max_tokens, self.context_length - len(ids)))
-            for teacher_completion in answer:
-                token_ids = teacher_token_ids(self.tokenizer, teacher_completion, end_token_id=self.end_token_id, max_tokens=room)
-                completions.append(Completion(token_ids=token_ids, logprobs=[], truncated=not teacher_completion.finished,
-                                              policy_version=policy_version))
-                scores = self.environments[env_index].score(teacher_completion.text, example)
-                texts.append(teacher_completion.text)
-                rewards.append(scores.reward)
-                functions.append(scores.functions)
-        return RolloutBatch(
-            step=step, policy_version=policy_version, env_indices=[r[1] for r in requests], prompts=[r[2] for r in requests],
-            completions=completions, texts=texts, rewards=rewards, functions=functions,
-            generate_seconds=time.perf_counter() - started,
-        )
 
     def _train_sft(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """One optimizer update on the teacher's completions with the SFT loss
@@ -776,23 +476,11 @@ class Trainer:
         ckpt.prune_adapters(root, keep=self.reporter.pending_archives(adapters=True))
         logger.info("adapter step %d: %s (%d bytes, sha256 %s)", step, archive.name, size, digest[:12])
 
-    def _sample_ahead(self, executor, generate_batch, step: int, version: int) -> concurrent.futures.Future:
-        """Sample `step`'s batch in the rollout thread with the policy as it is now (`version`
-        updates): its weights are copied here and loaded by that thread just before it samples,
-        so the trainer may update its own meanwhile."""
-        weights = [(name, tensor.clone()) for name, tensor in policy_weights(self.model)]
-
-        def sample() -> RolloutBatch:
-            self.rollout_backend.load_weights(weights, policy_version=version)
-            return generate_batch(step, version, self.rollout_backend)
-
-        return executor.submit(sample)
-
     def _load_policy(self, version: int) -> float:
         """Load the trainer's current weights into the rollout backend as policy `version`
         (optimizer updates seen); return the seconds it took."""
         started = time.perf_counter()
-        self.rollout_backend.load_weights(policy_weights(self.model), policy_version=version)
+        self.orchestrator.backend.load_weights(policy_weights(self.model), policy_version=version)
         return time.perf_counter() - started
 
     @staticmethod
@@ -807,59 +495,44 @@ class Trainer:
 
     # ---- the loop ----
 
+    def _rollouts(self):
+        """Where this run's batches come from: its own orchestrator (this process), or an
+        orchestrator role over the shared directory `config.shared_dir` (engine/roles.py)."""
+        if self.config.shared_dir:
+            from engine.roles import SharedDirRollouts
+
+            return SharedDirRollouts(self)
+        return InProcessRollouts(self)
+
+    def _report_held_out(self, results: dict[int, dict[str, float]]) -> None:
+        """Report eval/val metrics that arrived for steps already reported (merged into their points)."""
+        for step, values in sorted(results.items()):
+            if values:
+                self.reporter.metrics(step, values)
+
     def run(self) -> str:
         """Train from `start_step` to `max_steps`; return "succeeded", or "stopped" after a
         checkpoint when a stop was requested (SIGTERM or Lab's `action: stop`)."""
         config, spec = self.config, self.config.spec
-        executor = None
-        if config.use_overlap:
-            if getattr(self.rollout_backend, "model", None) is self.model:
-                self.rollout_backend = TransformersBackend(
-                    rollout_policy(self.model), pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids
-                )
-            executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts")
         distilling = spec.loss == "sft"
-        generate_batch = self._teacher_batch if distilling else self._generate_batch
-        train_on = self._train_sft if distilling else self._train_on
-        depth = config.async_depth
-        # (step, future batch) of the steps sampled ahead, oldest first.
-        ahead: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
-        for restored in self.pending_batches:
-            future = concurrent.futures.Future()
-            future.set_result(restored)
-            ahead.append((restored.step, future))
+        self.rollouts = rollouts = self._rollouts()
         self.reporter.set_status("running", self.start_step - 1, f"rollout backend: {config.rollout_backend}")
-        if self._stop_requested():
-            return "stopped"
-        if self.start_step == 1 and spec.eval.evaluates_base_model and self.parallel.is_main:
-            # The base model's eval is step 0's point (prime-rl's skip_first_step = false);
-            # evals and validations run on rank 0 alone, which alone reports.
-            self._load_policy(0)
-            self.reporter.metrics(0, self._evaluate(0))
+        outcome = "succeeded"
         step = self.start_step - 1
         try:
+            if self._stop_requested():
+                return "stopped"
+            # The base model's eval is step 0's point (prime-rl's skip_first_step = false).
+            self._report_held_out(rollouts.start())
             for step in range(self.start_step, spec.max_steps + 1):
                 step_started = time.perf_counter()
-                weights_seconds = 0.0
-                if ahead and ahead[0][0] == step:
-                    batch = ahead.popleft()[1].result()
-                else:
-                    weights_seconds += self._load_policy(step - 1)
-                    batch = generate_batch(step, step - 1, self.rollout_backend)
+                batch, weights_seconds = rollouts.next_batch(step)
                 wait_seconds = time.perf_counter() - step_started - weights_seconds
-                if executor is not None:
-                    # Sample up to `depth` steps ahead with the policy that trains this step
-                    # (step - 1 updates): a batch for step s is then s - step updates old.
-                    first = ahead[-1][0] + 1 if ahead else step + 1
-                    for future_step in range(first, min(step + depth, spec.max_steps) + 1):
-                        snapshot_started = time.perf_counter()
-                        ahead.append((future_step, self._sample_ahead(executor, generate_batch, future_step, step - 1)))
-                        weights_seconds += time.perf_counter() - snapshot_started
                 rewards = torch.tensor(batch.rewards, dtype=torch.float32)
                 train_started = time.perf_counter()
                 if distilling:  # distillation trains on every teacher token alike: no advantages, no filters
                     advantages = torch.zeros_like(rewards)
-                    train_metrics, filter_values = train_on(batch, advantages), {}
+                    train_metrics, filter_values = self._train_sft(batch, advantages), {}
                 else:
                     advantages, keep, filter_values = self._filtered_advantages(batch)
                     train_metrics = self._train_on(batch, advantages, keep)
@@ -867,17 +540,9 @@ class Trainer:
                 metrics = self._step_metrics(batch, advantages)
                 metrics.update(train_metrics)
                 metrics.update(filter_values)
-                evaluating = self.parallel.is_main and bool(spec.eval.interval) and step % spec.eval.interval == 0
-                validating = (self.parallel.is_main and bool(self.val_targets) and bool(spec.val.setting("interval"))
-                              and step % spec.val.setting("interval") == 0)
-                if evaluating or validating:
-                    for _, future in ahead:
-                        future.result()  # the sampler is free, and its weights can move to this step's
-                    weights_seconds += self._load_policy(step)
-                    if evaluating:
-                        metrics.update(self._evaluate(step))
-                    if validating:
-                        metrics.update(self._validate(step))
+                held_out, seconds = rollouts.after_update(step)
+                weights_seconds += seconds
+                metrics.update(held_out.pop(step, {}))
                 step_seconds = time.perf_counter() - step_started
                 tokens = sum(len(batch.prompts[r // spec.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
                 completion_tokens = sum(len(c.token_ids) for c in batch.completions)
@@ -889,13 +554,14 @@ class Trainer:
                     "perf/tokens_per_s": tokens / step_seconds if step_seconds > 0 else 0.0,
                     "perf/rollout_tokens_per_s": completion_tokens / batch.generate_seconds if batch.generate_seconds > 0 else 0.0,
                     "perf/rollout_backend_vllm": 1.0 if config.rollout_backend == "vllm" else 0.0,
-                    "perf/weight_reload_s": float(getattr(self.rollout_backend, "reload_seconds", 0.0)),
+                    "perf/weight_reload_s": float(rollouts.reload_seconds),
                     "perf/train_tokens_per_s": tokens / train_seconds if train_seconds > 0 else 0.0,
                     "time/wait_for_batch": wait_seconds,
                     "time/wait_for_weights": weights_seconds,
                     **self._off_policy_metrics(step, batch),
                 })
                 self.reporter.metrics(step, metrics)
+                self._report_held_out(held_out)
                 self.reporter.samples(self._samples(batch, advantages))
                 logger.info(
                     "step %d/%d reward %.3f loss %.4f entropy %s time %.1fs (generate %.1fs%s, train %.1fs)",
@@ -909,17 +575,116 @@ class Trainer:
                 if stopping or step == spec.max_steps or (spec.checkpoints.interval and step % spec.checkpoints.interval == 0):
                     # The rollouts already sampled for the next steps go into the checkpoint,
                     # so a resume trains on exactly what an uninterrupted run would.
-                    next_batches = [future.result() for _, future in ahead]
+                    next_batches = rollouts.pending(step)
                     if self.parallel.is_main:
                         self._checkpoint(step, next_batches or None, metrics)
                 if self.parallel.is_main and ckpt.adapter_due(spec.adapters, step, spec.max_steps):
                     self._adapter(step, metrics)
                 if stopping:
                     logger.info("stop requested: stopped after step %d with a checkpoint", step)
-                    return "stopped"
+                    outcome = "stopped"
+                    break
+            self._report_held_out(rollouts.finish(step))
         finally:
-            for _, future in ahead:
-                future.cancel()
-            if executor is not None:
-                executor.shutdown(wait=True)
-        return "succeeded"
+            rollouts.close()
+        return outcome
+
+
+class InProcessRollouts:
+    """The batches of a run sampled by the trainer's own orchestrator, in its process.
+
+    With overlap a rollout thread samples the batches of up to `config.async_depth` future
+    steps while the trainer trains: while step n trains, the batches of steps up to n + depth
+    are sampled by a copy of the policy from before step n (n - 1 updates), so a batch is at
+    most `max_off_policy_steps` updates old. Evals and validations run on rank 0 alone, which
+    alone reports.
+    """
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        config = trainer.config
+        self.orchestrator = orchestrator = trainer.orchestrator
+        self.executor = None
+        if config.use_overlap:
+            if getattr(orchestrator.backend, "model", None) is trainer.model:
+                orchestrator.backend = TransformersBackend(
+                    rollout_policy(trainer.model), pad_token_id=trainer.tokenizer.pad_token_id, stop_token_ids=trainer.stop_token_ids
+                )
+            self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts")
+        self.depth = config.async_depth
+        # (step, future batch) of the steps sampled ahead, oldest first.
+        self.ahead: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
+        for restored in trainer.pending_batches:
+            future = concurrent.futures.Future()
+            future.set_result(restored)
+            self.ahead.append((restored.step, future))
+
+    @property
+    def reload_seconds(self) -> float:
+        """The last weight load's seconds in the rollout backend (0 for transformers)."""
+        return getattr(self.orchestrator.backend, "reload_seconds", 0.0)
+
+    def start(self) -> dict[int, dict[str, float]]:
+        """The base model's eval (as step 0), when a fresh run's `[eval]` asks for it."""
+        trainer = self.trainer
+        if trainer.start_step == 1 and self.orchestrator.held_out_due(0) and trainer.parallel.is_main:
+            trainer._load_policy(0)
+            return {0: self.orchestrator.held_out(0)}
+        return {}
+
+    def next_batch(self, step: int) -> tuple[RolloutBatch, float]:
+        """Return `step`'s batch and the seconds spent moving weights for it; schedule the
+        batches of the steps ahead."""
+        trainer, weights_seconds = self.trainer, 0.0
+        if self.ahead and self.ahead[0][0] == step:
+            batch = self.ahead.popleft()[1].result()
+        else:
+            weights_seconds += trainer._load_policy(step - 1)
+            batch = self.orchestrator.batch(step, step - 1)
+        if self.executor is not None:
+            # Sample up to `depth` steps ahead with the policy that trains this step
+            # (step - 1 updates): a batch for step s is then s - step updates old.
+            first = self.ahead[-1][0] + 1 if self.ahead else step + 1
+            for future_step in range(first, min(step + self.depth, trainer.config.spec.max_steps) + 1):
+                snapshot_started = time.perf_counter()
+                self.ahead.append((future_step, self._sample_ahead(future_step, step - 1)))
+                weights_seconds += time.perf_counter() - snapshot_started
+        return batch, weights_seconds
+
+    def _sample_ahead(self, step: int, version: int) -> concurrent.futures.Future:
+        """Sample `step`'s batch in the rollout thread with the policy as it is now (`version`
+        updates): its weights are copied here and loaded by that thread just before it samples,
+        so the trainer may update its own meanwhile."""
+        weights = [(name, tensor.clone()) for name, tensor in policy_weights(self.trainer.model)]
+        orchestrator = self.orchestrator
+
+        def sample() -> RolloutBatch:
+            orchestrator.backend.load_weights(weights, policy_version=version)
+            return orchestrator.batch(step, version)
+
+        return self.executor.submit(sample)
+
+    def after_update(self, step: int) -> tuple[dict[int, dict[str, float]], float]:
+        """After `step`'s update: its eval/val metrics when due (with the new weights), and
+        the seconds spent loading them."""
+        trainer = self.trainer
+        if not (trainer.parallel.is_main and self.orchestrator.held_out_due(step)):
+            return {}, 0.0
+        for _, future in self.ahead:
+            future.result()  # the sampler is free, and its weights can move to this step's
+        seconds = trainer._load_policy(step)
+        return {step: self.orchestrator.held_out(step)}, seconds
+
+    def pending(self, step: int) -> list[RolloutBatch]:
+        """The batches sampled ahead of `step` (waiting for them), for its checkpoint."""
+        return [future.result() for _, future in self.ahead]
+
+    def finish(self, last_step: int) -> dict[int, dict[str, float]]:
+        """Nothing is left to collect in this process."""
+        return {}
+
+    def close(self) -> None:
+        for _, future in self.ahead:
+            future.cancel()
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)

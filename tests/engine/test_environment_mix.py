@@ -1,6 +1,6 @@
-"""Mixing training environments by `[[env]] ratio` (engine.trainer.environment_index)."""
+"""Mixing training environments by `[[env]] ratio` (engine.orchestrator.environment_index)."""
 
-from engine.trainer import environment_index
+from engine.orchestrator import environment_index
 from tests.engine.conftest import engine_config, tiny_spec
 from tests.engine.test_resume import train
 

@@ -279,7 +279,7 @@ def test_both_env_forms_are_accepted():
     parsed = parse_spec({**BASE, "env": [legacy, v1]})
 
     assert [env.id for env in parsed.spec.env] == ["lab/addition@1.0", "lab/reverse-text"]
-    assert not any("ratio" in warning for warning in parsed.warnings)  # ratio mixes the environments (engine.trainer.environment_index)
+    assert not any("ratio" in warning for warning in parsed.warnings)  # ratio mixes the environments (engine.orchestrator.environment_index)
     assert refused(env=[{"name": "x"}])[0].param == "env.0.id"
     assert refused(env=[{"id": "lab/addition@2", "version": "1"}])[0].code == "conflicting_keys"
 

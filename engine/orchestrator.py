@@ -1,0 +1,392 @@
+"""The orchestrator: environments, prompts, rollouts through a rollout backend, rewards, evals.
+
+`Orchestrator` is the rollout side of a job. It loads the job's environments (user code, for
+uploaded ones), builds each step's prompts from the spec's seed and the step, samples them
+through a rollout backend (engine/rollout.py: in the trainer's process, vLLM, or an inference
+role over HTTP), scores the completions with the environments' reward functions and returns
+a `RolloutBatch`; it also runs the held-out evaluations (`[eval]`, `[val]`) and, for
+`loss = "sft"`, asks the teacher. It holds no model weights: the trainer (engine/trainer.py)
+turns batches into updates, and the two meet either in one process (`python -m engine run`)
+or as separate roles over a shared directory (engine/roles.py, docs/engine.md "Three roles").
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.environments import Environment, load_environment
+from engine.rollout import Completion
+
+if TYPE_CHECKING:
+    from engine.trainer import EngineConfig
+
+logger = logging.getLogger("engine")
+
+_EVAL_SEED_OFFSET = 1 << 40
+_VAL_SEED_OFFSET = 1 << 41
+#: Prompts per sampling call of an eval or a validation (bounds memory on large splits).
+_HELD_OUT_PROMPTS_PER_CALL = 64
+
+
+def environment_index(index: int, ratios: list[float] | None, *, count: int, seed: int) -> int:
+    """Return which of the `count` training environments the `index`-th group of the run
+    (counted over all steps) samples from: round-robin when `ratios` is None, else (one ratio
+    per environment, from `[[env]] ratio`, 1 where a block gives none) drawn with probability
+    ratio / sum(ratios), as prime-rl mixes its environments. The draw is seeded by `seed` and
+    `index` alone, so a resumed run draws exactly what an uninterrupted one does."""
+    if ratios is None:
+        return index % count
+    return random.Random(f"lab-env-mix:{seed}:{index}").choices(range(count), weights=ratios)[0]
+
+
+def extra_sampling(params: dict) -> dict:
+    """Return the keyword arguments that carry `params` (vLLM SamplingParams fields) to a
+    rollout backend's `generate`: none when empty, so the transformers backend is never given any."""
+    return {"sampling_params": params} if params else {}
+
+
+def template_variables(tokenizer) -> set[str] | None:
+    """Return the variables the tokenizer's chat template reads (jinja2's
+    `meta.find_undeclared_variables`), or None when it cannot be parsed."""
+    template = tokenizer.chat_template
+    if not isinstance(template, str):
+        return None
+    try:
+        import jinja2
+        from jinja2 import meta
+
+        return set(meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+    except Exception:  # a template jinja2's plain environment does not parse (transformers extensions)
+        return None
+
+
+def usable_template_kwargs(tokenizer, kwargs: dict, *, where: str, model: str) -> dict:
+    """Return the entries of `kwargs` that the chat template reads; log a warning naming each
+    one it does not (the prompt is then built without it). `where` is the spec section, for
+    the message. A template that cannot be parsed gets the kwargs whose names it contains."""
+    if not kwargs:
+        return {}
+    variables = template_variables(tokenizer)
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    usable = {}
+    for name, value in kwargs.items():
+        if (name in variables) if variables is not None else (name in template):
+            usable[name] = value
+        else:
+            logger.warning(
+                "%s.%s: the chat template of %s does not use %r; prompts are built without it",
+                where, name, model, name,
+            )
+    return usable
+
+
+@dataclass(frozen=True)
+class HeldOutTarget:
+    """One environment an eval or a validation samples: `name` (in metric names),
+    `num_examples` of `split` ("eval" or "val"), `rollouts_per_example` each."""
+
+    environment: Environment
+    name: str
+    split: str
+    num_examples: int
+    rollouts_per_example: int
+
+
+@dataclass
+class RolloutBatch:
+    """The scored rollouts of one step: G prompts × K completions (K = rollouts_per_example).
+
+    `policy_version` is how many optimizer updates the sampling policy had seen;
+    `rewards` and `functions` (per reward function) are per rollout, prompt by prompt.
+    """
+
+    step: int
+    policy_version: int
+    env_indices: list[int]
+    prompts: list[list[int]]
+    completions: list[Completion]
+    texts: list[str]
+    rewards: list[float]
+    functions: list[dict[str, float]]
+    generate_seconds: float
+    #: The training environments' names, by env index (None in checkpoints written before).
+    env_names: list[str] | None = None
+
+
+@dataclass
+class Orchestrator:
+    """The rollout side of one job; `setup()` first. `backend` samples (set by the caller;
+    it may be replaced between steps). Raises environments.InvalidEnvironment from setup."""
+
+    config: "EngineConfig"
+    tokenizer: object
+    stop_token_ids: list[int]
+    context_length: int
+    backend: object = None
+    environments: list[Environment] = field(default_factory=list)
+
+    @property
+    def spec(self):
+        return self.config.spec
+
+    def setup(self) -> None:
+        """Load the training, eval and validation environments and the teacher (`loss = "sft"`)."""
+        config, spec = self.config, self.config.spec
+        self.environments = [load_environment(env.id, dict(env.args), spec.seed) for env in spec.env]
+        self.env_names = [env.name for env in self.environments]
+        # [[env]] ratio: the training environments' shares of each batch (None: round-robin).
+        self.env_ratios = [env.ratio or 1.0 for env in spec.env] if any(env.ratio for env in spec.env) else None
+        self.template_kwargs = usable_template_kwargs(
+            self.tokenizer, spec.sampling.chat_template_kwargs(), where="sampling", model=spec.model
+        )
+        if config.rollout_backend != "vllm" and (spec.sampling.sampling_params() or (spec.eval.sampling and spec.eval.sampling.sampling_params())):
+            logger.warning("sampling.extra_body: the transformers rollout backend does not take vLLM sampling parameters; "
+                           "they apply only with LAB_ENGINE_ROLLOUT=vllm")
+        self.eval_targets = self._eval_targets()
+        eval_sampling = spec.eval.sampling
+        self.eval_template_kwargs = usable_template_kwargs(
+            self.tokenizer, {**spec.sampling.chat_template_kwargs(), **(eval_sampling.chat_template_kwargs() if eval_sampling else {})},
+            where="eval.sampling", model=spec.model,
+        ) if eval_sampling else self.template_kwargs
+        self.val_targets = [
+            HeldOutTarget(env, env.name, "val", spec.val.setting("num_examples"), spec.val.setting("rollouts_per_example"))
+            for env in self.environments
+        ] if spec.val is not None else []
+        self.teacher = None
+        if spec.loss == "sft":
+            from engine.distill import TeacherClient
+
+            self.teacher = TeacherClient.from_spec(spec.teacher)
+            if spec.teacher.endpoint().check_model:
+                self.teacher.check_model()
+            self.end_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.stop_token_ids[0]
+            logger.info("distilling from %s at %s", spec.teacher.model, self.teacher.base_url)
+
+    def close(self) -> None:
+        """Close the teacher's connections (the backend is its owner's to close)."""
+        if getattr(self, "teacher", None) is not None:
+            self.teacher.close()
+
+    def batch(self, step: int, policy_version: int, backend=None) -> RolloutBatch:
+        """The scored batch of `step`, sampled by policy `policy_version`: the teacher's for
+        `loss = "sft"`, else the backend's (`backend`, default `self.backend`)."""
+        if self.spec.loss == "sft":
+            return self.teacher_batch(step, policy_version)
+        return self.generate_batch(step, policy_version, backend)
+
+    def held_out_due(self, step: int) -> bool:
+        """Whether the policy after `step` updates is evaluated or validated (step 0: the base
+        model's eval, when `[eval]` asks for it)."""
+        spec = self.spec
+        if step == 0:
+            return spec.eval.evaluates_base_model
+        return (bool(spec.eval.interval) and step % spec.eval.interval == 0) or (
+            bool(self.val_targets) and bool(spec.val.setting("interval")) and step % spec.val.setting("interval") == 0
+        )
+
+    def held_out(self, step: int) -> dict[str, float]:
+        """The eval and validation metrics due for the current policy after `step` updates."""
+        spec = self.spec
+        metrics = {}
+        if step == 0 or (spec.eval.interval and step % spec.eval.interval == 0):
+            metrics.update(self.evaluate(step))
+        if step and self.val_targets and spec.val.setting("interval") and step % spec.val.setting("interval") == 0:
+            metrics.update(self.validate(step))
+        return metrics
+
+    def prompt_ids(self, env: Environment, index: int, split: str, template_kwargs: dict | None = None) -> tuple[list[int], object]:
+        """Return the prompt token ids and the example `index` of `split`; `template_kwargs` go
+        to the chat template (default: the training sampling's, those the template uses)."""
+        example = env.example(index, split)
+        kwargs = self.template_kwargs if template_kwargs is None else template_kwargs
+        ids = self.tokenizer.apply_chat_template(
+            example.messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+        )
+        return list(ids), example
+
+    def sampling_params(self, sampling) -> dict:
+        """The extra vLLM SamplingParams of a sampling section (none on the transformers backend)."""
+        return sampling.sampling_params() if self.config.rollout_backend == "vllm" else {}
+
+    def generate_batch(self, step: int, policy_version: int, backend=None) -> RolloutBatch:
+        """Sample and score the rollouts of `step` (examples and seed derived from seed and step)."""
+        spec = self.spec
+        started = time.perf_counter()
+        groups = spec.batch_size // spec.rollouts_per_example
+        env_indices, prompts, examples = [], [], []
+        for slot in range(groups):
+            index = (step - 1) * groups + slot
+            env_index = environment_index(index, self.env_ratios, count=len(self.environments), seed=spec.seed)
+            ids, example = self.prompt_ids(self.environments[env_index], index, "train")
+            env_indices.append(env_index)
+            prompts.append(ids)
+            examples.append(example)
+        completions = (backend or self.backend).generate(
+            prompts, n=spec.rollouts_per_example, max_tokens=spec.sampling.max_tokens,
+            temperature=spec.sampling.temperature_at(step, spec.max_steps), seed=(spec.seed << 20) + step,
+            **extra_sampling(self.sampling_params(spec.sampling)),
+        )
+        versions = {completion.policy_version for completion in completions}
+        if versions != {policy_version}:
+            raise RuntimeError(f"step {step}: rollouts from policy versions {sorted(versions)}, expected {policy_version}")
+        texts, rewards, functions = [], [], []
+        for row, completion in enumerate(completions):
+            group = row // spec.rollouts_per_example
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            scores = self.environments[env_indices[group]].score(text, examples[group])
+            texts.append(text)
+            rewards.append(scores.reward)
+            functions.append(scores.functions)
+        return RolloutBatch(
+            step=step, policy_version=policy_version, env_indices=env_indices, prompts=prompts,
+            completions=completions, texts=texts, rewards=rewards, functions=functions,
+            generate_seconds=time.perf_counter() - started, env_names=self.env_names,
+        )
+
+
+    def _eval_targets(self) -> list[HeldOutTarget]:
+        """The environments each eval samples: the `[[eval.env]]` blocks (loaded here, with
+        their own example counts and group sizes), else the training environments.
+
+        `num_examples = -1` takes the environment's whole eval split (`Environment.eval_size`);
+        a block without a count or group size takes `[eval]`'s (default 1 rollout per example).
+        Two targets with one name get `_<n>` suffixes (n from 2) in their metric names.
+        """
+        spec = self.spec
+        default_rollouts = spec.eval.rollouts_per_example or 1
+        if spec.eval.env:
+            blocks = [
+                (load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed),
+                 block.num_examples, block.rollouts_per_example or block.group_size)
+                for block in spec.eval.env
+            ]
+        else:
+            blocks = [(env, None, None) for env in self.environments]
+        targets, seen = [], {}
+        for env, count, rollouts in blocks:
+            count = count if count is not None else spec.eval.num_examples
+            seen[env.name] = seen.get(env.name, 0) + 1
+            name = env.name if seen[env.name] == 1 else f"{env.name}_{seen[env.name]}"
+            targets.append(HeldOutTarget(
+                env, name, "eval", env.eval_size if count == -1 else count, rollouts or default_rollouts,
+            ))
+        return targets
+
+    @staticmethod
+    def _environment_arguments(env_id: str) -> set[str]:
+        """The argument names environment `env_id` takes (none when it is not installed:
+        load_environment then says so)."""
+        from engine.catalog import list_environments
+
+        info = list_environments().get(env_id)
+        return set(info.args) if info else set()
+
+    def _held_out(self, prefix: str, targets: list[HeldOutTarget], *, max_tokens: int, temperature: float,
+                  seed: int, sampling_params: dict, template_kwargs: dict) -> dict[str, float]:
+        """Sample and score every target with the current weights of the rollout backend;
+        return `<prefix>/<name>/mean` (mean reward over all its rollouts) and
+        `<prefix>/<name>/<function>/mean` per reward function."""
+        results = {}
+        for target in targets:
+            env, rewards, functions = target.environment, [], {f.name: [] for f in target.environment.rubric}
+            for first in range(0, target.num_examples, _HELD_OUT_PROMPTS_PER_CALL):
+                indices = range(first, min(target.num_examples, first + _HELD_OUT_PROMPTS_PER_CALL))
+                prompts, examples = [], []
+                for index in indices:
+                    ids, example = self.prompt_ids(env, index, target.split, template_kwargs)
+                    prompts.append(ids)
+                    examples.append(example)
+                completions = self.backend.generate(
+                    prompts, n=target.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
+                    seed=seed + first, **extra_sampling(sampling_params),
+                )
+                for row, completion in enumerate(completions):
+                    text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                    scores = env.score(text, examples[row // target.rollouts_per_example])
+                    rewards.append(scores.reward)
+                    for name, value in scores.functions.items():
+                        functions.setdefault(name, []).append(value)
+            results[f"{prefix}/{target.name}/mean"] = sum(rewards) / len(rewards)
+            for name, values in functions.items():
+                results[f"{prefix}/{target.name}/{name}/mean"] = sum(values) / len(values)
+        return results
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Eval metrics of the current policy (`eval/<env>/mean`, `eval/<env>/<function>/mean`)
+        on the eval split of each eval target, sampled with `[eval.sampling]` over `[sampling]`
+        (temperature: the eval's, else the spec's base `sampling.temperature`). The same seed at
+        every eval, so evals of successive policies see the same examples and draws."""
+        spec = self.spec
+        overrides = spec.eval.sampling
+        max_tokens = (overrides.max_tokens if overrides else None) or spec.sampling.max_tokens
+        temperature = overrides.temperature if overrides and overrides.temperature is not None else spec.sampling.temperature
+        params = {**self.sampling_params(spec.sampling), **(self.sampling_params(overrides) if overrides else {})}
+        return self._held_out(
+            "eval", self.eval_targets, max_tokens=max_tokens, temperature=temperature,
+            seed=(spec.seed << 20) + _EVAL_SEED_OFFSET, sampling_params=params, template_kwargs=self.eval_template_kwargs,
+        )
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Validation metrics (`val/<env>/mean`, `val/<env>/<function>/mean`) of the current
+        policy on the val split of each training environment, sampled as training samples at
+        `step` (its max_tokens, temperature and options)."""
+        spec = self.spec
+        return self._held_out(
+            "val", self.val_targets, max_tokens=spec.sampling.max_tokens,
+            temperature=spec.sampling.temperature_at(step, spec.max_steps), seed=(spec.seed << 20) + _VAL_SEED_OFFSET,
+            sampling_params=self.sampling_params(spec.sampling), template_kwargs=self.template_kwargs,
+        )
+
+    def teacher_batch(self, step: int, policy_version: int, backend=None) -> RolloutBatch:
+        """Ask the teacher for the completions of `step`'s prompts (the examples a GRPO step
+        would take) and score them; `backend` is unused (the teacher samples)."""
+        from engine.distill import teacher_token_ids
+
+        spec = self.spec
+        sampling = spec.teacher.sampling
+        started = time.perf_counter()
+        groups = spec.batch_size // spec.rollouts_per_example
+        requests = []
+        for slot in range(groups):
+            index = (step - 1) * groups + slot
+            env_index = environment_index(index, self.env_ratios, count=len(self.environments), seed=spec.seed)
+            ids, example = self.prompt_ids(self.environments[env_index], index, "train")
+            requests.append((index, env_index, ids, example))
+        max_tokens = (sampling.max_tokens if sampling and sampling.max_tokens else None) or spec.sampling.max_tokens
+        temperature = sampling.temperature if sampling and sampling.temperature is not None else spec.sampling.temperature_at(step, spec.max_steps)
+        extra = dict(sampling.extra_body or {}) if sampling else {}
+        if sampling and sampling.enable_thinking is not None:
+            extra["chat_template_kwargs"] = {**extra.get("chat_template_kwargs", {}), "enable_thinking": sampling.enable_thinking}
+        if sampling and sampling.reasoning_effort is not None:
+            extra["reasoning_effort"] = sampling.reasoning_effort
+
+        def ask(request):
+            index, _, _, example = request
+            return self.teacher.complete(
+                example.messages, n=spec.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
+                seed=(spec.seed << 20) + index, extra_body=extra,
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, groups), thread_name_prefix="teacher") as pool:
+            answers = list(pool.map(ask, requests))
+        completions, texts, rewards, functions = [], [], [], []
+        for (_, env_index, ids, example), answer in zip(requests, answers):
+            room = max(0, min(max_tokens, self.context_length - len(ids)))
+            for teacher_completion in answer:
+                token_ids = teacher_token_ids(self.tokenizer, teacher_completion, end_token_id=self.end_token_id, max_tokens=room)
+                completions.append(Completion(token_ids=token_ids, logprobs=[], truncated=not teacher_completion.finished,
+                                              policy_version=policy_version))
+                scores = self.environments[env_index].score(teacher_completion.text, example)
+                texts.append(teacher_completion.text)
+                rewards.append(scores.reward)
+                functions.append(scores.functions)
+        return RolloutBatch(
+            step=step, policy_version=policy_version, env_indices=[r[1] for r in requests], prompts=[r[2] for r in requests],
+            completions=completions, texts=texts, rewards=rewards, functions=functions,
+            generate_seconds=time.perf_counter() - started, env_names=self.env_names,
+        )
