@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Case, F, FloatField, Q, Value, When
+from django.db import connection, transaction
+from django.db.models import Count, F, FloatField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -49,7 +49,10 @@ from jobs.launchers.base import AttemptPhase, CapturedLine, LauncherUnavailable,
 from jobs.launchers.registry import get_launcher
 from jobs.models import (
     ACTIVE_STATUSES,
+    Adapter,
+    AdapterStatus,
     AttemptState,
+    Checkpoint,
     CheckpointStatus,
     ErrorCode,
     EventLevel,
@@ -231,28 +234,25 @@ def _close_due_usage(attempts: list[JobAttempt], seen: dict[int, _Seen], now) ->
 
 
 def _raise_usage_totals(job_public_ids: set[str]) -> None:
-    """Set the usage totals of the jobs ``job_public_ids`` to their ledger sums, in one statement
-    taking no lock first. The ledger only grows, so a job whose totals are already past these
-    (another closing wrote newer ones meanwhile) is left as it is."""
+    """Set the usage totals of the jobs ``job_public_ids`` to their ledger sums, in one
+    ``UPDATE ... FROM (VALUES ...)`` taking no lock first. The ledger only grows, so a job whose
+    totals are already past these (another closing wrote newer ones meanwhile) is left as it is."""
     totals = job_usage_totals_many(job_public_ids)
     if not totals:
         return
-    values = {
-        public_id: (float(sums.gpu_seconds), float(sums.cpu_seconds), micro_to_usd(sums.cost_micro_usd))
-        for public_id, sums in totals.items()
-    }
-    newer = Q()
-    for public_id, (gpu, cpu, cost) in values.items():
-        newer |= Q(public_id=public_id, gpu_seconds__lte=gpu, cpu_seconds__lte=cpu, cost_usd__lte=cost)
-
-    fields = ("gpu_seconds", "cpu_seconds", "cost_usd")
-    Job.objects.unscoped().filter(newer).update(**{
-        field: Case(
-            *(When(public_id=public_id, then=Value(value[position])) for public_id, value in values.items()),
-            output_field=Job._meta.get_field(field),
+    rows, params = [], []
+    for public_id, sums in sorted(totals.items()):
+        rows.append("(%s, %s::double precision, %s::double precision, %s::numeric)")
+        params += [public_id, float(sums.gpu_seconds), float(sums.cpu_seconds), micro_to_usd(sums.cost_micro_usd)]
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS job SET gpu_seconds = totals.gpu, cpu_seconds = totals.cpu, cost_usd = totals.cost "
+            f"FROM (VALUES {', '.join(rows)}) AS totals(public_id, gpu, cpu, cost) "
+            "WHERE job.public_id = totals.public_id AND job.gpu_seconds <= totals.gpu "
+            "AND job.cpu_seconds <= totals.cpu AND job.cost_usd <= totals.cost",
+            params,
         )
-        for position, field in enumerate(fields)
-    })
 
 
 def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
@@ -269,19 +269,26 @@ def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
         JobAttempt.objects.filter(pk=attempt.pk).update(handle=seen.handle)
 
 
-def _finish_attempt(job: Job, attempt: JobAttempt, observation: Observation, now, after: list[Callable[[], None]]) -> None:
+def _finish_attempt(
+    job: Job, attempt: JobAttempt, observation: Observation, now, after: list[Callable[[], None]],
+    facts: _EndedFacts | None = None,
+) -> None:
     """Apply the exit-code table to an attempt that ended (the caller holds the job's lock);
-    the launcher's cleanup is queued on ``after``, to run once the lock is released."""
+    the launcher's cleanup is queued on ``after``, to run once the lock is released. ``facts``
+    (read for a whole batch under the same lock, ``_read_ended_facts``) spare the reads of
+    uploads and of a succeeded job's data where they show there is nothing to do."""
     attempt.state, attempt.ended_at, attempt.exit_code = AttemptState.ENDED, now, observation.exit_code
     attempt.save(update_fields=["state", "ended_at", "exit_code"])
     code = observation.exit_code if observation.exit_code is not None else _implied_exit_code(observation, attempt)
     engine_error = attempt.outcome_error or {}
     detail = {"attempt": attempt.number, "exit_code": code}
     # Nothing will complete this attempt's uploads any more (its spool was delivered first).
-    checkpoint_fail_unfinished(job=job, attempt_number=attempt.number)
-    adapter_fail_unfinished(job=job, attempt_number=attempt.number)
+    if facts is None or (job.pk, attempt.number) in facts.uploading_checkpoints:
+        checkpoint_fail_unfinished(job=job, attempt_number=attempt.number)
+    if facts is None or (job.pk, attempt.number) in facts.uploading_adapters:
+        adapter_fail_unfinished(job=job, attempt_number=attempt.number)
     if code == 0:
-        _record_missing_data(job, attempt)
+        _record_missing_data(job, attempt, facts)
         job_transition(job=job, to=S.SUCCEEDED, message="Finished all steps.", data=detail)
     elif code == 2:
         job_transition(
@@ -415,20 +422,31 @@ def _deliver_spool_of_exited(job_id: int, attempt: JobAttempt, launcher) -> None
         )
 
 
-def _record_missing_data(job: Job, attempt: JobAttempt) -> None:
+def _record_missing_data(job: Job, attempt: JobAttempt, facts: _EndedFacts | None = None) -> None:
     """On success, check that every step's metrics and the final checkpoint arrived; a
-    ``job.data_incomplete`` warning names what did not (the job still succeeds: it trained)."""
-    stored = set(MetricStep.objects.filter(job=job, step__lte=job.max_steps).values_list("step", flat=True))
-    missing_steps = sorted(set(range(1, job.max_steps + 1)) - stored)
-    final = job.checkpoints.filter(step=job.max_steps).order_by("-attempt").first()
-    final_ready = final is not None and final.status == CheckpointStatus.READY
+    ``job.data_incomplete`` warning names what did not (the job still succeeds: it trained).
+    With ``facts``, the metrics are read only when some steps but not all arrived, and the final
+    checkpoint not at all."""
+    stored_count = facts.stored_steps.get(job.pk, 0) if facts is not None else None
+    if stored_count == job.max_steps:
+        missing_steps = []
+    elif stored_count == 0:
+        missing_steps = list(range(1, job.max_steps + 1))
+    else:
+        stored = set(MetricStep.objects.filter(job=job, step__lte=job.max_steps).values_list("step", flat=True))
+        missing_steps = sorted(set(range(1, job.max_steps + 1)) - stored)
+    final_status = (
+        facts.final_status.get(job.pk) if facts is not None
+        else job.checkpoints.filter(step=job.max_steps).order_by("-attempt").values_list("status", flat=True).first()
+    )
+    final_ready = final_status == CheckpointStatus.READY
     if not missing_steps and final_ready:
         return
     problems = []
     if missing_steps:
         problems.append(f"metrics of {len(missing_steps)} steps ({_ranges(missing_steps)})")
     if not final_ready:
-        problems.append(f"the final checkpoint (step {job.max_steps}, {final.status if final else 'never registered'})")
+        problems.append(f"the final checkpoint (step {job.max_steps}, {final_status or 'never registered'})")
     job_record_event(
         job=job,
         type=EventType.DATA_INCOMPLETE,
@@ -437,7 +455,7 @@ def _record_missing_data(job: Job, attempt: JobAttempt) -> None:
         data={
             "attempt": attempt.number,
             "missing_metric_steps": _ranges(missing_steps),
-            "final_checkpoint": final.status if final else None,
+            "final_checkpoint": final_status,
         },
     )
 
@@ -564,10 +582,19 @@ def _lock_active(job_id: int) -> tuple[Job | None, JobAttempt | None]:
 
 def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], None]]) -> None:
     """Apply what was seen of ``job_id``'s attempt under the job's lock."""
-    now = timezone.now()
     job, attempt = _lock_active(job_id)
     if job is None:
         return
+    _apply_locked(job, attempt, seen, launcher, after, timezone.now())
+
+
+def _apply_locked(
+    job: Job, attempt: JobAttempt | None, seen: _Seen | None, launcher, after: list[Callable[[], None]], now,
+    facts: _EndedFacts | None = None,
+) -> None:
+    """Apply what was seen of an active ``job``'s current ``attempt`` (the caller holds the job's
+    lock); ``facts`` as ``_finish_attempt`` takes them, and an ended attempt whose usage they
+    show closed already is not closed again."""
     if attempt is None or attempt.state == AttemptState.ENDED:
         job_transition(job=job, to=S.FAILED, error_code=ErrorCode.INTERNAL_ERROR, error_message="The job lost its attempt.")
         return
@@ -585,8 +612,9 @@ def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], N
     _store_captured(job, attempt, seen)
     observation = seen.observation
     if observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST):
-        _record_usage(job, attempt, observation, now)
-        _finish_attempt(job, attempt, observation, now, after)
+        if facts is None or attempt.pk not in facts.usage_closed:
+            _record_usage(job, attempt, observation, now)
+        _finish_attempt(job, attempt, observation, now, after, facts)
         return
     _record_usage(job, attempt, observation, now)
     if observation.phase == AttemptPhase.PENDING and job.status == S.STARTING:
@@ -605,6 +633,123 @@ def _apply(job_id: int, seen: _Seen | None, launcher, after: list[Callable[[], N
         attempt_request_stop(job=job, reason=StopReason.RUNTIME)
         attempt.refresh_from_db()
     _signal_if_due(attempt, launcher, now, after)
+
+
+@dataclass
+class _EndedFacts:
+    """What finishing a batch of ended attempts reads, read once for all of them under their
+    jobs' locks (``_read_ended_facts``)."""
+
+    #: ``(job pk, attempt number)`` of the current attempts with a checkpoint still ``uploading``.
+    uploading_checkpoints: set[tuple[int, int]]
+    #: the same, for adapters.
+    uploading_adapters: set[tuple[int, int]]
+    #: job pk -> how many of the steps 1..max_steps have their metrics stored.
+    stored_steps: dict[int, int]
+    #: job pk -> the status of its final checkpoint (step max_steps, of its latest attempt); none
+    #: registered: left out.
+    final_status: dict[int, str]
+    #: the attempts whose due usage the batch closed in the ledger already.
+    usage_closed: set[int]
+
+
+def _read_ended_facts(locked: list[JobAttempt]) -> _EndedFacts:
+    """Read the ``_EndedFacts`` of the locked current attempts ``locked`` (jobs loaded): one
+    query each for checkpoints, adapters and metrics, one for the final checkpoints."""
+    current = {attempt.job_id: attempt.number for attempt in locked}
+
+    def uploading(model, status) -> set[tuple[int, int]]:
+        rows = model.objects.filter(job_id__in=current, status=status).values_list("job_id", "attempt").distinct()
+        return {(job_id, number) for job_id, number in rows if current[job_id] == number}
+
+    stored = (
+        MetricStep.objects.filter(job_id__in=current, step__gte=1, step__lte=F("job__max_steps"))
+        .values("job_id").annotate(steps=Count("pk")).values_list("job_id", "steps")
+    )
+    finals: dict[int, str] = {}
+    for job_id, status in (
+        Checkpoint.objects.filter(job_id__in=current, step=F("job__max_steps"))
+        .order_by("job_id", "-attempt").values_list("job_id", "status")
+    ):
+        finals.setdefault(job_id, status)
+    return _EndedFacts(
+        uploading_checkpoints=uploading(Checkpoint, CheckpointStatus.UPLOADING),
+        uploading_adapters=uploading(Adapter, AdapterStatus.UPLOADING),
+        stored_steps=dict(stored),
+        final_status=finals,
+        usage_closed=set(),
+    )
+
+
+def _close_ended_usage(locked: list[JobAttempt], seen: dict[int, _Seen], now) -> set[int]:
+    """Close the due usage intervals of the locked ended attempts ``locked`` in one ledger
+    transaction (launcher times, as ``_record_usage`` takes them) and raise their jobs' totals
+    to the ledger's sums; return the pks of the attempts so handled. On a failure (logged)
+    nothing is returned: each attempt's usage is then closed on its own (``_record_usage``)."""
+    usages, handled = [], set()
+    for attempt in locked:
+        look = seen[attempt.job_id]
+        if look.attempt_id != attempt.pk or attempt.state != AttemptState.LAUNCHED:
+            continue  # not the attempt that was seen ending: _apply_locked leaves it alone
+        handled.add(attempt.pk)
+        started_at = look.observation.started_at or attempt.launched_at
+        if started_at is None:
+            continue
+        job = attempt.job
+        usages.append(AttemptUsage(
+            organization_id=job.project.organization_id, project_id=job.project_id, job_public_id=job.public_id,
+            attempt_id=attempt.pk, attempt_number=attempt.number, resource_type=job.gpu_type, gpus=job.gpus,
+            started_at=started_at, ended_at=look.observation.ended_at or now,
+        ))
+    try:
+        with transaction.atomic():
+            result = usage_close_many(usages=usages, now=now)
+            _raise_usage_totals({interval.job_public_id for interval in result.closed})
+    except Exception:
+        logger.exception("closing the usage of a batch's ended attempts failed")
+        return set()
+    return handled
+
+
+def _finish_ended(job_ids: list[int], seen: dict[int, _Seen], launcher) -> list[int]:
+    """Apply what was seen of the jobs ``job_ids``, whose attempts ended (exited or lost, with no
+    spool to deliver first), in one transaction: the jobs are locked in one query, in pk order;
+    their usage is closed in one ledger batch and what finishing reads is read once for all
+    (``_read_ended_facts``); then each job is applied as ``_apply`` does it, in a savepoint of
+    its own, so that one that fails (logged; the next pass tries again) leaves the others applied.
+    The launcher's cleanups run once the locks are released. Returns the jobs left for
+    ``reconcile_job``: those not locked here (no longer active, or without a current attempt),
+    or all of them when the batch failed before any was applied."""
+    after: list[Callable[[], None]] = []
+    try:
+        with transaction.atomic():
+            now = timezone.now()
+            locked = list(
+                JobAttempt.objects.select_for_update(of=("job",)).select_related("job__project")
+                .filter(job_id__in=job_ids, number=F("job__attempt"), job__status__in=ACTIVE_STATUSES)
+                .order_by("job_id")
+            )
+            facts = _read_ended_facts(locked)
+            facts.usage_closed = _close_ended_usage(locked, seen, now)
+            for attempt in locked:
+                applied: list[Callable[[], None]] = []
+                try:
+                    with transaction.atomic():
+                        _apply_locked(attempt.job, attempt, seen.get(attempt.job_id), launcher, applied, now, facts)
+                except Exception:  # one broken job must not stop the others from being applied
+                    logger.exception("reconcile failed", extra={"job_pk": attempt.job_id})
+                    continue
+                after += applied
+    except Exception:
+        logger.exception("finishing a batch's ended attempts failed")
+        return job_ids
+    for action in after:
+        try:
+            action()
+        except Exception:  # a signal that fails is sent again at the next pass
+            logger.exception("launcher action failed")
+    done = {attempt.job_id for attempt in locked}
+    return [job_id for job_id in job_ids if job_id not in done]
 
 
 def _watch_parked(launcher) -> list[dict]:
@@ -657,7 +802,9 @@ def _record_queue_places(launcher) -> None:
 
 def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
     """Reconcile every active job, ``batch_size`` at a time (the launcher asked about a whole
-    batch at once, no lock held), and end orphan engine processes; return how many jobs were seen."""
+    batch at once, no lock held; the batch's jobs whose attempts ended, with no spool to
+    deliver, finished together by ``_finish_ended``), and end orphan engine processes; return
+    how many jobs were seen."""
     launcher = get_launcher()
     job_ids = list(Job.objects.unscoped().filter(status__in=ACTIVE_STATUSES).order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(job_ids), batch_size):
@@ -670,8 +817,14 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
         except Exception:
             logger.exception("observing a batch failed")
             continue
+        ended = [
+            job_id for job_id in batch
+            if job_id in seen and seen[job_id].observation.phase in (AttemptPhase.EXITED, AttemptPhase.LOST)
+            and launcher.engine_workdir(seen[job_id].handle) is None
+        ]
+        left = set(_finish_ended(ended, seen, launcher)) if ended else set()
         for job_id in batch:
-            if job_id in idle:
+            if job_id in idle or (job_id in ended and job_id not in left):
                 continue
             try:
                 reconcile_job(job_id=job_id, seen=seen.get(job_id))

@@ -1,0 +1,182 @@
+"""A periodic reconciler pass (``reconcile_all``) on the Kubernetes launcher finishes the jobs
+whose attempts ended together, in one transaction with a savepoint per job: each outcome is
+applied as a job on its own would have it (one transition, one webhook message per event,
+uploads of the ended attempt failed, missing data named, usage closed), one job that fails
+leaves the others applied, and it is applied at the next pass."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone as django_timezone
+
+from billing.ledger import job_usage_totals
+from billing.models import UsageInterval
+from jobs import reconciler
+from jobs.launchers.kubernetes.launcher import KubernetesLauncher
+from jobs.launchers.kubernetes.objects import PoolSettings
+from jobs.models import AttemptState, Checkpoint, CheckpointStatus, Job, JobAttempt, JobEvent, JobStatus, MetricStep
+from jobs.webhooks.models import WebhookEndpoint, WebhookMessage
+from tests.k8s.fake_gateway import FakeGateway
+from tests.k8s.test_lifecycle import NAMESPACE, Clock, open_attempt, ready_checkpoint, reload, submit
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+
+S = JobStatus
+TRANSITIONS = ("job.succeeded", "job.failed", "job.requeued", "job.cancelled")
+
+
+@pytest.fixture
+def cluster() -> FakeGateway:
+    return FakeGateway()
+
+
+@pytest.fixture
+def launcher(monkeypatch, settings, cluster) -> KubernetesLauncher:
+    settings.LAB_LAUNCHER = "kubernetes"
+    settings.LAB_POOL = {"nodes": [{"gpu_type": "cpu", "gpus": 0, "count": 4}]}
+    settings.LAB_POOL_CONFIGURED = True
+    launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False, clock=Clock())
+    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
+    return launcher
+
+
+def running_since(owner, spec, cluster, minutes: int) -> tuple[Job, JobAttempt, str]:
+    """A job whose engine has run for ``minutes`` (its pods' start time) and reported a heartbeat."""
+    job, attempt = submit(owner, spec)
+    name = attempt.handle["jobset"]
+    cluster.admit(NAMESPACE, name)
+    started = django_timezone.now() - timedelta(minutes=minutes)
+    cluster.run(NAMESPACE, name, started_at=started.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert open_attempt(cluster, job, name).json()["attempt"] == attempt.number
+    JobAttempt.objects.filter(pk=attempt.pk).update(last_heartbeat_at=django_timezone.now())
+    Job.objects.unscoped().filter(pk=job.pk).update(status=S.RUNNING, started_at=started)
+    return reload(job), JobAttempt.objects.get(pk=attempt.pk), name
+
+
+def end(cluster, name: str, exit_code: int) -> None:
+    """The engine of JobSet ``name`` exits now with ``exit_code``."""
+    cluster.exit(NAMESPACE, name, exit_code, finished_at=django_timezone.now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+def transitions(job: Job) -> list[str]:
+    return list(JobEvent.objects.filter(job=job, type__in=TRANSITIONS).order_by("pk").values_list("type", flat=True))
+
+
+@pytest.fixture
+def endpoint(owner) -> WebhookEndpoint:
+    return WebhookEndpoint.objects.create(project=owner.project, url="http://127.0.0.1:9/x", secret="whsec_x",
+                                          events=["job.succeeded", "job.requeued", "job.failed", "job.data_incomplete"])
+
+
+def test_the_jobs_that_ended_are_finished_together_each_as_on_its_own(owner, spec, launcher, cluster, endpoint):
+    spec["max_restarts"] = 2
+    complete, complete_attempt, complete_name = running_since(owner, spec, cluster, 3)
+    partial, partial_attempt, partial_name = running_since(owner, spec, cluster, 3)
+    crashed, crashed_attempt, crashed_name = running_since(owner, spec, cluster, 3)
+    still, _, _ = running_since(owner, spec, cluster, 3)
+    now = django_timezone.now()
+    for step in (1, 2, 3):
+        MetricStep.objects.create(job=complete, step=step, attempt=1, time=now, values={"reward/mean": 0.5})
+    ready_checkpoint(complete, step=3, attempt=1)
+    MetricStep.objects.create(job=partial, step=2, attempt=1, time=now, values={"reward/mean": 0.5})
+    uploading = Checkpoint.objects.create(job=partial, step=2, attempt=1, status=CheckpointStatus.UPLOADING,
+                                          format="peft-lora", storage_key=f"{partial.public_id}/2.tar", size_bytes=1)
+    end(cluster, complete_name, 0)
+    end(cluster, partial_name, 0)
+    end(cluster, crashed_name, 1)
+
+    assert reconciler.reconcile_all() == 4
+    reconciler.reconcile_all()  # a second pass changes nothing more
+
+    assert (reload(complete).status, reload(partial).status, reload(still).status) == (S.SUCCEEDED, S.SUCCEEDED, S.RUNNING)
+    assert (reload(crashed).status, reload(crashed).status_reason, reload(crashed).crash_count) == (
+        S.QUEUED, "requeued_after_crash", 1)
+    assert (transitions(complete), transitions(partial), transitions(crashed)) == (
+        ["job.succeeded"], ["job.succeeded"], ["job.requeued"])
+    for attempt in (complete_attempt, partial_attempt, crashed_attempt):
+        attempt.refresh_from_db()
+        assert attempt.state == AttemptState.ENDED and attempt.exit_code in (0, 1)
+    # The data of the partial job is named once; the complete one has no warning.
+    assert not JobEvent.objects.filter(job=complete, type="job.data_incomplete").exists()
+    warning = JobEvent.objects.get(job=partial, type="job.data_incomplete")
+    assert warning.data["missing_metric_steps"] == "1, 3" and warning.data["final_checkpoint"] is None
+    uploading.refresh_from_db()
+    assert uploading.status == CheckpointStatus.FAILED
+    # One webhook message per event, each event once.
+    events = JobEvent.objects.filter(job__in=[complete, partial, crashed], type__in=endpoint.events)
+    assert events.count() == 4
+    assert sorted(WebhookMessage.objects.filter(job_event__in=events).values_list("job_event_id", flat=True)) == sorted(
+        events.values_list("pk", flat=True))
+    # Usage closed up to the pods' end, and the jobs' totals are the ledger's.
+    for job in (complete, partial, crashed):
+        assert UsageInterval.objects.unscoped().filter(job_public_id=job.public_id).exists()
+        totals = job_usage_totals(job.public_id)
+        job = reload(job)
+        assert (job.gpu_seconds, job.cpu_seconds) == (
+            pytest.approx(float(totals.gpu_seconds)), pytest.approx(float(totals.cpu_seconds)))
+        assert job.gpu_seconds + job.cpu_seconds >= 170  # the pods ran three minutes
+
+
+def test_a_job_that_fails_to_finish_leaves_the_others_finished_and_finishes_at_the_next_pass(
+        owner, spec, launcher, cluster, endpoint, monkeypatch):
+    first, first_attempt, first_name = running_since(owner, spec, cluster, 2)
+    second, _, second_name = running_since(owner, spec, cluster, 2)
+    end(cluster, first_name, 0)
+    end(cluster, second_name, 0)
+    real = reconciler.job_transition
+
+    def broken_for_first(*, job, **kwargs):
+        if job.pk == first.pk:
+            raise RuntimeError("the database went away")
+        return real(job=job, **kwargs)
+
+    monkeypatch.setattr(reconciler, "job_transition", broken_for_first)
+    reconciler.reconcile_all()
+
+    assert (reload(first).status, reload(second).status) == (S.RUNNING, S.SUCCEEDED)
+    first_attempt.refresh_from_db()
+    assert first_attempt.state == AttemptState.LAUNCHED  # nothing of its finish was kept
+    assert not JobEvent.objects.filter(job=first, type="job.data_incomplete").exists()
+
+    monkeypatch.setattr(reconciler, "job_transition", real)
+    reconciler.reconcile_all()
+
+    assert reload(first).status == S.SUCCEEDED
+    assert (transitions(first), transitions(second)) == (["job.succeeded"], ["job.succeeded"])
+    assert JobEvent.objects.filter(job=first, type="job.data_incomplete").count() == 1
+    assert WebhookMessage.objects.filter(job_event__job=first).count() == 2  # succeeded, data_incomplete
+
+
+def test_finishing_ended_jobs_takes_as_many_queries_for_six_as_for_two_plus_their_own_writes(
+        owner, spec, launcher, cluster, monkeypatch):
+    """What finishing reads is read once per pass; per job only its own writes remain."""
+    real, counted = reconciler._finish_ended, []
+
+    def counting(job_ids, seen, launcher):
+        with CaptureQueriesContext(connection) as captured:
+            left = real(job_ids, seen, launcher)
+        counted.append(len(captured))
+        return left
+
+    monkeypatch.setattr(reconciler, "_finish_ended", counting)
+
+    def finish_queries(count: int) -> int:
+        names = [running_since(owner, spec, cluster, 2)[2] for _ in range(count)]
+        for name in names:
+            end(cluster, name, 0)
+        counted.clear()
+        reconciler.reconcile_all()
+        assert Job.objects.unscoped().filter(status=S.SUCCEEDED).count() == count + (2 if count == 6 else 0)
+        assert len(counted) == 1  # one batch
+        return counted[0]
+
+    two = finish_queries(2)
+    six = finish_queries(6)
+    # Per job: its attempt and job rows, its two events (the transition, the missing data) with
+    # their stream numbers and webhook lookups, and the savepoints around them.
+    per_job = (six - two) / 4
+    assert per_job <= 18, (two, six, per_job)  # 25 when each job was locked and read on its own
