@@ -25,7 +25,9 @@ import argparse
 import logging
 import os
 import pathlib
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -51,24 +53,34 @@ class ConfigError(Exception):
         self.code = code
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description="Lab's RL engine")
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run one attempt of a job")
-    run.add_argument("--spec", required=True, type=pathlib.Path, help="job spec, .toml or .json")
-    run.add_argument("--job-id", required=True)
-    run.add_argument("--attempt", required=True, type=int)
-    run.add_argument("--lab-url", default=os.environ.get("LAB_PUBLIC_URL", "http://127.0.0.1:8000"))
-    run.add_argument("--workdir", required=True, type=pathlib.Path)
-    run.add_argument("--offline", action="store_true", help="no Lab: write everything under the work dir")
-    run.add_argument(
+def _attempt_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `run` (and of the trainer and orchestrator roles, which take the same)."""
+    parser.add_argument("--spec", required=True, type=pathlib.Path, help="job spec, .toml or .json")
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--attempt", required=True, type=int)
+    parser.add_argument("--lab-url", default=os.environ.get("LAB_PUBLIC_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--workdir", required=True, type=pathlib.Path)
+    parser.add_argument("--offline", action="store_true", help="no Lab: write everything under the work dir")
+    parser.add_argument(
         "--resume-from", help="a checkpoint directory, its .tar, or a checkpoint id of this job (ckpt_..., fetched from Lab)"
     )
-    run.add_argument(
+    parser.add_argument(
         "--init-from",
         help="start from these weights only: a checkpoint id (ckpt_..., fetched from Lab), a directory "
         "or a .tar; default the spec's init_from. Ignored with --resume-from.",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Lab's RL engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run one attempt of a job")
+    trainer = commands.add_parser("trainer", help="the trainer role of an attempt (LAB_ENGINE_SHARED_DIR; docs/engine.md)")
+    orchestrator = commands.add_parser(
+        "orchestrator", help="the orchestrator role of an attempt (LAB_ENGINE_SHARED_DIR, LAB_ENGINE_INFERENCE_URL; docs/engine.md)"
+    )
+    for role in (run, trainer, orchestrator):
+        _attempt_arguments(role)
     inference = commands.add_parser("inference", help="serve one model over HTTP (the inference role; docs/engine.md)")
     inference.add_argument("--model", required=True, help="catalogue model id")
     inference.add_argument("--backend", choices=["transformers", "vllm"], help="default LAB_ENGINE_ROLLOUT, else the engine's default")
@@ -125,6 +137,68 @@ def serve_inference(args: argparse.Namespace) -> int:
         if close is not None:
             close()
     return EXIT_SUCCEEDED
+
+
+def serve_orchestrator(args: argparse.Namespace) -> int:
+    """Run the orchestrator role (engine/roles.py) until the trainer's session ends; return the
+    exit code: 0, or 2 (invalid spec or environment) / 1 (crash) after recording the failure
+    in the session for the trainer to report."""
+    from engine.catalog import default_model_dir
+    from engine.distill import TeacherRefused
+    from engine.environments import EnvironmentFailed, InvalidEnvironment
+    from engine.models import ModelNotFound, load_prompt_side
+    from engine.orchestrator import Orchestrator
+    from engine.packages import install_packages, packages_from_environment
+    from engine.remote_inference import HttpRolloutBackend
+    from engine.roles import OrchestratorRole, fail
+
+    shared, url = os.environ.get("LAB_ENGINE_SHARED_DIR"), os.environ.get("LAB_ENGINE_INFERENCE_URL")
+    if not shared or not url:
+        print("engine: the orchestrator role needs LAB_ENGINE_SHARED_DIR and LAB_ENGINE_INFERENCE_URL", file=sys.stderr)
+        return EXIT_INVALID
+    parent = os.environ.get("LAB_ENGINE_PARENT_PID")
+    if parent:  # started by `python -m engine run`: end with it
+        _exit_with_parent(int(parent))
+    stopping = threading.Event()
+
+    def request_stop(signum, frame):  # the trainer ends the attempt; a stop only ends waiting for it
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    root = pathlib.Path(shared)
+    workdir = args.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    orchestrator = backend = None
+    try:
+        try:
+            install_packages(packages_from_environment(), workdir)
+            model_dir = default_model_dir()
+            config, _ = load_config(args.spec, model_dir)  # the trainer reports the spec's warnings
+            side = load_prompt_side(config.spec.model, model_dir)
+            backend = HttpRolloutBackend(url, model_id=config.spec.model)
+            orchestrator = Orchestrator(config, side.tokenizer, side.stop_token_ids, side.context_length, backend=backend)
+            orchestrator.setup()
+            return OrchestratorRole(root, orchestrator, stopping=stopping).run()
+        except ModelNotFound as error:
+            raise ConfigError(str(error), "model_not_found") from None
+        except (InvalidEnvironment, EnvironmentFailed) as error:
+            raise ConfigError(str(error), "environment_error") from None
+        except TeacherRefused as error:
+            raise ConfigError(str(error), "invalid_spec") from None
+    except ConfigError as error:
+        code, exit_code, message = error.code, EXIT_INVALID, _one_line(error)
+    except Exception as error:
+        logger.exception("the orchestrator role crashed")
+        code, exit_code, message = "internal_error", EXIT_CRASHED, _one_line(repr(error))[:500]
+    finally:
+        if orchestrator is not None:
+            orchestrator.close()
+        if backend is not None:
+            backend.close()
+    print(f"engine: {message}", file=sys.stderr, flush=True)
+    fail(root, exit_code=exit_code, code=code, message=message, stopping=stopping)
+    return exit_code
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -315,8 +389,9 @@ def _open_attempt(args: argparse.Namespace, bootstrap: str) -> str | int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one attempt; return the exit code."""
+    """Run one attempt (`run`, or the trainer role: `trainer`); return the exit code."""
     from engine.distributed import DataParallel
+    from engine.roles import RoleFailed
 
     workdir = args.workdir.resolve()
     parallel = DataParallel.from_environment()
@@ -357,10 +432,13 @@ def run(args: argparse.Namespace) -> int:
     # process writes to stdout/stderr as job logs too, and each line would show twice.
     logger.propagate = args.offline
 
+    roles = _LocalRoles()
+
     def finish_attempt(code: int, outcome: str, error: dict | None) -> int:
         timeout = float(os.environ.get("LAB_ENGINE_FLUSH_TIMEOUT", "60"))
         # An invalid job has little to flush; do not hold its exit for long if Lab is away.
         reporter.close(outcome, error, timeout=min(timeout, 10.0) if code == EXIT_INVALID else timeout)
+        roles.close(code)
         parallel.close()
         logger.removeHandler(handler)
         logger.propagate = True
@@ -380,6 +458,7 @@ def run(args: argparse.Namespace) -> int:
         config, warnings = load_config(args.spec, model_dir)
         for warning in warnings:
             logger.warning("spec: %s", warning)
+        config = roles.configure(args, config, workdir)
         if args.offline:
             logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
         resume_dir = _resume_dir(args.resume_from, workdir, transport) if args.resume_from else None
@@ -392,8 +471,9 @@ def run(args: argparse.Namespace) -> int:
         from engine.models import ModelNotFound
         from engine.trainer import Trainer
 
-        trainer = Trainer(
+        trainer = roles.trainer = Trainer(
             config=config, workdir=workdir, reporter=reporter, stop_event=stop_event, model_dir=model_dir, parallel=parallel,
+            orchestrator_process=roles.orchestrator,
         )
         started = time.perf_counter()
         try:
@@ -426,6 +506,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(str(error), "environment_error") from None
         finally:
             trainer.close()
+    except RoleFailed as error:  # the orchestrator role's failure, reported as its exit code says
+        message = _one_line(error)
+        print(f"engine: {message}", file=sys.stderr, flush=True)
+        reporter.log(f"engine: {message}", "stderr")
+        code = error.exit_code if error.exit_code in (EXIT_INVALID, EXIT_OOM) else EXIT_CRASHED
+        return finish_attempt(code, "failed", {"code": error.code if code != EXIT_CRASHED else "internal_error", "message": message})
     except ConfigError as error:
         message = _one_line(error)
         print(f"engine: {message}", file=sys.stderr, flush=True)
@@ -444,6 +530,69 @@ def run(args: argparse.Namespace) -> int:
     return finish_attempt(EXIT_SUCCEEDED, "succeeded", None)
 
 
+class _LocalRoles:
+    """The roles an attempt runs beside its trainer: none (`run`, one process), the trainer
+    role's orchestrator elsewhere (`trainer`, LAB_ENGINE_SHARED_DIR), or, with
+    `LAB_ENGINE_ROLES=process`, an inference and an orchestrator role this run starts."""
+
+    def __init__(self) -> None:
+        self.trainer = None
+        self.orchestrator = None
+        self.inference = None
+        self.temporary: pathlib.Path | None = None
+
+    def configure(self, args: argparse.Namespace, config, workdir: pathlib.Path):
+        """Return `config` with the shared directory of the trainer role, starting the other
+        roles first for `LAB_ENGINE_ROLES=process`. Raises ConfigError for a bad setting."""
+        import dataclasses
+        import tempfile
+
+        if args.command == "trainer":
+            shared = os.environ.get("LAB_ENGINE_SHARED_DIR", "")
+            if not shared:
+                raise ConfigError("the trainer role needs LAB_ENGINE_SHARED_DIR (docs/engine.md)", "internal_error")
+            return dataclasses.replace(config, shared_dir=shared)
+        mode = os.environ.get("LAB_ENGINE_ROLES", "") or "local"
+        if mode == "local":
+            return config
+        if mode != "process":
+            raise ConfigError(f"LAB_ENGINE_ROLES must be local or process, not {mode!r}", "internal_error")
+        from engine.remote_inference import start_inference_role
+        from engine.roles import start_orchestrator_role
+
+        shm = pathlib.Path("/dev/shm")
+        self.temporary = pathlib.Path(tempfile.mkdtemp(
+            prefix=f"lab-engine-{args.job_id}-{args.attempt}-", dir=str(shm) if shm.is_dir() else str(workdir),
+        ))
+        url = config.inference if config.inference.startswith(("http://", "https://")) else None
+        if url is None:
+            url, self.inference = start_inference_role(config.spec.model, backend=config.rollout_backend, workdir=workdir / "inference")
+        self.orchestrator = start_orchestrator_role(
+            ["--spec", str(args.spec.resolve()), "--job-id", args.job_id, "--attempt", str(args.attempt),
+             "--workdir", str(workdir / "orchestrator"), "--offline"],
+            workdir=workdir / "orchestrator", shared_dir=self.temporary, inference_url=url,
+        )
+        logger.info("roles: inference at %s, orchestrator pid %d, shared directory %s", url, self.orchestrator.pid, self.temporary)
+        return dataclasses.replace(config, shared_dir=str(self.temporary), inference="")
+
+    def close(self, code: int) -> None:
+        """Record the trainer's end for its orchestrator, then stop what this run started."""
+        from engine.roles import SharedDirRollouts, stop_process
+
+        rollouts = getattr(self.trainer, "rollouts", None)
+        if isinstance(rollouts, SharedDirRollouts):
+            rollouts.write_exit(code)
+        if self.orchestrator is not None:
+            try:
+                self.orchestrator.wait(timeout=10)  # it exits once it has read the trainer's end
+            except subprocess.TimeoutExpired:
+                pass
+        stop_process(self.orchestrator)
+        stop_process(self.inference)
+        if self.temporary is not None:
+            shutil.rmtree(self.temporary, ignore_errors=True)
+
+
 def _oom_error() -> type[BaseException]:
     import torch
 
@@ -460,8 +609,10 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit:
         return EXIT_INVALID if exit.code else EXIT_SUCCEEDED
-    if args.command == "run":
+    if args.command in ("run", "trainer"):
         return run(args)
+    if args.command == "orchestrator":
+        return serve_orchestrator(args)
     if args.command == "inference":
         return serve_inference(args)
     return EXIT_INVALID

@@ -14,6 +14,8 @@ import pathlib
 import shutil
 import string
 import tempfile
+import types
+from dataclasses import dataclass
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -172,13 +174,51 @@ def load_model(
         path = convert_smollm2(root) if model_id == SMOLLM2_ID else model_path(model_id, root)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    _complete_tokenizer(tokenizer)
+    model.to(dtype)
+    model.eval()
+    return model, tokenizer
+
+
+def _complete_tokenizer(tokenizer: transformers.PreTrainedTokenizerBase) -> None:
+    """Give a tokenizer without them a pad token (its EOS) and a chat template (ChatML)."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if not tokenizer.chat_template:
         tokenizer.chat_template = CHATML_TEMPLATE
-    model.to(dtype)
-    model.eval()
-    return model, tokenizer
+
+
+@dataclass(frozen=True)
+class PromptSide:
+    """What building prompts and reading completions of a model needs, without its weights:
+    the tokenizer, the token ids that end a completion and the context length (tokens)."""
+
+    tokenizer: transformers.PreTrainedTokenizerBase
+    stop_token_ids: list[int]
+    context_length: int
+
+
+def load_prompt_side(model_id: str, model_dir: pathlib.Path | None = None) -> PromptSide:
+    """Return the tokenizer, stop tokens and context length of a catalogue model, reading its
+    configuration files only (no weights), as `load_model` + `stop_token_ids` +
+    `context_length` would give them. Raises ModelNotFound as `load_model` does."""
+    root = model_dir or default_model_dir()
+    if model_id not in list_models(root):
+        raise ModelNotFound(f"unknown model {model_id!r}")
+    if model_id == TINY_RANDOM_LLAMA_ID:
+        model, tokenizer = tiny_random_llama()  # built in memory, in milliseconds
+        _complete_tokenizer(tokenizer)
+        return PromptSide(tokenizer, stop_token_ids(model, tokenizer), context_length(model))
+    path = convert_smollm2(root) if model_id == SMOLLM2_ID else model_path(model_id, root)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    _complete_tokenizer(tokenizer)
+    config = transformers.AutoConfig.from_pretrained(str(path))
+    try:
+        generation_config = transformers.GenerationConfig.from_pretrained(str(path))
+    except OSError:  # no generation_config.json
+        generation_config = None
+    facts = types.SimpleNamespace(config=config, generation_config=generation_config)
+    return PromptSide(tokenizer, stop_token_ids(facts, tokenizer), context_length(facts))
 
 
 def stop_token_ids(model: transformers.PreTrainedModel, tokenizer: transformers.PreTrainedTokenizerBase) -> list[int]:

@@ -1,0 +1,416 @@
+"""The orchestrator and trainer roles, and the shared directory between them.
+
+    python -m engine trainer ...        # LAB_ENGINE_SHARED_DIR: trains, reports to Lab, checkpoints
+    python -m engine orchestrator ...   # LAB_ENGINE_SHARED_DIR + LAB_ENGINE_INFERENCE_URL: rollouts
+    LAB_ENGINE_ROLES=process python -m engine run ...   # all three roles as local processes
+
+The trainer role owns the directory `LAB_ENGINE_SHARED_DIR` (docs/engine.md "Three roles"):
+
+    session.json                      {"session", "job_id", "attempt", "start_step",
+                                       "next_batch_step", "max_steps", "async_depth"}  (trainer)
+    <session>/weights/policy-<v>/     model.safetensors: the policy after v updates      (trainer)
+    <session>/batches/step-<n>.json   the scored rollouts of step n (RolloutBatch)       (orchestrator)
+    <session>/held_out/step-<v>.json  {"step", "metrics"}: eval/val of policy v          (orchestrator)
+    <session>/final.json              {"last_step"}: no update after this one            (trainer)
+    <session>/done.json               {}: every batch and eval it owes is written        (orchestrator)
+    <session>/failed.json             {"exit_code", "code", "message"}                   (orchestrator)
+    <session>/exit.json               {"exit_code"}: the trainer has reported its end     (trainer)
+
+Every file is written whole and renamed into place, so a reader never sees half of one.
+Batch `n` is sampled by exactly policy `max(start_step - 1, n - 1 - async_depth)`, as in one
+process (engine/trainer.py `InProcessRollouts`), so runs are reproducible and a resume exact.
+Files are JSON, never pickles: the orchestrator runs the environments' (users') code and the
+trainer holds the job's Lab token, so nothing the orchestrator writes can run code in the
+trainer. For the same reason the orchestrator is given no Lab token and never calls Lab.
+
+A session is one start of the trainer: it clears the directory and writes a new
+`session.json`; an orchestrator follows the newest session and starts over when it changes
+(a Kubernetes JobSet readmitted after preemption reuses its volume). A session that already
+has `exit.json` when the orchestrator first sees it is an earlier attempt's and is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from engine.orchestrator import RolloutBatch
+from engine.rollout import Completion
+
+if TYPE_CHECKING:
+    from engine.trainer import Trainer
+
+logger = logging.getLogger("engine")
+
+SESSION_FILE = "session.json"
+#: Seconds between looks at the shared directory while waiting (the first waits are shorter).
+POLL_S = 0.2
+
+
+class RoleFailed(Exception):
+    """The other role ended the attempt: `exit_code` (DESIGN.md §4), `code` (error code), message."""
+
+    def __init__(self, message: str, *, exit_code: int = 1, code: str = "internal_error"):
+        super().__init__(message)
+        self.exit_code, self.code = exit_code, code
+
+
+class SessionChanged(Exception):
+    """The trainer started a new session: the orchestrator starts over with it."""
+
+
+# ---- files ----
+
+def write_json(path: pathlib.Path, data: dict) -> None:
+    """Write `data` to `path` whole: a temporary file in the same directory, then a rename."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(data, separators=(",", ":")))
+    os.replace(partial, path)
+
+
+def read_json(path: pathlib.Path) -> dict | None:
+    """The JSON object at `path`, or None when there is none (yet)."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def batch_to_json(batch: RolloutBatch) -> dict:
+    """A RolloutBatch as a JSON object (its fields; completions as objects)."""
+    return dataclasses.asdict(batch)
+
+
+def batch_from_json(data: dict) -> RolloutBatch:
+    """The RolloutBatch of a batch file. Raises ValueError (or TypeError/KeyError) for a file
+    that is not one: its numbers are converted, never evaluated."""
+    completions = [
+        Completion(
+            token_ids=[int(t) for t in c["token_ids"]], logprobs=[float(x) for x in c["logprobs"]],
+            truncated=bool(c["truncated"]), policy_version=int(c["policy_version"]),
+        )
+        for c in data["completions"]
+    ]
+    return RolloutBatch(
+        step=int(data["step"]), policy_version=int(data["policy_version"]),
+        env_indices=[int(i) for i in data["env_indices"]], prompts=[[int(t) for t in p] for p in data["prompts"]],
+        completions=completions, texts=[str(t) for t in data["texts"]], rewards=[float(r) for r in data["rewards"]],
+        functions=[{str(k): float(v) for k, v in f.items()} for f in data["functions"]],
+        generate_seconds=float(data["generate_seconds"]),
+        env_names=[str(n) for n in data["env_names"]] if data.get("env_names") is not None else None,
+    )
+
+
+def batch_path(session_dir: pathlib.Path, step: int) -> pathlib.Path:
+    return session_dir / "batches" / f"step-{step:08d}.json"
+
+
+def weights_path(session_dir: pathlib.Path, version: int) -> pathlib.Path:
+    return session_dir / "weights" / f"policy-{version}"
+
+
+def held_out_path(session_dir: pathlib.Path, version: int) -> pathlib.Path:
+    return session_dir / "held_out" / f"step-{version:08d}.json"
+
+
+def sampling_version(step: int, *, start_step: int, depth: int) -> int:
+    """The policy version (updates seen) that samples `step`'s batch: `depth` steps ahead of
+    the trainer at most, never older than the weights the session started with."""
+    return max(start_step - 1, step - 1 - depth)
+
+
+# ---- the trainer's side ----
+
+class SharedDirRollouts:
+    """The trainer role's batches: read from the orchestrator role's files; the policy after
+    each update published for it. Same interface as engine.trainer.InProcessRollouts.
+
+    Raises RoleFailed when the orchestrator reports a failure (`failed.json`) or, when this
+    process started it, exits without one.
+    """
+
+    def __init__(self, trainer: Trainer):
+        from engine.policy import policy_weights
+
+        self.trainer = trainer
+        self._policy_weights = policy_weights
+        config = trainer.config
+        self.root = pathlib.Path(config.shared_dir)
+        self.process = trainer.orchestrator_process
+        self.depth = config.async_depth
+        self.max_steps = config.spec.max_steps
+        self.reload_seconds = 0.0
+        self.reported_held_out: set[int] = set()
+        self.root.mkdir(parents=True, exist_ok=True)
+        for old in self.root.iterdir():  # an earlier session's files (the trainer owns the directory)
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+        self.session = uuid.uuid4().hex
+        self.dir = self.root / self.session
+        for name in ("batches", "weights", "held_out"):
+            (self.dir / name).mkdir(parents=True)
+        for batch in trainer.pending_batches:  # sampled ahead before the checkpoint this run resumed from
+            write_json(batch_path(self.dir, batch.step), batch_to_json(batch))
+        self.publish(trainer.start_step - 1)
+        write_json(self.root / SESSION_FILE, {
+            "session": self.session, "job_id": trainer.reporter.job_id, "attempt": trainer.reporter.attempt,
+            "start_step": trainer.start_step, "next_batch_step": trainer.start_step + len(trainer.pending_batches),
+            "max_steps": self.max_steps, "async_depth": self.depth,
+        })
+        logger.info("rollouts from the orchestrator role over %s (session %s)", self.root, self.session[:8])
+
+    def publish(self, version: int) -> float:
+        """Write the policy as `version` for the orchestrator; return the seconds it took."""
+        from engine.remote_inference import write_weights
+
+        started = time.perf_counter()
+        target = weights_path(self.dir, version)
+        partial = target.with_name(target.name + ".partial")
+        write_weights(self._policy_weights(self.trainer.model), partial)
+        os.replace(partial, target)
+        return time.perf_counter() - started
+
+    def _check_orchestrator(self) -> None:
+        failed = read_json(self.dir / "failed.json")
+        if failed is not None:
+            raise RoleFailed(
+                f"the orchestrator role failed: {str(failed.get('message', ''))[:1000]}",
+                exit_code=int(failed.get("exit_code", 1)), code=str(failed.get("code", "internal_error")),
+            )
+        if self.process is not None and self.process.poll() is not None:
+            raise RoleFailed(f"the orchestrator role exited with code {self.process.returncode}")
+
+    def _wait_for(self, path: pathlib.Path) -> dict:
+        delay = 0.01
+        while True:
+            data = read_json(path)
+            if data is not None:
+                return data
+            self._check_orchestrator()
+            time.sleep(delay)
+            delay = min(POLL_S, delay * 2)
+
+    def _batch(self, step: int) -> RolloutBatch:
+        path = batch_path(self.dir, step)
+        data = self._wait_for(path)
+        try:
+            batch = batch_from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise RoleFailed(f"the orchestrator role wrote a malformed batch for step {step}: {error!r}"[:500]) from None
+        if batch.step != step:
+            raise RoleFailed(f"the orchestrator role wrote step {batch.step}'s batch as step {step}'s")
+        self.reload_seconds = float(data.get("weight_reload_s", 0.0) or 0.0)
+        return batch
+
+    def start(self) -> dict[int, dict[str, float]]:
+        return self._held_out()
+
+    def next_batch(self, step: int) -> tuple[RolloutBatch, float]:
+        batch = self._batch(step)
+        batch_path(self.dir, step).unlink(missing_ok=True)
+        return batch, 0.0
+
+    def after_update(self, step: int) -> tuple[dict[int, dict[str, float]], float]:
+        seconds = self.publish(step)
+        old = weights_path(self.dir, step - 1 - self.depth - 1)
+        shutil.rmtree(old, ignore_errors=True)  # older than any batch still to sample needs
+        return self._held_out(), seconds
+
+    def pending(self, step: int) -> list[RolloutBatch]:
+        return [self._batch(s) for s in range(step + 1, min(step + self.depth, self.max_steps) + 1)]
+
+    def finish(self, last_step: int) -> dict[int, dict[str, float]]:
+        """Tell the orchestrator no update follows `last_step`, wait until it has written every
+        eval it owes, and return those not yet reported."""
+        write_json(self.dir / "final.json", {"last_step": last_step})
+        self._wait_for(self.dir / "done.json")
+        return self._held_out()
+
+    def _held_out(self) -> dict[int, dict[str, float]]:
+        results = {}
+        for path in sorted((self.dir / "held_out").glob("step-*.json")):
+            data = read_json(path) or {}
+            try:
+                step, metrics = int(data["step"]), {str(k): float(v) for k, v in data["metrics"].items()}
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise RoleFailed(f"the orchestrator role wrote a malformed eval file {path.name}") from None
+            if step not in self.reported_held_out:
+                self.reported_held_out.add(step)
+                results[step] = metrics
+        return results
+
+    def write_exit(self, exit_code: int) -> None:
+        """Record that the trainer has reported its end (the orchestrator then exits 0)."""
+        write_json(self.dir / "exit.json", {"exit_code": exit_code})
+
+    def close(self) -> None:
+        pass
+
+
+# ---- the orchestrator role ----
+
+class OrchestratorRole:
+    """Serves the trainer's sessions in `root` with `orchestrator` (set up, sampling through an
+    inference role): batches, held-out evals, then waits for the trainer's end."""
+
+    def __init__(self, root: pathlib.Path, orchestrator, *, stopping=None):
+        self.root = root
+        self.orchestrator = orchestrator
+        self.stopping = stopping  # a threading.Event: SIGTERM while no session is being served
+        self.ignored: set[str] = set()
+
+    def run(self) -> int:
+        """Serve sessions until one ends; return the trainer's exit code (0 when none came)."""
+        while True:
+            session = self._wait_for_session()
+            if session is None:
+                return 0
+            try:
+                return self._serve(session)
+            except SessionChanged:
+                logger.info("the trainer started a new session: starting over")
+
+    def _wait_for_session(self) -> dict | None:
+        while not (self.stopping is not None and self.stopping.is_set()):
+            session = read_json(self.root / SESSION_FILE)
+            if session is not None and session.get("session") not in self.ignored:
+                if (self.root / str(session["session"]) / "exit.json").exists():
+                    self.ignored.add(session["session"])  # an earlier attempt's, already ended
+                else:
+                    return session
+            time.sleep(POLL_S)
+        return None
+
+    def _check_session(self, session: dict) -> None:
+        current = read_json(self.root / SESSION_FILE)
+        if current is None or current.get("session") != session["session"]:
+            raise SessionChanged()
+
+    def _serve(self, session: dict) -> int:
+        directory = self.root / str(session["session"])
+        start_step, depth, max_steps = int(session["start_step"]), int(session["async_depth"]), int(session["max_steps"])
+        orchestrator = self.orchestrator
+        backend = orchestrator.backend
+        loaded: int | None = None
+        held_out_done: set[int] = set()
+
+        def owes_held_out(version: int) -> bool:
+            """Evals of this session: the base model's (a fresh start) and those after its updates."""
+            return orchestrator.held_out_due(version) and (version >= start_step or (version == 0 and start_step == 1))
+
+        def final_step() -> int | None:
+            final = read_json(directory / "final.json")
+            return None if final is None else int(final["last_step"])
+
+        def load(version: int) -> bool:
+            """Load policy `version` into inference (waiting for it); False when it never comes."""
+            nonlocal loaded
+            path = weights_path(directory, version)
+            delay = 0.01
+            while not path.is_dir():
+                self._check_session(session)
+                final = final_step()
+                if final is not None and final < version:
+                    return False
+                time.sleep(delay)
+                delay = min(POLL_S, delay * 2)
+            started = time.perf_counter()
+            backend.load_weights_dir(path, version)
+            self.reload_seconds = time.perf_counter() - started
+            loaded = version
+            if owes_held_out(version) and version not in held_out_done:
+                self._write(session, held_out_path(directory, version), {"step": version, "metrics": orchestrator.held_out(version)})
+                held_out_done.add(version)
+            return True
+
+        self.reload_seconds = 0.0
+        for step in range(int(session["next_batch_step"]), max_steps + 1):
+            version = sampling_version(step, start_step=start_step, depth=depth)
+            while loaded is None or loaded < version:
+                if not load(start_step - 1 if loaded is None else loaded + 1):
+                    break
+            if loaded is None or loaded < version:
+                break  # the trainer stopped: no later batch will be trained
+            batch = orchestrator.batch(step, version)
+            self._write(session, batch_path(directory, step), {**batch_to_json(batch), "weight_reload_s": self.reload_seconds})
+        # The evals due for policies no batch needed (the last steps'), up to the trainer's last update.
+        while (final := final_step()) is None:
+            self._check_session(session)
+            time.sleep(POLL_S)
+        for version in range(start_step - 1 if loaded is None else loaded + 1, final + 1):
+            if owes_held_out(version):
+                load(version)
+        self._write(session, directory / "done.json", {})
+        while read_json(directory / "exit.json") is None:
+            self._check_session(session)
+            time.sleep(POLL_S)
+        return 0  # the trainer has reported the attempt's end, whatever it was
+
+    def _write(self, session: dict, path: pathlib.Path, data: dict) -> None:
+        try:
+            write_json(path, data)
+        except FileNotFoundError:  # the trainer cleared the directory for a new session
+            self._check_session(session)
+            raise
+
+
+def fail(root: pathlib.Path, *, exit_code: int, code: str, message: str, wait_s: float = 600.0, stopping=None) -> None:
+    """Record the orchestrator's failure in the trainer's current session, for the trainer to
+    report as the attempt's error. A failure before the trainer has started its session (a
+    bad spec, an environment that does not load) waits up to `wait_s` seconds for it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        session = read_json(root / SESSION_FILE)
+        if session is not None and not (root / str(session["session"]) / "exit.json").exists():
+            try:
+                write_json(root / str(session["session"]) / "failed.json", {"exit_code": exit_code, "code": code, "message": message})
+            except OSError:
+                pass
+            return
+        if time.monotonic() > deadline or (stopping is not None and stopping.is_set()):
+            return
+        time.sleep(POLL_S)
+
+
+# ---- all roles on one host ----
+
+def start_orchestrator_role(args_line: list[str], *, workdir: pathlib.Path, shared_dir: pathlib.Path, inference_url: str) -> subprocess.Popen:
+    """Start `python -m engine orchestrator ARGS` for a local run, in its own process group,
+    ending with this process (LAB_ENGINE_PARENT_PID), its output in `workdir/orchestrator.log`.
+    It gets this process's environment without Lab's job tokens."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    environment = {name: value for name, value in os.environ.items() if name not in ("LAB_JOB_TOKEN", "LAB_JOB_BOOTSTRAP_TOKEN")}
+    environment.update({
+        "LAB_ENGINE_SHARED_DIR": str(shared_dir), "LAB_ENGINE_INFERENCE_URL": inference_url,
+        "LAB_ENGINE_PARENT_PID": str(os.getpid()),
+    })
+    environment.pop("LAB_ENGINE_INFERENCE", None)
+    with open(workdir / "orchestrator.log", "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "engine", "orchestrator", *args_line], stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env=environment,
+        )
+
+
+def stop_process(process: subprocess.Popen | None, timeout: float = 30.0) -> None:
+    """SIGTERM a role's process group, SIGKILL after `timeout` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,121 @@
+"""The engine as three roles (engine/roles.py): `python -m engine run` with LAB_ENGINE_ROLES=process
+starts an inference and an orchestrator role and trains as the trainer role over a shared
+directory. The same job trains exactly as one process sampling through an inference role does,
+resumes exactly from a checkpoint holding batches sampled ahead, and a role killed or failing
+mid-run ends the attempt with the exit code its failure calls for."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.engine.conftest import REPO_ROOT, write_spec
+from tests.engine.test_resume import NONDETERMINISTIC_PREFIXES
+
+pytestmark = pytest.mark.e2e  # several engine processes per test
+
+
+def engine(tmp_path, spec, env, *extra, command="run", workdir="work"):
+    environment = {**os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}",
+                   "LAB_ENGINE_WEIGHTS_DIR": str(tmp_path / "weights"), **env}
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine", command, "--job-id", "job_1", "--attempt", "1", "--workdir", str(tmp_path / workdir),
+         "--spec", str(spec), "--offline", *extra],
+        cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def finished(process, timeout=900):
+    stdout, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stderr
+
+
+def points(workdir):
+    """step → metric values, the non-timing ones, merged as Lab merges a step's points."""
+    merged = {}
+    for line in (workdir / "metrics.jsonl").read_text().splitlines():
+        point = json.loads(line)
+        values = {k: v for k, v in point["values"].items() if not k.startswith(NONDETERMINISTIC_PREFIXES)}
+        merged.setdefault(point["step"], {}).update(values)
+    return merged
+
+
+def samples(workdir):
+    return [json.loads(line) for line in (workdir / "samples.jsonl").read_text().splitlines()]
+
+
+SPEC = dict(max_steps=4, seed=3, max_off_policy_steps=2, checkpoints={"interval": 2, "keep_last": 3},
+            eval={"interval": 2, "num_examples": 4, "eval_base_model": True})
+
+
+def test_three_roles_train_exactly_as_one_process_and_resume_exactly(tmp_path):
+    spec = write_spec(tmp_path / "spec.json", **SPEC)
+    one = engine(tmp_path, spec, {"LAB_ENGINE_INFERENCE": "process"}, workdir="one")
+    code, stderr = finished(one)
+    assert code == 0, stderr[-3000:]
+    three = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process"}, workdir="three")
+    code, stderr = finished(three)
+    assert code == 0, stderr[-3000:]
+    assert "rollouts from the orchestrator role over" in stderr
+
+    expected, got = points(tmp_path / "one"), points(tmp_path / "three")
+    assert sorted(got) == [0, 1, 2, 3, 4]  # the base model's eval is step 0
+    assert got == expected
+    assert "eval/reverse-text/mean" in got[0] and "eval/reverse-text/mean" in got[2] and "eval/reverse-text/mean" in got[4]
+    assert [p["off_policy/steps_max"] for _, p in sorted(got.items()) if _ > 0] == [0.0, 1.0, 2.0, 2.0]
+    assert samples(tmp_path / "three") == samples(tmp_path / "one")
+    assert any(values.get("loss/mean") for values in got.values())
+    # Each role's own log; nothing of the shared directory is left behind.
+    assert (tmp_path / "three" / "orchestrator" / "orchestrator.log").exists()
+    assert not list(tmp_path.glob("three/lab-engine-*")) and not [p for p in os.listdir("/dev/shm") if p.startswith("lab-engine-job_1-1-")]
+
+    # The checkpoint of step 2 holds the batches of steps 3 and 4 (sampled ahead by policy 1... 0);
+    # resumed as three roles it trains them and reports steps 3 and 4 as the uninterrupted run did.
+    checkpoint = tmp_path / "three" / "checkpoints" / "step-000002"
+    resumed = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process"}, "--resume-from", str(checkpoint), workdir="resumed")
+    code, stderr = finished(resumed)
+    assert code == 0, stderr[-3000:]
+    again = points(tmp_path / "resumed")
+    assert sorted(again) == [3, 4]
+    assert again == {step: expected[step] for step in (3, 4)}
+
+
+def test_an_orchestrator_killed_mid_run_takes_the_attempt_down_as_a_crash(tmp_path):
+    spec = write_spec(tmp_path / "spec.json", max_steps=200, checkpoints={"interval": 0, "keep_last": 1})
+    process = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process"})
+    metrics = tmp_path / "work" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.5)
+    listed = subprocess.run(["pgrep", "-f", f"engine orchestrator .*{tmp_path / 'work' / 'orchestrator'}"], capture_output=True, text=True)
+    (pid,) = [int(p) for p in listed.stdout.split()]
+    os.kill(pid, signal.SIGKILL)
+    code, stderr = finished(process, timeout=300)
+    assert code == 1, stderr[-3000:]
+    assert "the orchestrator role exited with code -9" in stderr
+    leftover = subprocess.run(["pgrep", "-f", f"engine inference .*{tmp_path / 'work' / 'inference'}"], capture_output=True, text=True)
+    assert leftover.stdout.split() == []  # the inference role went with the attempt
+
+
+def test_the_orchestrator_carries_no_lab_token_and_its_failures_reach_the_trainer(tmp_path):
+    """An environment argument that fails only when the environment loads is refused in the
+    orchestrator (it alone loads environments); the trainer reports it as exit 2."""
+    spec = write_spec(tmp_path / "spec.json", max_steps=2, env=[{"id": "lab/reverse-text", "args": {"min_length": 5, "max_length": 2}}])
+    process = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process", "LAB_JOB_TOKEN": "ljt_secret_value"})
+    code, stderr = finished(process, timeout=600)
+    assert code == 2, stderr[-3000:]
+    assert "the orchestrator role failed:" in stderr and "min_length" in stderr
+    assert "ljt_secret_value" not in (tmp_path / "work" / "orchestrator" / "orchestrator.log").read_text()
+
+
+def test_the_roles_refuse_to_start_without_their_shared_directory(tmp_path):
+    spec = write_spec(tmp_path / "spec.json")
+    for command, needed in (("trainer", "LAB_ENGINE_SHARED_DIR"), ("orchestrator", "LAB_ENGINE_SHARED_DIR and LAB_ENGINE_INFERENCE_URL")):
+        env = {"LAB_ENGINE_SHARED_DIR": "", "LAB_ENGINE_INFERENCE_URL": ""}
+        code, stderr = finished(engine(tmp_path, spec, env, command=command, workdir=command), timeout=300)
+        assert code == 2, stderr[-2000:]
+        assert needed in stderr
