@@ -2,6 +2,12 @@
 
     python -m engine run --spec FILE --job-id ID --attempt N --lab-url URL --workdir DIR
                          [--offline] [--resume-from CKPT_ID_OR_DIR_OR_TAR] [--init-from CKPT_ID_OR_DIR_OR_TAR]
+    python -m engine trainer ...       (the same arguments; LAB_ENGINE_SHARED_DIR)
+    python -m engine orchestrator ...  (the same arguments; LAB_ENGINE_SHARED_DIR, LAB_ENGINE_INFERENCE_URL)
+    python -m engine inference --model ID [--backend B] [--host H] [--port P]
+
+The roles and the directory they share: docs/engine.md "Three roles"; `LAB_ENGINE_ROLES=process`
+has `run` start the inference and orchestrator roles and train as the trainer role.
 
 The job token comes from `LAB_JOB_TOKEN`, never from the command line; on the Kubernetes pool
 (`LAB_JOB_BOOTSTRAP_TOKEN` set) the engine asks Lab for its attempt, token and resume point
@@ -16,7 +22,7 @@ max_off_policy_steps allows it; default 1), `LAB_ENGINE_MICRO_BATCH` (rollouts p
 `LAB_ENGINE_THREADS` (torch intra-op threads; default on CPU: half the cores, so that with
 overlap the sampler and the trainer each get their own, and because on a shared 2-core
 machine two threads per op measured several times slower than one; on GPU torch's choice),
-`LAB_ENGINE_ROLLOUT` (`transformers`, the default, or `vllm` on a GPU pod; not yet run).
+`LAB_ENGINE_ROLLOUT` (`transformers`, the default, or `vllm`: vLLM's CPU build here, its CUDA build on GPU pods).
 """
 
 from __future__ import annotations

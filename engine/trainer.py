@@ -1,15 +1,16 @@
-"""The GRPO training loop: sample groups, score them, step the policy, report, checkpoint.
+"""The GRPO training loop: take scored batches, compute advantages, step the policy, report, checkpoint.
 
-One process per job holds the trainer and a rollout backend (in this process, or an
-inference role over HTTP). With overlap on (`max_off_policy_steps` = k ≥ 1 and
-`EngineConfig.overlap`), a rollout thread samples the batches of up to `async_depth` future
-steps while the trainer trains: while step n trains, the batches of steps up to n + depth are
-sampled by a copy of the policy from before step n (n - 1 updates), so a batch is at most k
-updates old (prime-rl's bounded off-policy asynchrony, `max_async_level`); the loss corrects
-with the importance ratio against the sampler's log-probabilities and `mismatch_kl/mean`,
-`off_policy/steps_mean` and `_max` report the gap. `max_inflight_rollouts` (or
-`oversampling_factor`) bounds the depth by the rollouts it allows in flight. Without overlap
-every batch is sampled by the current policy.
+The trainer takes each step's batch from a rollout source: its own orchestrator in this
+process (`InProcessRollouts`, engine/orchestrator.py, sampling here or through an inference
+role over HTTP), or the orchestrator role over a shared directory (`engine.roles.
+SharedDirRollouts`, `python -m engine trainer`). With overlap on (`max_off_policy_steps` = k ≥ 1
+and `EngineConfig.overlap`), the batches of up to `async_depth` future steps are sampled while
+the trainer trains: while step n trains, the batches of steps up to n + depth are sampled by
+the policy from before step n (n - 1 updates), so a batch is at most k updates old (prime-rl's
+bounded off-policy asynchrony, `max_async_level`); the loss corrects with the importance ratio
+against the sampler's log-probabilities and `mismatch_kl/mean`, `off_policy/steps_mean` and
+`_max` report the gap. `max_inflight_rollouts` (or `oversampling_factor`) bounds the depth by
+the rollouts it allows in flight. Without overlap every batch is sampled by the current policy.
 
 Steps are numbered from 1: step n applies the n-th optimizer update, its metrics carry
 `step = n`, and the checkpoint taken after it has step n. Everything random is derived from
