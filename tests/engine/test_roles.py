@@ -119,3 +119,48 @@ def test_the_roles_refuse_to_start_without_their_shared_directory(tmp_path):
         code, stderr = finished(engine(tmp_path, spec, env, command=command, workdir=command), timeout=300)
         assert code == 2, stderr[-2000:]
         assert needed in stderr
+
+
+def test_the_three_documented_commands_run_a_job_and_a_stale_session_is_ignored(tmp_path):
+    """The roles started one by one, as a JobSet starts them (docs/engine.md "Three roles"), on a
+    shared directory holding an earlier attempt's ended session, which the orchestrator must not follow."""
+    import re
+
+    spec = write_spec(tmp_path / "spec.json", max_steps=3, max_off_policy_steps=1)
+    shared = tmp_path / "shared"
+    (shared / "old").mkdir(parents=True)
+    (shared / "session.json").write_text(json.dumps({
+        "session": "old", "job_id": "job_1", "attempt": 1, "start_step": 1, "next_batch_step": 4, "max_steps": 3, "async_depth": 0,
+    }))
+    # Ended whole: followed, it would let the orchestrator finish at once and leave the new trainer waiting.
+    (shared / "old" / "final.json").write_text('{"last_step": 3}')
+    (shared / "old" / "exit.json").write_text('{"exit_code": 0}')
+    environment = {**os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}"}
+    inference = subprocess.Popen(
+        [sys.executable, "-m", "engine", "inference", "--model", "lab/tiny-random-llama", "--backend", "transformers",
+         "--host", "127.0.0.1", "--port", "0", "--workdir", str(tmp_path / "inference")],
+        cwd=REPO_ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = None
+        while url is None:
+            line = inference.stderr.readline()
+            assert line, "the inference role exited before serving"
+            found = re.search(r"serving .* on (http://\S+)", line)
+            url = found.group(1) if found else None
+        roles = {"LAB_ENGINE_SHARED_DIR": str(shared), "LAB_ENGINE_INFERENCE_URL": url}
+        orchestrator = engine(tmp_path, spec, roles, command="orchestrator", workdir="orchestrator")
+        time.sleep(2)  # it sees the old session first
+        assert orchestrator.poll() is None
+        trainer = engine(tmp_path, spec, roles, command="trainer", workdir="trainer")
+        code, stderr = finished(trainer, timeout=300)
+        assert code == 0, stderr[-3000:]
+        code, orchestrator_stderr = finished(orchestrator, timeout=120)
+        assert code == 0, orchestrator_stderr[-3000:]
+    finally:
+        inference.terminate()
+        inference.wait(timeout=60)
+    assert sorted(points(tmp_path / "trainer")) == [1, 2, 3]
+    assert not (shared / "old").exists()  # the trainer cleared the directory for its session
+    session = json.loads((shared / "session.json").read_text())["session"]
+    assert json.loads((shared / session / "exit.json").read_text()) == {"exit_code": 0}
