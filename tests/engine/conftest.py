@@ -166,3 +166,13 @@ def engine_config(spec: dict, **engine_settings):
     from engine.trainer import EngineConfig
 
     return EngineConfig(spec=parse_spec(spec).spec, **engine_settings)
+
+
+def wait_for_first_step(process, workdir: pathlib.Path, timeout: float = 300.0) -> None:
+    """Wait until an offline engine `process` has written a metric point to `workdir`, or exited."""
+    import time
+
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.5)

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.engine.conftest import REPO_ROOT, engine_config, tiny_spec, write_spec
+from tests.engine.conftest import REPO_ROOT, engine_config, tiny_spec, wait_for_first_step, write_spec
 from tests.engine.test_distill import teacher_server  # noqa: F401  (a fixture: an inference role on the tiny model)
 from tests.engine.test_resume import NONDETERMINISTIC_PREFIXES, train
 
@@ -69,10 +69,7 @@ def test_resume_through_an_inference_role_reproduces_the_uninterrupted_run(tmp_p
 def test_a_role_killed_mid_run_takes_the_attempt_down_as_a_crash(tmp_path):
     spec = write_spec(tmp_path / "spec.json", max_steps=200, checkpoints={"interval": 0, "keep_last": 1})
     process = engine(tmp_path, spec, {"LAB_ENGINE_INFERENCE": "process"})
-    metrics = tmp_path / "work" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.5)
+    wait_for_first_step(process, tmp_path / "work")
     port = role_url(tmp_path).rsplit(":", 1)[1]
     (role_pid,) = role_pids(tmp_path)
     os.kill(role_pid, signal.SIGKILL)
@@ -85,10 +82,7 @@ def test_a_role_killed_mid_run_takes_the_attempt_down_as_a_crash(tmp_path):
 def test_an_engine_killed_with_sigkill_takes_its_inference_role_with_it(tmp_path):
     spec = write_spec(tmp_path / "spec.json", max_steps=200, checkpoints={"interval": 0, "keep_last": 1})
     process = engine(tmp_path, spec, {"LAB_ENGINE_INFERENCE": "process"})
-    metrics = tmp_path / "work" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.5)
+    wait_for_first_step(process, tmp_path / "work")
     (role,) = role_pids(tmp_path)
     process.kill()  # no clean-up code of the engine runs
     process.wait(timeout=30)

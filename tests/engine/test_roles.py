@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.engine.conftest import REPO_ROOT, write_spec
+from tests.engine.conftest import REPO_ROOT, wait_for_first_step, write_spec
 from tests.engine.test_resume import NONDETERMINISTIC_PREFIXES
 
 pytestmark = pytest.mark.e2e  # several engine processes per test
@@ -87,10 +87,7 @@ def test_three_roles_train_exactly_as_one_process_and_resume_exactly(tmp_path):
 def test_an_orchestrator_killed_mid_run_takes_the_attempt_down_as_a_crash(tmp_path):
     spec = write_spec(tmp_path / "spec.json", max_steps=200, checkpoints={"interval": 0, "keep_last": 1})
     process = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process"})
-    metrics = tmp_path / "work" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.5)
+    wait_for_first_step(process, tmp_path / "work")
     listed = subprocess.run(["pgrep", "-f", f"engine orchestrator .*{tmp_path / 'work' / 'orchestrator'}"], capture_output=True, text=True)
     (pid,) = [int(p) for p in listed.stdout.split()]
     os.kill(pid, signal.SIGKILL)
