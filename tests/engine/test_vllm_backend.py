@@ -4,6 +4,7 @@ vLLM starts an engine process (about 20–40 s on 2 cores even in eager mode), s
 tests share one engine and everything here carries the `e2e` marker.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -200,3 +201,29 @@ def test_the_inference_role_serves_vllm_over_http_and_loads_tagged_weights(tmp_p
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_three_roles_on_vllm_with_async_on_resume_exactly(tmp_path):
+    """The inference role on vLLM (fp32), sampling two steps ahead for the orchestrator role: a
+    run resumed from its step-2 checkpoint (which holds the batches of steps 3 and 4) reports
+    steps 3 and 4 exactly as the uninterrupted run did, each step once."""
+    from tests.engine.test_roles import SPEC, engine, finished, points
+
+    spec = write_spec(tmp_path / "spec.json", **SPEC)
+    roles = {"LAB_ENGINE_ROLES": "process", "LAB_ENGINE_ROLLOUT": "vllm", "LAB_ENGINE_VLLM_DTYPE": "float32"}
+    code, stderr = finished(engine(tmp_path, spec, roles, workdir="first"))
+    assert code == 0, stderr[-3000:]
+    first = points(tmp_path / "first")
+    assert sorted(first) == [0, 1, 2, 3, 4]
+    assert [first[step]["off_policy/steps_max"] for step in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 2.0]
+    assert "loaded policy version 2" in (tmp_path / "first" / "inference" / "inference.log").read_text()
+    checkpoint = tmp_path / "first" / "checkpoints" / "step-000002"
+    code, stderr = finished(engine(tmp_path, spec, roles, "--resume-from", str(checkpoint), workdir="resumed"))
+    assert code == 0, stderr[-3000:]
+    assert points(tmp_path / "resumed") == {step: first[step] for step in (3, 4)}
+    # Each step's training point once; step 4's eval came after it, as a point Lab merges into it.
+    reported = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(p["step"] for p in reported if "loss/mean" in p["values"]) == [3, 4]
+    assert [sorted(p["values"]) for p in reported if "loss/mean" not in p["values"]] == [
+        ["eval/reverse-text/exact/mean", "eval/reverse-text/lcs_ratio/mean", "eval/reverse-text/mean"]
+    ]
