@@ -28,6 +28,7 @@ machine two threads per op measured several times slower than one; on GPU torch'
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import pathlib
@@ -154,7 +155,7 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     from engine.environments import EnvironmentFailed, InvalidEnvironment
     from engine.models import ModelNotFound, load_prompt_side
     from engine.orchestrator import Orchestrator
-    from engine.packages import install_packages, packages_from_environment
+    from engine.packages import PACKAGES_VARIABLE, install_packages, packages_from_environment
     from engine.remote_inference import HttpRolloutBackend
     from engine.roles import OrchestratorRole, fail
 
@@ -178,6 +179,11 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     orchestrator = backend = None
     try:
         try:
+            session = OrchestratorRole(root, None, stopping=stopping).wait_for_session()
+            if session is None:  # stopped before the trainer started
+                return EXIT_SUCCEEDED
+            if isinstance(session.get("environment_packages"), list):  # the trainer's, with fresh download URLs
+                os.environ[PACKAGES_VARIABLE] = json.dumps(session["environment_packages"], separators=(",", ":"))
             install_packages(packages_from_environment(), workdir)
             model_dir = default_model_dir()
             config, _ = load_config(args.spec, model_dir)  # the trainer reports the spec's warnings
@@ -235,14 +241,17 @@ def _flag(name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be 0 or 1, not {value!r}", "internal_error")
 
 
-def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
+def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None, *, elsewhere: frozenset[str] = frozenset()):
     """Read and check the spec against the catalogues; return (EngineConfig, warnings).
 
+    `elsewhere`: ids of uploaded environments another role loads (the trainer role's job's
+    packages, which it never imports): they count as installed, with the arguments the spec
+    gives them (the orchestrator role checks those when it loads them).
     Raises ConfigError with a one-line message for anything that makes the job invalid.
     """
     from labsdk.spec import SpecError, catalog_problems, load_spec_file
 
-    from engine.catalog import list_environments, list_models
+    from engine.catalog import EnvironmentInfo, list_environments, list_models
 
     try:
         parsed = load_spec_file(spec_path)
@@ -250,7 +259,14 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None):
         raise ConfigError(f"cannot read spec {spec_path}: {error.strerror or error}") from None
     except SpecError as error:
         raise ConfigError(f"invalid spec: {error}") from None
-    problems = catalog_problems(parsed.spec, models=list_models(model_dir), environments=list_environments())
+    installed = list_environments()
+    declared: dict[str, EnvironmentInfo] = {}
+    for env in [*parsed.spec.env, *(parsed.spec.eval.env or [])]:
+        if env.id in elsewhere and env.id not in installed:
+            info = declared.setdefault(env.id, EnvironmentInfo(env.id, env.id, "loaded by the orchestrator role"))
+            info.args.update(getattr(env, "args", None) or {})
+    environments = {**installed, **declared}
+    problems = catalog_problems(parsed.spec, models=list_models(model_dir), environments=environments)
     if problems:
         first = problems[0]
         code = {"unknown_model": "model_not_found", "unknown_environment": "environment_error"}.get(first.code, "invalid_spec")
@@ -371,7 +387,8 @@ def _init_dir(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
 
 def _open_attempt(args: argparse.Namespace, bootstrap: str) -> str | int:
     """Open the attempt this pod runs with the job's bootstrap token (docs/ingest-api.md "Opening
-    an attempt"): set `args.attempt` and `args.resume_from` from Lab's answer and return the
+    an attempt"): set `args.attempt`, `args.resume_from` and the environment packages
+    (`LAB_JOB_ENVIRONMENT_PACKAGES`, whose URLs Lab made afresh) from Lab's answer and return the
     attempt's job token; or return the exit code when there is none to run (2 without
     `LAB_POD_UID`/`LAB_JOBSET_NAME`; 3 when Lab refuses: the job ended; 1 when Lab stays away)."""
     from engine.reporter import AttemptRefused, IngestError, open_attempt
@@ -389,6 +406,10 @@ def _open_attempt(args: argparse.Namespace, bootstrap: str) -> str | int:
         print(f"engine: cannot open an attempt: {_one_line(error)}", file=sys.stderr)
         return EXIT_CRASHED
     args.attempt, args.resume_from = grant.attempt, grant.resume_from
+    if grant.environment_packages is not None:  # download URLs made now, not at launch
+        from engine.packages import PACKAGES_VARIABLE
+
+        os.environ[PACKAGES_VARIABLE] = json.dumps(grant.environment_packages, separators=(",", ":"))
     print(f"engine: attempt {grant.attempt}" + (f", resuming from {grant.resume_from}" if grant.resume_from else ""),
           file=sys.stderr, flush=True)
     return grant.token
@@ -457,11 +478,15 @@ def run(args: argparse.Namespace) -> int:
         from engine.environments import InvalidEnvironment
         from engine.packages import install_packages, packages_from_environment
 
-        try:  # before the spec check: the catalogue then knows the job's uploaded environments
-            install_packages(packages_from_environment(), workdir)
+        try:
+            packages = packages_from_environment()
+            # The trainer role never imports environment code: its orchestrator role loads the packages.
+            elsewhere = roles.loads_environments_elsewhere(args)
+            if not elsewhere:  # before the spec check: the catalogue then knows the job's uploaded environments
+                install_packages(packages, workdir)
         except InvalidEnvironment as error:
             raise ConfigError(str(error), "environment_error") from None
-        config, warnings = load_config(args.spec, model_dir)
+        config, warnings = load_config(args.spec, model_dir, elsewhere=frozenset(p.id for p in packages) if elsewhere else frozenset())
         for warning in warnings:
             logger.warning("spec: %s", warning)
         config = roles.configure(args, config, workdir)
@@ -546,6 +571,11 @@ class _LocalRoles:
         self.orchestrator = None
         self.inference = None
         self.temporary: pathlib.Path | None = None
+
+    @staticmethod
+    def loads_environments_elsewhere(args: argparse.Namespace) -> bool:
+        """Whether this process is a trainer role, whose orchestrator role loads the environments."""
+        return args.command == "trainer" or (os.environ.get("LAB_ENGINE_ROLES", "") == "process")
 
     def configure(self, args: argparse.Namespace, config, workdir: pathlib.Path):
         """Return `config` with the shared directory of the trainer role, starting the other

@@ -145,11 +145,13 @@ class HttpTransport:
 
 @dataclass(frozen=True)
 class AttemptGrant:
-    """The attempt Lab opened for this pod: its number, its job token, the checkpoint to resume from."""
+    """The attempt Lab opened for this pod: its number, its job token, the checkpoint to resume
+    from, and the environment packages to install (None when Lab's answer names none)."""
 
     attempt: int
     token: str
     resume_from: str | None
+    environment_packages: list | None = None
 
 
 class AttemptRefused(Exception):
@@ -184,7 +186,11 @@ def open_attempt(
     while True:
         try:
             answer = transport.client.request("POST", "attempts", json_body={"pod_uid": pod_uid, "jobset": jobset})
-            return AttemptGrant(attempt=int(answer["attempt"]), token=str(answer["token"]), resume_from=answer.get("resume_from"))
+            packages = answer.get("environment_packages")
+            return AttemptGrant(
+                attempt=int(answer["attempt"]), token=str(answer["token"]), resume_from=answer.get("resume_from"),
+                environment_packages=packages if isinstance(packages, list) else None,
+            )
         except LabError as error:
             retry = error.code == "attempt_not_ready" or error.status_code is None or is_retryable_status(error.status_code)
             if not retry:

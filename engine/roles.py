@@ -6,8 +6,8 @@
 
 The trainer role owns the directory `LAB_ENGINE_SHARED_DIR` (docs/engine.md "Three roles"):
 
-    session.json                      {"session", "job_id", "attempt", "start_step",
-                                       "next_batch_step", "max_steps", "async_depth"}  (trainer)
+    session.json                      {"session", "job_id", "attempt", "start_step", "next_batch_step",
+                                       "max_steps", "async_depth", "environment_packages"}  (trainer)
     <session>/weights/policy-<v>/     model.safetensors: the policy after v updates      (trainer)
     <session>/batches/step-<n>.json   the scored rollouts of step n (RolloutBatch)       (orchestrator)
     <session>/held_out/step-<v>.json  {"step", "metrics"}: eval/val of policy v          (orchestrator)
@@ -45,6 +45,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from engine.orchestrator import RolloutBatch
+from engine.packages import PACKAGES_VARIABLE
 from engine.rollout import Completion
 
 if TYPE_CHECKING:
@@ -166,6 +167,8 @@ class SharedDirRollouts:
             "session": self.session, "job_id": trainer.reporter.job_id, "attempt": trainer.reporter.attempt,
             "start_step": trainer.start_step, "next_batch_step": trainer.start_step + len(trainer.pending_batches),
             "max_steps": self.max_steps, "async_depth": self.depth,
+            # The packages the orchestrator installs (on Kubernetes with the URLs of Lab's attempt answer).
+            "environment_packages": json.loads(os.environ.get(PACKAGES_VARIABLE) or "[]"),
         })
         logger.info("rollouts from the orchestrator role over %s (session %s)", self.root, self.session[:8])
 
@@ -272,7 +275,7 @@ class OrchestratorRole:
     def run(self) -> int:
         """Serve sessions until one ends; return the trainer's exit code (0 when none came)."""
         while True:
-            session = self._wait_for_session()
+            session = self.wait_for_session()
             if session is None:
                 return 0
             try:
@@ -280,7 +283,8 @@ class OrchestratorRole:
             except SessionChanged:
                 logger.info("the trainer started a new session: starting over")
 
-    def _wait_for_session(self) -> dict | None:
+    def wait_for_session(self) -> dict | None:
+        """The newest session not ignored (not ended when first seen); None after a stop."""
         while not (self.stopping is not None and self.stopping.is_set()):
             session = read_json(self.root / SESSION_FILE)
             if session is not None and session.get("session") not in self.ignored:

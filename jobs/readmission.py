@@ -22,6 +22,7 @@ from django.db.models import F
 
 from billing.accounts import SpendBudget
 from billing.pricing import usd_to_micro
+from jobs.environment_packages import launch_packages
 from jobs.ingest.tokens import job_token
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StatusReason
 from jobs.queue import lock_admission, organization_cap, organization_running
@@ -39,15 +40,19 @@ RETRY_AFTER_S = 5
 @dataclass(frozen=True)
 class AttemptGrant:
     """What an engine pod is given when it opens an attempt: the attempt number, its job token
-    (``ljt_...``) and the checkpoint id to resume from (``ckpt_...``, None for a fresh start)."""
+    (``ljt_...``), the checkpoint id to resume from (``ckpt_...``, None for a fresh start) and
+    the uploaded environment packages to install, with download URLs made now (those in the
+    JobSet's Secret were made at launch and may have expired while Kueue held the JobSet)."""
 
     attempt: int
     token: str
     resume_from: str | None
+    environment_packages: tuple[dict, ...] = ()
 
     def as_dict(self) -> dict:
         """Return the answer body of ``POST /attempts``."""
-        return {"attempt": self.attempt, "token": self.token, "resume_from": self.resume_from}
+        return {"attempt": self.attempt, "token": self.token, "resume_from": self.resume_from,
+                "environment_packages": list(self.environment_packages)}
 
 
 def _parked(queryset):
@@ -89,7 +94,10 @@ def attempt_unpark(*, attempt_id: int) -> bool:
 
 def _grant(attempt: JobAttempt) -> AttemptGrant:
     resume = attempt.resume_from
-    return AttemptGrant(attempt=attempt.number, token=job_token(attempt), resume_from=resume.public_id if resume else None)
+    return AttemptGrant(
+        attempt=attempt.number, token=job_token(attempt), resume_from=resume.public_id if resume else None,
+        environment_packages=launch_packages(attempt.job),
+    )
 
 
 def _not_ready(message: str) -> ApiError:

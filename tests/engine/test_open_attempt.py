@@ -64,6 +64,21 @@ def test_the_cli_takes_the_attempt_and_resume_point_from_the_grant(httpserver, m
     assert (args.attempt, args.resume_from) == (2, "ckpt_abc")
 
 
+def test_the_cli_installs_the_environment_packages_of_the_grant_not_the_secrets(httpserver, monkeypatch):
+    """The Secret's download URLs were made at launch; the grant's were made when the pod asked."""
+    fresh = [{"id": "acme/my-env@0.1.0", "sha256": "ab" * 32, "url": "https://store/fresh", "filename": "my_env-0.1.0-py3-none-any.whl"}]
+    httpserver.expect_oneshot_request(PATH, method="POST").respond_with_json({**GRANT, "environment_packages": fresh})
+    monkeypatch.setenv("LAB_POD_UID", "uid-7")
+    monkeypatch.setenv("LAB_JOBSET_NAME", "js")
+    monkeypatch.setenv("LAB_JOB_ENVIRONMENT_PACKAGES", json.dumps([{**fresh[0], "url": "https://store/expired"}]))
+    args = argparse.Namespace(lab_url=httpserver.url_for(""), job_id="job_1", attempt=1, resume_from=None)
+
+    assert cli._open_attempt(args, "ljb_boot") == "ljt_2.sig"
+    from engine.packages import packages_from_environment
+
+    assert [package.url for package in packages_from_environment()] == ["https://store/fresh"]
+
+
 @pytest.mark.parametrize(("answer", "code"), [(None, cli.EXIT_INVALID), ({"status": 409, "code": "invalid_state"}, cli.EXIT_STOPPED)])
 def test_the_cli_exits_without_an_attempt_to_run(httpserver, monkeypatch, answer, code):
     if answer is None:

@@ -23,7 +23,7 @@ TINY = {
 }
 
 
-def run_engine(tmp_path: Path, env_id: str, wheels: list[tuple[str, bytes]], *, args=None, sha256=None) -> subprocess.CompletedProcess:
+def run_engine(tmp_path: Path, env_id: str, wheels: list[tuple[str, bytes]], *, args=None, sha256=None, extra_env=None) -> subprocess.CompletedProcess:
     packages = []
     for (filename, data), package_id in zip(wheels, [env_id] * len(wheels)):
         path = tmp_path / filename
@@ -37,6 +37,7 @@ def run_engine(tmp_path: Path, env_id: str, wheels: list[tuple[str, bytes]], *, 
         "LAB_ENGINE_THREADS": "1",
         "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'sdk'}",
         "LAB_JOB_ENVIRONMENT_PACKAGES": json.dumps(packages),
+        **(extra_env or {}),
     }
     command = [sys.executable, "-m", "engine", "run", "--offline", "--job-id", "job_1", "--attempt", "1",
                "--workdir", str(tmp_path / "work"), "--spec", str(spec)]
@@ -53,6 +54,25 @@ def test_it_trains_on_an_uploaded_lab_environment_installed_in_the_work_dir(tmp_
     assert {"reward/echo-env/mean", "reward/echo-env/exact/mean", "reward/echo-env/starts/mean"} <= set(points[0]["values"])
     prompts = [json.loads(line)["prompt"] for line in (work / "samples.jsonl").read_text().splitlines()]
     assert all("Say " in str(prompt) for prompt in prompts)
+
+
+def test_as_three_roles_only_the_orchestrator_installs_and_imports_the_package(tmp_path):
+    """The trainer role holds Lab's token and never imports environment code (docs/engine.md "Three roles")."""
+    result = run_engine(tmp_path, "acme/echo-env@0.1.0", [lab_wheel("echo-env", "0.1.0")], args={"digits": 2},
+                        extra_env={"LAB_ENGINE_ROLES": "process"})
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    assert (work / "orchestrator" / "environments" / "site" / "echo_env" / "__init__.py").is_file()
+    assert not (work / "environments").exists()  # the trainer installed nothing
+    points = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [point["step"] for point in points] == [1, 2]
+    assert {"reward/echo-env/mean", "reward/echo-env/exact/mean"} <= set(points[0]["values"])
+
+    (tmp_path / "args").mkdir()  # the orchestrator, which alone loads the package, checks its arguments
+    refused = run_engine(tmp_path / "args", "acme/echo-env@0.1.0", [lab_wheel()], args={"colour": "red"},
+                         extra_env={"LAB_ENGINE_ROLES": "process"})
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "the orchestrator role failed:" in refused.stderr and "env.0.args.colour" in refused.stderr
 
 
 def test_it_exits_2_naming_a_missing_dependency(tmp_path):

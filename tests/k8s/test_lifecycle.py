@@ -197,7 +197,7 @@ def test_the_first_pod_opens_the_launched_attempt_and_gets_its_token(owner, gpu_
     answer = open_attempt(cluster, job, name)
 
     assert answer.status_code == 200, answer.content
-    assert answer.json() == {"attempt": 1, "token": job_token(attempt), "resume_from": None}
+    assert answer.json() == {"attempt": 1, "token": job_token(attempt), "resume_from": None, "environment_packages": []}
     assert JobAttempt.objects.get(pk=attempt.pk).handle["pod_uid"] == engine_pod(cluster, name)["metadata"]["uid"]
     assert open_attempt(cluster, job, name).json() == answer.json()  # a retried call: the same attempt
     assert heartbeat(job, answer.json()["token"], 1).json() == {"action": "continue"}

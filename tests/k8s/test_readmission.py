@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from jobs.environment_packages import launch_packages
 from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.models import JobAttempt
 from jobs.services import job_claim_for_start, job_submit
@@ -39,7 +40,30 @@ def test_it_opens_the_attempt_with_the_jobs_bootstrap_token(launched):
     job, attempt = launched
     answer = client(bootstrap_token(job.public_id)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", BODY, format="json")
     assert answer.status_code == 200
-    assert answer.json() == {"attempt": 1, "token": job_token(attempt), "resume_from": None}
+    assert answer.json() == {"attempt": 1, "token": job_token(attempt), "resume_from": None, "environment_packages": []}
+
+
+def test_the_answer_names_the_jobs_uploaded_environments_with_download_urls_made_now(owner, spec, settings, tmp_path):
+    """The URLs in the JobSet's Secret were made at launch; a pod Kueue admits or readmits later
+    installs its environments from the ones in this answer."""
+    from tests.environments.test_environments_api import push
+    from tests.environments.wheelbuilder import build_wheel
+
+    settings.LAB_LAUNCHER = "kubernetes"
+    settings.LAB_POOL_CONFIGURED = True
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "checkpoints": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "store")}},
+    }
+    assert push(owner, build_wheel("my-env", "0.1.0")).status_code == 201
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data={**spec, "env": [{"id": "acme/my-env"}]})
+    attempt = job_claim_for_start(job_id=job.pk)
+    JobAttempt.objects.filter(pk=attempt.pk).update(state="launched", handle={"namespace": "lab-acme", "jobset": "js-1"})
+    answer = client(bootstrap_token(job.public_id)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", BODY, format="json")
+    assert answer.status_code == 200, answer.content
+    (package,) = answer.json()["environment_packages"]
+    assert package["id"] == "acme/my-env@0.1.0" and package["filename"] == "my_env-0.1.0-py3-none-any.whl"
+    assert list(launch_packages(job)) == [package]  # what the launcher gives, made again for this answer
 
 
 @pytest.mark.parametrize("which", ["job token", "other job's bootstrap token", "api key", "garbage"])
