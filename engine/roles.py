@@ -70,6 +70,10 @@ class SessionChanged(Exception):
     """The trainer started a new session: the orchestrator starts over with it."""
 
 
+class SessionEnded(Exception):
+    """The trainer has ended the session (`exit.json`), however it ended: nothing more is owed."""
+
+
 # ---- files ----
 
 def write_json(path: pathlib.Path, data: dict) -> None:
@@ -282,6 +286,8 @@ class OrchestratorRole:
                 return self._serve(session)
             except SessionChanged:
                 logger.info("the trainer started a new session: starting over")
+            except SessionEnded:
+                return 0
 
     def wait_for_session(self) -> dict | None:
         """The newest session not ignored (not ended when first seen); None after a stop."""
@@ -296,9 +302,13 @@ class OrchestratorRole:
         return None
 
     def _check_session(self, session: dict) -> None:
+        """Raise SessionChanged for a newer session, SessionEnded once the trainer has ended this one
+        (also when it failed before its last update: what was being waited for never comes)."""
         current = read_json(self.root / SESSION_FILE)
         if current is None or current.get("session") != session["session"]:
             raise SessionChanged()
+        if (self.root / str(session["session"]) / "exit.json").exists():
+            raise SessionEnded()
 
     def _serve(self, session: dict) -> int:
         directory = self.root / str(session["session"])
@@ -355,10 +365,9 @@ class OrchestratorRole:
             if owes_held_out(version):
                 load(version)
         self._write(session, directory / "done.json", {})
-        while read_json(directory / "exit.json") is None:
+        while True:  # until the trainer has reported the attempt's end (SessionEnded), whatever it was
             self._check_session(session)
             time.sleep(POLL_S)
-        return 0  # the trainer has reported the attempt's end, whatever it was
 
     def _write(self, session: dict, path: pathlib.Path, data: dict) -> None:
         try:
