@@ -179,7 +179,8 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     orchestrator = backend = None
     try:
         try:
-            session = OrchestratorRole(root, None, stopping=stopping).wait_for_session()
+            role = OrchestratorRole(root, None, stopping=stopping, parent_pid=int(parent) if parent else None)
+            session = role.wait_for_session()
             if session is None:  # stopped before the trainer started
                 return EXIT_SUCCEEDED
             if isinstance(session.get("environment_packages"), list):  # the trainer's, with fresh download URLs
@@ -191,7 +192,11 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
             backend = HttpRolloutBackend(url, model_id=config.spec.model)
             orchestrator = Orchestrator(config, side.tokenizer, side.stop_token_ids, side.context_length, backend=backend)
             orchestrator.setup()
-            return OrchestratorRole(root, orchestrator, stopping=stopping).run()
+            role.orchestrator = orchestrator
+            code = role.run()
+            if parent and os.getppid() != int(parent):  # the run that made the directory died: clear up for it
+                shutil.rmtree(root, ignore_errors=True)
+            return code
         except ModelNotFound as error:
             raise ConfigError(str(error), "model_not_found") from None
         except (InvalidEnvironment, EnvironmentFailed) as error:

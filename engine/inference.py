@@ -253,6 +253,9 @@ class InferenceServer:
             raise RequestError("weights_path must be a directory path", param="weights_path", code="invalid_type")
         if version is None:
             raise RequestError("policy_version is required", param="policy_version", code="missing")
+        restart = body.get("restart", False)
+        if not isinstance(restart, bool):
+            raise RequestError("restart must be true or false", param="restart", code="invalid_type")
         directory = pathlib.Path(path)
         files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
         if not files:
@@ -264,7 +267,7 @@ class InferenceServer:
             except Exception as error:  # a truncated or foreign file is the caller's mistake
                 raise RequestError(f"{file.name} is not a safetensors file: {error}", param="weights_path") from None
         with self.lock:
-            if version < self.policy_version:
+            if version < self.policy_version and not restart:  # restart: a new trainer session starts over
                 raise RequestError(
                     f"policy_version {version} is older than the loaded {self.policy_version}", param="policy_version", code="stale_policy_version",
                     status=409,

@@ -131,10 +131,14 @@ class HttpRolloutBackend:
             shutil.rmtree(self._loaded, ignore_errors=True)
         self._loaded = directory
 
-    def load_weights_dir(self, directory: pathlib.Path, policy_version: int) -> None:
+    def load_weights_dir(self, directory: pathlib.Path, policy_version: int, *, restart: bool = False) -> None:
         """Have the role load the weights already written in `directory` (`write_weights`) as
-        `policy_version`. Raises InferenceUnavailable when it refuses (e.g. an older version)."""
-        answer = self._request("POST", "/update_weights", {"weights_path": str(directory), "policy_version": policy_version})
+        `policy_version`; `restart`: also when older than the loaded one (a new trainer session).
+        Raises InferenceUnavailable when it refuses (e.g. an older version without `restart`)."""
+        body = {"weights_path": str(directory), "policy_version": policy_version}
+        if restart:
+            body["restart"] = True
+        answer = self._request("POST", "/update_weights", body)
         self.policy_version = int(answer["policy_version"])
 
     def close(self) -> None:

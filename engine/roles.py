@@ -40,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -56,6 +57,12 @@ logger = logging.getLogger("engine")
 SESSION_FILE = "session.json"
 #: Seconds between looks at the shared directory while waiting (the first waits are shorter).
 POLL_S = 0.2
+#: The orchestrator touches `<session>/alive` this often (seconds) while it serves a session...
+HEARTBEAT_S = 5.0
+#: ...and a trainer that has not seen it touched for this long (seconds; the first time: since
+#: the session began, which covers the orchestrator's start-up) ends the attempt as a crash.
+SILENCE_S = 120.0
+START_SILENCE_S = 900.0
 
 
 class RoleFailed(Exception):
@@ -84,12 +91,17 @@ def write_json(path: pathlib.Path, data: dict) -> None:
 
 
 def read_json(path: pathlib.Path) -> dict | None:
-    """The JSON object at `path`, or None when there is none (yet)."""
+    """The JSON object at `path`, or None when there is none (yet). Raises RoleFailed for a
+    file that is not a JSON object (files are renamed into place whole: it was written so)."""
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return data if isinstance(data, dict) else None
+    except (ValueError, OSError) as error:
+        raise RoleFailed(f"the shared directory's {path.parent.name}/{path.name} is not readable JSON: {error}"[:500]) from None
+    if not isinstance(data, dict):
+        raise RoleFailed(f"the shared directory's {path.parent.name}/{path.name} is not a JSON object")
+    return data
 
 
 def batch_to_json(batch: RolloutBatch) -> dict:
@@ -129,6 +141,17 @@ def held_out_path(session_dir: pathlib.Path, version: int) -> pathlib.Path:
     return session_dir / "held_out" / f"step-{version:08d}.json"
 
 
+def silence_s(alive: pathlib.Path, *, since: float, now: float | None = None) -> float | None:
+    """Seconds the orchestrator has been silent when that is too long (SILENCE_S since `alive`
+    was last touched, or START_SILENCE_S since `since`, a `time.monotonic()`, when never), else None."""
+    try:
+        age = time.time() - alive.stat().st_mtime
+        return age if age > SILENCE_S else None
+    except FileNotFoundError:
+        waited = (time.monotonic() if now is None else now) - since
+        return waited if waited > START_SILENCE_S else None
+
+
 def sampling_version(step: int, *, start_step: int, depth: int) -> int:
     """The policy version (updates seen) that samples `step`'s batch: `depth` steps ahead of
     the trainer at most, never older than the weights the session started with."""
@@ -157,13 +180,18 @@ class SharedDirRollouts:
         self.max_steps = config.spec.max_steps
         self.reload_seconds = 0.0
         self.reported_held_out: set[int] = set()
-        self.root.mkdir(parents=True, exist_ok=True)
-        for old in self.root.iterdir():  # an earlier session's files (the trainer owns the directory)
-            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
         self.session = uuid.uuid4().hex
         self.dir = self.root / self.session
-        for name in ("batches", "weights", "held_out"):
-            (self.dir / name).mkdir(parents=True)
+        self.started = time.monotonic()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for old in self.root.iterdir():  # an earlier session's files (the trainer owns the directory)
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+            for name in ("batches", "weights", "held_out"):
+                (self.dir / name).mkdir(parents=True)
+        except OSError as error:
+            raise RoleFailed(f"LAB_ENGINE_SHARED_DIR {self.root} is not a directory this role can write: {error}"[:500],
+                             exit_code=2, code="internal_error") from None
         for batch in trainer.pending_batches:  # sampled ahead before the checkpoint this run resumed from
             write_json(batch_path(self.dir, batch.step), batch_to_json(batch))
         self.publish(trainer.start_step - 1)
@@ -188,14 +216,23 @@ class SharedDirRollouts:
         return time.perf_counter() - started
 
     def _check_orchestrator(self) -> None:
+        """Raise RoleFailed when the orchestrator failed, exited, went silent or another trainer
+        took the shared directory over."""
         failed = read_json(self.dir / "failed.json")
         if failed is not None:
+            exit_code = failed.get("exit_code")
             raise RoleFailed(
                 f"the orchestrator role failed: {str(failed.get('message', ''))[:1000]}",
-                exit_code=int(failed.get("exit_code", 1)), code=str(failed.get("code", "internal_error")),
+                exit_code=exit_code if exit_code in (1, 2, 4) else 1, code=str(failed.get("code", "internal_error"))[:64],
             )
         if self.process is not None and self.process.poll() is not None:
             raise RoleFailed(f"the orchestrator role exited with code {self.process.returncode}")
+        current = read_json(self.root / SESSION_FILE)
+        if current is None or current.get("session") != self.session:
+            raise RoleFailed(f"another trainer took the shared directory {self.root} over")
+        silent = silence_s(self.dir / "alive", since=self.started)
+        if silent is not None:
+            raise RoleFailed(f"the orchestrator role has not been heard from for {silent:.0f} s")
 
     def _wait_for(self, path: pathlib.Path) -> dict:
         delay = 0.01
@@ -270,10 +307,11 @@ class OrchestratorRole:
     """Serves the trainer's sessions in `root` with `orchestrator` (set up, sampling through an
     inference role): batches, held-out evals, then waits for the trainer's end."""
 
-    def __init__(self, root: pathlib.Path, orchestrator, *, stopping=None):
+    def __init__(self, root: pathlib.Path, orchestrator, *, stopping=None, parent_pid: int | None = None):
         self.root = root
         self.orchestrator = orchestrator
         self.stopping = stopping  # a threading.Event: SIGTERM while no session is being served
+        self.parent_pid = parent_pid  # the trainer that started this role (local runs): it ends with it
         self.ignored: set[str] = set()
 
     def run(self) -> int:
@@ -282,12 +320,30 @@ class OrchestratorRole:
             session = self.wait_for_session()
             if session is None:
                 return 0
+            beating = threading.Event()
+            heart = threading.Thread(target=self._heartbeat, args=(self.root / str(session["session"]), beating), daemon=True)
+            heart.start()
             try:
                 return self._serve(session)
             except SessionChanged:
                 logger.info("the trainer started a new session: starting over")
             except SessionEnded:
                 return 0
+            finally:
+                beating.set()
+                heart.join()
+
+    @staticmethod
+    def _heartbeat(directory: pathlib.Path, done) -> None:
+        """Touch `directory/alive` every HEARTBEAT_S seconds until `done` is set, so the trainer
+        can tell a slow orchestrator (a long batch or eval) from a dead one."""
+        while True:
+            try:
+                (directory / "alive").touch()
+            except OSError:
+                pass  # the trainer cleared the directory for a new session
+            if done.wait(HEARTBEAT_S):
+                return
 
     def wait_for_session(self) -> dict | None:
         """The newest session not ignored (not ended when first seen); None after a stop."""
@@ -304,6 +360,8 @@ class OrchestratorRole:
     def _check_session(self, session: dict) -> None:
         """Raise SessionChanged for a newer session, SessionEnded once the trainer has ended this one
         (also when it failed before its last update: what was being waited for never comes)."""
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            raise SessionEnded()  # the trainer that started this role is gone, however it went
         current = read_json(self.root / SESSION_FILE)
         if current is None or current.get("session") != session["session"]:
             raise SessionChanged()
@@ -339,7 +397,7 @@ class OrchestratorRole:
                 time.sleep(delay)
                 delay = min(POLL_S, delay * 2)
             started = time.perf_counter()
-            backend.load_weights_dir(path, version)
+            backend.load_weights_dir(path, version, restart=loaded is None)  # a new session may start below the loaded one
             self.reload_seconds = time.perf_counter() - started
             loaded = version
             if owes_held_out(version) and version not in held_out_done:
@@ -383,7 +441,10 @@ def fail(root: pathlib.Path, *, exit_code: int, code: str, message: str, wait_s:
     bad spec, an environment that does not load) waits up to `wait_s` seconds for it."""
     deadline = time.monotonic() + wait_s
     while True:
-        session = read_json(root / SESSION_FILE)
+        try:
+            session = read_json(root / SESSION_FILE)
+        except RoleFailed:
+            session = None
         if session is not None and not (root / str(session["session"]) / "exit.json").exists():
             try:
                 write_json(root / str(session["session"]) / "failed.json", {"exit_code": exit_code, "code": code, "message": message})

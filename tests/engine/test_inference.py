@@ -131,8 +131,13 @@ def test_it_loads_weights_tagged_with_a_policy_version(served, tmp_path):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "weights_path"
     missing = client.post("/update_weights", json={"weights_path": str(tmp_path / "nowhere"), "policy_version": 9})
     assert missing.status_code == 400
+    not_a_flag = client.post("/update_weights", json={"weights_path": str(weights), "policy_version": 1, "restart": "yes"})
+    assert not_a_flag.status_code == 400 and not_a_flag.json()["error"]["param"] == "restart"
     assert client.get("/health").json()["policy_version"] == 3  # nothing changed
     assert client.post("/inference/v1/generate", json=greedy).json()["choices"] == after["choices"]
+    # A new trainer session (docs/engine.md "Three roles") starts over below the loaded version.
+    restarted = client.post("/update_weights", json={"weights_path": str(weights), "policy_version": 1, "restart": True})
+    assert restarted.status_code == 200 and restarted.json() == {"policy_version": 1}
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,25 @@ def test_an_orchestrator_killed_mid_run_takes_the_attempt_down_as_a_crash(tmp_pa
     assert leftover.stdout.split() == []  # the inference role went with the attempt
 
 
+def test_a_trainer_killed_with_sigkill_takes_its_roles_with_it(tmp_path):
+    spec = write_spec(tmp_path / "spec.json", max_steps=200, checkpoints={"interval": 0, "keep_last": 1})
+    process = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process"})
+    wait_for_first_step(process, tmp_path / "work")
+    process.kill()  # no clean-up code of the trainer runs
+    process.wait(timeout=30)
+    shared = re.search(r"shared directory (\S+)", process.stderr.read()).group(1)
+
+    def left():
+        listed = subprocess.run(["pgrep", "-f", f"engine (orchestrator|inference) .*{tmp_path / 'work'}"], capture_output=True, text=True)
+        return listed.stdout.split()
+
+    deadline = time.monotonic() + 30
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left() == [], "a role outlived its trainer"
+    assert not os.path.exists(shared)  # the orchestrator cleared the directory its run left
+
+
 def test_the_orchestrator_carries_no_lab_token_and_its_failures_reach_the_trainer(tmp_path):
     """An environment argument that fails only when the environment loads is refused in the
     orchestrator (it alone loads environments); the trainer reports it as exit 2."""

@@ -17,8 +17,8 @@ class Backend:
     def __init__(self):
         self.loaded = []
 
-    def load_weights_dir(self, directory, policy_version):
-        self.loaded.append(policy_version)
+    def load_weights_dir(self, directory, policy_version, restart=False):
+        self.loaded.append((policy_version, restart))
 
 
 class Rollouts:
@@ -76,7 +76,8 @@ def test_each_batch_is_sampled_by_the_policy_its_step_allows_and_the_role_ends_w
     wait_until(lambda: batch_path(directory, 3).exists())
     batches = [batch_from_json(json.loads(batch_path(directory, s).read_text())) for s in (1, 2, 3)]
     assert [b.policy_version for b in batches] == [sampling_version(s, start_step=1, depth=1) for s in (1, 2, 3)] == [0, 0, 1]
-    assert rollouts.backend.loaded == [0, 1]
+    assert rollouts.backend.loaded == [(0, True), (1, False)]  # a session's first load may go below the loaded version
+    assert (directory / "alive").exists()  # its heartbeat
     write_json(directory / "final.json", {"last_step": 3})
     wait_until(lambda: (directory / "done.json").exists())
     assert thread.is_alive()  # it waits for the trainer to report the end
@@ -110,3 +111,32 @@ def test_an_ended_session_is_ignored_and_a_new_session_replaces_the_one_being_se
     write_json(second / "exit.json", {"exit_code": 0})
     thread.join(timeout=10)
     assert result == {"code": 0}
+
+
+def test_a_silent_orchestrator_is_told_from_a_slow_one(tmp_path):
+    import os
+
+    from engine.roles import SILENCE_S, START_SILENCE_S, silence_s
+
+    alive = tmp_path / "alive"
+    started = time.monotonic()
+    assert silence_s(alive, since=started) is None  # not started yet, within its start-up time
+    assert silence_s(alive, since=started, now=started + START_SILENCE_S + 1) > START_SILENCE_S
+    alive.touch()
+    assert silence_s(alive, since=started - 10_000) is None  # heard from just now
+    os.utime(alive, (time.time() - SILENCE_S - 5, time.time() - SILENCE_S - 5))
+    assert silence_s(alive, since=started) >= SILENCE_S
+
+
+def test_malformed_files_in_the_shared_directory_are_named(tmp_path):
+    import pytest
+
+    from engine.roles import RoleFailed, read_json
+
+    (tmp_path / "s1").mkdir()
+    (tmp_path / "s1" / "failed.json").write_text("not json{")
+    with pytest.raises(RoleFailed, match="s1/failed.json is not readable JSON"):
+        read_json(tmp_path / "s1" / "failed.json")
+    (tmp_path / "s1" / "done.json").write_text("[1, 2]")
+    with pytest.raises(RoleFailed, match="s1/done.json is not a JSON object"):
+        read_json(tmp_path / "s1" / "done.json")
