@@ -198,6 +198,14 @@ LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
 LAB_K8S_MODEL_VOLUME = env_json("LAB_K8S_MODEL_VOLUME", {"persistentVolumeClaim": {"claimName": "lab-models", "readOnly": True}})
 if not isinstance(LAB_K8S_MODEL_VOLUME, dict) or len(LAB_K8S_MODEL_VOLUME) != 1:
     raise ImproperlyConfigured('LAB_K8S_MODEL_VOLUME must be one volume source, e.g. {"nfs": {"server": "...", "path": "/models"}}')
+# Which attempts run as the engine's three roles, one pod each (docs/kubernetes.md "Roles"): auto
+# (jobs of 2 GPUs or more), split (every job that can be), single (none); a split attempt's
+# orchestrator and trainer share a ReadWriteMany PVC of the jobs' namespace (without one a split
+# job fails to launch), and the orchestrator's pod gets these CPU and memory requests.
+LAB_K8S_ENGINE_ROLES = env_choice("LAB_K8S_ENGINE_ROLES", "auto", ("auto", "split", "single"))
+LAB_K8S_SHARED_PVC = env_str("LAB_K8S_SHARED_PVC", "")
+LAB_K8S_ORCHESTRATOR_CPU = env_int("LAB_K8S_ORCHESTRATOR_CPU", 4, minimum=1)
+LAB_K8S_ORCHESTRATOR_MEMORY_GIB = env_int("LAB_K8S_ORCHESTRATOR_MEMORY_GIB", 16, minimum=1)
 # Job secrets (jobs/secrets/services.py): Fernet keys, comma-separated, the first encrypts; without
 # them a key derived from SECRET_KEY (so changing SECRET_KEY then loses stored secrets).
 LAB_SECRETS_KEY = env_str("LAB_SECRETS_KEY", "")

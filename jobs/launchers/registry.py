@@ -26,7 +26,8 @@ def _launcher(kind: str, data_dir: str) -> Launcher:
 
 def kubernetes_pool_settings():
     """Return the Kubernetes launcher's ``PoolSettings`` from Lab's settings (``LAB_ENGINE_IMAGE``,
-    ``LAB_MODEL_DIR``, ``LAB_K8S_MODEL_VOLUME``, ``LAB_POOL``'s GPU products, the stop and kill graces, ``LAB_K8S_NAMESPACE``)."""
+    ``LAB_MODEL_DIR``, ``LAB_K8S_MODEL_VOLUME``, ``LAB_POOL``'s GPU products, the stop and kill graces, ``LAB_K8S_NAMESPACE``,
+    ``LAB_K8S_ENGINE_ROLES``, ``LAB_K8S_SHARED_PVC``, ``LAB_K8S_ORCHESTRATOR_CPU``/``_MEMORY_GIB``)."""
     from jobs.launchers.kubernetes.objects import PoolSettings, gpu_products
 
     return PoolSettings(
@@ -36,6 +37,10 @@ def kubernetes_pool_settings():
         gpu_products=gpu_products(settings.LAB_POOL),
         stop_grace_s=settings.LAB_STOP_GRACE_S + settings.LAB_KILL_GRACE_S,
         shared_namespace=settings.LAB_K8S_NAMESPACE,
+        engine_roles=settings.LAB_K8S_ENGINE_ROLES,
+        shared_pvc=settings.LAB_K8S_SHARED_PVC,
+        orchestrator_cpu=settings.LAB_K8S_ORCHESTRATOR_CPU,
+        orchestrator_memory_gib=settings.LAB_K8S_ORCHESTRATOR_MEMORY_GIB,
     )
 
 

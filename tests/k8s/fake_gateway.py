@@ -31,6 +31,8 @@ from jobs.launchers.kubernetes.gateway import (
 from jobs.launchers.kubernetes.kinds import JOB, JOBSET, POD, WORKLOAD, Kind, kind_of
 
 TIME = "2026-12-01T12:00:00Z"
+#: JobSet's label of a replicated job's Jobs and pods.
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 #: The WorkloadPriorityClasses' values (k8s/base/kueue.yaml), as Kueue copies them into a Workload.
 PRIORITIES = {"lab-low": 100, "lab-normal": 500, "lab-high": 1000}
 
@@ -220,7 +222,8 @@ class FakeGateway(ClusterGateway):
             job = {
                 "apiVersion": "batch/v1", "kind": "Job",
                 "metadata": {"name": job_name, "namespace": namespace, "uid": f"uid-{next(self._uids)}",
-                             "labels": {**(template["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name},
+                             "labels": {**(template["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name,
+                                        REPLICATED_JOB_LABEL: replicated["name"]},
                              "ownerReferences": [self._owner(jobset)]},
                 "spec": copy.deepcopy(template["spec"]), "status": {"active": 1},
             }
@@ -230,7 +233,8 @@ class FakeGateway(ClusterGateway):
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": f"{job_name}-pod" + (f"{admission}" if admission > 1 else ""), "namespace": namespace,
                              "uid": f"uid-{next(self._uids)}", "creationTimestamp": self.now(),
-                             "labels": {**(pod_template["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name},
+                             "labels": {**(pod_template["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name,
+                                        REPLICATED_JOB_LABEL: replicated["name"]},
                              "ownerReferences": [self._owner(job)]},
                 "spec": copy.deepcopy(pod_template["spec"]),
                 "status": {"phase": "Pending"},
@@ -250,10 +254,50 @@ class FakeGateway(ClusterGateway):
             self._store(POD, pod, "MODIFIED")
 
     def exit(self, namespace: str, name: str, exit_code: int, *, reason: str = "",
-             finished_at: str = "2026-12-01T12:31:00Z", delete_pods: bool = False) -> None:
+             finished_at: str = "2026-12-01T12:31:00Z", delete_pods: bool = False, role: str | None = None) -> None:
         """The engine container exits with ``exit_code``; the Job and JobSet end as their
-        controllers would (any non-zero exit is FailJob by the pod failure policy)."""
+        controllers would (any non-zero exit is FailJob by the pod failure policy).
+
+        With ``role``, only that replicated job's pod exits: a non-zero exit fails the JobSet,
+        the exit of a ``successPolicy`` target completes it, any other leaves it running. When
+        the JobSet ends so, the pods of the other roles still running are ended by SIGTERM
+        (exit 143; their Jobs are deleted by the JobSet controller, so none is marked failed).
+        """
+        roles = None if role is None else {role}
+        self._exit_pods(namespace, name, exit_code, reason=reason, finished_at=finished_at,
+                        delete_pods=delete_pods, roles=roles)
+        for job in self._owned(JOB, namespace, name):
+            if roles is not None and self._role(job) not in roles:
+                continue
+            if exit_code == 0:
+                self._conditions(job, Complete=("True", "Completed"))
+            else:
+                job["status"]["conditions"] = [{
+                    "type": "Failed", "status": "True", "reason": "PodFailurePolicy", "lastTransitionTime": self.now(),
+                    "message": f"Container engine for pod {namespace}/{job['metadata']['name']}-pod failed with "
+                               f"exit code {exit_code} matching FailJob rule at index 0",
+                }]
+            self._store(JOB, job, "MODIFIED")
+        jobset = self.jobset(namespace, name)
+        targets = (jobset["spec"].get("successPolicy") or {}).get("targetReplicatedJobs")
+        if exit_code == 0 and role is not None and role not in (targets or [role]):
+            return  # a role the JobSet's success does not wait for
+        self._conditions(jobset, **({"Completed": ("True", "AllJobsCompleted")} if exit_code == 0
+                                    else {"Failed": ("True", "FailurePolicy")}))
+        self._store(JOBSET, jobset, "MODIFIED")
+        workload = self.workload_of(namespace, name)
+        self._conditions(workload, Finished=("True", "Succeeded" if exit_code == 0 else "Failed"))
+        self._store(WORKLOAD, workload, "MODIFIED")
+        if role is not None:  # the JobSet ended: it ends the rest
+            live = {self._role(pod) for pod in self._pods(namespace, name) if pod["status"].get("phase") in ("Pending", "Running")}
+            if live:
+                self._exit_pods(namespace, name, 143, reason="Error", finished_at=finished_at, delete_pods=False, roles=live)
+
+    def _exit_pods(self, namespace: str, name: str, exit_code: int, *, reason: str, finished_at: str,
+                   delete_pods: bool, roles: set[str] | None) -> None:
         for pod in self._pods(namespace, name):
+            if roles is not None and self._role(pod) not in roles:
+                continue
             status = pod["status"]
             started = (status.get("containerStatuses") or [{}])[0].get("state", {}).get("running", {}).get(
                 "startedAt", status.get("startTime", TIME))
@@ -267,23 +311,10 @@ class FakeGateway(ClusterGateway):
                 self._delete(("Pod", namespace, pod["metadata"]["name"]), event_object=pod)
             else:
                 self._store(POD, pod, "MODIFIED")
-        for job in self._owned(JOB, namespace, name):
-            if exit_code == 0:
-                self._conditions(job, Complete=("True", "Completed"))
-            else:
-                job["status"]["conditions"] = [{
-                    "type": "Failed", "status": "True", "reason": "PodFailurePolicy",
-                    "message": f"Container engine for pod {namespace}/{job['metadata']['name']}-pod failed with "
-                               f"exit code {exit_code} matching FailJob rule at index 0",
-                }]
-            self._store(JOB, job, "MODIFIED")
-        jobset = self.jobset(namespace, name)
-        self._conditions(jobset, **({"Completed": ("True", "AllJobsCompleted")} if exit_code == 0
-                                    else {"Failed": ("True", "FailurePolicy")}))
-        self._store(JOBSET, jobset, "MODIFIED")
-        workload = self.workload_of(namespace, name)
-        self._conditions(workload, Finished=("True", "Succeeded" if exit_code == 0 else "Failed"))
-        self._store(WORKLOAD, workload, "MODIFIED")
+
+    @staticmethod
+    def _role(obj: dict) -> str:
+        return (obj["metadata"].get("labels") or {}).get(REPLICATED_JOB_LABEL, "")
 
     def oom(self, namespace: str, name: str) -> None:
         """The kernel's OOM killer ends the engine (exit 137, reason OOMKilled)."""

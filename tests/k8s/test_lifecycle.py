@@ -55,7 +55,7 @@ def launcher(monkeypatch, settings, cluster, clock) -> KubernetesLauncher:
     settings.LAB_LAUNCHER = "kubernetes"
     settings.LAB_POOL = {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}, {"gpu_type": "cpu", "gpus": 0, "count": 4}]}
     settings.LAB_POOL_CONFIGURED = True
-    launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(engine_image="lab-engine-gpu:test"),
+    launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(engine_image="lab-engine-gpu:test", shared_pvc="lab-shared"),
                                   background=False, clock=clock)
     monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
     return launcher
@@ -161,9 +161,10 @@ def secret_bootstrap_token(cluster: FakeGateway, name: str) -> str:
 
 
 def engine_pod(cluster: FakeGateway, name: str) -> dict:
-    """The JobSet's engine pod of its latest admission."""
+    """The JobSet's engine pod (the trainer's, split) of its latest admission: the one that opens the attempt."""
     pods = [obj for (kind, _, _), obj in cluster.objects.items()
-            if kind == "Pod" and obj["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name]
+            if kind == "Pod" and obj["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name
+            and obj["metadata"]["labels"].get("lab.dev/role") in ("engine", "trainer")]
     return max(pods, key=lambda pod: pod["metadata"]["creationTimestamp"])
 
 

@@ -5,6 +5,7 @@ selection, no retry inside an attempt, deadlines, TTL, volumes, image, Lab's lab
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from jobs.launchers.kubernetes.objects import (
 from tests.k8s.validation import validate
 
 SETTINGS = PoolSettings(engine_image="registry.example/lab-engine-gpu:1.0", model_dir="/var/lib/lab/models",
-                        stop_grace_s=60, gpu_products=gpu_products({"nodes": [{"gpu_type": "H200", "gpus": 8, "product": "NVIDIA-H200-141GB"}]}))
+                        stop_grace_s=60, shared_pvc="lab-shared", gpu_products=gpu_products({"nodes": [{"gpu_type": "H200", "gpus": 8, "product": "NVIDIA-H200-141GB"}]}))
 JOB_ID = "job_0123456789abcdefghij"
 
 
@@ -30,17 +31,20 @@ def request(**changes) -> LaunchRequest:
     fields = dict(
         job_id=JOB_ID, attempt=1, spec={"name": "addition", "max_runtime_minutes": 90, "env": [{"id": "lab/addition"}]},
         lab_url="https://lab.example", token="job-token-secret", bootstrap_token="ljb_bootstrap-secret", organization="acme", project="default",
-        namespace="lab-acme", priority="normal", gpu_type="H100", gpus=2,
+        namespace="lab-acme", priority="normal", gpu_type="H100", gpus=1,
     )
     fields.update(changes)
     return LaunchRequest(**fields)
 
 
 TABLE = [
-    pytest.param({}, id="H100 x2 normal"),
-    pytest.param({"gpu_type": "H200", "gpus": 8, "priority": "high", "attempt": 3, "resume_checkpoint_id": "ckpt_abc"}, id="H200 x8 high resumed"),
+    pytest.param({}, id="H100 x1 normal"),
+    pytest.param({"gpus": 2}, id="H100 x2 split"),
+    pytest.param({"gpus": 3, "secrets": {"TEACHER_API_KEY": "k"}}, id="H100 x3 split with a job secret"),
+    pytest.param({"gpu_type": "H200", "gpus": 8, "priority": "high", "attempt": 3, "resume_checkpoint_id": "ckpt_abc"}, id="H200 x8 high resumed split"),
     pytest.param({"gpu_type": "cpu", "gpus": 0, "priority": "low"}, id="cpu low"),
-    pytest.param({"namespace": "lab-shared", "attempt": 9999}, id="shared namespace, attempt 9999"),
+    pytest.param({"gpu_type": "cpu", "gpus": 0, "roles": ("inference", "orchestrator", "trainer")}, id="cpu three roles"),
+    pytest.param({"namespace": "lab-shared", "attempt": 9999, "gpus": 2}, id="shared namespace, attempt 9999, split"),
     pytest.param({"roles": ("inference", "orchestrator", "trainer")}, id="three roles"),
 ]
 
@@ -92,7 +96,7 @@ def test_nothing_retries_inside_an_attempt_and_the_deadline_is_a_safety_net():
 
 
 def test_gpu_jobs_get_limits_and_the_products_node_selector():
-    pod = engine_pod(jobset_object(request(gpu_type="H200", gpus=8), SETTINGS))
+    pod = engine_pod(jobset_object(request(gpu_type="H200", gpus=8), replace(SETTINGS, engine_roles="single")))
     container = pod["containers"][0]
 
     assert container["resources"] == {
@@ -173,6 +177,7 @@ def test_several_roles_complete_with_the_orchestrator():
     assert [job["name"] for job in jobset["spec"]["replicatedJobs"]] == ["inference", "orchestrator", "trainer"]
     assert jobset["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["orchestrator"]}
     assert engine_pod(jobset, 1)["containers"][0]["args"][0] == "orchestrator"
+    assert "successPolicy" not in jobset_object(request(), SETTINGS)["spec"]  # one role: done when it is
 
 
 def test_a_later_attempt_gets_only_the_runtime_left():

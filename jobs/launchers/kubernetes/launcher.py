@@ -1,7 +1,9 @@
 """The Kubernetes launcher: each attempt is a Kueue-queued JobSet (``jobs.launchers.kubernetes.objects``).
 
-``launch`` makes sure the organization's namespace and LocalQueue exist, creates the suspended
-JobSet, then its Secret owned by it; each create that finds its object already there (409)
+``launch`` builds the attempt's JobSet (raising SplitUnavailable, before creating anything, for
+a split attempt on a pool without a shared volume: the reconciler fails the job with
+``internal_error`` naming the setting), makes sure the organization's namespace and LocalQueue
+exist, creates the suspended JobSet, then its Secret owned by it; each create that finds its object already there (409)
 counts as done, so a repeated launch (a retried task, a worker that died after creating) makes
 nothing twice. ``observe_many`` reads the watch cache (``cache``), never one request per job;
 while the cache is not in sync with the API (an outage) it raises ``ClusterUnavailable``, so the
@@ -80,8 +82,9 @@ class KubernetesLauncher(Launcher):
     def launch(self, request: LaunchRequest) -> dict:
         if request.resume_archive is not None and request.resume_checkpoint_id is None:
             raise RuntimeError("the Kubernetes pool resumes from object storage: set LAB_STORAGE_URL=s3://...")
+        manifest = jobset_object(request, self.settings)  # before any create: a spec this pool cannot run makes nothing
         self._ensure_namespace(request.namespace, "" if self.settings.shared_namespace else request.organization)
-        jobset = self.gateway.apply(jobset_object(request, self.settings))
+        jobset = self.gateway.apply(manifest)
         self.gateway.apply(secret_object(request, owner=jobset))
         self.cache.remember(jobset)
         return {

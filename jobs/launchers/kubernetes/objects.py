@@ -3,8 +3,10 @@
 - a Namespace per organization (``lab-<organization slug>``) unless ``LAB_K8S_NAMESPACE`` names
   a shared one, with its Kueue LocalQueue ``lab`` pointing at the ClusterQueue ``lab``;
 - the attempt's JobSet (``jobset.x-k8s.io/v1alpha2``), created suspended for Kueue, one
-  replicated job per engine role, no retry inside an attempt (``backoffLimit: 0``, a
-  ``podFailurePolicy`` whose every rule is ``FailJob``, ``failurePolicy.maxRestarts: 0``);
+  replicated job per engine role (``engine_roles``: the whole engine as ``engine``, or the
+  ``inference``, ``orchestrator`` and ``trainer`` roles of docs/engine.md sharing a volume), no
+  retry inside an attempt (``backoffLimit: 0``, a ``podFailurePolicy`` whose every rule is
+  ``FailJob``, ``failurePolicy.maxRestarts: 0``);
 - an immutable Secret with the job's bootstrap token and the spec, owned by the JobSet so it
   goes with it (the engine opens each attempt the JobSet runs with it: ``jobs.readmission``).
 
@@ -26,6 +28,8 @@ from jobs.launchers.base import LaunchRequest, engine_args, engine_package_envir
 JOB_LABEL = "lab.dev/job-id"
 ATTEMPT_LABEL = "lab.dev/attempt"
 ORGANIZATION_LABEL = "lab.dev/organization"
+#: On pod templates only: the engine role the pod runs (docs/kubernetes.md "Roles").
+ROLE_LABEL = "lab.dev/role"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 #: Kueue's labels: the LocalQueue a workload queues in, and its WorkloadPriorityClass.
@@ -56,6 +60,20 @@ SPEC_DIR = "/etc/lab"
 WORK_DIR = "/var/lab/work"
 SECONDS_PER_DAY = 86_400
 
+#: The whole engine in one pod, and the three roles of a split attempt (docs/engine.md "Three roles").
+ENGINE_ROLE = "engine"
+SPLIT_ROLES = ("inference", "orchestrator", "trainer")
+#: Where the orchestrator and trainer mount the attempt's shared directory, and the inference role's port.
+SHARED_DIR = "/lab/shared"
+INFERENCE_PORT = 8100
+#: ``LAB_K8S_ENGINE_ROLES``: ``auto`` splits jobs of 2 GPUs or more, ``split`` every job that can
+#: be split, ``single`` none.
+ROLE_MODES = ("auto", "split", "single")
+
+
+class SplitUnavailable(ValueError):
+    """A split attempt cannot be launched on this pool (no shared volume configured)."""
+
 
 @dataclass(frozen=True)
 class PoolSettings:
@@ -65,7 +83,11 @@ class PoolSettings:
     (cores) and ``memory_per_gpu_gib`` size a GPU job's requests, ``cpu_job_cpu`` and
     ``cpu_job_memory_gib`` a CPU job's; ``model_volume`` is the volume source of the model cache
     (``LAB_K8S_MODEL_VOLUME``), mounted read-only at ``model_dir``; ``stop_grace_s`` is the time Lab gives an engine to
-    checkpoint after asking it to stop (``LAB_STOP_GRACE_S`` + ``LAB_KILL_GRACE_S``).
+    checkpoint after asking it to stop (``LAB_STOP_GRACE_S`` + ``LAB_KILL_GRACE_S``);
+    ``engine_roles`` is ``LAB_K8S_ENGINE_ROLES`` (one of ``ROLE_MODES``); ``shared_pvc`` names the
+    ReadWriteMany PersistentVolumeClaim (in the jobs' namespace) a split attempt's orchestrator and
+    trainer share (``LAB_K8S_SHARED_PVC``; empty: split attempts cannot launch);
+    ``orchestrator_cpu`` (cores) and ``orchestrator_memory_gib`` size the orchestrator's pod.
     """
 
     engine_image: str = "lab-engine:latest"
@@ -78,6 +100,10 @@ class PoolSettings:
     cpu_job_memory_gib: int = 8
     stop_grace_s: int = 60
     shared_namespace: str = ""
+    engine_roles: str = "auto"
+    shared_pvc: str = ""
+    orchestrator_cpu: int = 4
+    orchestrator_memory_gib: int = 16
 
 
 def gpu_products(pool: dict) -> dict[str, str]:
@@ -169,22 +195,124 @@ def active_deadline_s(request: LaunchRequest, settings: PoolSettings, *, elapsed
     return int(math.ceil(remaining)) + settings.stop_grace_s
 
 
-def _resources(request: LaunchRequest, settings: PoolSettings) -> dict:
-    if request.gpu_type == "cpu" or request.gpus == 0:
+def engine_roles(request: LaunchRequest, settings: PoolSettings) -> tuple[str, ...]:
+    """Return the replicated jobs (engine roles) of the attempt's JobSet.
+
+    ``request.roles`` when the caller named roles other than the whole engine; else, by
+    ``settings.engine_roles``: ``auto`` splits a GPU job of 2 GPUs or more into ``SPLIT_ROLES``
+    (one GPU cannot be shared by the trainer and the inference role), ``split`` also every CPU
+    job, ``single`` none; everything else runs as ``("engine",)``. Raises ValueError for an
+    unknown mode.
+    """
+    if tuple(request.roles) != (ENGINE_ROLE,):
+        return tuple(request.roles)
+    mode = settings.engine_roles or "auto"
+    if mode not in ROLE_MODES:
+        raise ValueError(f"LAB_K8S_ENGINE_ROLES must be one of {', '.join(ROLE_MODES)}, not {mode!r}")
+    on_gpu = request.gpu_type != "cpu" and request.gpus > 0
+    if mode == "single" or (on_gpu and request.gpus < 2) or (mode == "auto" and not on_gpu):
+        return (ENGINE_ROLE,)
+    return SPLIT_ROLES
+
+
+def role_gpus(request: LaunchRequest, role: str) -> int:
+    """Return the GPUs of ``role``'s pod: the whole engine has the spec's ``gpus``; split, the
+    inference role has the larger half (``ceil(gpus / 2)``: sampling is most of a step), the
+    trainer the rest, the orchestrator none. The roles' GPUs add up to the spec's (what is billed)."""
+    if request.gpu_type == "cpu" or request.gpus <= 0:
+        return 0
+    return {ENGINE_ROLE: request.gpus, "inference": (request.gpus + 1) // 2, "trainer": request.gpus // 2}.get(role, 0)
+
+
+def inference_url(name: str) -> str:
+    """Return the inference role's URL inside a split attempt's JobSet ``name``: its pod's DNS
+    name (``spec.network.enableDNSHostnames``, subdomain = the JobSet's name:
+    ``<jobset>-<replicated job>-<job index>-<pod index>.<subdomain>``) and ``INFERENCE_PORT``."""
+    return f"http://{name}-inference-0-0.{name}:{INFERENCE_PORT}"
+
+
+def role_secret_variables(request: LaunchRequest, role: str) -> list[str]:
+    """Return the names of the Secret's variables ``role``'s container gets (sorted): the whole
+    engine and the trainer all of ``secret_variables`` (the bootstrap token among them: the role
+    that reports to Lab); the orchestrator, which runs users' environment code, only the job's
+    own secrets (a teacher's key, ...) and its environment packages, never a token of Lab's; the
+    inference role none."""
+    if role in (ENGINE_ROLE, "trainer"):
+        return sorted(secret_variables(request))
+    if role == "orchestrator":
+        return sorted({**request.secrets, **engine_package_environment(request)})
+    return []
+
+
+def _resources(request: LaunchRequest, settings: PoolSettings, role: str) -> dict:
+    gpus = role_gpus(request, role)
+    if role == "orchestrator":
+        requests = {"cpu": str(settings.orchestrator_cpu), "memory": f"{settings.orchestrator_memory_gib}Gi"}
+        return {"requests": requests, "limits": {"memory": requests["memory"]}}
+    if gpus == 0:
         requests = {"cpu": str(settings.cpu_job_cpu), "memory": f"{settings.cpu_job_memory_gib}Gi"}
         return {"requests": requests, "limits": {"memory": requests["memory"]}}
-    requests = {"cpu": str(settings.cpu_per_gpu * request.gpus), "memory": f"{settings.memory_per_gpu_gib * request.gpus}Gi"}
+    requests = {"cpu": str(settings.cpu_per_gpu * gpus), "memory": f"{settings.memory_per_gpu_gib * gpus}Gi"}
     return {
-        "requests": {**requests, GPU_RESOURCE: str(request.gpus)},
-        "limits": {"memory": requests["memory"], GPU_RESOURCE: str(request.gpus)},
+        "requests": {**requests, GPU_RESOURCE: str(gpus)},
+        "limits": {"memory": requests["memory"], GPU_RESOURCE: str(gpus)},
     }
+
+
+def _role_command(request: LaunchRequest, role: str, name: str) -> tuple[list[str], list[dict]]:
+    """Return the engine's arguments for ``role`` and the role's own variables."""
+    args = engine_args(request, spec_path=f"{SPEC_DIR}/spec.json", workdir=WORK_DIR, resume_dir=None)
+    if role == ENGINE_ROLE:
+        return args, []
+    if role == "inference":
+        backend = "vllm" if role_gpus(request, role) else "transformers"
+        return (["inference", "--model", str(request.spec.get("model", "")), "--host", "0.0.0.0",
+                 "--port", str(INFERENCE_PORT), "--workdir", WORK_DIR],
+                [{"name": "LAB_ENGINE_ROLLOUT", "value": backend}])
+    shared = [{"name": "LAB_ENGINE_SHARED_DIR", "value": SHARED_DIR}]
+    if role == "orchestrator":  # no Lab URL nor checkpoint: it never talks to Lab
+        attempt_args = ["--spec", f"{SPEC_DIR}/spec.json", "--job-id", request.job_id,
+                        "--attempt", str(request.attempt), "--workdir", WORK_DIR]
+        return ["orchestrator", *attempt_args], [*shared, {"name": "LAB_ENGINE_INFERENCE_URL", "value": inference_url(name)}]
+    return [role, *args[1:]], shared
 
 
 def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> dict:
     name = jobset_name(request.job_id, request.attempt)
-    args = engine_args(request, spec_path=f"{SPEC_DIR}/spec.json", workdir=WORK_DIR, resume_dir=None)
-    if role != "engine":  # one process per role, when the engine is split (docs/architecture.md)
-        args = [role, *args[1:]]
+    args, role_env = _role_command(request, role, name)
+    reports = role in (ENGINE_ROLE, "trainer")  # the role that opens the attempt and reports to Lab
+    env = [{"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": variable}}}
+           for variable in role_secret_variables(request, role)]
+    if reports:  # who opens the attempt (POST /attempts): this pod, of this JobSet
+        env += [
+            {"name": "LAB_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            {"name": "LAB_JOBSET_NAME", "value": name},
+            {"name": "LAB_PUBLIC_URL", "value": request.lab_url},
+        ]
+    env += [
+        *role_env,
+        {"name": "LAB_MODEL_DIR", "value": settings.model_dir},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    mounts = [
+        {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+        {"name": "models", "mountPath": settings.model_dir, "readOnly": True},
+        {"name": "work", "mountPath": WORK_DIR},
+    ]
+    volumes = [
+        {"name": "spec", "secret": {"secretName": name, "items": [{"key": "spec.json", "path": "spec.json"}]}},
+        {"name": "models", **settings.model_volume},
+        {"name": "work", "emptyDir": {}},
+    ]
+    if role in ("orchestrator", "trainer"):
+        if not settings.shared_pvc:
+            raise SplitUnavailable(
+                f"a job of {request.gpus} GPUs runs as the engine's three roles, which need a shared volume: "
+                "set LAB_K8S_SHARED_PVC to a ReadWriteMany PersistentVolumeClaim of the jobs' namespace "
+                "(or LAB_K8S_ENGINE_ROLES=single)")
+        mounts.append({"name": "shared", "mountPath": SHARED_DIR, "subPath": name})
+        volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}})
     spec: dict = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.stop_grace_s,
@@ -196,50 +324,36 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
             "image": settings.engine_image,
             "command": ["python", "-m", "engine"],
             "args": args,
-            "env": [
-                *(
-                    {"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": variable}}}
-                    for variable in sorted(secret_variables(request))
-                ),
-                # Who opens the attempt (POST /attempts): this pod, of this JobSet.
-                {"name": "LAB_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-                {"name": "LAB_JOBSET_NAME", "value": name},
-                {"name": "LAB_PUBLIC_URL", "value": request.lab_url},
-                {"name": "LAB_MODEL_DIR", "value": settings.model_dir},
-                {"name": "HF_HUB_OFFLINE", "value": "1"},
-                {"name": "PYTHONUNBUFFERED", "value": "1"},
-            ],
-            "resources": _resources(request, settings),
-            "volumeMounts": [
-                {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-                {"name": "models", "mountPath": settings.model_dir, "readOnly": True},
-                {"name": "work", "mountPath": WORK_DIR},
-            ],
+            "env": env,
+            "resources": _resources(request, settings, role),
+            "volumeMounts": mounts,
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         }],
-        "volumes": [
-            {"name": "spec", "secret": {"secretName": name, "items": [{"key": "spec.json", "path": "spec.json"}]}},
-            {"name": "models", **settings.model_volume},
-            {"name": "work", "emptyDir": {}},
-        ],
+        "volumes": volumes,
     }
-    if request.gpu_type != "cpu" and request.gpus:
+    if role == "inference":
+        spec["containers"][0]["ports"] = [{"name": "inference", "containerPort": INFERENCE_PORT, "protocol": "TCP"}]
+    if role_gpus(request, role):
         spec["nodeSelector"] = {GPU_PRODUCT_LABEL: settings.gpu_products.get(request.gpu_type, request.gpu_type)}
         spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    return {"metadata": {"labels": labels(request)}, "spec": spec}
+    return {"metadata": {"labels": {**labels(request), ROLE_LABEL: role}}, "spec": spec}
 
 
 def jobset_object(request: LaunchRequest, settings: PoolSettings, *, elapsed_s: float = 0.0) -> dict:
     """Return the attempt's JobSet: suspended, in the organization's LocalQueue at the spec's
-    priority, one replicated job per role of ``request.roles``; ``elapsed_s`` is the runtime the
-    job has used in earlier attempts (seconds)."""
+    priority, one replicated job per role of ``engine_roles``; ``elapsed_s`` is the runtime the
+    job has used in earlier attempts (seconds). Split, its pods have DNS hostnames under the
+    JobSet's name and the JobSet succeeds with its orchestrator. Raises SplitUnavailable for a
+    split attempt without ``settings.shared_pvc``."""
+    roles = engine_roles(request, settings)
+    name = jobset_name(request.job_id, request.attempt)
     replicated_jobs = []
-    for role in request.roles:
+    for role in roles:
         replicated_jobs.append({
             "name": role,
             "replicas": 1,
             "template": {
-                "metadata": {"labels": labels(request)},
+                "metadata": {"labels": {**labels(request), ROLE_LABEL: role}},
                 "spec": {
                     "parallelism": 1,
                     "completions": 1,
@@ -262,14 +376,17 @@ def jobset_object(request: LaunchRequest, settings: PoolSettings, *, elapsed_s: 
         "failurePolicy": {"maxRestarts": 0},
         "replicatedJobs": replicated_jobs,
     }
-    if "orchestrator" in request.roles and len(request.roles) > 1:
-        # The inference role never exits by itself: the attempt is done when the orchestrator is.
+    if "orchestrator" in roles and len(roles) > 1:
+        # The inference role never exits by itself: the attempt is done when the orchestrator is
+        # (it exits 0 once the trainer has reported the attempt's end).
         spec["successPolicy"] = {"operator": "All", "targetReplicatedJobs": ["orchestrator"]}
+    if "inference" in roles:  # the orchestrator reaches it at inference_url(name)
+        spec["network"] = {"enableDNSHostnames": True, "subdomain": name}
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": {
-            "name": jobset_name(request.job_id, request.attempt),
+            "name": name,
             "namespace": request.namespace,
             "labels": {
                 **labels(request),

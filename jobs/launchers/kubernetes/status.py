@@ -15,8 +15,17 @@
 | JobSet ``Completed`` / ``Failed`` | exited with the engine container's exit code (from its terminated state, else from the Job's ``PodFailurePolicy`` message) |
 | the engine container running | running |
 
+A split attempt (the roles ``inference``, ``orchestrator``, ``trainer``; pods and Jobs say theirs
+in ``lab.dev/role``) ends with: on ``Completed``, the trainer's exit code (0 when it has none);
+on ``Failed``, the exit code of the role whose Job failed first by the pod failure policy (on
+a tie the trainer, then the orchestrator, then inference), so an orchestrator's exit 2 fails
+the job ``invalid_spec`` and the pods the JobSet ends after it do not count. Only a trainer pod
+(or the whole engine's) opens attempts, so only another one of those replacing it reads as a
+readmission.
+
 ``started_at``/``ended_at`` are the pods' own times: the earliest container start and the
-latest container finish (what usage is billed from).
+latest container finish of any role (what usage is billed from, for the job's ``gpus``: the
+sum of the roles' GPU requests, which Kueue holds for the whole admission).
 """
 
 from __future__ import annotations
@@ -26,6 +35,14 @@ from datetime import datetime, timezone
 
 from jobs.launchers.base import AttemptPhase, Observation
 from jobs.launchers.kubernetes.cache import GroupObjects
+from jobs.launchers.kubernetes.objects import ENGINE_ROLE, ROLE_LABEL
+
+#: JobSet's own label of a replicated job's Jobs and pods (used when Lab's role label is absent).
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+#: Whose exit decides a split attempt that failed in several roles at once (first wins).
+_ROLE_ORDER = ("trainer", "orchestrator", "inference", ENGINE_ROLE)
+#: The roles whose pod opens the attempt (``POST /attempts``) and reports to Lab.
+_REPORTING_ROLES = frozenset({"trainer", ENGINE_ROLE})
 
 #: ``Failed`` condition message of a Job ended by a pod failure policy rule (kube-controller-manager's wording).
 _EXIT_CODE_MESSAGE = re.compile(r"failed with exit code (\d+)")
@@ -59,9 +76,16 @@ def _any_condition(obj: dict | None, kind: str) -> dict | None:
     return None
 
 
-def _containers(group: GroupObjects) -> list[dict]:
-    return [status for pod in group.pods.values() for status in (pod.get("status") or {}).get("containerStatuses") or []
-            if status.get("name") == "engine"]
+def role_of(obj: dict) -> str:
+    """Return the engine role of a pod or Job (``lab.dev/role``, else JobSet's replicated job
+    name, else ``engine``: the whole engine)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(ROLE_LABEL) or labels.get(REPLICATED_JOB_LABEL) or ENGINE_ROLE
+
+
+def _containers(group: GroupObjects, role: str | None = None) -> list[dict]:
+    return [status for pod in group.pods.values() if role is None or role_of(pod) == role
+            for status in (pod.get("status") or {}).get("containerStatuses") or [] if status.get("name") == "engine"]
 
 
 def _times(group: GroupObjects) -> tuple[datetime | None, datetime | None]:
@@ -76,9 +100,43 @@ def _times(group: GroupObjects) -> tuple[datetime | None, datetime | None]:
     return min(starts, default=None), max(ends, default=None)
 
 
-def _exit_code(group: GroupObjects) -> int | None:
-    codes = [status["state"]["terminated"].get("exitCode") for status in _containers(group)
-             if "terminated" in (status.get("state") or {})]
+def _terminated_codes(group: GroupObjects, role: str | None = None) -> list[int | None]:
+    return [status["state"]["terminated"].get("exitCode") for status in _containers(group, role)
+            if "terminated" in (status.get("state") or {})]
+
+
+def _split(group: GroupObjects) -> bool:
+    return any(role_of(obj) != ENGINE_ROLE for obj in [*group.jobs.values(), *group.pods.values()])
+
+
+def _split_exit_code(group: GroupObjects, *, completed: bool) -> int | None:
+    """The exit code of a split attempt (the module's table)."""
+    if completed:
+        codes = _terminated_codes(group, "trainer")
+        return codes[0] if codes and codes[0] is not None else 0
+    failed = []
+    for job in group.jobs.values():
+        entry = condition(job, "Failed")
+        if entry and entry.get("reason") != "DeadlineExceeded":
+            role = role_of(job)
+            rank = _ROLE_ORDER.index(role) if role in _ROLE_ORDER else len(_ROLE_ORDER)
+            failed.append((entry.get("lastTransitionTime") or "", rank, role, entry))
+    for _, _, role, entry in sorted(failed, key=lambda item: (item[0], item[1])):
+        codes = [code for code in _terminated_codes(group, role) if code not in (0, None)]
+        if codes:
+            return codes[0]
+        if match := _EXIT_CODE_MESSAGE.search(entry.get("message") or ""):
+            return int(match.group(1))
+    for role in _ROLE_ORDER:  # no Job says which failed first: the first role with a failing exit
+        if codes := [code for code in _terminated_codes(group, role) if code not in (0, None)]:
+            return codes[0]
+    return None
+
+
+def _exit_code(group: GroupObjects, *, completed: bool = False) -> int | None:
+    if _split(group):
+        return _split_exit_code(group, completed=completed)
+    codes = _terminated_codes(group)
     failing = [code for code in codes if code not in (0, None)]
     if failing:
         return failing[0]
@@ -153,7 +211,7 @@ def observe_attempt(
         if failed and failed.get("reason") == "DeadlineExceeded":
             return exited("max_runtime_exceeded", detail=failed.get("message") or "activeDeadlineSeconds passed")
     if condition(group.jobset, "Completed"):
-        code = _exit_code(group)
+        code = _exit_code(group, completed=True)
         return exited(exit_code=0 if code is None else code)
     if failed := condition(group.jobset, "Failed"):
         return exited(exit_code=_exit_code(group), detail=failed.get("message") or "the JobSet failed")
@@ -170,7 +228,8 @@ def observe_attempt(
             return Observation(AttemptPhase.PENDING, reason="unschedulable", detail=scheduled.get("message") or "")
     if opened_by:
         mine = [pod for pod in group.pods.values() if pod_uid(pod) == opened_by]
-        others = [pod for pod in group.pods.values() if pod_uid(pod) != opened_by and not _pod_ended(pod)]
+        others = [pod for pod in group.pods.values() if pod_uid(pod) != opened_by and not _pod_ended(pod)
+                  and role_of(pod) in _REPORTING_ROLES]
         if others and all(_pod_ended(pod) for pod in mine):
             return exited("preempted", kept=requeued_by_kueue(group),
                           detail=f"Kueue readmitted the JobSet: pod {others[0]['metadata'].get('name', '')} replaced the attempt's pod")
