@@ -61,6 +61,7 @@ def env(pod: dict) -> dict[str, dict]:
     ({"gpus": 1}, "auto", ("engine",)),
     ({"gpus": 2}, "auto", SPLIT_ROLES),
     ({"gpus": 8}, "auto", SPLIT_ROLES),
+    ({"gpus": 8, "no_volume": True}, "auto", ("engine",)),  # a pool without the shared volume runs as before
     ({"gpu_type": "cpu", "gpus": 0}, "auto", ("engine",)),
     ({"gpu_type": "cpu", "gpus": 0}, "split", SPLIT_ROLES),
     ({"gpus": 1}, "split", ("engine",)),  # one GPU cannot serve and train at once
@@ -68,8 +69,9 @@ def env(pod: dict) -> dict[str, dict]:
     ({"gpus": 1, "roles": SPLIT_ROLES}, "single", SPLIT_ROLES),  # roles the caller names win
 ])
 def test_which_attempts_run_as_three_roles(changes, mode, roles):
+    no_volume = changes.pop("no_volume", False)
     attempt = request(**changes)
-    settings = replace(SETTINGS, engine_roles=mode)
+    settings = replace(SETTINGS, engine_roles=mode, shared_pvc="" if no_volume else SETTINGS.shared_pvc)
 
     assert engine_roles(attempt, settings) == roles
     jobset = jobset_object(attempt, settings)
@@ -157,7 +159,7 @@ def test_the_orchestrator_and_trainer_share_a_volume_under_the_jobsets_name():
 
 def test_a_split_attempt_without_a_shared_volume_creates_nothing():
     cluster = FakeGateway()
-    launcher = KubernetesLauncher(gateway=cluster, settings=replace(SETTINGS, shared_pvc=""), background=False)
+    launcher = KubernetesLauncher(gateway=cluster, settings=replace(SETTINGS, shared_pvc="", engine_roles="split"), background=False)
 
     with pytest.raises(SplitUnavailable, match="LAB_K8S_SHARED_PVC"):
         launcher.launch(request())
@@ -291,7 +293,8 @@ def test_the_trainers_exit_decides_a_split_attempt(owner, spec, launcher, cluste
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("no_broker")
 def test_a_split_job_on_a_pool_without_a_shared_volume_fails_to_launch_saying_so(owner, spec, launcher, cluster):
-    launcher.settings = replace(launcher.settings, shared_pvc="")
+    """LAB_K8S_ENGINE_ROLES=split asks for the roles; without their volume (auto would run the whole engine) it fails."""
+    launcher.settings = replace(launcher.settings, shared_pvc="", engine_roles="split")
     spec["resources"] = {"gpu_type": "H100", "gpus": 2}
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)

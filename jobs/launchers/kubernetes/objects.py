@@ -200,7 +200,9 @@ def engine_roles(request: LaunchRequest, settings: PoolSettings) -> tuple[str, .
 
     ``request.roles`` when the caller named roles other than the whole engine; else, by
     ``settings.engine_roles``: ``auto`` splits a GPU job of 2 GPUs or more into ``SPLIT_ROLES``
-    (one GPU cannot be shared by the trainer and the inference role), ``split`` also every CPU
+    when the pool has the roles' shared volume (``shared_pvc``; without it the whole engine runs
+    as before), as one GPU cannot be shared by the trainer and the inference role; ``split``
+    (which requires the volume) also every CPU
     job, ``single`` none; everything else runs as ``("engine",)``. Raises ValueError for an
     unknown mode.
     """
@@ -210,7 +212,7 @@ def engine_roles(request: LaunchRequest, settings: PoolSettings) -> tuple[str, .
     if mode not in ROLE_MODES:
         raise ValueError(f"LAB_K8S_ENGINE_ROLES must be one of {', '.join(ROLE_MODES)}, not {mode!r}")
     on_gpu = request.gpu_type != "cpu" and request.gpus > 0
-    if mode == "single" or (on_gpu and request.gpus < 2) or (mode == "auto" and not on_gpu):
+    if mode == "single" or (on_gpu and request.gpus < 2) or (mode == "auto" and not (on_gpu and settings.shared_pvc)):
         return (ENGINE_ROLE,)
     return SPLIT_ROLES
 
