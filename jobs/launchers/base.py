@@ -86,7 +86,7 @@ class LaunchRequest:
     priority: str = "normal"  # low | normal | high
     gpu_type: str = "cpu"
     gpus: int = 0
-    roles: tuple[str, ...] = ("engine",)  # engine processes to start (the whole engine, for now)
+    roles: tuple[str, ...] = ("engine",)  # engine processes to start: the whole engine, unless a launcher splits it
     environments: tuple[str, ...] = ()  # environment ids of the spec
     environment_packages: tuple[dict, ...] = ()  # uploaded packages to install: {"id", "sha256", "url", "filename"}
     #: The job's secrets (jobs.secrets.services), for the engine's environment only: launchers never
