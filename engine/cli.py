@@ -125,19 +125,24 @@ def serve_inference(args: argparse.Namespace) -> int:
         print(f"engine: {_one_line(error)}", file=sys.stderr)
         return EXIT_INVALID
     http = server.http_server(args.host, args.port)
-    stopping = threading.Event()
+    stopping = []  # a signal handler only appends: one that took a lock (starting a thread, logging)
+    # could deadlock with the main thread it interrupts inside that lock, as it did when SIGTERM
+    # (PR_SET_PDEATHSIG) came while the server was starting a request's thread.
 
     def request_stop(signum, frame):
-        if not stopping.is_set():
-            stopping.set()
-            threading.Thread(target=http.shutdown, daemon=True).start()
+        stopping.append(signum)
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     host, port = http.server_address[:2]
     print(f"engine: serving {args.model} ({backend}) on http://{host}:{port}", file=sys.stderr, flush=True)
+    serving = threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.2}, name="inference-http", daemon=True)
+    serving.start()
     try:
-        http.serve_forever()
+        while not stopping and serving.is_alive():
+            time.sleep(0.2)
+        http.shutdown()
+        serving.join()
     finally:
         http.server_close()
         close = getattr(server.backend, "close", None)
@@ -434,9 +439,8 @@ def run(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     stop_event = threading.Event()
 
-    def request_stop(signum, frame):
+    def request_stop(signum, frame):  # no logging here: its locks could be held by the interrupted code
         stop_event.set()
-        logger.warning("received signal %d: stopping after the current step", signum)
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
