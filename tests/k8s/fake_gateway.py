@@ -426,3 +426,19 @@ class FakeGateway(ClusterGateway):
             if dependent is not None and any(owner.get("uid") == uid for owner in owners):
                 self._delete(dependent_key)
 
+
+
+def kubernetes_pool(settings, monkeypatch, cluster: FakeGateway, *, nodes: list[dict], clock=None, **pool_settings):
+    """Make Lab launch on `cluster` (`LAB_LAUNCHER=kubernetes`, the pool inventory `nodes`) through
+    a KubernetesLauncher with `pool_settings` (PoolSettings fields) that the reconciler uses; return it."""
+    from jobs import reconciler
+    from jobs.launchers.kubernetes.launcher import KubernetesLauncher
+    from jobs.launchers.kubernetes.objects import PoolSettings
+
+    settings.LAB_LAUNCHER = "kubernetes"
+    settings.LAB_POOL = {"nodes": nodes}
+    settings.LAB_POOL_CONFIGURED = True
+    extra = {} if clock is None else {"clock": clock}
+    launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(**pool_settings), background=False, **extra)
+    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
+    return launcher

@@ -17,12 +17,12 @@ from jobs.admission import admission_pass
 from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.launchers.base import AttemptPhase
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
-from jobs.launchers.kubernetes.objects import PoolSettings, jobset_name
+from jobs.launchers.kubernetes.objects import jobset_name
 from jobs.models import AttemptState, Checkpoint, CheckpointStatus, Job, JobAttempt, JobStatus
 from jobs.serializers import job_to_dict
 from jobs.services import job_cancel, job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
-from tests.k8s.fake_gateway import FakeGateway
+from tests.k8s.fake_gateway import FakeGateway, kubernetes_pool
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 
@@ -52,13 +52,10 @@ def clock() -> Clock:
 
 @pytest.fixture
 def launcher(monkeypatch, settings, cluster, clock) -> KubernetesLauncher:
-    settings.LAB_LAUNCHER = "kubernetes"
-    settings.LAB_POOL = {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}, {"gpu_type": "cpu", "gpus": 0, "count": 4}]}
-    settings.LAB_POOL_CONFIGURED = True
-    launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(engine_image="lab-engine-gpu:test", shared_pvc="lab-shared"),
-                                  background=False, clock=clock)
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
-    return launcher
+    return kubernetes_pool(
+        settings, monkeypatch, cluster, nodes=[{"gpu_type": "H100", "gpus": 8, "count": 2}, {"gpu_type": "cpu", "gpus": 0, "count": 4}],
+        clock=clock, engine_image="lab-engine-gpu:test", shared_pvc="lab-shared",
+    )
 
 
 @pytest.fixture

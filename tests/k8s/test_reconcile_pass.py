@@ -17,10 +17,9 @@ from billing.ledger import job_usage_totals
 from billing.models import UsageInterval
 from jobs import reconciler
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
-from jobs.launchers.kubernetes.objects import PoolSettings
 from jobs.models import AttemptState, Checkpoint, CheckpointStatus, Job, JobAttempt, JobEvent, JobStatus, MetricStep
 from jobs.webhooks.models import WebhookEndpoint, WebhookMessage
-from tests.k8s.fake_gateway import FakeGateway
+from tests.k8s.fake_gateway import FakeGateway, kubernetes_pool
 from tests.k8s.test_lifecycle import NAMESPACE, Clock, open_attempt, ready_checkpoint, reload, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
@@ -36,12 +35,7 @@ def cluster() -> FakeGateway:
 
 @pytest.fixture
 def launcher(monkeypatch, settings, cluster) -> KubernetesLauncher:
-    settings.LAB_LAUNCHER = "kubernetes"
-    settings.LAB_POOL = {"nodes": [{"gpu_type": "cpu", "gpus": 0, "count": 4}]}
-    settings.LAB_POOL_CONFIGURED = True
-    launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False, clock=Clock())
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
-    return launcher
+    return kubernetes_pool(settings, monkeypatch, cluster, nodes=[{"gpu_type": "cpu", "gpus": 0, "count": 4}], clock=Clock())
 
 
 def running_since(owner, spec, cluster, minutes: int) -> tuple[Job, JobAttempt, str]:

@@ -27,7 +27,7 @@ from jobs.launchers.kubernetes.objects import (
 from jobs.models import ErrorCode, Job, JobAttempt, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
-from tests.k8s.fake_gateway import FakeGateway
+from tests.k8s.fake_gateway import FakeGateway, kubernetes_pool
 from tests.k8s.validation import validate
 
 JOB_ID = "job_0123456789abcdefghij"
@@ -191,12 +191,7 @@ def cluster() -> FakeGateway:
 
 @pytest.fixture
 def launcher(monkeypatch, settings, cluster) -> KubernetesLauncher:
-    settings.LAB_LAUNCHER = "kubernetes"
-    settings.LAB_POOL = {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}]}
-    settings.LAB_POOL_CONFIGURED = True
-    launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(shared_pvc="lab-shared"), background=False)
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
-    return launcher
+    return kubernetes_pool(settings, monkeypatch, cluster, nodes=[{"gpu_type": "H100", "gpus": 8, "count": 2}], shared_pvc="lab-shared")
 
 
 def reload(job: Job) -> Job:
