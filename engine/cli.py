@@ -162,7 +162,7 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     from engine.orchestrator import Orchestrator
     from engine.packages import PACKAGES_VARIABLE, install_packages, packages_from_environment
     from engine.remote_inference import HttpRolloutBackend
-    from engine.roles import OrchestratorRole, fail
+    from engine.roles import OrchestratorRole
 
     shared, url = os.environ.get("LAB_ENGINE_SHARED_DIR"), os.environ.get("LAB_ENGINE_INFERENCE_URL")
     if not shared or not url:
@@ -181,10 +181,10 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     root = pathlib.Path(shared)
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    role = OrchestratorRole(root, None, stopping=stopping, parent_pid=int(parent) if parent else None)
     orchestrator = backend = None
     try:
         try:
-            role = OrchestratorRole(root, None, stopping=stopping, parent_pid=int(parent) if parent else None)
             session = role.wait_for_session()
             if session is None:  # stopped before the trainer started
                 return EXIT_SUCCEEDED
@@ -219,7 +219,7 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
         if backend is not None:
             backend.close()
     print(f"engine: {message}", file=sys.stderr, flush=True)
-    fail(root, exit_code=exit_code, code=code, message=message, stopping=stopping)
+    role.fail(exit_code=exit_code, code=code, message=message)
     return exit_code
 
 
@@ -490,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             packages = packages_from_environment()
             # The trainer role never imports environment code: its orchestrator role loads the packages.
-            elsewhere = roles.loads_environments_elsewhere(args)
+            elsewhere = roles.mode(args) != "local"
             if not elsewhere:  # before the spec check: the catalogue then knows the job's uploaded environments
                 install_packages(packages, workdir)
         except InvalidEnvironment as error:
@@ -582,9 +582,16 @@ class _LocalRoles:
         self.temporary: pathlib.Path | None = None
 
     @staticmethod
-    def loads_environments_elsewhere(args: argparse.Namespace) -> bool:
-        """Whether this process is a trainer role, whose orchestrator role loads the environments."""
-        return args.command == "trainer" or (os.environ.get("LAB_ENGINE_ROLES", "") == "process")
+    def mode(args: argparse.Namespace) -> str:
+        """How this process runs: "trainer" (the trainer role), "process" (`run` starting the
+        other roles: LAB_ENGINE_ROLES=process) or "local" (one process). Raises ConfigError for
+        another LAB_ENGINE_ROLES."""
+        if args.command == "trainer":
+            return "trainer"
+        mode = os.environ.get("LAB_ENGINE_ROLES", "") or "local"
+        if mode not in ("local", "process"):
+            raise ConfigError(f"LAB_ENGINE_ROLES must be local or process, not {mode!r}", "internal_error")
+        return mode
 
     def configure(self, args: argparse.Namespace, config, workdir: pathlib.Path):
         """Return `config` with the shared directory of the trainer role, starting the other
@@ -592,16 +599,14 @@ class _LocalRoles:
         import dataclasses
         import tempfile
 
-        if args.command == "trainer":
+        mode = self.mode(args)
+        if mode == "trainer":
             shared = os.environ.get("LAB_ENGINE_SHARED_DIR", "")
             if not shared:
                 raise ConfigError("the trainer role needs LAB_ENGINE_SHARED_DIR (docs/engine.md)", "internal_error")
             return dataclasses.replace(config, shared_dir=shared)
-        mode = os.environ.get("LAB_ENGINE_ROLES", "") or "local"
         if mode == "local":
             return config
-        if mode != "process":
-            raise ConfigError(f"LAB_ENGINE_ROLES must be local or process, not {mode!r}", "internal_error")
         from engine.remote_inference import start_inference_role
         from engine.roles import start_orchestrator_role
 
@@ -622,7 +627,8 @@ class _LocalRoles:
 
     def close(self, code: int) -> None:
         """Record the trainer's end for its orchestrator, then stop what this run started."""
-        from engine.roles import SharedDirRollouts, stop_process
+        from engine.remote_inference import stop_process
+        from engine.roles import SharedDirRollouts
 
         rollouts = getattr(self.trainer, "rollouts", None)
         if isinstance(rollouts, SharedDirRollouts):

@@ -179,23 +179,29 @@ class Orchestrator:
             return self.teacher_batch(step, policy_version)
         return self.generate_batch(step, policy_version, backend)
 
-    def held_out_due(self, step: int) -> bool:
-        """Whether the policy after `step` updates is evaluated or validated (step 0: the base
-        model's eval, when `[eval]` asks for it)."""
+    def _evaluates(self, step: int) -> bool:
+        """Whether `[eval]` runs for the policy after `step` updates (step 0: the base model)."""
         spec = self.spec
         if step == 0:
             return spec.eval.evaluates_base_model
-        return (bool(spec.eval.interval) and step % spec.eval.interval == 0) or (
-            bool(self.val_targets) and bool(spec.val.setting("interval")) and step % spec.val.setting("interval") == 0
-        )
+        return bool(spec.eval.interval) and step % spec.eval.interval == 0
+
+    def _validates(self, step: int) -> bool:
+        """Whether `[val]` runs for the policy after `step` updates (never the base model)."""
+        interval = self.spec.val.setting("interval") if self.val_targets else 0
+        return step > 0 and bool(interval) and step % interval == 0
+
+    def held_out_due(self, step: int) -> bool:
+        """Whether the policy after `step` updates is evaluated or validated (step 0: the base
+        model's eval, when `[eval]` asks for it)."""
+        return self._evaluates(step) or self._validates(step)
 
     def held_out(self, step: int) -> dict[str, float]:
         """The eval and validation metrics due for the current policy after `step` updates."""
-        spec = self.spec
         metrics = {}
-        if step == 0 or (spec.eval.interval and step % spec.eval.interval == 0):
+        if self._evaluates(step):
             metrics.update(self.evaluate(step))
-        if step and self.val_targets and spec.val.setting("interval") and step % spec.val.setting("interval") == 0:
+        if self._validates(step):
             metrics.update(self.validate(step))
         return metrics
 

@@ -144,13 +144,7 @@ class HttpRolloutBackend:
     def close(self) -> None:
         """Close the connections, stop the role this engine started and remove the weight files."""
         self._client.close()
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process(self.process)
         if self.weights_dir is not None:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
 
@@ -172,6 +166,21 @@ class HttpRolloutBackend:
         except RetriesExhausted as error:
             self._check_process()
             raise InferenceUnavailable(f"the inference role at {self.base_url} failed {ATTEMPTS} times on {method} {path}: {error}") from None
+
+
+def stop_process(process: subprocess.Popen | None, timeout: float = 30.0) -> None:
+    """SIGTERM a role's process group (it was started in a session of its own), SIGKILL after
+    `timeout` seconds; nothing for None or a process that has exited."""
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
 
 
 def write_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], directory: pathlib.Path) -> None:

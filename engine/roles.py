@@ -37,7 +37,6 @@ import logging
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -152,6 +151,17 @@ def silence_s(alive: pathlib.Path, *, since: float, now: float | None = None) ->
         return waited if waited > START_SILENCE_S else None
 
 
+def poll(read, check):
+    """Return the first value of `read()` that is not None, calling `check()` between looks (it
+    raises to give up); the waits grow from 10 ms to POLL_S."""
+    delay = 0.01
+    while (value := read()) is None:
+        check()
+        time.sleep(delay)
+        delay = min(POLL_S, delay * 2)
+    return value
+
+
 def sampling_version(step: int, *, start_step: int, depth: int) -> int:
     """The policy version (updates seen) that samples `step`'s batch: `depth` steps ahead of
     the trainer at most, never older than the weights the session started with."""
@@ -169,17 +179,13 @@ class SharedDirRollouts:
     """
 
     def __init__(self, trainer: Trainer):
-        from engine.policy import policy_weights
-
         self.trainer = trainer
-        self._policy_weights = policy_weights
         config = trainer.config
         self.root = pathlib.Path(config.shared_dir)
         self.process = trainer.orchestrator_process
         self.depth = config.async_depth
         self.max_steps = config.spec.max_steps
         self.reload_seconds = 0.0
-        self.reported_held_out: set[int] = set()
         self.session = uuid.uuid4().hex
         self.dir = self.root / self.session
         self.started = time.monotonic()
@@ -206,12 +212,13 @@ class SharedDirRollouts:
 
     def publish(self, version: int) -> float:
         """Write the policy as `version` for the orchestrator; return the seconds it took."""
+        from engine.policy import policy_weights
         from engine.remote_inference import write_weights
 
         started = time.perf_counter()
         target = weights_path(self.dir, version)
         partial = target.with_name(target.name + ".partial")
-        write_weights(self._policy_weights(self.trainer.model), partial)
+        write_weights(policy_weights(self.trainer.model), partial)
         os.replace(partial, target)
         return time.perf_counter() - started
 
@@ -235,14 +242,7 @@ class SharedDirRollouts:
             raise RoleFailed(f"the orchestrator role has not been heard from for {silent:.0f} s")
 
     def _wait_for(self, path: pathlib.Path) -> dict:
-        delay = 0.01
-        while True:
-            data = read_json(path)
-            if data is not None:
-                return data
-            self._check_orchestrator()
-            time.sleep(delay)
-            delay = min(POLL_S, delay * 2)
+        return poll(lambda: read_json(path), self._check_orchestrator)
 
     def _batch(self, step: int) -> RolloutBatch:
         path = batch_path(self.dir, step)
@@ -266,8 +266,9 @@ class SharedDirRollouts:
 
     def after_update(self, step: int) -> tuple[dict[int, dict[str, float]], float]:
         seconds = self.publish(step)
-        old = weights_path(self.dir, step - 1 - self.depth - 1)
-        shutil.rmtree(old, ignore_errors=True)  # older than any batch still to sample needs
+        # The orchestrator has loaded the policy that sampled this step; the one before it is done with.
+        oldest_needed = sampling_version(step, start_step=self.trainer.start_step, depth=self.depth)
+        shutil.rmtree(weights_path(self.dir, oldest_needed - 1), ignore_errors=True)
         return self._held_out(), seconds
 
     def pending(self, step: int) -> list[RolloutBatch]:
@@ -281,16 +282,16 @@ class SharedDirRollouts:
         return self._held_out()
 
     def _held_out(self) -> dict[int, dict[str, float]]:
+        """The eval/val metrics the orchestrator has written since the last look, by step (each
+        file is read once, then removed)."""
         results = {}
         for path in sorted((self.dir / "held_out").glob("step-*.json")):
             data = read_json(path) or {}
             try:
-                step, metrics = int(data["step"]), {str(k): float(v) for k, v in data["metrics"].items()}
+                results[int(data["step"])] = {str(k): float(v) for k, v in data["metrics"].items()}
             except (KeyError, TypeError, ValueError, AttributeError):
                 raise RoleFailed(f"the orchestrator role wrote a malformed eval file {path.name}") from None
-            if step not in self.reported_held_out:
-                self.reported_held_out.add(step)
-                results[step] = metrics
+            path.unlink()
         return results
 
     def write_exit(self, exit_code: int) -> None:
@@ -345,8 +346,10 @@ class OrchestratorRole:
             if done.wait(HEARTBEAT_S):
                 return
 
-    def wait_for_session(self) -> dict | None:
-        """The newest session not ignored (not ended when first seen); None after a stop."""
+    def wait_for_session(self, timeout: float | None = None) -> dict | None:
+        """The newest session not ignored (not ended when first seen); None after a stop or
+        `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not (self.stopping is not None and self.stopping.is_set()):
             session = read_json(self.root / SESSION_FILE)
             if session is not None and session.get("session") not in self.ignored:
@@ -354,8 +357,21 @@ class OrchestratorRole:
                     self.ignored.add(session["session"])  # an earlier attempt's, already ended
                 else:
                     return session
+            if deadline is not None and time.monotonic() > deadline:
+                return None
             time.sleep(POLL_S)
         return None
+
+    def fail(self, *, exit_code: int, code: str, message: str, wait_s: float = 600.0) -> None:
+        """Record the orchestrator's failure in the trainer's current session, for the trainer to
+        report as the attempt's error. A failure before the trainer has started its session (a
+        bad spec, an environment that does not load) waits up to `wait_s` seconds for it."""
+        try:
+            session = self.wait_for_session(timeout=wait_s)
+            if session is not None:
+                write_json(self.root / str(session["session"]) / "failed.json", {"exit_code": exit_code, "code": code, "message": message})
+        except (RoleFailed, OSError):  # a directory this role cannot read or write: its exit code says the rest
+            pass
 
     def _check_session(self, session: dict) -> None:
         """Raise SessionChanged for a newer session, SessionEnded once the trainer has ended this one
@@ -388,14 +404,15 @@ class OrchestratorRole:
             """Load policy `version` into inference (waiting for it); False when it never comes."""
             nonlocal loaded
             path = weights_path(directory, version)
-            delay = 0.01
-            while not path.is_dir():
-                self._check_session(session)
+
+            def published() -> bool | None:
+                if path.is_dir():
+                    return True
                 final = final_step()
-                if final is not None and final < version:
-                    return False
-                time.sleep(delay)
-                delay = min(POLL_S, delay * 2)
+                return False if final is not None and final < version else None  # False: it never will be
+
+            if not poll(published, lambda: self._check_session(session)):
+                return False
             started = time.perf_counter()
             backend.load_weights_dir(path, version, restart=loaded is None)  # a new session may start below the loaded one
             self.reload_seconds = time.perf_counter() - started
@@ -416,16 +433,13 @@ class OrchestratorRole:
             batch = orchestrator.batch(step, version)
             self._write(session, batch_path(directory, step), {**batch_to_json(batch), "weight_reload_s": self.reload_seconds})
         # The evals due for policies no batch needed (the last steps'), up to the trainer's last update.
-        while (final := final_step()) is None:
-            self._check_session(session)
-            time.sleep(POLL_S)
+        final = poll(final_step, lambda: self._check_session(session))
         for version in range(start_step - 1 if loaded is None else loaded + 1, final + 1):
             if owes_held_out(version):
                 load(version)
         self._write(session, directory / "done.json", {})
-        while True:  # until the trainer has reported the attempt's end (SessionEnded), whatever it was
-            self._check_session(session)
-            time.sleep(POLL_S)
+        # Until the trainer has reported the attempt's end, whatever it was: _check_session raises SessionEnded.
+        return poll(lambda: None, lambda: self._check_session(session))
 
     def _write(self, session: dict, path: pathlib.Path, data: dict) -> None:
         try:
@@ -433,27 +447,6 @@ class OrchestratorRole:
         except FileNotFoundError:  # the trainer cleared the directory for a new session
             self._check_session(session)
             raise
-
-
-def fail(root: pathlib.Path, *, exit_code: int, code: str, message: str, wait_s: float = 600.0, stopping=None) -> None:
-    """Record the orchestrator's failure in the trainer's current session, for the trainer to
-    report as the attempt's error. A failure before the trainer has started its session (a
-    bad spec, an environment that does not load) waits up to `wait_s` seconds for it."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            session = read_json(root / SESSION_FILE)
-        except RoleFailed:
-            session = None
-        if session is not None and not (root / str(session["session"]) / "exit.json").exists():
-            try:
-                write_json(root / str(session["session"]) / "failed.json", {"exit_code": exit_code, "code": code, "message": message})
-            except OSError:
-                pass
-            return
-        if time.monotonic() > deadline or (stopping is not None and stopping.is_set()):
-            return
-        time.sleep(POLL_S)
 
 
 # ---- all roles on one host ----
@@ -474,17 +467,3 @@ def start_orchestrator_role(args_line: list[str], *, workdir: pathlib.Path, shar
             [sys.executable, "-m", "engine", "orchestrator", *args_line], stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env=environment,
         )
-
-
-def stop_process(process: subprocess.Popen | None, timeout: float = 30.0) -> None:
-    """SIGTERM a role's process group, SIGKILL after `timeout` seconds."""
-    if process is None or process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    except ProcessLookupError:
-        pass

@@ -477,13 +477,6 @@ class Trainer:
         ckpt.prune_adapters(root, keep=self.reporter.pending_archives(adapters=True))
         logger.info("adapter step %d: %s (%d bytes, sha256 %s)", step, archive.name, size, digest[:12])
 
-    def _load_policy(self, version: int) -> float:
-        """Load the trainer's current weights into the rollout backend as policy `version`
-        (optimizer updates seen); return the seconds it took."""
-        started = time.perf_counter()
-        self.orchestrator.backend.load_weights(policy_weights(self.model), policy_version=version)
-        return time.perf_counter() - started
-
     @staticmethod
     def _off_policy_metrics(step: int, batch: RolloutBatch) -> dict[str, float]:
         """`off_policy/steps_mean` and `_max`: how many optimizer updates behind the policy
@@ -629,7 +622,7 @@ class InProcessRollouts:
         """The base model's eval (as step 0), when a fresh run's `[eval]` asks for it."""
         trainer = self.trainer
         if trainer.start_step == 1 and self.orchestrator.held_out_due(0) and trainer.parallel.is_main:
-            trainer._load_policy(0)
+            self._load_policy(0)
             return {0: self.orchestrator.held_out(0)}
         return {}
 
@@ -640,7 +633,7 @@ class InProcessRollouts:
         if self.ahead and self.ahead[0][0] == step:
             batch = self.ahead.popleft()[1].result()
         else:
-            weights_seconds += trainer._load_policy(step - 1)
+            weights_seconds += self._load_policy(step - 1)
             batch = self.orchestrator.batch(step, step - 1)
         if self.executor is not None:
             # Sample up to `depth` steps ahead with the policy that trains this step
@@ -651,6 +644,13 @@ class InProcessRollouts:
                 self.ahead.append((future_step, self._sample_ahead(future_step, step - 1)))
                 weights_seconds += time.perf_counter() - snapshot_started
         return batch, weights_seconds
+
+    def _load_policy(self, version: int) -> float:
+        """Load the trainer's current weights into the rollout backend as policy `version`
+        (optimizer updates seen); return the seconds it took."""
+        started = time.perf_counter()
+        self.orchestrator.backend.load_weights(policy_weights(self.trainer.model), policy_version=version)
+        return time.perf_counter() - started
 
     def _sample_ahead(self, step: int, version: int) -> concurrent.futures.Future:
         """Sample `step`'s batch in the rollout thread with the policy as it is now (`version`
@@ -673,7 +673,7 @@ class InProcessRollouts:
             return {}, 0.0
         for _, future in self.ahead:
             future.result()  # the sampler is free, and its weights can move to this step's
-        seconds = trainer._load_policy(step)
+        seconds = self._load_policy(step)
         return {step: self.orchestrator.held_out(step)}, seconds
 
     def pending(self, step: int) -> list[RolloutBatch]:

@@ -105,6 +105,10 @@ def _terminated_codes(group: GroupObjects, role: str | None = None) -> list[int 
             if "terminated" in (status.get("state") or {})]
 
 
+def _failing_codes(group: GroupObjects, role: str | None = None) -> list[int]:
+    return [code for code in _terminated_codes(group, role) if code not in (0, None)]
+
+
 def _split(group: GroupObjects) -> bool:
     return any(role_of(obj) != ENGINE_ROLE for obj in [*group.jobs.values(), *group.pods.values()])
 
@@ -122,13 +126,12 @@ def _split_exit_code(group: GroupObjects, *, completed: bool) -> int | None:
             rank = _ROLE_ORDER.index(role) if role in _ROLE_ORDER else len(_ROLE_ORDER)
             failed.append((entry.get("lastTransitionTime") or "", rank, role, entry))
     for _, _, role, entry in sorted(failed, key=lambda item: (item[0], item[1])):
-        codes = [code for code in _terminated_codes(group, role) if code not in (0, None)]
-        if codes:
+        if codes := _failing_codes(group, role):
             return codes[0]
         if match := _EXIT_CODE_MESSAGE.search(entry.get("message") or ""):
             return int(match.group(1))
     for role in _ROLE_ORDER:  # no Job says which failed first: the first role with a failing exit
-        if codes := [code for code in _terminated_codes(group, role) if code not in (0, None)]:
+        if codes := _failing_codes(group, role):
             return codes[0]
     return None
 
