@@ -118,6 +118,25 @@ class RolloutBatch:
     env_names: list[str] | None = None
 
 
+def evaluates(spec, step: int) -> bool:
+    """Whether `[eval]` runs for the policy after `step` updates (step 0: the base model)."""
+    if step == 0:
+        return spec.eval.evaluates_base_model
+    return bool(spec.eval.interval) and step % spec.eval.interval == 0
+
+
+def validates(spec, step: int) -> bool:
+    """Whether `[val]` runs for the policy after `step` updates (never the base model)."""
+    interval = spec.val.setting("interval") if spec.val is not None else 0
+    return step > 0 and bool(interval) and step % interval == 0
+
+
+def held_out_due(spec, step: int) -> bool:
+    """Whether the policy after `step` updates is evaluated or validated: a function of the spec
+    alone, so the trainer role knows which evals to wait for without loading environments."""
+    return evaluates(spec, step) or validates(spec, step)
+
+
 @dataclass
 class Orchestrator:
     """The rollout side of one job; `setup()` first. `backend` samples (set by the caller;
@@ -179,29 +198,17 @@ class Orchestrator:
             return self.teacher_batch(step, policy_version)
         return self.generate_batch(step, policy_version, backend)
 
-    def _evaluates(self, step: int) -> bool:
-        """Whether `[eval]` runs for the policy after `step` updates (step 0: the base model)."""
-        spec = self.spec
-        if step == 0:
-            return spec.eval.evaluates_base_model
-        return bool(spec.eval.interval) and step % spec.eval.interval == 0
-
-    def _validates(self, step: int) -> bool:
-        """Whether `[val]` runs for the policy after `step` updates (never the base model)."""
-        interval = self.spec.val.setting("interval") if self.val_targets else 0
-        return step > 0 and bool(interval) and step % interval == 0
-
     def held_out_due(self, step: int) -> bool:
         """Whether the policy after `step` updates is evaluated or validated (step 0: the base
         model's eval, when `[eval]` asks for it)."""
-        return self._evaluates(step) or self._validates(step)
+        return held_out_due(self.spec, step)
 
     def held_out(self, step: int) -> dict[str, float]:
         """The eval and validation metrics due for the current policy after `step` updates."""
         metrics = {}
-        if self._evaluates(step):
+        if evaluates(self.spec, step):
             metrics.update(self.evaluate(step))
-        if self._validates(step):
+        if validates(self.spec, step):
             metrics.update(self.validate(step))
         return metrics
 

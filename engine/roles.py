@@ -44,7 +44,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from engine.orchestrator import RolloutBatch
+from engine.orchestrator import RolloutBatch, held_out_due
 from engine.packages import PACKAGES_VARIABLE
 from engine.rollout import Completion
 
@@ -186,6 +186,7 @@ class SharedDirRollouts:
         self.depth = config.async_depth
         self.max_steps = config.spec.max_steps
         self.reload_seconds = 0.0
+        self.collected: set[int] = set()  # the steps whose eval/val metrics were read
         self.session = uuid.uuid4().hex
         self.dir = self.root / self.session
         self.started = time.monotonic()
@@ -274,6 +275,17 @@ class SharedDirRollouts:
     def pending(self, step: int) -> list[RolloutBatch]:
         return [self._batch(s) for s in range(step + 1, min(step + self.depth, self.max_steps) + 1)]
 
+    def settled(self, step: int) -> dict[int, dict[str, float]]:
+        """Before `step`'s checkpoint: the eval/val metrics of every policy up to `step`'s not yet
+        returned, waiting for `step`'s own when it is due. Once the batches ahead are written
+        (`pending`), those of the earlier policies are too (the orchestrator evaluates a policy
+        when it loads it, before sampling with it); so a run resumed from this checkpoint owes
+        no eval of a policy it does not train again."""
+        if held_out_due(self.trainer.config.spec, step):
+            path = held_out_path(self.dir, step)
+            poll(lambda: True if step in self.collected or path.exists() else None, self._check_orchestrator)
+        return self._held_out()
+
     def finish(self, last_step: int) -> dict[int, dict[str, float]]:
         """Tell the orchestrator no update follows `last_step`, wait until it has written every
         eval it owes, and return those not yet reported."""
@@ -288,9 +300,11 @@ class SharedDirRollouts:
         for path in sorted((self.dir / "held_out").glob("step-*.json")):
             data = read_json(path) or {}
             try:
-                results[int(data["step"])] = {str(k): float(v) for k, v in data["metrics"].items()}
+                step = int(data["step"])
+                results[step] = {str(k): float(v) for k, v in data["metrics"].items()}
             except (KeyError, TypeError, ValueError, AttributeError):
                 raise RoleFailed(f"the orchestrator role wrote a malformed eval file {path.name}") from None
+            self.collected.add(step)
             path.unlink()
         return results
 
@@ -432,11 +446,12 @@ class OrchestratorRole:
                 break  # the trainer stopped: no later batch will be trained
             batch = orchestrator.batch(step, version)
             self._write(session, batch_path(directory, step), {**batch_to_json(batch), "weight_reload_s": self.reload_seconds})
-        # The evals due for policies no batch needed (the last steps'), up to the trainer's last update.
-        final = poll(final_step, lambda: self._check_session(session))
-        for version in range(start_step - 1 if loaded is None else loaded + 1, final + 1):
-            if owes_held_out(version):
-                load(version)
+        # The evals due for the policies no batch needed (the last steps'), each as soon as it is
+        # published (the trainer waits for one before its checkpoint), up to the trainer's last update.
+        for version in range(start_step - 1 if loaded is None else loaded + 1, max_steps + 1):
+            if owes_held_out(version) and not load(version):
+                break  # the trainer stopped before this update
+        poll(final_step, lambda: self._check_session(session))
         self._write(session, directory / "done.json", {})
         # Until the trainer has reported the attempt's end, whatever it was: _check_session raises SessionEnded.
         return poll(lambda: None, lambda: self._check_session(session))

@@ -570,6 +570,8 @@ class Trainer:
                     # The rollouts already sampled for the next steps go into the checkpoint,
                     # so a resume trains on exactly what an uninterrupted run would.
                     next_batches = rollouts.pending(step)
+                    # The evals up to this step are reported before its checkpoint: a resume owes none of them.
+                    self._report_held_out(rollouts.settled(step))
                     if self.parallel.is_main:
                         self._checkpoint(step, next_batches or None, metrics)
                 if self.parallel.is_main and ckpt.adapter_due(spec.adapters, step, spec.max_steps):
@@ -679,6 +681,10 @@ class InProcessRollouts:
     def pending(self, step: int) -> list[RolloutBatch]:
         """The batches sampled ahead of `step` (waiting for them), for its checkpoint."""
         return [future.result() for _, future in self.ahead]
+
+    def settled(self, step: int) -> dict[int, dict[str, float]]:
+        """Nothing: this process reports a step's evals with the step."""
+        return {}
 
     def finish(self, last_step: int) -> dict[int, dict[str, float]]:
         """Nothing is left to collect in this process."""
