@@ -50,24 +50,25 @@ def test_usage_without_billing_is_recorded_but_never_charged(owner):
 
 
 def test_it_groups_usage_by_day_resource_and_job(owner, settings):
-    now = timezone.now().replace(hour=12, minute=0, second=0, microsecond=0)
-    record(owner, job_id="job_a", seconds=600, attempt_id=1, ended=now - timedelta(days=1))
-    record(owner, job_id="job_b", seconds=60, resource="H100", gpus=2, attempt_id=2, ended=now)
+    # Noon of yesterday: a day wholly before the query's default end (now), whatever the hour.
+    latest = (timezone.now() - timedelta(days=1)).replace(hour=12, minute=0, second=0, microsecond=0)
+    record(owner, job_id="job_a", seconds=600, attempt_id=1, ended=latest - timedelta(days=1))
+    record(owner, job_id="job_b", seconds=60, resource="H100", gpus=2, attempt_id=2, ended=latest)
     client = owner.client()
-    start = (now - timedelta(days=2)).date().isoformat()
+    start = (latest - timedelta(days=2)).date().isoformat()
 
     by_day = client.get(f"/api/v1/usage?start={start}&group_by=day").json()
     assert by_day["object"] == "list" and by_day["has_more"] is False
     assert by_day["data"] == [
-        {"date": (now - timedelta(days=1)).date().isoformat(), "gpu_seconds": 0.0, "cpu_seconds": 600.0, "cost_usd": "0.016667"},
-        {"date": now.date().isoformat(), "gpu_seconds": 120.0, "cpu_seconds": 0.0, "cost_usd": "0.083333"},
+        {"date": (latest - timedelta(days=1)).date().isoformat(), "gpu_seconds": 0.0, "cpu_seconds": 600.0, "cost_usd": "0.016667"},
+        {"date": latest.date().isoformat(), "gpu_seconds": 120.0, "cpu_seconds": 0.0, "cost_usd": "0.083333"},
     ]
     by_resource = client.get(f"/api/v1/usage?start={start}&group_by=resource").json()["data"]
     assert [(row["resource"], row["cost_usd"]) for row in by_resource] == [("H100", "0.083333"), ("cpu", "0.016667")]
     by_job = client.get(f"/api/v1/usage?start={start}&group_by=job").json()["data"]
     assert [(row["job_id"], row["gpu_seconds"]) for row in by_job] == [("job_a", 0.0), ("job_b", 120.0)]
     both = client.get(f"/api/v1/usage?start={start}&group_by=day,resource&job_id=job_b").json()["data"]
-    assert both == [{"date": now.date().isoformat(), "resource": "H100", "gpu_seconds": 120.0, "cpu_seconds": 0.0, "cost_usd": "0.083333"}]
+    assert both == [{"date": latest.date().isoformat(), "resource": "H100", "gpu_seconds": 120.0, "cpu_seconds": 0.0, "cost_usd": "0.083333"}]
     assert client.get(f"/api/v1/usage?start={start}&end={start}T12:00:00Z").json()["data"] == []
 
 
