@@ -171,6 +171,10 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     parent = os.environ.get("LAB_ENGINE_PARENT_PID")
     if parent:  # started by `python -m engine run`: end with it
         _exit_with_parent(int(parent))
+
+    def orphaned() -> bool:
+        return bool(parent) and os.getppid() != int(parent)
+
     stopping = threading.Event()
 
     def request_stop(signum, frame):  # the trainer ends the attempt; a stop only ends waiting for it
@@ -198,10 +202,7 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
             orchestrator = Orchestrator(config, side.tokenizer, side.stop_token_ids, side.context_length, backend=backend)
             orchestrator.setup()
             role.orchestrator = orchestrator
-            code = role.run()
-            if parent and os.getppid() != int(parent):  # the run that made the directory died: clear up for it
-                shutil.rmtree(root, ignore_errors=True)
-            return code
+            return role.run()
         except ModelNotFound as error:
             raise ConfigError(str(error), "model_not_found") from None
         except (InvalidEnvironment, EnvironmentFailed) as error:
@@ -218,8 +219,11 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
             orchestrator.close()
         if backend is not None:
             backend.close()
+        if orphaned():  # the run that made the directory died: clear up for it, however this role
+            shutil.rmtree(root, ignore_errors=True)  # ended (its inference may have gone first)
     print(f"engine: {message}", file=sys.stderr, flush=True)
-    role.fail(exit_code=exit_code, code=code, message=message)
+    if not orphaned():
+        role.fail(exit_code=exit_code, code=code, message=message)
     return exit_code
 
 
