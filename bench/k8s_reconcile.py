@@ -1,6 +1,7 @@
 """Benchmark ``k8s_launch_reconcile_ms_1k``: one reconciler pass (``reconcile_all``) over 1,000
 running jobs on the Kubernetes launcher, against the in-memory gateway fake (tests/k8s), on
-PostgreSQL.
+PostgreSQL; and ``k8s_reconcile_ingest_values_per_s``: the ingest throughput of
+bench/ingest.py while such passes run.
 
 The 1,000 attempts are launched through the launcher (namespace, LocalQueue, JobSet, Secret
 each), admitted by the fake's Kueue and running; each pass then catches the watch cache up
@@ -14,25 +15,51 @@ median pass's CPU time in this process (both steadier than wall time on a shared
 together are finished in one transaction (each in a savepoint of its own, usage closed in one
 ledger batch), the others' totals raised in one statement.
 Baseline: the goal, 500 ms.
-Usage: ``python bench/k8s_reconcile.py [--jobs 1000] [--passes 5]``.
+
+Then the jobs finished are replaced by new running ones, one of them the job bench/ingest.py
+posts to (launched on the cluster like the others, so the passes reconcile it too), to make
+1,000 active jobs again. bench/ingest.py's ``POST /metrics`` batches (uvicorn, 1,000 points ×
+20 values) are timed alone, then while a forked process runs such passes back to back (each
+finishing 20 more jobs; the Celery beat runs one every ``LAB_RECONCILE_INTERVAL_S``, 5 s, so
+this is harsher than a deployment), then alone again. ``k8s_reconcile_ingest_values_per_s`` is
+the values/s during the passes; its baseline is not a goal but the same figure measured alone
+(both alone runs together, also given apart), so its ``ratio`` is the share of the throughput
+left while the passes run (1 is unchanged). ``passes``, ``pass_p50_ms`` and ``pass_cpu_p50_ms``
+tell how many passes ran beside the batches and the median's wall and CPU time; ``cpus`` is the
+machine's CPU count. The passes take no lock an ingest request waits for (the ingest job is
+idle to them: its row is locked only by the one statement that raises usage totals, once every
+``LAB_USAGE_INTERVAL_S``), so what they take from ingest is CPU: a pass keeps about a core busy
+(its process and its PostgreSQL backend), and where the uvicorn server, PostgreSQL and the
+client have no core to spare (two CPUs) the figure drops about as much as with a busy loop in
+place of the passes (docs/ingest-api.md "Throughput").
+Usage: ``python bench/k8s_reconcile.py [--jobs 1000] [--passes 5] [--ingest-batches 30]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import statistics
 import time
 from datetime import datetime, timezone
+from typing import Self
 
 import _django
+import ingest
+
+FINISHED_PER_PASS = 20
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--ingest-batches", type=int, default=30, help="batches in each ingest run; 0 skips them")
     arguments = parser.parse_args()
-    _django.setup()
+    if (3 * arguments.ingest_batches + 1) * ingest.POINTS > ingest.STEPS:
+        parser.error(f"--ingest-batches: at most {(ingest.STEPS // ingest.POINTS - 1) // 3} (the ingest job's steps)")
+    url = _django.setup()
     from django.conf import settings
     from django.utils import timezone as django_timezone
 
@@ -47,37 +74,54 @@ def main() -> None:
     settings.LAB_LAUNCHER = "kubernetes"
     settings.LAB_HEARTBEAT_TIMEOUT_S = 3600
     cluster = FakeGateway(history=100_000)
+    for index in range(arguments.jobs // 8 + 1):  # the pool's H100 nodes, read by the pass (jobs.pool)
+        allocatable = {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8"}
+        cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"h100-{index}", "labels": {
+            "kubernetes.io/hostname": f"h100-{index}", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+            "status": {"allocatable": allocatable, "capacity": allocatable}})
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False,
                                   clock=lambda: datetime.now(timezone.utc))
     reconciler.get_launcher = lambda: launcher
     from jobs import dispatch, pool
 
     pool.get_launcher = lambda: launcher  # the pass reads the nodes through the same fake cluster
+    pool.cluster_inventory_refresh(force=True)  # not a copy an earlier run left in the cache
 
     dispatch.enqueue_admission = lambda: None  # no broker: the pass itself is measured
 
     organizations = Organization.objects.bulk_create([Organization(slug=f"org-{index}", name=f"Org {index}") for index in range(50)])
     projects = Project.objects.bulk_create([Project(organization=org, slug="default", name="Default") for org in organizations])
-    now = django_timezone.now()
     spec = {"max_runtime_minutes": 600, "max_restarts": 2}
-    jobs = Job.objects.bulk_create([
-        Job(project=projects[index % len(projects)], status=JobStatus.RUNNING, spec=spec, model="lab/tiny-random-llama",
-            max_steps=10, gpu_type="H100", gpus=1, attempt=1, started_at=now)
-        for index in range(arguments.jobs)
-    ], batch_size=1000)
-    # The pods started a minute ago: each pass bills the seconds since the last one, as in steady state.
-    pods_started = (now - django_timezone.timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    attempts = []
-    for index, job in enumerate(jobs):
-        slug = organizations[index % len(organizations)].slug
+
+    def launch_running(job_public_id: str, slug: str) -> dict:
+        """Launch a job's attempt 1 on the fake cluster, admitted and running since a minute
+        ago (each pass bills the seconds since the last one, as in steady state); return its handle."""
         handle = launcher.launch(LaunchRequest(
-            job_id=job.public_id, attempt=1, spec=spec, lab_url="http://lab", token="t", bootstrap_token="ljb_t", organization=slug,
-            namespace=f"lab-{slug}", gpu_type="H100", gpus=1))
+            job_id=job_public_id, attempt=1, spec=spec, lab_url="http://lab", token="t", bootstrap_token="ljb_t",
+            organization=slug, namespace=f"lab-{slug}", gpu_type="H100", gpus=1))
         cluster.admit(handle["namespace"], handle["jobset"])
+        pods_started = (django_timezone.now() - django_timezone.timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
         cluster.run(handle["namespace"], handle["jobset"], started_at=pods_started)
-        attempts.append(JobAttempt(job=job, number=1, state=AttemptState.LAUNCHED, launcher="kubernetes", handle=handle,
-                                   launched_at=now, last_heartbeat_at=now))
-    JobAttempt.objects.bulk_create(attempts, batch_size=1000)
+        return handle
+
+    def running_jobs(count: int, offset: int) -> list[JobAttempt]:
+        """Create ``count`` running jobs spread over the organizations, each with its attempt
+        launched by ``launch_running``; return the attempts."""
+        now = django_timezone.now()
+        jobs = Job.objects.bulk_create([
+            Job(project=projects[index % len(projects)], status=JobStatus.RUNNING, spec=spec, model="lab/tiny-random-llama",
+                max_steps=10, gpu_type="H100", gpus=1, attempt=1, started_at=now)
+            for index in range(offset, offset + count)
+        ], batch_size=1000)
+        attempts = [
+            JobAttempt(job=job, number=1, state=AttemptState.LAUNCHED, launcher="kubernetes",
+                       handle=launch_running(job.public_id, organizations[index % len(organizations)].slug),
+                       launched_at=now, last_heartbeat_at=now)
+            for index, job in zip(range(offset, offset + count), jobs)
+        ]
+        return JobAttempt.objects.bulk_create(attempts, batch_size=1000)
+
+    attempts = running_jobs(arguments.jobs, 0)
 
     started = time.perf_counter()
     seen = reconciler.reconcile_all()
@@ -94,7 +138,7 @@ def main() -> None:
     passes, observes, calls, cpu, counted = [], [], [], [], []
     finished = 0
     for number in range(arguments.passes):
-        for attempt in attempts[number * 20:(number + 1) * 20]:
+        for attempt in attempts[number * FINISHED_PER_PASS:(number + 1) * FINISHED_PER_PASS]:
             cluster.exit(attempt.handle["namespace"], attempt.handle["jobset"], 0)
         calls_before, queries[0] = len(cluster.calls), 0
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -104,7 +148,7 @@ def main() -> None:
         cpu.append((time.process_time() - cpu_started) * 1000)
         counted.append(queries[0])
         calls.append(len(cluster.calls) - calls_before)
-        finished += 20
+        finished += FINISHED_PER_PASS
         handles = [attempt.handle for attempt in attempts]
         started = time.perf_counter()
         launcher.observe_many(handles)
@@ -116,6 +160,92 @@ def main() -> None:
         jobs=arguments.jobs, observe_ms=round(statistics.median(observes), 1), first_pass_ms=round(first_ms, 1),
         api_calls_per_pass=max(calls), queries_per_pass=max(counted), cpu_ms=round(statistics.median(cpu), 1),
     )
+    if arguments.ingest_batches <= 0:
+        return
+
+    from lab.services import bootstrap_tenant
+
+    bootstrap_tenant(organization_slug="bench", project_slug="bench", email="bench@example.com", password=None)
+    job, token = ingest.ingest_job(
+        project=Project.objects.get(slug="bench"), resources={"gpu_type": "H100", "gpus": 1},
+        launch=lambda job: launch_running(job.public_id, "bench"))
+    running = attempts[finished:] + running_jobs(max(finished - 1, 0), arguments.jobs)
+    with ingest.ingest_client(url=url, job=job, token=token) as client:  # its first heartbeat makes the job running
+        active = reconciler.reconcile_all()  # the cache catches up with the new jobs
+        assert active == len(running) + 1, active
+        step = 1
+        ingest.post_batches(client, batches=1, first_step=step)  # the server's first request, not timed
+        step += ingest.POINTS
+        alone_first = ingest.post_batches(client, batches=arguments.ingest_batches, first_step=step)
+        step += arguments.ingest_batches * ingest.POINTS
+        with _PassesBeside(running, cluster, reconciler) as beside:
+            during = ingest.post_batches(client, batches=arguments.ingest_batches, first_step=step)
+            step += arguments.ingest_batches * ingest.POINTS
+        alone_last = ingest.post_batches(client, batches=arguments.ingest_batches, first_step=step)
+    alone = alone_first + alone_last
+    _django.report(
+        "k8s_reconcile_ingest_values_per_s", ingest.values_per_s(during), "values/s",
+        round(ingest.values_per_s(alone), 1), jobs=active, batches=arguments.ingest_batches,
+        batch_p50_ms=ingest.batch_p50_ms(during), alone_batch_p50_ms=ingest.batch_p50_ms(alone),
+        alone_first_values_per_s=round(ingest.values_per_s(alone_first), 1),
+        alone_last_values_per_s=round(ingest.values_per_s(alone_last), 1),
+        passes=len(beside.durations), pass_p50_ms=_median(beside.durations), pass_cpu_p50_ms=_median(beside.cpu),
+        cpus=os.cpu_count(),
+    )
+
+
+def _median(values: list[float]) -> float | None:
+    """The median of ``values`` rounded to 0.1, None for none."""
+    return round(statistics.median(values), 1) if values else None
+
+
+class _PassesBeside:
+    """Run reconciler passes back to back in a forked process (its own interpreter lock and
+    PostgreSQL connection, the parent's fake cluster and launcher as they stand) while the
+    ``with`` block runs; before each pass, ``FINISHED_PER_PASS`` more of the attempts
+    ``running`` exit (while any are left). On exit, ``durations`` holds the passes' wall times
+    and ``cpu`` their CPU times in the forked process, in ms; a pass that failed raises its
+    error here."""
+
+    def __init__(self, running, cluster, reconciler) -> None:
+        self.running, self.cluster, self.reconciler = running, cluster, reconciler
+        self.durations: list[float] = []
+        self.cpu: list[float] = []
+
+    def __enter__(self) -> Self:
+        from django.db import connections
+
+        connections.close_all()  # the child must not share the parent's connection
+        context = multiprocessing.get_context("fork")
+        self.stop = context.Event()
+        self.receive, send = context.Pipe(duplex=False)
+        self.process = context.Process(target=self._run, args=(send,), daemon=True)
+        self.process.start()
+        return self
+
+    def _run(self, send) -> None:
+        durations, cpu, index = [], [], 0
+        try:
+            while not self.stop.is_set():
+                for attempt in self.running[index:index + FINISHED_PER_PASS]:
+                    self.cluster.exit(attempt.handle["namespace"], attempt.handle["jobset"], 0)
+                index += FINISHED_PER_PASS
+                started, cpu_started = time.perf_counter(), time.process_time()
+                self.reconciler.reconcile_all()
+                durations.append((time.perf_counter() - started) * 1000)
+                cpu.append((time.process_time() - cpu_started) * 1000)
+        except Exception as error:
+            send.send(error)
+            raise
+        send.send((durations, cpu))
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        received = self.receive.recv()
+        self.process.join()
+        if isinstance(received, Exception):
+            raise received
+        self.durations, self.cpu = received
 
 
 if __name__ == "__main__":
