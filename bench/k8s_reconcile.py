@@ -1,7 +1,8 @@
 """Benchmark ``k8s_launch_reconcile_ms_1k``: one reconciler pass (``reconcile_all``) over 1,000
 running jobs on the Kubernetes launcher, against the in-memory gateway fake (tests/k8s), on
 PostgreSQL; and ``k8s_reconcile_ingest_values_per_s``: the ingest throughput of
-bench/ingest.py while such passes run.
+bench/ingest.py while such passes run at the Celery beat's cadence (and
+``k8s_reconcile_ingest_values_per_s_back_to_back`` while they run with no pause).
 
 The 1,000 attempts are launched through the launcher (namespace, LocalQueue, JobSet, Secret
 each), admitted by the fake's Kueue and running; each pass then catches the watch cache up
@@ -19,20 +20,27 @@ Baseline: the goal, 500 ms.
 Then the jobs finished are replaced by new running ones, one of them the job bench/ingest.py
 posts to (launched on the cluster like the others, so the passes reconcile it too), to make
 1,000 active jobs again. bench/ingest.py's ``POST /metrics`` batches (uvicorn, 1,000 points ×
-20 values) are timed alone, then while a forked process runs such passes back to back (each
-finishing 20 more jobs; the Celery beat runs one every ``LAB_RECONCILE_INTERVAL_S``, 5 s, so
-this is harsher than a deployment), then alone again. ``k8s_reconcile_ingest_values_per_s`` is
-the values/s during the passes; its baseline is not a goal but the same figure measured alone
-(both alone runs together, also given apart), so its ``ratio`` is the share of the throughput
-left while the passes run (1 is unchanged). ``passes``, ``pass_p50_ms`` and ``pass_cpu_p50_ms``
-tell how many passes ran beside the batches and the median's wall and CPU time; ``cpus`` is the
-machine's CPU count. The passes take no lock an ingest request waits for (the ingest job is
-idle to them: its row is locked only by the one statement that raises usage totals, once every
-``LAB_USAGE_INTERVAL_S``), so what they take from ingest is CPU: a pass keeps about a core busy
-(its process and its PostgreSQL backend), and where the uvicorn server, PostgreSQL and the
-client have no core to spare (two CPUs) the figure drops about as much as with a busy loop in
-place of the passes (docs/ingest-api.md "Throughput").
-Usage: ``python bench/k8s_reconcile.py [--jobs 1000] [--passes 5] [--ingest-batches 30]``.
+20 values) are timed alone, then while a forked process runs such passes (each finishing 20
+more jobs) at the deployed cadence, then while it runs them back to back, then alone again.
+The cadence is the interval of the Celery beat entry that runs ``jobs.reconcile``
+(``CELERY_BEAT_SCHEDULE`` in lab/settings.py, from ``LAB_RECONCILE_INTERVAL_S``), read from the
+settings: a pass starts at the window's start and then every interval, or as soon as the one
+before ends if that is later (beat enqueues on time; one worker runs them in turn).
+``k8s_reconcile_ingest_values_per_s`` is the values/s beside passes at that cadence, as in a
+deployment; ``k8s_reconcile_ingest_values_per_s_back_to_back`` beside passes with no pause, the
+harshest neighbour. Their baseline is not a goal but the same figure measured alone (both alone
+runs together, also given apart), so each ``ratio`` is the share of the throughput left while
+the passes run (1 is unchanged). ``interval_s`` is the cadence (null back to back), ``passes``,
+``pass_p50_ms`` and ``pass_cpu_p50_ms`` tell how many passes ran beside the batches and the
+median's wall and CPU time; ``cpus`` is the machine's CPU count. The passes take no lock an
+ingest request waits for (the ingest job is idle to them: its row is locked only by the one
+statement that raises usage totals, once every ``LAB_USAGE_INTERVAL_S``), so what they take
+from ingest is CPU: a pass keeps about a core busy (its process and its PostgreSQL backend)
+while it runs, and where the uvicorn server, PostgreSQL and the client have no core to spare
+(two CPUs) passes back to back cost about as much as a busy loop in their place; at the
+cadence they take it for as long as a pass lasts, which on a starved machine is most of each
+interval (docs/ingest-api.md "Throughput").
+Usage: ``python bench/k8s_reconcile.py [--jobs 1000] [--passes 5] [--ingest-batches 24]``.
 """
 
 from __future__ import annotations
@@ -49,16 +57,18 @@ import _django
 import ingest
 
 FINISHED_PER_PASS = 20
+INGEST_RUNS = 4  # alone, beside passes at the cadence, beside passes back to back, alone
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--passes", type=int, default=5)
-    parser.add_argument("--ingest-batches", type=int, default=30, help="batches in each ingest run; 0 skips them")
+    parser.add_argument("--ingest-batches", type=int, default=24, help="batches in each ingest run; 0 skips them")
     arguments = parser.parse_args()
-    if (3 * arguments.ingest_batches + 1) * ingest.POINTS > ingest.STEPS:
-        parser.error(f"--ingest-batches: at most {(ingest.STEPS // ingest.POINTS - 1) // 3} (the ingest job's steps)")
+    if (INGEST_RUNS * arguments.ingest_batches + 1) * ingest.POINTS > ingest.STEPS:
+        most = (ingest.STEPS // ingest.POINTS - 1) // INGEST_RUNS
+        parser.error(f"--ingest-batches: at most {most} (the ingest job's steps)")
     url = _django.setup()
     from django.conf import settings
     from django.utils import timezone as django_timezone
@@ -178,20 +188,34 @@ def main() -> None:
         step += ingest.POINTS
         alone_first = ingest.post_batches(client, batches=arguments.ingest_batches, first_step=step)
         step += arguments.ingest_batches * ingest.POINTS
-        with _PassesBeside(running, cluster, reconciler) as beside:
-            during = ingest.post_batches(client, batches=arguments.ingest_batches, first_step=step)
-            step += arguments.ingest_batches * ingest.POINTS
+        beside_runs, exited = [], 0
+        for name, interval_s in (("k8s_reconcile_ingest_values_per_s", _beat_interval_s(settings)),
+                                 ("k8s_reconcile_ingest_values_per_s_back_to_back", None)):
+            with _PassesBeside(running[exited:], cluster, reconciler, interval_s=interval_s) as beside:
+                during = ingest.post_batches(client, batches=arguments.ingest_batches, first_step=step)
+                step += arguments.ingest_batches * ingest.POINTS
+            exited += beside.exited  # finished in the database: the next neighbour starts past them
+            beside_runs.append((name, interval_s, during, beside))
         alone_last = ingest.post_batches(client, batches=arguments.ingest_batches, first_step=step)
     alone = alone_first + alone_last
-    _django.report(
-        "k8s_reconcile_ingest_values_per_s", ingest.values_per_s(during), "values/s",
-        round(ingest.values_per_s(alone), 1), jobs=active, batches=arguments.ingest_batches,
-        batch_p50_ms=ingest.batch_p50_ms(during), alone_batch_p50_ms=ingest.batch_p50_ms(alone),
-        alone_first_values_per_s=round(ingest.values_per_s(alone_first), 1),
-        alone_last_values_per_s=round(ingest.values_per_s(alone_last), 1),
-        passes=len(beside.durations), pass_p50_ms=_median(beside.durations), pass_cpu_p50_ms=_median(beside.cpu),
-        cpus=os.cpu_count(),
-    )
+    for name, interval_s, during, beside in beside_runs:
+        _django.report(
+            name, ingest.values_per_s(during), "values/s",
+            round(ingest.values_per_s(alone), 1), jobs=active, batches=arguments.ingest_batches, interval_s=interval_s,
+            batch_p50_ms=ingest.batch_p50_ms(during), alone_batch_p50_ms=ingest.batch_p50_ms(alone),
+            alone_first_values_per_s=round(ingest.values_per_s(alone_first), 1),
+            alone_last_values_per_s=round(ingest.values_per_s(alone_last), 1),
+            passes=len(beside.durations), pass_p50_ms=_median(beside.durations), pass_cpu_p50_ms=_median(beside.cpu),
+            cpus=os.cpu_count(),
+        )
+
+
+def _beat_interval_s(settings) -> float:
+    """The seconds between reconciler passes in a deployment: the schedule of the Celery beat
+    entry that runs ``jobs.reconcile`` in ``settings.CELERY_BEAT_SCHEDULE``."""
+    beat = settings.CELERY_BEAT_SCHEDULE
+    (schedule,) = [entry["schedule"] for entry in beat.values() if entry["task"] == "jobs.reconcile"]
+    return float(schedule)
 
 
 def _median(values: list[float]) -> float | None:
@@ -200,17 +224,21 @@ def _median(values: list[float]) -> float | None:
 
 
 class _PassesBeside:
-    """Run reconciler passes back to back in a forked process (its own interpreter lock and
-    PostgreSQL connection, the parent's fake cluster and launcher as they stand) while the
-    ``with`` block runs; before each pass, ``FINISHED_PER_PASS`` more of the attempts
-    ``running`` exit (while any are left). On exit, ``durations`` holds the passes' wall times
-    and ``cpu`` their CPU times in the forked process, in ms; a pass that failed raises its
-    error here."""
+    """Run reconciler passes in a forked process (its own interpreter lock and PostgreSQL
+    connection, the parent's fake cluster and launcher as they stand) while the ``with`` block
+    runs: back to back, or with ``interval_s`` as Celery beat would, pass ``k`` starting
+    ``k × interval_s`` after the first or as soon as pass ``k - 1`` ends, whichever is later.
+    Before each pass, ``FINISHED_PER_PASS`` more of the attempts ``running`` exit (while any
+    are left). On exit, ``durations`` holds the passes' wall times and ``cpu`` their CPU times
+    in the forked process, in ms, and ``exited`` how many of ``running`` were made to exit (their
+    jobs finished, their JobSets then deleted from the parent's cluster too); a pass that
+    failed raises its error here."""
 
-    def __init__(self, running, cluster, reconciler) -> None:
-        self.running, self.cluster, self.reconciler = running, cluster, reconciler
+    def __init__(self, running, cluster, reconciler, *, interval_s: float | None = None) -> None:
+        self.running, self.cluster, self.reconciler, self.interval_s = running, cluster, reconciler, interval_s
         self.durations: list[float] = []
         self.cpu: list[float] = []
+        self.exited = 0
 
     def __enter__(self) -> Self:
         from django.db import connections
@@ -225,8 +253,12 @@ class _PassesBeside:
 
     def _run(self, send) -> None:
         durations, cpu, index = [], [], 0
+        first = time.perf_counter()
         try:
             while not self.stop.is_set():
+                if self.interval_s is not None and self.stop.wait(
+                        max(first + len(durations) * self.interval_s - time.perf_counter(), 0.0)):
+                    break
                 for attempt in self.running[index:index + FINISHED_PER_PASS]:
                     self.cluster.exit(attempt.handle["namespace"], attempt.handle["jobset"], 0)
                 index += FINISHED_PER_PASS
@@ -237,7 +269,7 @@ class _PassesBeside:
         except Exception as error:
             send.send(error)
             raise
-        send.send((durations, cpu))
+        send.send((durations, cpu, min(index, len(self.running))))
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
@@ -245,7 +277,11 @@ class _PassesBeside:
         self.process.join()
         if isinstance(received, Exception):
             raise received
-        self.durations, self.cpu = received
+        self.durations, self.cpu, self.exited = received
+        from jobs.launchers.kubernetes.kinds import JOBSET
+
+        for attempt in self.running[:self.exited]:  # as the passes left it; else the next ones sweep them as orphans
+            self.cluster.delete(JOBSET, attempt.handle["jobset"], attempt.handle["namespace"])
 
 
 if __name__ == "__main__":
