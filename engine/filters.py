@@ -5,7 +5,8 @@ drops them from training, one that is not (`enforce = false`) only counts them. 
 filters run on the scored rollouts before advantages are computed (a group's advantages are
 then taken over its rollouts that are left); post-batch filters run on the batch with its
 advantages. A dropped rollout is out of the loss, but its tokens still count in the
-denominator of the token-level average (every completion token of the batch: a step with
+denominator of the token-level average (every sampled completion token of the batch, a
+multi-turn rollout's environment tokens never: a step with
 little signal takes a small step); the step's reward metrics and samples still describe every
 sampled rollout. Each step reports
 `filter/<type>/fraction`: the share of the batch's rollouts that filters of that type

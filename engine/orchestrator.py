@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.environments import Environment, load_environment
+from engine.environments import Environment, InvalidEnvironment, load_environment
+from engine.multi_turn import complete_functions, group_rollouts, run_episodes
 from engine.rollout import Completion
 
 if TYPE_CHECKING:
@@ -118,6 +119,15 @@ class RolloutBatch:
     env_names: list[str] | None = None
 
 
+#: The `[[env]]` keys that bound a multi-turn episode (engine/multi_turn.py).
+EPISODE_LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens")
+
+
+def episode_limits(block) -> dict[str, int | None]:
+    """The caps an `[[env]]` (or `[[eval.env]]`) block sets on a multi-turn episode's agents."""
+    return {name: getattr(block, name, None) for name in EPISODE_LIMITS}
+
+
 def evaluates(spec, step: int) -> bool:
     """Whether `[eval]` runs for the policy after `step` updates (step 0: the base model)."""
     if step == 0:
@@ -157,6 +167,8 @@ class Orchestrator:
         """Load the training, eval and validation environments and the teacher (`loss = "sft"`)."""
         config, spec = self.config, self.config.spec
         self.environments = [load_environment(env.id, dict(env.args), spec.seed) for env in spec.env]
+        for environment, block in zip(self.environments, spec.env):
+            environment.limits = episode_limits(block)
         self.env_names = [env.name for env in self.environments]
         # [[env]] ratio: the training environments' shares of each batch (None: round-robin).
         self.env_ratios = [env.ratio or 1.0 for env in spec.env] if any(env.ratio for env in spec.env) else None
@@ -178,6 +190,12 @@ class Orchestrator:
         ] if spec.val is not None else []
         self.teacher = None
         if spec.loss == "sft":
+            multi_turn = [env.id for env in self.environments if env.multi_turn]
+            if multi_turn:
+                raise InvalidEnvironment(
+                    f"environment {multi_turn[0]} is multi-turn, and loss = \"sft\" distils single completions; "
+                    "train on it with GRPO"
+                )
             from engine.distill import TeacherClient
 
             self.teacher = TeacherClient.from_spec(spec.teacher)
@@ -239,28 +257,67 @@ class Orchestrator:
             env_indices.append(env_index)
             prompts.append(ids)
             examples.append(example)
-        completions = (backend or self.backend).generate(
-            prompts, n=spec.rollouts_per_example, max_tokens=spec.sampling.max_tokens,
-            temperature=spec.sampling.temperature_at(step, spec.max_steps), seed=(spec.seed << 20) + step,
-            **extra_sampling(self.sampling_params(spec.sampling)),
+        rows = self.sample_groups(
+            [self.environments[env_index] for env_index in env_indices], prompts, examples, backend or self.backend, n=spec.rollouts_per_example,
+            max_tokens=spec.sampling.max_tokens, temperature=spec.sampling.temperature_at(step, spec.max_steps),
+            seed=(spec.seed << 20) + step, sampling_params=self.sampling_params(spec.sampling),
+            template_kwargs=self.template_kwargs,
         )
+        completions = [row[0] for row in rows]
         versions = {completion.policy_version for completion in completions}
         if versions != {policy_version}:
             raise RuntimeError(f"step {step}: rollouts from policy versions {sorted(versions)}, expected {policy_version}")
-        texts, rewards, functions = [], [], []
-        for row, completion in enumerate(completions):
-            group = row // spec.rollouts_per_example
-            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            scores = self.environments[env_indices[group]].score(text, examples[group])
-            texts.append(text)
-            rewards.append(scores.reward)
-            functions.append(scores.functions)
+        texts, rewards, functions = [row[1] for row in rows], [row[2] for row in rows], [row[3] for row in rows]
         return RolloutBatch(
             step=step, policy_version=policy_version, env_indices=env_indices, prompts=prompts,
             completions=completions, texts=texts, rewards=rewards, functions=functions,
             generate_seconds=time.perf_counter() - started, env_names=self.env_names,
         )
 
+
+    def sample_groups(
+        self, environments: list[Environment], prompts: list[list[int]], examples: list, backend, *, n: int,
+        max_tokens: int, temperature: float, seed: int, sampling_params: dict, template_kwargs: dict,
+    ) -> list[tuple[Completion, str, float, dict[str, float]]]:
+        """Sample and score `n` rollouts of each group (environment `environments[g]`, prompt
+        `prompts[g]`, example `examples[g]`); return (completion, text, reward, functions) per
+        rollout, group by group. Single-turn groups are sampled in one backend call and scored by
+        their environment; a multi-turn environment's groups run as episodes
+        (engine/multi_turn.py), and `prompts[g]` becomes the group's shared first prompt."""
+        groups = range(len(prompts))
+        rows: dict[int, list] = {}
+        single = [g for g in groups if not environments[g].multi_turn]
+        if single:
+            completions = backend.generate(
+                [prompts[g] for g in single], n=n, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                **extra_sampling(sampling_params),
+            )
+            for position, g in enumerate(single):
+                rows[g] = []
+                for completion in completions[position * n:(position + 1) * n]:
+                    text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                    scores = environments[g].score(text, examples[g])
+                    rows[g].append((completion, text, scores.reward, scores.functions))
+        multi_turn = []
+        for g in groups:
+            if g not in rows and all(environments[g] is not env for env in multi_turn):
+                multi_turn.append(environments[g])
+        for env in multi_turn:
+            chosen = [g for g in groups if environments[g] is env]
+            episodes = run_episodes(
+                env, [examples[g] for g in chosen], n, tokenizer=self.tokenizer, backend=backend,
+                stop_token_ids=self.stop_token_ids, context_length=self.context_length, max_tokens=max_tokens,
+                temperature=temperature, seed=seed, template_kwargs=template_kwargs, sampling=extra_sampling(sampling_params),
+            )
+            functions = complete_functions([episode.functions for episode in episodes])
+            for position, g in enumerate(chosen):
+                group = episodes[position * n:(position + 1) * n]
+                prompts[g], completions = group_rollouts(group)
+                rows[g] = [
+                    (completion, episode.text, episode.reward, functions[position * n + k])
+                    for k, (completion, episode) in enumerate(zip(completions, group))
+                ]
+        return [row for g in groups for row in rows[g]]
 
     def _eval_targets(self) -> list[HeldOutTarget]:
         """The environments each eval samples: the `[[eval.env]]` blocks (loaded here, with
@@ -273,11 +330,11 @@ class Orchestrator:
         spec = self.spec
         default_rollouts = spec.eval.rollouts_per_example or 1
         if spec.eval.env:
-            blocks = [
-                (load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed),
-                 block.num_examples, block.rollouts_per_example or block.group_size)
-                for block in spec.eval.env
-            ]
+            blocks = []
+            for block in spec.eval.env:
+                env = load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed)
+                env.limits = episode_limits(block)
+                blocks.append((env, block.num_examples, block.rollouts_per_example or block.group_size))
         else:
             blocks = [(env, None, None) for env in self.environments]
         targets, seen = [], {}
@@ -314,18 +371,18 @@ class Orchestrator:
                     ids, example = self.prompt_ids(env, index, target.split, template_kwargs)
                     prompts.append(ids)
                     examples.append(example)
-                completions = self.backend.generate(
-                    prompts, n=target.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
-                    seed=seed + first, **extra_sampling(sampling_params),
+                rows = self.sample_groups(
+                    [env] * len(prompts), prompts, examples, self.backend, n=target.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
+                    seed=seed + first, sampling_params=sampling_params, template_kwargs=template_kwargs,
                 )
-                for row, completion in enumerate(completions):
-                    text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                    scores = env.score(text, examples[row // target.rollouts_per_example])
-                    rewards.append(scores.reward)
-                    for name, value in scores.functions.items():
+                for _, _, reward, scores in rows:
+                    rewards.append(reward)
+                    for name, value in scores.items():
                         functions.setdefault(name, []).append(value)
             results[f"{prefix}/{target.name}/mean"] = sum(rewards) / len(rewards)
             for name, values in functions.items():
+                if not values:
+                    continue
                 results[f"{prefix}/{target.name}/{name}/mean"] = sum(values) / len(values)
         return results
 

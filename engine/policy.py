@@ -97,7 +97,8 @@ class PackedRollouts:
     """Groups of rollouts as tensors.
 
     `prompt_ids`, `prompt_mask`: long [G, P], prompts left-padded; `completion_ids`,
-    `completion_mask`: long [G·K, C], completions right-padded, rows of one group adjacent;
+    `completion_mask`: long [G·K, C], completions right-padded, rows of one group adjacent, 1 on
+    the tokens the loss covers (a multi-turn rollout's environment turns are 0);
     `group_size` is K.
     """
 
@@ -109,11 +110,18 @@ class PackedRollouts:
 
 
 def pack_rollouts(
-    prompts: list[list[int]], completions: list[list[int]], group_size: int, pad_token_id: int
+    prompts: list[list[int]], completions: list[list[int]], group_size: int, pad_token_id: int,
+    loss_masks: list[list[int] | None] | None = None,
 ) -> PackedRollouts:
-    """Pad G prompts (left) and G·K completions (right) into tensors; empty completions are allowed."""
+    """Pad G prompts (left) and G·K completions (right) into tensors; empty completions are allowed.
+
+    `loss_masks`: per completion, None (every token is sampled) or one 0/1 per token
+    (`Completion.loss_mask`); it becomes the completion's row of `completion_mask`.
+    """
     if len(completions) != len(prompts) * group_size:
         raise ValueError("need group_size completions per prompt")
+    if loss_masks is not None and len(loss_masks) != len(completions):
+        raise ValueError("need one loss mask (or None) per completion")
     prompt_width = max(len(p) for p in prompts)
     completion_width = max(1, max(len(c) for c in completions))
     prompt_ids = torch.full((len(prompts), prompt_width), pad_token_id, dtype=torch.long)
@@ -126,7 +134,13 @@ def pack_rollouts(
     for row, completion in enumerate(completions):
         if completion:
             completion_ids[row, : len(completion)] = torch.tensor(completion, dtype=torch.long)
-            completion_mask[row, : len(completion)] = 1
+            mask = loss_masks[row] if loss_masks is not None else None
+            if mask is None:
+                completion_mask[row, : len(completion)] = 1
+            elif len(mask) != len(completion):
+                raise ValueError(f"completion {row} has {len(completion)} tokens and a loss mask of {len(mask)}")
+            else:
+                completion_mask[row, : len(completion)] = torch.tensor(mask, dtype=torch.long)
     return PackedRollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, group_size)
 
 

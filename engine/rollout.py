@@ -23,13 +23,36 @@ class Completion:
     `token_ids`: the sampled tokens, the stop token included when one was sampled;
     `logprobs`: log π_sample of each of those tokens (nats, float, same length), under
     softmax(logits / temperature); `truncated`: no stop token within `max_tokens`;
-    `policy_version`: optimizer updates the sampling weights had seen.
+    `policy_version`: optimizer updates the sampling weights had seen; `loss_mask`: None for a
+    completion that is all sampled, else one 0/1 per token of `token_ids`: a multi-turn
+    rollout (engine/multi_turn.py) holds its assistant segments (1, sampled, with their
+    log-probabilities) interleaved with the environment's turns (0, rendered by the chat
+    template, log-probability 0.0), which never enter the loss, the importance ratio, the
+    KL estimate or the filters' token counts.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     truncated: bool
     policy_version: int = 0
+    loss_mask: list[int] | None = None
+
+    def sampled_token_ids(self) -> list[int]:
+        """The tokens the policy sampled (every token, unless `loss_mask` says otherwise)."""
+        if self.loss_mask is None:
+            return self.token_ids
+        return [token for token, sampled in zip(self.token_ids, self.loss_mask) if sampled]
+
+    def sampled_logprobs(self) -> list[float]:
+        """The log-probabilities of the sampled tokens (empty when greedy)."""
+        if self.loss_mask is None or not self.logprobs:
+            return self.logprobs
+        return [value for value, sampled in zip(self.logprobs, self.loss_mask) if sampled]
+
+    @property
+    def sampled_count(self) -> int:
+        """How many tokens the policy sampled: the tokens the loss averages over."""
+        return len(self.token_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 class RolloutBackend(Protocol):

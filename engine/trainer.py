@@ -291,7 +291,8 @@ class Trainer:
 
         `keep`: per rollout, whether it is still in the batch after the filters (default all).
         Dropped rollouts are out of the loss but their tokens still count in the token-level
-        average's denominator (every completion token of the batch), so a step in which few
+        average's denominator (every sampled completion token of the batch; a multi-turn
+        rollout's environment tokens, `Completion.loss_mask` 0, never count), so a step in which few
         groups carry signal takes a proportionally smaller step; measured on the main job
         (bench/engine_learning.py), averaging over the kept tokens only left its 5-step mean reward
         at 0.51 after 20 steps against 0.66 this way. A group with none left is not run at all.
@@ -301,7 +302,7 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         keep = [True] * len(batch.completions) if keep is None else keep
-        total_tokens = sum(len(c.token_ids) for c in batch.completions)
+        total_tokens = sum(c.sampled_count for c in batch.completions)
         # Under torchrun each rank trains on its share of the groups (engine/distributed.py).
         active = self.parallel.shard([g for g in range(len(batch.prompts)) if any(keep[g * group_size:(g + 1) * group_size])])
         groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
@@ -311,7 +312,7 @@ class Trainer:
             rows = [g * group_size + k for g in chunk for k in range(group_size)]
             packed = pack_rollouts(
                 [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows],
-                group_size, self.tokenizer.pad_token_id,
+                group_size, self.tokenizer.pad_token_id, [batch.completions[r].loss_mask for r in rows],
             )
             sampling_logprobs = torch.zeros(packed.completion_ids.shape, dtype=torch.float32)
             for i, r in enumerate(rows):
@@ -351,8 +352,8 @@ class Trainer:
         and the `filter/<type>/fraction` metrics."""
         spec = self.config.spec
         rollouts = Rollouts(
-            rewards=batch.rewards, token_ids=[c.token_ids for c in batch.completions],
-            logprobs=[c.logprobs for c in batch.completions], texts=batch.texts, group_size=spec.rollouts_per_example,
+            rewards=batch.rewards, token_ids=[c.sampled_token_ids() for c in batch.completions],
+            logprobs=[c.sampled_logprobs() for c in batch.completions], texts=batch.texts, group_size=spec.rollouts_per_example,
         )
         keep, flagged = apply_filters(spec.batch_filters("pre_batch_filters"), rollouts, [True] * len(batch.rewards))
         advantages = group_advantages(
@@ -539,7 +540,7 @@ class Trainer:
                 metrics.update(held_out.pop(step, {}))
                 step_seconds = time.perf_counter() - step_started
                 tokens = sum(len(batch.prompts[r // spec.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
-                completion_tokens = sum(len(c.token_ids) for c in batch.completions)
+                completion_tokens = sum(c.sampled_count for c in batch.completions)
                 metrics.update({
                     "time/step": step_seconds,
                     "time/generate": batch.generate_seconds,

@@ -80,6 +80,12 @@ class Environment:
     #: Examples in the eval split: what an eval of ``num_examples = -1`` takes. A procedural
     #: environment has no natural end, so it declares a size; subclasses may change it.
     eval_size: int = 128
+    #: Whether episodes take several turns (a verifiers package's own Env, engine/multi_turn.py);
+    #: such an environment runs episodes instead of scoring one completion.
+    multi_turn: bool = False
+    #: The job's caps on a multi-turn episode's agents (`[[env]]` max_turns, max_input_tokens,
+    #: max_output_tokens; None where a block leaves one out), set by the orchestrator.
+    limits: dict | None = None
 
     def __init__(self, args: dict, seed: int):
         self.args = {**self.info.args, **args}
