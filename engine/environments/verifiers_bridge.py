@@ -30,6 +30,36 @@ On start, before reading anything, it writes ``{"ok": true, "result": {"verifier
   ``{reward, functions: {name: score}, weights: {name: weight}}``; ``reward`` is
   ``trace.reward``, the sum of score x weight.
 
+Multi-turn: a package that exports its own ``vf.Env`` subclass (an ``async def run(task,
+agents)`` that drives ``agents.<name>.interaction(task)`` turn by turn, as verifiers'
+TextArena env does) opens with ``multi_turn: true`` and ``agents`` (its agent fields). The bridge runs
+the Env's own ``run_episode`` (``setup``, ``run``, ``finalize``, verifiers' episode timeout) with
+agents of its own whose turns Lab's policy answers, and the engine answers them in rounds:
+
+- ``start {handle, task_ids[, limits]}``: one episode per entry (an ``id`` that ``tasks`` handed
+  out), answering their ids as ``episodes`` too; ``limits {max_turns, max_input_tokens,
+  max_output_tokens}`` (each may be null) are the job's caps on every agent of these episodes,
+  on top of an agent's own config (the smaller wins);
+- ``reply {handle, answers}``: for each reply the engine sampled,
+  ``{request, text, input_tokens, output_tokens}`` (the tokens the turn fed in: the first prompt,
+  then each environment turn, and the tokens it sampled), or ``{request, stop}`` when the engine
+  cannot sample it (``stop`` names why, e.g. ``context_length``: the turn ends the exchange, as
+  a refused turn does in verifiers).
+
+Both run every live episode until each waits for a reply or is over and answer
+``{requests: [{request, episode, agent, trainable, messages}], finished: [{episode, reward,
+functions, weights, turns, stop_condition, agent}]}``: ``messages`` is the agent's whole
+conversation so far, as chat messages, ending with the turn to answer; ``finished`` holds each
+episode that ended since the last answer, with the rewards of its one trainable agent's trace
+(``trace.reward``: what the env's ``run``/``finalize`` recorded and the task's own
+``task.score`` rewards, run offline when the interaction closes, as verifiers' rollout does).
+An agent's turn is refused (``terminated``) once its turns reach ``max_turns`` or the tokens fed
+in or sampled reach ``max_input_tokens`` / ``max_output_tokens`` (soft by one turn, as
+verifiers' ``RolloutLimits``), or a task's ``@stop`` fires. An untrainable agent
+(``agent.trainable = False`` in ``Env.setup``, as user-sim's user) is answered by the same
+policy and never trained on. An episode that fails (the env's code raised), or that has no or
+several traces of trainable agents, is finished with ``{episode, error}`` (a message) instead.
+
 Splits: verifiers v1 tasksets have none, so the bridge makes Lab's three disjoint ones with the
 engine's own rule (``engine.environments.split_of``): a task belongs to the split its prompt's
 messages hash to (SHA-256 of canonical JSON, modulo 16: 0 eval, 1 val, else train). ``eval`` and
@@ -44,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import itertools
@@ -107,6 +138,8 @@ class Opened:
         self._orders: dict[tuple[int, int], list[int]] = {}
         self.issued: dict[str, object] = {}
         self.reward_names: set[str] = set()
+        self.multi_turn = False
+        self.episodes: Episodes | None = None
 
     def _bounded_splits(self) -> dict[str, list]:
         if self._splits is None:
@@ -168,26 +201,34 @@ class Opened:
         return tasks[self._orders[key][offset]]
 
 
-def _messages(task, taskset_id: str) -> list[dict]:
-    """The chat messages verifiers' null harness opens with: system prompt, then the prompt."""
-    from verifiers.v1.types import AssistantMessage, SystemMessage, TextContentPart, UserMessage
-
+def _messages(task, taskset_id: str, *, prompted: bool = True) -> list[dict]:
+    """The chat messages verifiers' null harness opens with: system prompt, then the prompt.
+    ``prompted=False`` accepts a task without a prompt (the system prompt alone: its
+    conversation's user speaks first)."""
     data = task.data
     messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
     if data.prompt is None:
+        if not prompted:
+            return messages
         raise BridgeError("not_single_turn", f"taskset {taskset_id}: a task has no prompt (the user opens the conversation)")
     if isinstance(data.prompt, str):
         return [*messages, {"role": "user", "content": data.prompt}]
-    for message in data.prompt:
-        if not isinstance(message, (SystemMessage, UserMessage, AssistantMessage)) or getattr(message, "tool_calls", None):
-            raise BridgeError("not_single_turn", f"taskset {taskset_id}: a prompt holds a {message.role} message with tools")
-        content = message.content
-        if not isinstance(content, str):
-            if any(not isinstance(part, TextContentPart) for part in content or []):
-                raise BridgeError("not_single_turn", f"taskset {taskset_id}: a prompt holds images or other non-text parts")
-            content = "\n".join(part.text for part in content or [])
-        messages.append({"role": message.role, "content": content or ""})
-    return messages
+    return [*messages, *(_chat_message(message, f"taskset {taskset_id}: a prompt") for message in data.prompt)]
+
+
+def _chat_message(message, what: str) -> dict:
+    """A verifiers system, user or assistant text message as a chat message ``{role, content}``;
+    refuse tools, images and other non-text parts (``what`` says where the message was)."""
+    from verifiers.v1.types import AssistantMessage, SystemMessage, TextContentPart, UserMessage
+
+    if not isinstance(message, (SystemMessage, UserMessage, AssistantMessage)) or getattr(message, "tool_calls", None):
+        raise BridgeError("not_single_turn", f"{what} holds a {message.role} message with tools")
+    content = message.content
+    if not isinstance(content, str):
+        if any(not isinstance(part, TextContentPart) for part in content or []):
+            raise BridgeError("not_single_turn", f"{what} holds images or other non-text parts")
+        content = "\n".join(part.text for part in content or [])
+    return {"role": message.role, "content": content or ""}
 
 
 def _prompt_nodes(messages: list[dict]):
@@ -249,12 +290,11 @@ class Bridge:
         from pydantic import ValidationError
 
         self._taskset_class(taskset)
-        data = {
-            "taskset": {**args, "id": taskset},
-            "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}},
-        }
-        if not issubclass(vf.environment_class(taskset), vf.SingleAgentEnv):
-            raise BridgeError("not_single_turn", f"taskset {taskset}: brings its own Env (multi-agent), which Lab does not run yet")
+        multi_turn = not issubclass(vf.environment_class(taskset), vf.SingleAgentEnv)
+        data = {"taskset": {**args, "id": taskset}}
+        if not multi_turn:
+            # The agents of an Env of its own keep their config's defaults (user-sim's user: null, 8 turns).
+            data["agent"] = {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}
         if vf.default_harness_id(taskset) != "bash":
             raise BridgeError("not_single_turn", f"taskset {taskset}: brings its own Harness (multi-turn), which Lab does not run yet")
         try:
@@ -269,8 +309,19 @@ class Bridge:
             raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks need a container runtime")
         if type(env.taskset).toolsets(env.taskset.config) or task_type.toolsets(env.taskset.config.task):
             raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks use tools (multi-turn), which Lab does not run yet")
+        agents = []
+        if multi_turn:
+            for name, spec in env._agent_specs.items():
+                if spec.harness is not None and spec.harness.id != "null":
+                    raise BridgeError(
+                        "not_single_turn",
+                        f"taskset {taskset}: its agent '{name}' runs the harness '{spec.harness.id}', which Lab does not run "
+                        "(Lab's policy answers each agent's turns as a plain chat)",
+                    )
+                agents.append({"name": name})
         handle = len(self.opened) + 1
         opened = Opened(env, taskset)
+        opened.multi_turn = multi_turn
         try:
             first = opened.task_at("train", 0, 0)
             sizes = opened.sizes
@@ -281,11 +332,23 @@ class Bridge:
             for fn in first.hooks("reward")
             if not _requires_runtime(fn)
         ] + [{"name": judge.reward_name, "weight": float(judge.config.weight)} for judge in first.plugged_judges()]
-        if not rewards:
+        if not rewards and not multi_turn:
             raise BridgeError("invalid_taskset", f"taskset {taskset}: its tasks have no @vf.reward function that runs without a runtime")
+        if multi_turn:
+            from verifiers.v1.session import hook_boundary
+            from verifiers.v1.trace import Trace
+
+            for stop in first.hooks("stop"):
+                if hook_boundary(stop, allow_trace=True) is not Trace:
+                    raise BridgeError(
+                        "not_single_turn",
+                        f"taskset {taskset}: its @stop {stop.__name__} reads a model request or response, which only "
+                        "a harness's model calls give (a @stop on the trace runs)",
+                    )
         opened.reward_names = {reward["name"] for reward in rewards}
         self.opened[handle] = opened
-        return {"handle": handle, "rewards": rewards, "bounded": opened.bounded, "sizes": sizes}
+        return {"handle": handle, "rewards": rewards, "bounded": opened.bounded, "sizes": sizes,
+                "multi_turn": multi_turn, "agents": agents}
 
     def _opened(self, handle) -> Opened:
         if handle not in self.opened:
@@ -354,6 +417,310 @@ class Bridge:
         }
 
 
+    def _episodes(self, handle) -> Episodes:
+        opened = self._opened(handle)
+        if not opened.multi_turn:
+            raise BridgeError("invalid_request", f"taskset {opened.taskset_id} is single-turn: score its completions")
+        if opened.episodes is None:
+            opened.episodes = Episodes(opened, self.loop)
+        return opened.episodes
+
+    def start(self, handle: int, task_ids: list, limits: dict | None = None) -> dict:
+        episodes = self._episodes(handle)
+        limits = _limits(limits or {})
+        tasks = []
+        for task_id in task_ids:
+            task = episodes.opened.issued.get(task_id)
+            if task is None:
+                raise BridgeError("invalid_request", f"no task {task_id!r} was handed out")
+            tasks.append(task)
+        started = [episodes.start(task, limits) for task in tasks]
+        return {"episodes": started, **self.loop.run_until_complete(episodes.advance())}
+
+    def reply(self, handle: int, answers: list) -> dict:
+        episodes = self._episodes(handle)
+        for answer in answers:
+            episodes.answer(answer)
+        return self.loop.run_until_complete(episodes.advance())
+
+
+_LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens")
+
+
+def _limits(given: dict) -> dict[str, int]:
+    """The job's caps per agent (``start``'s ``limits``), positive integers or absent."""
+    limits = {}
+    for name, value in given.items():
+        if name not in _LIMITS or (value is not None and (type(value) is not int or value < 1)):
+            raise BridgeError("invalid_request", f"limits take {', '.join(_LIMITS)}, each a positive integer or null")
+        if value is not None:
+            limits[name] = value
+    return limits
+
+
+class Episodes:
+    """The multi-turn episodes of one opened taskset, run on the bridge's event loop.
+
+    Each episode is the Env's own ``run_episode`` over agents of ``LabAgent``; an agent's turn
+    becomes a request that waits for the engine's reply (see the module docstring)."""
+
+    def __init__(self, opened: Opened, loop: asyncio.AbstractEventLoop):
+        self.opened, self.loop = opened, loop
+        self.live: dict[str, asyncio.Task] = {}
+        self.requests: dict[str, tuple[dict, asyncio.Future]] = {}
+        self.unsent: list[dict] = []
+        self.finished: list[dict] = []
+        self.progress: asyncio.Event | None = None
+        self._counter = itertools.count(1)
+
+    def start(self, task, limits: dict[str, int]) -> str:
+        """Start one episode of ``task`` under the job's ``limits``; return its id."""
+        env = self.opened.env
+        episode_id = f"e{next(self._counter)}"
+        if self.progress is None:
+            self.progress = asyncio.Event()
+
+        def episode_agents(ctx, completed, on_trace, on_discard):
+            # run_episode hands its ctx (verifiers' model context) to this hook: here, the episode's id.
+            from verifiers.v1.agent import Agents
+
+            episode, limits = ctx
+            return Agents(env.config, lambda name, spec: LabAgent(
+                name, spec, episodes=self, episode=episode, limits=limits, completed=completed,
+            ))
+
+        async def run():
+            try:
+                episode = await env.run_episode(task, (episode_id, limits))
+                self.finished.append(self._result(episode_id, episode))
+            except Exception as error:  # the env's own code failed outside verifiers' boundary
+                self.finished.append({"episode": episode_id, "error": _one_line(error)})
+            finally:
+                self.progress.set()
+
+        env._episode_agents = episode_agents  # run_episode builds its agents through this hook
+        self.live[episode_id] = self.loop.create_task(run())
+        return episode_id
+
+    def _result(self, episode_id: str, episode) -> dict:
+        if episode.errors:
+            error = episode.errors[-1]
+            return {"episode": episode_id, "error": " ".join(f"{error.type}: {error.message}".split())[:500]}
+        trainable = [trace for trace in episode.traces if trace.agent.trainable]
+        if len(trainable) != 1:
+            names = sorted({trace.agent.name for trace in trainable})
+            return {"episode": episode_id, "error": (
+                f"an episode gave {len(trainable)} traces of trainable agents ({', '.join(names) or 'none'}); "
+                "Lab trains on one per rollout (mark the others untrainable in Env.setup: agents.<name>.trainable = False)"
+            )}
+        (trace,) = trainable
+        for trace_errors in (t.errors for t in episode.traces):
+            if trace_errors:
+                error = trace_errors[-1]
+                return {"episode": episode_id, "error": " ".join(f"{error.type}: {error.message}".split())[:500]}
+        unscored = [name for name, reward in trace.rewards.items() if reward is None]
+        if unscored:
+            return {"episode": episode_id, "error": f"rewards {unscored} were not scored"}
+        return {
+            "episode": episode_id,
+            "agent": trace.agent.name,
+            "reward": float(trace.reward),
+            "functions": {name: float(reward.score) for name, reward in trace.rewards.items()},
+            "weights": {name: float(reward.weight) for name, reward in trace.rewards.items()},
+            "turns": trace.num_turns,
+            "stop_condition": trace.stop_condition,
+        }
+
+    def request(self, body: dict) -> asyncio.Future:
+        """Queue one agent turn for the engine; the future gets its answer."""
+        future = self.loop.create_future()
+        request_id = f"r{next(self._counter)}"
+        body = {"request": request_id, **body}
+        self.requests[request_id] = (body, future)
+        self.unsent.append(body)
+        self.progress.set()
+        return future
+
+    def answer(self, answer: dict) -> None:
+        if not isinstance(answer, dict) or answer.get("request") not in self.requests:
+            raise BridgeError("invalid_request", f"no pending request {answer.get('request') if isinstance(answer, dict) else answer!r}")
+        _, future = self.requests.pop(answer["request"])
+        if "stop" not in answer and not isinstance(answer.get("text"), str):
+            raise BridgeError("invalid_request", "an answer carries text (and input_tokens, output_tokens) or stop")
+        future.set_result(answer)
+
+    async def advance(self) -> dict:
+        """Run every live episode until each waits for a reply or is over; return the new
+        requests and the episodes that ended."""
+        while True:
+            for _ in range(16):  # let the work that is ready run (a reply's continuations)
+                await asyncio.sleep(0)
+            waiting = {body["episode"] for body, future in self.requests.values() if not future.done()}
+            running = [episode for episode, task in self.live.items() if not task.done()]
+            if all(episode in waiting for episode in running):
+                break
+            self.progress.clear()
+            wake = asyncio.ensure_future(self.progress.wait())
+            await asyncio.wait([wake, *(self.live[episode] for episode in running)], return_when=asyncio.FIRST_COMPLETED)
+            wake.cancel()
+        for episode, task in list(self.live.items()):
+            if task.done():
+                del self.live[episode]
+        requests, self.unsent = self.unsent, []
+        finished, self.finished = self.finished, []
+        return {"requests": requests, "finished": finished}
+
+
+class LabAgent:
+    """One agent of one episode, standing in for verifiers' ``Agent``: its turns are answered
+    by Lab's policy through the engine instead of a harness program (``interaction`` and
+    ``run``; ``trainable`` as ``Env.setup`` leaves it)."""
+
+    def __init__(self, name: str, config, *, episodes: Episodes, episode: str, limits: dict[str, int], completed: list):
+        self.name, self.config = name, config
+        self.trainable = True
+        self.episodes, self.episode, self.completed = episodes, episode, completed
+        limits = dict(limits)
+        for key in _LIMITS:
+            own = getattr(config, key, None)
+            if own is not None:
+                limits[key] = min(own, limits.get(key, own))
+        self.limits = limits
+
+    @contextlib.asynccontextmanager
+    async def interaction(self, task, **_ignored):
+        """Hold one exchange of ``task`` open turn by turn (verifiers' ``Agent.interaction``)."""
+        interaction = LabInteraction(self, task)
+        try:
+            yield interaction
+        except Exception as error:
+            interaction.fail(error)
+            raise
+        finally:
+            await interaction.close()
+
+    async def run(self, task, **_ignored):
+        """One turn on the task's prompt, then the finished trace (verifiers' ``Agent.run``)."""
+        async with self.interaction(task) as interaction:
+            await interaction.turn()
+        return interaction.trace
+
+
+class LabInteraction:
+    """An agent's exchange (verifiers' ``Interaction``): ``turn(message)`` adds the caller's
+    message and returns the policy's reply as a ``Segment``; ``trace`` is a verifiers ``Trace``;
+    closing scores it with ``task.score`` (offline) unless the exchange failed."""
+
+    def __init__(self, agent: LabAgent, task):
+        from verifiers.v1.graph import MessageNode
+        from verifiers.v1.session import hook_boundary
+        from verifiers.v1.state import state_cls
+        from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+
+        self.agent, self.task = agent, task
+        self.trace = Trace(
+            task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+            state=state_cls(type(task))(),
+            agent=AgentInfo(config=agent.config, name=agent.name, trainable=agent.trainable),
+        )
+        for message in _prompt_nodes(_messages(task, agent.episodes.opened.taskset_id, prompted=False)):
+            self.trace.nodes.append(message)
+        self._node = MessageNode
+        # The @stop hooks that read the trace; those on a request or response need a harness's model calls.
+        self._stops = [fn for fn in task.hooks("stop") if hook_boundary(fn, allow_trace=True) is Trace]
+        self._lock = asyncio.Lock()
+        self._started = self._over = self._closed = self._failed = False
+        self.input_tokens = self.output_tokens = 0
+
+    def _append(self, message, *, sampled: bool = False) -> None:
+        parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
+        self.trace.nodes.append(self._node(parent=parent, message=message, sampled=sampled))
+
+    async def _refused(self) -> str | None:
+        """The limit or ``@stop`` that refuses the next turn, if any (verifiers' ``refused``)."""
+        from verifiers.v1.session import call_hook
+        from verifiers.v1.trace import Trace
+
+        limits, trace = self.agent.limits, self.trace
+        if "max_turns" in limits and trace.num_turns >= limits["max_turns"]:
+            return "max_turns"
+        if "max_input_tokens" in limits and self.input_tokens >= limits["max_input_tokens"]:
+            return "max_input_tokens"
+        if "max_output_tokens" in limits and self.output_tokens >= limits["max_output_tokens"]:
+            return "max_output_tokens"
+        for stop in self._stops:
+            if await call_hook(stop, {Trace: trace}) is True:
+                return stop.__name__
+        return None
+
+    async def turn(self, message=None):
+        """Send one user turn (a string, messages, or None for a prompted task's opening reply)
+        and return the policy's reply; a ``terminated`` Segment once the exchange is over."""
+        from verifiers.v1.agent import Segment
+        from verifiers.v1.dialects import parse_message
+        from verifiers.v1.types import AssistantMessage, UserMessage
+
+        async with self._lock:
+            if self._closed:
+                raise RuntimeError("this interaction is closed")
+            if self._over:
+                raise RuntimeError("the exchange is over (the run ended); read interaction.trace")
+            prompted = not self._started and self.task.data.prompt is not None
+            if message is None and not prompted:
+                raise ValueError("nothing to run a turn on: a bare turn() takes a prompted task's opening reply")
+            if message is not None and prompted:
+                raise ValueError("the task's prompt opens this exchange: take its first reply with a bare turn()")
+            self._started = True
+            if isinstance(message, str):
+                self._append(UserMessage(content=message))
+            elif message is not None:
+                for item in message:
+                    self._append(parse_message(item) if isinstance(item, dict) else item)
+            refused = await self._refused()
+            if refused is None:
+                conversation = [_chat_message(node.message, f"agent {self.agent.name}'s conversation") for node in self.trace.nodes]
+                answer = await self.agent.episodes.request({
+                    "episode": self.agent.episode, "agent": self.agent.name, "trainable": self.agent.trainable,
+                    "messages": conversation,
+                })
+                refused = answer.get("stop")
+            if refused is not None:
+                self.trace.stop(str(refused))
+                self._over = True
+                return Segment(messages=[], terminated=True)
+            self.input_tokens += int(answer.get("input_tokens") or 0)
+            self.output_tokens += int(answer.get("output_tokens") or 0)
+            reply = AssistantMessage(content=answer["text"])
+            self._append(reply, sampled=True)
+            return Segment(messages=[reply])
+
+    def fail(self, error: Exception) -> None:
+        """Record the caller's failure on the trace; the exchange is not scored."""
+        self._failed = True
+        self.trace.record_error(error)
+
+    async def close(self):
+        """End the exchange: ``user_closed`` unless a limit stopped it, then the task's
+        ``finalize`` and its reward functions (offline, no runtime); idempotent."""
+        if self._closed:
+            return self.trace
+        self._closed = True
+        trace = self.trace
+        trace.agent.trainable = self.agent.trainable
+        try:
+            if not self._failed:
+                trace.stop("user_closed")
+                await self.task.finalize(trace, None)
+                await self.task.score(trace)
+        except Exception as error:  # the task's own finalize or reward code
+            self.fail(error.__cause__ or error)
+        finally:
+            trace.is_completed = True
+            trace.ok = not self._failed
+            self.agent.completed.append(trace)
+        return trace
+
+
 def _requires_runtime(fn) -> bool:
     parameter = inspect.signature(fn).parameters.get("runtime")
     return parameter is not None and parameter.default is inspect.Parameter.empty
@@ -363,7 +730,10 @@ def _answer(handler, request: dict) -> dict:
     try:
         operation = request.get("op")
         arguments = {key: value for key, value in request.items() if key != "op"}
-        method = {"describe": handler.describe, "open": handler.open, "tasks": handler.tasks, "score": handler.score}.get(operation)
+        method = {
+            "describe": handler.describe, "open": handler.open, "tasks": handler.tasks, "score": handler.score,
+            "start": handler.start, "reply": handler.reply,
+        }.get(operation)
         if method is None:
             raise BridgeError("invalid_request", f"unknown op {operation!r}")
         try:

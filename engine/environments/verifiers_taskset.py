@@ -14,6 +14,11 @@ completion with the task's own reward functions (``await task.score(trace)``, of
 ``reward/<env>/<function>/mean``; the rollout's reward is verifiers' ``trace.reward`` (the sum of
 score x weight).
 
+A package that exports its own ``vf.Env`` subclass is multi-turn: the bridge runs that Env's own
+``run_episode`` with agents whose turns the engine answers with Lab's policy, a round of all the
+step's pending turns at a time (engine/multi_turn.py), and the rollout's reward is the trainable
+agent's ``trace.reward``: what the Env recorded and the task's own reward functions.
+
 The bridge runs in the attempt's work dir, with a minimal environment (no Lab variable, no job
 secret, offline switches on), in its own process group; it ends when the engine closes its stdin,
 when the engine exits (``close_bridges`` at exit; on Linux the bridge also asks the kernel for
@@ -253,7 +258,11 @@ def describe(bridge: Bridge, *, package_id: str, name: str, summary: str = "") -
 
 
 class VerifiersTaskset(Environment):
-    """A single-turn verifiers v1 taskset of an uploaded package, as an engine Environment.
+    """A verifiers v1 taskset of an uploaded package, as an engine Environment.
+
+    Single-turn, or multi-turn when the package exports its own ``vf.Env`` (``multi_turn``
+    true): its episodes then run in the bridge (``start_episodes``, ``reply``) and the engine
+    answers each turn (engine/multi_turn.py); ``score`` is single-turn only.
 
     Subclasses made by ``environment_class`` set ``info`` and ``bridge``. ``args`` are the
     taskset's config fields (``describe``); the job's seed orders the train split.
@@ -274,6 +283,10 @@ class VerifiersTaskset(Environment):
             raise InvalidEnvironment(str(error)) from None
         self.handle = opened["handle"]
         self.sizes = opened["sizes"]
+        self.multi_turn = bool(opened.get("multi_turn"))
+        # One caller's episodes at a time: the bridge answers a round with every pending turn of the taskset.
+        self.episode_lock = threading.Lock()
+        self.agents = [agent["name"] for agent in opened.get("agents", [])]
         if self.sizes.get("eval"):
             self.eval_size = self.sizes["eval"]  # an eval of num_examples = -1 takes the whole eval split
         self.rubric = tuple(
@@ -303,6 +316,17 @@ class VerifiersTaskset(Environment):
         verifiers' weighted reward)."""
         scored = self._request("score", task_id=example.info["task_id"], completion=completion)
         return Scores(reward=scored["reward"], functions=scored["functions"])
+
+    def start_episodes(self, task_ids: list[str], limits: dict[str, int | None] | None = None) -> dict:
+        """Start one multi-turn episode per task id (``Example.info["task_id"]``) under the job's
+        ``limits``; return the bridge's answer: ``episodes`` (their ids), the first ``requests``
+        and any ``finished`` episodes (the bridge's docstring)."""
+        return self._request("start", task_ids=task_ids, limits=dict(limits or {}))
+
+    def reply(self, answers: list[dict]) -> dict:
+        """Hand the bridge the policy's replies to its pending requests; return the next
+        ``requests`` and the ``finished`` episodes."""
+        return self._request("reply", answers=answers)
 
     def _request(self, op: str, **arguments) -> dict:
         try:

@@ -23,14 +23,17 @@ TINY = {
 }
 
 
-def run_engine(tmp_path: Path, env_id: str, wheels: list[tuple[str, bytes]], *, args=None, sha256=None, extra_env=None) -> subprocess.CompletedProcess:
+def run_engine(tmp_path: Path, env_id: str, wheels: list[tuple[str, bytes]], *, args=None, sha256=None, extra_env=None,
+               block=None, spec=None) -> subprocess.CompletedProcess:
+    """Run the engine on a tiny job over one uploaded environment (``block``: more keys of its
+    ``[[env]]``; ``spec``: more keys of the spec) and return the finished process."""
     packages = []
     for (filename, data), package_id in zip(wheels, [env_id] * len(wheels)):
         path = tmp_path / filename
         path.write_bytes(data)
         packages.append({"id": package_id, "sha256": sha256 or hashlib.sha256(data).hexdigest(), "url": path.as_uri(), "filename": filename})
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({**TINY, "env": [{"id": env_id, "args": args or {}}]}))
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({**TINY, **(spec or {}), "env": [{"id": env_id, "args": args or {}, **(block or {})}]}))
     environment = {
         **os.environ,
         "LAB_MODEL_DIR": str(tmp_path / "models"),
@@ -40,7 +43,7 @@ def run_engine(tmp_path: Path, env_id: str, wheels: list[tuple[str, bytes]], *, 
         **(extra_env or {}),
     }
     command = [sys.executable, "-m", "engine", "run", "--offline", "--job-id", "job_1", "--attempt", "1",
-               "--workdir", str(tmp_path / "work"), "--spec", str(spec)]
+               "--workdir", str(tmp_path / "work"), "--spec", str(spec_path)]
     return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -86,3 +86,112 @@ def run_in_verifiers(script: str, *args: str, cwd: Path) -> subprocess.Completed
     """Run ``script`` with the verifiers environment's Python (isolated mode)."""
     python = require_verifiers_python()
     return subprocess.run([str(python), "-I", "-c", script, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+#: A multi-turn verifiers v1 environment: guess a secret number, with feedback each turn. The
+#: package exports its own ``vf.Env`` subclass, whose ``run`` drives the player's interaction turn
+#: by turn ("Higher." / "Lower." / "That is not a number.") until the guess is right or the
+#: player's turns run out, then records two rewards on the trace: ``solved`` (weight 1) and
+#: ``closeness`` (weight 0.5: 1 - |last guess - secret| / max_number, so even a random tiny
+#: model's replies score something). The task adds its own reward function, ``numeric`` (weight
+#: 0.25: the share of the player's replies that hold a number), which verifiers runs when the
+#: interaction closes. ``finalize`` appends each finished episode (secret, replies, every reward)
+#: to ``log_path`` when one is given: the environment's own record of what it scored.
+GUESS_ENV = '''"""Guess a secret number from 1 to max_number, told higher or lower after each guess."""
+import json
+import random
+import re
+
+import verifiers.v1 as vf
+
+
+class GuessConfig(vf.TasksetConfig):
+    num_tasks: int = 64
+    max_number: int = 20
+    log_path: str = ""
+
+
+class GuessData(vf.TaskData):
+    secret: int
+    max_number: int
+    log_path: str = ""
+
+
+def first_number(text):
+    found = re.search(r"-?[0-9]+", text)
+    return int(found.group()) if found else None
+
+
+class GuessTask(vf.Task[GuessData, vf.State, vf.TaskConfig]):
+    @vf.reward(weight=0.25)
+    async def numeric(self, trace: vf.Trace) -> float:
+        replies = [message.content or "" for message in trace.assistant_messages]
+        return sum(first_number(reply) is not None for reply in replies) / len(replies) if replies else 0.0
+
+
+class GuessTaskset(vf.Taskset[GuessTask, GuessConfig]):
+    """Guess a secret number; told higher or lower after each guess."""
+
+    def load(self):
+        rng = random.Random(11)
+        for index in range(self.config.num_tasks):
+            secret = rng.randint(1, self.config.max_number)
+            yield GuessTask(
+                GuessData(
+                    prompt=f"Game {index}: I am thinking of a whole number from 1 to {self.config.max_number}. Guess it.",
+                    system_prompt="Reply with one number.",
+                    secret=secret, max_number=self.config.max_number, log_path=self.config.log_path,
+                ),
+                self.config.task,
+            )
+
+
+class GuessEnvConfig(vf.EnvConfig):
+    player: vf.AgentConfig = vf.AgentConfig()
+
+
+class GuessEnv(vf.Env[GuessEnvConfig]):
+    async def run(self, task, agents):
+        secret, last, solved = task.data.secret, None, False
+        async with agents.player.interaction(task) as interaction:
+            segment = await interaction.turn()
+            while not segment.terminated:
+                guess = first_number(segment.last_reply)
+                last = guess if guess is not None else last
+                if guess == secret:
+                    solved = True
+                    break
+                feedback = "That is not a number." if guess is None else "Higher." if guess < secret else "Lower."
+                segment = await interaction.turn(feedback + " Guess again.")
+        trace = interaction.trace
+        trace.record_reward("solved", 1.0 if solved else 0.0, 1.0)
+        distance = abs(last - secret) if last is not None else task.data.max_number
+        trace.record_reward("closeness", max(0.0, 1.0 - distance / task.data.max_number), 0.5)
+
+    async def finalize(self, task, episode):
+        if not task.data.log_path:
+            return
+        (trace,) = [trace for trace in episode.traces if trace.agent.name == "player"]
+        record = {
+            "secret": task.data.secret,
+            "prompt": task.data.prompt,
+            "replies": [message.content or "" for message in trace.assistant_messages],
+            "messages": [{"role": message.role, "content": message.content} for message in trace.messages],
+            "agents": sorted(t.agent.name for t in episode.traces),
+            "rewards": {name: [reward.score, reward.weight] for name, reward in trace.rewards.items()},
+            "reward": trace.reward,
+            "turns": trace.num_turns,
+            "stop_condition": trace.stop_condition,
+        }
+        with open(task.data.log_path, "a") as log:
+            log.write(json.dumps(record) + "\\n")
+
+
+__all__ = ["GuessTaskset", "GuessEnv"]
+'''
+
+
+def guess_wheel(name: str = "guess-env", version: str = "0.1.0", *, source: str = GUESS_ENV) -> tuple[str, bytes]:
+    """Return ``(file name, bytes)`` of a verifiers-form wheel exporting ``GuessTaskset`` and ``GuessEnv``."""
+    module = name.replace("-", "_")
+    return build_wheel(name, version, files={f"{module}/__init__.py": source}, requires=["verifiers>=0.4.0"])

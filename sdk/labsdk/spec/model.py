@@ -372,9 +372,15 @@ class EnvConfig(_Section):
     )
     ratio: float | None = Field(None, gt=0.0, le=1_000_000.0, description="Share of each batch from this environment.")
     group_size: int | None = Field(None, ge=1, le=256, description="Rollouts per example for this environment.")
-    max_turns: int | None = Field(None, ge=1, le=10_000, description="Most turns of a multi-turn episode.")
-    max_input_tokens: int | None = Field(None, ge=1, le=1_048_576, description="Most prompt tokens per turn.")
-    max_output_tokens: int | None = Field(None, ge=1, le=131_072, description="Most completion tokens per turn.")
+    max_turns: int | None = Field(None, ge=1, le=10_000, description="Most turns of each agent of a multi-turn episode.")
+    max_input_tokens: int | None = Field(
+        None, ge=1, le=1_048_576,
+        description="Most tokens fed in to each agent of a multi-turn episode (checked between turns).",
+    )
+    max_output_tokens: int | None = Field(
+        None, ge=1, le=131_072,
+        description="Most tokens each agent of a multi-turn episode samples (checked between turns).",
+    )
     timeout: float | None = Field(None, gt=0.0, le=86_400.0, description="Seconds a rollout may take.")
     retries: int | None = Field(None, ge=0, le=100, description="Retries of a failed rollout (v1 name).")
 

@@ -43,11 +43,9 @@ _DEPRECATED: dict[str, str] = {
 _NOT_YET_USED: dict[str, str] = {
 }
 
-#: Fields of an ``[[env]]`` block still to come.
-_ENV_NOT_YET_USED = (
-    "name", "max_retries", "harness", "group_size", "max_turns", "max_input_tokens",
-    "max_output_tokens", "timeout", "retries",
-)
+#: Fields of an ``[[env]]`` block still to come (``max_turns``, ``max_input_tokens`` and
+#: ``max_output_tokens`` bound multi-turn episodes: engine/multi_turn.py).
+_ENV_NOT_YET_USED = ("name", "max_retries", "harness", "group_size", "timeout", "retries")
 
 
 def _extra_body_warnings(section: str, sampling: Any) -> list[str]:

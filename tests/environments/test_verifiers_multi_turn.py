@@ -1,0 +1,243 @@
+"""The engine trains on multi-turn verifiers v1 environments: a package's own `vf.Env` runs in the
+verifiers bridge (.venv-verifiers' Python), its agents' turns answered by Lab's policy round by
+round, and the rollout's reward is what the environment's own code recorded."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+from engine.environments.verifiers_taskset import Bridge, verifiers_python
+from tests.environments.test_engine_packages import run_engine
+from tests.environments.verifiers_wheels import GUESS_ENV, guess_wheel, require_verifiers_python, run_in_verifiers
+
+ENV_ID = "acme/guess-env@0.1.0"
+ARGS = {"num_tasks": 40, "log_path": "episodes.jsonl"}
+FUNCTIONS = {"solved", "closeness", "numeric"}
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def replied_transcript(messages: list[dict]) -> str:
+    """The conversation after the opening messages up to the last reply, as Lab's samples write it."""
+    last = max(index for index, message in enumerate(messages) if message["role"] == "assistant")
+    return "\n\n".join(f"[{message['role']}]\n{message['content']}" for message in messages[2:last + 1])
+
+
+# Plays each logged episode again through the package's own GuessEnv.run, with an agent that
+# replays the logged replies (and ends the exchange when they run out, as a turn cap does) and
+# scores the trace with the task's own reward functions when the interaction closes.
+_REPLAY = r'''
+import asyncio, contextlib, json, sys
+sys.path.append(sys.argv[1])
+from verifiers.v1.agent import Segment
+from verifiers.v1.configs.agent import AgentConfig
+from verifiers.v1.graph import MessageNode
+from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+from verifiers.v1.types import AssistantMessage, SystemMessage, UserMessage
+import guess_env
+
+tasks = {task.data.prompt: task for task in guess_env.GuessTaskset(guess_env.GuessConfig(id="guess-env", num_tasks=40))}
+
+
+class Replay:
+    def __init__(self, task, replies):
+        self.replies = list(replies)
+        agent = AgentInfo(config=AgentConfig.model_validate({"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}))
+        self.trace = Trace(task=TraceTask(type="GuessTask", data=task.data), agent=agent, nodes=[
+            MessageNode(message=SystemMessage(content=task.data.system_prompt)),
+            MessageNode(parent=0, message=UserMessage(content=task.data.prompt))])
+
+    def add(self, message, sampled=False):
+        self.trace.nodes.append(MessageNode(parent=len(self.trace.nodes) - 1, message=message, sampled=sampled))
+
+    async def turn(self, message=None):
+        if message is not None:
+            self.add(UserMessage(content=message))
+        if not self.replies:
+            return Segment(messages=[], terminated=True)
+        reply = AssistantMessage(content=self.replies.pop(0))
+        self.add(reply, sampled=True)
+        return Segment(messages=[reply])
+
+
+class Player:
+    def __init__(self, replay):
+        self.replay = replay
+
+    @contextlib.asynccontextmanager
+    async def interaction(self, task):
+        yield self.replay
+        await task.score(self.replay.trace)
+
+
+class Agents:
+    def __init__(self, replay):
+        self.player = Player(replay)
+
+
+answers = []
+for record in map(json.loads, open(sys.argv[2])):
+    task = tasks[record["prompt"]]
+    replay = Replay(task, record["replies"])
+    asyncio.run(guess_env.GuessEnv.run(None, task, Agents(replay)))
+    answers.append({name: [reward.score, reward.weight] for name, reward in replay.trace.rewards.items()})
+print(json.dumps(answers))
+'''
+
+
+def test_it_trains_on_a_multi_turn_environment_with_the_rewards_its_own_code_records(tmp_path):
+    require_verifiers_python()
+    result = run_engine(tmp_path, ENV_ID, [guess_wheel()], args=ARGS, block={"max_turns": 3})
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    points = read_lines(work / "metrics.jsonl")
+    assert [point["step"] for point in points] == [1, 2]
+    for point in points:
+        values = point["values"]
+        assert {f"reward/guess-env/{name}/mean" for name in FUNCTIONS} <= set(values)
+        # The rollout's reward is verifiers' trace.reward: solved x 1 + closeness x 0.5 + numeric x 0.25.
+        expected = sum(values[f"reward/guess-env/{name}/mean"] * weight for name, weight in
+                       (("solved", 1.0), ("closeness", 0.5), ("numeric", 0.25)))
+        assert abs(values["reward/guess-env/mean"] - expected) < 1e-9
+
+    episodes = read_lines(work / "episodes.jsonl")
+    assert len(episodes) == 8  # two steps of four rollouts, each one episode of the environment's own run()
+    assert all(episode["agents"] == ["player"] for episode in episodes)
+    assert max(episode["turns"] for episode in episodes) == 3
+    several = [episode for episode in episodes if episode["turns"] > 1]
+    assert several, "no episode took more than one turn"
+    assert any(message["role"] == "user" and message["content"].endswith("Guess again.")
+               for episode in several for message in episode["messages"][2:])
+
+    # Every rollout Lab reports is one of the environment's episodes, with the rewards it recorded.
+    samples = read_lines(work / "samples.jsonl")
+    assert len(samples) == 8
+    by_transcript = {(episode["prompt"], replied_transcript(episode["messages"])): episode for episode in episodes}
+    for sample in samples:
+        matches = [episode for (prompt, transcript), episode in by_transcript.items()
+                   if prompt in sample["prompt"] and transcript == sample["completion"]]
+        assert len(matches) == 1, sample["completion"]
+        (episode,) = matches
+        assert sample["reward"] == episode["reward"]
+        assert sample["metrics"] == {name: score for name, (score, _) in episode["rewards"].items()}
+    assert any(sample["completion"].count("[assistant]") > 1 for sample in samples)
+
+    # The package's own code, replaying the same replies, records the same rewards.
+    replay = run_in_verifiers(_REPLAY, str(work / "environments" / "site"), str(work / "episodes.jsonl"), cwd=tmp_path)
+    assert replay.returncode == 0, replay.stderr
+    assert json.loads(replay.stdout) == [episode["rewards"] for episode in episodes]
+    assert len({episode["reward"] for episode in episodes}) > 1  # the rewards differ: not a comparison of constants
+
+
+def test_max_turns_bounds_every_episode(tmp_path):
+    require_verifiers_python()
+    result = run_engine(tmp_path, ENV_ID, [guess_wheel()], args=ARGS, block={"max_turns": 2})
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    episodes = read_lines(work / "episodes.jsonl")
+    assert len(episodes) == 8
+    for episode in episodes:
+        solved = episode["rewards"]["solved"][0] == 1.0
+        assert episode["turns"] == 2 or (solved and episode["turns"] == 1), episode
+        assert episode["stop_condition"] == ("user_closed" if solved else "max_turns"), episode
+    assert all(sample["completion"].count("[assistant]") <= 2 for sample in read_lines(work / "samples.jsonl"))
+
+
+#: A second agent, the host: untrainable (its tokens are never training data), answered by the same
+#: policy, its reply relayed to the player with each feedback.
+HOSTED_ENV = GUESS_ENV.replace(
+    "    player: vf.AgentConfig = vf.AgentConfig()\n",
+    '    player: vf.AgentConfig = vf.AgentConfig()\n    host: vf.AgentConfig = vf.AgentConfig(harness={"id": "null"})\n',
+).replace(
+    "    async def run(self, task, agents):\n        secret, last, solved = task.data.secret, None, False\n"
+    "        async with agents.player.interaction(task) as interaction:\n",
+    "    async def setup(self, agents):\n        agents.host.trainable = False\n\n"
+    "    async def run(self, task, agents):\n        secret, last, solved = task.data.secret, None, False\n"
+    '        host_task = vf.Task(vf.TaskData(idx=task.data.idx, prompt=None, system_prompt="You host a guessing game."))\n'
+    "        async with agents.host.interaction(host_task) as host, agents.player.interaction(task) as interaction:\n",
+).replace(
+    '                segment = await interaction.turn(feedback + " Guess again.")\n',
+    '                hint = await host.turn(f"The player guessed {guess}.")\n'
+    "                if not hint.terminated:\n"
+    '                    feedback += " The host says: " + hint.last_reply\n'
+    '                segment = await interaction.turn(feedback + " Guess again.")\n',
+)
+
+
+def test_an_untrainable_agent_is_answered_by_the_policy_and_never_trained_on(tmp_path):
+    require_verifiers_python()
+    assert HOSTED_ENV.count("host") > 5, "the host variant no longer applies to GUESS_ENV"
+    result = run_engine(tmp_path, "acme/hosted-guess@0.1.0", [guess_wheel("hosted-guess", source=HOSTED_ENV)],
+                        args=ARGS, block={"max_turns": 3})
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    episodes = read_lines(work / "episodes.jsonl")
+    assert len(episodes) == 8 and all(episode["agents"] == ["host", "player"] for episode in episodes)
+    samples = read_lines(work / "samples.jsonl")
+    assert len(samples) == 8  # one rollout per episode: the host's turns are no rollout
+    relayed = [sample for sample in samples if "The host says:" in sample["completion"]]
+    assert relayed, "no host reply reached the player"
+    # The player's rollout holds the host's words only inside the environment's turns.
+    assert all(not block.startswith("[assistant]\n") or "The host says:" not in block
+               for sample in samples for block in sample["completion"].split("\n\n"))
+
+
+def test_it_exits_2_for_an_agent_that_runs_a_harness(tmp_path):
+    require_verifiers_python()
+    source = GUESS_ENV.replace("    player: vf.AgentConfig = vf.AgentConfig()\n",
+                               '    player: vf.AgentConfig = vf.AgentConfig(harness={"id": "bash"})\n')
+    assert source != GUESS_ENV
+    result = run_engine(tmp_path, "acme/bash-guess@0.1.0", [guess_wheel("bash-guess", source=source)])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "engine: environment acme/bash-guess@0.1.0: its agent 'player' runs the harness 'bash', which Lab does not run "
+        "(Lab's policy answers each agent's turns as a plain chat)"
+    )
+    assert json.loads((tmp_path / "work" / "finish.json").read_text())["error"]["code"] == "environment_error"
+
+
+def test_an_environment_whose_run_raises_fails_the_job_with_exit_2(tmp_path):
+    """The environment's own code failing is the job's fault: a retry would fail the same way."""
+    require_verifiers_python()
+    source = GUESS_ENV.replace(
+        '                segment = await interaction.turn(feedback + " Guess again.")\n',
+        '                raise RuntimeError("the referee left")\n',
+    )
+    assert source != GUESS_ENV
+    result = run_engine(tmp_path, "acme/broken-guess@0.1.0", [guess_wheel("broken-guess", source=source)], block={"max_turns": 3})
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("engine: environment acme/broken-guess@0.1.0: an episode failed: ") and "the referee left" in last, last
+    assert json.loads((tmp_path / "work" / "finish.json").read_text())["error"]["code"] == "environment_error"
+
+
+def test_the_bridge_refuses_an_agents_turn_once_it_reaches_a_token_cap(tmp_path):
+    """verifiers' RolloutLimits: checked before each turn, so the turn that crosses a cap completes."""
+    require_verifiers_python()
+    _, data = guess_wheel()
+    zipfile.ZipFile(io.BytesIO(data)).extractall(tmp_path / "site")
+    bridge = Bridge(python=verifiers_python(), site=tmp_path / "site", workdir=tmp_path, package_id=ENV_ID)
+    try:
+        handle = bridge.request("open", taskset=ENV_ID, args={"num_tasks": 8})["handle"]
+        (task,) = bridge.request("tasks", handle=handle, split="train", start=0, n=1, seed=0)["tasks"]
+
+        def play(limits, *, input_tokens, output_tokens):
+            answer = bridge.request("start", handle=handle, task_ids=[task["id"]], limits=limits)
+            while answer["requests"]:
+                answer = bridge.request("reply", handle=handle, answers=[
+                    {"request": request["request"], "text": "no", "input_tokens": input_tokens, "output_tokens": output_tokens}
+                    for request in answer["requests"]
+                ])
+            (finished,) = answer["finished"]
+            return finished["turns"], finished["stop_condition"]
+
+        assert play({"max_output_tokens": 5}, input_tokens=1, output_tokens=3) == (2, "max_output_tokens")
+        assert play({"max_input_tokens": 10}, input_tokens=6, output_tokens=1) == (2, "max_input_tokens")
+        assert play({"max_turns": 4, "max_output_tokens": None}, input_tokens=1, output_tokens=1) == (4, "max_turns")
+    finally:
+        bridge.close()
