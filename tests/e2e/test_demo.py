@@ -174,35 +174,6 @@ def test_ctrl_c_while_the_job_runs_cancels_it_and_stops_every_process_engine_inc
     assert_nothing_left(data_dir)
 
 
-def test_after_the_summary_lab_keeps_running_until_ctrl_c(tmp_path):
-    data_dir = tmp_path / "data"
-    env = demo_environment(data_dir, DEMO_MODEL="lab/tiny-random-llama", DEMO_MAX_STEPS="3")
-    del env["DEMO_EXIT"]
-    demo = DemoProcess(env)
-    try:
-        demo.wait_for_output("Ctrl-C stops everything", timeout=600)
-        assert "Every check passed." in demo.text
-        port = env["DEMO_PORT"]
-        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
-        # The printed export line points the CLI at the demo's project: it lists the demo's job.
-        exported = re.search(r"export LAB_API_KEY=(lab_\S+) LAB_BASE_URL=(\S+)$", demo.text, re.M)
-        assert exported and exported.group(2) == f"http://127.0.0.1:{port}", demo.text[-3000:]
-        job_id = re.search(r"Submitted (job_\w+)", demo.text).group(1)
-        cli = {**os.environ, "LAB_API_KEY": exported.group(1), "LAB_BASE_URL": exported.group(2)}
-        listed = subprocess.run([str(Path(sys.executable).with_name("lab")), "jobs", "list", "--json"], env=cli,
-                                capture_output=True, text=True, timeout=60, check=True)
-        assert [job["id"] for job in json.loads(listed.stdout)] == [job_id]
-
-        status = demo.interrupt(timeout=120)
-    finally:
-        demo.kill()
-
-    assert status == 0, demo.text[-3000:]
-    assert_nothing_left(data_dir)
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
-
-
 def test_a_bad_setting_is_named_and_nothing_starts(tmp_path):
     data_dir = tmp_path / "data"
     env = demo_environment(data_dir, DEMO_MAX_STEPS="twenty")
@@ -250,7 +221,7 @@ def test_a_port_in_use_is_named_and_nothing_starts(tmp_path):
     not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"),
     reason="needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL)",
 )
-def test_with_database_and_redis_urls_set_it_runs_on_them(tmp_path):
+def test_on_database_and_redis_urls_it_runs_on_them_and_after_the_summary_keeps_running_until_ctrl_c(tmp_path):
     import redis
 
     from jobs.models import Job
@@ -267,16 +238,35 @@ def test_with_database_and_redis_urls_set_it_runs_on_them(tmp_path):
         REDIS_URL=os.environ["REDIS_URL"],
         CELERY_BROKER_URL=broker,
     )
+    del env["DEMO_EXIT"]
+    demo = DemoProcess(env)
+    try:
+        demo.wait_for_output("Ctrl-C stops everything", timeout=600)
+        assert "Every check passed." in demo.text
+        port = env["DEMO_PORT"]
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        # The printed export line points the CLI at the demo's project: it lists the demo's job.
+        exported = re.search(r"export LAB_API_KEY=(lab_\S+) LAB_BASE_URL=(\S+)$", demo.text, re.M)
+        assert exported and exported.group(2) == f"http://127.0.0.1:{port}", demo.text[-3000:]
+        job_id = re.search(r"Submitted (job_\w+)", demo.text).group(1)
+        cli = {**os.environ, "LAB_API_KEY": exported.group(1), "LAB_BASE_URL": exported.group(2)}
+        listed = subprocess.run([str(Path(sys.executable).with_name("lab")), "jobs", "list", "--json"], env=cli,
+                                capture_output=True, text=True, timeout=60, check=True)
+        assert [job["id"] for job in json.loads(listed.stdout)] == [job_id]
 
-    result = run_demo(env, timeout=600)
+        status = demo.interrupt(timeout=120)
+    finally:
+        demo.kill()
 
-    assert result.returncode == 0, result.stdout[-4000:]
+    assert status == 0, demo.text[-3000:]
     job = Job.objects.unscoped().get()
-    assert (job.status, job.step, job.project.slug, job.project.organization.slug) == ("succeeded", 3, "demo", "demo")
-    assert f"Job {job.public_id} (lab/tiny-random-llama, 3 steps) succeeded" in result.stdout
+    assert (job.public_id, job.status, job.step, job.project.slug, job.project.organization.slug) == (job_id, "succeeded", 3, "demo", "demo")
+    assert f"Job {job.public_id} (lab/tiny-random-llama, 3 steps) succeeded" in demo.text
     assert not (data_dir / "lab.sqlite3").exists()
     assert not (data_dir / "celery-broker.sqlite3").exists()
     assert_nothing_left(data_dir)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
 
 
 @pytest.mark.real_model
