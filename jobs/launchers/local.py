@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +36,10 @@ from jobs.launchers.base import (
 
 #: Seconds after launch during which a missing supervisor pid file means "still starting".
 _START_GRACE_S = 30.0
+#: Seconds an engine's pid file must have existed before the orphan sweep may end its process:
+#: the launch task starts the engine before it records the attempt as launched, and a sweep
+#: that ran in between took the new engine for an orphan and killed it.
+ORPHAN_GRACE_S = 120.0
 #: Most captured bytes read per call, so a chatty engine cannot stall the reconciler.
 _MAX_READ = 256 * 1024
 
@@ -230,6 +235,11 @@ class LocalLauncher(Launcher):
         for pid_file in self.runs_dir.glob("*/attempt-*/engine.pid"):
             workdir = pid_file.parent
             if str(workdir) in live or (workdir / "exit.json").exists():
+                continue
+            try:
+                if time.time() - pid_file.stat().st_mtime < ORPHAN_GRACE_S:
+                    continue  # perhaps launched by a task that has not recorded it yet
+            except FileNotFoundError:
                 continue
             engine = _read_pid(pid_file)
             if engine is not None and process_alive(engine):

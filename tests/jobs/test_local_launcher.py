@@ -120,3 +120,32 @@ def test_a_launched_engine_process_sees_none_of_the_workers_secrets(monkeypatch,
     assert seen["PATH"] == os.environ["PATH"]
     assert sorted(set(WORKER_SECRETS) & set(seen)) == ["LAB_JOB_TOKEN"]
     assert not any(value in seen.values() for name, value in WORKER_SECRETS.items() if name != "DJANGO_SETTINGS_MODULE")
+
+
+def test_the_orphan_sweep_spares_an_engine_started_moments_ago_and_ends_an_old_one(tmp_path):
+    """The launch task starts the engine before it records the attempt as launched: a sweep in
+    between must not take the new engine for an orphan (it did, and killed it)."""
+    import signal
+    import subprocess
+
+    from jobs.launchers import local
+
+    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=REPO)
+    engines = {}
+    for name in ("young", "old"):
+        workdir = tmp_path / "runs" / f"job_{name}" / "attempt-1"
+        workdir.mkdir(parents=True)
+        engines[name] = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        (workdir / "engine.pid").write_text(str(engines[name].pid))
+    old_pid_file = tmp_path / "runs" / "job_old" / "attempt-1" / "engine.pid"
+    long_ago = time.time() - local.ORPHAN_GRACE_S - 1
+    os.utime(old_pid_file, (long_ago, long_ago))
+    try:
+        assert launcher.sweep_orphans([]) == [str(old_pid_file.parent)]
+        assert engines["old"].wait(timeout=10) == -signal.SIGKILL
+        assert engines["young"].poll() is None
+    finally:
+        for engine in engines.values():
+            if engine.poll() is None:
+                engine.kill()
+                engine.wait()
