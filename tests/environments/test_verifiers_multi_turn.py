@@ -7,19 +7,14 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from pathlib import Path
 
 from engine.environments.verifiers_taskset import Bridge, verifiers_python
 from tests.environments.test_engine_packages import run_engine
-from tests.environments.verifiers_wheels import GUESS_ENV, guess_wheel, require_verifiers_python, run_in_verifiers
+from tests.environments.verifiers_wheels import GUESS_ENV, guess_wheel, read_lines, require_verifiers_python, run_in_verifiers
 
 ENV_ID = "acme/guess-env@0.1.0"
 ARGS = {"num_tasks": 40, "log_path": "episodes.jsonl"}
 FUNCTIONS = {"solved", "closeness", "numeric"}
-
-
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def replied_transcript(messages: list[dict]) -> str:

@@ -11,14 +11,10 @@ from pathlib import Path
 
 from engine.environments.verifiers_taskset import bridge_environment
 from tests.environments.test_engine_packages import run_engine
-from tests.environments.verifiers_wheels import SPELL_TASKSET, require_verifiers_python, run_in_verifiers, spell_wheel
+from tests.environments.verifiers_wheels import SPELL_TASKSET, read_lines, require_verifiers_python, run_in_verifiers, spell_wheel
 from tests.environments.wheelbuilder import build_wheel
 
 ENV_ID = "acme/spell-env@0.1.0"
-
-
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_it_trains_on_a_verifiers_taskset_with_one_metric_per_reward_function(tmp_path):

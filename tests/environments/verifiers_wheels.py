@@ -3,6 +3,7 @@ verifiers environment's Python that runs them."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -72,6 +73,11 @@ def spell_wheel(name: str = "spell-env", version: str = "0.1.0", *, prelude: str
     """Return ``(file name, bytes)`` of a verifiers-form wheel whose module exports ``SpellTaskset``."""
     module = name.replace("-", "_")
     return build_wheel(name, version, files={f"{module}/__init__.py": SPELL_TASKSET.format(prelude=prelude)}, requires=list(requires))
+
+
+def read_lines(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file (an engine's metrics.jsonl, an environment's log)."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def require_verifiers_python() -> Path:
