@@ -45,6 +45,18 @@ def environment_index(index: int, ratios: list[float] | None, *, count: int, see
     return random.Random(f"lab-env-mix:{seed}:{index}").choices(range(count), weights=ratios)[0]
 
 
+def block_names(names: list[str]) -> list[str]:
+    """Return the metric names of environment blocks whose own names (an `[[env]] name`, else the
+    environment's name) are `names`: a name given before gets `_<n>` (n from 2), so two blocks of
+    one environment report apart (`reward/addition/mean`, `reward/addition_2/mean`)."""
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return unique
+
+
 def extra_sampling(params: dict) -> dict:
     """Return the keyword arguments that carry `params` (vLLM SamplingParams fields) to a
     rollout backend's `generate`: none when empty, so the transformers backend is never given any."""
@@ -169,7 +181,7 @@ class Orchestrator:
         self.environments = [load_environment(env.id, dict(env.args), spec.seed) for env in spec.env]
         for environment, block in zip(self.environments, spec.env):
             environment.limits = episode_limits(block)
-        self.env_names = [env.name for env in self.environments]
+        self.env_names = block_names([block.name or env.name for env, block in zip(self.environments, spec.env)])
         # [[env]] ratio: the training environments' shares of each batch (None: round-robin).
         self.env_ratios = [env.ratio or 1.0 for env in spec.env] if any(env.ratio for env in spec.env) else None
         self.template_kwargs = usable_template_kwargs(
@@ -185,8 +197,8 @@ class Orchestrator:
             where="eval.sampling", model=spec.model,
         ) if eval_sampling else self.template_kwargs
         self.val_targets = [
-            HeldOutTarget(env, env.name, "val", spec.val.setting("num_examples"), spec.val.setting("rollouts_per_example"))
-            for env in self.environments
+            HeldOutTarget(env, name, "val", spec.val.setting("num_examples"), spec.val.setting("rollouts_per_example"))
+            for env, name in zip(self.environments, self.env_names)
         ] if spec.val is not None else []
         self.teacher = None
         if spec.loss == "sft":
@@ -325,23 +337,23 @@ class Orchestrator:
 
         `num_examples = -1` takes the environment's whole eval split (`Environment.eval_size`);
         a block without a count or group size takes `[eval]`'s (default 1 rollout per example).
-        Two targets with one name get `_<n>` suffixes (n from 2) in their metric names.
+        A target's metric name is its block's `name`, else its environment's (`block_names`).
         """
         spec = self.spec
         default_rollouts = spec.eval.rollouts_per_example or 1
         if spec.eval.env:
-            blocks = []
+            blocks, names = [], []
             for block in spec.eval.env:
                 env = load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed)
                 env.limits = episode_limits(block)
                 blocks.append((env, block.num_examples, block.rollouts_per_example or block.group_size))
+                names.append(block.name or env.name)
+            names = block_names(names)
         else:
-            blocks = [(env, None, None) for env in self.environments]
-        targets, seen = [], {}
-        for env, count, rollouts in blocks:
+            blocks, names = [(env, None, None) for env in self.environments], self.env_names
+        targets = []
+        for (env, count, rollouts), name in zip(blocks, names):
             count = count if count is not None else spec.eval.num_examples
-            seen[env.name] = seen.get(env.name, 0) + 1
-            name = env.name if seen[env.name] == 1 else f"{env.name}_{seen[env.name]}"
             targets.append(HeldOutTarget(
                 env, name, "eval", env.eval_size if count == -1 else count, rollouts or default_rollouts,
             ))

@@ -1,6 +1,6 @@
 """Mixing training environments by `[[env]] ratio` (engine.orchestrator.environment_index)."""
 
-from engine.orchestrator import environment_index
+from engine.orchestrator import block_names, environment_index
 from tests.engine.conftest import engine_config, tiny_spec
 from tests.engine.test_resume import train
 
@@ -25,3 +25,16 @@ def test_a_job_samples_its_environments_by_ratio(tmp_path):
     turns = train(tmp_path / "turns", engine_config(tiny_spec(max_steps=1, env=[{k: v for k, v in e.items() if k != "ratio"} for e in envs],
                                                                eval={}), micro_batch_rollouts=4))
     assert {"reward/reverse-text/mean", "reward/addition/mean"} <= set(turns[1])  # without ratios: one group each
+
+
+def test_blocks_report_under_their_names_and_two_of_one_environment_apart():
+    assert block_names(["addition", "addition", "rev", "addition"]) == ["addition", "addition_2", "rev", "addition_3"]
+
+
+def test_a_job_reports_each_env_block_under_its_name(tmp_path):
+    envs = [{"id": "lab/addition", "args": {"max_operand": 3}, "name": "small"},
+            {"id": "lab/addition", "args": {"max_operand": 99}, "name": "large"},
+            {"id": "lab/addition"}, {"id": "lab/addition"}]
+    metrics = train(tmp_path, engine_config(tiny_spec(max_steps=1, batch_size=16, env=envs, eval={}), micro_batch_rollouts=4))
+    rewards = {name for name in metrics[1] if name.startswith("reward/") and name.endswith("/mean") and name.count("/") == 2}
+    assert rewards == {"reward/small/mean", "reward/large/mean", "reward/addition/mean", "reward/addition_2/mean"}

@@ -165,7 +165,7 @@ def test_it_translates_prime_rls_native_layout_and_keeps_the_original():
     assert spec.translated_from.layout == "prime-rl"
     assert spec.translated_from.config == tomllib.loads(native_installed())
     assert parsed.warnings[0].startswith("this is prime-rl's native layout")
-    assert keys_warned(parsed.warnings[1:]) == ["orchestrator.renderer", "env.0.name", "env.0.harness", "wandb"]
+    assert keys_warned(parsed.warnings[1:]) == ["orchestrator.renderer", "env.0.harness", "wandb"]
     stored = parsed.to_dict()
     assert parse_spec(stored).to_dict() == stored
 
@@ -282,6 +282,18 @@ def test_both_env_forms_are_accepted():
     assert not any("ratio" in warning for warning in parsed.warnings)  # ratio mixes the environments (engine.orchestrator.environment_index)
     assert refused(env=[{"name": "x"}])[0].param == "env.0.id"
     assert refused(env=[{"id": "lab/addition@2", "version": "1"}])[0].code == "conflicting_keys"
+
+
+def test_an_env_blocks_name_must_be_one_metric_name_segment_and_unique():
+    assert not any("env.0.name" in warning for warning in parse_spec({**BASE, "env": [{"id": "lab/addition", "name": "small"}]}).warnings)
+    for bad in ("a/b", "", "-x", "x y", "é", "x" * 65):
+        assert refused(env=[{"id": "lab/addition", "name": bad}])[0].param == "env.0.name", bad
+    twice = refused(env=[{"id": "lab/addition", "name": "a"}, {"id": "lab/reverse-text", "name": "a"}])
+    assert [(p.param, p.code) for p in twice] == [("env.1.name", "duplicate_name")]
+    evals = refused(eval={"env": [{"id": "lab/addition", "name": "a"}, {"id": "lab/addition", "name": "a"}]})
+    assert [(p.param, p.code) for p in evals] == [("eval.env.1.name", "duplicate_name")]
+    # the same name in [[env]] and [[eval.env]] is fine: they report under reward/ and eval/
+    parse_spec({**BASE, "env": [{"id": "lab/addition", "name": "a"}], "eval": {"env": [{"id": "lab/addition", "name": "a"}]}})
 
 
 def test_a_misspelt_key_gets_the_closest_allowed_key():

@@ -90,6 +90,10 @@ class _Section(BaseModel):
         return data
 
 
+#: An ``[[env]] name``: one segment of a metric name (letters, digits, ``.``, ``_``, ``-``).
+ENV_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
 def _raise_at(subpath: str, code: str, message: str) -> None:
     """Raise a validation error for the key ``subpath`` inside the section being validated."""
     raise PydanticCustomError(code, message, {"subpath": subpath})
@@ -362,7 +366,11 @@ class EnvConfig(_Section):
         None, min_length=1, max_length=64, pattern=_VERSION_PATTERN,
         description="Environment version; the same as writing id@version.",
     )
-    name: Text | None = Field(None, min_length=1, max_length=128, description="Display name of this block.")
+    name: str | None = Field(
+        None, min_length=1, max_length=64, pattern=ENV_NAME_PATTERN,
+        description="Name of this block in metric names (reward/<name>/mean), unique among the blocks; "
+        "default: the environment's name.",
+    )
     max_retries: int | None = Field(None, ge=0, le=100, description="Retries of a failed rollout.")
     taskset: JsonObject | None = Field(
         None, description="v1 form: the taskset, {id = ..., ...}.", json_schema_extra={"required": ["id"]},
@@ -782,6 +790,21 @@ def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list
             f"batch_size ({batch_size}) must be a multiple of rollouts_per_example "
             f"({group_size}): each step trains on whole groups",
         ))
+
+    evaluation = data.get("eval")
+    for section, blocks in (("env", data.get("env")), ("eval.env", evaluation.get("env") if isinstance(evaluation, Mapping) else None)):
+        seen: set[str] = set()
+        for index, block in enumerate(blocks if isinstance(blocks, list) else []):
+            name = block.get("name") if isinstance(block, Mapping) else None
+            if not isinstance(name, str) or f"{section}.{index}.name" in bad_params:
+                continue
+            if name in seen:
+                problems.append(SpecProblem(
+                    f"{section}.{index}.name", "duplicate_name",
+                    f"another [[{section}]] block is named '{name}'; each block's name must be unique "
+                    "(it names the block's metrics)",
+                ))
+            seen.add(name)
 
     if given("checkpoint_id") and given("init_from"):
         problems.append(SpecProblem(
