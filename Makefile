@@ -34,14 +34,20 @@ install: $(VENV)/.installed $(VENV_VERIFIERS)/.installed  ## create .venv and .v
 migrate: install
 	$(PY) manage.py migrate --noinput
 
+# make test and test-fast run the suite in TEST_WORKERS pytest-xdist workers, each with its own
+# test database, Redis databases and LAB_DATA_DIR (tests/conftest.py); a test module runs whole on
+# one worker, so its module-scoped servers start once. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: install  ## the suite but the real-model tests (CI runs this)
-	$(VENV)/bin/pytest -m "not real_model"
+	$(VENV)/bin/pytest -m "not real_model" $(PYTEST_PARALLEL)
 
 test-all: install  ## the whole suite, the real-model tests (SmolLM2, minutes each) included
 	$(VENV)/bin/pytest
 
 test-fast: install  ## the suite without end-to-end, browser and real-model tests
-	$(VENV)/bin/pytest -m "not e2e and not browser and not real_model"
+	$(VENV)/bin/pytest -m "not e2e and not browser and not real_model" $(PYTEST_PARALLEL)
 
 demo:  ## install, then the main job end to end (python -m demo; DEMO_EXIT=1 stops after the checks)
 	@started=$$(date +%s); $(MAKE) --no-print-directory install && \

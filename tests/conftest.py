@@ -19,6 +19,42 @@ from lab.services import api_key_create, organization_create, user_sign_up
 
 PASSWORD = "correct-horse-battery-staple"
 
+#: Environment variables naming a Redis database, which each pytest-xdist worker gets its own of.
+_REDIS_VARIABLES = ("REDIS_URL", "CELERY_BROKER_URL")
+_REDIS_DATABASES = 16
+
+
+def _worker_redis_url(url: str, worker: int, workers: int) -> str:
+    """Return ``url`` with its database number moved to worker ``worker``'s own: each worker
+    (0-based) takes the block of ``len(_REDIS_VARIABLES)`` databases after the previous one's,
+    so a URL on database d goes to d + 2 × (worker + 1). Raises ValueError past database 15."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    database = int(parts.path.strip("/") or 0) + len(_REDIS_VARIABLES) * (worker + 1)
+    if database >= _REDIS_DATABASES:
+        raise ValueError(
+            f"{workers} pytest workers need Redis databases up to {database} for {url}; Redis has "
+            f"{_REDIS_DATABASES}: use fewer workers (make test TEST_WORKERS=...) or a lower database"
+        )
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def pytest_xdist_setupnodes(config, specs) -> None:
+    """Under pytest-xdist (``make test`` runs two workers), give each worker a Redis database of
+    its own for the cache and the broker (a stack's broker is emptied when it starts, and tests
+    clear the cache) and its own LAB_DATA_DIR. pytest-django already gives each worker its own
+    test database (``test_<name>_gw<n>``). The variables reach a worker before Django's settings
+    are read, through execnet's ``env:`` setting of its spec."""
+    import os
+
+    for worker, spec in enumerate(specs):
+        for name in _REDIS_VARIABLES:
+            if os.environ.get(name):
+                spec.env[name] = _worker_redis_url(os.environ[name], worker, len(specs))
+        if os.environ.get("LAB_DATA_DIR"):
+            spec.env["LAB_DATA_DIR"] = os.path.join(os.environ["LAB_DATA_DIR"], f"gw{worker}")
+
 #: A small valid spec on the tiny model (docs/spec.md).
 TINY_SPEC = {
     "name": "addition-tiny",
