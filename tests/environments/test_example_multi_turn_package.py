@@ -3,7 +3,6 @@ accepts as it is, and the engine trains on it turn by turn (examples/environment
 
 from __future__ import annotations
 
-
 from labsdk.spec import load_spec_file
 
 from environments.wheels import read_wheel
