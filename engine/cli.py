@@ -546,7 +546,7 @@ def run(args: argparse.Namespace) -> int:
             outcome = trainer.run()
         except TeacherRefused as error:  # e.g. the teacher's key was revoked mid-run
             raise ConfigError(str(error), "invalid_spec") from None
-        except EnvironmentFailed as error:  # the environment's own code raised; a retry would repeat it
+        except EnvironmentFailed as error:  # the environment's own code raised, past its [[env]] retries
             raise ConfigError(str(error), "environment_error") from None
         finally:
             trainer.close()

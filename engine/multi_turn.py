@@ -34,7 +34,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from engine.environments import EnvironmentFailed, Example
+from engine.environments import EnvironmentFailed, Example, retry_allowed
 from engine.rollout import Completion
 
 logger = logging.getLogger("engine")
@@ -121,8 +121,9 @@ def run_episodes(
     turn with `backend`; return the rollouts example by example, the `n` of each adjacent.
 
     Round r samples with seed `seed + r`. `sampling` holds extra keyword arguments for the
-    backend's `generate` (`sampling_params`). Raises EnvironmentFailed when an episode fails
-    (the environment's code raised, or it trained no agent or several) and RuntimeError when a
+    backend's `generate` (`sampling_params`). An episode that fails (the environment's code
+    raised, or it trained no agent or several) is run again from its start, up to `env.retries`
+    times (`[[env]] retries`); raises EnvironmentFailed past them, and RuntimeError when a
     round's replies came from several policy versions.
     """
     with getattr(env, "episode_lock", contextlib.nullcontext()):
@@ -135,14 +136,15 @@ def run_episodes(
 
 def _run_episodes(env, examples, n, *, tokenizer, backend, stop_token_ids, context_length, max_tokens, temperature,
                   seed, template_kwargs, sampling) -> list[EpisodeRollout]:
-    started = env.start_episodes([example.info["task_id"] for example in examples for _ in range(n)], env.limits)
+    task_ids = [example.info["task_id"] for example in examples for _ in range(n)]
+    started = env.start_episodes(task_ids, env.limits)
     episodes = {episode_id: _Episode(row) for row, episode_id in enumerate(started["episodes"])}
+    retried = [0] * len(task_ids)
     untrainable: dict[tuple[str, str], int] = {}
     answer, round_index = started, 0
     stops = set(stop_token_ids)
     while True:
-        _finish(env, episodes, answer["finished"])
-        requests = answer["requests"]
+        requests = _finish(env, episodes, answer, task_ids, retried)
         if not requests:
             break
         prompts, budgets, sampled_requests, answers = [], [], [], []
@@ -240,11 +242,30 @@ def _next_sequence(episode: _Episode, messages: list[dict], tokenizer, stop_toke
     return episode.prompt_ids + episode.token_ids + turn, turn
 
 
-def _finish(env, episodes: dict[str, _Episode], finished: list[dict]) -> None:
-    for result in finished:
-        if result.get("error"):
-            raise EnvironmentFailed(f"environment {env.id}: an episode failed: {result['error']}")
-        episodes[result["episode"]].result = result
+def _finish(env, episodes: dict[str, _Episode], answer: dict, task_ids: list[str], retried: list[int]) -> list[dict]:
+    """Record the results of the episodes that `answer` (the environment's answer to a start or
+    a reply) says ended, and return the turn requests to sample next. A failed episode is
+    started again from scratch, as a new episode in its row, while `env.retries` allows
+    (`retried` counts each row's retries); its requests join the returned ones. Raises
+    EnvironmentFailed for a failure past the retries."""
+    requests, pending = list(answer["requests"]), list(answer["finished"])
+    while pending:
+        result = pending.pop(0)
+        if not result.get("error"):
+            episodes[result["episode"]].result = result
+            continue
+        error = EnvironmentFailed(f"environment {env.id}: an episode failed: {result['error']}")
+        row = episodes.pop(result["episode"]).row
+        if not retry_allowed(env, retried[row], error, "an episode"):
+            raise error
+        retried[row] += 1
+        again = env.start_episodes([task_ids[row]], env.limits)
+        (episode_id,) = again["episodes"]
+        episodes[episode_id] = _Episode(row)
+        requests += again["requests"]
+        pending += again["finished"]
+    # A failed episode's other agents may have asked for a turn as it ended: nobody waits for it.
+    return [request for request in requests if request["episode"] in episodes]
 
 
 def group_rollouts(rollouts: list[EpisodeRollout]) -> tuple[list[int], list[Completion]]:

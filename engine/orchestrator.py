@@ -180,7 +180,7 @@ class Orchestrator:
         config, spec = self.config, self.config.spec
         self.environments = [load_environment(env.id, dict(env.args), spec.seed) for env in spec.env]
         for environment, block in zip(self.environments, spec.env):
-            environment.limits = episode_limits(block)
+            environment.limits, environment.retries = episode_limits(block), block.rollout_retries
         self.env_names = block_names([block.name or env.name for env, block in zip(self.environments, spec.env)])
         # [[env]] ratio: the training environments' shares of each batch (None: round-robin).
         self.env_ratios = [env.ratio or 1.0 for env in spec.env] if any(env.ratio for env in spec.env) else None
@@ -308,7 +308,7 @@ class Orchestrator:
                 rows[g] = []
                 for completion in completions[position * n:(position + 1) * n]:
                     text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                    scores = environments[g].score(text, examples[g])
+                    scores = environments[g].score_rollout(text, examples[g])
                     rows[g].append((completion, text, scores.reward, scores.functions))
         multi_turn = []
         for g in groups:
@@ -345,7 +345,7 @@ class Orchestrator:
             blocks, names = [], []
             for block in spec.eval.env:
                 env = load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed)
-                env.limits = episode_limits(block)
+                env.limits, env.retries = episode_limits(block), block.rollout_retries
                 blocks.append((env, block.num_examples, block.rollouts_per_example or block.group_size))
                 names.append(block.name or env.name)
             names = block_names(names)
@@ -463,7 +463,7 @@ class Orchestrator:
                 token_ids = teacher_token_ids(self.tokenizer, teacher_completion, end_token_id=self.end_token_id, max_tokens=room)
                 completions.append(Completion(token_ids=token_ids, logprobs=[], truncated=not teacher_completion.finished,
                                               policy_version=policy_version))
-                scores = self.environments[env_index].score(teacher_completion.text, example)
+                scores = self.environments[env_index].score_rollout(teacher_completion.text, example)
                 texts.append(teacher_completion.text)
                 rewards.append(scores.reward)
                 functions.append(scores.functions)

@@ -42,8 +42,9 @@ class InvalidEnvironment(ValueError):
 
 class EnvironmentFailed(Exception):
     """An environment's own code failed while the job ran (a taskset's reward function or task
-    source raised): the job's fault, which a retry would repeat, so the engine exits 2
-    (`environment_error`) instead of crashing."""
+    source raised): the job's fault, which a restart of the attempt would repeat. The rollout is
+    run again up to `[[env]] retries` times (`Environment.score_rollout`, engine/multi_turn.py);
+    past them the engine exits 2 (`environment_error`) instead of crashing."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ class Environment:
     #: The job's caps on a multi-turn episode's agents (`[[env]]` max_turns, max_input_tokens,
     #: max_output_tokens; None where a block leaves one out), set by the orchestrator.
     limits: dict | None = None
+    #: Times a rollout whose environment code failed (EnvironmentFailed) is run again before the
+    #: failure ends the job (`[[env]]` retries, or max_retries), set by the orchestrator.
+    retries: int = 0
 
     def __init__(self, args: dict, seed: int):
         self.args = {**self.info.args, **args}
@@ -140,6 +144,27 @@ class Environment:
         functions = {f.name: float(f.score(completion, example)) for f in self.rubric}
         reward = sum(f.weight * functions[f.name] for f in self.rubric)
         return Scores(reward=reward, functions=functions)
+
+    def score_rollout(self, completion: str, example: Example) -> Scores:
+        """`score`, run again while the environment's code fails, at most `retries` more times
+        (each retry is logged); raises the last EnvironmentFailed when every try failed."""
+        tries = 0
+        while True:
+            try:
+                return self.score(completion, example)
+            except EnvironmentFailed as error:
+                if not retry_allowed(self, tries, error, "scoring"):
+                    raise
+                tries += 1
+
+
+def retry_allowed(env: Environment, retried: int, error: Exception, what: str) -> bool:
+    """Whether a rollout of `env` that failed with `error` after `retried` retries is run again
+    (`env.retries`, `[[env]] retries`); logs the retry, naming `what` failed."""
+    if retried >= env.retries:
+        return False
+    logger.warning("%s failed (%s); running it again, retry %d of %d", what, error, retried + 1, env.retries)
+    return True
 
 
 def split_of(example: Example) -> str:

@@ -331,7 +331,7 @@ class VerifiersTaskset(Environment):
     def _request(self, op: str, **arguments) -> dict:
         try:
             return self.bridge.request(op, handle=self.handle, **arguments)
-        except BridgeRefused as refusal:  # the taskset's own code raised: a retry would repeat it
+        except BridgeRefused as refusal:  # the taskset's own code raised (retried per [[env]] retries)
             raise EnvironmentFailed(f"environment {self.info.id}: {refusal}") from None
 
 

@@ -6,7 +6,9 @@ import random
 import pytest
 
 from engine.catalog import EnvironmentInfo
-from engine.environments import SPLITS, Environment, Example, InvalidEnvironment, load_environment, split_of
+from engine.environments import (
+    SPLITS, Environment, EnvironmentFailed, Example, InvalidEnvironment, Scores, load_environment, split_of,
+)
 
 
 def test_it_generates_the_same_examples_for_the_same_seed():
@@ -90,3 +92,37 @@ def test_an_environment_too_small_to_split_repeats_its_prompts_and_says_so(caplo
     assert [r.getMessage().split(": ")[1].split(" (")[0] for r in caplog.records] == [
         f"no prompt of 256 draws belongs to its {split} split" for split in unsplit
     ]
+
+
+def test_a_rollout_whose_scoring_fails_is_scored_again_while_its_retries_last(caplog):
+    class FlakyJudge(Environment):
+        """Addition, with a judge that fails its first `failures` calls."""
+
+        info = load_environment("lab/addition", {}, seed=0).info
+
+        def __init__(self, failures: int):
+            super().__init__({}, seed=0)
+            self.failures, self.calls = failures, 0
+
+        def score(self, completion, example):
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise EnvironmentFailed(f"environment {self.info.id}: scoring failed: the judge timed out")
+            return Scores(reward=1.0, functions={"correct": 1.0})
+
+    example = Example(messages=[], answer="2")
+    judge = FlakyJudge(failures=2)
+    judge.retries = 2
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        assert judge.score_rollout("2", example).reward == 1.0
+    assert judge.calls == 3
+    assert [record.getMessage() for record in caplog.records] == [
+        f"scoring failed (environment lab/addition: scoring failed: the judge timed out); running it again, retry {n} of 2"
+        for n in (1, 2)
+    ]
+    judge = FlakyJudge(failures=2)
+    judge.retries = 1
+    with pytest.raises(EnvironmentFailed, match="the judge timed out"):
+        judge.score_rollout("2", example)
+    assert judge.calls == 2
+    assert FlakyJudge(failures=0).score_rollout("2", example).reward == 1.0  # retries 0: one try

@@ -43,9 +43,12 @@ class ScriptedEnvironment:
         self.conversations: dict[str, list[dict]] = {}
         self.requests: dict[str, str] = {}
         self.replies: dict[str, list[dict]] = {}
+        self.started: list[str] = []
+        self.retries = 0
 
     def start_episodes(self, task_ids, limits):
-        episodes = [f"e{index}" for index in range(len(task_ids))]
+        episodes = [f"e{len(self.conversations) + index}" for index in range(len(task_ids))]
+        self.started.extend(task_ids)
         for episode in episodes:
             self.conversations[episode] = [SYSTEM, PROMPT]
             self.replies[episode] = []
@@ -77,6 +80,25 @@ class ScriptedEnvironment:
             requests.append({"request": request, "episode": episode, "agent": "player", "trainable": True,
                              "messages": list(self.conversations[episode])})
         return {"requests": requests, "finished": finished}
+
+
+class FlakyEnvironment(ScriptedEnvironment):
+    """A ScriptedEnvironment whose first `failures` episodes to reply fail after their first
+    reply, as an episode whose environment code raised does in the bridge."""
+
+    def __init__(self, turns: int, *, failures: int, retries: int):
+        super().__init__(turns)
+        self.failures, self.retries, self.failed = failures, retries, []
+
+    def _round(self, episodes):
+        failing = []
+        for episode in episodes:
+            if len(self.replies[episode]) == 1 and len(self.failed) + len(failing) < self.failures:
+                failing.append(episode)
+        self.failed += failing
+        answer = super()._round([episode for episode in episodes if episode not in failing])
+        errors = [{"episode": episode, "error": "RuntimeError: the referee left"} for episode in failing]
+        return {"requests": answer["requests"], "finished": errors + answer["finished"]}
 
 
 class RecordingBackend(TransformersBackend):
@@ -141,6 +163,29 @@ def test_it_keeps_sampled_tokens_as_sampled_and_masks_the_rendered_environment_t
             assert tokenizer.decode(turn, skip_special_tokens=False) == expected
         # The second and third calls sampled from exactly the sequence built so far.
         assert backend.calls[2][0][row] == rollout.prompt_ids + completion.token_ids[: len(backend.calls[2][0][row]) - len(rollout.prompt_ids)]
+
+
+def test_a_failed_episode_runs_again_from_its_start_while_its_retries_last(tiny, caplog):
+    env = FlakyEnvironment(turns=3, failures=2, retries=1)
+    rollouts = sample(env, tiny, backend_for(tiny), n=2, examples=2)
+
+    assert env.failed == ["e0", "e1"]  # both episodes of the first task, after their first reply
+    # Started again, each as a new episode of its own task, in the rows they left.
+    assert env.started == ["train:0:0", "train:0:0", "train:0:1", "train:0:1", "train:0:0", "train:0:0"]
+    assert [(rollout.turns, rollout.reward) for rollout in rollouts] == [(3, 3.0)] * 4
+    for rollout in rollouts:  # three sampled replies each, the failed episode's reply in none of them
+        mask = rollout.completion.loss_mask
+        assert sum(1 for i, kept in enumerate(mask) if kept and (i == 0 or not mask[i - 1])) == 3
+    assert [record.getMessage().split(" failed")[0] for record in caplog.records if "running it again" in record.getMessage()] == ["an episode"] * 2
+
+
+def test_a_failure_past_the_retries_fails_the_episodes_call(tiny):
+    with pytest.raises(EnvironmentFailed, match="acme/scripted: an episode failed: RuntimeError: the referee left"):
+        sample(FlakyEnvironment(turns=3, failures=1, retries=0), tiny, backend_for(tiny), n=1)
+    env = FlakyEnvironment(turns=3, failures=2, retries=1)  # the retry fails too
+    with pytest.raises(EnvironmentFailed, match="the referee left"):
+        sample(env, tiny, backend_for(tiny), n=1)
+    assert env.failed == ["e0", "e1"] and env.started == ["train:0:0", "train:0:0"]
 
 
 def test_environment_turn_tokens_equal_the_template_rendering_of_the_conversation(tiny):

@@ -196,16 +196,37 @@ def test_it_exits_2_for_an_agent_that_runs_a_harness(tmp_path):
     assert json.loads((tmp_path / "work" / "finish.json").read_text())["error"]["code"] == "environment_error"
 
 
-def test_an_environment_whose_run_raises_fails_the_job_with_exit_2(tmp_path):
-    """The environment's own code failing is the job's fault: a retry would fail the same way."""
+FEEDBACK = '                segment = await interaction.turn(feedback + " Guess again.")\n'
+
+
+def test_an_episode_whose_environment_fails_runs_again_within_its_retries_and_past_them_fails_the_job(tmp_path):
+    """[[env]] retries: an episode whose Env.run raised is run again from its start, in the live
+    bridge beside the other episodes; an environment that keeps failing fails the job with exit 2
+    (the job's fault, environment_error) once the retries are spent."""
     require_verifiers_python()
-    source = GUESS_ENV.replace(
-        '                segment = await interaction.turn(feedback + " Guess again.")\n',
-        '                raise RuntimeError("the referee left")\n',
+    # Each task's first episode raises at its first feedback, once: the referee comes back.
+    flaky = GUESS_ENV.replace("import verifiers.v1 as vf\n", "import verifiers.v1 as vf\n\nLEFT = set()\n").replace(
+        FEEDBACK,
+        '                if task.data.prompt not in LEFT:\n'
+        '                    LEFT.add(task.data.prompt)\n'
+        '                    raise RuntimeError("the referee left")\n' + FEEDBACK,
     )
-    assert source != GUESS_ENV
-    result = run_engine(tmp_path, "acme/broken-guess@0.1.0", [guess_wheel("broken-guess", source=source)], block={"max_turns": 3})
+    assert flaky.count("LEFT") == 3
+    (tmp_path / "flaky").mkdir()
+    result = run_engine(tmp_path / "flaky", "acme/flaky-guess@0.1.0", [guess_wheel("flaky-guess", source=flaky)],
+                        block={"max_turns": 3, "retries": 1})
+    assert result.returncode == 0, result.stderr
+    retried = [line for line in result.stderr.splitlines() if "running it again, retry 1 of 1" in line]
+    assert retried and all("an episode failed (environment acme/flaky-guess@0.1.0: an episode failed: " in line for line in retried)
+    assert all("the referee left" in line for line in retried)
+    points = read_lines(tmp_path / "flaky" / "work" / "metrics.jsonl")
+    assert [point["step"] for point in points] == [1, 2]
+
+    broken = GUESS_ENV.replace(FEEDBACK, '                raise RuntimeError("the referee left")\n')
+    result = run_engine(tmp_path, "acme/broken-guess@0.1.0", [guess_wheel("broken-guess", source=broken)],
+                        block={"max_turns": 3, "retries": 1})
     assert result.returncode == 2, result.stderr
+    assert "running it again, retry 1 of 1" in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("engine: environment acme/broken-guess@0.1.0: an episode failed: ") and "the referee left" in last, last
     assert json.loads((tmp_path / "work" / "finish.json").read_text())["error"]["code"] == "environment_error"

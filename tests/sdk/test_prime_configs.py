@@ -296,6 +296,18 @@ def test_an_env_blocks_name_must_be_one_metric_name_segment_and_unique():
     parse_spec({**BASE, "env": [{"id": "lab/addition", "name": "a"}], "eval": {"env": [{"id": "lab/addition", "name": "a"}]}})
 
 
+def test_retries_and_primes_legacy_max_retries_are_one_setting():
+    envs = parse_spec({**BASE, "env": [
+        {"id": "lab/addition", "retries": 2}, {"id": "lab/addition", "max_retries": 3},
+        {"id": "lab/addition", "retries": 1, "max_retries": 1}, {"id": "lab/addition"},
+    ]})
+    assert [env.rollout_retries for env in envs.spec.env] == [2, 3, 1, 0]
+    assert not any("retries" in warning for warning in envs.warnings)
+    problem = refused(env=[{"id": "lab/addition", "retries": 1, "max_retries": 2}])[0]
+    assert (problem.param, problem.code) == ("env.0.retries", "conflicting_keys")
+    assert refused(env=[{"id": "lab/addition", "retries": 101}])[0].param == "env.0.retries"
+
+
 def test_a_misspelt_key_gets_the_closest_allowed_key():
     problem = refused(max_step=5)[0]
     assert problem.message.startswith("unknown key 'max_step' (did you mean 'max_steps'?); allowed keys: name,")

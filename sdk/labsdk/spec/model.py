@@ -371,7 +371,9 @@ class EnvConfig(_Section):
         description="Name of this block in metric names (reward/<name>/mean), unique among the blocks; "
         "default: the environment's name.",
     )
-    max_retries: int | None = Field(None, ge=0, le=100, description="Retries of a failed rollout.")
+    max_retries: int | None = Field(
+        None, ge=0, le=100, description="Times a rollout whose environment code failed is run again (legacy name of retries).",
+    )
     taskset: JsonObject | None = Field(
         None, description="v1 form: the taskset, {id = ..., ...}.", json_schema_extra={"required": ["id"]},
     )
@@ -390,10 +392,24 @@ class EnvConfig(_Section):
         description="Most tokens each agent of a multi-turn episode samples (checked between turns).",
     )
     timeout: float | None = Field(None, gt=0.0, le=86_400.0, description="Seconds a rollout may take.")
-    retries: int | None = Field(None, ge=0, le=100, description="Retries of a failed rollout (v1 name).")
+    retries: int | None = Field(
+        None, ge=0, le=100,
+        description="Times a rollout whose environment code failed is run again before the job fails (default 0).",
+    )
+
+    @property
+    def rollout_retries(self) -> int:
+        """How many times a rollout whose environment code failed is run again: ``retries``,
+        else Prime's legacy ``max_retries``, else 0."""
+        return self.retries if self.retries is not None else self.max_retries or 0
 
     @model_validator(mode="after")
     def _resolve_id(self) -> EnvConfig:
+        if self.retries is not None and self.max_retries is not None and self.retries != self.max_retries:
+            _raise_at(
+                "retries", "conflicting_keys",
+                f"retries ({self.retries}) and max_retries ({self.max_retries}) are the same setting; give one",
+            )
         if self.id is None:
             taskset_id = self.taskset.get("id") if self.taskset else None
             if taskset_id is None:

@@ -45,7 +45,7 @@ _NOT_YET_USED: dict[str, str] = {
 
 #: Fields of an ``[[env]]`` block still to come (``max_turns``, ``max_input_tokens`` and
 #: ``max_output_tokens`` bound multi-turn episodes: engine/multi_turn.py).
-_ENV_NOT_YET_USED = ("max_retries", "harness", "group_size", "timeout", "retries")
+_ENV_NOT_YET_USED = ("harness", "group_size", "timeout")
 
 
 def _extra_body_warnings(section: str, sampling: Any) -> list[str]:
