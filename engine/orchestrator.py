@@ -135,9 +135,12 @@ class RolloutBatch:
 EPISODE_LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens")
 
 
-def episode_limits(block) -> dict[str, int | None]:
-    """The caps an `[[env]]` (or `[[eval.env]]`) block sets on a multi-turn episode's agents."""
-    return {name: getattr(block, name, None) for name in EPISODE_LIMITS}
+def apply_block(environment: Environment, block) -> Environment:
+    """Give `environment` what its `[[env]]` (or `[[eval.env]]`) block sets on its rollouts: the
+    caps on a multi-turn episode's agents (`limits`) and the retries of a failed rollout."""
+    environment.limits = {name: getattr(block, name, None) for name in EPISODE_LIMITS}
+    environment.retries = block.rollout_retries
+    return environment
 
 
 def evaluates(spec, step: int) -> bool:
@@ -178,9 +181,7 @@ class Orchestrator:
     def setup(self) -> None:
         """Load the training, eval and validation environments and the teacher (`loss = "sft"`)."""
         config, spec = self.config, self.config.spec
-        self.environments = [load_environment(env.id, dict(env.args), spec.seed) for env in spec.env]
-        for environment, block in zip(self.environments, spec.env):
-            environment.limits, environment.retries = episode_limits(block), block.rollout_retries
+        self.environments = [apply_block(load_environment(env.id, dict(env.args), spec.seed), env) for env in spec.env]
         self.env_names = block_names([block.name or env.name for env, block in zip(self.environments, spec.env)])
         # [[env]] ratio: the training environments' shares of each batch (None: round-robin).
         self.env_ratios = [env.ratio or 1.0 for env in spec.env] if any(env.ratio for env in spec.env) else None
@@ -344,8 +345,7 @@ class Orchestrator:
         if spec.eval.env:
             blocks, names = [], []
             for block in spec.eval.env:
-                env = load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed)
-                env.limits, env.retries = episode_limits(block), block.rollout_retries
+                env = apply_block(load_environment(block.id, block.environment_args(self._environment_arguments(block.id)), spec.seed), block)
                 blocks.append((env, block.num_examples, block.rollouts_per_example or block.group_size))
                 names.append(block.name or env.name)
             names = block_names(names)
