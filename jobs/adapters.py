@@ -71,8 +71,8 @@ def adapter_register(*, job: Job, attempt: JobAttempt, step: int, format: str) -
         )
         adapter.save(force_insert=True)
     elif adapter.attempt < attempt.number:
-        _delete_after_commit(adapter.storage_key)
-        _delete_after_commit(storage.upload_key(adapter.storage_key))
+        storage.delete_after_commit(adapter.storage_key)
+        storage.delete_after_commit(storage.upload_key(adapter.storage_key))
         adapter.attempt, adapter.format, adapter.status = attempt.number, format, AdapterStatus.UPLOADING
         adapter.size_bytes, adapter.sha256, adapter.ready_at = None, "", None
         adapter.created_at = timezone.now()
@@ -96,12 +96,14 @@ def adapter_complete(*, job: Job, attempt_number: int, adapter_id: str, size_byt
     """
     adapter = _completable(job=job, attempt_number=attempt_number, adapter_id=adapter_id)
     if adapter.status == AdapterStatus.READY:
+        storage.discard_upload(adapter.storage_key)
         return adapter
     stored = storage.seal(adapter.storage_key, expected_size=size_bytes)
     with transaction.atomic():
         job = Job.objects.unscoped().select_for_update().get(pk=job.pk)
         adapter = _completable(job=job, attempt_number=attempt_number, adapter_id=adapter_id, lock=True)
         if adapter.status == AdapterStatus.READY:
+            storage.discard_upload(adapter.storage_key)
             return adapter
         if stored == (size_bytes, sha256):
             adapter.status = AdapterStatus.READY
@@ -148,8 +150,8 @@ def _mark_failed(*, job: Job, adapter: Adapter, message: str) -> None:
         message=message,
         data={"adapter_id": adapter.public_id, "step": adapter.step},
     )
-    _delete_after_commit(adapter.storage_key)
-    _delete_after_commit(storage.upload_key(adapter.storage_key))
+    storage.delete_after_commit(adapter.storage_key)
+    storage.delete_after_commit(storage.upload_key(adapter.storage_key))
 
 
 def adapter_apply_retention(*, job: Job) -> list[str]:
@@ -165,7 +167,7 @@ def adapter_apply_retention(*, job: Job) -> list[str]:
     removed = ready[keep_last:]
     for old in removed:
         old.status = AdapterStatus.DELETED
-        _delete_after_commit(old.storage_key)
+        storage.delete_after_commit(old.storage_key)
     if removed:
         Adapter.objects.bulk_update(removed, ["status"])
     return [old.public_id for old in removed]
@@ -247,8 +249,3 @@ def adapter_known_keys(keys: list[str]) -> set[str]:
     }
     return known
 
-
-def _delete_after_commit(key: str) -> None:
-    """Delete the object at ``key`` once the transaction commits (the orphan sweep catches a failure)."""
-    if key:
-        transaction.on_commit(lambda: storage.delete(key))

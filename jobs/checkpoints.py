@@ -69,12 +69,14 @@ def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256
     """
     checkpoint = _completable(job=job, checkpoint_id=checkpoint_id)
     if checkpoint.status == CheckpointStatus.READY:
+        storage.discard_upload(checkpoint.storage_key)
         return checkpoint
     stored = storage.seal(checkpoint.storage_key, expected_size=size_bytes)
     with transaction.atomic():
         job = Job.objects.unscoped().select_for_update().get(pk=job.pk)
         checkpoint = _completable(job=job, checkpoint_id=checkpoint_id, lock=True)
         if checkpoint.status == CheckpointStatus.READY:
+            storage.discard_upload(checkpoint.storage_key)
             return checkpoint
         return _apply_verification(job=job, checkpoint=checkpoint, stored=stored, expected=(size_bytes, sha256))
 
@@ -130,8 +132,8 @@ def _mark_failed(*, job: Job, checkpoint: Checkpoint, message: str) -> None:
         message=message,
         data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
     )
-    _delete_after_commit(checkpoint.storage_key)
-    _delete_after_commit(storage.upload_key(checkpoint.storage_key))
+    storage.delete_after_commit(checkpoint.storage_key)
+    storage.delete_after_commit(storage.upload_key(checkpoint.storage_key))
 
 
 def checkpoint_apply_retention(*, job: Job) -> list[str]:
@@ -155,7 +157,7 @@ def checkpoint_apply_retention(*, job: Job) -> list[str]:
     removed = [old for old in ready[keep_last:] if old.pk not in still_needed]
     for old in removed:
         old.status = CheckpointStatus.DELETED
-        _delete_after_commit(old.storage_key)
+        storage.delete_after_commit(old.storage_key)
     if removed:
         _stream_changes(job, removed)
         Checkpoint.objects.bulk_update(removed, ["status", "stream_seq"])
@@ -345,11 +347,3 @@ def checkpoint_fail_abandoned(*, older_than: datetime) -> list[str]:
             failed.append(checkpoint.public_id)
     return failed
 
-
-def _delete_after_commit(key: str) -> None:
-    """Delete the object at ``key`` once the transaction that dropped its row commits.
-
-    If that fails the object is an orphan, and the orphan sweep removes it later.
-    """
-    if key:
-        transaction.on_commit(lambda: storage.delete(key))

@@ -22,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.files.storage import FileSystemStorage
+from django.db import transaction
 
 from environments.storage import KEY_PREFIX as ENVIRONMENT_KEY_PREFIX
 from lab import storage as objects
@@ -31,8 +32,8 @@ from lab.storage import stored_size_and_sha256
 
 __all__ = [
     "ARCHIVE_CONTENT_TYPE", "archive_key_of_upload", "checkpoint_key", "checkpoint_storage", "delete",
-    "delete_job_objects", "download_url", "is_filesystem", "iter_objects", "open_archive", "path_of", "put_file",
-    "seal", "stored_size_and_sha256", "upload_key", "upload_target",
+    "delete_after_commit", "delete_job_objects", "discard_upload", "download_url", "is_filesystem", "iter_objects",
+    "open_archive", "path_of", "put_file", "seal", "stored_size_and_sha256", "upload_key", "upload_target",
 ]
 
 _CHUNK = 1024 * 1024
@@ -47,6 +48,20 @@ def checkpoint_key(job_public_id: str, checkpoint_public_id: str) -> str:
 def upload_key(key: str) -> str:
     """Return where the engine uploads the archive of ``key`` before Lab seals it."""
     return key.removesuffix(".tar") + ".upload.tar"
+
+
+def discard_upload(key: str) -> None:
+    """Delete the engine's upload of ``key`` if one is there. A settled archive's completion calls
+    it: an exited engine's spool, which Lab delivers, may upload an archive again while the
+    engine's own completion is sealing it, and the second completion then finds it settled."""
+    delete(upload_key(key))
+
+
+def delete_after_commit(key: str) -> None:
+    """Delete the object at ``key`` once the current transaction commits (the one that dropped
+    or failed its row). If that fails the object is an orphan, and the orphan sweep removes it."""
+    if key:
+        transaction.on_commit(lambda: delete(key))
 
 
 def archive_key_of_upload(key: str) -> str | None:

@@ -124,6 +124,22 @@ def test_a_tampered_upload_fails_is_not_downloadable_and_its_object_goes(owner, 
     assert again.status_code == 409 and again.json()["error"]["code"] == "invalid_state"
 
 
+def test_an_upload_arriving_after_the_adapter_is_ready_goes_with_the_next_completion(owner, spec):
+    job, engine, base = start(owner, spec)
+    adapter = upload(engine, base, 1, b"weights")
+    key = Adapter.objects.unscoped().get(public_id=adapter["id"]).storage_key
+    storage.path_of(storage.upload_key(key)).write_bytes(b"weights")
+    again = engine.post(
+        f"{base}/adapters/{adapter['id']}/complete",
+        {"size_bytes": 7, "sha256": hashlib.sha256(b"weights").hexdigest()},
+        format="json",
+    )
+    assert again.json()["status"] == "ready"
+    assert not storage.path_of(storage.upload_key(key)).exists()
+    assert storage.path_of(key).read_bytes() == b"weights"
+    assert JobEvent.objects.filter(job=job, type="adapter.ready").count() == 1
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code", "param"),
     [

@@ -192,6 +192,24 @@ def test_completing_a_ready_checkpoint_again_changes_nothing(owner, spec):
     assert JobEvent.objects.filter(job=job, type="checkpoint.ready").count() == 1
 
 
+def test_an_upload_arriving_after_the_checkpoint_is_ready_goes_with_the_next_completion(owner, spec):
+    # An exited engine's spool, delivered by Lab while the engine's own completion was sealing the
+    # same checkpoint, stores the archive again at the upload key and completes a ready checkpoint.
+    job, engine, base = start(owner, spec)
+    ckpt = upload(engine, base, 1, b"weights")
+    key = Checkpoint.objects.unscoped().get(public_id=ckpt["id"]).storage_key
+    storage.path_of(storage.upload_key(key)).write_bytes(b"weights")
+    again = engine.post(
+        f"{base}/checkpoints/{ckpt['id']}/complete",
+        {"size_bytes": 7, "sha256": hashlib.sha256(b"weights").hexdigest()},
+        format="json",
+    )
+    assert again.json() == {"id": ckpt["id"], "status": "ready"}
+    assert not storage.path_of(storage.upload_key(key)).exists()
+    assert storage.path_of(key).read_bytes() == b"weights"
+    assert JobEvent.objects.filter(job=job, type="checkpoint.ready").count() == 1
+
+
 def test_it_refuses_to_complete_another_jobs_checkpoint(owner, spec):
     _, engine_a, base_a = start(owner, spec)
     _, engine_b, base_b = start(owner, spec)
