@@ -26,6 +26,15 @@ turn); `[sampling] max_tokens` per reply; and the `[[env]]` caps `max_turns`,
 
 Agents the environment marks untrainable (user-sim's user) are answered by the same policy in
 the same rounds; their tokens are not part of any rollout.
+
+Deadline: the `[[env]] timeout` is verifiers' episode deadline (`Env.run_episode`'s
+`timeout.episode`, wall-clock from the episode's start, the policy's sampling included). An
+episode past it ends as verifiers ends it: cancelled, its agent's exchange in flight abandoned
+unscored, flagged timed out. Like a failed episode it is run again from its start while
+`[[env]] retries` last (verifiers' episode retries take timeouts too); past them it stays in its
+group as a timed-out rollout: reward 0 and no function scored (verifiers scored nothing), its
+tokens up to the deadline, `Completion.timed_out` set, which keeps it out of the advantages and
+the loss (engine/trainer.py) and counts it in `is_timeout/mean`.
 """
 
 from __future__ import annotations
@@ -81,7 +90,8 @@ class EpisodeRollout:
     """One finished episode as a rollout: `prompt_ids` (its first prompt), `completion` (every
     token after it, `loss_mask` 1 on the sampled ones), `text` (the conversation after the
     opening messages, as `[role]` blocks), `reward` and `functions` (the environment's), `turns`
-    (replies sampled for the trainable agent) and `stop_condition` (what ended it)."""
+    (replies sampled for the trainable agent), `stop_condition` (what ended it:
+    `episode_timeout` for an episode past its deadline) and `timed_out`."""
 
     prompt_ids: list[int]
     completion: Completion
@@ -90,6 +100,7 @@ class EpisodeRollout:
     functions: dict[str, float]
     turns: int
     stop_condition: str | None
+    timed_out: bool = False
 
 
 @dataclass
@@ -106,6 +117,7 @@ class _Episode:
     turns: int = 0
     versions: set = field(default_factory=set)
     result: dict | None = None
+    timed_out: bool = False
 
 
 def transcript(messages: list[dict]) -> str:
@@ -124,7 +136,9 @@ def run_episodes(
     backend's `generate` (`sampling_params`). An episode that fails (the environment's code
     raised, or it trained no agent or several) is run again from its start, up to `env.retries`
     times (`[[env]] retries`); raises EnvironmentFailed past them, and RuntimeError when a
-    round's replies came from several policy versions.
+    round's replies came from several policy versions. An episode past its deadline
+    (`env.timeout`) is run again the same way and, past the retries, returned timed out
+    (the module docstring).
     """
     with getattr(env, "episode_lock", contextlib.nullcontext()):
         return _run_episodes(
@@ -204,6 +218,11 @@ def _run_episodes(env, examples, n, *, tokenizer, backend, stop_token_ids, conte
     for episode in sorted(episodes.values(), key=lambda item: item.row):
         if episode.result is None:
             raise EnvironmentFailed(f"environment {env.id}: an episode never finished")
+        if episode.prompt_ids is None and episode.timed_out and examples[episode.row // n].messages:
+            # Past its deadline before its first reply: its task's opening, and nothing sampled.
+            messages = examples[episode.row // n].messages
+            episode.prompt_ids = render(tokenizer, messages, generation_prompt=True, template_kwargs=template_kwargs)
+            episode.opening = len(messages)
         if episode.prompt_ids is None:
             raise EnvironmentFailed(f"environment {env.id}: an episode ended before its trainable agent's first turn")
         versions = set(episode.versions or fallback)
@@ -213,13 +232,14 @@ def _run_episodes(env, examples, n, *, tokenizer, backend, stop_token_ids, conte
             prompt_ids=episode.prompt_ids,
             completion=Completion(
                 token_ids=episode.token_ids, logprobs=episode.logprobs, truncated=episode.truncated,
-                policy_version=versions.pop(), loss_mask=episode.loss_mask,
+                policy_version=versions.pop(), loss_mask=episode.loss_mask, timed_out=episode.timed_out,
             ),
             text=transcript(episode.conversation[episode.opening:]),
             reward=float(episode.result["reward"]),
             functions={name: float(value) for name, value in episode.result["functions"].items()},
             turns=episode.turns,
             stop_condition=episode.result.get("stop_condition"),
+            timed_out=episode.timed_out,
         ))
     return rollouts
 
@@ -244,28 +264,39 @@ def _next_sequence(episode: _Episode, messages: list[dict], tokenizer, stop_toke
 
 def _finish(env, episodes: dict[str, _Episode], answer: dict, task_ids: list[str], retried: list[int]) -> list[dict]:
     """Record the results of the episodes that `answer` (the environment's answer to a start or
-    a reply) says ended, and return the turn requests to sample next. A failed episode is
-    started again from scratch, as a new episode in its row, while `env.retries` allows
-    (`retried` counts each row's retries); its requests join the returned ones. Raises
-    EnvironmentFailed for a failure past the retries."""
+    a reply) says ended, and return the turn requests to sample next. A failed or timed-out
+    episode is started again from scratch, as a new episode in its row, while `env.retries`
+    allows (`retried` counts each row's retries); its requests join the returned ones. Raises
+    EnvironmentFailed for a failure past the retries; an episode that timed out past them is
+    recorded timed out (reward 0, no function scored)."""
     requests, pending = list(answer["requests"]), list(answer["finished"])
     while pending:
         result = pending.pop(0)
         if not result.get("error"):
             episodes[result["episode"]].result = result
             continue
-        error = EnvironmentFailed(f"environment {env.id}: an episode failed: {result['error']}")
-        row = episodes.pop(result["episode"]).row
-        if not retry_allowed(env, retried[row], error, "an episode"):
-            raise error
+        row = episodes[result["episode"]].row
+        if result.get("timeout"):
+            message = f"environment {env.id}: {result['error']}"
+            if not retry_allowed(env, retried[row], message, "an episode", outcome="timed out"):
+                episode = episodes[result["episode"]]
+                episode.result = {"reward": 0.0, "functions": {}, "stop_condition": "episode_timeout"}
+                episode.timed_out = True
+                logger.info("an episode timed out (%s); it counts as a timed-out rollout", message)
+                continue
+        else:
+            error = EnvironmentFailed(f"environment {env.id}: an episode failed: {result['error']}")
+            if not retry_allowed(env, retried[row], error, "an episode"):
+                raise error
+        del episodes[result["episode"]]
         retried[row] += 1
         again = env.start_episodes([task_ids[row]], env.limits)
         (episode_id,) = again["episodes"]
         episodes[episode_id] = _Episode(row)
         requests += again["requests"]
         pending += again["finished"]
-    # A failed episode's other agents may have asked for a turn as it ended: nobody waits for it.
-    return [request for request in requests if request["episode"] in episodes]
+    # An episode that ended (failed, or past its deadline) may have asked for a turn as it ended: nobody waits for it.
+    return [request for request in requests if request["episode"] in episodes and episodes[request["episode"]].result is None]
 
 
 def group_rollouts(rollouts: list[EpisodeRollout]) -> tuple[list[int], list[Completion]]:
@@ -290,6 +321,7 @@ def group_rollouts(rollouts: list[EpisodeRollout]) -> tuple[list[int], list[Comp
             truncated=completion.truncated,
             policy_version=completion.policy_version,
             loss_mask=[0] * len(own) + list(completion.loss_mask or [1] * len(completion.token_ids)),
+            timed_out=completion.timed_out,
         ))
     return first[:shared], completions
 

@@ -13,6 +13,7 @@ or as separate roles over a shared directory (engine/roles.py, docs/engine.md "T
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import random
 import time
@@ -137,9 +138,11 @@ EPISODE_LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens")
 
 def apply_block(environment: Environment, block) -> Environment:
     """Give `environment` what its `[[env]]` (or `[[eval.env]]`) block sets on its rollouts: the
-    caps on a multi-turn episode's agents (`limits`) and the retries of a failed rollout."""
+    caps on a multi-turn episode's agents (`limits`), the retries of a failed rollout and the
+    seconds its environment's part may take (`timeout`)."""
     environment.limits = {name: getattr(block, name, None) for name in EPISODE_LIMITS}
     environment.retries = block.rollout_retries
+    environment.timeout = block.timeout
     return environment
 
 
@@ -310,6 +313,8 @@ class Orchestrator:
                 for completion in completions[position * n:(position + 1) * n]:
                     text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                     scores = environments[g].score_rollout(text, examples[g])
+                    if scores.timed_out:  # its scoring ran past the [[env]] timeout
+                        completion = dataclasses.replace(completion, timed_out=True)
                     rows[g].append((completion, text, scores.reward, scores.functions))
         multi_turn = []
         for g in groups:

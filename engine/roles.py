@@ -116,6 +116,7 @@ def batch_from_json(data: dict) -> RolloutBatch:
             token_ids=[int(t) for t in c["token_ids"]], logprobs=[float(x) for x in c["logprobs"]],
             truncated=bool(c["truncated"]), policy_version=int(c["policy_version"]),
             loss_mask=[1 if m else 0 for m in c["loss_mask"]] if c.get("loss_mask") is not None else None,
+            timed_out=bool(c.get("timed_out", False)),
         )
         for c in data["completions"]
     ]

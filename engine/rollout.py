@@ -28,7 +28,9 @@ class Completion:
     rollout (engine/multi_turn.py) holds its assistant segments (1, sampled, with their
     log-probabilities) interleaved with the environment's turns (0, rendered by the chat
     template, log-probability 0.0), which never enter the loss, the importance ratio, the
-    KL estimate or the filters' token counts.
+    KL estimate or the filters' token counts. `timed_out`: the rollout's episode ran past its
+    `[[env]] timeout` (a multi-turn episode past its deadline, or a scoring past it): it scored
+    nothing, and the trainer keeps it out of the advantages and the loss.
     """
 
     token_ids: list[int]
@@ -36,6 +38,7 @@ class Completion:
     truncated: bool
     policy_version: int = 0
     loss_mask: list[int] | None = None
+    timed_out: bool = False
 
     def sampled_token_ids(self) -> list[int]:
         """The tokens the policy sampled (every token, unless `loss_mask` says otherwise)."""

@@ -349,13 +349,16 @@ class Trainer:
     def _filtered_advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, list[bool], dict[str, float]]:
         """Run the spec's pre-batch filters, the group advantages over the rollouts they keep,
         then the post-batch filters (engine.filters); return the advantages, the keep mask
-        and the `filter/<type>/fraction` metrics."""
+        and the `filter/<type>/fraction` metrics. A timed-out rollout (`Completion.timed_out`:
+        past its `[[env]] timeout`, scored nothing) is never kept: as verifiers gives a timed-out
+        episode no trace to train on, it is out of its group's advantages and of the loss."""
         spec = self.config.spec
         rollouts = Rollouts(
             rewards=batch.rewards, token_ids=[c.sampled_token_ids() for c in batch.completions],
             logprobs=[c.sampled_logprobs() for c in batch.completions], texts=batch.texts, group_size=spec.rollouts_per_example,
         )
-        keep, flagged = apply_filters(spec.batch_filters("pre_batch_filters"), rollouts, [True] * len(batch.rewards))
+        scored = [not completion.timed_out for completion in batch.completions]
+        keep, flagged = apply_filters(spec.batch_filters("pre_batch_filters"), rollouts, scored)
         advantages = group_advantages(
             torch.tensor(batch.rewards, dtype=torch.float32), spec.rollouts_per_example, keep=torch.tensor(keep),
         )
@@ -380,6 +383,10 @@ class Trainer:
         lengths = [len(batch.prompts[r // group_size]) + len(c.token_ids) for r, c in enumerate(batch.completions)]
         metrics["seq_len/mean"] = sum(lengths) / len(lengths)
         metrics["is_truncated/mean"] = sum(c.truncated for c in batch.completions) / len(batch.completions)
+        # Reported by jobs that set an [[env]] timeout, and on any step a rollout timed out.
+        timed_out = [c.timed_out for c in batch.completions]
+        if any(timed_out) or any(env.timeout is not None for env in self.config.spec.env):
+            metrics["is_timeout/mean"] = sum(timed_out) / len(timed_out)
         return metrics
 
     def _samples(self, batch: RolloutBatch, advantages: torch.Tensor) -> list[dict]:

@@ -67,10 +67,14 @@ class RewardFunction:
 
 @dataclass(frozen=True)
 class Scores:
-    """The weighted reward of one completion and each function's raw score."""
+    """The weighted reward of one completion and each function's raw score; `timed_out`: the
+    scoring ran past the `[[env]] timeout` and was cancelled (reward 0, every function 0)."""
 
     reward: float
     functions: dict[str, float]
+    timed_out: bool = False
+    #: Why it timed out (the environment's words), when it did.
+    message: str = ""
 
 
 class Environment:
@@ -90,6 +94,10 @@ class Environment:
     #: Times a rollout whose environment code failed (EnvironmentFailed) is run again before the
     #: failure ends the job (`[[env]]` retries, or max_retries), set by the orchestrator.
     retries: int = 0
+    #: Seconds the environment's part of a rollout may take (`[[env]]` timeout; None: no limit),
+    #: set by the orchestrator: a verifiers multi-turn episode's deadline, a verifiers taskset's
+    #: scoring. Lab's own environments score in the engine and ignore it.
+    timeout: float | None = None
 
     def __init__(self, args: dict, seed: int):
         self.args = {**self.info.args, **args}
@@ -146,24 +154,31 @@ class Environment:
         return Scores(reward=reward, functions=functions)
 
     def score_rollout(self, completion: str, example: Example) -> Scores:
-        """`score`, run again while the environment's code fails, at most `retries` more times
-        (each retry is logged); raises the last EnvironmentFailed when every try failed."""
+        """`score`, run again while the environment's code fails or its scoring runs past the
+        timeout, at most `retries` more times (each retry is logged); raises the last
+        EnvironmentFailed when every try failed, and returns the last timed-out Scores when
+        every try timed out (a timeout is the rollout's outcome, not the job's failure)."""
         tries = 0
         while True:
             try:
-                return self.score(completion, example)
+                scores = self.score(completion, example)
             except EnvironmentFailed as error:
                 if not retry_allowed(self, tries, error, "scoring"):
                     raise
                 tries += 1
+                continue
+            if not scores.timed_out or not retry_allowed(self, tries, scores.message, "scoring", outcome="timed out"):
+                return scores
+            tries += 1
 
 
-def retry_allowed(env: Environment, retried: int, error: Exception, what: str) -> bool:
+def retry_allowed(env: Environment, retried: int, error: Exception | str, what: str, *, outcome: str = "failed") -> bool:
     """Whether a rollout of `env` that failed with `error` after `retried` retries is run again
-    (`env.retries`, `[[env]] retries`); logs the retry, naming `what` failed."""
+    (`env.retries`, `[[env]] retries`); logs the retry, naming `what` failed (`outcome`:
+    "timed out" for a rollout past its `[[env]] timeout`, which verifiers' retries run again too)."""
     if retried >= env.retries:
         return False
-    logger.warning("%s failed (%s); running it again, retry %d of %d", what, error, retried + 1, env.retries)
+    logger.warning("%s %s (%s); running it again, retry %d of %d", what, outcome, error, retried + 1, env.retries)
     return True
 
 

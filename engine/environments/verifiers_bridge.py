@@ -25,10 +25,12 @@ On start, before reading anything, it writes ``{"ok": true, "result": {"verifier
 - ``tasks {handle, split, start, n, seed}``: ``n`` tasks from position ``start`` as chat
   ``messages`` (the task's ``system_prompt`` as a system message, then its prompt, as verifiers'
   ``null`` harness sends them) with an opaque ``id`` for ``score``;
-- ``score {handle, task_id, completion}``: a trace of the prompt and one sampled assistant
-  message, scored offline by ``await task.score(trace)`` as ``vf-replay`` does, answering
+- ``score {handle, task_id, completion[, timeout_s]}``: a trace of the prompt and one sampled
+  assistant message, scored offline by ``await task.score(trace)`` as ``vf-replay`` does, answering
   ``{reward, functions: {name: score}, weights: {name: weight}}``; ``reward`` is
-  ``trace.reward``, the sum of score x weight.
+  ``trace.reward``, the sum of score x weight. With ``timeout_s`` (seconds, the job's ``[[env]]
+  timeout``) a scoring still running past it is cancelled and the answer is ``{timeout: true,
+  message}``: the environment's part of a single-turn episode took too long;
 
 Multi-turn: a package that exports its own ``vf.Env`` subclass (an ``async def run(task,
 agents)`` that drives ``agents.<name>.interaction(task)`` turn by turn, as verifiers'
@@ -36,10 +38,12 @@ TextArena env does) opens with ``multi_turn: true`` and ``agents`` (its agent fi
 the Env's own ``run_episode`` (``setup``, ``run``, ``finalize``, verifiers' episode timeout) with
 agents of its own whose turns Lab's policy answers, and the engine answers them in rounds:
 
-- ``start {handle, task_ids[, limits]}``: one episode per entry (an ``id`` that ``tasks`` handed
-  out), answering their ids as ``episodes`` too; ``limits {max_turns, max_input_tokens,
-  max_output_tokens}`` (each may be null) are the job's caps on every agent of these episodes,
-  on top of an agent's own config (the smaller wins);
+- ``start {handle, task_ids[, limits][, timeout_s]}``: one episode per entry (an ``id`` that
+  ``tasks`` handed out), answering their ids as ``episodes`` too; ``limits {max_turns,
+  max_input_tokens, max_output_tokens}`` (each may be null) are the job's caps on every agent of
+  these episodes, on top of an agent's own config (the smaller wins); ``timeout_s`` (seconds, the
+  job's ``[[env]] timeout``) replaces the Env's ``timeout.episode``, verifiers' deadline on an
+  episode's ``setup`` and ``run`` (``--env.timeout.episode``);
 - ``reply {handle, answers}``: for each reply the engine sampled,
   ``{request, text, input_tokens, output_tokens}`` (the tokens the turn fed in: the first prompt,
   then each environment turn, and the tokens it sampled), or ``{request, stop}`` when the engine
@@ -59,6 +63,11 @@ verifiers' ``RolloutLimits``), or a task's ``@stop`` fires. An untrainable agent
 (``agent.trainable = False`` in ``Env.setup``, as user-sim's user) is answered by the same
 policy and never trained on. An episode that fails (the env's code raised), or that has no or
 several traces of trainable agents, is finished with ``{episode, error}`` (a message) instead.
+An episode past its deadline ends as ``run_episode`` ends it: verifiers cancels ``run``, the
+interaction in flight is abandoned unscored (verifiers' ``Agent.interaction`` aborts its rollout
+on a cancellation), the episode is flagged ``is_timeout`` and not ``ok``; it is finished with
+``{episode, timeout: true, error}``. A request of an episode that ended meanwhile is not sent,
+and an answer to one is dropped.
 
 Splits: verifiers v1 tasksets have none, so the bridge makes Lab's three disjoint ones with the
 engine's own rule (``engine.environments.split_of``): a task belongs to the split its prompt's
@@ -373,7 +382,7 @@ class Bridge:
             })
         return {"tasks": answer}
 
-    def score(self, handle: int, task_id: str, completion: str) -> dict:
+    def score(self, handle: int, task_id: str, completion: str, timeout_s: float | None = None) -> dict:
         from verifiers.v1.configs.agent import AgentConfig
         from verifiers.v1.trace import AgentInfo, Trace, TraceTask
         from verifiers.v1.types import AssistantMessage
@@ -394,8 +403,20 @@ class Bridge:
             ok=True,
             stop_condition="agent_completed",
         )
+        timeout = _seconds(timeout_s)
+        deadlines = []
+
+        async def scored() -> None:
+            async with asyncio.timeout(timeout) as deadline:
+                deadlines.append(deadline)
+                await task.score(trace)
+
         try:
-            self.loop.run_until_complete(task.score(trace))
+            self.loop.run_until_complete(scored())
+        except TimeoutError as error:
+            if not deadlines[0].expired():  # the scoring code's own I/O timed out: its failure
+                raise BridgeError("scoring_failed", f"taskset {opened.taskset_id}: scoring failed: {_one_line(error)}") from None
+            return {"timeout": True, "message": f"taskset {opened.taskset_id}: scoring took longer than its {timeout:g}s timeout"}
         except Exception as error:  # the taskset's own scoring code failed
             cause = error.__cause__ or error
             if isinstance(cause, ModuleNotFoundError):
@@ -425,9 +446,13 @@ class Bridge:
             opened.episodes = Episodes(opened, self.loop)
         return opened.episodes
 
-    def start(self, handle: int, task_ids: list, limits: dict | None = None) -> dict:
+    def start(self, handle: int, task_ids: list, limits: dict | None = None, timeout_s: float | None = None) -> dict:
         episodes = self._episodes(handle)
         limits = _limits(limits or {})
+        timeout = _seconds(timeout_s)
+        if timeout is not None:
+            # verifiers' own deadline (--env.timeout.episode), read by run_episode as each episode starts.
+            episodes.opened.env.config.timeout.episode = timeout
         tasks = []
         for task_id in task_ids:
             task = episodes.opened.issued.get(task_id)
@@ -445,6 +470,19 @@ class Bridge:
 
 
 _LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens")
+
+
+#: The longest ``timeout_s`` a request may set (a day, as the job spec allows).
+MAX_TIMEOUT_S = 86_400.0
+
+
+def _seconds(timeout) -> float | None:
+    """A request's ``timeout_s``: a positive number of seconds up to MAX_TIMEOUT_S, or None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise BridgeError("invalid_request", f"timeout_s is a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}, or null")
+    return float(timeout)
 
 
 def _limits(given: dict) -> dict[str, int]:
@@ -503,6 +541,10 @@ class Episodes:
         return episode_id
 
     def _result(self, episode_id: str, episode) -> dict:
+        if episode.is_timeout:
+            error = episode.errors[-1] if episode.errors else None
+            message = " ".join(error.message.split())[:500] if error else "the episode ran past its deadline"
+            return {"episode": episode_id, "timeout": True, "error": message}
         if episode.errors:
             error = episode.errors[-1]
             return {"episode": episode_id, "error": " ".join(f"{error.type}: {error.message}".split())[:500]}
@@ -547,7 +589,8 @@ class Episodes:
         _, future = self.requests.pop(answer["request"])
         if "stop" not in answer and not isinstance(answer.get("text"), str):
             raise BridgeError("invalid_request", "an answer carries text (and input_tokens, output_tokens) or stop")
-        future.set_result(answer)
+        if not future.done():  # its episode may have ended meanwhile (its deadline passed): nobody waits
+            future.set_result(answer)
 
     async def advance(self) -> dict:
         """Run every live episode until each waits for a reply or is over; return the new
@@ -566,7 +609,12 @@ class Episodes:
         for episode, task in list(self.live.items()):
             if task.done():
                 del self.live[episode]
-        requests, self.unsent = self.unsent, []
+        # A request whose episode ended meanwhile (cancelled at its deadline) waits for nothing.
+        requests = [body for body in self.unsent if not self.requests[body["request"]][1].done()]
+        for body in self.unsent:
+            if self.requests[body["request"]][1].done():
+                del self.requests[body["request"]]
+        self.unsent = []
         finished, self.finished = self.finished, []
         return {"requests": requests, "finished": finished}
 
@@ -595,6 +643,10 @@ class LabAgent:
             yield interaction
         except Exception as error:
             interaction.fail(error)
+            raise
+        except BaseException:
+            # Cancelled (the episode's deadline): abandoned unscored, as verifiers aborts its rollout.
+            interaction.abort()
             raise
         finally:
             await interaction.close()
@@ -698,6 +750,11 @@ class LabInteraction:
         """Record the caller's failure on the trace; the exchange is not scored."""
         self._failed = True
         self.trace.record_error(error)
+
+    def abort(self) -> None:
+        """Abandon the exchange (its episode was cancelled): never finalized, scored or
+        completed, so its trace is not one of the episode's (verifiers' ``Rollout.abort``)."""
+        self._closed = True
 
     async def close(self):
         """End the exchange: ``user_closed`` unless a limit stopped it, then the task's

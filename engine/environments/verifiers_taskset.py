@@ -268,7 +268,9 @@ class VerifiersTaskset(Environment):
     taskset's config fields (``describe``); the job's seed orders the train split.
     ``example(index, split)`` is the task at that position of the split (the bridge's docstring
     says which), with ``info`` holding verifiers' task ``id``, ``key`` and ``idx``;
-    ``score(completion, example)`` asks the task's own reward functions.
+    ``score(completion, example)`` asks the task's own reward functions. ``timeout`` (the
+    block's ``[[env]] timeout``) bounds a multi-turn episode (verifiers' episode deadline) and a
+    single-turn scoring; a rollout past it comes back timed out (the bridge's docstring).
     """
 
     bridge: Bridge
@@ -295,7 +297,7 @@ class VerifiersTaskset(Environment):
         self._examples: dict[tuple[str, int], Example] = {}
 
     def _function_score(self, name: str):
-        return lambda completion, example: self.score(completion, example).functions[name]
+        return lambda completion, example: self.score(completion, example).functions.get(name, 0.0)
 
     def example(self, index: int, split: str = "train") -> Example:
         """Return the task at position ``index`` of ``split`` as an Example (messages, no answer:
@@ -314,14 +316,17 @@ class VerifiersTaskset(Environment):
     def score(self, completion: str, example: Example) -> Scores:
         """Score a completion with the task's reward functions (each function's raw score, and
         verifiers' weighted reward)."""
-        scored = self._request("score", task_id=example.info["task_id"], completion=completion)
+        scored = self._request("score", task_id=example.info["task_id"], completion=completion, timeout_s=self.timeout)
+        if scored.get("timeout"):  # past the [[env]] timeout: verifiers scored nothing
+            return Scores(reward=0.0, functions={function.name: 0.0 for function in self.rubric}, timed_out=True,
+                          message=f"environment {self.info.id}: {scored['message']}")
         return Scores(reward=scored["reward"], functions=scored["functions"])
 
     def start_episodes(self, task_ids: list[str], limits: dict[str, int | None] | None = None) -> dict:
         """Start one multi-turn episode per task id (``Example.info["task_id"]``) under the job's
         ``limits``; return the bridge's answer: ``episodes`` (their ids), the first ``requests``
         and any ``finished`` episodes (the bridge's docstring)."""
-        return self._request("start", task_ids=task_ids, limits=dict(limits or {}))
+        return self._request("start", task_ids=task_ids, limits=dict(limits or {}), timeout_s=self.timeout)
 
     def reply(self, answers: list[dict]) -> dict:
         """Hand the bridge the policy's replies to its pending requests; return the next
@@ -329,8 +334,9 @@ class VerifiersTaskset(Environment):
         return self._request("reply", answers=answers)
 
     def _request(self, op: str, **arguments) -> dict:
+        # An answer may wait for episodes or a scoring as long as their [[env]] timeout allows.
         try:
-            return self.bridge.request(op, handle=self.handle, **arguments)
+            return self.bridge.request(op, timeout=REQUEST_TIMEOUT_S + (self.timeout or 0.0), handle=self.handle, **arguments)
         except BridgeRefused as refusal:  # the taskset's own code raised (retried per [[env]] retries)
             raise EnvironmentFailed(f"environment {self.info.id}: {refusal}") from None
 

@@ -126,3 +126,33 @@ def test_a_rollout_whose_scoring_fails_is_scored_again_while_its_retries_last(ca
         judge.score_rollout("2", example)
     assert judge.calls == 2
     assert FlakyJudge(failures=0).score_rollout("2", example).reward == 1.0  # retries 0: one try
+
+
+def test_a_scoring_past_the_timeout_is_scored_again_while_its_retries_last_then_counts_as_timed_out(caplog):
+    class SlowJudge(Environment):
+        """Addition, with a judge whose first `slow` scorings run past the timeout."""
+
+        info = load_environment("lab/addition", {}, seed=0).info
+
+        def __init__(self, slow: int):
+            super().__init__({}, seed=0)
+            self.slow, self.calls, self.timeout = slow, 0, 2.0
+
+        def score(self, completion, example):
+            self.calls += 1
+            if self.calls <= self.slow:
+                return Scores(reward=0.0, functions={"correct": 0.0}, timed_out=True, message="the judge took longer than 2s")
+            return Scores(reward=1.0, functions={"correct": 1.0})
+
+    example = Example(messages=[], answer="2")
+    judge = SlowJudge(slow=1)
+    judge.retries = 1
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        assert judge.score_rollout("2", example) == Scores(reward=1.0, functions={"correct": 1.0})
+    assert [record.getMessage() for record in caplog.records] == [
+        "scoring timed out (the judge took longer than 2s); running it again, retry 1 of 1"
+    ]
+    judge = SlowJudge(slow=2)
+    judge.retries = 1
+    scores = judge.score_rollout("2", example)  # past the retries: the rollout's outcome, not the job's failure
+    assert (scores.timed_out, scores.reward, judge.calls) == (True, 0.0, 2)

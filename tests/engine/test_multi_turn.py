@@ -5,6 +5,7 @@ the loss, the importance ratio, the KL estimate and the filters' counts."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -179,6 +180,63 @@ def test_a_failed_episode_runs_again_from_its_start_while_its_retries_last(tiny,
     assert [record.getMessage().split(" failed")[0] for record in caplog.records if "running it again" in record.getMessage()] == ["an episode"] * 2
 
 
+class StallingEnvironment(ScriptedEnvironment):
+    """A ScriptedEnvironment whose first `stalls` episodes to reply run past their deadline after
+    `replies` replies (0: before their first turn), answered as the bridge answers an episode
+    verifiers timed out."""
+
+    def __init__(self, turns: int, *, stalls: int, retries: int, replies: int = 1):
+        super().__init__(turns)
+        self.stalls, self.retries, self.at, self.stalled = stalls, retries, replies, []
+
+    def _round(self, episodes):
+        answer, timeouts = super()._round(episodes), []
+        for request in answer["requests"]:  # the request stays: the engine must not sample it
+            if len(self.replies[request["episode"]]) == self.at and len(self.stalled) < self.stalls:
+                self.stalled.append(request["episode"])
+                timeouts.append({"episode": request["episode"], "timeout": True,
+                                 "error": "GuessEnv.run() exceeded its 2s deadline (--env.timeout.episode)"})
+        return {"requests": answer["requests"], "finished": timeouts + answer["finished"]}
+
+
+def test_an_episode_past_its_deadline_runs_again_while_its_retries_last_then_counts_as_timed_out(tiny, caplog):
+    caplog.set_level(logging.INFO, logger="engine")
+    env = StallingEnvironment(turns=3, stalls=1, retries=0)
+    stalled, finished = sample(env, tiny, backend_for(tiny), n=2)
+    assert env.stalled == ["e0"] and env.started == ["train:0:0"] * 2  # no retry
+    assert (stalled.timed_out, stalled.completion.timed_out, stalled.reward, stalled.functions) == (True, True, 0.0, {})
+    assert (stalled.stop_condition, stalled.turns) == ("episode_timeout", 1)
+    assert (finished.timed_out, finished.turns, finished.reward) == (False, 3, 3.0)
+    # The rollouts group as any others: the stalled one's tokens up to its deadline, flagged timed out.
+    _, completions = group_rollouts([stalled, finished])
+    assert [completion.timed_out for completion in completions] == [True, False]
+    assert not [record for record in caplog.records if "running it again" in record.getMessage()]
+
+    caplog.clear()
+    env = StallingEnvironment(turns=3, stalls=1, retries=1)  # the retry finishes in time
+    rollouts = sample(env, tiny, backend_for(tiny), n=2)
+    assert env.started == ["train:0:0"] * 3
+    assert [(rollout.timed_out, rollout.turns, rollout.reward) for rollout in rollouts] == [(False, 3, 3.0)] * 2
+    assert [record.getMessage() for record in caplog.records if "running it again" in record.getMessage()] == [
+        "an episode timed out (environment acme/scripted: GuessEnv.run() exceeded its 2s deadline "
+        "(--env.timeout.episode)); running it again, retry 1 of 1"
+    ]
+
+
+def test_an_episode_past_its_deadline_before_its_first_turn_is_its_tasks_opening_and_nothing_sampled(tiny):
+    _, tokenizer, _ = tiny
+    env = StallingEnvironment(turns=2, stalls=1, retries=0, replies=0)
+    examples = [Example(messages=[SYSTEM, PROMPT], answer="", info={"task_id": "train:0:0"})]
+    _, _, stops = tiny
+    stalled, finished = run_episodes(
+        env, examples, 2, tokenizer=tokenizer, backend=backend_for(tiny), stop_token_ids=stops, context_length=512,
+        max_tokens=3, temperature=1.0, seed=5, template_kwargs={},
+    )
+    assert stalled.timed_out and stalled.completion.token_ids == [] and stalled.text == ""
+    assert stalled.prompt_ids == render(tokenizer, [SYSTEM, PROMPT], generation_prompt=True, template_kwargs={})
+    assert stalled.prompt_ids == finished.prompt_ids and not finished.timed_out
+
+
 def test_a_failure_past_the_retries_fails_the_episodes_call(tiny):
     with pytest.raises(EnvironmentFailed, match="acme/scripted: an episode failed: RuntimeError: the referee left"):
         sample(FlakyEnvironment(turns=3, failures=1, retries=0), tiny, backend_for(tiny), n=1)
@@ -301,3 +359,6 @@ def test_a_batch_file_carries_the_loss_masks():
     )
     restored = batch_from_json(batch_to_json(batch))
     assert [c.loss_mask for c in restored.completions] == [[1, 0, 1], None]
+    assert [c.timed_out for c in restored.completions] == [False, False]
+    batch.completions[1].timed_out = True
+    assert [c.timed_out for c in batch_from_json(batch_to_json(batch)).completions] == [False, True]

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import zipfile
 
-from engine.environments.verifiers_taskset import Bridge, verifiers_python
+import pytest
+
+from engine.environments.verifiers_taskset import Bridge, BridgeRefused, verifiers_python
 from tests.environments.test_engine_packages import run_engine
 from tests.environments.verifiers_wheels import GUESS_ENV, guess_wheel, read_lines, require_verifiers_python, run_in_verifiers
 
@@ -257,3 +260,80 @@ def test_the_bridge_refuses_an_agents_turn_once_it_reaches_a_token_cap(tmp_path)
         assert play({"max_turns": 4, "max_output_tokens": None}, input_tokens=1, output_tokens=1) == (4, "max_turns")
     finally:
         bridge.close()
+
+
+#: Every second episode started stalls after its first reply, far past any test's timeout.
+STALLING_ENV = GUESS_ENV.replace(
+    "import verifiers.v1 as vf\n", "import asyncio\nimport itertools\n\nimport verifiers.v1 as vf\n\nSTARTED = itertools.count()\n",
+).replace(
+    "        secret, last, solved = task.data.secret, None, False\n"
+    "        async with agents.player.interaction(task) as interaction:\n"
+    "            segment = await interaction.turn()\n",
+    "        secret, last, solved = task.data.secret, None, False\n"
+    "        stalls = next(STARTED) % 2 == 1\n"
+    "        async with agents.player.interaction(task) as interaction:\n"
+    "            segment = await interaction.turn()\n"
+    "            if stalls:\n"
+    "                await asyncio.sleep(60)\n",
+)
+
+
+def test_the_bridge_ends_an_episode_past_its_timeout_as_verifiers_does(tmp_path):
+    """[[env]] timeout is verifiers' episode deadline (Env.run_episode's timeout.episode): an
+    episode past it is cancelled, flagged timed out and never scored, the others unaffected; an
+    answer that comes after its episode's deadline passed is dropped, not an error."""
+    require_verifiers_python()
+    assert STALLING_ENV.count("stalls") == 2 and "STARTED = " in STALLING_ENV
+    _, data = guess_wheel("stalling-guess", source=STALLING_ENV)
+    zipfile.ZipFile(io.BytesIO(data)).extractall(tmp_path / "site")
+    package = "acme/stalling-guess@0.1.0"
+    bridge = Bridge(python=verifiers_python(), site=tmp_path / "site", workdir=tmp_path, package_id=package)
+    try:
+        handle = bridge.request("open", taskset=package, args={"num_tasks": 8, "log_path": "episodes.jsonl"})["handle"]
+        (task,) = bridge.request("tasks", handle=handle, split="train", start=0, n=1, seed=0)["tasks"]
+        started = bridge.request("start", handle=handle, task_ids=[task["id"]] * 2, limits={"max_turns": 1}, timeout_s=1.5)
+        assert [request["episode"] for request in started["requests"]] == started["episodes"] == ["e1", "e2"]
+        answer = bridge.request("reply", handle=handle, answers=[
+            {"request": request["request"], "text": "0", "input_tokens": 1, "output_tokens": 1} for request in started["requests"]
+        ])
+        assert answer["requests"] == []
+        first, second = answer["finished"]  # e1 ends at once (its one turn is spent), e2 at its deadline
+        assert (first["episode"], first["stop_condition"], first["turns"]) == ("e1", "max_turns", 1)
+        assert second == {"episode": "e2", "timeout": True,
+                          "error": "GuessEnv.run() exceeded its 1.5s deadline (--env.timeout.episode)"}
+        # Only the episode that finished reached finalize: a timed-out one has no trace to judge.
+        assert len(read_lines(tmp_path / "episodes.jsonl")) == 1
+
+        # The deadline passes while the engine samples: the late replies are dropped, both time out.
+        started = bridge.request("start", handle=handle, task_ids=[task["id"]] * 2, timeout_s=0.5)
+        time.sleep(1.0)
+        answer = bridge.request("reply", handle=handle, answers=[
+            {"request": request["request"], "text": "0", "input_tokens": 1, "output_tokens": 1} for request in started["requests"]
+        ])
+        assert answer["requests"] == [] and [result.get("timeout") for result in answer["finished"]] == [True, True]
+        with pytest.raises(BridgeRefused) as refused:
+            bridge.request("start", handle=handle, task_ids=[task["id"]], timeout_s=0)
+        assert refused.value.code == "invalid_request"
+    finally:
+        bridge.close()
+
+
+def test_an_episode_past_its_timeout_counts_as_timed_out_and_the_job_reports_how_many(tmp_path):
+    """Through the engine: the stalled episode of each group ends at its [[env]] timeout with
+    reward 0 and no function scored, out of its group's advantages and the loss; each step
+    reports is_timeout/mean, and the job finishes."""
+    require_verifiers_python()
+    result = run_engine(tmp_path, "acme/stalling-guess@0.1.0", [guess_wheel("stalling-guess", source=STALLING_ENV)],
+                        args=ARGS, block={"max_turns": 1, "timeout": 3})
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    points = read_lines(work / "metrics.jsonl")
+    assert [(point["step"], point["values"]["is_timeout/mean"]) for point in points] == [(1, 0.5), (2, 0.5)]
+    # Episodes start row by row, so in each group of two the second stalls.
+    samples = read_lines(work / "samples.jsonl")
+    assert len(samples) == 8
+    stalled = [sample for row, sample in enumerate(samples) if row % 2 == 1]
+    assert all(sample["reward"] == 0.0 and sample["advantage"] == 0.0 for sample in stalled)
+    assert all(set(sample["metrics"].values()) == {0.0} for sample in stalled)
+    assert all(sample["completion"].count("[assistant]") == 1 for sample in samples)
+    assert len(read_lines(work / "episodes.jsonl")) == 4  # finalize ran for the finished episodes only

@@ -206,3 +206,34 @@ def test_a_reward_function_that_raises_fails_the_job_with_exit_2_not_a_crash(tmp
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("engine: environment acme/broken-spell@1.0: ") and "the exact reward broke" in last, last
     assert json.loads((tmp_path / "work" / "finish.json").read_text())["error"]["code"] == "environment_error"
+
+
+def test_a_scoring_past_the_timeout_is_cancelled_and_answered_timed_out(tmp_path):
+    """[[env]] timeout on a single-turn taskset bounds its scoring (the environment's part of
+    the episode; Lab samples the completion itself): a reward function still running past it is
+    cancelled and the bridge answers timed out instead of rewards."""
+    import io
+    import zipfile
+
+    from engine.environments.verifiers_taskset import Bridge, verifiers_python
+
+    require_verifiers_python()
+    slow = SPELL_TASKSET.replace(
+        "        reply = trace.last_reply\n",
+        "        reply = trace.last_reply\n        if reply == 'slow':\n            await asyncio.sleep(60)\n",
+    ).format(prelude="import asyncio")
+    assert "asyncio.sleep(60)" in slow
+    wheel = build_wheel("slow-spell", "1.0", files={"slow_spell/__init__.py": slow}, requires=["verifiers>=0.4.0"])
+    zipfile.ZipFile(io.BytesIO(wheel[1])).extractall(tmp_path / "site")
+    bridge = Bridge(python=verifiers_python(), site=tmp_path / "site", workdir=tmp_path, package_id="acme/slow-spell@1.0")
+    try:
+        handle = bridge.request("open", taskset="acme/slow-spell@1.0", args={})["handle"]
+        (task,) = bridge.request("tasks", handle=handle, split="train", start=0, n=1, seed=0)["tasks"]
+        started = time.monotonic()
+        answer = bridge.request("score", handle=handle, task_id=task["id"], completion="slow", timeout_s=0.5)
+        assert answer == {"timeout": True, "message": "taskset acme/slow-spell@1.0: scoring took longer than its 0.5s timeout"}
+        assert time.monotonic() - started < 10
+        scored = bridge.request("score", handle=handle, task_id=task["id"], completion="fast", timeout_s=0.5)
+        assert set(scored["functions"]) == {"exact", "letters", "short"}
+    finally:
+        bridge.close()

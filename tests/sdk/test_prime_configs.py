@@ -308,6 +308,22 @@ def test_retries_and_primes_legacy_max_retries_are_one_setting():
     assert refused(env=[{"id": "lab/addition", "retries": 101}])[0].param == "env.0.retries"
 
 
+def test_timeout_is_positive_seconds_up_to_a_day_and_warned_on_a_built_in_environment():
+    envs = parse_spec({**BASE, "env": [{"id": "acme/guess-env", "timeout": 30}, {"id": "acme/spell", "timeout": 0.5},
+                                       {"id": "acme/spell"}]})
+    assert [env.timeout for env in envs.spec.env] == [30.0, 0.5, None]
+    assert not any("timeout" in warning for warning in envs.warnings)
+    for bad, code in ((0, "out_of_range"), (-1, "out_of_range"), (86_401, "out_of_range"), ("30", "invalid_type"),
+                      (True, "invalid_type"), (float("nan"), "invalid_value")):
+        assert [(p.param, p.code) for p in refused(env=[{"id": "acme/spell", "timeout": bad}])] == [("env.0.timeout", code)], bad
+    assert refused(eval={"env": [{"id": "acme/spell", "timeout": 0}]})[0].param == "eval.env.0.timeout"
+    built_in = parse_spec({**BASE, "env": [{"id": "lab/addition", "timeout": 5}]})
+    assert built_in.warnings == [
+        "'env.0.timeout': lab/addition is one of Lab's built-in environments, which score in the engine; the timeout "
+        "bounds a verifiers environment's episode or scoring and does not apply to it; it is stored and ignored"
+    ]
+
+
 def test_a_misspelt_key_gets_the_closest_allowed_key():
     problem = refused(max_step=5)[0]
     assert problem.message.startswith("unknown key 'max_step' (did you mean 'max_steps'?); allowed keys: name,")

@@ -391,7 +391,11 @@ class EnvConfig(_Section):
         None, ge=1, le=131_072,
         description="Most tokens each agent of a multi-turn episode samples (checked between turns).",
     )
-    timeout: float | None = Field(None, gt=0.0, le=86_400.0, description="Seconds a rollout may take.")
+    timeout: float | None = Field(
+        None, gt=0.0, le=86_400.0,
+        description="Seconds the environment's part of a rollout may take: a multi-turn verifiers episode "
+        "(verifiers' episode deadline) or a verifiers taskset's scoring; past it the rollout counts as timed out.",
+    )
     retries: int | None = Field(
         None, ge=0, le=100,
         description="Times a rollout whose environment code failed is run again before the job fails (default 0).",

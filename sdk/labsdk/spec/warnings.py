@@ -45,7 +45,22 @@ _NOT_YET_USED: dict[str, str] = {
 
 #: Fields of an ``[[env]]`` block still to come (``max_turns``, ``max_input_tokens`` and
 #: ``max_output_tokens`` bound multi-turn episodes: engine/multi_turn.py).
-_ENV_NOT_YET_USED = ("harness", "group_size", "timeout")
+_ENV_NOT_YET_USED = ("harness", "group_size")
+
+
+def _timeout_warning(path: str, env: Any) -> list[str]:
+    """Warn that an ``[[env]]`` ``timeout`` does nothing on one of Lab's built-in environments:
+    the timeout bounds a verifiers environment's own code (a multi-turn episode, a taskset's
+    scoring), and a built-in one scores in the engine, at once."""
+    env_id = env.get("id") if isinstance(env, Mapping) else None
+    if env_id is None and isinstance(env, Mapping) and isinstance(env.get("taskset"), Mapping):
+        env_id = env["taskset"].get("id")
+    if env.get("timeout") is None or not isinstance(env_id, str) or not env_id.startswith("lab/"):
+        return []
+    return [
+        f"'{path}': {env_id} is one of Lab's built-in environments, which score in the engine; the timeout "
+        f"bounds a verifiers environment's episode or scoring and does not apply to it; {_STORED}"
+    ]
 
 
 def _extra_body_warnings(section: str, sampling: Any) -> list[str]:
@@ -112,6 +127,8 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
         for key in _ENV_NOT_YET_USED:
             if isinstance(env, Mapping) and env.get(key) is not None:
                 warnings.append(_not_yet(f"env.{index}.{key}"))
+        if isinstance(env, Mapping):
+            warnings.extend(_timeout_warning(f"env.{index}.timeout", env))
     if given("eval.eval_base_model"):
         warnings.append(
             "'eval.eval_base_model' is deprecated: prime-rl renamed it skip_first_step with the inverse "
@@ -130,6 +147,8 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
         for key in _ENV_NOT_YET_USED:
             if key != "group_size" and isinstance(env, Mapping) and env.get(key) is not None:
                 warnings.append(_not_yet(f"eval.env.{index}.{key}"))
+        if isinstance(env, Mapping):
+            warnings.extend(_timeout_warning(f"eval.env.{index}.timeout", env))
     for slot in ("pre_batch_filters", "post_batch_filters"):
         for index, batch_filter in enumerate(getattr(spec, slot) or []):
             for key in batch_filter.unknown_settings():
