@@ -91,8 +91,9 @@ def next_closings(started_at: Mapping[int, datetime]) -> dict[int, datetime]:
     next interval ends: the last recorded interval's end (else the start) plus one interval.
     One query for all of them; an attempt due at or before now has an interval to close."""
     lasts = _last_intervals(started_at)
+    length = interval_seconds()
     return {
-        attempt_id: (lasts[attempt_id].ended_at if attempt_id in lasts else start) + interval_seconds()
+        attempt_id: (lasts[attempt_id].ended_at if attempt_id in lasts else start) + length
         for attempt_id, start in started_at.items()
     }
 

@@ -21,7 +21,7 @@ import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from billing.ledger import (
     AttemptUsage,
+    interval_seconds,
     job_usage_totals,
     job_usage_totals_many,
     next_closings,
@@ -43,6 +44,7 @@ from billing.pricing import micro_to_usd
 from jobs import dispatch, storage
 from jobs.adapters import adapter_fail_unfinished
 from jobs.checkpoints import checkpoint_fail_unfinished
+from jobs.environment_packages import launch_packages
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.launchers.base import AttemptPhase, CapturedLine, LauncherUnavailable, LaunchRequest, Observation
@@ -66,12 +68,13 @@ from jobs.models import (
     StatusReason,
     StopReason,
 )
-from jobs.environment_packages import launch_packages
 from jobs.pool import cluster_inventory_refresh
 from jobs.queue import kueue_places_forget, kueue_places_record
 from jobs.readmission import PARKED, attempt_unpark, parked_attempts
 from jobs.secrets.services import engine_secrets
+from jobs.serializers import latest_ready_checkpoints_read_once
 from jobs.services import attempt_request_stop, current_attempt, job_record_event, job_transition, store_log_lines
+from jobs.webhooks.outbox import endpoints_read_once
 from lab.lib import locks
 from lab.lib.locks import advisory_lock
 
@@ -195,26 +198,28 @@ def _record_usage(job: Job, attempt: JobAttempt, observation: Observation, now) 
         attempt.refresh_from_db()
 
 
-def _close_due_usage(attempts: list[JobAttempt], seen: dict[int, _Seen], now) -> None:
+def _close_due_usage(attempts: list[_Launched], seen: dict[int, _Seen], now) -> dict[int, datetime]:
     """Close the due usage intervals of a batch's running attempts in one ledger transaction
     (``usage_close_many``; launcher times as ``_record_usage`` takes them), holding no job lock,
-    and raise their jobs' usage totals to the ledger's.
+    and raise their jobs' usage totals to the ledger's. Return when the next interval of each
+    running attempt ends, by attempt pk (``next_closings``: one read of the ledger, moved on past
+    what this closing recorded), for ``_idle_jobs``.
 
     An organization whose billing account another closing holds is skipped, not waited for: its
     jobs stay due, so the pass applies them one by one (``_record_usage``), as it does attempts
-    that ended and organizations with nothing left to spend. A failure here is logged and leaves
-    the same work to those.
+    that ended and organizations with nothing left to spend. A failure of the closing is logged
+    and leaves the same work to those.
     """
+    running = {}
+    for attempt in attempts:
+        look = seen.get(attempt.job_id)
+        if look is not None and look.observation.phase == AttemptPhase.RUNNING:
+            running[attempt.pk] = (attempt, look.observation.started_at or attempt.launched_at)
+    closings = next_closings({attempt_id: started_at for attempt_id, (_, started_at) in running.items()})
+    due = [(attempt, started_at) for attempt_id, (attempt, started_at) in running.items() if closings[attempt_id] <= now]
+    if not due:
+        return closings
     try:
-        running = {}
-        for attempt in attempts:
-            look = seen.get(attempt.job_id)
-            if look is not None and look.observation.phase == AttemptPhase.RUNNING:
-                running[attempt.pk] = (attempt, look.observation.started_at or attempt.launched_at)
-        closings = next_closings({attempt_id: started_at for attempt_id, (_, started_at) in running.items()})
-        due = [(attempt, started_at) for attempt_id, (attempt, started_at) in running.items() if closings[attempt_id] <= now]
-        if not due:
-            return
         jobs = Job.objects.unscoped().filter(pk__in=[attempt.job_id for attempt, _ in due]).values(
             "pk", "public_id", "gpu_type", "gpus", "project_id", "project__organization_id"
         )
@@ -228,9 +233,12 @@ def _close_due_usage(attempts: list[JobAttempt], seen: dict[int, _Seen], now) ->
                 resource_type=job["gpu_type"], gpus=job["gpus"], started_at=started_at,
             ))
         result = usage_close_many(usages=usages, now=now, skip_locked=True)
+        for interval in result.closed:  # a running attempt closes whole intervals: its next one follows the newest
+            closings[interval.attempt_id] = max(closings[interval.attempt_id], interval.ended_at + interval_seconds())
         _raise_usage_totals({interval.job_public_id for interval in result.closed})
     except Exception:
         logger.exception("closing a batch's usage intervals failed")
+    return closings
 
 
 def _raise_usage_totals(job_public_ids: set[str]) -> None:
@@ -482,7 +490,7 @@ class _Seen:
     handle_changed: bool = False
 
 
-def _look(launcher, attempts: list[JobAttempt]) -> dict[int, _Seen]:
+def _look(launcher, attempts: list[_Launched]) -> dict[int, _Seen]:
     """Observe ``attempts`` (launched ones) and read their captured output, holding no lock."""
     observations = launcher.observe_many([attempt.handle for attempt in attempts])
     seen = {}
@@ -493,49 +501,67 @@ def _look(launcher, attempts: list[JobAttempt]) -> dict[int, _Seen]:
     return seen
 
 
-def _launched_attempts(job_ids: list[int]) -> list[JobAttempt]:
+@dataclass(frozen=True, slots=True)
+class _Launched:
+    """A launched current attempt as a pass reads it (``_launched_attempts``): the attempt's own
+    fields, and of its job the status, start, organization and the spec's
+    ``max_runtime_minutes`` (minutes)."""
+
+    pk: int
+    job_id: int
+    number: int
+    handle: dict
+    launched_at: datetime | None
+    last_heartbeat_at: datetime | None
+    stop_requested_at: datetime | None
+    job_status: str
+    job_started_at: datetime | None
+    organization_id: int
+    max_runtime_minutes: float | None
+
+
+def _launched_attempts(job_ids: list[int]) -> list[_Launched]:
     """Return the current attempt of each of ``job_ids`` that is launched, with what a pass reads
-    of its job (one query): its status, start and organization, and the spec's
-    ``max_runtime_minutes`` as ``max_runtime_minutes`` (minutes; the spec itself, the largest
-    column, is left in the database)."""
-    return list(
+    of its job (one query, rows rather than model instances: a pass reads 1,000 of them); the
+    spec itself, the largest column, is left in the database."""
+    rows = (
         JobAttempt.objects.filter(job_id__in=job_ids, state=AttemptState.LAUNCHED, number=F("job__attempt"))
-        .select_related("job__project")
-        .only("pk", "job_id", "number", "state", "handle", "launched_at", "last_heartbeat_at", "stop_requested_at",
-              "job__status", "job__started_at", "job__project", "job__project__organization")
         .annotate(max_runtime_minutes=Cast(KeyTextTransform("max_runtime_minutes", "job__spec"), FloatField()))
+        .values_list("pk", "job_id", "number", "handle", "launched_at", "last_heartbeat_at", "stop_requested_at",
+                     "job__status", "job__started_at", "job__project__organization_id", "max_runtime_minutes")
     )
+    return [_Launched(*row) for row in rows]
 
 
-def _idle_jobs(attempts: list[JobAttempt], seen: dict[int, _Seen], now) -> set[int]:
+def _idle_jobs(attempts: list[_Launched], seen: dict[int, _Seen], closings: dict[int, datetime], now) -> set[int]:
     """Return the ids of the jobs for which ``_apply`` would do nothing now, so a pass skips
     their lock: running, its attempt still running with no captured output (nor read progress),
-    no stop asked,
-    heard from within the heartbeat timeout, inside its runtime, no usage interval due and its
-    organization not out of credit. Read without locks; a job wrongly left out is applied."""
+    no stop asked, heard from within the heartbeat timeout, inside its runtime, no usage
+    interval due (``closings``: when each running attempt's next interval ends, as
+    ``_close_due_usage`` returns them) and its organization not out of credit. Read without
+    locks; a job wrongly left out is applied."""
     candidates = {}
     for attempt in attempts:
-        job, look = attempt.job, seen.get(attempt.job_id)
+        look = seen.get(attempt.job_id)
         if (
             look is None or look.lines or look.handle_changed or look.observation.phase != AttemptPhase.RUNNING
-            or job.status != S.RUNNING or attempt.stop_requested_at is not None or job.started_at is None
+            or attempt.job_status != S.RUNNING or attempt.stop_requested_at is not None or attempt.job_started_at is None
         ):
             continue
         started_at = look.observation.started_at or attempt.launched_at
         last_sign_of_life = attempt.last_heartbeat_at or max(attempt.launched_at, started_at)
         if now - last_sign_of_life > timedelta(seconds=settings.LAB_HEARTBEAT_TIMEOUT_S):
             continue
-        if now - job.started_at > timedelta(minutes=attempt.max_runtime_minutes):
+        if now - attempt.job_started_at > timedelta(minutes=attempt.max_runtime_minutes):
             continue
         candidates[attempt.pk] = (attempt, started_at)
     if not candidates:
         return set()
-    closings = next_closings({attempt_id: started for attempt_id, (_, started) in candidates.items()})
-    exhausted = organizations_exhausted(attempt.job.project.organization_id for attempt, _ in candidates.values())
+    exhausted = organizations_exhausted(attempt.organization_id for attempt, _ in candidates.values())
     return {
         attempt.job_id
         for attempt_id, (attempt, _) in candidates.items()
-        if closings[attempt_id] > now and attempt.job.project.organization_id not in exhausted
+        if closings[attempt_id] > now and attempt.organization_id not in exhausted
     }
 
 
@@ -715,8 +741,9 @@ def _finish_ended(job_ids: list[int], seen: dict[int, _Seen], launcher) -> list[
     """Apply what was seen of the jobs ``job_ids``, whose attempts ended (exited or lost, with no
     spool to deliver first), in one transaction: the jobs are locked in one query, in pk order;
     their usage is closed in one ledger batch and what finishing reads is read once for all
-    (``_read_ended_facts``); then each job is applied as ``_apply`` does it, in a savepoint of
-    its own, so that one that fails (logged; the next pass tries again) leaves the others applied.
+    (``_read_ended_facts``; for their events, their projects' webhook endpoints and their latest
+    ready checkpoints); then each job is applied as ``_apply`` does it, in a savepoint of its
+    own, so that one that fails (logged; the next pass tries again) leaves the others applied.
     The launcher's cleanups run once the locks are released. Returns the jobs left for
     ``reconcile_job``: those not locked here (no longer active, or without a current attempt),
     or all of them when the batch failed before any was applied."""
@@ -731,15 +758,20 @@ def _finish_ended(job_ids: list[int], seen: dict[int, _Seen], launcher) -> list[
             )
             facts = _read_ended_facts(locked)
             facts.usage_closed = _close_ended_usage(locked, seen, now)
-            for attempt in locked:
-                applied: list[Callable[[], None]] = []
-                try:
-                    with transaction.atomic():
-                        _apply_locked(attempt.job, attempt, seen.get(attempt.job_id), launcher, applied, now, facts)
-                except Exception:  # one broken job must not stop the others from being applied
-                    logger.exception("reconcile failed", extra={"job_pk": attempt.job_id})
-                    continue
-                after += applied
+            with (
+                endpoints_read_once({attempt.job.project_id for attempt in locked}),
+                # A checkpoint becomes ready only under its job's lock, which this transaction holds.
+                latest_ready_checkpoints_read_once([attempt.job for attempt in locked]),
+            ):
+                for attempt in locked:
+                    applied: list[Callable[[], None]] = []
+                    try:
+                        with transaction.atomic():
+                            _apply_locked(attempt.job, attempt, seen.get(attempt.job_id), launcher, applied, now, facts)
+                    except Exception:  # one broken job must not stop the others from being applied
+                        logger.exception("reconcile failed", extra={"job_pk": attempt.job_id})
+                        continue
+                    after += applied
     except Exception:
         logger.exception("finishing a batch's ended attempts failed")
         return job_ids
@@ -812,8 +844,8 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
         try:
             attempts = _launched_attempts(batch)
             seen = _look(launcher, attempts)
-            _close_due_usage(attempts, seen, timezone.now())
-            idle = _idle_jobs(attempts, seen, timezone.now())
+            closings = _close_due_usage(attempts, seen, timezone.now())
+            idle = _idle_jobs(attempts, seen, closings, timezone.now())
         except Exception:
             logger.exception("observing a batch failed")
             continue
@@ -839,7 +871,7 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
         _record_queue_places(launcher)
     except Exception:  # places are for show; the pass goes on without them
         logger.exception("reading the queue's places failed")
-    live = [attempt.handle for attempt in JobAttempt.objects.filter(state=AttemptState.LAUNCHED).only("handle")]
+    live = list(JobAttempt.objects.filter(state=AttemptState.LAUNCHED).values_list("handle", flat=True))
     for workdir in launcher.sweep_orphans(live + parked):
         logger.warning("ended an orphan engine process", extra={"workdir": workdir})
     return len(job_ids)

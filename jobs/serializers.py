@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +23,7 @@ from jobs.models import (
     RolloutSample,
 )
 from jobs.queue import queue_positions
+from jobs.read_once import ReadOnce
 from lab.api.formats import iso, money
 
 
@@ -63,9 +66,11 @@ def job_to_dict(job: Job) -> dict[str, Any]:
 
 def jobs_to_dicts(jobs: list[Job]) -> list[dict[str, Any]]:
     """Return the Job objects of ``jobs``, in order, in a constant number of queries: latest ready
-    checkpoints, queue places and engine phases are read for all of them at once."""
+    checkpoints (those ``latest_ready_checkpoints_read_once`` holds aside), queue places and
+    engine phases are read for all of them at once."""
     jobs = list(jobs)
-    latest = _latest_ready_checkpoints(jobs)
+    held = _LATEST_READY.values()
+    latest = {**_latest_ready_checkpoints([job for job in jobs if job.pk not in held]), **held}
     positions = queue_positions(jobs)
     phases = _engine_phases(jobs)
     return [_job_dict(job, latest.get(job.pk), positions.get(job.pk), phases.get(job.pk)) for job in jobs]
@@ -89,19 +94,35 @@ def _engine_phases(jobs: list[Job]) -> dict[int, str]:
     }
 
 
+#: The latest ready checkpoints ``latest_ready_checkpoints_read_once`` read, by job pk (None: none).
+_LATEST_READY: ReadOnce[int, Checkpoint | None] = ReadOnce()
+
+
+@contextmanager
+def latest_ready_checkpoints_read_once(jobs: list[Job]) -> Iterator[None]:
+    """Read the latest ready checkpoint of each of ``jobs`` in one query, for every Job object of
+    theirs made inside the block (which would otherwise read it once per object): for a caller
+    that changes many of these jobs in one transaction where none of their checkpoints becomes
+    ready or goes (the reconciler finishing a batch of jobs)."""
+    latest = _latest_ready_checkpoints(jobs)
+    with _LATEST_READY.holding({job.pk: latest.get(job.pk) for job in jobs}):
+        yield
+
+
 def _latest_ready_checkpoints(jobs: list[Job]) -> dict[int, Checkpoint]:
-    """Return each job's ready checkpoint of the highest step (one query for all of them)."""
-    with_checkpoints = [job.pk for job in jobs if job.status != JobStatus.QUEUED or job.attempt]
+    """Return each job's ready checkpoint of the highest step (one query for all of them), its
+    ``job`` the one given."""
+    with_checkpoints = {job.pk: job for job in jobs if job.status != JobStatus.QUEUED or job.attempt}
     latest: dict[int, Checkpoint] = {}
     if not with_checkpoints:
         return latest
-    ready = (
-        Checkpoint.objects.filter(job_id__in=with_checkpoints, status=CheckpointStatus.READY)
-        .select_related("job")
-        .order_by("job_id", "-step", "-id")
+    ready = Checkpoint.objects.filter(job_id__in=with_checkpoints, status=CheckpointStatus.READY).order_by(
+        "job_id", "-step", "-id"
     )
     for checkpoint in ready:  # a job keeps only ``keep_last`` ready ones: a short list
-        latest.setdefault(checkpoint.job_id, checkpoint)
+        if checkpoint.job_id not in latest:
+            checkpoint.job = with_checkpoints[checkpoint.job_id]
+            latest[checkpoint.job_id] = checkpoint
     return latest
 
 

@@ -86,7 +86,8 @@ def _event_type(previous: str, to: str) -> str:
     return _EVENT_TYPES[to]
 
 
-@transaction.atomic
+# No savepoint of its own: the event belongs to the caller's change, which fails with it.
+@transaction.atomic(savepoint=False)
 def job_record_event(
     *,
     job: Job,
@@ -174,7 +175,6 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     return job
 
 
-@transaction.atomic
 def job_transition(
     *,
     job: Job,
@@ -191,9 +191,24 @@ def job_transition(
     when failing. Returns the updated job (the row is locked and re-read first).
     Raises InvalidTransition, changing nothing, when the lifecycle forbids the move.
     """
-    locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
-    if to not in ALLOWED_TRANSITIONS[locked.status]:
-        raise InvalidTransition(locked, to)
+    # No savepoint of its own: the change joins the caller's transaction (a reconciler pass
+    # makes many), and a refusal, which wrote nothing, is raised once the block is left, so the
+    # caller's transaction can go on.
+    with transaction.atomic(savepoint=False):
+        locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
+        if to in ALLOWED_TRANSITIONS[locked.status]:
+            _transition_locked(
+                locked, to=to, reason=reason, error_code=error_code, error_message=error_message, message=message,
+                data=data,
+            )
+            return locked
+    raise InvalidTransition(locked, to)
+
+
+def _transition_locked(
+    locked: Job, *, to: str, reason: str, error_code: str, error_message: str, message: str, data: dict[str, Any] | None
+) -> None:
+    """Make ``job_transition``'s change of the locked ``locked``, which the lifecycle allows."""
     previous = locked.status
     now = timezone.now()
     locked.status = to
@@ -225,7 +240,6 @@ def job_transition(
     job_record_event(
         job=locked, type=_event_type(previous, to), message=message, level=level, data=event_data, status_change=True
     )
-    return locked
 
 
 @transaction.atomic

@@ -17,6 +17,8 @@ import json
 import random
 import threading
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,6 +27,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.read_once import ReadOnce
 from jobs.webhooks import tasks
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from jobs.webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookMessage
@@ -46,11 +49,7 @@ def enqueue_event(event) -> list[WebhookDelivery]:
     if event.type not in WEBHOOK_EVENT_TYPES:
         return []
     job = event.job
-    endpoints = [
-        endpoint
-        for endpoint in WebhookEndpoint.objects.filter(project_id=job.project_id, enabled=True).order_by("pk")
-        if event.type in endpoint.events
-    ]
+    endpoints = [endpoint for endpoint in _enabled_endpoints(job.project_id) if event.type in endpoint.events]
     if not endpoints:
         return []
     if event.type == "checkpoint.ready":
@@ -84,6 +83,32 @@ def enqueue_event(event) -> list[WebhookDelivery]:
         public_id=event.public_id,
         job_event=event,
     )
+
+
+#: The endpoints ``endpoints_read_once`` read, by project id.
+_ENDPOINTS: ReadOnce[int, list[WebhookEndpoint]] = ReadOnce()
+
+
+@contextmanager
+def endpoints_read_once(project_ids: Iterable[int]) -> Iterator[None]:
+    """Read the enabled endpoints of ``project_ids`` in one query, for every ``enqueue_event`` of
+    their jobs inside the block (which would otherwise read them once per event): for a caller
+    that records events for many jobs in one transaction that changes no endpoint (the
+    reconciler finishing a batch of jobs)."""
+    endpoints: dict[int, list[WebhookEndpoint]] = {project_id: [] for project_id in project_ids}
+    for endpoint in WebhookEndpoint.objects.filter(project_id__in=endpoints, enabled=True).order_by("pk"):
+        endpoints[endpoint.project_id].append(endpoint)
+    with _ENDPOINTS.holding(endpoints):
+        yield
+
+
+def _enabled_endpoints(project_id: int) -> list[WebhookEndpoint]:
+    """Return the enabled endpoints of ``project_id`` in pk order (as ``endpoints_read_once`` read
+    them, inside its block)."""
+    held = _ENDPOINTS.values()
+    if project_id in held:
+        return held[project_id]
+    return list(WebhookEndpoint.objects.filter(project_id=project_id, enabled=True).order_by("pk"))
 
 
 def publish(

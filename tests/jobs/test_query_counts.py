@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs.checkpoints import checkpoint_register
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus
+from jobs.serializers import job_to_dict, latest_ready_checkpoints_read_once
 from jobs.services import job_claim_for_start, job_record_event, job_submit, job_transition
 from lab.audit import Actor
 
@@ -65,3 +66,16 @@ def test_the_project_page_takes_as_many_queries_for_a_full_page_of_jobs_as_for_t
     few = count_queries(lambda: client.get(url))
     add_jobs(owner, spec, 60)
     assert count_queries(lambda: client.get(url)) == few
+
+
+def test_job_objects_made_inside_latest_ready_checkpoints_read_once_are_the_same_from_one_read(owner, spec):
+    add_jobs(owner, spec, 4)
+    jobs = list(Job.objects.unscoped().filter(project=owner.project).order_by("pk"))
+    alone = [job_to_dict(job) for job in jobs]
+
+    with CaptureQueriesContext(connection) as queries, latest_ready_checkpoints_read_once(jobs):
+        inside = [job_to_dict(job) for job in jobs]
+
+    assert inside == alone
+    assert [bool(job["latest_checkpoint"]) for job in inside] == [False, True, False, True]
+    assert len([query for query in queries if 'FROM "jobs_checkpoint"' in query["sql"]]) == 1

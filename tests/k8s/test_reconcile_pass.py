@@ -171,6 +171,7 @@ def test_finishing_ended_jobs_takes_as_many_queries_for_six_as_for_two_plus_thei
     two = finish_queries(2)
     six = finish_queries(6)
     # Per job: its attempt and job rows, its two events (the transition, the missing data) with
-    # their stream numbers and webhook lookups, and the savepoints around them.
+    # their stream numbers, and its savepoint (webhook endpoints and latest checkpoints are read
+    # once for all).
     per_job = (six - two) / 4
-    assert per_job <= 18, (two, six, per_job)  # 25 when each job was locked and read on its own
+    assert per_job <= 9, (two, six, per_job)  # 25 when each job was locked and read on its own

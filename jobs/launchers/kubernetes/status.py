@@ -88,9 +88,9 @@ def _containers(group: GroupObjects, role: str | None = None) -> list[dict]:
             for status in (pod.get("status") or {}).get("containerStatuses") or [] if status.get("name") == "engine"]
 
 
-def _times(group: GroupObjects) -> tuple[datetime | None, datetime | None]:
+def _times(containers: list[dict]) -> tuple[datetime | None, datetime | None]:
     starts, ends = [], []
-    for status in _containers(group):
+    for status in containers:
         state = status.get("state") or {}
         for key in ("running", "terminated"):
             if started := parse_time((state.get(key) or {}).get("startedAt")):
@@ -191,14 +191,15 @@ def observe_attempt(
         if not deleted and (now - launched_at).total_seconds() < missing_grace_s:
             return Observation(AttemptPhase.PENDING, detail="the JobSet is not in the watch cache yet")
         return Observation(AttemptPhase.LOST, detail="the JobSet is gone (deleted, or removed after it finished)")
-    started_at, ended_at = _times(group)
+    containers = _containers(group)
+    started_at, ended_at = _times(containers)
 
     def exited(reason: str = "", *, exit_code: int | None = None, oom: bool = False, detail: str = "",
                kept: bool = False) -> Observation:
         return Observation(AttemptPhase.EXITED, exit_code=exit_code, oom_killed=oom, reason=reason, detail=detail,
                            started_at=started_at, ended_at=ended_at or now, kept_in_queue=kept)
 
-    for status in _containers(group):
+    for status in containers:
         terminated = (status.get("state") or {}).get("terminated") or {}
         if terminated.get("reason") == "OOMKilled":
             return exited("oom", exit_code=terminated.get("exitCode"), oom=True, detail="the engine was OOMKilled")
@@ -218,7 +219,7 @@ def observe_attempt(
         return exited(exit_code=0 if code is None else code)
     if failed := condition(group.jobset, "Failed"):
         return exited(exit_code=_exit_code(group), detail=failed.get("message") or "the JobSet failed")
-    for status in _containers(group):
+    for status in containers:
         waiting = (status.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in _IMAGE_PULL_FINAL:
             return exited("image_pull_failed", detail=f"{waiting['reason']}: {waiting.get('message', '')}".strip())
@@ -236,7 +237,7 @@ def observe_attempt(
         if others and all(_pod_ended(pod) for pod in mine):
             return exited("preempted", kept=requeued_by_kueue(group),
                           detail=f"Kueue readmitted the JobSet: pod {others[0]['metadata'].get('name', '')} replaced the attempt's pod")
-    if any("running" in (status.get("state") or {}) for status in _containers(group)):
+    if any("running" in (status.get("state") or {}) for status in containers):
         return Observation(AttemptPhase.RUNNING, started_at=started_at)
     if not condition(group.workload, "QuotaReserved"):
         reserved = _any_condition(group.workload, "QuotaReserved") or {}
