@@ -261,7 +261,8 @@ def test_pointing_at_problem_lines_takes_linear_time_on_hostile_text(owner_clien
     took = time.monotonic() - started
     assert response.status_code == 200
     assert "bogus_key" in [problem["param"] for problem in response.context["form"].problems]
-    assert took < 3, f"the editor took {took:.1f} s to point at the problems"
+    # A bound for backtracking (minutes), not a speed measurement: it holds on a loaded 2-core machine.
+    assert took < 30, f"the editor took {took:.1f} s to point at the problems"
 
 
 def test_many_problems_in_a_long_spec_are_pointed_at_quickly(owner_client):
@@ -273,4 +274,5 @@ def test_many_problems_in_a_long_spec_are_pointed_at_quickly(owner_client):
     response = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": text, "action": "estimate"})
     took = time.monotonic() - started
     assert response.status_code == 200 and response.context["form"].problems
-    assert took < 5, f"the editor took {took:.1f} s for {len(response.context['form'].problems)} problems"
+    # A bound for quadratic work (minutes for 1,500 problems), not a speed measurement.
+    assert took < 30, f"the editor took {took:.1f} s for {len(response.context['form'].problems)} problems"
