@@ -73,7 +73,14 @@ from jobs.queue import kueue_places_forget, kueue_places_record
 from jobs.readmission import PARKED, attempt_unpark, parked_attempts
 from jobs.secrets.services import engine_secrets
 from jobs.serializers import latest_ready_checkpoints_read_once
-from jobs.services import attempt_request_stop, current_attempt, job_record_event, job_transition, store_log_lines
+from jobs.services import (
+    attempt_request_stop,
+    current_attempt,
+    events_recorded_together,
+    job_record_event,
+    job_transition,
+    store_log_lines,
+)
 from jobs.webhooks.outbox import endpoints_read_once
 from lab.lib import locks
 from lab.lib.locks import advisory_lock
@@ -762,6 +769,8 @@ def _finish_ended(job_ids: list[int], seen: dict[int, _Seen], launcher) -> list[
                 endpoints_read_once({attempt.job.project_id for attempt in locked}),
                 # A checkpoint becomes ready only under its job's lock, which this transaction holds.
                 latest_ready_checkpoints_read_once([attempt.job for attempt in locked]),
+                # Their events are stored together at the end, still under the jobs' locks.
+                events_recorded_together() as events,
             ):
                 for attempt in locked:
                     applied: list[Callable[[], None]] = []
@@ -770,6 +779,7 @@ def _finish_ended(job_ids: list[int], seen: dict[int, _Seen], launcher) -> list[
                             _apply_locked(attempt.job, attempt, seen.get(attempt.job_id), launcher, applied, now, facts)
                     except Exception:  # one broken job must not stop the others from being applied
                         logger.exception("reconcile failed", extra={"job_pk": attempt.job_id})
+                        events.discard(attempt.job_id)
                         continue
                     after += applied
     except Exception:

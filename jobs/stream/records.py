@@ -10,7 +10,9 @@ database with :func:`read_after`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,9 @@ def allocate(job_id: int, count: int) -> int:
     """
     if not connection.in_atomic_block:
         raise RuntimeError("stream numbers must be taken inside the transaction that stores the rows")
+    write_held_back = getattr(_held_back, "write", None)
+    if write_held_back is not None:  # rows recorded earlier come first: they take their numbers now
+        write_held_back(job_id)
     table = Job._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
@@ -73,6 +78,47 @@ def allocate(job_id: int, count: int) -> int:
         )
         (last,) = cursor.fetchone()
     return last - count + 1
+
+
+def allocate_many(counts: Mapping[int, int]) -> dict[int, int]:
+    """Take the next ``counts[job_id]`` numbers of each job's sequence in one ``UPDATE ... FROM
+    (VALUES ...) RETURNING``; return the first number taken for each job. The caller holds the
+    jobs' row locks (taken in its own order, so this statement waits for none) and stores the
+    numbered rows in the same transaction, as for ``allocate``."""
+    if not counts:
+        return {}
+    if not connection.in_atomic_block:
+        raise RuntimeError("stream numbers must be taken inside the transaction that stores the rows")
+    rows, params = [], []
+    for job_id, count in counts.items():
+        rows.append("(%s::bigint, %s::bigint)")
+        params += [job_id, count]
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS job SET stream_seq = job.stream_seq + taken.amount "
+            f"FROM (VALUES {', '.join(rows)}) AS taken(id, amount) WHERE job.id = taken.id "
+            "RETURNING job.id, job.stream_seq",
+            params,
+        )
+        last = dict(cursor.fetchall())
+    return {job_id: last[job_id] - count + 1 for job_id, count in counts.items()}
+
+
+_held_back = threading.local()
+
+
+@contextmanager
+def held_back(write: Callable[[int], None]) -> Iterator[None]:
+    """Inside the block (in this thread), rows a writer holds back to number later for many jobs
+    at once (``jobs.services.EventBatch``) keep their place in each job's sequence: before
+    ``allocate`` takes numbers for a job, ``write(job_id)`` stores that job's held-back rows."""
+    outer = getattr(_held_back, "write", None)
+    _held_back.write = write
+    try:
+        yield
+    finally:
+        _held_back.write = outer
 
 
 def number(job_id: int, rows: Sequence[models.Model]) -> None:
