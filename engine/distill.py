@@ -2,7 +2,8 @@
 
 Each step the engine takes the step's prompts from the training environments (the same
 examples a GRPO step would take: `batch_size / rollouts_per_example` prompts), asks the
-teacher for `rollouts_per_example` completions of each, and trains the policy on the
+teacher for `rollouts_per_example` completions of each (an `[[env]]` block's `group_size`
+where it sets one), and trains the policy on the
 teacher's tokens with the supervised loss: the mean negative log-likelihood per completion
 token (token-level cross-entropy over the whole batch, as in prime-rl's SFT trainer).
 

@@ -34,6 +34,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
+from engine.groups import group_sizes_list, group_starts
+
 #: Characters that count as printable although `str.isprintable` refuses them.
 _PRINTABLE_WHITESPACE = frozenset("\n\t\r")
 _REPLACEMENT_CHARACTER = "\ufffd"
@@ -56,22 +58,23 @@ class Rollouts:
 
     `rewards`: float per rollout; `token_ids` and `logprobs`: the sampled tokens and their
     log-probabilities (nats; empty when greedy); `texts`: the decoded completions;
-    `group_size`: rollouts per example.
+    `group_size`: rollouts per example, one number for every group or one per group
+    (`[[env]] group_size`, engine/groups.py).
     """
 
     rewards: Sequence[float]
     token_ids: Sequence[Sequence[int]]
     logprobs: Sequence[Sequence[float]]
     texts: Sequence[str]
-    group_size: int
+    group_size: int | Sequence[int]
 
 
 def zero_advantage_flags(rollouts: Rollouts, keep: Sequence[bool], *, tolerance: float) -> list[bool]:
     """Flag every kept rollout of a group whose kept rewards span less than `tolerance`."""
     flags = [False] * len(rollouts.rewards)
-    size = rollouts.group_size
-    for start in range(0, len(rollouts.rewards), size):
-        rows = [row for row in range(start, start + size) if keep[row]]
+    starts = group_starts(group_sizes_list(rollouts.group_size, len(rollouts.rewards)))
+    for start, end in zip(starts, starts[1:]):
+        rows = [row for row in range(start, end) if keep[row]]
         rewards = [rollouts.rewards[row] for row in rows]
         if rewards and max(rewards) - min(rewards) < tolerance:
             for row in rows:

@@ -12,29 +12,59 @@ taken against the sampling policy's log-probabilities, so off-policy batches sta
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
+
+from engine.groups import group_sizes_list, group_starts, row_groups, uniform_size
 
 # A group whose reward spread is below this is "all equal" and contributes nothing.
 EQUAL_REWARDS_TOLERANCE = 1e-6
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, eps: float = 1e-4, *, keep: torch.Tensor | None = None
+    rewards: torch.Tensor, group_size: int | Sequence[int], eps: float = 1e-4, *, keep: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Return A_i = (r_i − mean(group)) / (std(group) + eps) for each rollout.
 
-    `rewards`: float [N], with N = groups × group_size and each group contiguous. `keep`:
+    `rewards`: float [N], each group contiguous; `group_size`: the rollouts of every group
+    (N = groups × group_size), or one size per group (they sum to N) when the groups of a
+    batch differ in size (`[[env]] group_size`, engine/groups.py). `keep`:
     bool [N] or None (all kept): the rollouts still in the batch after the pre-batch filters;
     a group's mean and std are taken over its kept rollouts only, and dropped rollouts get
     advantage 0. std is the population standard deviation (divisor: the kept count). Groups
     whose kept rewards are all equal (spread < 1e-6) get advantage exactly 0: they carry no
     signal about which completion is better. Returns float [N].
     """
-    if rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D with a multiple of {group_size} entries")
-    grouped = rewards.double().view(-1, group_size)
-    kept = torch.ones_like(grouped, dtype=torch.bool) if keep is None else keep.view(-1, group_size).to(torch.bool)
+    size = uniform_size(group_size)
+    if rewards.ndim != 1:
+        raise ValueError(f"rewards must be 1-D with a multiple of {size} entries" if size else "rewards must be 1-D")
+    if size is None:
+        return _mixed_group_advantages(rewards, group_sizes_list(group_size, rewards.numel()), eps, keep)
+    if rewards.numel() % size:
+        raise ValueError(f"rewards must be 1-D with a multiple of {size} entries")
+    grouped = rewards.double().view(-1, size)
+    kept = torch.ones_like(grouped, dtype=torch.bool) if keep is None else keep.view(-1, size).to(torch.bool)
+    return _grouped_advantages(grouped, kept, eps).view(-1).to(rewards.dtype)
+
+
+def _mixed_group_advantages(rewards: torch.Tensor, sizes: list[int], eps: float, keep: torch.Tensor | None) -> torch.Tensor:
+    """`group_advantages` for groups of `sizes` rollouts: each group is a row of a
+    [groups, largest size] matrix whose slots past the group's own size count as dropped, so
+    every group's mean, std and spread are those of its own rollouts."""
+    width = max(sizes)
+    rows = torch.tensor(row_groups(sizes), dtype=torch.long)
+    columns = torch.arange(len(rows)) - torch.tensor(group_starts(sizes)[:-1], dtype=torch.long)[rows]
+    grouped = torch.zeros((len(sizes), width), dtype=torch.float64)
+    grouped[rows, columns] = rewards.double()
+    kept = torch.zeros((len(sizes), width), dtype=torch.bool)
+    kept[rows, columns] = True if keep is None else keep.to(torch.bool)
+    return _grouped_advantages(grouped, kept, eps)[rows, columns].to(rewards.dtype)
+
+
+def _grouped_advantages(grouped: torch.Tensor, kept: torch.Tensor, eps: float) -> torch.Tensor:
+    """The advantages of `grouped` (float64 [groups, K]) over the `kept` entries (bool, same
+    shape); entries not kept get 0."""
     weights = kept.double()
     count = weights.sum(dim=1, keepdim=True).clamp(min=1.0)
     mean = (grouped * weights).sum(dim=1, keepdim=True) / count
@@ -43,8 +73,7 @@ def group_advantages(
     highest = torch.where(kept, grouped, torch.full_like(grouped, -torch.inf)).max(dim=1, keepdim=True).values
     lowest = torch.where(kept, grouped, torch.full_like(grouped, torch.inf)).min(dim=1, keepdim=True).values
     spread = torch.nan_to_num(highest - lowest, nan=0.0, posinf=0.0, neginf=0.0)
-    advantages = torch.where((spread < EQUAL_REWARDS_TOLERANCE) | ~kept, torch.zeros_like(advantages), advantages)
-    return advantages.view(-1).to(rewards.dtype)
+    return torch.where((spread < EQUAL_REWARDS_TOLERANCE) | ~kept, torch.zeros_like(advantages), advantages)
 
 
 def token_logprobs_and_entropy(

@@ -15,12 +15,12 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.environments import Environment, InvalidEnvironment, load_environment
+from engine.groups import GroupSchedule, environment_index, training_group_sizes  # noqa: F401 (environment_index: its public home was here)
 from engine.multi_turn import complete_functions, group_rollouts, run_episodes
 from engine.rollout import Completion
 
@@ -33,17 +33,6 @@ _EVAL_SEED_OFFSET = 1 << 40
 _VAL_SEED_OFFSET = 1 << 41
 #: Prompts per sampling call of an eval or a validation (bounds memory on large splits).
 _HELD_OUT_PROMPTS_PER_CALL = 64
-
-
-def environment_index(index: int, ratios: list[float] | None, *, count: int, seed: int) -> int:
-    """Return which of the `count` training environments the `index`-th group of the run
-    (counted over all steps) samples from: round-robin when `ratios` is None, else (one ratio
-    per environment, from `[[env]] ratio`, 1 where a block gives none) drawn with probability
-    ratio / sum(ratios), as prime-rl mixes its environments. The draw is seeded by `seed` and
-    `index` alone, so a resumed run draws exactly what an uninterrupted one does."""
-    if ratios is None:
-        return index % count
-    return random.Random(f"lab-env-mix:{seed}:{index}").choices(range(count), weights=ratios)[0]
 
 
 def block_names(names: list[str]) -> list[str]:
@@ -113,10 +102,12 @@ class HeldOutTarget:
 
 @dataclass
 class RolloutBatch:
-    """The scored rollouts of one step: G prompts × K completions (K = rollouts_per_example).
+    """The scored rollouts of one step: G prompts, each with its group of completions.
 
     `policy_version` is how many optimizer updates the sampling policy had seen;
-    `rewards` and `functions` (per reward function) are per rollout, prompt by prompt.
+    `rewards` and `functions` (per reward function) are per rollout, prompt by prompt;
+    `group_sizes`: the rollouts of each group (its `[[env]]` block's `group_size`, else
+    `rollouts_per_example`); `rollouts_per_group` reads it.
     """
 
     step: int
@@ -130,6 +121,13 @@ class RolloutBatch:
     generate_seconds: float
     #: The training environments' names, by env index (None in checkpoints written before).
     env_names: list[str] | None = None
+    #: Rollouts per group, group by group (None in checkpoints written before: all K).
+    group_sizes: list[int] | None = None
+
+    def rollouts_per_group(self, default: int) -> list[int]:
+        """The rollouts of each group: `group_sizes`, or `default` (the spec's
+        `rollouts_per_example`) for every group of a batch written before batches carried them."""
+        return list(self.group_sizes) if self.group_sizes is not None else [default] * len(self.prompts)
 
 
 #: The `[[env]]` keys that bound a multi-turn episode (engine/multi_turn.py).
@@ -186,8 +184,10 @@ class Orchestrator:
         config, spec = self.config, self.config.spec
         self.environments = [apply_block(load_environment(env.id, dict(env.args), spec.seed), env) for env in spec.env]
         self.env_names = block_names([block.name or env.name for env, block in zip(self.environments, spec.env)])
-        # [[env]] ratio: the training environments' shares of each batch (None: round-robin).
-        self.env_ratios = [env.ratio or 1.0 for env in spec.env] if any(env.ratio for env in spec.env) else None
+        # Which groups make each step: [[env]] ratio (the blocks' shares, else in turn) and
+        # group_size (each block's rollouts per example), engine/groups.py.
+        self.group_sizes = training_group_sizes(spec)
+        self.schedule = GroupSchedule.for_spec(spec)
         self.template_kwargs = usable_template_kwargs(
             self.tokenizer, spec.sampling.chat_template_kwargs(), where="sampling", model=spec.model
         )
@@ -264,17 +264,15 @@ class Orchestrator:
         """Sample and score the rollouts of `step` (examples and seed derived from seed and step)."""
         spec = self.spec
         started = time.perf_counter()
-        groups = spec.batch_size // spec.rollouts_per_example
         env_indices, prompts, examples = [], [], []
-        for slot in range(groups):
-            index = (step - 1) * groups + slot
-            env_index = environment_index(index, self.env_ratios, count=len(self.environments), seed=spec.seed)
+        for index, env_index in self.schedule.step_groups(step):
             ids, example = self.prompt_ids(self.environments[env_index], index, "train")
             env_indices.append(env_index)
             prompts.append(ids)
             examples.append(example)
+        group_sizes = [self.group_sizes[env_index] for env_index in env_indices]
         rows = self.sample_groups(
-            [self.environments[env_index] for env_index in env_indices], prompts, examples, backend or self.backend, n=spec.rollouts_per_example,
+            [self.environments[env_index] for env_index in env_indices], prompts, examples, backend or self.backend, n=group_sizes,
             max_tokens=spec.sampling.max_tokens, temperature=spec.sampling.temperature_at(step, spec.max_steps),
             seed=(spec.seed << 20) + step, sampling_params=self.sampling_params(spec.sampling),
             template_kwargs=self.template_kwargs,
@@ -287,30 +285,37 @@ class Orchestrator:
         return RolloutBatch(
             step=step, policy_version=policy_version, env_indices=env_indices, prompts=prompts,
             completions=completions, texts=texts, rewards=rewards, functions=functions,
-            generate_seconds=time.perf_counter() - started, env_names=self.env_names,
+            generate_seconds=time.perf_counter() - started, env_names=self.env_names, group_sizes=group_sizes,
         )
 
 
     def sample_groups(
-        self, environments: list[Environment], prompts: list[list[int]], examples: list, backend, *, n: int,
+        self, environments: list[Environment], prompts: list[list[int]], examples: list, backend, *, n: int | list[int],
         max_tokens: int, temperature: float, seed: int, sampling_params: dict, template_kwargs: dict,
     ) -> list[tuple[Completion, str, float, dict[str, float]]]:
         """Sample and score `n` rollouts of each group (environment `environments[g]`, prompt
-        `prompts[g]`, example `examples[g]`); return (completion, text, reward, functions) per
-        rollout, group by group. Single-turn groups are sampled in one backend call and scored by
-        their environment; a multi-turn environment's groups run as episodes
-        (engine/multi_turn.py), and `prompts[g]` becomes the group's shared first prompt."""
+        `prompts[g]`, example `examples[g]`; `n` one number for all, or `n[g]` per group); return
+        (completion, text, reward, functions) per rollout, group by group. Single-turn groups of
+        one size are sampled in one backend call (groups of another size in a call of their own,
+        in the order their sizes first appear, its seed past the prompts of the calls before it, as
+        backends seed prompt i of a call with `seed + i`) and scored by their environment; a
+        multi-turn environment's groups run as episodes (engine/multi_turn.py), and `prompts[g]`
+        becomes the group's shared first prompt."""
         groups = range(len(prompts))
+        sizes = [n] * len(prompts) if isinstance(n, int) else list(n)
         rows: dict[int, list] = {}
         single = [g for g in groups if not environments[g].multi_turn]
-        if single:
+        offset = 0
+        for size in dict.fromkeys(sizes[g] for g in single):
+            chosen = [g for g in single if sizes[g] == size]
             completions = backend.generate(
-                [prompts[g] for g in single], n=n, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                [prompts[g] for g in chosen], n=size, max_tokens=max_tokens, temperature=temperature, seed=seed + offset,
                 **extra_sampling(sampling_params),
             )
-            for position, g in enumerate(single):
+            offset += len(chosen)
+            for position, g in enumerate(chosen):
                 rows[g] = []
-                for completion in completions[position * n:(position + 1) * n]:
+                for completion in completions[position * size:(position + 1) * size]:
                     text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                     scores = environments[g].score_rollout(text, examples[g])
                     if scores.timed_out:  # its scoring ran past the [[env]] timeout
@@ -322,6 +327,9 @@ class Orchestrator:
                 multi_turn.append(environments[g])
         for env in multi_turn:
             chosen = [g for g in groups if environments[g] is env]
+            n = sizes[chosen[0]]  # an environment's groups are all of its block's size
+            if any(sizes[g] != n for g in chosen):
+                raise ValueError("the groups of one multi-turn environment must be of one size")
             episodes = run_episodes(
                 env, [examples[g] for g in chosen], n, tokenizer=self.tokenizer, backend=backend,
                 stop_token_ids=self.stop_token_ids, context_length=self.context_length, max_tokens=max_tokens,
@@ -437,11 +445,8 @@ class Orchestrator:
         spec = self.spec
         sampling = spec.teacher.sampling
         started = time.perf_counter()
-        groups = spec.batch_size // spec.rollouts_per_example
         requests = []
-        for slot in range(groups):
-            index = (step - 1) * groups + slot
-            env_index = environment_index(index, self.env_ratios, count=len(self.environments), seed=spec.seed)
+        for index, env_index in self.schedule.step_groups(step):
             ids, example = self.prompt_ids(self.environments[env_index], index, "train")
             requests.append((index, env_index, ids, example))
         max_tokens = (sampling.max_tokens if sampling and sampling.max_tokens else None) or spec.sampling.max_tokens
@@ -453,13 +458,13 @@ class Orchestrator:
             extra["reasoning_effort"] = sampling.reasoning_effort
 
         def ask(request):
-            index, _, _, example = request
+            index, env_index, _, example = request
             return self.teacher.complete(
-                example.messages, n=spec.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
+                example.messages, n=self.group_sizes[env_index], max_tokens=max_tokens, temperature=temperature,
                 seed=(spec.seed << 20) + index, extra_body=extra,
             )
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, groups), thread_name_prefix="teacher") as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(requests)), thread_name_prefix="teacher") as pool:
             answers = list(pool.map(ask, requests))
         completions, texts, rewards, functions = [], [], [], []
         for (_, env_index, ids, example), answer in zip(requests, answers):
@@ -476,4 +481,5 @@ class Orchestrator:
             step=step, policy_version=policy_version, env_indices=[r[1] for r in requests], prompts=[r[2] for r in requests],
             completions=completions, texts=texts, rewards=rewards, functions=functions,
             generate_seconds=time.perf_counter() - started, env_names=self.env_names,
+            group_sizes=[self.group_sizes[r[1]] for r in requests],
         )

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Sequence
 
 import peft
 import torch
+
+from engine.groups import uniform_size
 
 
 def make_trainable(model: torch.nn.Module, *, lora_rank: int, lora_alpha: int, base_model_id: str) -> torch.nn.Module:
@@ -99,27 +102,37 @@ class PackedRollouts:
     `prompt_ids`, `prompt_mask`: long [G, P], prompts left-padded; `completion_ids`,
     `completion_mask`: long [G·K, C], completions right-padded, rows of one group adjacent, 1 on
     the tokens the loss covers (a multi-turn rollout's environment turns are 0);
-    `group_size` is K.
+    `group_size` is K, or one K per group when the groups differ in size (then the
+    completions are ΣK rows).
     """
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
-    group_size: int
+    group_size: int | list[int]
 
 
 def pack_rollouts(
-    prompts: list[list[int]], completions: list[list[int]], group_size: int, pad_token_id: int,
+    prompts: list[list[int]], completions: list[list[int]], group_size: int | Sequence[int], pad_token_id: int,
     loss_masks: list[list[int] | None] | None = None,
 ) -> PackedRollouts:
     """Pad G prompts (left) and G·K completions (right) into tensors; empty completions are allowed.
 
-    `loss_masks`: per completion, None (every token is sampled) or one 0/1 per token
-    (`Completion.loss_mask`); it becomes the completion's row of `completion_mask`.
+    `group_size`: K for every prompt, or one K per prompt (groups of different sizes; a list
+    whose sizes are all equal packs as that one K). `loss_masks`: per completion, None (every
+    token is sampled) or one 0/1 per token (`Completion.loss_mask`); it becomes the
+    completion's row of `completion_mask`.
     """
-    if len(completions) != len(prompts) * group_size:
-        raise ValueError("need group_size completions per prompt")
+    size = uniform_size(group_size)
+    if size is not None:
+        group_size = size
+        if len(completions) != len(prompts) * group_size:
+            raise ValueError("need group_size completions per prompt")
+    else:
+        group_size = list(group_size)
+        if len(group_size) != len(prompts) or sum(group_size) != len(completions):
+            raise ValueError("need one group size per prompt, and as many completions as they add up to")
     if loss_masks is not None and len(loss_masks) != len(completions):
         raise ValueError("need one loss mask (or None) per completion")
     prompt_width = max(len(p) for p in prompts)
@@ -151,8 +164,10 @@ def completion_logits(model: torch.nn.Module, batch: PackedRollouts) -> torch.Te
     drawn from (position 0 comes from the prompt's last token). Positions count only real
     tokens, matching the sampler. Gradients flow through the shared prompt computation.
     """
-    group_size = batch.group_size
     device = next(model.parameters()).device
+    # One K for every group repeats the prompt rows K times each; groups of different sizes
+    # repeat each row by its own K (the same operation with a tensor of repeats).
+    group_size = batch.group_size if isinstance(batch.group_size, int) else torch.tensor(batch.group_size, device=device)
     prompt_ids, prompt_mask = batch.prompt_ids.to(device), batch.prompt_mask.to(device)
     completion_ids = batch.completion_ids.to(device)
     prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
@@ -168,7 +183,10 @@ def completion_logits(model: torch.nn.Module, batch: PackedRollouts) -> torch.Te
     if width == 1:
         return first
     cache = prompt_output.past_key_values
-    cache.batch_repeat_interleave(group_size)
+    if isinstance(group_size, int):
+        cache.batch_repeat_interleave(group_size)
+    else:
+        cache.batch_select_indices(torch.arange(len(batch.group_size), device=device).repeat_interleave(group_size))
     rows = completion_ids.shape[0]
     attention_mask = torch.cat(
         [prompt_mask.repeat_interleave(group_size, dim=0), torch.ones((rows, width - 1), dtype=prompt_mask.dtype, device=device)],

@@ -127,6 +127,7 @@ def batch_from_json(data: dict) -> RolloutBatch:
         functions=[{str(k): float(v) for k, v in f.items()} for f in data["functions"]],
         generate_seconds=float(data["generate_seconds"]),
         env_names=[str(n) for n in data["env_names"]] if data.get("env_names") is not None else None,
+        group_sizes=[int(n) for n in data["group_sizes"]] if data.get("group_sizes") is not None else None,
     )
 
 

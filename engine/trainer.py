@@ -38,6 +38,7 @@ from engine import checkpoints as ckpt
 from engine.catalog import TINY_RANDOM_LLAMA_ID
 from engine.distributed import DataParallel
 from engine.filters import Rollouts, apply_filters, filter_metrics
+from engine.groups import GroupSchedule, group_starts, row_groups, training_group_sizes, uniform_size
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
 from engine.models import context_length, huggingface_dir, load_model, stop_token_ids
 from engine.orchestrator import Orchestrator, RolloutBatch
@@ -124,6 +125,8 @@ class EngineConfig:
         }
         if any(env.ratio for env in spec.env):  # only then, so that older checkpoints keep their digest
             data["env_ratios"] = [env.ratio for env in spec.env]
+        if any(getattr(env, "group_size", None) for env in spec.env):  # likewise
+            data["env_group_sizes"] = training_group_sizes(spec)
         if spec.loss == "sft":  # only then, so that GRPO checkpoints keep their digest
             data["teacher"] = [spec.teacher.model, spec.teacher.endpoint().base_url]
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -148,6 +151,21 @@ class EngineConfig:
         elif spec.oversampling_factor is not None:
             depth = min(depth, max(1, int(spec.oversampling_factor)))
         return depth
+
+
+def micro_batches(groups: list[int], sizes: list[int], micro_batch_rollouts: int) -> list[list[int]]:
+    """Split `groups` (indexes into `sizes`, the rollouts of each group) into the chunks of one
+    forward/backward pass each, in order: as many whole groups as fit in `micro_batch_rollouts`
+    rollouts, and a group larger than that alone. With one K throughout, every chunk but the
+    last holds max(1, micro_batch_rollouts // K) groups."""
+    chunks, rollouts = [], 0
+    for group in groups:
+        if not chunks or rollouts + sizes[group] > micro_batch_rollouts:
+            chunks.append([])
+            rollouts = 0
+        chunks[-1].append(group)
+        rollouts += sizes[group]
+    return chunks
 
 
 class StopTraining(Exception):
@@ -213,6 +231,8 @@ class Trainer:
         self.pending_batches: list[RolloutBatch] = []
         self.format = ckpt.FORMAT_LORA if is_lora(self.model) else ckpt.FORMAT_FULL
         self.checkpoint_root = self.workdir / "checkpoints"
+        #: Which groups each step samples (engine/groups.py): the checkpoints' data position.
+        self.group_schedule = GroupSchedule.for_spec(spec)
         #: The rollout side in this process (None for the trainer role: engine/roles.py).
         self.orchestrator = None
         if not config.shared_dir:
@@ -298,21 +318,20 @@ class Trainer:
         at 0.51 after 20 steps against 0.66 this way. A group with none left is not run at all.
         """
         config, spec = self.config, self.config.spec
-        group_size = spec.rollouts_per_example
+        sizes = batch.rollouts_per_group(spec.rollouts_per_example)
+        starts = group_starts(sizes)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         keep = [True] * len(batch.completions) if keep is None else keep
         total_tokens = sum(c.sampled_count for c in batch.completions)
         # Under torchrun each rank trains on its share of the groups (engine/distributed.py).
-        active = self.parallel.shard([g for g in range(len(batch.prompts)) if any(keep[g * group_size:(g + 1) * group_size])])
-        groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
+        active = self.parallel.shard([g for g in range(len(batch.prompts)) if any(keep[starts[g]:starts[g + 1]])])
         loss_total, entropy_sum, kl_sum, token_count = 0.0, 0.0, 0.0, 0.0
-        for chunk_start in range(0, len(active), groups_per_pass):
-            chunk = active[chunk_start:chunk_start + groups_per_pass]
-            rows = [g * group_size + k for g in chunk for k in range(group_size)]
+        for chunk in micro_batches(active, sizes, config.micro_batch_rollouts):
+            rows = [r for g in chunk for r in range(starts[g], starts[g + 1])]
             packed = pack_rollouts(
                 [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows],
-                group_size, self.tokenizer.pad_token_id, [batch.completions[r].loss_mask for r in rows],
+                [sizes[g] for g in chunk], self.tokenizer.pad_token_id, [batch.completions[r].loss_mask for r in rows],
             )
             sampling_logprobs = torch.zeros(packed.completion_ids.shape, dtype=torch.float32)
             for i, r in enumerate(rows):
@@ -353,14 +372,16 @@ class Trainer:
         past its `[[env]] timeout`, scored nothing) is never kept: as verifiers gives a timed-out
         episode no trace to train on, it is out of its group's advantages and of the loss."""
         spec = self.config.spec
+        sizes = batch.rollouts_per_group(spec.rollouts_per_example)
+        group_size = uniform_size(sizes) or sizes  # one K: the fixed-size path
         rollouts = Rollouts(
             rewards=batch.rewards, token_ids=[c.sampled_token_ids() for c in batch.completions],
-            logprobs=[c.sampled_logprobs() for c in batch.completions], texts=batch.texts, group_size=spec.rollouts_per_example,
+            logprobs=[c.sampled_logprobs() for c in batch.completions], texts=batch.texts, group_size=group_size,
         )
         scored = [not completion.timed_out for completion in batch.completions]
         keep, flagged = apply_filters(spec.batch_filters("pre_batch_filters"), rollouts, scored)
         advantages = group_advantages(
-            torch.tensor(batch.rewards, dtype=torch.float32), spec.rollouts_per_example, keep=torch.tensor(keep),
+            torch.tensor(batch.rewards, dtype=torch.float32), group_size, keep=torch.tensor(keep),
         )
         keep, flagged_after = apply_filters(spec.batch_filters("post_batch_filters"), rollouts, keep)
         for kind, rows in flagged_after.items():
@@ -369,18 +390,24 @@ class Trainer:
 
     def _step_metrics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         rewards = torch.tensor(batch.rewards, dtype=torch.float64)
-        group_size = self.config.spec.rollouts_per_example
+        sizes = batch.rollouts_per_group(self.config.spec.rollouts_per_example)
+        group_of = row_groups(sizes)
         metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False))}
         # Batches of checkpoints written before they carried names: the environments' ids.
         names = batch.env_names or [env.id for env in self.config.spec.env]
+        mixed = uniform_size(training_group_sizes(self.config.spec)) is None
         for env_index, name in enumerate(names):
-            rows = [r for r in range(len(batch.rewards)) if batch.env_indices[r // group_size] == env_index]
+            rows = [r for r in range(len(batch.rewards)) if batch.env_indices[group_of[r]] == env_index]
             if not rows:
                 continue
+            if mixed:  # blocks of different group sizes: what each took of the batch
+                groups = [g for g, env in enumerate(batch.env_indices) if env == env_index]
+                metrics[f"batch/{name}/groups"] = float(len(groups))
+                metrics[f"batch/{name}/rollouts_per_group"] = len(rows) / len(groups)
             metrics[f"reward/{name}/mean"] = sum(batch.rewards[r] for r in rows) / len(rows)
             for function in batch.functions[rows[0]]:
                 metrics[f"reward/{name}/{function}/mean"] = sum(batch.functions[r][function] for r in rows) / len(rows)
-        lengths = [len(batch.prompts[r // group_size]) + len(c.token_ids) for r, c in enumerate(batch.completions)]
+        lengths = [len(batch.prompts[group_of[r]]) + len(c.token_ids) for r, c in enumerate(batch.completions)]
         metrics["seq_len/mean"] = sum(lengths) / len(lengths)
         metrics["is_truncated/mean"] = sum(c.truncated for c in batch.completions) / len(batch.completions)
         # Reported by jobs that set an [[env]] timeout, and on any step a rollout timed out.
@@ -390,10 +417,10 @@ class Trainer:
         return metrics
 
     def _samples(self, batch: RolloutBatch, advantages: torch.Tensor) -> list[dict]:
-        group_size = self.config.spec.rollouts_per_example
+        group_of = row_groups(batch.rollouts_per_group(self.config.spec.rollouts_per_example))
         samples = []
         for row in range(min(self.config.samples_per_step, len(batch.completions))):
-            group = row // group_size
+            group = group_of[row]
             samples.append({
                 "step": batch.step,
                 "group": group,
@@ -411,18 +438,18 @@ class Trainer:
         from engine.distill import sft_loss
 
         config, spec = self.config, self.config.spec
-        group_size = spec.rollouts_per_example
+        sizes = batch.rollouts_per_group(spec.rollouts_per_example)
+        starts = group_starts(sizes)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         total_tokens = max(1, sum(len(c.token_ids) for c in batch.completions))
-        groups_per_pass = max(1, config.micro_batch_rollouts // group_size)
         loss_total, entropy_sum, token_count = 0.0, 0.0, 0.0
         groups = self.parallel.shard(range(len(batch.prompts)))
-        for first in range(0, len(groups), groups_per_pass):
-            chunk = groups[first:first + groups_per_pass]
-            rows = [g * group_size + k for g in chunk for k in range(group_size)]
+        for chunk in micro_batches(list(groups), sizes, config.micro_batch_rollouts):
+            rows = [r for g in chunk for r in range(starts[g], starts[g + 1])]
             packed = pack_rollouts(
-                [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows], group_size, self.tokenizer.pad_token_id,
+                [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows],
+                [sizes[g] for g in chunk], self.tokenizer.pad_token_id,
             )
             logits = completion_logits(self.model, packed)
             logprobs, entropy = token_logprobs_and_entropy(logits, packed.completion_ids.to(logits.device), 1.0)
@@ -454,7 +481,7 @@ class Trainer:
         directory = ckpt.save_checkpoint(
             self.checkpoint_root / ckpt.checkpoint_name(step),
             model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-            state=ckpt.TrainerState(step=step, data_position=step * (spec.batch_size // spec.rollouts_per_example),
+            state=ckpt.TrainerState(step=step, data_position=self.group_schedule.first_index(step + 1),
                                     seed=spec.seed, spec_digest=self.config.digest(), format=self.format),
             pending_rollouts=pending, card=card,
         )
@@ -546,7 +573,8 @@ class Trainer:
                 weights_seconds += seconds
                 metrics.update(held_out.pop(step, {}))
                 step_seconds = time.perf_counter() - step_started
-                tokens = sum(len(batch.prompts[r // spec.rollouts_per_example]) + len(c.token_ids) for r, c in enumerate(batch.completions))
+                group_of = row_groups(batch.rollouts_per_group(spec.rollouts_per_example))
+                tokens = sum(len(batch.prompts[group_of[r]]) + len(c.token_ids) for r, c in enumerate(batch.completions))
                 completion_tokens = sum(c.sampled_count for c in batch.completions)
                 metrics.update({
                     "time/step": step_seconds,

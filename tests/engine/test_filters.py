@@ -130,3 +130,9 @@ def test_the_spec_fills_in_filter_settings_and_checks_them():
         with pytest.raises(SpecError) as caught:
             spec_with(pre_batch_filters=[bad])
         assert caught.value.param == param
+
+
+def test_zero_advantage_takes_groups_of_different_sizes_each_as_a_whole():
+    # groups of 2, 3 and 1: the first and the single one are all equal, the middle one is not
+    batch = rollouts([0.5, 0.5, 1.0, 0.0, 1.0, 0.25], group_size=[2, 3, 1])
+    assert filter_flags("zero_advantage", {"tolerance": 1e-6}, batch, [True] * 6) == [True, True, False, False, False, True]

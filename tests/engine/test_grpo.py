@@ -65,3 +65,32 @@ def test_it_scores_tokens_under_the_temperature_scaled_policy():
     assert entropy.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
     logprob_hot, _ = token_logprobs_and_entropy(logits, torch.tensor([[1]]), temperature=2.0)
     assert logprob_hot.item() == pytest.approx(math.log(math.sqrt(3) / (1 + math.sqrt(3))))
+
+
+def test_groups_of_different_sizes_are_each_normalised_over_their_own_rollouts():
+    # [[env]] group_size: a group of 2, one of 4 and one of 3 in one batch.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.5, 0.5])
+    advantages = group_advantages(rewards, group_size=[2, 4, 3])
+    expected = torch.cat([group_advantages(rewards[:2], 2), group_advantages(rewards[2:6], 4), group_advantages(rewards[6:], 3)])
+    assert advantages.tolist() == pytest.approx(expected.tolist(), rel=1e-12)
+    assert advantages[:2].tolist() == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001], rel=1e-6)
+    assert advantages[6:].tolist() == [0.0, 0.0, 0.0]  # equal rewards
+
+
+def test_groups_of_different_sizes_take_their_means_over_the_rollouts_kept():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 3.0, 1.0])
+    keep = torch.tensor([True, True, True, False, True, True])
+    advantages = group_advantages(rewards, group_size=[2, 4], keep=keep)
+    # the group of 4 keeps 1, 3, 1: mean 5/3, population std sqrt(8)/3; the dropped one gets 0
+    std = math.sqrt(8) / 3 + 1e-4
+    assert advantages.tolist() == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001, -2 / 3 / std, 0.0, 4 / 3 / std, -2 / 3 / std], rel=1e-6)
+
+
+def test_one_size_per_group_that_is_the_same_for_all_is_the_fixed_size_path():
+    rewards = torch.rand(12, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(group_advantages(rewards, group_size=[4, 4, 4]), group_advantages(rewards, group_size=4))
+
+
+def test_it_refuses_group_sizes_that_do_not_add_up_to_the_rewards():
+    with pytest.raises(ValueError):
+        group_advantages(torch.zeros(6), group_size=[2, 3])

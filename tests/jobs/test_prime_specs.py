@@ -70,6 +70,7 @@ def test_estimate_answers_the_same_warnings_as_create(owner):
     ({"eval": {"env": [{"id": "lab/addition", "group_size": 2, "rollouts_per_example": 2}]}}, "eval.env.0.group_size"),
     ({"sampling": {"extra_body": {"top_p": 0}}}, "sampling.extra_body.top_p"),
     ({"env": [{"id": "lab/addition", "timeout": 0}]}, "env.0.timeout"),
+    ({"batch_size": 8, "env": [{"id": "lab/addition"}, {"id": "lab/reverse-text", "group_size": 3}]}, "env.1.group_size"),
     ({"env": [{"id": "lab/addition"}, {"id": "lab/reverse-text", "timeout": 86_401}]}, "env.1.timeout"),
     ({"post_batch_filters": [{"type": "repetition", "ngram_size": "4"}]}, "post_batch_filters.0.ngram_size"),
 ])

@@ -284,6 +284,26 @@ def test_both_env_forms_are_accepted():
     assert refused(env=[{"id": "lab/addition@2", "version": "1"}])[0].code == "conflicting_keys"
 
 
+def test_an_env_blocks_group_size_is_used_and_must_fill_each_batch_with_whole_groups():
+    mixed = parse_spec({**BASE, "batch_size": 8, "env": [{"id": "lab/addition", "group_size": 2}, {"id": "lab/reverse-text"}]})
+    assert [env.group_size for env in mixed.spec.env] == [2, None]  # the second takes rollouts_per_example (4)
+    assert not any("group_size" in warning for warning in mixed.warnings)
+
+    not_a_divisor = refused(batch_size=8, env=[{"id": "lab/addition"}, {"id": "lab/reverse-text", "group_size": 3}])
+    assert [(p.param, p.code) for p in not_a_divisor] == [("env.1.group_size", "not_divisible")]
+    assert "batch_size (8) must be a multiple of this block's group_size (3)" in not_a_divisor[0].message
+    # 2 and 3 both divide 6, but a step of 2 + 3 could not be filled with whole groups
+    unfillable = refused(batch_size=6, env=[{"id": "lab/addition", "group_size": 2}, {"id": "lab/reverse-text", "group_size": 3}])
+    assert [(p.param, p.code) for p in unfillable] == [("env.1.group_size", "not_divisible")]
+    assert "multiple of the smallest (2)" in unfillable[0].message
+    # every block sets its own: rollouts_per_example no longer has to divide batch_size
+    parse_spec({**BASE, "batch_size": 6, "rollouts_per_example": 4, "env": [{"id": "lab/addition", "group_size": 2}]})
+    assert [p.param for p in refused(batch_size=6, env=[{"id": "lab/addition", "group_size": 2}, {"id": "lab/addition"}])] == ["batch_size"]
+    inflight = refused(batch_size=16, max_inflight_rollouts=4, env=[{"id": "lab/addition", "group_size": 8}])
+    assert [(p.param, p.code) for p in inflight] == [("max_inflight_rollouts", "out_of_range")]
+    assert refused(env=[{"id": "lab/addition", "group_size": 0}])[0].param == "env.0.group_size"
+
+
 def test_an_env_blocks_name_must_be_one_metric_name_segment_and_unique():
     assert not any("env.0.name" in warning for warning in parse_spec({**BASE, "env": [{"id": "lab/addition", "name": "small"}]}).warnings)
     for bad in ("a/b", "", "-x", "x y", "é", "x" * 65):

@@ -23,7 +23,8 @@ code                        meaning
 ``too_short``               an empty string or list where one item is needed
 ``too_deep``                JSON-like data nested deeper than allowed
 ``unknown_key``             a key the spec does not define
-``not_divisible``           ``batch_size`` is not a multiple of ``rollouts_per_example``
+``not_divisible``           ``batch_size`` is not a multiple of a group size (``rollouts_per_example``
+                            or an ``[[env]] group_size``), or the group sizes cannot fill a batch
 ``unknown_model``           the model id is not in the model catalogue
 ``unknown_environment``     an environment id is not installed
 ``invalid_encoding``        a spec file that is not UTF-8

@@ -381,7 +381,10 @@ class EnvConfig(_Section):
         None, description='v1 form: the harness, {id = ..., runtime = {type = "subprocess"}}.',
     )
     ratio: float | None = Field(None, gt=0.0, le=1_000_000.0, description="Share of each batch from this environment.")
-    group_size: int | None = Field(None, ge=1, le=256, description="Rollouts per example for this environment.")
+    group_size: int | None = Field(
+        None, ge=1, le=256,
+        description="Rollouts per example (GRPO group size) for this environment.",
+    )
     max_turns: int | None = Field(None, ge=1, le=10_000, description="Most turns of each agent of a multi-turn episode.")
     max_input_tokens: int | None = Field(
         None, ge=1, le=1_048_576,
@@ -804,12 +807,42 @@ def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list
 
     batch_size = plain_int("batch_size")
     group_size = plain_int("rollouts_per_example")
-    if batch_size and group_size and batch_size % group_size:
+    # [[env]] group_size: a block's own rollouts per example (the others take rollouts_per_example).
+    blocks = data.get("env") if isinstance(data.get("env"), list) else []
+    own_sizes: dict[int, int] = {}  # the blocks that give a valid group_size
+    given_sizes: set[int] = set()  # the blocks that give one at all
+    for index, block in enumerate(blocks):
+        size = block.get("group_size") if isinstance(block, Mapping) else None
+        if size is not None:
+            given_sizes.add(index)
+        if isinstance(size, int) and not isinstance(size, bool) and f"env.{index}.group_size" not in bad_params:
+            own_sizes[index] = size
+    if batch_size and group_size and batch_size % group_size and len(given_sizes) < len(blocks or [None]):
         problems.append(SpecProblem(
             "batch_size", "not_divisible",
             f"batch_size ({batch_size}) must be a multiple of rollouts_per_example "
             f"({group_size}): each step trains on whole groups",
         ))
+    for index, size in own_sizes.items():
+        if batch_size and batch_size % size:
+            problems.append(SpecProblem(
+                f"env.{index}.group_size", "not_divisible",
+                f"batch_size ({batch_size}) must be a multiple of this block's group_size ({size}): "
+                "each step trains on whole groups",
+            ))
+    sizes = {index: own_sizes.get(index, group_size) for index in range(len(blocks)) if index in own_sizes or index not in given_sizes}
+    if own_sizes and group_size and len(set(sizes.values())) > 1:
+        smallest_index = min(sizes, key=lambda index: (sizes[index], index))
+        smallest = sizes[smallest_index]
+        for index, size in sizes.items():
+            if size % smallest:
+                at = index if index in own_sizes else smallest_index
+                problems.append(SpecProblem(
+                    f"env.{at}.group_size", "not_divisible",
+                    f"the [[env]] blocks' group sizes ({', '.join(str(sizes[i]) for i in sorted(sizes))}) must each be a "
+                    f"multiple of the smallest ({smallest}), so that every step can be filled with whole groups",
+                ))
+                break
 
     evaluation = data.get("eval")
     for section, blocks in (("env", data.get("env")), ("eval.env", evaluation.get("env") if isinstance(evaluation, Mapping) else None)):
@@ -856,11 +889,13 @@ def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list
             "max_inflight_rollouts and oversampling_factor both bound the rollouts in flight; give one",
         ))
     inflight = plain_int("max_inflight_rollouts")
-    if inflight and group_size and inflight < group_size:
+    largest = max([size for size in sizes.values() if size] or [group_size or 0])
+    if inflight and largest and inflight < largest:
         problems.append(SpecProblem(
             "max_inflight_rollouts", "out_of_range",
-            f"max_inflight_rollouts ({inflight}) must be at least rollouts_per_example ({group_size}): "
-            "a group is sampled at once",
+            f"max_inflight_rollouts ({inflight}) must be at least "
+            + (f"rollouts_per_example ({largest})" if largest == group_size else f"the largest [[env]] group_size ({largest})")
+            + ": a group is sampled at once",
         ))
 
     sampling = data.get("sampling")

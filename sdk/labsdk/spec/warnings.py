@@ -44,8 +44,9 @@ _NOT_YET_USED: dict[str, str] = {
 }
 
 #: Fields of an ``[[env]]`` block still to come (``max_turns``, ``max_input_tokens`` and
-#: ``max_output_tokens`` bound multi-turn episodes: engine/multi_turn.py).
-_ENV_NOT_YET_USED = ("harness", "group_size")
+#: ``max_output_tokens`` bound multi-turn episodes: engine/multi_turn.py; ``group_size`` is
+#: each block's rollouts per example: engine/groups.py).
+_ENV_NOT_YET_USED = ("harness",)
 
 
 def _timeout_warning(path: str, env: Any) -> list[str]:
@@ -145,7 +146,7 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
                 "(held out from training); an environment that takes no such argument is loaded without it"
             )
         for key in _ENV_NOT_YET_USED:
-            if key != "group_size" and isinstance(env, Mapping) and env.get(key) is not None:
+            if isinstance(env, Mapping) and env.get(key) is not None:
                 warnings.append(_not_yet(f"eval.env.{index}.{key}"))
         if isinstance(env, Mapping):
             warnings.extend(_timeout_warning(f"eval.env.{index}.timeout", env))
