@@ -13,8 +13,9 @@ attempts from the cache), ``api_calls_per_pass`` the gateway calls a pass made (
 and deletes of the finished JobSets), ``first_pass_ms`` includes the cache's first full
 listing, ``queries_per_pass`` counts the SQL statements of the busiest pass and ``cpu_ms`` is the
 median pass's CPU time in this process (both steadier than wall time on a shared machine). The rest of a pass is the reconciler's work in PostgreSQL: the jobs whose attempts ended
-together are finished in one transaction (each in a savepoint of its own, usage closed in one
-ledger batch), the others' totals raised in one statement.
+together are finished in one transaction (usage closed in one ledger batch, attempts ended in
+one statement, events stored together, one UPDATE of each job's row), the others' totals raised
+in one statement.
 Baseline: the goal, 500 ms.
 
 Then the jobs finished are replaced by new running ones, one of them the job bench/ingest.py

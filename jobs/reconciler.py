@@ -20,8 +20,9 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -47,7 +48,14 @@ from jobs.checkpoints import checkpoint_fail_unfinished
 from jobs.environment_packages import launch_packages
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import bootstrap_token, job_token
-from jobs.launchers.base import AttemptPhase, CapturedLine, LauncherUnavailable, LaunchRequest, Observation
+from jobs.launchers.base import (
+    AttemptPhase,
+    CapturedLine,
+    Launcher,
+    LauncherUnavailable,
+    LaunchRequest,
+    Observation,
+)
 from jobs.launchers.registry import get_launcher
 from jobs.models import (
     ACTIVE_STATUSES,
@@ -248,13 +256,14 @@ def _close_due_usage(attempts: list[_Launched], seen: dict[int, _Seen], now) -> 
     return closings
 
 
-def _raise_usage_totals(job_public_ids: set[str]) -> None:
+def _raise_usage_totals(job_public_ids: set[str]) -> dict[str, tuple[float, float, Decimal]]:
     """Set the usage totals of the jobs ``job_public_ids`` to their ledger sums, in one
     ``UPDATE ... FROM (VALUES ...)`` taking no lock first. The ledger only grows, so a job whose
-    totals are already past these (another closing wrote newer ones meanwhile) is left as it is."""
+    totals are already past these (another closing wrote newer ones meanwhile) is left as it is.
+    Return the totals written, ``(gpu_seconds, cpu_seconds, cost_usd)`` by job public id."""
     totals = job_usage_totals_many(job_public_ids)
     if not totals:
-        return
+        return {}
     rows, params = [], []
     for public_id, sums in sorted(totals.items()):
         rows.append("(%s, %s::double precision, %s::double precision, %s::numeric)")
@@ -265,9 +274,11 @@ def _raise_usage_totals(job_public_ids: set[str]) -> None:
             f"UPDATE {table} AS job SET gpu_seconds = totals.gpu, cpu_seconds = totals.cpu, cost_usd = totals.cost "
             f"FROM (VALUES {', '.join(rows)}) AS totals(public_id, gpu, cpu, cost) "
             "WHERE job.public_id = totals.public_id AND job.gpu_seconds <= totals.gpu "
-            "AND job.cpu_seconds <= totals.cpu AND job.cost_usd <= totals.cost",
+            "AND job.cpu_seconds <= totals.cpu AND job.cost_usd <= totals.cost "
+            "RETURNING job.public_id, job.gpu_seconds, job.cpu_seconds, job.cost_usd",
             params,
         )
+        return {public_id: (gpu, cpu, cost) for public_id, gpu, cpu, cost in cursor.fetchall()}
 
 
 def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
@@ -291,9 +302,11 @@ def _finish_attempt(
     """Apply the exit-code table to an attempt that ended (the caller holds the job's lock);
     the launcher's cleanup is queued on ``after``, to run once the lock is released. ``facts``
     (read for a whole batch under the same lock, ``_read_ended_facts``) spare the reads of
-    uploads and of a succeeded job's data where they show there is nothing to do."""
+    uploads and of a succeeded job's data where they show there is nothing to do, and the
+    write of an attempt the batch ended already (``_end_attempts``)."""
     attempt.state, attempt.ended_at, attempt.exit_code = AttemptState.ENDED, now, observation.exit_code
-    attempt.save(update_fields=["state", "ended_at", "exit_code"])
+    if facts is None or attempt.pk not in facts.attempts_ended:
+        attempt.save(update_fields=["state", "ended_at", "exit_code"])
     code = observation.exit_code if observation.exit_code is not None else _implied_exit_code(observation, attempt)
     engine_error = attempt.outcome_error or {}
     detail = {"attempt": attempt.number, "exit_code": code}
@@ -304,10 +317,10 @@ def _finish_attempt(
         adapter_fail_unfinished(job=job, attempt_number=attempt.number)
     if code == 0:
         _record_missing_data(job, attempt, facts)
-        job_transition(job=job, to=S.SUCCEEDED, message="Finished all steps.", data=detail)
+        job_transition(job=job, current=True, to=S.SUCCEEDED, message="Finished all steps.", data=detail)
     elif code == 2:
         job_transition(
-            job=job,
+            job=job, current=True,
             to=S.FAILED,
             error_code=engine_error.get("code") or "invalid_spec",
             error_message=engine_error.get("message") or observation.detail[-2000:],
@@ -316,10 +329,10 @@ def _finish_attempt(
     elif code == 3 and (attempt.stop_reason or job.status == S.CANCELLING):
         reason = attempt.stop_reason or StopReason.CANCEL
         if reason == StopReason.CANCEL:
-            job_transition(job=job, to=S.CANCELLED, message="Stopped after a checkpoint, as requested.", data=detail)
+            job_transition(job=job, current=True, to=S.CANCELLED, message="Stopped after a checkpoint, as requested.", data=detail)
         elif reason == StopReason.RUNTIME:
             job_transition(
-                job=job,
+                job=job, current=True,
                 to=S.FAILED,
                 error_code="max_runtime_exceeded",
                 error_message=f"The job ran longer than max_runtime_minutes ({job.spec['max_runtime_minutes']}).",
@@ -327,7 +340,7 @@ def _finish_attempt(
             )
         else:
             job_transition(
-                job=job, to=S.FAILED, error_code="insufficient_credit", error_message="Out of credit.", data=detail
+                job=job, current=True, to=S.FAILED, error_code="insufficient_credit", error_message="Out of credit.", data=detail
             )
     elif code == 3 and observation.kept_in_queue:
         # Kueue requeued the same Workload at its place: keep the JobSet for the next attempt,
@@ -335,7 +348,7 @@ def _finish_attempt(
         attempt.handle = {**get_launcher().handle_for_readmission(attempt.handle), PARKED: True}
         attempt.save(update_fields=["handle"])
         job_transition(
-            job=job, to=S.QUEUED, reason="requeued_after_preemption",
+            job=job, current=True, to=S.QUEUED, reason="requeued_after_preemption",
             message="Preempted; waiting in Kueue at its place to resume from the latest checkpoint.",
             data={**detail, "kept_in_queue": True},
         )
@@ -343,24 +356,25 @@ def _finish_attempt(
         return
     elif code == 3:
         job_transition(
-            job=job, to=S.QUEUED, reason="requeued_after_preemption", message="Stopped from outside; requeued.", data=detail
+            job=job, current=True, to=S.QUEUED, reason="requeued_after_preemption", message="Stopped from outside; requeued.", data=detail
         )
     elif observation.reason in LAUNCHER_FAILURES and job.status != S.CANCELLING:
         job_transition(
-            job=job, to=S.FAILED, error_code=observation.reason, error_message=observation.detail[-2000:], data=detail
+            job=job, current=True, to=S.FAILED, error_code=observation.reason, error_message=observation.detail[-2000:], data=detail
         )
     elif code == 4 or observation.oom_killed:
-        job_transition(job=job, to=S.FAILED, error_code="oom", error_message="The engine ran out of memory.", data=detail)
+        job_transition(job=job, current=True, to=S.FAILED, error_code="oom", error_message="The engine ran out of memory.", data=detail)
     elif job.status == S.CANCELLING:
-        job_transition(job=job, to=S.CANCELLED, message="Stopped, as requested.", data=detail)
+        job_transition(job=job, current=True, to=S.CANCELLED, message="Stopped, as requested.", data=detail)
     else:
         crashes = job.crash_count + 1
         Job.objects.unscoped().filter(pk=job.pk).update(crash_count=crashes)
+        job.crash_count = crashes
         max_restarts = job.spec["max_restarts"]
         what = observation.detail.strip().splitlines()[-1:] or ["no output"]
         if crashes > max_restarts:
             job_transition(
-                job=job,
+                job=job, current=True,
                 to=S.FAILED,
                 error_code="max_restarts_exceeded",
                 error_message=f"The engine crashed {crashes} times (exit {code}): {what[0][:500]}",
@@ -368,7 +382,7 @@ def _finish_attempt(
             )
         else:
             job_transition(
-                job=job,
+                job=job, current=True,
                 to=S.QUEUED,
                 reason="requeued_after_crash",
                 message=f"Attempt {attempt.number} crashed (exit {code}); resuming from the latest checkpoint.",
@@ -500,8 +514,14 @@ class _Seen:
 def _look(launcher, attempts: list[_Launched]) -> dict[int, _Seen]:
     """Observe ``attempts`` (launched ones) and read their captured output, holding no lock."""
     observations = launcher.observe_many([attempt.handle for attempt in attempts])
+    # A launcher that captures no output (Launcher's own captured_lines) notes no progress in a
+    # handle: its handles are not copied to be compared.
+    captures = type(launcher).captured_lines is not Launcher.captured_lines
     seen = {}
     for attempt, observation in zip(attempts, observations):
+        if not captures:
+            seen[attempt.job_id] = _Seen(attempt.pk, observation, [], attempt.handle)
+            continue
         handle = copy.deepcopy(attempt.handle)
         lines = launcher.captured_lines(handle)
         seen[attempt.job_id] = _Seen(attempt.pk, observation, lines, handle, handle != attempt.handle)
@@ -684,6 +704,8 @@ class _EndedFacts:
     final_status: dict[int, str]
     #: the attempts whose due usage the batch closed in the ledger already.
     usage_closed: set[int]
+    #: the attempts the batch ended already (``_end_attempts``).
+    attempts_ended: set[int] = field(default_factory=set)
 
 
 def _read_ended_facts(locked: list[JobAttempt]) -> _EndedFacts:
@@ -717,8 +739,10 @@ def _read_ended_facts(locked: list[JobAttempt]) -> _EndedFacts:
 def _close_ended_usage(locked: list[JobAttempt], seen: dict[int, _Seen], now) -> set[int]:
     """Close the due usage intervals of the locked ended attempts ``locked`` in one ledger
     transaction (launcher times, as ``_record_usage`` takes them) and raise their jobs' totals
-    to the ledger's sums; return the pks of the attempts so handled. On a failure (logged)
-    nothing is returned: each attempt's usage is then closed on its own (``_record_usage``)."""
+    to the ledger's sums, on the loaded jobs too (they stay the rows as they are, for
+    ``job_transition(current=True)``); return the pks of the attempts so handled. On a failure
+    (logged) nothing is returned: each attempt's usage is then closed on its own
+    (``_record_usage``)."""
     usages, handled = [], set()
     for attempt in locked:
         look = seen[attempt.job_id]
@@ -737,61 +761,113 @@ def _close_ended_usage(locked: list[JobAttempt], seen: dict[int, _Seen], now) ->
     try:
         with transaction.atomic():
             result = usage_close_many(usages=usages, now=now)
-            _raise_usage_totals({interval.job_public_id for interval in result.closed})
+            totals = _raise_usage_totals({interval.job_public_id for interval in result.closed})
     except Exception:
         logger.exception("closing the usage of a batch's ended attempts failed")
         return set()
+    for attempt in locked:
+        job = attempt.job
+        if job.public_id in totals:
+            job.gpu_seconds, job.cpu_seconds, job.cost_usd = totals[job.public_id]
     return handled
+
+
+#: How many of a batch's jobs may fail to finish (each rolling the batch back, which is then
+#: applied again without them) before the rest are left to ``reconcile_job`` one by one.
+FINISH_FAILURES_PER_BATCH = 3
+
+
+class _JobNotFinished(Exception):
+    """Applying one job of a batch of ended ones failed (the cause is chained)."""
+
+    def __init__(self, job_id: int):
+        super().__init__(f"job pk {job_id}")
+        self.job_id = job_id
 
 
 def _finish_ended(job_ids: list[int], seen: dict[int, _Seen], launcher) -> list[int]:
     """Apply what was seen of the jobs ``job_ids``, whose attempts ended (exited or lost, with no
-    spool to deliver first), in one transaction: the jobs are locked in one query, in pk order;
-    their usage is closed in one ledger batch and what finishing reads is read once for all
-    (``_read_ended_facts``; for their events, their projects' webhook endpoints and their latest
-    ready checkpoints); then each job is applied as ``_apply`` does it, in a savepoint of its
-    own, so that one that fails (logged; the next pass tries again) leaves the others applied.
-    The launcher's cleanups run once the locks are released. Returns the jobs left for
-    ``reconcile_job``: those not locked here (no longer active, or without a current attempt),
-    or all of them when the batch failed before any was applied."""
-    after: list[Callable[[], None]] = []
-    try:
-        with transaction.atomic():
-            now = timezone.now()
-            locked = list(
-                JobAttempt.objects.select_for_update(of=("job",)).select_related("job__project")
-                .filter(job_id__in=job_ids, number=F("job__attempt"), job__status__in=ACTIVE_STATUSES)
-                .order_by("job_id")
-            )
-            facts = _read_ended_facts(locked)
-            facts.usage_closed = _close_ended_usage(locked, seen, now)
-            with (
-                endpoints_read_once({attempt.job.project_id for attempt in locked}),
-                # A checkpoint becomes ready only under its job's lock, which this transaction holds.
-                latest_ready_checkpoints_read_once([attempt.job for attempt in locked]),
-                # Their events are stored together at the end, still under the jobs' locks.
-                events_recorded_together() as events,
-            ):
-                for attempt in locked:
-                    applied: list[Callable[[], None]] = []
-                    try:
-                        with transaction.atomic():
-                            _apply_locked(attempt.job, attempt, seen.get(attempt.job_id), launcher, applied, now, facts)
-                    except Exception:  # one broken job must not stop the others from being applied
-                        logger.exception("reconcile failed", extra={"job_pk": attempt.job_id})
-                        events.discard(attempt.job_id)
-                        continue
-                    after += applied
-    except Exception:
-        logger.exception("finishing a batch's ended attempts failed")
-        return job_ids
+    spool to deliver first), in one transaction (``_finish_together``). A job that fails to
+    finish (logged; the next pass tries again) rolls the transaction back, and the batch is
+    applied again without it, so it leaves the others applied; after
+    ``FINISH_FAILURES_PER_BATCH`` such jobs, or when the batch fails otherwise, the rest are left
+    to ``reconcile_job``. The launcher's cleanups run once the locks are released. Returns the
+    jobs left for ``reconcile_job``: those not locked here (no longer active, or without a
+    current attempt), or all but the failed ones when the batch could not be applied."""
+    failed: set[int] = set()
+    while True:
+        todo = [job_id for job_id in job_ids if job_id not in failed]
+        try:
+            done, after = _finish_together(todo, seen, launcher)
+            break
+        except _JobNotFinished as broken:  # one broken job must not stop the others from being applied
+            logger.error("reconcile failed", exc_info=broken.__cause__, extra={"job_pk": broken.job_id})
+            failed.add(broken.job_id)
+            if len(failed) < FINISH_FAILURES_PER_BATCH:
+                continue
+            return [job_id for job_id in todo if job_id != broken.job_id]
+        except Exception:
+            logger.exception("finishing a batch's ended attempts failed")
+            return todo
     for action in after:
         try:
             action()
         except Exception:  # a signal that fails is sent again at the next pass
             logger.exception("launcher action failed")
-    done = {attempt.job_id for attempt in locked}
-    return [job_id for job_id in job_ids if job_id not in done]
+    return [job_id for job_id in todo if job_id not in done]
+
+
+def _finish_together(job_ids: list[int], seen: dict[int, _Seen], launcher) -> tuple[set[int], list[Callable[[], None]]]:
+    """Apply what was seen of the ended jobs ``job_ids`` in one transaction: the jobs are locked
+    in one query, in pk order; their usage is closed in one ledger batch, their attempts ended in
+    one statement and what finishing reads is read once for all (``_read_ended_facts``; for
+    their events, their projects' webhook endpoints and their latest ready checkpoints); then
+    each job is applied as ``_apply`` does it, its events stored with the others' at the end
+    (``events_recorded_together``). Return the jobs locked, and the launcher actions to run once
+    the locks are released. Raises ``_JobNotFinished`` when one job fails (nothing is kept)."""
+    after: list[Callable[[], None]] = []
+    with transaction.atomic():
+        now = timezone.now()
+        locked = list(
+            JobAttempt.objects.select_for_update(of=("job",)).select_related("job__project")
+            .filter(job_id__in=job_ids, number=F("job__attempt"), job__status__in=ACTIVE_STATUSES)
+            .order_by("job_id")
+        )
+        facts = _read_ended_facts(locked)
+        facts.usage_closed = _close_ended_usage(locked, seen, now)
+        facts.attempts_ended = _end_attempts(locked, seen, now)
+        with (
+            endpoints_read_once({attempt.job.project_id for attempt in locked}),
+            # A checkpoint becomes ready only under its job's lock, which this transaction holds.
+            latest_ready_checkpoints_read_once([attempt.job for attempt in locked]),
+            # Their events are stored together at the end, still under the jobs' locks.
+            events_recorded_together(),
+        ):
+            for attempt in locked:
+                try:
+                    _apply_locked(attempt.job, attempt, seen.get(attempt.job_id), launcher, after, now, facts)
+                except Exception as exc:
+                    raise _JobNotFinished(attempt.job_id) from exc
+    return {attempt.job_id for attempt in locked}, after
+
+
+def _end_attempts(locked: list[JobAttempt], seen: dict[int, _Seen], now) -> set[int]:
+    """End, in one statement, those of the locked current attempts ``locked`` that
+    ``_apply_locked`` finishes (launched, and the attempt seen ending), with the state, end
+    time and exit code ``_finish_attempt`` gives them; return their pks."""
+    ending = []
+    for attempt in locked:
+        look = seen.get(attempt.job_id)
+        if look is None or look.attempt_id != attempt.pk or attempt.state != AttemptState.LAUNCHED:
+            continue
+        if look.observation.phase not in (AttemptPhase.EXITED, AttemptPhase.LOST):
+            continue
+        # The loaded attempt stays launched: _apply_locked goes by it, and _finish_attempt sets these on it.
+        ending.append(JobAttempt(pk=attempt.pk, state=AttemptState.ENDED, ended_at=now,
+                                 exit_code=look.observation.exit_code))
+    if ending:
+        JobAttempt.objects.bulk_update(ending, ["state", "ended_at", "exit_code"])
+    return {attempt.pk for attempt in ending}
 
 
 def _watch_parked(launcher) -> list[dict]:

@@ -138,10 +138,6 @@ class EventBatch:
         """Hold ``event`` back until the batch is written."""
         self._pending.setdefault(event.job_id, []).append(event)
 
-    def discard(self, job_id: int) -> None:
-        """Forget the events held back for ``job_id`` (its change was rolled back)."""
-        self._pending.pop(job_id, None)
-
     def write_job(self, job_id: int) -> None:
         """Store the events held back for ``job_id`` now (``jobs.stream.records.held_back``)."""
         if job_id in self._pending:
@@ -185,9 +181,9 @@ def events_recorded_together() -> Iterator[EventBatch]:
 
     Each event takes the same numbers and place as it would have at once: the caller holds its
     jobs' row locks until commit, and a job's other stream rows numbered inside the block
-    (``jobs.stream.records.allocate``) first store the events held back for it. A caller that
-    rolls back one job's change (a savepoint) discards that job's events
-    (``EventBatch.discard``); on an error in the block nothing is stored.
+    (``jobs.stream.records.allocate``) first store the events held back for it. On an error in
+    the block nothing is stored: the caller's transaction is to be rolled back (a savepoint
+    inside the block would not take back the events held back meanwhile).
     """
     batch = EventBatch()
     outer = getattr(_recording, "batch", None)
@@ -271,18 +267,22 @@ def job_transition(
     error_message: str = "",
     message: str = "",
     data: dict[str, Any] | None = None,
+    current: bool = False,
 ) -> Job:
     """Move ``job`` to status ``to`` and record the matching JobEvent.
 
     ``reason`` becomes ``status_reason`` (queued jobs); ``error_code``/``error_message`` are set
-    when failing. Returns the updated job (the row is locked and re-read first).
+    when failing. Returns the updated job (the row is locked and re-read first). With
+    ``current``, the caller holds the job's row lock in this transaction and ``job`` is the row
+    as it is now (every column the caller changed since it locked it set on it too): ``job``
+    itself is changed and returned, not read again.
     Raises InvalidTransition, changing nothing, when the lifecycle forbids the move.
     """
     # No savepoint of its own: the change joins the caller's transaction (a reconciler pass
     # makes many), and a refusal, which wrote nothing, is raised once the block is left, so the
     # caller's transaction can go on.
     with transaction.atomic(savepoint=False):
-        locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
+        locked = job if current else Job.objects.unscoped().select_for_update().get(pk=job.pk)
         if to in ALLOWED_TRANSITIONS[locked.status]:
             _transition_locked(
                 locked, to=to, reason=reason, error_code=error_code, error_message=error_message, message=message,

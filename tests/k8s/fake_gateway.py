@@ -3,7 +3,9 @@ benchmark runs without a cluster.
 
 It keeps objects with increasing ``resourceVersion``s, answers label selectors, treats a
 duplicate create as the real gateway does (the existing object, counted in ``conflicts``),
-keeps a bounded event log per kind for watches (older versions are 410 Gone), garbage-collects
+keeps a bounded event log per kind for watches (older versions are 410 Gone; each event's
+object kept as the JSON text an API server sends, parsed for each watcher as the real gateway
+parses a watch line, not deep-copied in Python at several times that cost), garbage-collects
 dependents (``ownerReferences``) on delete, and plays the controllers Lab relies on: Kueue
 (a Workload per suspended JobSet; ``admit``, ``evict``, ``mark_inadmissible``; its visibility
 API's pending workloads) and JobSet/Job/
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -65,7 +68,8 @@ class FakeGateway(ClusterGateway):
         self._dependents: dict[str | None, set[tuple[str, str, str]]] = {}
         self._version = itertools.count(100)
         self.last_version = 99
-        self.events: dict[str, deque[tuple[int, WatchEvent]]] = defaultdict(lambda: deque(maxlen=history))
+        #: Per kind, ``(resourceVersion, event type, the object as JSON text)``.
+        self.events: dict[str, deque[tuple[int, str, str]]] = defaultdict(lambda: deque(maxlen=history))
         self.compacted: dict[str, int] = defaultdict(int)  # newest version no longer in the log
         self.calls: list[tuple[str, str]] = []  # (call, kind)
         self.conflicts = 0
@@ -138,16 +142,17 @@ class FakeGateway(ClusterGateway):
         if since < self.compacted[kind.kind]:
             raise ResourceVersionGone(410, f"too old resource version: {since}")
         newer = []
-        for version, event in reversed(self.events[kind.kind]):  # from the newest: only what is new is read
+        for version, event_type, text in reversed(self.events[kind.kind]):  # from the newest: only what is new is read
             if version <= since:
                 break
-            newer.append(event)
-        for event in reversed(newer):
-            metadata = event.object["metadata"]
+            newer.append((event_type, text))
+        for event_type, text in reversed(newer):
+            obj = json.loads(text)  # as the real gateway parses a watch line
+            metadata = obj["metadata"]
             if namespace and metadata.get("namespace") != namespace:
                 continue
             if matches(metadata.get("labels") or {}, label_selector):
-                yield WatchEvent(event.type, copy.deepcopy(event.object))
+                yield WatchEvent(event_type, obj)
             if self.faults["watch_midway"]:
                 self.faults["watch_midway"].pop(0)
                 raise ResourceVersionGone(410, "too old resource version")
@@ -410,7 +415,7 @@ class FakeGateway(ClusterGateway):
         self.objects[key] = obj
         for owner in obj["metadata"].get("ownerReferences") or []:
             self._dependents.setdefault(owner.get("uid"), set()).add(key)
-        self.events[kind.kind].append((version, WatchEvent(event_type, copy.deepcopy(obj))))
+        self.events[kind.kind].append((version, event_type, json.dumps(obj)))
 
     def _delete(self, key: tuple[str, str, str], *, event_object: dict | None = None) -> None:
         obj = self.objects.pop(key)
@@ -418,7 +423,7 @@ class FakeGateway(ClusterGateway):
             obj = event_object
         version = self.last_version = next(self._version)
         obj["metadata"]["resourceVersion"] = str(version)
-        self.events[key[0]].append((version, WatchEvent("DELETED", copy.deepcopy(obj))))
+        self.events[key[0]].append((version, "DELETED", json.dumps(obj)))
         uid = obj["metadata"].get("uid")
         for dependent_key in sorted(self._dependents.pop(uid, ())):  # the garbage collector
             dependent = self.objects.get(dependent_key)

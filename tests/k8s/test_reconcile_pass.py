@@ -1,11 +1,12 @@
 """A periodic reconciler pass (``reconcile_all``) on the Kubernetes launcher finishes the jobs
-whose attempts ended together, in one transaction with a savepoint per job: each outcome is
-applied as a job on its own would have it (one transition, one webhook message per event,
-uploads of the ended attempt failed, missing data named, usage closed), one job that fails
-leaves the others applied, and it is applied at the next pass."""
+whose attempts ended together, in one transaction: each outcome is applied as a job on its
+own would have it (one transition, one webhook message per event, uploads of the ended attempt
+failed, missing data named, usage closed), one job that fails (the batch is applied again
+without it) leaves the others applied, and it is applied at the next pass."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -170,8 +171,37 @@ def test_finishing_ended_jobs_takes_as_many_queries_for_six_as_for_two_plus_thei
 
     two = finish_queries(2)
     six = finish_queries(6)
-    # Per job: its attempt and job rows, its two events (the transition, the missing data) with
-    # their stream numbers, and its savepoint (webhook endpoints and latest checkpoints are read
-    # once for all).
+    # Per job: the UPDATE of its row (attempts are ended in one statement, events with their
+    # stream numbers stored together; webhook endpoints and latest checkpoints are read once
+    # for all).
     per_job = (six - two) / 4
-    assert per_job <= 9, (two, six, per_job)  # 25 when each job was locked and read on its own
+    assert per_job <= 1, (two, six, per_job)  # 25 when each job was locked and read on its own, then 9
+
+
+def test_the_records_of_jobs_finished_together_are_numbered_in_the_order_they_were_made(owner, spec, launcher, cluster):
+    """Events stored together at the end of the batch keep their place in each job's stream,
+    also between the checkpoint changes numbered on the way (two failed uploads, each change
+    followed by its event), every number once."""
+    from jobs.stream.records import read_after
+
+    partial, _, partial_name = running_since(owner, spec, cluster, 3)
+    other, _, other_name = running_since(owner, spec, cluster, 3)
+    for step in (1, 2):
+        Checkpoint.objects.create(job=partial, step=step, attempt=1, status=CheckpointStatus.UPLOADING,
+                                  format="peft-lora", storage_key=f"{partial.public_id}/{step}.tar", size_bytes=1)
+    end(cluster, partial_name, 0)
+    end(cluster, other_name, 0)
+
+    reconciler.reconcile_all()
+
+    for job, finish in (
+        (partial, [("checkpoint", "failed"), ("event", "checkpoint.failed")] * 2 + [
+            ("event", "job.data_incomplete"), ("event", "job.succeeded"), ("status", "succeeded")]),
+        (other, [("event", "job.data_incomplete"), ("event", "job.succeeded"), ("status", "succeeded")]),
+    ):
+        records, complete = read_after(job.pk, 0)
+        assert complete
+        assert [record.seq for record in records] == list(range(1, reload(job).stream_seq + 1))
+        tail = [(record.event, json.loads(record.data).get("type") or json.loads(record.data)["status"])
+                for record in records[-len(finish):]]
+        assert tail == finish
