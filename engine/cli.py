@@ -94,6 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     inference.add_argument("--host", default=os.environ.get("LAB_INFERENCE_HOST", "127.0.0.1"))
     inference.add_argument("--port", type=int, default=int(os.environ.get("LAB_INFERENCE_PORT") or 8100))
     inference.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("var/inference"))
+    inference.add_argument(
+        "--tensor-parallel-size", type=int, default=1, metavar="GPUS",
+        help="GPUs vLLM splits the model over (its tensor parallelism; the vllm backend on GPUs)",
+    )
     return parser
 
 
@@ -114,13 +118,18 @@ def serve_inference(args: argparse.Namespace) -> int:
     elif backend != "transformers":
         print(f"engine: LAB_ENGINE_ROLLOUT must be transformers or vllm, not {backend!r}", file=sys.stderr)
         return EXIT_INVALID
+    if args.tensor_parallel_size < 1 or (args.tensor_parallel_size > 1 and backend != "vllm"):
+        print(f"engine: --tensor-parallel-size {args.tensor_parallel_size}: tensor parallelism is vLLM's "
+              "(the vllm backend, 1 or more GPUs)", file=sys.stderr)
+        return EXIT_INVALID
     parent = os.environ.get("LAB_ENGINE_PARENT_PID")
     if parent:  # started by an engine for its rollouts (engine/remote_inference.py): end with it
         _exit_with_parent(int(parent))
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        server = build_server(args.model, backend_name=backend, workdir=workdir, model_dir=default_model_dir(), vllm_dtype=vllm_dtype)
+        server = build_server(args.model, backend_name=backend, workdir=workdir, model_dir=default_model_dir(), vllm_dtype=vllm_dtype,
+                              tensor_parallel_size=args.tensor_parallel_size)
     except ModelNotFound as error:
         print(f"engine: {_one_line(error)}", file=sys.stderr)
         return EXIT_INVALID
@@ -429,6 +438,24 @@ def _open_attempt(args: argparse.Namespace, bootstrap: str) -> str | int:
     return grant.token
 
 
+def _on_main_rank(parallel, produce):
+    """Return `produce()` as rank 0 computed it, on every rank (every rank must call it; under
+    torchrun the ranks share one node's file system, so a path rank 0 returns is every rank's).
+    Raises the ConfigError rank 0's `produce` raised, on every rank."""
+    if parallel.world_size == 1:
+        return produce()
+    result, refusal = None, None
+    if parallel.is_main:
+        try:
+            result = produce()
+        except ConfigError as error:
+            refusal = (str(error), error.code)
+    result, refusal = parallel.broadcast((result, refusal))
+    if refusal is not None:
+        raise ConfigError(*refusal)
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one attempt (`run`, or the trainer role: `trainer`); return the exit code."""
     from engine.distributed import DataParallel
@@ -436,6 +463,8 @@ def run(args: argparse.Namespace) -> int:
 
     workdir = args.workdir.resolve()
     parallel = DataParallel.from_environment()
+    # On the Kubernetes pool a pod opens its attempt with the job's bootstrap token (rank 0's to do).
+    bootstrap = "" if args.offline else os.environ.get("LAB_JOB_BOOTSTRAP_TOKEN", "")
     if not parallel.is_main:
         # Under torchrun rank 0 alone reports to Lab; the other ranks keep what they would
         # report, offline, in a work dir of their own (engine/distributed.py).
@@ -449,16 +478,22 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
 
+    from engine.packages import PACKAGES_VARIABLE
     from engine.reporter import HttpTransport, OfflineTransport, Reporter, ReporterLogHandler
     from engine.spool import attempt_spool_dir
 
     token = os.environ.get("LAB_JOB_TOKEN", "")
-    bootstrap = "" if args.offline else os.environ.get("LAB_JOB_BOOTSTRAP_TOKEN", "")
     if bootstrap:  # a pod on the Kubernetes pool: Lab says which attempt it runs
-        opened = _open_attempt(args, bootstrap)
-        if isinstance(opened, int):
-            return opened
-        token = opened
+        opened = _open_attempt(args, bootstrap) if parallel.is_main else None
+        # Under torchrun the other ranks train the attempt rank 0 opened, from the same checkpoint.
+        args.attempt, args.resume_from, packages, code = parallel.broadcast((
+            args.attempt, args.resume_from, os.environ.get(PACKAGES_VARIABLE), opened if isinstance(opened, int) else None,
+        ))
+        if code is not None:
+            return code
+        if packages is not None:
+            os.environ[PACKAGES_VARIABLE] = packages
+        token = opened if parallel.is_main else ""
     if not args.offline and not token:
         print("engine: LAB_JOB_TOKEN is not set (or pass --offline)", file=sys.stderr)
         return EXIT_INVALID
@@ -502,13 +537,14 @@ def run(args: argparse.Namespace) -> int:
         config, warnings = load_config(args.spec, model_dir, elsewhere=frozenset(p.id for p in packages) if elsewhere else frozenset())
         for warning in warnings:
             logger.warning("spec: %s", warning)
-        config = roles.configure(args, config, workdir)
+        config = roles.configure(args, config, workdir, parallel)
         if args.offline:
             logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
-        resume_dir = _resume_dir(args.resume_from, workdir, transport) if args.resume_from else None
+        # Rank 0 fetches a checkpoint from Lab; the other ranks (offline) read its copy.
+        resume_dir = _on_main_rank(parallel, lambda: _resume_dir(args.resume_from, workdir, transport) if args.resume_from else None)
         # A resume carries the trained weights on; the init checkpoint only seeds a fresh start.
         init_value = None if resume_dir is not None else (args.init_from or config.spec.init_from)
-        init_dir = _init_dir(init_value, workdir, transport) if init_value else None
+        init_dir = _on_main_rank(parallel, lambda: _init_dir(init_value, workdir, transport) if init_value else None)
 
         from engine.distill import TeacherRefused
         from engine.environments import EnvironmentFailed, InvalidEnvironment
@@ -597,9 +633,10 @@ class _LocalRoles:
             raise ConfigError(f"LAB_ENGINE_ROLES must be local or process, not {mode!r}", "internal_error")
         return mode
 
-    def configure(self, args: argparse.Namespace, config, workdir: pathlib.Path):
+    def configure(self, args: argparse.Namespace, config, workdir: pathlib.Path, parallel):
         """Return `config` with the shared directory of the trainer role, starting the other
-        roles first for `LAB_ENGINE_ROLES=process`. Raises ConfigError for a bad setting."""
+        roles first for `LAB_ENGINE_ROLES=process` (under torchrun rank 0 starts them, and the
+        other ranks train on the same shared directory). Raises ConfigError for a bad setting."""
         import dataclasses
         import tempfile
 
@@ -611,6 +648,8 @@ class _LocalRoles:
             return dataclasses.replace(config, shared_dir=shared)
         if mode == "local":
             return config
+        if not parallel.is_main:
+            return dataclasses.replace(config, shared_dir=parallel.broadcast(None), inference="")
         from engine.remote_inference import start_inference_role
         from engine.roles import start_orchestrator_role
 
@@ -627,7 +666,7 @@ class _LocalRoles:
             workdir=workdir / "orchestrator", shared_dir=self.temporary, inference_url=url,
         )
         logger.info("roles: inference at %s, orchestrator pid %d, shared directory %s", url, self.orchestrator.pid, self.temporary)
-        return dataclasses.replace(config, shared_dir=str(self.temporary), inference="")
+        return dataclasses.replace(config, shared_dir=parallel.broadcast(str(self.temporary)), inference="")
 
     def close(self, code: int) -> None:
         """Record the trainer's end for its orchestrator, then stop what this run started."""

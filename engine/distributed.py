@@ -15,7 +15,13 @@ not do.
 
 Backend: gloo on CPU (what the tests run, with 2 processes), NCCL on CUDA. Rank 0 alone
 reports to Lab, writes checkpoints and adapters; a stop that rank 0 hears (SIGTERM, Lab's
-`action: stop`) reaches every rank through `any()` at the end of each step.
+`action: stop`) reaches every rank through `any()` at the end of each step. Rank 0 alone opens
+the attempt and fetches the checkpoint it resumes from; the other ranks take both from it
+(`broadcast()`), so every rank trains the same attempt from the same weights.
+
+As the trainer role (`torchrun ... -m engine trainer`, docs/engine.md "Three roles"), every
+rank reads the orchestrator role's batches from the shared directory and rank 0 alone owns it:
+it starts the session, publishes the policy after each update and removes what was read.
 
 The environment is torchrun's: `WORLD_SIZE`, `RANK`, `LOCAL_RANK`, `MASTER_ADDR`,
 `MASTER_PORT`. Without `WORLD_SIZE` (or with 1) everything here is a no-op.
@@ -95,6 +101,17 @@ class DataParallel:
         tensor = torch.tensor(list(values), dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor.tolist()
+
+    def broadcast(self, value: T) -> T:
+        """Return rank 0's `value` on every rank (every rank must call it; `value` must pickle:
+        the ranks are one program's processes, trusted alike)."""
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        holder = [value]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
 
     def any(self, flag: bool) -> bool:
         """Return whether `flag` is true on any rank (every rank must call it)."""

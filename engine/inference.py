@@ -408,12 +408,13 @@ class InferenceServer:
 
 def build_server(
     model_id: str, *, backend_name: str, workdir: pathlib.Path, model_dir: pathlib.Path | None = None,
-    vllm_dtype: str = "bfloat16", seed: int = 0,
+    vllm_dtype: str = "bfloat16", seed: int = 0, tensor_parallel_size: int = 1,
 ) -> InferenceServer:
     """Load `model_id` from the model cache and start its backend; return the server (not yet listening).
 
     The transformers backend samples fp32 weights on this process's torch threads; the vLLM
-    backend starts vLLM on the model's Hugging Face directory (engine.vllm_backend).
+    backend starts vLLM on the model's Hugging Face directory (engine.vllm_backend), split over
+    `tensor_parallel_size` GPUs.
     Raises engine.models.ModelNotFound for an unknown id.
     """
     from engine.models import context_length, huggingface_dir, load_model
@@ -429,7 +430,8 @@ def build_server(
         from engine.vllm_backend import VLLMBackend
 
         path = huggingface_dir(model_id, model, model_dir, workdir)
-        backend = VLLMBackend(path, seed=seed, max_model_len=max_model_len, stop_token_ids=stop_token_ids, workdir=workdir, dtype=vllm_dtype)
+        backend = VLLMBackend(path, seed=seed, max_model_len=max_model_len, stop_token_ids=stop_token_ids, workdir=workdir,
+                              dtype=vllm_dtype, tensor_parallel_size=tensor_parallel_size)
         del model
     else:
         backend = TransformersBackend(model, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stop_token_ids)

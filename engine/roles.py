@@ -177,6 +177,12 @@ class SharedDirRollouts:
     """The trainer role's batches: read from the orchestrator role's files; the policy after
     each update published for it. Same interface as engine.trainer.InProcessRollouts.
 
+    Under torchrun (engine/distributed.py) every rank reads the batches; rank 0 alone owns the
+    directory: it starts the session (its id goes to the other ranks), publishes the policy,
+    removes a batch once every rank has trained on it (after the update, which sums every
+    rank's gradients), reads the eval/val files and ends the session. The other ranks report
+    nothing of their own, so they take no held-out metrics and no batches ahead.
+
     Raises RoleFailed when the orchestrator reports a failure (`failed.json`) or, when this
     process started it, exits without one.
     """
@@ -188,11 +194,22 @@ class SharedDirRollouts:
         self.process = trainer.orchestrator_process
         self.depth = config.async_depth
         self.max_steps = config.spec.max_steps
+        self.owner = trainer.parallel.is_main
         self.reload_seconds = 0.0
         self.collected: set[int] = set()  # the steps whose eval/val metrics were read
+        self.started = time.monotonic()
         self.session = uuid.uuid4().hex
         self.dir = self.root / self.session
-        self.started = time.monotonic()
+        if self.owner:
+            self._start_session()
+        self.session = trainer.parallel.broadcast(self.session)  # rank 0's
+        self.dir = self.root / self.session
+        logger.info("rollouts from the orchestrator role over %s (session %s)", self.root, self.session[:8])
+
+    def _start_session(self) -> None:
+        """Clear the directory, write the batches sampled ahead and the starting policy, then
+        `session.json`: the orchestrator starts on it (rank 0)."""
+        trainer = self.trainer
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             for old in self.root.iterdir():  # an earlier session's files (the trainer owns the directory)
@@ -212,7 +229,6 @@ class SharedDirRollouts:
             # The packages the orchestrator installs (on Kubernetes with the URLs of Lab's attempt answer).
             "environment_packages": json.loads(os.environ.get(PACKAGES_VARIABLE) or "[]"),
         })
-        logger.info("rollouts from the orchestrator role over %s (session %s)", self.root, self.session[:8])
 
     def publish(self, version: int) -> float:
         """Write the policy as `version` for the orchestrator; return the seconds it took."""
@@ -264,11 +280,13 @@ class SharedDirRollouts:
         return self._held_out()
 
     def next_batch(self, step: int) -> tuple[RolloutBatch, float]:
-        batch = self._batch(step)
-        batch_path(self.dir, step).unlink(missing_ok=True)
-        return batch, 0.0
+        return self._batch(step), 0.0
 
     def after_update(self, step: int) -> tuple[dict[int, dict[str, float]], float]:
+        if not self.owner:
+            return {}, 0.0
+        # Every rank has trained on this step's batch: its gradients are in the update.
+        batch_path(self.dir, step).unlink(missing_ok=True)
         seconds = self.publish(step)
         # The orchestrator has loaded the policy that sampled this step; the one before it is done with.
         oldest_needed = sampling_version(step, start_step=self.trainer.start_step, depth=self.depth)
@@ -276,6 +294,9 @@ class SharedDirRollouts:
         return self._held_out(), seconds
 
     def pending(self, step: int) -> list[RolloutBatch]:
+        """The batches sampled ahead of `step`, for its checkpoint (rank 0, which writes it)."""
+        if not self.owner:
+            return []
         return [self._batch(s) for s in range(step + 1, min(step + self.depth, self.max_steps) + 1)]
 
     def settled(self, step: int) -> dict[int, dict[str, float]]:
@@ -284,6 +305,8 @@ class SharedDirRollouts:
         (`pending`), those of the earlier policies are too (the orchestrator evaluates a policy
         when it loads it, before sampling with it); so a run resumed from this checkpoint owes
         no eval of a policy it does not train again."""
+        if not self.owner:
+            return {}
         if held_out_due(self.trainer.config.spec, step):
             path = held_out_path(self.dir, step)
             poll(lambda: True if step in self.collected or path.exists() else None, self._check_orchestrator)
@@ -292,14 +315,18 @@ class SharedDirRollouts:
     def finish(self, last_step: int) -> dict[int, dict[str, float]]:
         """Tell the orchestrator no update follows `last_step`, wait until it has written every
         eval it owes, and return those not yet reported."""
+        if not self.owner:
+            return {}
         write_json(self.dir / "final.json", {"last_step": last_step})
         self._wait_for(self.dir / "done.json")
         return self._held_out()
 
     def _held_out(self) -> dict[int, dict[str, float]]:
         """The eval/val metrics the orchestrator has written since the last look, by step (each
-        file is read once, then removed)."""
+        file is read once, then removed; rank 0's to read)."""
         results = {}
+        if not self.owner:
+            return results
         for path in sorted((self.dir / "held_out").glob("step-*.json")):
             data = read_json(path) or {}
             try:
@@ -312,8 +339,9 @@ class SharedDirRollouts:
         return results
 
     def write_exit(self, exit_code: int) -> None:
-        """Record that the trainer has reported its end (the orchestrator then exits 0)."""
-        write_json(self.dir / "exit.json", {"exit_code": exit_code})
+        """Record that the trainer has reported its end (the orchestrator then exits 0; rank 0)."""
+        if self.owner:
+            write_json(self.dir / "exit.json", {"exit_code": exit_code})
 
     def close(self) -> None:
         pass

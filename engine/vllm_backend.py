@@ -82,7 +82,8 @@ class VLLMBackend:
     exactly the trainer's fp32 distribution). `enforce_eager`: skip torch.compile and graph
     capture (start-up ~18 s instead of 67–92 s for SmolLM2 on 2 cores; vLLM 0.32.0's compile
     cache is written but not reloaded on CPU). `weights_dir`: where merged weights are
-    written for each reload (default a fresh directory under /dev/shm).
+    written for each reload (default a fresh directory under /dev/shm). `tensor_parallel_size`:
+    GPUs vLLM splits the model over (its tensor parallelism; 1 on CPU).
 
     Raises ImportError when vLLM is not installed.
     """
@@ -101,6 +102,7 @@ class VLLMBackend:
         threads: int | None = None,
         gpu_memory_utilization: float = 0.35,
         weights_dir: pathlib.Path | None = None,
+        tensor_parallel_size: int = 1,
     ):
         self.model_path = pathlib.Path(model_path)
         self.stop_token_ids = sorted(set(stop_token_ids))
@@ -120,6 +122,7 @@ class VLLMBackend:
             enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization,  # GPU only: the trainer shares the GPU
             enable_prefix_caching=True,  # the rollouts of a group share their prompt
+            tensor_parallel_size=tensor_parallel_size,  # GPUs the model is split over (1 on CPU)
             logprobs_mode="processed_logprobs",
         )
         self.startup_seconds = time.perf_counter() - started

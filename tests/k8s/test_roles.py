@@ -98,6 +98,31 @@ def test_the_gpus_are_split_between_inference_and_the_trainer(gpus, inference, t
     assert by_role["trainer"]["nodeSelector"] == by_role["inference"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 
+@pytest.mark.parametrize(("resources", "inference", "trainer"), [
+    ({"num_train_gpus": 6, "num_infer_gpus": 2}, 2, 6),
+    ({"num_train_gpus": 2}, 6, 2),
+    ({"num_infer_gpus": 1}, 1, 7),
+])
+def test_the_specs_split_gives_the_trainer_torchrun_ranks_and_vllm_its_tensor_parallel_size(resources, inference, trainer):
+    attempt = request(gpus=8, spec={"model": "Qwen/Qwen3-0.6B", "resources": {"gpu_type": "H100", "gpus": 8, **resources}})
+    by_role = {role: pod["containers"][0] for role, pod in pods(jobset_object(attempt, SETTINGS)).items()}
+
+    assert [role_gpus(attempt, role) for role in SPLIT_ROLES] == [inference, 0, trainer]
+    assert by_role["inference"]["resources"]["limits"]["nvidia.com/gpu"] == str(inference)
+    assert by_role["trainer"]["resources"]["limits"]["nvidia.com/gpu"] == str(trainer)
+    split = ["--tensor-parallel-size", str(inference)] if inference > 1 else []
+    assert by_role["inference"]["args"] == ["inference", "--model", "Qwen/Qwen3-0.6B", "--host", "0.0.0.0", "--port", "8100",
+                                            "--workdir", "/var/lab/work", *split]
+    assert by_role["inference"]["command"] == by_role["orchestrator"]["command"] == ["python", "-m", "engine"]
+    # One data-parallel rank per trainer GPU, the arguments unchanged (engine/distributed.py).
+    assert by_role["trainer"]["command"] == ["torchrun", "--standalone", f"--nproc-per-node={trainer}", "-m", "engine"]
+    assert by_role["trainer"]["args"][0] == "trainer"
+    validate(jobset_object(attempt, SETTINGS))
+    one_each = pods(jobset_object(request(gpus=2), SETTINGS))
+    assert one_each["trainer"]["containers"][0]["command"] == ["python", "-m", "engine"]
+    assert "--tensor-parallel-size" not in one_each["inference"]["containers"][0]["args"]
+
+
 def test_each_role_runs_its_command_with_its_variables():
     jobset = jobset_object(request(), SETTINGS)
     by_role = pods(jobset)

@@ -185,11 +185,13 @@ def test_it_reads_native_lora_and_gpu_split():
     text = native_installed().replace(
         f'name = "{INSTALLED_MODEL}"', f'name = "{INSTALLED_MODEL}"\nlora = {{ rank = 8, alpha = 32 }}'
     )
-    text = 'gpu_type = "H100"\n' + text + "\n[deployment]\nnum_train_gpus = 1\nnum_infer_gpus = 1\n"
+    text = 'gpu_type = "H100"\n' + text + "\n[deployment]\nnum_train_gpus = 2\nnum_infer_gpus = 6\n"
     spec = loads_spec(text, "toml").spec
 
     assert (spec.lora_rank, spec.lora_alpha) == (8, 32)
-    assert (spec.resources.gpu_type, spec.resources.gpus) == ("H100", 2)
+    assert (spec.resources.gpu_type, spec.resources.gpus) == ("H100", 8)
+    assert (spec.resources.num_train_gpus, spec.resources.num_infer_gpus) == (2, 6)
+    assert spec.resources.gpu_split() == (2, 6)
 
 
 # --- the older CLI form ---------------------------------------------------------------------

@@ -99,6 +99,34 @@ def test_it_resolves_gpus_from_the_gpu_type():
     assert parse_spec(MINIMAL).spec.resources.gpus == 0
 
 
+@pytest.mark.parametrize(("resources", "gpus", "split"), [
+    ({"gpu_type": "H100", "gpus": 8}, 8, (4, 4)),
+    ({"gpu_type": "H100", "gpus": 3}, 3, (1, 2)),  # inference the larger half
+    ({"gpu_type": "H100", "gpus": 8, "num_train_gpus": 6}, 8, (6, 2)),
+    ({"gpu_type": "H100", "gpus": 8, "num_infer_gpus": 1}, 8, (7, 1)),
+    ({"gpu_type": "H100", "num_train_gpus": 2, "num_infer_gpus": 6}, 8, (2, 6)),  # gpus: their sum
+    ({"gpu_type": "H100"}, 1, (1, 1)),  # one GPU: the whole engine shares it
+    ({"gpu_type": "cpu"}, 0, (0, 0)),
+])
+def test_it_splits_the_gpus_between_the_trainer_and_inference(resources, gpus, split):
+    parsed = parse_spec(spec_with(resources=resources))
+    assert (parsed.spec.resources.gpus, parsed.spec.resources.gpu_split()) == (gpus, split)
+    assert parsed.warnings == []
+
+
+def test_it_moves_top_level_gpu_split_keys_into_resources_with_a_warning():
+    parsed = parse_spec(spec_with(num_train_gpus=2, num_infer_gpus=2, resources={"gpu_type": "H100"}))
+    assert parsed.spec.model_dump()["resources"] == {"gpu_type": "H100", "gpus": 4, "num_train_gpus": 2, "num_infer_gpus": 2}
+    assert parsed.warnings == [
+        "'num_train_gpus' belongs in [resources]: read as 'resources.num_train_gpus'",
+        "'num_infer_gpus' belongs in [resources]: read as 'resources.num_infer_gpus'",
+    ]
+    # A problem of a moved key names it as written.
+    with pytest.raises(SpecError) as refused:
+        parse_spec(spec_with(num_train_gpus=9, resources={"gpu_type": "H100", "gpus": 4}))
+    assert refused.value.param == "resources.num_train_gpus" and "(given as 'num_train_gpus')" in str(refused.value)
+
+
 def test_it_reads_the_design_example():
     parsed = loads_spec(DESIGN_EXAMPLE_TOML, "toml")
 
@@ -251,6 +279,29 @@ BAD_SPECS = {
     "gpus beyond 64": (
         spec_with(resources={"gpu_type": "H100", "gpus": 65}),
         [("resources.gpus", "out_of_range")],
+    ),
+    "a gpu split of a cpu job": (
+        spec_with(resources={"num_train_gpus": 1}), [("resources.num_train_gpus", "invalid_value")]
+    ),
+    "a gpu split of one gpu": (
+        spec_with(resources={"gpu_type": "H100", "gpus": 1, "num_infer_gpus": 1}),
+        [("resources.num_infer_gpus", "invalid_value")],
+    ),
+    "a gpu split that does not add up": (
+        spec_with(resources={"gpu_type": "H100", "gpus": 4, "num_train_gpus": 2, "num_infer_gpus": 3}),
+        [("resources.num_train_gpus", "invalid_value")],
+    ),
+    "a gpu split leaving inference nothing": (
+        spec_with(resources={"gpu_type": "H100", "gpus": 4, "num_train_gpus": 4}),
+        [("resources.num_train_gpus", "invalid_value")],
+    ),
+    "a gpu split of zero": (
+        spec_with(resources={"gpu_type": "H100", "gpus": 4, "num_infer_gpus": 0}),
+        [("resources.num_infer_gpus", "out_of_range")],
+    ),
+    "a gpu split given twice": (
+        spec_with(num_train_gpus=2, resources={"gpu_type": "H100", "gpus": 4, "num_train_gpus": 2}),
+        [("num_train_gpus", "unknown_key"), ("num_train_gpus", "conflicting_keys")],
     ),
     "gpu_type with spaces": (
         spec_with(resources={"gpu_type": "H 100"}), [("resources.gpu_type", "invalid_value")]

@@ -22,6 +22,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from labsdk.spec.model import ResourcesConfig
+
 from jobs.launchers.base import LaunchRequest, engine_args, engine_package_environment
 
 #: Label keys Lab puts on everything it creates (docs/kubernetes.md).
@@ -219,11 +221,20 @@ def engine_roles(request: LaunchRequest, settings: PoolSettings) -> tuple[str, .
 
 def role_gpus(request: LaunchRequest, role: str) -> int:
     """Return the GPUs of ``role``'s pod: the whole engine has the spec's ``gpus``; split, the
-    inference role has the larger half (``ceil(gpus / 2)``: sampling is most of a step), the
-    trainer the rest, the orchestrator none. The roles' GPUs add up to the spec's (what is billed)."""
+    trainer and the inference role have ``resources.num_train_gpus`` and ``num_infer_gpus``
+    (default: inference the larger half, ``ceil(gpus / 2)``, as sampling is most of a step;
+    ``ResourcesConfig.gpu_split``), the orchestrator none. The roles' GPUs add up to the spec's
+    (what is billed)."""
     if request.gpu_type == "cpu" or request.gpus <= 0:
         return 0
-    return {ENGINE_ROLE: request.gpus, "inference": (request.gpus + 1) // 2, "trainer": request.gpus // 2}.get(role, 0)
+    if role == ENGINE_ROLE:
+        return request.gpus
+    resources = request.spec.get("resources") or {}
+    train, infer = ResourcesConfig(
+        gpu_type=request.gpu_type, gpus=request.gpus,
+        num_train_gpus=resources.get("num_train_gpus"), num_infer_gpus=resources.get("num_infer_gpus"),
+    ).gpu_split()
+    return {"inference": infer, "trainer": train}.get(role, 0)
 
 
 def inference_url(name: str) -> str:
@@ -261,16 +272,27 @@ def _resources(request: LaunchRequest, settings: PoolSettings, role: str) -> dic
     }
 
 
+def role_program(request: LaunchRequest, role: str) -> list[str]:
+    """Return the container's command for ``role``: ``python -m engine``, or for a trainer of
+    several GPUs ``torchrun --standalone --nproc-per-node <its GPUs> -m engine``, one
+    data-parallel rank per GPU (engine/distributed.py; the arguments are the same)."""
+    gpus = role_gpus(request, role)
+    if role == "trainer" and gpus > 1:
+        return ["torchrun", "--standalone", f"--nproc-per-node={gpus}", "-m", "engine"]
+    return ["python", "-m", "engine"]
+
+
 def _role_command(request: LaunchRequest, role: str, name: str) -> tuple[list[str], list[dict]]:
     """Return the engine's arguments for ``role`` and the role's own variables."""
     args = engine_args(request, spec_path=f"{SPEC_DIR}/spec.json", workdir=WORK_DIR, resume_dir=None)
     if role == ENGINE_ROLE:
         return args, []
     if role == "inference":
-        backend = "vllm" if role_gpus(request, role) else "transformers"
+        gpus = role_gpus(request, role)
+        split = ["--tensor-parallel-size", str(gpus)] if gpus > 1 else []  # vLLM over the role's GPUs
         return (["inference", "--model", str(request.spec.get("model", "")), "--host", "0.0.0.0",
-                 "--port", str(INFERENCE_PORT), "--workdir", WORK_DIR],
-                [{"name": "LAB_ENGINE_ROLLOUT", "value": backend}])
+                 "--port", str(INFERENCE_PORT), "--workdir", WORK_DIR, *split],
+                [{"name": "LAB_ENGINE_ROLLOUT", "value": "vllm" if gpus else "transformers"}])
     shared = [{"name": "LAB_ENGINE_SHARED_DIR", "value": SHARED_DIR}]
     if role == "orchestrator":  # no Lab URL nor checkpoint: it never talks to Lab
         attempt_args = ["--spec", f"{SPEC_DIR}/spec.json", "--job-id", request.job_id,
@@ -324,7 +346,7 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
         "containers": [{
             "name": "engine",
             "image": settings.engine_image,
-            "command": ["python", "-m", "engine"],
+            "command": role_program(request, role),
             "args": args,
             "env": env,
             "resources": _resources(request, settings, role),

@@ -65,7 +65,26 @@ def translate_with_sources(data: Mapping[str, Any]) -> tuple[dict[str, Any], lis
         spec, warnings = _translate_cli_v0(data)
         sources = {"env": "environments", "rollouts_per_example": "rollouts", "sampling.max_tokens": "seq_len"}
         return spec, warnings, {key: source for key, source in sources.items() if source in data}
-    return dict(data), [], {}
+    return _move_gpu_split(data)
+
+
+#: Prime's full-fine-tuning keys, which Lab keeps in ``[resources]``.
+GPU_SPLIT_KEYS = ("num_train_gpus", "num_infer_gpus")
+
+
+def _move_gpu_split(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """Return Lab-layout ``data`` with top-level ``num_train_gpus`` / ``num_infer_gpus`` moved
+    into ``[resources]`` (a warning each), and their sources. A key also given in
+    ``[resources]`` stays where it is and is refused there as unknown."""
+    spec, warnings, sources = dict(data), [], {}
+    resources = spec.get("resources", {})
+    for key in GPU_SPLIT_KEYS:
+        if key in spec and isinstance(resources, Mapping) and key not in resources:
+            resources = {**resources, key: spec.pop(key)}
+            spec["resources"] = resources
+            sources[f"resources.{key}"] = key
+            warnings.append(f"'{key}' belongs in [resources]: read as 'resources.{key}'")
+    return spec, warnings, sources
 
 
 def _translate_cli_v0(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -259,10 +278,13 @@ class _NativeTranslation:
         if gpu_type is not None:
             self.used.add(("gpu_type",))
             self.spec.setdefault("resources", {})["gpu_type"] = gpu_type
-            gpus = [self.get("deployment", key) for key in ("num_train_gpus", "num_infer_gpus")]
+            gpus = [self.get("deployment", key) for key in GPU_SPLIT_KEYS]
             if all(type(count) is int for count in gpus):
-                self.used.update({("deployment", "num_train_gpus"), ("deployment", "num_infer_gpus")})
+                self.used.update({("deployment", key) for key in GPU_SPLIT_KEYS})
                 self.spec["resources"]["gpus"] = sum(gpus)
+                if sum(gpus) >= 2:  # a split of one GPU is the whole engine on it
+                    for key in GPU_SPLIT_KEYS:
+                        self.take(("deployment", key), "resources", key)
 
 
 def _explicit_max_tokens(layout: str, config: Mapping[str, Any]) -> bool:

@@ -651,14 +651,42 @@ class ResourcesConfig(_Section):
     )
     gpus: int | None = Field(
         None, ge=0, le=64,
-        description="GPUs per job; default 0 on cpu, 1 otherwise.",
+        description="GPUs per job; default 0 on cpu, num_train_gpus + num_infer_gpus when both are given, else 1.",
+    )
+    num_train_gpus: int | None = Field(
+        None, ge=1, le=64,
+        description="Of gpus (2 or more), the trainer's: data-parallel ranks under torchrun; default the smaller half.",
+    )
+    num_infer_gpus: int | None = Field(
+        None, ge=1, le=64,
+        description="Of gpus (2 or more), the inference server's: vLLM's tensor-parallel size; default the larger half.",
     )
 
     @model_validator(mode="after")
     def _default_gpus(self) -> ResourcesConfig:
         if self.gpus is None:
-            self.gpus = 0 if self.gpu_type == "cpu" else 1
+            both = self.num_train_gpus is not None and self.num_infer_gpus is not None
+            self.gpus = 0 if self.gpu_type == "cpu" else self.num_train_gpus + self.num_infer_gpus if both else 1
         return self
+
+    def gpu_split(self) -> tuple[int, int]:
+        """Return ``(trainer GPUs, inference GPUs)`` of a job whose trainer and inference server
+        run apart: ``num_train_gpus`` and ``num_infer_gpus`` as given (one given, the other
+        takes the rest of ``gpus``), else the inference server the larger half
+        (``ceil(gpus / 2)``: sampling is most of a step) and the trainer the rest. ``(0, 0)``
+        for a CPU job; a 1-GPU job's engine shares its GPU, ``(1, 1)``. The validated spec's
+        two add up to ``gpus`` whenever it is 2 or more (:func:`_gpu_split_problems`)."""
+        gpus = self.gpus or 0
+        if self.gpu_type == "cpu" or gpus == 0:
+            return 0, 0
+        if gpus == 1:
+            return 1, 1
+        train, infer = self.num_train_gpus, self.num_infer_gpus
+        if train is None and infer is None:
+            infer = (gpus + 1) // 2
+        if train is None:
+            train = gpus - infer
+        return train, gpus - train if infer is None else infer
 
 
 class TranslatedFrom(_Section):
@@ -910,6 +938,13 @@ def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list
             ))
 
     resources = data.get("resources")
+    if isinstance(resources, Mapping):
+        problems.extend(_gpu_split_problems(resources, bad_params))
+        for key in ("num_train_gpus", "num_infer_gpus"):
+            if key in data and key in resources:  # the top-level one is moved in only when alone
+                problems.append(SpecProblem(
+                    key, "conflicting_keys", f"{key} is given twice, at the top level and in [resources]; give it once",
+                ))
     if isinstance(resources, Mapping) and "resources.gpus" not in bad_params:
         gpu_type = resources.get("gpu_type", ResourcesConfig.model_fields["gpu_type"].default)
         gpus = resources.get("gpus")
@@ -925,6 +960,39 @@ def _cross_field_problems(data: Mapping[str, Any], bad_params: set[str]) -> list
                     f'gpus must be at least 1 when gpu_type is "{gpu_type}"',
                 ))
     return problems
+
+
+def _gpu_split_problems(resources: Mapping[str, Any], bad_params: set[str]) -> list[SpecProblem]:
+    """Check ``resources.num_train_gpus`` / ``num_infer_gpus`` against ``gpus`` and
+    ``gpu_type`` (raw data; keys already refused are skipped): they split a GPU job of 2 GPUs
+    or more, and add up to its ``gpus``."""
+    split = {}
+    for key in ("num_train_gpus", "num_infer_gpus"):
+        value = resources.get(key)
+        if f"resources.{key}" not in bad_params and type(value) is int:
+            split[key] = value
+    if not split or "resources.gpus" in bad_params or "resources.gpu_type" in bad_params:
+        return []
+    first = f"resources.{next(iter(split))}"
+    gpu_type = resources.get("gpu_type", ResourcesConfig.model_fields["gpu_type"].default)
+    if gpu_type == "cpu":
+        return [SpecProblem(first, "invalid_value", 'a CPU job has no GPUs to split: num_train_gpus and '
+                            'num_infer_gpus apply when gpu_type names a GPU')]
+    gpus = resources.get("gpus")
+    if type(gpus) is not int:
+        if len(split) == 2:
+            return []  # gpus defaults to their sum
+        return [SpecProblem(first, "invalid_value", f"{first.split('.')[1]} splits gpus: give gpus too "
+                            "(or both num_train_gpus and num_infer_gpus)")]
+    if gpus < 2:
+        return [SpecProblem(first, "invalid_value", f"gpus = {gpus}: num_train_gpus and num_infer_gpus split "
+                            "2 GPUs or more (a 1-GPU job runs its whole engine on its GPU)")]
+    given = " + ".join(f"{key} ({value})" for key, value in split.items())
+    if len(split) == 2 and sum(split.values()) != gpus:
+        return [SpecProblem(first, "invalid_value", f"{given} must add up to gpus ({gpus})")]
+    if len(split) == 1 and sum(split.values()) >= gpus:
+        return [SpecProblem(first, "invalid_value", f"{given} must leave the other role at least 1 of gpus ({gpus})")]
+    return []
 
 
 def job_spec_json_schema() -> dict[str, Any]:
