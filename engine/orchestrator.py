@@ -384,11 +384,14 @@ class Orchestrator:
     def _held_out(self, prefix: str, targets: list[HeldOutTarget], *, max_tokens: int, temperature: float,
                   seed: int, sampling_params: dict, template_kwargs: dict) -> dict[str, float]:
         """Sample and score every target with the current weights of the rollout backend;
-        return `<prefix>/<name>/mean` (mean reward over all its rollouts) and
-        `<prefix>/<name>/<function>/mean` per reward function."""
+        return `<prefix>/<name>/mean` (mean reward over all its rollouts, a timed-out one
+        counting 0), `<prefix>/<name>/<function>/mean` per reward function, and for a target
+        with an `[[env]] timeout` (or a rollout that timed out) `<prefix>/<name>/is_timeout/mean`,
+        the share of its rollouts past the timeout."""
         results = {}
         for target in targets:
             env, rewards, functions = target.environment, [], {f.name: [] for f in target.environment.rubric}
+            timed_out = []
             for first in range(0, target.num_examples, _HELD_OUT_PROMPTS_PER_CALL):
                 indices = range(first, min(target.num_examples, first + _HELD_OUT_PROMPTS_PER_CALL))
                 prompts, examples = [], []
@@ -400,11 +403,14 @@ class Orchestrator:
                     [env] * len(prompts), prompts, examples, self.backend, n=target.rollouts_per_example, max_tokens=max_tokens, temperature=temperature,
                     seed=seed + first, sampling_params=sampling_params, template_kwargs=template_kwargs,
                 )
-                for _, _, reward, scores in rows:
+                for completion, _, reward, scores in rows:
                     rewards.append(reward)
+                    timed_out.append(completion.timed_out)
                     for name, value in scores.items():
                         functions.setdefault(name, []).append(value)
             results[f"{prefix}/{target.name}/mean"] = sum(rewards) / len(rewards)
+            if getattr(env, "timeout", None) is not None or any(timed_out):
+                results[f"{prefix}/{target.name}/is_timeout/mean"] = sum(timed_out) / len(timed_out)
             for name, values in functions.items():
                 if not values:
                     continue

@@ -321,14 +321,19 @@ def test_the_bridge_ends_an_episode_past_its_timeout_as_verifiers_does(tmp_path)
 def test_an_episode_past_its_timeout_counts_as_timed_out_and_the_job_reports_how_many(tmp_path):
     """Through the engine: the stalled episode of each group ends at its [[env]] timeout with
     reward 0 and no function scored, out of its group's advantages and the loss; each step
-    reports is_timeout/mean, and the job finishes."""
+    reports is_timeout/mean, each eval eval/<env>/is_timeout/mean, and the job finishes."""
     require_verifiers_python()
     result = run_engine(tmp_path, "acme/stalling-guess@0.1.0", [guess_wheel("stalling-guess", source=STALLING_ENV)],
-                        args=ARGS, block={"max_turns": 1, "timeout": 3})
+                        args=ARGS, block={"max_turns": 1, "timeout": 3}, spec={"eval": {"interval": 2, "num_examples": 2}})
     assert result.returncode == 0, result.stderr
     work = tmp_path / "work"
     points = read_lines(work / "metrics.jsonl")
-    assert [(point["step"], point["values"]["is_timeout/mean"]) for point in points] == [(1, 0.5), (2, 0.5)]
+    training = [point for point in points if "is_timeout/mean" in point["values"]]
+    assert [(point["step"], point["values"]["is_timeout/mean"]) for point in training] == [(1, 0.5), (2, 0.5)]
+    # The base model's eval and step 2's: two episodes each, the second of which stalls.
+    evals = [(point["step"], point["values"]["eval/stalling-guess/is_timeout/mean"]) for point in points
+             if "eval/stalling-guess/mean" in point["values"]]
+    assert evals == [(0, 0.5), (2, 0.5)]
     # Episodes start row by row, so in each group of two the second stalls.
     samples = read_lines(work / "samples.jsonl")
     assert len(samples) == 8
@@ -336,4 +341,5 @@ def test_an_episode_past_its_timeout_counts_as_timed_out_and_the_job_reports_how
     assert all(sample["reward"] == 0.0 and sample["advantage"] == 0.0 for sample in stalled)
     assert all(set(sample["metrics"].values()) == {0.0} for sample in stalled)
     assert all(sample["completion"].count("[assistant]") == 1 for sample in samples)
-    assert len(read_lines(work / "episodes.jsonl")) == 4  # finalize ran for the finished episodes only
+    # finalize ran for the finished episodes only: 4 of training's 8, 2 of the evals' 4.
+    assert len(read_lines(work / "episodes.jsonl")) == 6
