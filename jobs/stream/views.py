@@ -113,10 +113,21 @@ def _snapshot(job_pk: int) -> tuple[dict, int] | None:
 
 
 def _catch_up(job_pk: int, after: int) -> tuple[list[StreamRecord], bool, bool]:
-    """Return ``(records after `after`, complete, job still exists)``; whether the job exists is
-    asked once the history is complete (a page of it proves it still did)."""
-    records, complete = read_after(job_pk, after)
-    return records, complete, Job.objects.unscoped().filter(pk=job_pk).exists() if complete else True
+    """Return ``(records after `after`, complete, job still exists)``.
+
+    Reads only up to the job's last committed number, taken first: the record tables are read
+    one query after another, and records committed in between could otherwise show up in a
+    later table with higher numbers than an earlier table's that the read missed (a step's
+    metrics, then a log line), moving the follower past them for good. Every record up to that
+    number was committed before it (numbers are taken under the job's row lock).
+    """
+    horizon = Job.objects.unscoped().filter(pk=job_pk).values_list("stream_seq", flat=True).first()
+    if horizon is None:
+        return [], True, False
+    if after >= horizon:
+        return [], True, True
+    records, complete = read_after(job_pk, after, until=horizon)
+    return records, complete, True
 
 
 _snapshot_async = _in_thread(_snapshot)

@@ -137,6 +137,31 @@ def chart_points(page) -> int:
     return page.evaluate("() => window.labJobPage ? window.labJobPage.charts[0].plot.data[0].length : -1")
 
 
+def wait_for_reward_steps(page, steps: list[int], stack: LabStack, *, timeout_ms: int = 30_000) -> None:
+    """Wait until the reward chart draws exactly ``steps``; fail naming the steps it lacks (and
+    whether the page's store holds a reward/mean for them) after ``timeout_ms``."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    try:
+        page.wait_for_function(
+            "steps => { const drawn = window.labJobPage.charts[0].plot.data[0];"
+            " return drawn.length === steps.length && steps.every((step, i) => drawn[i] === step); }",
+            arg=steps,
+            timeout=timeout_ms,
+        )
+    except PlaywrightTimeoutError:
+        drawn = page.evaluate("() => Array.from(window.labJobPage.charts[0].plot.data[0])")
+        missing = sorted(set(steps) - set(drawn))
+        stored = page.evaluate(
+            "steps => steps.map(step => [step, (window.labJobPage.store.get(step) || {})['reward/mean'] ?? null])",
+            missing,
+        )
+        pytest.fail(
+            f"the reward chart lacks steps {missing} (reward/mean in the page's store: {stored}); "
+            f"it draws {drawn}\n{stack.logs()}"
+        )
+
+
 def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsider, stack, browser, capsys):
     page, violations = log_in(browser, stack, owner.user.email)
     page.goto("/o/acme/p/default/jobs/new/")
@@ -166,7 +191,7 @@ def test_a_user_submits_a_job_and_watches_it_live_until_it_succeeds(owner, outsi
     growing = [points for points, status in seen if status == "running" and points > 0]
     assert len(set(growing)) >= 2, f"the chart did not grow while running: {seen}\n{stack.logs()}"
     page.wait_for_function("() => document.getElementById('job-status').textContent === 'succeeded'", timeout=120_000)
-    page.wait_for_function("() => window.labJobPage.charts[0].plot.data[0].length === 30", timeout=30_000)
+    wait_for_reward_steps(page, list(range(1, 31)), stack)
     assert page.evaluate("() => window.notReloaded") is True
     # reward/mean is drawn raw and smoothed, inside a band of ± reward/std.
     assert page.evaluate("() => window.labJobPage.charts[0].plot.data.length") == 5

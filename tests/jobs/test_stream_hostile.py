@@ -738,3 +738,67 @@ def test_a_replay_page_holds_a_bounded_amount_of_data_and_pages_join_up_exactly(
             break
         after = page[-1].seq
     assert pages == whole
+
+
+def test_records_committed_while_a_catch_up_reads_are_neither_skipped_nor_sent_out_of_order(owner, spec, settings, monkeypatch):
+    """A catch-up reads the record tables one after another, each query at its own moment. Commits
+    that land between those queries (a step's metrics, then a log line and the job's end) must
+    not make the follower jump past the metrics: the page would never draw that step."""
+    import asyncio
+    import threading
+    from datetime import UTC, datetime
+
+    from django.db import connection, connections
+
+    from jobs.ingest.schemas import MetricsBatch
+    from jobs.ingest.services import ingest_metrics
+    from jobs.models import MetricStep
+    from jobs.services import job_claim_for_start, job_submit, store_log_lines
+    from jobs.stream import views
+    from lab.audit import Actor
+    from tests.jobs.test_stream import NOW
+
+    settings.REDIS_URL = ""  # followers poll, so every wait for news is a catch-up
+    settings.LAB_STREAM_POLL_MS = 50
+    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
+    job_claim_for_start(job_id=job.pk)
+    attempt = Job.objects.unscoped().get(pk=job.pk).attempts.get()
+    metrics = MetricsBatch.model_validate_json(
+        f'{{"attempt": 1, "points": [{{"step": 1, "time": "{NOW}", "values": {{"reward/mean": 0.5}}}}]}}'
+    )
+
+    def engine_reports_and_the_job_ends() -> None:
+        try:
+            ingest_metrics(attempt=attempt, batch=metrics)
+            store_log_lines(job=job, attempt_number=1, source="engine", lines=[(0, datetime.now(UTC), "stdout", "done")])
+            finish(job)
+        finally:
+            connections.close_all()
+
+    landed = threading.Event()
+
+    def after_the_metrics_query(execute, sql, params, many, context):
+        answer = execute(sql, params, many, context)
+        if MetricStep._meta.db_table in sql and not landed.is_set():
+            landed.set()  # the catch-up has read the metrics; the rest lands before its next table
+            writer = threading.Thread(target=engine_reports_and_the_job_ends)
+            writer.start()
+            writer.join()
+        return answer
+
+    def catch_up(job_pk, after):
+        with connection.execute_wrapper(after_the_metrics_query):
+            return views._catch_up(job_pk, after)
+
+    monkeypatch.setattr(views, "_catch_up_async", views._in_thread(catch_up))
+
+    async def everything():
+        return [frame async for frame in views._events(job.pk, job.public_id, None)]
+
+    frames = asyncio.run(everything())
+    assert landed.is_set()
+    numbered = [frame.split("\n", 2)[:2] for frame in frames if frame.startswith("id: ")]
+    sent = [(int(head.removeprefix("id: ")), kind.removeprefix("event: ")) for head, kind in numbered]
+    job.refresh_from_db()
+    assert [seq for seq, _ in sent] == list(range(1, job.stream_seq + 1)), sent
+    assert [kind for _, kind in sent][-4:] == ["metrics", "log", "event", "status"]
