@@ -4,7 +4,7 @@ and the engine on the tiny model, 60 steps with ``checkpoints = {interval = 10, 
 The web server is stopped while the job trains and stays away longer than ``keep_last ×
 interval`` steps, so the engine's local retention runs while uploads are owed. Once with the
 web server back before the engine finishes (the engine delivers everything itself), once only
-after the engine has exited (Lab delivers the rest from the attempt's spool). Either way every
+after the engine has exited (Lab's worker, restarted, delivers the rest from the attempt's spool). Either way every
 step is stored, every checkpoint is ``ready`` or (retention) ``deleted``, the final one is
 ``ready`` and the job ends ``succeeded`` without a ``job.data_incomplete`` warning.
 """
@@ -101,8 +101,12 @@ def test_it_delivers_from_the_spool_what_the_engine_could_not_before_it_exited(s
     job_id, attempt_dir = _submit(stack, owner.key)
     wait_for(lambda: _spooled_steps(attempt_dir) >= 15, timeout=240, what="step 15")
     stack.kill("web")  # at once: a graceful shutdown would let the engine finish its reports
-    # The engine trains to the end and exits with steps and checkpoints still in its spool.
+    # The worker goes too, so nothing moves the spool's cursor on until the check below (its
+    # delivery of an exited engine's spool could otherwise come first); the engine, detached
+    # under its supervisor, trains to the end and exits with steps and checkpoints still spooled.
+    stack.kill("worker")
     wait_for(lambda: (attempt_dir / "exit.json").exists(), timeout=300, what="the engine's exit")
     cursor = attempt_dir / "spool" / "attempt-1" / "metrics.sent"
     assert int(cursor.read_text() if cursor.exists() else 0) < STEPS  # something was left to deliver
+    stack.start_worker()
     _assert_nothing_lost(stack, job_id)  # the worker delivers it; the web server is still down
