@@ -203,7 +203,7 @@ def kueue_places_forget() -> None:
 def queue_positions(jobs: list[Job]) -> dict[int, int]:
     """Return the 1-based queue place of each queued job among ``jobs`` (by primary key): its
     place in admission's start order (priority, fair share, age). A constant number of queries
-    whatever the page; jobs that are not queued are left out.
+    whatever the page; jobs that are not waiting are left out.
 
     On the Kubernetes pool, while Kueue's visibility API is read (``kueue_places_record``), a job
     waiting in Kueue (its JobSet launched, or parked after a preemption; ``starting`` or
@@ -212,7 +212,9 @@ def queue_positions(jobs: list[Job]) -> dict[int, int]:
     kueue = cache.get(_KUEUE_PLACES_KEY) if settings.LAB_LAUNCHER == "kubernetes" else None
     positions: dict[int, int] = {}
     if kueue is not None:
-        positions = {job.pk: kueue["places"][job.public_id] for job in jobs if job.public_id in kueue["places"]}
+        waiting_statuses = (JobStatus.QUEUED, JobStatus.STARTING)  # a place read before the job started or ended is stale
+        positions = {job.pk: kueue["places"][job.public_id] for job in jobs
+                     if job.status in waiting_statuses and job.public_id in kueue["places"]}
     page = {job.pk for job in jobs if job.status == JobStatus.QUEUED and job.pk not in positions}
     if not page:
         return positions

@@ -541,6 +541,18 @@ def test_queue_positions_come_from_kueues_visibility_api_one_call_per_pass(owner
     assert [job_to_dict(reload(job))["queue_position"] for job in (first, waiting)] == [None, 1]
 
 
+def test_a_job_that_started_after_kueues_places_were_read_has_no_place(owner, spec, launcher, cluster):
+    job, attempt = submit(owner, spec)
+    later, _ = submit(owner, spec)
+    reconciler.reconcile_all()  # both wait in Kueue: the places are read and kept for a minute
+    assert [job_to_dict(reload(each))["queue_position"] for each in (job, later)] == [1, 2]
+
+    Job.objects.unscoped().filter(pk=job.pk).update(status=S.RUNNING)  # started since, the places not read again
+
+    assert job_to_dict(reload(job))["queue_position"] is None
+    assert job_to_dict(reload(later))["queue_position"] == 2  # Kueue's reading stands until the next pass
+
+
 def test_a_parked_job_keeps_its_kueue_place(owner, spec, launcher, cluster):
     job, attempt, name = running(owner, spec, cluster)
     later, _ = submit(owner, spec)  # waits in Kueue behind it (created after it)
