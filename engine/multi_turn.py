@@ -7,7 +7,8 @@ rollout backend, the replies go back to the environment, and the next round hold
 that follow, until every episode is over.
 
 One episode is one token sequence, built token-in/token-out: the first prompt (the chat
-template's rendering of the opening messages, with the generation prompt), then each sampled
+template's rendering of the opening messages, with the generation prompt, and of the turn's
+`tools` when a tool-using taskset's request names them), then each sampled
 reply's tokens exactly as sampled (never re-tokenized), each followed by the environment's turn:
 the tokens by which the template's rendering of the conversation with that turn (and the next
 generation prompt) extends its rendering of the conversation up to the reply, as prime-rl and
@@ -23,6 +24,10 @@ sampled token is refused, `context_length`, and the episode ends as verifiers en
 turn); `[sampling] max_tokens` per reply; and the `[[env]]` caps `max_turns`,
 `max_input_tokens` and `max_output_tokens`, enforced by the environment's side as verifiers'
 `RolloutLimits` does (per episode and agent, soft by one turn).
+
+A tool-using verifiers taskset's turns arrive the same way: its conversation holds the tool
+results as `tool` messages after the reply that called them (the reply as sampled), so they are
+environment tokens, masked out of the loss like any environment turn.
 
 Agents the environment marks untrainable (user-sim's user) are answered by the same policy in
 the same rounds; their tokens are not part of any rollout.
@@ -165,14 +170,16 @@ def _run_episodes(env, examples, n, *, tokenizer, backend, stop_token_ids, conte
         for request in requests:
             episode = episodes[request["episode"]]
             turn = None
+            # A tool-using taskset's turn names its tools, which the chat template renders.
+            kwargs = {**template_kwargs, "tools": request["tools"]} if request.get("tools") else template_kwargs
             if request["trainable"]:
                 try:
-                    ids, turn = _next_sequence(episode, request["messages"], tokenizer, stop_token_ids, template_kwargs)
+                    ids, turn = _next_sequence(episode, request["messages"], tokenizer, stop_token_ids, kwargs)
                 except EnvironmentFailed as error:
                     raise EnvironmentFailed(f"environment {env.id}: {error}") from None
                 fed = len(turn) if turn is not None else len(ids)
             else:
-                ids = render(tokenizer, request["messages"], generation_prompt=True, template_kwargs=template_kwargs)
+                ids = render(tokenizer, request["messages"], generation_prompt=True, template_kwargs=kwargs)
                 key = (request["episode"], request["agent"])
                 fed = max(0, len(ids) - untrainable.get(key, 0))
             room = context_length - len(ids)

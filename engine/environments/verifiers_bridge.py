@@ -19,9 +19,9 @@ On start, before reading anything, it writes ``{"ok": true, "result": {"verifier
   default other than null, but ``id``, ``task`` and ``system_prompt``) and description;
 - ``open {taskset, args}``: build the run's ``Env`` as verifiers does
   (``resolve_env_config`` + ``load_environment``, with ``harness.id = "null"`` and
-  ``runtime.type = "subprocess"`` so nothing defaults to Prime's sandbox), check that it is a
-  single-turn one, and answer ``{handle, rewards: [{name, weight}], bounded, sizes}`` (``sizes``:
-  tasks per split, null for an infinite taskset);
+  ``runtime.type = "subprocess"`` so nothing defaults to Prime's sandbox), check that Lab runs
+  it, and answer ``{handle, rewards: [{name, weight}], bounded, sizes, multi_turn, agents,
+  tools}`` (``sizes``: tasks per split, null for an infinite taskset);
 - ``tasks {handle, split, start, n, seed}``: ``n`` tasks from position ``start`` as chat
   ``messages`` (the task's ``system_prompt`` as a system message, then its prompt, as verifiers'
   ``null`` harness sends them) with an opaque ``id`` for ``score``;
@@ -51,7 +51,7 @@ agents of its own whose turns Lab's policy answers, and the engine answers them 
   a refused turn does in verifiers).
 
 Both run every live episode until each waits for a reply or is over and answer
-``{requests: [{request, episode, agent, trainable, messages}], finished: [{episode, reward,
+``{requests: [{request, episode, agent, trainable, messages[, tools]}], finished: [{episode, reward,
 functions, weights, turns, stop_condition, agent}]}``: ``messages`` is the agent's whole
 conversation so far, as chat messages, ending with the turn to answer; ``finished`` holds each
 episode that ended since the last answer, with the rewards of its one trainable agent's trace
@@ -68,6 +68,21 @@ interaction in flight is abandoned unscored (verifiers' ``Agent.interaction`` ab
 on a cancellation), the episode is flagged ``is_timeout`` and not ``ok``; it is finished with
 ``{episode, timeout: true, error}``. A request of an episode that ended meanwhile is not sent,
 and an answer to one is dropped.
+
+Tool-using tasksets (tasks or a taskset with MCP toolsets, ``@vf.tool`` methods of a
+``vf.Toolset``, under verifiers' own ``SingleAgentEnv``) open with ``multi_turn: true`` and
+``tools: true``, and their episodes are verifiers' own rollouts, driven the same way by
+``start``/``reply``: ``Env.run_episode`` over its real agent, whose ``null`` harness runs its chat
+program (the tool-calling loop) and whose task's tool servers start as verifiers starts them
+(``python -m <module>`` in the ``subprocess`` runtime, the job's packages on their
+``PYTHONPATH``). Nothing is fetched: the chat program is prepared offline
+(``prepare_offline_script``: written where verifiers' subprocess runtime keeps prepared
+scripts and run with this interpreter, its declared dependencies checked against what is
+installed here), and every model call the program makes to verifiers' interception server is
+a request to the engine (``lab_model_client``) carrying ``tools`` (OpenAI function specs) beside
+``messages`` (tool results as ``tool`` messages, earlier replies as the text the engine
+sampled); the engine's text comes back parsed into content and tool calls (the Hermes
+``<tool_call>`` convention), which verifiers commits to the trace and the program executes.
 
 Splits: verifiers v1 tasksets have none, so the bridge makes Lab's three disjoint ones with the
 engine's own rule (``engine.environments.split_of``): a task belongs to the split its prompt's
@@ -90,6 +105,7 @@ import itertools
 import json
 import os
 import random
+import re
 import signal
 import sys
 import traceback
@@ -149,6 +165,10 @@ class Opened:
         self.reward_names: set[str] = set()
         self.multi_turn = False
         self.episodes: Episodes | None = None
+        # A tool-using taskset's: its episodes run verifiers' own rollouts (Bridge._serve_tools).
+        self.tools = False
+        self.context = None
+        self.own_limits: dict[str, int | None] = {}
 
     def _bounded_splits(self) -> dict[str, list]:
         if self._splits is None:
@@ -257,8 +277,10 @@ class Bridge:
     def __init__(self, site: str | None):
         if site and site not in sys.path:
             sys.path.append(site)
+        self.site = site
         self.opened: dict[int, Opened] = {}
         self.loop = asyncio.new_event_loop()
+        self._resources: contextlib.AsyncExitStack | None = None
 
     def hello(self) -> dict:
         import verifiers
@@ -304,6 +326,8 @@ class Bridge:
         if not multi_turn:
             # The agents of an Env of its own keep their config's defaults (user-sim's user: null, 8 turns).
             data["agent"] = {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}
+            # One interception server (not an elastic pool): the one a tool-using taskset's model client joins.
+            data["interception"] = {"type": "server"}
         if vf.default_harness_id(taskset) != "bash":
             raise BridgeError("not_single_turn", f"taskset {taskset}: brings its own Harness (multi-turn), which Lab does not run yet")
         try:
@@ -316,8 +340,9 @@ class Bridge:
         task_type = type(env.taskset).task_type()
         if task_type.NEEDS_CONTAINER:
             raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks need a container runtime")
-        if type(env.taskset).toolsets(env.taskset.config) or task_type.toolsets(env.taskset.config.task):
-            raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks use tools (multi-turn), which Lab does not run yet")
+        uses_tools = bool(type(env.taskset).toolsets(env.taskset.config) or task_type.toolsets(env.taskset.config.task))
+        if uses_tools and multi_turn:
+            raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks use tools inside an Env of its own, which Lab does not run yet")
         agents = []
         if multi_turn:
             for name, spec in env._agent_specs.items():
@@ -331,6 +356,9 @@ class Bridge:
         handle = len(self.opened) + 1
         opened = Opened(env, taskset)
         opened.multi_turn = multi_turn
+        if uses_tools:
+            self._serve_tools(opened)
+            agents = [{"name": name} for name in env._agent_specs]
         try:
             first = opened.task_at("train", 0, 0)
             sizes = opened.sizes
@@ -339,7 +367,7 @@ class Bridge:
         rewards = [
             {"name": fn.__name__, "weight": float(getattr(fn, "_vf_weight", 1.0))}
             for fn in first.hooks("reward")
-            if not _requires_runtime(fn)
+            if uses_tools or not _requires_runtime(fn)  # a tool-using task's rollout has its runtime
         ] + [{"name": judge.reward_name, "weight": float(judge.config.weight)} for judge in first.plugged_judges()]
         if not rewards and not multi_turn:
             raise BridgeError("invalid_taskset", f"taskset {taskset}: its tasks have no @vf.reward function that runs without a runtime")
@@ -357,7 +385,58 @@ class Bridge:
         opened.reward_names = {reward["name"] for reward in rewards}
         self.opened[handle] = opened
         return {"handle": handle, "rewards": rewards, "bounded": opened.bounded, "sizes": sizes,
-                "multi_turn": multi_turn, "agents": agents}
+                "multi_turn": opened.multi_turn, "agents": agents, "tools": uses_tools}
+
+    def _serve_tools(self, opened: Opened) -> None:
+        """Make a tool-using taskset's episodes run verifiers' own rollouts offline: its
+        ``null`` harness's chat program prepared without uv, the job's packages importable by
+        its tool servers, the Env's serving resources (shared tool servers, the interception
+        server) held open, and the interception's model client Lab's (``LabModelClient``)."""
+        from verifiers.v1.clients import ModelContext, TrainClientConfig
+
+        env = opened.env
+        harness = env._harnesses.get("agent")
+        if harness is None or harness.config.id != "null":
+            raise BridgeError("not_single_turn", f"taskset {opened.taskset_id}: its tasks use tools with a harness other than null, which Lab does not run")
+        from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+
+        prepare_offline_script(CHAT_PROGRAM_SOURCE, what=f"taskset {opened.taskset_id}: verifiers' null harness")
+        self._expose_site(opened.taskset_id)
+        if self._resources is None:
+            self._resources = contextlib.AsyncExitStack()
+        self.loop.run_until_complete(self._resources.enter_async_context(env.serving()))
+        # A train-type endpoint: the interception serves a streamed request from the client's
+        # whole response (nothing to relay); the config only keys the server's client table.
+        client = TrainClientConfig(base_url="http://127.0.0.1:9/v1", api_key_var="LAB_BRIDGE_NO_API_KEY")
+        opened.context = ModelContext(model="lab-policy", client=client)
+        opened.episodes = Episodes(opened, self.loop)
+        env._interception.clients[client.model_dump_json()] = lab_model_client(opened.episodes)
+        opened.own_limits = {key: getattr(env.config.agent, key) for key in _LIMITS}
+        opened.multi_turn = opened.tools = True
+
+    def _expose_site(self, taskset_id: str) -> None:
+        """Let processes the bridge starts with its interpreter (a toolset's server, run as
+        ``python -m <module>``) import the job's packages: ``PYTHONPATH`` names their directory,
+        once no module of theirs would shadow one of the verifiers environment's there (the
+        bridge itself only appends it)."""
+        if not self.site:
+            return
+        import importlib.machinery
+
+        own_path = [entry for entry in sys.path if entry != self.site]
+        for entry in sorted(os.listdir(self.site)):
+            name = entry.removesuffix(".py")
+            if not name.isidentifier() or entry.endswith((".dist-info", ".data")):
+                continue
+            if importlib.machinery.PathFinder.find_spec(name, own_path) is not None:
+                raise BridgeError("invalid_taskset", f"taskset {taskset_id}: its package's module '{name}' would shadow the verifiers environment's own for its tool servers")
+        os.environ["PYTHONPATH"] = self.site
+
+    def close(self) -> None:
+        """Tear down what tool-using tasksets hold (their serving resources, tool servers)."""
+        if self._resources is not None:
+            self.loop.run_until_complete(self._resources.aclose())
+            self._resources = None
 
     def _opened(self, handle) -> Opened:
         if handle not in self.opened:
@@ -510,6 +589,8 @@ class Episodes:
         self.finished: list[dict] = []
         self.progress: asyncio.Event | None = None
         self._counter = itertools.count(1)
+        #: Trace id -> episode id, for a tool-using taskset's model calls (they name their trace).
+        self.traces: dict[str, str] = {}
 
     def start(self, task, limits: dict[str, int]) -> str:
         """Start one episode of ``task`` under the job's ``limits``; return its id."""
@@ -517,6 +598,8 @@ class Episodes:
         episode_id = f"e{next(self._counter)}"
         if self.progress is None:
             self.progress = asyncio.Event()
+        if self.opened.tools:
+            return self._start_rollout(task, limits, episode_id)
 
         def episode_agents(ctx, completed, on_trace, on_discard):
             # run_episode hands its ctx (verifiers' model context) to this hook: here, the episode's id.
@@ -537,6 +620,30 @@ class Episodes:
                 self.progress.set()
 
         env._episode_agents = episode_agents  # run_episode builds its agents through this hook
+        self.live[episode_id] = self.loop.create_task(run())
+        return episode_id
+
+    def _start_rollout(self, task, limits: dict[str, int], episode_id: str) -> str:
+        """Start one episode of a tool-using taskset: verifiers' own (``Env.run_episode`` over
+        its real agent, the null harness's chat program, the task's tool servers), its model
+        calls answered through ``LabModelClient``; the job's ``limits`` join the agent's own."""
+        env, opened = self.opened.env, self.opened
+        for key in _LIMITS:
+            own, job = opened.own_limits.get(key), limits.get(key)
+            setattr(env.config.agent, key, job if own is None else own if job is None else min(own, job))
+
+        def minted(trace) -> None:
+            self.traces[trace.id] = episode_id
+
+        async def run():
+            try:
+                episode = await env.run_episode(task, opened.context, on_trace=minted)
+                self.finished.append(self._result(episode_id, episode))
+            except Exception as error:  # the env's own code failed outside verifiers' boundary
+                self.finished.append({"episode": episode_id, "error": _one_line(error)})
+            finally:
+                self.progress.set()
+
         self.live[episode_id] = self.loop.create_task(run())
         return episode_id
 
@@ -778,6 +885,165 @@ class LabInteraction:
         return trace
 
 
+#: A tool call in the text the policy sampled: the Hermes convention (``<tool_call>{"name": ...,
+#: "arguments": {...}}</tool_call>``) of vLLM's ``hermes`` tool parser and of renderers'
+#: ``Qwen3ToolParser``, which Qwen, Hermes and SmolLM3 chat templates teach their models.
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(text: str, call_prefix: str) -> tuple[str | None, list[dict]]:
+    """Split a sampled reply into its content and its tool calls ``{id, name, arguments}``
+    (``arguments`` a JSON string); a block that is not a JSON object with a ``name`` stays in
+    the content, as the model wrote it."""
+    calls, kept, last = [], [], 0
+    for match in _TOOL_CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+            continue
+        arguments = call.get("arguments", {})
+        calls.append({
+            "id": f"{call_prefix}_{len(calls)}",
+            "name": call["name"],
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        })
+        kept.append(text[last:match.start()])
+        last = match.end()
+    if not calls:
+        return text, []
+    content = ("".join(kept) + text[last:]).strip()
+    return content or None, calls
+
+
+def _wire_content(wire: dict) -> dict:
+    """A chat message with its content as one string (text parts joined), as the engine renders it."""
+    content = wire.get("content")
+    if isinstance(content, list):
+        wire = {**wire, "content": "\n".join(part.get("text", "") for part in content if isinstance(part, dict))}
+    elif content is None:
+        wire = {**wire, "content": ""}
+    return wire
+
+
+_MODEL_CLIENT = None
+
+
+def lab_model_client(episodes: Episodes):
+    """Return a verifiers model ``Client`` whose every model call (the interception server's,
+    for a rollout of a tool-using taskset) becomes one of the episodes' requests to the engine.
+
+    The request's ``messages`` are the call's conversation as chat messages, each reply the
+    policy sampled earlier as the text it sampled (so the engine extends its token sequence
+    from what it sampled, never a re-rendering of parsed tool calls), tool results as ``tool``
+    messages; ``tools`` the call's tools as OpenAI function specs (verifiers' ``tool_to_wire``),
+    for the chat template to render. The engine's text comes back parsed into content and tool
+    calls (``parse_tool_calls``) as verifiers' ``Response``, which the interception commits to
+    the trace and serializes for the chat program (verifiers' ``serialize_completion``). A
+    refused turn (``stop``) stops the trace there, as verifiers' limits do."""
+    global _MODEL_CLIENT
+    if _MODEL_CLIENT is None:
+        from verifiers.v1.clients import Client
+        from verifiers.v1.clients.train import serialize_completion, tool_to_wire
+        from verifiers.v1.dialects.chat import message_to_wire
+        from verifiers.v1.types import AssistantMessage, Response, ToolCall, Usage
+
+        class LabModelClient(Client):
+            def __init__(self, episodes: Episodes):
+                self.episodes = episodes
+                self.sampled: dict[str, list] = {}  # trace id -> [(parsed reply, sampled text)]
+
+            def _messages(self, trace_id: str, prompt) -> list[dict]:
+                sampled, position, messages = self.sampled.get(trace_id, []), 0, []
+                for message in prompt:
+                    if message.role == "assistant" and position < len(sampled) and sampled[position][0] == message:
+                        messages.append({"role": "assistant", "content": sampled[position][1]})
+                        position += 1
+                    else:
+                        messages.append(_wire_content(message_to_wire(message)))
+                return messages
+
+            async def get_response(self, dialect, body, sampling, session_id=None, turn=None, headers=None):
+                if turn is None:
+                    raise BridgeError("invalid_request", "a model call without a resolved turn")
+                trace = turn.trace
+                episode = self.episodes.traces.get(trace.id)
+                if episode is None:
+                    raise BridgeError("invalid_request", f"a model call of an unknown rollout {trace.id}")
+                request = {
+                    "episode": episode, "agent": trace.agent.name or "agent", "trainable": bool(trace.agent.trainable),
+                    "messages": self._messages(trace.id, turn.prompt),
+                }
+                if turn.tools:
+                    request["tools"] = [tool_to_wire(tool) for tool in turn.tools]
+                answer = await self.episodes.request(request)
+                model = body.get("model") or "lab-policy"
+                if "stop" in answer:
+                    trace.stop(str(answer["stop"]))  # the interception answers "rollout stopped" and commits nothing
+                    response = Response(id="", created=0, model=model, message=AssistantMessage(content=""), finish_reason="stop")
+                    response.raw = serialize_completion(response, model)
+                    return response
+                replies = self.sampled.setdefault(trace.id, [])
+                content, calls = parse_tool_calls(answer["text"], f"call_{len(replies)}")
+                message = AssistantMessage(content=content, tool_calls=[ToolCall(**call) for call in calls] or None)
+                replies.append((message, answer["text"]))
+                response = Response(
+                    id=f"{trace.id}-{len(replies)}", created=0, model=model, message=message,
+                    finish_reason="tool_calls" if calls else "stop",
+                    usage=Usage(prompt_tokens=int(answer.get("input_tokens") or 0), completion_tokens=int(answer.get("output_tokens") or 0)),
+                )
+                response.raw = serialize_completion(response, model)
+                return response
+
+        _MODEL_CLIENT = LabModelClient
+    return _MODEL_CLIENT(episodes)
+
+
+def prepare_offline_script(source: str, *, what: str) -> str:
+    """Prepare a harness's PEP 723 script as verifiers' subprocess runtime does, without uv:
+    written to the runtime's content-addressed scripts directory and registered in its table of
+    prepared scripts (``SubprocessRuntime._interpreters``, which ``prepare_uv_script`` reads
+    before it would run ``uv sync --script``) with this interpreter, once every dependency the
+    script declares is installed here at a version it accepts; return the script's path.
+    Raises BridgeError naming a requirement this environment does not meet."""
+    import hashlib
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from verifiers.v1.runtimes.subprocess import SubprocessRuntime
+
+    block = re.search(r"^# /// script\n((?:#.*\n)*?)# ///$", source, re.MULTILINE)
+    metadata = tomllib.loads("".join(line[2:] + "\n" for line in block.group(1).splitlines())) if block else {}
+    python = ".".join(map(str, sys.version_info[:3]))
+    if not SpecifierSet(metadata.get("requires-python", "")).contains(python):
+        raise BridgeError("not_single_turn", f"{what} needs Python {metadata['requires-python']}; this bridge runs {python}")
+    for line in metadata.get("dependencies", []):
+        requirement = Requirement(line)
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        if version is None or not requirement.specifier.contains(version, prereleases=True):
+            found = f"{version} is installed" if version else "it is not installed"
+            raise BridgeError("not_single_turn", (
+                f"{what} needs {line}, and {found} in the verifiers environment (its script's dependencies come from there: "
+                "Lab prepares it offline, without uv)"
+            ))
+    data = source.encode()
+    path = f"{SubprocessRuntime.scripts_dir}/{hashlib.sha256(data).hexdigest()}.py"
+    if SubprocessRuntime._interpreters.get(path) != sys.executable:
+        os.makedirs(SubprocessRuntime.scripts_dir, exist_ok=True)
+        staging = f"{path}.{os.getpid()}.tmp"
+        with open(staging, "wb") as file:
+            file.write(data)
+        os.replace(staging, path)
+        SubprocessRuntime._interpreters[path] = sys.executable
+    return path
+
+
 def _requires_runtime(fn) -> bool:
     parameter = inspect.signature(fn).parameters.get("runtime")
     return parameter is not None and parameter.default is inspect.Parameter.empty
@@ -857,6 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
             answer = _answer(handler, request)
         output.write(json.dumps(answer) + "\n")
         output.flush()
+    handler.close()
     return 0
 
 

@@ -201,3 +201,103 @@ def guess_wheel(name: str = "guess-env", version: str = "0.1.0", *, source: str 
     """Return ``(file name, bytes)`` of a verifiers-form wheel exporting ``GuessTaskset`` and ``GuessEnv``."""
     module = name.replace("-", "_")
     return build_wheel(name, version, files={f"{module}/__init__.py": source}, requires=["verifiers>=0.4.0"])
+
+
+#: A tool-using verifiers v1 taskset: add two numbers with a calculator tool. Each task's tool
+#: server (a ``vf.Toolset`` in its own module, started per rollout by verifiers as ``python -m
+#: calc_env.tools``) fetches its task when it starts and appends ``start`` (its process id, the
+#: task's idx) to the task's ``log_path``, then ``add`` (the arguments) on every call of its
+#: ``add`` tool, advertised to the model as ``calc_add``. Rewards: ``correct`` (weight 1: the last
+#: reply holds the sum) and ``used_tool`` (0.5: a tool result is in the conversation).
+CALC_TASKSET = '''"""Add two numbers with the calculator's add tool."""
+import random
+
+import verifiers.v1 as vf
+
+
+class CalcData(vf.TaskData):
+    a: int
+    b: int
+    log_path: str = ""
+
+
+class CalcTaskConfig(vf.TaskConfig):
+    tools: vf.ToolsetConfig = vf.ToolsetConfig()
+
+
+class CalcConfig(vf.TasksetConfig):
+    num_tasks: int = 32
+    log_path: str = ""
+    task: CalcTaskConfig = CalcTaskConfig()
+
+
+class CalcTask(vf.Task[CalcData, vf.State, CalcTaskConfig]):
+    @classmethod
+    def toolsets(cls, config):
+        from calc_env.tools import CalcToolset  # imported here: the server runs as its own __main__
+
+        return [CalcToolset(config.tools)]
+
+    @vf.reward(weight=1.0)
+    async def correct(self, trace: vf.Trace) -> float:
+        return 1.0 if str(self.data.a + self.data.b) in trace.last_reply else 0.0
+
+    @vf.reward(weight=0.5)
+    async def used_tool(self, trace: vf.Trace) -> float:
+        return 1.0 if any(message.role == "tool" for message in trace.messages) else 0.0
+
+
+class CalcTaskset(vf.Taskset[CalcTask, CalcConfig]):
+    """Add two numbers; the calculator's add tool knows the sum."""
+
+    def load(self):
+        rng = random.Random(5)
+        for index in range(self.config.num_tasks):
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
+            yield CalcTask(
+                CalcData(prompt=f"Sum {index}: what is {a} + {b}? Use the calc_add tool.",
+                         system_prompt="Call a tool, then answer with the number.", a=a, b=b,
+                         log_path=self.config.log_path),
+                self.config.task,
+            )
+
+
+__all__ = ["CalcTaskset"]
+'''
+
+CALC_TOOLS = '''"""The calculator's tool server: run per rollout by verifiers as ``python -m calc_env.tools``."""
+import json
+import os
+
+import verifiers.v1 as vf
+
+
+class CalcToolset(vf.Toolset[vf.ToolsetConfig]):
+    TOOL_PREFIX = "calc"
+
+    async def setup_task(self, task):
+        self.log_path = task.log_path  # the task's data, fetched over verifiers' /task channel
+        self.log({"event": "start", "pid": os.getpid(), "idx": task.idx})
+
+    def log(self, record):
+        if getattr(self, "log_path", ""):
+            with open(self.log_path, "a") as log:
+                log.write(json.dumps(record) + "\\n")
+
+    @vf.tool
+    def add(self, a: int, b: int) -> str:
+        """Add two whole numbers and return the sum."""
+        self.log({"event": "add", "a": a, "b": b})
+        return str(a + b)
+
+
+if __name__ == "__main__":
+    CalcToolset.run()
+'''
+
+
+def calc_wheel(name: str = "calc-env", version: str = "0.1.0") -> tuple[str, bytes]:
+    """Return ``(file name, bytes)`` of a verifiers-form wheel exporting ``CalcTaskset``, whose tasks use a tool server."""
+    module = name.replace("-", "_")
+    files = {f"{module}/__init__.py": CALC_TASKSET.replace("calc_env", module), f"{module}/tools.py": CALC_TOOLS}
+    return build_wheel(name, version, files=files, requires=["verifiers>=0.4.0"])
