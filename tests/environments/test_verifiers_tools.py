@@ -10,12 +10,12 @@ import re
 import zipfile
 
 from engine.environments import Example
-from engine.environments.verifiers_taskset import Bridge, verifiers_python
+from engine.environments.verifiers_taskset import BRIDGE_SCRIPT, Bridge, verifiers_python
 from engine.models import tiny_random_llama_tokenizer
 from engine.multi_turn import run_episodes
 from engine.rollout import Completion
 from tests.environments.test_engine_packages import run_engine
-from tests.environments.verifiers_wheels import calc_wheel, read_lines, require_verifiers_python
+from tests.environments.verifiers_wheels import calc_wheel, read_lines, require_verifiers_python, run_in_verifiers
 
 ENV_ID = "acme/calc-env@0.1.0"
 ANSWER = "The sum is {}."
@@ -127,3 +127,29 @@ def test_a_tiny_model_job_trains_on_a_tool_using_taskset_each_rollout_with_its_o
     # One tool server per rollout, each a process of its own.
     started = [record for record in read_lines(log) if record["event"] == "start"]
     assert len(started) == 4 and len({record["pid"] for record in started}) == 4
+
+
+_PREPARE = r'''
+import sys
+sys.path.append(sys.argv[1])
+import verifiers_bridge
+for dependencies in ('"openai", "mcp==2.0.0"', '"mcp==1.0.0"', '"frobnicator-9000>=1"'):
+    script = f'# /// script\n# dependencies = [{dependencies}]\n# ///\nprint("hello")\n'
+    try:
+        print("prepared", verifiers_bridge.prepare_offline_script(script, what="the program").endswith(".py"))
+    except verifiers_bridge.BridgeError as error:
+        print(error.code, error)
+'''
+
+
+def test_a_harness_script_is_prepared_offline_only_when_what_it_declares_is_installed(tmp_path):
+    require_verifiers_python()
+    result = run_in_verifiers(_PREPARE, str(BRIDGE_SCRIPT.parent), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "prepared True",
+        "not_single_turn the program needs mcp==1.0.0, and 2.0.0 is installed in the verifiers environment (its script's "
+        "dependencies come from there: Lab prepares it offline, without uv)",
+        "not_single_turn the program needs frobnicator-9000>=1, and it is not installed in the verifiers environment (its "
+        "script's dependencies come from there: Lab prepares it offline, without uv)",
+    ]
