@@ -129,6 +129,7 @@ def test_a_tiny_model_job_trains_on_a_tool_using_taskset_each_rollout_with_its_o
     assert len(started) == 4 and len({record["pid"] for record in started}) == 4
 
 
+WHERE = "in the verifiers environment (its script's dependencies come from there: Lab prepares it offline, without uv)"
 _PREPARE = r'''
 import sys
 sys.path.append(sys.argv[1])
@@ -148,8 +149,6 @@ def test_a_harness_script_is_prepared_offline_only_when_what_it_declares_is_inst
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "prepared True",
-        "not_single_turn the program needs mcp==1.0.0, and 2.0.0 is installed in the verifiers environment (its script's "
-        "dependencies come from there: Lab prepares it offline, without uv)",
-        "not_single_turn the program needs frobnicator-9000>=1, and it is not installed in the verifiers environment (its "
-        "script's dependencies come from there: Lab prepares it offline, without uv)",
+        f"not_single_turn the program needs mcp==1.0.0, and 2.0.0 is installed {WHERE}",
+        f"not_single_turn the program needs frobnicator-9000>=1, and it is not installed {WHERE}",
     ]
