@@ -4,7 +4,7 @@
                          [--offline] [--resume-from CKPT_ID_OR_DIR_OR_TAR] [--init-from CKPT_ID_OR_DIR_OR_TAR]
     python -m engine trainer ...       (the same arguments; LAB_ENGINE_SHARED_DIR)
     python -m engine orchestrator ...  (the same arguments; LAB_ENGINE_SHARED_DIR, LAB_ENGINE_INFERENCE_URL)
-    python -m engine inference --model ID [--backend B] [--host H] [--port P]
+    python -m engine inference --model ID [--backend B] [--host H] [--port P] [--max-lora-rank R]
 
 The roles and the directory they share: docs/engine.md "Three roles"; `LAB_ENGINE_ROLES=process`
 has `run` start the inference and orchestrator roles and train as the trainer role.
@@ -22,7 +22,10 @@ max_off_policy_steps allows it; default 1), `LAB_ENGINE_MICRO_BATCH` (rollouts p
 `LAB_ENGINE_THREADS` (torch intra-op threads; default on CPU: half the cores, so that with
 overlap the sampler and the trainer each get their own, and because on a shared 2-core
 machine two threads per op measured several times slower than one; on GPU torch's choice),
-`LAB_ENGINE_ROLLOUT` (`transformers`, the default, or `vllm`: vLLM's CPU build here, its CUDA build on GPU pods).
+`LAB_ENGINE_ROLLOUT` (`transformers`, the default, or `vllm`: vLLM's CPU build here, its CUDA build on GPU pods),
+`LAB_ENGINE_VLLM_DTYPE` (vLLM's compute dtype) and `LAB_ENGINE_VLLM_WEIGHTS` (`auto`, the default, `merged` or
+`lora`: how a LoRA policy reaches vLLM after each update, engine.vllm_backend.weights_format; docs/engine.md
+"How new weights reach inference").
 """
 
 from __future__ import annotations
@@ -98,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
         "--tensor-parallel-size", type=int, default=1, metavar="GPUS",
         help="GPUs vLLM splits the model over (its tensor parallelism; the vllm backend on GPUs)",
     )
+    inference.add_argument(
+        "--max-lora-rank", type=int, default=0, metavar="R",
+        help="the rank of the LoRA adapters trainers will send: vLLM applies them itself when "
+        "LAB_ENGINE_VLLM_WEIGHTS (default auto) resolves to lora; 0 (default): merged weights only",
+    )
     return parser
 
 
@@ -118,6 +126,14 @@ def serve_inference(args: argparse.Namespace) -> int:
     elif backend != "transformers":
         print(f"engine: LAB_ENGINE_ROLLOUT must be transformers or vllm, not {backend!r}", file=sys.stderr)
         return EXIT_INVALID
+    from engine.vllm_backend import weights_format
+
+    try:
+        adapters = weights_format(os.environ.get("LAB_ENGINE_VLLM_WEIGHTS") or "auto", lora_rank=args.max_lora_rank,
+                                  rollout_backend=backend) == "lora"
+    except ValueError as error:
+        print(f"engine: {error}", file=sys.stderr)
+        return EXIT_INVALID
     if args.tensor_parallel_size < 1 or (args.tensor_parallel_size > 1 and backend != "vllm"):
         print(f"engine: --tensor-parallel-size {args.tensor_parallel_size}: tensor parallelism is vLLM's "
               "(the vllm backend, 1 or more GPUs)", file=sys.stderr)
@@ -129,7 +145,7 @@ def serve_inference(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         server = build_server(args.model, backend_name=backend, workdir=workdir, model_dir=default_model_dir(), vllm_dtype=vllm_dtype,
-                              tensor_parallel_size=args.tensor_parallel_size)
+                              tensor_parallel_size=args.tensor_parallel_size, max_lora_rank=args.max_lora_rank if adapters else 0)
     except ModelNotFound as error:
         print(f"engine: {_one_line(error)}", file=sys.stderr)
         return EXIT_INVALID
@@ -319,6 +335,13 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None, 
     vllm_dtype = os.environ.get("LAB_ENGINE_VLLM_DTYPE") or "bfloat16"
     if vllm_dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(f"LAB_ENGINE_VLLM_DTYPE must be bfloat16, float16 or float32, not {vllm_dtype!r}", "internal_error")
+    vllm_weights = os.environ.get("LAB_ENGINE_VLLM_WEIGHTS") or "auto"
+    from engine.vllm_backend import weights_format
+
+    try:
+        weights_format(vllm_weights, lora_rank=parsed.spec.lora_rank, rollout_backend=rollout)
+    except ValueError as error:
+        raise ConfigError(str(error), "internal_error") from None
     # Where rollouts are sampled (engine/remote_inference.py): a running inference role's URL,
     # one started for this run ("process"), or this process (the default).
     inference = os.environ.get("LAB_ENGINE_INFERENCE_URL") or os.environ.get("LAB_ENGINE_INFERENCE") or ""
@@ -334,6 +357,7 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None, 
         micro_batch_rollouts=max(1, micro_batch),
         rollout_backend=rollout,
         vllm_dtype=vllm_dtype,
+        vllm_weights=vllm_weights,
         inference=inference,
         weights_dir=os.environ.get("LAB_ENGINE_WEIGHTS_DIR", ""),
     )
@@ -659,7 +683,10 @@ class _LocalRoles:
         ))
         url = config.inference if config.inference.startswith(("http://", "https://")) else None
         if url is None:
-            url, self.inference = start_inference_role(config.spec.model, backend=config.rollout_backend, workdir=workdir / "inference")
+            url, self.inference = start_inference_role(
+                config.spec.model, backend=config.rollout_backend, workdir=workdir / "inference",
+                max_lora_rank=config.spec.lora_rank if config.policy_travels_as_adapter else 0,
+            )
         self.orchestrator = start_orchestrator_role(
             ["--spec", str(args.spec.resolve()), "--job-id", args.job_id, "--attempt", str(args.attempt),
              "--workdir", str(workdir / "orchestrator"), "--offline"],

@@ -22,8 +22,12 @@ is already a batch of `n` samples). Routes (docs/engine.md pins them):
   answer and `token_ids` on each choice (vLLM's `return_token_ids` fields, always given).
 - `POST /update_weights`: `{"weights_path": DIR, "policy_version": int}`: load every
   `*.safetensors` file in DIR (Hugging Face names; for LoRA the merged weights) into the
-  backend; completions sampled afterwards carry that version. → `{"policy_version"}`.
-- `GET /health`: `{"status": "ok", "policy_version", "backend"}`.
+  backend, or, when DIR is a peft adapter directory (`adapter_config.json`,
+  `adapter_model.safetensors`), apply that LoRA adapter (the vLLM backend's `load_adapter`);
+  completions sampled afterwards carry that version. → `{"policy_version"}`.
+- `GET /health`: `{"status": "ok", "policy_version", "backend", "weights"}`; `weights` is
+  what the role takes of a LoRA policy best: "lora" (its adapter: vLLM started with
+  `--max-lora-rank`) or "merged".
 
 Bad input is a 400 (404 for an unknown model or route, 413 for a body over 1 MB) with
 OpenAI's error body `{"error": {"message", "type": "invalid_request_error", "param",
@@ -148,7 +152,8 @@ class InferenceServer:
         return {"object": "list", "data": [card]}
 
     def health(self) -> dict:
-        return {"status": "ok", "policy_version": self.policy_version, "backend": self.backend_name}
+        weights = getattr(self.backend, "weights_format", "merged")
+        return {"status": "ok", "policy_version": self.policy_version, "backend": self.backend_name, "weights": weights}
 
     def generate_tokens(self, body: dict) -> dict:
         self._check_model(body)
@@ -247,6 +252,8 @@ class InferenceServer:
     def update_weights(self, body: dict) -> dict:
         from safetensors.torch import load_file
 
+        from engine.policy import is_adapter_dir
+
         path = body.get("weights_path")
         version = _integer(body, "policy_version", None, minimum=0, maximum=1 << 40, param="policy_version")
         if not isinstance(path, str) or not path:
@@ -257,6 +264,8 @@ class InferenceServer:
         if not isinstance(restart, bool):
             raise RequestError("restart must be true or false", param="restart", code="invalid_type")
         directory = pathlib.Path(path)
+        if directory.is_dir() and is_adapter_dir(directory):
+            return self._update_adapter(directory, version, restart)
         files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
         if not files:
             raise RequestError(f"{path} holds no .safetensors files", param="weights_path")
@@ -267,11 +276,7 @@ class InferenceServer:
             except Exception as error:  # a truncated or foreign file is the caller's mistake
                 raise RequestError(f"{file.name} is not a safetensors file: {error}", param="weights_path") from None
         with self.lock:
-            if version < self.policy_version and not restart:  # restart: a new trainer session starts over
-                raise RequestError(
-                    f"policy_version {version} is older than the loaded {self.policy_version}", param="policy_version", code="stale_policy_version",
-                    status=409,
-                )
+            self._check_version(version, restart)
             try:
                 self.backend.load_weights(tensors.items(), policy_version=version)
             except KeyError as error:
@@ -280,6 +285,33 @@ class InferenceServer:
                 raise RequestError(f"weights do not fit the model: {str(error)[:300]}", param="weights_path") from None
         logger.info("loaded policy version %d from %s (%d tensors)", version, path, len(tensors))
         return {"policy_version": self.policy_version}
+
+    def _update_adapter(self, directory: pathlib.Path, version: int, restart: bool) -> dict:
+        """Apply the peft adapter in `directory` as policy `version` (`update_weights`)."""
+        from engine.policy import read_adapter_config
+
+        load_adapter = getattr(self.backend, "load_adapter", None)
+        if load_adapter is None:
+            raise RequestError(f"the {self.backend_name} backend takes merged weights, not a LoRA adapter", param="weights_path")
+        try:
+            rank = read_adapter_config(directory)["r"]
+        except ValueError as error:
+            raise RequestError(str(error)[:300], param="weights_path") from None
+        with self.lock:
+            self._check_version(version, restart)
+            try:
+                load_adapter(directory, policy_version=version)
+            except (ValueError, KeyError) as error:
+                raise RequestError(f"the adapter does not fit the model: {str(error)[:300]}", param="weights_path") from None
+        logger.info("loaded policy version %d from %s (LoRA adapter, rank %d)", version, directory, rank)
+        return {"policy_version": self.policy_version}
+
+    def _check_version(self, version: int, restart: bool) -> None:
+        if version < self.policy_version and not restart:  # restart: a new trainer session starts over
+            raise RequestError(
+                f"policy_version {version} is older than the loaded {self.policy_version}", param="policy_version", code="stale_policy_version",
+                status=409,
+            )
 
     # ---- helpers ----
 
@@ -408,13 +440,13 @@ class InferenceServer:
 
 def build_server(
     model_id: str, *, backend_name: str, workdir: pathlib.Path, model_dir: pathlib.Path | None = None,
-    vllm_dtype: str = "bfloat16", seed: int = 0, tensor_parallel_size: int = 1,
+    vllm_dtype: str = "bfloat16", seed: int = 0, tensor_parallel_size: int = 1, max_lora_rank: int = 0,
 ) -> InferenceServer:
     """Load `model_id` from the model cache and start its backend; return the server (not yet listening).
 
     The transformers backend samples fp32 weights on this process's torch threads; the vLLM
     backend starts vLLM on the model's Hugging Face directory (engine.vllm_backend), split over
-    `tensor_parallel_size` GPUs.
+    `tensor_parallel_size` GPUs, with LoRA for adapters up to `max_lora_rank` when it is above 0.
     Raises engine.models.ModelNotFound for an unknown id.
     """
     from engine.models import context_length, huggingface_dir, load_model
@@ -431,7 +463,7 @@ def build_server(
 
         path = huggingface_dir(model_id, model, model_dir, workdir)
         backend = VLLMBackend(path, seed=seed, max_model_len=max_model_len, stop_token_ids=stop_token_ids, workdir=workdir,
-                              dtype=vllm_dtype, tensor_parallel_size=tensor_parallel_size)
+                              dtype=vllm_dtype, tensor_parallel_size=tensor_parallel_size, max_lora_rank=max_lora_rank)
         del model
     else:
         backend = TransformersBackend(model, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stop_token_ids)

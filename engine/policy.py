@@ -10,8 +10,12 @@ completions.
 from __future__ import annotations
 
 import copy
+import json
+import os
+import pathlib
+import shutil
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import peft
 import torch
@@ -93,6 +97,121 @@ def policy_weights(model: torch.nn.Module):
     else:
         for name, parameter in trainable_parameters(model):
             yield name, parameter.detach()
+
+
+#: The files of a peft adapter directory (what `PeftModel.save_pretrained` writes, vLLM's
+#: `LoRARequest` and `PeftModel.from_pretrained` read).
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+@dataclass
+class PolicyAdapter:
+    """The trainer's LoRA adapter in peft's format, detached from the model.
+
+    `config`: the adapter's `adapter_config.json` (peft's `LoraConfig.to_dict()`, sets as
+    lists); `tensors`: its `adapter_model.safetensors` under peft's saved names
+    (`base_model.model.<module>.lora_A.weight` [r, in], `....lora_B.weight` [out, r]), on CPU.
+    """
+
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def rank(self) -> int:
+        """The adapter's LoRA rank r."""
+        return int(self.config["r"])
+
+    def save(self, directory: pathlib.Path) -> pathlib.Path:
+        """Write the adapter as a peft directory (`adapter_config.json`, `adapter_model.safetensors`),
+        replacing `directory` whole (written beside it, then renamed); return `directory`."""
+        from safetensors.torch import save_file
+
+        directory = pathlib.Path(directory)
+        partial = directory.with_name(f".{directory.name}.{os.getpid()}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        (partial / ADAPTER_CONFIG_FILE).write_text(json.dumps(self.config, indent=2, sort_keys=True))
+        save_file({name: tensor.contiguous() for name, tensor in self.tensors.items()}, str(partial / ADAPTER_WEIGHTS_FILE),
+                  metadata={"format": "pt"})
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(partial, directory)
+        return directory
+
+    @classmethod
+    def read(cls, directory: pathlib.Path) -> PolicyAdapter:
+        """Read a peft adapter directory. Raises ValueError when it is not one (a file missing,
+        a config that is not a JSON object, weights that are not safetensors)."""
+        from safetensors.torch import load_file
+
+        directory = pathlib.Path(directory)
+        config = read_adapter_config(directory)
+        try:
+            tensors = load_file(str(directory / ADAPTER_WEIGHTS_FILE))
+        except Exception as error:  # a missing file, or safetensors' own error type for a foreign one
+            raise ValueError(f"{directory}/{ADAPTER_WEIGHTS_FILE} is not a safetensors file: {error}") from None
+        return cls(config=config, tensors=tensors)
+
+
+def read_adapter_config(directory: pathlib.Path) -> dict[str, Any]:
+    """The `adapter_config.json` of a peft adapter directory. Raises ValueError when it is
+    missing or is not a LoRA config (a JSON object with an integer rank `r` and `lora_alpha`)."""
+    path = pathlib.Path(directory) / ADAPTER_CONFIG_FILE
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path} is not readable JSON: {error}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("r"), int) or not isinstance(config.get("lora_alpha"), (int, float)):
+        raise ValueError(f"{path} is not a LoRA adapter config (an integer r and lora_alpha)")
+    return config
+
+
+def is_adapter_dir(directory: pathlib.Path) -> bool:
+    """True when `directory` holds a peft adapter (its `adapter_config.json`)."""
+    return (pathlib.Path(directory) / ADAPTER_CONFIG_FILE).is_file()
+
+
+def policy_adapter(model: torch.nn.Module) -> PolicyAdapter:
+    """Return a copy of a peft `model`'s adapter (`PolicyAdapter`), safe to write or send while the
+    trainer updates its own weights. Raises ValueError for a model that is not a peft model."""
+    if not is_lora(model):
+        raise ValueError("full fine-tuning has no adapter: its policy travels as weights")
+    # Embeddings are never adapted here ("all-linear"); "auto" would look the base model's config
+    # up by its id, which is the catalogue id rather than a path.
+    with torch.no_grad():
+        state = peft.get_peft_model_state_dict(model, save_embedding_layers=False)
+        tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
+    config = model.peft_config["default"].to_dict()
+    config = {key: sorted(value) if isinstance(value, set) else value for key, value in config.items()}
+    return PolicyAdapter(config=json.loads(json.dumps(config, default=str)), tensors=tensors)
+
+
+def takes_adapter(backend: Any, model: torch.nn.Module) -> bool:
+    """Whether the policy goes to `backend` as a LoRA adapter (`backend.load_adapter`) rather than
+    as merged weights (`backend.load_weights`): when the trainer trains an adapter and the backend
+    says it applies adapters itself (`weights_format == "lora"`: vLLM started with LoRA)."""
+    return is_lora(model) and getattr(backend, "weights_format", "merged") == "lora"
+
+
+def policy_snapshot(model: torch.nn.Module, backend: Any, *, copy_weights: bool = False):
+    """What `backend` takes of the policy now: a `PolicyAdapter` (copied) when `takes_adapter`,
+    else `policy_weights` (as it yields them, one tensor at a time, or a list of copies with
+    `copy_weights`, so that the trainer may update its own weights before the backend loads
+    them). Load it with `load_policy`."""
+    if takes_adapter(backend, model):
+        return policy_adapter(model)
+    if copy_weights:
+        return [(name, tensor.clone()) for name, tensor in policy_weights(model)]
+    return policy_weights(model)
+
+
+def load_policy(backend: Any, snapshot, policy_version: int) -> None:
+    """Load a `policy_snapshot` into `backend` as `policy_version`: an adapter through
+    `load_adapter`, weights through `load_weights`."""
+    if isinstance(snapshot, PolicyAdapter):
+        backend.load_adapter(snapshot, policy_version=policy_version)
+    else:
+        backend.load_weights(snapshot, policy_version=policy_version)
 
 
 @dataclass

@@ -10,7 +10,9 @@ and `load_weights` writes the policy's weights (for LoRA the merged weights unde
 model's names) as one safetensors file into `LAB_ENGINE_WEIGHTS_DIR`, a directory both roles
 see (on one host shared memory, `/dev/shm`; across pods a shared volume), then calls
 `POST /update_weights` with its path and the policy version (docs/engine.md "How new weights
-reach inference").
+reach inference"). When the role says it applies LoRA adapters itself (`GET /health`'s
+`"weights": "lora"`: vLLM started with `--max-lora-rank`), the trainer sends its adapter
+instead (`load_adapter`: a peft directory, same route).
 
 Seeds: prompt i of a call with seed s samples with seed s + i, so a batch is reproducible
 from the spec's seed and the step, as in-process sampling is.
@@ -73,6 +75,8 @@ class HttpRolloutBackend:
             self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.process = process
         self.policy_version = 0
+        #: What the role takes of a LoRA policy: "lora" (the adapter, `load_adapter`) or "merged".
+        self.weights_format = "merged"
         self._loaded: pathlib.Path | None = None
         self._client = httpx.Client(base_url=self.base_url, timeout=REQUEST_TIMEOUT_S, follow_redirects=False, transport=transport)
         self._wait_until_ready(ready_timeout)
@@ -94,6 +98,7 @@ class HttpRolloutBackend:
         if self.model_id not in served:
             raise InferenceUnavailable(f"the inference role at {self.base_url} serves {served}, not {self.model_id!r}")
         self.policy_version = int(health.json().get("policy_version", 0))
+        self.weights_format = "lora" if health.json().get("weights") == "lora" else "merged"
         logger.info("rollouts through the inference role at %s (%s)", self.base_url, health.json().get("backend"))
 
     def generate(
@@ -126,14 +131,26 @@ class HttpRolloutBackend:
         version = self.policy_version + 1 if policy_version is None else policy_version
         directory = self.weights_dir / f"policy-{version}"
         write_weights(named_tensors, directory)
+        self._load_written(directory, version)
+
+    def load_adapter(self, adapter, *, policy_version: int | None = None) -> None:
+        """Write a LoRA adapter (`engine.policy.PolicyAdapter`) as the peft directory
+        `policy-<version>/` under `weights_dir` and have the role apply it as `policy_version`
+        (default the next version)."""
+        version = self.policy_version + 1 if policy_version is None else policy_version
+        directory = adapter.save(self.weights_dir / f"policy-{version}")
+        self._load_written(directory, version)
+
+    def _load_written(self, directory: pathlib.Path, version: int) -> None:
+        """Have the role load `directory`, then remove the directory it loaded before."""
         self.load_weights_dir(directory, version)
         if self._loaded is not None and self._loaded != directory:
             shutil.rmtree(self._loaded, ignore_errors=True)
         self._loaded = directory
 
     def load_weights_dir(self, directory: pathlib.Path, policy_version: int, *, restart: bool = False) -> None:
-        """Have the role load the weights already written in `directory` (`write_weights`) as
-        `policy_version`; `restart`: also when older than the loaded one (a new trainer session).
+        """Have the role load the weights already written in `directory` (`write_weights`, or a
+        peft adapter directory) as `policy_version`; `restart`: also when older than the loaded one (a new trainer session).
         Raises InferenceUnavailable when it refuses (e.g. an older version without `restart`)."""
         body = {"weights_path": str(directory), "policy_version": policy_version}
         if restart:
@@ -193,16 +210,19 @@ def write_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], directory: 
     save_file({name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}, str(directory / "model.safetensors"))
 
 
-def start_inference_role(model_id: str, *, backend: str, workdir: pathlib.Path, startup_timeout: float = READY_TIMEOUT_S) -> tuple[str, subprocess.Popen]:
+def start_inference_role(
+    model_id: str, *, backend: str, workdir: pathlib.Path, startup_timeout: float = READY_TIMEOUT_S, max_lora_rank: int = 0,
+) -> tuple[str, subprocess.Popen]:
     """Start `python -m engine inference` for `model_id` on a free loopback port, in its own
-    process group; return (its base URL, the process). Raises InferenceUnavailable when it
-    exits or prints no address within `startup_timeout` seconds."""
+    process group; return (its base URL, the process). `max_lora_rank`: the rank of the
+    adapters it will be sent (`--max-lora-rank`; 0: merged weights only). Raises
+    InferenceUnavailable when it exits or prints no address within `startup_timeout` seconds."""
     log_path = workdir / "inference.log"
     workdir.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")  # noqa: SIM115 (the child writes to it for its whole life)
     process = subprocess.Popen(
         [sys.executable, "-m", "engine", "inference", "--model", model_id, "--backend", backend, "--host", "127.0.0.1",
-         "--port", "0", "--workdir", str(workdir)],
+         "--port", "0", "--workdir", str(workdir), *(["--max-lora-rank", str(max_lora_rank)] if max_lora_rank > 0 else [])],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "LAB_ENGINE_PARENT_PID": str(os.getpid())},  # it ends with this engine, even on kill -9
     )

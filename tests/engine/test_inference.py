@@ -120,7 +120,7 @@ def test_it_loads_weights_tagged_with_a_policy_version(served, tmp_path):
     after = client.post("/inference/v1/generate", json=greedy).json()
     assert after["policy_version"] == 3
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
-    assert client.get("/health").json() == {"status": "ok", "policy_version": 3, "backend": "transformers"}
+    assert client.get("/health").json() == {"status": "ok", "policy_version": 3, "backend": "transformers", "weights": "merged"}
 
     stale = client.post("/update_weights", json={"weights_path": str(weights), "policy_version": 2})
     assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_policy_version"
@@ -131,6 +131,12 @@ def test_it_loads_weights_tagged_with_a_policy_version(served, tmp_path):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "weights_path"
     missing = client.post("/update_weights", json={"weights_path": str(tmp_path / "nowhere"), "policy_version": 9})
     assert missing.status_code == 400
+    # A LoRA adapter needs the vLLM backend (engine.vllm_backend.VLLMBackend.load_adapter).
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
+    not_taken = client.post("/update_weights", json={"weights_path": str(adapter), "policy_version": 9})
+    assert not_taken.status_code == 400 and "takes merged weights, not a LoRA adapter" in not_taken.json()["error"]["message"]
     not_a_flag = client.post("/update_weights", json={"weights_path": str(weights), "policy_version": 1, "restart": "yes"})
     assert not_a_flag.status_code == 400 and not_a_flag.json()["error"]["param"] == "restart"
     assert client.get("/health").json()["policy_version"] == 3  # nothing changed

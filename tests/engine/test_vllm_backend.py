@@ -1,11 +1,14 @@
-"""The vLLM rollout backend on vLLM's CPU build: sampling, log-probabilities, weight reloads, a job.
+"""The vLLM rollout backend on vLLM's CPU build: sampling, log-probabilities, weight reloads,
+LoRA adapters per step, a job.
 
 vLLM starts an engine process (about 20–40 s on 2 cores even in eager mode), so the backend
-tests share one engine and everything here carries the `e2e` marker.
+tests share one engine, started with LoRA so that it takes both merged weights and adapters,
+and everything here carries the `e2e` marker.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +18,7 @@ import torch
 
 from engine.grpo import token_logprobs_and_entropy
 from engine.models import tiny_random_llama
-from engine.policy import completion_logits, pack_rollouts
+from engine.policy import completion_logits, make_trainable, pack_rollouts, policy_adapter, policy_weights, rollout_policy
 from engine.rollout import TransformersBackend
 from engine.vllm_backend import VLLMBackend
 
@@ -35,14 +38,16 @@ def prompts_of(tokenizer, count):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """The tiny model, its tokenizer, and one fp32 vLLM engine on its weights."""
+    """The tiny model, its tokenizer, and one fp32 vLLM engine on its weights, with LoRA for
+    adapters of rank 4 (vLLM's max_lora_rank 8)."""
     workdir = tmp_path_factory.mktemp("vllm")
     model, tokenizer = tiny_random_llama()
     model.save_pretrained(workdir / "model", safe_serialization=True)
     backend = VLLMBackend(
         workdir / "model", seed=0, max_model_len=256, stop_token_ids=[tokenizer.eos_token_id],
-        workdir=workdir, dtype="float32", kv_cache_gb=1,
+        workdir=workdir, dtype="float32", kv_cache_gb=1, max_lora_rank=4,
     )
+    assert (backend.weights_format, backend.max_lora_rank) == ("lora", 8)
     yield model, tokenizer, backend
     backend.close()
 
@@ -91,6 +96,65 @@ def test_it_loads_new_weights_in_place_and_tags_rollouts_with_their_policy_versi
     assert [c.token_ids for c in restored] == [c.token_ids for c in reference.generate(prompts, **greedy)]
     assert {c.policy_version for c in restored} == {8}
     assert backend.reload_seconds > 0
+
+
+def trained_adapter(seed):
+    """A LoRA policy of rank 4 on the tiny model whose B matrices are random (as after training)."""
+    model, _ = tiny_random_llama()
+    policy = make_trainable(model, lora_rank=4, lora_alpha=8, base_model_id="lab/tiny-random-llama")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    return policy.eval()
+
+
+def test_it_applies_a_lora_adapter_per_step_with_the_trainers_log_probabilities(tiny):
+    model, tokenizer, backend = tiny
+    prompts = prompts_of(tokenizer, 4)
+    sampling = dict(n=3, max_tokens=12, temperature=0.7, seed=5)
+    base = backend.generate(prompts, **sampling)
+    first = trained_adapter(1)
+
+    backend.load_adapter(policy_adapter(first), policy_version=1)
+    assert backend.lora_request.lora_name == "policy-1"
+    adapted = backend.generate(prompts, **sampling)
+    assert {c.policy_version for c in adapted} == {1}
+    assert [c.token_ids for c in adapted] != [c.token_ids for c in base]  # the adapter is applied
+    packed = pack_rollouts(prompts, [c.token_ids for c in adapted], 3, tokenizer.pad_token_id)
+    with torch.no_grad():
+        scored, _ = token_logprobs_and_entropy(completion_logits(first, packed), packed.completion_ids, 0.7)
+    for row, completion in enumerate(adapted):
+        assert torch.allclose(scored[row, : len(completion.token_ids)], torch.tensor(completion.logprobs), atol=1e-4)
+
+    # The same policy as merged weights samples the same completions with the same log-probabilities.
+    backend.load_weights(policy_weights(first), policy_version=2)
+    assert backend.lora_request is None and not backend.llm.llm_engine.list_loras()
+    merged = backend.generate(prompts, **sampling)
+    assert [c.token_ids for c in merged] == [c.token_ids for c in adapted]
+    for merged_one, adapted_one in zip(merged, adapted):
+        assert torch.allclose(torch.tensor(merged_one.logprobs), torch.tensor(adapted_one.logprobs), atol=1e-4)
+
+    # An adapter after merged weights applies to the base weights again; a later version's
+    # adapter changes the samples, and replaces the earlier one in vLLM.
+    backend.load_adapter(policy_adapter(first), policy_version=3)
+    assert [c.token_ids for c in backend.generate(prompts, **sampling)] == [c.token_ids for c in adapted]
+    later = trained_adapter(2)
+    backend.load_adapter(policy_adapter(later), policy_version=4)
+    greedy = dict(n=1, max_tokens=10, temperature=0.0, seed=0)
+    sampled = backend.generate(prompts, **greedy)
+    assert {c.policy_version for c in sampled} == {4}
+    reference = TransformersBackend(rollout_policy(later), pad_token_id=tokenizer.pad_token_id, stop_token_ids=[tokenizer.eos_token_id])
+    assert [c.token_ids for c in sampled] == [c.token_ids for c in reference.generate(prompts, **greedy)]
+    assert len(backend.llm.llm_engine.list_loras()) == 1 and backend.lora_request.lora_name == "policy-4"
+    assert len(list(backend._weights_dir.glob("adapter-*"))) == 1  # earlier adapters' files are removed
+    with pytest.raises(ValueError, match="holds no adapter_config.json"):
+        backend.load_adapter(backend._weights_dir, policy_version=5)
+    assert backend.policy_version == 4
+
+    backend.load_weights([], policy_version=5)  # back to the base model for the tests below
+    assert [c.token_ids for c in backend.generate(prompts, **sampling)] == [c.token_ids for c in base]
 
 
 def test_it_passes_the_specs_extra_sampling_parameters_to_vllm(tiny):
@@ -148,7 +212,44 @@ def test_it_runs_a_tiny_job_reporting_every_step_once(tmp_path, fake_lab):
     assert any(line.startswith("rollout backend: vllm") for line in fake_lab.logs.values())
 
 
-def test_the_inference_role_serves_vllm_over_http_and_loads_tagged_weights(tmp_path):
+def on_policy_points(workdir):
+    """step → metric values of an offline run's training steps."""
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return {p["step"]: p["values"] for p in map(json.loads, lines) if "loss/mean" in p["values"]}
+
+
+@pytest.mark.parametrize("roles", ["local", "process"])
+def test_a_lora_job_samples_each_step_with_its_adapter_through_vllm(tmp_path, roles):
+    """LAB_ENGINE_VLLM_WEIGHTS=lora on CPU, synchronous steps in fp32: in one process (the trainer
+    hands vLLM its adapter) and as three roles (the trainer publishes the adapter to the shared
+    directory, the orchestrator has the inference role load it). Every step samples with the
+    adapter of the updates before it, and the trainer's log-probabilities of the sampled tokens
+    agree with vLLM's: the importance ratio's KL estimate stays at rounding level."""
+    from tests.engine.test_roles import engine, finished
+
+    spec = write_spec(tmp_path / "spec.json", max_steps=5, seed=3, checkpoints={"interval": 0, "keep_last": 1})
+    env = {"LAB_ENGINE_ROLLOUT": "vllm", "LAB_ENGINE_VLLM_DTYPE": "float32", "LAB_ENGINE_VLLM_WEIGHTS": "lora",
+           "LAB_ENGINE_OVERLAP": "0", "LAB_ENGINE_ROLES": roles}
+    code, stderr = finished(engine(tmp_path, spec, env), timeout=600)
+    assert code == 0, stderr[-3000:]
+    points = on_policy_points(tmp_path / "work")
+    assert sorted(points) == [1, 2, 3, 4, 5]
+    # The adapter trained (a step's groups had different rewards) before the last step, which
+    # then sampled with an adapter whose B matrices are no longer zero.
+    trained = [step for step, values in points.items() if values["optim/grad_norm"] > 0]
+    assert trained and trained[0] < 5 and "mismatch_kl/mean" in points[5], points
+    for step, values in points.items():
+        assert values["off_policy/steps_max"] == 0.0
+        # k3 ≈ Δ²/2 per token: under 1e-9 means log-probabilities within about 4e-5 of each other.
+        assert 0.0 <= values.get("mismatch_kl/mean", 0.0) < 1e-9, (step, values)
+    if roles == "local":
+        assert "weights: LoRA adapter, max_lora_rank 8" in stderr
+    else:
+        log = (tmp_path / "work" / "inference" / "inference.log").read_text()
+        assert [int(v) for v in re.findall(r"loaded policy version (\d+) from \S+ \(LoRA adapter, rank 4\)", log)] == [0, 1, 2, 3, 4]
+
+
+def test_the_inference_role_serves_vllm_over_http_and_loads_tagged_weights_and_adapters(tmp_path):
     import signal
     import socket
 
@@ -160,10 +261,10 @@ def test_the_inference_role_serves_vllm_over_http_and_loads_tagged_weights(tmp_p
         port = probe.getsockname()[1]
     environment = {
         **os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "LAB_ENGINE_VLLM_DTYPE": "float32",
-        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}",
+        "LAB_ENGINE_VLLM_WEIGHTS": "lora", "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}",
     }
     command = [sys.executable, "-m", "engine", "inference", "--model", "lab/tiny-random-llama", "--backend", "vllm",
-               "--port", str(port), "--workdir", str(tmp_path / "work")]
+               "--port", str(port), "--workdir", str(tmp_path / "work"), "--max-lora-rank", "4"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
@@ -174,7 +275,7 @@ def test_the_inference_role_serves_vllm_over_http_and_loads_tagged_weights(tmp_p
                 except httpx.TransportError:
                     assert process.poll() is None, process.stderr.read()[-3000:]
                     time.sleep(0.5)
-            assert client.get("/health").json() == {"status": "ok", "policy_version": 0, "backend": "vllm"}
+            assert client.get("/health").json() == {"status": "ok", "policy_version": 0, "backend": "vllm", "weights": "lora"}
             (card,) = client.get("/v1/models").json()["data"]
             assert card["id"] == "lab/tiny-random-llama" and card["max_model_len"] == 512
 
@@ -195,6 +296,20 @@ def test_the_inference_role_serves_vllm_over_http_and_loads_tagged_weights(tmp_p
             assert client.post("/update_weights", json={"weights_path": str(tmp_path / "policy"), "policy_version": 1}).json() == {"policy_version": 1}
             after = client.post("/inference/v1/generate", json=greedy).json()
             assert after["policy_version"] == 1 and after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
+
+            # A peft adapter directory at the same route: applied to the base weights by vLLM's LoRA path.
+            policy = trained_adapter(2)
+            policy_adapter(policy).save(tmp_path / "policy-2")
+            assert client.post("/update_weights", json={"weights_path": str(tmp_path / "policy-2"), "policy_version": 2}).json() == {"policy_version": 2}
+            adapted = client.post("/inference/v1/generate", json=greedy).json()
+            reference = TransformersBackend(rollout_policy(policy), pad_token_id=tokenizer.pad_token_id, stop_token_ids=[tokenizer.eos_token_id])
+            (expected,) = reference.generate([prompt], n=1, max_tokens=8, temperature=0.0, seed=0)
+            assert adapted["policy_version"] == 2 and adapted["choices"][0]["token_ids"] == expected.token_ids != before["choices"][0]["token_ids"]
+            (tmp_path / "policy-3").mkdir()
+            (tmp_path / "policy-3" / "adapter_config.json").write_text("{}")
+            refused = client.post("/update_weights", json={"weights_path": str(tmp_path / "policy-3"), "policy_version": 3})
+            assert refused.status_code == 400 and "not a LoRA adapter config" in refused.json()["error"]["message"]
+            assert client.get("/health").json()["policy_version"] == 2
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     finally:
