@@ -30,6 +30,7 @@ import peft
 import safetensors.torch
 import torch
 
+from engine.distributed import is_sharded, load_full_optimizer_state, load_full_weights
 from engine.policy import is_lora
 
 FORMAT_LORA = "peft-lora"
@@ -136,15 +137,20 @@ def save_checkpoint(
     state: TrainerState,
     pending_rollouts: object | None = None,
     card: str | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict | None = None,
 ) -> pathlib.Path:
     """Write a checkpoint directory atomically (temp dir, then rename) and return its path.
 
-    `card` (see `model_card`) replaces the `README.md` peft writes, an empty template."""
+    `card` (see `model_card`) replaces the `README.md` peft writes, an empty template.
+    `weights` and `optimizer_state`: the full state of a model sharded with FSDP2, gathered
+    by every rank for this one (engine.distributed.full_weights, full_optimizer_state); they
+    are written in place of `model`'s and `optimizer`'s own, in the same format."""
     directory = pathlib.Path(directory)
-    staging = _stage_weights(directory, model=model, tokenizer=tokenizer, card=card)
+    staging = _stage_weights(directory, model=model, tokenizer=tokenizer, card=card, weights=weights)
     state_dir = staging / STATE_DIR
     state_dir.mkdir()
-    torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
+    torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, state_dir / "optimizer.pt")
     torch.save({"torch": torch.random.get_rng_state(), "python": random.getstate()}, state_dir / "rng.pt")
     if pending_rollouts is not None:
         torch.save(pending_rollouts, state_dir / "pending_rollouts.pt")
@@ -152,9 +158,12 @@ def save_checkpoint(
     return _publish(staging, directory)
 
 
-def _stage_weights(directory: pathlib.Path, *, model: torch.nn.Module, tokenizer, card: str | None) -> pathlib.Path:
+def _stage_weights(
+    directory: pathlib.Path, *, model: torch.nn.Module, tokenizer, card: str | None, weights: dict[str, torch.Tensor] | None = None,
+) -> pathlib.Path:
     """Write the weights of `model` (its PEFT adapter alone for LoRA, else its Hugging Face
-    weights), the tokenizer and the model card into a fresh `<directory>.partial`; return it."""
+    weights, or `weights` when given: a sharded model's gathered state dict), the tokenizer and
+    the model card into a fresh `<directory>.partial`; return it."""
     staging = directory.with_name(directory.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -163,7 +172,7 @@ def _stage_weights(directory: pathlib.Path, *, model: torch.nn.Module, tokenizer
         # look the base model up to decide that).
         model.save_pretrained(str(staging), safe_serialization=True, save_embedding_layers=False)
     else:
-        model.save_pretrained(str(staging), safe_serialization=True)
+        model.save_pretrained(str(staging), safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(str(staging))
     if card is not None:
         (staging / "README.md").write_text(card, encoding="utf-8")
@@ -188,7 +197,8 @@ def load_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_
 
     Returns the checkpoint's trainer state; touches no optimizer or RNG. Raises ValueError when
     the checkpoint does not fit: LoRA vs full, an adapter for another base model than
-    `base_model_id` (when given), or weights of other names or shapes.
+    `base_model_id` (when given), or weights of other names or shapes. A model sharded with
+    FSDP2 loads the same full weights (every rank must call this; rank 0 reads them).
     """
     directory = pathlib.Path(directory)
     state = load_trainer_state(directory)
@@ -205,6 +215,8 @@ def load_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_
             result = peft.set_peft_model_state_dict(model, weights)
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"adapter has unexpected weights: {result.unexpected_keys[:3]}")
+        elif is_sharded(model):
+            missing, unexpected = load_full_weights(model, lambda: safetensors.torch.load_file(str(directory / "model.safetensors")))
         else:
             weights = safetensors.torch.load_file(str(directory / "model.safetensors"))
             missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -224,11 +236,16 @@ def restore_checkpoint(
 
     Returns the trainer state and the pending rollouts (None when the checkpoint has none).
     Raises ValueError when the checkpoint's format does not match the model (LoRA vs full).
+    A model sharded with FSDP2 and its optimizer take the same files as one process's
+    (every rank must call this).
     """
     directory = pathlib.Path(directory)
     state = load_weights(directory, model=model)
     state_dir = directory / STATE_DIR
-    optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
+    if is_sharded(model):
+        load_full_optimizer_state(model, optimizer, torch.load(state_dir / "optimizer.pt", weights_only=True))
+    else:
+        optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
     rng = torch.load(state_dir / "rng.pt", weights_only=False)
     torch.random.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
@@ -315,7 +332,9 @@ def adapter_due(adapters: object | None, step: int, max_steps: int) -> bool:
     return step == max_steps or (interval > 0 and step % interval == 0)
 
 
-def save_adapter(directory: pathlib.Path, *, model: torch.nn.Module, tokenizer, card: str | None = None) -> pathlib.Path:
+def save_adapter(
+    directory: pathlib.Path, *, model: torch.nn.Module, tokenizer, card: str | None = None, weights: dict[str, torch.Tensor] | None = None,
+) -> pathlib.Path:
     """Write the adapter artifact of the current weights to `directory` atomically; return it.
 
     A LoRA model writes its PEFT adapter alone (`adapter_config.json`,
@@ -323,9 +342,10 @@ def save_adapter(directory: pathlib.Path, *, model: torch.nn.Module, tokenizer, 
     full fine-tune its Hugging Face weights (`config.json`, `model.safetensors`); then the
     tokenizer files and the model card (`README.md`). Unlike a checkpoint there is no
     `trainer_state/`: no optimizer, RNG or data position, so it is small and cannot resume a job.
+    `weights`: a sharded model's gathered state dict, as for `save_checkpoint`.
     """
     directory = pathlib.Path(directory)
-    return _publish(_stage_weights(directory, model=model, tokenizer=tokenizer, card=card), directory)
+    return _publish(_stage_weights(directory, model=model, tokenizer=tokenizer, card=card, weights=weights), directory)
 
 
 def prune_adapters(root: pathlib.Path, *, keep: set[pathlib.Path]) -> list[pathlib.Path]:

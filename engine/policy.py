@@ -82,7 +82,9 @@ def policy_weights(model: torch.nn.Module):
     """Yield (name, tensor) of the weights an inference copy needs to match the trainer's policy.
 
     LoRA: for every adapted linear layer, its merged weight W + s·B·A under the plain model's
-    parameter name; full fine-tuning: every trainable parameter. Tensors are detached.
+    parameter name; full fine-tuning: every trainable parameter. Tensors are detached. A model
+    sharded with FSDP2 (engine/distributed.py) gives each parameter whole, gathered as it is
+    yielded: a collective, so every rank must go through all the weights in step.
     """
     if is_lora(model):
         from peft.tuners.lora import LoraLayer
@@ -95,8 +97,10 @@ def policy_weights(model: torch.nn.Module):
                     merged = base_layer.weight + module.get_delta_weight(adapter)
                     yield name.removeprefix("base_model.model.") + ".weight", merged.detach()
     else:
+        from engine.distributed import whole
+
         for name, parameter in trainable_parameters(model):
-            yield name, parameter.detach()
+            yield name, whole(parameter.detach())
 
 
 #: The files of a peft adapter directory (what `PeftModel.save_pretrained` writes, vLLM's

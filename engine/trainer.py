@@ -36,7 +36,7 @@ import torch
 
 from engine import checkpoints as ckpt
 from engine.catalog import TINY_RANDOM_LLAMA_ID
-from engine.distributed import DataParallel
+from engine.distributed import DataParallel, full_optimizer_state, full_weights, is_sharded, join_weight_gather, whole
 from engine.filters import Rollouts, apply_filters, filter_metrics
 from engine.groups import GroupSchedule, group_starts, row_groups, training_group_sizes, uniform_size
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
@@ -213,6 +213,14 @@ class Trainer:
         rollout_model_dir = huggingface_dir(spec.model, base, self.model_dir, self.workdir) if config.rollout_backend == "vllm" and not (config.inference or config.shared_dir) else None
         torch.manual_seed(spec.seed)  # LoRA's A matrices are initialised from the torch RNG
         self.model = make_trainable(base, lora_rank=spec.lora_rank, lora_alpha=spec.lora_alpha, base_model_id=spec.model)
+        sampling_copy = None
+        if self.parallel.world_size > 1 and not is_lora(self.model):
+            # Full fine-tuning under torchrun shards the policy with FSDP2 (engine/distributed.py).
+            # A sharded forward pass is a collective, and rank 0 evaluates alone: in-process
+            # sampling runs on a plain copy taken now, loaded with the gathered weights per update.
+            if not (config.shared_dir or config.inference) and config.rollout_backend != "vllm":
+                sampling_copy = rollout_policy(self.model)
+            self.model = self.parallel.shard_model(self.model, self.device)
         self.parameters = trainable_parameters(self.model)
         for _, parameter in self.parameters:
             # Zero (not None) gradients: AdamW then steps every parameter every step, as the
@@ -231,9 +239,12 @@ class Trainer:
             backend = self._vllm_backend(rollout_model_dir, context_length(base))
         else:
             # LoRA samples from a merged copy (fast); full fine-tuning samples from the
-            # trainer's own model unless overlap needs a second copy (made in run()).
+            # trainer's own model unless overlap needs a second copy (made in run()), or from
+            # the copy taken before sharding.
+            if sampling_copy is None:
+                sampling_copy = rollout_policy(self.model) if is_lora(self.model) else self.model
             backend = TransformersBackend(
-                rollout_policy(self.model) if is_lora(self.model) else self.model,
+                sampling_copy,
                 pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
             )
             logger.info("rollout backend: transformers (%s, torch threads %d)", self.device.type, torch.get_num_threads())
@@ -344,11 +355,13 @@ class Trainer:
         # Under torchrun each rank trains on its share of the groups (engine/distributed.py).
         active = self.parallel.shard([g for g in range(len(batch.prompts)) if any(keep[starts[g]:starts[g + 1]])])
         loss_total, entropy_sum, kl_sum, token_count = 0.0, 0.0, 0.0, 0.0
-        for chunk in micro_batches(active, sizes, config.micro_batch_rollouts):
+        chunks = micro_batches(active, sizes, config.micro_batch_rollouts)
+        passes = self._passes(len(chunks))
+        for chunk in chunks:
             rows = [r for g in chunk for r in range(starts[g], starts[g + 1])]
-            packed = pack_rollouts(
+            packed = self._pack(
                 [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows],
-                [sizes[g] for g in chunk], self.tokenizer.pad_token_id, [batch.completions[r].loss_mask for r in rows],
+                [sizes[g] for g in chunk], [batch.completions[r].loss_mask for r in rows],
             )
             sampling_logprobs = torch.zeros(packed.completion_ids.shape, dtype=torch.float32)
             for i, r in enumerate(rows):
@@ -371,9 +384,11 @@ class Trainer:
             entropy_sum += float((entropy.detach() * mask).sum())
             kl_sum += terms.mismatch_kl * tokens
             token_count += tokens
-        self.parallel.sum_gradients([p for _, p in self.parameters])
+        self._zero_weight_passes(batch, passes - len(chunks))
+        if not is_sharded(self.model):  # FSDP2 has summed them in its reduce-scatters
+            self.parallel.sum_gradients([p for _, p in self.parameters])
         loss_total, entropy_sum, kl_sum, token_count = self.parallel.sum([loss_total, entropy_sum, kl_sum, token_count])
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm)
+        grad_norm = whole(torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm))
         self.optimizer.step()
         metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate,
                    "sampling/temperature": spec.sampling.temperature_at(batch.step, spec.max_steps)}
@@ -381,6 +396,36 @@ class Trainer:
             metrics["entropy/mean"] = entropy_sum / token_count
             metrics["mismatch_kl/mean"] = kl_sum / token_count
         return metrics
+
+    def _pack(self, prompts: list[list[int]], completions: list[list[int]], sizes: list[int],
+              loss_masks: list[list[int] | None] | None = None):
+        """`pack_rollouts` with the tokenizer's pad token. For a sharded model the completions are
+        at least 2 columns wide (a padding column out of the loss if need be), so that every
+        pass runs the model twice (prompts, then completions: engine.policy.completion_logits)
+        and every rank runs the same collectives."""
+        packed = pack_rollouts(prompts, completions, sizes, self.tokenizer.pad_token_id, loss_masks)
+        if is_sharded(self.model) and packed.completion_ids.shape[1] < 2:
+            packed.completion_ids = torch.cat(
+                [packed.completion_ids, torch.full_like(packed.completion_ids, self.tokenizer.pad_token_id)], dim=1)
+            packed.completion_mask = torch.cat([packed.completion_mask, torch.zeros_like(packed.completion_mask)], dim=1)
+        return packed
+
+    def _passes(self, chunks: int) -> int:
+        """How many forward/backward passes this step runs on this rank, for `chunks` micro-batches
+        of its own: for a sharded model the most any rank has (asked of all before the first
+        pass: FSDP2's all-gathers and reduce-scatters are collectives, and ranks differ in
+        micro-batches when their shares of the groups differ in size or in zero-advantage groups
+        left out); otherwise `chunks`."""
+        return self.parallel.maximum(chunks) if is_sharded(self.model) else chunks
+
+    def _zero_weight_passes(self, batch: RolloutBatch, count: int) -> None:
+        """Run `count` forward/backward passes that change no gradient, so that this rank runs as
+        many as the others (`_passes`): each runs the batch's first group and back-propagates its
+        logits times 0, adding exact zeros to the gradients."""
+        sizes = batch.rollouts_per_group(self.config.spec.rollouts_per_example)
+        for _ in range(count):
+            packed = self._pack([batch.prompts[0]], [c.token_ids for c in batch.completions[: sizes[0]]], [sizes[0]])
+            (completion_logits(self.model, packed).sum() * 0.0).backward()
 
     def _filtered_advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, list[bool], dict[str, float]]:
         """Run the spec's pre-batch filters, the group advantages over the rollouts they keep,
@@ -462,11 +507,12 @@ class Trainer:
         total_tokens = max(1, sum(len(c.token_ids) for c in batch.completions))
         loss_total, entropy_sum, token_count = 0.0, 0.0, 0.0
         groups = self.parallel.shard(range(len(batch.prompts)))
-        for chunk in micro_batches(list(groups), sizes, config.micro_batch_rollouts):
+        chunks = micro_batches(list(groups), sizes, config.micro_batch_rollouts)
+        passes = self._passes(len(chunks))
+        for chunk in chunks:
             rows = [r for g in chunk for r in range(starts[g], starts[g + 1])]
-            packed = pack_rollouts(
-                [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows],
-                [sizes[g] for g in chunk], self.tokenizer.pad_token_id,
+            packed = self._pack(
+                [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows], [sizes[g] for g in chunk],
             )
             logits = completion_logits(self.model, packed)
             logprobs, entropy = token_logprobs_and_entropy(logits, packed.completion_ids.to(logits.device), 1.0)
@@ -476,9 +522,11 @@ class Trainer:
             loss_total += float(loss.detach())
             entropy_sum += float((entropy.detach() * mask).sum())
             token_count += float(mask.sum())
-        self.parallel.sum_gradients([p for _, p in self.parameters])
+        self._zero_weight_passes(batch, passes - len(chunks))
+        if not is_sharded(self.model):  # FSDP2 has summed them in its reduce-scatters
+            self.parallel.sum_gradients([p for _, p in self.parameters])
         loss_total, entropy_sum, token_count = self.parallel.sum([loss_total, entropy_sum, token_count])
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm)
+        grad_norm = whole(torch.nn.utils.clip_grad_norm_([p for _, p in self.parameters], config.max_grad_norm))
         self.optimizer.step()
         metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate}
         if token_count:
@@ -487,7 +535,10 @@ class Trainer:
 
     # ---- checkpoints ----
 
-    def _checkpoint(self, step: int, pending: list[RolloutBatch] | None, metrics: dict[str, float] | None = None) -> pathlib.Path:
+    def _checkpoint(self, step: int, pending: list[RolloutBatch] | None, metrics: dict[str, float] | None = None, *,
+                    weights: dict[str, torch.Tensor] | None = None, optimizer_state: dict | None = None) -> pathlib.Path:
+        """Write, archive and report the checkpoint of `step` (rank 0); `weights` and
+        `optimizer_state`: a sharded model's, gathered by every rank (engine.distributed)."""
         self.reporter.set_status("checkpointing", step)
         spec = self.config.spec
         card = ckpt.model_card(
@@ -500,7 +551,7 @@ class Trainer:
             model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
             state=ckpt.TrainerState(step=step, data_position=self.group_schedule.first_index(step + 1),
                                     seed=spec.seed, spec_digest=self.config.digest(), format=self.format),
-            pending_rollouts=pending, card=card,
+            pending_rollouts=pending, card=card, weights=weights, optimizer_state=optimizer_state,
         )
         archive = directory.with_name(directory.name + ".tar")
         size, digest = ckpt.write_tar(directory, archive)
@@ -512,9 +563,10 @@ class Trainer:
         self.reporter.set_status("running", step)
         return directory
 
-    def _adapter(self, step: int, metrics: dict[str, float]) -> None:
+    def _adapter(self, step: int, metrics: dict[str, float], *, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Export the adapter artifact of `step` (`[adapters]`: the weights alone, no optimizer or
-        trainer state; engine.checkpoints.save_adapter) and queue it for Lab."""
+        trainer state; engine.checkpoints.save_adapter) and queue it for Lab; `weights`: a
+        sharded model's, gathered by every rank."""
         spec = self.config.spec
         root = self.workdir / ckpt.ADAPTER_ROOT
         card = ckpt.model_card(
@@ -522,7 +574,8 @@ class Trainer:
             metrics=metrics, spec=spec.model_dump(mode="json", exclude_none=True),
             checkpoint_format=self.format, test_model=spec.model == TINY_RANDOM_LLAMA_ID,
         )
-        directory = ckpt.save_adapter(root / ckpt.checkpoint_name(step), model=self.model, tokenizer=self.tokenizer, card=card)
+        directory = ckpt.save_adapter(root / ckpt.checkpoint_name(step), model=self.model, tokenizer=self.tokenizer, card=card,
+                                      weights=weights)
         archive = directory.with_name(directory.name + ".tar")
         size, digest = ckpt.write_tar(directory, archive)
         self.reporter.adapter(step, self.format, archive, size, digest)
@@ -619,16 +672,21 @@ class Trainer:
                 )
                 self.reporter.set_status("running", step)
                 stopping = self.parallel.any(self._stop_requested()) and step < spec.max_steps
-                if stopping or step == spec.max_steps or (spec.checkpoints.interval and step % spec.checkpoints.interval == 0):
+                checkpoint_due = stopping or step == spec.max_steps or (spec.checkpoints.interval and step % spec.checkpoints.interval == 0)
+                adapter_due = ckpt.adapter_due(spec.adapters, step, spec.max_steps)
+                # A sharded model's full state is gathered by every rank; rank 0 alone writes it.
+                weights = full_weights(self.model) if is_sharded(self.model) and (checkpoint_due or adapter_due) else None
+                if checkpoint_due:
                     # The rollouts already sampled for the next steps go into the checkpoint,
                     # so a resume trains on exactly what an uninterrupted run would.
                     next_batches = rollouts.pending(step)
                     # The evals up to this step are reported before its checkpoint: a resume owes none of them.
                     self._report_held_out(rollouts.settled(step))
+                    optimizer_state = full_optimizer_state(self.model, self.optimizer) if is_sharded(self.model) else None
                     if self.parallel.is_main:
-                        self._checkpoint(step, next_batches or None, metrics)
-                if self.parallel.is_main and ckpt.adapter_due(spec.adapters, step, spec.max_steps):
-                    self._adapter(step, metrics)
+                        self._checkpoint(step, next_batches or None, metrics, weights=weights, optimizer_state=optimizer_state)
+                if self.parallel.is_main and adapter_due:
+                    self._adapter(step, metrics, weights=weights)
                 if stopping:
                     logger.info("stop requested: stopped after step %d with a checkpoint", step)
                     outcome = "stopped"
@@ -676,9 +734,11 @@ class InProcessRollouts:
     def start(self) -> dict[int, dict[str, float]]:
         """The base model's eval (as step 0), when a fresh run's `[eval]` asks for it."""
         trainer = self.trainer
-        if trainer.start_step == 1 and self.orchestrator.held_out_due(0) and trainer.parallel.is_main:
-            self._load_policy(0)
-            return {0: self.orchestrator.held_out(0)}
+        if trainer.start_step == 1 and self.orchestrator.held_out_due(0):
+            if trainer.parallel.is_main:
+                self._load_policy(0)
+                return {0: self.orchestrator.held_out(0)}
+            join_weight_gather(trainer.model)  # rank 0's load gathers a sharded model's weights
         return {}
 
     def next_batch(self, step: int) -> tuple[RolloutBatch, float]:
@@ -726,7 +786,10 @@ class InProcessRollouts:
         """After `step`'s update: its eval/val metrics when due (with the new weights), and
         the seconds spent loading them."""
         trainer = self.trainer
-        if not (trainer.parallel.is_main and self.orchestrator.held_out_due(step)):
+        if not self.orchestrator.held_out_due(step):
+            return {}, 0.0
+        if not trainer.parallel.is_main:
+            join_weight_gather(trainer.model)  # rank 0's load gathers a sharded model's weights
             return {}, 0.0
         for _, future in self.ahead:
             future.result()  # the sampler is free, and its weights can move to this step's
