@@ -117,7 +117,7 @@ MAX_TASKS = 1_000_000
 
 
 class BridgeError(Exception):
-    """A refusal answered to the engine: ``code`` is one of missing_module, not_single_turn,
+    """A refusal answered to the engine: ``code`` is one of missing_module, unsupported (a feature Lab does not run),
     invalid_args, invalid_taskset, invalid_request, scoring_failed."""
 
     def __init__(self, code: str, message: str, module: str | None = None):
@@ -239,7 +239,7 @@ def _messages(task, taskset_id: str, *, prompted: bool = True) -> list[dict]:
     if data.prompt is None:
         if not prompted:
             return messages
-        raise BridgeError("not_single_turn", f"taskset {taskset_id}: a task has no prompt (the user opens the conversation)")
+        raise BridgeError("unsupported", f"taskset {taskset_id}: a task has no prompt (the user opens the conversation)")
     if isinstance(data.prompt, str):
         return [*messages, {"role": "user", "content": data.prompt}]
     return [*messages, *(_chat_message(message, f"taskset {taskset_id}: a prompt") for message in data.prompt)]
@@ -251,11 +251,11 @@ def _chat_message(message, what: str) -> dict:
     from verifiers.v1.types import AssistantMessage, SystemMessage, TextContentPart, UserMessage
 
     if not isinstance(message, (SystemMessage, UserMessage, AssistantMessage)) or getattr(message, "tool_calls", None):
-        raise BridgeError("not_single_turn", f"{what} holds a {message.role} message with tools")
+        raise BridgeError("unsupported", f"{what} holds a {message.role} message with tools")
     content = message.content
     if not isinstance(content, str):
         if any(not isinstance(part, TextContentPart) for part in content or []):
-            raise BridgeError("not_single_turn", f"{what} holds images or other non-text parts")
+            raise BridgeError("unsupported", f"{what} holds images or other non-text parts")
         content = "\n".join(part.text for part in content or [])
     return {"role": message.role, "content": content or ""}
 
@@ -329,7 +329,7 @@ class Bridge:
             # One interception server (not an elastic pool): the one a tool-using taskset's model client joins.
             data["interception"] = {"type": "server"}
         if vf.default_harness_id(taskset) != "bash":
-            raise BridgeError("not_single_turn", f"taskset {taskset}: brings its own Harness (multi-turn), which Lab does not run yet")
+            raise BridgeError("unsupported", f"taskset {taskset}: brings its own Harness (multi-turn), which Lab does not run yet")
         try:
             config = vf.resolve_env_config(data)
             env = vf.load_environment(config)
@@ -339,16 +339,16 @@ class Bridge:
             raise _missing_module(error, f"taskset {taskset}") from None
         task_type = type(env.taskset).task_type()
         if task_type.NEEDS_CONTAINER:
-            raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks need a container runtime")
+            raise BridgeError("unsupported", f"taskset {taskset}: its tasks need a container runtime")
         uses_tools = bool(type(env.taskset).toolsets(env.taskset.config) or task_type.toolsets(env.taskset.config.task))
         if uses_tools and multi_turn:
-            raise BridgeError("not_single_turn", f"taskset {taskset}: its tasks use tools inside an Env of its own, which Lab does not run yet")
+            raise BridgeError("unsupported", f"taskset {taskset}: its tasks use tools inside an Env of its own, which Lab does not run yet")
         agents = []
         if multi_turn:
             for name, spec in env._agent_specs.items():
                 if spec.harness is not None and spec.harness.id != "null":
                     raise BridgeError(
-                        "not_single_turn",
+                        "unsupported",
                         f"taskset {taskset}: its agent '{name}' runs the harness '{spec.harness.id}', which Lab does not run "
                         "(Lab's policy answers each agent's turns as a plain chat)",
                     )
@@ -378,7 +378,7 @@ class Bridge:
             for stop in first.hooks("stop"):
                 if hook_boundary(stop, allow_trace=True) is not Trace:
                     raise BridgeError(
-                        "not_single_turn",
+                        "unsupported",
                         f"taskset {taskset}: its @stop {stop.__name__} reads a model request or response, which only "
                         "a harness's model calls give (a @stop on the trace runs)",
                     )
@@ -397,7 +397,7 @@ class Bridge:
         env = opened.env
         harness = env._harnesses.get("agent")
         if harness is None or harness.config.id != "null":
-            raise BridgeError("not_single_turn", f"taskset {opened.taskset_id}: its tasks use tools with a harness other than null, which Lab does not run")
+            raise BridgeError("unsupported", f"taskset {opened.taskset_id}: its tasks use tools with a harness other than null, which Lab does not run")
         from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
 
         prepare_offline_script(CHAT_PROGRAM_SOURCE, what=f"taskset {opened.taskset_id}: verifiers' null harness")
@@ -1019,7 +1019,7 @@ def prepare_offline_script(source: str, *, what: str) -> str:
     metadata = tomllib.loads("".join(line[2:] + "\n" for line in block.group(1).splitlines())) if block else {}
     python = ".".join(map(str, sys.version_info[:3]))
     if not SpecifierSet(metadata.get("requires-python", "")).contains(python):
-        raise BridgeError("not_single_turn", f"{what} needs Python {metadata['requires-python']}; this bridge runs {python}")
+        raise BridgeError("unsupported", f"{what} needs Python {metadata['requires-python']}; this bridge runs {python}")
     for line in metadata.get("dependencies", []):
         requirement = Requirement(line)
         try:
@@ -1028,7 +1028,7 @@ def prepare_offline_script(source: str, *, what: str) -> str:
             version = None
         if version is None or not requirement.specifier.contains(version, prereleases=True):
             found = f"{version} is installed" if version else "it is not installed"
-            raise BridgeError("not_single_turn", (
+            raise BridgeError("unsupported", (
                 f"{what} needs {line}, and {found} in the verifiers environment (its script's dependencies come from there: "
                 "Lab prepares it offline, without uv)"
             ))

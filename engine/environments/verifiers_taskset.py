@@ -77,14 +77,21 @@ def verifiers_python(environ=None) -> Path:
     return Path(value) if value else DEFAULT_PYTHON
 
 
-def bridge_environment(environ=None, *, site: Path | None = None) -> dict[str, str]:
+def bridge_environment(environ=None, *, home: Path | None = None) -> dict[str, str]:
     """Return the bridge's whole environment: a few process basics of ``environ`` (locale, home,
-    temp dir, CA bundle) and the offline switches; never a LAB_* variable or a job secret."""
+    temp dir, CA bundle) and the offline switches; never a LAB_* variable or a job secret.
+
+    ``home``, when given, is the bridge's ``HOME``: verifiers keeps its cache there
+    (``~/.cache/verifiers``: prepared chat programs, rollout working directories, rate-limit
+    locks), so the engine gives it a directory of the attempt's work dir, private to the job and
+    writable in a pod whose own home is not."""
     source = os.environ if environ is None else environ
     env = {name: source[name] for name in _BRIDGE_ENV_NAMES if name in source}
     env.update({name: value for name, value in source.items() if name.startswith("LC_")})
     env.update(_BRIDGE_ENV_FIXED)
     env.setdefault("PATH", os.defpath)
+    if home is not None:
+        env["HOME"] = str(home)
     return env
 
 
@@ -96,12 +103,14 @@ class Bridge:
         self.package_id = package_id
         self.log_path = workdir / "environments" / f"verifiers-bridge-{len(_BRIDGES) + 1}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        home = workdir / "environments" / "home"
+        home.mkdir(exist_ok=True)
         self._lock = threading.Lock()
         self._buffer = b""
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [str(python), "-I", str(BRIDGE_SCRIPT), "--site", str(site)],
-                cwd=workdir, env=bridge_environment(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                cwd=workdir, env=bridge_environment(home=home), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 start_new_session=True,
             )
         _BRIDGES.append(self)

@@ -149,6 +149,6 @@ def test_a_harness_script_is_prepared_offline_only_when_what_it_declares_is_inst
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "prepared True",
-        f"not_single_turn the program needs mcp==1.0.0, and 2.0.0 is installed {WHERE}",
-        f"not_single_turn the program needs frobnicator-9000>=1, and it is not installed {WHERE}",
+        f"unsupported the program needs mcp==1.0.0, and 2.0.0 is installed {WHERE}",
+        f"unsupported the program needs frobnicator-9000>=1, and it is not installed {WHERE}",
     ]
