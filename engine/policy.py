@@ -146,13 +146,14 @@ class PolicyAdapter:
     def read(cls, directory: pathlib.Path) -> PolicyAdapter:
         """Read a peft adapter directory. Raises ValueError when it is not one (a file missing,
         a config that is not a JSON object, weights that are not safetensors)."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         directory = pathlib.Path(directory)
         config = read_adapter_config(directory)
         try:
             tensors = load_file(str(directory / ADAPTER_WEIGHTS_FILE))
-        except Exception as error:  # a missing file, or safetensors' own error type for a foreign one
+        except (OSError, SafetensorError) as error:
             raise ValueError(f"{directory}/{ADAPTER_WEIGHTS_FILE} is not a safetensors file: {error}") from None
         return cls(config=config, tensors=tensors)
 

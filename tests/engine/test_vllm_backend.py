@@ -18,7 +18,14 @@ import torch
 
 from engine.grpo import token_logprobs_and_entropy
 from engine.models import tiny_random_llama
-from engine.policy import completion_logits, make_trainable, pack_rollouts, policy_adapter, policy_weights, rollout_policy
+from engine.policy import (
+    completion_logits,
+    make_trainable,
+    pack_rollouts,
+    policy_adapter,
+    policy_weights,
+    rollout_policy,
+)
 from engine.rollout import TransformersBackend
 from engine.vllm_backend import VLLMBackend
 
@@ -135,6 +142,15 @@ def test_it_applies_a_lora_adapter_per_step_with_the_trainers_log_probabilities(
     assert [c.token_ids for c in merged] == [c.token_ids for c in adapted]
     for merged_one, adapted_one in zip(merged, adapted):
         assert torch.allclose(torch.tensor(merged_one.logprobs), torch.tensor(adapted_one.logprobs), atol=1e-4)
+
+    # An engine that takes merged weights only merges an adapter itself: the same policy again.
+    backend.weights_format = "merged"
+    try:
+        backend.load_adapter(policy_adapter(first), policy_version=3)
+    finally:
+        backend.weights_format = "lora"
+    assert backend.lora_request is None
+    assert [c.token_ids for c in backend.generate(prompts, **sampling)] == [c.token_ids for c in adapted]
 
     # An adapter after merged weights applies to the base weights again; a later version's
     # adapter changes the samples, and replaces the earlier one in vLLM.
