@@ -150,7 +150,22 @@ def test_each_role_runs_its_command_with_its_variables():
         assert job["template"]["spec"]["template"]["metadata"]["labels"]["lab.dev/role"] == job["name"]
     cpu = pods(jobset_object(request(gpu_type="cpu", gpus=0), replace(SETTINGS, engine_roles="split")))
     assert env(cpu["inference"])["LAB_ENGINE_ROLLOUT"]["value"] == "transformers"
+    for role in SPLIT_ROLES:  # every role knows the backend: the trainer publishes for it, the orchestrator samples through it
+        assert env(by_role[role])["LAB_ENGINE_ROLLOUT"]["value"] == "vllm"
+        assert env(cpu[role])["LAB_ENGINE_ROLLOUT"]["value"] == "transformers"
     assert "nvidia.com/gpu" not in cpu["inference"]["containers"][0]["resources"]["requests"]
+
+
+@pytest.mark.parametrize(("lora_rank", "gpus", "flag"), [(16, 2, ["--max-lora-rank", "16"]), (0, 2, []), (16, 0, [])])
+def test_a_lora_jobs_inference_role_makes_room_for_its_adapters_where_vllm_serves_it(lora_rank, gpus, flag):
+    """vLLM applies the trainer's adapter each step (on CUDA: LAB_ENGINE_VLLM_WEIGHTS' auto);
+    a full fine-tune sends merged weights, and the transformers backend takes nothing else."""
+    attempt = request(gpu_type="H100" if gpus else "cpu", gpus=gpus,
+                      spec={"model": "Qwen/Qwen3-0.6B", "lora_rank": lora_rank, "max_runtime_minutes": 90})
+    inference = pods(jobset_object(attempt, replace(SETTINGS, engine_roles="split")))["inference"]["containers"][0]
+
+    assert inference["args"] == ["inference", "--model", "Qwen/Qwen3-0.6B", "--host", "0.0.0.0", "--port", "8100",
+                                 "--workdir", "/var/lab/work", *flag]
 
 
 def test_only_the_trainer_holds_labs_tokens_and_inference_no_secret_at_all():

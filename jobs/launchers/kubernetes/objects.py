@@ -287,18 +287,26 @@ def _role_command(request: LaunchRequest, role: str, name: str) -> tuple[list[st
     args = engine_args(request, spec_path=f"{SPEC_DIR}/spec.json", workdir=WORK_DIR, resume_dir=None)
     if role == ENGINE_ROLE:
         return args, []
+    # vLLM serves the policy where the inference role has GPUs; a LoRA job's trainer then sends
+    # its adapter each step and vLLM applies it (docs/engine.md "How new weights reach inference"):
+    # the inference role makes room for the adapter's rank; the trainer role, which never
+    # samples, knows the backend it publishes for, and the orchestrator which sampling options
+    # the backend takes (sampling.extra_body).
+    vllm = role_gpus(request, "inference") > 0
+    rollout = {"name": "LAB_ENGINE_ROLLOUT", "value": "vllm" if vllm else "transformers"}
     if role == "inference":
         gpus = role_gpus(request, role)
         split = ["--tensor-parallel-size", str(gpus)] if gpus > 1 else []  # vLLM over the role's GPUs
+        lora_rank = int(request.spec.get("lora_rank") or 0)
+        adapters = ["--max-lora-rank", str(lora_rank)] if vllm and lora_rank else []
         return (["inference", "--model", str(request.spec.get("model", "")), "--host", "0.0.0.0",
-                 "--port", str(INFERENCE_PORT), "--workdir", WORK_DIR, *split],
-                [{"name": "LAB_ENGINE_ROLLOUT", "value": "vllm" if gpus else "transformers"}])
+                 "--port", str(INFERENCE_PORT), "--workdir", WORK_DIR, *split, *adapters], [rollout])
     shared = [{"name": "LAB_ENGINE_SHARED_DIR", "value": SHARED_DIR}]
     if role == "orchestrator":  # no Lab URL nor checkpoint: it never talks to Lab
         attempt_args = ["--spec", f"{SPEC_DIR}/spec.json", "--job-id", request.job_id,
                         "--attempt", str(request.attempt), "--workdir", WORK_DIR]
-        return ["orchestrator", *attempt_args], [*shared, {"name": "LAB_ENGINE_INFERENCE_URL", "value": inference_url(name)}]
-    return [role, *args[1:]], shared
+        return ["orchestrator", *attempt_args], [*shared, rollout, {"name": "LAB_ENGINE_INFERENCE_URL", "value": inference_url(name)}]
+    return [role, *args[1:]], [*shared, rollout]
 
 
 def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> dict:
