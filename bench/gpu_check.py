@@ -19,7 +19,8 @@ Parts, each printing its figures, or a line with `"value": null` and `"not_run":
   (perf/rollout_tokens_per_s × time/generate) ÷ Σ time/generate, `gpu_step_s` = mean time/step,
   `gpu_peak_memory_gb` (torch.cuda.max_memory_allocated; not run on CPU).
 - `vllm` (where `import vllm` works; a child process, since vLLM starts worker processes and
-  wants CUDA untouched): `engine.vllm_backend.VLLMBackend` on the same model. Merged weights:
+  wants CUDA untouched): `engine.vllm_backend.VLLMBackend` on the same model, eager as the
+  engine starts it. Merged weights:
   `gpu_vllm_generation_tokens_per_s`, `gpu_vllm_weight_reload_s` (`load_weights` of the whole
   state dict), and the completions after it carry policy version 1. The LoRA-adapter path
   (`max_lora_rank=16`, `load_adapter` with an `engine.policy.PolicyAdapter` taken from a peft
@@ -32,7 +33,8 @@ Parts, each printing its figures, or a line with `"value": null` and `"not_run":
   full fine-tuning (FSDP2): `gpu_distributed_nccl_step_s_{lora16,full}`. With fewer, a not_run
   line (NCCL needs a GPU per rank and refuses two ranks on one GPU), and 2 gloo ranks on the
   CPU with the built-in tiny model instead: `distributed_gloo_step_s_{lora,full}`, with whether
-  rank 1 trained and (full) whether FSDP2 sharded the policy.
+  rank 1 trained and (full) whether FSDP2 sharded the policy (`--smoke`: full fine-tuning only,
+  each launch starting two engine processes).
 
 Every line has `name`, `value`, `unit` and `device`. The job spec is built through
 `labsdk.spec` when it imports (it needs pydantic); otherwise, or with `--spec-fallback`, from
@@ -398,8 +400,8 @@ def check_vllm(args, model_dir: pathlib.Path, device: str) -> None:
     eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
     prompts = [[1, 10 + i % 60, 20 + i % 60, 30 + i % 60] for i in range(args.vllm_prompts)]
     n, max_tokens = args.shape["rollouts_per_example"], args.shape["max_tokens"]
-    settings = {"seed": 0, "max_model_len": args.max_model_len, "stop_token_ids": [eos], "dtype": dtype,
-                "enforce_eager": device != "cuda"}
+    # Eager, as the engine starts vLLM (Trainer._vllm_backend keeps VLLMBackend's default).
+    settings = {"seed": 0, "max_model_len": args.max_model_len, "stop_token_ids": [eos], "dtype": dtype, "enforce_eager": True}
 
     def timed_generate(backend, seed):
         started = time.perf_counter()
@@ -420,7 +422,7 @@ def check_vllm(args, model_dir: pathlib.Path, device: str) -> None:
             versions = sorted({c.policy_version for c in completions})
             if versions != [1]:
                 raise RuntimeError(f"completions after load_weights(policy_version=1) carry versions {versions}")
-            common = {"device": device, "dtype": dtype, "startup_s": round(backend.startup_seconds, 1)}
+            common = {"device": device, "dtype": dtype, "enforce_eager": True, "startup_s": round(backend.startup_seconds, 1)}
             emit("gpu_vllm_generation_tokens_per_s", tokens_per_s, "tokens/s", **common)
             emit("gpu_vllm_weight_reload_s", backend.reload_seconds, "s", policy_version=versions[0], **common)
         finally:
@@ -452,7 +454,7 @@ def check_vllm(args, model_dir: pathlib.Path, device: str) -> None:
             name = backend.lora_request.lora_name if backend.lora_request is not None else None
             if versions != [7] or name != "policy-7":
                 raise RuntimeError(f"with the adapter of version 7 applied, completions carry {versions} (LoRA request {name})")
-            common = {"device": device, "dtype": dtype, "startup_s": round(backend.startup_seconds, 1),
+            common = {"device": device, "dtype": dtype, "enforce_eager": True, "startup_s": round(backend.startup_seconds, 1),
                       "max_lora_rank": backend.max_lora_rank, "weights_format": backend.weights_format}
             emit("gpu_vllm_adapter_load_s", load_s, "s", policy_version=versions[0], **common)
             emit("gpu_vllm_lora_generation_tokens_per_s", tokens_per_s, "tokens/s", policy_version=versions[0], **common)
@@ -518,6 +520,12 @@ def check_distributed(args, model_id: str, model_root: pathlib.Path, device: str
                 emit(f"gpu_distributed_nccl_step_s_{label}", None, "s", device=device, not_run=reason)
         # gloo on the CPU (CUDA hidden), the built-in tiny model: the distributed path runs everywhere.
         for lora_rank, label in ((4, "lora"), (0, "full")):
+            if args.smoke and lora_rank:
+                # Each launch is two engine processes starting: the smoke run keeps the sharded one.
+                emit(f"distributed_gloo_step_s_{label}", None, "s", device="cpu",
+                     not_run="smoke run: one gloo launch (full fine-tuning, FSDP2) keeps it short; "
+                     "tests/engine/test_distributed.py trains LoRA on 2 gloo ranks")
+                continue
             job = job_spec(TINY_MODEL_ID, steps=1, lora_rank=lora_rank, batch_size=8, rollouts_per_example=4, max_tokens=6,
                            env_args={"min_length": 2, "max_length": 4})
             result = torchrun_job(job, root / f"gloo-{label}", engine_environment(model_root, CUDA_VISIBLE_DEVICES=""),
@@ -543,6 +551,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.steps = args.steps or (1 if args.smoke else 3)
     default_parts = "trainer,distributed" if args.smoke else ",".join(PARTS)
+    #: The smoke run's default leaves vLLM out, and says so; parts left out by --parts say nothing.
+    args.vllm_left_out = args.smoke and args.parts is None
     args.parts = [part for part in (args.parts or default_parts).split(",") if part]
     if not args.parts or set(args.parts) - set(PARTS):
         parser.error(f"--parts takes {', '.join(PARTS)}")
@@ -580,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     if parameters:
         emit("gpu_model_parameters", parameters, "params", device=device, model=model_id)
     log(f"gpu_check: model {model_id} ready in {time.perf_counter() - started:.1f}s; parts {', '.join(args.parts)}")
-    if args.smoke and "vllm" not in args.parts:
+    if args.vllm_left_out:
         for name, unit in VLLM_FIGURES:
             emit(name, None, unit, device=device, not_run="smoke run: vLLM starts two engines of 20 s+ each on CPU; "
                  "--parts vllm runs them (tests/bench/test_gpu_check.py, marked real_model)")

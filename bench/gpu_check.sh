@@ -12,7 +12,7 @@
 #       gpu_generation_tokens_per_s_*  tokens/s  completion tokens / time/generate
 #       gpu_step_s_*                   s         mean time/step
 #       gpu_peak_memory_gb_*           GiB       torch.cuda.max_memory_allocated
-#   vllm (where `import vllm` works; else not_run): engine/vllm_backend.py on the same model
+#   vllm (where `import vllm` works; else not_run): engine/vllm_backend.py on the same model, eager as the engine runs it
 #       gpu_vllm_generation_tokens_per_s       tokens/s  merged weights
 #       gpu_vllm_weight_reload_s               s         load_weights of the whole state dict (completions then carry version 1)
 #       gpu_vllm_adapter_load_s                s         load_adapter of a peft model's PolicyAdapter (max_lora_rank 16)

@@ -118,7 +118,8 @@ def test_its_fallback_spec_refuses_what_it_does_not_model():
 
 def test_the_smoke_run_prints_every_figure_and_why_the_rest_did_not_run(tmp_path):
     """The trainer part on the fallback spec (what a GPU machine without pydantic builds); the
-    distributed part's 2 gloo ranks read their spec through labsdk (python -m engine run)."""
+    distributed part's 2 gloo ranks (a full fine-tune, sharded by both) read their spec through
+    labsdk (python -m engine run)."""
     lines = run_script(tmp_path, "--smoke", "--spec-fallback")
 
     assert lines["gpu_model_parameters"]["value"] == 80704.0  # the tiny Qwen2 shape, built on first use
@@ -134,10 +135,10 @@ def test_the_smoke_run_prints_every_figure_and_why_the_rest_did_not_run(tmp_path
         assert_not_run(lines[name], unit, "smoke run")
     for mode in ("lora16", "full"):
         assert_not_run(lines[f"gpu_distributed_nccl_step_s_{mode}"], "s", "NCCL needs a GPU per rank")
-    for mode, sharded_ranks in (("lora", 0), ("full", 2)):
-        line = lines[f"distributed_gloo_step_s_{mode}"]
-        assert_ran(line, "s")
-        assert (line["backend"], line["world_size"], line["rank1_trained"], line["fsdp2_ranks"]) == ("gloo", 2, True, sharded_ranks)
+    line = lines["distributed_gloo_step_s_full"]
+    assert_ran(line, "s")
+    assert (line["backend"], line["world_size"], line["rank1_trained"], line["fsdp2_ranks"]) == ("gloo", 2, True, 2)
+    assert_not_run(lines["distributed_gloo_step_s_lora"], "s", "test_distributed.py")
     assert len(lines) == 1 + 4 * 2 + 4 + 2 + 2
 
 
