@@ -333,10 +333,12 @@ def group_rollouts(rollouts: list[EpisodeRollout]) -> tuple[list[int], list[Comp
     return first[:shared], completions
 
 
-def complete_functions(functions: list[dict[str, float]]) -> list[dict[str, float]]:
-    """Give every rollout's scores the same names: a reward an environment recorded on some
-    episodes only counts 0 on the others (verifiers' `trace.reward` sums what was recorded)."""
-    names = []
+def complete_functions(functions: list[dict[str, float]], known: list[str] = ()) -> list[dict[str, float]]:
+    """Give every rollout's scores the same names, `known` (the environment's reward functions)
+    first: a reward an environment recorded on some episodes only, or a function that scored
+    nothing (every episode timed out), counts 0 on the others (verifiers' `trace.reward` sums
+    what was recorded)."""
+    names = list(known)
     for scores in functions:
         names += [name for name in scores if name not in names]
     return [{name: scores.get(name, 0.0) for name in names} for scores in functions]

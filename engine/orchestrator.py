@@ -335,7 +335,7 @@ class Orchestrator:
                 stop_token_ids=self.stop_token_ids, context_length=self.context_length, max_tokens=max_tokens,
                 temperature=temperature, seed=seed, template_kwargs=template_kwargs, sampling=extra_sampling(sampling_params),
             )
-            functions = complete_functions([episode.functions for episode in episodes])
+            functions = complete_functions([episode.functions for episode in episodes], [f.name for f in env.rubric])
             for position, g in enumerate(chosen):
                 group = episodes[position * n:(position + 1) * n]
                 prompts[g], completions = group_rollouts(group)

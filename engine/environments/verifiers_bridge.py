@@ -251,7 +251,7 @@ def _chat_message(message, what: str) -> dict:
     from verifiers.v1.types import AssistantMessage, SystemMessage, TextContentPart, UserMessage
 
     if not isinstance(message, (SystemMessage, UserMessage, AssistantMessage)) or getattr(message, "tool_calls", None):
-        raise BridgeError("unsupported", f"{what} holds a {message.role} message with tools")
+        raise BridgeError("unsupported", f"{what} holds a {message.role!r} message with tool calls")
     content = message.content
     if not isinstance(content, str):
         if any(not isinstance(part, TextContentPart) for part in content or []):
@@ -329,7 +329,7 @@ class Bridge:
             # One interception server (not an elastic pool): the one a tool-using taskset's model client joins.
             data["interception"] = {"type": "server"}
         if vf.default_harness_id(taskset) != "bash":
-            raise BridgeError("unsupported", f"taskset {taskset}: brings its own Harness (multi-turn), which Lab does not run yet")
+            raise BridgeError("unsupported", f"taskset {taskset}: brings its own Harness, which Lab does not run (only verifiers' null harness runs)")
         try:
             config = vf.resolve_env_config(data)
             env = vf.load_environment(config)
@@ -650,11 +650,11 @@ class Episodes:
     def _result(self, episode_id: str, episode) -> dict:
         if episode.is_timeout:
             error = episode.errors[-1] if episode.errors else None
-            message = " ".join(error.message.split())[:500] if error else "the episode ran past its deadline"
+            message = _error_text(error.message, episode_id) if error else "the episode ran past its deadline"
             return {"episode": episode_id, "timeout": True, "error": message}
         if episode.errors:
             error = episode.errors[-1]
-            return {"episode": episode_id, "error": " ".join(f"{error.type}: {error.message}".split())[:500]}
+            return {"episode": episode_id, "error": _error_text(f"{error.type}: {error.message}", episode_id)}
         trainable = [trace for trace in episode.traces if trace.agent.trainable]
         if len(trainable) != 1:
             names = sorted({trace.agent.name for trace in trainable})
@@ -666,7 +666,7 @@ class Episodes:
         for trace_errors in (t.errors for t in episode.traces):
             if trace_errors:
                 error = trace_errors[-1]
-                return {"episode": episode_id, "error": " ".join(f"{error.type}: {error.message}".split())[:500]}
+                return {"episode": episode_id, "error": _error_text(f"{error.type}: {error.message}", episode_id)}
         unscored = [name for name, reward in trace.rewards.items() if reward is None]
         if unscored:
             return {"episode": episode_id, "error": f"rewards {unscored} were not scored"}
@@ -883,6 +883,22 @@ class LabInteraction:
             trace.ok = not self._failed
             self.agent.completed.append(trace)
         return trace
+
+
+#: Characters of an episode's error the engine gets: its head (what failed) and its tail (a
+#: traceback's last lines, where the cause is); the whole text goes to the bridge's log.
+ERROR_HEAD, ERROR_TAIL = 200, 800
+
+
+def _error_text(text: str, episode_id: str) -> str:
+    """An episode's error on one line for the engine, cut in the middle past ERROR_HEAD +
+    ERROR_TAIL characters (verifiers' tool-server errors end with the server log's tail); the
+    whole text is written to stderr, the bridge's log."""
+    print(f"episode {episode_id} failed: {text}", file=sys.stderr, flush=True)
+    line = " ".join(text.split())
+    if len(line) <= ERROR_HEAD + ERROR_TAIL:
+        return line
+    return f"{line[:ERROR_HEAD]} ... {line[-ERROR_TAIL:]}"
 
 
 #: A tool call in the text the policy sampled: the Hermes convention (``<tool_call>{"name": ...,

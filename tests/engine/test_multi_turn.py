@@ -14,7 +14,7 @@ from engine.environments import EnvironmentFailed, Example
 from engine.filters import Rollouts, apply_filters
 from engine.grpo import grpo_loss, token_logprobs_and_entropy
 from engine.models import stop_token_ids, tiny_random_llama
-from engine.multi_turn import EpisodeRollout, environment_turn_tokens, group_rollouts, render, run_episodes
+from engine.multi_turn import EpisodeRollout, complete_functions, environment_turn_tokens, group_rollouts, render, run_episodes
 from engine.orchestrator import RolloutBatch
 from engine.policy import completion_logits, pack_rollouts
 from engine.roles import batch_from_json, batch_to_json
@@ -362,3 +362,11 @@ def test_a_batch_file_carries_the_loss_masks():
     assert [c.timed_out for c in restored.completions] == [False, False]
     batch.completions[1].timed_out = True
     assert [c.timed_out for c in batch_from_json(batch_to_json(batch)).completions] == [False, True]
+
+
+def test_every_rollout_reports_every_reward_function_even_when_no_episode_was_scored():
+    """A function recorded on some episodes only counts 0 on the others; when every episode
+    timed out (scored nothing) the environment's own functions still read 0."""
+    assert complete_functions([{}, {}], ["correct", "used_tool"]) == [{"correct": 0.0, "used_tool": 0.0}] * 2
+    assert complete_functions([{"correct": 1.0, "bonus": 0.5}, {}], ["correct"]) == [
+        {"correct": 1.0, "bonus": 0.5}, {"correct": 0.0, "bonus": 0.0}]

@@ -177,7 +177,7 @@ def test_it_exits_2_for_a_multi_turn_taskset_that_brings_its_own_harness(tmp_pat
     result = run_engine(tmp_path, "acme/chatty-spell@0.1.0", [wheel])
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "engine: environment acme/chatty-spell@0.1.0: brings its own Harness (multi-turn), which Lab does not run yet"
+        "engine: environment acme/chatty-spell@0.1.0: brings its own Harness, which Lab does not run (only verifiers' null harness runs)"
     )
 
 

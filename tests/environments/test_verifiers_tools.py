@@ -152,3 +152,18 @@ def test_a_harness_script_is_prepared_offline_only_when_what_it_declares_is_inst
         f"unsupported the program needs mcp==1.0.0, and 2.0.0 is installed {WHERE}",
         f"unsupported the program needs frobnicator-9000>=1, and it is not installed {WHERE}",
     ]
+
+
+def test_an_episodes_long_error_keeps_its_head_and_its_cause_and_the_log_keeps_it_whole(capsys):
+    """verifiers' tool-server errors end with the server log's tail, where a traceback's cause is."""
+    from engine.environments.verifiers_bridge import ERROR_HEAD, ERROR_TAIL, _error_text
+
+    text = ("ToolsetError: server did not report its port: Traceback (most recent call last):\n"
+            + "  File \"runpy\", line 198\n" * 200 + "ModuleNotFoundError: No module named 'frobnicator_9000'")
+    line = _error_text(text, "e7")
+
+    assert line.startswith("ToolsetError: server did not report its port")
+    assert line.endswith("ModuleNotFoundError: No module named 'frobnicator_9000'")
+    assert len(line) == ERROR_HEAD + len(" ... ") + ERROR_TAIL and "\n" not in line
+    assert capsys.readouterr().err == f"episode e7 failed: {text}\n"
+    assert _error_text("ValueError: short", "e8") == "ValueError: short"
