@@ -31,7 +31,7 @@ import safetensors.torch
 import torch
 
 from engine.distributed import is_sharded, load_full_optimizer_state, load_full_weights
-from engine.policy import is_lora
+from engine.policy import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, is_lora
 
 FORMAT_LORA = "peft-lora"
 FORMAT_FULL = "hf-full"
@@ -207,11 +207,11 @@ def load_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_
         raise ValueError(f"checkpoint format {state.format} needs a job that trains {wanted}")
     try:
         if is_lora(model):
-            adapter_config = json.loads((directory / "adapter_config.json").read_text())
+            adapter_config = json.loads((directory / ADAPTER_CONFIG_FILE).read_text())
             base = adapter_config.get("base_model_name_or_path")
             if base_model_id is not None and base and base != base_model_id:
                 raise ValueError(f"checkpoint is an adapter for {base}, not for {base_model_id}")
-            weights = safetensors.torch.load_file(str(directory / "adapter_model.safetensors"))
+            weights = safetensors.torch.load_file(str(directory / ADAPTER_WEIGHTS_FILE))
             result = peft.set_peft_model_state_dict(model, weights)
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"adapter has unexpected weights: {result.unexpected_keys[:3]}")

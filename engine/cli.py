@@ -685,7 +685,7 @@ class _LocalRoles:
         if url is None:
             url, self.inference = start_inference_role(
                 config.spec.model, backend=config.rollout_backend, workdir=workdir / "inference",
-                max_lora_rank=config.spec.lora_rank if config.policy_travels_as_adapter else 0,
+                max_lora_rank=config.vllm_max_lora_rank,
             )
         self.orchestrator = start_orchestrator_role(
             ["--spec", str(args.spec.resolve()), "--job-id", args.job_id, "--attempt", str(args.attempt),

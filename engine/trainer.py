@@ -108,6 +108,12 @@ class EngineConfig:
 
         return weights_format(self.vllm_weights, lora_rank=self.spec.lora_rank, rollout_backend=self.rollout_backend) == "lora"
 
+    @property
+    def vllm_max_lora_rank(self) -> int:
+        """The `max_lora_rank` vLLM starts with for this job: its adapter's rank when the policy
+        travels as an adapter, else 0 (no LoRA slots: merged weights only)."""
+        return self.spec.lora_rank if self.policy_travels_as_adapter else 0
+
     def digest(self) -> str:
         """Hash the settings that change the training trajectory (not max_steps or reporting).
 
@@ -272,7 +278,7 @@ class Trainer:
         if url == "process":
             url, process = start_inference_role(
                 config.spec.model, backend=config.rollout_backend, workdir=self.workdir / "inference",
-                max_lora_rank=config.spec.lora_rank if config.policy_travels_as_adapter else 0,
+                max_lora_rank=config.vllm_max_lora_rank,
             )
         shm = pathlib.Path("/dev/shm")
         root = pathlib.Path(config.weights_dir) if config.weights_dir else (shm if shm.is_dir() else self.workdir)
@@ -294,7 +300,7 @@ class Trainer:
         backend = VLLMBackend(
             path, seed=spec.seed, max_model_len=max_model_len, stop_token_ids=self.stop_token_ids,
             workdir=self.workdir, dtype=self.config.vllm_dtype,
-            max_lora_rank=spec.lora_rank if self.config.policy_travels_as_adapter else 0,
+            max_lora_rank=self.config.vllm_max_lora_rank,
         )
         logger.info(
             "rollout backend: vllm (%s, %s, weights: %s, start-up %.1fs%s)", path.name, self.config.vllm_dtype,
