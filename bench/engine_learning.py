@@ -7,7 +7,7 @@ the last `--window` steps first reaches `--target`, or null when it never does w
 spec's steps. Baseline: about 200 s, the transformers backend with one step of overlap on these
 2-core machines before the engine's asynchrony and vLLM backend (docs/engine.md).
 
-    python bench/engine_learning.py [--rollout transformers|vllm] [--max-off-policy-steps K] [--target 0.6] [--window 5]
+    python bench/engine_learning.py [--rollout transformers|vllm] [--max-off-policy-steps K] [--target 0.6] [--window 5] [--steps]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--max-off-policy-steps", type=int, default=None, help="default: the spec's")
     parser.add_argument("--target", type=float, default=0.6)
     parser.add_argument("--window", type=int, default=5)
+    parser.add_argument("--steps", action="store_true", help="print each step's figures to stderr")
     args = parser.parse_args()
     sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "sdk")]
     import torch
@@ -51,6 +52,9 @@ def main() -> int:
     class Timing(Reporter):
         def metrics(self, step, values):
             super().metrics(step, values)
+            if args.steps:
+                shown = {k: round(v, 3) for k, v in values.items() if k.startswith(("reward/mean", "time/", "eval/", "seq_len/", "is_truncated/"))}
+                print(f"{time.perf_counter() - started:7.1f}s step {step} {shown}", file=sys.stderr, flush=True)
             if "reward/mean" in values and step >= 1:
                 rewards.append(values["reward/mean"])
                 window = rewards[-args.window:]
