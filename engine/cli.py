@@ -11,7 +11,9 @@ has `run` start the inference and orchestrator roles and train as the trainer ro
 
 The job token comes from `LAB_JOB_TOKEN`, never from the command line; on the Kubernetes pool
 (`LAB_JOB_BOOTSTRAP_TOKEN` set) the engine asks Lab for its attempt, token and resume point
-first (docs/engine.md "Start-up on the Kubernetes pool"). Exit codes:
+first (docs/engine.md "Start-up on the Kubernetes pool"). Both are read once and taken out of the
+environment, and the process is made non-dumpable, so that environment code (a separate process
+of the same user) cannot read them (`_guard_credentials`). Exit codes:
 0 finished all steps; 2 invalid spec, unknown model or environment, bad config (one line on
 stderr, before step 0); 3 stopped after a checkpoint (SIGTERM or Lab's `action: stop`);
 4 out of memory; 1 any other crash (Lab requeues and resumes).
@@ -53,6 +55,10 @@ EXIT_STOPPED = 3
 EXIT_OOM = 4
 
 logger = logging.getLogger("engine")
+
+#: The variables that authenticate this engine to Lab (`_guard_credentials`).
+CREDENTIAL_VARIABLES = ("LAB_JOB_TOKEN", "LAB_JOB_BOOTSTRAP_TOKEN")
+_PR_SET_DUMPABLE = 4  # linux/prctl.h
 
 
 class ConfigError(Exception):
@@ -263,6 +269,27 @@ def _exit_with_parent(parent: int) -> None:
         pass
     if os.getppid() != parent:
         sys.exit(EXIT_CRASHED)
+
+
+def _guard_credentials() -> dict[str, str]:
+    """Keep Lab's job tokens out of environment code's reach; return them.
+
+    Environment code runs in processes of the engine's own user (the verifiers bridge and the
+    tool servers it starts, engine/environments/verifiers_bridge.py), and a process may read
+    `/proc/<pid>/environ` of any dumpable process of its user. So every engine process makes
+    itself non-dumpable (Linux `prctl(PR_SET_DUMPABLE, 0)`: its `/proc/<pid>/environ`, `mem`
+    and `fd` become root's, and it writes no core dump), and takes `CREDENTIAL_VARIABLES` out of
+    `os.environ`, so that no process it starts (roles, vLLM's engine process, the bridge)
+    inherits them. The job's own secrets stay in the environment: the engine reads them when it
+    needs them (a teacher's `api_key_var`, engine/distill.py).
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0)
+    except (OSError, AttributeError):  # not Linux
+        pass
+    return {name: os.environ.pop(name) for name in CREDENTIAL_VARIABLES if name in os.environ}
 
 
 def _one_line(text: str) -> str:
@@ -480,15 +507,16 @@ def _on_main_rank(parallel, produce):
     return result
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run one attempt (`run`, or the trainer role: `trainer`); return the exit code."""
+def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
+    """Run one attempt (`run`, or the trainer role: `trainer`) with the job's `credentials`
+    (`_guard_credentials`); return the exit code."""
     from engine.distributed import DataParallel
     from engine.roles import RoleFailed
 
     workdir = args.workdir.resolve()
     parallel = DataParallel.from_environment()
     # On the Kubernetes pool a pod opens its attempt with the job's bootstrap token (rank 0's to do).
-    bootstrap = "" if args.offline else os.environ.get("LAB_JOB_BOOTSTRAP_TOKEN", "")
+    bootstrap = "" if args.offline else credentials.get("LAB_JOB_BOOTSTRAP_TOKEN", "")
     if not parallel.is_main:
         # Under torchrun rank 0 alone reports to Lab; the other ranks keep what they would
         # report, offline, in a work dir of their own (engine/distributed.py).
@@ -506,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.reporter import HttpTransport, OfflineTransport, Reporter, ReporterLogHandler
     from engine.spool import attempt_spool_dir
 
-    token = os.environ.get("LAB_JOB_TOKEN", "")
+    token = credentials.get("LAB_JOB_TOKEN", "")
     if bootstrap:  # a pod on the Kubernetes pool: Lab says which attempt it runs
         opened = _open_attempt(args, bootstrap) if parallel.is_main else None
         # Under torchrun the other ranks train the attempt rank 0 opened, from the same checkpoint.
@@ -730,8 +758,9 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit:
         return EXIT_INVALID if exit.code else EXIT_SUCCEEDED
+    credentials = _guard_credentials()
     if args.command in ("run", "trainer"):
-        return run(args)
+        return run(args, credentials)
     if args.command == "orchestrator":
         return serve_orchestrator(args)
     if args.command == "inference":

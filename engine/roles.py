@@ -513,13 +513,12 @@ class OrchestratorRole:
 def start_orchestrator_role(args_line: list[str], *, workdir: pathlib.Path, shared_dir: pathlib.Path, inference_url: str) -> subprocess.Popen:
     """Start `python -m engine orchestrator ARGS` for a local run, in its own process group,
     ending with this process (LAB_ENGINE_PARENT_PID), its output in `workdir/orchestrator.log`.
-    It gets this process's environment without Lab's job tokens."""
+    It gets this process's environment, which no longer holds Lab's job tokens (engine.cli._guard_credentials)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    environment = {name: value for name, value in os.environ.items() if name not in ("LAB_JOB_TOKEN", "LAB_JOB_BOOTSTRAP_TOKEN")}
-    environment.update({
-        "LAB_ENGINE_SHARED_DIR": str(shared_dir), "LAB_ENGINE_INFERENCE_URL": inference_url,
+    environment = {
+        **os.environ, "LAB_ENGINE_SHARED_DIR": str(shared_dir), "LAB_ENGINE_INFERENCE_URL": inference_url,
         "LAB_ENGINE_PARENT_PID": str(os.getpid()),
-    })
+    }
     environment.pop("LAB_ENGINE_INFERENCE", None)
     with open(workdir / "orchestrator.log", "w") as log:
         return subprocess.Popen(

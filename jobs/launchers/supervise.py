@@ -6,7 +6,9 @@ forwards SIGTERM, and when the engine ends writes ``exit.json`` (``{"exit_code":
 for a signal). The launcher reads ``supervisor.pid``, ``engine.pid`` and ``exit.json`` to observe.
 
 Usage: ``python -m jobs.launchers.supervise WORKDIR -- COMMAND...`` (the environment passes on).
-Imports nothing from Django.
+Imports nothing from Django. The environment it passes on holds the job token, so it makes itself
+non-dumpable first, as the engine does (``engine.cli._guard_credentials``): environment code,
+running as the same user below it, cannot read its ``/proc/<pid>/environ``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ def main(argv: list[str]) -> None:
         sys.stderr.write("usage: python -m jobs.launchers.supervise WORKDIR -- COMMAND...\n")
         raise SystemExit(2)
     workdir, command = Path(argv[0]), argv[2:]
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE (linux/prctl.h)
+    except (OSError, AttributeError):  # not Linux
+        pass
     if os.fork() > 0:
         # The launcher waits for this first process; the pid file is written by the grandchild.
         for _ in range(200):

@@ -130,6 +130,65 @@ def test_the_orchestrator_carries_no_lab_token_and_its_failures_reach_the_traine
     assert "ljt_secret_value" not in (tmp_path / "work" / "orchestrator" / "orchestrator.log").read_text()
 
 
+def descendants(pid):
+    """The pids of every live process below `pid` (Linux /proc)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(") ", 1)[1].split()[1]), []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def test_no_process_the_engine_starts_inherits_its_job_tokens_and_the_engine_is_not_dumpable(tmp_path):
+    """Environment code runs in processes of the engine's user, which may read the environment of
+    any dumpable process of that user (/proc/<pid>/environ). Every process a three-roles run starts
+    (the inference and orchestrator roles and what they start) has neither job token in its
+    environment, and every engine process is non-dumpable (engine.cli._guard_credentials)."""
+    spec = write_spec(tmp_path / "spec.json", max_steps=3)
+    tokens = {"LAB_JOB_TOKEN": "ljt_secret_value", "LAB_JOB_BOOTSTRAP_TOKEN": "ljb_secret_value"}
+    process = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process", **tokens})
+    environments = {}
+    while process.poll() is None:
+        for pid in descendants(process.pid):
+            try:
+                command = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+                environments[command] = open(f"/proc/{pid}/environ", "rb").read()
+            except OSError:  # ended meanwhile
+                pass
+        time.sleep(0.2)
+    code, stderr = finished(process)
+    assert code == 0, stderr[-3000:]
+    roles = {role for role in ("engine inference", "engine orchestrator") for command in environments if role in command}
+    assert roles == {"engine inference", "engine orchestrator"}, list(environments)
+    for command, environment in environments.items():
+        assert b"secret_value" not in environment, command
+    # Non-dumpable, as each engine process sees itself (the kernel then keeps its /proc/<pid>/environ
+    # from other processes of its user).
+    probe = (
+        "import ctypes, json, os, subprocess, sys\n"
+        "from engine.cli import main\n"
+        "code = main(['orchestrator', '--job-id', 'job_1', '--attempt', '1', '--workdir', sys.argv[1], '--spec', sys.argv[2]])\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(n for n in os.environ if n.startswith(\"LAB_JOB\")))'],\n"
+        "                       capture_output=True, text=True).stdout.strip()\n"
+        "print(json.dumps({'code': code, 'dumpable': ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), 'child': child,\n"
+        "                  'left': sorted(n for n in os.environ if n.startswith('LAB_JOB'))}))\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}", **tokens,
+                   "LAB_ENGINE_SHARED_DIR": "", "LAB_ENGINE_INFERENCE_URL": ""}
+    result = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "probe"), str(spec)], cwd=REPO_ROOT, env=environment,
+                            capture_output=True, text=True, timeout=120)
+    assert json.loads(result.stdout.splitlines()[-1]) == {"code": 2, "dumpable": 0, "child": "[]", "left": []}, result.stderr[-2000:]
+
+
 def test_the_roles_refuse_to_start_without_their_shared_directory(tmp_path):
     spec = write_spec(tmp_path / "spec.json")
     for command, needed in (("trainer", "LAB_ENGINE_SHARED_DIR"), ("orchestrator", "LAB_ENGINE_SHARED_DIR and LAB_ENGINE_INFERENCE_URL")):
