@@ -113,8 +113,8 @@ class TransformersBackend:
 
         Prompts are left-padded into one batch and run once; their key/value cache is then
         repeated `n` times (the group shares its prompt). Positions count only real tokens,
-        so each row sees the positions it would see alone. Returns len(prompts)·n
-        Completions, the n of each prompt adjacent.
+        so each row sees the positions it would see alone; a row that samples a stop token
+        leaves the batch. Returns len(prompts)·n Completions, the n of each prompt adjacent.
         """
         if not prompts:
             return []
@@ -149,7 +149,10 @@ class TransformersBackend:
                 position_ids = position_ids.repeat_interleave(n, dim=0)
             batch = batch * n
             next_position = position_ids[:, -1:] + 1
-            finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+            # The rows still sampling, numbered as in the whole batch: a row leaves the batch
+            # (and its key/value cache) once it samples a stop token, so the forward passes
+            # after that run on the unfinished rows alone.
+            active = torch.arange(batch, device=self.device)
             tokens, logprobs = [], []
             for index in range(max_tokens):
                 logits = output.logits[:, -1, :].float()
@@ -159,13 +162,17 @@ class TransformersBackend:
                     sampled_logprob = log_probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
                 else:
                     sampled = logits.argmax(dim=-1)
-                    sampled_logprob = torch.zeros(batch, device=self.device)
-                sampled = torch.where(finished, torch.full_like(sampled, self.pad_token_id), sampled)
-                tokens.append(sampled)
-                logprobs.append(sampled_logprob)
-                finished = finished | torch.isin(sampled, stop_ids)
-                if bool(finished.all()) or index == max_tokens - 1:
+                    sampled_logprob = torch.zeros(len(active), device=self.device)
+                tokens.append(torch.full((batch,), self.pad_token_id, dtype=torch.long, device=self.device).index_copy(0, active, sampled))
+                logprobs.append(torch.zeros(batch, dtype=sampled_logprob.dtype, device=self.device).index_copy(0, active, sampled_logprob))
+                unfinished = ~torch.isin(sampled, stop_ids)
+                if index == max_tokens - 1 or not bool(unfinished.any()):
                     break
+                if not bool(unfinished.all()):
+                    keep = unfinished.nonzero().squeeze(1)
+                    active, sampled = active[keep], sampled[keep]
+                    cache.batch_select_indices(keep)
+                    attention_mask, next_position = attention_mask[keep], next_position[keep]
                 attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
                 output = self.model(
                     input_ids=sampled.unsqueeze(1),
