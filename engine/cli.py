@@ -58,7 +58,7 @@ logger = logging.getLogger("engine")
 
 #: The variables that authenticate this engine to Lab (`_guard_credentials`).
 CREDENTIAL_VARIABLES = ("LAB_JOB_TOKEN", "LAB_JOB_BOOTSTRAP_TOKEN")
-_PR_SET_DUMPABLE = 4  # linux/prctl.h
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4  # linux/prctl.h
 
 
 class ConfigError(Exception):
@@ -258,15 +258,20 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     return exit_code
 
 
-def _exit_with_parent(parent: int) -> None:
-    """Have Linux end this process when `parent` (the engine that started it) dies, however it
-    dies (SIGTERM on `PR_SET_PDEATHSIG`); exit at once when that engine is already gone."""
+def _prctl(option: int, value: int) -> None:
+    """Linux `prctl(option, value)`; nothing elsewhere."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the engine's own stop still ends it
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):
         pass
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Have Linux end this process when `parent` (the engine that started it) dies, however it
+    dies (SIGTERM on `PR_SET_PDEATHSIG`); exit at once when that engine is already gone."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # not Linux: the engine's own stop still ends it
     if os.getppid() != parent:
         sys.exit(EXIT_CRASHED)
 
@@ -283,12 +288,7 @@ def _guard_credentials() -> dict[str, str]:
     inherits them. The job's own secrets stay in the environment: the engine reads them when it
     needs them (a teacher's `api_key_var`, engine/distill.py).
     """
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0)
-    except (OSError, AttributeError):  # not Linux
-        pass
+    _prctl(_PR_SET_DUMPABLE, 0)
     return {name: os.environ.pop(name) for name in CREDENTIAL_VARIABLES if name in os.environ}
 
 
