@@ -30,6 +30,10 @@ $(VENV_VERIFIERS)/.installed: requirements-verifiers.txt
 	touch $@
 
 install: $(VENV)/.installed $(VENV_VERIFIERS)/.installed  ## create .venv and .venv-verifiers and install everything
+	@# The local launcher runs each engine in a bubblewrap sandbox (docs/local-launcher.md "Isolation").
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)); } || \
+	  echo "bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap), or jobs on the local launcher fail to start"
 
 migrate: install
 	$(PY) manage.py migrate --noinput
@@ -68,9 +72,11 @@ beat: install  ## Celery beat (periodic tasks)
 up: install  ## web + worker + beat (migrated first; logs in LAB_DATA_DIR/logs); Ctrl-C or SIGTERM stops all three
 	@exec $(PY) -m jobs.processes up --host $(HOST) --port $(PORT)
 
+# bench/_run.py runs every benchmark, also after one fails, and names those that failed at the end
+# (exit 1); one that cannot run here (the GPU check without CUDA) prints a "not_run" line.
 bench: install  ## benchmarks, one JSON line per figure (needs PostgreSQL at DATABASE_URL)
 	@$(PIP) install -q --disable-pip-version-check $(PIP_FLAGS) -r bench/requirements-bench.txt
-	@for script in $(filter-out bench/_%,$(wildcard bench/*.py)); do $(PY) $$script || exit 1; done
+	@$(PY) bench/_run.py
 
 # The example environment package (docs/environments.md), built offline with the setuptools in .venv.
 EXAMPLE_ENV := examples/environments/vowel-count

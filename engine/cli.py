@@ -112,7 +112,29 @@ def _parser() -> argparse.ArgumentParser:
         help="the rank of the LoRA adapters trainers will send: vLLM applies them itself when "
         "LAB_ENGINE_VLLM_WEIGHTS (default auto) resolves to lora; 0 (default): merged weights only",
     )
+    prepare = commands.add_parser(
+        "prepare-model",
+        help="put a catalogue model into the model cache if it must be converted first (SmolLM2 from its GGUF); "
+        "the local launcher runs it outside the engine's sandbox, which sees the cache read-only",
+    )
+    prepare.add_argument("--model", required=True, help="catalogue model id")
     return parser
+
+
+def prepare_model(args: argparse.Namespace) -> int:
+    """Convert ``args.model`` into the model cache when it is built from a file Lab ships (SmolLM2);
+    a no-op for every other model and once converted. Exit 2 (model_not_found) when it cannot."""
+    from engine.catalog import SMOLLM2_ID
+    from engine.models import ModelNotFound, convert_smollm2
+
+    if args.model != SMOLLM2_ID:
+        return EXIT_SUCCEEDED
+    try:
+        convert_smollm2()
+    except ModelNotFound as error:
+        sys.stderr.write(f"model_not_found: {error}\n")
+        return EXIT_INVALID
+    return EXIT_SUCCEEDED
 
 
 def serve_inference(args: argparse.Namespace) -> int:
@@ -754,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     for noisy in ("transformers", "peft", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The local launcher starts its sandbox with SIGTERM and SIGINT ignored (jobs/launchers/supervise.py),
+    # and ignored signals stay ignored across exec: give them back their usual meaning, for this
+    # process and every process it starts (roles, vLLM's engine processes, environment servers).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exit:
@@ -765,4 +792,6 @@ def main(argv: list[str] | None = None) -> int:
         return serve_orchestrator(args)
     if args.command == "inference":
         return serve_inference(args)
+    if args.command == "prepare-model":
+        return prepare_model(args)
     return EXIT_INVALID

@@ -30,9 +30,13 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from engine import egress
 from engine.catalog import EnvironmentInfo, register_environment
 from engine.environments import Environment, InvalidEnvironment
 
@@ -87,22 +91,33 @@ def _fetch(package: Package, directory: Path) -> Path:
     digest = hashlib.sha256()
     parsed = urllib.parse.urlsplit(package.url)
     try:
-        if parsed.scheme == "file":
-            source = Path(urllib.request.url2pathname(parsed.path))
-            reader = source.open("rb")
-        elif parsed.scheme == "https" or (parsed.scheme == "http" and parsed.hostname in ("127.0.0.1", "localhost")):
-            reader = urllib.request.urlopen(package.url, timeout=FETCH_TIMEOUT_S)  # noqa: S310 - scheme checked above
-        else:
-            raise InvalidEnvironment(f"package {package.id}: cannot fetch from a {parsed.scheme or 'relative'} URL")
-        with reader, target.open("wb") as writer:
-            while chunk := reader.read(_CHUNK):
+        with target.open("wb") as writer:
+            for chunk in _read(package, parsed):
                 digest.update(chunk)
                 writer.write(chunk)
-    except OSError as error:
+    except (OSError, httpx.HTTPError) as error:
         raise InvalidEnvironment(f"package {package.id}: cannot fetch its wheel: {error}") from None
     if digest.hexdigest() != package.sha256:
         raise InvalidEnvironment(f"package {package.id}: the fetched wheel's SHA-256 is not the pushed one's")
     return target
+
+
+def _read(package: Package, parsed: urllib.parse.SplitResult) -> Iterator[bytes]:
+    """Yield the bytes of ``package``'s wheel from a ``file://`` URL, or over https (or http on
+    loopback) through the engine's egress (``engine.egress``: a sandbox reaches storage that way)."""
+    if parsed.scheme == "file":
+        with Path(urllib.request.url2pathname(parsed.path)).open("rb") as reader:
+            while chunk := reader.read(_CHUNK):
+                yield chunk
+    elif parsed.scheme == "https" or (parsed.scheme == "http" and parsed.hostname in ("127.0.0.1", "localhost")):
+        with (
+            httpx.Client(timeout=FETCH_TIMEOUT_S, follow_redirects=False, transport=egress.transport()) as client,
+            client.stream("GET", package.url) as response,
+        ):
+            response.raise_for_status()
+            yield from response.iter_bytes(_CHUNK)
+    else:
+        raise InvalidEnvironment(f"package {package.id}: cannot fetch from a {parsed.scheme or 'relative'} URL")
 
 
 def install_packages(packages: list[Package], workdir: Path) -> Path | None:

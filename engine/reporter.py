@@ -75,12 +75,16 @@ class HttpTransport:
     def __init__(self, lab_url: str, job_id: str, token: str, *, timeout: float = 15.0):
         from labsdk._http import HTTPClient
 
+        from engine import egress
+
+        self.transport = egress.transport()
         self.client = HTTPClient(
             base_url=f"{lab_url.rstrip('/')}/api/v1/ingest/jobs/{job_id}",
             token=token,
             timeout=timeout,
             max_retries=0,
             user_agent="lab-engine",
+            transport=self.transport,
         )
         self.timeout = timeout
 
@@ -106,13 +110,13 @@ class HttpTransport:
             if method == "local":
                 _copy_atomically(archive, pathlib.Path(upload["path"]))
             elif method == "put":
-                with open(archive, "rb") as handle:
-                    response = httpx.put(
+                with open(archive, "rb") as handle, httpx.Client(
+                    timeout=max(self.timeout, 300.0), follow_redirects=False, transport=self.transport
+                ) as storage:
+                    response = storage.put(
                         upload["url"],
                         content=handle,
                         headers={"Content-Length": str(archive.stat().st_size), **(upload.get("headers") or {})},
-                        timeout=max(self.timeout, 300.0),
-                        follow_redirects=False,
                     )
                 if response.status_code >= 400:
                     raise IngestError(

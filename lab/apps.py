@@ -8,5 +8,9 @@ class LabConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Register Lab's system checks."""
+        """Make this process private (``lab.lib.process``: non-dumpable, umask 077) and register
+        Lab's system checks. Every Lab process (web, worker, beat, commands) sets Django up first."""
         from lab import checks  # noqa: F401  (registers them on import)
+        from lab.lib.process import make_private
+
+        make_private()

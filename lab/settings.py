@@ -31,7 +31,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 # --- where Lab keeps its files --------------------------------------------------------------
 LAB_DATA_DIR = Path(env_str("LAB_DATA_DIR", str(BASE_DIR / "var"))).resolve()
-LAB_DATA_DIR.mkdir(parents=True, exist_ok=True)
+LAB_DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 LAB_MODEL_DIR = Path(env_str("LAB_MODEL_DIR", str(LAB_DATA_DIR / "models"))).resolve()
 
 # --- core Django -----------------------------------------------------------------------------
@@ -166,6 +166,9 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 LAB_PUBLIC_URL = env_str("LAB_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
 LAB_LAUNCHER = env_choice("LAB_LAUNCHER", "local", ("local", "kubernetes"))
 LAB_LOCAL_SLOTS = env_int("LAB_LOCAL_SLOTS", 1, minimum=1, maximum=64)
+# Each local engine attempt in a bubblewrap sandbox (docs/local-launcher.md "Isolation"); "none"
+# lets environment code see what Lab's own user sees: only for machines where all code is trusted.
+LAB_LOCAL_ISOLATION = env_choice("LAB_LOCAL_ISOLATION", "bubblewrap", ("bubblewrap", "none"))
 LAB_WEBHOOK_ALLOW_PRIVATE = env_bool("LAB_WEBHOOK_ALLOW_PRIVATE", False)
 LAB_STORAGE_URL = env_str("LAB_STORAGE_URL", "")
 if LAB_STORAGE_URL and not LAB_STORAGE_URL.startswith("s3://"):
@@ -331,6 +334,9 @@ LAB_STORAGE_URL_EXPIRE_S = env_int("LAB_STORAGE_URL_EXPIRE_S", 3600, minimum=60,
 # An object younger than this with no checkpoint row may be an upload in progress: the orphan
 # sweep leaves it alone (seconds).
 LAB_ORPHAN_GRACE_S = env_int("LAB_ORPHAN_GRACE_S", 24 * 3600, minimum=0)
+# Stored objects (checkpoints, wheels, datasets) are Lab's user's alone (lab.lib.process).
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

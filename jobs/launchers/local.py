@@ -20,10 +20,14 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
+from engine.catalog import SMOLLM2_ID
+from engine.egress import EGRESS_VARIABLE, origin_of
 from jobs.launchers.base import (
     AttemptPhase,
     CapturedLine,
@@ -32,6 +36,14 @@ from jobs.launchers.base import (
     Observation,
     engine_args,
     engine_package_environment,
+)
+from jobs.launchers.isolation import (
+    EGRESS_DIR,
+    ISOLATION_BUBBLEWRAP,
+    SandboxLayout,
+    bubblewrap_command,
+    check_bubblewrap,
+    python_paths,
 )
 
 #: Seconds after launch during which a missing supervisor pid file means "still starting".
@@ -110,14 +122,37 @@ def _read_pid(path: Path) -> int | None:
 
 
 class LocalLauncher(Launcher):
-    """Runs engine attempts as supervised subprocesses under ``runs_dir`` (cwd ``repo_dir``)."""
+    """Runs engine attempts as supervised subprocesses under ``runs_dir`` (cwd ``repo_dir``).
+
+    With ``isolation`` ``"bubblewrap"`` (the default, ``LAB_LOCAL_ISOLATION``) each attempt runs in
+    a sandbox of its own (``jobs.launchers.isolation``), seeing ``data_dir`` only through its work
+    dir, ``model_dir`` read-only, its job's folder under ``storage_root`` (the filesystem object
+    store, None for an object store) and its packages' wheels; it reaches the ingest URL and
+    ``storage_origin`` (an object store's signed URLs) through the supervisor's relays, nothing else.
+    """
 
     name = "local"
 
-    def __init__(self, *, runs_dir: Path, repo_dir: Path, python: str = sys.executable):
+    def __init__(
+        self,
+        *,
+        runs_dir: Path,
+        repo_dir: Path,
+        isolation: str,
+        python: str = sys.executable,
+        data_dir: Path | None = None,
+        model_dir: Path | None = None,
+        storage_root: Path | None = None,
+        storage_origin: str | None = None,
+    ):
         self.runs_dir = runs_dir
         self.repo_dir = repo_dir
         self.python = python
+        self.isolation = isolation
+        self.data_dir = data_dir or runs_dir.parent
+        self.model_dir = model_dir or self.data_dir / "models"
+        self.storage_root = storage_root
+        self.storage_origin = storage_origin
 
     def workdir(self, job_id: str, attempt: int) -> Path:
         """Return the work dir of one attempt."""
@@ -147,8 +182,18 @@ class LocalLauncher(Launcher):
         env = engine_environment(token=request.token, repo_dir=self.repo_dir, secrets=request.secrets)
         env.update(engine_package_environment(request))
         command = [self.python, "-m", "engine", *args]
+        options: list[str] = []
+        if self.isolation == ISOLATION_BUBBLEWRAP:
+            bwrap = check_bubblewrap()
+            egress = {"lab": request.lab_url, **({"storage": self.storage_origin} if self.storage_origin else {})}
+            options = [
+                option for name, url in egress.items() for option in ("--egress", f"{name}={_host_and_port(url)}")
+            ]
+            if self._model_needs_preparing(request.spec):
+                options += ["--prepare", json.dumps([self.python, "-m", "engine", "prepare-model", "--model", request.spec["model"]])]
+            command = bubblewrap_command(self._sandbox_layout(request, workdir, egress), command, bwrap=bwrap)
         starter = subprocess.run(
-            [self.python, "-m", "jobs.launchers.supervise", str(workdir), "--", *command],
+            [self.python, "-m", "jobs.launchers.supervise", str(workdir), *options, "--", *command],
             cwd=self.repo_dir,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -159,6 +204,43 @@ class LocalLauncher(Launcher):
         if starter.returncode != 0 or _read_pid(workdir / "supervisor.pid") is None:
             raise RuntimeError(f"the supervisor did not start: {starter.stderr.decode(errors='replace')[-500:]}")
         return handle
+
+    def _sandbox_layout(self, request: LaunchRequest, workdir: Path, egress: dict[str, str]) -> SandboxLayout:
+        """Return what the attempt's sandbox sees (``jobs.launchers.isolation``)."""
+        (workdir / "egress").mkdir(mode=0o700, exist_ok=True)
+        (workdir / "home").mkdir(mode=0o700, exist_ok=True)
+        writable = []
+        if self.storage_root is not None:
+            job_objects = self.storage_root / request.job_id
+            job_objects.mkdir(mode=0o700, parents=True, exist_ok=True)
+            writable.append(job_objects)
+        packages = [
+            Path(urllib.request.url2pathname(urllib.parse.urlsplit(package["url"]).path))
+            for package in request.environment_packages
+            if str(package.get("url", "")).startswith("file:")
+        ]
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        return SandboxLayout(
+            workdir=workdir,
+            read_only=(*python_paths(), self.repo_dir.resolve(), self.model_dir.resolve(), *(p for p in packages if p.is_file())),
+            writable=tuple(writable),
+            hidden=(self.data_dir.resolve(), self.repo_dir.resolve() / "var"),
+            environment={
+                "HOME": str(workdir / "home"),
+                "XDG_CACHE_HOME": str(workdir / "home" / ".cache"),
+                "TMPDIR": "/tmp",
+                "USER": "lab",
+                "LOGNAME": "lab",
+                "LAB_MODEL_DIR": str(self.model_dir.resolve()),
+                EGRESS_VARIABLE: json.dumps({origin_of(url): f"{EGRESS_DIR}/{name}.sock" for name, url in egress.items()}),
+            },
+        )
+
+    def _model_needs_preparing(self, spec: dict) -> bool:
+        """Whether the spec's model must first be converted into the model cache, which the
+        sandbox sees read-only (SmolLM2 from its GGUF: ``python -m engine prepare-model``)."""
+        model = spec.get("model") if isinstance(spec, dict) else None
+        return model == SMOLLM2_ID and not (self.model_dir / model / "config.json").is_file()
 
     def observe(self, handle: dict) -> Observation:
         workdir = Path(handle["workdir"])
@@ -272,6 +354,12 @@ class LocalLauncher(Launcher):
                 path.parent.rmdir()
             except OSError:
                 pass  # not empty (files of something else) or already gone
+
+
+def _host_and_port(url: str) -> str:
+    """Return ``host:port`` of ``url`` (the scheme's default port when it names none)."""
+    origin = origin_of(url)
+    return origin.split("://", 1)[1]
 
 
 def _modified_at(path: Path) -> datetime | None:

@@ -12,16 +12,38 @@ from jobs.launchers.base import Launcher
 from jobs.launchers.local import LocalLauncher
 
 
+def _local_launcher() -> LocalLauncher:
+    """Return the local launcher for the current settings (cheap: it holds paths only, and the
+    storage it hands a sandbox follows ``STORAGES`` as it is now)."""
+    data_dir = Path(settings.LAB_DATA_DIR)
+    return LocalLauncher(
+        runs_dir=data_dir / "runs",
+        repo_dir=Path(settings.BASE_DIR),
+        isolation=settings.LAB_LOCAL_ISOLATION,
+        data_dir=data_dir,
+        model_dir=Path(settings.LAB_MODEL_DIR),
+        **_local_storage(),
+    )
+
+
 @cache
-def _launcher(kind: str, data_dir: str) -> Launcher:
-    if kind == "local":
-        return LocalLauncher(runs_dir=Path(data_dir) / "runs", repo_dir=Path(settings.BASE_DIR))
+def _launcher(kind: str) -> Launcher:
     if kind == "kubernetes":
         from jobs.launchers.kubernetes.gateway import KubernetesGateway
         from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 
         return KubernetesLauncher(gateway=KubernetesGateway(), settings=kubernetes_pool_settings())
     raise ImproperlyConfigured(f"LAB_LAUNCHER={kind!r} is not available in this build")
+
+
+def _local_storage() -> dict:
+    """Return where a sandboxed local engine reaches object storage: the filesystem backend's root
+    (``storage_root``), or the origin an object store's signed URLs point at (``storage_origin``)."""
+    from jobs import storage
+
+    if storage.is_filesystem():
+        return {"storage_root": Path(storage.checkpoint_storage().location).resolve()}
+    return {"storage_origin": storage.download_url("origin", filename="origin")}
 
 
 def kubernetes_pool_settings():
@@ -46,4 +68,6 @@ def kubernetes_pool_settings():
 
 def get_launcher() -> Launcher:
     """Return the configured launcher."""
-    return _launcher(settings.LAB_LAUNCHER, str(settings.LAB_DATA_DIR))
+    if settings.LAB_LAUNCHER == "local":
+        return _local_launcher()
+    return _launcher(settings.LAB_LAUNCHER)

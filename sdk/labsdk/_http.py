@@ -89,6 +89,7 @@ class HTTPClient:
         self._token = token
         self._missing_token_message = missing_token_message
         self._sleep = sleep
+        self._transport = transport
         headers = {
             "Accept": "application/json",
             "User-Agent": user_agent
@@ -248,7 +249,9 @@ class HTTPClient:
         location = redirect.headers.get("location")
         if not location:
             raise APIError("Lab redirected the download without a Location", status_code=redirect.status_code)
-        storage = stack.enter_context(httpx.Client(timeout=self._client.timeout, follow_redirects=True))
+        storage = stack.enter_context(
+            httpx.Client(timeout=self._client.timeout, follow_redirects=True, transport=self._transport)
+        )
         response = storage.send(storage.build_request("GET", redirect.url.join(location)), stream=True)
         stack.callback(response.close)
         if response.status_code >= 400:

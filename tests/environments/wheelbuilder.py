@@ -88,10 +88,13 @@ def build_wheel(
     return f"{module}-{version}-py3-none-any.whl", buffer.getvalue()
 
 
-def lab_wheel(name: str = "echo-env", version: str = "0.1.0", *, organization: str = "acme", extra_requires=()) -> tuple[str, bytes]:
-    """Return a Lab-protocol package (entry point ``lab.environments``) whose Environment repeats a digit."""
+def lab_wheel(
+    name: str = "echo-env", version: str = "0.1.0", *, organization: str = "acme", extra_requires=(), prelude: str = ""
+) -> tuple[str, bytes]:
+    """Return a Lab-protocol package (entry point ``lab.environments``) whose Environment repeats a
+    digit; ``prelude`` is module code that runs first, on import."""
     module = name.replace("-", "_")
-    source = ADDITION_LIKE.format(id=f"{organization}/{name}@{version}", name=name)
+    source = prelude + ADDITION_LIKE.format(id=f"{organization}/{name}@{version}", name=name)
     if extra_requires:
         source = "".join(f"import {requirement}\n" for requirement in extra_requires) + source
     return build_wheel(

@@ -29,7 +29,7 @@ def test_the_launch_request_carries_them_and_the_engine_process_gets_them(owner,
     assert request.secrets == {"OPENAI_API_KEY": SECRET}
     assert SECRET not in repr(request)
 
-    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=test_local_launcher.REPO, python=str(engine_stand_in))
+    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=test_local_launcher.REPO, python=str(engine_stand_in), isolation="none")
     workdir = Path(launcher.launch(request)["workdir"])
     deadline = time.monotonic() + 30
     while not (workdir / "exit.json").exists():

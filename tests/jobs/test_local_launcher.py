@@ -105,7 +105,7 @@ def test_a_launched_engine_process_sees_none_of_the_workers_secrets(monkeypatch,
     for name, value in WORKER_SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("LAB_ENGINE_THREADS", "1")
-    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=REPO, python=str(engine_stand_in))
+    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=REPO, python=str(engine_stand_in), isolation="none")
     request = LaunchRequest(job_id="job_env", attempt=1, spec={}, lab_url="http://127.0.0.1:9", token="job-token")
     handle = launcher.launch(request)
     workdir = Path(handle["workdir"])
@@ -130,7 +130,7 @@ def test_the_orphan_sweep_spares_an_engine_started_moments_ago_and_ends_an_old_o
 
     from jobs.launchers import local
 
-    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=REPO)
+    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=REPO, isolation="none")
     engines = {}
     for name in ("young", "old"):
         workdir = tmp_path / "runs" / f"job_{name}" / "attempt-1"
