@@ -130,7 +130,7 @@ def launch_request(attempt: JobAttempt) -> LaunchRequest:
         environments=tuple(env.get("id", "") for env in job.spec.get("env", []) if isinstance(env, dict)),
         environment_packages=launch_packages(job),
         secrets=engine_secrets(job_id=job.public_id),
-        bootstrap_token=bootstrap_token(job.public_id),
+        bootstrap_token=bootstrap_token(attempt),
     )
 
 

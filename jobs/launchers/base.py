@@ -68,9 +68,9 @@ class LaunchRequest:
     ``token`` is the job token; launchers pass it as ``LAB_JOB_TOKEN`` in the environment,
     never on a command line, and ``secrets`` likewise as variables of their own names. ``resume_archive`` is a checkpoint tar on this machine to resume
     from; with archives in an object store, ``resume_checkpoint_id`` names the checkpoint the
-    engine fetches itself through the ingest API instead. ``bootstrap_token`` is the job's
-    bootstrap token (``jobs.ingest.tokens``) for launchers whose engine opens its attempt itself
-    (Kubernetes: ``POST /attempts`` at pod start); kept out of the repr like the token.
+    engine fetches itself through the ingest API instead. ``bootstrap_token`` is this
+    launch's bootstrap token (``jobs.ingest.tokens``) for launchers whose engine opens its attempt
+    itself (Kubernetes: ``POST /attempts`` at pod start); kept out of the repr like the token.
     """
 
     job_id: str

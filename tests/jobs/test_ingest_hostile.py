@@ -47,7 +47,7 @@ def test_a_pod_uid_or_jobset_that_is_no_kubernetes_name_is_a_400_that_opens_noth
     attempt = job_claim_for_start(job_id=job.pk)
     JobAttempt.objects.filter(pk=attempt.pk).update(state="launched", handle={"namespace": "lab-acme", "jobset": "js-1"})
 
-    answer = client(bootstrap_token(job.public_id)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", body, format="json")
+    answer = client(bootstrap_token(attempt)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", body, format="json")
 
     assert (answer.status_code, answer.json()["error"]["code"]) == (400, "invalid_request"), answer.content
     assert JobAttempt.objects.get(pk=attempt.pk).handle == {"namespace": "lab-acme", "jobset": "js-1"}

@@ -20,7 +20,7 @@ from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.launchers.kubernetes.objects import jobset_name
 from jobs.models import AttemptState, Checkpoint, CheckpointStatus, Job, JobAttempt, JobStatus
 from jobs.serializers import job_to_dict
-from jobs.services import job_cancel, job_claim_for_start, job_submit, job_transition
+from jobs.services import job_cancel, job_claim_for_start, job_restart, job_submit, job_transition
 from lab.audit import Actor
 from tests.k8s.fake_gateway import FakeGateway, kubernetes_pool
 
@@ -315,9 +315,9 @@ def test_no_attempt_opens_for_an_ended_job_or_another_jobset(owner, spec, launch
     assert (other.status_code, other.json()["error"]["code"]) == (409, "attempt_not_ready")  # the attempt has its pod
 
     job_transition(job=reload(job), to=S.FAILED, error_code="internal_error")
-    ended = open_attempt(cluster, job, name)
+    ended = open_attempt(cluster, job, name)  # the job's end expired the JobSet's bootstrap token
 
-    assert (ended.status_code, ended.json()["error"]["code"]) == (409, "invalid_state")
+    assert (ended.status_code, ended.json()["error"]["code"]) == (401, "invalid_api_key")
     assert JobAttempt.objects.filter(job=job).count() == 1
 
 
@@ -577,6 +577,60 @@ def test_a_parked_job_cancelled_while_it_waits_has_its_jobset_swept(owner, spec,
     reconciler.reconcile_all()
 
     assert (reload(job).status, jobsets(cluster)) == (S.CANCELLED, [])
-    # A pod of it that started before the sweep is told there is nothing to run.
-    late = open_attempt(cluster, job, name, pod={"metadata": {"uid": "uid-late"}}, token=bootstrap_token(job.public_id))
-    assert (late.status_code, late.json()["error"]["code"]) == (409, "invalid_state")
+    # A pod of it that started before the sweep is refused: the job's end expired its JobSet's token.
+    late = open_attempt(cluster, job, name, pod={"metadata": {"uid": "uid-late"}}, token=bootstrap_token(attempt))
+    assert (late.status_code, late.json()["error"]["code"]) == (401, "invalid_api_key")
+
+
+def test_a_restarted_job_refuses_the_bootstrap_token_of_its_earlier_jobset(owner, spec, launcher, cluster):
+    """A bootstrap token is its JobSet's: once the job ends it opens nothing, and after a restart
+    it does not open the attempt launched in the new JobSet (whose pod, not the holder of the old
+    Secret, gets the attempt's job token)."""
+    job, _, name = running(owner, spec, cluster)
+    old_token = secret_bootstrap_token(cluster, name)
+    cluster.exit(NAMESPACE, name, 2)
+    reconciler.reconcile_job(job_id=job.pk)
+    assert reload(job).status == S.FAILED
+    late = {"metadata": {"uid": "uid-late"}}
+    assert open_attempt(cluster, job, name, pod=late, token=old_token).status_code == 401
+
+    job_restart(job=reload(job), actor=Actor(user=owner.user))
+    assert open_attempt(cluster, job, name, pod=late, token=old_token).status_code == 401  # queued again
+    second = job_claim_for_start(job_id=job.pk)
+    reconciler.attempt_launch(attempt_id=second.pk)
+    new_name = JobAttempt.objects.get(pk=second.pk).handle["jobset"]
+    cluster.admit(NAMESPACE, new_name)
+    cluster.run(NAMESPACE, new_name)
+
+    stolen = open_attempt(cluster, job, new_name, token=old_token)
+
+    assert (stolen.status_code, stolen.json()["error"]["code"]) == (401, "invalid_api_key")
+    assert "pod_uid" not in JobAttempt.objects.get(pk=second.pk).handle  # nothing opened
+    assert secret_bootstrap_token(cluster, new_name) != old_token
+    opened = open_attempt(cluster, job, new_name)
+    assert opened.status_code == 200 and opened.json()["attempt"] == 2
+
+
+def test_a_replaced_parked_jobsets_token_opens_nothing(owner, spec, launcher, cluster):
+    """Kueue readmits a parked JobSet with the Secret it had, so its token keeps opening the job's
+    next attempts; once Lab gives up on it and launches another JobSet, the old token is refused."""
+    job, _, name = running(owner, spec, cluster)
+    old_token = secret_bootstrap_token(cluster, name)
+    cluster.evict(NAMESPACE, name)
+    reconciler.reconcile_job(job_id=job.pk)
+    cluster.admit(NAMESPACE, name)
+    cluster.run(NAMESPACE, name)
+    cluster.exit(NAMESPACE, name, 1)  # crashed before it asked Lab for its attempt
+    reconciler.reconcile_all()
+    assert admission_pass().started == [job.pk]
+    second = JobAttempt.objects.get(job=job, number=2)
+    reconciler.attempt_launch(attempt_id=second.pk)
+    new_name = JobAttempt.objects.get(pk=second.pk).handle["jobset"]
+    cluster.admit(NAMESPACE, new_name)
+    cluster.run(NAMESPACE, new_name)
+
+    for jobset in (name, new_name):
+        refused = open_attempt(cluster, job, jobset, pod={"metadata": {"uid": "uid-stale"}}, token=old_token)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (401, "invalid_api_key")
+    assert "pod_uid" not in JobAttempt.objects.get(pk=second.pk).handle
+    assert open_attempt(cluster, job, new_name).json()["attempt"] == 2

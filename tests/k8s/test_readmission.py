@@ -38,7 +38,7 @@ BODY = {"pod_uid": "uid-1", "jobset": "js-1"}
 
 def test_it_opens_the_attempt_with_the_jobs_bootstrap_token(launched):
     job, attempt = launched
-    answer = client(bootstrap_token(job.public_id)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", BODY, format="json")
+    answer = client(bootstrap_token(attempt)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", BODY, format="json")
     assert answer.status_code == 200
     assert answer.json() == {"attempt": 1, "token": job_token(attempt), "resume_from": None, "environment_packages": []}
 
@@ -59,7 +59,7 @@ def test_the_answer_names_the_jobs_uploaded_environments_with_download_urls_made
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data={**spec, "env": [{"id": "acme/my-env"}]})
     attempt = job_claim_for_start(job_id=job.pk)
     JobAttempt.objects.filter(pk=attempt.pk).update(state="launched", handle={"namespace": "lab-acme", "jobset": "js-1"})
-    answer = client(bootstrap_token(job.public_id)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", BODY, format="json")
+    answer = client(bootstrap_token(attempt)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", BODY, format="json")
     assert answer.status_code == 200, answer.content
     (package,) = answer.json()["environment_packages"]
     assert package["id"] == "acme/my-env@0.1.0" and package["filename"] == "my_env-0.1.0-py3-none-any.whl"
@@ -71,9 +71,10 @@ def test_it_refuses_any_other_credential_and_changes_nothing(launched, owner, wh
     job, attempt = launched
     outsider = make_tenant("outsider@evil.test", "Evil")
     foreign = job_submit(project=outsider.project, actor=Actor(user=outsider.user), data={**job.spec})
+    foreign_attempt = job_claim_for_start(job_id=foreign.pk)
     token = {
         "job token": job_token(attempt),
-        "other job's bootstrap token": bootstrap_token(foreign.public_id),
+        "other job's bootstrap token": bootstrap_token(foreign_attempt),
         "api key": owner.key,
         "garbage": "ljb_not-a-signature",
     }[which]
@@ -84,7 +85,7 @@ def test_it_refuses_any_other_credential_and_changes_nothing(launched, owner, wh
 
 def test_the_bootstrap_token_opens_no_other_ingest_endpoint(launched):
     job, attempt = launched
-    answer = client(bootstrap_token(job.public_id)).post(
+    answer = client(bootstrap_token(attempt)).post(
         f"/api/v1/ingest/jobs/{job.public_id}/status", {"attempt": 1, "phase": "running", "step": 1}, format="json")
     assert answer.status_code == 401
 
@@ -93,14 +94,14 @@ def test_the_bootstrap_token_opens_no_other_ingest_endpoint(launched):
                                   {"pod_uid": "uid-1", "jobset": "js-1", "attempt": 3}, {"pod_uid": "u" * 65, "jobset": "js-1"}])
 def test_a_bad_body_is_400_and_changes_nothing(launched, body):
     job, attempt = launched
-    answer = client(bootstrap_token(job.public_id)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", body, format="json")
+    answer = client(bootstrap_token(attempt)).post(f"/api/v1/ingest/jobs/{job.public_id}/attempts", body, format="json")
     assert (answer.status_code, answer.json()["error"]["code"]) == (400, "invalid_request")
     assert "pod_uid" not in JobAttempt.objects.get(pk=attempt.pk).handle
 
 
 def test_a_pod_of_another_jobset_is_refused_for_good(launched):
     job, attempt = launched
-    answer = client(bootstrap_token(job.public_id)).post(
+    answer = client(bootstrap_token(attempt)).post(
         f"/api/v1/ingest/jobs/{job.public_id}/attempts", {"pod_uid": "uid-1", "jobset": "js-other"}, format="json")
     assert (answer.status_code, answer.json()["error"]["code"]) == (409, "invalid_state")
     assert "pod_uid" not in JobAttempt.objects.get(pk=attempt.pk).handle
@@ -119,13 +120,13 @@ def test_a_readmitted_jobset_waits_for_its_organizations_cap(launched, owner, sp
     settings.LAB_ORG_MAX_RUNNING_JOBS = 1
     url = f"/api/v1/ingest/jobs/{job.public_id}/attempts"
 
-    waiting = client(bootstrap_token(job.public_id)).post(url, BODY, format="json")
+    waiting = client(bootstrap_token(attempt)).post(url, BODY, format="json")
     assert (waiting.status_code, waiting.json()["error"]["code"], waiting["Retry-After"]) == (409, "attempt_not_ready", "5")
     assert "its cap" in waiting.json()["error"]["message"]
     assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.QUEUED and job.attempts.count() == 1  # nothing opened
 
     Job.objects.unscoped().filter(pk=other.pk).update(status=JobStatus.SUCCEEDED)
-    opened = client(bootstrap_token(job.public_id)).post(url, BODY, format="json")
+    opened = client(bootstrap_token(attempt)).post(url, BODY, format="json")
     assert opened.status_code == 200, opened.content
     assert opened.json()["attempt"] == 2
     assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.STARTING
@@ -144,10 +145,10 @@ def test_a_readmitted_jobset_waits_while_billing_refuses_its_organization(launch
     BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=0)
     url = f"/api/v1/ingest/jobs/{job.public_id}/attempts"
 
-    waiting = client(bootstrap_token(job.public_id)).post(url, BODY, format="json")
+    waiting = client(bootstrap_token(attempt)).post(url, BODY, format="json")
     assert (waiting.status_code, waiting.json()["error"]["code"]) == (409, "attempt_not_ready")
     assert "insufficient_credit" in waiting.json()["error"]["message"]
     assert Job.objects.unscoped().get(pk=job.pk).status == JobStatus.QUEUED
 
     BillingAccount.objects.filter(pk=account.pk).update(balance_micro_usd=100_000_000)  # a top-up
-    assert client(bootstrap_token(job.public_id)).post(url, BODY, format="json").json()["attempt"] == 2
+    assert client(bootstrap_token(attempt)).post(url, BODY, format="json").json()["attempt"] == 2
