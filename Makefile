@@ -45,7 +45,7 @@ TEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: install  ## the suite but the real-model tests (CI runs this)
-	$(VENV)/bin/pytest -m "not real_model" $(PYTEST_PARALLEL)
+	$(VENV)/bin/pytest -m "not real_model" $(PYTEST_PARALLEL) --durations=25
 
 test-all: install  ## the whole suite, the real-model tests (SmolLM2, minutes each) included
 	$(VENV)/bin/pytest

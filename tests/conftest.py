@@ -101,6 +101,16 @@ def spec() -> dict:
 
 
 @pytest.fixture(autouse=True)
+def _fast_password_hashing(settings) -> None:
+    """Hash the passwords tests set with MD5 (microseconds) instead of PBKDF2 (0.7 s each on these
+    machines): hundreds of tests sign users up. The default hashers stay listed, so a hash a Lab
+    process made with them (``manage.py bootstrap_tenant`` in a subprocess) still verifies."""
+    from django.conf import global_settings
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher", *global_settings.PASSWORD_HASHERS]
+
+
+@pytest.fixture(autouse=True)
 def _clear_cache():
     cache.clear()
     yield

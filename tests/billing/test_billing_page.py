@@ -18,11 +18,6 @@ from tests.dashboard.helpers import signed_in
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("default_prices")]
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def url(tenant, suffix="") -> str:
     return f"/o/{tenant.organization.slug}/billing/{suffix}"
 

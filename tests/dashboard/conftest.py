@@ -8,12 +8,6 @@ from django.test import Client
 from tests.dashboard.helpers import signed_in
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """Hash passwords cheaply: these tests sign up and log in dozens of users."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def owner_client(owner) -> Client:
     """The owner of Acme, signed in."""

@@ -31,12 +31,6 @@ def _seeded_prices(default_prices) -> None:
     data migrations included, so only the first such test in a run would otherwise see prices."""
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings) -> None:
-    """Sign-ups here only make tenants; a slow password hash would only slow the suite down."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def tenant(transactional_db, _fast_password_hashing) -> Tenant:
     """The owner of organization "Acme" with project "default" and a read-write key."""

@@ -18,7 +18,6 @@ def _own_storage(settings, tmp_path):
         **settings.STORAGES,
         "checkpoints": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "store")}},
     }
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def upload(wheel):
