@@ -1,9 +1,11 @@
 """Billing actions taken by people: who may manage billing, and changing the billing settings.
 
 Owners and admins of an organization manage its billing (spend limit, concurrency cap, plan,
-buying credits); so do the write-scoped API keys of its projects (keys are made by owners and
-admins). A plain member or a read-only key may read usage and the balance, and is refused with
-403 ``insufficient_scope``; a user or key of another organization gets 404.
+buying credits, the customer portal): in the dashboard, or through a write-scoped API key of one
+of its projects, which acts for the owner or admin who created it and only while they still are
+one. A plain member, a read-only key, or a key whose creator is not (or no longer) an owner or
+admin may read usage and the balance, and is refused with 403 ``insufficient_scope``; a user or
+key of another organization gets 404.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from billing.models import BillingAccount, Plan
 from billing.pricing import usd_to_micro
 from lab.api.errors import ApiError, FieldError, not_found
 from lab.audit import Actor, AuditAction, audit_record
-from lab.models import ApiKeyScope, Membership, Organization
+from lab.models import MANAGER_ROLES, ApiKeyScope, Membership, Organization
 
 #: The largest monthly spend limit accepted (USD): bounds the ledger's integers far away.
 MAX_SPEND_LIMIT_USD = Decimal("10000000")
@@ -37,6 +39,15 @@ def require_billing_manager(*, actor: Actor, organization: Organization) -> None
             raise not_found("organization")
         if ApiKeyScope.WRITE not in actor.api_key.scopes:
             raise ApiError(403, "insufficient_scope", f"This API key lacks the '{ApiKeyScope.WRITE}' scope.")
+        # Billing is the organization's, not the key's project's: the key acts for its creator.
+        creator = actor.api_key.created_by_id
+        if creator is None or not Membership.objects.filter(
+            user_id=creator, organization=organization, role__in=MANAGER_ROLES
+        ).exists():
+            raise ApiError(
+                403, "insufficient_scope",
+                "Only organization owners and admins change billing; this API key's creator is not one.",
+            )
     if actor.user is not None:
         membership = Membership.objects.filter(user=actor.user, organization=organization).first()
         if membership is None:

@@ -377,6 +377,9 @@ def audit_log(request: HttpRequest, access: OrganizationAccess) -> HttpResponse:
 def api_keys(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
     """List the project's API keys; POST creates one (owners and admins) and shows its secret once.
 
+    A key that is not revoked but whose creator is no longer an owner or admin of the organization
+    (so it does not authenticate) is listed as inactive.
+
     The secret is in the POST's response only (never stored, never in a redirect), so reloading the
     page shows the list without it.
     """
@@ -398,6 +401,8 @@ def api_keys(request: HttpRequest, access: OrganizationAccess, project: Project)
     context = {
         "project": project,
         "keys": project.api_keys.select_related("created_by").order_by("-created_at", "-id"),
+        # Keys not revoked whose creator is no longer an owner or admin here do not authenticate.
+        "authenticating": set(project.api_keys.authenticating().values_list("pk", flat=True)),
         "form": form,
         "created": created,
     }

@@ -130,11 +130,27 @@ class ApiKeyScope(models.TextChoices):
     WRITE = "write", "Write"
 
 
+class ApiKeyQuerySet(models.QuerySet):
+    """Queries over API keys."""
+
+    def authenticating(self) -> ApiKeyQuerySet:
+        """Keep the keys that authenticate now: not revoked, and made by an active user who is still
+        an owner or admin of the key's organization (a key acts for its creator; docs/api.md "API
+        keys"). A key without a creator (its user was deleted) never authenticates."""
+        return self.filter(
+            revoked_at__isnull=True,
+            created_by__is_active=True,
+            created_by__memberships__organization=models.F("project__organization"),
+            created_by__memberships__role__in=MANAGER_ROLES,
+        )
+
+
 class ApiKey(models.Model):
     """A project's API key. Only its SHA-256 is stored; the key is shown once, at creation.
 
     A key reads ``lab_<43 url-safe characters>``; ``prefix`` (its first 12 characters) finds the row
-    and the hash is compared in constant time.
+    and the hash is compared in constant time. It acts for ``created_by``, an owner or admin of the
+    organization, and authenticates only while they still are (``ApiKeyQuerySet.authenticating``).
     """
 
     public_id = models.CharField(max_length=40, unique=True, default=_api_key_public_id)
@@ -148,9 +164,12 @@ class ApiKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    objects = ApiKeyQuerySet.as_manager()
+
     @property
     def is_active(self) -> bool:
-        """Whether the key may still be used."""
+        """Whether the key is not revoked (it authenticates only while its creator may also make
+        keys: ``ApiKeyQuerySet.authenticating``)."""
         return self.revoked_at is None
 
     def __str__(self) -> str:

@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from engine.catalog import builtin_owners
 from lab.audit import Actor, AuditAction, audit_record
 from lab.ids import sha256_hex
 from lab.models import (
@@ -72,23 +73,48 @@ def user_sign_up(*, email: str, password: str, name: str = "") -> User:
         raise ValidationError({"email": ["An account with this email already exists."]}) from None
 
 
-def _unique_slug(model: type, base: str, **scope: Any) -> str:
+def _unique_slug(model: type, base: str, *, reserved: frozenset[str] = frozenset(), **scope: Any) -> str:
     base = slugify(base)[:40] or "team"
     slug, suffix = base, 1
-    while model.objects.filter(slug=slug, **scope).exists():
+    while slug in reserved or model.objects.filter(slug=slug, **scope).exists():
         suffix += 1
         slug = f"{base}-{suffix}"
     return slug
 
 
+def reserved_organization_slugs() -> frozenset[str]:
+    """Return the slugs no organization may take: the owners of the built-in model and
+    environment ids (``lab`` of ``lab/addition``). An organization's packages are named
+    ``<slug>/<name>``, so an organization slugged ``lab`` would publish ids that jobs read as
+    the built-ins (``engine.catalog.builtin_owners``)."""
+    return builtin_owners()
+
+
+def organization_slug_problem(slug: str) -> str | None:
+    """Say why ``slug`` cannot be an organization's (it is reserved), or None."""
+    if slug in reserved_organization_slugs():
+        return f"The organization slug {slug!r} is reserved: it names Lab's built-in models and environments."
+    return None
+
+
 @transaction.atomic
 def organization_create(*, user: User, name: str, slug: str | None = None) -> Organization:
-    """Create an organization owned by ``user``, with a first project named ``default``."""
+    """Create an organization owned by ``user``, with a first project named ``default``.
+
+    Without ``slug`` one is derived from ``name``, skipping taken and reserved ones (``Lab`` is
+    ``lab-2``). Raises ValidationError for an empty name or a reserved ``slug``
+    (:func:`reserved_organization_slugs`).
+    """
     name = name.strip()[:100]
     if not name:
         raise ValidationError({"name": ["An organization needs a name."]})
+    if slug:
+        slug = slugify(slug)[:50]
+        problem = organization_slug_problem(slug)
+        if problem:
+            raise ValidationError({"slug": [problem]})
     organization = Organization.objects.create(
-        name=name, slug=slugify(slug)[:50] if slug else _unique_slug(Organization, name)
+        name=name, slug=slug or _unique_slug(Organization, name, reserved=reserved_organization_slugs())
     )
     Membership.objects.create(organization=organization, user=user, role=Role.OWNER)
     actor = Actor(user=user)
@@ -139,17 +165,37 @@ def project_create(*, actor: Actor, organization: Organization, name: str, slug:
 
 @transaction.atomic
 def api_key_create(
-    *, actor: Actor, project: Project, name: str, scopes: list[str] | None = None
+    *,
+    actor: Actor,
+    project: Project,
+    name: str,
+    scopes: list[str] | None = None,
+    created_by: User | None = None,
 ) -> tuple[ApiKey, str]:
     """Create an API key for ``project`` and return it with its plaintext (shown once, never stored).
 
-    ``scopes`` is ``["read"]`` or ``["read", "write"]`` (the default).
-    Raises PermissionDenied for non-managers, ValidationError for unknown scopes.
+    ``scopes`` is ``["read"]`` or ``["read", "write"]`` (the default). The key acts for its
+    creator, the acting user; the system (``bootstrap_tenant``) names one with ``created_by``.
+    The creator must be an owner or admin of the project's organization, and the key authenticates
+    only while they still are (``ApiKeyQuerySet.authenticating``; docs/api.md "API keys").
+    Raises PermissionDenied for non-managers, ValidationError for unknown scopes, a creator
+    missing or other than the acting user, or a creator who is not an owner or admin.
     """
-    _require_manager(actor, project.organization)
+    organization = project.organization
+    _require_manager(actor, organization)
     scopes = sorted(set(scopes or [ApiKeyScope.READ, ApiKeyScope.WRITE]))
     if not set(scopes) <= set(ApiKeyScope.values) or ApiKeyScope.READ not in scopes:
         raise ValidationError({"scopes": ["Scopes are ['read'] or ['read', 'write']."]})
+    if actor.user is not None and created_by not in (None, actor.user):
+        raise ValidationError({"created_by": ["A user creates API keys for themself only."]})
+    creator = actor.user or created_by
+    if creator is None:
+        raise ValidationError({"created_by": ["An API key acts for the owner or admin who creates it: name one."]})
+    membership = membership_for(user=creator, organization=organization)
+    if membership is None or not membership.can_manage:
+        raise ValidationError(
+            {"created_by": [f"{creator.email} is not an owner or admin of {organization.slug}; only they create API keys."]}
+        )
     plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
     api_key = ApiKey.objects.create(
         project=project,
@@ -157,7 +203,7 @@ def api_key_create(
         prefix=plaintext[:12],
         key_hash=sha256_hex(plaintext),
         scopes=scopes,
-        created_by=actor.user,
+        created_by=creator,
     )
     audit_record(
         actor=actor,
@@ -189,15 +235,19 @@ def api_key_revoke(*, actor: Actor, api_key: ApiKey) -> ApiKey:
 
 
 def api_key_authenticate(plaintext: str) -> ApiKey | None:
-    """Return the active key matching ``plaintext`` (constant-time comparison), or None.
+    """Return the key matching ``plaintext`` (constant-time comparison) when it authenticates, or None.
 
-    Touches ``last_used_at`` at most once a minute per key with a conditional UPDATE.
+    A key authenticates while it is not revoked and its creator is an active user who is still
+    an owner or admin of the key's organization (``ApiKeyQuerySet.authenticating``): so a key
+    stops working when its creator leaves, is removed, loses that role or is deleted or
+    deactivated, however that happened. Touches ``last_used_at`` at most once a minute per key
+    with a conditional UPDATE.
     """
     if not plaintext.startswith(API_KEY_PREFIX) or not 20 <= len(plaintext) <= 100:
         return None
     digest = sha256_hex(plaintext)
-    for candidate in ApiKey.objects.select_related("project__organization").filter(
-        prefix=plaintext[:12], revoked_at__isnull=True
+    for candidate in ApiKey.objects.authenticating().select_related("project__organization").filter(
+        prefix=plaintext[:12]
     ):
         if hmac.compare_digest(candidate.key_hash, digest):
             now = timezone.now()
@@ -417,9 +467,11 @@ def _keep_one_owner(membership: Membership, *, new_role: str | None) -> None:
 def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, password: str | None) -> dict[str, str]:
     """Create or reuse the user, organization (user as owner) and project, and add a new API key.
 
-    Idempotent for the user, organization and project; each call makes one new read-write key.
+    Idempotent for the user, organization and project; each call makes one new read-write key,
+    created by the user (so it authenticates while they are an owner or admin of the organization).
     Returns ``{"organization", "project", "api_key", "user"}`` (docs/api.md "Set-up").
-    Raises ValidationError for an invalid email, slug or password.
+    Raises ValidationError for an invalid email, slug or password, or a user who is a plain
+    member of an existing organization (nothing is created then).
     """
     try:
         email = _normalize_email(email)
@@ -440,6 +492,9 @@ def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, p
         user.save(update_fields=["password"])
     organization = Organization.objects.filter(slug=organization_slug).first()
     if organization is None:
+        problem = organization_slug_problem(organization_slug)
+        if problem:
+            raise ValidationError(problem)
         organization = Organization.objects.create(slug=organization_slug, name=organization_slug)
         audit_record(
             actor=Actor.system(),
@@ -447,9 +502,14 @@ def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, p
             action=AuditAction.ORGANIZATION_CREATE,
             target=organization_slug,
         )
-    Membership.objects.get_or_create(organization=organization, user=user, defaults={"role": Role.OWNER})
+    membership, _ = Membership.objects.get_or_create(organization=organization, user=user, defaults={"role": Role.OWNER})
+    if not membership.can_manage:
+        raise ValidationError(
+            f"{email} is a {membership.role} of {organization_slug}, not an owner or admin: an API key acts "
+            "for its creator, who must be one"
+        )
     project = Project.objects.filter(organization=organization, slug=project_slug).first()
     if project is None:
         project = project_create(actor=Actor.system(), organization=organization, name=project_slug, slug=project_slug)
-    _, plaintext = api_key_create(actor=Actor.system(), project=project, name="bootstrap")
+    _, plaintext = api_key_create(actor=Actor.system(), project=project, name="bootstrap", created_by=user)
     return {"organization": organization.slug, "project": project.slug, "api_key": plaintext, "user": user.email}

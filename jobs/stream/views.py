@@ -71,12 +71,12 @@ def _find_job(
 
 
 def _allowed(grant: tuple[str, Any], job_pk: int) -> bool:
-    """Whether the grant that opened the stream still allows reading the job: the API key is not
-    revoked, or the session still exists (not logged out), its user is active (password
+    """Whether the grant that opened the stream still allows reading the job: the API key still
+    authenticates (not revoked, its creator still an owner or admin), or the session still exists (not logged out), its user is active (password
     unchanged) and still a member of the job's organization. A stream can last for hours."""
     kind, value = grant
     if kind == "key":
-        return ApiKey.objects.filter(pk=value, revoked_at__isnull=True).exists()
+        return ApiKey.objects.authenticating().filter(pk=value).exists()
     request = SimpleNamespace(session=import_module(settings.SESSION_ENGINE).SessionStore(value))
     user = get_user(request)
     return (
