@@ -12,17 +12,18 @@ Subscriptions, Billing Meter Events) and https://docs.stripe.com/webhooks#verify
 
 from __future__ import annotations
 
-import json
+import time
 from typing import Any
 
 import stripe
 from django.conf import settings
 
 from billing.models import BillingAccount
+from lab.api.parsers import json_loads
 
 #: The Stripe API version Lab is written against (the one stripe==16.1.0 ships with).
 PINNED_API_VERSION = "2026-10-28.endive"
-#: A webhook whose signature timestamp is older than this (seconds) is refused as stale.
+#: A webhook whose signature timestamp is further than this (seconds) from now, either way, is refused.
 WEBHOOK_TOLERANCE_S = 300
 
 
@@ -119,13 +120,21 @@ def meter_event_send(*, customer_id: str, identifier: str, value: int, timestamp
 
 def webhook_event(payload: bytes, signature_header: str) -> dict[str, Any]:
     """Verify a webhook's ``Stripe-Signature`` over the raw ``payload`` with
-    ``STRIPE_WEBHOOK_SECRET`` (``t=`` within ``WEBHOOK_TOLERANCE_S``, ``v1=`` HMAC-SHA256 of
-    ``t.payload``) and return the event as a dict.
+    ``STRIPE_WEBHOOK_SECRET`` (``v1=`` HMAC-SHA256 of ``t.payload``, ``t=`` within
+    ``WEBHOOK_TOLERANCE_S`` of now either way: Stripe's library refuses only an old one) and
+    return the event as a dict.
 
-    Raises ``stripe.SignatureVerificationError`` for a missing, forged or stale signature and
-    ValueError for a body that is not JSON.
+    Raises ``stripe.SignatureVerificationError`` for a missing, forged, stale or future
+    signature and ValueError for a body that is not JSON or nests deeper than
+    ``lab.api.parsers.MAX_JSON_DEPTH``.
     """
     stripe.WebhookSignature.verify_header(
         payload.decode("utf-8"), signature_header, settings.STRIPE_WEBHOOK_SECRET, WEBHOOK_TOLERANCE_S
     )
-    return json.loads(payload)
+    # The header verified, so its first t= is the signed timestamp (the library reads it the same way).
+    signed_at = int(next(item.split("=", 2)[1] for item in signature_header.split(",") if item.split("=", 2)[0] == "t"))
+    if signed_at > time.time() + WEBHOOK_TOLERANCE_S:
+        raise stripe.SignatureVerificationError(
+            f"Timestamp {signed_at} is more than {WEBHOOK_TOLERANCE_S} s in the future", signature_header, payload.decode("utf-8")
+        )
+    return json_loads(payload)

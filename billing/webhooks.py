@@ -1,14 +1,17 @@
 """Stripe's webhooks at ``POST /billing/stripe/webhook``: verify, check, dedupe, apply.
 
 Each request is verified on its raw body with ``STRIPE_WEBHOOK_SECRET`` (``Stripe-Signature``:
-``t=`` within 5 minutes, ``v1=`` HMAC-SHA256 of ``t.payload``; anything else is 400), its
+``t=`` within 5 minutes of now either way, ``v1=`` HMAC-SHA256 of ``t.payload``; anything else,
+and a body nested deeper than ``lab.api.parsers.MAX_JSON_DEPTH``, is 400), its
 ``api_version`` must be the one Lab pins (else 400, logged, nothing applied), and only the types
 of ``HANDLERS`` are applied (others are answered 200 and ignored). An event id is processed once:
 its ``StripeEvent`` row is written in the same transaction as what it changes, under a unique
 constraint. Stripe does not deliver in order, so state set from events (the subscription, the
 payment status) remembers the time of the event that set it, and an older event is not applied:
 a ``customer.subscription.created`` arriving after its ``deleted`` changes nothing, nor does an
-``invoice.payment_failed`` arriving after the ``invoice.paid`` that settled it.
+``invoice.payment_failed`` arriving after the ``invoice.paid`` that settled it. ``created`` counts
+whole seconds, so two events may tie: a paid invoice wins the tie (a failure of the same second is
+not applied after it, and a payment of the same second clears a failure).
 Reference: https://docs.stripe.com/webhooks (signatures, retries, ordering, event types).
 """
 
@@ -89,10 +92,14 @@ def _checkout_completed(event: dict[str, Any], session: dict[str, Any]) -> bool:
 
 
 def _payment_status(event: dict[str, Any], invoice: dict[str, Any], *, failed: bool) -> bool:
-    """Set or clear the account's payment_failed flag, unless a newer invoice event already did."""
+    """Set or clear the account's payment_failed flag, unless a newer invoice event already did,
+    or a paid invoice of the same second (``created`` is in whole seconds: the payment wins)."""
     account = _account_by_customer(invoice.get("customer"))
     moment = _moment(event)
-    if account is None or (account.payment_status_updated_at and moment < account.payment_status_updated_at):
+    if account is None:
+        return False
+    last = account.payment_status_updated_at
+    if last is not None and (moment < last or (moment == last and failed and not account.payment_failed)):
         return False
     account.payment_failed, account.payment_status_updated_at = failed, moment
     account.save(update_fields=["payment_failed", "payment_status_updated_at"])

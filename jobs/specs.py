@@ -180,7 +180,8 @@ def validate_job_spec(
         parsed = parse_spec(data)
     except SpecError as exc:
         problems = list(exc.errors)
-        if isinstance(data, Mapping):
+        # a spec refused as too deep is not read any further (translating it would recurse through it)
+        if isinstance(data, Mapping) and not any(problem.code == "too_deep" and problem.param in data for problem in problems):
             known = {problem.param for problem in problems}
             problems += _raw_catalog_problems(translate_layout(data)[0], models, environments, known)
         raise _invalid_spec(problems) from None

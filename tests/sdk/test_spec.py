@@ -452,6 +452,20 @@ def test_it_refuses_deep_nesting_without_a_traceback():
     assert file_problems("a = " + "[" * 100_000, "toml") == [("", "too_deep")]
 
 
+def test_it_refuses_a_spec_nested_past_its_depth_before_reading_it():
+    deep: list = []
+    for _ in range(100_000):  # far past Python's recursion limit
+        deep = [deep]
+    with pytest.raises(SpecError) as refused:
+        parse_spec(spec_with(max_steps=deep))
+    assert [problem.to_dict() for problem in refused.value.errors] == [{
+        "param": "max_steps", "code": "too_deep",
+        "message": "nested deeper than the 32 levels of tables and arrays a spec may have",
+    }]
+    at_the_limit = spec_with(max_steps=json.loads("[" * 31 + "]" * 31))  # the spec is level 1
+    assert ("max_steps", "invalid_type") in problems_of(at_the_limit)
+
+
 def test_it_refuses_huge_integers():
     assert file_problems('{"max_steps": 1' + "0" * 5000 + "}", "json") == [("", "out_of_range")]
     problems = file_problems('max_steps = 99999999999999999999\n[[env]]\nid = "lab/a"\n', "toml")

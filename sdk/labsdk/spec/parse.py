@@ -13,6 +13,7 @@ from labsdk.spec.layouts import translate_with_sources
 from labsdk.spec.model import JobSpec, _cross_field_problems
 from labsdk.spec.problems import SpecError, SpecProblem
 from labsdk.spec.translate import _problem_from_pydantic
+from labsdk.spec.values import SPEC_MAX_DEPTH, nesting_depth_path
 from labsdk.spec.warnings import spec_warnings
 
 
@@ -39,12 +40,19 @@ def parse_spec(data: Mapping[str, Any]) -> ParsedSpec:
     other two are translated first (:mod:`labsdk.spec.layouts`). Returns the
     :class:`ParsedSpec`; its warnings name every key that was given but that Lab does not
     act on (:mod:`labsdk.spec.warnings`). Raises :class:`SpecError` listing every problem at
-    once: field errors, unknown keys and cross-field rules together. Catalogue checks
+    once: field errors, unknown keys and cross-field rules together; a spec nested deeper than
+    :data:`~labsdk.spec.values.SPEC_MAX_DEPTH` levels is refused first, as a ``too_deep``
+    problem of the top-level key that holds the deep part, before anything else reads it. Catalogue checks
     (model, environments, context length) are separate: :func:`catalog_problems`.
     """
     if not isinstance(data, Mapping):
         raise SpecError([SpecProblem(
             "", "invalid_type", f"a spec must be a JSON object, not {type(data).__name__}"
+        )])
+    too_deep = nesting_depth_path(data, SPEC_MAX_DEPTH)
+    if too_deep is not None:
+        raise SpecError([SpecProblem(
+            too_deep[0], "too_deep", f"nested deeper than the {SPEC_MAX_DEPTH} levels of tables and arrays a spec may have"
         )])
     data, layout_warnings, sources = translate_with_sources(_integral_numbers_as_ints(data))
     problems: list[SpecProblem] = []

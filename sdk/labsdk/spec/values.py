@@ -8,6 +8,7 @@ here refuse such values with the spec vocabulary's codes and the path of the bad
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, StringConstraints
@@ -19,6 +20,30 @@ JSON_MAX_ITEMS = 1000
 JSON_MAX_STRING = 10_000
 JSON_MAX_KEY = 128
 JSON_MAX_INT = 2**63 - 1
+#: The deepest a whole spec may nest tables and arrays (the spec itself is level 1). The deepest
+#: valid spec is ``metadata`` at level 2 holding values 16 levels deep; this leaves room for
+#: Prime's free-form tables and refuses, before any recursive step reads it, data nested deep
+#: enough to exhaust Python's recursion limit (about 1,000 frames).
+SPEC_MAX_DEPTH = 32
+
+
+def nesting_depth_path(value: Any, max_depth: int) -> list[str] | None:
+    """Return the path (keys, list indexes as strings) of the first table or array of ``value``
+    nested deeper than ``max_depth`` levels (``value`` itself is level 1), or None when there is
+    none. Walks with an explicit stack, so any depth is measured without recursion."""
+    stack: list[tuple[Any, list[str], int]] = [(value, [], 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, Mapping):
+            children = [(str(key), item) for key, item in node.items()]
+        elif isinstance(node, (list, tuple)):
+            children = [(str(index), item) for index, item in enumerate(node)]
+        else:
+            continue
+        if depth > max_depth:
+            return path
+        stack.extend((item, [*path, key], depth + 1) for key, item in reversed(children) if isinstance(item, (Mapping, list, tuple)))
+    return None
 
 
 def _text_problem(text: str) -> str | None:
