@@ -159,6 +159,12 @@ def register_environment(info: EnvironmentInfo) -> None:
     _PACKAGE_ENVIRONMENTS[info.id] = info
 
 
+def builtin_owners() -> frozenset[str]:
+    """Return the owners of the built-in model and environment ids, lower-cased (``lab`` of
+    ``lab/addition``, ``huggingfacetb`` of ``HuggingFaceTB/SmolLM2-135M-Instruct``)."""
+    return frozenset(builtin_id.partition("/")[0].lower() for builtin_id in (*_BUILTIN_MODELS, *_BUILTIN_ENVIRONMENTS))
+
+
 def list_environments() -> dict[str, EnvironmentInfo]:
     """Return the installed environments keyed by id: the built-ins, and in an engine process the
     uploaded packages installed for its job (``register_environment``)."""

@@ -25,6 +25,7 @@ from environments.wheels import MAX_WHEEL_BYTES, InvalidWheel, read_wheel
 from lab import storage
 from lab.api.errors import ApiError, not_found
 from lab.audit import Actor, AuditAction, audit_record
+from lab.lib.locks import ENVIRONMENT_PUSH, advisory_xact_lock
 from lab.models import Organization
 
 _CHUNK = 1024 * 1024
@@ -79,8 +80,9 @@ def environment_push(
     Returns ``(package, created)``: pushing the very bytes of a live version again returns it
     with ``created`` False. Raises ApiError 413 ``request_too_large`` above 100 MB, 400
     ``invalid_environment_package`` (param ``file``) for anything ``read_wheel`` refuses, and 409
-    ``invalid_state`` when the version exists with other bytes or was deleted (versions are never
-    reused). Nothing is stored when it raises.
+    ``invalid_state`` when the version, or one equal to it under PEP 440 (``0.1`` and ``0.1.0``),
+    exists with other bytes or was deleted (versions are never reused). No package row is written
+    when it raises.
     """
     if size_bytes > MAX_WHEEL_BYTES:
         raise ApiError(413, "request_too_large", f"Environment wheels are limited to {MAX_WHEEL_BYTES // (1024 * 1024)} MB.", param="file")
@@ -98,6 +100,12 @@ def environment_push(
     storage.put_stream(key, handle, content_type=WHEEL_CONTENT_TYPE)
     try:
         with transaction.atomic():
+            # The unique constraint sees version strings only: pushes of one organization take
+            # turns here, so that a concurrent push of an equal version (0.1 beside 0.1.0) is seen.
+            advisory_xact_lock(ENVIRONMENT_PUSH, organization.pk)
+            existing = _existing_version(organization, info.name, info.version, sha256)
+            if existing is not None:
+                return existing, False
             package = EnvironmentPackage.objects.create(
                 organization=organization,
                 name=info.name,
@@ -133,14 +141,30 @@ def environment_push(
 
 
 def _existing_version(organization: Organization, name: str, version: str, sha256: str) -> EnvironmentPackage | None:
-    """Return the live version with these bytes, None when the version is new; raise the 409 otherwise."""
-    existing = EnvironmentPackage.objects.for_organization(organization).filter(name=name, version=version).first()
-    if existing is None:
+    """Return the live version with these bytes, None when the version is new; raise the 409 otherwise.
+
+    Versions are compared as PEP 440 compares them, so ``0.1`` is the version ``0.1.0`` already is
+    (two rows of one version would make ``@0.1`` and ``@latest`` pick either)."""
+    wanted = Version(version)
+    same = [
+        package
+        for package in EnvironmentPackage.objects.for_organization(organization).filter(name=name).order_by("pk")
+        if Version(package.version) == wanted
+    ]
+    if not same:
         return None
-    package_id = f"{organization.slug}/{name}@{version}"
+    existing = next((package for package in same if package.version == version), same[0])
+    package_id = f"{organization.slug}/{name}@{existing.version}"
     if existing.deleted_at is not None:
         raise ApiError(
             409, "invalid_state", f"{package_id} was deleted; versions are never reused: push it as a new version.", param="file"
+        )
+    if existing.version != version:
+        raise ApiError(
+            409,
+            "invalid_state",
+            f"{package_id} exists, and {version} is the same version (PEP 440); versions are immutable: push a new version.",
+            param="file",
         )
     if existing.sha256 != sha256:
         raise ApiError(

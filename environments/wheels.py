@@ -26,6 +26,7 @@ import hashlib
 import importlib.machinery
 import io
 import posixpath
+import re
 import stat
 import sys
 import zipfile
@@ -58,6 +59,9 @@ RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {"engine", "labsdk", "to
 #: these before a package's module of the same name (``verifiers/v1/utils/loaders.py``, ``_import_plugin``).
 VERIFIERS_BUILTIN_TASKSETS = frozenset({"harbor", "nemo_gym", "openenv", "textarena"})
 _CHUNK = 1024 * 1024
+#: A project name as PEP 508 spells it ("Names", ASCII only); ``re.ASCII`` keeps IGNORECASE from
+#: letting the Kelvin sign or the long s stand in for k and s, as packaging's own pattern does.
+_PEP_508_NAME = re.compile(r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]", re.IGNORECASE | re.ASCII)
 
 
 class InvalidWheel(ValueError):
@@ -87,6 +91,14 @@ class WheelInfo:
     requires_python: str = ""
 
 
+def _check_name(name: str, where: str) -> None:
+    """Refuse a project name that is not PEP 508's (ASCII letters, digits, ``-``, ``_``, ``.``)."""
+    if not _PEP_508_NAME.fullmatch(name):
+        raise InvalidWheel(
+            f"{where} names the package '{name[:100]}': a package name is ASCII letters, digits, '-', '_' and '.' (PEP 508)"
+        )
+
+
 def _check_filename(filename: str) -> tuple[str, Version]:
     if not filename or "/" in filename or "\\" in filename or "\x00" in filename or len(filename) > 200:
         raise InvalidWheel("the file name must be a wheel's own name (name-version-python-abi-platform.whl)")
@@ -94,6 +106,7 @@ def _check_filename(filename: str) -> tuple[str, Version]:
         name, version, _build, tags = parse_wheel_filename(filename)
     except InvalidWheelFilename as error:
         raise InvalidWheel(f"not a wheel file name: {error}") from None
+    _check_name(filename.partition("-")[0], "the file name")
     if any(tag.abi != "none" or tag.platform != "any" for tag in tags):
         raise InvalidWheel(f"'{filename}' is built for one platform; environment packages must be pure Python (-none-any.whl)")
     return str(name), version
@@ -278,6 +291,7 @@ def _read_archive(archive: zipfile.ZipFile, *, filename: str, name: str, version
     declared_name, declared_version = metadata.get("Name"), metadata.get("Version")
     if not metadata.get("Metadata-Version") or not declared_name or not declared_version:
         raise InvalidWheel("METADATA must declare Metadata-Version, Name and Version")
+    _check_name(str(declared_name), "METADATA")
     if canonicalize_name(str(declared_name)) != name:
         raise InvalidWheel(f"METADATA names the package '{str(declared_name)[:100]}', the file name says '{name}'")
     if _version(str(declared_version), "METADATA") != version:

@@ -1,11 +1,13 @@
 """Django admin for accounts and tenancy (staff only)."""
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 
 from lab.lockout import LockoutAuthenticationMixin
 from lab.models import ApiKey, AuditLogEntry, Invitation, Membership, Organization, Project, User
+from lab.services import organization_slug_problem
 
 
 class AdminLoginForm(LockoutAuthenticationMixin, AdminAuthenticationForm):
@@ -32,8 +34,25 @@ class MembershipInline(admin.TabularInline):
     extra = 0
 
 
+class OrganizationAdminForm(forms.ModelForm):
+    """The admin's organization form: a new or changed slug may not be a reserved one
+    (``lab.services.reserved_organization_slugs``)."""
+
+    class Meta:
+        model = Organization
+        fields = "__all__"
+
+    def clean_slug(self) -> str:
+        slug = self.cleaned_data["slug"]
+        problem = organization_slug_problem(slug) if slug != self.instance.slug else None
+        if problem:
+            raise forms.ValidationError(problem)
+        return slug
+
+
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
+    form = OrganizationAdminForm
     list_display = ["slug", "name", "public_id", "max_running_jobs", "created_at"]
     search_fields = ["slug", "name", "public_id"]
     inlines = [MembershipInline]

@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from engine.catalog import builtin_owners
 from lab.audit import Actor, AuditAction, audit_record
 from lab.ids import sha256_hex
 from lab.models import (
@@ -72,23 +73,48 @@ def user_sign_up(*, email: str, password: str, name: str = "") -> User:
         raise ValidationError({"email": ["An account with this email already exists."]}) from None
 
 
-def _unique_slug(model: type, base: str, **scope: Any) -> str:
+def _unique_slug(model: type, base: str, *, reserved: frozenset[str] = frozenset(), **scope: Any) -> str:
     base = slugify(base)[:40] or "team"
     slug, suffix = base, 1
-    while model.objects.filter(slug=slug, **scope).exists():
+    while slug in reserved or model.objects.filter(slug=slug, **scope).exists():
         suffix += 1
         slug = f"{base}-{suffix}"
     return slug
 
 
+def reserved_organization_slugs() -> frozenset[str]:
+    """Return the slugs no organization may take: the owners of the built-in model and
+    environment ids (``lab`` of ``lab/addition``). An organization's packages are named
+    ``<slug>/<name>``, so an organization slugged ``lab`` would publish ids that jobs read as
+    the built-ins (``engine.catalog.builtin_owners``)."""
+    return builtin_owners()
+
+
+def organization_slug_problem(slug: str) -> str | None:
+    """Say why ``slug`` cannot be an organization's (it is reserved), or None."""
+    if slug in reserved_organization_slugs():
+        return f"The organization slug {slug!r} is reserved: it names Lab's built-in models and environments."
+    return None
+
+
 @transaction.atomic
 def organization_create(*, user: User, name: str, slug: str | None = None) -> Organization:
-    """Create an organization owned by ``user``, with a first project named ``default``."""
+    """Create an organization owned by ``user``, with a first project named ``default``.
+
+    Without ``slug`` one is derived from ``name``, skipping taken and reserved ones (``Lab`` is
+    ``lab-2``). Raises ValidationError for an empty name or a reserved ``slug``
+    (:func:`reserved_organization_slugs`).
+    """
     name = name.strip()[:100]
     if not name:
         raise ValidationError({"name": ["An organization needs a name."]})
+    if slug:
+        slug = slugify(slug)[:50]
+        problem = organization_slug_problem(slug)
+        if problem:
+            raise ValidationError({"slug": [problem]})
     organization = Organization.objects.create(
-        name=name, slug=slugify(slug)[:50] if slug else _unique_slug(Organization, name)
+        name=name, slug=slug or _unique_slug(Organization, name, reserved=reserved_organization_slugs())
     )
     Membership.objects.create(organization=organization, user=user, role=Role.OWNER)
     actor = Actor(user=user)
@@ -466,6 +492,9 @@ def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, p
         user.save(update_fields=["password"])
     organization = Organization.objects.filter(slug=organization_slug).first()
     if organization is None:
+        problem = organization_slug_problem(organization_slug)
+        if problem:
+            raise ValidationError(problem)
         organization = Organization.objects.create(slug=organization_slug, name=organization_slug)
         audit_record(
             actor=Actor.system(),

@@ -16,6 +16,16 @@ from django.db import connection
 #: Namespaces of Lab's advisory locks (the first key); the second key is a row's primary key.
 LAUNCH = 0x1AB0002
 SPOOL_DELIVERY = 0x1AB0003
+ENVIRONMENT_PUSH = 0x1AB0004
+
+
+def advisory_xact_lock(namespace: int, key: int) -> None:
+    """Take the advisory lock ``(namespace, key)`` until the current transaction ends, waiting
+    for it (PostgreSQL's ``pg_advisory_xact_lock``); call it inside ``transaction.atomic``."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, key])
 
 
 @contextmanager
