@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shutil
 import tarfile
 import time
@@ -25,10 +26,12 @@ from labsdk.errors import (
     InvalidSpecError,
     JobCancelledError,
     JobFailedError,
+    LabError,
     NotFoundError,
     ProblemDetail,
     WaitTimeoutError,
 )
+from labsdk.retry import is_retryable_status
 from labsdk.spec import JobSpec, ParsedSpec, SpecError, parse_spec, read_spec_file
 from labsdk.types import (
     Checkpoint,
@@ -168,11 +171,24 @@ def _spec_body(spec: SpecLike | None, spec_file: str | Path | None, fields: dict
     return body
 
 
-class Jobs:
-    """Training jobs of the client's project: create, read, list, cancel, wait."""
+#: How long :meth:`Jobs.stream` keeps reconnecting a broken stream by default, in seconds: long
+#: enough for a web server to restart (a deploy, a crash) without the caller noticing.
+STREAM_RECONNECT_S = 60.0
+#: The longest pause between two reconnections of a stream, in seconds.
+STREAM_BACKOFF_CAP_S = 4.0
+#: A stream that stayed open this long before it broke was working: its outage starts anew.
+STREAM_STABLE_S = 30.0
 
-    def __init__(self, http: HTTPClient):
+
+class Jobs:
+    """Training jobs of the client's project: create, read, list, cancel, wait.
+
+    ``stream_reconnect_s`` is how long :meth:`stream` keeps reconnecting a broken stream
+    (seconds; 0 gives up at the first break)."""
+
+    def __init__(self, http: HTTPClient, *, stream_reconnect_s: float = STREAM_RECONNECT_S):
         self._http = http
+        self.stream_reconnect_s = stream_reconnect_s
 
     def create(
         self,
@@ -286,29 +302,40 @@ class Jobs:
         """Iterate over a job's checkpoints (``GET /jobs/{id}/checkpoints``)."""
         return _paginate(self._http, f"jobs/{_segment(job_id)}/checkpoints", Checkpoint, {"limit": limit})
 
-    def stream(self, job_id: str, *, last_event_id: str | None = None, from_now: bool = False) -> Iterator[StreamEvent]:
+    def stream(
+        self, job_id: str, *, last_event_id: str | None = None, from_now: bool = False, reconnect_s: float | None = None
+    ) -> Iterator[StreamEvent]:
         """Follow a job live (``GET /jobs/{id}/stream``): yield typed :class:`StreamEvent` objects
         until Lab ends the stream after the ``status`` event of a finished job (a finished job's
         whole history comes first), then stop.
 
         Without ``last_event_id`` the stream replays from the job's start (``from_now``:
         only what happens next); with it, everything after that event. A broken connection
-        is reopened from the last event id seen, with backoff, up to the client's
-        ``max_retries`` times in a row; then ``APIConnectionError``.
+        (dropped, refused, timed out, or answered 429 or 5xx) is reopened from the last event id
+        seen, as ``Last-Event-ID``, with capped exponential backoff (at most
+        :data:`STREAM_BACKOFF_CAP_S` seconds between tries) for up to ``reconnect_s`` seconds
+        (default the client's ``stream_reconnect_s``, 60), counted from the first break since
+        the last new event or since a connection that worked for :data:`STREAM_STABLE_S`
+        seconds: long enough for Lab's web server to restart. Then ``APIConnectionError`` (or
+        the last 429/5xx answer's error); any other error answer is raised at once.
         """
         path = f"jobs/{_segment(job_id)}/stream"
+        window = self.stream_reconnect_s if reconnect_s is None else reconnect_s
         last_id = last_event_id
-        failures = 0
         finished = False
+        broken_since: float | None = None  # monotonic time of the first break of this outage
+        waited = 0.0  # seconds paused in this outage
+        tries = 0
         while True:
             params = {"from": "now"} if from_now and last_id is None else None
+            opened = time.monotonic()
             try:
                 for raw in self._http.iter_events(path, params=params, last_event_id=last_id):
                     event = _stream_event(raw)
                     if raw.id is not None:
                         # Only a new event is progress: every connection opens with a snapshot.
                         last_id = raw.id
-                        failures = 0
+                        broken_since = None
                     if event.event == "status" and isinstance(event.data, Job):
                         finished = event.data.is_terminal
                     yield event
@@ -316,13 +343,24 @@ class Jobs:
                 # end before that is a dropped connection.
                 if finished:
                     return
-                broken: APIConnectionError | None = None
+                broken: LabError = APIConnectionError(f"the stream of {job_id} ended before the job finished")
             except APIConnectionError as exc:
                 broken = exc
-            failures += 1
-            if failures > self._http.max_retries:
-                raise broken or APIConnectionError(f"the stream of {job_id} ended before the job finished")
-            time.sleep(self._http.backoff_delay(failures - 1))
+            except LabError as exc:
+                if exc.status_code is None or not is_retryable_status(exc.status_code):
+                    raise
+                broken = exc
+            now = time.monotonic()
+            if broken_since is None or now - opened >= STREAM_STABLE_S:
+                broken_since, waited, tries = now, 0.0, 0
+            spent = max(waited, now - broken_since)
+            if spent >= window:
+                raise broken
+            delay = min(STREAM_BACKOFF_CAP_S, self._http.backoff_base * 2**tries) * random.uniform(0.5, 1.0)
+            delay = min(delay, window - spent)
+            time.sleep(delay)
+            waited += delay
+            tries += 1
 
     def estimate(
         self,

@@ -9,7 +9,7 @@ import httpx
 
 from labsdk._http import HTTPClient
 from labsdk._adapters import Adapters
-from labsdk._resources import Checkpoints, Environments, Jobs, Models, Prices
+from labsdk._resources import STREAM_RECONNECT_S, Checkpoints, Environments, Jobs, Models, Prices
 from labsdk._billing import Billing, UsageRow, usage_list
 from labsdk.types import WhoAmI
 
@@ -30,9 +30,11 @@ class Lab:
 
     ``api_key`` defaults to ``LAB_API_KEY``, ``base_url`` to ``LAB_BASE_URL`` then
     ``http://127.0.0.1:8000``. ``timeout`` is seconds per HTTP attempt, ``max_retries`` the
-    retries after a connection error, 429 or 5xx. Resources: :attr:`jobs`, :attr:`models`,
-    :attr:`environments`, :attr:`prices`, :attr:`checkpoints`, :attr:`adapters`, :attr:`billing`; and :meth:`whoami`,
-    :meth:`usage`. Usable as a context manager.
+    retries after a connection error, 429 or 5xx; ``stream_reconnect_s`` how long
+    ``jobs.stream`` keeps reconnecting a broken live stream (seconds, default 60). Resources:
+    :attr:`jobs`, :attr:`models`, :attr:`environments`, :attr:`prices`, :attr:`checkpoints`,
+    :attr:`adapters`, :attr:`billing`; and :meth:`whoami`, :meth:`usage`. Usable as a context
+    manager.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class Lab:
         timeout: float = 30.0,
         max_retries: int = 2,
         *,
+        stream_reconnect_s: float = STREAM_RECONNECT_S,
         transport: httpx.BaseTransport | None = None,
     ):
         self.api_key = api_key or os.environ.get("LAB_API_KEY") or None
@@ -53,7 +56,7 @@ class Lab:
             max_retries=max_retries,
             transport=transport,
         )
-        self.jobs = Jobs(self._http)
+        self.jobs = Jobs(self._http, stream_reconnect_s=stream_reconnect_s)
         self.models = Models(self._http)
         self.environments = Environments(self._http)
         self.prices = Prices(self._http)

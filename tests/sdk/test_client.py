@@ -640,9 +640,22 @@ def test_a_stream_that_keeps_ending_early_gives_up(fake_lab, lab_client, sleeps)
     with pytest.raises(APIConnectionError, match="ended before the job finished"):
         list(lab_client.jobs.stream(job["id"], from_now=True))
 
+    # it kept reconnecting for the client's stream_reconnect_s (60 s of pauses, each at most 4 s)
     connections = [r for r in fake_lab.requests if r.path.endswith("/stream")]
-    assert len(connections) == 3
+    assert len(connections) == len(sleeps) + 1
+    assert sum(sleeps) == pytest.approx(60.0)
+    assert max(sleeps) <= 4.0
     assert connections[0].query == {"from": ["now"]}
+
+
+def test_a_stream_without_reconnection_time_gives_up_at_the_first_break(fake_lab, lab_client, sleeps):
+    job = fake_lab.add_job(status="running")
+
+    with pytest.raises(APIConnectionError, match="ended before the job finished"):
+        list(lab_client.jobs.stream(job["id"], reconnect_s=0))
+
+    assert len([r for r in fake_lab.requests if r.path.endswith("/stream")]) == 1
+    assert sleeps == []
 
 
 def test_it_creates_a_job_from_a_spec_model(fake_lab, lab_client):
