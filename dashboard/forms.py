@@ -7,7 +7,7 @@ the form's fields (or on the form as a whole) so the page shows them next to wha
 from __future__ import annotations
 
 from django import forms
-from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm, PasswordChangeForm
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -81,6 +81,32 @@ class EmailAuthenticationForm(lockout.LockoutAuthenticationMixin, Authentication
     def clean_username(self) -> str:
         """Compare emails without regard to case."""
         return self.cleaned_data["username"].strip().lower()
+
+
+class ThrottledPasswordChangeForm(PasswordChangeForm):
+    """Django's password-change form, its current password checked like a sign-in's
+    (``lab.lockout.PASSWORD_CHANGE``): counted per account and client address before it is
+    checked, refused while either is locked out or the lockout's cache is unreachable; the right
+    one forgets the account's wrong ones. ``locked_out`` keeps a refusal for the view."""
+
+    locked_out: lockout.Refused | None = None
+
+    def __init__(self, user, *args, request=None, **kwargs):
+        super().__init__(user, *args, **kwargs)
+        self.request = request
+
+    def clean_old_password(self) -> str:
+        """Check the current password, throttled; raise ValidationError when refused or wrong."""
+        try:
+            counted = lockout.begin(
+                lockout.PASSWORD_CHANGE, account=self.user.email, address=lockout.client_address(self.request)
+            )
+        except lockout.Refused as refusal:
+            self.locked_out = refusal
+            raise ValidationError(refusal.message, code=refusal.code) from None
+        old_password = super().clean_old_password()  # a wrong one raises: it stays counted
+        counted.succeeded(forget=("account",))
+        return old_password
 
 
 class OrganizationCreateForm(forms.Form):

@@ -3,13 +3,13 @@
 Accounts (anyone)
     home                     /                                the user's organizations; redirects to the only one
     signup                   /signup/                         account + organization; ?invitation=<token> joins; throttled (429)
-    login                    /login/                          email + password; locked out after failures (429)
+    login                    /login/                          email + password; locked out after failures (429); 503 while attempts cannot be counted
     logout                   /logout/                         POST only
     password_reset           /password-reset/                 ask for a reset email; throttled (429)
     password_reset_done      /password-reset/sent/
     password_reset_confirm   /password-reset/<uidb64>/<token>/    the emailed link; choose a new password
     password_reset_complete  /password-reset/complete/
-    password_change          /password/                       signed in: change the password
+    password_change          /password/                       signed in: change the password; wrong current ones locked out like sign-ins (429)
     password_change_done     /password/changed/
     invitation               /invitations/<token>/            show an invitation; POST accepts it
 
@@ -108,7 +108,7 @@ urlpatterns = [
     ),
     path(
         "password/",
-        auth_views.PasswordChangeView.as_view(template_name="accounts/password_change.html"),
+        views.PasswordChangeView.as_view(template_name="accounts/password_change.html"),
         name="password_change",
     ),
     path(

@@ -26,6 +26,7 @@ from dashboard.forms import (
     OrganizationCreateForm,
     ProjectCreateForm,
     SignUpForm,
+    ThrottledPasswordChangeForm,
     add_service_errors,
 )
 from lab import lockout, services
@@ -81,16 +82,18 @@ def _invitation_problem(invitation: Invitation | None) -> str:
     return ""
 
 
-def _locked_out(response: HttpResponse, refusal: lockout.LockedOut) -> HttpResponse:
-    """Turn the page that shows ``refusal`` into a 429 with ``Retry-After``."""
-    response.status_code = 429
+def _locked_out(response: HttpResponse, refusal: lockout.Refused) -> HttpResponse:
+    """Turn the page that shows ``refusal`` into its status (429 locked out, 503 when attempts
+    cannot be counted) with ``Retry-After``."""
+    response.status_code = refusal.status
     response["Retry-After"] = str(refusal.retry_after_s)
     return response
 
 
 class LoginView(auth_views.LoginView):
-    """Django's login view over :class:`EmailAuthenticationForm`; a locked-out sign-in (the form
-    refuses it before checking the password) answers 429 with ``Retry-After``."""
+    """Django's login view over :class:`EmailAuthenticationForm`; a refused sign-in (the form
+    refuses it before checking the password: locked out, or the lockout's cache unreachable)
+    answers 429 or 503 with ``Retry-After``."""
 
     def form_invalid(self, form):
         response = super().form_invalid(form)
@@ -105,6 +108,20 @@ class LoginView(auth_views.LoginView):
         return super().get_default_redirect_url()
 
 
+class PasswordChangeView(auth_views.PasswordChangeView):
+    """Django's password change over :class:`ThrottledPasswordChangeForm`: wrong current passwords
+    are throttled like sign-ins, and a refused attempt answers 429 or 503 with ``Retry-After``."""
+
+    form_class = ThrottledPasswordChangeForm
+
+    def get_form_kwargs(self):
+        return {**super().get_form_kwargs(), "request": self.request}
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        return _locked_out(response, form.locked_out) if form.locked_out else response
+
+
 class PasswordResetView(auth_views.PasswordResetView):
     """Django's password-reset request, throttled per email and per client address (``lab.lockout``):
     a flood of reset emails to one person, or from one address, answers 429 and sends nothing."""
@@ -116,7 +133,7 @@ class PasswordResetView(auth_views.PasswordResetView):
                 email=form.cleaned_data["email"],
                 address=lockout.client_address(self.request),
             )
-        except lockout.LockedOut as refusal:
+        except lockout.Refused as refusal:
             form.add_error(None, refusal.message)
             return _locked_out(self.form_invalid(form), refusal)
         return super().form_valid(form)
@@ -143,7 +160,7 @@ def sign_up(request: HttpRequest) -> HttpResponse:
         try:
             lockout.attempt(lockout.SIGN_UP, address=lockout.client_address(request))
             user = form.save()
-        except lockout.LockedOut as locked_out:
+        except lockout.Refused as locked_out:
             refusal = locked_out
             form.add_error(None, refusal.message)
         except ValidationError as error:

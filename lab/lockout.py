@@ -1,19 +1,28 @@
-"""Exponential lockout for the sign-in, password-reset and sign-up forms.
+"""Exponential lockout for the sign-in, password-change, password-reset and sign-up forms.
 
-Each action counts attempts (failed sign-ins; every password-reset request and sign-up) per
-account or email and per client address in the shared cache (Redis in production). After an
-action's free attempts, the key is locked out for the first lockout; every further attempt, once
-the lockout is over, doubles it up to the cap. An hour without attempts forgets them. While any of
-an action's keys is locked out, the attempt is refused before anything is checked (a sign-in with
-the right password included), with :class:`LockedOut`.
+Each action counts attempts (sign-ins and password changes that fail; every password-reset
+request and sign-up) per account or email and per client address in the shared cache (Redis in
+production). After an action's free attempts, the key is locked out for the first lockout; every
+further attempt, once the lockout is over, doubles it up to the cap. An hour without attempts
+forgets them (the counter's time to live). While any of an action's keys is locked out, the
+attempt is refused before anything is checked (a sign-in with the right password included), with
+:class:`LockedOut`.
+
+An attempt is counted before it is checked (:func:`begin`: an atomic increment, then the
+decision on the count it got), so concurrent attempts cannot slip past the count while earlier
+ones are still in flight: the first ``free_attempts`` numbers go through, and after that exactly
+one attempt per lockout, the one that wins the turn when a lockout ends (an atomic add of a marker
+named after that lockout), which starts the next lockout at once. A refused attempt is taken back;
+so is a sign-in or password change that succeeds (its account's count is forgotten, its address's
+count goes back to what it was).
 
 The client address is the request's ``REMOTE_ADDR``: behind a reverse proxy, uvicorn's
 ``--forwarded-allow-ips`` (``FORWARDED_ALLOW_IPS``) makes it the client's. An IPv6 client counts
 as its /64 network, since one host commonly holds a whole /64.
 
-Like the API's rate limits, the lockout fails open: with the cache unreachable nothing is counted
-and a warning is logged, so a cache outage does not stop people signing in. Attempts already in
-flight when a lockout begins still finish (at most the number of concurrent requests).
+The lockout fails closed: with the cache unreachable nothing can be counted, so the attempt is
+refused with :class:`Unavailable` (the pages answer 503 with ``Retry-After``) and no password is
+checked. Unlike the API's rate limits, which fail open, these forms guard passwords.
 """
 
 from __future__ import annotations
@@ -57,28 +66,50 @@ class Limit:
 
 @dataclass(frozen=True)
 class Action:
-    """A throttled form: its name in cache keys, the refusal's first sentence, and its limits."""
+    """A throttled form: its name in cache keys, the refusal's first sentence when locked out and
+    when the cache is unreachable, and its limits."""
 
     name: str
     refusal: str
     limits: tuple[Limit, ...]
+    unavailable: str = "This form is unavailable for a moment."
 
 
 LOGIN = Action(
     "login",
     "Too many failed sign-in attempts.",
     (Limit("account", 5, 30, 900), Limit("address", 20, 30, 900)),
+    "Signing in is unavailable for a moment.",
+)
+PASSWORD_CHANGE = Action(
+    "password_change",
+    "Too many wrong current passwords.",
+    (Limit("account", 5, 30, 900), Limit("address", 20, 30, 900)),
+    "Changing passwords is unavailable for a moment.",
 )
 PASSWORD_RESET = Action(
     "password_reset",
     "Too many password reset requests.",
     (Limit("email", 3, 60, MEMORY_S), Limit("address", 10, 60, MEMORY_S)),
+    "Password reset is unavailable for a moment.",
 )
-SIGN_UP = Action("sign_up", "Too many sign-ups from your network.", (Limit("address", 10, 60, MEMORY_S),))
+SIGN_UP = Action(
+    "sign_up",
+    "Too many sign-ups from your network.",
+    (Limit("address", 10, 60, MEMORY_S),),
+    "Signing up is unavailable for a moment.",
+)
+
+#: What an attempt refused because the cache is unreachable is told to wait (seconds).
+UNAVAILABLE_RETRY_S = 60
 
 
-class LockedOut(Exception):
-    """An attempt refused because one of its keys is locked out for ``retry_after_s`` more seconds."""
+class Refused(Exception):
+    """An attempt refused before anything was checked: ``status`` is the HTTP status the page
+    answers, ``retry_after_s`` its ``Retry-After`` and ``message`` what the form says."""
+
+    status = 429
+    code = "locked_out"
 
     def __init__(self, action: Action, retry_after_s: int):
         self.action = action
@@ -87,8 +118,35 @@ class LockedOut(Exception):
 
     @property
     def message(self) -> str:
-        """What the page says: the action's refusal and when to try again."""
+        """What the page says."""
+        raise NotImplementedError
+
+
+class LockedOut(Refused):
+    """An attempt refused because one of its keys is locked out for ``retry_after_s`` more seconds."""
+
+    @property
+    def message(self) -> str:
+        """The action's refusal and when to try again."""
         return f"{self.action.refusal} Try again in {_duration(self.retry_after_s)}."
+
+
+class Unavailable(Refused):
+    """An attempt refused because the cache that counts attempts cannot be reached (503)."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, action: Action):
+        super().__init__(action, UNAVAILABLE_RETRY_S)
+
+    @property
+    def message(self) -> str:
+        """Why nothing was checked, and when to try again."""
+        return (
+            f"{self.action.unavailable} Lab cannot count attempts right now, so it checks none. "
+            f"Try again in {_duration(self.retry_after_s)}."
+        )
 
 
 def _now() -> float:
@@ -116,97 +174,192 @@ def client_address(request: HttpRequest | None) -> str:
     return str(address)
 
 
-def _cache_keys(action: Action, limit: Limit, value: str) -> tuple[str, str, str]:
-    """Return the (attempts, last attempt, locked until) cache keys of one value; values are hashed
-    so that no email or address is stored in the cache."""
-    base = f"lockout:{action.name}:{limit.scope}:{sha256_hex(value.strip().lower())[:32]}"
-    return f"{base}:attempts", f"{base}:seen", f"{base}:until"
+@dataclass(frozen=True)
+class _Keys:
+    """The cache keys of one value of one limit; values are hashed so that no email or address
+    is stored in the cache."""
+
+    base: str
+
+    @property
+    def attempts(self) -> str:
+        return f"{self.base}:attempts"
+
+    @property
+    def until(self) -> str:
+        """When the current lockout ends (seconds since the epoch, by ``_now``)."""
+        return f"{self.base}:until"
+
+    def turn(self, lockout_until: float) -> str:
+        """The marker of the one attempt let through once the lockout ending at ``lockout_until`` is over."""
+        return f"{self.base}:turn:{lockout_until!r}"
+
+
+def _cache_keys(action: Action, limit: Limit, value: str) -> _Keys:
+    return _Keys(f"lockout:{action.name}:{limit.scope}:{sha256_hex(value.strip().lower())[:32]}")
 
 
 def _keyed_limits(action: Action, values: dict[str, str]) -> list[tuple[Limit, str]]:
     return [(limit, values[limit.scope]) for limit in action.limits if values.get(limit.scope)]
 
 
-def check(action: Action, **values: str) -> None:
-    """Raise LockedOut when any of ``action``'s keys (``account=``, ``email=``, ``address=``) is
-    locked out; count nothing."""
-    keyed = _keyed_limits(action, values)
-    until_keys = [_cache_keys(action, limit, value)[2] for limit, value in keyed]
-    if not until_keys:
-        return
+def _increment(key: str) -> int:
+    """Add one to the counter ``key`` (created at 0, forgotten ``MEMORY_S`` after its last
+    attempt) and return the new count; atomic on Redis."""
+    cache.add(key, 0, timeout=MEMORY_S)
     try:
-        locked_until = cache.get_many(until_keys)
-    except (RedisError, OSError) as exc:
-        logger.warning("lockout not checked, the cache is unreachable: %s", exc)
-        return
-    wait = max((until - _now() for until in locked_until.values()), default=0.0)
-    if wait > 0:
-        raise LockedOut(action, math.ceil(wait))
+        count = cache.incr(key)
+    except ValueError:  # expired between add() and incr()
+        cache.add(key, 0, timeout=MEMORY_S)
+        count = cache.incr(key)
+    cache.touch(key, MEMORY_S)
+    return count
 
 
-def record(action: Action, **values: str) -> None:
-    """Count one attempt against each of ``action``'s keys, locking out those past their free
-    attempts (the counter is an atomic increment, so concurrent attempts are all counted)."""
-    now = _now()
-    for limit, value in _keyed_limits(action, values):
-        attempts_key, seen_key, until_key = _cache_keys(action, limit, value)
+@dataclass
+class _Count:
+    """One attempt as counted against one key: the count it got and, when it let this attempt
+    through past the free attempts, the lockout it started, the one it replaced and its turn."""
+
+    limit: Limit
+    keys: _Keys
+    count: int
+    lockout_until: float | None = None
+    previous_until: float | None = None
+    turn: str | None = None
+
+    def take_back(self) -> None:
+        """Undo this count: the counter goes back down, the lockout it started back to the one
+        before (if still its own) and its turn is released."""
+        if self.lockout_until is not None and cache.get(self.keys.until) == self.lockout_until:
+            if self.previous_until is None:
+                cache.delete(self.keys.until)
+            else:
+                cache.set(self.keys.until, self.previous_until, timeout=MEMORY_S + self.limit.max_lockout_s)
+        if self.turn is not None:
+            cache.delete(self.turn)
         try:
-            last_seen = cache.get(seen_key)
-            if last_seen is not None and now - last_seen > MEMORY_S:
-                cache.delete(attempts_key)
-            cache.add(attempts_key, 0, timeout=MEMORY_S)
-            try:
-                attempts = cache.incr(attempts_key)
-            except ValueError:  # expired between add() and incr()
-                cache.add(attempts_key, 1, timeout=MEMORY_S)
-                attempts = 1
-            cache.touch(attempts_key, MEMORY_S)
-            cache.set(seen_key, now, timeout=MEMORY_S)
-            lockout_s = limit.lockout_s(attempts)
-            if lockout_s:
-                cache.set(until_key, now + lockout_s, timeout=MEMORY_S)
+            cache.decr(self.keys.attempts)
+        except ValueError:  # forgotten meanwhile
+            pass
+
+    def forget(self) -> None:
+        """Forget every attempt and lockout of this key."""
+        keys = [self.keys.attempts, self.keys.until]
+        if self.previous_until is not None:
+            keys.append(self.keys.turn(self.previous_until))
+        cache.delete_many(keys)
+
+
+class Attempt:
+    """An attempt counted against its action's keys (:func:`begin`); say how it ended with
+    :meth:`succeeded`, or leave it counted (a failure)."""
+
+    def __init__(self, action: Action, counts: list[_Count]):
+        self.action = action
+        self._counts = counts
+
+    def succeeded(self, *, forget: tuple[str, ...] = ("account",)) -> None:
+        """Take a successful attempt back: the keys whose scope is in ``forget`` lose every attempt
+        and lockout (a right password proves the account's owner), the others this one count.
+        With the cache unreachable a warning is logged and the counts stay."""
+        try:
+            for count in self._counts:
+                if count.limit.scope in forget:
+                    count.forget()
+                else:
+                    count.take_back()
         except (RedisError, OSError) as exc:
-            logger.warning("lockout attempt not counted, the cache is unreachable: %s", exc)
-            return
+            logger.warning("lockout: a successful attempt not taken back, the cache is unreachable: %s", exc)
+
+    def _take_back(self) -> None:
+        for count in self._counts:
+            try:
+                count.take_back()
+            except (RedisError, OSError, ValueError):
+                pass
+
+
+def _admit(count: _Count, current_until: float | None, now: float) -> float | None:
+    """Decide whether ``count`` (past the free attempts) goes through; set the lockout it starts.
+    Return None when it goes through, else how long the lockout that refuses it lasts."""
+    limit, keys = count.limit, count.keys
+    lockout_until = now + limit.lockout_s(count.count)
+    timeout = MEMORY_S + limit.max_lockout_s
+    if current_until is None:
+        # No lockout yet: the first attempt to create one goes through.
+        if cache.add(keys.until, lockout_until, timeout=timeout):
+            count.lockout_until = lockout_until
+            return None
+    elif cache.add(keys.turn(current_until), 1, timeout=MEMORY_S):
+        count.turn, count.previous_until = keys.turn(current_until), current_until
+        cache.set(keys.until, lockout_until, timeout=timeout)
+        count.lockout_until = lockout_until
+        return None
+    # Another attempt took this turn and is starting the next lockout.
+    latest = cache.get(keys.until)
+    return max(1.0, (latest or now) - now)
+
+
+def begin(action: Action, **values: str) -> Attempt:
+    """Count an attempt of ``action`` against each of its keys (``account=``, ``email=``,
+    ``address=``), then let it through or refuse it, before anything else is checked.
+
+    Raises LockedOut while a key is locked out, or when another attempt took the one turn a
+    lockout's end gives; Unavailable when the cache cannot be reached. A refused attempt is not
+    counted. The caller reports a success with ``Attempt.succeeded``; a failure stays counted.
+    """
+    now = _now()
+    counts: list[_Count] = []
+    attempt = Attempt(action, counts)
+    try:
+        for limit, value in _keyed_limits(action, values):
+            keys = _cache_keys(action, limit, value)
+            counts.append(_Count(limit, keys, _increment(keys.attempts)))
+        # The first free_attempts numbers go through whatever else is in flight: a lockout that
+        # an attempt numbered after them started (concurrently) does not refuse them.
+        past_free = [count for count in counts if count.count >= count.limit.free_attempts]
+        current = cache.get_many([count.keys.until for count in past_free])
+        wait = max((current[count.keys.until] - now for count in past_free if count.keys.until in current), default=0.0)
+        if wait > 0:
+            raise LockedOut(action, math.ceil(wait))
+        for count in past_free:
+            refused_for = _admit(count, current.get(count.keys.until), now)
+            if refused_for is not None:
+                raise LockedOut(action, math.ceil(refused_for))
+    except LockedOut:
+        attempt._take_back()
+        raise
+    except (RedisError, OSError) as exc:
+        logger.warning("lockout: attempt refused, the cache is unreachable: %s", exc)
+        attempt._take_back()
+        raise Unavailable(action) from exc
+    return attempt
 
 
 def attempt(action: Action, **values: str) -> None:
-    """Check ``action``'s keys, then count this attempt (for actions where every attempt counts:
-    password-reset requests, sign-ups). Raises LockedOut, counting nothing, when locked out."""
-    check(action, **values)
-    record(action, **values)
-
-
-def clear(action: Action, **values: str) -> None:
-    """Forget the attempts and lockouts of the given keys (a successful sign-in clears its account's)."""
-    keys = [key for limit, value in _keyed_limits(action, values) for key in _cache_keys(action, limit, value)]
-    try:
-        cache.delete_many(keys)
-    except (RedisError, OSError) as exc:
-        logger.warning("lockout not cleared, the cache is unreachable: %s", exc)
+    """Count an attempt of an action where every attempt counts (password-reset requests,
+    sign-ups). Raises LockedOut or Unavailable, counting nothing, as :func:`begin`."""
+    begin(action, **values)
 
 
 class LockoutAuthenticationMixin:
-    """Mix into an AuthenticationForm: refuse a sign-in while its account or client address is
-    locked out, before the password is checked; count each failure; a success forgets the
-    account's failures. ``locked_out`` keeps the refusal for the view (which answers 429)."""
+    """Mix into an AuthenticationForm: count each sign-in per account and client address before
+    the password is checked, refusing it while either is locked out (or the cache is unreachable);
+    a success forgets the account's failures and takes its own count back from the address.
+    ``locked_out`` keeps the refusal for the view (which answers its ``status``)."""
 
-    locked_out: LockedOut | None = None
+    locked_out: Refused | None = None
 
     def clean(self):
         email = (self.cleaned_data.get("username") or "").strip().lower()
         if not email:
             return super().clean()
-        keys = {"account": email, "address": client_address(self.request)}
         try:
-            check(LOGIN, **keys)
-        except LockedOut as refusal:
+            counted = begin(LOGIN, account=email, address=client_address(self.request))
+        except Refused as refusal:
             self.locked_out = refusal
-            raise ValidationError(refusal.message, code="locked_out") from None
-        try:
-            cleaned_data = super().clean()
-        except ValidationError:
-            record(LOGIN, **keys)
-            raise
-        clear(LOGIN, account=email)
+            raise ValidationError(refusal.message, code=refusal.code) from None
+        cleaned_data = super().clean()  # a wrong password raises: the failure stays counted
+        counted.succeeded(forget=("account",))
         return cleaned_data

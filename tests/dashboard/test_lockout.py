@@ -1,16 +1,24 @@
-"""Throttling of the sign-in, password-reset and sign-up forms (``lab.lockout``).
+"""Throttling of the sign-in, password-change, password-reset and sign-up forms (``lab.lockout``).
 
 After a few failures an account, or a client address, is locked out; each further failure doubles
 the lockout. A locked-out attempt is refused with 429, a ``Retry-After`` and a message saying when
-to try again, before any password is checked: the right password is refused too.
+to try again, before any password is checked: the right password is refused too. Attempts are
+counted before they are checked, so concurrent ones cannot outrun the count, and with the cache
+unreachable every attempt is refused (503), none checked.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+from django.contrib.auth import forms as auth_forms
 from django.core import mail
+from django.db import connection
 from django.test import Client
 
+from jobs.processes import free_port
 from lab import lockout
 from lab.models import User
 from tests.conftest import PASSWORD
@@ -92,9 +100,11 @@ def test_it_doubles_the_lockout_with_each_further_failure(owner, clock):
     ]
 
 
-def test_it_forgets_failures_after_an_hour_without_one(owner, clock):
+def test_it_forgets_failures_after_an_hour_without_one(owner, clock, monkeypatch):
+    """The counters expire in the cache itself (an hour after their last attempt; a second here)."""
+    monkeypatch.setattr(lockout, "MEMORY_S", 1)
     fail(4)
-    clock.advance(3601)
+    time.sleep(1.5)
     fail(4)
     assert log_in("owner@acme.test", PASSWORD).status_code == 302
 
@@ -195,15 +205,141 @@ def test_it_throttles_sign_up_floods_from_one_address(db, clock):
     assert sign_up(11, address="203.0.113.9").status_code == 302
 
 
-def test_it_fails_open_when_the_cache_is_unreachable(owner, monkeypatch):
-    def unreachable(*args, **kwargs):
-        raise ConnectionError("the cache is down")
+@pytest.fixture
+def unreachable_cache(settings):
+    """Point the cache at a Redis port nothing listens on (as when Redis is down)."""
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{free_port()}/0",
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
+    }
 
-    monkeypatch.setattr(lockout.cache, "get_many", unreachable)
-    monkeypatch.setattr(lockout.cache, "add", unreachable)
 
-    fail(6)
-    assert log_in("owner@acme.test", PASSWORD).status_code == 302
+UNAVAILABLE = "Lab cannot count attempts right now, so it checks none. Try again in 1 minute."
+
+
+def test_it_refuses_every_sign_in_while_the_cache_is_unreachable(owner, unreachable_cache):
+    response = log_in("owner@acme.test", PASSWORD)
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "60"
+    assert response.context["form"].non_field_errors() == [f"Signing in is unavailable for a moment. {UNAVAILABLE}"]
+    assert "_auth_user_id" not in response.wsgi_request.session
+    admin = Client(REMOTE_ADDR="198.51.100.7").post("/admin/login/", {"username": "owner@acme.test", "password": PASSWORD})
+    assert "_auth_user_id" not in admin.wsgi_request.session
+
+
+def test_it_refuses_password_resets_sign_ups_and_password_changes_while_the_cache_is_unreachable(owner, unreachable_cache):
+    reset = Client(REMOTE_ADDR="198.51.100.7").post("/password-reset/", {"email": "owner@acme.test"})
+    assert (reset.status_code, reset["Retry-After"]) == (503, "60")
+    assert mail.outbox == []
+
+    assert sign_up(1).status_code == 503
+    assert not User.objects.filter(email="person1@example.test").exists()
+
+    client = Client(REMOTE_ADDR="198.51.100.7")
+    client.force_login(owner.user)
+    change = change_password(client, PASSWORD)
+    assert (change.status_code, change["Retry-After"]) == (503, "60")
+    assert change.context["form"].errors["old_password"] == [f"Changing passwords is unavailable for a moment. {UNAVAILABLE}"]
+    assert User.objects.get(pk=owner.user.pk).check_password(PASSWORD)
+
+
+@pytest.fixture
+def slow_password_check(monkeypatch):
+    """Make each password check take half a second (as a slow hasher would) and count the checks,
+    so that concurrent sign-ins are all in flight at once."""
+    checked = []
+    real = auth_forms.authenticate
+
+    def authenticate(*args, **kwargs):
+        checked.append(kwargs.get("username"))
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(auth_forms, "authenticate", authenticate)
+    return checked
+
+
+def concurrently(count: int, password: str, address: str = "198.51.100.7") -> list[int]:
+    """Post ``count`` sign-ins for the owner at once, from threads; return their status codes."""
+    start = threading.Barrier(count)
+    statuses: list[int] = []
+
+    def one() -> None:
+        try:
+            start.wait(timeout=30)
+            statuses.append(log_in("owner@acme.test", password, address).status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return sorted(statuses)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_sign_ins_get_no_more_password_checks_than_the_free_attempts(owner, clock, slow_password_check):
+    statuses = concurrently(20, WRONG)
+
+    assert len(slow_password_check) == 5
+    assert statuses == [200] * 5 + [429] * 15
+    assert log_in("owner@acme.test", PASSWORD).status_code == 429
+
+
+@pytest.mark.django_db(transaction=True)
+def test_once_a_lockout_ends_one_concurrent_sign_in_is_checked(owner, clock, slow_password_check):
+    fail(5)
+    clock.advance(31)
+    slow_password_check.clear()
+
+    statuses = concurrently(10, WRONG)
+
+    assert len(slow_password_check) == 1
+    assert statuses == [200] + [429] * 9
+    refused = log_in("owner@acme.test", PASSWORD)
+    assert (refused.status_code, refused["Retry-After"]) == (429, "60")  # the next lockout began with that one
+
+
+def change_password(client: Client, current: str, new: str = "a-new-long-passphrase-7"):
+    return client.post("/password/", {"old_password": current, "new_password1": new, "new_password2": new})
+
+
+def test_it_throttles_wrong_current_passwords_on_the_password_change_form(owner, clock):
+    client = Client(REMOTE_ADDR="198.51.100.7")
+    client.force_login(owner.user)
+    for _ in range(5):
+        wrong = change_password(client, WRONG)
+        assert wrong.status_code == 200
+        assert wrong.context["form"].errors["old_password"] == [
+            "Your old password was entered incorrectly. Please enter it again."
+        ]
+
+    refused = change_password(client, PASSWORD)
+
+    assert (refused.status_code, refused["Retry-After"]) == (429, "30")
+    assert refused.context["form"].errors["old_password"] == ["Too many wrong current passwords. Try again in 30 seconds."]
+    assert User.objects.get(pk=owner.user.pk).check_password(PASSWORD)
+    clock.advance(30)
+    changed = change_password(client, PASSWORD)
+    assert (changed.status_code, changed["Location"]) == (302, "/password/changed/")
+    assert User.objects.get(pk=owner.user.pk).check_password("a-new-long-passphrase-7")
+
+
+def test_a_right_current_password_forgets_the_wrong_ones(owner, clock):
+    client = Client(REMOTE_ADDR="198.51.100.7")
+    client.force_login(owner.user)
+    for _ in range(4):
+        change_password(client, WRONG)
+    assert change_password(client, PASSWORD, "a-new-long-passphrase-7").status_code == 302
+    for _ in range(4):
+        assert change_password(client, WRONG).status_code == 200
+    assert change_password(client, "a-new-long-passphrase-7", "yet-another-passphrase-9").status_code == 302
 
 
 def test_it_throttles_the_admin_sign_in_as_well(db, clock):
