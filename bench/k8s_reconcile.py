@@ -4,7 +4,7 @@ PostgreSQL; and ``k8s_reconcile_ingest_values_per_s``: the ingest throughput of
 bench/ingest.py while such passes run at the Celery beat's cadence (and
 ``k8s_reconcile_ingest_values_per_s_back_to_back`` while they run with no pause).
 
-The 1,000 attempts are launched through the launcher (namespace, LocalQueue, JobSet, Secret
+The 1,000 attempts are launched through the launcher (namespace, LocalQueue, JobSet, NetworkPolicy, Secret
 each), admitted by the fake's Kueue and running; each pass then catches the watch cache up
 with one watch round per kind (the events of 20 jobs that exited since the last pass, so every
 pass also finishes 20 jobs) and reconciles every active job. The figure is the median pass in

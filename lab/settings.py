@@ -209,6 +209,33 @@ LAB_K8S_ENGINE_ROLES = env_choice("LAB_K8S_ENGINE_ROLES", "auto", ("auto", "spli
 LAB_K8S_SHARED_PVC = env_str("LAB_K8S_SHARED_PVC", "")
 LAB_K8S_ORCHESTRATOR_CPU = env_int("LAB_K8S_ORCHESTRATOR_CPU", 4, minimum=1)
 LAB_K8S_ORCHESTRATOR_MEMORY_GIB = env_int("LAB_K8S_ORCHESTRATOR_MEMORY_GIB", 16, minimum=1)
+
+
+def _engine_egress(name: str) -> list[dict]:
+    """Return ``name``: what engine pods may reach besides their own JobSet's pods and the
+    cluster DNS (docs/kubernetes.md "Confinement"), as NetworkPolicy egress rules, each with ``to``
+    (pod, namespace or ipBlock peers) and/or ``ports``; by default Lab's web pods (k8s/base/web.yaml).
+    A rule with neither, or with an empty list, would allow everything and is refused."""
+    default = [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "lab-system"}},
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "lab-web"}}}],
+                "ports": [{"protocol": "TCP", "port": 8000}]}]
+    rules = env_json(name, default)
+    fields = {"to": {"podSelector", "namespaceSelector", "ipBlock"}, "ports": {"protocol", "port", "endPort"}}
+    if not isinstance(rules, list) or not all(
+        isinstance(rule, dict) and rule and set(rule) <= set(fields) and all(
+            isinstance(rule[key], list) and rule[key]
+            and all(isinstance(item, dict) and item and set(item) <= fields[key] for item in rule[key])
+            for key in rule)
+        for rule in rules
+    ):
+        raise ImproperlyConfigured(
+            f'{name} must be a JSON list of NetworkPolicy egress rules, each with a non-empty "to" '
+            '(podSelector, namespaceSelector, ipBlock) and/or "ports" (protocol, port, endPort), e.g. '
+            '[{"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"protocol": "TCP", "port": 443}]}]')
+    return rules
+
+
+LAB_K8S_ENGINE_EGRESS = _engine_egress("LAB_K8S_ENGINE_EGRESS")
 # Job secrets (jobs/secrets/services.py): Fernet keys, comma-separated, the first encrypts; without
 # them a key derived from SECRET_KEY (so changing SECRET_KEY then loses stored secrets).
 LAB_SECRETS_KEY = env_str("LAB_SECRETS_KEY", "")

@@ -49,7 +49,8 @@ def _local_storage() -> dict:
 def kubernetes_pool_settings():
     """Return the Kubernetes launcher's ``PoolSettings`` from Lab's settings (``LAB_ENGINE_IMAGE``,
     ``LAB_MODEL_DIR``, ``LAB_K8S_MODEL_VOLUME``, ``LAB_POOL``'s GPU products, the stop and kill graces, ``LAB_K8S_NAMESPACE``,
-    ``LAB_K8S_ENGINE_ROLES``, ``LAB_K8S_SHARED_PVC``, ``LAB_K8S_ORCHESTRATOR_CPU``/``_MEMORY_GIB``)."""
+    ``LAB_K8S_ENGINE_ROLES``, ``LAB_K8S_SHARED_PVC``, ``LAB_K8S_ORCHESTRATOR_CPU``/``_MEMORY_GIB``,
+    ``LAB_K8S_ENGINE_EGRESS``)."""
     from jobs.launchers.kubernetes.objects import PoolSettings, gpu_products
 
     return PoolSettings(
@@ -63,6 +64,7 @@ def kubernetes_pool_settings():
         shared_pvc=settings.LAB_K8S_SHARED_PVC,
         orchestrator_cpu=settings.LAB_K8S_ORCHESTRATOR_CPU,
         orchestrator_memory_gib=settings.LAB_K8S_ORCHESTRATOR_MEMORY_GIB,
+        engine_egress=tuple(settings.LAB_K8S_ENGINE_EGRESS),
     )
 
 

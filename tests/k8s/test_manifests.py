@@ -155,6 +155,7 @@ VERBS = {"apply": ["create", "get"], "get": ["get"], "list": ["list"], "watch": 
 RESOURCES = {"Namespace": ("", "namespaces"), "Secret": ("", "secrets"), "Pod": ("", "pods"), "Job": ("batch", "jobs"),
              "JobSet": ("jobset.x-k8s.io", "jobsets"), "LocalQueue": ("kueue.x-k8s.io", "localqueues"),
              "Workload": ("kueue.x-k8s.io", "workloads"), "Node": ("", "nodes"),
+             "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
              "PendingWorkloadsSummary": ("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads")}
 
 

@@ -13,11 +13,13 @@ import pytest
 from jobs.launchers.base import LaunchRequest
 from jobs.launchers.kubernetes.objects import (
     PoolSettings,
+    default_deny_object,
     gpu_products,
     jobset_name,
     jobset_object,
     local_queue_object,
     namespace_object,
+    network_policy_object,
     secret_object,
 )
 from tests.k8s.validation import validate
@@ -58,7 +60,8 @@ def test_every_object_of_an_attempt_validates(changes):
     attempt = request(**changes)
     jobset = jobset_object(attempt, SETTINGS)
     for obj in (namespace_object(attempt.namespace, attempt.organization), local_queue_object(attempt.namespace),
-                jobset, secret_object(attempt, owner=owner(jobset))):
+                default_deny_object(attempt.namespace), jobset, network_policy_object(attempt, SETTINGS, owner=owner(jobset)),
+                secret_object(attempt, owner=owner(jobset))):
         validate(obj)
 
 

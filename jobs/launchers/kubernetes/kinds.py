@@ -42,8 +42,9 @@ JOB = Kind("batch/v1", "Job", "jobs")
 LOCAL_QUEUE = Kind("kueue.x-k8s.io/v1beta2", "LocalQueue", "localqueues")
 WORKLOAD = Kind("kueue.x-k8s.io/v1beta2", "Workload", "workloads")
 JOBSET = Kind("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets")
+NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 
-KINDS = {kind.kind: kind for kind in (NAMESPACE, SECRET, POD, NODE, JOB, LOCAL_QUEUE, WORKLOAD, JOBSET)}
+KINDS = {kind.kind: kind for kind in (NAMESPACE, SECRET, POD, NODE, JOB, LOCAL_QUEUE, WORKLOAD, JOBSET, NETWORK_POLICY)}
 
 
 def kind_of(obj: dict) -> Kind:

@@ -2,15 +2,18 @@
 
 ``launch`` builds the attempt's JobSet (raising SplitUnavailable, before creating anything, for
 a split attempt on a pool without a shared volume: the reconciler fails the job with
-``internal_error`` naming the setting), makes sure the organization's namespace and LocalQueue
-exist, creates the suspended JobSet, then its Secret owned by it; each create that finds its object already there (409)
-counts as done, so a repeated launch (a retried task, a worker that died after creating) makes
-nothing twice. ``observe_many`` reads the watch cache (``cache``), never one request per job;
+``internal_error`` naming the setting), makes sure the organization's namespace, LocalQueue and
+default-deny NetworkPolicy exist, creates the suspended JobSet, then its NetworkPolicy and last
+its Secret, both owned by it; each create that finds its object already there (409) counts as
+done, so a repeated launch (a retried task, a worker that died after creating) makes nothing
+twice. The Secret comes last because the engine container cannot start without it: a pod never
+runs before its attempt's NetworkPolicy exists. ``observe_many`` reads the watch cache (``cache``), never one request per job;
 while the cache is not in sync with the API (an outage) it raises ``ClusterUnavailable``, so the
 reconciler leaves every job as it is until the API answers again. ``cancel`` deletes the
 attempt's pods (the kubelet sends SIGTERM and the engine checkpoints and exits 3; ``force``
 deletes with no grace); a JobSet still waiting in Kueue has no pods and is deleted instead.
-``cleanup`` deletes the JobSet (Background propagation: Jobs, pods and the Secret follow).
+``cleanup`` deletes the JobSet (Background propagation: Jobs, pods, the NetworkPolicy and the
+Secret follow).
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from jobs.launchers.kubernetes.objects import (
     JOB_LABEL,
     MANAGED_BY_LABEL,
     PoolSettings,
+    default_deny_object,
     jobset_object,
     local_queue_object,
     namespace_object,
+    network_policy_object,
     secret_object,
 )
 from jobs.launchers.kubernetes.status import observe_attempt, parse_time
@@ -85,6 +90,9 @@ class KubernetesLauncher(Launcher):
         manifest = jobset_object(request, self.settings)  # before any create: a spec this pool cannot run makes nothing
         self._ensure_namespace(request.namespace, "" if self.settings.shared_namespace else request.organization)
         jobset = self.gateway.apply(manifest)
+        # The Secret last: its pods' container cannot start before it exists, so none runs
+        # before the policy that confines it does.
+        self.gateway.apply(network_policy_object(request, self.settings, owner=jobset))
         self.gateway.apply(secret_object(request, owner=jobset))
         self.cache.remember(jobset)
         return {
@@ -98,6 +106,7 @@ class KubernetesLauncher(Launcher):
             return
         self.gateway.apply(namespace_object(namespace, organization))
         self.gateway.apply(local_queue_object(namespace))
+        self.gateway.apply(default_deny_object(namespace))
         self._ready_namespaces.add(namespace)
 
     # --- observing ----------------------------------------------------------------------------

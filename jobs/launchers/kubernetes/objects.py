@@ -7,8 +7,18 @@
   ``inference``, ``orchestrator`` and ``trainer`` roles of docs/engine.md sharing a volume), no
   retry inside an attempt (``backoffLimit: 0``, a ``podFailurePolicy`` whose every rule is
   ``FailJob``, ``failurePolicy.maxRestarts: 0``);
+- a NetworkPolicy of the attempt's pods, owned by the JobSet: ingress only from the JobSet's own
+  pods (to the inference role's port), egress only to them, to the cluster DNS and to the rules of
+  ``LAB_K8S_ENGINE_EGRESS`` (Lab's web pods by default); and in every jobs' namespace Lab uses,
+  a NetworkPolicy that denies every engine pod everything, so a pod whose own policy is missing
+  reaches nothing;
 - an immutable Secret with the job's bootstrap token and the spec, owned by the JobSet so it
   goes with it (the engine opens each attempt the JobSet runs with it: ``jobs.readmission``).
+
+The engine pods run as uid/gid 1000 with no capability, no privilege escalation, the runtime's
+seccomp profile, no host namespace, no shared process namespace, no service-account token and
+a read-only root filesystem; what they write goes to their work dir (``HOME`` and
+``XDG_CACHE_HOME`` are in it) and ``/tmp``, both ``emptyDir`` volumes.
 
 docs/kubernetes.md pins every name and label used here. Names are deterministic per job
 attempt (``lab-<job id>-a<attempt>``: the attempt that launched it; a JobSet Kueue readmits after a
@@ -18,6 +28,7 @@ one created.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass, field
@@ -57,9 +68,15 @@ DEFAULT_GPU_PRODUCTS = {
     "L40S": "NVIDIA-L40S",
 }
 
-#: Where the engine finds its inputs inside the pod.
+#: Where the engine finds its inputs inside the pod; the only places it writes are the work dir
+#: (``HOME`` and ``XDG_CACHE_HOME`` in it: torch's, Triton's, vLLM's and Hugging Face's caches)
+#: and ``/tmp``, as the root filesystem is read-only.
 SPEC_DIR = "/etc/lab"
 WORK_DIR = "/var/lab/work"
+HOME_DIR = f"{WORK_DIR}/home"
+TMP_DIR = "/tmp"  # an emptyDir of the pod's own
+#: The engine image's user (k8s/images/engine-*.Dockerfile: ``useradd --uid 1000``) and its group.
+ENGINE_UID = ENGINE_GID = 1000
 SECONDS_PER_DAY = 86_400
 
 #: The whole engine in one pod, and the three roles of a split attempt (docs/engine.md "Three roles").
@@ -71,6 +88,23 @@ INFERENCE_PORT = 8100
 #: ``LAB_K8S_ENGINE_ROLES``: ``auto`` splits jobs of 2 GPUs or more, ``split`` every job that can
 #: be split, ``single`` none.
 ROLE_MODES = ("auto", "split", "single")
+
+#: The NetworkPolicy in every jobs' namespace that denies every engine pod all traffic; each
+#: attempt's own policy (named as its JobSet) then allows what that attempt needs.
+DEFAULT_DENY_POLICY = "lab-engine-default-deny"
+#: The cluster DNS every engine pod may ask: kube-system's kube-dns (CoreDNS keeps that label).
+DNS_EGRESS = {
+    "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+}
+#: ``LAB_K8S_ENGINE_EGRESS``'s default: Lab's web pods (k8s/base/web.yaml in the namespace of
+#: k8s/base/namespace.yaml) on their HTTP port, where ``LAB_PUBLIC_URL`` is the ``lab-web`` Service.
+DEFAULT_ENGINE_EGRESS = (
+    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "lab-system"}},
+             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "lab-web"}}}],
+     "ports": [{"protocol": "TCP", "port": 8000}]},
+)
 
 
 class SplitUnavailable(ValueError):
@@ -89,7 +123,10 @@ class PoolSettings:
     ``engine_roles`` is ``LAB_K8S_ENGINE_ROLES`` (one of ``ROLE_MODES``); ``shared_pvc`` names the
     ReadWriteMany PersistentVolumeClaim (in the jobs' namespace) a split attempt's orchestrator and
     trainer share (``LAB_K8S_SHARED_PVC``; empty: split attempts cannot launch);
-    ``orchestrator_cpu`` (cores) and ``orchestrator_memory_gib`` size the orchestrator's pod.
+    ``orchestrator_cpu`` (cores) and ``orchestrator_memory_gib`` size the orchestrator's pod;
+    ``engine_egress`` is ``LAB_K8S_ENGINE_EGRESS``: the NetworkPolicy egress rules (``to``,
+    ``ports``) of what engine pods may reach besides their own JobSet's pods and the cluster DNS
+    (Lab, the object store).
     """
 
     engine_image: str = "lab-engine:latest"
@@ -106,6 +143,7 @@ class PoolSettings:
     shared_pvc: str = ""
     orchestrator_cpu: int = 4
     orchestrator_memory_gib: int = 16
+    engine_egress: tuple[dict, ...] = DEFAULT_ENGINE_EGRESS
 
 
 def gpu_products(pool: dict) -> dict[str, str]:
@@ -156,6 +194,65 @@ def local_queue_object(namespace: str) -> dict:
     }
 
 
+def engine_pod_selector() -> dict:
+    """Return the label selector of every engine pod Lab runs (whatever its job or attempt)."""
+    return {"matchLabels": {MANAGED_BY_LABEL: "lab", COMPONENT_LABEL: "engine"}}
+
+
+def default_deny_object(namespace: str) -> dict:
+    """Return the NetworkPolicy of a jobs' namespace that denies every engine pod in it all
+    ingress and egress. NetworkPolicies add up, so each attempt's own policy
+    (``network_policy_object``) opens only what its pods need; a pod without one (its policy not
+    created yet, or deleted) reaches nothing, not even the DNS. Pods that are not Lab's engines
+    (in a shared namespace of the operator's) are not selected."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": DEFAULT_DENY_POLICY, "namespace": namespace, "labels": {MANAGED_BY_LABEL: "lab"}},
+        "spec": {"podSelector": engine_pod_selector(), "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": []},
+    }
+
+
+def attempt_pod_selector(request: LaunchRequest) -> dict:
+    """Return the label selector of the pods of the attempt's JobSet (and of nothing else: in a
+    shared namespace another job's or organization's pods have another job id; a JobSet Kueue
+    readmits runs later attempts with the labels it was launched with)."""
+    return {"matchLabels": {JOB_LABEL: request.job_id, ATTEMPT_LABEL: str(request.attempt)}}
+
+
+def network_policy_object(request: LaunchRequest, settings: PoolSettings, *, owner: dict) -> dict:
+    """Return the attempt's NetworkPolicy (named as its JobSet, owned by the JobSet ``owner`` as
+    stored, with its uid), selecting the JobSet's pods only.
+
+    Ingress: a split attempt's pods may reach its inference role's port from the JobSet's own
+    pods; nothing else reaches them (a single engine pod takes no connection at all). Egress: the
+    JobSet's own pods on that port (split only), the cluster DNS (``DNS_EGRESS``), and
+    ``settings.engine_egress`` (Lab and the object store). So environment code has no route to
+    Lab's database or Redis, to the cloud's metadata address, nor to any other attempt's pods,
+    whether they share the namespace or not.
+    """
+    split = "inference" in engine_roles(request, settings)
+    own_pods = {"podSelector": attempt_pod_selector(request)}
+    inference_port = [{"protocol": "TCP", "port": INFERENCE_PORT}]
+    own = [{"to": [own_pods], "ports": inference_port}] if split else []
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": jobset_name(request.job_id, request.attempt),
+            "namespace": request.namespace,
+            "labels": labels(request),
+            "ownerReferences": _owned_by(owner),
+        },
+        "spec": {
+            "podSelector": attempt_pod_selector(request),
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [own_pods], "ports": inference_port}] if split else [],
+            "egress": [*own, *copy.deepcopy([DNS_EGRESS, *settings.engine_egress])],
+        },
+    }
+
+
 def secret_variables(request: LaunchRequest) -> dict[str, str]:
     """Return the engine's variables that travel in the attempt's Secret, never in the pod
     template: the job's bootstrap token (``LAB_JOB_BOOTSTRAP_TOKEN``: the engine opens its
@@ -168,6 +265,15 @@ def secret_variables(request: LaunchRequest) -> dict[str, str]:
     return {**request.secrets, **engine_package_environment(request), "LAB_JOB_BOOTSTRAP_TOKEN": request.bootstrap_token}
 
 
+def _owned_by(owner: dict) -> list[dict]:
+    """Return the ``ownerReferences`` that make an object go with the JobSet ``owner`` (as stored,
+    with its uid): the garbage collector deletes it after the JobSet."""
+    return [{
+        "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
+    }]
+
+
 def secret_object(request: LaunchRequest, *, owner: dict) -> dict:
     """Return the attempt's immutable Secret: the variables of ``secret_variables`` and the spec,
     owned by the JobSet ``owner`` (as stored, with its uid)."""
@@ -178,10 +284,7 @@ def secret_object(request: LaunchRequest, *, owner: dict) -> dict:
             "name": jobset_name(request.job_id, request.attempt),
             "namespace": request.namespace,
             "labels": labels(request),
-            "ownerReferences": [{
-                "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
-                "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
-            }],
+            "ownerReferences": _owned_by(owner),
         },
         "type": "Opaque",
         "immutable": True,
@@ -326,16 +429,25 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
         {"name": "LAB_MODEL_DIR", "value": settings.model_dir},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # The root filesystem is read-only: every cache that defaults to the home directory
+        # (torch, Triton, CUDA's, vLLM's, Hugging Face's, verifiers') lands in the work dir.
+        {"name": "HOME", "value": HOME_DIR},
+        {"name": "XDG_CACHE_HOME", "value": f"{HOME_DIR}/.cache"},
+        # No usage reports: they could reach nothing past the attempt's NetworkPolicy anyway.
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "DO_NOT_TRACK", "value": "1"},
     ]
     mounts = [
         {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
         {"name": "models", "mountPath": settings.model_dir, "readOnly": True},
         {"name": "work", "mountPath": WORK_DIR},
+        {"name": "tmp", "mountPath": TMP_DIR},
     ]
     volumes = [
         {"name": "spec", "secret": {"secretName": name, "items": [{"key": "spec.json", "path": "spec.json"}]}},
         {"name": "models", **settings.model_volume},
         {"name": "work", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
     ]
     if role in ("orchestrator", "trainer"):
         if not settings.shared_pvc:
@@ -345,12 +457,21 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
                 "(or LAB_K8S_ENGINE_ROLES=single)")
         mounts.append({"name": "shared", "mountPath": SHARED_DIR, "subPath": name})
         volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}})
+    # Environment code runs in these pods (the whole engine's, the orchestrator's and the
+    # trainer's): nothing of the node, of other pods or of the cluster's API is theirs to see.
     spec: dict = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.stop_grace_s,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "shareProcessNamespace": False,
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": ENGINE_UID, "runAsGroup": ENGINE_GID, "fsGroup": ENGINE_GID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [{
             "name": "engine",
             "image": settings.engine_image,
@@ -359,7 +480,10 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
             "env": env,
             "resources": _resources(request, settings, role),
             "volumeMounts": mounts,
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            "securityContext": {
+                "privileged": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
         }],
         "volumes": volumes,
     }
