@@ -10,7 +10,7 @@ from datetime import date, datetime, time, timezone
 
 from django.utils import timezone as django_timezone
 from django.utils.dateparse import parse_date, parse_datetime
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -85,12 +85,7 @@ class UsageView(ProjectAPIView):
     """``GET /usage?start=&end=&group_by=day|resource|job&job_id=``: the project's usage."""
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("start", str, description="from this date or date-time (UTC; default 30 days ago)"),
-            OpenApiParameter("end", str, description="until this date or date-time, excluded (default now)"),
-            OpenApiParameter("group_by", str, description="day, resource, job, or several joined by commas"),
-            OpenApiParameter("job_id", str, description="only this job's usage"),
-        ],
+        parameters=openapi.USAGE_PARAMETERS,
         responses={200: openapi.USAGE_LIST, 404: ERROR},
     )
     def get(self, request: Request) -> Response:

@@ -21,13 +21,21 @@ from lab.api.schema import (
 )
 
 #: The form ``lab.lib.http.check_url`` requires: http(s), a host (and port) without user info,
-#: white space or control characters, then printable ASCII other than <>"{}|\^`. It also refuses
-#: hosts IDNA 2008 does not allow and addresses that are private (unless
-#: LAB_WEBHOOK_ALLOW_PRIVATE), which a pattern cannot say.
+#: white space or control characters, then printable ASCII other than <>"{}|\^`. A host of numbers
+#: alone is an IPv4 address (``0`` is 0.0.0.0, ``2130706433`` is 127.0.0.1): the pattern takes it
+#: only as four dotted decimal numbers outside 0.0.0.0/8, which is always refused. ``check_url``
+#: also refuses hosts IDNA 2008 does not allow and addresses that are private (unless
+#: LAB_WEBHOOK_ALLOW_PRIVATE) or otherwise not public, which a pattern cannot say.
+_NUMBER_LABEL = r"(?:0[xX][0-9a-fA-F]*|[0-9]+)"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_URL_HOST = (
+    rf"(?:(?!0\.){_OCTET}(?:\.{_OCTET}){{3}}(?::[0-9]+)?"
+    rf"|(?!{_NUMBER_LABEL}(?:\.{_NUMBER_LABEL})*\.?(?::[0-9]*)?(?:[/?#]|$))[^\x00-\x20\x7f/?#@]+)"
+)
 _URL = {
     "type": "string",
     "maxLength": 2048,
-    "pattern": r"^https?://[^\x00-\x20\x7f/?#@]+(?:[/?#][!#-;=?-\[\]_a-z~]*)?$",
+    "pattern": rf"^https?://{_URL_HOST}(?:[/?#][!#-;=?-\[\]_a-z~]*)?$",
     "description": "http(s) on a host that does not resolve to a private address",
 }
 _EVENTS = {
