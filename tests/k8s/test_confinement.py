@@ -117,8 +117,9 @@ def test_what_the_engine_writes_lands_on_its_own_empty_dirs(changes, roles):
         writable = {mount["mountPath"]: volumes[mount["name"]] for mount in container["volumeMounts"] if not mount.get("readOnly")}
         assert writable["/var/lab/work"] == {"name": "work", "emptyDir": {}}, role
         assert writable["/tmp"] == {"name": "tmp", "emptyDir": {}}, role
-        assert set(writable) == ({"/var/lab/work", "/tmp", "/lab/shared"} if role in ("orchestrator", "trainer")
-                                 else {"/var/lab/work", "/tmp"}), role
+        assert writable["/dev/shm"] == {"name": "shm", "emptyDir": {"medium": "Memory"}}, role
+        assert set(writable) == ({"/var/lab/work", "/tmp", "/dev/shm", "/lab/shared"} if role in ("orchestrator", "trainer")
+                                 else {"/var/lab/work", "/tmp", "/dev/shm"}), role
         assert (env["HOME"], env["XDG_CACHE_HOME"]) == ("/var/lab/work/home", "/var/lab/work/home/.cache"), role
         assert (env["VLLM_NO_USAGE_STATS"], env["DO_NOT_TRACK"], env["HF_HUB_OFFLINE"]) == ("1", "1", "1"), role
 

@@ -18,7 +18,9 @@
 The engine pods run as uid/gid 1000 with no capability, no privilege escalation, the runtime's
 seccomp profile, no host namespace, no shared process namespace, no service-account token and
 a read-only root filesystem; what they write goes to their work dir (``HOME`` and
-``XDG_CACHE_HOME`` are in it) and ``/tmp``, both ``emptyDir`` volumes.
+``XDG_CACHE_HOME`` are in it), ``/tmp``, both ``emptyDir`` volumes, and ``/dev/shm``, a
+memory-backed one (a container runtime's own is 64 MiB; vLLM's merged weights and a split
+engine's weight hand-over are written there), which counts against the pod's memory.
 
 docs/kubernetes.md pins every name and label used here. Names are deterministic per job
 attempt (``lab-<job id>-a<attempt>``: the attempt that launched it; a JobSet Kueue readmits after a
@@ -75,6 +77,7 @@ SPEC_DIR = "/etc/lab"
 WORK_DIR = "/var/lab/work"
 HOME_DIR = f"{WORK_DIR}/home"
 TMP_DIR = "/tmp"  # an emptyDir of the pod's own
+SHM_DIR = "/dev/shm"  # a memory-backed emptyDir of the pod's own
 #: The engine image's user (k8s/images/engine-*.Dockerfile: ``useradd --uid 1000``) and its group.
 ENGINE_UID = ENGINE_GID = 1000
 SECONDS_PER_DAY = 86_400
@@ -442,12 +445,14 @@ def _pod_template(request: LaunchRequest, settings: PoolSettings, role: str) -> 
         {"name": "models", "mountPath": settings.model_dir, "readOnly": True},
         {"name": "work", "mountPath": WORK_DIR},
         {"name": "tmp", "mountPath": TMP_DIR},
+        {"name": "shm", "mountPath": SHM_DIR},
     ]
     volumes = [
         {"name": "spec", "secret": {"secretName": name, "items": [{"key": "spec.json", "path": "spec.json"}]}},
         {"name": "models", **settings.model_volume},
         {"name": "work", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
     ]
     if role in ("orchestrator", "trainer"):
         if not settings.shared_pvc:
