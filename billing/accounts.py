@@ -10,7 +10,8 @@ recorded and shown, but no balance is drawn down and nothing is refused. On:
 - either may have a monthly spend limit (calendar month, UTC).
 
 "Nothing can run at all" (``run_blocker``): a failed payment, the monthly spend limit reached, or
-a prepaid balance at or below the grace floor (docs/billing.md).
+a prepaid balance at or below the grace floor (docs/billing.md). Short of that, a job starts only
+while what is left covers its estimate besides what the started jobs hold (``SpendBudget``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from django.db.models import BigIntegerField, Case, F, Sum, Value, When
 from django.utils import timezone
 
 from billing.models import BillingAccount, CreditGrant, CreditKind, Plan, UsageInterval
-from billing.pricing import micro_to_usd, usd_to_micro
+from billing.pricing import cents, micro_to_usd, usd_to_micro
 from lab.models import Organization
 
 
@@ -126,21 +127,34 @@ def spent_this_month_micro_usd(organization_id: int, *, now: datetime | None = N
     return spent_this_month_by_organization([organization_id], now=now)[organization_id]
 
 
-def left_to_spend_micro_usd(account: BillingAccount, *, spent_this_month: int | None = None) -> int | None:
-    """Return how much the organization may still spend, in micro-dollars, or None for no bound.
+def spending_bounds(account: BillingAccount, *, spent_this_month: int | None = None) -> dict[str, int]:
+    """Return what each of the organization's bounds leaves it to spend, in micro-dollars (below
+    0 once overrun), keyed by the ``Blocker`` code that names the bound once it is used up:
+    ``spend_limit_reached`` (the monthly spend limit less this month's spend) when it has a limit,
+    then ``insufficient_credit`` (the balance above the grace floor) when it is prepaid.
 
-    The smaller of the prepaid balance above the grace floor and what the monthly spend limit
-    leaves; None for an invoiced organization without a limit, or when billing is off.
+    Empty when billing is off, or for an invoiced organization without a limit. ``spent_this_month``
+    (micro-dollars) spares the ledger read when the caller has it.
     """
     if not billing_enabled():
-        return None
-    bounds = []
-    if account.plan == Plan.PREPAID:
-        bounds.append(account.balance_micro_usd - grace_floor_micro_usd())
+        return {}
+    bounds = {}
     if account.monthly_spend_limit_micro_usd is not None:
         spent = spent_this_month_micro_usd(account.organization_id) if spent_this_month is None else spent_this_month
-        bounds.append(account.monthly_spend_limit_micro_usd - spent)
-    return max(0, min(bounds)) if bounds else None
+        bounds[Blocker.SPEND_LIMIT_REACHED] = account.monthly_spend_limit_micro_usd - spent
+    if account.plan == Plan.PREPAID:
+        bounds[Blocker.INSUFFICIENT_CREDIT] = account.balance_micro_usd - grace_floor_micro_usd()
+    return bounds
+
+
+def used_up_bound(account: BillingAccount, *, spent_this_month: int | None = None) -> str | None:
+    """Return the ``Blocker`` code of the first of the organization's bounds with nothing left
+    (``spending_bounds``' order: the spend limit before the credit), or None while both leave
+    something (always None when billing is off). What a running job is stopped for."""
+    for code, left in spending_bounds(account, spent_this_month=spent_this_month).items():
+        if left <= 0:
+            return code
+    return None
 
 
 def run_blocker(account: BillingAccount) -> str | None:
@@ -243,38 +257,97 @@ def credit_add(*, organization_id: int, amount_micro_usd: int, kind: str, refere
     return True
 
 
+def spend_limit_stop_message(organization_id: int) -> str:
+    """Return the error message of a job stopped because its organization reached its monthly
+    spend limit, naming the limit as it is now (in USD, to the cent)."""
+    limit = account_for(organization_id).monthly_spend_limit_micro_usd
+    named = "" if limit is None else f" of ${cents(micro_to_usd(limit))}"
+    return (
+        f"The organization reached its monthly spend limit{named}; "
+        "raise the limit (or wait for next month) and restart the job."
+    )
 
-class SpendBudget:
-    """What each organization may still spend, for one admission pass (billing on only).
 
-    ``refusal`` says why a job whose remaining estimate is ``estimate_micro_usd`` may not start
-    (nothing can run at all, or the estimate exceeds what is left); ``commit`` takes a started
-    job's estimate off what is left, so one pass never starts more than an organization can pay.
+@dataclass(frozen=True)
+class SpendHold:
+    """What one started job may still spend: held against its organization's balance and spend
+    limit from its start until its usage is charged or it ends.
+
+    ``estimate_micro_usd`` is the job's whole estimated cost (all attempts); what the ledger has
+    recorded for ``job_public_id`` so far is taken off it (``held_by_organization``).
     """
 
-    def __init__(self) -> None:
-        self._left: dict[int, int | None] = {}
+    organization_id: int
+    job_public_id: str
+    estimate_micro_usd: int
+
+
+def held_by_organization(holds: Iterable[SpendHold]) -> dict[int, int]:
+    """Return, by organization id, what ``holds`` still hold, in micro-dollars: each job's
+    estimate less the cost of its intervals in the ledger (all attempts, any month), never below
+    0. One query; an organization whose holds hold nothing is 0, one without holds is left out.
+    """
+    holds = list(holds)
+    recorded = dict(
+        UsageInterval.objects.unscoped()
+        .filter(job_public_id__in={hold.job_public_id for hold in holds})
+        .values("job_public_id")
+        .annotate(total=Sum("cost_micro_usd"))
+        .values_list("job_public_id", "total")
+    ) if holds else {}
+    held: dict[int, int] = {}
+    for hold in holds:
+        remaining = max(0, hold.estimate_micro_usd - int(recorded.get(hold.job_public_id) or 0))
+        held[hold.organization_id] = held.get(hold.organization_id, 0) + remaining
+    return held
+
+
+class SpendBudget:
+    """What each organization may still spend for the jobs not yet started (billing on only).
+
+    What an organization has left (``spending_bounds``: its balance above the grace floor, what
+    its monthly spend limit leaves) less what its started jobs hold (``holds``: each one's
+    estimate not yet charged, ``held_by_organization``), so a job that runs but whose usage is
+    not yet charged counts as much as one started a moment ago. ``refusal`` says why a job whose
+    remaining estimate is ``estimate_micro_usd`` may not start; ``commit`` holds a job started
+    with this budget, so one pass never starts more than an organization can pay.
+
+    Pass the holds of every starting, running and cancelling job of the organizations asked
+    about, read under admission's lock (``jobs.queue.lock_admission``): admission decisions are
+    serialized, so each sees the jobs the previous ones started. The ledger is read (here) before
+    the accounts (on first use): an interval charged in between is then counted twice, held and
+    spent, never not at all.
+    """
+
+    def __init__(self, holds: Iterable[SpendHold] = ()) -> None:
+        self._held = held_by_organization(holds) if billing_enabled() else {}
+        self._bounds: dict[int, dict[str, int]] = {}
         self._blockers: dict[int, str | None] = {}
 
     def _load(self, organization_id: int) -> None:
-        if organization_id not in self._left:
+        if organization_id not in self._bounds:
             account = account_for(organization_id)
             self._blockers[organization_id] = run_blocker(account)
-            self._left[organization_id] = left_to_spend_micro_usd(account)
+            held = self._held.get(organization_id, 0)
+            self._bounds[organization_id] = {code: left - held for code, left in spending_bounds(account).items()}
 
     def refusal(self, organization_id: int, estimate_micro_usd: int) -> str | None:
-        """Return a ``Blocker`` code when the job may not start, else None (always None when billing is off)."""
+        """Return a ``Blocker`` code when the job may not start, else None (always None when billing is off).
+
+        The code names why: nothing of the organization can run (``run_blocker``), else the first
+        bound (``spending_bounds``' order) that cannot take the estimate besides what is held.
+        """
         if not billing_enabled():
             return None
         self._load(organization_id)
         if self._blockers[organization_id]:
             return self._blockers[organization_id]
-        left = self._left[organization_id]
-        if left is not None and (left <= 0 or estimate_micro_usd > left):
-            return Blocker.INSUFFICIENT_CREDIT
+        for code, left in self._bounds[organization_id].items():
+            if left <= 0 or estimate_micro_usd > left:
+                return code
         return None
 
     def commit(self, organization_id: int, estimate_micro_usd: int) -> None:
-        """Take a started job's estimate off what its organization has left in this pass."""
-        if organization_id in self._left and self._left[organization_id] is not None:
-            self._left[organization_id] -= estimate_micro_usd
+        """Hold a job just started with this budget: take its estimate off what its organization has left."""
+        for code in self._bounds.get(organization_id, {}):
+            self._bounds[organization_id][code] -= estimate_micro_usd

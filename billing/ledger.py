@@ -30,9 +30,9 @@ from billing.accounts import (
     account_for,
     billing_enabled,
     charge,
-    left_to_spend_micro_usd,
     locked_accounts,
     spent_this_month_by_organization,
+    used_up_bound,
 )
 from billing.metering import enqueue_meter_events
 from billing.models import BillingAccount, Plan, UsageInterval
@@ -62,10 +62,13 @@ class AttemptUsage:
 @dataclass
 class CloseResult:
     """What one closing did: the intervals it recorded, and whether nothing is left to spend
-    (billing on and the balance or the monthly limit used up: the attempt should stop)."""
+    (billing on and the balance or the monthly limit used up: the attempt should stop), with
+    the ``billing.accounts.Blocker`` code of the bound used up (``used_up_bound``; None while
+    something is left)."""
 
     closed: list[UsageInterval] = field(default_factory=list)
     exhausted: bool = False
+    used_up: str | None = None
 
 
 def interval_seconds() -> timedelta:
@@ -103,7 +106,7 @@ def organizations_exhausted(organization_ids: Iterable[int]) -> set[int]:
     bound ``usage_close`` reports as ``exhausted``); empty when billing is off."""
     if not billing_enabled():
         return set()
-    return _exhausted(BillingAccount.objects.filter(organization_id__in=set(organization_ids)), now=timezone.now())
+    return set(_exhausted(BillingAccount.objects.filter(organization_id__in=set(organization_ids)), now=timezone.now()))
 
 
 @dataclass(frozen=True)
@@ -200,25 +203,28 @@ def _intervals_due(
 @dataclass
 class BatchCloseResult:
     """What one closing of many attempts did: the intervals it recorded; the organizations of
-    those attempts that have nothing left to spend (billing on: their attempts should stop); and,
+    those attempts that have nothing left to spend (billing on: their attempts should stop), and
+    in ``used_up`` the ``billing.accounts.Blocker`` code of the bound each of them used up; and,
     with ``skip_locked``, the organizations skipped because another closing held their account."""
 
     closed: list[UsageInterval] = field(default_factory=list)
     exhausted: set[int] = field(default_factory=set)
     skipped: set[int] = field(default_factory=set)
+    used_up: dict[int, str] = field(default_factory=dict)
 
 
-def _exhausted(accounts: Iterable[BillingAccount], *, now: datetime) -> set[int]:
-    """Return the organization ids of ``accounts`` with nothing left to spend
-    (``left_to_spend_micro_usd``; this month's spend read in one query for those with a limit)."""
+def _exhausted(accounts: Iterable[BillingAccount], *, now: datetime) -> dict[int, str]:
+    """Return the organization ids of ``accounts`` with nothing left to spend, each with the
+    ``Blocker`` code of the bound it used up (``used_up_bound``; this month's spend read in one
+    query for those with a limit)."""
     accounts = list(accounts)
     limited = [account.organization_id for account in accounts if account.monthly_spend_limit_micro_usd is not None]
     spent = spent_this_month_by_organization(limited, now=now) if limited and billing_enabled() else {}
-    exhausted = set()
+    exhausted = {}
     for account in accounts:
-        left = left_to_spend_micro_usd(account, spent_this_month=spent.get(account.organization_id))
-        if left is not None and left <= 0:
-            exhausted.add(account.organization_id)
+        code = used_up_bound(account, spent_this_month=spent.get(account.organization_id))
+        if code is not None:
+            exhausted[account.organization_id] = code
     return exhausted
 
 
@@ -248,7 +254,8 @@ def _close_due(due: list[AttemptUsage], *, now: datetime, prices: PriceHistory, 
             UsageInterval.objects.bulk_create(rows)
             if enabled and any(row.plan == Plan.INVOICED for row in rows):
                 enqueue_meter_events()
-        return BatchCloseResult(closed=rows, exhausted=_exhausted(accounts.values(), now=now), skipped=skipped)
+        used_up = _exhausted(accounts.values(), now=now)
+        return BatchCloseResult(closed=rows, exhausted=set(used_up), skipped=skipped, used_up=used_up)
 
 
 def usage_close_many(*, usages: Sequence[AttemptUsage], now: datetime, skip_locked: bool = False) -> BatchCloseResult:
@@ -279,10 +286,11 @@ def usage_close_many(*, usages: Sequence[AttemptUsage], now: datetime, skip_lock
         (account for organization_id, account in accounts.items() if organization_id not in due_organizations), now=now
     )
     if not due:
-        return BatchCloseResult(exhausted=exhausted)
+        return BatchCloseResult(exhausted=set(exhausted), used_up=exhausted)
     prices = price_history({usage.resource_type for usage in due})
     result = _close_due(due, now=now, prices=prices, skip_locked=skip_locked)
-    result.exhausted |= exhausted
+    result.exhausted |= set(exhausted)
+    result.used_up.update(exhausted)
     return result
 
 
@@ -291,11 +299,16 @@ def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:
     (``usage_close_many`` of this one attempt).
 
     Idempotent: intervals already in the ledger are never recorded or charged again. Returns the
-    new intervals and whether the organization has nothing left to spend. When no interval is
+    new intervals and whether the organization has nothing left to spend (and which bound it
+    used up). When no interval is
     due, nothing is locked: one read of the ledger and one of the account.
     """
     result = usage_close_many(usages=[usage], now=now)
-    return CloseResult(closed=result.closed, exhausted=usage.organization_id in result.exhausted)
+    return CloseResult(
+        closed=result.closed,
+        exhausted=usage.organization_id in result.exhausted,
+        used_up=result.used_up.get(usage.organization_id),
+    )
 
 
 @dataclass(frozen=True)

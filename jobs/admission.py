@@ -4,10 +4,11 @@ Order (``jobs.queue.fair_share_order``, the same the queue places follow): ``pri
 first); then fair share across organizations: the organization whose running jobs cost less per
 hour right now goes first (then the one running fewer jobs), and each job admitted in this pass
 adds to its organization's share; then age (``queued_at``). A job starts when its organization is under
-its cap, billing allows it (``billing_allows``: its organization can pay its estimate) and the pool has
-room; otherwise its ``status_reason`` says why. A job is claimed with a conditional UPDATE (queued
-→ starting), so two workers never launch it twice; passes are serialized by a database lock so
-they never overcommit capacity. On the Kubernetes pool a job queued after a preemption whose JobSet
+its cap, billing allows it (``billing_allows``: its organization can pay its estimate besides what its
+started jobs hold, ``jobs.queue.spend_budget``) and the pool has room; otherwise its ``status_reason``
+says why. A job is claimed with a conditional UPDATE (queued → starting), so two workers never
+launch it twice; passes are serialized by a database lock (``jobs.queue.lock_admission``) so they
+never overcommit capacity or credit. On the Kubernetes pool a job queued after a preemption whose JobSet
 waits in Kueue at its place is Kueue's to start again (``jobs.readmission``), not admission's.
 """
 
@@ -24,7 +25,16 @@ from billing.accounts import SpendBudget, billing_enabled
 from billing.pricing import price_table, usd_to_micro
 from jobs.metrics import record_admission_pass
 from jobs.models import Job, JobStatus, StatusReason
-from jobs.queue import QueuedJob, fair_share_order, lock_admission, organization_cap, pool_capacity, pool_usage, queued_jobs
+from jobs.queue import (
+    QueuedJob,
+    fair_share_order,
+    lock_admission,
+    organization_cap,
+    pool_capacity,
+    pool_usage,
+    queued_jobs,
+    spend_budget,
+)
 from jobs.readmission import awaiting_readmission
 from jobs.services import job_claim_for_start
 from lab.lib.resources import resource_units
@@ -43,8 +53,9 @@ class AdmissionResult:
 def billing_allows(organization_id: int, estimate_micro_usd: int, budget: SpendBudget) -> str | None:
     """Return ``payment_required`` when billing forbids starting a job of this organization whose
     remaining estimate (estimated cost less what it already used) is ``estimate_micro_usd``:
-    nothing of the organization can run, or the estimate exceeds what it has left
-    (``billing.accounts.SpendBudget``). None when billing is off."""
+    nothing of the organization can run, or the estimate exceeds what it has left once its
+    started jobs' uncharged estimates are held (``billing.accounts.SpendBudget``). None when
+    billing is off."""
     return StatusReason.PAYMENT_REQUIRED if budget.refusal(organization_id, estimate_micro_usd) else None
 
 
@@ -76,7 +87,7 @@ def admission_pass() -> AdmissionResult:
     caps = {pk: organization_cap(org) for pk, org in organizations.items()}
     capacity: dict[str, int] = {}
     reasons: dict[int, str] = {}
-    budget = SpendBudget()
+    budget = spend_budget(organizations)
     estimates = _remaining_estimates(queued)
 
     def take(job: QueuedJob) -> bool:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing.accounts import SpendBudget
 from billing.pricing import cost_usd, list_cost_micro_usd
 from jobs.models import JobPriority, StatusReason
-from jobs.queue import place_of_new_job, start_blocker
+from jobs.queue import place_of_new_job, spend_budget, start_blocker
 from jobs.secrets.services import split_secrets
 from jobs.specs import ValidatedSpec, installed_models, validate_job_spec
 from lab.lib.resources import CPU
@@ -59,7 +58,7 @@ def job_estimate(*, project: Project, data: Any) -> dict[str, Any]:
     cost = cost_usd(gpu_type=gpu_type, gpus=gpus, seconds=seconds)
     blocker = start_blocker(organization=project.organization, gpu_type=gpu_type, gpus=gpus)
     estimate_micro_usd = list_cost_micro_usd(gpu_type=gpu_type, gpus=gpus, seconds=seconds)
-    if blocker is None and SpendBudget().refusal(project.organization_id, estimate_micro_usd):
+    if blocker is None and spend_budget([project.organization_id]).refusal(project.organization_id, estimate_micro_usd):
         blocker = StatusReason.PAYMENT_REQUIRED
     reason = blocker or (StatusReason.WAITING if place > 1 else None)
     return {

@@ -73,6 +73,7 @@ class ErrorCode(models.TextChoices):
     HEARTBEAT_LOST = "heartbeat_lost"
     MAX_RUNTIME_EXCEEDED = "max_runtime_exceeded"
     INSUFFICIENT_CREDIT = "insufficient_credit"
+    SPEND_LIMIT_REACHED = "spend_limit_reached"
     IMAGE_PULL_FAILED = "image_pull_failed"
     UNSCHEDULABLE = "unschedulable"
     INTERNAL_ERROR = "internal_error"
@@ -307,7 +308,8 @@ class StopReason(models.TextChoices):
     NONE = ""
     CANCEL = "cancel"
     RUNTIME = "runtime"
-    CREDIT = "credit"
+    CREDIT = "credit"  # the prepaid balance reached its grace floor
+    SPEND_LIMIT = "spend_limit"  # the organization's monthly spend limit was reached
 
 
 def _token_nonce() -> str:
@@ -334,7 +336,7 @@ class JobAttempt(models.Model):
     launched_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     phase = models.CharField(max_length=16, blank=True)
-    stop_reason = models.CharField(max_length=10, choices=StopReason.choices, blank=True, default=StopReason.NONE)
+    stop_reason = models.CharField(max_length=16, choices=StopReason.choices, blank=True, default=StopReason.NONE)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     terminate_sent_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -20,7 +20,8 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Sum
 
-from billing.pricing import price_table
+from billing.accounts import SpendBudget, SpendHold, billing_enabled
+from billing.pricing import price_table, usd_to_micro
 from jobs.models import ACTIVE_STATUSES, Job, JobStatus, StatusReason
 from jobs.pool import pool_nodes
 from lab.lib.resources import CPU, resource_units
@@ -119,6 +120,22 @@ def start_blocker(*, organization: Organization, gpu_type: str, gpus: int) -> st
     if pool_in_use(gpu_type) + need > pool_capacity(gpu_type):
         return StatusReason.POOL_FULL
     return None
+
+
+def spend_budget(organization_ids: Iterable[int]) -> SpendBudget:
+    """Return what the organizations ``organization_ids`` may still spend on jobs not yet started
+    (``billing.accounts.SpendBudget``): each of their starting, running and cancelling jobs holds
+    its estimated cost not yet charged. One query for the jobs, one for their usage (none when
+    billing is off). Call it under ``lock_admission`` where the answer decides a start."""
+    if not billing_enabled():
+        return SpendBudget()
+    active = Job.objects.unscoped().filter(
+        project__organization_id__in=set(organization_ids), status__in=ACTIVE_STATUSES
+    ).values_list("project__organization_id", "public_id", "estimated_cost_usd")
+    return SpendBudget(
+        SpendHold(organization_id=organization_id, job_public_id=public_id, estimate_micro_usd=usd_to_micro(estimate))
+        for organization_id, public_id, estimate in active
+    )
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models import F
 
-from billing.accounts import SpendBudget
 from billing.pricing import usd_to_micro
 from jobs.environment_packages import launch_packages
 from jobs.ingest.tokens import job_token
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StatusReason
-from jobs.queue import lock_admission, organization_cap, organization_running
+from jobs.queue import lock_admission, organization_cap, organization_running, spend_budget
 from jobs.services import current_attempt, job_claim_for_start
 from lab.api.errors import ApiError
 
@@ -145,7 +144,8 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
                 f"The organization already runs {organization_cap(organization)} jobs, its cap; "
                 "this job starts when one of them ends. Ask again."
             )
-        if blocker := SpendBudget().refusal(organization.pk, max(0, usd_to_micro(job.estimated_cost_usd - job.cost_usd))):
+        remaining = max(0, usd_to_micro(job.estimated_cost_usd - job.cost_usd))
+        if blocker := spend_budget([organization.pk]).refusal(organization.pk, remaining):
             raise _not_ready(f"Billing does not let this job start now ({blocker}); ask again.")
         opened = job_claim_for_start(
             job_id=job.pk,

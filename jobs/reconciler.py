@@ -8,7 +8,8 @@ job. Idempotent: each step checks the current state under the job's row lock.
 | 0 | ``succeeded`` |
 | 2 | ``failed`` with the engine's error (default ``invalid_spec``), never retried |
 | 3 | a stop Lab asked for ends as asked (cancel → ``cancelled``, runtime → ``failed``
-       ``max_runtime_exceeded``, credit → ``failed`` ``insufficient_credit``); otherwise
+       ``max_runtime_exceeded``, credit → ``failed`` ``insufficient_credit``, the monthly
+       spend limit → ``failed`` ``spend_limit_reached``); otherwise
        (preemption) ``queued`` again to resume |
 | 4, OOM | ``failed`` (``oom``) |
 | other, killed, lost | ``queued`` to resume, up to ``max_restarts``; then ``failed``
@@ -31,6 +32,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from billing.accounts import Blocker, spend_limit_stop_message
 from billing.ledger import (
     AttemptUsage,
     interval_seconds,
@@ -182,7 +184,7 @@ def _record_usage(job: Job, attempt: JobAttempt, observation: Observation, now) 
     """Close the attempt's due usage intervals in the billing ledger (launcher times: the
     observation's, else the launch time; nothing while the launcher has not started it), set the
     job's totals from the ledger, and ask a running attempt to stop when its organization has
-    nothing left to spend."""
+    nothing left to spend (for its monthly spend limit, else for credit)."""
     started_at = observation.started_at or attempt.launched_at
     if observation.phase == AttemptPhase.PENDING or started_at is None:
         return
@@ -209,7 +211,8 @@ def _record_usage(job: Job, attempt: JobAttempt, observation: Observation, now) 
             cpu_seconds=job.cpu_seconds, gpu_seconds=job.gpu_seconds, cost_usd=job.cost_usd
         )
     if result.exhausted and not ended and not attempt.stop_reason:
-        attempt_request_stop(job=job, reason=StopReason.CREDIT)
+        spend_limit = result.used_up == Blocker.SPEND_LIMIT_REACHED
+        attempt_request_stop(job=job, reason=StopReason.SPEND_LIMIT if spend_limit else StopReason.CREDIT)
         attempt.refresh_from_db()
 
 
@@ -336,6 +339,14 @@ def _finish_attempt(
                 to=S.FAILED,
                 error_code="max_runtime_exceeded",
                 error_message=f"The job ran longer than max_runtime_minutes ({job.spec['max_runtime_minutes']}).",
+                data=detail,
+            )
+        elif reason == StopReason.SPEND_LIMIT:
+            job_transition(
+                job=job, current=True,
+                to=S.FAILED,
+                error_code=ErrorCode.SPEND_LIMIT_REACHED,
+                error_message=spend_limit_stop_message(job.project.organization_id),
                 data=detail,
             )
         else:

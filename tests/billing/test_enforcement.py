@@ -120,7 +120,7 @@ def test_the_spend_limit_stops_an_invoiced_job_too(owner, spec, launcher, billin
     observe(launcher, attempt)
     monkeypatch.setattr(timezone, "now", lambda: at(121))
     reconciler.reconcile_job(job_id=job.pk)
-    assert JobAttempt.objects.get(pk=attempt.pk).stop_reason == StopReason.CREDIT
+    assert JobAttempt.objects.get(pk=attempt.pk).stop_reason == StopReason.SPEND_LIMIT
     account = BillingAccount.objects.get(organization=owner.organization)
     assert account.balance_micro_usd == 0  # invoiced: never drawn from credit
 

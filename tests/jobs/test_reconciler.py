@@ -51,6 +51,7 @@ EXIT_TABLE = [
     pytest.param(3, False, StopReason.CANCEL, None, 0, S.CANCELLING, S.CANCELLED, "", "", id="3 cancel"),
     pytest.param(3, False, StopReason.RUNTIME, None, 0, S.RUNNING, S.FAILED, "", "max_runtime_exceeded", id="3 runtime"),
     pytest.param(3, False, StopReason.CREDIT, None, 0, S.RUNNING, S.FAILED, "", "insufficient_credit", id="3 credit"),
+    pytest.param(3, False, StopReason.SPEND_LIMIT, None, 0, S.RUNNING, S.FAILED, "", "spend_limit_reached", id="3 spend limit"),
     pytest.param(3, False, "", None, 0, S.RUNNING, S.QUEUED, "requeued_after_preemption", "", id="3 preempted"),
     pytest.param(4, False, "", None, 0, S.RUNNING, S.FAILED, "", "oom", id="4 oom"),
     pytest.param(-9, True, "", None, 0, S.RUNNING, S.FAILED, "", "oom", id="OOMKilled"),
