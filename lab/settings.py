@@ -169,6 +169,9 @@ LAB_LOCAL_SLOTS = env_int("LAB_LOCAL_SLOTS", 1, minimum=1, maximum=64)
 # Each local engine attempt in a bubblewrap sandbox (docs/local-launcher.md "Isolation"); "none"
 # lets environment code see what Lab's own user sees: only for machines where all code is trusted.
 LAB_LOCAL_ISOLATION = env_choice("LAB_LOCAL_ISOLATION", "bubblewrap", ("bubblewrap", "none"))
+# A sandboxed local engine reaches its job's own outside endpoints ([teacher]) through a relay;
+# loopback and private addresses are refused unless this is on (local development, tests).
+LAB_ENGINE_EGRESS_ALLOW_PRIVATE = env_bool("LAB_ENGINE_EGRESS_ALLOW_PRIVATE", False)
 LAB_WEBHOOK_ALLOW_PRIVATE = env_bool("LAB_WEBHOOK_ALLOW_PRIVATE", False)
 LAB_STORAGE_URL = env_str("LAB_STORAGE_URL", "")
 if LAB_STORAGE_URL and not LAB_STORAGE_URL.startswith("s3://"):

@@ -45,6 +45,7 @@ from jobs.launchers.isolation import (
     check_bubblewrap,
     python_paths,
 )
+from lab.lib.http import UnsafeURL, address_problem, check_url, resolve_host
 
 #: Seconds after launch during which a missing supervisor pid file means "still starting".
 _START_GRACE_S = 30.0
@@ -144,6 +145,7 @@ class LocalLauncher(Launcher):
         model_dir: Path | None = None,
         storage_root: Path | None = None,
         storage_origin: str | None = None,
+        allow_private_egress: bool = False,
     ):
         self.runs_dir = runs_dir
         self.repo_dir = repo_dir
@@ -153,6 +155,7 @@ class LocalLauncher(Launcher):
         self.model_dir = model_dir or self.data_dir / "models"
         self.storage_root = storage_root
         self.storage_origin = storage_origin
+        self.allow_private_egress = allow_private_egress
 
     def workdir(self, job_id: str, attempt: int) -> Path:
         """Return the work dir of one attempt."""
@@ -186,9 +189,11 @@ class LocalLauncher(Launcher):
         if self.isolation == ISOLATION_BUBBLEWRAP:
             bwrap = check_bubblewrap()
             egress = {"lab": request.lab_url, **({"storage": self.storage_origin} if self.storage_origin else {})}
-            options = [
-                option for name, url in egress.items() for option in ("--egress", f"{name}={_host_and_port(url)}")
-            ]
+            relays = {name: _host_and_port(url) for name, url in egress.items()}
+            teacher = _teacher_url(request.spec)
+            if teacher:
+                egress["teacher"], relays["teacher"] = teacher, pinned_address(teacher, allow_private=self.allow_private_egress)
+            options = [option for name, target in relays.items() for option in ("--egress", f"{name}={target}")]
             if self._model_needs_preparing(request.spec):
                 options += ["--prepare", json.dumps([self.python, "-m", "engine", "prepare-model", "--model", request.spec["model"]])]
             command = bubblewrap_command(self._sandbox_layout(request, workdir, egress), command, bwrap=bwrap)
@@ -354,6 +359,33 @@ class LocalLauncher(Launcher):
                 path.parent.rmdir()
             except OSError:
                 pass  # not empty (files of something else) or already gone
+
+
+def _teacher_url(spec: dict) -> str | None:
+    """Return the base URL of the spec's ``[teacher]`` endpoint (stored spec form), or None."""
+    teacher = spec.get("teacher") if isinstance(spec, dict) else None
+    client = teacher.get("client") if isinstance(teacher, dict) else None
+    url = client.get("base_url") if isinstance(client, dict) else None
+    return url if isinstance(url, str) and url else None
+
+
+def pinned_address(url: str, *, allow_private: bool) -> str:
+    """Return ``address:port`` for relaying to ``url``'s host: the host's first address once every
+    one of them passes ``lab.lib.http``'s rules (no private or loopback address unless
+    ``allow_private``: a job's own endpoint must not become a way into Lab's network), pinned at
+    launch so a later answer of the resolver cannot move the relay. Raises ``UnsafeURL`` with the
+    reason, or when the host does not resolve."""
+    target = check_url(url, allow_private=allow_private, resolve=False)
+    host = target.raw_host.decode("ascii")
+    port = target.port or (443 if target.scheme == "https" else 80)
+    try:
+        addresses = resolve_host(host, port)
+    except OSError:
+        raise UnsafeURL("unresolvable_host", f"{host} does not resolve.") from None
+    for address in addresses:
+        if address_problem(address, allow_private=allow_private):
+            raise UnsafeURL("private_address", f"{host} resolves to a refused address ({address}).")
+    return f"{addresses[0]}:{port}"
 
 
 def _host_and_port(url: str) -> str:

@@ -22,6 +22,7 @@ def _local_launcher() -> LocalLauncher:
         isolation=settings.LAB_LOCAL_ISOLATION,
         data_dir=data_dir,
         model_dir=Path(settings.LAB_MODEL_DIR),
+        allow_private_egress=settings.LAB_ENGINE_EGRESS_ALLOW_PRIVATE,
         **_local_storage(),
     )
 

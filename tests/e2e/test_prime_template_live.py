@@ -79,7 +79,8 @@ def test_primes_template_with_every_section_runs_on_the_tiny_model(tmp_path, set
     spec_path.write_text(sized_for_the_tiny_model(text if loss == "sft" else as_rl(text), teacher_server))
     (tmp_path / "secrets.env").write_text(f"OPENAI_API_KEY={SECRET}\n")
 
-    with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1") as stack:
+    # The teacher serves on loopback, which a sandboxed engine may reach only when this allows it.
+    with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1", LAB_ENGINE_EGRESS_ALLOW_PRIVATE="1") as stack:
         created = lab_cli("jobs", "create", "-f", str(spec_path), "--json", key=owner.key, base_url=stack.base_url)
         assert created.returncode == 0, created.stdout + created.stderr
         job_id = json.loads(created.stdout)["id"]

@@ -189,3 +189,23 @@ def test_the_files_a_job_leaves_under_the_data_dir_are_private(tmp_path, setting
     loose = {str(path): oct(path.stat().st_mode & 0o777) for path in written if not path.is_symlink() and not path.is_socket()
              and path.stat().st_mode & 0o077}
     assert loose == {}
+
+
+def test_a_teacher_endpoint_is_relayed_to_an_address_pinned_at_launch_and_never_to_a_private_one(tmp_path):
+    """A job's ``[teacher]`` is the one outside endpoint its sandbox reaches; through the relay
+    it must not become a way to PostgreSQL or anything else on Lab's own network."""
+    from jobs.launchers.base import LaunchRequest
+    from jobs.launchers.local import LocalLauncher, pinned_address
+    from lab.lib.http import UnsafeURL
+
+    assert pinned_address("http://127.0.0.1:8300/v1", allow_private=True) == "127.0.0.1:8300"
+    assert pinned_address("https://localhost/v1", allow_private=True) in ("127.0.0.1:443", "::1:443")
+    for url in ("http://127.0.0.1:5432/v1", "http://10.0.0.7/v1", "http://[::1]:6379/v1", "http://localhost:5432"):
+        with pytest.raises(UnsafeURL):
+            pinned_address(url, allow_private=False)
+    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=Path(__file__).resolve().parents[2], isolation="bubblewrap")
+    spec = {"model": "lab/tiny-random-llama", "teacher": {"client": {"base_url": "http://127.0.0.1:5432/v1"}}}
+    request = LaunchRequest(job_id="job_teacher", attempt=1, spec=spec, lab_url="http://127.0.0.1:9", token="t")
+    with pytest.raises(UnsafeURL, match="private or loopback|refused"):
+        launcher.launch(request)
+    assert not (tmp_path / "runs" / "job_teacher" / "attempt-1" / "supervisor.pid").exists()
