@@ -174,6 +174,10 @@ def client_address(request: HttpRequest | None) -> str:
     return str(address)
 
 
+#: A lockout as stored: (until, attempts).
+Lockout = tuple[float, int]
+
+
 @dataclass(frozen=True)
 class _Keys:
     """The cache keys of one value of one limit; values are hashed so that no email or address
@@ -186,13 +190,14 @@ class _Keys:
         return f"{self.base}:attempts"
 
     @property
-    def until(self) -> str:
-        """When the current lockout ends (seconds since the epoch, by ``_now``)."""
-        return f"{self.base}:until"
+    def lockout(self) -> str:
+        """The current lockout: ``(until, attempts)``, when it ends (seconds since the epoch, by
+        ``_now``) and the count of attempts whose lockout it is (its length is ``lockout_s`` of it)."""
+        return f"{self.base}:lockout"
 
-    def turn(self, lockout_until: float) -> str:
-        """The marker of the one attempt let through once the lockout ending at ``lockout_until`` is over."""
-        return f"{self.base}:turn:{lockout_until!r}"
+    def turn(self, lockout: Lockout) -> str:
+        """The marker of the one attempt let through once ``lockout`` is over."""
+        return f"{self.base}:turn:{lockout[0]!r}"
 
 
 def _cache_keys(action: Action, limit: Limit, value: str) -> _Keys:
@@ -224,18 +229,18 @@ class _Count:
     limit: Limit
     keys: _Keys
     count: int
-    lockout_until: float | None = None
-    previous_until: float | None = None
+    lockout: Lockout | None = None
+    previous: Lockout | None = None
     turn: str | None = None
 
     def take_back(self) -> None:
         """Undo this count: the counter goes back down, the lockout it started back to the one
         before (if still its own) and its turn is released."""
-        if self.lockout_until is not None and cache.get(self.keys.until) == self.lockout_until:
-            if self.previous_until is None:
-                cache.delete(self.keys.until)
+        if self.lockout is not None and cache.get(self.keys.lockout) == self.lockout:
+            if self.previous is None:
+                cache.delete(self.keys.lockout)
             else:
-                cache.set(self.keys.until, self.previous_until, timeout=MEMORY_S + self.limit.max_lockout_s)
+                cache.set(self.keys.lockout, self.previous, timeout=MEMORY_S + self.limit.max_lockout_s)
         if self.turn is not None:
             cache.delete(self.turn)
         try:
@@ -245,9 +250,9 @@ class _Count:
 
     def forget(self) -> None:
         """Forget every attempt and lockout of this key."""
-        keys = [self.keys.attempts, self.keys.until]
-        if self.previous_until is not None:
-            keys.append(self.keys.turn(self.previous_until))
+        keys = [self.keys.attempts, self.keys.lockout]
+        if self.previous is not None:
+            keys.append(self.keys.turn(self.previous))
         cache.delete_many(keys)
 
 
@@ -280,25 +285,29 @@ class Attempt:
                 pass
 
 
-def _admit(count: _Count, current_until: float | None, now: float) -> float | None:
-    """Decide whether ``count`` (past the free attempts) goes through; set the lockout it starts.
-    Return None when it goes through, else how long the lockout that refuses it lasts."""
+def _admit(count: _Count, current: Lockout | None, now: float) -> float | None:
+    """Decide whether ``count`` (past the free attempts, no lockout in force) goes through, and
+    start the lockout it brings. Return None when it goes through, else how long the lockout that
+    refuses it lasts (seconds).
+
+    With no lockout yet, the first attempt to create one goes through and starts the first
+    lockout; after one, the attempt that wins its turn goes through and starts the next, one
+    attempt longer (so attempts refused meanwhile, which were taken back, do not lengthen it)."""
     limit, keys = count.limit, count.keys
-    lockout_until = now + limit.lockout_s(count.count)
     timeout = MEMORY_S + limit.max_lockout_s
-    if current_until is None:
-        # No lockout yet: the first attempt to create one goes through.
-        if cache.add(keys.until, lockout_until, timeout=timeout):
-            count.lockout_until = lockout_until
+    if current is None:
+        lockout = (now + limit.lockout_s(limit.free_attempts), limit.free_attempts)
+        if cache.add(keys.lockout, lockout, timeout=timeout):
+            count.lockout = lockout
             return None
-    elif cache.add(keys.turn(current_until), 1, timeout=MEMORY_S):
-        count.turn, count.previous_until = keys.turn(current_until), current_until
-        cache.set(keys.until, lockout_until, timeout=timeout)
-        count.lockout_until = lockout_until
+    elif cache.add(keys.turn(current), 1, timeout=MEMORY_S):
+        lockout = (now + limit.lockout_s(current[1] + 1), current[1] + 1)
+        count.turn, count.previous, count.lockout = keys.turn(current), current, lockout
+        cache.set(keys.lockout, lockout, timeout=timeout)
         return None
     # Another attempt took this turn and is starting the next lockout.
-    latest = cache.get(keys.until)
-    return max(1.0, (latest or now) - now)
+    latest = cache.get(keys.lockout)
+    return max(1.0, (latest[0] if latest else now) - now)
 
 
 def begin(action: Action, **values: str) -> Attempt:
@@ -319,12 +328,12 @@ def begin(action: Action, **values: str) -> Attempt:
         # The first free_attempts numbers go through whatever else is in flight: a lockout that
         # an attempt numbered after them started (concurrently) does not refuse them.
         past_free = [count for count in counts if count.count >= count.limit.free_attempts]
-        current = cache.get_many([count.keys.until for count in past_free])
-        wait = max((current[count.keys.until] - now for count in past_free if count.keys.until in current), default=0.0)
+        current = cache.get_many([count.keys.lockout for count in past_free])
+        wait = max((current[count.keys.lockout][0] - now for count in past_free if count.keys.lockout in current), default=0.0)
         if wait > 0:
             raise LockedOut(action, math.ceil(wait))
         for count in past_free:
-            refused_for = _admit(count, current.get(count.keys.until), now)
+            refused_for = _admit(count, current.get(count.keys.lockout), now)
             if refused_for is not None:
                 raise LockedOut(action, math.ceil(refused_for))
     except LockedOut:

@@ -135,6 +135,19 @@ def test_it_locks_an_address_out_that_tries_many_accounts(owner, clock):
     assert log_in("owner@acme.test", PASSWORD, address="203.0.113.9").status_code == 302
 
 
+def test_successful_sign_ins_do_not_count_against_their_address(owner, clock):
+    """Each sign-in is counted before its password is checked; a success takes its count back."""
+    for number in range(19):
+        fail(1, email=f"guess{number}@acme.test")
+    for _ in range(3):
+        assert log_in("owner@acme.test", PASSWORD).status_code == 302
+
+    fail(1, email="guess19@acme.test")  # the address's 20th failure locks it out
+
+    refused = log_in("owner@acme.test", PASSWORD)
+    assert (refused.status_code, refused["Retry-After"]) == (429, "30")
+
+
 def test_it_counts_an_ipv6_network_as_one_address(owner, clock):
     for number in range(20):
         fail(1, email=f"guess{number}@acme.test", address=f"2001:db8:1:2::{number + 1:x}")
