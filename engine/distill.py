@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import httpx
 from labsdk.spec.secrets import header_value_sendable
 
+from engine import egress
 from engine.http_retry import RetriesExhausted, request_json
 
 logger = logging.getLogger("engine")
@@ -82,7 +83,10 @@ class TeacherClient:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._sleep = sleep
-        self._client = httpx.Client(headers=dict(headers), timeout=timeout, follow_redirects=False, transport=transport)
+        # In the local launcher's sandbox the endpoint is reached through its relay (engine.egress).
+        self._client = httpx.Client(
+            headers=dict(headers), timeout=timeout, follow_redirects=False, transport=transport or egress.transport()
+        )
 
     @classmethod
     def from_spec(cls, teacher, environ: Mapping[str, str] | None = None, **kwargs) -> TeacherClient:
