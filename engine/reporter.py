@@ -131,7 +131,9 @@ class HttpTransport:
 
     def download_checkpoint(self, checkpoint_id: str, destination: pathlib.Path) -> pathlib.Path:
         """GET `checkpoints/{id}/download` with the job token: the tar itself (filesystem
-        storage) or, after a redirect, from the signed storage URL without the token."""
+        storage) or, after a redirect, from the signed storage URL without the token. Bytes that
+        differ from the SHA-256 Lab recorded for it are an IngestError no retry helps."""
+        from labsdk._http import ARCHIVE_CORRUPTED
         from labsdk.errors import LabError
         from labsdk.retry import is_retryable_status
 
@@ -139,9 +141,8 @@ class HttpTransport:
             return self.client.download(f"checkpoints/{checkpoint_id}/download", destination)
         except LabError as error:
             status = error.status_code
-            raise IngestError(
-                f"checkpoint {checkpoint_id}: {error}", retryable=is_retryable_status(status), status_code=status
-            ) from error
+            retryable = is_retryable_status(status) and error.code != ARCHIVE_CORRUPTED
+            raise IngestError(f"checkpoint {checkpoint_id}: {error}", retryable=retryable, status_code=status) from error
 
     def close(self) -> None:
         self.client.close()

@@ -6,7 +6,8 @@ the end): the trained weights alone (a PEFT LoRA adapter, ``adapter_config.json`
 optimizer or trainer state, as one uncompressed tar. The lifecycle follows checkpoints'
 (``jobs.checkpoints``): the engine registers an adapter and gets an upload target, uploads the
 tar, completes; Lab seals and re-hashes what is stored and marks it ``ready`` when size and
-SHA-256 match (a JobEvent ``adapter.ready``, and its webhook), else ``failed``. ``keep_last``
+SHA-256 match (a JobEvent ``adapter.ready``, and its webhook), else ``failed`` (so is a ready one
+whose stored archive Lab finds changed when it serves it). ``keep_last``
 (-1 or absent: all) keeps the newest ready ones; the others become ``deleted``.
 
 An adapter is unique per (job, step): the export of a step by a newer attempt (after a resume)
@@ -28,7 +29,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 
 from jobs import storage
-from jobs.checkpoints import archive_download_response
+from jobs.checkpoints import archive_download_response, refuse_other_attempt
 from jobs.models import Adapter, AdapterStatus, EventLevel, Job, JobAttempt
 from jobs.services import job_record_event
 from lab.api.errors import ApiError
@@ -91,7 +92,8 @@ def adapter_complete(*, job: Job, attempt_number: int, adapter_id: str, size_byt
     JobEvent (data ``{"adapter_id", "step"}``; the webhook adds ``job_id`` and ``download_url``)
     and applies retention. Completing a ready adapter again is a no-op. Raises ApiError 404 for
     an adapter of another job, 409 ``stale_attempt`` when ``attempt_number`` (the reporting
-    attempt) is not the one the adapter now belongs to (a newer attempt took its step over), 409
+    attempt) is not the one the adapter now belongs to (a newer attempt took its step over) or the
+    job has moved on to a newer attempt (``jobs.checkpoints.refuse_other_attempt``), 409
     ``invalid_state`` for one that failed or was deleted.
     """
     adapter = _completable(job=job, attempt_number=attempt_number, adapter_id=adapter_id)
@@ -130,16 +132,13 @@ def _completable(*, job: Job, attempt_number: int, adapter_id: str, lock: bool =
     adapter = rows.filter(job=job, public_id=adapter_id).first() if len(adapter_id) <= 64 else None
     if adapter is None:
         raise ApiError(404, "not_found", "No such adapter.")
-    if adapter.attempt != attempt_number:
-        raise ApiError(
-            409, "stale_attempt", f"This adapter's step was exported again by attempt {adapter.attempt}.", param="attempt"
-        )
+    refuse_other_attempt(job=job, owner=adapter.attempt, attempt_number=attempt_number, what="adapter")
     if adapter.status in (AdapterStatus.FAILED, AdapterStatus.DELETED):
         raise ApiError(409, "invalid_state", f"This adapter is {adapter.status}; it cannot be completed.")
     return adapter
 
 
-def _mark_failed(*, job: Job, adapter: Adapter, message: str) -> None:
+def _mark_failed(job: Job, adapter: Adapter, message: str) -> None:
     """Mark a locked adapter ``failed`` with a warning event; delete its objects after commit."""
     adapter.status = AdapterStatus.FAILED
     adapter.save(update_fields=["status"])
@@ -182,8 +181,10 @@ def adapter_download_response(adapter: Adapter, *, request: Any) -> HttpResponse
     """Return the HTTP answer that downloads ``adapter``'s tar (the caller checked access).
 
     The tar streamed (``Content-Disposition: attachment; filename="<job id>-step-<step>-<adapter
-    id>.tar"``), or on S3 a 302 to a short-lived signed URL, as for checkpoints. Raises ApiError
-    409 ``adapter_not_ready`` for an adapter that is not ``ready``, 404 when its object is gone.
+    id>.tar"``) once found unchanged since it became ready, or on S3 a 302 to a short-lived signed
+    URL, each with the SHA-256 in ``X-Lab-Archive-SHA256``, as for checkpoints. Raises ApiError
+    409 ``adapter_not_ready`` for an adapter that is not ``ready``, 409 ``adapter_corrupted`` when
+    its archive changed (the adapter is then failed), 404 when its object is gone.
     """
     if adapter.status != AdapterStatus.READY:
         raise ApiError(
@@ -192,9 +193,7 @@ def adapter_download_response(adapter: Adapter, *, request: Any) -> HttpResponse
             f"Adapter {adapter.public_id} is {adapter.status}; only ready adapters can be downloaded.",
         )
     filename = f"{adapter.job.public_id}-step-{adapter.step:06d}-{adapter.public_id}.tar"
-    return archive_download_response(
-        key=adapter.storage_key, size_bytes=adapter.size_bytes, filename=filename, request=request, what="adapter"
-    )
+    return archive_download_response(adapter, filename=filename, request=request, fail=_mark_failed)
 
 
 def adapter_fail_unfinished(*, job: Job, attempt_number: int) -> list[str]:

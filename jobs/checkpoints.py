@@ -4,14 +4,17 @@
 registers a checkpoint and gets an upload target, uploads one uncompressed tar, completes; Lab
 re-hashes what is stored and marks it ``ready`` when size and SHA-256 match, else ``failed``. Every status change of a checkpoint
 happens in a function of this module, so whatever follows a change (events, the live stream)
-hooks here.
+hooks here. Only the attempt that registered a checkpoint completes it, while it is the job's
+current attempt. A ready checkpoint whose stored archive no longer has the SHA-256 it was
+verified with, found when Lab serves it or resumes from it, becomes ``failed`` too.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -24,7 +27,16 @@ from django.utils import timezone
 from django.utils.http import content_disposition_header
 
 from jobs import storage
-from jobs.models import TERMINAL_STATUSES, Checkpoint, CheckpointChange, CheckpointStatus, EventLevel, Job, JobAttempt
+from jobs.models import (
+    TERMINAL_STATUSES,
+    Adapter,
+    Checkpoint,
+    CheckpointChange,
+    CheckpointStatus,
+    EventLevel,
+    Job,
+    JobAttempt,
+)
 from jobs.serializers import checkpoint_to_dict
 from jobs.services import job_record_event
 from jobs.stream import records as stream_records
@@ -35,12 +47,16 @@ logger = logging.getLogger(__name__)
 
 # A redirect's signed URL only has to outlive the client following it (seconds).
 DOWNLOAD_URL_EXPIRE_S = 300
+#: The header of a download answer (the archive, or the redirect to it) that gives the hex
+#: SHA-256 the archive was verified with, so whoever fetches it can check what arrived.
+ARCHIVE_SHA256_HEADER = "X-Lab-Archive-SHA256"
 
 
 def checkpoint_register(*, job: Job, attempt: JobAttempt, step: int, format: str) -> tuple[Checkpoint, dict[str, Any]]:
     """Create an ``uploading`` checkpoint of ``job`` at ``step`` and return it with its upload target.
 
-    The caller holds the job row lock and has checked the attempt. The upload target is
+    The caller holds the job row lock and has checked the attempt and the step (and that the job
+    has not ended). The upload target is
     ``{"method": "local", "path": ...}`` or ``{"method": "put", "url": ..., "headers": {...}}``.
     A checkpoint is unique per (job, attempt, step): registering the same step of the same
     attempt again returns the row already there (with a fresh target), so a retried
@@ -58,38 +74,55 @@ def checkpoint_register(*, job: Job, attempt: JobAttempt, step: int, format: str
     return checkpoint, storage.upload_target(storage.upload_key(checkpoint.storage_key))
 
 
-def checkpoint_complete(*, job: Job, checkpoint_id: str, size_bytes: int, sha256: str) -> Checkpoint:
+def checkpoint_complete(*, job: Job, attempt_number: int, checkpoint_id: str, size_bytes: int, sha256: str) -> Checkpoint:
     """Verify the stored archive's size (bytes) and hex SHA-256: ``ready`` when they match, else ``failed``.
 
     The archive is read (on S3: downloaded) before any row is locked, so a large one does not
     hold up the job's other reports; the outcome is then applied under the job's lock unless a
     concurrent completion got there first. Completing an already ready checkpoint again is a
-    no-op. A failed one's object is deleted. Raises ApiError 404 for a checkpoint of another job
-    and 409 for one that already failed.
+    no-op. A failed one's object is deleted. ``attempt_number`` is the reporting attempt. Raises
+    ApiError 404 for a checkpoint of another job, 409 ``stale_attempt`` when another attempt
+    registered it or the job has moved on to a newer attempt (``refuse_other_attempt``), and 409
+    ``invalid_state`` for one that already failed.
     """
-    checkpoint = _completable(job=job, checkpoint_id=checkpoint_id)
+    checkpoint = _completable(job=job, attempt_number=attempt_number, checkpoint_id=checkpoint_id)
     if checkpoint.status == CheckpointStatus.READY:
         storage.discard_upload(checkpoint.storage_key)
         return checkpoint
     stored = storage.seal(checkpoint.storage_key, expected_size=size_bytes)
     with transaction.atomic():
         job = Job.objects.unscoped().select_for_update().get(pk=job.pk)
-        checkpoint = _completable(job=job, checkpoint_id=checkpoint_id, lock=True)
+        checkpoint = _completable(job=job, attempt_number=attempt_number, checkpoint_id=checkpoint_id, lock=True)
         if checkpoint.status == CheckpointStatus.READY:
             storage.discard_upload(checkpoint.storage_key)
             return checkpoint
         return _apply_verification(job=job, checkpoint=checkpoint, stored=stored, expected=(size_bytes, sha256))
 
 
-def _completable(*, job: Job, checkpoint_id: str, lock: bool = False) -> Checkpoint:
-    """Return ``job``'s checkpoint ``checkpoint_id``; 404 when it has none, 409 when it failed."""
+def _completable(*, job: Job, attempt_number: int, checkpoint_id: str, lock: bool = False) -> Checkpoint:
+    """Return ``job``'s checkpoint ``checkpoint_id``; 404 when it has none, 409 when attempt
+    ``attempt_number`` may not complete it or it failed."""
     rows = Checkpoint.objects.select_for_update() if lock else Checkpoint.objects.all()
     checkpoint = rows.filter(job=job, public_id=checkpoint_id).first()
     if checkpoint is None:
         raise ApiError(404, "not_found", "No such checkpoint.")
+    refuse_other_attempt(job=job, owner=checkpoint.attempt, attempt_number=attempt_number, what="checkpoint")
     if checkpoint.status == CheckpointStatus.FAILED:
         raise ApiError(409, "invalid_state", "This checkpoint already failed verification.")
     return checkpoint
+
+
+def refuse_other_attempt(*, job: Job, owner: int, attempt_number: int, what: str) -> None:
+    """Refuse attempt ``attempt_number``'s completion of an upload (``what``: a checkpoint, or an
+    adapter of ``jobs.adapters``) that attempt ``owner`` holds: only the attempt that registered
+    it completes it, and only while that is the job's current attempt, so a superseded attempt's
+    token settles nothing. Raises ApiError 409 ``stale_attempt`` (``param`` ``attempt``)."""
+    if attempt_number < job.attempt:
+        raise ApiError(
+            409, "stale_attempt", f"attempt {attempt_number} was superseded by attempt {job.attempt}.", param="attempt"
+        )
+    if owner != attempt_number:
+        raise ApiError(409, "stale_attempt", f"This {what} belongs to attempt {owner}, not {attempt_number}.", param="attempt")
 
 
 def _apply_verification(
@@ -120,7 +153,7 @@ def _apply_verification(
     return checkpoint
 
 
-def _mark_failed(*, job: Job, checkpoint: Checkpoint, message: str) -> None:
+def _mark_failed(job: Job, checkpoint: Checkpoint, message: str) -> None:
     """Mark a locked checkpoint ``failed`` with a ``checkpoint.failed`` event; delete its object after commit."""
     checkpoint.status = CheckpointStatus.FAILED
     _stream_changes(job, [checkpoint])
@@ -180,12 +213,15 @@ def checkpoint_download_response(checkpoint: Checkpoint, *, request: Any) -> Htt
     """Return the HTTP answer to ``request`` that downloads ``checkpoint``'s archive (the caller
     checked access).
 
-    On the filesystem: the tar itself, streamed (``Content-Length``, ``Content-Disposition:
+    On the filesystem: the tar itself, once it is found to still have the SHA-256 it was
+    verified with (``verify_stored_archive``), streamed (``Content-Length``, ``Content-Disposition:
     attachment; filename="<job id>-step-<step>-<checkpoint id>.tar"``) a megabyte at a time, as an
     asynchronous iterator under ASGI (Django would read a synchronous one whole into memory
-    first) and as a FileResponse under WSGI. On S3: 302 to a pre-signed
-    GET URL good for ``DOWNLOAD_URL_EXPIRE_S`` seconds. Raises ApiError 409 ``checkpoint_not_ready``
-    for a checkpoint that is not ``ready``, and 404 when its object has gone missing.
+    first) and as a FileResponse under WSGI. On S3: 302 to a pre-signed GET URL good for
+    ``DOWNLOAD_URL_EXPIRE_S`` seconds, unread: the receiver checks the bytes against the SHA-256
+    in ``ARCHIVE_SHA256_HEADER``, which both answers carry. Raises ApiError 409
+    ``checkpoint_not_ready`` for a checkpoint that is not ``ready``, 409 ``checkpoint_corrupted``
+    when its archive changed (the checkpoint is then failed), and 404 when its object has gone missing.
     """
     if checkpoint.status != CheckpointStatus.READY:
         raise ApiError(
@@ -194,36 +230,84 @@ def checkpoint_download_response(checkpoint: Checkpoint, *, request: Any) -> Htt
             f"Checkpoint {checkpoint.public_id} is {checkpoint.status}; only ready checkpoints can be downloaded.",
         )
     return archive_download_response(
-        key=checkpoint.storage_key,
-        size_bytes=checkpoint.size_bytes,
-        filename=checkpoint_archive_filename(checkpoint),
-        request=request,
-        what="checkpoint",
+        checkpoint, filename=checkpoint_archive_filename(checkpoint), request=request, fail=_mark_failed
     )
 
 
-def archive_download_response(*, key: str, size_bytes: int | None, filename: str, request: Any, what: str) -> HttpResponse:
-    """Return the HTTP answer that downloads the stored tar at ``key`` as ``filename`` (a
-    checkpoint's, or an adapter's: ``jobs.adapters``); see ``checkpoint_download_response``.
+def archive_download_response(
+    row: Checkpoint | Adapter, *, filename: str, request: Any, fail: Callable[[Job, Any, str], None]
+) -> HttpResponse:
+    """Return the HTTP answer that downloads the ready ``row``'s stored tar (a checkpoint's, or an
+    adapter's: ``jobs.adapters``) as ``filename``; see ``checkpoint_download_response``.
 
-    Raises ApiError 404 naming ``what`` when the object has gone missing.
+    ``fail(job, row, message)`` marks the locked row failed when its archive changed
+    (``verify_stored_archive``). Raises ApiError 404 when the object has gone missing and 409
+    ``<kind>_corrupted`` when it changed.
     """
     if storage.is_filesystem():
+        verify_stored_archive(row, fail=fail)
         try:
-            handle = storage.open_archive(key)
+            handle = storage.open_archive(row.storage_key)
         except FileNotFoundError:
-            raise ApiError(404, "not_found", f"This {what}'s archive is no longer stored.") from None
+            raise _archive_gone(row) from None
         if isinstance(getattr(request, "_request", request), ASGIRequest):
             response = StreamingHttpResponse(_read_in_thread(handle), content_type=storage.ARCHIVE_CONTENT_TYPE)
             response["Content-Disposition"] = content_disposition_header(True, filename)
         else:
             response = FileResponse(handle, as_attachment=True, filename=filename, content_type=storage.ARCHIVE_CONTENT_TYPE)
-        response["Content-Length"] = str(size_bytes)
-        return response
-    url = storage.download_url(key, filename=filename, expires_s=DOWNLOAD_URL_EXPIRE_S)
-    response = HttpResponseRedirect(url)
-    response["Cache-Control"] = "no-store"
+        response["Content-Length"] = str(row.size_bytes)
+    else:
+        response = HttpResponseRedirect(storage.download_url(row.storage_key, filename=filename, expires_s=DOWNLOAD_URL_EXPIRE_S))
+        response["Cache-Control"] = "no-store"
+    response[ARCHIVE_SHA256_HEADER] = row.sha256
     return response
+
+
+def verify_stored_archive(row: Checkpoint | Adapter, *, fail: Callable[[Job, Any, str], None]) -> None:
+    """Check that the ready ``row``'s stored archive still has the size and SHA-256 it was
+    verified with when it became ready; read it whole (on S3: download it), holding no lock.
+
+    A changed archive is never served or resumed from: ``fail(job, row, message)`` marks the row
+    (locked, with its job, if still ready with that SHA-256) failed with a warning event, and
+    ApiError 409 ``<kind>_corrupted`` (``checkpoint_corrupted``, ``adapter_corrupted``) is raised.
+    Raises ApiError 404 when the object has gone missing.
+    """
+    kind = type(row).__name__
+    stored = storage.stored_size_and_sha256(row.storage_key, expected_size=row.size_bytes)
+    if stored is None:
+        raise _archive_gone(row)
+    if stored == (row.size_bytes, row.sha256):
+        return
+    message = (
+        f"{kind} of step {row.step} failed verification: its stored archive no longer matches the SHA-256 "
+        f"recorded when it became ready ({row.sha256[:12]}…)."
+    )
+    with transaction.atomic():
+        job = Job.objects.unscoped().select_for_update().get(pk=row.job_id)
+        rows = type(row).objects.unscoped().select_for_update()
+        locked = rows.filter(pk=row.pk, status=row.status, sha256=row.sha256).first()
+        if locked is not None:
+            fail(job, locked, message)
+    raise ApiError(
+        409,
+        f"{kind.lower()}_corrupted",
+        f"{kind} {row.public_id} failed verification: its stored archive no longer matches the SHA-256 recorded "
+        "when it became ready; it is now failed.",
+    )
+
+
+def _archive_gone(row: Checkpoint | Adapter) -> ApiError:
+    """Return the 404 for a ready row whose archive is no longer in storage."""
+    return ApiError(404, "not_found", f"This {type(row).__name__.lower()}'s archive is no longer stored.")
+
+
+def checkpoint_resume_archive(checkpoint: Checkpoint) -> Path:
+    """Return the local path of ``checkpoint``'s archive (filesystem storage) for a launcher to
+    resume from, once it is found unchanged since it became ready. Raises ApiError 409
+    ``checkpoint_corrupted`` when it changed (the checkpoint is then failed, so the job's next
+    attempt resumes from the one before) and 404 when it is gone (``verify_stored_archive``)."""
+    verify_stored_archive(checkpoint, fail=_mark_failed)
+    return storage.path_of(checkpoint.storage_key)
 
 
 async def _read_in_thread(handle, chunk_size: int = 1024 * 1024) -> AsyncIterator[bytes]:

@@ -46,7 +46,7 @@ from billing.ledger import (
 from billing.pricing import micro_to_usd
 from jobs import dispatch, storage
 from jobs.adapters import adapter_fail_unfinished
-from jobs.checkpoints import checkpoint_fail_unfinished
+from jobs.checkpoints import checkpoint_fail_unfinished, checkpoint_resume_archive
 from jobs.environment_packages import launch_packages
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import bootstrap_token, job_token
@@ -111,7 +111,11 @@ OUTCOME_EXIT_CODES = {"succeeded": 0, "failed": 2, "stopped": 3}
 
 
 def launch_request(attempt: JobAttempt) -> LaunchRequest:
-    """Return what the launcher needs to start ``attempt`` (its job, project and resume point loaded)."""
+    """Return what the launcher needs to start ``attempt`` (its job, project and resume point loaded).
+
+    A resume archive on this machine is first found unchanged since its checkpoint became ready;
+    ApiError 409 ``checkpoint_corrupted`` (the checkpoint is then failed) or 404 when it is not
+    (``jobs.checkpoints.checkpoint_resume_archive``), which fails the launch."""
     job = attempt.job
     resume = attempt.resume_from
     organization = job.project.organization.slug
@@ -121,7 +125,7 @@ def launch_request(attempt: JobAttempt) -> LaunchRequest:
         spec=job.spec,
         lab_url=settings.LAB_PUBLIC_URL,
         token=job_token(attempt),
-        resume_archive=storage.path_of(resume.storage_key) if resume is not None and storage.is_filesystem() else None,
+        resume_archive=checkpoint_resume_archive(resume) if resume is not None and storage.is_filesystem() else None,
         resume_checkpoint_id=resume.public_id if resume is not None and not storage.is_filesystem() else None,
         organization=organization,
         project=job.project.slug,

@@ -1,7 +1,8 @@
 """Bodies of the ingest API (docs/ingest-api.md), validated strictly with pydantic.
 
 Sizes: at most 1,000 points, samples or lines per batch (more is 413), metric names up to 128
-characters and 512 per point, finite numbers only, log lines up to 16 KiB.
+characters and 512 per point, finite numbers only, log lines up to 16 KiB. Numbers are JSON
+numbers: a metric value, reward or advantage sent as a string (``"0.5"``) or a boolean is a 400.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _finite_values(values: dict[str, float]) -> dict[str, float]:
+    """Refuse NaN and infinite values, naming the metric."""
     for name, value in values.items():
         if not math.isfinite(value):
             raise ValueError(f"metric {name!r} is not a finite number")
@@ -44,6 +46,8 @@ def _printable(text: object) -> object:
 
 
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_storable)]
+# Values are strict numbers: an integer is taken as a float, "0.5" or true is a 400, not 0.5 or 1.0.
+Number = Annotated[float, Strict()]
 # Counts are strict integers: "3", 3.0 or true for a step or an attempt is a 400, not a step 3 or 1.
 Step = Annotated[int, Strict(), Field(ge=0, le=1_000_000_000)]
 Attempt = Annotated[int, Strict(), Field(ge=1, le=10_000)]
@@ -66,7 +70,7 @@ class MetricPoint(BaseModel):
     model_config = _STRICT
     step: Step
     time: datetime
-    values: Annotated[dict[MetricName, float], Field(max_length=512), AfterValidator(_finite_values)]
+    values: Annotated[dict[MetricName, Number], Field(max_length=512), AfterValidator(_finite_values)]
 
 
 class MetricsBatch(BaseModel):
@@ -85,9 +89,9 @@ class Sample(BaseModel):
     group: Annotated[int, Strict(), Field(ge=0, le=1_000_000)]
     prompt: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)]
     completion: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)]
-    reward: float
-    advantage: float
-    metrics: Annotated[dict[MetricName, float], Field(max_length=64), AfterValidator(_finite_values)] = {}
+    reward: Number
+    advantage: Number
+    metrics: Annotated[dict[MetricName, Number], Field(max_length=64), AfterValidator(_finite_values)] = {}
 
 
 class SamplesBatch(BaseModel):

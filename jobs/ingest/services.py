@@ -4,7 +4,9 @@ reports of one job are applied one at a time and the attempt rule holds under co
 Attempt rule (docs/ingest-api.md): a report from an attempt older than the job's current one is refused
 with 409 ``stale_attempt``; a metric point is unique per (job, step): a resend from the same
 attempt merges new names and counts the rest as duplicates, a point from a newer attempt replaces
-an older attempt's point for that step.
+an older attempt's point for that step. A job that has ended takes late reports of the steps it
+reached (the job token's hour of grace), but no new checkpoint or adapter. Text the engine sends
+(samples, its outcome's error) is stored with the job's secrets masked (``jobs.secrets``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from jobs.models import (
     MetricStep,
     RolloutSample,
 )
+from jobs.secrets.services import masker
 from jobs.services import job_transition, store_log_lines
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
@@ -204,20 +207,22 @@ def _insert_metric_steps(rows: list[MetricStep]) -> None:
 @transaction.atomic
 def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch, live: bool = True) -> dict[str, int]:
     """Store rollout samples; a batch replaces any samples stored earlier for the steps it names.
+    The job's secrets are masked in prompts and completions (an environment may echo one).
 
     Raises ApiError 409 ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
     job, attempt = _locked(attempt, batch.attempt, live=live)
     steps = {sample.step for sample in batch.samples}
     _check_steps(job, steps, "samples")
     RolloutSample.objects.filter(job=job, step__in=steps).delete()
+    mask = masker(job_id=job.public_id)
     rows = [
         RolloutSample(
             job=job,
             step=sample.step,
             attempt=attempt.number,
             group=sample.group,
-            prompt=sample.prompt,
-            completion=sample.completion,
+            prompt=mask(sample.prompt),
+            completion=mask(sample.completion),
             reward=sample.reward,
             advantage=sample.advantage,
             metrics=sample.metrics,
@@ -239,17 +244,33 @@ def ingest_logs(*, attempt: JobAttempt, batch: LogsBatch, live: bool = True) -> 
     return {"accepted": accepted, "duplicates": len(lines) - accepted}
 
 
+def _check_registration(job: Job, step: int, what: str) -> None:
+    """Refuse registering an upload (``what``: checkpoint or adapter) for a job that has ended
+    (409 ``invalid_state``: the hour of grace is for late reports, and a new archive would become
+    the job's latest after the fact) or for a step the job cannot have (``_check_steps``)."""
+    if job.status in TERMINAL_STATUSES:
+        raise ApiError(409, "invalid_state", f"This job has ended ({job.status}): it takes no new {what}s.")
+    _check_steps(job, {step}, what)
+
+
 @transaction.atomic
 def checkpoint_register(*, attempt: JobAttempt, report: CheckpointRegister, live: bool = True) -> tuple[Checkpoint, dict[str, Any]]:
-    """Create a checkpoint row for the upload and return it with its upload target (jobs.checkpoints)."""
+    """Create a checkpoint row for the upload and return it with its upload target (jobs.checkpoints).
+
+    Raises ApiError 400 for another attempt than the token's, 409 ``stale_attempt`` for a
+    superseded one, 409 ``invalid_state`` once the job has ended and 409 ``invalid_step`` for a
+    step it cannot have (``_check_registration``)."""
     job, attempt = _locked(attempt, report.attempt, live=live)
+    _check_registration(job, report.step, "checkpoint")
     return checkpoints.checkpoint_register(job=job, attempt=attempt, step=report.step, format=report.format)
 
 
 def checkpoint_complete(*, attempt: JobAttempt, checkpoint_id: str, report: CheckpointComplete) -> Checkpoint:
-    """Verify the stored archive and mark the checkpoint ``ready`` or ``failed`` (jobs.checkpoints)."""
+    """Verify the stored archive and mark the checkpoint ``ready`` or ``failed`` (jobs.checkpoints);
+    only the job's current attempt completes, and only the checkpoints it registered."""
     return checkpoints.checkpoint_complete(
-        job=attempt.job, checkpoint_id=checkpoint_id, size_bytes=report.size_bytes, sha256=report.sha256
+        job=attempt.job, attempt_number=attempt.number, checkpoint_id=checkpoint_id,
+        size_bytes=report.size_bytes, sha256=report.sha256,
     )
 
 
@@ -257,10 +278,9 @@ def checkpoint_complete(*, attempt: JobAttempt, checkpoint_id: str, report: Chec
 def adapter_register(*, attempt: JobAttempt, report: AdapterRegister, live: bool = True) -> tuple[Adapter, dict[str, Any]]:
     """Create an adapter row for the upload and return it with its upload target (jobs.adapters).
 
-    Raises ApiError 400 for another attempt than the token's, 409 ``stale_attempt`` for a
-    superseded one, 409 ``invalid_step`` for a step the job cannot have (``_check_steps``)."""
+    Raises what ``checkpoint_register`` raises, for the same reasons."""
     job, attempt = _locked(attempt, report.attempt, live=live)
-    _check_steps(job, {report.step}, "adapter")
+    _check_registration(job, report.step, "adapter")
     return adapters.adapter_register(job=job, attempt=attempt, step=report.step, format=report.format)
 
 
@@ -283,9 +303,11 @@ def adapter_complete(*, attempt: JobAttempt, adapter_id: str, report: AdapterCom
 
 @transaction.atomic
 def ingest_finish(*, attempt: JobAttempt, report: FinishReport) -> None:
-    """Record the outcome the engine reports before it exits; the reconciler applies it."""
+    """Record the outcome the engine reports before it exits (its error with the job's secrets
+    masked); the reconciler applies it."""
     job, attempt = _locked(attempt, report.attempt)
     attempt.outcome = report.outcome
-    attempt.outcome_error = report.error.model_dump() if report.error else None
+    mask = masker(job_id=job.public_id)
+    attempt.outcome_error = {key: mask(text) for key, text in report.error.model_dump().items()} if report.error else None
     attempt.save(update_fields=["outcome", "outcome_error"])
     dispatch.enqueue_reconcile(job.pk)

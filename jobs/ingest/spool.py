@@ -27,6 +27,7 @@ from engine.spool import Spool, attempt_spool_dir
 from jobs import storage
 from jobs.ingest import schemas, services
 from jobs.models import AdapterStatus, CheckpointStatus, JobAttempt
+from jobs.secrets.services import masker
 from lab.api.errors import ApiError
 from lab.lib import locks
 from lab.lib.locks import advisory_lock
@@ -43,7 +44,8 @@ _BATCH_STREAMS = {
 
 @dataclass
 class SpoolDelivery:
-    """What delivering one attempt's spool did, per stream: records stored and records refused."""
+    """What delivering one attempt's spool did, per stream: records stored and records refused, and
+    why each refused batch was (the job's secrets masked)."""
 
     delivered: dict[str, int] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)
@@ -85,7 +87,7 @@ def _deliver(*, attempt: JobAttempt, workdir: Path, directory: Path) -> SpoolDel
                 result.delivered[name] = result.delivered.get(name, 0) + len(records)
             except (ValidationError, ApiError) as error:
                 result.refused[name] = result.refused.get(name, 0) + len(records)
-                result.problems.append(f"{name}: {_describe(error)}")
+                result.problems.append(_problem(attempt, name, error))
             spool.acknowledge(len(records))
     for name, deliver in (("checkpoints", _deliver_checkpoint), ("adapters", _deliver_adapter)):
         spool = Spool(directory, name, writable=False)
@@ -98,7 +100,7 @@ def _deliver(*, attempt: JobAttempt, workdir: Path, directory: Path) -> SpoolDel
                 result.delivered[name] = result.delivered.get(name, 0) + 1
             except (ValidationError, ApiError, ValueError) as error:
                 result.refused[name] = result.refused.get(name, 0) + 1
-                result.problems.append(f"{name}: {_describe(error)}")
+                result.problems.append(_problem(attempt, name, error))
             spool.acknowledge(1)
     if result.delivered or result.refused:
         logger.info(
@@ -158,6 +160,12 @@ def _archive_inside(workdir: Path, archive: str) -> Path | None:
     if not resolved.is_relative_to(root) or not resolved.is_file():
         return None
     return resolved
+
+
+def _problem(attempt: JobAttempt, stream: str, error: Exception) -> str:
+    """Say why a record of ``stream`` was refused, with the job's secrets masked: the reason may
+    quote the record (a metric's name), and it goes into a ``job.data_incomplete`` event."""
+    return masker(job_id=attempt.job.public_id)(f"{stream}: {_describe(error)}")
 
 
 def _describe(error: Exception) -> str:

@@ -14,6 +14,7 @@ twice (docs/api.md "Conventions").
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import platform
 import random
@@ -39,6 +40,10 @@ from labsdk.errors import (
 from labsdk.retry import is_retryable_status
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+#: The header of Lab's download answers that names the archive's SHA-256 (hex).
+ARCHIVE_SHA256_HEADER = "X-Lab-Archive-SHA256"
+#: ``code`` of the error a download whose bytes differ from that SHA-256 raises (no retry helps).
+ARCHIVE_CORRUPTED = "archive_corrupted"
 #: Errors worth another try: the request may not have reached Lab, or its answer was lost.
 _RETRYABLE_TRANSPORT_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
@@ -174,17 +179,22 @@ class HTTPClient:
 
         Lab answers with the bytes or with a redirect to a signed URL (docs/api.md
         ``/checkpoints/{id}/download``); the signed URL is fetched without Lab's
-        ``Authorization`` header so the key never leaves for the storage host. The file is
-        written under a ``.part`` name and renamed when complete, so a failed download
-        leaves no truncated file. ``progress`` shows a tqdm bar in bytes on stderr.
-        Raises the errors of :meth:`request`.
+        ``Authorization`` header so the key never leaves for the storage host. When Lab's
+        answer names the archive's SHA-256 (``X-Lab-Archive-SHA256``, what it verified when the
+        archive became ready), the bytes received must have it. The file is written under a
+        ``.part`` name and renamed when complete, so a failed download leaves no truncated
+        file. ``progress`` shows a tqdm bar in bytes on stderr. Raises the errors of
+        :meth:`request`, and ``APIError`` (``code`` ``archive_corrupted``) when the bytes differ
+        from the SHA-256 Lab named.
         """
         destination = Path(destination)
         partial = destination.with_name(destination.name + ".part")
+        digest = hashlib.sha256()
         try:
             with contextlib.ExitStack() as stack:
                 response = self._send("GET", path, stream=True)
                 stack.callback(response.close)
+                expected = (response.headers.get(ARCHIVE_SHA256_HEADER) or "").lower()
                 if response.is_redirect:
                     response = self._open_signed_url(stack, response)
                 total = int(response.headers.get("content-length") or 0) or None
@@ -194,7 +204,13 @@ class HTTPClient:
                 with partial.open("wb") as handle:
                     for chunk in response.iter_bytes():
                         handle.write(chunk)
+                        digest.update(chunk)
                         bar.update(len(chunk))
+            if expected and digest.hexdigest() != expected:
+                raise APIError(
+                    f"the archive downloaded from {path} has SHA-256 {digest.hexdigest()}, not the {expected} Lab recorded",
+                    code=ARCHIVE_CORRUPTED,
+                )
         except httpx.HTTPError as exc:
             partial.unlink(missing_ok=True)
             raise APIConnectionError(f"the download from {self.base_url} broke off: {exc}") from exc

@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 from labsdk import Lab
-from labsdk.errors import APIError, ConflictError, NotFoundError
+from labsdk.errors import ConflictError, NotFoundError
 from rest_framework.test import APIClient
 
 from jobs import storage
@@ -88,8 +88,10 @@ def test_an_archive_that_no_longer_matches_its_sha256_is_not_unpacked(lab, tenan
     _, adapter_id = adapter(tenant, 1)
     stored = storage.path_of(Adapter.objects.unscoped().get(public_id=adapter_id).storage_key)
     stored.write_bytes(stored.read_bytes()[:-1] + b"\x01")  # same size, other bytes
-    with pytest.raises(APIError, match="SHA-256"):
+    with pytest.raises(ConflictError, match="no longer matches the SHA-256") as refused:  # Lab reads it again first
         lab.adapters.download(adapter_id, tmp_path / "adapter", progress=False)
+    assert refused.value.code == "adapter_corrupted"
+    assert Adapter.objects.unscoped().get(public_id=adapter_id).status == "failed"
     assert list(tmp_path.iterdir()) == []
 
 

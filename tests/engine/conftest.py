@@ -34,6 +34,9 @@ class FakeLab:
     checkpoints: dict = field(default_factory=dict)
     finish: list = field(default_factory=list)
     storage: pathlib.Path | None = None
+    #: What ``GET checkpoints/{id}/download`` answers per id: (the bytes, the SHA-256 announced in
+    #: ``X-Lab-Archive-SHA256``).
+    downloads: dict = field(default_factory=dict)
     #: Requests whose action starts with one of these answer 503 for as long as it is set.
     down_for: tuple = ()
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -117,6 +120,21 @@ def fake_lab(tmp_path):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            name = self.path.removeprefix("/api/v1/ingest/jobs/job_1/checkpoints/").removesuffix("/download")
+            if name not in lab.downloads or (self.headers.get("Authorization") or "") != f"Bearer {lab.token}":
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data, sha256 = lab.downloads[name]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("X-Lab-Archive-SHA256", sha256)
             self.end_headers()
             self.wfile.write(data)
 

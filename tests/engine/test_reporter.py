@@ -156,3 +156,40 @@ def test_the_http_transport_retries_what_labsdk_retry_does_and_nothing_else(fake
         outcomes.append((error.status_code, error.retryable))
     unreachable.close()
     assert outcomes == [(503, True), (404, False), (None, True)]
+
+
+def test_a_checkpoint_whose_bytes_differ_from_labs_sha256_is_never_unpacked_and_fails_the_start(fake_lab, tmp_path):
+    import hashlib
+    import io
+    import tarfile
+
+    import pytest
+
+    from engine.cli import ConfigError, _resume_dir
+    from engine.reporter import IngestError
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("trainer_state/state.json")
+        info.size = 2
+        archive.addfile(info, io.BytesIO(b"{}"))
+    fake_lab.downloads["ckpt_1"] = (buffer.getvalue(), hashlib.sha256(b"the archive Lab verified").hexdigest())
+    transport = HttpTransport(fake_lab.url, "job_1", fake_lab.token, timeout=5)
+
+    (tmp_path / "fetched").mkdir()
+    with pytest.raises(IngestError) as refused:
+        transport.download_checkpoint("ckpt_1", tmp_path / "fetched" / "ckpt_1.tar")
+    assert refused.value.retryable is False
+    assert list((tmp_path / "fetched").iterdir()) == []
+    with pytest.raises(ConfigError) as failed:
+        _resume_dir("ckpt_1", tmp_path / "work", transport)
+    transport.close()
+    found = hashlib.sha256(buffer.getvalue()).hexdigest()
+    assert (failed.value.code, str(failed.value)) == (
+        "internal_error",
+        (
+            "--resume-from ckpt_1: cannot fetch it: checkpoint ckpt_1: the archive downloaded from "
+            f"checkpoints/ckpt_1/download has SHA-256 {found}, not the {fake_lab.downloads['ckpt_1'][1]} Lab recorded"
+        ),
+    )
+    assert not (tmp_path / "work" / "resume" / "ckpt_1").exists()

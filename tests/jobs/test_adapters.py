@@ -160,6 +160,35 @@ def test_a_hostile_registration_is_refused_and_creates_nothing(owner, spec, body
     assert list(storage.iter_objects()) == []
 
 
+def test_a_job_that_ended_takes_no_new_adapter(owner, spec):
+    spec["adapters"] = {"interval": 1}
+    job, engine, base = start(owner, spec)
+    exported = upload(engine, base, 3, b"final adapter")
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.SUCCEEDED)
+    for step in (3, 2):
+        late = engine.post(f"{base}/adapters", {"attempt": 1, "step": step, "format": "peft-lora"}, format="json")
+        assert (late.status_code, late.json()["error"]["code"]) == (409, "invalid_state")
+        assert late.json()["error"]["message"] == "This job has ended (succeeded): it takes no new adapters."
+    assert list(Adapter.objects.unscoped().filter(job=job).values_list("public_id", "status")) == [(exported["id"], "ready")]
+
+
+def test_an_adapter_whose_archive_changed_in_storage_is_failed_instead_of_served(owner, spec):
+    job, engine, base = start(owner, spec)
+    adapter = upload(engine, base, 2, b"good adapter")
+    served = owner.client().get(f"/api/v1/adapters/{adapter['id']}/download")
+    assert served["X-Lab-Archive-SHA256"] == hashlib.sha256(b"good adapter").hexdigest()
+    stored = storage.path_of(Adapter.objects.unscoped().get(public_id=adapter["id"]).storage_key)
+    stored.write_bytes(b"evil adapter")
+
+    answer = owner.client().get(f"/api/v1/adapters/{adapter['id']}/download")
+
+    assert (answer.status_code, answer.json()["error"]["code"]) == (409, "adapter_corrupted")
+    assert statuses(job) == [(2, "failed")] and not stored.exists()
+    event = JobEvent.objects.get(job=job, type="adapter.failed")
+    assert (event.level, event.data) == ("warning", {"adapter_id": adapter["id"], "step": 2})
+    assert event.message.startswith("Adapter of step 2 failed verification: its stored archive no longer matches")
+
+
 def test_an_oversize_or_malformed_completion_is_refused_and_changes_nothing(owner, spec):
     job, engine, base = start(owner, spec)
     registered = engine.post(f"{base}/adapters", {"attempt": 1, "step": 1, "format": "hf-full"}, format="json").json()

@@ -60,6 +60,14 @@ def upload(engine: APIClient, base: str, step: int, content: bytes, *, claimed: 
     return {**body, "status": completed.json()["status"]}
 
 
+def next_attempt(job: Job) -> APIClient:
+    """Requeue ``job`` as a preemption does, claim its next attempt, return that attempt's engine client."""
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.QUEUED, message="preempted")
+    engine = APIClient()
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(job_claim_for_start(job_id=job.pk))}")
+    return engine
+
+
 def finish(job: Job) -> None:
     """End a job that its engine's reports made ``running``."""
     job = Job.objects.unscoped().get(pk=job.pk)
@@ -70,13 +78,13 @@ def finish(job: Job) -> None:
 def test_it_streams_a_ready_checkpoint_with_length_and_file_name(owner, spec):
     job, engine, base = start(owner, spec)
     archive = b"tar bytes " * 1000
-    ckpt = upload(engine, base, 4, archive)
+    ckpt = upload(engine, base, 3, archive)
     answer = owner.client().get(f"/api/v1/checkpoints/{ckpt['id']}/download", HTTP_ACCEPT="application/x-tar")
     assert answer.status_code == 200
     assert b"".join(answer.streaming_content) == archive
     assert answer["Content-Length"] == str(len(archive))
     assert answer["Content-Type"] == "application/x-tar"
-    assert answer["Content-Disposition"] == f'attachment; filename="{job.public_id}-step-000004-{ckpt["id"]}.tar"'
+    assert answer["Content-Disposition"] == f'attachment; filename="{job.public_id}-step-000003-{ckpt["id"]}.tar"'
 
 
 def test_an_upload_changed_after_sealing_changes_nothing_lab_serves(owner, spec):
@@ -160,7 +168,7 @@ def test_it_marks_a_tampered_upload_failed_and_deletes_what_was_stored(owner, sp
 
 def test_a_size_that_differs_fails_without_hashing_and_says_what_was_found(owner, spec):
     job, engine, base = start(owner, spec)
-    registered = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 5, "format": "peft-lora"}, format="json").json()
+    registered = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 2, "format": "peft-lora"}, format="json").json()
     Path(registered["upload"]["path"]).write_bytes(b"short")
     answer = engine.post(
         f"{base}/checkpoints/{registered['id']}/complete",
@@ -169,11 +177,11 @@ def test_a_size_that_differs_fails_without_hashing_and_says_what_was_found(owner
     )
     assert answer.json() == {"id": registered["id"], "status": "failed"}
     event = JobEvent.objects.get(job=job, type="checkpoint.failed")
-    assert event.message == "Checkpoint of step 5 failed verification: found 5 bytes, not the 6 reported."
-    nothing = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 6, "format": "peft-lora"}, format="json").json()
+    assert event.message == "Checkpoint of step 2 failed verification: found 5 bytes, not the 6 reported."
+    nothing = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 3, "format": "peft-lora"}, format="json").json()
     engine.post(f"{base}/checkpoints/{nothing['id']}/complete", {"size_bytes": 6, "sha256": "0" * 64}, format="json")
     assert JobEvent.objects.filter(job=job, type="checkpoint.failed").latest("id").message == (
-        "Checkpoint of step 6 failed verification: found nothing."
+        "Checkpoint of step 3 failed verification: found nothing."
     )
 
 
@@ -454,6 +462,8 @@ def test_the_sweep_fails_uploads_that_their_attempt_abandoned(owner, spec, setti
         ({"attempt": 1, "format": "peft-lora"}, 400, "step"),
         ({"attempt": 2, "step": 1, "format": "peft-lora"}, 400, "attempt"),
         ({"attempt": "one", "step": 1, "format": "peft-lora"}, 400, "attempt"),
+        ({"attempt": 1, "step": 4, "format": "peft-lora"}, 409, "step"),  # max_steps is 3
+        ({"attempt": 1, "step": 999999, "format": "peft-lora"}, 409, "step"),
     ],
 )
 def test_a_malformed_registration_is_refused_and_creates_nothing(owner, spec, body, status, param):
@@ -471,3 +481,124 @@ def test_completing_an_unknown_or_malformed_checkpoint_id_is_a_404(owner, spec, 
     answer = engine.post(f"{base}/checkpoints/{bad_id}/complete", {"size_bytes": 1, "sha256": "0" * 64}, format="json")
     assert answer.status_code == 404
     assert answer.json()["error"]["code"] == "not_found"
+
+
+def test_a_job_that_ended_takes_no_new_checkpoint_and_keeps_its_latest(owner, spec):
+    spec["checkpoints"] = {"interval": 1, "keep_last": 1}
+    job, engine, base = start(owner, spec)  # max_steps 3
+    real = upload(engine, base, 3, b"real weights")
+    beyond = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": 4, "format": "peft-lora"}, format="json")
+    assert (beyond.status_code, beyond.json()["error"]["code"], beyond.json()["error"]["message"]) == (
+        409, "invalid_step", "checkpoint for step 4: this job has 3 steps."
+    )
+    finish(job)
+    for step in (999999, 3, 2):
+        late = engine.post(f"{base}/checkpoints", {"attempt": 1, "step": step, "format": "peft-lora"}, format="json")
+        assert late.status_code == 409, step
+        assert late.json()["error"] == {
+            "type": "conflict_error", "code": "invalid_state", "param": None, "errors": [],
+            "message": "This job has ended (succeeded): it takes no new checkpoints.",
+        }
+    assert list(Checkpoint.objects.unscoped().filter(job=job).values_list("public_id", "step", "status")) == [
+        (real["id"], 3, "ready")
+    ]
+    assert owner.client().get(f"/api/v1/jobs/{job.public_id}").json()["latest_checkpoint"]["id"] == real["id"]
+    assert [key for key, _ in storage.iter_objects()] == [Checkpoint.objects.unscoped().get().storage_key]
+
+
+def test_only_the_current_attempt_that_registered_a_checkpoint_completes_it(owner, spec):
+    job, first, base = start(owner, spec)
+    own = first.post(f"{base}/checkpoints", {"attempt": 1, "step": 1, "format": "peft-lora"}, format="json").json()
+    Path(own["upload"]["path"]).write_bytes(b"attempt one")
+    second = next_attempt(job)
+    newer = second.post(f"{base}/checkpoints", {"attempt": 2, "step": 2, "format": "peft-lora"}, format="json").json()
+    Path(newer["upload"]["path"]).write_bytes(b"attempt two")
+    digests = {own["id"]: hashlib.sha256(b"attempt one").hexdigest(), newer["id"]: hashlib.sha256(b"attempt two").hexdigest()}
+
+    # The superseded attempt completes neither the newer attempt's checkpoint nor its own; the newer
+    # attempt does not complete the older one's.
+    for engine, checkpoint_id in ((first, newer["id"]), (first, own["id"]), (second, own["id"])):
+        late = engine.post(
+            f"{base}/checkpoints/{checkpoint_id}/complete", {"size_bytes": 11, "sha256": digests[checkpoint_id]}, format="json"
+        )
+        assert (late.status_code, late.json()["error"]["code"], late.json()["error"]["param"]) == (409, "stale_attempt", "attempt")
+    assert dict(Checkpoint.objects.unscoped().filter(job=job).values_list("public_id", "status")) == {
+        own["id"]: "uploading", newer["id"]: "uploading"
+    }
+    assert Path(newer["upload"]["path"]).read_bytes() == b"attempt two"  # nothing sealed
+    done = second.post(
+        f"{base}/checkpoints/{newer['id']}/complete", {"size_bytes": 11, "sha256": digests[newer["id"]]}, format="json"
+    )
+    assert done.json() == {"id": newer["id"], "status": "ready"}
+
+
+def test_an_archive_changed_in_storage_after_it_was_verified_is_never_served(owner, spec):
+    spec["checkpoints"] = {"interval": 1, "keep_last": -1}
+    job, engine, base = start(owner, spec)
+    earlier = upload(engine, base, 1, b"earlier weights")
+    ckpt = upload(engine, base, 2, b"good weights")
+    _, follower_engine, follower_base = start(owner, {**spec, "init_from": ckpt["id"]})
+    served = owner.client().get(f"/api/v1/checkpoints/{ckpt['id']}/download")
+    assert served["X-Lab-Archive-SHA256"] == hashlib.sha256(b"good weights").hexdigest()
+    stored = storage.path_of(Checkpoint.objects.unscoped().get(public_id=ckpt["id"]).storage_key)
+    stored.write_bytes(b"evil weights")  # the same size, other bytes
+
+    init = follower_engine.get(f"{follower_base}/checkpoints/{ckpt['id']}/download")
+    assert (init.status_code, init.json()["error"]["code"]) == (409, "checkpoint_corrupted")
+    assert init.json()["error"]["message"] == (
+        f"Checkpoint {ckpt['id']} failed verification: its stored archive no longer matches the SHA-256 "
+        "recorded when it became ready; it is now failed."
+    )
+    public = owner.client().get(f"/api/v1/checkpoints/{ckpt['id']}/download")
+    assert (public.status_code, public.json()["error"]["code"]) == (409, "checkpoint_not_ready")
+    assert follower_engine.get(f"{follower_base}/checkpoints/{ckpt['id']}/download").status_code == 404
+    assert Checkpoint.objects.unscoped().get(public_id=ckpt["id"]).status == "failed"
+    assert not stored.exists()
+    event = JobEvent.objects.get(job=job, type="checkpoint.failed")
+    assert (event.level, event.data) == ("warning", {"checkpoint_id": ckpt["id"], "step": 2})
+    assert event.message == (
+        "Checkpoint of step 2 failed verification: its stored archive no longer matches the SHA-256 "
+        f"recorded when it became ready ({hashlib.sha256(b'good weights').hexdigest()[:12]}…)."
+    )
+    assert owner.client().get(f"/api/v1/jobs/{job.public_id}").json()["latest_checkpoint"]["id"] == earlier["id"]
+
+
+def test_a_resume_from_an_archive_changed_in_storage_fails_the_launch_clearly(owner, spec, monkeypatch):
+    from jobs import reconciler
+    from jobs.models import JobAttempt
+    from tests.jobs.fake_launcher import FakeLauncher
+
+    launcher = FakeLauncher()
+    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
+    spec["checkpoints"] = {"interval": 1, "keep_last": -1}
+    job, engine, base = start(owner, spec)
+    earlier = upload(engine, base, 1, b"earlier weights")
+    ckpt = upload(engine, base, 2, b"good weights")
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.FAILED, error_code="internal_error")
+    storage.path_of(Checkpoint.objects.unscoped().get(public_id=ckpt["id"]).storage_key).write_bytes(b"evil weights")
+    job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.QUEUED, reason="waiting")
+    attempt = job_claim_for_start(job_id=job.pk)
+    assert attempt.resume_from.public_id == ckpt["id"]
+
+    reconciler.attempt_launch(attempt_id=attempt.pk)
+
+    assert launcher.requests == []
+    job = Job.objects.unscoped().get(pk=job.pk)
+    assert (job.status, job.error_code, job.error_message) == (
+        JobStatus.FAILED,
+        "internal_error",
+        (
+            f"Launch failed: Checkpoint {ckpt['id']} failed verification: its stored archive no longer matches the "
+            "SHA-256 recorded when it became ready; it is now failed."
+        ),
+    )
+    assert JobAttempt.objects.get(pk=attempt.pk).state == "ended"
+    assert Checkpoint.objects.unscoped().get(public_id=ckpt["id"]).status == "failed"
+    # Restarted, the job resumes from the checkpoint before, whose archive is intact.
+    job_transition(job=job, to=JobStatus.QUEUED, reason="waiting")
+    again = job_claim_for_start(job_id=job.pk)
+    assert again.resume_from.public_id == earlier["id"]
+    reconciler.attempt_launch(attempt_id=again.pk)
+    assert [request.resume_archive for request in launcher.requests] == [
+        storage.path_of(Checkpoint.objects.unscoped().get(public_id=earlier["id"]).storage_key)
+    ]

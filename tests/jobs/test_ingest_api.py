@@ -285,3 +285,34 @@ def test_registering_the_same_step_of_an_attempt_twice_returns_the_same_checkpoi
     again = client.post(f"{base}/checkpoints", body, format="json").json()
     assert first["id"] == again["id"] and first["upload"] == again["upload"]
     assert Checkpoint.objects.unscoped().filter(job=job).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("metrics", {"attempt": 1, "points": [point(1, r=1.0), {"step": 2, "time": NOW, "values": {"r": "0.5"}}]}, "points.1.values.r"),
+        ("metrics", {"attempt": 1, "points": [{"step": 1, "time": NOW, "values": {"r": True}}]}, "points.0.values.r"),
+        ("samples", {"attempt": 1, "samples": [
+            {"step": 1, "group": 0, "prompt": "p", "completion": "c", "reward": "1.0", "advantage": 0.0},
+        ]}, "samples.0.reward"),
+        ("samples", {"attempt": 1, "samples": [
+            {"step": 1, "group": 0, "prompt": "p", "completion": "c", "reward": 1.0, "advantage": False},
+        ]}, "samples.0.advantage"),
+        ("samples", {"attempt": 1, "samples": [
+            {"step": 1, "group": 0, "prompt": "p", "completion": "c", "reward": 1.0, "advantage": 0.0, "metrics": {"m": "1"}},
+        ]}, "samples.0.metrics.m"),
+    ],
+)
+def test_a_number_sent_as_a_string_or_a_boolean_is_refused_and_stores_nothing(owner, spec, route, body, param):
+    job, client, base = start(owner, spec)
+    answer = client.post(f"{base}/{route}", body, format="json")
+    assert answer.status_code == 400, answer.content
+    assert (answer.json()["error"]["code"], answer.json()["error"]["param"]) == ("invalid_request", param)
+    assert not MetricStep.objects.filter(job=job).exists() and not RolloutSample.objects.filter(job=job).exists()
+
+
+def test_integer_metric_values_are_stored_as_numbers(owner, spec):
+    job, client, base = start(owner, spec)
+    answer = client.post(f"{base}/metrics", {"attempt": 1, "points": [point(1, r=1, loss=0.5)]}, format="json")
+    assert answer.json() == {"accepted": 1, "duplicates": 0, "superseded": 0}
+    assert MetricStep.objects.get(job=job).values == {"r": 1.0, "loss": 0.5}

@@ -177,3 +177,36 @@ def test_an_idempotent_create_replays_without_the_secrets_and_keeps_no_plain_has
     assert Job.objects.unscoped().count() == 1
     plain = hashlib.sha256(b"POST\0/api/v1/jobs\0" + body.encode()).hexdigest()
     assert IdempotencyRecord.objects.get().request_hash != plain  # keyed: no offline guessing of a secret
+
+
+def test_an_engines_samples_outcome_and_refused_spool_records_never_store_a_secret(owner, spec, no_broker, tmp_path):
+    from engine.spool import Spool, attempt_spool_dir
+    from jobs.ingest.spool import deliver_attempt_spool
+    from jobs.models import JobAttempt
+
+    assert create(owner, spec, {"OPENAI_API_KEY": SECRET}).status_code == 201
+    job = Job.objects.unscoped().get()
+    attempt = job_claim_for_start(job_id=job.pk)
+    engine = APIClient()
+    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
+    base = f"/api/v1/ingest/jobs/{job.public_id}"
+    sample = {"step": 1, "group": 0, "prompt": f"Call it with {SECRET}.", "completion": f"The key is {SECRET}",
+              "reward": 1.0, "advantage": 0.0}
+    assert engine.post(f"{base}/samples", {"attempt": 1, "samples": [sample]}, format="json").status_code == 200
+    status = {"attempt": 1, "phase": "running", "step": 1, "message": f"calling with {SECRET}"}
+    assert engine.post(f"{base}/status", status, format="json").status_code == 200
+    outcome = {"attempt": 1, "outcome": "failed", "error": {"code": "environment_error", "message": f"401 for {SECRET}"}}
+    assert engine.post(f"{base}/finish", outcome, format="json").status_code == 200
+    # A spooled record Lab refuses names what was wrong with it, here a metric named after the secret.
+    workdir = tmp_path / "attempt-1"
+    spooled = Spool(attempt_spool_dir(workdir, 1), "metrics")
+    spooled.append({"step": 1, "time": "2026-11-29T22:16:31Z", "values": {SECRET: "high"}})
+    spooled.close()
+
+    delivery = deliver_attempt_spool(attempt=attempt, workdir=workdir)
+
+    assert delivery.problems == ["metrics: malformed record (points.0.values.***: Input should be a valid number)"]
+    samples = owner.client().get(f"/api/v1/jobs/{job.public_id}/samples?step=1").json()["data"]
+    assert [(row["prompt"], row["completion"]) for row in samples] == [("Call it with ***.", "The key is ***")]
+    assert JobAttempt.objects.get(pk=attempt.pk).outcome_error == {"code": "environment_error", "message": "401 for ***"}
+    assert SECRET not in database_text()

@@ -64,6 +64,8 @@ class FakeLab:
     samples: dict[str, list[dict]] = field(default_factory=dict)
     checkpoints: dict[str, list[dict]] = field(default_factory=dict)
     archives: dict[str, bytes] = field(default_factory=dict)
+    #: The SHA-256 a download answer announces per checkpoint id (``X-Lab-Archive-SHA256``), if any.
+    digests: dict[str, str] = field(default_factory=dict)
     redirect_downloads: bool = False
     truncate_downloads: bool = False
     streams: dict[str, list[dict]] = field(default_factory=dict)
@@ -128,9 +130,10 @@ class FakeLab:
         if method == "GET" and len(parts) == 3 and parts[0] == "checkpoints" and parts[2] == "download":
             if parts[1] not in self.archives:
                 return 404, {}, error_body(404, "not_found", "No such checkpoint.")
+            digest = {"X-Lab-Archive-SHA256": self.digests[parts[1]]} if parts[1] in self.digests else {}
             if self.redirect_downloads:
-                return 302, {"Location": f"/signed/{parts[1]}?signature=abc"}, None
-            return 200, {"Content-Type": "application/x-tar"}, self.archives[parts[1]]
+                return 302, {"Location": f"/signed/{parts[1]}?signature=abc", **digest}, None
+            return 200, {"Content-Type": "application/x-tar", **digest}, self.archives[parts[1]]
         if method == "GET" and parts == ["jobs"]:
             return 200, {}, self._page(self._filtered_jobs(query), one, "id")
         if len(parts) >= 2 and parts[0] == "jobs":

@@ -3,6 +3,7 @@ a tar, and a broken-off download, leave nothing behind; a redirected one unpacks
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 
@@ -57,3 +58,29 @@ def test_an_existing_empty_directory_receives_the_files(fake_lab, lab_client, tm
     (tmp_path / "adapter").mkdir()
     target = lab_client.checkpoints.download("ckpt_1", tmp_path / "adapter", progress=False)
     assert [p.name for p in target.iterdir()] == ["a.json"]
+
+
+@pytest.mark.parametrize("redirected", [False, True])
+def test_an_archive_that_differs_from_the_sha256_lab_announces_is_refused_and_leaves_nothing(
+    fake_lab, lab_client, tmp_path, redirected
+):
+    fake_lab.archives["ckpt_1"] = tar_of({"a.json": b"changed in storage"})
+    fake_lab.digests["ckpt_1"] = hashlib.sha256(tar_of({"a.json": b"what Lab verified"})).hexdigest()
+    fake_lab.redirect_downloads = redirected
+    for target, extract in ((tmp_path / "adapter", True), (tmp_path / "ckpt.tar", False)):
+        with pytest.raises(APIError) as refused:
+            lab_client.checkpoints.download("ckpt_1", target, extract=extract, progress=False)
+        found = hashlib.sha256(fake_lab.archives["ckpt_1"]).hexdigest()
+        assert str(refused.value) == (
+            f"the archive downloaded from checkpoints/ckpt_1/download has SHA-256 {found}, "
+            f"not the {fake_lab.digests['ckpt_1']} Lab recorded"
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_archive_with_the_announced_sha256_is_kept(fake_lab, lab_client, tmp_path):
+    fake_lab.archives["ckpt_1"] = tar_of({"a.json": b"1"})
+    fake_lab.digests["ckpt_1"] = hashlib.sha256(fake_lab.archives["ckpt_1"]).hexdigest()
+    fake_lab.redirect_downloads = True
+    saved = lab_client.checkpoints.download("ckpt_1", tmp_path / "ckpt.tar", extract=False, progress=False)
+    assert saved.read_bytes() == fake_lab.archives["ckpt_1"]
