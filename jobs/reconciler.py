@@ -265,27 +265,32 @@ def _close_due_usage(attempts: list[_Launched], seen: dict[int, _Seen], now) -> 
 
 def _raise_usage_totals(job_public_ids: set[str]) -> dict[str, tuple[float, float, Decimal]]:
     """Set the usage totals of the jobs ``job_public_ids`` to their ledger sums, in one
-    ``UPDATE ... FROM (VALUES ...)`` taking no lock first. The ledger only grows, so a job whose
-    totals are already past these (another closing wrote newer ones meanwhile) is left as it is.
-    Return the totals written, ``(gpu_seconds, cpu_seconds, cost_usd)`` by job public id."""
+    ``UPDATE ... FROM`` a ``VALUES`` list, taking no lock first. The ledger only grows, so a job
+    whose totals are already past these (another closing wrote newer ones meanwhile) is left as
+    it is. Return the totals written, ``(gpu_seconds, cpu_seconds, cost_usd)`` by job public id.
+
+    The statement runs on PostgreSQL and SQLite alike (SQLite 3.35+: ``UPDATE ... FROM``,
+    ``RETURNING``): the values are a named CTE typed with standard ``CAST``s, since SQLite has
+    neither ``::`` casts nor column names on a ``FROM`` subquery's alias, and ``RETURNING``
+    names only the job's own column, unqualified, as SQLite wants it."""
     totals = job_usage_totals_many(job_public_ids)
     if not totals:
         return {}
-    rows, params = [], []
+    rows, params, written = [], [], {}
     for public_id, sums in sorted(totals.items()):
-        rows.append("(%s, %s::double precision, %s::double precision, %s::numeric)")
-        params += [public_id, float(sums.gpu_seconds), float(sums.cpu_seconds), micro_to_usd(sums.cost_micro_usd)]
+        rows.append("(%s, CAST(%s AS double precision), CAST(%s AS double precision), CAST(%s AS numeric))")
+        written[public_id] = (float(sums.gpu_seconds), float(sums.cpu_seconds), micro_to_usd(sums.cost_micro_usd))
+        params += [public_id, *written[public_id]]
     table = Job._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
+            f"WITH totals(job_public_id, gpu, cpu, cost) AS (VALUES {', '.join(rows)}) "
             f"UPDATE {table} AS job SET gpu_seconds = totals.gpu, cpu_seconds = totals.cpu, cost_usd = totals.cost "
-            f"FROM (VALUES {', '.join(rows)}) AS totals(public_id, gpu, cpu, cost) "
-            "WHERE job.public_id = totals.public_id AND job.gpu_seconds <= totals.gpu "
-            "AND job.cpu_seconds <= totals.cpu AND job.cost_usd <= totals.cost "
-            "RETURNING job.public_id, job.gpu_seconds, job.cpu_seconds, job.cost_usd",
+            "FROM totals WHERE job.public_id = totals.job_public_id AND job.gpu_seconds <= totals.gpu "
+            "AND job.cpu_seconds <= totals.cpu AND job.cost_usd <= totals.cost RETURNING public_id",
             params,
         )
-        return {public_id: (gpu, cpu, cost) for public_id, gpu, cpu, cost in cursor.fetchall()}
+        return {public_id: written[public_id] for (public_id,) in cursor.fetchall()}
 
 
 def _store_captured(job: Job, attempt: JobAttempt, seen: _Seen) -> None:
@@ -878,17 +883,20 @@ def _end_attempts(locked: list[JobAttempt], seen: dict[int, _Seen], now) -> set[
             continue
         if look.observation.phase not in (AttemptPhase.EXITED, AttemptPhase.LOST):
             continue
-        rows.append("(%s::bigint, %s::integer)")
+        rows.append("(CAST(%s AS bigint), CAST(%s AS integer))")
         params += [attempt.pk, look.observation.exit_code]
         ended.add(attempt.pk)
     if not rows:
         return ended
     table = JobAttempt._meta.db_table
-    with connection.cursor() as cursor:  # one UPDATE ... FROM (VALUES ...): Django's bulk_update costs more to build
+    # One UPDATE ... FROM a VALUES list (Django's bulk_update costs more to build), written to run
+    # on PostgreSQL and SQLite alike, as _raise_usage_totals's.
+    with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} AS attempt SET state = %s, ended_at = %s, exit_code = ending.exit_code "
-            f"FROM (VALUES {', '.join(rows)}) AS ending(id, exit_code) WHERE attempt.id = ending.id",
-            [AttemptState.ENDED.value, now, *params],
+            f"WITH ending(attempt_id, code) AS (VALUES {', '.join(rows)}) "
+            f"UPDATE {table} AS attempt SET state = %s, ended_at = %s, exit_code = ending.code "
+            "FROM ending WHERE attempt.id = ending.attempt_id",
+            [*params, AttemptState.ENDED.value, connection.ops.adapt_datetimefield_value(now)],
         )
     return ended
 

@@ -81,24 +81,27 @@ def allocate(job_id: int, count: int) -> int:
 
 
 def allocate_many(counts: Mapping[int, int]) -> dict[int, int]:
-    """Take the next ``counts[job_id]`` numbers of each job's sequence in one ``UPDATE ... FROM
-    (VALUES ...) RETURNING``; return the first number taken for each job. The caller holds the
-    jobs' row locks (taken in its own order, so this statement waits for none) and stores the
-    numbered rows in the same transaction, as for ``allocate``."""
+    """Take the next ``counts[job_id]`` numbers of each job's sequence in one ``UPDATE ... FROM``
+    a ``VALUES`` list ``RETURNING`` the new ends; return the first number taken for each job. The
+    caller holds the jobs' row locks (taken in its own order, so this statement waits for none)
+    and stores the numbered rows in the same transaction, as for ``allocate``. The statement runs
+    on PostgreSQL and SQLite alike: a named CTE typed with standard ``CAST``s (SQLite has no
+    ``::`` casts nor column names on a subquery's alias), ``RETURNING`` the job's own columns
+    unqualified."""
     if not counts:
         return {}
     if not connection.in_atomic_block:
         raise RuntimeError("stream numbers must be taken inside the transaction that stores the rows")
     rows, params = [], []
     for job_id, count in counts.items():
-        rows.append("(%s::bigint, %s::bigint)")
+        rows.append("(CAST(%s AS bigint), CAST(%s AS bigint))")
         params += [job_id, count]
     table = Job._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
+            f"WITH taken(job_id, amount) AS (VALUES {', '.join(rows)}) "
             f"UPDATE {table} AS job SET stream_seq = job.stream_seq + taken.amount "
-            f"FROM (VALUES {', '.join(rows)}) AS taken(id, amount) WHERE job.id = taken.id "
-            "RETURNING job.id, job.stream_seq",
+            "FROM taken WHERE job.id = taken.job_id RETURNING id, stream_seq",
             params,
         )
         last = dict(cursor.fetchall())

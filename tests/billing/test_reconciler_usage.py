@@ -42,8 +42,9 @@ def test_a_pass_closes_every_running_jobs_intervals_in_one_batch_and_sets_their_
 ):
     queries = pass_at(monkeypatch, at(130))
 
-    locks = [sql for sql in queries if "FOR UPDATE" in sql]
-    assert len(locks) == 1 and '"billing_billingaccount"' in locks[0]  # both accounts at once; no job locked
+    if connection.vendor == "postgresql":  # SQLite locks the whole database, never rows
+        locks = [sql for sql in queries if "FOR UPDATE" in sql]
+        assert len(locks) == 1 and '"billing_billingaccount"' in locks[0]  # both accounts at once; no job locked
     assert sum(sql.startswith('INSERT INTO "billing_usageinterval"') for sql in queries) == 1
     for job in many_running:
         rows = UsageInterval.objects.unscoped().filter(job_public_id=job.public_id).order_by("index")

@@ -213,5 +213,6 @@ def test_a_pass_still_applies_what_is_due_among_idle_jobs(owner, spec, launcher,
     reconciler.reconcile_all()
 
     assert UsageInterval.objects.unscoped().filter(job_public_id=due.public_id).count() == 5  # five minutes closed
+    assert Job.objects.unscoped().get(pk=due.pk).cpu_seconds == 300.0  # its totals follow while it runs
     assert not UsageInterval.objects.unscoped().filter(job_public_id=idle.public_id).exists()
     assert (stopping_attempt.handle["id"], False) in launcher.cancels  # its stop was escalated
