@@ -36,6 +36,10 @@ Parts, each printing its figures, or a line with `"value": null` and `"not_run":
   rank 1 trained and (full) whether FSDP2 sharded the policy (`--smoke`: full fine-tuning only,
   each launch starting two engine processes).
 
+Without CUDA (and without `--smoke`) nothing runs: one line, `{"name": "gpu_check", "value": null,
+"unit": null, "device": "cpu", "not_run": <why>, ...}`, and exit status 0 (`make bench` runs
+this script with the others on any machine).
+
 Every line has `name`, `value`, `unit` and `device`. The job spec is built through
 `labsdk.spec` when it imports (it needs pydantic); otherwise, or with `--spec-fallback`, from
 `FallbackSpec`, a plain object with every field and method of `labsdk.spec.JobSpec` the engine
@@ -70,7 +74,7 @@ PARTS = ("trainer", "vllm", "distributed")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def emit(name: str, value: float | None, unit: str, *, device: str, not_run: str | None = None, **extra: Any) -> None:
+def emit(name: str, value: float | None, unit: str | None, *, device: str, not_run: str | None = None, **extra: Any) -> None:
     """Print one figure as a JSON line on stdout: `value` rounded, or null with the reason it was not run."""
     line: dict[str, Any] = {"name": name, "value": None if value is None else round(float(value), 3), "unit": unit,
                             "device": device}
@@ -569,7 +573,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the parts asked for; return 0, or 1 when one failed (the others still run)."""
+    """Run the parts asked for; return 0, or 1 when one failed (the others still run). With
+    no CUDA device and no `--smoke`, nothing runs: one line named `gpu_check` says so (`"not_run"`, the parts
+    asked for) and it returns 0, so that `make bench` goes on to the other benchmarks."""
     args = parse_arguments(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -580,9 +586,11 @@ def main(argv: list[str] | None = None) -> int:
         device = "cpu"
     elif torch.cuda.is_available():
         device = "cuda"
-    else:
+    else:  # `make bench` runs every benchmark: on a CPU machine this one says why it did not run
+        emit("gpu_check", None, None, device="cpu", baseline=None, ratio=None, parts=args.parts,
+             not_run="no CUDA device: bash bench/gpu_check.sh runs it on a GPU machine; --smoke runs it on CPU")
         log("gpu_check: no CUDA device; run with --smoke on CPU")
-        return 2
+        return 0
     model_id = SMOKE_MODEL_ID if args.smoke else GPU_MODEL_ID
     model_dir = args.model_dir / model_id
     started = time.perf_counter()

@@ -2,7 +2,8 @@
 machines: its smoke run (`--smoke`: a tiny Qwen2-shaped model, one timed step) prints every
 figure by name and unit, with a value for what ran and a `not_run` reason for what could not;
 its spec without labsdk (`FallbackSpec`, for a GPU machine without pydantic) has every field and
-answers every method the engine calls as labsdk's own spec does; and (marked `real_model`:
+answers every method the engine calls as labsdk's own spec does; with no CUDA device and no `--smoke` it
+says it did not run and exits 0 (as `make bench` runs it on a CPU machine); and (marked `real_model`:
 two vLLM engines start on CPU) its vLLM part loads merged weights and a LoRA adapter."""
 
 from __future__ import annotations
@@ -64,6 +65,21 @@ def same_fields(real, fallback, where="spec"):
             same_fields(one, other, f"{where}[{index}]")
     else:
         assert fallback == real and type(fallback) is type(real), f"{where}: {fallback!r} != {real!r}"
+
+
+def test_without_cuda_it_says_it_did_not_run_and_exits_0(tmp_path, monkeypatch):
+    """What `make bench` runs on a CPU machine (no `--smoke`): one not_run line, exit status 0
+    (run_script asserts it), so the benchmarks after it still run; no model is built."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+    lines = run_script(tmp_path)
+
+    assert lines == {"gpu_check": {
+        "name": "gpu_check", "value": None, "unit": None, "device": "cpu", "baseline": None, "ratio": None,
+        "parts": ["trainer", "vllm", "distributed"],
+        "not_run": "no CUDA device: bash bench/gpu_check.sh runs it on a GPU machine; --smoke runs it on CPU",
+    }}
+    assert not (tmp_path / "models").exists()
 
 
 @pytest.mark.parametrize("lora_rank", [16, 0])
