@@ -194,6 +194,7 @@ class LocalLauncher(Launcher):
             if teacher:
                 egress["teacher"], relays["teacher"] = teacher, pinned_address(teacher, allow_private=self.allow_private_egress)
             options = [option for name, target in relays.items() for option in ("--egress", f"{name}={target}")]
+            env["LAB_MODEL_DIR"] = str(self.model_dir.resolve())  # the cache the sandbox sees, prepared outside it
             if self._model_needs_preparing(request.spec):
                 options += ["--prepare", json.dumps([self.python, "-m", "engine", "prepare-model", "--model", request.spec["model"]])]
             command = bubblewrap_command(self._sandbox_layout(request, workdir, egress), command, bwrap=bwrap)

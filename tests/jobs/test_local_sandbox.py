@@ -209,3 +209,46 @@ def test_a_teacher_endpoint_is_relayed_to_an_address_pinned_at_launch_and_never_
     with pytest.raises(UnsafeURL, match="private or loopback|refused"):
         launcher.launch(request)
     assert not (tmp_path / "runs" / "job_teacher" / "attempt-1" / "supervisor.pid").exists()
+
+
+def test_a_model_converted_on_first_use_is_prepared_outside_the_sandbox_which_sees_the_cache_read_only(tmp_path, monkeypatch):
+    """SmolLM2 is converted from its GGUF into the model cache on first use; the sandbox sees the
+    cache read-only, so the supervisor runs ``python -m engine prepare-model`` first, outside it,
+    on the very cache the sandbox binds (LAB_MODEL_DIR)."""
+    from jobs.launchers import local
+    from jobs.launchers.base import LaunchRequest
+
+    started = []
+
+    def supervisor(command, **kwargs):
+        started.append((command, kwargs["env"]))
+        (Path(command[3]) / "supervisor.pid").write_text("1")
+        return subprocess.CompletedProcess(command, 0, b"", b"")
+
+    monkeypatch.setattr(local.subprocess, "run", supervisor)
+    models = tmp_path / "models"
+    launcher = local.LocalLauncher(
+        runs_dir=tmp_path / "runs", repo_dir=Path(__file__).resolve().parents[2], isolation="bubblewrap",
+        data_dir=tmp_path, model_dir=models,
+    )
+    for job_id, model in (("job_small", "HuggingFaceTB/SmolLM2-135M-Instruct"), ("job_tiny", "lab/tiny-random-llama")):
+        request = LaunchRequest(job_id=job_id, attempt=1, spec={"model": model}, lab_url="http://127.0.0.1:8123", token="t")
+        launcher.launch(request)
+    (smol, smol_env), (tiny, _) = started
+    options = smol[smol.index(str(tmp_path / "runs" / "job_small" / "attempt-1")) + 1 : smol.index("--")]
+    assert options == [
+        "--egress", "lab=127.0.0.1:8123",
+        "--prepare", json.dumps([sys.executable, "-m", "engine", "prepare-model", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct"]),
+    ]
+    assert smol_env["LAB_MODEL_DIR"] == str(models.resolve())
+    sandbox = smol[smol.index("--") + 1 :]
+    assert sandbox[0].endswith("bwrap")
+    assert ["--ro-bind", str(models.resolve()), str(models.resolve())] == sandbox[sandbox.index(str(models.resolve())) - 1 :][:3]
+    assert ["--tmpfs", str(tmp_path.resolve())] == sandbox[sandbox.index(str(tmp_path.resolve())) - 1 :][:2]
+    assert "--prepare" not in tiny  # a model built in memory needs no cache
+    # Once converted, nothing more is prepared.
+    (models / "HuggingFaceTB" / "SmolLM2-135M-Instruct").mkdir(parents=True)
+    (models / "HuggingFaceTB" / "SmolLM2-135M-Instruct" / "config.json").write_text("{}")
+    launcher.launch(LaunchRequest(job_id="job_again", attempt=1, spec={"model": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+                                  lab_url="http://127.0.0.1:8123", token="t"))
+    assert "--prepare" not in started[-1][0]
