@@ -6,11 +6,16 @@ the form's fields (or on the form as a whole) so the page shows them next to wha
 
 from __future__ import annotations
 
+import hashlib
+
 from django import forms
 from django.contrib.auth.forms import AuthenticationForm, PasswordChangeForm
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from labsdk.spec import SpecError, decode_spec
 
+from dashboard.spec_editor import param_line
+from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from lab import lockout
 from lab.models import ApiKeyScope, Role, User
 from lab.services import invitation_accept, organization_create, user_sign_up
@@ -189,8 +194,6 @@ class JobSpecForm(forms.Form):
 
     def clean(self) -> dict:
         """Decode the spec text; a decoding problem becomes a problem of the whole spec."""
-        from labsdk.spec import SpecError, decode_spec
-
         cleaned = super().clean()
         text, format = cleaned.get("spec"), cleaned.get("format")
         if text is None or format is None:
@@ -206,8 +209,6 @@ class JobSpecForm(forms.Form):
 
     def add_problems(self, problems: list[dict]) -> None:
         """Record ``problems`` (``{"param", "code", "message"}``) with the line of each field."""
-        from dashboard.spec_editor import param_line
-
         text, format = self.data.get("spec", ""), self.data.get("format", "toml")
         lines = text.splitlines()
         for problem in problems:
@@ -219,8 +220,6 @@ class JobSpecForm(forms.Form):
     @property
     def digest(self) -> str:
         """The SHA-256 of the submitted format and text (what ``estimated`` must carry to submit)."""
-        import hashlib
-
         text = f"{self.data.get('format', '')}\n{self.data.get('spec', '')}"
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -236,8 +235,6 @@ class WebhookEndpointForm(forms.Form):
     events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, label="Events")
 
     def __init__(self, *args, **kwargs):
-        from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
-
         super().__init__(*args, **kwargs)
         self.fields["events"].choices = [(event_type, event_type) for event_type in WEBHOOK_EVENT_TYPES]
         if not self.is_bound:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.catalog import list_environments
 from engine.environments import Environment, InvalidEnvironment, load_environment
 from engine.groups import GroupSchedule, environment_index, training_group_sizes  # noqa: F401 (environment_index: its public home was here)
 from engine.multi_turn import complete_functions, group_rollouts, run_episodes
@@ -376,8 +377,6 @@ class Orchestrator:
     def _environment_arguments(env_id: str) -> set[str]:
         """The argument names environment `env_id` takes (none when it is not installed:
         load_environment then says so)."""
-        from engine.catalog import list_environments
-
         info = list_environments().get(env_id)
         return set(info.args) if info else set()
 

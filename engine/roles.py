@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 from engine.distributed import join_weight_gather
 from engine.orchestrator import RolloutBatch, held_out_due
 from engine.packages import PACKAGES_VARIABLE
+from engine.remote_inference import write_weights
 from engine.rollout import Completion
 
 if TYPE_CHECKING:
@@ -241,7 +242,6 @@ class SharedDirRollouts:
         policy_travels_as_adapter`; the inference role was then started with `--max-lora-rank`),
         else as merged weights."""
         from engine.policy import is_lora, policy_adapter, policy_weights
-        from engine.remote_inference import write_weights
 
         started = time.perf_counter()
         model = self.trainer.model

@@ -54,6 +54,7 @@ from engine.policy import (
 )
 from engine.reporter import Reporter
 from engine.rollout import TransformersBackend
+from engine.vllm_backend import VLLMBackend, weights_format
 
 if TYPE_CHECKING:
     # Only a type: the trainer reads the spec's attributes and runs where pydantic is absent
@@ -104,8 +105,6 @@ class EngineConfig:
     def policy_travels_as_adapter(self) -> bool:
         """Whether the policy reaches vLLM as a LoRA adapter per step (`vllm_weights` resolved
         for this job's backend, LoRA rank and devices) rather than as merged weights."""
-        from engine.vllm_backend import weights_format
-
         return weights_format(self.vllm_weights, lora_rank=self.spec.lora_rank, rollout_backend=self.rollout_backend) == "lora"
 
     @property
@@ -294,8 +293,6 @@ class Trainer:
 
     def _vllm_backend(self, path: pathlib.Path, max_model_len: int):
         """Start vLLM on the base model's Hugging Face directory `path`."""
-        from engine.vllm_backend import VLLMBackend
-
         spec = self.config.spec
         backend = VLLMBackend(
             path, seed=spec.seed, max_model_len=max_model_len, stop_token_ids=self.stop_token_ids,

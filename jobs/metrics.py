@@ -8,9 +8,12 @@ shared cache for the same reason.
 from __future__ import annotations
 
 from django.core.cache import cache
+from django.db.models import Count
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from jobs.models import Job, JobStatus
 
 INGESTED_POINTS = Counter("lab_ingest_points_total", "Metric points (steps) accepted through the ingest API")
 INGESTED_VALUES = Counter("lab_ingest_values_total", "Metric values accepted through the ingest API")
@@ -33,10 +36,6 @@ class JobsCollector(Collector):
         yield GaugeMetricFamily("lab_admission_last_pass_milliseconds", "Duration of the latest admission pass")
 
     def collect(self):
-        from django.db.models import Count
-
-        from jobs.models import Job, JobStatus
-
         jobs = GaugeMetricFamily("lab_jobs", "Jobs by status (queued and active ones)", labels=["status"])
         counts = dict(
             Job.objects.unscoped().filter(

@@ -8,6 +8,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from jobs import storage
 from jobs.launchers.base import Launcher
 from jobs.launchers.local import LocalLauncher
 
@@ -40,8 +41,6 @@ def _launcher(kind: str) -> Launcher:
 def _local_storage() -> dict:
     """Return where a sandboxed local engine reaches object storage: the filesystem backend's root
     (``storage_root``), or the origin an object store's signed URLs point at (``storage_origin``)."""
-    from jobs import storage
-
     if storage.is_filesystem():
         return {"storage_root": Path(storage.checkpoint_storage().location).resolve()}
     return {"storage_origin": storage.download_url("origin", filename="origin")}
