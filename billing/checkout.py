@@ -17,8 +17,8 @@ from django.db import transaction
 from billing import stripe_api
 from billing.accounts import billing_enabled, locked_account
 from billing.services import require_billing_manager
-from lab.api.errors import ApiError, FieldError
 from lab.audit import Actor, AuditAction, audit_record
+from lab.errors import FieldError, LabError
 from lab.models import Organization
 
 MIN_PURCHASE_USD = Decimal("5.00")
@@ -28,13 +28,13 @@ MAX_PURCHASE_USD = Decimal("10000.00")
 def _amount_cents(data: Any) -> int:
     """Return ``amount_usd`` of a checkout body in cents; 400 unless a decimal string in range."""
     message = f'amount_usd must be a decimal string of USD from "{MIN_PURCHASE_USD}" to "{MAX_PURCHASE_USD}", in cents.'
-    error = ApiError(400, "invalid_request", message, errors=[FieldError("amount_usd", "invalid", message)])
+    error = LabError("invalid_request", message, errors=[FieldError("amount_usd", "invalid", message)])
     if not isinstance(data, dict):
-        raise ApiError(400, "invalid_request", "The body must be a JSON object.")
+        raise LabError("invalid_request", "The body must be a JSON object.")
     unknown = sorted(str(key) for key in data if key != "amount_usd")
     if unknown:
         text = f"Unknown field {unknown[0]!r}; the body has amount_usd only."
-        raise ApiError(400, "invalid_request", text, errors=[FieldError(key, "unknown", text) for key in unknown])
+        raise LabError("invalid_request", text, errors=[FieldError(key, "unknown", text) for key in unknown])
     value = data.get("amount_usd")
     if not isinstance(value, str) or len(value) > 20:
         raise error
@@ -49,13 +49,13 @@ def _amount_cents(data: Any) -> int:
 
 def _require_billing() -> None:
     if not billing_enabled():
-        raise ApiError(409, "invalid_state", "Billing is off on this Lab (no STRIPE_API_KEY); there is nothing to pay.")
+        raise LabError("invalid_state", "Billing is off on this Lab (no STRIPE_API_KEY); there is nothing to pay.")
 
 
 def checkout_create(*, actor: Actor, organization: Organization, data: Any) -> str:
     """Create a Checkout session buying ``data["amount_usd"]`` of credit; return its URL.
 
-    Raises ApiError 403/404 (``require_billing_manager``), 400 for a bad amount, 409
+    Raises LabError (``require_billing_manager``), 400 for a bad amount, 409
     ``invalid_state`` when billing is off or the organization is invoiced.
     """
     require_billing_manager(actor=actor, organization=organization)
@@ -64,7 +64,7 @@ def checkout_create(*, actor: Actor, organization: Organization, data: Any) -> s
     with transaction.atomic():
         account = locked_account(organization.pk)
         if account.plan != "prepaid":
-            raise ApiError(409, "invalid_state", "An invoiced organization pays by invoice; credits are for prepaid plans.")
+            raise LabError("invalid_state", "An invoiced organization pays by invoice; credits are for prepaid plans.")
         customer = stripe_api.ensure_customer(account)
         audit_record(actor=actor, organization=organization, action=AuditAction.BILLING_CHECKOUT_CREATE,
                      target=organization.public_id, data={"amount_usd": data["amount_usd"]})
@@ -81,7 +81,7 @@ def checkout_create(*, actor: Actor, organization: Organization, data: Any) -> s
 def portal_create(*, actor: Actor, organization: Organization) -> str:
     """Return the URL of a Stripe customer portal session for the organization.
 
-    Raises ApiError 403/404 (``require_billing_manager``), 409 ``invalid_state`` when billing is off.
+    Raises LabError (``require_billing_manager``), 409 ``invalid_state`` when billing is off.
     """
     require_billing_manager(actor=actor, organization=organization)
     _require_billing()

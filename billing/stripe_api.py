@@ -19,7 +19,7 @@ import stripe
 from django.conf import settings
 
 from billing.models import BillingAccount
-from lab.api.parsers import json_loads
+from lab.lib.jsonbounds import json_loads
 
 #: The Stripe API version Lab is written against (the one stripe==16.1.0 ships with).
 PINNED_API_VERSION = "2026-10-28.endive"
@@ -126,7 +126,7 @@ def webhook_event(payload: bytes, signature_header: str) -> dict[str, Any]:
 
     Raises ``stripe.SignatureVerificationError`` for a missing, forged, stale or future
     signature and ValueError for a body that is not JSON or nests deeper than
-    ``lab.api.parsers.MAX_JSON_DEPTH``.
+    ``lab.lib.jsonbounds.MAX_JSON_DEPTH``.
     """
     stripe.WebhookSignature.verify_header(
         payload.decode("utf-8"), signature_header, settings.STRIPE_WEBHOOK_SECRET, WEBHOOK_TOLERANCE_S

@@ -2,7 +2,7 @@
 
 Each request is verified on its raw body with ``STRIPE_WEBHOOK_SECRET`` (``Stripe-Signature``:
 ``t=`` within 5 minutes of now either way, ``v1=`` HMAC-SHA256 of ``t.payload``; anything else,
-and a body nested deeper than ``lab.api.parsers.MAX_JSON_DEPTH``, is 400), its
+and a body nested deeper than ``lab.lib.jsonbounds.MAX_JSON_DEPTH``, is 400), its
 ``api_version`` must be the one Lab pins (else 400, logged, nothing applied), and only the types
 of ``HANDLERS`` are applied (others are answered 200 and ignored). An event id is processed once:
 its ``StripeEvent`` row is written in the same transaction as what it changes, under a unique

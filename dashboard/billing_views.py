@@ -25,8 +25,9 @@ from billing.selectors import usage_rows
 from billing.services import billing_settings_update
 from dashboard.access import OrganizationAccess, organization_view
 from dashboard.views import _actor, _render
-from lab.api.errors import ApiError
+from lab.api.errors import http_status
 from lab.api.formats import money
+from lab.errors import LabError
 
 #: Days of usage the page charts and totals.
 USAGE_DAYS = 30
@@ -81,9 +82,9 @@ def billing(request: HttpRequest, access: OrganizationAccess) -> HttpResponse:
     return _page(request, access)
 
 
-def _refused(request, access, error: ApiError, field: str) -> HttpResponse:
+def _refused(request, access, error: LabError, field: str) -> HttpResponse:
     messages.error(request, error.message)
-    return _page(request, access, status=error.status if error.status < 500 else 400, form_errors={field: error.message})
+    return _page(request, access, status=http_status(error) if http_status(error) < 500 else 400, form_errors={field: error.message})
 
 
 @require_POST
@@ -94,7 +95,7 @@ def billing_checkout(request: HttpRequest, access: OrganizationAccess) -> HttpRe
     try:
         url = checkout_create(actor=_actor(request), organization=access.organization,
                               data={"amount_usd": request.POST.get("amount_usd", "").strip()})
-    except ApiError as error:
+    except LabError as error:
         return _refused(request, access, error, "amount_usd")
     return redirect(url)
 
@@ -106,7 +107,7 @@ def billing_portal(request: HttpRequest, access: OrganizationAccess) -> HttpResp
     access.require_manager()
     try:
         url = portal_create(actor=_actor(request), organization=access.organization)
-    except ApiError as error:
+    except LabError as error:
         return _refused(request, access, error, "portal")
     return redirect(url)
 
@@ -129,7 +130,7 @@ def billing_settings(request: HttpRequest, access: OrganizationAccess) -> HttpRe
     }
     try:
         billing_settings_update(actor=_actor(request), organization=access.organization, data=data)
-    except ApiError as error:
+    except LabError as error:
         return _refused(request, access, error, (error.param or "settings"))
     messages.success(request, "Billing settings saved.")
     return redirect("billing", access.organization.slug)

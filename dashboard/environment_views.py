@@ -10,8 +10,9 @@ from dashboard.access import OrganizationAccess, organization_view
 from dashboard.views import _render
 from environments.services import environment_push
 from jobs.api.environments import environment_objects
-from lab.api.errors import ApiError
+from lab.api.errors import http_status
 from lab.audit import Actor
+from lab.errors import LabError
 
 
 def _page(request: HttpRequest, access: OrganizationAccess, *, pushed=None, error: str = "", status: int = 200) -> HttpResponse:
@@ -47,6 +48,6 @@ def environment_push_view(request: HttpRequest, access: OrganizationAccess) -> H
             filename=upload.name or "",
             size_bytes=upload.size,
         )
-    except ApiError as error:
-        return _page(request, access, error=error.message, status=error.status)
+    except LabError as error:
+        return _page(request, access, error=error.message, status=http_status(error))
     return _page(request, access, pushed=package.public_id, status=201)

@@ -38,11 +38,11 @@ from jobs.estimates import job_estimate
 from jobs.models import Adapter, Checkpoint, CheckpointStatus, Job, JobStatus, MetricStep
 from jobs.queue import queue_positions
 from jobs.selectors import (
+    job_eta_seconds,
     job_list,
     job_logs,
     job_logs_tail,
     job_samples,
-    job_eta_seconds,
     jobs_with_latest_reward,
     metric_names,
     metric_points,
@@ -50,8 +50,9 @@ from jobs.selectors import (
 )
 from jobs.serializers import job_to_dict
 from jobs.services import job_cancel, job_restart, job_submit
-from lab.api.errors import ApiError
+from lab.api.errors import http_status, lab_error_body
 from lab.api.formats import money
+from lab.errors import LabError
 from lab.models import IdempotencyRecord, Project
 from lab.tenancy import get_owned
 
@@ -78,8 +79,8 @@ def _no_such(what: str) -> Http404:
     return Http404(f"No such {what}.")
 
 
-def _api_error_json(error: ApiError) -> JsonResponse:
-    return JsonResponse(error.body(), status=error.status)
+def _api_error_json(error: LabError) -> JsonResponse:
+    return JsonResponse(lab_error_body(error), status=http_status(error))
 
 
 # --- the project's jobs ------------------------------------------------------------------------
@@ -190,7 +191,7 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
                         "job", org_slug=access.organization.slug, project_slug=project.slug, job_id=job.public_id
                     )
                 estimate = job_estimate(project=project, data=data)
-            except ApiError as error:
+            except LabError as error:
                 form.add_problems(
                     [item.as_dict() for item in error.errors]
                     or [{"param": error.param, "code": error.code, "message": error.message}]
@@ -358,7 +359,7 @@ def job_rollouts(request: HttpRequest, access: OrganizationAccess, project: Proj
     job = _job(project, job_id)
     try:
         samples = job_samples(job=job, params={"step": request.GET.get("step") or "", "limit": "1000"})["data"]
-    except ApiError as error:
+    except LabError as error:
         return _render(request, "dashboard/_job_rollouts.html", {"problem": error.message}, access=access, status=400)
     step = samples[0]["step"] if samples else None
     histograms = [
@@ -390,7 +391,7 @@ def _selector_json(selector, request: HttpRequest, project: Project, job_id: str
     job = _job(project, job_id)
     try:
         return JsonResponse(selector(job=job, params=request.GET))
-    except ApiError as error:
+    except LabError as error:
         return _api_error_json(error)
 
 
@@ -421,7 +422,7 @@ def _job_action(request, access, project, job_id, *, verb: str, act) -> HttpResp
     if request.method == "POST":
         try:
             act(job=job, actor=_actor(request))
-        except ApiError as error:
+        except LabError as error:
             messages.error(request, error.message)
         else:
             messages.success(request, f"{verb.capitalize()} requested for {job.name or job.public_id}.")
@@ -451,8 +452,8 @@ def adapter_download(request: HttpRequest, access: OrganizationAccess, project: 
     adapter = get_owned(Adapter.objects.select_related("job"), project, adapter_id, "adapter", error=_no_such)
     try:
         return adapter_download_response(adapter, request=request)
-    except ApiError as error:
-        if error.status == 404:
+    except LabError as error:
+        if http_status(error) == 404:
             raise Http404(error.message) from None
         messages.error(request, error.message)
         return redirect("job", org_slug=access.organization.slug, project_slug=project.slug, job_id=adapter.job.public_id)
@@ -467,8 +468,8 @@ def checkpoint_download(
     checkpoint = get_owned(Checkpoint.objects.select_related("job"), project, checkpoint_id, "checkpoint", error=_no_such)
     try:
         return checkpoint_download_response(checkpoint, request=request)
-    except ApiError as error:
-        if error.status == 404:
+    except LabError as error:
+        if http_status(error) == 404:
             raise Http404(error.message) from None
         messages.error(request, error.message)
         return redirect(

@@ -27,7 +27,7 @@ from jobs.webhooks.endpoints import (
     endpoint_update,
 )
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
-from lab.api.errors import ApiError
+from lab.errors import LabError
 from lab.models import Project
 from lab.tenancy import get_owned
 
@@ -43,7 +43,7 @@ def _no_such(what: str) -> Http404:
     return Http404(f"No such {what}.")
 
 
-def _add_api_errors(form: WebhookEndpointForm, error: ApiError) -> None:
+def _add_api_errors(form: WebhookEndpointForm, error: LabError) -> None:
     """Put a service's field errors (``url``, ``events.N``) on the form's fields."""
     for item in error.errors or []:
         name = (item.param or "").split(".")[0]
@@ -78,7 +78,7 @@ def webhooks(request: HttpRequest, access: OrganizationAccess, project: Project)
         data = {"url": form.cleaned_data["url"], "events": form.cleaned_data["events"]}
         try:
             endpoint = endpoint_create(project=project, actor=_actor(request), data=data)
-        except ApiError as error:
+        except LabError as error:
             _add_api_errors(form, error)
         else:
             return _list_page(request, access, project, form=WebhookEndpointForm(), created=endpoint)
@@ -167,7 +167,7 @@ def webhook_endpoint_test(
     endpoint = _endpoint(project, endpoint_id)
     try:
         delivery = endpoint_send_test(endpoint=endpoint, actor=_actor(request))
-    except ApiError as error:
+    except LabError as error:
         messages.error(request, error.message)
     else:
         messages.success(request, f"Sent a test event (delivery {delivery.public_id}).")
@@ -204,7 +204,7 @@ def webhook_delivery_redeliver(
         raise Http404("No such delivery.")
     try:
         delivery_redeliver(delivery=delivery, actor=_actor(request))
-    except ApiError as error:
+    except LabError as error:
         messages.error(request, error.message)
     else:
         messages.success(request, f"Delivering {delivery.public_id} again.")

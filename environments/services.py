@@ -23,8 +23,8 @@ from environments.models import EnvironmentPackage
 from environments.storage import WHEEL_CONTENT_TYPE, package_key
 from environments.wheels import MAX_WHEEL_BYTES, InvalidWheel, read_wheel
 from lab import storage
-from lab.api.errors import ApiError, not_found
 from lab.audit import Actor, AuditAction, audit_record
+from lab.errors import LabError, not_found
 from lab.lib.locks import ENVIRONMENT_PUSH, advisory_xact_lock
 from lab.models import Organization
 
@@ -78,19 +78,19 @@ def environment_push(
     version of one of ``organization``'s environments.
 
     Returns ``(package, created)``: pushing the very bytes of a live version again returns it
-    with ``created`` False. Raises ApiError 413 ``request_too_large`` above 100 MB, 400
+    with ``created`` False. Raises LabError ``request_too_large`` above 100 MB, 400
     ``invalid_environment_package`` (param ``file``) for anything ``read_wheel`` refuses, and 409
     ``invalid_state`` when the version, or one equal to it under PEP 440 (``0.1`` and ``0.1.0``),
     exists with other bytes or was deleted (versions are never reused). No package row is written
     when it raises.
     """
     if size_bytes > MAX_WHEEL_BYTES:
-        raise ApiError(413, "request_too_large", f"Environment wheels are limited to {MAX_WHEEL_BYTES // (1024 * 1024)} MB.", param="file")
+        raise LabError("request_too_large", f"Environment wheels are limited to {MAX_WHEEL_BYTES // (1024 * 1024)} MB.", param="file")
     try:
         handle.seek(0)
         info = read_wheel(handle, filename=filename)
     except InvalidWheel as error:
-        raise ApiError(400, "invalid_environment_package", f"Not an acceptable environment wheel: {error}.", param="file") from None
+        raise LabError("invalid_environment_package", f"Not an acceptable environment wheel: {error}.", param="file") from None
     sha256 = _sha256(handle)
     existing = _existing_version(organization, info.name, info.version, sha256)
     if existing is not None:
@@ -156,19 +156,22 @@ def _existing_version(organization: Organization, name: str, version: str, sha25
     existing = next((package for package in same if package.version == version), same[0])
     package_id = f"{organization.slug}/{name}@{existing.version}"
     if existing.deleted_at is not None:
-        raise ApiError(
-            409, "invalid_state", f"{package_id} was deleted; versions are never reused: push it as a new version.", param="file"
+        raise LabError(
+            "invalid_state",
+            f"{package_id} was deleted; versions are never reused: push it as a new version.",
+            param="file",
         )
     if existing.version != version:
-        raise ApiError(
-            409,
+        raise LabError(
             "invalid_state",
             f"{package_id} exists, and {version} is the same version (PEP 440); versions are immutable: push a new version.",
             param="file",
         )
     if existing.sha256 != sha256:
-        raise ApiError(
-            409, "invalid_state", f"{package_id} exists with other bytes; versions are immutable: push a new version.", param="file"
+        raise LabError(
+            "invalid_state",
+            f"{package_id} exists with other bytes; versions are immutable: push a new version.",
+            param="file",
         )
     return existing
 

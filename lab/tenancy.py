@@ -28,6 +28,8 @@ from typing import Any
 
 from django.db import models
 
+from lab.errors import not_found
+
 #: The longest public id Lab issues (prefix + random part); longer ones cannot exist.
 MAX_PUBLIC_ID = 64
 
@@ -144,13 +146,11 @@ def get_owned(
     error: Callable[[str], Exception] | None = None,
 ) -> models.Model:
     """Return the object with ``public_id`` in ``project`` from ``queryset``, or raise the 404 that
-    a missing object and another tenant's object share: ``lab.api.errors.not_found(what)`` (the
-    API's), or ``error(what)`` (e.g. the dashboard's Http404)."""
+    a missing object and another tenant's object share: ``lab.errors.not_found(what)`` (the
+    domain's ``not_found``), or ``error(what)`` (e.g. the dashboard's Http404)."""
     found = queryset.for_project(project).filter(public_id=public_id).first() if len(public_id) <= MAX_PUBLIC_ID else None
     if found is None:
         if error is not None:
             raise error(what)
-        from lab.api.errors import not_found
-
         raise not_found(what)
     return found

@@ -7,8 +7,9 @@ import pytest
 
 from jobs.models import Checkpoint, Job
 from jobs.services import job_submit
-from lab.api.errors import ApiError
+from lab.api.errors import http_status, lab_error_body
 from lab.audit import Actor
+from lab.errors import LabError
 from lab.tenancy import UnscopedQuery, get_owned
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
@@ -50,10 +51,10 @@ def test_scoped_queries_see_their_tenant_only(owner, outsider, member, spec):
 
 def test_get_owned_answers_a_foreign_id_as_a_missing_one(owner, outsider, spec):
     theirs = submit(outsider, spec)
-    with pytest.raises(ApiError) as foreign:
+    with pytest.raises(LabError) as foreign:
         get_owned(Job.objects.all(), owner.project, theirs.public_id, "job")
-    with pytest.raises(ApiError) as missing:
+    with pytest.raises(LabError) as missing:
         get_owned(Job.objects.all(), owner.project, "job_doesnotexist", "job")
-    assert foreign.value.body() == missing.value.body()
-    assert (foreign.value.status, foreign.value.code) == (404, "not_found")
+    assert lab_error_body(foreign.value) == lab_error_body(missing.value)
+    assert (http_status(foreign.value), foreign.value.code) == (404, "not_found")
     assert get_owned(Job.objects.all(), outsider.project, theirs.public_id, "job") == theirs

@@ -31,6 +31,7 @@ from jobs.stream.fanout import Subscription, get_hub
 from jobs.stream.records import STATUS, StreamRecord, read_after, record
 from lab.api.auth import INVALID_API_KEY, api_key_from_authorization
 from lab.api.errors import ApiError, error_json_response, not_found
+from lab.errors import LabError
 from lab.models import ApiKey, ApiKeyScope
 from lab.tenancy import MAX_PUBLIC_ID, get_owned
 
@@ -156,7 +157,7 @@ async def job_stream(request: HttpRequest, job_id: str) -> HttpResponse:
             # Not an id this stream sent (numbers only grow): following after it would skip
             # every record, the final status included, and never end.
             raise _bad_resume_point()
-    except ApiError as error:
+    except LabError as error:
         return error_json_response(error)
     response = StreamingHttpResponse(_events(job.pk, job.public_id, resume, grant), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

@@ -1,4 +1,6 @@
-"""The one error body of the API and the DRF exception handler that produces it.
+"""The one error body of the API, the HTTP status of each error code, and the DRF exception
+handler that renders every error (``lab.errors.LabError`` from services, ``ApiError`` from the
+API layer, DRF's and Django's own) as that body.
 
 Body (docs/api.md "Conventions"):
 ``{"error": {"type", "code", "message", "param", "errors": [{"param", "code", "message"}]}}``
@@ -9,13 +11,14 @@ problem found.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
+
+from lab.errors import FieldError, LabError
 
 logger = logging.getLogger(__name__)
 
@@ -34,45 +37,80 @@ ERROR_TYPES = {
 }
 
 
-@dataclass(frozen=True)
-class FieldError:
-    """One problem with one field: ``param`` is a dotted path, ``code`` a stable identifier."""
+#: The HTTP status of each error code (docs/api.md "Conventions"). A LabError answers with the
+#: status of its code; ``ApiError`` (the API's own refusals) names its status itself.
+STATUS_BY_CODE = {
+    "invalid_request": 400,
+    "invalid_spec": 400,
+    "invalid_run": 400,
+    "invalid_environment_package": 400,
+    "invalid_api_key": 401,
+    "insufficient_credit": 402,
+    "spend_limit_reached": 402,
+    "payment_failed": 402,
+    "insufficient_scope": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "idempotency_conflict": 409,
+    "invalid_state": 409,
+    "invalid_step": 409,
+    "stale_attempt": 409,
+    "attempt_not_ready": 409,
+    "checkpoint_not_ready": 409,
+    "adapter_not_ready": 409,
+    "checkpoint_corrupted": 409,
+    "adapter_corrupted": 409,
+    "request_too_large": 413,
+    "rate_limited": 429,
+}
 
-    param: str | None
-    code: str
-    message: str
 
-    def as_dict(self) -> dict[str, Any]:
-        """Return the JSON shape used in ``error.errors``."""
-        return {"param": self.param, "code": self.code, "message": self.message}
+class ApiError(LabError):
+    """An error the API layer answers with: HTTP ``status``, a ``code`` from docs/api.md and a message.
 
-
-@dataclass
-class ApiError(Exception):
-    """An error the API answers with: HTTP ``status``, a ``code`` from docs/api.md and a message.
-
-    ``errors`` lists every field problem; ``param`` defaults to the first of them.
-    ``headers`` are added to the response (e.g. ``Retry-After``).
+    Services raise :class:`lab.errors.LabError` instead; this one is for refusals that only the
+    API makes (a method a view does not serve, a header it reads). ``errors`` lists every field
+    problem; ``param`` defaults to the first of them. ``headers`` are added to the response.
     """
 
-    status: int
-    code: str
-    message: str
-    param: str | None = None
-    errors: list[FieldError] = field(default_factory=list)
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        super().__init__(self.message)
-        if self.param is None and self.errors:
-            self.param = self.errors[0].param
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        param: str | None = None,
+        errors: list[FieldError] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(code, message, param=param, errors=errors or ())
+        self.status = status
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         """Return the JSON error body."""
         return error_body(self.status, self.code, self.message, self.param, self.errors)
 
 
-def not_found(what: str = "object") -> ApiError:
+def http_status(error: LabError) -> int:
+    """Return the HTTP status ``error`` answers with: its own for an ApiError, else its code's."""
+    if isinstance(error, ApiError):
+        return error.status
+    return STATUS_BY_CODE.get(error.code, 400)
+
+
+def http_headers(error: LabError) -> dict[str, str]:
+    """Return the response headers ``error`` adds (``Retry-After`` when it names a delay)."""
+    if isinstance(error, ApiError):
+        return dict(error.headers)
+    return {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else {}
+
+
+def lab_error_body(error: LabError) -> dict[str, Any]:
+    """Return the JSON error body of ``error``."""
+    return error_body(http_status(error), error.code, error.message, error.param, error.errors)
+
+
+def not_found(what: str = "object") -> LabError:
     """Return the 404 used for missing objects and for other tenants' objects alike."""
     return ApiError(404, "not_found", f"No such {what}.")
 
@@ -93,10 +131,10 @@ def error_body(
     }
 
 
-def error_json_response(error: ApiError) -> JsonResponse:
+def error_json_response(error: LabError) -> JsonResponse:
     """Render ``error`` outside DRF (middleware, plain Django views)."""
-    response = JsonResponse(error.body(), status=error.status)
-    for name, value in error.headers.items():
+    response = JsonResponse(lab_error_body(error), status=http_status(error))
+    for name, value in http_headers(error).items():
         response[name] = value
     return response
 
@@ -123,8 +161,8 @@ def _flatten_validation(detail: Any, prefix: str = "") -> list[FieldError]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler: every error leaves as the body above, never as a bare 500 page."""
-    if isinstance(exc, ApiError):
-        return Response(exc.body(), status=exc.status, headers=exc.headers)
+    if isinstance(exc, LabError):
+        return Response(lab_error_body(exc), status=http_status(exc), headers=http_headers(exc))
     if isinstance(exc, Http404):
         return Response(not_found().body(), status=404)
     if isinstance(exc, RequestDataTooBig):

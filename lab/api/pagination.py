@@ -6,38 +6,15 @@ the last item seen) follow docs/api.md "Conventions".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from django.db.models import QuerySet
 
-from lab.api.errors import ApiError, FieldError
+from lab.api.errors import ApiError
+from lab.paging import int_param, list_envelope, parse_limit
 
-
-def int_param(params, name: str, *, minimum: int, maximum: int, default: int | None) -> int | None:
-    """Return the integer query parameter ``name`` within [minimum, maximum], or ``default`` when
-    absent; raise ApiError 400 (``param`` = ``name``) when it is not such an integer."""
-    raw = params.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        value = minimum - 1
-    if not minimum <= value <= maximum:
-        message = f"{name} must be an integer from {minimum} to {maximum}."
-        raise ApiError(400, "invalid_request", message, errors=[FieldError(name, "out_of_range", message)])
-    return value
-
-
-def parse_limit(params, *, default: int = 20, maximum: int = 100) -> int:
-    """Return the ``limit`` query parameter within [1, maximum]; 400 when it is not such a number."""
-    return int_param(params, "limit", minimum=1, maximum=maximum, default=default)
-
-
-def list_envelope(items: Iterable[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
-    """Return the list envelope around already-serialized ``items``."""
-    return {"object": "list", "data": list(items), "has_more": has_more}
+__all__ = ["int_param", "list_envelope", "paginate_by_public_id", "paginate_list", "parse_limit"]
 
 
 def paginate_by_public_id(

@@ -172,14 +172,15 @@ def test_a_read_only_key_cannot_change_settings(owner):
 
 def test_a_member_cannot_change_settings_through_the_service(owner, member):
     from billing.services import billing_settings_update
-    from lab.api.errors import ApiError
+    from lab.api.errors import http_status
+    from lab.errors import LabError
 
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(LabError) as refused:
         billing_settings_update(actor=Actor(user=member), organization=owner.organization, data={"max_running_jobs": 1})
-    assert refused.value.status == 403
-    with pytest.raises(ApiError) as foreign:
+    assert http_status(refused.value) == 403
+    with pytest.raises(LabError) as foreign:
         billing_settings_update(actor=Actor(user=member), organization=Organization.objects.create(slug="x", name="X"), data={})
-    assert foreign.value.status == 404
+    assert http_status(foreign.value) == 404
     assert Organization.objects.get(pk=owner.organization.pk).max_running_jobs is None
 
 

@@ -18,8 +18,9 @@ from jobs.admission import admission_pass
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StopReason
 from jobs.readmission import PARKED, attempt_open_for_pod
 from jobs.services import job_claim_for_start, job_submit, job_transition
-from lab.api.errors import ApiError
+from lab.api.errors import http_status
 from lab.audit import Actor
+from lab.errors import LabError
 from tests.billing.conftest import at, at_once, observe, start_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
@@ -128,9 +129,9 @@ def test_a_jobset_kueue_readmits_waits_while_started_jobs_hold_the_headroom(owne
     running, _ = start_job(owner, spec, launcher)
     estimate(running, "3.00")
 
-    with pytest.raises(ApiError) as refused:  # Kueue readmitted the parked JobSet; its pod asks to open an attempt
+    with pytest.raises(LabError) as refused:  # Kueue readmitted the parked JobSet; its pod asks to open an attempt
         attempt_open_for_pod(job_public_id=parked.public_id, pod_uid="pod-2", jobset="js-parked")
-    assert (refused.value.status, refused.value.code) == (409, "attempt_not_ready")
+    assert (http_status(refused.value), refused.value.code) == (409, "attempt_not_ready")
     assert "spend_limit_reached" in refused.value.message
     assert (state(parked), Job.objects.unscoped().get(pk=parked.pk).attempt) == ((JobStatus.QUEUED, "requeued_after_preemption"), 1)
 

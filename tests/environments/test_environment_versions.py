@@ -15,8 +15,9 @@ from django.db import connection
 from environments.models import EnvironmentPackage
 from environments.services import environment_push
 from lab import storage
-from lab.api.errors import ApiError
+from lab.api.errors import http_status
 from lab.audit import Actor
+from lab.errors import LabError
 from tests.environments.wheelbuilder import build_wheel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
@@ -113,8 +114,8 @@ def test_two_equal_versions_pushed_at_once_store_one(owner, monkeypatch):
                 filename=filename, size_bytes=len(data),
             )
             outcomes[version] = created
-        except ApiError as error:
-            outcomes[version] = error.status
+        except LabError as error:
+            outcomes[version] = http_status(error)
         finally:
             connection.close()
 

@@ -12,8 +12,9 @@ from django.test import Client
 
 from billing.accounts import account_for
 from billing.services import billing_settings_update
-from lab.api.errors import ApiError
+from lab.api.errors import http_status
 from lab.audit import Actor
+from lab.errors import LabError
 from lab.models import ApiKey, AuditLogEntry, Membership, Organization, Role, User
 from lab.services import api_key_authenticate, api_key_create
 from tests.conftest import Tenant
@@ -169,8 +170,8 @@ def test_a_write_key_whose_creator_is_not_an_owner_or_admin_changes_no_billing_s
     # Through the API the key no longer authenticates at all ...
     assert_refused(owner.client(key).patch("/api/v1/billing/settings", SETTINGS, format="json"))
     # ... and the billing service refuses it by itself, whoever calls it.
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(LabError) as refused:
         billing_settings_update(actor=Actor(api_key=api_key), organization=owner.organization, data=SETTINGS)
-    assert (refused.value.status, refused.value.code) == (403, "insufficient_scope")
+    assert (http_status(refused.value), refused.value.code) == (403, "insufficient_scope")
     assert refused.value.message == "Only organization owners and admins change billing; this API key's creator is not one."
     assert_billing_unchanged(owner)
