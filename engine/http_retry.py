@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+from labsdk.retry import exponential_backoff
 
 logger = logging.getLogger("engine")
 
@@ -35,7 +36,7 @@ def request_json(
     for attempt in range(1, attempts + 1):
         if before_attempt is not None:
             before_attempt()
-        wait = min(max_backoff, 0.5 * 2 ** (attempt - 1))
+        wait = exponential_backoff(attempt - 1, base=0.5, cap=max_backoff)
         try:
             response = client.request(method, url, json=body)
         except httpx.HTTPError as error:

@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import json
 import platform
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -37,7 +36,7 @@ from labsdk.errors import (
     error_from_response,
     parse_retry_after,
 )
-from labsdk.retry import is_retryable_status
+from labsdk.retry import exponential_backoff, is_retryable_status
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 #: The header of Lab's download answers that names the archive's SHA-256 (hex).
@@ -125,8 +124,9 @@ class HTTPClient:
 
     def backoff_delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (0-based) when the server gave no
-        ``Retry-After``: ``min(cap, base * 2**retry)`` scaled by a random factor in [0.5, 1]."""
-        return min(self.backoff_cap, self.backoff_base * 2**retry) * random.uniform(0.5, 1.0)
+        ``Retry-After``: ``min(cap, base * 2**retry)`` scaled by a random factor in [0.5, 1]
+        (:func:`labsdk.retry.exponential_backoff` with jitter)."""
+        return exponential_backoff(retry, base=self.backoff_base, cap=self.backoff_cap, jitter=True)
 
     def request(
         self,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
 import tarfile
 import time
@@ -31,7 +30,7 @@ from labsdk.errors import (
     ProblemDetail,
     WaitTimeoutError,
 )
-from labsdk.retry import is_retryable_status
+from labsdk.retry import exponential_backoff, is_retryable_status
 from labsdk.spec import JobSpec, ParsedSpec, SpecError, parse_spec, read_spec_file
 from labsdk.types import (
     Checkpoint,
@@ -356,7 +355,7 @@ class Jobs:
             spent = max(waited, now - broken_since)
             if spent >= window:
                 raise broken
-            delay = min(STREAM_BACKOFF_CAP_S, self._http.backoff_base * 2**tries) * random.uniform(0.5, 1.0)
+            delay = exponential_backoff(tries, base=self._http.backoff_base, cap=STREAM_BACKOFF_CAP_S, jitter=True)
             delay = min(delay, window - spent)
             time.sleep(delay)
             waited += delay

@@ -21,6 +21,8 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from labsdk.retry import exponential_backoff
+
 from jobs.launchers.kubernetes.gateway import ClusterError, ClusterGateway, ResourceVersionGone
 from jobs.launchers.kubernetes.kinds import JOB, JOBSET, POD, WORKLOAD, Kind
 
@@ -181,7 +183,7 @@ class ClusterCache:
                 failures = 0
             except ClusterError:
                 failures += 1
-                self._stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                self._stop.wait(exponential_backoff(failures, base=0.5, cap=30.0))
             except Exception:  # a bug must not end the thread silently: log and go on
                 logger.exception("watch thread failed", extra={"kind": spec.kind.kind})
                 self._stop.wait(5.0)

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from labsdk.retry import exponential_backoff
+
 from jobs.launchers.base import LauncherUnavailable
 from jobs.launchers.kubernetes.kinds import Kind, kind_of
 
@@ -313,7 +315,7 @@ class KubernetesGateway(ClusterGateway):
                 return min(self.max_backoff_s, max(0.0, float(retry_after)))
             except ValueError:
                 pass
-        return min(self.max_backoff_s, self.backoff_s * 2 ** attempt)
+        return exponential_backoff(attempt, base=self.backoff_s, cap=self.max_backoff_s)
 
 
 def _message(data: bytes) -> str:
