@@ -32,12 +32,12 @@ def ingest_job(*, project, resources: dict | None = None, launch: Callable | Non
     enqueued); with ``launch``, a function of the job returning a launcher handle, the attempt is
     created launched there (``job_claim_for_start``'s ``handle``). Return the job and its ingest
     token."""
-    from jobs import tasks
+    from jobs import dispatch
     from jobs.ingest.tokens import job_token
     from jobs.services import job_claim_for_start, job_submit
     from lab.audit import Actor
 
-    tasks.admit.delay = tasks.launch_attempt.delay = lambda *a, **k: None  # no worker in this benchmark
+    dispatch.enqueue_admission = dispatch.enqueue_launch = lambda *a: None  # no worker in this benchmark
     spec = {"model": "lab/tiny-random-llama", "max_steps": STEPS, "env": [{"id": "lab/addition"}]}
     if resources is not None:
         spec["resources"] = resources

@@ -88,7 +88,7 @@ def main() -> None:
 
     from django.conf import settings
 
-    from jobs import tasks
+    from jobs import dispatch
     from jobs.ingest.tokens import job_token
     from jobs.models import Job, JobStatus
     from jobs.services import job_claim_for_start, job_submit, job_transition
@@ -98,8 +98,8 @@ def main() -> None:
     from jobs.processes import free_port
     from tests.stack import wait_for
 
-    for name in ("admit", "launch_attempt", "reconcile_job"):
-        getattr(tasks, name).delay = lambda *a, **k: None  # no worker: this measures the stream alone
+    for name in ("enqueue_admission", "enqueue_launch", "enqueue_reconcile"):
+        setattr(dispatch, name, lambda *a: None)  # no worker: this measures the stream alone
     result = bootstrap_tenant(organization_slug="bench", project_slug="bench", email="bench@example.com", password=None)
     project = Project.objects.get(slug="bench")
     api_headers = {"Authorization": f"Bearer {result['api_key']}"}

@@ -61,7 +61,7 @@ def main() -> None:
     import redis
     from django.db import transaction
 
-    from jobs import tasks
+    from jobs import dispatch
     from jobs.models import Job
     from jobs.services import job_record_event
     from jobs.webhooks.endpoints import endpoint_create
@@ -70,7 +70,7 @@ def main() -> None:
     from lab.services import bootstrap_tenant
 
     redis.Redis.from_url(broker).flushdb()
-    tasks.admit.delay = lambda *a, **k: None  # no admission in this benchmark
+    dispatch.enqueue_admission = lambda: None  # no admission in this benchmark
     bootstrap_tenant(organization_slug="bench", project_slug="bench", email="bench@example.com", password=None)
     project = Project.objects.get(slug="bench")
     receiver = WebhookReceiver().start()

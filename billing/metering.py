@@ -35,6 +35,8 @@ from django.utils import timezone
 from billing import stripe_api
 from billing.accounts import billing_enabled
 from billing.models import BillingAccount, MeterEvent, MeterEventState, Plan, UsageInterval
+from lab.celery import TaskName
+from lab.dispatch import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +161,4 @@ def meter_event_resolve(*, interval_public_id: str, stripe_has_it: bool) -> Mete
 
 def enqueue_meter_events() -> None:
     """Send owed meter events from a Celery task once the current transaction commits."""
-    from billing import tasks
-
-    transaction.on_commit(tasks.send_meter_events.delay)
+    enqueue_on_commit(TaskName.SEND_METER_EVENTS)

@@ -1,17 +1,21 @@
-"""Celery tasks of billing: thin adapters over ``billing.metering``."""
+"""Celery tasks of billing: thin adapters over ``billing.metering``.
+
+Imported by the worker and beat only (``lab.celery``); producers send these by ``TaskName``
+through ``billing.metering.enqueue_meter_events``.
+"""
 
 from __future__ import annotations
 
 import stripe
-from celery import shared_task
 
-from lab.celery import Queue
+from billing import metering
+from lab import dispatch
+from lab.celery import TaskName, task
 
 
-@shared_task(
+@task(
+    TaskName.SEND_METER_EVENTS,
     bind=True,
-    name="billing.send_meter_events",
-    queue=Queue.BILLING,
     soft_time_limit=120,
     time_limit=180,
     autoretry_for=(stripe.StripeError,),
@@ -23,9 +27,7 @@ from lab.celery import Queue
 def send_meter_events(self) -> int:
     """Send owed Stripe meter events; a Stripe error retries with exponential backoff (5 s to
     10 min); a full batch enqueues the next one. Returns how many were accepted."""
-    from billing.metering import BATCH, meter_events_send
-
-    sent = meter_events_send()
-    if sent >= BATCH:
-        send_meter_events.delay()
+    sent = metering.meter_events_send()
+    if sent >= metering.BATCH:
+        dispatch.send(TaskName.SEND_METER_EVENTS)
     return sent

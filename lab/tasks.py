@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from celery import shared_task
-
 from lab.api.idempotency import purge_expired_idempotency_records
-from lab.celery import Queue
+from lab.celery import TaskName, task
 
 
-@shared_task(name="lab.purge_idempotency_records", queue=Queue.DEFAULT, soft_time_limit=60, time_limit=90)
+@task(TaskName.PURGE_IDEMPOTENCY_RECORDS, soft_time_limit=60, time_limit=90)
 def purge_idempotency_records() -> int:
     """Delete Idempotency-Key answers older than 24 hours; return how many went."""
     return purge_expired_idempotency_records()

@@ -182,28 +182,22 @@ GRAPH_PACKAGES = {package: directory for package, directory in PACKAGES.items() 
 #: go, never grow; no other may appear. Every one closes through imports inside functions
 #: (``FUNCTION_LEVEL_IMPORTS`` says which).
 KNOWN_IMPORT_CIRCLES = {
-    # Closed by jobs.dispatch → jobs.tasks → (admission, reconciler, checkpoints), checkpoints ↔
-    # adapters, the outbox building payloads from adapters and serializers, jobs.queue →
-    # readmission, and the webhook tasks → (delivery, sweep).
+    # Closed by checkpoints ↔ adapters, the outbox building payloads from adapters and
+    # serializers, and jobs.queue → readmission.
     frozenset({
-        "jobs.adapters", "jobs.admission", "jobs.checkpoints", "jobs.dispatch", "jobs.estimates",
-        "jobs.ingest.services", "jobs.ingest.spool", "jobs.queue", "jobs.readmission", "jobs.reconciler",
-        "jobs.serializers", "jobs.services", "jobs.stream.fanout", "jobs.stream.records", "jobs.tasks",
-        "jobs.webhooks.delivery", "jobs.webhooks.outbox", "jobs.webhooks.sweep", "jobs.webhooks.tasks",
+        "jobs.adapters", "jobs.checkpoints", "jobs.estimates", "jobs.queue", "jobs.readmission",
+        "jobs.serializers", "jobs.services", "jobs.stream.fanout", "jobs.stream.records", "jobs.webhooks.outbox",
     }),
     # The registry loads the built-in environments and installed packages, which import its base classes.
     frozenset({
         "engine.environments", "engine.environments.addition", "engine.environments.alphabet_sort",
         "engine.environments.reverse_text", "engine.environments.verifiers_taskset", "engine.packages",
     }),
-    # Metering enqueues the task that sends meter events; the task runs metering.
-    frozenset({"billing.metering", "billing.tasks"}),
     # Sharded (FSDP) weights: each module calls the other.
     frozenset({"engine.distributed", "engine.policy"}),
 }
 
 _CLI = "the CLI loads only what its subcommand needs (torch, transformers, vLLM), after its environment defaults"
-_TASK = "a task imports the code it runs when it runs: that code enqueues tasks (the jobs circle)"
 _JOBS = "closes the jobs circle"
 _REPORTER = "labsdk's __init__ loads its client (httpx, pydantic), which only the HTTP transport needs"
 _INFERENCE = "engine.inference imports the standard library only: torch, transformers and peft load with the model"
@@ -215,8 +209,6 @@ _KUBERNETES = "the Kubernetes pool loads only with LAB_LAUNCHER=kubernetes"
 #: module) with the reason it is not at the top: each hides an edge of the graph, so none may be
 #: added and the list only shrinks.
 FUNCTION_LEVEL_IMPORTS = {
-    ("billing.metering", "billing.tasks"): "the billing circle: the task runs metering",
-    ("billing.tasks", "billing.metering"): "the billing circle: metering enqueues the task",
     ("engine.cli", "engine.catalog"): _CLI,
     ("engine.cli", "engine.checkpoints"): _CLI,
     ("engine.cli", "engine.distill"): _CLI,
@@ -255,20 +247,13 @@ FUNCTION_LEVEL_IMPORTS = {
     ("engine.trainer", "engine.roles"): "split roles only (shared_dir): roles brings httpx and the package installer",
     ("jobs.apps", "jobs.metrics"): "AppConfig.ready(): jobs.metrics imports jobs.models",
     ("jobs.checkpoints", "jobs.adapters"): _JOBS + ": adapters build on checkpoints",
-    ("jobs.dispatch", "jobs.tasks"): _JOBS + ": the tasks run the services that enqueue them",
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.gateway"): _KUBERNETES,
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.launcher"): _KUBERNETES,
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.objects"): _KUBERNETES,
     ("jobs.queue", "jobs.readmission"): _JOBS + ": readmission imports jobs.queue and jobs.services",
-    ("jobs.tasks", "jobs.admission"): _TASK,
-    ("jobs.tasks", "jobs.checkpoints"): _TASK,
-    ("jobs.tasks", "jobs.reconciler"): _TASK,
     ("jobs.webhooks.outbox", "jobs.adapters"): _JOBS + ": the outbox builds the adapter.ready payload",
     ("jobs.webhooks.outbox", "jobs.serializers"): _JOBS + ": the outbox builds the job payloads",
-    ("jobs.webhooks.tasks", "jobs.webhooks.delivery"): _TASK,
-    ("jobs.webhooks.tasks", "jobs.webhooks.sweep"): _TASK,
     ("lab.apps", "lab.checks"): "AppConfig.ready(): importing lab.checks registers Lab's system checks",
-    ("lab.tenancy", "lab.api.errors"): "a domain module naming the API's 404 (the one domain error will replace it)",
 }
 
 

@@ -9,9 +9,6 @@
   delivery rows, queued on commit; the retry schedule.
 - ``delivery``: claim, sign, send and record tries; disable endpoints that keep failing.
 - ``sweep``: the periodic queueing of due retries and purge of old deliveries.
-- ``tasks``: Celery adapters; ``views``/``urls``: the REST endpoints.
+- ``tasks``: Celery adapters (registered in the worker by ``lab.celery``, sent by name);
+  ``views``/``urls``: the REST endpoints.
 """
-
-# Celery's autodiscovery only looks at ``jobs.tasks``; importing the webhook tasks here registers
-# them in every process that loads the jobs app (the module imports nothing from Django).
-from jobs.webhooks import tasks as _tasks  # noqa: E402,F401

@@ -28,10 +28,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.read_once import ReadOnce
-from jobs.webhooks import tasks
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from jobs.webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookMessage
+from lab import dispatch
 from lab.api.formats import iso
+from lab.celery import TaskName
 
 #: Deliveries handed to one task (sent concurrently by one worker process).
 BATCH_SIZE = 25
@@ -175,12 +176,9 @@ def _flush_pending() -> None:
     for delivery_id, countdown in gathered:
         by_countdown[countdown].append(delivery_id)
     for countdown, ids in by_countdown.items():
+        wait = countdown if countdown > 0 else None
         for start in range(0, len(ids), BATCH_SIZE):
-            chunk = ids[start : start + BATCH_SIZE]
-            if countdown > 0:
-                tasks.deliver.apply_async((chunk,), countdown=countdown)
-            else:
-                tasks.deliver.delay(chunk)
+            dispatch.send(TaskName.DELIVER_WEBHOOKS, ids[start : start + BATCH_SIZE], countdown=wait)
 
 
 def _schedule() -> list[int]:

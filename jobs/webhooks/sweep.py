@@ -13,9 +13,10 @@ from datetime import datetime, timedelta
 from django.core.cache import cache
 from django.utils import timezone
 
-from jobs.webhooks import tasks
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookMessage
 from jobs.webhooks.outbox import BATCH_SIZE
+from lab import dispatch
+from lab.celery import TaskName
 
 #: The sweep leaves deliveries due less than this long to the task already queued for them, so a
 #: short backlog in the queue does not get every pending delivery queued a second time.
@@ -42,7 +43,7 @@ def sweep(*, now: datetime | None = None, limit: int = 5000) -> int:
         .values_list("pk", flat=True)[:limit]
     )
     for start in range(0, len(ids), BATCH_SIZE):
-        tasks.deliver.delay(ids[start : start + BATCH_SIZE])
+        dispatch.send(TaskName.DELIVER_WEBHOOKS, ids[start : start + BATCH_SIZE])
     if cache.add("webhooks:purge", 1, timeout=PURGE_INTERVAL_S):
         purge_finished(now=now)
     return len(ids)

@@ -194,16 +194,14 @@ def test_a_worker_killed_mid_delivery_leads_to_a_retry_after_the_lease(owner, sp
 def test_the_sweep_queues_due_retries_and_leaves_fresh_deliveries_to_their_task(
     owner, spec, receiver, clock, monkeypatch
 ):
-    from jobs.webhooks import tasks
-
-    queued: list[list[int]] = []
-    monkeypatch.setattr(tasks.deliver, "delay", lambda ids: queued.append(ids))
+    queued: list[tuple] = []
+    monkeypatch.setattr("lab.dispatch.send", lambda name, *args, **options: queued.append((name, args, options)))
     endpoint_for(owner, receiver)
     submit(owner, spec)
     assert sweep(now=clock.now) == 0
     assert sweep(now=clock.advance(10)) == 0
     assert sweep(now=clock.advance(6)) == 1
-    assert queued == [[WebhookDelivery.objects.get().pk]]
+    assert queued == [("jobs.webhooks.deliver", ([WebhookDelivery.objects.get().pk],), {})]
 
 
 def test_an_endpoint_failing_for_5_days_is_disabled_with_an_event_to_the_others(owner, spec, receiver, clock):
