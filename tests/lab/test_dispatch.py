@@ -49,10 +49,13 @@ def test_it_sends_a_task_by_name_once_the_transaction_commits(sent, django_captu
 
 @pytest.mark.django_db
 def test_it_sends_nothing_when_the_transaction_rolls_back(sent, django_capture_on_commit_callbacks):
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        with pytest.raises(RuntimeError), transaction.atomic():
-            dispatch.enqueue_on_commit(TaskName.RECONCILE_JOB, 7)
-            raise RuntimeError("rolled back")
+    with (
+        django_capture_on_commit_callbacks(execute=True) as callbacks,
+        pytest.raises(RuntimeError),
+        transaction.atomic(),
+    ):
+        dispatch.enqueue_on_commit(TaskName.RECONCILE_JOB, 7)
+        raise RuntimeError("rolled back")
 
     assert callbacks == []
     assert sent == []
