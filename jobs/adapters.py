@@ -30,9 +30,9 @@ from django.utils import timezone
 
 from jobs import storage
 from jobs.checkpoints import archive_download_response, refuse_other_attempt
-from jobs.models import Adapter, AdapterStatus, EventLevel, Job, JobAttempt
+from jobs.models import Adapter, AdapterStatus, EventLevel, EventType, Job, JobAttempt
 from jobs.services import job_record_event
-from lab.api.errors import ApiError
+from lab.errors import LabError
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def adapter_complete(*, job: Job, attempt_number: int, adapter_id: str, size_byt
     The upload is sealed and hashed before any row is locked (as ``checkpoint_complete`` does);
     the outcome is applied under the job's lock. A ready adapter records an ``adapter.ready``
     JobEvent (data ``{"adapter_id", "step"}``; the webhook adds ``job_id`` and ``download_url``)
-    and applies retention. Completing a ready adapter again is a no-op. Raises ApiError 404 for
+    and applies retention. Completing a ready adapter again is a no-op. Raises LabError ``not_found`` for
     an adapter of another job, 409 ``stale_attempt`` when ``attempt_number`` (the reporting
     attempt) is not the one the adapter now belongs to (a newer attempt took its step over) or the
     job has moved on to a newer attempt (``jobs.checkpoints.refuse_other_attempt``), 409
@@ -114,7 +114,7 @@ def adapter_complete(*, job: Job, attempt_number: int, adapter_id: str, size_byt
             adapter.save(update_fields=["status", "size_bytes", "sha256", "ready_at"])
             job_record_event(
                 job=job,
-                type="adapter.ready",
+                type=EventType.ADAPTER_READY,
                 message=f"Adapter of step {adapter.step} is ready.",
                 data={"adapter_id": adapter.public_id, "step": adapter.step},
             )
@@ -131,10 +131,10 @@ def _completable(*, job: Job, attempt_number: int, adapter_id: str, lock: bool =
     rows = Adapter.objects.select_for_update() if lock else Adapter.objects.all()
     adapter = rows.filter(job=job, public_id=adapter_id).first() if len(adapter_id) <= 64 else None
     if adapter is None:
-        raise ApiError(404, "not_found", "No such adapter.")
+        raise LabError("not_found", "No such adapter.")
     refuse_other_attempt(job=job, owner=adapter.attempt, attempt_number=attempt_number, what="adapter")
     if adapter.status in (AdapterStatus.FAILED, AdapterStatus.DELETED):
-        raise ApiError(409, "invalid_state", f"This adapter is {adapter.status}; it cannot be completed.")
+        raise LabError("invalid_state", f"This adapter is {adapter.status}; it cannot be completed.")
     return adapter
 
 
@@ -144,7 +144,7 @@ def _mark_failed(job: Job, adapter: Adapter, message: str) -> None:
     adapter.save(update_fields=["status"])
     job_record_event(
         job=job,
-        type="adapter.failed",
+        type=EventType.ADAPTER_FAILED,
         level=EventLevel.WARNING,
         message=message,
         data={"adapter_id": adapter.public_id, "step": adapter.step},
@@ -182,13 +182,12 @@ def adapter_download_response(adapter: Adapter, *, request: Any) -> HttpResponse
 
     The tar streamed (``Content-Disposition: attachment; filename="<job id>-step-<step>-<adapter
     id>.tar"``) once found unchanged since it became ready, or on S3 a 302 to a short-lived signed
-    URL, each with the SHA-256 in ``X-Lab-Archive-SHA256``, as for checkpoints. Raises ApiError
+    URL, each with the SHA-256 in ``X-Lab-Archive-SHA256``, as for checkpoints. Raises LabError
     409 ``adapter_not_ready`` for an adapter that is not ``ready``, 409 ``adapter_corrupted`` when
     its archive changed (the adapter is then failed), 404 when its object is gone.
     """
     if adapter.status != AdapterStatus.READY:
-        raise ApiError(
-            409,
+        raise LabError(
             "adapter_not_ready",
             f"Adapter {adapter.public_id} is {adapter.status}; only ready adapters can be downloaded.",
         )

@@ -34,6 +34,7 @@ from jobs.models import (
     CheckpointChange,
     CheckpointStatus,
     EventLevel,
+    EventType,
     Job,
     JobAttempt,
 )
@@ -41,7 +42,7 @@ from jobs.serializers import checkpoint_to_dict
 from jobs.services import job_record_event
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
-from lab.api.errors import ApiError
+from lab.errors import LabError
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def checkpoint_complete(*, job: Job, attempt_number: int, checkpoint_id: str, si
     hold up the job's other reports; the outcome is then applied under the job's lock unless a
     concurrent completion got there first. Completing an already ready checkpoint again is a
     no-op. A failed one's object is deleted. ``attempt_number`` is the reporting attempt. Raises
-    ApiError 404 for a checkpoint of another job, 409 ``stale_attempt`` when another attempt
+    LabError ``not_found`` for a checkpoint of another job, 409 ``stale_attempt`` when another attempt
     registered it or the job has moved on to a newer attempt (``refuse_other_attempt``), and 409
     ``invalid_state`` for one that already failed.
     """
@@ -105,10 +106,10 @@ def _completable(*, job: Job, attempt_number: int, checkpoint_id: str, lock: boo
     rows = Checkpoint.objects.select_for_update() if lock else Checkpoint.objects.all()
     checkpoint = rows.filter(job=job, public_id=checkpoint_id).first()
     if checkpoint is None:
-        raise ApiError(404, "not_found", "No such checkpoint.")
+        raise LabError("not_found", "No such checkpoint.")
     refuse_other_attempt(job=job, owner=checkpoint.attempt, attempt_number=attempt_number, what="checkpoint")
     if checkpoint.status == CheckpointStatus.FAILED:
-        raise ApiError(409, "invalid_state", "This checkpoint already failed verification.")
+        raise LabError("invalid_state", "This checkpoint already failed verification.")
     return checkpoint
 
 
@@ -116,13 +117,15 @@ def refuse_other_attempt(*, job: Job, owner: int, attempt_number: int, what: str
     """Refuse attempt ``attempt_number``'s completion of an upload (``what``: a checkpoint, or an
     adapter of ``jobs.adapters``) that attempt ``owner`` holds: only the attempt that registered
     it completes it, and only while that is the job's current attempt, so a superseded attempt's
-    token settles nothing. Raises ApiError 409 ``stale_attempt`` (``param`` ``attempt``)."""
+    token settles nothing. Raises LabError ``stale_attempt`` (``param`` ``attempt``)."""
     if attempt_number < job.attempt:
-        raise ApiError(
-            409, "stale_attempt", f"attempt {attempt_number} was superseded by attempt {job.attempt}.", param="attempt"
+        raise LabError(
+            "stale_attempt",
+            f"attempt {attempt_number} was superseded by attempt {job.attempt}.",
+            param="attempt",
         )
     if owner != attempt_number:
-        raise ApiError(409, "stale_attempt", f"This {what} belongs to attempt {owner}, not {attempt_number}.", param="attempt")
+        raise LabError("stale_attempt", f"This {what} belongs to attempt {owner}, not {attempt_number}.", param="attempt")
 
 
 def _apply_verification(
@@ -137,7 +140,7 @@ def _apply_verification(
         checkpoint.save(update_fields=["status", "size_bytes", "sha256", "ready_at", "stream_seq"])
         job_record_event(
             job=job,
-            type="checkpoint.ready",
+            type=EventType.CHECKPOINT_READY,
             message=f"Checkpoint of step {checkpoint.step} is ready.",
             data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
         )
@@ -160,7 +163,7 @@ def _mark_failed(job: Job, checkpoint: Checkpoint, message: str) -> None:
     checkpoint.save(update_fields=["status", "stream_seq"])
     job_record_event(
         job=job,
-        type="checkpoint.failed",
+        type=EventType.CHECKPOINT_FAILED,
         level=EventLevel.WARNING,
         message=message,
         data={"checkpoint_id": checkpoint.public_id, "step": checkpoint.step},
@@ -219,13 +222,12 @@ def checkpoint_download_response(checkpoint: Checkpoint, *, request: Any) -> Htt
     asynchronous iterator under ASGI (Django would read a synchronous one whole into memory
     first) and as a FileResponse under WSGI. On S3: 302 to a pre-signed GET URL good for
     ``DOWNLOAD_URL_EXPIRE_S`` seconds, unread: the receiver checks the bytes against the SHA-256
-    in ``ARCHIVE_SHA256_HEADER``, which both answers carry. Raises ApiError 409
+    in ``ARCHIVE_SHA256_HEADER``, which both answers carry. Raises LabError
     ``checkpoint_not_ready`` for a checkpoint that is not ``ready``, 409 ``checkpoint_corrupted``
     when its archive changed (the checkpoint is then failed), and 404 when its object has gone missing.
     """
     if checkpoint.status != CheckpointStatus.READY:
-        raise ApiError(
-            409,
+        raise LabError(
             "checkpoint_not_ready",
             f"Checkpoint {checkpoint.public_id} is {checkpoint.status}; only ready checkpoints can be downloaded.",
         )
@@ -241,7 +243,7 @@ def archive_download_response(
     adapter's: ``jobs.adapters``) as ``filename``; see ``checkpoint_download_response``.
 
     ``fail(job, row, message)`` marks the locked row failed when its archive changed
-    (``verify_stored_archive``). Raises ApiError 404 when the object has gone missing and 409
+    (``verify_stored_archive``). Raises LabError ``not_found`` when the object has gone missing and 409
     ``<kind>_corrupted`` when it changed.
     """
     if storage.is_filesystem():
@@ -269,8 +271,8 @@ def verify_stored_archive(row: Checkpoint | Adapter, *, fail: Callable[[Job, Any
 
     A changed archive is never served or resumed from: ``fail(job, row, message)`` marks the row
     (locked, with its job, if still ready with that SHA-256) failed with a warning event, and
-    ApiError 409 ``<kind>_corrupted`` (``checkpoint_corrupted``, ``adapter_corrupted``) is raised.
-    Raises ApiError 404 when the object has gone missing.
+    LabError ``<kind>_corrupted`` (``checkpoint_corrupted``, ``adapter_corrupted``) is raised.
+    Raises LabError ``not_found`` when the object has gone missing.
     """
     kind = type(row).__name__
     stored = storage.stored_size_and_sha256(row.storage_key, expected_size=row.size_bytes)
@@ -288,22 +290,21 @@ def verify_stored_archive(row: Checkpoint | Adapter, *, fail: Callable[[Job, Any
         locked = rows.filter(pk=row.pk, status=row.status, sha256=row.sha256).first()
         if locked is not None:
             fail(job, locked, message)
-    raise ApiError(
-        409,
+    raise LabError(
         f"{kind.lower()}_corrupted",
         f"{kind} {row.public_id} failed verification: its stored archive no longer matches the SHA-256 recorded "
         "when it became ready; it is now failed.",
     )
 
 
-def _archive_gone(row: Checkpoint | Adapter) -> ApiError:
+def _archive_gone(row: Checkpoint | Adapter) -> LabError:
     """Return the 404 for a ready row whose archive is no longer in storage."""
-    return ApiError(404, "not_found", f"This {type(row).__name__.lower()}'s archive is no longer stored.")
+    return LabError("not_found", f"This {type(row).__name__.lower()}'s archive is no longer stored.")
 
 
 def checkpoint_resume_archive(checkpoint: Checkpoint) -> Path:
     """Return the local path of ``checkpoint``'s archive (filesystem storage) for a launcher to
-    resume from, once it is found unchanged since it became ready. Raises ApiError 409
+    resume from, once it is found unchanged since it became ready. Raises LabError
     ``checkpoint_corrupted`` when it changed (the checkpoint is then failed, so the job's next
     attempt resumes from the one before) and 404 when it is gone (``verify_stored_archive``)."""
     verify_stored_archive(checkpoint, fail=_mark_failed)
@@ -328,7 +329,7 @@ def checkpoint_archive_filename(checkpoint: Checkpoint) -> str:
 def checkpoint_for_engine(*, job: Job, checkpoint_id: str) -> Checkpoint:
     """Return a ready checkpoint that ``job``'s engine may fetch: its own, or its ``init_from``.
 
-    Raises ApiError 404 for any other id (another job's checkpoint is as missing as an unknown one).
+    Raises LabError ``not_found`` for any other id (another job's checkpoint is as missing as an unknown one).
     """
     checkpoint = (
         Checkpoint.objects.unscoped()
@@ -338,7 +339,7 @@ def checkpoint_for_engine(*, job: Job, checkpoint_id: str) -> Checkpoint:
         .first()
     )
     if checkpoint is None:
-        raise ApiError(404, "not_found", f"No ready checkpoint '{checkpoint_id}' for this job.")
+        raise LabError("not_found", f"No ready checkpoint '{checkpoint_id}' for this job.")
     return checkpoint
 
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobs.models import Job, RolloutSample
-from lab.api.errors import ApiError, FieldError
-from lab.api.pagination import int_param
+from lab.errors import FieldError, LabError
+from lab.paging import int_param
 
 #: What a distribution can be of: a rollout sample's field.
 DISTRIBUTION_TYPES = ("reward", "advantage")
@@ -46,12 +46,12 @@ def job_distribution(*, job: Job, params: Mapping[str, str]) -> dict[str, Any]:
 
     ``type`` is ``reward`` (default) or ``advantage``; ``step`` defaults to the latest step with
     samples (``null`` with no bins before the first); ``bins`` is 1 to 100 (default 10). Raises
-    ApiError 400 ``invalid_request`` naming the parameter for any other value.
+    LabError ``invalid_request`` naming the parameter for any other value.
     """
     kind = params.get("type") or "reward"
     if kind not in DISTRIBUTION_TYPES:
         message = f"type must be one of {', '.join(DISTRIBUTION_TYPES)}."
-        raise ApiError(400, "invalid_request", message, param="type", errors=[FieldError("type", "invalid_value", message)])
+        raise LabError("invalid_request", message, param="type", errors=[FieldError("type", "invalid_value", message)])
     step = int_param(params, "step", minimum=0, maximum=10**9, default=None)
     bins = int_param(params, "bins", minimum=1, maximum=MAX_BINS, default=DEFAULT_BINS)
     samples = RolloutSample.objects.filter(job=job)

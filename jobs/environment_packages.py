@@ -13,8 +13,8 @@ from django.db import transaction
 from environments.models import EnvironmentPackage
 from environments.services import EnvironmentRef, environment_find, environment_mark_deleted, package_download_url
 from jobs.models import Job, JobStatus
-from lab.api.errors import ApiError, not_found
 from lab.audit import Actor
+from lab.errors import LabError, not_found
 from lab.models import Organization
 
 #: Statuses of jobs that will still run their environments.
@@ -38,7 +38,7 @@ def jobs_using(package: EnvironmentPackage) -> list[str]:
 def environment_delete(*, organization: Organization, actor: Actor, environment_id: str) -> EnvironmentPackage:
     """Delete the package version ``environment_id`` names in ``organization`` (no version: the latest).
 
-    Returns the deleted package. Raises ApiError 404 ``not_found`` for a missing or another
+    Returns the deleted package. Raises LabError ``not_found`` for a missing or another
     organization's package, and 409 ``invalid_state`` naming the jobs while a queued or running
     job uses it; nothing changes then. The row is locked while checking, and a submit locks the
     rows it resolves (``jobs.specs.validate_job_spec``), so no job can start using it meanwhile.
@@ -49,8 +49,7 @@ def environment_delete(*, organization: Organization, actor: Actor, environment_
         raise not_found("environment")
     using = jobs_using(package)
     if using:
-        raise ApiError(
-            409,
+        raise LabError(
             "invalid_state",
             f"{package.public_id} is used by {len(using)} queued or running job{'s' if len(using) > 1 else ''} "
             f"({', '.join(sorted(using)[:5])}); delete it once they have finished.",

@@ -45,7 +45,7 @@ def job_estimate(*, project: Project, data: Any) -> dict[str, Any]:
     """Validate ``data`` fully (as ``job_submit`` would) and estimate it without creating anything.
 
     Returns ``{"gpu_seconds", "cpu_seconds", "cost_usd", "queue_position", "can_start_now",
-    "reason", "warnings"}`` (docs/api.md). Raises ApiError 400 ``invalid_spec``.
+    "reason", "warnings"}`` (docs/api.md). Raises LabError ``invalid_spec``.
     """
     data, secrets = split_secrets(data)  # validated as job_submit would; never stored here
     validated = validate_job_spec(project=project, data=data, secret_names=secrets)

@@ -26,7 +26,7 @@ from jobs.ingest.tokens import job_token
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StatusReason
 from jobs.queue import lock_admission, organization_cap, organization_running, spend_budget
 from jobs.services import current_attempt, job_claim_for_start
-from lab.api.errors import ApiError
+from lab.errors import LabError
 
 #: Handle keys: the JobSet of this ended attempt waits in Kueue for the next one; the uid of the
 #: pod that opened an attempt (``attempt_open_for_pod``).
@@ -99,8 +99,8 @@ def _grant(attempt: JobAttempt) -> AttemptGrant:
     )
 
 
-def _not_ready(message: str) -> ApiError:
-    return ApiError(409, "attempt_not_ready", message, headers={"Retry-After": str(RETRY_AFTER_S)})
+def _not_ready(message: str) -> LabError:
+    return LabError("attempt_not_ready", message, retry_after_s=RETRY_AFTER_S)
 
 
 @transaction.atomic
@@ -114,7 +114,7 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
       checkpoint; ``jobs.services.job_claim_for_start``), already launched in this JobSet;
     - this pod opened the current attempt already: the same answer again (idempotent by pod uid).
 
-    Raises ApiError 409 ``attempt_not_ready`` (with ``Retry-After``) while Lab has not caught up
+    Raises LabError ``attempt_not_ready`` (with ``Retry-After``) while Lab has not caught up
     with the cluster (the launch not yet recorded, or the previous attempt not yet seen ending),
     409 ``invalid_state`` when the job has ended or this JobSet does not run it (ask no more),
     and 404 for a job that no longer exists.
@@ -123,9 +123,9 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
         public_id=job_public_id
     ).first()
     if job is None:
-        raise ApiError(404, "not_found", f"No job '{job_public_id}'.")
+        raise LabError("not_found", f"No job '{job_public_id}'.")
     if job.is_terminal:
-        raise ApiError(409, "invalid_state", f"The job has {job.status}; there is no attempt to run.")
+        raise LabError("invalid_state", f"The job has {job.status}; there is no attempt to run.")
     attempt = current_attempt(job)
     handle = attempt.handle if attempt is not None else {}
     if handle.get(POD_UID) == pod_uid and handle.get("jobset") == jobset:
@@ -133,7 +133,7 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
     if job.status == JobStatus.QUEUED:
         if not (handle.get(PARKED) and handle.get("jobset") == jobset
                 and job.status_reason == StatusReason.REQUEUED_AFTER_PREEMPTION):
-            raise ApiError(409, "invalid_state", "No attempt of this job waits in this JobSet.")
+            raise LabError("invalid_state", "No attempt of this job waits in this JobSet.")
         # Kueue readmitted the JobSet, but the organization's cap and billing still hold: the pod
         # waits (asking again) until one of the organization's jobs ends or credit returns. Admission's lock keeps two
         # readmissions, or a readmission and an admission, from both taking the last place.
@@ -159,7 +159,7 @@ def attempt_open_for_pod(*, job_public_id: str, pod_uid: str, jobset: str) -> At
     if attempt.state == AttemptState.PENDING:
         raise _not_ready("The attempt's launch is not recorded yet; ask again.")
     if handle.get("jobset") != jobset:
-        raise ApiError(409, "invalid_state", "This JobSet does not run the job's current attempt.")
+        raise LabError("invalid_state", "This JobSet does not run the job's current attempt.")
     if handle.get(POD_UID):
         # Another pod of this JobSet opened the current attempt: Kueue readmitted the JobSet
         # before the reconciler saw the eviction. The next pass ends that attempt; then this opens.

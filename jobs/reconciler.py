@@ -346,7 +346,7 @@ def _finish_attempt(
             job_transition(
                 job=job, current=True,
                 to=S.FAILED,
-                error_code="max_runtime_exceeded",
+                error_code=ErrorCode.MAX_RUNTIME_EXCEEDED,
                 error_message=f"The job ran longer than max_runtime_minutes ({job.spec['max_runtime_minutes']}).",
                 data=detail,
             )
@@ -360,7 +360,7 @@ def _finish_attempt(
             )
         else:
             job_transition(
-                job=job, current=True, to=S.FAILED, error_code="insufficient_credit", error_message="Out of credit.", data=detail
+                job=job, current=True, to=S.FAILED, error_code=ErrorCode.INSUFFICIENT_CREDIT, error_message="Out of credit.", data=detail
             )
     elif code == 3 and observation.kept_in_queue:
         # Kueue requeued the same Workload at its place: keep the JobSet for the next attempt,
@@ -368,7 +368,7 @@ def _finish_attempt(
         attempt.handle = {**get_launcher().handle_for_readmission(attempt.handle), PARKED: True}
         attempt.save(update_fields=["handle"])
         job_transition(
-            job=job, current=True, to=S.QUEUED, reason="requeued_after_preemption",
+            job=job, current=True, to=S.QUEUED, reason=StatusReason.REQUEUED_AFTER_PREEMPTION,
             message="Preempted; waiting in Kueue at its place to resume from the latest checkpoint.",
             data={**detail, "kept_in_queue": True},
         )
@@ -376,14 +376,21 @@ def _finish_attempt(
         return
     elif code == 3:
         job_transition(
-            job=job, current=True, to=S.QUEUED, reason="requeued_after_preemption", message="Stopped from outside; requeued.", data=detail
+            job=job,
+            current=True,
+            to=S.QUEUED,
+            reason=StatusReason.REQUEUED_AFTER_PREEMPTION,
+            message="Stopped from outside; requeued.",
+            data=detail,
         )
     elif observation.reason in LAUNCHER_FAILURES and job.status != S.CANCELLING:
         job_transition(
             job=job, current=True, to=S.FAILED, error_code=observation.reason, error_message=observation.detail[-2000:], data=detail
         )
     elif code == 4 or observation.oom_killed:
-        job_transition(job=job, current=True, to=S.FAILED, error_code="oom", error_message="The engine ran out of memory.", data=detail)
+        job_transition(
+            job=job, current=True, to=S.FAILED, error_code=ErrorCode.OOM, error_message="The engine ran out of memory.", data=detail
+        )
     elif job.status == S.CANCELLING:
         job_transition(job=job, current=True, to=S.CANCELLED, message="Stopped, as requested.", data=detail)
     else:
@@ -396,7 +403,7 @@ def _finish_attempt(
             job_transition(
                 job=job, current=True,
                 to=S.FAILED,
-                error_code="max_restarts_exceeded",
+                error_code=ErrorCode.MAX_RESTARTS_EXCEEDED,
                 error_message=f"The engine crashed {crashes} times (exit {code}): {what[0][:500]}",
                 data=detail,
             )
@@ -404,7 +411,7 @@ def _finish_attempt(
             job_transition(
                 job=job, current=True,
                 to=S.QUEUED,
-                reason="requeued_after_crash",
+                reason=StatusReason.REQUEUED_AFTER_CRASH,
                 message=f"Attempt {attempt.number} crashed (exit {code}); resuming from the latest checkpoint.",
                 data={**detail, "crashes": crashes},
             )

@@ -11,10 +11,9 @@ from django.db.models.functions import Cast
 
 from jobs.models import Job, JobStatus, LogLine, MetricStep, RolloutSample
 from jobs.serializers import log_line_to_dict, metric_point_to_dict, sample_to_dict
-from lab.api.errors import ApiError, FieldError
-from lab.api.pagination import int_param, list_envelope
+from lab.errors import FieldError, LabError
 from lab.models import Project
-
+from lab.paging import int_param, list_envelope
 
 #: The most ``[[env]]`` blocks a spec has (labsdk.spec.model.JobSpec.env).
 MAX_SPEC_ENVIRONMENTS = 16
@@ -32,13 +31,12 @@ def job_list(
     one base ``model`` (its catalogue id) and training on one ``environment`` (an id as stored,
     ``owner/name@version``, or without the version: any version of it).
 
-    Raises ApiError 400 for an unknown status.
+    Raises LabError ``invalid_request`` for an unknown status.
     """
     jobs = Job.objects.filter(project=project)
     if status:
         if status not in JobStatus.values:
-            raise ApiError(
-                400,
+            raise LabError(
                 "invalid_request",
                 f"Unknown status {status[:40]!r}; use one of {', '.join(JobStatus.values)}.",
                 errors=[FieldError("status", "invalid_value", "unknown status")],
@@ -86,10 +84,10 @@ def metadata_filters(params: Mapping[str, str]) -> dict[str, str]:
         if name.startswith("metadata[") and name.endswith("]"):
             key = name[len("metadata[") : -1]
             if not key or len(key) > 64 or len(value) > 512:
-                raise ApiError(400, "invalid_request", "metadata filters take keys of 1-64 and values of at most 512 characters.", param=name[:80])
+                raise LabError("invalid_request", "metadata filters take keys of 1-64 and values of at most 512 characters.", param=name[:80])
             pairs[key] = value
     if len(pairs) > 16:
-        raise ApiError(400, "invalid_request", "At most 16 metadata filters.", param="metadata")
+        raise LabError("invalid_request", "At most 16 metadata filters.", param="metadata")
     return pairs
 
 

@@ -24,7 +24,7 @@ from jobs.models import (
 )
 from jobs.queue import queue_positions
 from jobs.read_once import ReadOnce
-from lab.api.formats import iso, money
+from lab.formats import iso, money
 
 
 def adapter_to_dict(adapter: Adapter) -> dict[str, Any]:

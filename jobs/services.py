@@ -30,13 +30,16 @@ from jobs.models import (
     AttemptState,
     Checkpoint,
     CheckpointStatus,
+    ErrorCode,
     EventLevel,
+    EventType,
     Job,
     JobAttempt,
     JobEvent,
     JobPriority,
     JobStatus,
     LogLine,
+    StatusReason,
     StopReason,
 )
 from jobs.secrets.services import masker, secrets_store, split_secrets
@@ -45,8 +48,8 @@ from jobs.specs import validate_job_spec
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
 from jobs.webhooks.outbox import enqueue_event
-from lab.api.errors import ApiError
 from lab.audit import Actor, AuditAction, audit_record
+from lab.errors import LabError
 from lab.models import Project
 
 logger = logging.getLogger(__name__)
@@ -66,12 +69,12 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 _EVENT_TYPES = {
-    S.STARTING: "job.starting",
-    S.RUNNING: "job.started",
-    S.CANCELLING: "job.cancelling",
-    S.SUCCEEDED: "job.succeeded",
-    S.FAILED: "job.failed",
-    S.CANCELLED: "job.cancelled",
+    S.STARTING: EventType.STARTING,
+    S.RUNNING: EventType.STARTED,
+    S.CANCELLING: EventType.CANCELLING,
+    S.SUCCEEDED: EventType.SUCCEEDED,
+    S.FAILED: EventType.FAILED,
+    S.CANCELLED: EventType.CANCELLED,
 }
 
 
@@ -86,7 +89,7 @@ class InvalidTransition(Exception):
 
 def _event_type(previous: str, to: str) -> str:
     if to == S.QUEUED:
-        return "job.restarted" if previous in (S.FAILED, S.CANCELLED) else "job.requeued"
+        return EventType.RESTARTED if previous in (S.FAILED, S.CANCELLED) else EventType.REQUEUED
     return _EVENT_TYPES[to]
 
 
@@ -198,11 +201,11 @@ def events_recorded_together() -> Iterator[EventBatch]:
 
 
 def require_billing_allows_runs(project: Project) -> None:
-    """Raise ApiError 402 with the billing code when nothing of ``project``'s organization can run
+    """Raise LabError 402 with the billing code when nothing of ``project``'s organization can run
     (a failed payment, the monthly spend limit reached, credit used up: ``billing.accounts``)."""
     blocker = organization_run_blocker(project.organization_id)
     if blocker is not None:
-        raise ApiError(402, blocker, BLOCKER_MESSAGES[blocker])
+        raise LabError(blocker, BLOCKER_MESSAGES[blocker])
 
 
 @transaction.atomic
@@ -211,7 +214,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     beside the spec's keys is stored encrypted for the job's engine (``jobs.secrets.services``).
 
     Returns the Job (``queued``, reason ``waiting``) with its ``job.queued`` event.
-    Raises ApiError 400 ``invalid_spec`` listing every problem (``invalid_request`` for bad
+    Raises LabError ``invalid_spec`` listing every problem (``invalid_request`` for bad
     ``secrets``), and 402 (``insufficient_credit``,
     ``spend_limit_reached``, ``payment_failed``) when billing lets nothing of the organization run
     at all; nothing is created then.
@@ -227,7 +230,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
         created_by_key=actor.api_key,
         name=spec.name or "",
         status=S.QUEUED,
-        status_reason="waiting",
+        status_reason=StatusReason.WAITING,
         spec=validated.canonical,
         warnings=validated.parsed.warnings,
         metadata=dict(spec.metadata),
@@ -246,7 +249,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
         queued_at=now,
     )
     secrets_store(job=job, secrets=secrets)
-    job_record_event(job=job, type="job.queued", message="Job submitted and queued.", status_change=True)
+    job_record_event(job=job, type=EventType.QUEUED, message="Job submitted and queued.", status_change=True)
     audit_record(
         actor=actor,
         organization=project.organization,
@@ -316,7 +319,7 @@ def _transition_locked(
         fields.append("finished_at")
     if to == S.FAILED:
         mask = masker(job_id=locked.public_id)  # an engine's error text may quote one of its secrets
-        locked.error_code = error_code or "internal_error"
+        locked.error_code = error_code or ErrorCode.INTERNAL_ERROR
         locked.error_message, message = mask(error_message), mask(message)
         fields += ["error_code", "error_message"]
     locked.save(update_fields=fields)
@@ -333,14 +336,14 @@ def _transition_locked(
 def job_cancel(*, job: Job, actor: Actor) -> Job:
     """Cancel ``job``: a queued job is ``cancelled`` at once, a starting or running one ``cancelling``.
 
-    Cancelling a job that is already cancelling is a no-op. Raises ApiError 409 ``invalid_state``
+    Cancelling a job that is already cancelling is a no-op. Raises LabError ``invalid_state``
     for a finished job.
     """
     locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if locked.status == S.CANCELLING:
         return locked
     if locked.is_terminal:
-        raise ApiError(409, "invalid_state", f"The job has already {locked.status}; there is nothing to cancel.")
+        raise LabError("invalid_state", f"The job has already {locked.status}; there is nothing to cancel.")
     to = S.CANCELLED if locked.status == S.QUEUED else S.CANCELLING
     updated = job_transition(job=locked, to=to, message="Cancelled by request.")
     if to == S.CANCELLING:
@@ -388,7 +391,7 @@ def job_claim_for_start(*, job_id: int, handle: dict | None = None) -> JobAttemp
     if resume is not None:
         data["resume_from"] = {"checkpoint_id": resume.public_id, "step": resume.step}
     job_record_event(
-        job=job, type="job.starting", message=f"Attempt {attempt.number} is starting.", data=data, status_change=True
+        job=job, type=EventType.STARTING, message=f"Attempt {attempt.number} is starting.", data=data, status_change=True
     )
     if handle is None:
         dispatch.enqueue_launch(attempt.pk)
@@ -412,15 +415,15 @@ def attempt_request_stop(*, job: Job, reason: str) -> None:
 def job_restart(*, job: Job, actor: Actor) -> Job:
     """Queue a failed or cancelled job again; its next attempt resumes from its latest checkpoint.
 
-    Raises ApiError 409 ``invalid_state`` for a job in any other status, and 402 when billing lets
+    Raises LabError ``invalid_state`` for a job in any other status, and 402 when billing lets
     nothing of its organization run (``require_billing_allows_runs``).
     """
     locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if locked.status not in (S.FAILED, S.CANCELLED):
-        raise ApiError(409, "invalid_state", f"Only failed or cancelled jobs can restart; this one is {locked.status}.")
+        raise LabError("invalid_state", f"Only failed or cancelled jobs can restart; this one is {locked.status}.")
     require_billing_allows_runs(job.project)
     Job.objects.unscoped().filter(pk=locked.pk).update(crash_count=0)
-    updated = job_transition(job=locked, to=S.QUEUED, reason="waiting", message="Restarted by request.")
+    updated = job_transition(job=locked, to=S.QUEUED, reason=StatusReason.WAITING, message="Restarted by request.")
     audit_record(
         actor=actor,
         organization=job.project.organization,
@@ -438,11 +441,11 @@ def job_delete(*, job: Job, actor: Actor) -> None:
 
     The files (checkpoint archives, and the launcher's work dirs of every attempt: spooled
     samples, logs, local weights) go once the rows are committed (``job_files_delete``).
-    Raises ApiError 409 ``invalid_state`` unless the job is terminal.
+    Raises LabError ``invalid_state`` unless the job is terminal.
     """
     locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if not locked.is_terminal:
-        raise ApiError(409, "invalid_state", f"Only finished jobs can be deleted; this one is {locked.status}. Cancel it first.")
+        raise LabError("invalid_state", f"Only finished jobs can be deleted; this one is {locked.status}. Cancel it first.")
     public_id = locked.public_id
     handles = [attempt.handle for attempt in locked.attempts.order_by("number")]
     audit_record(

@@ -29,7 +29,7 @@ from environments.models import EnvironmentPackage
 from environments.services import EnvironmentRef, environment_catalogue, environment_find
 from jobs.models import Checkpoint, CheckpointStatus
 from jobs.pool import pool_problems
-from lab.api.errors import ApiError, FieldError
+from lab.errors import FieldError, LabError
 from lab.models import Organization, Project
 
 
@@ -170,7 +170,7 @@ def validate_job_spec(
 
     Returns the ValidatedSpec, its uploaded environments resolved to exact versions (locked for
     the caller's transaction with ``lock_environments``, so that no delete slips in before the job
-    exists). Raises ApiError 400 ``invalid_spec`` listing every problem with its dotted path:
+    exists). Raises LabError ``invalid_spec`` listing every problem with its dotted path:
     shape and cross-field rules, unknown model or environment (another organization's package is
     unknown), environment arguments, context length, pool capacity, ``init_from``, and secrets the
     spec names (``[teacher.client] api_key_var``) that the job is not given.
@@ -202,10 +202,10 @@ def validate_job_spec(
     return ValidatedSpec(parsed=parsed, init_from=checkpoint, environment_packages=packages)
 
 
-def _invalid_spec(problems: list[SpecProblem]) -> ApiError:
+def _invalid_spec(problems: list[SpecProblem]) -> LabError:
     errors = [FieldError(param=problem.param or None, code=problem.code, message=problem.message) for problem in problems]
     first = errors[0]
     message = f"{first.param}: {first.message}" if first.param else first.message
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return ApiError(400, "invalid_spec", message, errors=errors)
+    return LabError("invalid_spec", message, errors=errors)

@@ -545,3 +545,40 @@ def test_it_reports_an_unlisted_import_inside_a_function_and_a_stale_entry():
         "2 function-level imports of project modules (3 import lines): "
         "lab 0, dashboard 0, jobs 2, billing 0, environments 0, engine 0, labsdk 0"
     )
+
+
+#: The HTTP edge, which alone may import ``lab.api`` (the API's errors, auth, paging, schema):
+#: modules in an ``api`` package, views, URL confs, OpenAPI declarations, Celery tasks, the
+#: composition root and middleware, the ingest endpoint that opens attempts, and the dashboard.
+#: Every other module is the domain: it raises ``lab.errors.LabError`` and reads ``lab.paging``,
+#: ``lab.formats`` and ``lab.lib.jsonbounds``.
+API_EDGE_NAMES = {"views.py", "urls.py", "openapi.py", "tasks.py"}
+API_EDGE_MODULES = {"lab/settings.py", "lab/middleware.py", "jobs/ingest/bootstrap.py"}
+API_EDGE_PACKAGES = {"dashboard"}
+
+
+def _is_api_edge(relative: str) -> bool:
+    parts = relative.split("/")
+    return (
+        parts[0] in API_EDGE_PACKAGES
+        or "api" in parts[:-1]
+        or parts[-1] in API_EDGE_NAMES
+        or parts[-1].endswith("_views.py")
+        or relative in API_EDGE_MODULES
+    )
+
+
+def test_it_keeps_lab_api_out_of_the_domain():
+    problems = []
+    for package in APPS | {"lab"}:
+        package_dir = ROOT / PACKAGES[package]
+        for path in sorted(package_dir.rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if _is_api_edge(relative) or "/migrations/" in relative:
+                continue
+            for line, module in imported_modules(path, package=package, package_dir=package_dir):
+                if module == "lab.api" or module.startswith("lab.api."):
+                    problems.append(f"{relative}:{line}: imports {module}")
+    assert not problems, "domain modules that import the API layer (raise lab.errors.LabError):\n" + "\n".join(
+        sorted(problems)
+    )

@@ -46,7 +46,7 @@ from jobs.secrets.services import masker
 from jobs.services import job_transition, store_log_lines
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
-from lab.api.errors import ApiError
+from lab.errors import LabError
 
 
 def _locked(attempt: JobAttempt, reported_attempt: int, *, live: bool = True) -> tuple[Job, JobAttempt]:
@@ -57,13 +57,14 @@ def _locked(attempt: JobAttempt, reported_attempt: int, *, live: bool = True) ->
     of the kind.
     """
     if reported_attempt != attempt.number:
-        raise ApiError(
-            400, "invalid_request", f"attempt {reported_attempt} does not match this token's attempt.", param="attempt"
+        raise LabError(
+            "invalid_request",
+            f"attempt {reported_attempt} does not match this token's attempt.",
+            param="attempt",
         )
     job = Job.objects.unscoped().select_for_update().get(pk=attempt.job_id)
     if attempt.number < job.attempt:
-        raise ApiError(
-            409,
+        raise LabError(
             "stale_attempt",
             f"attempt {attempt.number} was superseded by attempt {job.attempt}.",
             param="attempt",
@@ -89,7 +90,7 @@ def ingest_status(*, attempt: JobAttempt, report: StatusReport) -> str:
     job = Job.objects.unscoped().select_for_update().get(pk=attempt.job_id)
     attempt = JobAttempt.objects.get(pk=attempt.pk)
     if report.attempt != attempt.number:
-        raise ApiError(400, "invalid_request", "attempt does not match this token's attempt.", param="attempt")
+        raise LabError("invalid_request", "attempt does not match this token's attempt.", param="attempt")
     if attempt.number < job.attempt:
         return "stop"
     attempt.last_heartbeat_at = timezone.now()
@@ -111,10 +112,9 @@ def _check_steps(job: Job, steps: set[int], what: str) -> None:
         return
     top = max(steps)
     if top > job.max_steps:
-        raise ApiError(409, "invalid_step", f"{what} for step {top}: this job has {job.max_steps} steps.", param="step")
+        raise LabError("invalid_step", f"{what} for step {top}: this job has {job.max_steps} steps.", param="step")
     if job.status in TERMINAL_STATUSES and top > job.step:
-        raise ApiError(
-            409,
+        raise LabError(
             "invalid_step",
             f"{what} for step {top}: this job ended at step {job.step} and takes late reports of its steps only.",
             param="step",
@@ -125,7 +125,7 @@ def _check_steps(job: Job, steps: set[int], what: str) -> None:
 def ingest_metrics(*, attempt: JobAttempt, batch: MetricsBatch, live: bool = True) -> dict[str, int]:
     """Store a batch of metric points (one row per step). Returns accepted/duplicates/superseded.
 
-    Raises ApiError 409 ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
+    Raises LabError ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
     job, attempt = _locked(attempt, batch.attempt, live=live)
     _check_steps(job, {point.step for point in batch.points}, "metrics")
     by_step: dict[int, tuple[datetime, dict[str, float]]] = {}
@@ -209,7 +209,7 @@ def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch, live: bool = Tru
     """Store rollout samples; a batch replaces any samples stored earlier for the steps it names.
     The job's secrets are masked in prompts and completions (an environment may echo one).
 
-    Raises ApiError 409 ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
+    Raises LabError ``invalid_step`` for a step beyond the job's (``_check_steps``)."""
     job, attempt = _locked(attempt, batch.attempt, live=live)
     steps = {sample.step for sample in batch.samples}
     _check_steps(job, steps, "samples")
@@ -249,7 +249,7 @@ def _check_registration(job: Job, step: int, what: str) -> None:
     (409 ``invalid_state``: the hour of grace is for late reports, and a new archive would become
     the job's latest after the fact) or for a step the job cannot have (``_check_steps``)."""
     if job.status in TERMINAL_STATUSES:
-        raise ApiError(409, "invalid_state", f"This job has ended ({job.status}): it takes no new {what}s.")
+        raise LabError("invalid_state", f"This job has ended ({job.status}): it takes no new {what}s.")
     _check_steps(job, {step}, what)
 
 
@@ -257,7 +257,7 @@ def _check_registration(job: Job, step: int, what: str) -> None:
 def checkpoint_register(*, attempt: JobAttempt, report: CheckpointRegister, live: bool = True) -> tuple[Checkpoint, dict[str, Any]]:
     """Create a checkpoint row for the upload and return it with its upload target (jobs.checkpoints).
 
-    Raises ApiError 400 for another attempt than the token's, 409 ``stale_attempt`` for a
+    Raises LabError ``invalid_request`` for another attempt than the token's, 409 ``stale_attempt`` for a
     superseded one, 409 ``invalid_state`` once the job has ended and 409 ``invalid_step`` for a
     step it cannot have (``_check_registration``)."""
     job, attempt = _locked(attempt, report.attempt, live=live)
@@ -287,10 +287,9 @@ def adapter_register(*, attempt: JobAttempt, report: AdapterRegister, live: bool
 def adapter_complete(*, attempt: JobAttempt, adapter_id: str, report: AdapterComplete) -> Adapter:
     """Verify the stored archive and mark the adapter ``ready`` or ``failed`` (jobs.adapters).
 
-    Raises ApiError 413 ``request_too_large`` for a size over ``MAX_ADAPTER_BYTES`` (nothing changes)."""
+    Raises LabError ``request_too_large`` for a size over ``MAX_ADAPTER_BYTES`` (nothing changes)."""
     if report.size_bytes > adapters.MAX_ADAPTER_BYTES:
-        raise ApiError(
-            413,
+        raise LabError(
             "request_too_large",
             f"An adapter archive may be at most {adapters.MAX_ADAPTER_BYTES} bytes.",
             param="size_bytes",

@@ -28,7 +28,7 @@ from jobs import storage
 from jobs.ingest import schemas, services
 from jobs.models import AdapterStatus, CheckpointStatus, JobAttempt
 from jobs.secrets.services import masker
-from lab.api.errors import ApiError
+from lab.errors import LabError
 from lab.lib import locks
 from lab.lib.locks import advisory_lock
 
@@ -85,7 +85,7 @@ def _deliver(*, attempt: JobAttempt, workdir: Path, directory: Path) -> SpoolDel
             try:
                 ingest(attempt=attempt, batch=model.model_validate({"attempt": attempt.number, key: records}), live=False)
                 result.delivered[name] = result.delivered.get(name, 0) + len(records)
-            except (ValidationError, ApiError) as error:
+            except (ValidationError, LabError) as error:
                 result.refused[name] = result.refused.get(name, 0) + len(records)
                 result.problems.append(_problem(attempt, name, error))
             spool.acknowledge(len(records))
@@ -98,7 +98,7 @@ def _deliver(*, attempt: JobAttempt, workdir: Path, directory: Path) -> SpoolDel
             try:
                 deliver(attempt=attempt, workdir=workdir, record=records[0])
                 result.delivered[name] = result.delivered.get(name, 0) + 1
-            except (ValidationError, ApiError, ValueError) as error:
+            except (ValidationError, LabError, ValueError) as error:
                 result.refused[name] = result.refused.get(name, 0) + 1
                 result.problems.append(_problem(attempt, name, error))
             spool.acknowledge(1)
@@ -172,6 +172,6 @@ def _describe(error: Exception) -> str:
     if isinstance(error, ValidationError):
         first = error.errors()[0]
         return f"malformed record ({'.'.join(str(part) for part in first['loc'])}: {first['msg']})"
-    if isinstance(error, ApiError):
+    if isinstance(error, LabError):
         return getattr(error, "message", str(error))
     return str(error)

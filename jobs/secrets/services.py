@@ -26,7 +26,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from jobs.secrets.models import JobSecrets
-from lab.api.errors import ApiError, FieldError
+from lab.errors import FieldError, LabError
 
 #: Most bytes of names and values together (UTF-8), as Prime's secrets files.
 MAX_SECRETS_BYTES = 64 * 1024
@@ -62,16 +62,17 @@ def _fernet() -> MultiFernet:
         raise ImproperlyConfigured(f"LAB_SECRETS_KEY must be Fernet keys (32 url-safe base64 bytes): {exc}") from None
 
 
-def _invalid(param: str, message: str) -> ApiError:
-    return ApiError(400, "invalid_request", message, param=param,
-                    errors=[FieldError(param=param, code="invalid_value", message=message)])
+def _invalid(param: str, message: str) -> LabError:
+    return LabError(
+        "invalid_request", message, param=param, errors=[FieldError(param=param, code="invalid_value", message=message)]
+    )
 
 
 def split_secrets(data: Any) -> tuple[Any, dict[str, str]]:
     """Take the ``secrets`` member out of a create body.
 
     Returns ``(spec data without it, {name: value})`` (empty when absent or null); anything
-    that is not a mapping comes back unchanged for the spec's own validation. Raises ApiError
+    that is not a mapping comes back unchanged for the spec's own validation. Raises LabError
     400 ``invalid_request`` (``param`` ``secrets`` or ``secrets.NAME``) for a non-object, a
     name that is not an environment variable's or is reserved, a value that is not a string or
     holds NUL, more than :data:`MAX_SECRETS` names or more than :data:`MAX_SECRETS_BYTES` in all;

@@ -24,8 +24,8 @@ from jobs.webhooks import outbox
 from jobs.webhooks.events import TEST_EVENT_TYPE
 from jobs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from jobs.webhooks.schemas import parse_endpoint_create, parse_endpoint_update
-from lab.api.errors import ApiError, not_found
 from lab.audit import Actor, AuditAction, audit_record
+from lab.errors import LabError, not_found
 from lab.lib.http import mask_url
 from lab.models import ApiKeyScope, Membership, Project
 
@@ -37,7 +37,7 @@ def require_endpoint_manager(*, actor: Actor, project: Project) -> None:
     """Refuse an actor who may not change ``project``'s webhook endpoints and deliveries.
 
     Allowed: an owner or admin of the project's organization, an API key of the project with the
-    ``write`` scope, and the system actor. Raises ApiError 403 ``insufficient_scope`` for a
+    ``write`` scope, and the system actor. Raises LabError ``insufficient_scope`` for a
     plain member or a read-only key, and 404 ``not_found`` for a user or key of another tenant
     (another tenant's objects are never a 403).
     """
@@ -45,14 +45,15 @@ def require_endpoint_manager(*, actor: Actor, project: Project) -> None:
         if actor.api_key.project_id != project.pk:
             raise not_found("project")
         if ApiKeyScope.WRITE not in actor.api_key.scopes:
-            raise ApiError(403, "insufficient_scope", f"This API key lacks the '{ApiKeyScope.WRITE}' scope.")
+            raise LabError("insufficient_scope", f"This API key lacks the '{ApiKeyScope.WRITE}' scope.")
     if actor.user is not None:
         membership = Membership.objects.filter(user=actor.user, organization_id=project.organization_id).first()
         if membership is None:
             raise not_found("project")
         if not membership.can_manage:
-            raise ApiError(
-                403, "insufficient_scope", "Only organization owners and admins may change webhook endpoints."
+            raise LabError(
+                "insufficient_scope",
+                "Only organization owners and admins may change webhook endpoints.",
             )
 
 
@@ -65,7 +66,7 @@ def new_secret() -> str:
 def endpoint_create(*, project: Project, actor: Actor, data: Any) -> WebhookEndpoint:
     """Create an endpoint from a request body (``jobs.webhooks.schemas.EndpointCreate``) with a new secret.
 
-    Raises ApiError 403/404 (``require_endpoint_manager``) or 400 ``invalid_request``.
+    Raises LabError (``require_endpoint_manager``) or 400 ``invalid_request``.
     """
     require_endpoint_manager(actor=actor, project=project)
     fields = parse_endpoint_create(data, allow_private=settings.LAB_WEBHOOK_ALLOW_PRIVATE)
@@ -88,7 +89,7 @@ def endpoint_update(
     """Change ``url``, ``events`` and/or ``enabled`` (``jobs.webhooks.schemas.EndpointUpdate``).
 
     Enabling again forgets past failures; disabling records ``disabled_by_user``. Raises
-    ApiError 403/404 (``require_endpoint_manager``) or 400 ``invalid_request``, changing nothing.
+    LabError (``require_endpoint_manager``) or 400 ``invalid_request``, changing nothing.
     """
     require_endpoint_manager(actor=actor, project=endpoint.project)
     fields = parse_endpoint_update(data, allow_private=settings.LAB_WEBHOOK_ALLOW_PRIVATE).changes()
@@ -108,7 +109,7 @@ def endpoint_update(
 
 @transaction.atomic
 def endpoint_delete(*, endpoint: WebhookEndpoint, actor: Actor) -> None:
-    """Delete an endpoint with its deliveries and attempts. Raises ApiError 403/404 (``require_endpoint_manager``)."""
+    """Delete an endpoint with its deliveries and attempts. Raises LabError (``require_endpoint_manager``)."""
     require_endpoint_manager(actor=actor, project=endpoint.project)
     _audit(actor, endpoint, AuditAction.WEBHOOK_ENDPOINT_DELETE, {})
     endpoint.delete()
@@ -118,7 +119,7 @@ def endpoint_delete(*, endpoint: WebhookEndpoint, actor: Actor) -> None:
 def endpoint_rotate_secret(*, endpoint: WebhookEndpoint, actor: Actor, now: datetime | None = None) -> WebhookEndpoint:
     """Give the endpoint a new secret; the old one also signs for 24 h so receivers can switch.
 
-    Raises ApiError 403/404 (``require_endpoint_manager``).
+    Raises LabError (``require_endpoint_manager``).
     """
     require_endpoint_manager(actor=actor, project=endpoint.project)
     now = now or timezone.now()
@@ -136,12 +137,12 @@ def endpoint_rotate_secret(*, endpoint: WebhookEndpoint, actor: Actor, now: date
 def endpoint_send_test(*, endpoint: WebhookEndpoint, actor: Actor, now: datetime | None = None) -> WebhookDelivery:
     """Send a ``webhook.test`` event to this endpoint only; return its delivery.
 
-    Raises ApiError 403/404 (``require_endpoint_manager``), or 409 ``invalid_state`` when the
+    Raises LabError (``require_endpoint_manager``), or 409 ``invalid_state`` when the
     endpoint is disabled.
     """
     require_endpoint_manager(actor=actor, project=endpoint.project)
     if not endpoint.enabled:
-        raise ApiError(409, "invalid_state", "This endpoint is disabled; enable it to send a test event.")
+        raise LabError("invalid_state", "This endpoint is disabled; enable it to send a test event.")
     now = now or timezone.now()
     data = {"endpoint_id": endpoint.public_id, "message": "This is a test event from Lab."}
     (delivery,) = outbox.publish(
@@ -155,14 +156,14 @@ def endpoint_send_test(*, endpoint: WebhookEndpoint, actor: Actor, now: datetime
 def delivery_redeliver(*, delivery: WebhookDelivery, actor: Actor, now: datetime | None = None) -> WebhookDelivery:
     """Try a delivery again now, with the same ``webhook-id`` and body.
 
-    A delivery that had used up its schedule gets one more try. Raises ApiError 403/404
+    A delivery that had used up its schedule gets one more try. Raises LabError ``insufficient_scope`` or ``not_found``
     (``require_endpoint_manager``), or 409 ``invalid_state`` when the endpoint is disabled.
     """
     require_endpoint_manager(actor=actor, project=delivery.endpoint.project)
     now = now or timezone.now()
     delivery = WebhookDelivery.objects.select_for_update().select_related("endpoint", "message").get(pk=delivery.pk)
     if not delivery.endpoint.enabled:
-        raise ApiError(409, "invalid_state", "This endpoint is disabled; enable it to redeliver.")
+        raise LabError("invalid_state", "This endpoint is disabled; enable it to redeliver.")
     delivery.status = DeliveryStatus.PENDING
     delivery.next_attempt_at = now
     delivery.finished_at = None

@@ -31,7 +31,7 @@ from jobs.read_once import ReadOnce
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from jobs.webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookMessage
 from lab import dispatch
-from lab.api.formats import iso
+from lab.formats import iso
 from lab.celery import TaskName
 
 #: Deliveries handed to one task (sent concurrently by one worker process).

@@ -2,7 +2,7 @@
 
 ``POST /webhook-endpoints`` is an ``EndpointCreate``, ``PATCH /webhook-endpoints/{id}`` an
 ``EndpointUpdate``; ``parse_endpoint_create`` and ``parse_endpoint_update`` validate a body and
-raise ApiError 400 ``invalid_request`` listing every problem in Lab's own terms:
+raise LabError ``invalid_request`` listing every problem in Lab's own terms:
 
 | field | code | when |
 |---|---|---|
@@ -35,7 +35,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
-from lab.api.errors import ApiError, FieldError
+from lab.errors import FieldError, LabError
 from lab.lib.http import UnsafeURL, check_url
 
 #: The fields of an endpoint a body may set, in the order problems are listed.
@@ -115,7 +115,7 @@ _Body = TypeVar("_Body", EndpointCreate, EndpointUpdate)
 def parse_endpoint_create(data: Any, *, allow_private: bool) -> EndpointCreate:
     """Validate a ``POST /webhook-endpoints`` body; ``allow_private`` as ``LAB_WEBHOOK_ALLOW_PRIVATE``.
 
-    Raises ApiError 400 ``invalid_request`` listing every problem (see the module docstring).
+    Raises LabError ``invalid_request`` listing every problem (see the module docstring).
     """
     return _parse(EndpointCreate, data, allow_private=allow_private)
 
@@ -123,14 +123,14 @@ def parse_endpoint_create(data: Any, *, allow_private: bool) -> EndpointCreate:
 def parse_endpoint_update(data: Any, *, allow_private: bool) -> EndpointUpdate:
     """Validate a ``PATCH /webhook-endpoints/{id}`` body; ``allow_private`` as ``LAB_WEBHOOK_ALLOW_PRIVATE``.
 
-    Raises ApiError 400 ``invalid_request`` listing every problem (see the module docstring).
+    Raises LabError ``invalid_request`` listing every problem (see the module docstring).
     """
     return _parse(EndpointUpdate, data, allow_private=allow_private)
 
 
 def _parse(model: type[_Body], data: Any, *, allow_private: bool) -> _Body:
     if not isinstance(data, dict):
-        raise ApiError(400, "invalid_request", "The body must be a JSON object.")
+        raise LabError("invalid_request", "The body must be a JSON object.")
     # Unknown keys are named here, before pydantic: a key need not be valid text (a lone
     # surrogate), and pydantic cannot say which key it could not read.
     problems = [
@@ -145,7 +145,7 @@ def _parse(model: type[_Body], data: Any, *, allow_private: bool) -> _Body:
         problems.extend(_problem(error) for error in exc.errors(include_url=False))
     if problems:
         message = problems[0].message if len(problems) == 1 else f"{len(problems)} problems in the request."
-        raise ApiError(400, "invalid_request", message, errors=problems)
+        raise LabError("invalid_request", message, errors=problems)
     return body
 
 

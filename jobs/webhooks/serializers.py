@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from lab.api.formats import iso
+from lab.formats import iso
 
 
 def endpoint_to_dict(endpoint: WebhookEndpoint, *, include_secret: bool = False) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from jobs.webhooks.endpoints import (
 )
 from jobs.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookMessage
 from jobs.webhooks.sweep import purge_finished, sweep
-from lab.api.errors import ApiError
+from lab.api.errors import http_status
+from lab.errors import LabError
 from labsdk.webhooks import WebhookReceiver, WebhookVerificationError, verify
 from lab.audit import Actor
 from tests.webhooks.conftest import drain
@@ -400,9 +401,9 @@ def test_enabling_a_disabled_endpoint_again_forgets_its_failures_and_redeliver_n
     assert endpoint_disable(endpoint=endpoint, reason="test") is False
     delivery.refresh_from_db()
     assert (delivery.status, delivery.last_error) == ("failed", "endpoint disabled")
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(LabError) as refused:
         delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user))
-    assert refused.value.status == 409
+    assert http_status(refused.value) == 409
     endpoint = endpoint_update(endpoint=endpoint, actor=Actor(user=owner.user), data={"enabled": True})
     assert (endpoint.enabled, endpoint.failing_since, endpoint.disabled_reason) == (True, None, "")
     delivery_redeliver(delivery=delivery, actor=Actor(user=owner.user))

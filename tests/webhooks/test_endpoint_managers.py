@@ -14,8 +14,9 @@ from jobs.webhooks.endpoints import (
     endpoint_update,
 )
 from jobs.webhooks.models import WebhookDelivery, WebhookEndpoint
-from lab.api.errors import ApiError
+from lab.api.errors import http_status, lab_error_body
 from lab.audit import Actor
+from lab.errors import LabError
 from lab.models import AuditLogEntry, Membership, Role
 from lab.services import api_key_create, user_sign_up
 from tests.conftest import PASSWORD
@@ -69,9 +70,9 @@ def test_a_member_calling_the_services_directly_is_refused_and_nothing_changes(o
     delivery = endpoint_send_test(endpoint=endpoint, actor=Actor(user=owner.user))
     audit_rows = AuditLogEntry.objects.count()
     for name, change in every_change(owner.project, endpoint, delivery).items():
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(LabError) as refused:
             change(Actor(user=member))
-        assert refused.value.body() == {
+        assert lab_error_body(refused.value) == {
             "error": {
                 "type": "permission_error",
                 "code": "insufficient_scope",
@@ -89,9 +90,9 @@ def test_a_read_only_key_calling_the_services_directly_is_refused_and_nothing_ch
     delivery = endpoint_send_test(endpoint=endpoint, actor=Actor(user=owner.user))
     read_key, _ = api_key_create(actor=Actor(user=owner.user), project=owner.project, name="ro", scopes=["read"])
     for name, change in every_change(owner.project, endpoint, delivery).items():
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(LabError) as refused:
             change(Actor(api_key=read_key))
-        assert (refused.value.status, refused.value.code, refused.value.message) == (
+        assert (http_status(refused.value), refused.value.code, refused.value.message) == (
             403,
             "insufficient_scope",
             "This API key lacks the 'write' scope.",
@@ -103,9 +104,9 @@ def test_another_tenants_user_or_key_gets_not_found_and_nothing_changes(owner, o
     delivery = endpoint_send_test(endpoint=endpoint, actor=Actor(user=owner.user))
     for actor in (Actor(user=outsider.user), Actor(api_key=outsider.api_key)):
         for name, change in every_change(owner.project, endpoint, delivery).items():
-            with pytest.raises(ApiError) as refused:
+            with pytest.raises(LabError) as refused:
                 change(actor)
-            assert (refused.value.status, refused.value.code) == (404, "not_found"), (actor, name)
+            assert (http_status(refused.value), refused.value.code) == (404, "not_found"), (actor, name)
     assert_unchanged(endpoint, delivery)
 
 

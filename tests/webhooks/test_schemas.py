@@ -6,15 +6,16 @@ import pytest
 
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from jobs.webhooks.schemas import parse_endpoint_create, parse_endpoint_update
-from lab.api.errors import ApiError
+from lab.api.errors import http_status
+from lab.errors import LabError
 
 URL = "https://93.184.215.14/hooks/lab"
 
 
 def problems(parse, body) -> tuple[str, list[tuple[str | None, str]]]:
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(LabError) as refused:
         parse(body, allow_private=False)
-    assert (refused.value.status, refused.value.code) == (400, "invalid_request")
+    assert (http_status(refused.value), refused.value.code) == (400, "invalid_request")
     return refused.value.message, [(item.param, item.code) for item in refused.value.errors]
 
 
