@@ -104,6 +104,7 @@ def main() -> None:
         ],
         cwd=_django.REPO,
         env=env,
+        stdout=sys.stderr,  # its banner is not a figure: make bench's stdout is JSON lines only
     )
     try:
         # Warm up: the worker's processes connect to PostgreSQL and open their HTTP pools.
