@@ -27,6 +27,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.models import EventType
 from jobs.read_once import ReadOnce
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from jobs.webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookMessage
@@ -53,7 +54,7 @@ def enqueue_event(event) -> list[WebhookDelivery]:
     endpoints = [endpoint for endpoint in _enabled_endpoints(job.project_id) if event.type in endpoint.events]
     if not endpoints:
         return []
-    if event.type == "checkpoint.ready":
+    if event.type == EventType.CHECKPOINT_READY:
         checkpoint_id = event.data.get("checkpoint_id")
         data = {
             "job_id": job.public_id,
@@ -61,7 +62,7 @@ def enqueue_event(event) -> list[WebhookDelivery]:
             "step": event.data.get("step"),
             "download_url": f"{settings.LAB_PUBLIC_URL}/api/v1/checkpoints/{checkpoint_id}/download",
         }
-    elif event.type == "adapter.ready":
+    elif event.type == EventType.ADAPTER_READY:
         from jobs.adapters import adapter_download_url
 
         adapter_id = event.data.get("adapter_id")
