@@ -114,7 +114,7 @@ def launch_request(attempt: JobAttempt) -> LaunchRequest:
     """Return what the launcher needs to start ``attempt`` (its job, project and resume point loaded).
 
     A resume archive on this machine is first found unchanged since its checkpoint became ready;
-    ApiError 409 ``checkpoint_corrupted`` (the checkpoint is then failed) or 404 when it is not
+    LabError ``checkpoint_corrupted`` (the checkpoint is then failed) or ``not_found`` when it is not
     (``jobs.checkpoints.checkpoint_resume_archive``), which fails the launch."""
     job = attempt.job
     resume = attempt.resume_from
