@@ -50,8 +50,8 @@ test: install  ## the suite but the real-model tests (CI runs this)
 test-all: install  ## the whole suite, the real-model tests (SmolLM2, minutes each) included
 	$(VENV)/bin/pytest
 
-test-fast: install  ## the suite without end-to-end, browser and real-model tests
-	$(VENV)/bin/pytest -m "not e2e and not browser and not real_model" $(PYTEST_PARALLEL)
+test-fast: install  ## the suite without the system tier (servers, workers, engines, browsers) and real-model tests
+	$(VENV)/bin/pytest -m "not system and not real_model" $(PYTEST_PARALLEL)
 
 demo:  ## install, then the main job end to end (python -m demo; DEMO_EXIT=1 stops after the checks)
 	@started=$$(date +%s); $(MAKE) --no-print-directory install && \

@@ -91,12 +91,12 @@ def main() -> None:
     from jobs import dispatch
     from jobs.ingest.tokens import job_token
     from jobs.models import Job, JobStatus
+    from jobs.processes import free_port
     from jobs.services import job_claim_for_start, job_submit, job_transition
     from lab.audit import Actor
     from lab.models import Project
     from lab.services import bootstrap_tenant
-    from jobs.processes import free_port
-    from tests.stack import wait_for
+    from tests.support.stack import wait_for
 
     for name in ("enqueue_admission", "enqueue_launch", "enqueue_reconcile"):
         setattr(dispatch, name, lambda *a: None)  # no worker: this measures the stream alone

@@ -161,7 +161,7 @@ def no_broker(monkeypatch) -> list[tuple[str, int | None]]:
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory):
     """A real S3-compatible server (moto) for one test module; buckets come from ``new_bucket()``."""
-    from tests.s3server import S3Server
+    from tests.support.s3server import S3Server
 
     server = S3Server(tmp_path_factory.mktemp("moto")).start()
     yield server
@@ -172,8 +172,74 @@ def s3_server(tmp_path_factory):
 def bucket(s3_server, settings, monkeypatch) -> str:
     """A fresh bucket on ``s3_server`` that this process's checkpoint storage points at (prefix
     ``lab/checkpoints``)."""
-    from tests.s3server import use_s3_storage
+    from tests.support.s3server import use_s3_storage
 
     name = s3_server.new_bucket()
     use_s3_storage(settings, monkeypatch, s3_server, name, "lab/checkpoints")
     return name
+
+
+# --- Tiers by cost -------------------------------------------------------------------------------
+# A test that starts a server, a Celery worker, an engine process, torchrun, vLLM or a browser is
+# marked ``system`` here, at collection; ``make test-fast`` leaves those out. A test is ``system``
+# when it carries a marker that already says so, uses one of the fixtures that start such a
+# process, or lives in a module that starts them itself (listed with the reason).
+
+#: Markers whose tests start processes: a live Lab, real engines, a browser.
+SYSTEM_MARKERS = frozenset({"e2e", "browser", "real_model"})
+
+#: Fixtures that start a server (directly or through the fixtures they use).
+SYSTEM_FIXTURES = frozenset({
+    "live_server",  # pytest-django's live server, in a thread of this process
+    "asgi_url",  # uvicorn serving lab.asgi (tests/e2e/test_asgi_live.py)
+    "s3_server",  # a moto S3 server subprocess (tests/support/s3server.py)
+    "stack", "s3_stack",  # a LabStack: uvicorn, the Celery worker, beat, engines (tests/support/stack.py)
+    "web",  # a LabStack's web process alone (tests/support/stream.py and the browser tests)
+    "browser",  # headless Chromium
+    "teacher_server",  # ``python -m engine inference`` (tests/support/engine.py)
+    "make_up_environment",  # ``make up`` (tests/e2e/test_make_up.py)
+})
+
+#: Modules whose tests start such processes themselves, relative to the repository root.
+SYSTEM_MODULES = {
+    "tests/engine/test_adapters.py": "runs the engine CLI (tests/support/engine_cli.py)",
+    "tests/engine/test_cli.py": "runs the engine CLI",
+    "tests/engine/test_distill.py": "runs the engine and its inference role",
+    "tests/engine/test_distributed.py": "runs torchrun",
+    "tests/engine/test_init_from.py": "runs the engine CLI",
+    "tests/engine/test_remote_inference.py": "runs engine roles",
+    "tests/engine/test_roles.py": "runs the trainer, orchestrator and inference roles",
+    "tests/engine/test_vllm_backend.py": "runs engine roles on vLLM",
+    "tests/environments/test_engine_packages.py": "runs the engine on uploaded packages",
+    "tests/environments/test_example_multi_turn_package.py": "runs the engine on the example package",
+    "tests/environments/test_example_package.py": "runs the engine on the example package",
+    "tests/environments/test_example_verifiers_package.py": "runs the engine on the example package",
+    "tests/environments/test_verifiers_multi_turn.py": "runs the engine in the verifiers environment",
+    "tests/environments/test_verifiers_tasksets.py": "runs the engine in the verifiers environment",
+    "tests/environments/test_verifiers_tools.py": "runs the engine in the verifiers environment",
+    "tests/jobs/test_checkpoint_download_asgi.py": "starts a LabStack's web process",
+    "tests/jobs/test_local_sandbox.py": "starts a LabStack and sandboxed engines",
+    "tests/jobs/test_stream.py": "starts a LabStack's web process",
+    "tests/jobs/test_stream_hostile.py": "starts a LabStack's web process",
+    "tests/lab/test_embedded_defaults.py": "starts Lab's server on its embedded defaults",
+    "tests/sdk/test_prime_configs.py": "runs the engine on the prime configs",
+    "tests/webhooks/test_stack.py": "starts a LabStack",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark ``system`` every collected test that starts a server, a worker, an engine or a browser,
+    before ``-m`` selects by marker."""
+    root = config.rootpath
+    missing = [module for module in SYSTEM_MODULES if not (root / module).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SYSTEM_MODULES names modules that do not exist: {missing}")
+    for item in items:
+        module = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if (
+            module in SYSTEM_MODULES
+            or any(item.get_closest_marker(name) for name in SYSTEM_MARKERS)
+            or SYSTEM_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        ):
+            item.add_marker(pytest.mark.system)

@@ -582,3 +582,37 @@ def test_it_keeps_lab_api_out_of_the_domain():
     assert not problems, "domain modules that import the API layer (raise lab.errors.LabError):\n" + "\n".join(
         sorted(problems)
     )
+
+
+def test_test_modules_share_helpers_through_tests_support():
+    """No module under ``tests/`` imports a ``test_*`` module, and a helper module outside
+    ``tests/support/`` (conftests aside) is imported from its own directory only: what several
+    directories share lives in ``tests/support/``."""
+    tests_dir = ROOT / "tests"
+    problems = []
+    for path in sorted(tests_dir.rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        package = ".".join(relative.parent.parts)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*parent, *([base] if base else [])])
+                # ``from tests.jobs import test_x`` names a module in the imported names.
+                modules = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] != "tests" or not (ROOT / Path(*parts)).with_suffix(".py").is_file():
+                    continue
+                where = f"{relative.as_posix()}:{node.lineno}: imports {module}"
+                if parts[-1].startswith("test_"):
+                    problems.append(f"{where}, a test module")
+                elif parts[1] != "support" and parts[-1] != "conftest" and ".".join(parts[:-1]) != package:
+                    problems.append(f"{where}, a helper of another directory (move it to tests/support/)")
+    print(f"checked {sum(1 for _ in tests_dir.rglob('*.py'))} modules under tests/")
+    assert not problems, "test modules that import tests instead of tests/support/:\n" + "\n".join(problems)

@@ -14,8 +14,8 @@ from jobs.launchers.base import AttemptPhase, Observation
 from jobs.models import Job, JobAttempt, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
-from tests.billing.fake_stripe import FakeStripe
-from tests.jobs.fake_launcher import FakeLauncher
+from tests.support.fake_launcher import FakeLauncher
+from tests.support.fake_stripe import FakeStripe
 
 #: A fixed moment the launcher's times are measured from in these tests.
 T0 = datetime(2026, 11, 3, 12, 0, 0, tzinfo=timezone.utc)

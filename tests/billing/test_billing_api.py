@@ -8,24 +8,13 @@ import pytest
 from django.utils import timezone
 
 from billing.accounts import account_for
-from billing.ledger import AttemptUsage, usage_close
 from billing.models import BillingAccount, UsageInterval
 from lab.audit import Actor
 from lab.models import AuditLogEntry, Organization
 from lab.services import api_key_create
+from tests.support.billing import record
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("default_prices")]
-
-
-def record(tenant, *, job_id="job_one", seconds=120, resource="cpu", gpus=0, attempt_id=1, ended=None):
-    """Close ``seconds`` of usage of one attempt of ``tenant`` ending at ``ended`` (default now)."""
-    ended = ended or timezone.now()
-    usage = AttemptUsage(
-        organization_id=tenant.organization.pk, project_id=tenant.project.pk, job_public_id=job_id,
-        attempt_id=attempt_id, attempt_number=1, resource_type=resource, gpus=gpus,
-        started_at=ended - timedelta(seconds=seconds), ended_at=ended,
-    )
-    return usage_close(usage=usage, now=ended)
 
 
 def test_it_answers_the_balance_of_a_new_organization_with_the_trial_credit(owner):
@@ -192,7 +181,7 @@ def test_an_interval_is_recorded_once_even_if_closed_twice(owner):
 
 
 def test_billing_answers_match_their_openapi_components(owner):
-    from tests.schema_check import assert_matches, served_document
+    from tests.support.schema_check import assert_matches, served_document
 
     document = served_document()
     record(owner, job_id="job_schema", seconds=90)

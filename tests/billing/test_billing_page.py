@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from billing.accounts import account_for
 from lab.models import Organization
-from tests.billing.fake_stripe import FakeStripe
-from tests.billing.test_billing_api import record
-from tests.dashboard.helpers import signed_in
+from tests.support.billing import record
+from tests.support.dashboard import signed_in
+from tests.support.fake_stripe import FakeStripe
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("default_prices")]
 

@@ -16,7 +16,7 @@ from labsdk import cli
 from labsdk.client import Lab
 from labsdk.errors import NotFoundError
 
-from tests.billing.test_billing_api import record
+from tests.support.billing import record
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
 

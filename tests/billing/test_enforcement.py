@@ -135,7 +135,7 @@ def test_the_spend_limit_stops_an_invoiced_job_too(owner, spec, launcher, billin
 )
 def test_the_prime_routes_that_start_a_run_are_402_when_nothing_can_run(owner, billing_on, fields, code):
     from billing.accounts import BLOCKER_MESSAGES
-    from tests.prime.configs import tiny_config
+    from tests.support.prime_configs import tiny_config
 
     client = owner.client()
     submitted = client.post("/prime/api/v1/training/runs", {"config": tiny_config()}, format="json")

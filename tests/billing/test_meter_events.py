@@ -24,8 +24,7 @@ from billing.metering import (
 )
 from billing.models import MeterEvent, MeterEventState
 from tests.billing.conftest import at_once
-from tests.billing.test_billing_api import record
-from tests.billing.test_stripe import invoiced
+from tests.support.billing import invoiced, record
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
 

@@ -10,38 +10,16 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from billing import stripe_api
 from billing.accounts import account_for
 from billing.metering import meter_events_send
 from billing.models import BillingAccount, CreditGrant, MeterEvent, StripeEvent
 from lab.audit import Actor
 from lab.services import api_key_create
 from tests.billing.conftest import SECRET
-from tests.billing.fake_stripe import signed
-from tests.billing.test_billing_api import record
+from tests.support.billing import checkout_completed, deliver, event, invoiced, post_webhook, record
+from tests.support.fake_stripe import signed
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
-
-def event(type_: str, obj: dict, *, event_id: str = "evt_1", created: int | None = None, api_version: str | None = None) -> dict:
-    return {
-        "id": event_id, "object": "event", "type": type_, "api_version": api_version or stripe_api.PINNED_API_VERSION,
-        "created": created or int(time.time()), "data": {"object": obj},
-    }
-
-
-def post_webhook(payload: bytes, signature: str):
-    return Client().post("/billing/stripe/webhook", payload, content_type="application/json", HTTP_STRIPE_SIGNATURE=signature)
-
-
-def deliver(evt: dict, *, timestamp: int | None = None):
-    return post_webhook(*signed(evt, SECRET, timestamp=timestamp))
-
-
-def checkout_completed(tenant, *, session_id="cs_test_1", cents=2500, event_id="evt_checkout") -> dict:
-    return event("checkout.session.completed", {
-        "id": session_id, "object": "checkout.session", "mode": "payment", "payment_status": "paid",
-        "client_reference_id": tenant.organization.public_id, "metadata": {"organization": tenant.organization.public_id, "credit_cents": str(cents)},
-    }, event_id=event_id)
 
 
 # --- Checkout, portal, plans ---------------------------------------------------------------------
@@ -101,11 +79,6 @@ def test_switching_to_invoiced_subscribes_to_the_metered_price_and_back(owner, f
 
 
 # --- meter events --------------------------------------------------------------------------------
-
-
-def invoiced(tenant) -> None:
-    account = account_for(tenant.organization.pk)
-    BillingAccount.objects.filter(pk=account.pk).update(plan="invoiced", stripe_customer_id="cus_inv")
 
 
 def test_an_invoiced_organization_sends_each_interval_once_and_is_never_charged_credit(owner, fake_stripe, settings):

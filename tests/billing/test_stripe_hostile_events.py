@@ -11,7 +11,7 @@ import pytest
 
 from billing.accounts import account_for
 from billing.models import BillingAccount, CreditGrant, StripeEvent
-from tests.billing.test_stripe import checkout_completed, deliver, event
+from tests.support.billing import checkout_completed, deliver, event
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
 

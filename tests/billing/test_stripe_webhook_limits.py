@@ -17,7 +17,7 @@ from billing import stripe_api
 from billing.accounts import account_for
 from billing.models import BillingAccount, StripeEvent
 from tests.billing.conftest import SECRET
-from tests.billing.test_stripe import checkout_completed, deliver, event, post_webhook
+from tests.support.billing import checkout_completed, deliver, event, post_webhook
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
 

@@ -19,8 +19,8 @@ from jobs.webhooks.delivery import deliver
 from jobs.webhooks.endpoints import endpoint_create, endpoint_send_test
 from jobs.webhooks.models import WebhookDelivery
 from lab.audit import Actor
-from tests.browser.test_job_pages_browser import CHROMIUM, CHROMIUM_ARGS
-from tests.dashboard.jobs_helpers import Engine, submit
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.jobs_helpers import Engine, submit
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

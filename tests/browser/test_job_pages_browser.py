@@ -15,7 +15,8 @@ import pytest
 from django.db import connection
 
 from tests.conftest import PASSWORD
-from tests.stack import LabStack, running_stack
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.stack import LabStack, running_stack
 
 pytestmark = [
     pytest.mark.browser,
@@ -25,17 +26,6 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
 ]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SPEC = """\
 name = "addition-live"
 model = "lab/tiny-random-llama"

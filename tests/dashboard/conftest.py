@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from tests.dashboard.helpers import signed_in
+from tests.support.dashboard import signed_in
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dashboard.jobs_helpers import Engine, submit
+from tests.support.jobs_helpers import Engine, submit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import Job
-from tests.dashboard.helpers import signed_in
+from tests.support.dashboard import signed_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
 

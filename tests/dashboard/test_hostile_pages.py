@@ -102,8 +102,7 @@ def test_a_submit_sent_twice_queues_the_job_once(owner, owner_client):
 @pytest.fixture
 def checkpoints(owner, spec, settings, tmp_path):
     """A running job of Acme with a ready checkpoint and one still uploading."""
-    from tests.dashboard.jobs_helpers import Engine, submit
-    from tests.dashboard.test_job_pages import _ready_checkpoint
+    from tests.support.jobs_helpers import Engine, _ready_checkpoint, submit
 
     settings.LAB_DATA_DIR = tmp_path
     engine = Engine(submit(owner, spec, max_steps=30))
@@ -198,7 +197,7 @@ def test_hostile_webhook_forms_and_ids_are_never_a_server_error(owner, owner_cli
 
 def test_cancel_and_restart_posted_twice_act_once(owner, owner_client, member_client, spec):
     from jobs.models import JobEvent, JobStatus
-    from tests.dashboard.jobs_helpers import submit
+    from tests.support.jobs_helpers import submit
 
     job = submit(owner, spec)
     url = f"{PROJECT}jobs/{job.public_id}/"
@@ -233,7 +232,7 @@ JUNK_DATA_QUERIES = [
 
 @pytest.mark.parametrize("query", JUNK_DATA_QUERIES)
 def test_the_chart_json_routes_answer_junk_with_a_400_in_the_api_shape(owner, owner_client, spec, query):
-    from tests.dashboard.jobs_helpers import Engine, submit
+    from tests.support.jobs_helpers import Engine, submit
 
     engine = Engine(submit(owner, spec, max_steps=30))
     engine.running(0)

@@ -13,7 +13,7 @@ from lab.audit import Actor
 from lab.models import Invitation, Membership, Role, User
 from lab.services import invitation_create, user_sign_up
 from tests.conftest import PASSWORD
-from tests.dashboard.helpers import link_in_last_email, signed_in
+from tests.support.dashboard import link_in_last_email, signed_in
 
 pytestmark = pytest.mark.django_db
 

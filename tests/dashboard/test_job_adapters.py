@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.jobs_helpers import Engine, submit
+from tests.support.jobs_helpers import Engine, submit
 
 pytestmark = pytest.mark.django_db
 

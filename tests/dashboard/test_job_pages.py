@@ -3,11 +3,8 @@ restart, checkpoint downloads and compare. Members only; another organization's 
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import re
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ from dashboard.spec_editor import param_line
 from jobs.models import Job, JobStatus, MetricStep
 from jobs.webhooks.models import WebhookEndpoint
 from lab.models import AuditLogEntry
-from tests.dashboard.jobs_helpers import Engine, submit
+from tests.support.jobs_helpers import Engine, _ready_checkpoint, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -458,25 +455,6 @@ def test_restart_runs_a_cancelled_job_again_and_refuses_a_queued_one(owner, memb
         "job.cancelled",
         "job.restarted",
     ]
-
-
-def _ready_checkpoint(engine: Engine, step: int = 2) -> tuple[str, bytes]:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        payload = b'{"r": 8}'
-        info = tarfile.TarInfo("adapter_config.json")
-        info.size = len(payload)
-        archive.addfile(info, io.BytesIO(payload))
-    data = buffer.getvalue()
-    registered = engine.post("checkpoints", {"attempt": 1, "step": step, "format": "peft-lora"})
-    Path(registered["upload"]["path"]).parent.mkdir(parents=True, exist_ok=True)
-    Path(registered["upload"]["path"]).write_bytes(data)
-    done = engine.post(
-        f"checkpoints/{registered['id']}/complete",
-        {"size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
-    )
-    assert done["status"] == "ready", done
-    return registered["id"], data
 
 
 def test_a_ready_checkpoint_downloads_from_the_job_page(owner_client, running_job, settings, tmp_path):

@@ -10,7 +10,7 @@ from django.utils import timezone
 from dashboard.templatetags.lab_display import duration
 from jobs.models import Job
 from jobs.selectors import job_eta_seconds
-from tests.dashboard.jobs_helpers import Engine, submit
+from tests.support.jobs_helpers import Engine, submit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 

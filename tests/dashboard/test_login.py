@@ -7,7 +7,7 @@ from django.core import mail
 from django.test import Client
 
 from tests.conftest import PASSWORD
-from tests.dashboard.helpers import link_in_last_email
+from tests.support.dashboard import link_in_last_email
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from jobs.models import Checkpoint, CheckpointStatus, Job
-from tests.dashboard.jobs_helpers import Engine, submit
+from tests.support.jobs_helpers import Engine, submit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 

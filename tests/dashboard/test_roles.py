@@ -16,7 +16,7 @@ from lab.audit import Actor
 from lab.models import ApiKey, AuditLogEntry, Invitation, Membership, Project, Role
 from lab.services import api_key_create, invitation_create, user_sign_up
 from tests.conftest import PASSWORD
-from tests.dashboard.helpers import signed_in
+from tests.support.dashboard import signed_in
 
 pytestmark = pytest.mark.django_db
 

@@ -19,8 +19,8 @@ from labsdk.errors import NotFoundError
 
 from engine.models import tiny_random_llama
 from jobs.webhooks.models import WebhookMessage
-from tests.e2e.test_cli_live import lab_cli
-from tests.stack import running_stack, wait_for
+from tests.support.cli import lab_cli
+from tests.support.stack import running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,

@@ -14,7 +14,6 @@ import signal
 import tarfile
 
 import httpx
-
 import peft
 import pytest
 import safetensors.torch
@@ -26,8 +25,8 @@ from labsdk import Lab
 from engine.models import tiny_random_llama
 from jobs.models import Checkpoint, Job, JobAttempt, LogLine, MetricStep
 from jobs.webhooks.models import WebhookMessage
-from tests.s3server import S3Server
-from tests.stack import LabStack, running_stack, wait_for
+from tests.support.s3server import S3Server
+from tests.support.stack import LabStack, running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,

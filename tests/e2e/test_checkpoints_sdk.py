@@ -18,8 +18,8 @@ from rest_framework.test import APIClient
 from jobs.ingest.tokens import job_token
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
-from tests.e2e.test_cli_live import lab_cli
-from tests.s3server import use_s3_storage
+from tests.support.cli import lab_cli
+from tests.support.s3server import use_s3_storage
 
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -7,30 +7,14 @@ Each test runs the command as a user would, in a subprocess with ``LAB_API_KEY``
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from jobs.models import Job, JobStatus
+from tests.support.cli import lab_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-LAB_SCRIPT = Path(sys.executable).with_name("lab")
-
-
-def lab_cli(*argv: str, key: str | None, base_url: str) -> subprocess.CompletedProcess:
-    """Run ``lab ARGV`` against ``base_url`` with ``key`` (none when ``None``)."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("LAB_")}
-    env["LAB_BASE_URL"] = base_url
-    env["NO_COLOR"] = "1"
-    env["COLUMNS"] = "200"
-    if key is not None:
-        env["LAB_API_KEY"] = key
-    command = [str(LAB_SCRIPT)] if LAB_SCRIPT.exists() else [sys.executable, "-m", "labsdk.cli"]
-    return subprocess.run([*command, *argv], env=env, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -164,7 +148,7 @@ def test_another_tenants_job_is_not_found(cli, outsider, tiny_toml):
 
 
 def test_a_toml_with_only_prime_keys_is_accepted_with_warnings(cli, tenant, tmp_path):
-    from tests.sdk.spec_examples import PRIME_ONLY_TOML
+    from tests.support.spec_examples import PRIME_ONLY_TOML
 
     path = tmp_path / "prime.toml"
     path.write_text(PRIME_ONLY_TOML)
@@ -201,7 +185,7 @@ def test_jobs_wait_and_events_report_how_a_job_ended(cli, tiny_toml):
 
 
 def test_jobs_distributions_prints_a_histogram_of_a_steps_rewards(cli, tenant, spec, no_broker):
-    from tests.dashboard.jobs_helpers import Engine, submit
+    from tests.support.jobs_helpers import Engine, submit
 
     job = submit(tenant, spec)
     engine = Engine(job)

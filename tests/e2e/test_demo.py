@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.stack import free_port, wait_for
+from tests.support.stack import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")
@@ -225,7 +225,7 @@ def test_on_database_and_redis_urls_it_runs_on_them_and_after_the_summary_keeps_
     import redis
 
     from jobs.models import Job
-    from tests.stack import _database_url
+    from tests.support.stack import _database_url
 
     data_dir = tmp_path / "data"
     broker = os.environ.get("CELERY_BROKER_URL") or os.environ["REDIS_URL"]

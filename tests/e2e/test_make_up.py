@@ -18,7 +18,7 @@ import pytest
 import redis
 from django.db import connection
 
-from tests.stack import ROOT, free_port, wait_for
+from tests.support.stack import ROOT, free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -104,7 +104,7 @@ def make_up_environment(tmp_path) -> Iterator[dict[str, str]]:
     env = {name: value for name, value in os.environ.items() if name not in MAKE_VARIABLES}
     env.pop("DATABASE_URL", None)
     if connection.vendor == "postgresql":
-        from tests.stack import _database_url
+        from tests.support.stack import _database_url
 
         env["DATABASE_URL"] = _database_url()
     broker = env.get("CELERY_BROKER_URL") or env.get("REDIS_URL")

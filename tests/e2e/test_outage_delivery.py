@@ -11,7 +11,6 @@ step is stored, every checkpoint is ``ready`` or (retention) ``deleted``, the fi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,8 @@ from django.db import connection
 
 from jobs.models import Checkpoint, Job, JobEvent, MetricStep
 from jobs.serializers import job_to_dict
-from tests.stack import LabStack, running_stack, wait_for
+from tests.support.live import _spooled_steps
+from tests.support.stack import LabStack, running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -51,15 +51,6 @@ def stack(tmp_path, settings):
     # A short flush at exit, so the second test's engine gives up on the absent web server soon.
     with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1", LAB_ENGINE_FLUSH_TIMEOUT="3") as lab:
         yield lab
-
-
-def _spooled_steps(attempt_dir: Path) -> int:
-    """The highest step the engine has written to its metrics spool (0 before the first)."""
-    spool = attempt_dir / "spool" / "attempt-1" / "metrics.jsonl"
-    if not spool.exists():
-        return 0
-    steps = [json.loads(line)["step"] for line in spool.read_text().splitlines() if line.endswith("}")]
-    return max(steps, default=0)
 
 
 def _submit(stack: LabStack, key: str) -> tuple[str, Path]:

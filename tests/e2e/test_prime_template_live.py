@@ -20,10 +20,10 @@ import pytest
 from django.db import connection
 from labsdk import Lab
 
-from tests.e2e.test_cli_live import lab_cli
-from tests.engine.test_distill import teacher_server  # noqa: F401  (a fixture)
-from tests.sdk.test_prime_configs import TEMPLATE, installed, uncomment_everything
-from tests.stack import running_stack, wait_for
+from tests.support.cli import lab_cli
+from tests.support.engine import teacher_server  # noqa: F401  (a fixture)
+from tests.support.prime_configs import TEMPLATE, installed, uncomment_everything
+from tests.support.stack import running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,

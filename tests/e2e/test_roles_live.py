@@ -13,9 +13,8 @@ import pytest
 from django.db import connection
 
 from jobs.models import Checkpoint, Job, JobAttempt, JobEvent, MetricStep
-from tests.e2e.test_outage_delivery import _spooled_steps
-from tests.jobs.test_run_pipeline import TERMINAL, Api, alive, engine_pid
-from tests.stack import running_stack, wait_for
+from tests.support.live import TERMINAL, Api, _spooled_steps, alive, engine_pid
+from tests.support.stack import running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,

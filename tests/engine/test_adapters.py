@@ -106,7 +106,7 @@ def test_pruning_keeps_only_the_archives_lab_has_not_settled(tmp_path):
 
 def test_an_offline_run_exports_an_adapter_every_interval_and_keeps_only_unsettled_local_copies(tmp_path):
     from tests.engine.conftest import write_spec
-    from tests.engine.test_cli import engine, finish
+    from tests.support.engine_cli import engine, finish
 
     spec = write_spec(tmp_path / "spec.json", adapters={"interval": 2}, checkpoints={"interval": 0, "keep_last": 1})
     code, _, stderr = finish(engine(["--spec", str(spec)], tmp_path))

@@ -1,35 +1,20 @@
 """`python -m engine run` as a subprocess: exit codes, offline outputs, SIGTERM, reporting to Lab."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from .conftest import REPO_ROOT, write_spec
+from tests.support.engine_cli import engine, finish
+
+from .conftest import write_spec
 
 METRIC_NAMES = {
     "reward/mean", "reward/std", "reward/reverse-text/mean", "reward/reverse-text/lcs_ratio/mean",
     "reward/reverse-text/exact/mean", "loss/mean", "optim/grad_norm", "optim/lr", "seq_len/mean",
     "is_truncated/mean", "perf/tokens_per_s", "time/step", "time/generate", "time/train",
 }
-
-
-def engine(args, tmp_path, *, env=None, offline=True, **popen):
-    command = [sys.executable, "-m", "engine", "run", "--job-id", "job_1", "--attempt", "1",
-               "--workdir", str(tmp_path / "work"), *args]
-    if offline:
-        command.append("--offline")
-    environment = {**os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}", **(env or {})}
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-
-
-def finish(process, timeout=120):
-    stdout, stderr = process.communicate(timeout=timeout)
-    return process.returncode, stdout, stderr
 
 
 @pytest.mark.parametrize(

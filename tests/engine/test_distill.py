@@ -5,7 +5,6 @@ server, the SFT loss, and a whole offline job distilling from the engine's own i
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 
@@ -14,11 +13,21 @@ import torch
 from labsdk.spec import parse_spec
 from werkzeug import Response
 
-from engine.distill import TeacherClient, TeacherCompletion, TeacherRefused, TeacherUnavailable, sft_loss, teacher_token_ids
+from engine.distill import (
+    TeacherClient,
+    TeacherCompletion,
+    TeacherRefused,
+    TeacherUnavailable,
+    sft_loss,
+    teacher_token_ids,
+)
+from tests.support.engine import (
+    MODEL,
+    teacher_server,  # noqa: F401  (a fixture)
+)
 
 from .conftest import REPO_ROOT, tiny_spec, write_spec
 
-MODEL = "lab/tiny-random-llama"
 CHAT = {"choices": [{"message": {"role": "assistant", "content": "cba"}, "finish_reason": "stop"},
                     {"message": {"role": "assistant", "content": "cb"}, "finish_reason": "length"}]}
 
@@ -119,28 +128,6 @@ def test_the_sft_loss_is_the_mean_negative_log_likelihood_per_token_across_micro
     assert float(whole) == pytest.approx(expected) and float(halves) == pytest.approx(expected)
 
 
-@pytest.fixture
-def teacher_server(tmp_path):
-    """`python -m engine inference` on the tiny model, as the docs start it, on a free port."""
-    environment = {**os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "engine", "inference", "--model", MODEL, "--backend", "transformers", "--port", "0",
-         "--workdir", str(tmp_path / "teacher")],
-        cwd=REPO_ROOT, env=environment, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        for line in process.stderr:
-            found = re.search(r"serving .* on (http://\S+)", line)
-            if found:
-                yield found.group(1)
-                break
-        else:
-            pytest.fail(f"the inference server did not start (exit {process.wait()})")
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
 def run_engine(tmp_path, spec_path, env):
     environment = {**os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}", **env}
     return subprocess.run(
@@ -150,7 +137,7 @@ def run_engine(tmp_path, spec_path, env):
     )
 
 
-def test_an_sft_job_distils_the_teachers_greedy_completions(tmp_path, teacher_server):
+def test_an_sft_job_distils_the_teachers_greedy_completions(tmp_path, teacher_server):  # noqa: F811
     teacher = {"model": MODEL, "client": {"base_url": f"{teacher_server}/v1", "api_key_var": "TEACHER_KEY"},
                "sampling": {"temperature": 0.0, "max_tokens": 6}}
     spec = write_spec(tmp_path / "spec.json", loss="sft", teacher=teacher, max_steps=6, learning_rate=2e-2,
@@ -173,7 +160,7 @@ def test_an_sft_job_distils_the_teachers_greedy_completions(tmp_path, teacher_se
     assert "sk-test-teacher" not in everything
 
 
-def test_an_sft_job_whose_teacher_does_not_serve_the_model_exits_2(tmp_path, teacher_server):
+def test_an_sft_job_whose_teacher_does_not_serve_the_model_exits_2(tmp_path, teacher_server):  # noqa: F811
     teacher = {"model": "big/teacher", "client": {"base_url": f"{teacher_server}/v1", "api_key_var": "TEACHER_KEY"}}
     spec = write_spec(tmp_path / "spec.json", loss="sft", teacher=teacher, max_steps=1)
     done = run_engine(tmp_path, spec, {"TEACHER_KEY": "k"})

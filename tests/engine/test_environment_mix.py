@@ -4,7 +4,7 @@ import json
 
 from engine.orchestrator import block_names, environment_index
 from tests.engine.conftest import engine_config, tiny_spec
-from tests.engine.test_resume import train
+from tests.support.engine import train
 
 
 def test_without_ratios_the_environments_take_turns():

@@ -7,10 +7,9 @@ import pytest
 
 from engine.environments import load_environment, split_of
 from engine.filters import most_repeated_ngram_count
-from engine.reporter import OfflineTransport, Reporter
 from engine.orchestrator import usable_template_kwargs
-from engine.trainer import Trainer
 from tests.engine.conftest import engine_config, tiny_spec
+from tests.support.engine import trainer_for
 
 
 class RecordingBackend:
@@ -26,13 +25,6 @@ class RecordingBackend:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-
-def trainer_for(workdir, spec, **engine_settings):
-    reporter = Reporter(OfflineTransport(workdir), job_id="job_1", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
-    trainer = Trainer(config=engine_config(spec, **engine_settings), workdir=workdir, reporter=reporter)
-    trainer.setup()
-    return trainer, reporter
 
 
 def run(workdir, spec):

@@ -14,8 +14,11 @@ import httpx
 import pytest
 
 from tests.engine.conftest import REPO_ROOT, engine_config, tiny_spec, wait_for_first_step, write_spec
-from tests.engine.test_distill import teacher_server  # noqa: F401  (a fixture: an inference role on the tiny model)
-from tests.engine.test_resume import NONDETERMINISTIC_PREFIXES, train
+from tests.support.engine import (
+    NONDETERMINISTIC_PREFIXES,
+    teacher_server,  # noqa: F401  (a fixture: an inference role on the tiny model)
+    train,
+)
 
 
 def engine(tmp_path, spec, env):

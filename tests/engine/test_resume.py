@@ -1,44 +1,9 @@
 """Resuming from a checkpoint reproduces an uninterrupted run's metrics (same seed, CPU)."""
 
-import json
-
 import pytest
 
-from engine.reporter import OfflineTransport, Reporter
-from engine.trainer import Trainer
 from tests.engine.conftest import engine_config, tiny_spec
-
-# Times and throughput (time/*, perf/*) differ between runs; everything else must match exactly.
-NONDETERMINISTIC_PREFIXES = ("time/", "perf/")
-
-
-class StoppingReporter(Reporter):
-    """Requests a stop (as SIGTERM would) once the metrics of `stop_after` are reported."""
-
-    stop_after = None
-
-    def metrics(self, step, values):
-        super().metrics(step, values)
-        if step == self.stop_after:
-            self.stop_requested.set()
-
-
-def train(workdir, config, resume_from=None, stop_after=None):
-    reporter = StoppingReporter(OfflineTransport(workdir), job_id="job_1", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
-    reporter.stop_after = stop_after
-    reporter.start()
-    trainer = Trainer(config=config, workdir=workdir, reporter=reporter)
-    try:
-        trainer.setup()
-        if resume_from is not None:
-            trainer.resume(resume_from)
-        outcome = trainer.run()
-    finally:
-        trainer.close()  # an inference role it started (engine/remote_inference.py) stops too
-    assert outcome == ("stopped" if stop_after else "succeeded")
-    reporter.close(outcome, timeout=10)
-    points = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return {p["step"]: {k: v for k, v in p["values"].items() if not k.startswith(NONDETERMINISTIC_PREFIXES)} for p in points}
+from tests.support.engine import train
 
 
 def config(max_steps, overlap, **spec_overrides):

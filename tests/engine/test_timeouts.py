@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.conftest import tiny_spec
-from tests.engine.test_eval_val_filters import trainer_for
+from tests.support.engine import trainer_for
 
 
 def test_timed_out_rollouts_leave_the_advantages_and_the_loss_and_the_step_counts_them(tmp_path):

@@ -243,7 +243,7 @@ def test_a_lora_job_samples_each_step_with_its_adapter_through_vllm(tmp_path, ro
     directory, the orchestrator has the inference role load it). Every step samples with the
     adapter of the updates before it, and the trainer's log-probabilities of the sampled tokens
     agree with vLLM's: the importance ratio's KL estimate stays at rounding level."""
-    from tests.engine.test_roles import engine, finished
+    from tests.support.engine_roles import engine, finished
 
     spec = write_spec(tmp_path / "spec.json", max_steps=5, seed=3, checkpoints={"interval": 0, "keep_last": 1})
     env = {"LAB_ENGINE_ROLLOUT": "vllm", "LAB_ENGINE_VLLM_DTYPE": "float32", "LAB_ENGINE_VLLM_WEIGHTS": "lora",
@@ -340,7 +340,7 @@ def test_three_roles_on_vllm_with_async_on_resume_exactly(tmp_path):
     """The inference role on vLLM (fp32), sampling two steps ahead for the orchestrator role: a
     run resumed from its step-2 checkpoint (which holds the batches of steps 3 and 4) reports
     steps 3 and 4 exactly as the uninterrupted run did, each step once."""
-    from tests.engine.test_roles import SPEC, engine, finished, points
+    from tests.support.engine_roles import SPEC, engine, finished, points
 
     spec = write_spec(tmp_path / "spec.json", **SPEC)
     roles = {"LAB_ENGINE_ROLES": "process", "LAB_ENGINE_ROLLOUT": "vllm", "LAB_ENGINE_VLLM_DTYPE": "float32"}

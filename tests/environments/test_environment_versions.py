@@ -18,7 +18,7 @@ from lab import storage
 from lab.api.errors import http_status
 from lab.audit import Actor
 from lab.errors import LabError
-from tests.environments.wheelbuilder import build_wheel
+from tests.support.wheelbuilder import build_wheel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

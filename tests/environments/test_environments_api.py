@@ -7,7 +7,6 @@ import os
 import sys
 
 import pytest
-from django.core.files.uploadedfile import SimpleUploadedFile
 
 from environments.models import EnvironmentPackage
 from jobs.environment_packages import launch_packages
@@ -16,7 +15,8 @@ from lab import storage
 from lab.audit import Actor
 from lab.models import AuditLogEntry
 from lab.services import api_key_create
-from tests.environments.wheelbuilder import build_wheel
+from tests.support.environments import push, stored_keys
+from tests.support.wheelbuilder import build_wheel
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 
@@ -30,17 +30,6 @@ def _own_storage(settings, tmp_path):
         **settings.STORAGES,
         "checkpoints": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "store")}},
     }
-
-
-def push(tenant, wheel, key=None):
-    filename, data = wheel
-    return tenant.client(key).post(
-        "/api/v1/environments", {"file": SimpleUploadedFile(filename, data, content_type="application/zip")}, format="multipart"
-    )
-
-
-def stored_keys() -> list[str]:
-    return sorted(key for key, _ in storage.iter_objects())
 
 
 def test_it_pushes_a_wheel_and_answers_the_environment_object(owner):

@@ -9,9 +9,10 @@ from django.db import connection
 from labsdk import Lab
 
 from jobs.models import Job
-from tests.environments.test_engine_packages import TINY
-from tests.environments.wheelbuilder import lab_wheel
-from tests.stack import LabStack, running_stack, wait_for
+from tests.support.environments import wait_finished
+from tests.support.packages import TINY
+from tests.support.stack import running_stack
+from tests.support.wheelbuilder import lab_wheel
 
 pytestmark = [
     pytest.mark.e2e,
@@ -20,22 +21,12 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
 ]
 
+
 @pytest.fixture
 def stack(tmp_path, settings):
     # Wheels on S3 (signed URL fetch, sweep, delete) are tests/environments/test_environments_s3.py's part.
     with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1") as lab:
         yield lab
-
-
-def wait_finished(lab: Lab, stack: LabStack, job_id: str):
-    try:
-        return wait_for(
-            lambda: (job := lab.jobs.retrieve(job_id)).status in {"succeeded", "failed", "cancelled"} and job,
-            timeout=180,
-            what=f"{job_id} finished",
-        )
-    except AssertionError as error:
-        raise AssertionError(f"{error}: {lab.jobs.retrieve(job_id).to_dict()}\n{stack.logs()}") from None
 
 
 def test_a_pushed_environment_trains_a_tiny_job_and_a_missing_dependency_fails_it(stack, owner, tmp_path):

@@ -6,8 +6,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from environments.models import EnvironmentPackage
-from tests.dashboard.helpers import signed_in
-from tests.environments.wheelbuilder import build_wheel
+from tests.support.dashboard import signed_in
+from tests.support.wheelbuilder import build_wheel
 
 pytestmark = pytest.mark.django_db
 

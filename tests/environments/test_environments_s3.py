@@ -13,7 +13,7 @@ from engine.packages import Package, _fetch
 from environments.models import EnvironmentPackage
 from environments.services import package_download_url
 from jobs.checkpoints import checkpoint_sweep_orphans
-from tests.environments.wheelbuilder import build_wheel
+from tests.support.wheelbuilder import build_wheel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 PREFIX = "lab/checkpoints"

@@ -9,7 +9,7 @@ from labsdk import BadRequestError, ConflictError, Lab, NotFoundError
 from labsdk.cli import main
 
 from environments.models import EnvironmentPackage
-from tests.environments.wheelbuilder import build_wheel
+from tests.support.wheelbuilder import build_wheel
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

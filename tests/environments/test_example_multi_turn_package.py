@@ -6,9 +6,8 @@ from __future__ import annotations
 from labsdk.spec import load_spec_file
 
 from environments.wheels import read_wheel
-from tests.environments.test_engine_packages import REPO, run_engine
-from tests.environments.test_example_verifiers_package import build_example
 from tests.environments.verifiers_wheels import read_lines, require_verifiers_python
+from tests.support.packages import REPO, build_example, run_engine
 
 EXAMPLE = REPO / "examples" / "environments" / "letter-guess"
 

@@ -9,7 +9,7 @@ import subprocess
 from labsdk.spec import load_spec_file
 
 from environments.wheels import read_wheel
-from tests.environments.test_engine_packages import REPO, run_engine
+from tests.support.packages import REPO, run_engine
 
 
 def test_make_builds_the_example_wheel_that_lab_accepts_and_the_engine_trains_on(tmp_path):

@@ -10,28 +10,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from labsdk.spec import load_spec_file
 
 from engine.catalog import SMOLLM2_ID, default_model_dir
 from environments.wheels import read_wheel
-from tests.environments.test_engine_packages import REPO, run_engine
 from tests.environments.verifiers_wheels import require_verifiers_python
+from tests.support.packages import REPO, build_example, run_engine
 
 EXAMPLE = REPO / "examples" / "environments" / "shout-word"
-
-
-def build_example(tmp_path: Path, target: str = "example-verifiers-env") -> Path:
-    """Build an example package's wheel with its make target into ``tmp_path/dist``; return it."""
-    dist = tmp_path / "dist"
-    built = subprocess.run(
-        ["make", "-s", target, f"EXAMPLE_DIST={dist}"], cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-    assert built.returncode == 0, built.stderr
-    (wheel,) = dist.glob("*.whl")
-    return wheel
 
 
 def test_make_builds_the_example_verifiers_wheel_that_lab_accepts_and_the_engine_trains_on(tmp_path):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from environments.models import EnvironmentPackage
-from tests.environments.test_environments_api import push, stored_keys
-from tests.environments.wheelbuilder import build_wheel
+from tests.support.environments import push, stored_keys
+from tests.support.wheelbuilder import build_wheel
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 

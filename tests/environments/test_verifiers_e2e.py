@@ -11,10 +11,10 @@ from labsdk import Lab
 from labsdk.cli import main
 
 from jobs.models import Job
-from tests.environments.test_engine_packages import TINY
-from tests.environments.test_environments_e2e import wait_finished
 from tests.environments.verifiers_wheels import require_verifiers_python, spell_wheel
-from tests.stack import running_stack
+from tests.support.environments import wait_finished
+from tests.support.packages import TINY
+from tests.support.stack import running_stack
 
 pytestmark = [
     pytest.mark.e2e,

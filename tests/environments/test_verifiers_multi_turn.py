@@ -12,8 +12,14 @@ import zipfile
 import pytest
 
 from engine.environments.verifiers_taskset import Bridge, BridgeRefused, verifiers_python
-from tests.environments.test_engine_packages import run_engine
-from tests.environments.verifiers_wheels import GUESS_ENV, guess_wheel, read_lines, require_verifiers_python, run_in_verifiers
+from tests.environments.verifiers_wheels import (
+    GUESS_ENV,
+    guess_wheel,
+    read_lines,
+    require_verifiers_python,
+    run_in_verifiers,
+)
+from tests.support.packages import run_engine
 
 ENV_ID = "acme/guess-env@0.1.0"
 ARGS = {"num_tasks": 40, "log_path": "episodes.jsonl"}

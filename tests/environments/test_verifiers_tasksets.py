@@ -10,9 +10,15 @@ import time
 from pathlib import Path
 
 from engine.environments.verifiers_taskset import bridge_environment
-from tests.environments.test_engine_packages import run_engine
-from tests.environments.verifiers_wheels import SPELL_TASKSET, read_lines, require_verifiers_python, run_in_verifiers, spell_wheel
-from tests.environments.wheelbuilder import build_wheel
+from tests.environments.verifiers_wheels import (
+    SPELL_TASKSET,
+    read_lines,
+    require_verifiers_python,
+    run_in_verifiers,
+    spell_wheel,
+)
+from tests.support.packages import run_engine
+from tests.support.wheelbuilder import build_wheel
 
 ENV_ID = "acme/spell-env@0.1.0"
 

@@ -14,8 +14,8 @@ from engine.environments.verifiers_taskset import BRIDGE_SCRIPT, Bridge, verifie
 from engine.models import tiny_random_llama_tokenizer
 from engine.multi_turn import run_episodes
 from engine.rollout import Completion
-from tests.environments.test_engine_packages import run_engine
 from tests.environments.verifiers_wheels import calc_wheel, read_lines, require_verifiers_python, run_in_verifiers
+from tests.support.packages import run_engine
 
 ENV_ID = "acme/calc-env@0.1.0"
 ANSWER = "The sum is {}."

@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from environments.wheels import InvalidWheel, read_wheel
-from tests.environments.wheelbuilder import build_wheel, lab_wheel
+from tests.support.wheelbuilder import build_wheel, lab_wheel
 
 
 def read(filename_and_bytes):

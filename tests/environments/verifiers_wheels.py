@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.environments.verifiers_taskset import verifiers_python
-from tests.environments.wheelbuilder import build_wheel
+from tests.support.wheelbuilder import build_wheel
 
 #: A single-turn taskset: spell a made-up word backwards. Three reward functions: `exact` (weight
 #: 1), `letters` (weight 0.5: the share of the reply's characters that are the word's letters, so

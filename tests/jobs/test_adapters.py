@@ -322,7 +322,7 @@ def test_the_openapi_document_has_the_adapter_routes(owner):
 def test_an_adapter_left_in_an_exited_engines_spool_is_delivered_once(owner, spec, tmp_path):
     from engine.checkpoints import write_tar
     from jobs.ingest.spool import deliver_attempt_spool
-    from tests.jobs.test_spool_delivery import launched, spool
+    from tests.support.spool import launched, spool
 
     workdir = tmp_path / "attempt-1"
     job, attempt = launched(owner, spec, workdir)
@@ -347,7 +347,7 @@ def test_an_adapter_left_in_an_exited_engines_spool_is_delivered_once(owner, spe
 
 def test_an_ended_attempts_unfinished_adapter_upload_fails_at_once(owner, spec, tmp_path, monkeypatch):
     from jobs import reconciler
-    from tests.jobs.test_spool_delivery import exited_launcher, launched, point, spool
+    from tests.support.spool import exited_launcher, launched, point, spool
 
     workdir = tmp_path / "attempt-1"
     job, attempt = launched(owner, spec, workdir)

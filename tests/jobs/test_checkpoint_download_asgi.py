@@ -14,7 +14,7 @@ from jobs.ingest.tokens import job_token
 from jobs.models import Job
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
-from tests.stack import LabStack
+from tests.support.stack import LabStack
 
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

@@ -334,8 +334,8 @@ def test_the_orphan_sweep_removes_old_objects_without_a_row_and_spares_young_one
 
 
 def test_the_ready_webhook_links_to_the_download_endpoint(owner, spec, settings):
-    from jobs.webhooks.models import WebhookMessage
     from jobs.webhooks.endpoints import endpoint_create
+    from jobs.webhooks.models import WebhookMessage
 
     settings.LAB_WEBHOOK_ALLOW_PRIVATE = True
     endpoint_create(
@@ -566,7 +566,7 @@ def test_an_archive_changed_in_storage_after_it_was_verified_is_never_served(own
 def test_a_resume_from_an_archive_changed_in_storage_fails_the_launch_clearly(owner, spec, monkeypatch):
     from jobs import reconciler
     from jobs.models import JobAttempt
-    from tests.jobs.fake_launcher import FakeLauncher
+    from tests.support.fake_launcher import FakeLauncher
 
     launcher = FakeLauncher()
     monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jobs.distributions import histogram
-from tests.dashboard.jobs_helpers import Engine, submit
-from tests.schema_check import assert_matches, served_document
+from tests.support.jobs_helpers import Engine, submit
+from tests.support.schema_check import assert_matches, served_document
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

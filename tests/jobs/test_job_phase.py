@@ -10,7 +10,7 @@ from jobs.ingest.tokens import job_token
 from jobs.models import Job
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
-from tests.schema_check import assert_matches, served_document
+from tests.support.schema_check import assert_matches, served_document
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

@@ -13,15 +13,14 @@ from jobs.launchers.local import LocalLauncher
 from jobs.models import Job
 from jobs.reconciler import launch_request
 from jobs.services import job_claim_for_start
-from tests.jobs import test_local_launcher
+from tests.support.local_launcher import REPO, engine_stand_in  # noqa: F401  (a fixture: an engine that prints its environment)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "sk-test-4f9c2e7a1b"
-engine_stand_in = test_local_launcher.engine_stand_in  # the same fixture: an engine that prints its environment
 
 
-def test_the_launch_request_carries_them_and_the_engine_process_gets_them(owner, spec, no_broker, tmp_path, engine_stand_in):
+def test_the_launch_request_carries_them_and_the_engine_process_gets_them(owner, spec, no_broker, tmp_path, engine_stand_in):  # noqa: F811
     response = owner.client().post("/api/v1/jobs", {**spec, "secrets": {"OPENAI_API_KEY": SECRET}}, format="json")
     assert response.status_code == 201, response.content
     job = Job.objects.unscoped().get()
@@ -29,7 +28,7 @@ def test_the_launch_request_carries_them_and_the_engine_process_gets_them(owner,
     assert request.secrets == {"OPENAI_API_KEY": SECRET}
     assert SECRET not in repr(request)
 
-    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=test_local_launcher.REPO, python=str(engine_stand_in), isolation="none")
+    launcher = LocalLauncher(runs_dir=tmp_path / "runs", repo_dir=REPO, python=str(engine_stand_in), isolation="none")
     workdir = Path(launcher.launch(request)["workdir"])
     deadline = time.monotonic() + 30
     while not (workdir / "exit.json").exists():

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from jobs.launchers.base import LaunchRequest
 from jobs.launchers.local import LocalLauncher, engine_environment
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.local_launcher import (
+    REPO,
+    engine_stand_in,  # noqa: F401  (a fixture)
+)
 
 #: What a worker's environment holds besides what the engine needs (docs/configuration.md).
 WORKER_SECRETS = {
@@ -86,22 +84,7 @@ def test_it_reads_the_process_environment_by_default(monkeypatch):
     assert not any(value in env.values() for name, value in WORKER_SECRETS.items() if name != "DJANGO_SETTINGS_MODULE")
 
 
-@pytest.fixture
-def engine_stand_in(tmp_path) -> Path:
-    """An interpreter for the launcher that runs the supervisor for real and, in place of the
-    engine, prints its own environment as JSON."""
-    script = tmp_path / "python"
-    dump = "import json, os; print(json.dumps(dict(os.environ)))"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$1" = "-m" ] && [ "$2" = "engine" ]; then exec "{sys.executable}" -c "{dump}"; fi\n'
-        f'exec "{sys.executable}" "$@"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
-
-
-def test_a_launched_engine_process_sees_none_of_the_workers_secrets(monkeypatch, tmp_path, engine_stand_in):
+def test_a_launched_engine_process_sees_none_of_the_workers_secrets(monkeypatch, tmp_path, engine_stand_in):  # noqa: F811
     for name, value in WORKER_SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("LAB_ENGINE_THREADS", "1")

@@ -22,9 +22,9 @@ import pytest
 from django.db import connection
 from labsdk import Lab
 
-from tests.environments.test_engine_packages import TINY
-from tests.environments.wheelbuilder import lab_wheel
-from tests.stack import running_stack, wait_for
+from tests.support.packages import TINY
+from tests.support.stack import running_stack, wait_for
+from tests.support.wheelbuilder import lab_wheel
 
 pytestmark = [
     pytest.mark.e2e,

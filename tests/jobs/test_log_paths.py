@@ -11,7 +11,7 @@ from django.conf import settings
 
 from jobs.log_paths import path_hider, server_path_prefixes
 from jobs.models import LogLine
-from tests.dashboard.jobs_helpers import Engine, submit
+from tests.support.jobs_helpers import Engine, submit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 

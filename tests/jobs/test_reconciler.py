@@ -17,7 +17,7 @@ from jobs.launchers.base import AttemptPhase, Observation
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StopReason
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
-from tests.jobs.fake_launcher import FakeLauncher
+from tests.support.fake_launcher import FakeLauncher
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

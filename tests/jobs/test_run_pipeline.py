@@ -7,13 +7,13 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 from django.db import connection
 from labsdk import Lab
 
 from jobs.models import Job, JobAttempt, JobEvent, MetricStep
-from tests.stack import LabStack, ROOT, running_stack, wait_for
+from tests.support.live import TERMINAL, Api, alive, engine_pid
+from tests.support.stack import ROOT, LabStack, running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -22,56 +22,11 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
 ]
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
-
 
 @pytest.fixture
 def stack(tmp_path, settings):
     with running_stack(tmp_path / "lab", settings, LAB_STOP_GRACE_S="2", LAB_KILL_GRACE_S="5") as lab:
         yield lab
-
-
-class Api:
-    """A few REST calls with the tenant's key."""
-
-    def __init__(self, stack: LabStack, key: str):
-        self.client = httpx.Client(base_url=f"{stack.base_url}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=30)
-        self.stack = stack
-
-    def create(self, spec: dict) -> dict:
-        response = self.client.post("/jobs", json=spec)
-        assert response.status_code == 201, response.text
-        return response.json()
-
-    def get(self, job_id: str) -> dict:
-        return self.client.get(f"/jobs/{job_id}").json()
-
-    def wait_status(self, job_id: str, statuses: set[str], timeout: float = 180) -> dict:
-        def reached():
-            job = self.get(job_id)
-            return job if job["status"] in statuses else None
-
-        try:
-            return wait_for(reached, timeout=timeout, what=f"{job_id} in {statuses}")
-        except AssertionError:
-            raise AssertionError(f"{self.get(job_id)}\n{self.stack.logs()}") from None
-
-
-def engine_pid(stack: LabStack, job_id: str, attempt: int) -> int | None:
-    pid_file = stack.data_dir / "runs" / job_id / f"attempt-{attempt}" / "engine.pid"
-    try:
-        return int(pid_file.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split(") ", 1)[1][0] != "Z"
 
 
 def test_a_job_created_with_the_sdk_runs_to_succeeded_with_every_step_stored_once(owner, stack):

@@ -9,20 +9,15 @@ from pathlib import Path
 
 import pytest
 from django.db import transaction
-from django.utils import timezone
 
 from engine.checkpoints import write_tar
-from engine.spool import Spool, attempt_spool_dir
+from engine.spool import attempt_spool_dir
 from jobs import reconciler
 from jobs.ingest.spool import deliver_attempt_spool
-from jobs.models import AttemptState, Checkpoint, Job, JobAttempt, JobEvent, LogLine, MetricStep, RolloutSample
-from jobs.services import job_claim_for_start, job_submit
-from lab.audit import Actor
-from tests.jobs.fake_launcher import FakeLauncher
+from jobs.models import Checkpoint, Job, JobEvent, LogLine, MetricStep, RolloutSample
+from tests.support.spool import NOW, exited_launcher, launched, point, spool
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
-
-NOW = "2026-11-29T22:16:31Z"
 
 
 @pytest.fixture(autouse=True)
@@ -33,32 +28,6 @@ def _own_storage(settings, tmp_path):
     }
 
 
-def exited_launcher(exit_code: int = 0) -> FakeLauncher:
-    """A fake launcher on which the attempt of handle 1 has exited with ``exit_code``."""
-    launcher = FakeLauncher()
-    launcher.exit({"id": 1}, exit_code)
-    return launcher
-
-
-def launched(owner, spec, workdir: Path) -> tuple[Job, JobAttempt]:
-    """A job whose first attempt was launched with ``workdir`` as its work dir."""
-    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
-    attempt = job_claim_for_start(job_id=job.pk)
-    JobAttempt.objects.filter(pk=attempt.pk).update(
-        state=AttemptState.LAUNCHED, handle={"id": 1, "workdir": str(workdir)}, launched_at=timezone.now()
-    )
-    return Job.objects.unscoped().get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
-
-
-def spool(workdir: Path, name: str, records: list[dict], *, sent: int = 0) -> None:
-    writer = Spool(attempt_spool_dir(workdir, 1), name)
-    for record in records:
-        writer.append(record)
-    if sent:
-        writer.acknowledge(sent)
-    writer.close()
-
-
 def archive(workdir: Path, step: int) -> dict:
     directory = workdir / "checkpoints" / f"step-{step:06d}"
     (directory / "trainer_state").mkdir(parents=True)
@@ -66,10 +35,6 @@ def archive(workdir: Path, step: int) -> dict:
     path = directory.with_name(directory.name + ".tar")
     size, digest = write_tar(directory, path)
     return {"step": step, "format": "peft-lora", "archive": str(path), "size_bytes": size, "sha256": digest}
-
-
-def point(step: int) -> dict:
-    return {"step": step, "time": NOW, "values": {"reward/mean": step / 10}}
 
 
 def test_it_stores_what_the_spool_holds_past_its_cursors_and_moves_them_on(owner, spec, tmp_path):

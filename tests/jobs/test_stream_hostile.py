@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from jobs.models import Job
-from tests.jobs.test_stream import Reader, _web, auth, finish, running_job, stream_url
+from tests.support.stream import Reader, _web, auth, finish, running_job, stream_url
 
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -167,7 +167,7 @@ def test_a_job_that_fails_and_is_restarted_resumes_and_replays_exactly(owner, sp
     from jobs.models import JobStatus
     from jobs.services import job_claim_for_start, job_restart, job_transition
     from lab.audit import Actor
-    from tests.jobs.test_stream import Engine
+    from tests.support.stream import Engine
 
     job, engine = running_job(owner, spec, web)
     url = stream_url(web, job)
@@ -217,7 +217,7 @@ def test_a_job_that_fails_and_is_restarted_resumes_and_replays_exactly(owner, sp
 def test_concurrent_ingest_reaches_every_live_client_in_number_order(owner, spec, web):
     import threading
 
-    from tests.jobs.test_stream import NOW
+    from tests.support.stream import NOW
 
     job, engine = running_job(owner, spec, web)
     url = stream_url(web, job)
@@ -316,7 +316,7 @@ def own_redis(tmp_path):
     import shutil
     import subprocess
 
-    from tests.stack import free_port
+    from tests.support.stack import free_port
 
     binary = shutil.which("redis-server")
     if binary is None:
@@ -756,7 +756,7 @@ def test_records_committed_while_a_catch_up_reads_are_neither_skipped_nor_sent_o
     from jobs.services import job_claim_for_start, job_submit, store_log_lines
     from jobs.stream import views
     from lab.audit import Actor
-    from tests.jobs.test_stream import NOW
+    from tests.support.stream import NOW
 
     settings.REDIS_URL = ""  # followers poll, so every wait for news is a catch-up
     settings.LAB_STREAM_POLL_MS = 50

@@ -79,7 +79,7 @@ def cluster_nodes(monkeypatch, settings):
     from jobs import pool
     from jobs.launchers.kubernetes.launcher import KubernetesLauncher
     from jobs.launchers.kubernetes.objects import PoolSettings
-    from tests.k8s.fake_gateway import FakeGateway
+    from tests.support.fake_gateway import FakeGateway
 
     settings.LAB_LAUNCHER = "kubernetes"
     settings.LAB_POOL_CONFIGURED = False

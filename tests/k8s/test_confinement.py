@@ -36,8 +36,8 @@ from jobs.launchers.kubernetes.objects import (
 from jobs.models import Job, JobAttempt, JobStatus
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
-from tests.k8s.fake_gateway import FakeGateway, kubernetes_pool
 from tests.k8s.validation import validate
+from tests.support.fake_gateway import FakeGateway, kubernetes_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_ID = "job_0123456789abcdefghij"

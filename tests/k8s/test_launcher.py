@@ -12,7 +12,7 @@ from jobs.launchers.base import AttemptPhase, LaunchRequest
 from jobs.launchers.kubernetes.kinds import JOBSET
 from jobs.launchers.kubernetes.launcher import WATCHES, KubernetesLauncher
 from jobs.launchers.kubernetes.objects import PoolSettings
-from tests.k8s.fake_gateway import FakeGateway
+from tests.support.fake_gateway import FakeGateway
 
 NOW = datetime(2026, 12, 1, 13, 0, tzinfo=timezone.utc)  # the fake stamps creationTimestamp 12:00
 

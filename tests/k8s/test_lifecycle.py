@@ -18,31 +18,31 @@ from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.launchers.base import AttemptPhase
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.launchers.kubernetes.objects import jobset_name
-from jobs.models import AttemptState, Checkpoint, CheckpointStatus, Job, JobAttempt, JobStatus
+from jobs.models import AttemptState, Job, JobAttempt, JobStatus
 from jobs.serializers import job_to_dict
 from jobs.services import job_cancel, job_claim_for_start, job_restart, job_submit, job_transition
 from lab.audit import Actor
-from tests.k8s.fake_gateway import FakeGateway, kubernetes_pool
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
-
-S = JobStatus
-NAMESPACE = "lab-acme"
-
-
-class Clock:
-    """The launcher's clock: real time plus what a test moves it by."""
-
-    def __init__(self):
-        self.offset = timedelta(0)
-
-    def __call__(self) -> datetime:
-        return datetime.now(timezone.utc) + self.offset
+from tests.support.fake_gateway import FakeGateway, kubernetes_pool
+from tests.support.k8s import (
+    NAMESPACE,
+    Clock,
+    engine_pod,
+    open_attempt,
+    ready_checkpoint,
+    reload,
+    secret_bootstrap_token,
+    submit,
+)
 
 
 @pytest.fixture
 def cluster() -> FakeGateway:
     return FakeGateway()
+
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+
+S = JobStatus
 
 
 @pytest.fixture
@@ -62,18 +62,6 @@ def launcher(monkeypatch, settings, cluster, clock) -> KubernetesLauncher:
 def gpu_spec(spec) -> dict:
     spec["resources"] = {"gpu_type": "H100", "gpus": 2}
     return spec
-
-
-def submit(owner, spec) -> tuple[Job, JobAttempt]:
-    """Submit, claim and launch a job's first attempt; return the job and the attempt."""
-    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
-    attempt = job_claim_for_start(job_id=job.pk)
-    reconciler.attempt_launch(attempt_id=attempt.pk)
-    return reload(job), JobAttempt.objects.get(pk=attempt.pk)
-
-
-def reload(job: Job) -> Job:
-    return Job.objects.unscoped().get(pk=job.pk)
 
 
 def running(owner, spec, cluster) -> tuple[Job, JobAttempt, str]:
@@ -152,38 +140,11 @@ def test_a_job_cancelled_while_kueue_holds_it_deletes_the_jobset(owner, spec, la
     assert reload(job).status == S.CANCELLED
 
 
-def secret_bootstrap_token(cluster: FakeGateway, name: str) -> str:
-    """The bootstrap token the JobSet's pods get from its Secret (``LAB_JOB_BOOTSTRAP_TOKEN``)."""
-    return cluster.objects[("Secret", NAMESPACE, name)]["stringData"]["LAB_JOB_BOOTSTRAP_TOKEN"]
-
-
-def engine_pod(cluster: FakeGateway, name: str) -> dict:
-    """The JobSet's engine pod (the trainer's, split) of its latest admission: the one that opens the attempt."""
-    pods = [obj for (kind, _, _), obj in cluster.objects.items()
-            if kind == "Pod" and obj["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name
-            and obj["metadata"]["labels"].get("lab.dev/role") in ("engine", "trainer")]
-    return max(pods, key=lambda pod: pod["metadata"]["creationTimestamp"])
-
-
-def open_attempt(cluster: FakeGateway, job: Job, name: str, *, pod: dict | None = None, token: str = ""):
-    """What the engine does when its pod starts: POST /attempts with the Secret's bootstrap token."""
-    pod = pod or engine_pod(cluster, name)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token or secret_bootstrap_token(cluster, name)}")
-    return client.post(f"/api/v1/ingest/jobs/{job.public_id}/attempts",
-                       {"pod_uid": pod["metadata"]["uid"], "jobset": name}, format="json")
-
-
 def heartbeat(job: Job, token: str, attempt: int):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return client.post(f"/api/v1/ingest/jobs/{job.public_id}/status",
                        {"attempt": attempt, "phase": "running", "step": 3}, format="json")
-
-
-def ready_checkpoint(job: Job, *, step: int, attempt: int) -> Checkpoint:
-    return Checkpoint.objects.create(job=job, step=step, attempt=attempt, status=CheckpointStatus.READY,
-                                     format="peft-lora", storage_key=f"{job.public_id}/{step}.tar", size_bytes=1)
 
 
 def test_the_first_pod_opens_the_launched_attempt_and_gets_its_token(owner, gpu_spec, launcher, cluster):

@@ -19,8 +19,8 @@ import yaml
 from jobs.launchers.base import LaunchRequest
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.launchers.kubernetes.objects import CLUSTER_QUEUE, DEFAULT_GPU_PRODUCTS, PRIORITY_CLASSES, PoolSettings
-from tests.k8s.fake_gateway import FakeGateway
 from tests.k8s.validation import CRD_FILES, DATA, validate
+from tests.support.fake_gateway import FakeGateway
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"

@@ -46,8 +46,8 @@ def test_it_opens_the_attempt_with_the_jobs_bootstrap_token(launched):
 def test_the_answer_names_the_jobs_uploaded_environments_with_download_urls_made_now(owner, spec, settings, tmp_path):
     """The URLs in the JobSet's Secret were made at launch; a pod Kueue admits or readmits later
     installs its environments from the ones in this answer."""
-    from tests.environments.test_environments_api import push
-    from tests.environments.wheelbuilder import build_wheel
+    from tests.support.environments import push
+    from tests.support.wheelbuilder import build_wheel
 
     settings.LAB_LAUNCHER = "kubernetes"
     settings.LAB_POOL_CONFIGURED = True

@@ -21,8 +21,8 @@ from jobs import reconciler
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.models import AttemptState, Checkpoint, CheckpointStatus, Job, JobAttempt, JobEvent, JobStatus, MetricStep
 from jobs.webhooks.models import WebhookEndpoint, WebhookMessage
-from tests.k8s.fake_gateway import FakeGateway, kubernetes_pool
-from tests.k8s.test_lifecycle import NAMESPACE, Clock, open_attempt, ready_checkpoint, reload, submit
+from tests.support.fake_gateway import FakeGateway, kubernetes_pool
+from tests.support.k8s import NAMESPACE, Clock, open_attempt, ready_checkpoint, reload, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

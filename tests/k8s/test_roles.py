@@ -27,8 +27,8 @@ from jobs.launchers.kubernetes.objects import (
 from jobs.models import ErrorCode, Job, JobAttempt, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
-from tests.k8s.fake_gateway import FakeGateway, kubernetes_pool
 from tests.k8s.validation import validate
+from tests.support.fake_gateway import FakeGateway, kubernetes_pool
 
 JOB_ID = "job_0123456789abcdefghij"
 NAME = jobset_name(JOB_ID, 2)
@@ -247,7 +247,7 @@ def role_pod(cluster: FakeGateway, name: str, role: str) -> dict:
 def running_split(owner, spec, cluster) -> tuple[Job, JobAttempt, str]:
     """A 2-GPU job launched as three roles, admitted by Kueue, its pods running, its trainer's
     pod the one that opened the attempt, its first heartbeat in."""
-    from tests.k8s.test_lifecycle import open_attempt
+    from tests.support.k8s import open_attempt
 
     spec["resources"] = {"gpu_type": "H100", "gpus": 2}
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)

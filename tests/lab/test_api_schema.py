@@ -1,6 +1,6 @@
 """The OpenAPI document at /api/v1/schema (lab.api.schema): OpenAPI 3.1, bodies as components,
 errors, links, and real answers that match the components they are documented with
-(``tests/schema_check.py`` checks them closed: no field the component does not list).
+(``tests/support/schema_check.py`` checks them closed: no field the component does not list).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus, LogLine, MetricStep, RolloutSample
 from jobs.services import job_transition
-from tests.schema_check import assert_matches, served_document
+from tests.support.schema_check import assert_matches, served_document
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from jobs.webhooks.models import WebhookEndpoint
-from tests.schema_check import served_document
+from tests.support.schema_check import served_document
 
 pytestmark = pytest.mark.django_db
 

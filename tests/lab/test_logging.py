@@ -12,7 +12,7 @@ from django.test import Client
 from lab.audit import Actor
 from lab.logging import JsonFormatter
 from lab.services import api_key_create
-from tests.dashboard.helpers import signed_in
+from tests.support.dashboard import signed_in
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from jobs.secrets.models import JobSecrets
 from jobs.services import job_transition
 from lab.audit import Actor
 from lab.services import api_key_create
-from tests.prime.configs import BAD_RL_TOML, tiny_config
+from tests.support.prime_configs import BAD_RL_TOML, tiny_config
 
 pytestmark = pytest.mark.django_db
 

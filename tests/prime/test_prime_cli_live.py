@@ -1,5 +1,5 @@
 """Prime's own CLI (``prime==0.18.0``) driving a live Lab: uvicorn, a Celery worker and the tiny
-model's engine (tests/stack.py).
+model's engine (tests/support/stack.py).
 
 The CLI runs as a user would, in a subprocess with ``PRIME_API_BASE_URL=<lab>/prime``,
 ``PRIME_API_KEY`` (a Lab key), ``PRIME_DISABLE_VERSION_CHECK=1`` (its one outbound call) and a
@@ -19,8 +19,8 @@ import pytest
 from django.db import connection
 
 from jobs.models import Checkpoint, Job, JobStatus
-from tests.prime.configs import BAD_RL_TOML, TINY_RL_TOML
-from tests.stack import running_stack, wait_for
+from tests.support.prime_configs import BAD_RL_TOML, TINY_RL_TOML
+from tests.support.stack import running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,

@@ -10,7 +10,7 @@ import pytest
 from labsdk.cli import main
 
 from tests.sdk.fake_lab import error_body
-from tests.sdk.spec_examples import DESIGN_EXAMPLE_TOML, PRIME_ONLY_TOML
+from tests.support.spec_examples import DESIGN_EXAMPLE_TOML, PRIME_ONLY_TOML
 
 
 @pytest.fixture

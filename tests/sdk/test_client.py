@@ -28,7 +28,7 @@ from labsdk.errors import parse_retry_after
 from labsdk.types import Job
 
 from tests.sdk.fake_lab import API_KEY, error_body
-from tests.sdk.spec_examples import MINIMAL, PRIME_ONLY_TOML
+from tests.support.spec_examples import MINIMAL, PRIME_ONLY_TOML
 
 
 def posts(fake_lab, path="/api/v1/jobs"):

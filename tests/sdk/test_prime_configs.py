@@ -4,7 +4,6 @@ and the older CLI form, from tests/sdk/data/prime/ as published."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tomllib
@@ -13,32 +12,7 @@ from pathlib import Path
 import pytest
 from labsdk.spec import SpecError, SpecProblem, loads_spec, parse_spec
 
-DATA = Path(__file__).parent / "data" / "prime"
-TEMPLATE = (DATA / "rl.toml").read_text()
-INSTALLED_MODEL = "lab/tiny-random-llama"
-
-
-def installed(text: str) -> str:
-    """Point the model and environment ids of a Prime file at ones Lab has installed."""
-    text = re.sub(r'^model = ".*"', f'model = "{INSTALLED_MODEL}"', text, flags=re.M)
-    text = text.replace('"primeintellect/reverse-text"', '"lab/reverse-text"')
-    text = text.replace('"primeintellect/another-env"', '"lab/addition"')
-    text = text.replace('"primeintellect/eval-env"', '"lab/alphabet-sort"')
-    return text
-
-
-def uncomment_everything(template: str) -> str:
-    """Uncomment every optional line of Prime's template, following its own instructions: loss
-    becomes "sft" for the [teacher] block, and of the two mutually exclusive reasoning controls
-    of [sampling] only the first is kept; the checkpoint id gets a Lab-shaped value."""
-    lines = []
-    for line in template.splitlines():
-        match = re.match(r"^# (\[.*|[a-z_]+ = .*)$", line)
-        lines.append(match.group(1) if match else line)
-    text = "\n".join(lines) + "\n"
-    text = text.replace('loss = "rl"', 'loss = "sft"', 1)
-    text = text.replace('reasoning_effort = "high"  # supported models: GPT-OSS', '# reasoning_effort = "high"')
-    return text.replace('checkpoint_id = "..."', 'checkpoint_id = "ckpt_3fA9"')
+from tests.support.prime_configs import DATA, INSTALLED_MODEL, TEMPLATE, installed, uncomment_everything
 
 
 def keys_warned(warnings):

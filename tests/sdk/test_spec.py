@@ -15,7 +15,7 @@ from labsdk.spec import (
     parse_spec,
 )
 
-from tests.sdk.spec_examples import DESIGN_EXAMPLE_TOML, MINIMAL, PRIME_ONLY_TOML
+from tests.support.spec_examples import DESIGN_EXAMPLE_TOML, MINIMAL, PRIME_ONLY_TOML
 
 
 def spec_with(**changes):

@@ -20,7 +20,7 @@ from lab.errors import LabError
 from lab.models import AuditLogEntry, Membership, Role
 from lab.services import api_key_create, user_sign_up
 from tests.conftest import PASSWORD
-from tests.dashboard.helpers import signed_in
+from tests.support.dashboard import signed_in
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.webhooks.models import WebhookAttempt, WebhookDelivery
-from tests.schema_check import assert_matches, served_document
+from tests.support.schema_check import assert_matches, served_document
 
 pytestmark = pytest.mark.django_db
 

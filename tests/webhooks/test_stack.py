@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 from django.db import connection  # noqa: F401  (used by the skipif expression)
-
 from labsdk.webhooks import verify
-from tests.stack import LabStack, wait_for
+
+from tests.support.stack import LabStack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
 from rest_framework.test import APIClient
 
 from jobs.ingest.tokens import job_token
@@ -54,3 +59,22 @@ class Engine:
 def submit(tenant, spec: dict, **changes) -> Job:
     """Submit ``spec`` (with ``changes``) as the tenant's owner; return the job."""
     return job_submit(project=tenant.project, actor=Actor(user=tenant.user), data={**spec, **changes})
+
+
+def _ready_checkpoint(engine: Engine, step: int = 2) -> tuple[str, bytes]:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        payload = b'{"r": 8}'
+        info = tarfile.TarInfo("adapter_config.json")
+        info.size = len(payload)
+        archive.addfile(info, io.BytesIO(payload))
+    data = buffer.getvalue()
+    registered = engine.post("checkpoints", {"attempt": 1, "step": step, "format": "peft-lora"})
+    Path(registered["upload"]["path"]).parent.mkdir(parents=True, exist_ok=True)
+    Path(registered["upload"]["path"]).write_bytes(data)
+    done = engine.post(
+        f"checkpoints/{registered['id']}/complete",
+        {"size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+    )
+    assert done["status"] == "ready", done
+    return registered["id"], data

@@ -17,7 +17,7 @@ from pathlib import Path
 import boto3
 import httpx
 
-from tests.stack import free_port, wait_for
+from tests.support.stack import free_port, wait_for
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "lab-test", "AWS_SECRET_ACCESS_KEY": "lab-test-secret", "AWS_DEFAULT_REGION": "us-east-1"}
 
