@@ -69,6 +69,12 @@ def stack(tmp_path, settings):
         yield lab
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing() -> None:
+    """Hash passwords with Lab's own hashers here: these tests sign in through a web server in a
+    process of its own, which verifies with them (the root conftest's MD5 is this process's only)."""
+
+
 @pytest.fixture
 def browser():
     from playwright.sync_api import sync_playwright
