@@ -13,7 +13,8 @@ job's. ``bubblewrap_command`` wraps the engine's command line in ``bwrap`` with
   else on the host's network is reachable;
 - its own mount namespace over an empty root: the system's programs and libraries read-only
   (``/usr`` and the ``/etc`` files a program needs, not the rest of ``/etc``), the Python
-  installation and Lab's code read-only with ``LAB_DATA_DIR`` hidden, the model cache read-only, its
+  installation and the engine's code (``engine/``, ``sdk/``, ``.venv-verifiers``; not the rest of
+  the repository) read-only with ``LAB_DATA_DIR`` hidden, the model cache read-only, its
   own work dir and its job's storage folder writable (its own checkpoint uploads; Lab re-hashes
   what it stores), each of its job's package wheels read-only, and fresh ``/tmp``, ``/dev`` and
   ``/proc``.

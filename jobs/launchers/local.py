@@ -228,7 +228,12 @@ class LocalLauncher(Launcher):
         self.model_dir.mkdir(parents=True, exist_ok=True)
         return SandboxLayout(
             workdir=workdir,
-            read_only=(*python_paths(), self.repo_dir.resolve(), self.model_dir.resolve(), *(p for p in packages if p.is_file())),
+            read_only=(
+                *python_paths(),
+                *self._engine_code(),
+                self.model_dir.resolve(),
+                *(path for path in packages if path.is_file()),
+            ),
             writable=tuple(writable),
             hidden=(self.data_dir.resolve(), self.repo_dir.resolve() / "var"),
             environment={
@@ -241,6 +246,13 @@ class LocalLauncher(Launcher):
                 EGRESS_VARIABLE: json.dumps({origin_of(url): f"{EGRESS_DIR}/{name}.sock" for name, url in egress.items()}),
             },
         )
+
+    def _engine_code(self) -> list[Path]:
+        """Return the folders of Lab's code the engine runs from: ``engine/``, ``sdk/`` and the
+        verifiers environment (``.venv-verifiers``), not the rest of the repository, where an
+        operator may keep files of their own."""
+        repo = self.repo_dir.resolve()
+        return [path for path in (repo / "engine", repo / "sdk", repo / ".venv-verifiers") if path.exists()]
 
     def _model_needs_preparing(self, spec: dict) -> bool:
         """Whether the spec's model must first be converted into the model cache, which the

@@ -89,6 +89,9 @@ _probe()
 '''
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def _plant(path: Path, content: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
@@ -118,6 +121,7 @@ def test_a_hostile_package_on_the_local_launcher_sees_nothing_of_lab_or_other_te
             _plant(data_dir / "runs" / "job_other" / "attempt-1" / "spool" / "samples.jsonl", b'{"prompt": "private"}\n'),
             _plant(data_dir / "checkpoints" / "job_other" / "ckpt_other.tar", b"other tenant's weights"),
             their_wheel,
+            REPO / "lab" / "settings.py",  # Lab's own code beyond the engine's, where an operator's files may lie too
         ]
         postgres_socket = "/var/run/postgresql/.s.PGSQL.5432"
         targets = {
