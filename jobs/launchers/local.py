@@ -45,7 +45,7 @@ from jobs.launchers.isolation import (
     check_bubblewrap,
     python_paths,
 )
-from lab.lib.http import UnsafeURL, address_problem, check_url, resolve_host
+from lab.lib.http import UnsafeURL, check_url, checked_addresses
 
 #: Seconds after launch during which a missing supervisor pid file means "still starting".
 _START_GRACE_S = 30.0
@@ -392,12 +392,9 @@ def pinned_address(url: str, *, allow_private: bool) -> str:
     host = target.raw_host.decode("ascii")
     port = target.port or (443 if target.scheme == "https" else 80)
     try:
-        addresses = resolve_host(host, port)
+        addresses = checked_addresses(host, port, allow_private=allow_private)
     except OSError:
         raise UnsafeURL("unresolvable_host", f"{host} does not resolve.") from None
-    for address in addresses:
-        if address_problem(address, allow_private=allow_private):
-            raise UnsafeURL("private_address", f"{host} resolves to a refused address ({address}).")
     return f"{addresses[0]}:{port}"
 
 

@@ -236,6 +236,16 @@ def resolve_host(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress
     return found
 
 
+def checked_addresses(host: str, port: int, *, allow_private: bool) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Return every address ``host`` resolves to once each passes ``address_problem``: for a
+    caller that connects later, to one of them, through something other than ``SafeClient`` (the
+    local launcher's relay pins one at launch). Raises OSError when ``host`` does not resolve and
+    ``UnsafeURL`` for a refused address."""
+    addresses = resolve_host(host, port)
+    _refuse_addresses(host, addresses, allow_private=allow_private, permanent=False)
+    return addresses
+
+
 def _refuse_addresses(host: str, addresses, *, allow_private: bool, permanent: bool) -> None:
     for address in addresses:
         problem = address_problem(address, allow_private=allow_private)
