@@ -67,8 +67,12 @@ class CloseResult:
     something is left)."""
 
     closed: list[UsageInterval] = field(default_factory=list)
-    exhausted: bool = False
     used_up: str | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether nothing is left to spend (a bound is used up)."""
+        return self.used_up is not None
 
 
 def interval_seconds() -> timedelta:
@@ -208,9 +212,13 @@ class BatchCloseResult:
     with ``skip_locked``, the organizations skipped because another closing held their account."""
 
     closed: list[UsageInterval] = field(default_factory=list)
-    exhausted: set[int] = field(default_factory=set)
     skipped: set[int] = field(default_factory=set)
     used_up: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def exhausted(self) -> set[int]:
+        """The organizations with nothing left to spend (those of ``used_up``)."""
+        return set(self.used_up)
 
 
 def _exhausted(accounts: Iterable[BillingAccount], *, now: datetime) -> dict[int, str]:
@@ -255,7 +263,7 @@ def _close_due(due: list[AttemptUsage], *, now: datetime, prices: PriceHistory, 
             if enabled and any(row.plan == Plan.INVOICED for row in rows):
                 enqueue_meter_events()
         used_up = _exhausted(accounts.values(), now=now)
-        return BatchCloseResult(closed=rows, exhausted=set(used_up), skipped=skipped, used_up=used_up)
+        return BatchCloseResult(closed=rows, skipped=skipped, used_up=used_up)
 
 
 def usage_close_many(*, usages: Sequence[AttemptUsage], now: datetime, skip_locked: bool = False) -> BatchCloseResult:
@@ -286,10 +294,9 @@ def usage_close_many(*, usages: Sequence[AttemptUsage], now: datetime, skip_lock
         (account for organization_id, account in accounts.items() if organization_id not in due_organizations), now=now
     )
     if not due:
-        return BatchCloseResult(exhausted=set(exhausted), used_up=exhausted)
+        return BatchCloseResult(used_up=exhausted)
     prices = price_history({usage.resource_type for usage in due})
     result = _close_due(due, now=now, prices=prices, skip_locked=skip_locked)
-    result.exhausted |= set(exhausted)
     result.used_up.update(exhausted)
     return result
 
@@ -304,11 +311,7 @@ def usage_close(*, usage: AttemptUsage, now: datetime) -> CloseResult:
     due, nothing is locked: one read of the ledger and one of the account.
     """
     result = usage_close_many(usages=[usage], now=now)
-    return CloseResult(
-        closed=result.closed,
-        exhausted=usage.organization_id in result.exhausted,
-        used_up=result.used_up.get(usage.organization_id),
-    )
+    return CloseResult(closed=result.closed, used_up=result.used_up.get(usage.organization_id))
 
 
 @dataclass(frozen=True)
