@@ -30,7 +30,7 @@ from dashboard.forms import (
     add_service_errors,
 )
 from lab import lockout, services
-from lab.api.errors import not_found
+from lab.api.errors import lab_error_body, not_found
 from lab.audit import Actor
 from lab.models import ApiKey, Invitation, Membership, Project, Role
 
@@ -448,5 +448,5 @@ def api_key_revoke(request: HttpRequest, access: OrganizationAccess, project: Pr
 def not_found_page(request: HttpRequest, exception=None) -> HttpResponse:
     """404 for pages; the API error body for /api/ paths."""
     if request.path.startswith("/api/"):
-        return JsonResponse(not_found().body(), status=404)
+        return JsonResponse(lab_error_body(not_found()), status=404)
     return _render(request, "404.html", status=404)

@@ -18,7 +18,7 @@ from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from lab.errors import FieldError, LabError
+from lab.errors import FieldError, LabError, not_found
 
 logger = logging.getLogger(__name__)
 
@@ -110,11 +110,6 @@ def lab_error_body(error: LabError) -> dict[str, Any]:
     return error_body(http_status(error), error.code, error.message, error.param, error.errors)
 
 
-def not_found(what: str = "object") -> LabError:
-    """Return the 404 used for missing objects and for other tenants' objects alike."""
-    return ApiError(404, "not_found", f"No such {what}.")
-
-
 def error_body(
     status: int, code: str, message: str, param: str | None = None, errors: list[FieldError] | None = None
 ) -> dict[str, Any]:
@@ -164,7 +159,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, LabError):
         return Response(lab_error_body(exc), status=http_status(exc), headers=http_headers(exc))
     if isinstance(exc, Http404):
-        return Response(not_found().body(), status=404)
+        return Response(lab_error_body(not_found()), status=404)
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body(413, "request_too_large", "The request body is larger than 1 MB."), status=413)
     if isinstance(exc, drf_exceptions.ParseError):
@@ -183,7 +178,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, drf_exceptions.PermissionDenied):
         return Response(error_body(403, "insufficient_scope", str(exc.detail)), status=403)
     if isinstance(exc, drf_exceptions.NotFound):
-        return Response(not_found().body(), status=404)
+        return Response(lab_error_body(not_found()), status=404)
     if isinstance(exc, drf_exceptions.MethodNotAllowed):
         return Response(error_body(405, "method_not_allowed", str(exc.detail)), status=405)
     if isinstance(exc, drf_exceptions.NotAcceptable):
