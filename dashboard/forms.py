@@ -102,16 +102,7 @@ class ThrottledPasswordChangeForm(PasswordChangeForm):
 
     def clean_old_password(self) -> str:
         """Check the current password, throttled; raise ValidationError when refused or wrong."""
-        try:
-            counted = lockout.begin(
-                lockout.PASSWORD_CHANGE, account=self.user.email, address=lockout.client_address(self.request)
-            )
-        except lockout.Refused as refusal:
-            self.locked_out = refusal
-            raise ValidationError(refusal.message, code=refusal.code) from None
-        old_password = super().clean_old_password()  # a wrong one raises: it stays counted
-        counted.succeeded(forget=("account",))
-        return old_password
+        return lockout.guarded(self, lockout.PASSWORD_CHANGE, self.user.email, super().clean_old_password)
 
 
 class OrganizationCreateForm(forms.Form):

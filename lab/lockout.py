@@ -260,8 +260,7 @@ class Attempt:
     """An attempt counted against its action's keys (:func:`begin`); say how it ended with
     :meth:`succeeded`, or leave it counted (a failure)."""
 
-    def __init__(self, action: Action, counts: list[_Count]):
-        self.action = action
+    def __init__(self, counts: list[_Count]):
         self._counts = counts
 
     def succeeded(self, *, forget: tuple[str, ...] = ("account",)) -> None:
@@ -320,7 +319,7 @@ def begin(action: Action, **values: str) -> Attempt:
     """
     now = _now()
     counts: list[_Count] = []
-    attempt = Attempt(action, counts)
+    attempt = Attempt(counts)
     try:
         for limit, value in _keyed_limits(action, values):
             keys = _cache_keys(action, limit, value)
@@ -352,6 +351,22 @@ def attempt(action: Action, **values: str) -> None:
     begin(action, **values)
 
 
+def guarded(form, action: Action, account: str, check):
+    """Run ``check`` (a form's password check) as one throttled attempt of ``action`` for
+    ``account`` and the form's client address (``form.request``): counted first, refused while
+    locked out (``form.locked_out`` keeps the refusal, a ``ValidationError`` carries its message),
+    and taken back as a success once ``check`` returns; a wrong password raises from ``check``
+    and stays counted. Returns what ``check`` returns."""
+    try:
+        counted = begin(action, account=account, address=client_address(form.request))
+    except Refused as refusal:
+        form.locked_out = refusal
+        raise ValidationError(refusal.message, code=refusal.code) from None
+    result = check()
+    counted.succeeded()
+    return result
+
+
 class LockoutAuthenticationMixin:
     """Mix into an AuthenticationForm: count each sign-in per account and client address before
     the password is checked, refusing it while either is locked out (or the cache is unreachable);
@@ -364,11 +379,4 @@ class LockoutAuthenticationMixin:
         email = (self.cleaned_data.get("username") or "").strip().lower()
         if not email:
             return super().clean()
-        try:
-            counted = begin(LOGIN, account=email, address=client_address(self.request))
-        except Refused as refusal:
-            self.locked_out = refusal
-            raise ValidationError(refusal.message, code=refusal.code) from None
-        cleaned_data = super().clean()  # a wrong password raises: the failure stays counted
-        counted.succeeded(forget=("account",))
-        return cleaned_data
+        return guarded(self, LOGIN, email, super().clean)
