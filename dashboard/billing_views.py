@@ -26,8 +26,8 @@ from billing.services import billing_settings_update
 from dashboard.access import OrganizationAccess, organization_view
 from dashboard.views import _actor, _render
 from lab.api.errors import http_status
-from lab.api.formats import money
 from lab.errors import LabError
+from lab.formats import money
 
 #: Days of usage the page charts and totals.
 USAGE_DAYS = 30

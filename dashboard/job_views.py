@@ -51,8 +51,8 @@ from jobs.selectors import (
 from jobs.serializers import job_to_dict
 from jobs.services import job_cancel, job_restart, job_submit
 from lab.api.errors import http_status, lab_error_body
-from lab.api.formats import money
 from lab.errors import LabError
+from lab.formats import money
 from lab.models import IdempotencyRecord, Project
 from lab.tenancy import get_owned
 

@@ -23,8 +23,8 @@ from billing.services import billing_settings_update
 from lab.api.base import ProjectAPIView
 from lab.api.errors import ApiError, FieldError
 from lab.api.schema import ERROR, json_body
-from lab.api.formats import money
-from lab.api.pagination import list_envelope
+from lab.formats import money
+from lab.paging import list_envelope
 from lab.tenancy import MAX_PUBLIC_ID
 
 

@@ -30,8 +30,9 @@ from jobs.serializers import (
 from jobs.services import job_cancel, job_delete, job_restart, job_submit
 from jobs.specs import installed_models
 from lab.api.base import ProjectAPIView
-from lab.api.pagination import list_envelope, paginate_by_public_id
+from lab.api.pagination import paginate_by_public_id
 from lab.api.schema import ERROR, integer_parameter, json_body, limit_parameter
+from lab.paging import list_envelope
 
 _SPEC_BODY = json_body(openapi.JOB_CREATE)
 

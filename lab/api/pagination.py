@@ -12,9 +12,9 @@ from typing import Any
 from django.db.models import QuerySet
 
 from lab.api.errors import ApiError
-from lab.paging import int_param, list_envelope, parse_limit
+from lab.paging import list_envelope, parse_limit
 
-__all__ = ["int_param", "list_envelope", "paginate_by_public_id", "paginate_list", "parse_limit"]
+__all__ = ["paginate_by_public_id", "paginate_list"]
 
 
 def paginate_by_public_id(

@@ -21,8 +21,8 @@ from jobs.checkpoints import checkpoint_sweep_orphans
 from jobs.ingest.tokens import job_token
 from jobs.models import Adapter, Job, JobEvent, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
-from lab.api.formats import iso
 from lab.audit import Actor
+from lab.formats import iso
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
 

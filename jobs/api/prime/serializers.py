@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus
-from lab.api.formats import iso
+from lab.formats import iso
 
 #: Lab's job status → the run status prime CLI knows (``RUN_STATUS_COLORS`` there). A job that is
 #: cancelling still runs until its engine has checkpointed and stopped, so it reads RUNNING.

@@ -40,8 +40,8 @@ from jobs.specs import installed_models
 from lab.api.base import ProjectAPIView
 from lab.api.errors import ApiError, FieldError
 from lab.api.errors import exception_handler as lab_exception_handler
-from lab.api.formats import iso
-from lab.api.pagination import int_param
+from lab.formats import iso
+from lab.paging import int_param
 
 #: Headers of Lab's error answers that Prime's clients read too.
 _KEPT_HEADERS = ("Retry-After", "WWW-Authenticate")
