@@ -235,7 +235,7 @@ class LocalLauncher(Launcher):
                 *(path for path in packages if path.is_file()),
             ),
             writable=tuple(writable),
-            hidden=(self.data_dir.resolve(), self.repo_dir.resolve() / "var"),
+            hidden=(self.data_dir.resolve(),),
             environment={
                 "HOME": str(workdir / "home"),
                 "XDG_CACHE_HOME": str(workdir / "home" / ".cache"),
