@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labsdk.spec import job_spec_json_schema
+from labsdk.spec.model import PRIME_UNUSED_KEYS
 
 #: The model and environment ``lab spec init`` writes when none is given: the main job's
 #: (``examples/addition-smollm2.toml``), both in every Lab's built-in catalogues.
@@ -108,33 +109,87 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"no TOML form for {value!r}")
 
 
+#: Keys ``lab spec init`` leaves out: other names for keys it writes (Prime's and deprecated
+#: spellings), keys Lab only stores for Prime Intellect's configs, and what Lab records itself.
+#: ``lab spec schema --fields`` lists them all.
+_NOT_IN_TEMPLATE = frozenset(
+    {"checkpoint_id", "max_async_level", "env_file", "translated_from", "eval.eval_base_model",
+     "checkpoints.keep_cloud"}
+    | (set(PRIME_UNUSED_KEYS) - {"env_files"})
+)
+
+#: Example values of the commented-out keys (TOML), by dotted key, each one a valid spec once
+#: uncommented in the template as written; with a second item, the settings of the same table
+#: it needs besides (written in its comment as "Uncomment with ..."). ``{env}`` is the
+#: template's environment id. Keys not here get a value of their type within its bounds.
+_EXAMPLES: dict[str, str | tuple[str, str]] = {
+    "teacher": ('{ model = "Qwen/Qwen3-4B-Instruct-2507" }', 'loss = "sft"'),
+    "max_inflight_rollouts": "64",
+    "oversampling_factor": "2.0",
+    "val": "{ num_examples = 32, interval = 10 }",
+    "pre_batch_filters": '[{ type = "zero_advantage" }]',
+    "post_batch_filters": '[{ type = "repetition", ngram_size = 4, max_repeats = 8 }]',
+    "adapters": "{ interval = 10, keep_last = 3 }",
+    "metadata": '{ team = "research" }',
+    "env_files": '["secrets.env"]',
+    "sampling.temp_scheduler": '{ type = "cosine", start_temperature = 1.0, end_temperature = 0.5 }',
+    "sampling.extra_body": "{ top_p = 0.95 }",
+    "eval.sampling": "{ temperature = 0.0 }",
+    "eval.env": '[{ id = "{env}", num_examples = 16 }]',
+    "resources.gpus": ("1", 'gpu_type = "H100"'),
+    "resources.num_train_gpus": ("1", 'gpu_type = "H100", gpus = 2'),
+    "resources.num_infer_gpus": ("1", 'gpu_type = "H100", gpus = 2'),
+}
+
+#: How a placeholder's comment names the settings it needs besides: ``Uncomment with a = 1, b = "x".``
+UNCOMMENT_WITH = "Uncomment with "
+
+
 def _placeholder(node: Mapping[str, Any]) -> str:
-    """Return an example value for a commented-out key: its schema's literal id prefix
-    (``"ckpt_..."``), else a value of its type."""
+    """Return a valid example value for a commented-out key of this schema ``node`` without an
+    entry in :data:`_EXAMPLES`: an id matching its pattern (``"ckpt_0123456789abcdefghij"``),
+    the first of its choices, else a value of its type within its bounds."""
     options = [option for option in node.get("anyOf", [node]) if option.get("type") != "null"] or [node]
     option = options[0]
     prefix = re.match(r"^\^([A-Za-z]+_)", option.get("pattern", ""))
     if prefix:
-        return json.dumps(prefix.group(1) + "...")
-    return {"integer": "0", "number": "0.0", "boolean": "false", "string": '"..."'}.get(option.get("type"), '"..."')
+        return json.dumps(prefix.group(1) + "0123456789abcdefghij")
+    if "enum" in option:
+        return _toml_value(option["enum"][0])
+    kind = option.get("type")
+    if kind in ("integer", "number"):
+        value = max(1, option.get("minimum", 1), option.get("exclusiveMinimum", 0) + 1)
+        value = min(value, option.get("maximum", value))
+        return repr(int(value) if kind == "integer" else float(value))
+    return {"boolean": "false", "object": "{}", "array": "[]"}.get(kind, '"example"')
 
 
 def _comment(text: str) -> str:
     return f"  # {text}" if text else ""
 
 
-def _key_lines(schema: Mapping[str, Any], node: Mapping[str, Any], given: Mapping[str, Any]) -> Iterator[str]:
-    """Yield one line per scalar key of ``node``: given or defaulted keys set, the rest commented."""
+def _key_lines(
+    schema: Mapping[str, Any], node: Mapping[str, Any], given: Mapping[str, Any], *, path: str = "", env: str = "",
+) -> Iterator[str]:
+    """Yield one line per key of ``node`` (``path``: its dotted prefix) but sections and lists of
+    tables written apart: given or defaulted keys set, the rest commented out with an example."""
     for name, child in node.get("properties", {}).items():
-        if "$ref" in child or child.get("type") in ("array", "object") or not _is_lab_setting(child):
+        key = f"{path}{name}"
+        if "$ref" in child or not _is_lab_setting(child) or key in _NOT_IN_TEMPLATE:
             continue
+        if child.get("type") == "array" and "$ref" in child.get("items", {}):
+            continue  # [[env]]
         meaning = child.get("description", "")
         if name in given:
             yield f"{name} = {_toml_value(given[name])}{_comment(meaning)}"
-        elif child.get("default") is not None:
+        elif child.get("default") is not None and child.get("type") not in ("object", "array"):
             yield f"{name} = {_toml_value(child['default'])}{_comment(meaning)}"
         else:
-            yield f"# {name} = {_placeholder(child)}{_comment(meaning)}"
+            example = _EXAMPLES.get(key) or _placeholder(child)
+            value, needs = example if isinstance(example, tuple) else (example, "")
+            if needs:
+                meaning = f"{meaning} {UNCOMMENT_WITH}{needs}.".strip()
+            yield f"# {name} = {value.replace('{env}', env)}{_comment(meaning)}"
 
 
 def spec_template(
@@ -147,7 +202,9 @@ def spec_template(
     with ``env_args`` its arguments (default none: the environment's own defaults); ``name``
     the job's display name (default derived from the environment). Every key Lab uses is
     written with its default and its description as a comment; keys without a default are
-    written commented out. ``schema`` defaults to :func:`labsdk.spec.job_spec_json_schema`.
+    written commented out with an example value, and each one, uncommented alone (with the
+    settings its comment names after "Uncomment with"), still passes. ``schema`` defaults to
+    :func:`labsdk.spec.job_spec_json_schema`.
     """
     schema = schema or job_spec_json_schema()
     top = {"model": model, "name": name or f"{env.split('/')[-1].split('@')[0]}-run"}
@@ -156,12 +213,13 @@ def spec_template(
         "# Model ids: `lab models`; environment ids and their arguments: `lab envs`.",
         "# Check it with `lab spec check FILE`, then run it with `lab jobs create -f FILE --wait`.",
         "",
-        *_key_lines(schema, schema, top),
+        *_key_lines(schema, schema, top, env=env),
     ]
     for section, child in schema.get("properties", {}).items():
         resolved = _resolve(schema, child)
         if "$ref" in child:
-            lines += ["", f"[{section}]{_comment(resolved.get('description', ''))}", *_key_lines(schema, resolved, {})]
+            lines += ["", f"[{section}]{_comment(resolved.get('description', ''))}",
+                      *_key_lines(schema, resolved, {}, path=f"{section}.", env=env)]
         elif child.get("type") == "array" and "$ref" in child.get("items", {}):
             lines += ["", f"[[{section}]]{_comment(child.get('description', ''))}"]
             item = _resolve(schema, child["items"])
@@ -169,8 +227,6 @@ def spec_template(
                 value = {"id": env, "args": dict(env_args or {})}.get(name_)
                 if value is not None:
                     lines.append(f"{name_} = {_toml_value(value)}{_comment(field.get('description', ''))}")
-        elif child.get("type") == "object" and _is_lab_setting(child):
-            lines += ["", f"# [{section}]{_comment(child.get('description', ''))}", '# team = "research"']
     return "\n".join(lines) + "\n"
 
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-from labsdk.spec import job_spec_json_schema, load_spec_file
-from labsdk.spec_template import spec_fields, spec_template
+import pytest
+
+from labsdk.spec import SpecError, job_spec_json_schema, load_spec_file, parse_spec
+from labsdk.spec_template import UNCOMMENT_WITH, spec_fields, spec_template
 
 LAB = Path(sys.executable).with_name("lab")
 
@@ -51,10 +55,56 @@ def test_it_prints_the_default_template_without_a_file_and_comments_every_key(tm
     assert 'model = "HuggingFaceTB/SmolLM2-135M-Instruct"  # Model catalogue id (GET /api/v1/models).' in lines
     assert 'id = "lab/addition"  # Environment id: built-in "lab/<name>" or uploaded ' \
         '"<organization slug>/<name>[@<version>]".' in lines
-    assert '# init_from = "ckpt_..."  # Start from this ready checkpoint of the same project.' in lines
+    assert '# init_from = "ckpt_0123456789abcdefghij"  # Start from this ready checkpoint of the same project.' in lines
     assert "`lab models`" in result.stdout and "`lab envs`" in result.stdout
     settings = [line for line in lines if line and not line.startswith(("#", "["))]
     assert all("  # " in line for line in settings)
+
+
+def _placeholders(text: str) -> list[tuple[int, str, str]]:
+    """Return each commented-out setting of a template: (line index, dotted key, section)."""
+    found, section = [], ""
+    for index, line in enumerate(text.splitlines()):
+        header = re.match(r"^\[\[?([a-z_]+)\]\]?", line)
+        if header:
+            section = header.group(1)
+        setting = re.match(r"^# ([a-z_]+) = ", line)
+        if setting:
+            found.append((index, f"{section}.{setting.group(1)}".lstrip("."), section))
+    return found
+
+
+@pytest.mark.parametrize("env", ["lab/addition", "acme/vowel-count@0.1.0"])
+def test_every_commented_setting_of_the_template_is_a_valid_example_once_uncommented(env):
+    text = spec_template(env=env)
+    placeholders = _placeholders(text)
+
+    assert {"teacher", "val", "adapters", "pre_batch_filters", "sampling.temp_scheduler", "eval.env",
+            "eval.rollouts_per_example", "max_inflight_rollouts", "resources.num_train_gpus"} <= {
+        key for _, key, _ in placeholders}
+    for index, key, section in placeholders:
+        lines = text.splitlines()
+        lines[index] = lines[index].removeprefix("# ")
+        data = tomllib.loads("\n".join(lines))
+        table = data[section] if section else data
+        needs = lines[index].partition(UNCOMMENT_WITH)[2].removesuffix(".")
+        if needs:  # the settings its comment names, in its own table
+            table.update(tomllib.loads(needs.replace(", ", "\n")))
+        name = key.rpartition(".")[2]
+
+        assert name in table, key
+        try:
+            parse_spec(data)
+        except SpecError as exc:
+            pytest.fail(f"{key} uncommented: {[problem.to_dict() for problem in exc.errors]}")
+
+
+def test_the_template_leaves_out_other_names_and_keys_lab_only_stores():
+    keys = {key for _, key, _ in _placeholders(spec_template())}
+
+    assert not keys & {"checkpoint_id", "max_async_level", "checkpoints.keep_cloud", "eval.eval_base_model",
+                       "wandb", "cluster_name", "env_file", "translated_from"}
+    assert "env_files" in keys
 
 
 def test_it_refuses_to_overwrite_a_file_without_force(tmp_path):
