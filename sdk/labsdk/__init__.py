@@ -5,14 +5,17 @@
     lab.jobs.wait(job.id)
 
 The module-level ``jobs``, ``models``, ``environments``, ``prices``, ``checkpoints``,
-``adapters``, ``billing``, ``usage`` and :func:`whoami` use a default :class:`Lab` client built
-on first use from ``LAB_API_KEY`` and ``LAB_BASE_URL``.
+``adapters``, ``billing``, ``usage``, ``webhooks`` (endpoints: ``lab.webhooks.create(url)``;
+and :func:`labsdk.webhooks.verify` for receiving them) and :func:`whoami` use a default
+:class:`Lab` client built on first use from ``LAB_API_KEY`` and ``LAB_BASE_URL``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from labsdk import webhooks
+from labsdk._default import default_client
 from labsdk._version import __version__
 from labsdk.client import Lab
 from labsdk.errors import (
@@ -85,19 +88,11 @@ __all__ = [
     "WhoAmI",
     "__version__",
     "default_client",
+    "webhooks",
     "whoami",
 ]
 
-_default_client: Lab | None = None
 _RESOURCES = ("jobs", "models", "environments", "prices", "checkpoints", "adapters", "billing", "usage")
-
-
-def default_client() -> Lab:
-    """Return the module's shared client, building it from the environment on first use."""
-    global _default_client
-    if _default_client is None:
-        _default_client = Lab()
-    return _default_client
 
 
 def whoami() -> WhoAmI:

@@ -97,11 +97,22 @@ def _show_job(console: Console, job: Job) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
 
 
+#: What to do about a problem, by its code, printed under it.
+_HINTS = {
+    "private_address": "Lab refuses loopback and private URLs unless it runs with LAB_WEBHOOK_ALLOW_PRIVATE=1 "
+                       "(for a receiver on your own machine: restart `make up` with it set; docs/webhooks.md)",
+}
+
+
 def _report_problems(problems: Sequence[Any]) -> None:
-    """Print one line per problem (a ``SpecProblem`` or an error body's ``ProblemDetail``)."""
+    """Print one line per problem (a ``SpecProblem`` or an error body's ``ProblemDetail``), and
+    the hint of each code that has one (``_HINTS``), once."""
     for problem in problems:
         code = f" [{problem.code}]" if problem.code else ""
         print(f"  {problem.param or '<spec>'}: {problem.message}{code}", file=sys.stderr)
+    for code in dict.fromkeys(problem.code for problem in problems):
+        if code in _HINTS:
+            print(f"hint: {_HINTS[code]}", file=sys.stderr)
 
 
 # --- commands: each takes the parsed arguments and a client factory, returns an exit status --
@@ -620,6 +631,84 @@ def billing_balance(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     return EXIT_OK
 
 
+def webhooks_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab webhooks [list]``: the project's webhook endpoints, newest first."""
+    endpoints = client().webhooks.list()
+    if args.json:
+        _print_json(endpoints)
+        return EXIT_OK
+    table = _table("ID", "URL", "ENABLED", "EVENTS", "CREATED")
+    for endpoint in endpoints:
+        table.add_row(_text(endpoint.id), _text(endpoint.url), "yes" if endpoint.enabled else "no",
+                      _text(", ".join(endpoint.events)), _when(endpoint.created_at))
+    Console().print(table)
+    return EXIT_OK
+
+
+def webhooks_create(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab webhooks create URL [--event TYPE ...]``: an endpoint; prints its id and its secret,
+    which Lab shows this once."""
+    endpoint = client().webhooks.create(args.url, events=args.event or None)
+    if args.json:
+        _print_json(endpoint)
+        return EXIT_OK
+    print(f"id:     {endpoint.id}")
+    print(f"url:    {endpoint.url}")
+    print(f"events: {', '.join(endpoint.events)}")
+    print(f"secret: {endpoint.secret}")
+    print("Keep the secret now (labsdk.webhooks.verify checks signatures with it): Lab never shows it again; "
+          "`lab webhooks rotate-secret ID` makes a new one.", file=sys.stderr)
+    return EXIT_OK
+
+
+def webhooks_test(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab webhooks test ID``: send the endpoint a ``webhook.test`` event; prints the delivery."""
+    delivery = client().webhooks.test(args.id)
+    if args.json:
+        _print_json(delivery)
+    else:
+        print(f"{delivery.id} {delivery.event_type} {delivery.status}: "
+              f"`lab webhooks deliveries {args.id}` shows how it went")
+    return EXIT_OK
+
+
+def webhooks_deliveries(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab webhooks deliveries ID [--status S]``: an endpoint's deliveries, newest first, with
+    the outcome of each one's latest try."""
+    deliveries = client().webhooks.deliveries(args.id, status=args.status, limit=args.limit)[:args.limit]
+    if args.json:
+        _print_json(deliveries)
+        return EXIT_OK
+    table = _table("ID", "EVENT", "STATUS", "TRIES", "LAST TRY", "CREATED")
+    for delivery in deliveries:
+        last = delivery.attempts[-1] if delivery.attempts else None
+        outcome = "" if last is None else (str(last.status_code) if last.status_code else _text(last.error))
+        table.add_row(_text(delivery.id), _text(delivery.event_type), _text(delivery.status),
+                      _text(delivery.attempt_count), outcome, _when(delivery.created_at))
+    Console().print(table)
+    return EXIT_OK
+
+
+def webhooks_rotate_secret(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab webhooks rotate-secret ID``: a new secret, printed once; the old one signs 24 h more."""
+    endpoint = client().webhooks.rotate_secret(args.id)
+    if args.json:
+        _print_json(endpoint)
+    else:
+        print(endpoint.secret)
+    return EXIT_OK
+
+
+def webhooks_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab webhooks delete ID``: delete an endpoint."""
+    client().webhooks.delete(args.id)
+    if args.json:
+        _print_json({"id": args.id, "deleted": True})
+    else:
+        print(f"{args.id} deleted")
+    return EXIT_OK
+
+
 def whoami(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab whoami``: the organization, project and scopes of the API key."""
     identity = client().whoami()
@@ -833,6 +922,39 @@ def build_parser() -> argparse.ArgumentParser:
     delete = env_commands.add_parser("delete", parents=[json_flag], help="delete one package version (never reused)")
     delete.add_argument("id", help="<organization>/<name>[@<version>]")
     delete.set_defaults(handler=envs_delete)
+
+    webhooks = commands.add_parser(
+        "webhooks", parents=[json_flag], help="create, list, test and delete webhook endpoints",
+        epilog="Without a command: list. Lab refuses loopback and private URLs unless it runs with "
+               "LAB_WEBHOOK_ALLOW_PRIVATE=1 (local development; docs/webhooks.md).",
+    )
+    webhooks.set_defaults(handler=webhooks_list)
+    webhook_commands = webhooks.add_subparsers(dest="webhook_command", metavar="COMMAND")
+    webhook_commands.add_parser("list", parents=[json_flag], help="the project's endpoints").set_defaults(
+        handler=webhooks_list)
+    create = webhook_commands.add_parser(
+        "create", parents=[json_flag], help="add an endpoint; prints its secret, shown this once",
+    )
+    create.add_argument("url", help="where Lab sends events (http or https)")
+    create.add_argument("--event", action="append", metavar="TYPE",
+                        help="an event type to send (job.succeeded, checkpoint.ready, ...); repeatable; "
+                             "default every type")
+    create.set_defaults(handler=webhooks_create)
+    for name, handler, help_text in (
+        ("test", webhooks_test, "send the endpoint a webhook.test event"),
+        ("rotate-secret", webhooks_rotate_secret, "give the endpoint a new secret (the old one signs 24 h more)"),
+        ("delete", webhooks_delete, "delete an endpoint"),
+    ):
+        command = webhook_commands.add_parser(name, parents=[json_flag], help=help_text)
+        command.add_argument("id", help="endpoint id (whep_...)")
+        command.set_defaults(handler=handler)
+    deliveries = webhook_commands.add_parser(
+        "deliveries", parents=[json_flag], help="an endpoint's deliveries, newest first, with their tries",
+    )
+    deliveries.add_argument("id", help="endpoint id (whep_...)")
+    deliveries.add_argument("--status", choices=("pending", "succeeded", "failed"), help="only these")
+    deliveries.add_argument("--limit", type=_positive_int, default=20, help="most deliveries shown (default 20)")
+    deliveries.set_defaults(handler=webhooks_deliveries)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""Verify webhooks from Lab on your own server (Standard Webhooks, https://www.standardwebhooks.com/).
+"""Webhook endpoints from the SDK, and verifying Lab's webhooks on your own server (Standard Webhooks, https://www.standardwebhooks.com/).
 
     from labsdk.webhooks import verify, WebhookVerificationError
 
@@ -20,6 +20,14 @@ receives them, verifies each with :func:`verify` and keeps what arrived::
         receiver.wait_for(lambda r: any(w.type == "job.succeeded" for w in r.unique()), timeout=600)
 
 Lab refuses loopback URLs unless ``LAB_WEBHOOK_ALLOW_PRIVATE`` is on (local development).
+
+The endpoints themselves are managed with the default client's :class:`labsdk._webhooks.Webhooks`,
+here as module functions (``create``, ``list``, ``retrieve``, ``update``, ``delete``, ``test``,
+``rotate_secret``, ``deliveries``, ``redeliver``), so that ``import labsdk as lab`` then
+``lab.webhooks.create(url)`` works as ``lab.jobs.create(...)`` does::
+
+    endpoint = lab.webhooks.create(receiver.url(), events=["job.succeeded"])
+    receiver.expect("/webhooks", endpoint.secret)
 """
 
 from __future__ import annotations
@@ -34,9 +42,19 @@ from typing import Any
 from standardwebhooks import Webhook
 from standardwebhooks import WebhookVerificationError as _LibraryError
 
+from labsdk._default import default_client
 from labsdk.errors import LabError
 
 __all__ = ["ReceivedWebhook", "WebhookReceiver", "WebhookVerificationError", "verify"]
+
+#: The default client's endpoint calls offered as this module's functions.
+_ENDPOINT_CALLS = ("create", "list", "retrieve", "update", "delete", "test", "rotate_secret", "deliveries", "redeliver")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENDPOINT_CALLS:
+        return getattr(default_client().webhooks, name)
+    raise AttributeError(f"module 'labsdk.webhooks' has no attribute {name!r}")
 
 
 class WebhookVerificationError(LabError):

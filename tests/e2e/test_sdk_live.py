@@ -209,7 +209,7 @@ def test_it_reads_the_catalogues_prices_and_whoami(lab, tenant):
 def test_the_module_level_client_reads_the_environment(live_server, tenant, spec, monkeypatch):
     monkeypatch.setenv("LAB_API_KEY", tenant.key)
     monkeypatch.setenv("LAB_BASE_URL", live_server.url)
-    monkeypatch.setattr(labsdk, "_default_client", None)
+    monkeypatch.setattr("labsdk._default._client", None)
 
     job = labsdk.jobs.create(spec)
 

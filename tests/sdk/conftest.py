@@ -36,5 +36,5 @@ def lab_env(fake_lab: FakeLab, sleeps: list[float], monkeypatch) -> FakeLab:
     """Point LAB_API_KEY / LAB_BASE_URL (what the CLI and the default client read) at the fake."""
     monkeypatch.setenv("LAB_API_KEY", API_KEY)
     monkeypatch.setenv("LAB_BASE_URL", fake_lab.url)
-    monkeypatch.setattr("labsdk._default_client", None)
+    monkeypatch.setattr("labsdk._default._client", None)
     return fake_lab

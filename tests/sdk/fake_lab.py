@@ -73,6 +73,10 @@ class FakeLab:
     idempotency: dict[str, tuple[str, int, dict]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
     secrets: list[dict] = field(default_factory=list)  # the secrets of each create or estimate body
+    webhook_endpoints: dict[str, dict] = field(default_factory=dict)
+    webhook_deliveries: dict[str, list[dict]] = field(default_factory=dict)
+    #: Refuse loopback webhook URLs as Lab does without LAB_WEBHOOK_ALLOW_PRIVATE=1.
+    refuse_private_urls: bool = True
     fail_next: list[tuple[int, dict, Any]] = field(default_factory=list)
     drop_next: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -136,6 +140,8 @@ class FakeLab:
             return 200, {"Content-Type": "application/x-tar", **digest}, self.archives[parts[1]]
         if method == "GET" and parts == ["jobs"]:
             return 200, {}, self._page(self._filtered_jobs(query), one, "id")
+        if parts and parts[0] == "webhook-endpoints":
+            return self._webhooks(method, parts[1:], one, body)
         if len(parts) >= 2 and parts[0] == "jobs":
             job = self.jobs.get(parts[1])
             if job is None:
@@ -178,6 +184,46 @@ class FakeLab:
                     points = [{**p, "values": {k: v for k, v in p["values"].items() if k in names}} for p in points]
                 return 200, {}, self._page(points, {"limit": one.get("limit", "100")}, "step")
         return 404, {}, error_body(404, "not_found", f"No route {method} {path}.")
+
+    def _webhooks(self, method: str, rest: list[str], one: dict[str, str], body: Any) -> tuple[int, dict, Any]:
+        """The webhook endpoint API (jobs/webhooks/views.py), with a loopback URL refused unless
+        ``refuse_private_urls`` is off."""
+        if rest == [] and method == "GET":
+            return 200, {}, self._page(list(reversed(self.webhook_endpoints.values())), one, "id")
+        if rest == [] and method == "POST":
+            url = body.get("url", "")
+            if self.refuse_private_urls and "127.0.0.1" in url:
+                message = "127.0.0.1 resolves to a private or loopback address (127.0.0.1)."
+                return 400, {}, error_body(400, "invalid_request", message,
+                                           [{"param": "url", "code": "private_address", "message": message}])
+            number = next(self._ids)
+            endpoint = {"id": f"whep_{number:04d}", "object": "webhook_endpoint", "url": url,
+                        "events": body.get("events") or ["job.queued", "job.succeeded"], "enabled": True,
+                        "created_at": f"2026-11-29T22:{number % 60:02d}:00Z"}
+            self.webhook_endpoints[endpoint["id"]] = endpoint
+            self.webhook_deliveries[endpoint["id"]] = []
+            return 201, {}, {**endpoint, "secret": f"whsec_secret{number}"}
+        endpoint = self.webhook_endpoints.get(rest[0])
+        if endpoint is None:
+            return 404, {}, error_body(404, "not_found", "No such webhook endpoint.")
+        if rest[1:] == [] and method == "GET":
+            return 200, {}, endpoint
+        if rest[1:] == [] and method == "DELETE":
+            del self.webhook_endpoints[rest[0]]
+            return 204, {}, None
+        if rest[1:] == ["rotate-secret"] and method == "POST":
+            return 200, {}, {**endpoint, "secret": "whsec_rotated"}
+        if rest[1:] == ["test"] and method == "POST":
+            number = next(self._ids)
+            delivery = {"id": f"msg_{number:04d}", "object": "webhook_delivery", "endpoint_id": endpoint["id"],
+                        "event_id": f"evt_{number:04d}", "event_type": "webhook.test", "status": "pending",
+                        "attempt_count": 0, "created_at": "2026-11-29T22:40:00Z", "attempts": []}
+            self.webhook_deliveries[endpoint["id"]].insert(0, delivery)
+            return 202, {}, delivery
+        if rest[1:] == ["deliveries"] and method == "GET":
+            found = [d for d in self.webhook_deliveries[endpoint["id"]] if one.get("status") in (None, d["status"])]
+            return 200, {}, self._page(found, one, "id")
+        return 404, {}, error_body(404, "not_found", f"No route {method} webhook-endpoints/{'/'.join(rest)}.")
 
     def _filtered_jobs(self, query: dict[str, list[str]]) -> list[dict]:
         jobs = list(reversed(self.jobs.values()))
