@@ -9,7 +9,7 @@ started jobs hold, ``jobs.queue.spend_budget``) and the pool has room; otherwise
 says why. A job is claimed with a conditional UPDATE (queued → starting), so two workers never
 launch it twice; passes are serialized by a database lock (``jobs.queue.lock_admission``) so they
 never overcommit capacity or credit. On the Kubernetes pool a job queued after a preemption whose JobSet
-waits in Kueue at its place is Kueue's to start again (``jobs.readmission``), not admission's.
+waits in Kueue at its place is Kueue's to start again (``jobs.parking``, ``jobs.readmission``), not admission's.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from billing.accounts import SpendBudget, billing_enabled
 from billing.pricing import price_table, usd_to_micro
 from jobs.metrics import record_admission_pass
 from jobs.models import Job, JobStatus, StatusReason
+from jobs.parking import awaiting_readmission
 from jobs.queue import (
     QueuedJob,
     fair_share_order,
@@ -35,7 +36,6 @@ from jobs.queue import (
     queued_jobs,
     spend_budget,
 )
-from jobs.readmission import awaiting_readmission
 from jobs.services import job_claim_for_start
 from lab.lib.resources import resource_units
 from lab.models import Organization

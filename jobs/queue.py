@@ -23,6 +23,7 @@ from django.db.models import Count, Sum
 from billing.accounts import SpendBudget, SpendHold, billing_enabled
 from billing.pricing import price_table, usd_to_micro
 from jobs.models import ACTIVE_STATUSES, Job, JobStatus, StatusReason
+from jobs.parking import awaiting_readmission
 from jobs.pool import pool_nodes
 from lab.lib.resources import CPU, resource_units
 from lab.models import Organization
@@ -238,8 +239,6 @@ def queue_positions(jobs: list[Job]) -> dict[int, int]:
     queued = queued_jobs()
     offset = 0
     if kueue is not None:
-        from jobs.readmission import awaiting_readmission  # jobs.readmission imports jobs.services
-
         waiting = awaiting_readmission(job.job_id for job in queued)
         queued = [job for job in queued if job.job_id not in waiting]
         offset = kueue["pending"]

@@ -5,7 +5,7 @@ at its place (Kueue orders pending workloads by creation time, except after a Po
 or an admission check). A new JobSet would go to the back of its priority band, so Lab keeps the
 evicted one: the reconciler ends the attempt as preempted (the job goes ``queued``,
 ``requeued_after_preemption``) and marks the ended attempt's handle ``parked``. Lab's admission
-leaves a job whose JobSet is parked to Kueue (``awaiting_readmission``). When Kueue readmits the
+leaves a job whose JobSet is parked to Kueue (``jobs.parking.awaiting_readmission``). When Kueue readmits the
 JobSet, its engine pod opens the job's next attempt itself with the job's bootstrap token
 (``POST /api/v1/ingest/jobs/{id}/attempts``, ``attempt_open_for_pod``): a new attempt number, its
 job token, and the latest ready checkpoint to resume from. Nothing else changes hands: the
@@ -14,23 +14,20 @@ JobSet, its Secret and the Workload stay the same objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import F
 
 from billing.pricing import usd_to_micro
 from jobs.environment_packages import launch_packages
 from jobs.ingest.tokens import job_token
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StatusReason
+from jobs.parking import PARKED, parked
 from jobs.queue import lock_admission, organization_cap, organization_running, spend_budget
 from jobs.services import current_attempt, job_claim_for_start
 from lab.errors import LabError
 
-#: Handle keys: the JobSet of this ended attempt waits in Kueue for the next one; the uid of the
-#: pod that opened an attempt (``attempt_open_for_pod``).
-PARKED = "parked"
+#: Handle key: the uid of the pod that opened an attempt (``attempt_open_for_pod``).
 POD_UID = "pod_uid"
 #: How long an engine waits before asking again after ``attempt_not_ready`` (seconds).
 RETRY_AFTER_S = 5
@@ -54,36 +51,12 @@ class AttemptGrant:
                 "environment_packages": list(self.environment_packages)}
 
 
-def _parked(queryset):
-    return queryset.filter(
-        number=F("job__attempt"),
-        state=AttemptState.ENDED,
-        job__status=JobStatus.QUEUED,
-        job__status_reason=StatusReason.REQUEUED_AFTER_PREEMPTION,
-        handle__parked=True,
-    )
-
-
-def awaiting_readmission(job_ids: Iterable[int]) -> set[int]:
-    """Return those of ``job_ids`` that are queued with their JobSet parked in Kueue (one query):
-    Kueue, not Lab's admission, starts them again."""
-    job_ids = list(job_ids)
-    if not job_ids:
-        return set()
-    return set(_parked(JobAttempt.objects.filter(job_id__in=job_ids)).values_list("job_id", flat=True))
-
-
-def parked_attempts() -> list[JobAttempt]:
-    """Return the ended attempts whose JobSet waits in Kueue for its job's next attempt, with their job."""
-    return list(_parked(JobAttempt.objects.all()).select_related("job"))
-
-
 def attempt_unpark(*, attempt_id: int) -> bool:
     """Give up waiting for Kueue to readmit ``attempt_id``'s JobSet (it is gone, or ended without
     opening an attempt): Lab's admission starts the job again with a new JobSet. Return whether
     the attempt was still parked."""
     with transaction.atomic():
-        attempt = _parked(JobAttempt.objects.select_for_update().filter(pk=attempt_id)).first()
+        attempt = parked(JobAttempt.objects.select_for_update().filter(pk=attempt_id)).first()
         if attempt is None:
             return False
         attempt.handle = {**attempt.handle, PARKED: False}

@@ -48,6 +48,7 @@ from jobs import dispatch, storage
 from jobs.adapters import adapter_fail_unfinished
 from jobs.checkpoints import checkpoint_fail_unfinished, checkpoint_resume_archive
 from jobs.environment_packages import launch_packages
+from jobs.events import events_recorded_together, job_record_event
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.launchers.base import (
@@ -78,19 +79,13 @@ from jobs.models import (
     StatusReason,
     StopReason,
 )
+from jobs.parking import PARKED, parked_attempts
 from jobs.pool import cluster_inventory_refresh
 from jobs.queue import kueue_places_forget, kueue_places_record
-from jobs.readmission import PARKED, attempt_unpark, parked_attempts
+from jobs.readmission import attempt_unpark
 from jobs.secrets.services import engine_secrets
 from jobs.serializers import latest_ready_checkpoints_read_once
-from jobs.services import (
-    attempt_request_stop,
-    current_attempt,
-    events_recorded_together,
-    job_record_event,
-    job_transition,
-    store_log_lines,
-)
+from jobs.services import attempt_request_stop, current_attempt, job_transition, store_log_lines
 from jobs.webhooks.outbox import endpoints_read_once
 from lab.lib import locks
 from lab.lib.locks import advisory_lock

@@ -2,16 +2,13 @@
 
 ``job_transition`` is the single place a job's status changes: it locks the row, refuses an
 illegal transition with ``InvalidTransition`` (changing nothing), writes the JobEvent whose type is
-the webhook event name, and updates the timestamps, all in one transaction.
+the webhook event name (``jobs.events.job_record_event``), and updates the timestamps, all in one
+transaction.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +21,7 @@ from billing.accounts import BLOCKER_MESSAGES, organization_run_blocker
 from billing.pricing import list_cost_micro_usd, micro_to_usd
 from jobs import dispatch, storage
 from jobs.estimates import estimate_run_seconds
+from jobs.events import job_record_event
 from jobs.launchers.registry import get_launcher
 from jobs.log_paths import path_hider
 from jobs.models import (
@@ -35,7 +33,6 @@ from jobs.models import (
     EventType,
     Job,
     JobAttempt,
-    JobEvent,
     JobPriority,
     JobStatus,
     LogLine,
@@ -43,11 +40,9 @@ from jobs.models import (
     StopReason,
 )
 from jobs.secrets.services import masker, secrets_store, split_secrets
-from jobs.serializers import job_to_dict
 from jobs.specs import validate_job_spec
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
-from jobs.webhooks.outbox import enqueue_event
 from lab.audit import Actor, AuditAction, audit_record
 from lab.errors import LabError
 from lab.models import Project
@@ -91,113 +86,6 @@ def _event_type(previous: str, to: str) -> str:
     if to == S.QUEUED:
         return EventType.RESTARTED if previous in (S.FAILED, S.CANCELLED) else EventType.REQUEUED
     return _EVENT_TYPES[to]
-
-
-# No savepoint of its own: the event belongs to the caller's change, which fails with it.
-@transaction.atomic(savepoint=False)
-def job_record_event(
-    *,
-    job: Job,
-    type: str,
-    message: str = "",
-    level: str = EventLevel.INFO,
-    data: dict[str, Any] | None = None,
-    status_change: bool = False,
-) -> JobEvent:
-    """Append a JobEvent to ``job`` (call inside the transaction that made the change).
-
-    The event joins the job's live stream; with ``status_change`` (``job`` already holds its new
-    status) the Job object as it is now follows it as a ``status`` record. The webhook outbox
-    rows are written in the same transaction.
-    """
-    batch: EventBatch | None = getattr(_recording, "batch", None)
-    # Held back, the event is stored later: its job as it is now goes with it (webhook message).
-    event = JobEvent(job=job if batch is None else copy.copy(job), type=type, level=level, message=message,
-                     data=data or {})
-    if status_change:
-        event.job_snapshot = job_to_dict(job)
-    if batch is not None:
-        batch.add(event)
-        return event
-    # A status change takes two numbers: the event's, and the status record's right after it.
-    event.stream_seq = stream_records.allocate(job.pk, 2 if status_change else 1)
-    event.save(force_insert=True)
-    enqueue_event(event)
-    publish_on_commit(job.public_id, stream_records.event_records([event]))
-    return event
-
-
-_recording = threading.local()
-
-
-class EventBatch:
-    """The JobEvents ``job_record_event`` holds back inside ``events_recorded_together``, by job,
-    in the order they were recorded."""
-
-    def __init__(self) -> None:
-        self._pending: dict[int, list[JobEvent]] = {}
-
-    def add(self, event: JobEvent) -> None:
-        """Hold ``event`` back until the batch is written."""
-        self._pending.setdefault(event.job_id, []).append(event)
-
-    def write_job(self, job_id: int) -> None:
-        """Store the events held back for ``job_id`` now (``jobs.stream.records.held_back``)."""
-        if job_id in self._pending:
-            self._write({job_id: self._pending.pop(job_id)})
-
-    def write(self) -> None:
-        """Store every event held back."""
-        pending, self._pending = self._pending, {}
-        self._write(pending)
-
-    @staticmethod
-    def _write(pending: dict[int, list[JobEvent]]) -> None:
-        """Number the events (one statement for all their jobs; a status change takes two
-        numbers, as in ``job_record_event``), insert them in one statement, then write their
-        webhook outbox rows and publish them on commit, event by event as recorded."""
-        if not pending:
-            return
-        firsts = stream_records.allocate_many(
-            {job_id: sum(2 if event.job_snapshot is not None else 1 for event in events)
-             for job_id, events in pending.items()}
-        )
-        ordered = []
-        for job_id, events in pending.items():
-            seq = firsts[job_id]
-            for event in events:
-                event.stream_seq = seq
-                seq += 2 if event.job_snapshot is not None else 1
-                ordered.append(event)
-        JobEvent.objects.bulk_create(ordered)
-        for event in ordered:
-            enqueue_event(event)
-            publish_on_commit(event.job.public_id, stream_records.event_records([event]))
-
-
-@contextmanager
-def events_recorded_together() -> Iterator[EventBatch]:
-    """Hold back the JobEvents recorded inside the block (in this thread) and store them when it
-    ends, for a caller that records events for many jobs in one transaction (the reconciler
-    finishing a batch of jobs): their stream numbers are taken in one ``UPDATE``, the rows
-    inserted in one ``INSERT``, instead of two statements per event.
-
-    Each event takes the same numbers and place as it would have at once: the caller holds its
-    jobs' row locks until commit, and a job's other stream rows numbered inside the block
-    (``jobs.stream.records.allocate``) first store the events held back for it. On an error in
-    the block nothing is stored: the caller's transaction is to be rolled back (a savepoint
-    inside the block would not take back the events held back meanwhile).
-    """
-    batch = EventBatch()
-    outer = getattr(_recording, "batch", None)
-    _recording.batch = batch
-    try:
-        with stream_records.held_back(batch.write_job):
-            yield batch
-            _recording.batch = outer  # what writing the batch records is not held back
-            batch.write()
-    finally:
-        _recording.batch = outer
 
 
 def require_billing_allows_runs(project: Project) -> None:

@@ -182,12 +182,8 @@ GRAPH_PACKAGES = {package: directory for package, directory in PACKAGES.items() 
 #: go, never grow; no other may appear. Every one closes through imports inside functions
 #: (``FUNCTION_LEVEL_IMPORTS`` says which).
 KNOWN_IMPORT_CIRCLES = {
-    # Closed by checkpoints ↔ adapters, the outbox building payloads from adapters and
-    # serializers, and jobs.queue → readmission.
-    frozenset({
-        "jobs.adapters", "jobs.checkpoints", "jobs.estimates", "jobs.queue", "jobs.readmission",
-        "jobs.serializers", "jobs.services", "jobs.stream.fanout", "jobs.stream.records", "jobs.webhooks.outbox",
-    }),
+    # Closed by checkpoints ↔ adapters.
+    frozenset({"jobs.adapters", "jobs.checkpoints"}),
     # The registry loads the built-in environments and installed packages, which import its base classes.
     frozenset({
         "engine.environments", "engine.environments.addition", "engine.environments.alphabet_sort",
@@ -250,9 +246,6 @@ FUNCTION_LEVEL_IMPORTS = {
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.gateway"): _KUBERNETES,
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.launcher"): _KUBERNETES,
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.objects"): _KUBERNETES,
-    ("jobs.queue", "jobs.readmission"): _JOBS + ": readmission imports jobs.queue and jobs.services",
-    ("jobs.webhooks.outbox", "jobs.adapters"): _JOBS + ": the outbox builds the adapter.ready payload",
-    ("jobs.webhooks.outbox", "jobs.serializers"): _JOBS + ": the outbox builds the job payloads",
     ("lab.apps", "lab.checks"): "AppConfig.ready(): importing lab.checks registers Lab's system checks",
 }
 

@@ -114,7 +114,7 @@ _held_back = threading.local()
 @contextmanager
 def held_back(write: Callable[[int], None]) -> Iterator[None]:
     """Inside the block (in this thread), rows a writer holds back to number later for many jobs
-    at once (``jobs.services.EventBatch``) keep their place in each job's sequence: before
+    at once (``jobs.events.EventBatch``) keep their place in each job's sequence: before
     ``allocate`` takes numbers for a job, ``write(job_id)`` stores that job's held-back rows."""
     outer = getattr(_held_back, "write", None)
     _held_back.write = write

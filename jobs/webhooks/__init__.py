@@ -5,8 +5,8 @@
 - ``events``: the event types; ``schemas``: endpoint bodies (pydantic).
 - ``endpoints``: create/update/rotate/delete endpoints, the test event and redeliver, each for
   owners, admins and write keys only (``require_endpoint_manager``).
-- ``outbox``: ``enqueue_event`` (called by ``jobs.services.job_record_event``), messages and
-  delivery rows, queued on commit; the retry schedule.
+- ``outbox``: the subscribed endpoints of an event, and messages and delivery rows of the
+  finished payloads ``jobs.events`` hands it, queued on commit; the retry schedule.
 - ``delivery``: claim, sign, send and record tries; disable endpoints that keep failing.
 - ``sweep``: the periodic queueing of due retries and purge of old deliveries.
 - ``tasks``: Celery adapters (registered in the worker by ``lab.celery``, sent by name);

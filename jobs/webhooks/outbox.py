@@ -1,10 +1,11 @@
 """The webhook outbox: one message per event, one delivery row per endpoint, queued on commit.
 
-``enqueue_event`` runs inside the transaction that records a JobEvent, so the delivery rows
-exist exactly when the event does; ``publish`` stores the message (its body is the Standard
-Webhooks payload ``{"id": "evt_...", "type": "...", "created_at": "<ISO 8601>", "data": {...}}``,
-signed at each try by ``jobs.webhooks.delivery``) and ``deliver_on_commit`` queues the delivery
-task once the transaction commits, in batches of ``BATCH_SIZE``.
+The outbox takes finished payloads: ``jobs.events`` asks for the ``subscribed_endpoints`` of an
+event and, inside the transaction that records the JobEvent, hands ``publish`` its ``data``, so the
+delivery rows exist exactly when the event does. ``publish`` stores the message (its body is the
+Standard Webhooks payload ``{"id": "evt_...", "type": "...", "created_at": "<ISO 8601>", "data":
+{...}}``, signed at each try by ``jobs.webhooks.delivery``) and ``deliver_on_commit`` queues the
+delivery task once the transaction commits, in batches of ``BATCH_SIZE``.
 
 When deliveries are due comes from ``LAB_WEBHOOK_RETRY_SCHEDULE`` (Svix's schedule by default:
 0 s, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h; see https://docs.svix.com/retries): the first
@@ -27,7 +28,6 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import EventType
 from jobs.read_once import ReadOnce
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from jobs.webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookMessage
@@ -39,52 +39,12 @@ from lab.celery import TaskName
 BATCH_SIZE = 25
 
 
-def enqueue_event(event) -> list[WebhookDelivery]:
-    """Write the outbox rows for a just-recorded JobEvent (call inside its transaction).
-
-    One delivery per enabled endpoint of the job's project subscribed to ``event.type``; event
-    types outside ``WEBHOOK_EVENT_TYPES`` send nothing. ``data`` is the Job object as it is now
-    for ``job.*`` events, ``{"job_id", "checkpoint_id", "step", "download_url"}`` for
-    ``checkpoint.ready``, ``{"job_id", "adapter_id", "step", "download_url"}`` for
-    ``adapter.ready``. Returns the deliveries created (none when nobody listens).
-    """
-    if event.type not in WEBHOOK_EVENT_TYPES:
+def subscribed_endpoints(*, project_id: int, type: str) -> list[WebhookEndpoint]:
+    """Return the enabled endpoints of ``project_id`` subscribed to events of ``type``, in pk
+    order; none for a type outside ``WEBHOOK_EVENT_TYPES``."""
+    if type not in WEBHOOK_EVENT_TYPES:
         return []
-    job = event.job
-    endpoints = [endpoint for endpoint in _enabled_endpoints(job.project_id) if event.type in endpoint.events]
-    if not endpoints:
-        return []
-    if event.type == EventType.CHECKPOINT_READY:
-        checkpoint_id = event.data.get("checkpoint_id")
-        data = {
-            "job_id": job.public_id,
-            "checkpoint_id": checkpoint_id,
-            "step": event.data.get("step"),
-            "download_url": f"{settings.LAB_PUBLIC_URL}/api/v1/checkpoints/{checkpoint_id}/download",
-        }
-    elif event.type == EventType.ADAPTER_READY:
-        from jobs.adapters import adapter_download_url
-
-        adapter_id = event.data.get("adapter_id")
-        data = {
-            "job_id": job.public_id,
-            "adapter_id": adapter_id,
-            "step": event.data.get("step"),
-            "download_url": adapter_download_url(adapter_id),
-        }
-    else:
-        from jobs.serializers import job_to_dict
-
-        data = job_to_dict(job)
-    return publish(
-        project_id=job.project_id,
-        type=event.type,
-        data=data,
-        endpoints=endpoints,
-        created_at=event.created_at,
-        public_id=event.public_id,
-        job_event=event,
-    )
+    return [endpoint for endpoint in _enabled_endpoints(project_id) if type in endpoint.events]
 
 
 #: The endpoints ``endpoints_read_once`` read, by project id.
@@ -93,8 +53,8 @@ _ENDPOINTS: ReadOnce[int, list[WebhookEndpoint]] = ReadOnce()
 
 @contextmanager
 def endpoints_read_once(project_ids: Iterable[int]) -> Iterator[None]:
-    """Read the enabled endpoints of ``project_ids`` in one query, for every ``enqueue_event`` of
-    their jobs inside the block (which would otherwise read them once per event): for a caller
+    """Read the enabled endpoints of ``project_ids`` in one query, for every event of their jobs
+    recorded inside the block (which would otherwise read them once per event): for a caller
     that records events for many jobs in one transaction that changes no endpoint (the
     reconciler finishing a batch of jobs)."""
     endpoints: dict[int, list[WebhookEndpoint]] = {project_id: [] for project_id in project_ids}
