@@ -38,7 +38,8 @@ def main() -> int:
     from labsdk.spec import load_spec_file
 
     from engine.reporter import OfflineTransport, Reporter
-    from engine.trainer import EngineConfig, Trainer
+    from engine.config import EngineConfig
+    from engine.trainer import Trainer
 
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as engine.cli does

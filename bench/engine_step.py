@@ -43,7 +43,8 @@ def run_engine(steps: int, warmup: int, overlap: bool, rollout: str = "transform
     from labsdk.spec import parse_spec
 
     from engine.reporter import OfflineTransport, Reporter
-    from engine.trainer import EngineConfig, Trainer
+    from engine.config import EngineConfig
+    from engine.trainer import Trainer
 
     spec = parse_spec({
         "model": MODEL_ID, "env": [{"id": "lab/addition", "args": {"max_operand": 20}}], "max_steps": steps,

@@ -348,7 +348,8 @@ def check_trainer(args, model_id: str, model_root: pathlib.Path, device: str) ->
     import torch
 
     from engine.reporter import OfflineTransport, Reporter
-    from engine.trainer import EngineConfig, Trainer
+    from engine.config import EngineConfig
+    from engine.trainer import Trainer
 
     for lora_rank, label in ((16, "lora16"), (0, "full")):
         job = job_spec(model_id, steps=args.steps, lora_rank=lora_rank, **args.shape)
@@ -624,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
 def check_vllm_part(args, model_dir: pathlib.Path, device: str) -> None:
     """The vLLM part: not_run lines without vLLM; in this process when it is the only part,
     else in a child process (vLLM's engine processes, CUDA untouched by the trainer)."""
-    from engine.vllm_backend import vllm_available
+    from engine.config import vllm_available
 
     if not vllm_available():
         for name, unit in VLLM_FIGURES:

@@ -7,9 +7,10 @@ Importable without torch or Django: the server serves these at `/api/v1/models` 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from dataclasses import dataclass, field
+
+from engine.config import default_model_dir
 
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY_RANDOM_LLAMA_ID = "lab/tiny-random-llama"
@@ -95,13 +96,6 @@ _BUILTIN_ENVIRONMENTS = {
         args={"num_words": 4, "min_length": 3, "max_length": 6},
     ),
 }
-
-
-def default_model_dir() -> pathlib.Path:
-    """Return the model cache directory: `LAB_MODEL_DIR`, else `$LAB_DATA_DIR/models`, else `./var/models`."""
-    if os.environ.get("LAB_MODEL_DIR"):
-        return pathlib.Path(os.environ["LAB_MODEL_DIR"])
-    return pathlib.Path(os.environ.get("LAB_DATA_DIR") or "var") / "models"
 
 
 def _context_length(config: dict) -> int | None:

@@ -31,7 +31,6 @@ that Lab retries as a new attempt.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ import httpx
 from labsdk.spec.secrets import header_value_sendable
 
 from engine import egress
+from engine.config import environment
 from engine.http_retry import RetriesExhausted, request_json
 
 logger = logging.getLogger("engine")
@@ -97,7 +97,7 @@ class TeacherClient:
         value (RFC 9110 section 5.5: visible ASCII, spaces and tabs; a line break, NUL or a
         non-ASCII character would fail every request as if the endpoint were down).
         """
-        environ = os.environ if environ is None else environ
+        environ = environment() if environ is None else environ
         endpoint = teacher.endpoint()
         wanted = {"Authorization": endpoint.api_key_var, **endpoint.headers_from_env}
         missing = sorted({name for name in wanted.values() if not environ.get(name)})

@@ -52,12 +52,13 @@ The environment is torchrun's: `WORLD_SIZE`, `RANK`, `LOCAL_RANK`, `MASTER_ADDR`
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+
+from engine.config import environment
 
 T = TypeVar("T")
 
@@ -77,7 +78,7 @@ class DataParallel:
 
         Raises ValueError for a `RANK` outside `0..WORLD_SIZE-1`.
         """
-        environ = os.environ if environ is None else environ
+        environ = environment() if environ is None else environ
         world_size = int(environ.get("WORLD_SIZE", "1"))
         rank = int(environ.get("RANK", "0"))
         if world_size <= 1:
@@ -296,13 +297,3 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Opt
             for key, value in values.items()
         }
     optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
-
-
-def join_weight_gather(model: torch.nn.Module) -> None:
-    """Take part, on a rank that sends no policy, in the gathers that another rank's
-    engine.policy.policy_weights makes of a sharded model; nothing for any other model."""
-    if is_sharded(model):
-        from engine.policy import policy_weights
-
-        for _ in policy_weights(model):
-            pass

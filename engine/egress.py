@@ -14,10 +14,11 @@ sandbox reaches only its own loopback (the roles of a split engine, vLLM's own p
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 
 import httpx
+
+from engine.config import environment
 
 #: The variable the launcher sets; absent or empty outside a sandbox.
 EGRESS_VARIABLE = "LAB_ENGINE_EGRESS"
@@ -52,7 +53,7 @@ class EgressTransport(httpx.BaseTransport):
 def routes(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Return the origin -> socket map of ``LAB_ENGINE_EGRESS`` in ``environ`` (default the process
     environment); empty when unset. Raises ValueError for a value that is not such a JSON object."""
-    raw = (os.environ if environ is None else environ).get(EGRESS_VARIABLE, "")
+    raw = (environment() if environ is None else environ).get(EGRESS_VARIABLE, "")
     if not raw:
         return {}
     value = json.loads(raw)

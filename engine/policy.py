@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import peft
 import torch
 
+from engine.distributed import is_sharded, whole
 from engine.groups import uniform_size
 
 
@@ -97,8 +98,6 @@ def policy_weights(model: torch.nn.Module):
                     merged = base_layer.weight + module.get_delta_weight(adapter)
                     yield name.removeprefix("base_model.model.") + ".weight", merged.detach()
     else:
-        from engine.distributed import whole
-
         for name, parameter in trainable_parameters(model):
             yield name, whole(parameter.detach())
 
@@ -326,3 +325,11 @@ def completion_logits(model: torch.nn.Module, batch: PackedRollouts) -> torch.Te
         use_cache=True,
     )
     return torch.cat([first, output.logits], dim=1)
+
+
+def join_weight_gather(model: torch.nn.Module) -> None:
+    """Take part, on a rank that sends no policy, in the gathers that another rank's
+    engine.policy.policy_weights makes of a sharded model; nothing for any other model."""
+    if is_sharded(model):
+        for _ in policy_weights(model):
+            pass

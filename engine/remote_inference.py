@@ -38,6 +38,7 @@ from collections.abc import Iterable
 import httpx
 import torch
 
+from engine.config import child_environment
 from engine.http_retry import RetriesExhausted, request_json
 from engine.rollout import Completion
 
@@ -224,7 +225,7 @@ def start_inference_role(
         [sys.executable, "-m", "engine", "inference", "--model", model_id, "--backend", backend, "--host", "127.0.0.1",
          "--port", "0", "--workdir", str(workdir), *(["--max-lora-rank", str(max_lora_rank)] if max_lora_rank > 0 else [])],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "LAB_ENGINE_PARENT_PID": str(os.getpid())},  # it ends with this engine, even on kill -9
+        env=child_environment(LAB_ENGINE_PARENT_PID=str(os.getpid())),  # it ends with this engine, even on kill -9
     )
     log.close()
     deadline = time.monotonic() + startup_timeout

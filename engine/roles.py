@@ -45,9 +45,9 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from engine.distributed import join_weight_gather
+from engine.config import PACKAGES_VARIABLE, child_environment, setting
 from engine.orchestrator import RolloutBatch, held_out_due
-from engine.packages import PACKAGES_VARIABLE
+from engine.policy import is_lora, join_weight_gather, policy_adapter, policy_weights
 from engine.remote_inference import write_weights
 from engine.rollout import Completion
 
@@ -232,7 +232,7 @@ class SharedDirRollouts:
             "start_step": trainer.start_step, "next_batch_step": trainer.start_step + len(trainer.pending_batches),
             "max_steps": self.max_steps, "async_depth": self.depth,
             # The packages the orchestrator installs (on Kubernetes with the URLs of Lab's attempt answer).
-            "environment_packages": json.loads(os.environ.get(PACKAGES_VARIABLE) or "[]"),
+            "environment_packages": json.loads(setting(PACKAGES_VARIABLE) or "[]"),
         })
 
     def publish(self, version: int) -> float:
@@ -241,8 +241,6 @@ class SharedDirRollouts:
         `LAB_ENGINE_VLLM_WEIGHTS` resolves to "lora" for this job (`EngineConfig.
         policy_travels_as_adapter`; the inference role was then started with `--max-lora-rank`),
         else as merged weights."""
-        from engine.policy import is_lora, policy_adapter, policy_weights
-
         started = time.perf_counter()
         model = self.trainer.model
         target = weights_path(self.dir, version)
@@ -515,10 +513,10 @@ def start_orchestrator_role(args_line: list[str], *, workdir: pathlib.Path, shar
     ending with this process (LAB_ENGINE_PARENT_PID), its output in `workdir/orchestrator.log`.
     It gets this process's environment, which no longer holds Lab's job tokens (engine.cli._guard_credentials)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    environment = {
-        **os.environ, "LAB_ENGINE_SHARED_DIR": str(shared_dir), "LAB_ENGINE_INFERENCE_URL": inference_url,
-        "LAB_ENGINE_PARENT_PID": str(os.getpid()),
-    }
+    environment = child_environment(
+        LAB_ENGINE_SHARED_DIR=str(shared_dir), LAB_ENGINE_INFERENCE_URL=inference_url,
+        LAB_ENGINE_PARENT_PID=str(os.getpid()),
+    )
     environment.pop("LAB_ENGINE_INFERENCE", None)
     with open(workdir / "orchestrator.log", "w") as log:
         return subprocess.Popen(

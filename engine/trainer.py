@@ -22,21 +22,19 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import hashlib
-import json
 import logging
 import os
 import pathlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine import checkpoints as ckpt
 from engine.catalog import TINY_RANDOM_LLAMA_ID
-from engine.distributed import DataParallel, full_optimizer_state, full_weights, is_sharded, join_weight_gather, whole
+from engine.config import EngineConfig
+from engine.distributed import DataParallel, full_optimizer_state, full_weights, is_sharded, whole
 from engine.filters import Rollouts, apply_filters, filter_metrics
 from engine.groups import GroupSchedule, group_starts, row_groups, training_group_sizes, uniform_size
 from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
@@ -45,6 +43,7 @@ from engine.orchestrator import Orchestrator, RolloutBatch
 from engine.policy import (
     completion_logits,
     is_lora,
+    join_weight_gather,
     load_policy,
     make_trainable,
     pack_rollouts,
@@ -54,119 +53,10 @@ from engine.policy import (
 )
 from engine.reporter import Reporter
 from engine.rollout import TransformersBackend
-from engine.vllm_backend import VLLMBackend, weights_format
-
-if TYPE_CHECKING:
-    # Only a type: the trainer reads the spec's attributes and runs where pydantic is absent
-    # (bench/gpu_check.sh on a bare GPU machine).
-    from labsdk.spec import JobSpec
+from engine.vllm_backend import VLLMBackend
 
 logger = logging.getLogger("engine")
 
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """What the trainer runs with: the validated job spec plus the engine's own settings.
-
-    `spec` is a `labsdk.spec.JobSpec` (docs/spec.md): every training setting and
-    its default live there, once, and the trainer reads them from it. The rest are engine
-    settings that no spec names: `overlap` (sample step n+1 while step n trains, when
-    max_off_policy_steps ≥ 1), `micro_batch_rollouts` (rollouts per forward/backward pass;
-    bounds memory), `clip_epsilon` (PPO ε), `max_grad_norm` (global L2 clip),
-    `samples_per_step` (rollout samples reported per step), `rollout_backend`
-    ("transformers", or "vllm": vLLM's CPU build here, its CUDA build on GPU pods),
-    `vllm_dtype` (vLLM's compute dtype; the trainer stays fp32 on CPU and the importance
-    ratio corrects for the difference), `vllm_weights` (how the policy travels to vLLM:
-    "auto", "merged" or "lora", `engine.vllm_backend.weights_format`), `device` ("auto": CUDA when present),
-    `inference` (where rollouts are sampled: "" in this process; "process": an inference
-    role this engine starts; or the base URL of a running one, engine/remote_inference.py),
-    `weights_dir` (where weights for that role are written; "" = /dev/shm), `shared_dir` (set:
-    this process is the trainer role, taking its batches from an orchestrator role over that
-    directory, engine/roles.py; it then loads no environment and samples nothing). Which rollouts
-    are trained on is the spec's business (its batch filters, engine.filters).
-    """
-
-    spec: JobSpec
-    overlap: bool = False
-    micro_batch_rollouts: int = 16
-    clip_epsilon: float = 0.2
-    max_grad_norm: float = 1.0
-    samples_per_step: int = 8
-    rollout_backend: str = "transformers"
-    vllm_dtype: str = "bfloat16"
-    vllm_weights: str = "auto"
-    device: str = "auto"
-    inference: str = ""
-    weights_dir: str = ""
-    shared_dir: str = ""
-
-    @property
-    def policy_travels_as_adapter(self) -> bool:
-        """Whether the policy reaches vLLM as a LoRA adapter per step (`vllm_weights` resolved
-        for this job's backend, LoRA rank and devices) rather than as merged weights."""
-        return weights_format(self.vllm_weights, lora_rank=self.spec.lora_rank, rollout_backend=self.rollout_backend) == "lora"
-
-    @property
-    def vllm_max_lora_rank(self) -> int:
-        """The `max_lora_rank` vLLM starts with for this job: its adapter's rank when the policy
-        travels as an adapter, else 0 (no LoRA slots: merged weights only)."""
-        return self.spec.lora_rank if self.policy_travels_as_adapter else 0
-
-    def digest(self) -> str:
-        """Hash the settings that change the training trajectory (not max_steps or reporting).
-
-        The hash is stored in each checkpoint; a resume with other settings logs a warning.
-        """
-        spec = self.spec
-        data = {
-            "model": spec.model,
-            "envs": [(env.id, dict(env.args)) for env in spec.env],
-            "batch_size": spec.batch_size,
-            "rollouts_per_example": spec.rollouts_per_example,
-            "learning_rate": spec.learning_rate,
-            "lora_rank": spec.lora_rank,
-            "lora_alpha": spec.lora_alpha,
-            "seed": spec.seed,
-            "max_tokens": spec.sampling.max_tokens,
-            "temperature": spec.sampling.temperature,
-            "clip_epsilon": self.clip_epsilon,
-            "max_grad_norm": self.max_grad_norm,
-            "batch_filters": {
-                slot: [[f.type, f.enforced, f.settings()] for f in spec.batch_filters(slot)]
-                for slot in ("pre_batch_filters", "post_batch_filters")
-            },
-            "sampling_params": spec.sampling.sampling_params(),
-            "chat_template_kwargs": spec.sampling.chat_template_kwargs(),
-        }
-        if any(env.ratio for env in spec.env):  # only then, so that older checkpoints keep their digest
-            data["env_ratios"] = [env.ratio for env in spec.env]
-        if any(getattr(env, "group_size", None) for env in spec.env):  # likewise
-            data["env_group_sizes"] = training_group_sizes(spec)
-        if spec.loss == "sft":  # only then, so that GRPO checkpoints keep their digest
-            data["teacher"] = [spec.teacher.model, spec.teacher.endpoint().base_url]
-        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-    @property
-    def use_overlap(self) -> bool:
-        """Whether rollouts of the next step are sampled while this one trains."""
-        return self.overlap and self.spec.max_off_policy_steps >= 1
-
-    @property
-    def async_depth(self) -> int:
-        """How many future steps' batches are sampled ahead while the trainer trains (0 without
-        overlap): at most `max_off_policy_steps`, so that a batch's policy is never more than
-        that many updates old, and at most the batches that `max_inflight_rollouts` (or
-        `oversampling_factor` × batch_size) rollouts make, but at least one."""
-        if not self.use_overlap:
-            return 0
-        spec = self.spec
-        depth = spec.max_off_policy_steps
-        if spec.max_inflight_rollouts is not None:
-            depth = min(depth, max(1, spec.max_inflight_rollouts // spec.batch_size))
-        elif spec.oversampling_factor is not None:
-            depth = min(depth, max(1, int(spec.oversampling_factor)))
-        return depth
 
 
 def micro_batches(groups: list[int], sizes: list[int], micro_batch_rollouts: int) -> list[list[int]]:

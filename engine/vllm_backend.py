@@ -49,6 +49,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from engine.config import lora_rank_bound, set_defaults
 from engine.policy import PolicyAdapter, is_adapter_dir, read_adapter_config
 from engine.rollout import Completion
 
@@ -58,44 +59,6 @@ VLLM_VERSION = "0.32.0"
 SAMPLER_OWNED_KEYS = frozenset({
     "n", "temperature", "max_tokens", "logprobs", "seed", "stop_token_ids", "detokenize", "skip_special_tokens",
 })
-
-
-#: How the policy may travel to vLLM (`LAB_ENGINE_VLLM_WEIGHTS`; docs/engine.md).
-WEIGHTS_SETTINGS = ("auto", "merged", "lora")
-#: The `max_lora_rank` values vLLM 0.32.0 starts with (`vllm.config.lora.MaxLoRARanks`).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def lora_rank_bound(rank: int) -> int:
-    """The smallest `max_lora_rank` vLLM accepts that holds an adapter of rank `rank`
-    (4 → 8, 16 → 16, 17 → 32). Raises ValueError for a rank below 1 or above 512."""
-    for bound in VLLM_LORA_RANKS:
-        if rank >= 1 and rank <= bound:
-            return bound
-    raise ValueError(f"vLLM serves LoRA adapters of rank 1 to {VLLM_LORA_RANKS[-1]}, not {rank}")
-
-
-def weights_format(setting: str, *, lora_rank: int, rollout_backend: str = "vllm", cuda_available: bool | None = None) -> str:
-    """How the policy travels to the rollout backend: "lora" (an adapter per step,
-    `VLLMBackend.load_adapter`) or "merged" (merged weights, `load_weights`).
-
-    `setting` is `LAB_ENGINE_VLLM_WEIGHTS`: "merged", "lora", or "auto" ("lora" when CUDA is
-    available, since vLLM's LoRA path is the fast one on GPUs and measured slower than
-    reloading merged weights on CPU). Full fine-tuning (`lora_rank` 0) and the transformers
-    backend are always "merged"; "auto" also keeps an adapter above vLLM's largest rank
-    (512) merged. `cuda_available` defaults to `torch.cuda.is_available()`. Raises
-    ValueError for another setting, or "lora" with a rank vLLM cannot serve.
-    """
-    if setting not in WEIGHTS_SETTINGS:
-        raise ValueError(f"LAB_ENGINE_VLLM_WEIGHTS must be one of {', '.join(WEIGHTS_SETTINGS)}, not {setting!r}")
-    if rollout_backend != "vllm" or lora_rank <= 0 or setting == "merged":
-        return "merged"
-    if setting == "lora":
-        lora_rank_bound(lora_rank)
-        return "lora"
-    if cuda_available is None:
-        cuda_available = torch.cuda.is_available()
-    return "lora" if cuda_available and lora_rank <= VLLM_LORA_RANKS[-1] else "merged"
 
 
 def merged_adapter_weights(adapter: PolicyAdapter, base: Mapping[str, torch.Tensor]):
@@ -121,13 +84,6 @@ def merged_adapter_weights(adapter: PolicyAdapter, base: Mapping[str, torch.Tens
         yield name, (weight.float() + scaling * (lora_b.float() @ lora_a.float())).to(weight.dtype)
 
 
-def vllm_available() -> bool:
-    """True when the `vllm` package can be imported here (without importing it)."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 def configure_cpu(workdir: pathlib.Path, *, kv_cache_gb: int = 1, threads: int | None = None) -> dict[str, str]:
     """Set vLLM's CPU environment variables that are not set yet; return the values in force.
 
@@ -143,9 +99,7 @@ def configure_cpu(workdir: pathlib.Path, *, kv_cache_gb: int = 1, threads: int |
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}" if cores > 1 else "0",
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
     }
-    for name, value in defaults.items():
-        os.environ.setdefault(name, value)
-    return {name: os.environ[name] for name in defaults}
+    return set_defaults(defaults)
 
 
 class VLLMBackend:
@@ -193,8 +147,10 @@ class VLLMBackend:
         self.stop_token_ids = sorted(set(stop_token_ids))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.environment = configure_cpu(workdir, kv_cache_gb=kv_cache_gb, threads=threads) if self.device == "cpu" else {}
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-request INFO lines would flood the job's logs
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout stays the program's own (bench JSON lines)
+        set_defaults({
+            "VLLM_LOGGING_LEVEL": "WARNING",  # its per-request INFO lines would flood the job's logs
+            "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # stdout stays the program's own (bench JSON lines)
+        })
         from vllm import LLM
 
         started = time.perf_counter()

@@ -184,20 +184,11 @@ GRAPH_PACKAGES = {package: directory for package, directory in PACKAGES.items() 
 KNOWN_IMPORT_CIRCLES = {
     # Closed by checkpoints ↔ adapters.
     frozenset({"jobs.adapters", "jobs.checkpoints"}),
-    # The registry loads the built-in environments and installed packages, which import its base classes.
-    frozenset({
-        "engine.environments", "engine.environments.addition", "engine.environments.alphabet_sort",
-        "engine.environments.reverse_text", "engine.environments.verifiers_taskset", "engine.packages",
-    }),
-    # Sharded (FSDP) weights: each module calls the other.
-    frozenset({"engine.distributed", "engine.policy"}),
 }
 
-_CLI = "the CLI loads only what its subcommand needs (torch, transformers, vLLM), after its environment defaults"
 _JOBS = "closes the jobs circle"
 _REPORTER = "labsdk's __init__ loads its client (httpx, pydantic), which only the HTTP transport needs"
 _INFERENCE = "engine.inference imports the standard library only: torch, transformers and peft load with the model"
-_BUILT_IN = "the environments circle: built-ins subclass Environment"
 _DISTILL = "distillation only: distill brings pydantic, absent where the trainer runs bare (bench/gpu_check.sh)"
 _KUBERNETES = "the Kubernetes pool loads only with LAB_LAUNCHER=kubernetes"
 
@@ -205,39 +196,15 @@ _KUBERNETES = "the Kubernetes pool loads only with LAB_LAUNCHER=kubernetes"
 #: module) with the reason it is not at the top: each hides an edge of the graph, so none may be
 #: added and the list only shrinks.
 FUNCTION_LEVEL_IMPORTS = {
-    ("engine.cli", "engine.catalog"): _CLI,
-    ("engine.cli", "engine.checkpoints"): _CLI,
-    ("engine.cli", "engine.distill"): _CLI,
-    ("engine.cli", "engine.distributed"): _CLI,
-    ("engine.cli", "engine.environments"): _CLI,
-    ("engine.cli", "engine.inference"): _CLI,
-    ("engine.cli", "engine.models"): _CLI,
-    ("engine.cli", "engine.orchestrator"): _CLI,
-    ("engine.cli", "engine.packages"): _CLI,
-    ("engine.cli", "engine.remote_inference"): _CLI,
-    ("engine.cli", "engine.reporter"): _CLI,
-    ("engine.cli", "engine.roles"): _CLI,
-    ("engine.cli", "engine.spool"): _CLI,
-    ("engine.cli", "engine.trainer"): _CLI,
-    ("engine.cli", "engine.vllm_backend"): _CLI,
-    ("engine.cli", "labsdk.spec"): _CLI,
-    ("engine.distributed", "engine.policy"): "the distributed ↔ policy circle",
-    ("engine.environments", "engine.environments.addition"): _BUILT_IN,
-    ("engine.environments", "engine.environments.alphabet_sort"): _BUILT_IN,
-    ("engine.environments", "engine.environments.reverse_text"): _BUILT_IN,
-    ("engine.environments", "engine.packages"): "the environments circle: packages imports Environment",
     ("engine.inference", "engine.models"): _INFERENCE,
     ("engine.inference", "engine.policy"): _INFERENCE,
     ("engine.inference", "engine.rollout"): _INFERENCE,
     ("engine.inference", "engine.vllm_backend"): _INFERENCE,
     ("engine.orchestrator", "engine.distill"): _DISTILL,
-    ("engine.packages", "engine.environments.verifiers_taskset"): "the environments circle; verifiers packages only",
-    ("engine.policy", "engine.distributed"): "the distributed ↔ policy circle",
     ("engine.reporter", "engine.egress"): "only the HTTP transport goes through the egress relay (httpx)",
     ("engine.reporter", "labsdk._http"): _REPORTER,
     ("engine.reporter", "labsdk.errors"): _REPORTER,
     ("engine.reporter", "labsdk.retry"): _REPORTER,
-    ("engine.roles", "engine.policy"): "peft: the trainer role publishes, the orchestrator role loads roles too",
     ("engine.trainer", "engine.distill"): _DISTILL,
     ("engine.trainer", "engine.remote_inference"): "a separate inference role only: it brings httpx",
     ("engine.trainer", "engine.roles"): "split roles only (shared_dir): roles brings httpx and the package installer",

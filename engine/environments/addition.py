@@ -6,7 +6,7 @@ import random
 import re
 
 from engine.catalog import list_environments
-from engine.environments import Environment, InvalidEnvironment, Example, RewardFunction
+from engine.environments.base import Environment, Example, InvalidEnvironment, RewardFunction
 
 _INTEGER = re.compile(r"-?\d+")
 

@@ -6,7 +6,7 @@ import random
 import string
 
 from engine.catalog import list_environments
-from engine.environments import Environment, InvalidEnvironment, Example, RewardFunction
+from engine.environments.base import Environment, Example, InvalidEnvironment, RewardFunction
 
 
 def longest_common_subsequence(a: str, b: str) -> int:

@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 
 from engine.catalog import EnvironmentInfo
-from engine.environments import Environment, EnvironmentFailed, Example, InvalidEnvironment, RewardFunction, Scores
+from engine.config import environment
+from engine.environments.base import Environment, EnvironmentFailed, Example, InvalidEnvironment, RewardFunction, Scores
 
 logger = logging.getLogger("engine")
 
@@ -73,7 +74,7 @@ class BridgeFailed(RuntimeError):
 def verifiers_python(environ=None) -> Path:
     """Return the verifiers environment's Python (``LAB_ENGINE_VERIFIERS_PYTHON``, else
     ``<repository>/.venv-verifiers/bin/python``)."""
-    value = (os.environ if environ is None else environ).get(PYTHON_VARIABLE)
+    value = (environment() if environ is None else environ).get(PYTHON_VARIABLE)
     return Path(value) if value else DEFAULT_PYTHON
 
 
@@ -85,7 +86,7 @@ def bridge_environment(environ=None, *, home: Path | None = None) -> dict[str, s
     (``~/.cache/verifiers``: prepared chat programs, rollout working directories, rate-limit
     locks), so the engine gives it a directory of the attempt's work dir, private to the job and
     writable in a pod whose own home is not."""
-    source = os.environ if environ is None else environ
+    source = environment() if environ is None else environ
     env = {name: source[name] for name in _BRIDGE_ENV_NAMES if name in source}
     env.update({name: value for name, value in source.items() if name.startswith("LC_")})
     env.update(_BRIDGE_ENV_FIXED)

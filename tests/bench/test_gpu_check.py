@@ -84,7 +84,7 @@ def test_without_cuda_it_says_it_did_not_run_and_exits_0(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("lora_rank", [16, 0])
 def test_it_builds_the_same_spec_without_labsdk(lora_rank):
-    from engine.trainer import EngineConfig
+    from engine.config import EngineConfig
 
     gpu_check = load_gpu_check()
     job = gpu_check.job_spec(gpu_check.SMOKE_MODEL_ID, steps=3, lora_rank=lora_rank, batch_size=8, rollouts_per_example=4,

@@ -181,7 +181,7 @@ def engine_config(spec: dict, **engine_settings):
     """Return an EngineConfig for ``spec`` (validated by labsdk.spec) and engine settings."""
     from labsdk.spec import parse_spec
 
-    from engine.trainer import EngineConfig
+    from engine.config import EngineConfig
 
     return EngineConfig(spec=parse_spec(spec).spec, **engine_settings)
 

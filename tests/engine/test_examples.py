@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.cli import load_config
+from engine.commands.attempt import load_config
 
 from .conftest import REPO_ROOT
 

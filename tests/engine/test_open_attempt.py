@@ -9,7 +9,8 @@ import json
 import pytest
 from werkzeug import Response
 
-from engine import cli
+from engine.commands import attempt
+from engine.commands.common import EXIT_INVALID, EXIT_STOPPED
 from engine.reporter import AttemptRefused, IngestError, open_attempt
 
 PATH = "/api/v1/ingest/jobs/job_1/attempts"
@@ -60,7 +61,7 @@ def test_the_cli_takes_the_attempt_and_resume_point_from_the_grant(httpserver, m
     monkeypatch.setenv("LAB_JOBSET_NAME", "js")
     args = argparse.Namespace(lab_url=httpserver.url_for(""), job_id="job_1", attempt=1, resume_from=None)
 
-    assert cli._open_attempt(args, "ljb_boot") == "ljt_2.sig"
+    assert attempt.open_attempt_of(args, "ljb_boot") == "ljt_2.sig"
     assert (args.attempt, args.resume_from) == (2, "ckpt_abc")
 
 
@@ -73,13 +74,13 @@ def test_the_cli_installs_the_environment_packages_of_the_grant_not_the_secrets(
     monkeypatch.setenv("LAB_JOB_ENVIRONMENT_PACKAGES", json.dumps([{**fresh[0], "url": "https://store/expired"}]))
     args = argparse.Namespace(lab_url=httpserver.url_for(""), job_id="job_1", attempt=1, resume_from=None)
 
-    assert cli._open_attempt(args, "ljb_boot") == "ljt_2.sig"
+    assert attempt.open_attempt_of(args, "ljb_boot") == "ljt_2.sig"
     from engine.packages import packages_from_environment
 
     assert [package.url for package in packages_from_environment()] == ["https://store/fresh"]
 
 
-@pytest.mark.parametrize(("answer", "code"), [(None, cli.EXIT_INVALID), ({"status": 409, "code": "invalid_state"}, cli.EXIT_STOPPED)])
+@pytest.mark.parametrize(("answer", "code"), [(None, EXIT_INVALID), ({"status": 409, "code": "invalid_state"}, EXIT_STOPPED)])
 def test_the_cli_exits_without_an_attempt_to_run(httpserver, monkeypatch, answer, code):
     if answer is None:
         monkeypatch.delenv("LAB_POD_UID", raising=False)
@@ -90,4 +91,4 @@ def test_the_cli_exits_without_an_attempt_to_run(httpserver, monkeypatch, answer
     monkeypatch.setenv("LAB_JOBSET_NAME", "js")
     args = argparse.Namespace(lab_url=httpserver.url_for(""), job_id="job_1", attempt=1, resume_from=None)
 
-    assert cli._open_attempt(args, "ljb_boot") == code
+    assert attempt.open_attempt_of(args, "ljb_boot") == code

@@ -165,7 +165,8 @@ def test_a_checkpoint_whose_bytes_differ_from_labs_sha256_is_never_unpacked_and_
 
     import pytest
 
-    from engine.cli import ConfigError, _resume_dir
+    from engine.commands.attempt import resume_checkpoint
+    from engine.config import ConfigError
     from engine.reporter import IngestError
 
     buffer = io.BytesIO()
@@ -182,7 +183,7 @@ def test_a_checkpoint_whose_bytes_differ_from_labs_sha256_is_never_unpacked_and_
     assert refused.value.retryable is False
     assert list((tmp_path / "fetched").iterdir()) == []
     with pytest.raises(ConfigError) as failed:
-        _resume_dir("ckpt_1", tmp_path / "work", transport)
+        resume_checkpoint("ckpt_1", tmp_path / "work", transport)
     transport.close()
     found = hashlib.sha256(buffer.getvalue()).hexdigest()
     assert (failed.value.code, str(failed.value)) == (

@@ -8,10 +8,11 @@ import json
 import pytest
 import torch
 
-from engine.cli import ConfigError, load_config
+from engine.commands.attempt import load_config
+from engine.config import ConfigError, lora_rank_bound, weights_format
 from engine.models import tiny_random_llama
 from engine.policy import PolicyAdapter, is_adapter_dir, make_trainable, policy_adapter, policy_weights, takes_adapter
-from engine.vllm_backend import lora_rank_bound, merged_adapter_weights, weights_format
+from engine.vllm_backend import merged_adapter_weights
 
 from .conftest import write_spec
 

@@ -1,0 +1,151 @@
+"""Where an attempt starts from: its configuration (the spec checked against the catalogues,
+engine.config's settings), the attempt Lab opens for a pod, and the checkpoint it resumes or
+starts from (a directory, a .tar, or a checkpoint id fetched from Lab)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+import torch
+from labsdk.spec import SpecError, catalog_problems, load_spec_file
+
+from engine.catalog import EnvironmentInfo, list_environments, list_models
+from engine.checkpoints import STATE_DIR, extract_tar
+from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_STOPPED, one_line
+from engine.config import PACKAGES_VARIABLE, ConfigError, engine_config, set_variable, setting
+from engine.reporter import AttemptRefused, IngestError, open_attempt
+
+
+def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None, *, elsewhere: frozenset[str] = frozenset()):
+    """Read and check the spec against the catalogues; return (EngineConfig, warnings).
+
+    `elsewhere`: ids of uploaded environments another role loads (the trainer role's job's
+    packages, which it never imports): they count as installed, with the arguments the spec
+    gives them (the orchestrator role checks those when it loads them).
+    The engine settings come from the environment (engine.config.engine_config); this sets
+    torch's intra-op threads as `LAB_ENGINE_THREADS` says (on CPU by default half the cores, so
+    that with overlap the sampler and the trainer each get their own; a shared 2-core machine
+    measured several times slower with two threads per op than with one).
+    Raises ConfigError with a one-line message for anything that makes the job invalid.
+    """
+    try:
+        parsed = load_spec_file(spec_path)
+    except OSError as error:
+        raise ConfigError(f"cannot read spec {spec_path}: {error.strerror or error}") from None
+    except SpecError as error:
+        raise ConfigError(f"invalid spec: {error}") from None
+    installed = list_environments()
+    declared: dict[str, EnvironmentInfo] = {}
+    for env in [*parsed.spec.env, *(parsed.spec.eval.env or [])]:
+        if env.id in elsewhere and env.id not in installed:
+            info = declared.setdefault(env.id, EnvironmentInfo(env.id, env.id, "loaded by the orchestrator role"))
+            info.args.update(getattr(env, "args", None) or {})
+    environments = {**installed, **declared}
+    problems = catalog_problems(parsed.spec, models=list_models(model_dir), environments=environments)
+    if problems:
+        first = problems[0]
+        code = {"unknown_model": "model_not_found", "unknown_environment": "environment_error"}.get(first.code, "invalid_spec")
+        raise ConfigError("; ".join(f"{p.param}: {p.message}" for p in problems), code)
+    config, threads = engine_config(parsed.spec)
+    if threads <= 0 and not torch.cuda.is_available():
+        threads = max(1, (os.cpu_count() or 2) // 2)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return config, parsed.warnings
+
+
+def on_main_rank(parallel, produce):
+    """Return `produce()` as rank 0 computed it, on every rank (every rank must call it; under
+    torchrun the ranks share one node's file system, so a path rank 0 returns is every rank's).
+    Raises the ConfigError rank 0's `produce` raised, on every rank."""
+    if parallel.world_size == 1:
+        return produce()
+    result, refusal = None, None
+    if parallel.is_main:
+        try:
+            result = produce()
+        except ConfigError as error:
+            refusal = (str(error), error.code)
+    result, refusal = parallel.broadcast((result, refusal))
+    if refusal is not None:
+        raise ConfigError(*refusal)
+    return result
+
+
+def resume_checkpoint(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
+    """Return the directory of the checkpoint to resume from: a local directory or .tar, or a
+    checkpoint id (ckpt_...) of this job fetched from Lab (archives in an object store)."""
+    if value.startswith("ckpt_"):
+        return fetch_checkpoint(value, workdir / "resume", transport, "--resume-from", "internal_error")
+    path = pathlib.Path(value)
+    if path.is_dir():
+        if not (path / STATE_DIR / "state.json").is_file():
+            raise ConfigError(f"--resume-from {path} is not a checkpoint (no {STATE_DIR}/state.json)", "internal_error")
+        return path
+    if path.is_file():
+        target = workdir / "resume" / path.stem
+        return extract_tar(path, target)
+    raise ConfigError(f"--resume-from {path} does not exist", "internal_error")
+
+
+def fetch_checkpoint(checkpoint_id: str, root: pathlib.Path, transport, what: str, code: str) -> pathlib.Path:
+    """Download a checkpoint's archive from Lab with the job token, unpack it under `root`,
+    and return the directory. A refusal (not found, not ready) is a ConfigError with `code`;
+    Lab or storage being away is an IngestError (a crash, so Lab tries the attempt again)."""
+    archive = root / f"{checkpoint_id}.tar"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        transport.download_checkpoint(checkpoint_id, archive)
+    except IngestError as error:
+        if error.retryable:
+            raise
+        raise ConfigError(f"{what} {checkpoint_id}: cannot fetch it: {one_line(error)}", code) from None
+    try:
+        return extract_tar(archive, root / checkpoint_id)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def init_checkpoint(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
+    """Return the directory of the checkpoint to initialise from: a local one, or one fetched
+    from Lab by id through the ingest API (the job token allows the job's ``init_from``)."""
+    if value.startswith("ckpt_"):
+        return fetch_checkpoint(value, workdir / "init", transport, "init_from", "invalid_spec")
+    path = pathlib.Path(value)
+    if path.is_dir():
+        if not (path / STATE_DIR / "state.json").is_file():
+            raise ConfigError(f"--init-from {path} is not a checkpoint (no {STATE_DIR}/state.json)", "invalid_spec")
+        return path
+    if path.is_file():
+        return extract_tar(path, workdir / "init" / path.stem)
+    raise ConfigError(f"--init-from {path} does not exist", "invalid_spec")
+
+
+def open_attempt_of(args: argparse.Namespace, bootstrap: str) -> str | int:
+    """Open the attempt this pod runs with the job's bootstrap token (docs/ingest-api.md "Opening
+    an attempt"): set `args.attempt`, `args.resume_from` and the environment packages
+    (`LAB_JOB_ENVIRONMENT_PACKAGES`, whose URLs Lab made afresh) from Lab's answer and return the
+    attempt's job token; or return the exit code when there is none to run (2 without
+    `LAB_POD_UID`/`LAB_JOBSET_NAME`; 3 when Lab refuses: the job ended; 1 when Lab stays away)."""
+    pod_uid, jobset = setting("LAB_POD_UID"), setting("LAB_JOBSET_NAME")
+    if not pod_uid or not jobset:
+        print("engine: LAB_JOB_BOOTSTRAP_TOKEN needs LAB_POD_UID and LAB_JOBSET_NAME", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        grant = open_attempt(args.lab_url, args.job_id, bootstrap, pod_uid=pod_uid, jobset=jobset)
+    except AttemptRefused as error:
+        print(f"engine: {one_line(error)}", file=sys.stderr)
+        return EXIT_STOPPED
+    except IngestError as error:
+        print(f"engine: cannot open an attempt: {one_line(error)}", file=sys.stderr)
+        return EXIT_CRASHED
+    args.attempt, args.resume_from = grant.attempt, grant.resume_from
+    if grant.environment_packages is not None:  # download URLs made now, not at launch
+        set_variable(PACKAGES_VARIABLE, json.dumps(grant.environment_packages, separators=(",", ":")))
+    print(f"engine: attempt {grant.attempt}" + (f", resuming from {grant.resume_from}" if grant.resume_from else ""),
+          file=sys.stderr, flush=True)
+    return grant.token

@@ -1,0 +1,41 @@
+"""What every subcommand of the engine's command line shares: its exit codes (docs/api.md
+"Engine exit codes") and how a role process ends with the engine that started it."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+EXIT_SUCCEEDED = 0
+EXIT_CRASHED = 1
+EXIT_INVALID = 2
+EXIT_STOPPED = 3
+EXIT_OOM = 4
+
+logger = logging.getLogger("engine")
+
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4  # linux/prctl.h
+
+
+def one_line(text: str) -> str:
+    """`text` with every run of whitespace (newlines too) made one space."""
+    return " ".join(str(text).split())
+
+
+def prctl(option: int, value: int) -> None:
+    """Linux `prctl(option, value)`; nothing elsewhere."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):
+        pass
+
+
+def exit_with_parent(parent: int) -> None:
+    """Have Linux end this process when `parent` (the engine that started it) dies, however it
+    dies (SIGTERM on `PR_SET_PDEATHSIG`); exit at once when that engine is already gone."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # not Linux: the engine's own stop still ends it
+    if os.getppid() != parent:
+        sys.exit(EXIT_CRASHED)

@@ -1,0 +1,91 @@
+"""`python -m engine orchestrator`: the orchestrator role of an attempt, sampling and scoring the
+trainer role's batches over their shared directory (docs/engine.md "Three roles")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import sys
+import threading
+
+from engine.commands.attempt import load_config
+from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_SUCCEEDED, exit_with_parent, logger, one_line
+from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, parent_pid, set_variable, setting
+from engine.distill import TeacherRefused
+from engine.environments import EnvironmentFailed, InvalidEnvironment
+from engine.models import ModelNotFound, load_prompt_side
+from engine.orchestrator import Orchestrator
+from engine.packages import install_packages, packages_from_environment
+from engine.remote_inference import HttpRolloutBackend
+from engine.roles import OrchestratorRole
+
+
+def serve_orchestrator(args: argparse.Namespace) -> int:
+    """Run the orchestrator role (engine/roles.py) until the trainer's session ends; return the
+    exit code: 0, or 2 (invalid spec or environment) / 1 (crash) after recording the failure
+    in the session for the trainer to report."""
+    shared, url = setting("LAB_ENGINE_SHARED_DIR"), setting("LAB_ENGINE_INFERENCE_URL")
+    if not shared or not url:
+        print("engine: the orchestrator role needs LAB_ENGINE_SHARED_DIR and LAB_ENGINE_INFERENCE_URL", file=sys.stderr)
+        return EXIT_INVALID
+    parent = parent_pid()
+    if parent:  # started by `python -m engine run`: end with it
+        exit_with_parent(parent)
+
+    def orphaned() -> bool:
+        return bool(parent) and os.getppid() != parent
+
+    stopping = threading.Event()
+
+    def request_stop(signum, frame):  # the trainer ends the attempt; a stop only ends waiting for it
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    root = pathlib.Path(shared)
+    workdir = args.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    role = OrchestratorRole(root, None, stopping=stopping, parent_pid=parent)
+    orchestrator = backend = None
+    try:
+        try:
+            session = role.wait_for_session()
+            if session is None:  # stopped before the trainer started
+                return EXIT_SUCCEEDED
+            if isinstance(session.get("environment_packages"), list):  # the trainer's, with fresh download URLs
+                set_variable(PACKAGES_VARIABLE, json.dumps(session["environment_packages"], separators=(",", ":")))
+            install_packages(packages_from_environment(), workdir)
+            model_dir = default_model_dir()
+            config, _ = load_config(args.spec, model_dir)  # the trainer reports the spec's warnings
+            side = load_prompt_side(config.spec.model, model_dir)
+            backend = HttpRolloutBackend(url, model_id=config.spec.model)
+            orchestrator = Orchestrator(config, side.tokenizer, side.stop_token_ids, side.context_length, backend=backend)
+            orchestrator.setup()
+            role.orchestrator = orchestrator
+            return role.run()
+        except ModelNotFound as error:
+            raise ConfigError(str(error), "model_not_found") from None
+        except (InvalidEnvironment, EnvironmentFailed) as error:
+            raise ConfigError(str(error), "environment_error") from None
+        except TeacherRefused as error:
+            raise ConfigError(str(error), "invalid_spec") from None
+    except ConfigError as error:
+        code, exit_code, message = error.code, EXIT_INVALID, one_line(error)
+    except Exception as error:
+        logger.exception("the orchestrator role crashed")
+        code, exit_code, message = "internal_error", EXIT_CRASHED, one_line(repr(error))[:500]
+    finally:
+        if orchestrator is not None:
+            orchestrator.close()
+        if backend is not None:
+            backend.close()
+        if orphaned():  # the run that made the directory died: clear up for it, however this role
+            shutil.rmtree(root, ignore_errors=True)  # ended (its inference may have gone first)
+    print(f"engine: {message}", file=sys.stderr, flush=True)
+    if not orphaned():
+        role.fail(exit_code=exit_code, code=code, message=message)
+    return exit_code

@@ -1,0 +1,245 @@
+"""`python -m engine run` and `python -m engine trainer`: one attempt of a job, reporting to Lab
+(or, `--offline`, under its work dir), with the roles it runs beside its trainer."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+from engine.commands.attempt import init_checkpoint, load_config, on_main_rank, open_attempt_of, resume_checkpoint
+from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_OOM, EXIT_STOPPED, EXIT_SUCCEEDED, logger, one_line
+from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, set_variable, setting
+from engine.distill import TeacherRefused
+from engine.distributed import DataParallel
+from engine.environments import EnvironmentFailed, InvalidEnvironment
+from engine.models import ModelNotFound
+from engine.packages import install_packages, packages_from_environment
+from engine.remote_inference import start_inference_role, stop_process
+from engine.reporter import HttpTransport, OfflineTransport, Reporter, ReporterLogHandler
+from engine.roles import RoleFailed, SharedDirRollouts, start_orchestrator_role
+from engine.spool import attempt_spool_dir
+from engine.trainer import Trainer
+
+
+def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
+    """Run one attempt (`run`, or the trainer role: `trainer`) with the job's `credentials`
+    (`_guard_credentials`); return the exit code."""
+    workdir = args.workdir.resolve()
+    parallel = DataParallel.from_environment()
+    # On the Kubernetes pool a pod opens its attempt with the job's bootstrap token (rank 0's to do).
+    bootstrap = "" if args.offline else credentials.get("LAB_JOB_BOOTSTRAP_TOKEN", "")
+    if not parallel.is_main:
+        # Under torchrun rank 0 alone reports to Lab; the other ranks keep what they would
+        # report, offline, in a work dir of their own (engine/distributed.py).
+        workdir, args.offline = workdir / "ranks" / f"rank-{parallel.rank}", True
+    workdir.mkdir(parents=True, exist_ok=True)
+    stop_event = threading.Event()
+
+    def request_stop(signum, frame):  # no logging here: its locks could be held by the interrupted code
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    token = credentials.get("LAB_JOB_TOKEN", "")
+    if bootstrap:  # a pod on the Kubernetes pool: Lab says which attempt it runs
+        opened = open_attempt_of(args, bootstrap) if parallel.is_main else None
+        # Under torchrun the other ranks train the attempt rank 0 opened, from the same checkpoint.
+        args.attempt, args.resume_from, packages, code = parallel.broadcast((
+            args.attempt, args.resume_from, setting(PACKAGES_VARIABLE) or None, opened if isinstance(opened, int) else None,
+        ))
+        if code is not None:
+            return code
+        if packages is not None:
+            set_variable(PACKAGES_VARIABLE, packages)
+        token = opened if parallel.is_main else ""
+    if not args.offline and not token:
+        print("engine: LAB_JOB_TOKEN is not set (or pass --offline)", file=sys.stderr)
+        return EXIT_INVALID
+    transport = OfflineTransport(workdir) if args.offline else HttpTransport(args.lab_url, args.job_id, token)
+    reporter = Reporter(transport, job_id=args.job_id, attempt=args.attempt, spool_dir=attempt_spool_dir(workdir, args.attempt))
+    reporter.start()
+    handler = ReporterLogHandler(reporter)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    # Reporting to Lab, the engine's records go to Lab only: the local launcher stores what the
+    # process writes to stdout/stderr as job logs too, and each line would show twice.
+    logger.propagate = args.offline
+
+    roles = _LocalRoles()
+
+    def finish_attempt(code: int, outcome: str, error: dict | None) -> int:
+        timeout = float(setting("LAB_ENGINE_FLUSH_TIMEOUT", "60"))
+        # An invalid job has little to flush; do not hold its exit for long if Lab is away.
+        reporter.close(outcome, error, timeout=min(timeout, 10.0) if code == EXIT_INVALID else timeout)
+        roles.close(code)
+        parallel.close()
+        logger.removeHandler(handler)
+        logger.propagate = True
+        return code
+
+    try:
+        model_dir = default_model_dir()
+        try:
+            packages = packages_from_environment()
+            # The trainer role never imports environment code: its orchestrator role loads the packages.
+            elsewhere = roles.mode(args) != "local"
+            if not elsewhere:  # before the spec check: the catalogue then knows the job's uploaded environments
+                install_packages(packages, workdir)
+        except InvalidEnvironment as error:
+            raise ConfigError(str(error), "environment_error") from None
+        config, warnings = load_config(args.spec, model_dir, elsewhere=frozenset(p.id for p in packages) if elsewhere else frozenset())
+        for warning in warnings:
+            logger.warning("spec: %s", warning)
+        config = roles.configure(args, config, workdir, parallel)
+        if args.offline:
+            logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
+        # Rank 0 fetches a checkpoint from Lab; the other ranks (offline) read its copy.
+        resume_dir = on_main_rank(parallel, lambda: resume_checkpoint(args.resume_from, workdir, transport) if args.resume_from else None)
+        # A resume carries the trained weights on; the init checkpoint only seeds a fresh start.
+        init_value = None if resume_dir is not None else (args.init_from or config.spec.init_from)
+        init_dir = on_main_rank(parallel, lambda: init_checkpoint(init_value, workdir, transport) if init_value else None)
+
+        trainer = roles.trainer = Trainer(
+            config=config, workdir=workdir, reporter=reporter, stop_event=stop_event, model_dir=model_dir, parallel=parallel,
+            orchestrator_process=roles.orchestrator,
+        )
+        started = time.perf_counter()
+        try:
+            trainer.setup()
+        except ModelNotFound as error:
+            raise ConfigError(str(error), "model_not_found") from None
+        except InvalidEnvironment as error:
+            raise ConfigError(str(error), "environment_error") from None
+        except TeacherRefused as error:
+            raise ConfigError(str(error), "invalid_spec") from None
+        if init_dir is not None:
+            try:
+                trainer.initialize_from(init_dir)
+            except (ValueError, KeyError, FileNotFoundError) as error:
+                raise ConfigError(f"cannot start from {init_value}: {one_line(error)}", "invalid_spec") from None
+        if resume_dir is not None:
+            try:
+                trainer.resume(resume_dir)
+            except (ValueError, KeyError, FileNotFoundError) as error:
+                raise ConfigError(f"cannot resume from {args.resume_from}: {one_line(error)}", "internal_error") from None
+        logger.info(
+            "loaded %s in %.1fs; training steps %d..%d",
+            config.spec.model, time.perf_counter() - started, trainer.start_step, config.spec.max_steps,
+        )
+        try:
+            outcome = trainer.run()
+        except TeacherRefused as error:  # e.g. the teacher's key was revoked mid-run
+            raise ConfigError(str(error), "invalid_spec") from None
+        except EnvironmentFailed as error:  # the environment's own code raised, past its [[env]] retries
+            raise ConfigError(str(error), "environment_error") from None
+        finally:
+            trainer.close()
+    except RoleFailed as error:  # the orchestrator role's failure, reported as its exit code says
+        message = one_line(error)
+        print(f"engine: {message}", file=sys.stderr, flush=True)
+        reporter.log(f"engine: {message}", "stderr")
+        code = error.exit_code if error.exit_code in (EXIT_INVALID, EXIT_OOM) else EXIT_CRASHED
+        return finish_attempt(code, "failed", {"code": error.code if code != EXIT_CRASHED else "internal_error", "message": message})
+    except ConfigError as error:
+        message = one_line(error)
+        print(f"engine: {message}", file=sys.stderr, flush=True)
+        reporter.log(f"engine: {message}", "stderr")
+        return finish_attempt(EXIT_INVALID, "failed", {"code": error.code, "message": message})
+    except (MemoryError, oom_error()) as error:
+        message = f"out of memory: {one_line(error)[:500]}"
+        print(f"engine: {message}", file=sys.stderr, flush=True)
+        reporter.log(f"engine: {message}", "stderr")
+        return finish_attempt(EXIT_OOM, "failed", {"code": "oom", "message": message})
+    except Exception as error:
+        logger.exception("engine crashed")
+        return finish_attempt(EXIT_CRASHED, "failed", {"code": "internal_error", "message": one_line(repr(error))[:500]})
+    if outcome == "stopped":
+        return finish_attempt(EXIT_STOPPED, "stopped", None)
+    return finish_attempt(EXIT_SUCCEEDED, "succeeded", None)
+
+
+class _LocalRoles:
+    """The roles an attempt runs beside its trainer: none (`run`, one process), the trainer
+    role's orchestrator elsewhere (`trainer`, LAB_ENGINE_SHARED_DIR), or, with
+    `LAB_ENGINE_ROLES=process`, an inference and an orchestrator role this run starts."""
+
+    def __init__(self) -> None:
+        self.trainer = None
+        self.orchestrator = None
+        self.inference = None
+        self.temporary: pathlib.Path | None = None
+
+    @staticmethod
+    def mode(args: argparse.Namespace) -> str:
+        """How this process runs: "trainer" (the trainer role), "process" (`run` starting the
+        other roles: LAB_ENGINE_ROLES=process) or "local" (one process). Raises ConfigError for
+        another LAB_ENGINE_ROLES."""
+        if args.command == "trainer":
+            return "trainer"
+        mode = setting("LAB_ENGINE_ROLES", "local")
+        if mode not in ("local", "process"):
+            raise ConfigError(f"LAB_ENGINE_ROLES must be local or process, not {mode!r}", "internal_error")
+        return mode
+
+    def configure(self, args: argparse.Namespace, config, workdir: pathlib.Path, parallel):
+        """Return `config` with the shared directory of the trainer role, starting the other
+        roles first for `LAB_ENGINE_ROLES=process` (under torchrun rank 0 starts them, and the
+        other ranks train on the same shared directory). Raises ConfigError for a bad setting."""
+        mode = self.mode(args)
+        if mode == "trainer":
+            shared = setting("LAB_ENGINE_SHARED_DIR")
+            if not shared:
+                raise ConfigError("the trainer role needs LAB_ENGINE_SHARED_DIR (docs/engine.md)", "internal_error")
+            return dataclasses.replace(config, shared_dir=shared)
+        if mode == "local":
+            return config
+        if not parallel.is_main:
+            return dataclasses.replace(config, shared_dir=parallel.broadcast(None), inference="")
+        shm = pathlib.Path("/dev/shm")
+        self.temporary = pathlib.Path(tempfile.mkdtemp(
+            prefix=f"lab-engine-{args.job_id}-{args.attempt}-", dir=str(shm) if shm.is_dir() else str(workdir),
+        ))
+        url = config.inference if config.inference.startswith(("http://", "https://")) else None
+        if url is None:
+            url, self.inference = start_inference_role(
+                config.spec.model, backend=config.rollout_backend, workdir=workdir / "inference",
+                max_lora_rank=config.vllm_max_lora_rank,
+            )
+        self.orchestrator = start_orchestrator_role(
+            ["--spec", str(args.spec.resolve()), "--job-id", args.job_id, "--attempt", str(args.attempt),
+             "--workdir", str(workdir / "orchestrator"), "--offline"],
+            workdir=workdir / "orchestrator", shared_dir=self.temporary, inference_url=url,
+        )
+        logger.info("roles: inference at %s, orchestrator pid %d, shared directory %s", url, self.orchestrator.pid, self.temporary)
+        return dataclasses.replace(config, shared_dir=parallel.broadcast(str(self.temporary)), inference="")
+
+    def close(self, code: int) -> None:
+        """Record the trainer's end for its orchestrator, then stop what this run started."""
+        rollouts = getattr(self.trainer, "rollouts", None)
+        if isinstance(rollouts, SharedDirRollouts):
+            rollouts.write_exit(code)
+        if self.orchestrator is not None:
+            try:
+                self.orchestrator.wait(timeout=10)  # it exits once it has read the trainer's end
+            except subprocess.TimeoutExpired:
+                pass
+        stop_process(self.orchestrator)
+        stop_process(self.inference)
+        if self.temporary is not None:
+            shutil.rmtree(self.temporary, ignore_errors=True)
+
+
+def oom_error() -> type[BaseException]:
+    return getattr(torch, "OutOfMemoryError", MemoryError)

@@ -1,0 +1,75 @@
+"""The engine's floor plan (engine/README.md): one reading of the environment, modules of one role.
+
+Both tests parse the engine's modules (nothing is imported) and report every offending place at once.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
+
+#: The modules that may read or write the process environment: the engine's configuration, its
+#: command line, and the verifiers bridge, a program of its own run with the verifiers
+#: environment's Python (`python -I`), which never imports the engine.
+ENVIRONMENT_READERS = {"config.py", "cli.py", "environments/verifiers_bridge.py"}
+
+#: The environment functions of `os` besides `os.environ` itself.
+_OS_ENVIRONMENT_CALLS = {"getenv", "putenv", "unsetenv", "getenvb", "environb"}
+
+#: Modules allowed over `MAX_LINES`, with the reason they stay whole.
+LONG_MODULES = {
+    "environments/verifiers_bridge.py": "one program run as `python -I verifiers_bridge.py`: it can import no module beside it",
+    "reporter.py": "to split: the ingest transports from the spool-and-send reporter",
+    "roles.py": "to split: the trainer role's side from the orchestrator role's",
+    "trainer.py": "to split: the in-process rollout source from the training loop",
+}
+MAX_LINES = 500
+
+
+def _engine_modules() -> list[Path]:
+    return sorted(ENGINE.rglob("*.py"))
+
+
+def environment_uses(path: Path) -> list[int]:
+    """Return the lines of `path` that touch the process environment through `os`: `os.environ`,
+    `os.getenv()` and the like, or a name imported from `os` for it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
+            if node.attr == "environ" or node.attr in _OS_ENVIRONMENT_CALLS:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            if any(alias.name == "environ" or alias.name in _OS_ENVIRONMENT_CALLS for alias in node.names):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_only_the_config_and_the_command_line_read_the_environment():
+    found = [
+        f"engine/{path.relative_to(ENGINE).as_posix()}:{line}"
+        for path in _engine_modules()
+        if path.relative_to(ENGINE).as_posix() not in ENVIRONMENT_READERS
+        for line in environment_uses(path)
+    ]
+    assert not found, "read the environment through engine.config instead: " + ", ".join(found)
+
+
+def test_the_check_finds_every_way_of_reading_the_environment(tmp_path):
+    module = tmp_path / "module.py"
+    module.write_text(
+        "import os\nfrom os import environ\n\nA = os.environ.get('A')\nB = os.getenv('B')\nos.environ['C'] = '1'\n"
+        "D = {**os.environ}\nE = 'os.environ in a string'\n"
+    )
+    assert environment_uses(module) == [2, 4, 5, 6, 7]
+
+
+def test_no_engine_module_is_longer_than_500_lines_but_the_listed_ones():
+    lengths = {path.relative_to(ENGINE).as_posix(): len(path.read_text(encoding="utf-8").splitlines()) for path in _engine_modules()}
+    print({name: lines for name, lines in sorted(lengths.items(), key=lambda item: -item[1])[:8]})
+    long = sorted(f"engine/{name} ({lines} lines)" for name, lines in lengths.items() if lines > MAX_LINES and name not in LONG_MODULES)
+    assert not long, "split by responsibility, or list with the reason in LONG_MODULES: " + ", ".join(long)
+    stale = sorted(name for name in LONG_MODULES if lengths.get(name, 0) <= MAX_LINES)
+    assert not stale, f"no longer over {MAX_LINES} lines: remove from LONG_MODULES: {', '.join(stale)}"
