@@ -16,6 +16,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
+from lab.errors import LabError
 from lab.models import Membership, Organization, Project, Role, User
 
 
@@ -141,3 +142,11 @@ def last_project(request) -> tuple[str, str] | None:
         organization__slug=org_slug, slug=project_slug, organization__memberships__user=request.user
     ).exists()
     return (org_slug, project_slug) if still else None
+
+
+def refusal_message(error: LabError) -> str:
+    """Return the message a page shows for a service's refusal; a ``permission_denied`` one raises
+    ``PermissionDenied`` instead, which Django answers with the 403 page."""
+    if error.code == "permission_denied":
+        raise PermissionDenied(error.message)
+    return error.message

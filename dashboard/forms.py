@@ -1,6 +1,6 @@
 """Dashboard forms: they check the shape of the input; the services in ``lab.services`` decide the rest.
 
-A service refuses bad input with ``ValidationError``; :func:`add_service_errors` puts its messages on
+A service refuses bad input with ``lab.errors.LabError``; :func:`add_service_errors` puts its messages on
 the form's fields (or on the form as a whole) so the page shows them next to what was typed.
 """
 
@@ -14,26 +14,30 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from labsdk.spec import SpecError, decode_spec
 
+from dashboard.access import refusal_message
 from dashboard.spec_editor import param_line
 from jobs.webhooks.events import WEBHOOK_EVENT_TYPES
 from lab import lockout
+from lab.errors import LabError
 from lab.models import ApiKeyScope, Role, User
 from lab.services import invitation_accept, organization_create, user_sign_up
 
 
-def add_service_errors(form: forms.Form, error: ValidationError, field_names: dict[str, str] | None = None) -> None:
-    """Add the messages of a service's ``ValidationError`` to ``form``.
+def add_service_errors(form: forms.Form, error: LabError, field_names: dict[str, str] | None = None) -> None:
+    """Add the messages of a service's ``LabError`` to ``form``.
 
     ``field_names`` maps a service's field name to the form's (``{"name": "organization_name"}``);
-    a field the form does not have, and an error without fields, become non-field errors.
+    a field the form does not have, and an error without fields, become non-field errors. A
+    ``permission_denied`` refusal raises ``PermissionDenied`` (the 403 page).
     """
     field_names = field_names or {}
-    if not hasattr(error, "error_dict"):
-        form.add_error(None, error.messages)
+    message = refusal_message(error)
+    if not error.errors:
+        form.add_error(None, message)
         return
-    for field, errors in error.message_dict.items():
-        name = field_names.get(field, field)
-        form.add_error(name if name in form.fields else None, errors)
+    for problem in error.errors:
+        name = field_names.get(problem.param or "", problem.param)
+        form.add_error(name if name in form.fields else None, problem.message)
 
 
 class SignUpForm(forms.Form):
@@ -59,7 +63,7 @@ class SignUpForm(forms.Form):
     def save(self) -> User:
         """Create the user and then its organization, or accept the invitation, in one transaction.
 
-        Raises ValidationError from the services; nothing is created then.
+        Raises LabError from the services; nothing is created then.
         """
         with transaction.atomic():
             user = user_sign_up(email=self.cleaned_data["email"], password=self.cleaned_data["password"])
@@ -69,8 +73,8 @@ class SignUpForm(forms.Form):
                 organization_create(user=user, name=self.cleaned_data["organization_name"])
         return user
 
-    def add_service_errors(self, error: ValidationError) -> None:
-        """Show a service's ValidationError on this form."""
+    def add_service_errors(self, error: LabError) -> None:
+        """Show a service's LabError on this form."""
         add_service_errors(self, error, {"name": "organization_name"})
 
 

@@ -12,13 +12,12 @@ from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render, resolve_url
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dashboard.access import OrganizationAccess, last_project, organization_view, project_view
+from dashboard.access import OrganizationAccess, last_project, organization_view, project_view, refusal_message
 from dashboard.forms import (
     ApiKeyCreateForm,
     InvitationCreateForm,
@@ -32,6 +31,7 @@ from dashboard.forms import (
 from lab import lockout, services
 from lab.api.errors import lab_error_body, not_found
 from lab.audit import Actor
+from lab.errors import LabError
 from lab.models import ApiKey, Invitation, Membership, Project, Role
 
 AUDIT_LOG_PAGE_SIZE = 50
@@ -163,7 +163,7 @@ def sign_up(request: HttpRequest) -> HttpResponse:
         except lockout.Refused as locked_out:
             refusal = locked_out
             form.add_error(None, refusal.message)
-        except ValidationError as error:
+        except LabError as error:
             form.add_service_errors(error)
         else:
             login(request, user)
@@ -191,8 +191,8 @@ def invitation_detail(request: HttpRequest, token: str) -> HttpResponse:
             return redirect_to_login(request.get_full_path())
         try:
             membership = services.invitation_accept(token=token, user=request.user)
-        except ValidationError as error:
-            problem, status = " ".join(error.messages), 400
+        except LabError as error:
+            problem, status = error.message, 400
         else:
             messages.success(request, f"You joined {membership.organization.name} as {membership.role}.")
             return redirect("organization", org_slug=membership.organization.slug)
@@ -223,7 +223,7 @@ def organization_create(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             organization = services.organization_create(user=request.user, name=form.cleaned_data["name"])
-        except ValidationError as error:
+        except LabError as error:
             add_service_errors(form, error)
         else:
             messages.success(request, f"Created {organization.name}.")
@@ -279,7 +279,7 @@ def project_create(request: HttpRequest, access: OrganizationAccess) -> HttpResp
                 name=form.cleaned_data["name"],
                 slug=form.cleaned_data["slug"] or None,
             )
-        except ValidationError as error:
+        except LabError as error:
             add_service_errors(form, error)
         else:
             messages.success(request, f"Created project {project.name}.")
@@ -302,7 +302,7 @@ def invitation_create(request: HttpRequest, access: OrganizationAccess) -> HttpR
                 role=form.cleaned_data["role"],
                 accept_url_base=request.build_absolute_uri("/"),
             )
-        except ValidationError as error:
+        except LabError as error:
             add_service_errors(form, error)
         else:
             messages.success(request, f"Invited {invitation.email} as {invitation.role}.")
@@ -347,8 +347,8 @@ def membership_role(request: HttpRequest, access: OrganizationAccess, membership
             _, revoked = services.membership_set_role(
                 actor=_actor(request), membership=membership, role=form.cleaned_data["role"]
             )
-        except ValidationError as error:
-            messages.error(request, " ".join(error.messages))
+        except LabError as error:
+            messages.error(request, refusal_message(error))
         else:
             messages.success(request, f"{membership.user.email} is now {membership.role}{_revoked_keys(revoked)}.")
     return redirect("organization", org_slug=access.organization.slug)
@@ -366,8 +366,8 @@ def membership_remove(request: HttpRequest, access: OrganizationAccess, membersh
         access.require_manager()
     try:
         revoked = services.membership_remove(actor=_actor(request), membership=membership)
-    except ValidationError as error:
-        messages.error(request, " ".join(error.messages))
+    except LabError as error:
+        messages.error(request, refusal_message(error))
         return redirect("organization", org_slug=access.organization.slug)
     if leaving:
         messages.success(request, f"You left {access.organization.name}{_revoked_keys(revoked, whose='you')}.")
@@ -410,7 +410,7 @@ def api_keys(request: HttpRequest, access: OrganizationAccess, project: Project)
                 api_key, plaintext = services.api_key_create(
                     actor=_actor(request), project=project, name=form.cleaned_data["name"], scopes=form.scopes
                 )
-            except ValidationError as error:
+            except LabError as error:
                 add_service_errors(form, error, {"scopes": "access"})
             else:
                 created = {"api_key": api_key, "plaintext": plaintext}

@@ -59,3 +59,15 @@ class LabError(Exception):
 def not_found(what: str = "object") -> LabError:
     """Return the ``not_found`` error used for missing objects and other tenants' objects alike."""
     return LabError("not_found", f"No such {what}.")
+
+
+def invalid(message: str, *, param: str | None = None) -> LabError:
+    """Return the ``invalid_request`` error for bad input: of the field ``param`` (a dotted path),
+    or of the request as a whole when ``param`` is None."""
+    errors = [FieldError(param=param, code="invalid", message=message)] if param else []
+    return LabError("invalid_request", message, errors=errors)
+
+
+def permission_denied(message: str) -> LabError:
+    """Return the ``permission_denied`` error for an actor whose role does not allow the action."""
+    return LabError("permission_denied", message)

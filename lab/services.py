@@ -1,8 +1,8 @@
 """Services for accounts and tenancy: every state change goes through one of these functions.
 
-Each runs in one transaction and writes an audit row (``lab.audit.audit_record``). Permission
-problems raise ``django.core.exceptions.PermissionDenied``; bad input raises
-``django.core.exceptions.ValidationError``.
+Each runs in one transaction and writes an audit row (``lab.audit.audit_record``). Refusals raise
+``lab.errors.LabError``: ``permission_denied`` for an actor who may not do it, ``invalid_request``
+for bad input, with the field concerned as ``param``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
@@ -23,6 +23,7 @@ from django.utils.text import slugify
 
 from engine.catalog import builtin_owners
 from lab.audit import Actor, AuditAction, audit_record
+from lab.errors import FieldError, LabError, invalid, permission_denied
 from lab.ids import sha256_hex
 from lab.models import (
     ApiKey,
@@ -49,28 +50,33 @@ def _normalize_email(email: str) -> str:
     return email
 
 
+def _validate_password(password: str, *, user: User | None) -> None:
+    """Raise ``invalid_request`` (param ``password``) with every reason Django's validators give."""
+    try:
+        validate_password(password, user=user)
+    except ValidationError as exc:
+        problems = [FieldError(param="password", code="invalid", message=message) for message in exc.messages]
+        raise LabError("invalid_request", " ".join(exc.messages), errors=problems) from None
+
+
 def user_sign_up(*, email: str, password: str, name: str = "") -> User:
     """Create a user after validating the email and the password's strength.
 
-    Raises ValidationError (field ``email`` or ``password``) when either is refused, including an
+    Raises ``invalid_request`` (param ``email`` or ``password``) when either is refused, including an
     email already in use.
     """
     try:
         email = _normalize_email(email)
     except ValidationError:
-        raise ValidationError({"email": ["Enter a valid email address."]}) from None
+        raise invalid("Enter a valid email address.", param="email") from None
     if User.objects.filter(email=email).exists():
-        raise ValidationError({"email": ["An account with this email already exists."]})
-    candidate = User(email=email, name=name)
-    try:
-        validate_password(password, user=candidate)
-    except ValidationError as exc:
-        raise ValidationError({"password": exc.messages}) from None
+        raise invalid("An account with this email already exists.", param="email")
+    _validate_password(password, user=User(email=email, name=name))
     try:
         with transaction.atomic():
             return User.objects.create_user(email=email, password=password, name=name)
     except IntegrityError:
-        raise ValidationError({"email": ["An account with this email already exists."]}) from None
+        raise invalid("An account with this email already exists.", param="email") from None
 
 
 def _unique_slug(model: type, base: str, *, reserved: frozenset[str] = frozenset(), **scope: Any) -> str:
@@ -102,17 +108,17 @@ def organization_create(*, user: User, name: str, slug: str | None = None) -> Or
     """Create an organization owned by ``user``, with a first project named ``default``.
 
     Without ``slug`` one is derived from ``name``, skipping taken and reserved ones (``Lab`` is
-    ``lab-2``). Raises ValidationError for an empty name or a reserved ``slug``
+    ``lab-2``). Raises ``invalid_request`` for an empty name or a reserved ``slug``
     (:func:`reserved_organization_slugs`).
     """
     name = name.strip()[:100]
     if not name:
-        raise ValidationError({"name": ["An organization needs a name."]})
+        raise invalid("An organization needs a name.", param="name")
     if slug:
         slug = slugify(slug)[:50]
         problem = organization_slug_problem(slug)
         if problem:
-            raise ValidationError({"slug": [problem]})
+            raise invalid(problem, param="slug")
     organization = Organization.objects.create(
         name=name, slug=slug or _unique_slug(Organization, name, reserved=reserved_organization_slugs())
     )
@@ -133,26 +139,26 @@ def membership_for(*, user: User, organization: Organization) -> Membership | No
 
 
 def _require_manager(actor: Actor, organization: Organization) -> None:
-    """Raise PermissionDenied unless the actor is an owner/admin (or the system)."""
+    """Raise ``permission_denied`` unless the actor is an owner/admin (or the system)."""
     if actor.user is None and actor.api_key is None:
         return
     if actor.user is None:
-        raise PermissionDenied("Only organization owners and admins may do this.")
+        raise permission_denied("Only organization owners and admins may do this.")
     membership = membership_for(user=actor.user, organization=organization)
     if membership is None or not membership.can_manage:
-        raise PermissionDenied("Only organization owners and admins may do this.")
+        raise permission_denied("Only organization owners and admins may do this.")
 
 
 @transaction.atomic
 def project_create(*, actor: Actor, organization: Organization, name: str, slug: str | None = None) -> Project:
-    """Create a project in ``organization``. Raises PermissionDenied for non-managers."""
+    """Create a project in ``organization``. Raises ``permission_denied`` for non-managers."""
     _require_manager(actor, organization)
     name = name.strip()[:100]
     if not name:
-        raise ValidationError({"name": ["A project needs a name."]})
+        raise invalid("A project needs a name.", param="name")
     slug = slugify(slug)[:50] if slug else _unique_slug(Project, name, organization=organization)
     if Project.objects.filter(organization=organization, slug=slug).exists():
-        raise ValidationError({"slug": [f"The project {slug!r} already exists."]})
+        raise invalid(f"The project {slug!r} already exists.", param="slug")
     project = Project.objects.create(organization=organization, name=name, slug=slug)
     audit_record(
         actor=actor, organization=organization, project=project, action=AuditAction.PROJECT_CREATE, target=slug
@@ -178,24 +184,22 @@ def api_key_create(
     creator, the acting user; the system (``bootstrap_tenant``) names one with ``created_by``.
     The creator must be an owner or admin of the project's organization, and the key authenticates
     only while they still are (``ApiKeyQuerySet.authenticating``; docs/api.md "API keys").
-    Raises PermissionDenied for non-managers, ValidationError for unknown scopes, a creator
+    Raises ``permission_denied`` for non-managers, ``invalid_request`` for unknown scopes, a creator
     missing or other than the acting user, or a creator who is not an owner or admin.
     """
     organization = project.organization
     _require_manager(actor, organization)
     scopes = sorted(set(scopes or [ApiKeyScope.READ, ApiKeyScope.WRITE]))
     if not set(scopes) <= set(ApiKeyScope.values) or ApiKeyScope.READ not in scopes:
-        raise ValidationError({"scopes": ["Scopes are ['read'] or ['read', 'write']."]})
+        raise invalid("Scopes are ['read'] or ['read', 'write'].", param="scopes")
     if actor.user is not None and created_by not in (None, actor.user):
-        raise ValidationError({"created_by": ["A user creates API keys for themself only."]})
+        raise invalid("A user creates API keys for themself only.", param="created_by")
     creator = actor.user or created_by
     if creator is None:
-        raise ValidationError({"created_by": ["An API key acts for the owner or admin who creates it: name one."]})
+        raise invalid("An API key acts for the owner or admin who creates it: name one.", param="created_by")
     membership = membership_for(user=creator, organization=organization)
     if membership is None or not membership.can_manage:
-        raise ValidationError(
-            {"created_by": [f"{creator.email} is not an owner or admin of {organization.slug}; only they create API keys."]}
-        )
+        raise invalid(f"{creator.email} is not an owner or admin of {organization.slug}; only they create API keys.", param="created_by")
     plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
     api_key = ApiKey.objects.create(
         project=project,
@@ -267,21 +271,21 @@ def invitation_create(
 ) -> tuple[Invitation, str]:
     """Invite ``email`` to ``organization`` with ``role`` and email the link; return it and its token.
 
-    Only owners may invite owners. Raises PermissionDenied or ValidationError.
+    Only owners may invite owners. Raises ``permission_denied`` or ``invalid_request``.
     """
     _require_manager(actor, organization)
     try:
         email = _normalize_email(email)
     except ValidationError:
-        raise ValidationError({"email": ["Enter a valid email address."]}) from None
+        raise invalid("Enter a valid email address.", param="email") from None
     if role not in Role.values:
-        raise ValidationError({"role": [f"Role must be one of {', '.join(Role.values)}."]})
+        raise invalid(f"Role must be one of {', '.join(Role.values)}.", param="role")
     if role == Role.OWNER and actor.user is not None:
         membership = membership_for(user=actor.user, organization=organization)
         if membership is None or membership.role != Role.OWNER:
-            raise PermissionDenied("Only owners may invite owners.")
+            raise permission_denied("Only owners may invite owners.")
     if Membership.objects.filter(organization=organization, user__email=email).exists():
-        raise ValidationError({"email": ["This person is already a member."]})
+        raise invalid("This person is already a member.", param="email")
     token = secrets.token_urlsafe(32)
     invitation = Invitation.objects.create(
         organization=organization,
@@ -322,16 +326,16 @@ def invitation_by_token(token: str) -> Invitation | None:
 def invitation_accept(*, token: str, user: User) -> Membership:
     """Join the invitation's organization as ``user``.
 
-    Raises ValidationError when the token is unknown, expired, used, revoked or for another email.
+    Raises ``invalid_request`` when the token is unknown, expired, used, revoked or for another email.
     """
     invitation = invitation_by_token(token)
     if invitation is None:
-        raise ValidationError("This invitation link is not valid.")
+        raise invalid("This invitation link is not valid.")
     invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
     if not invitation.is_pending:
-        raise ValidationError("This invitation has expired or was already used.")
+        raise invalid("This invitation has expired or was already used.")
     if invitation.email != user.email:
-        raise ValidationError("This invitation was sent to another email address.")
+        raise invalid("This invitation was sent to another email address.")
     membership, _ = Membership.objects.get_or_create(
         organization=invitation.organization, user=user, defaults={"role": invitation.role}
     )
@@ -372,11 +376,11 @@ def membership_set_role(*, actor: Actor, membership: Membership, role: str) -> t
     organization = membership.organization
     _require_manager(actor, organization)
     if role not in Role.values:
-        raise ValidationError({"role": [f"Role must be one of {', '.join(Role.values)}."]})
+        raise invalid(f"Role must be one of {', '.join(Role.values)}.", param="role")
     actor_membership = membership_for(user=actor.user, organization=organization) if actor.user else None
     touches_owner = Role.OWNER in (role, membership.role)
     if touches_owner and actor_membership is not None and actor_membership.role != Role.OWNER:
-        raise PermissionDenied("Only owners may grant or take away ownership.")
+        raise permission_denied("Only owners may grant or take away ownership.")
     _keep_one_owner(membership, new_role=role)
     old_role, membership.role = membership.role, role
     membership.save(update_fields=["role"])
@@ -410,7 +414,7 @@ def membership_remove(*, actor: Actor, membership: Membership) -> int:
         _require_manager(actor, organization)
         actor_membership = membership_for(user=actor.user, organization=organization) if actor.user else None
         if membership.role == Role.OWNER and actor_membership is not None and actor_membership.role != Role.OWNER:
-            raise PermissionDenied("Only owners may remove an owner.")
+            raise permission_denied("Only owners may remove an owner.")
     _keep_one_owner(membership, new_role=None)
     email = membership.user.email
     revoked = _revoke_api_keys_created_by(
@@ -457,7 +461,7 @@ def _keep_one_owner(membership: Membership, *, new_role: str | None) -> None:
         return
     owners = Membership.objects.select_for_update().filter(organization=membership.organization, role=Role.OWNER)
     if owners.exclude(pk=membership.pk).count() == 0:
-        raise ValidationError("An organization keeps at least one owner.")
+        raise invalid("An organization keeps at least one owner.")
 
 
 # --- bootstrap ---------------------------------------------------------------------------------
@@ -470,31 +474,31 @@ def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, p
     Idempotent for the user, organization and project; each call makes one new read-write key,
     created by the user (so it authenticates while they are an owner or admin of the organization).
     Returns ``{"organization", "project", "api_key", "user"}`` (docs/api.md "Set-up").
-    Raises ValidationError for an invalid email, slug or password, or a user who is a plain
+    Raises ``invalid_request`` for an invalid email, slug or password, or a user who is a plain
     member of an existing organization (nothing is created then).
     """
     try:
         email = _normalize_email(email)
     except ValidationError:
-        raise ValidationError(f"invalid email address: {email!r}") from None
+        raise invalid(f"invalid email address: {email!r}") from None
     organization_slug, project_slug = organization_slug.strip(), project_slug.strip()
     for label, value in (("organization", organization_slug), ("project", project_slug)):
         if not value or slugify(value) != value or len(value) > 50:
-            raise ValidationError(f"invalid {label} slug {value!r}: use lowercase letters, digits and hyphens")
+            raise invalid(f"invalid {label} slug {value!r}: use lowercase letters, digits and hyphens")
     user = User.objects.filter(email=email).first()
     if user is None:
         if password:
-            validate_password(password)
+            _validate_password(password, user=None)
         user = User.objects.create_user(email=email, password=password or None)
     elif password:
-        validate_password(password, user=user)
+        _validate_password(password, user=user)
         user.set_password(password)
         user.save(update_fields=["password"])
     organization = Organization.objects.filter(slug=organization_slug).first()
     if organization is None:
         problem = organization_slug_problem(organization_slug)
         if problem:
-            raise ValidationError(problem)
+            raise invalid(problem)
         organization = Organization.objects.create(slug=organization_slug, name=organization_slug)
         audit_record(
             actor=Actor.system(),
@@ -504,7 +508,7 @@ def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, p
         )
     membership, _ = Membership.objects.get_or_create(organization=organization, user=user, defaults={"role": Role.OWNER})
     if not membership.can_manage:
-        raise ValidationError(
+        raise invalid(
             f"{email} is a {membership.role} of {organization_slug}, not an owner or admin: an API key acts "
             "for its creator, who must be one"
         )

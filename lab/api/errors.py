@@ -49,6 +49,7 @@ STATUS_BY_CODE = {
     "spend_limit_reached": 402,
     "payment_failed": 402,
     "insufficient_scope": 403,
+    "permission_denied": 403,
     "not_found": 404,
     "method_not_allowed": 405,
     "idempotency_conflict": 409,

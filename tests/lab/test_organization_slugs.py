@@ -6,9 +6,9 @@ through ``bootstrap_tenant`` or renaming to one in the admin is refused and chan
 from __future__ import annotations
 
 import pytest
-from django.core.exceptions import ValidationError
 
 from lab.admin import OrganizationAdminForm
+from lab.errors import LabError
 from lab.models import AuditLogEntry, Organization, User
 from lab.services import bootstrap_tenant, organization_create, reserved_organization_slugs, user_sign_up
 
@@ -30,22 +30,24 @@ def test_a_name_that_slugs_to_a_reserved_slug_gets_the_next_free_one(name, slug)
 def test_asking_for_a_reserved_slug_is_refused_and_creates_nothing():
     user = user_sign_up(email="owner@example.com", password="correct-horse-battery-staple")
 
-    with pytest.raises(ValidationError) as refused:
+    with pytest.raises(LabError) as refused:
         organization_create(user=user, name="Anything", slug="Lab")
 
-    assert refused.value.message_dict == {
-        "slug": ["The organization slug 'lab' is reserved: it names Lab's built-in models and environments."]
-    }
+    assert (refused.value.code, refused.value.param, refused.value.message) == (
+        "invalid_request",
+        "slug",
+        "The organization slug 'lab' is reserved: it names Lab's built-in models and environments.",
+    )
     assert Organization.objects.count() == 0
 
 
 def test_bootstrap_tenant_refuses_a_reserved_organization_and_creates_nothing():
-    with pytest.raises(ValidationError) as refused:
+    with pytest.raises(LabError) as refused:
         bootstrap_tenant(organization_slug="lab", project_slug="default", email="ops@example.com", password=None)
 
-    assert refused.value.messages == [
+    assert refused.value.message == (
         "The organization slug 'lab' is reserved: it names Lab's built-in models and environments."
-    ]
+    )
     assert (Organization.objects.count(), User.objects.count(), AuditLogEntry.objects.count()) == (0, 0, 0)
 
 

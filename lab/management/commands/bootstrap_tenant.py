@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from lab.errors import LabError
 from lab.services import bootstrap_tenant
 
 
@@ -25,6 +25,6 @@ class Command(BaseCommand):
     def handle(self, *args, org: str, project: str, email: str, password: str | None, **options) -> None:
         try:
             result = bootstrap_tenant(organization_slug=org, project_slug=project, email=email, password=password)
-        except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+        except LabError as exc:
+            raise CommandError(exc.message) from None
         self.stdout.write(json.dumps(result))
