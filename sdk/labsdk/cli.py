@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.cells import cell_len
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -44,13 +45,76 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def _table(*columns: str) -> Table:
-    """A plain table; the first column (ids, to copy) never wraps, the others wrap on
-    narrow terminals but are never cut short."""
+def _table(*columns: str, wrap: Sequence[str] = ()) -> Table:
+    """A plain table for :func:`_print`. A column named in ``wrap`` (timestamps, sizes, names,
+    prose) wraps between words on a narrow terminal, folding a word only when nothing else can
+    give; every other column (ids, statuses, numbers) stays whole on one line."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for index, column in enumerate(columns):
-        table.add_column(column, no_wrap=index == 0, overflow="fold")
+    for column in columns:
+        table.add_column(column, no_wrap=column not in wrap, overflow="fold")
     return table
+
+
+def _cell_text(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+
+
+def _print(table: Table, console: Console | None = None) -> None:
+    """Print ``table`` within the terminal's width: its one-line columns as wide as their widest
+    cell, the wrapping ones sharing the rest, each wrapped between words and none folded while
+    their longest words fit."""
+    console = console or Console()
+    columns = table.columns
+    texts = [[_cell_text(column.header), *(_cell_text(cell) for cell in column.cells)] for column in columns]
+    widest = [max(cell_len(line) for text in cells for line in text.splitlines() or [""]) for cells in texts]
+    longest_word = [max((cell_len(word) for text in cells for word in text.split()), default=1) for cells in texts]
+    for index, column in enumerate(columns):
+        if column.no_wrap:
+            column.min_width = widest[index]
+    wrapping = [index for index, column in enumerate(columns) if not column.no_wrap]
+    room = console.width - 2 * (len(columns) - 1) - sum(widest[i] for i in range(len(columns)) if i not in wrapping)
+    if wrapping and sum(widest[i] for i in wrapping) > room:
+        lowest = _water_fill(room, [longest_word[i] for i in wrapping])  # words whole while they fit
+        widths = _water_fill(room - sum(lowest), [widest[i] - low for i, low in zip(wrapping, lowest)], even=False)
+        for index, low, extra in zip(wrapping, lowest, widths):
+            columns[index].max_width = max(4, low + extra)
+    console.print(table)
+
+
+def _water_fill(room: int, wants: Sequence[int], *, even: bool = True) -> list[int]:
+    """Share ``room`` among columns that want ``wants``, none getting more than it wants and the
+    total within ``room``: the smaller wants first, each (``even``) at most an even share of what
+    is left, or else (``even=False``) whole while the room lasts."""
+    given = [0] * len(wants)
+    left = max(room, 0)
+    for position, index in enumerate(sorted(range(len(wants)), key=lambda i: wants[i])):
+        given[index] = min(wants[index], left // (len(wants) - position) if even else left)
+        left -= given[index]
+    return given
+
+
+def _print_side_by_side(label: str, rows: Sequence[str], columns: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Print ``columns`` (header, one value per row) beside a first column of ``rows`` headed
+    ``label``, in as many tables as the terminal's width needs, each repeating the first column;
+    no header or value is ever cut."""
+    console = Console()
+    width_of = [max(cell_len(header), *(cell_len(value) for value in values)) for header, values in columns]
+    first = max(cell_len(label), *(cell_len(row) for row in rows))
+    groups: list[list[int]] = [[]]
+    used = first
+    for index, width in enumerate(width_of):
+        if groups[-1] and used + 2 + width > console.width:
+            groups.append([])
+            used = first
+        groups[-1].append(index)
+        used += 2 + width
+    for number, group in enumerate(groups):
+        if number:
+            console.print()
+        table = _table(label, *(columns[index][0] for index in group))
+        for row, name in enumerate(rows):
+            table.add_row(escape(name), *(escape(columns[index][1][row]) for index in group))
+        _print(table, console)
 
 
 def _text(value: Any) -> str:
@@ -68,7 +132,7 @@ def _progress(job: Job) -> str:
 
 
 def _show_job(console: Console, job: Job) -> None:
-    table = _table("field", "value")
+    table = _table("field", "value", wrap=("value",))
     table.show_header = False
     rows = [
         ("id", job.id),
@@ -82,7 +146,7 @@ def _show_job(console: Console, job: Job) -> None:
         ("created", _when(job.created_at)),
         ("started", _when(job.started_at)),
         ("finished", _when(job.finished_at)),
-        ("error", f"{job.error.code}: {job.error.message}" if job.error else None),
+        ("error", job.error.code if job.error else None),
         ("usage", f"{job.usage.gpu_seconds or 0:g} GPU-s, {job.usage.cpu_seconds or 0:g} CPU-s, "
                   f"${job.usage.cost_usd if job.usage.cost_usd is not None else 0}" if job.usage else None),
         ("latest checkpoint", f"{job.latest_checkpoint.id} (step {job.latest_checkpoint.step})"
@@ -92,7 +156,9 @@ def _show_job(console: Console, job: Job) -> None:
     for name, value in rows:
         if value not in (None, ""):
             table.add_row(name, _text(value))
-    console.print(table)
+    _print(table, console)
+    if job.error and job.error.message:  # whole, as plain lines: nothing folded or cut to copy it
+        console.print(escape(job.error.message), soft_wrap=True)
     for warning in job.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
 
@@ -173,12 +239,79 @@ def jobs_metrics(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
             for name in columns:
                 if point.values.get(name) is not None:
                     table.add_row(str(point.step), escape(name), f"{point.values[name]:.4g}")
-    else:
-        table = _table("STEP", *(escape(name) for name in columns))
-        for point in points:
-            values = [point.values.get(name) for name in columns]
-            table.add_row(str(point.step), *("" if value is None else f"{value:.4g}" for value in values))
-    Console().print(table)
+        _print(table)
+        return EXIT_OK
+    _print_side_by_side("STEP", [str(point.step) for point in points], [
+        (name, ["" if point.values.get(name) is None else f"{point.values[name]:.4g}" for point in points])
+        for name in columns
+    ])
+    return EXIT_OK
+
+
+def _final_values(points: Sequence[Any]) -> dict[str, tuple[int, float]]:
+    """Return each metric's latest (step, value) among ``points`` (``MetricPoint``s, any order)."""
+    final: dict[str, tuple[int, float]] = {}
+    for point in points:
+        for name, value in point.values.items():
+            if value is not None and (name not in final or final[name][0] <= point.step):
+                final[name] = (point.step, value)
+    return final
+
+
+def jobs_compare(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs compare JOB JOB... [--names a,b | --all]``: the jobs' final metrics side by
+    side, one column per job (its latest value of each metric), under its name, status and step."""
+    lab = client()
+    names = [name for name in (args.names or "").split(",") if name] or (None if args.all else list(MAIN_METRICS))
+    jobs = [lab.jobs.retrieve(job_id) for job_id in args.ids]
+    finals = [_final_values(list(lab.jobs.metrics(job.id, names=names))) for job in jobs]
+    present = {name for final in finals for name in final}
+    shown = [name for name in names if name in present] if names else sorted(present)
+    if args.json:
+        _print_json([{"id": job.id, "name": job.name, "status": job.status, "step": job.step,
+                      "final": {name: final[name][1] for name in shown if name in final}}
+                     for job, final in zip(jobs, finals)])
+        return EXIT_OK
+    labels = ["name", "status", "step", *shown]
+    _print_side_by_side("", labels, [
+        (job.id, [job.name or "", job.status or "", _progress(job),
+                  *("" if name not in final else f"{final[name][1]:.4g}" for name in shown)])
+        for job, final in zip(jobs, finals)
+    ])
+    if not shown:
+        print("no metrics recorded yet" if names is None else f"none of {', '.join(names)} recorded; --all shows every metric",
+              file=sys.stderr)
+    return EXIT_OK
+
+
+def _as_text(value: Any) -> str:
+    """Return a sample's prompt or completion as text: a string as it is, chat messages as
+    ``role: content`` lines, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+        return "\n".join(f"{item.get('role', '')}: {item.get('content', '')}" for item in value)
+    return "" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def jobs_samples(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab jobs samples ID [--step N] [--limit K] [--prompt]``: rollout samples (the latest
+    step's unless ``--step``): step, group, reward, advantage and the completion (with ``--prompt``
+    the prompt too)."""
+    samples = client().jobs.samples(args.id, step=args.step, limit=args.limit)
+    if args.json:
+        _print_json(samples)
+        return EXIT_OK
+    if not samples:
+        print("no rollout samples yet", file=sys.stderr)
+        return EXIT_OK
+    headers = ["STEP", "GROUP", "REWARD", "ADVANTAGE", *(["PROMPT"] if args.prompt else []), "COMPLETION"]
+    table = _table(*headers, wrap=("PROMPT", "COMPLETION"))
+    for sample in samples:
+        number = (lambda value: "" if value is None else f"{value:.4g}")
+        table.add_row(_text(sample.step), _text(sample.group), number(sample.reward), number(sample.advantage),
+                      *([_text(_as_text(sample.prompt))] if args.prompt else []), _text(_as_text(sample.completion)))
+    _print(table)
     return EXIT_OK
 
 
@@ -195,10 +328,10 @@ def jobs_distributions(args: argparse.Namespace, client: Callable[[], Lab]) -> i
     print(f"{found.type} at step {found.step}: {found.count} rollouts, mean {found.mean:.4g}, "
           f"min {found.min:.4g}, max {found.max:.4g}")
     widest = max(item.count for item in found.bins) or 1
-    table = _table("FROM", "TO", "COUNT", "")
+    table = _table("FROM", "TO", "COUNT", "", wrap=("",))
     for item in found.bins:
         table.add_row(f"{item.low:.4g}", f"{item.high:.4g}", str(item.count), "█" * round(30 * item.count / widest))
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
@@ -218,10 +351,10 @@ def jobs_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     if args.json:
         _print_json(jobs)
         return EXIT_OK
-    table = _table("ID", "NAME", "STATUS", "STEP", "CREATED")
+    table = _table("ID", "NAME", "STATUS", "STEP", "CREATED", wrap=("NAME", "CREATED"))
     for job in jobs:
         table.add_row(_text(job.id), _text(job.name), _text(job.status), _progress(job), _when(job.created_at))
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
@@ -246,12 +379,15 @@ def jobs_cancel(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def jobs_restart(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab jobs restart ID``: run a failed or cancelled job again."""
+    """``lab jobs restart ID``: run a failed or cancelled job again; prints the attempt it queues
+    (Lab counts an attempt when it starts) and where it resumes."""
     job = client().jobs.restart(args.id)
     if args.json:
         _print_json(job)
     else:
-        print(f"{job.id} {job.status} (attempt {job.attempt})")
+        start = f"from {job.latest_checkpoint.id} (step {job.latest_checkpoint.step})" if job.latest_checkpoint \
+            else "from the start"
+        print(f"{job.id} {job.status}: attempt {(job.attempt or 0) + 1} will run {start}")
     return EXIT_OK
 
 
@@ -300,7 +436,7 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     def render() -> Group:
         job = current()
         header = Text("waiting for the job" if job is None else progress_line(job), style="bold")
-        table = _table("METRIC", "STEP", "VALUE")
+        table = _table("METRIC", "STEP", "VALUE", wrap=("METRIC",))
         for name in sorted(latest):
             step, value = latest[name]
             table.add_row(escape(name), str(step), f"{value:.6g}")
@@ -339,13 +475,13 @@ def jobs_checkpoints(args: argparse.Namespace, client: Callable[[], Lab]) -> int
     if args.json:
         _print_json(checkpoints)
         return EXIT_OK
-    table = _table("ID", "STEP", "ATTEMPT", "STATUS", "FORMAT", "SIZE", "CREATED")
+    table = _table("ID", "STEP", "ATTEMPT", "STATUS", "FORMAT", "SIZE", "CREATED", wrap=("CREATED",))
     for checkpoint in checkpoints:
         table.add_row(
             _text(checkpoint.id), _text(checkpoint.step), _text(checkpoint.attempt), _text(checkpoint.status),
             _text(checkpoint.format), format_bytes(checkpoint.size_bytes), _when(checkpoint.created_at),
         )
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
@@ -370,13 +506,13 @@ def adapters_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     if args.json:
         _print_json(adapters)
         return EXIT_OK
-    table = _table("ID", "STEP", "ATTEMPT", "STATUS", "FORMAT", "SIZE", "CREATED")
+    table = _table("ID", "STEP", "ATTEMPT", "STATUS", "FORMAT", "SIZE", "CREATED", wrap=("CREATED",))
     for adapter in adapters:
         table.add_row(
             _text(adapter.id), _text(adapter.step), _text(adapter.attempt), _text(adapter.status),
             _text(adapter.format), format_bytes(adapter.size_bytes), _when(adapter.created_at),
         )
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
@@ -401,10 +537,10 @@ def jobs_events(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     if args.json:
         _print_json(events)
         return EXIT_OK
-    table = _table("TIME", "LEVEL", "TYPE", "MESSAGE")
+    table = _table("TIME", "LEVEL", "TYPE", "MESSAGE", wrap=("TIME", "MESSAGE"))
     for event in events:
         table.add_row(_when(event.created_at), _text(event.level), _text(event.type), _text(event.message))
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
@@ -469,7 +605,7 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if estimate:
-        table = _table("estimate", "value")
+        table = _table("estimate", "value", wrap=("value",))
         table.show_header = False
         for name, value in (
             ("GPU-seconds", estimate.gpu_seconds), ("CPU-seconds", estimate.cpu_seconds),
@@ -478,14 +614,14 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
         ):
             if value is not None:
                 table.add_row(name, _text(value))
-        Console().print(table)
+        _print(table)
     return EXIT_OK
 
 
 def spec_init(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab spec init [FILE] [--model M] [--env E] [--force]``: write a commented spec template
+    """``lab spec init [FILE] [--model M] [--environment E] [--force]``: write a commented spec template
     (to stdout without FILE) that passes ``lab spec check`` as written."""
-    text = spec_template(model=args.model, env=args.env)
+    text = spec_template(model=args.model, env=args.environment)
     if not args.file or args.file == "-":
         sys.stdout.write(text)
         return EXIT_OK
@@ -509,11 +645,11 @@ def spec_schema(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
         _print_json([{"key": f.key, "type": f.type, "default": f.default, "required": f.required,
                       "meaning": f.meaning} for f in fields])
         return EXIT_OK
-    table = _table("KEY", "TYPE", "DEFAULT", "MEANING")
+    table = _table("KEY", "TYPE", "DEFAULT", "MEANING", wrap=("TYPE", "DEFAULT", "MEANING"))
     for field in fields:
         default = "required" if field.required else ("" if field.default is None else json.dumps(field.default))
         table.add_row(_text(field.key), _text(field.type), _text(default), _text(field.meaning))
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
@@ -523,26 +659,32 @@ def models(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     if args.json:
         _print_json(found)
         return EXIT_OK
-    table = _table("ID", "CONTEXT", "PARAMETERS", "DESCRIPTION")
+    table = _table("ID", "CONTEXT", "PARAMETERS", "DESCRIPTION", wrap=("DESCRIPTION",))
     for model in found:
         table.add_row(_text(model.id), _text(model.context_length), _text(model.parameters), _text(model.description))
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
+def _arguments(args: dict[str, Any] | None) -> str:
+    """Return an environment's arguments as ``name=default`` words (values as JSON)."""
+    return " ".join(f"{name}={json.dumps(value, ensure_ascii=False)}" for name, value in (args or {}).items())
+
+
 def envs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab envs [list]``: the built-in environments with their arguments, and the
-    organization's uploaded packages with their versions, who pushed them and when."""
+    """``lab envs [list]``: the built-in environments with their arguments and defaults, and the
+    organization's uploaded packages with their versions and the day they were pushed (who
+    pushed one: ``lab envs info``)."""
     found = client().environments.list()
     if args.json:
         _print_json(found)
         return EXIT_OK
-    table = _table("ID", "KIND", "ARGS", "PUSHED", "DESCRIPTION")
+    table = _table("ID", "KIND", "ARGS", "PUSHED", "DESCRIPTION", wrap=("ARGS", "DESCRIPTION"))
     for environment in found:
-        pushed = f"{environment.pushed_by or ''} {environment.created_at:%Y-%m-%d %H:%M}" if environment.created_at else ""
-        table.add_row(_text(environment.id), _text(environment.kind), _text(json.dumps(environment.args)),
-                      _text(pushed.strip()), _text(environment.description))
-    Console().print(table)
+        table.add_row(_text(environment.id), _text(environment.kind), _text(_arguments(environment.args)),
+                      f"{environment.created_at:%Y-%m-%d}" if environment.created_at else "",
+                      _text(environment.description))
+    _print(table)
     return EXIT_OK
 
 
@@ -594,10 +736,10 @@ def prices(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     if args.json:
         _print_json(found)
         return EXIT_OK
-    table = _table("RESOURCE", "USD PER HOUR", "DESCRIPTION")
+    table = _table("RESOURCE", "USD PER HOUR", "DESCRIPTION", wrap=("DESCRIPTION",))
     for price in found:
         table.add_row(_text(price.resource_type), _text(price.usd_per_hour), _text(price.description))
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
@@ -612,12 +754,12 @@ def usage(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     for row in rows:
         table.add_row(*[_text(getattr(row, key)) for key in keys], f"{row.gpu_seconds or 0:.1f}",
                       f"{row.cpu_seconds or 0:.1f}", _text(row.cost_usd))
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
 def billing_balance(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab billing balance``: plan, balance, monthly spend limit and this month's spend."""
+    """``lab billing [balance]``: plan, balance, monthly spend limit and this month's spend."""
     balance = client().billing.balance()
     if args.json:
         _print_json(balance)
@@ -637,11 +779,11 @@ def webhooks_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     if args.json:
         _print_json(endpoints)
         return EXIT_OK
-    table = _table("ID", "URL", "ENABLED", "EVENTS", "CREATED")
+    table = _table("ID", "URL", "ENABLED", "EVENTS", "CREATED", wrap=("URL", "EVENTS", "CREATED"))
     for endpoint in endpoints:
         table.add_row(_text(endpoint.id), _text(endpoint.url), "yes" if endpoint.enabled else "no",
-                      _text(", ".join(endpoint.events)), _when(endpoint.created_at))
-    Console().print(table)
+                      _text(" ".join(endpoint.events)), _when(endpoint.created_at))
+    _print(table)
     return EXIT_OK
 
 
@@ -679,13 +821,13 @@ def webhooks_deliveries(args: argparse.Namespace, client: Callable[[], Lab]) -> 
     if args.json:
         _print_json(deliveries)
         return EXIT_OK
-    table = _table("ID", "EVENT", "STATUS", "TRIES", "LAST TRY", "CREATED")
+    table = _table("ID", "EVENT", "STATUS", "TRIES", "LAST TRY", "CREATED", wrap=("LAST TRY", "CREATED"))
     for delivery in deliveries:
         last = delivery.attempts[-1] if delivery.attempts else None
         outcome = "" if last is None else (str(last.status_code) if last.status_code else _text(last.error))
         table.add_row(_text(delivery.id), _text(delivery.event_type), _text(delivery.status),
                       _text(delivery.attempt_count), outcome, _when(delivery.created_at))
-    Console().print(table)
+    _print(table)
     return EXIT_OK
 
 
@@ -826,6 +968,20 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--long", action="store_true", help="one row per step and metric (step, name, value)")
     metrics.set_defaults(handler=jobs_metrics)
 
+    samples = job_commands.add_parser("samples", parents=[json_flag], help="show a job's rollout samples")
+    samples.add_argument("id", help="job id (job_...)")
+    samples.add_argument("--step", type=int, help="training step (default: the latest with samples)")
+    samples.add_argument("--limit", type=_positive_int, default=20, help="most samples shown (default 20)")
+    samples.add_argument("--prompt", action="store_true", help="show each sample's prompt too")
+    samples.set_defaults(handler=jobs_samples)
+
+    compare = job_commands.add_parser("compare", parents=[json_flag], help="jobs' final metrics side by side")
+    compare.add_argument("ids", nargs="+", metavar="ID", help="job ids (job_...)")
+    chosen = compare.add_mutually_exclusive_group()
+    chosen.add_argument("--names", help=f"comma-separated metric names (default: {', '.join(MAIN_METRICS)})")
+    chosen.add_argument("--all", action="store_true", help="every metric the jobs recorded")
+    compare.set_defaults(handler=jobs_compare)
+
     distributions = job_commands.add_parser(
         "distributions", parents=[json_flag], help="histogram of one step's rollout rewards or advantages"
     )
@@ -872,7 +1028,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("file", nargs="?", help="where to write it (default: print it)")
     init.add_argument("--model", default=DEFAULT_MODEL, help=f"model catalogue id, see `lab models` (default {DEFAULT_MODEL})")
-    init.add_argument("--env", default=DEFAULT_ENV, help=f"environment id, see `lab envs` (default {DEFAULT_ENV})")
+    init.add_argument("--environment", default=DEFAULT_ENV, metavar="ID",
+                      help=f"environment id, see `lab envs` (default {DEFAULT_ENV})")
     init.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     init.set_defaults(handler=spec_init)
     schema = spec_commands.add_parser(
@@ -895,8 +1052,10 @@ def build_parser() -> argparse.ArgumentParser:
     usage_command.add_argument("--group-by", default="day", help="day, resource, job, or several joined by commas")
     usage_command.add_argument("--job", help="only this job's usage")
     usage_command.set_defaults(handler=usage)
-    billing = commands.add_parser("billing", help="the organization's balance and spend")
-    billing_commands = billing.add_subparsers(dest="billing_command", required=True, metavar="COMMAND")
+    billing = commands.add_parser("billing", parents=[json_flag], help="the organization's balance and spend",
+                                  epilog="Without a command: the balance.")
+    billing.set_defaults(handler=billing_balance)
+    billing_commands = billing.add_subparsers(dest="billing_command", metavar="COMMAND")
     billing_commands.add_parser("balance", parents=[json_flag], help="plan, balance, spend limit and this month's spend").set_defaults(handler=billing_balance)
 
     for name, handler, help_text in (

@@ -73,6 +73,7 @@ class FakeLab:
     idempotency: dict[str, tuple[str, int, dict]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
     secrets: list[dict] = field(default_factory=list)  # the secrets of each create or estimate body
+    balance: dict | None = None  # GET /billing/balance
     webhook_endpoints: dict[str, dict] = field(default_factory=dict)
     webhook_deliveries: dict[str, list[dict]] = field(default_factory=dict)
     #: Refuse loopback webhook URLs as Lab does without LAB_WEBHOOK_ALLOW_PRIVATE=1.
@@ -140,6 +141,8 @@ class FakeLab:
             return 200, {"Content-Type": "application/x-tar", **digest}, self.archives[parts[1]]
         if method == "GET" and parts == ["jobs"]:
             return 200, {}, self._page(self._filtered_jobs(query), one, "id")
+        if method == "GET" and parts == ["billing", "balance"] and self.balance is not None:
+            return 200, {}, self.balance
         if parts and parts[0] == "webhook-endpoints":
             return self._webhooks(method, parts[1:], one, body)
         if len(parts) >= 2 and parts[0] == "jobs":
@@ -159,7 +162,7 @@ class FakeLab:
             if method == "POST" and rest == ["restart"]:
                 if job["status"] not in ("failed", "cancelled"):
                     return 409, {}, error_body(409, "invalid_state", f"Job is {job['status']}.")
-                job.update(status="queued", attempt=job["attempt"] + 1, error=None)
+                job.update(status="queued", status_reason="waiting", error=None)  # the attempt counts at start
                 return 200, {}, job
             if method == "DELETE" and rest == []:
                 if job["status"] not in ("succeeded", "failed", "cancelled"):
@@ -169,7 +172,9 @@ class FakeLab:
             if method == "GET" and rest == ["logs"]:
                 return 200, {}, self._page(self.logs[job["id"]], one, "seq")
             if method == "GET" and rest == ["samples"]:
-                samples = [s for s in self.samples[job["id"]] if "step" not in one or s["step"] == int(one["step"])]
+                stored = self.samples[job["id"]]
+                step = int(one["step"]) if "step" in one else max((s["step"] for s in stored), default=0)
+                samples = [s for s in stored if s["step"] == step]  # default: the latest step, as Lab
                 return 200, {}, self._page(samples, one, "step")
             if method == "GET" and rest == ["checkpoints"]:
                 return 200, {}, self._page(self.checkpoints[job["id"]], one, "id")

@@ -306,7 +306,9 @@ def test_jobs_restart_delete_logs_and_checkpoints(lab_env, capsys):
     assert run(capsys, "jobs", "checkpoints", job["id"])[1].splitlines()[1].split()[:5] == [
         "ckpt_7", "5", "1", "ready", "peft-lora",
     ]
-    assert run(capsys, "jobs", "restart", job["id"])[:2] == (0, f"{job['id']} queued (attempt 2)\n")
+    assert run(capsys, "jobs", "restart", job["id"])[:2] == (0, f"{job['id']} queued: attempt 2 will run from the start\n")
+    lab_env.jobs[job["id"]].update(status="failed", attempt=2, latest_checkpoint={"id": "ckpt_7", "step": 5})
+    assert run(capsys, "jobs", "restart", job["id"])[1] == f"{job['id']} queued: attempt 3 will run from ckpt_7 (step 5)\n"
     lab_env.jobs[job["id"]]["status"] = "cancelled"
     assert run(capsys, "jobs", "delete", job["id"])[:2] == (0, f"{job['id']} deleted\n")
     assert lab_env.jobs == {}

