@@ -379,14 +379,17 @@ def export_line(*, api_key: str, base_url: str) -> str:
 
 def print_summary(outcome: Outcome, *, settings: DemoSettings, base_url: str, api_key: str,
                   receiver: WebhookReceiver, usage_line: str) -> None:
-    """Print what the run did and one verdict line per check."""
+    """Print what the run did and one verdict line per check; where to look next (the job's
+    page, the dashboard login, the CLI's settings) only when Lab keeps running after it (no
+    ``DEMO_EXIT``): with it, Lab stops right after and they would lead nowhere."""
     job = outcome.job
     say()
     say(f"Job {job.id} ({job.spec.get('model')}, {job.max_steps} steps) {job.status} "
         f"{_duration(outcome.run_seconds)} after it was submitted.")
-    say(f"  Dashboard   {dashboard_url(base_url, job.id)}")
-    say(f"  Log in as   {EMAIL} / {settings.password}   ({base_url}/login/)")
-    say(f"  CLI, SDK    {export_line(api_key=api_key, base_url=base_url)}")
+    if not settings.exit_when_done:
+        say(f"  Dashboard   {dashboard_url(base_url, job.id)}")
+        say(f"  Log in as   {EMAIL} / {settings.password}   ({base_url}/login/)")
+        say(f"  CLI, SDK    {export_line(api_key=api_key, base_url=base_url)}")
     say(f"  Rewards     {_reward_line(outcome.rewards)}")
     say(f"  Rollouts    sampled with {_backend_line(outcome.rollout_backend)}")
     if outcome.checkpoint_dir is not None:

@@ -5,6 +5,7 @@ docs page, and no page or example spec sends the reader to design notes outside 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,92 @@ def test_no_page_or_example_points_to_design_notes_outside_the_repository():
             if OUTSIDE.search(line):
                 hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
     assert hits == [], "\n".join(hits)
+
+
+# --- paths and commands named in the text -----------------------------------------------------
+
+#: A repository path named in prose or code: under a top-level directory of the repository, and
+#: a file (with a suffix) or a directory (ending in "/"); ``lab/addition``, an environment id, is
+#: neither. Not preceded by a path character (``/tmp/x/docs/a.md``, URLs) and free of
+#: placeholders (``<org>``, ``...``, ``{a,b}``, ``*``).
+NAMED_PATH = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)+(?:[\w-]+\.[A-Za-z]\w*)?)(?![\w/<{*])")
+_TOP_LEVEL = {path.name for path in ROOT.iterdir() if path.is_dir() and not path.name.startswith((".venv", "var"))}
+#: Files whose prose names repository paths: the pages, the example specs and the example packages'
+#: pyproject.toml.
+def _naming_files() -> list[Path]:
+    return [*_pages(), *sorted((ROOT / "examples").rglob("*.toml"))]
+
+
+def named_paths(text: str) -> list[str]:
+    """Return the repository paths ``text`` names (see ``NAMED_PATH``), in order."""
+    found = []
+    for match in NAMED_PATH.finditer(text):
+        path = match.group(1)
+        if path.split("/", 1)[0] in _TOP_LEVEL and (path.endswith("/") or "." in path.rsplit("/", 1)[-1]):
+            found.append(path)
+    return found
+
+
+def test_it_finds_the_paths_a_text_names():
+    text = ("See `jobs/webhooks/events.py`, docs/spec.md and demo/; not lab/addition, /tmp/x/docs/a.md,\n"
+            "http://host/docs/b.md, examples/<org>/x.toml, LAB_DATA_DIR/logs/web.log or dist/x.whl.")
+    assert named_paths(text) == ["jobs/webhooks/events.py", "docs/spec.md", "demo/"]
+
+
+@pytest.mark.parametrize("path", _naming_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_repository_path_a_doc_or_example_names_exists(path):
+    text = path.read_text()
+    missing = sorted({named for named in named_paths(text) if not (ROOT / named).exists()})
+    # An example package's comments may name a path relative to the package.
+    missing = [named for named in missing if not (path.parent / named).exists()]
+    assert missing == [], f"{path.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+def _readme_commands(program: str, *, inline: bool = True) -> list[str]:
+    """Return every command line of the README that runs ``program`` (``lab`` or ``make``), from
+    its code blocks and (``inline``) its inline code, which may name a command without its
+    arguments; without comments, the ``.venv/bin/`` prefix and variable assignments before it;
+    one per command of a ``&&``/``;``/``|`` chain."""
+    text = (ROOT / "README.md").read_text()
+    spans = [line for block in re.findall(r"```\w*\n(.*?)```", text, flags=re.S) for line in block.splitlines()]
+    if inline:
+        spans += re.findall(r"(?<!`)`([^`\n]+)`(?!`)", re.sub(r"```.*?```", "", text, flags=re.S))
+    commands = []
+    for span in spans:
+        for part in re.split(r"&&|;|\|", span.split(" #", 1)[0]):
+            words = part.strip().split()
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                words.pop(0)
+            if words and words[0] in (program, f".venv/bin/{program}"):
+                commands.append(" ".join([program, *words[1:]]))
+    return commands
+
+
+def test_the_readme_names_lab_and_make_commands():
+    assert "lab webhooks create URL --event TYPE" in [c.replace("[", "").replace("]", "") for c in _readme_commands("lab")]
+    assert "make demo" in _readme_commands("make")
+
+
+@pytest.mark.parametrize("command", sorted(set(_readme_commands("lab"))))
+def test_every_lab_command_of_the_readme_parses_and_has_help(command, capsys):
+    """A command line of a code block parses as written (placeholders as values); every one,
+    inline mentions included, has its ``--help``."""
+    from labsdk.cli import build_parser
+
+    words = shlex.split(command.replace("[", " ").replace("]", " "))[1:]
+    if command in _readme_commands("lab", inline=False):
+        try:
+            build_parser().parse_args(words)
+        except SystemExit as exc:
+            pytest.fail(f"`{command}` does not parse: exit {exc.code}: {capsys.readouterr().err.strip()}")
+    subcommand = [word for word in words[:2] if not word.startswith("-")]
+    with pytest.raises(SystemExit) as shown:
+        build_parser().parse_args([*subcommand, "--help"])
+    assert shown.value.code == 0 and "usage: lab" in capsys.readouterr().out
+
+
+def test_every_make_target_of_the_readme_is_in_the_makefile():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.M))
+    named = {word for command in _readme_commands("make") for word in command.split()[1:] if not word.startswith("-")}
+    assert named and named - targets == set()

@@ -124,7 +124,7 @@ def test_the_demo_runs_the_main_job_with_every_check_but_learning(tmp_path):
 
     output = result.stdout
     assert result.returncode == 0, output[-4000:]
-    assert "demo@lab.localhost / -Zy-U3IRHA5U6yo7v" in output
+    assert "demo@lab.localhost" not in output and "-Zy-U3IRHA5U6yo7v" not in output  # Lab stops right after
     assert "[PASS] job succeeded" in output
     assert "[n/a ] reward went up: not checked on lab/tiny-random-llama" in output
     assert "[PASS] final checkpoint loads with peft" in output
@@ -133,7 +133,7 @@ def test_the_demo_runs_the_main_job_with_every_check_but_learning(tmp_path):
     assert "[FAIL]" not in output
     assert output.rstrip().endswith("Every check passed.")
     assert "  Rollouts    sampled with transformers (Lab's default on CPU: faster end to end here than vLLM" in output
-    assert re.search(r"^  CLI, SDK    export LAB_API_KEY=lab_\S+ LAB_BASE_URL=http://127\.0\.0\.1:\d+$", output, re.M)
+    assert "  CLI, SDK " not in output and "  Dashboard " not in output
     # The checkpoint download has its own line and bar (tqdm, in the same decimal units as the summary).
     download = re.search(r"Downloading (ckpt_\w+) \(step 20, ([\d.]+ [kMG]B)\) \.\.\.", output)
     assert download, output[-4000:]

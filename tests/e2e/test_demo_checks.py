@@ -66,3 +66,23 @@ def test_its_processes_get_loopback_webhooks_and_their_public_url(tmp_path):
     assert env["LAB_DATA_DIR"] == str(tmp_path.resolve())
     assert env["LAB_MODEL_DIR"] == str(tmp_path.resolve() / "models")
 
+
+
+@pytest.mark.parametrize("exits", [True, False])
+def test_the_summary_names_the_dashboard_login_only_when_lab_keeps_running(tmp_path, capsys, exits):
+    import labsdk
+
+    from demo.program import Check, Outcome, print_summary
+    from labsdk.webhooks import WebhookReceiver
+
+    environ = {"LAB_DATA_DIR": str(tmp_path), "DEMO_PASSWORD": "pw-123456", **({"DEMO_EXIT": "1"} if exits else {})}
+    settings = DemoSettings.from_environment(environ)
+    job = labsdk.Job(id="job_1", status="succeeded", max_steps=3, spec={"model": "lab/tiny-random-llama"})
+    outcome = Outcome(job=job, run_seconds=5.0, checks=[Check("job succeeded", True, "succeeded")])
+
+    print_summary(outcome, settings=settings, base_url="http://127.0.0.1:8123", api_key="lab_x",
+                  receiver=WebhookReceiver(), usage_line="")
+    out = capsys.readouterr().out
+
+    assert ("pw-123456" in out, "Dashboard" in out, "LAB_API_KEY=lab_x" in out) == (not exits,) * 3
+    assert "  [PASS] job succeeded: succeeded" in out
