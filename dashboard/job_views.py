@@ -19,7 +19,6 @@ from datetime import datetime
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db import IntegrityError, transaction
 from django.db.models.fields.json import KeyTransform
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
@@ -53,7 +52,8 @@ from jobs.services import job_cancel, job_restart, job_submit
 from lab.api.errors import http_status, lab_error_body
 from lab.errors import LabError
 from lab.formats import money
-from lab.models import IdempotencyRecord, Project
+from lab.idempotency import StoredAnswer, run_once
+from lab.models import Project
 from lab.tenancy import get_owned
 
 JOBS_PAGE_SIZE = 25
@@ -230,29 +230,24 @@ def _submit_once(request: HttpRequest, project: Project, data, *, token: str, di
 
     Returns ``(job, True)`` for a new job, ``(job, False)`` when the token was used already (a
     double click, a resend after "back"; ``job`` is ``None`` if that job has since been deleted).
-    The token is kept as the project's idempotency key ``dashboard-new-job:<token>``: two
-    concurrent posts are serialized by its unique constraint. Without a token, it just submits.
+    The token is the project's idempotency key ``dashboard-new-job:<token>`` (``lab.idempotency``),
+    so two concurrent posts are serialized; the same token with another spec is refused
+    (``idempotency_conflict``). Without a token, it just submits.
     """
     if not token:
         return job_submit(project=project, actor=_actor(request), data=data), True
-    key = f"dashboard-new-job:{token}"
-
-    def earlier() -> tuple[Job | None, bool]:
-        record = IdempotencyRecord.objects.filter(project=project, key=key).first()
-        job_id = (record.response_body or {}).get("id") if record else None
-        return Job.objects.filter(project=project, public_id=job_id or "").first(), False
-
-    if IdempotencyRecord.objects.filter(project=project, key=key).exists():
-        return earlier()
-    try:
-        with transaction.atomic():
-            job = job_submit(project=project, actor=_actor(request), data=data)
-            IdempotencyRecord.objects.create(
-                project=project, key=key, request_hash=digest, status_code=201, response_body={"id": job.public_id}
-            )
-    except IntegrityError:
-        return earlier()
-    return job, True
+    result = run_once(
+        project=project,
+        key=f"dashboard-new-job:{token}",
+        request_hash=digest,
+        work=lambda: job_submit(project=project, actor=_actor(request), data=data),
+        answer=lambda job: StoredAnswer(201, {"id": job.public_id}),
+        param="submission",
+    )
+    if isinstance(result, StoredAnswer):
+        job_id = (result.body or {}).get("id") or ""
+        return Job.objects.filter(project=project, public_id=job_id).first(), False
+    return result, True
 
 
 # --- one job -----------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lab.api.idempotency import purge_expired_idempotency_records
 from lab.celery import TaskName, task
+from lab.idempotency import purge_expired_idempotency_records
 
 
 @task(TaskName.PURGE_IDEMPOTENCY_RECORDS, soft_time_limit=60, time_limit=90)

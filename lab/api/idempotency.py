@@ -1,10 +1,10 @@
 """``Idempotency-Key`` for POSTs (docs/api.md): a replay returns the original status and body.
 
-Keys are per project and kept 24 hours. The same key with a different request (method, path or
-body) is 409 ``idempotency_conflict``. The stored answer is written in the same transaction as
-the work it describes, so a request that fails with an error (or a 5xx) stores nothing and can be
-retried with the same key; two concurrent requests with one key are serialized by the unique
-constraint, and the second replays the first's answer.
+Keys are per project and kept 24 hours (``lab.idempotency``, which the dashboard's submission
+tokens use too). The same key with a different request (method, path or body) is 409
+``idempotency_conflict``. A request that fails with an error (or a 5xx) stores nothing and can be
+retried with the same key; of two concurrent requests with one key the second replays the first's
+answer.
 
 One exception: an answer that shows a secret once (a webhook endpoint's ``whsec_...`` on create
 and rotate) names, with ``replay_as(response, body)``, the body to store and replay instead,
@@ -17,15 +17,13 @@ import functools
 import hashlib
 import hmac
 from collections.abc import Callable
-from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.utils import timezone
 from rest_framework.response import Response
 
 from lab.api.errors import ApiError
-from lab.models import IdempotencyRecord, Project
+from lab.idempotency import StoredAnswer, run_once
+from lab.models import Project
 
 HEADER = "Idempotency-Key"
 _MAX_KEY_LENGTH = 255
@@ -54,59 +52,34 @@ def _request_hash(request) -> str:
     return digest.hexdigest()
 
 
-def _replay(record: IdempotencyRecord, request_hash: str) -> Response:
-    if record.request_hash != request_hash:
-        raise ApiError(
-            409,
-            "idempotency_conflict",
-            "This Idempotency-Key was already used with a different request.",
-            param=HEADER,
-        )
-    response = Response(record.response_body, status=record.status_code)
+def _replayed(stored: StoredAnswer) -> Response:
+    response = Response(stored.body, status=stored.status_code)
     response["Idempotent-Replayed"] = "true"
     return response
 
 
-def run_idempotently(request, project: Project, handler: Callable[[], Response]) -> Response:
-    """Run ``handler`` once per (project, Idempotency-Key); replay its answer afterwards.
+def _answer(response: Response) -> StoredAnswer | None:
+    if response.status_code >= 500:
+        return None
+    return StoredAnswer(response.status_code, getattr(response, _REPLAY_BODY, response.data))
 
-    Without the header, ``handler`` simply runs. Raises ApiError 400 for an over-long key and 409
-    for a key reused with another request.
+
+def run_idempotently(request, project: Project, handler: Callable[[], Response]) -> Response:
+    """Run ``handler`` once per (project, Idempotency-Key); replay its answer afterwards
+    (``lab.idempotency.run_once``).
+
+    Without the header, ``handler`` simply runs. Raises ApiError 400 for an over-long key and
+    ``idempotency_conflict`` (409) for a key reused with another request.
     """
     key = request.headers.get(HEADER)
     if key is None:
         return handler()
     if not key or len(key) > _MAX_KEY_LENGTH:
         raise ApiError(400, "invalid_request", f"{HEADER} must be 1 to {_MAX_KEY_LENGTH} characters.", param=HEADER)
-    request_hash = _request_hash(request)
-    cutoff = timezone.now() - timedelta(seconds=settings.LAB_IDEMPOTENCY_TTL_S)
-    IdempotencyRecord.objects.filter(project=project, key=key, created_at__lt=cutoff).delete()
-    existing = IdempotencyRecord.objects.filter(project=project, key=key).first()
-    if existing is not None:
-        return _replay(existing, request_hash)
-    try:
-        with transaction.atomic():
-            response = handler()
-            if response.status_code < 500:
-                IdempotencyRecord.objects.create(
-                    project=project,
-                    key=key,
-                    request_hash=request_hash,
-                    status_code=response.status_code,
-                    response_body=getattr(response, _REPLAY_BODY, response.data),
-                )
-            return response
-    except IntegrityError:
-        # Another request with this key committed first: answer as it did.
-        existing = IdempotencyRecord.objects.filter(project=project, key=key).first()
-        if existing is None:
-            raise ApiError(
-                409,
-                "idempotency_conflict",
-                "Another request with this Idempotency-Key is in progress; retry it shortly.",
-                param=HEADER,
-            ) from None
-        return _replay(existing, request_hash)
+    result = run_once(
+        project=project, key=key, request_hash=_request_hash(request), work=handler, answer=_answer, param=HEADER
+    )
+    return _replayed(result) if isinstance(result, StoredAnswer) else result
 
 
 def idempotent(method: Callable) -> Callable:
@@ -118,10 +91,3 @@ def idempotent(method: Callable) -> Callable:
 
     wrapper.is_idempotent = True
     return wrapper
-
-
-def purge_expired_idempotency_records() -> int:
-    """Delete records older than the 24-hour window; return how many were deleted."""
-    cutoff = timezone.now() - timedelta(seconds=settings.LAB_IDEMPOTENCY_TTL_S)
-    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
-    return deleted

@@ -96,6 +96,36 @@ def test_a_submit_sent_twice_queues_the_job_once(owner, owner_client):
     assert third.status_code == 302 and Job.objects.unscoped().count() == 2
 
 
+def test_a_submission_token_sent_with_another_spec_is_refused_and_queues_nothing_more(owner, owner_client):
+    """The token confirms one estimate: posting it again with a changed (and re-estimated) spec is a
+    problem on the page, not a second job and not the first job again."""
+    import re
+
+    estimated = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "estimate"})
+    fields = dict(
+        re.findall(r'<input type="hidden" name="(estimated|submission)" value="([^"]*)"', estimated.content.decode())
+    )
+    assert (
+        owner_client.post(
+            PROJECT + "jobs/new/", {"format": "toml", "spec": EXAMPLE, "action": "submit", **fields}
+        ).status_code
+        == 302
+    )
+    changed = EXAMPLE.replace('name = "', 'name = "changed-', 1)
+    assert changed != EXAMPLE
+    other = owner_client.post(PROJECT + "jobs/new/", {"format": "toml", "spec": changed, "action": "estimate"})
+    digest = dict(re.findall(r'<input type="hidden" name="(estimated)" value="([^"]*)"', other.content.decode()))
+
+    reused = owner_client.post(
+        PROJECT + "jobs/new/",
+        {"format": "toml", "spec": changed, "action": "submit", "submission": fields["submission"], **digest},
+    )
+
+    assert reused.status_code == 200
+    assert "This submission was already used with a different request." in reused.content.decode()
+    assert Job.objects.unscoped().count() == 1
+
+
 # --- checkpoint downloads --------------------------------------------------------------------------
 
 
