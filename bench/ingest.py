@@ -117,8 +117,8 @@ def main() -> None:
     args = parser.parse_args()
     url = _django.setup()
 
+    from lab.bootstrap import bootstrap_tenant
     from lab.models import Project
-    from lab.services import bootstrap_tenant
 
     bootstrap_tenant(organization_slug="bench", project_slug="bench", email="bench@example.com", password=None)
     job, token = ingest_job(project=Project.objects.get(slug="bench"))

@@ -94,8 +94,8 @@ def main() -> None:
     from jobs.processes import free_port
     from jobs.services import job_claim_for_start, job_submit, job_transition
     from lab.audit import Actor
+    from lab.bootstrap import bootstrap_tenant
     from lab.models import Project
-    from lab.services import bootstrap_tenant
     from tests.support.stack import wait_for
 
     for name in ("enqueue_admission", "enqueue_launch", "enqueue_reconcile"):

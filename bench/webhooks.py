@@ -66,8 +66,8 @@ def main() -> None:
     from jobs.services import job_record_event
     from jobs.webhooks.endpoints import endpoint_create
     from lab.audit import Actor
+    from lab.bootstrap import bootstrap_tenant
     from lab.models import Project
-    from lab.services import bootstrap_tenant
 
     redis.Redis.from_url(broker).flushdb()
     dispatch.enqueue_admission = lambda: None  # no admission in this benchmark

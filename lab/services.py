@@ -44,13 +44,14 @@ _LAST_USED_RESOLUTION = timedelta(minutes=1)
 # --- users and organizations -----------------------------------------------------------------
 
 
-def _normalize_email(email: str) -> str:
+def normalize_email(email: str) -> str:
+    """Return ``email`` stripped and lower-cased; raise Django's ValidationError if it is not an address."""
     email = (email or "").strip().lower()
     validate_email(email)
     return email
 
 
-def _validate_password(password: str, *, user: User | None) -> None:
+def validate_new_password(password: str, *, user: User | None) -> None:
     """Raise ``invalid_request`` (param ``password``) with every reason Django's validators give."""
     try:
         validate_password(password, user=user)
@@ -66,12 +67,12 @@ def user_sign_up(*, email: str, password: str, name: str = "") -> User:
     email already in use.
     """
     try:
-        email = _normalize_email(email)
+        email = normalize_email(email)
     except ValidationError:
         raise invalid("Enter a valid email address.", param="email") from None
     if User.objects.filter(email=email).exists():
         raise invalid("An account with this email already exists.", param="email")
-    _validate_password(password, user=User(email=email, name=name))
+    validate_new_password(password, user=User(email=email, name=name))
     try:
         with transaction.atomic():
             return User.objects.create_user(email=email, password=password, name=name)
@@ -275,7 +276,7 @@ def invitation_create(
     """
     _require_manager(actor, organization)
     try:
-        email = _normalize_email(email)
+        email = normalize_email(email)
     except ValidationError:
         raise invalid("Enter a valid email address.", param="email") from None
     if role not in Role.values:
@@ -462,58 +463,3 @@ def _keep_one_owner(membership: Membership, *, new_role: str | None) -> None:
     owners = Membership.objects.select_for_update().filter(organization=membership.organization, role=Role.OWNER)
     if owners.exclude(pk=membership.pk).count() == 0:
         raise invalid("An organization keeps at least one owner.")
-
-
-# --- bootstrap ---------------------------------------------------------------------------------
-
-
-@transaction.atomic
-def bootstrap_tenant(*, organization_slug: str, project_slug: str, email: str, password: str | None) -> dict[str, str]:
-    """Create or reuse the user, organization (user as owner) and project, and add a new API key.
-
-    Idempotent for the user, organization and project; each call makes one new read-write key,
-    created by the user (so it authenticates while they are an owner or admin of the organization).
-    Returns ``{"organization", "project", "api_key", "user"}`` (docs/api.md "Set-up").
-    Raises ``invalid_request`` for an invalid email, slug or password, or a user who is a plain
-    member of an existing organization (nothing is created then).
-    """
-    try:
-        email = _normalize_email(email)
-    except ValidationError:
-        raise invalid(f"invalid email address: {email!r}") from None
-    organization_slug, project_slug = organization_slug.strip(), project_slug.strip()
-    for label, value in (("organization", organization_slug), ("project", project_slug)):
-        if not value or slugify(value) != value or len(value) > 50:
-            raise invalid(f"invalid {label} slug {value!r}: use lowercase letters, digits and hyphens")
-    user = User.objects.filter(email=email).first()
-    if user is None:
-        if password:
-            _validate_password(password, user=None)
-        user = User.objects.create_user(email=email, password=password or None)
-    elif password:
-        _validate_password(password, user=user)
-        user.set_password(password)
-        user.save(update_fields=["password"])
-    organization = Organization.objects.filter(slug=organization_slug).first()
-    if organization is None:
-        problem = organization_slug_problem(organization_slug)
-        if problem:
-            raise invalid(problem)
-        organization = Organization.objects.create(slug=organization_slug, name=organization_slug)
-        audit_record(
-            actor=Actor.system(),
-            organization=organization,
-            action=AuditAction.ORGANIZATION_CREATE,
-            target=organization_slug,
-        )
-    membership, _ = Membership.objects.get_or_create(organization=organization, user=user, defaults={"role": Role.OWNER})
-    if not membership.can_manage:
-        raise invalid(
-            f"{email} is a {membership.role} of {organization_slug}, not an owner or admin: an API key acts "
-            "for its creator, who must be one"
-        )
-    project = Project.objects.filter(organization=organization, slug=project_slug).first()
-    if project is None:
-        project = project_create(actor=Actor.system(), organization=organization, name=project_slug, slug=project_slug)
-    _, plaintext = api_key_create(actor=Actor.system(), project=project, name="bootstrap", created_by=user)
-    return {"organization": organization.slug, "project": project.slug, "api_key": plaintext, "user": user.email}

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from lab.admin import OrganizationAdminForm
+from lab.bootstrap import bootstrap_tenant
 from lab.errors import LabError
 from lab.models import AuditLogEntry, Organization, User
-from lab.services import bootstrap_tenant, organization_create, reserved_organization_slugs, user_sign_up
+from lab.services import organization_create, reserved_organization_slugs, user_sign_up
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from lab.bootstrap import bootstrap_tenant
 from lab.errors import LabError
-from lab.services import bootstrap_tenant
 
 
 class Command(BaseCommand):
