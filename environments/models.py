@@ -61,3 +61,50 @@ class EnvironmentPackage(models.Model):
 
     def __str__(self) -> str:
         return self.public_id
+
+
+class BuildStatus(models.TextChoices):
+    """Where a build is: waiting for a worker, running, or done (``ready`` or ``failed``)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class EnvironmentBuild(models.Model):
+    """One build of a package version (environments.builds): its lock, its summary, its log.
+
+    A version's first build starts at push, with the index as it was at the push
+    (``index_snapshot_at`` = the version's ``created_at``); a rebuild is a new row with a later
+    snapshot and the next ``number``. The latest build (highest number) is the one that counts.
+    ``lock`` lists every installed distribution: ``[{"name", "version", "filename", "sha256"}]``
+    (wheels in the shared wheelhouse, ``environments/wheelhouse/<sha256>/<filename>``);
+    ``summary`` what loading it found (``environments.builder.probe``).
+    """
+
+    package = models.ForeignKey(EnvironmentPackage, on_delete=models.CASCADE, related_name="builds")
+    number = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=BuildStatus.choices, default=BuildStatus.QUEUED)
+    index_url = models.CharField(max_length=500)
+    index_snapshot_at = models.DateTimeField()
+    python = models.CharField(max_length=32, blank=True)
+    lock = models.JSONField(default=list)
+    summary = models.JSONField(default=dict)
+    error = models.TextField(blank=True)
+    log_key = models.CharField(max_length=400, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    tenant_owner = "organization"
+    tenant_path = "package__organization"
+    tenant_parents = ("package",)
+    objects = TenantManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["package", "number"], name="environment_build_number_unique")]
+        ordering = ["package", "number"]
+
+    def __str__(self) -> str:
+        return f"{self.package_id} build {self.number}"

@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from engine.catalog import EnvironmentInfo
+from environments.builds import build_start
 from environments.models import EnvironmentPackage
 from environments.storage import WHEEL_CONTENT_TYPE, package_key
 from environments.wheels import MAX_WHEEL_BYTES, InvalidWheel, read_wheel
@@ -82,7 +83,7 @@ def environment_push(
     ``invalid_environment_package`` (param ``file``) for anything ``read_wheel`` refuses, and 409
     ``invalid_state`` when the version, or one equal to it under PEP 440 (``0.1`` and ``0.1.0``),
     exists with other bytes or was deleted (versions are never reused). No package row is written
-    when it raises.
+    when it raises. A new version's first build (``environments.builds``) starts once it commits.
     """
     if size_bytes > MAX_WHEEL_BYTES:
         raise LabError("request_too_large", f"Environment wheels are limited to {MAX_WHEEL_BYTES // (1024 * 1024)} MB.", param="file")
@@ -131,6 +132,7 @@ def environment_push(
                 target=package.public_id,
                 data={"sha256": sha256, "size_bytes": size_bytes},
             )
+            build_start(package)
     except IntegrityError:
         # Another push of this version committed first: answer as if it had come before ours.
         existing = _existing_version(organization, info.name, info.version, sha256)

@@ -25,7 +25,8 @@ from labsdk.spec import (
 )
 
 from engine.catalog import EnvironmentInfo, ModelInfo, list_environments, list_models
-from environments.models import EnvironmentPackage
+from environments.builds import latest_build
+from environments.models import BuildStatus, EnvironmentPackage
 from environments.services import EnvironmentRef, environment_catalogue, environment_find
 from jobs.models import Checkpoint, CheckpointStatus
 from jobs.pool import pool_problems
@@ -91,6 +92,13 @@ def _resolve_packages(
             ))
         else:
             packages[(section, index)] = package
+            build = latest_build(package)
+            if build is not None and build.status == BuildStatus.FAILED:
+                problems.append(SpecProblem(
+                    f"{section}.{index}.id", "environment_build_failed",
+                    f"environment '{package.public_id}' did not build (build {build.number}): {build.error} "
+                    "(push a fixed version, or rebuild it: POST /api/v1/environments/<id>/builds)",
+                ))
     return packages, problems
 
 

@@ -28,6 +28,7 @@ class Queue(StrEnum):
     RECONCILER = "reconciler"
     WEBHOOKS = "webhooks"
     BILLING = "billing"
+    BUILDS = "builds"
 
 
 class TaskName(StrEnum):
@@ -53,6 +54,7 @@ class TaskName(StrEnum):
     SWEEP_WEBHOOKS = "jobs.webhooks.sweep", Queue.WEBHOOKS
     SEND_METER_EVENTS = "billing.send_meter_events", Queue.BILLING
     PURGE_IDEMPOTENCY_RECORDS = "lab.purge_idempotency_records", Queue.DEFAULT
+    BUILD_ENVIRONMENT = "environments.build", Queue.BUILDS
 
 
 def task(name: TaskName, **options: Any) -> Callable[[Callable[..., Any]], Any]:

@@ -174,6 +174,8 @@ LAB_LOCAL_ISOLATION = env_choice("LAB_LOCAL_ISOLATION", "bubblewrap", ("bubblewr
 LAB_ENGINE_EGRESS_ALLOW_PRIVATE = env_bool("LAB_ENGINE_EGRESS_ALLOW_PRIVATE", False)
 LAB_WEBHOOK_ALLOW_PRIVATE = env_bool("LAB_WEBHOOK_ALLOW_PRIVATE", False)
 LAB_STORAGE_URL = env_str("LAB_STORAGE_URL", "")
+# Where environment builds resolve and fetch packages (a PEP 503 index: PyPI, a company mirror, or a folder's file:// URL).
+LAB_PACKAGE_INDEX_URL = env_str("LAB_PACKAGE_INDEX_URL", "https://pypi.org/simple")
 if LAB_STORAGE_URL and not LAB_STORAGE_URL.startswith("s3://"):
     raise ImproperlyConfigured("LAB_STORAGE_URL must be empty (filesystem) or s3://bucket/prefix")
 LAB_POOL = env_json("LAB_POOL", {"nodes": [{"gpu_type": "cpu", "gpus": 0, "count": 1}]})

@@ -7,7 +7,9 @@ on the embedded SQLite defaults otherwise.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from django.core.cache import cache
@@ -18,6 +20,10 @@ from lab.models import ApiKey, Membership, Organization, Project, Role, User
 from lab.services import api_key_create, organization_create, user_sign_up
 
 PASSWORD = "correct-horse-battery-staple"
+
+# Environment builds in the processes the tests start (a LabStack's worker) resolve against the
+# local package index that `make package-index` fills, never a remote one (tests/environments/test_builds.py).
+os.environ.setdefault("LAB_PACKAGE_INDEX_URL", (Path(__file__).resolve().parents[1] / "var" / "package-index" / "simple").as_uri())
 
 #: Environment variables naming a Redis database, which each pytest-xdist worker gets its own of.
 _REDIS_VARIABLES = ("REDIS_URL", "CELERY_BROKER_URL")

@@ -4,12 +4,16 @@ organization's uploaded packages, pushing a wheel, reading and deleting one vers
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from engine.catalog import list_environments
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from engine.catalog import list_environments
+from environments.builds import build_again, build_log, latest_build
+from environments.serializers import build_to_dict
 from environments.services import environment_get, environment_list, environment_push
 from jobs.api import openapi
 from jobs.environment_packages import environment_delete
@@ -17,8 +21,8 @@ from jobs.serializers import environment_package_to_dict, environment_to_dict
 from lab.api.base import ProjectAPIView
 from lab.api.errors import ApiError
 from lab.api.pagination import paginate_list
-from lab.api.schema import limit_parameter
 from lab.api.parsers import LabJSONParser
+from lab.api.schema import limit_parameter
 
 _UPLOAD_BODY = {
     "multipart/form-data": {
@@ -62,11 +66,16 @@ class EnvironmentListView(ProjectAPIView):
             filename=upload.name or "",
             size_bytes=upload.size,
         )
-        return Response(environment_package_to_dict(package), status=201 if created else 200)
+        return Response(_with_build(package), status=201 if created else 200)
 
     # A push is idempotent by its bytes (the same wheel again answers 200 with the same object),
     # so Idempotency-Key's replay, which would hold the whole upload in memory, is not needed.
     post.is_idempotent = True
+
+
+def _with_build(package) -> dict:
+    """The Environment object of an uploaded version with its latest build (``build``)."""
+    return environment_package_to_dict(package) | {"build": build_to_dict(latest_build(package))}
 
 
 _VERSION = OpenApiParameter(
@@ -80,9 +89,29 @@ class EnvironmentDetailView(ProjectAPIView):
     @extend_schema(parameters=[_VERSION], responses={200: openapi.ENVIRONMENT})
     def get(self, request: Request, organization: str, name: str) -> Response:
         package = environment_get(organization=self.project.organization, environment_id=f"{organization}/{name}")
-        return Response(environment_package_to_dict(package))
+        return Response(_with_build(package))
 
     @extend_schema(parameters=[_VERSION], responses={204: None})
     def delete(self, request: Request, organization: str, name: str) -> Response:
         environment_delete(organization=self.project.organization, actor=self.actor, environment_id=f"{organization}/{name}")
         return Response(status=204)
+
+
+class EnvironmentBuildLogView(ProjectAPIView):
+    """``GET /environments/{organization}/{name}[@{version}]/build-log``: the latest build's log, as text."""
+
+    @extend_schema(parameters=[_VERSION], responses={(200, "text/plain"): OpenApiResponse(OpenApiTypes.STR, description="the latest build's log")})
+    def get(self, request: Request, organization: str, name: str) -> HttpResponse:
+        package = environment_get(organization=self.project.organization, environment_id=f"{organization}/{name}")
+        build = latest_build(package)
+        return HttpResponse(build_log(build) if build is not None else "", content_type="text/plain; charset=utf-8")
+
+
+class EnvironmentBuildsView(ProjectAPIView):
+    """``POST /environments/{organization}/{name}[@{version}]/builds``: build the same wheel again,
+    resolving against the package index as it is now (a new snapshot)."""
+
+    @extend_schema(parameters=[_VERSION], request=None, responses={201: openapi.ENVIRONMENT_BUILD})
+    def post(self, request: Request, organization: str, name: str) -> Response:
+        package = environment_get(organization=self.project.organization, environment_id=f"{organization}/{name}")
+        return Response(build_to_dict(build_again(package)), status=201)

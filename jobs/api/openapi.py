@@ -220,6 +220,33 @@ MODEL = component(
 )
 MODEL_LIST = list_component("Model", "The model catalogue.")
 
+ENVIRONMENT_BUILD = component(
+    "EnvironmentBuild",
+    obj(
+        {
+            "number": INTEGER,
+            "status": _enum(["queued", "running", "ready", "failed"]),
+            "error": nullable(STRING),
+            "index_url": STRING,
+            "index_snapshot_at": TIMESTAMP,
+            "python": nullable(STRING),
+            "api": nullable(_enum(["lab", "v0", "v1"])),
+            "environment_class": nullable(STRING),
+            "args": FREE_OBJECT | {"description": "load_environment's (or the taskset's) arguments with their defaults"},
+            "parameters": {"type": "array", "items": FREE_OBJECT},
+            "dataset_size": nullable(INTEGER),
+            "reward_functions": {"type": "array", "items": obj({"name": STRING, "weight": NUMBER})},
+            "secrets": {"type": "array", "items": STRING},
+            "verifiers_version": nullable(STRING),
+            "lock": {"type": "array", "items": obj({"name": STRING, "version": STRING, "sha256": STRING})},
+            "created_at": TIMESTAMP,
+            "started_at": nullable(TIMESTAMP),
+            "finished_at": nullable(TIMESTAMP),
+        },
+        description="A build of an uploaded environment version: its lock, and what loading it found.",
+    ),
+)
+
 ENVIRONMENT = component(
     "Environment",
     obj(
@@ -238,7 +265,9 @@ ENVIRONMENT = component(
             "dependencies": {"type": "array", "items": STRING},
             "verifiers_version": nullable(STRING),
             "pushed_by": nullable(STRING),
+            "build": nullable(ENVIRONMENT_BUILD) | {"description": "the latest build (uploaded versions, one at a time)"},
         },
+        optional=("build",),
         description="An environment: a built-in, or a version of an organization's uploaded package.",
     ),
 )

@@ -31,6 +31,12 @@ urlpatterns = [
         environments.EnvironmentDetailView.as_view(),
         name="api-environment",
     ),
+    path(
+        "environments/<str:organization>/<str:name>/build-log",
+        environments.EnvironmentBuildLogView.as_view(),
+        name="api-environment-build-log",
+    ),
+    path("environments/<str:organization>/<str:name>/builds", environments.EnvironmentBuildsView.as_view(), name="api-environment-builds"),
     path("prices", views.PriceListView.as_view(), name="api-prices"),
     path("schema/job-spec.json", views.JobSpecSchemaView.as_view(), name="api-job-spec-schema"),
 ]

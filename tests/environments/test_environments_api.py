@@ -53,7 +53,9 @@ def test_it_pushes_a_wheel_and_answers_the_environment_object(owner):
         "dependencies": ["verifiers>=0.4.0"],
         "verifiers_version": ">=0.4.0",
         "pushed_by": f"api_key:{owner.api_key.public_id}",
+        "build": body["build"],
     }
+    assert (body["build"]["number"], body["build"]["status"]) == (1, "queued")  # built by a worker (tests/environments/test_builds.py)
     import hashlib
 
     assert package.sha256 == hashlib.sha256(data).hexdigest()

@@ -4,6 +4,7 @@ job with environment_error naming the module."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from django.db import connection
 from labsdk import Lab
@@ -11,7 +12,7 @@ from labsdk import Lab
 from jobs.models import Job
 from tests.support.environments import wait_finished
 from tests.support.packages import TINY
-from tests.support.stack import running_stack
+from tests.support.stack import running_stack, wait_for
 from tests.support.wheelbuilder import lab_wheel
 
 pytestmark = [
@@ -45,9 +46,14 @@ def test_a_pushed_environment_trains_a_tiny_job_and_a_missing_dependency_fails_i
         names = set().union(*(point.values for point in lab.jobs.metrics(job.id)))
         assert {"reward/echo-env/mean", "reward/echo-env/exact/mean", "reward/echo-env/starts/mean"} <= names
 
-        failing = lab.jobs.create({**TINY, "env": [{"id": "acme/needy-env@1.0"}]})
-        failed = wait_finished(lab, stack, failing.id)
-        assert failed.status == "failed"
-        assert failed.error.code == "environment_error"
-        assert "needs the module 'frobnicator_9000'" in failed.error.message
-        assert Job.objects.unscoped().get(public_id=failing.id).attempt == 1  # exit 2 is never retried
+        # Its build cannot resolve frobnicator_9000 (no index has it): a job naming it is refused at submit.
+        headers = {"Authorization": f"Bearer {owner.key}"}
+        url = f"{stack.base_url}/api/v1/environments/acme/needy-env@1.0"
+        build = wait_for(
+            lambda: (body := httpx.get(url, headers=headers).json()["build"])["status"] in {"ready", "failed"} and body,
+            timeout=120, what="needy-env's build ended",
+        )
+        assert build["status"] == "failed" and "frobnicator" in build["error"], build
+        refused = httpx.post(f"{stack.base_url}/api/v1/jobs", headers=headers, json={**TINY, "env": [{"id": "acme/needy-env@1.0"}]})
+        assert refused.status_code == 400 and "did not build" in refused.json()["error"]["message"], refused.text
+        assert not Job.objects.unscoped().filter(spec__env__0__id="acme/needy-env@1.0").exists()

@@ -64,6 +64,7 @@ def test_every_task_is_routed_to_the_declared_queue_its_task_name_gives():
         "jobs.webhooks.sweep": "webhooks",
         "billing.send_meter_events": "billing",
         "lab.purge_idempotency_records": "default",
+        "environments.build": "builds",
     }
     assert set(routed.values()) <= {queue.name for queue in app.conf.task_queues}
 

@@ -1,0 +1,193 @@
+"""Environment builds: every pushed version is built once, as of its push time; a rebuild may be asked for.
+
+A build runs the builder (``environments.builder``) as a subprocess of the worker that runs the
+task ``TaskName.BUILD_ENVIRONMENT``, so no package code runs in Lab's own processes, and stores
+what it made in Lab's storage (``lab.storage``):
+
+- the wheels of its lock in the wheelhouse shared by every build, ``environments/wheelhouse/
+  <sha256>/<file name>`` (content-addressed: a wheel another build fetched is not fetched again);
+- its log, ``environments/<organization public id>/<package sha256>/build-<number>.log``.
+
+On the filesystem backend the builder writes the wheelhouse in place; on an object store it works
+in ``LAB_DATA_DIR/cache/wheelhouse`` and the wheels it fetched are uploaded after it ends.
+The index is ``LAB_PACKAGE_INDEX_URL``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
+from environments.storage import KEY_PREFIX, WHEEL_CONTENT_TYPE
+from lab import storage
+from lab.celery import TaskName
+from lab.dispatch import enqueue_on_commit
+from lab.errors import LabError
+
+logger = logging.getLogger(__name__)
+
+#: Where the shared wheelhouse lives in storage.
+WHEELHOUSE_PREFIX = f"{KEY_PREFIX}wheelhouse/"
+#: The longest a whole build may take, in seconds (resolve, fetch, install, load); past it the build fails.
+BUILD_TIMEOUT_S = 1800
+#: The longest build log kept, in bytes (its end: where a failure is).
+MAX_LOG_BYTES = 4 * 1024 * 1024
+_REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def build_start(package: EnvironmentPackage, *, snapshot_at: datetime | None = None) -> EnvironmentBuild:
+    """Create the next build of ``package`` (queued) and send it to a worker once the caller's
+    transaction commits. ``snapshot_at`` is the time the index is read as of: the version's push
+    time by default, now for a rebuild."""
+    number = (EnvironmentBuild.objects.filter(package=package).aggregate(last=Max("number"))["last"] or 0) + 1
+    build = EnvironmentBuild.objects.create(
+        package=package,
+        number=number,
+        index_url=settings.LAB_PACKAGE_INDEX_URL,
+        index_snapshot_at=snapshot_at or package.created_at,
+    )
+    enqueue_on_commit(TaskName.BUILD_ENVIRONMENT, build.pk)
+    return build
+
+
+def build_again(package: EnvironmentPackage) -> EnvironmentBuild:
+    """Start a rebuild of ``package``: the same wheel, the index as it is now. Raises LabError 409
+    ``invalid_state`` while its latest build is still queued or running."""
+    latest = latest_build(package)
+    if latest is not None and latest.status in (BuildStatus.QUEUED, BuildStatus.RUNNING):
+        raise LabError("invalid_state", f"build {latest.number} of {package.public_id} is still {latest.status}; ask again once it ends.")
+    return build_start(package, snapshot_at=timezone.now())
+
+
+def latest_build(package: EnvironmentPackage) -> EnvironmentBuild | None:
+    """The build of ``package`` that counts (its highest number), or None before its first."""
+    return EnvironmentBuild.objects.filter(package=package).order_by("-number").first()
+
+
+def build_log_key(build: EnvironmentBuild) -> str:
+    package = build.package
+    return f"{KEY_PREFIX}{package.organization.public_id}/{package.sha256}/build-{build.number}.log"
+
+
+def build_log(build: EnvironmentBuild) -> str:
+    """The build's log as text: ``""`` while it has none yet."""
+    if not build.log_key:
+        return ""
+    try:
+        with storage.open_object(build.log_key) as handle:
+            return handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _claim(build_id: int) -> EnvironmentBuild | None:
+    """Mark the queued build ``build_id`` running and return it; None when it is not queued (run already, or gone)."""
+    with transaction.atomic():
+        build = (
+            EnvironmentBuild.objects.unscoped().select_for_update(of=("self",))
+            .select_related("package__organization").filter(pk=build_id).first()
+        )
+        if build is None or build.status != BuildStatus.QUEUED:
+            return None
+        build.status, build.started_at = BuildStatus.RUNNING, timezone.now()
+        build.save(update_fields=["status", "started_at"])
+    return build
+
+
+def _wheelhouse() -> Path:
+    if storage.is_filesystem():
+        return storage.path_of(WHEELHOUSE_PREFIX + "x").parent
+    return Path(settings.LAB_DATA_DIR) / "cache" / "wheelhouse"
+
+
+def _upload_wheels(wheelhouse: Path, lock: list[dict]) -> None:
+    """On an object store, put the lock's wheels that it lacks into the shared wheelhouse."""
+    for entry in lock:
+        key = f"{WHEELHOUSE_PREFIX}{entry['sha256']}/{entry['filename']}"
+        if not storage.object_storage().exists(key):
+            storage.put_file(key, wheelhouse / entry["sha256"] / entry["filename"], content_type=WHEEL_CONTENT_TYPE)
+
+
+def builder_command(*, wheel: Path, build: EnvironmentBuild, wheelhouse: Path, workdir: Path, result: Path) -> list[str]:
+    """The builder's command line for ``build`` (``python -m environments.builder build ...``)."""
+    return [
+        sys.executable, "-m", "environments.builder", "build",
+        "--wheel", str(wheel),
+        "--index-url", build.index_url,
+        "--exclude-newer", build.index_snapshot_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "--wheelhouse", str(wheelhouse),
+        "--workdir", str(workdir),
+        "--result", str(result),
+        "--cache", str(Path(settings.LAB_DATA_DIR) / "cache" / "uv"),
+        "--sandbox", "bubblewrap" if settings.LAB_LOCAL_ISOLATION == "bubblewrap" else "none",
+    ]
+
+
+def build_run(build_id: int) -> EnvironmentBuild | None:
+    """Run the queued build ``build_id`` to its end (``ready`` or ``failed``) and store its lock,
+    summary and log; return it, or None when it was not queued (a second delivery of the task).
+
+    The builder runs in a scratch folder under ``LAB_DATA_DIR/builds`` with a minimal environment
+    (no ``LAB_*`` variable, no secret); it imports the package in bubblewrap (no network, nothing
+    of Lab's files) unless ``LAB_LOCAL_ISOLATION`` is ``none``. Its stdout and stderr are the log.
+    """
+    build = _claim(build_id)
+    if build is None:
+        return None
+    package = build.package
+    scratch_root = Path(settings.LAB_DATA_DIR) / "builds"
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    wheelhouse = _wheelhouse()
+    with tempfile.TemporaryDirectory(dir=scratch_root, prefix=f"build-{build.pk}-") as scratch:
+        workdir = Path(scratch)
+        if storage.is_filesystem():
+            wheel = storage.path_of(package.storage_key)
+        else:
+            wheel = workdir / package.filename
+            with storage.open_object(package.storage_key) as source, wheel.open("wb") as target:
+                shutil.copyfileobj(source, target)
+        result_path = workdir / "result.json"
+        command = builder_command(wheel=wheel, build=build, wheelhouse=wheelhouse, workdir=workdir / "work", result=result_path)
+        environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": scratch, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
+        try:
+            completed = subprocess.run(
+                command, cwd=_REPOSITORY, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT_S, check=False,
+            )
+            output = completed.stdout
+            result = json.loads(result_path.read_text()) if result_path.is_file() else None
+            if result is None:
+                result = {"status": BuildStatus.FAILED, "error": f"the builder crashed (exit {completed.returncode}): see the build log"}
+        except subprocess.TimeoutExpired as expired:
+            output = expired.stdout or b""
+            result = {"status": BuildStatus.FAILED, "error": f"the build took longer than {BUILD_TIMEOUT_S} s"}
+        if result["status"] == BuildStatus.READY and not storage.is_filesystem():
+            _upload_wheels(wheelhouse, result.get("lock", []))
+    build.log_key = build_log_key(build)
+    log_path = Path(tempfile.mkstemp(dir=scratch_root, suffix=".log")[1])
+    try:
+        log_path.write_bytes(output[-MAX_LOG_BYTES:])
+        storage.put_file(build.log_key, log_path, content_type="text/plain")
+    finally:
+        log_path.unlink(missing_ok=True)
+    build.status = BuildStatus.READY if result["status"] == BuildStatus.READY else BuildStatus.FAILED
+    build.error = result.get("error") or ""
+    build.python = result.get("python", "")
+    build.lock = result.get("lock", [])
+    build.summary = result.get("summary", {})
+    build.finished_at = timezone.now()
+    build.save(update_fields=["status", "error", "python", "lock", "summary", "log_key", "finished_at"])
+    logger.info("environment build %s of %s: %s", build.number, package.public_id, build.status)
+    return build
