@@ -3,7 +3,7 @@ second by 8 concurrent worker processes on PostgreSQL, billing on, every organiz
 
 800 running attempts of 16 organizations (H100 and CPU jobs); each attempt is closed by two
 workers at once, interval after interval, so every interval is contended. Each worker closes its
-200 attempts as a reconciler pass does (``jobs.reconciler.RECONCILE_BATCH``, 200 jobs): one
+200 attempts as a reconciler pass does (``jobs.pipeline.reconciler.RECONCILE_BATCH``, 200 jobs): one
 ``usage_close_many(skip_locked=True)`` call per step, in which one interval of each attempt is
 due, so a worker never waits for an organization the other one is closing; 12 steps
 (``--per-interval``: one ``usage_close`` call per attempt, the path before batching). A rate of

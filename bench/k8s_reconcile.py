@@ -74,7 +74,9 @@ def main() -> None:
     from django.conf import settings
     from django.utils import timezone as django_timezone
 
-    from jobs import reconciler
+    from jobs.launchers import registry
+
+    from jobs.pipeline import reconciler
     from jobs.launchers.base import LaunchRequest
     from jobs.launchers.kubernetes.launcher import KubernetesLauncher
     from jobs.launchers.kubernetes.objects import PoolSettings
@@ -92,7 +94,7 @@ def main() -> None:
             "status": {"allocatable": allocatable, "capacity": allocatable}})
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False,
                                   clock=lambda: datetime.now(timezone.utc))
-    reconciler.get_launcher = lambda: launcher
+    registry.get_launcher = lambda: launcher
     from jobs import dispatch, pool
 
     pool.get_launcher = lambda: launcher  # the pass reads the nodes through the same fake cluster
@@ -174,7 +176,7 @@ def main() -> None:
     if arguments.ingest_batches <= 0:
         return
 
-    from lab.bootstrap import bootstrap_tenant
+    from lab.services import bootstrap_tenant
 
     bootstrap_tenant(organization_slug="bench", project_slug="bench", email="bench@example.com", password=None)
     job, token = ingest.ingest_job(

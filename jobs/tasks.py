@@ -1,4 +1,5 @@
-"""Celery tasks of the run pipeline: thin, idempotent adapters over admission and the reconciler.
+"""Celery tasks of the run pipeline: thin, idempotent adapters over admission and the reconciler
+(``jobs.pipeline``).
 
 Imported by the worker and beat only (``lab.celery``); producers send these by ``TaskName``
 through ``jobs.dispatch``.
@@ -6,7 +7,8 @@ through ``jobs.dispatch``.
 
 from __future__ import annotations
 
-from jobs import admission, checkpoints, reconciler
+from jobs import admission, checkpoints
+from jobs.pipeline import launch, reconciler
 from lab.celery import TaskName, task
 
 
@@ -19,7 +21,7 @@ def admit() -> int:
 @task(TaskName.LAUNCH_ATTEMPT, soft_time_limit=120, time_limit=180)
 def launch_attempt(attempt_id: int) -> None:
     """Launch one claimed attempt (a no-op when it was launched already)."""
-    reconciler.attempt_launch(attempt_id=attempt_id)
+    launch.attempt_launch(attempt_id=attempt_id)
 
 
 @task(TaskName.RECONCILE_JOB, soft_time_limit=60, time_limit=90)

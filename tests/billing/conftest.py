@@ -9,7 +9,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from django.db import connection
 
-from jobs import reconciler
+from jobs.launchers import registry
+
+from jobs.pipeline import launch
 from jobs.launchers.base import AttemptPhase, Observation
 from jobs.models import Job, JobAttempt, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
@@ -50,7 +52,7 @@ def fake_stripe(billing_on, monkeypatch):
 @pytest.fixture
 def launcher(monkeypatch) -> FakeLauncher:
     fake = FakeLauncher()
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: fake)
+    monkeypatch.setattr(registry, "get_launcher", lambda: fake)
     return fake
 
 
@@ -58,7 +60,7 @@ def start_job(tenant, spec, launcher: FakeLauncher) -> tuple[Job, JobAttempt]:
     """Submit ``spec`` for ``tenant``, claim and launch its first attempt, mark it running."""
     job = job_submit(project=tenant.project, actor=Actor(user=tenant.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
     job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.RUNNING)
     return Job.objects.unscoped().get(pk=job.pk), JobAttempt.objects.get(pk=attempt.pk)
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 from labsdk.client import Lab
 
 from demo.program import check_usage
-from jobs import reconciler
+from jobs.pipeline import reconciler
 from jobs.models import Job
 from tests.billing.conftest import at, observe, start_job
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from billing.accounts import account_for, credit_add
 from billing.models import BillingAccount, CreditKind
-from jobs import reconciler
+from jobs.pipeline import reconciler
 from jobs.admission import admission_pass
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobAttempt, JobStatus, StopReason
 from jobs.services import job_transition

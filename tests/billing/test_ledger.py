@@ -11,7 +11,7 @@ from django.utils import timezone
 from billing.ledger import AttemptUsage, job_usage_totals, usage_close
 from billing.models import BillingAccount, UsageInterval
 from billing.pricing import price_at, price_set
-from jobs import reconciler
+from jobs.pipeline import reconciler
 from jobs.models import Job, JobStatus
 from jobs.services import job_delete
 from lab.audit import Actor

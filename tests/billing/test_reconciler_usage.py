@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from billing.accounts import account_for
 from billing.models import BillingAccount, UsageInterval
-from jobs import reconciler
+from jobs.pipeline import reconciler, usage
 from jobs.models import Job, JobAttempt, StopReason
 from tests.billing.conftest import at, observe, start_job
 
@@ -63,7 +63,7 @@ def test_what_the_batch_could_not_close_is_closed_by_each_jobs_own_turn(many_run
     def fail(**kwargs):
         raise RuntimeError("the ledger is unreachable")
 
-    monkeypatch.setattr(reconciler, "usage_close_many", fail)
+    monkeypatch.setattr(usage, "usage_close_many", fail)
     pass_at(monkeypatch, at(130))
 
     for job in many_running:
@@ -88,12 +88,12 @@ def test_the_totals_are_never_lowered_by_an_older_sum(owner, many_running, monke
     pass_at(monkeypatch, at(130))
     Job.objects.unscoped().filter(pk=job.pk).update(cpu_seconds=180.0, cost_usd=Decimal("0.005"))  # a newer write
 
-    reconciler._raise_usage_totals({job.public_id})  # the sums of two intervals, 120 s
+    usage.raise_usage_totals({job.public_id})  # the sums of two intervals, 120 s
 
     job.refresh_from_db()
     assert (job.cpu_seconds, job.cost_usd) == (180.0, Decimal("0.005000"))
     Job.objects.unscoped().filter(pk=job.pk).update(cpu_seconds=0.0, cost_usd=Decimal(0))
-    reconciler._raise_usage_totals({job.public_id})
+    usage.raise_usage_totals({job.public_id})
     job.refresh_from_db()
     assert (job.cpu_seconds, job.cost_usd) == (120.0, Decimal("0.003333"))
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from billing.accounts import account_for
 from billing.models import BillingAccount, Price, PriceChange
-from jobs import reconciler
+from jobs.pipeline import reconciler
 from jobs.admission import admission_pass
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StopReason
 from jobs.readmission import PARKED, attempt_open_for_pod

@@ -346,7 +346,8 @@ def test_an_adapter_left_in_an_exited_engines_spool_is_delivered_once(owner, spe
 
 
 def test_an_ended_attempts_unfinished_adapter_upload_fails_at_once(owner, spec, tmp_path, monkeypatch):
-    from jobs import reconciler
+    from jobs.launchers import registry
+    from jobs.pipeline import reconciler
     from tests.support.spool import exited_launcher, launched, point, spool
 
     workdir = tmp_path / "attempt-1"
@@ -358,7 +359,7 @@ def test_an_ended_attempts_unfinished_adapter_upload_fails_at_once(owner, spec, 
     ready = upload(engine, base, 1, b"done")
     stuck = engine.post(f"{base}/adapters", {"attempt": 1, "step": 2, "format": "peft-lora"}, format="json").json()
     Path(stuck["upload"]["path"]).write_bytes(b"half")
-    monkeypatch.setattr(reconciler, "get_launcher", exited_launcher)
+    monkeypatch.setattr(registry, "get_launcher", exited_launcher)
 
     reconciler.reconcile_job(job_id=job.pk)
 

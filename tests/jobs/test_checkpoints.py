@@ -564,12 +564,13 @@ def test_an_archive_changed_in_storage_after_it_was_verified_is_never_served(own
 
 
 def test_a_resume_from_an_archive_changed_in_storage_fails_the_launch_clearly(owner, spec, monkeypatch):
-    from jobs import reconciler
+    from jobs.launchers import registry
+    from jobs.pipeline import launch
     from jobs.models import JobAttempt
     from tests.support.fake_launcher import FakeLauncher
 
     launcher = FakeLauncher()
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
+    monkeypatch.setattr(registry, "get_launcher", lambda: launcher)
     spec["checkpoints"] = {"interval": 1, "keep_last": -1}
     job, engine, base = start(owner, spec)
     earlier = upload(engine, base, 1, b"earlier weights")
@@ -580,7 +581,7 @@ def test_a_resume_from_an_archive_changed_in_storage_fails_the_launch_clearly(ow
     attempt = job_claim_for_start(job_id=job.pk)
     assert attempt.resume_from.public_id == ckpt["id"]
 
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
 
     assert launcher.requests == []
     job = Job.objects.unscoped().get(pk=job.pk)
@@ -598,7 +599,7 @@ def test_a_resume_from_an_archive_changed_in_storage_fails_the_launch_clearly(ow
     job_transition(job=job, to=JobStatus.QUEUED, reason="waiting")
     again = job_claim_for_start(job_id=job.pk)
     assert again.resume_from.public_id == earlier["id"]
-    reconciler.attempt_launch(attempt_id=again.pk)
+    launch.attempt_launch(attempt_id=again.pk)
     assert [request.resume_archive for request in launcher.requests] == [
         storage.path_of(Checkpoint.objects.unscoped().get(public_id=earlier["id"]).storage_key)
     ]

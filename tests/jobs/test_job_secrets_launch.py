@@ -1,5 +1,5 @@
 """Job secrets reach the engine process of their job, through the launch request and the local
-launcher's environment (jobs/reconciler.py, jobs/launchers/local.py), and nothing else of it."""
+launcher's environment (jobs/pipeline/launch.py, jobs/launchers/local.py), and nothing else of it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from jobs.launchers.local import LocalLauncher
 from jobs.models import Job
-from jobs.reconciler import launch_request
+from jobs.pipeline.launch import launch_request
 from jobs.services import job_claim_for_start
 from tests.support.local_launcher import REPO, engine_stand_in  # noqa: F401  (a fixture: an engine that prints its environment)
 

@@ -12,7 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing.models import UsageInterval
-from jobs import reconciler
+from jobs.launchers import registry
+from jobs.pipeline import launch, reconciler
 from jobs.launchers.base import AttemptPhase, Observation
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StopReason
 from jobs.services import job_claim_for_start, job_submit, job_transition
@@ -27,7 +28,7 @@ S = JobStatus
 @pytest.fixture
 def launcher(monkeypatch) -> FakeLauncher:
     fake = FakeLauncher()
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: fake)
+    monkeypatch.setattr(registry, "get_launcher", lambda: fake)
     return fake
 
 
@@ -35,7 +36,7 @@ def running(owner, spec, launcher: FakeLauncher, *, status: str = S.RUNNING) -> 
     """A job whose first attempt the fake launcher launched, in ``status``."""
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
     if status != S.STARTING:
         job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=S.RUNNING)
     if status == S.CANCELLING:
@@ -127,7 +128,7 @@ def test_a_launch_holds_no_lock_on_the_job_or_its_attempt(owner, spec, launcher)
     locked_out = locks_refused_while(
         launcher, Job.objects.unscoped().filter(pk=job.pk), JobAttempt.objects.filter(pk=attempt.pk)
     )
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
     assert locked_out == []
     assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.LAUNCHED
 
@@ -140,7 +141,7 @@ def test_an_attempt_cancelled_while_it_was_launching_is_stopped_again(owner, spe
         JobAttempt.objects.filter(pk=attempt.pk).update(state=AttemptState.ENDED, ended_at=timezone.now())
 
     launcher.while_working = cancel_meanwhile
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
     assert launcher.cancels == [(1, True)] and launcher.cleanups == [1]
 
 
@@ -148,7 +149,7 @@ def test_a_failing_launcher_fails_the_job_with_internal_error(owner, spec, launc
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
     launcher.fail_launch = RuntimeError("no nodes")
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
     job = Job.objects.unscoped().get(pk=job.pk)
     assert (job.status, job.error_code, job.error_message) == (S.FAILED, "internal_error", "Launch failed: no nodes")
     assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.ENDED

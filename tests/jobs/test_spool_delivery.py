@@ -1,5 +1,5 @@
 """What an engine left in its spool when it exited is delivered by Lab before the exit is applied
-(jobs.ingest.spool, jobs.reconciler), on a fake launcher that reports a finished process."""
+(jobs.ingest.spool, jobs.pipeline), on a fake launcher that reports a finished process."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from django.db import transaction
 
 from engine.checkpoints import write_tar
 from engine.spool import attempt_spool_dir
-from jobs import reconciler
+from jobs.launchers import registry
+from jobs.pipeline import reconciler
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.models import Checkpoint, Job, JobEvent, LogLine, MetricStep, RolloutSample
 from tests.support.spool import NOW, exited_launcher, launched, point, spool
@@ -86,7 +87,7 @@ def test_it_refuses_malformed_records_and_says_so_in_a_data_incomplete_warning(o
     job, attempt = launched(owner, spec, workdir)
     spool(workdir, "metrics", [point(1), {"step": "one", "values": {}}])
     spool(workdir, "checkpoints", [{"step": 3, "format": "zip"}])
-    monkeypatch.setattr(reconciler, "get_launcher", exited_launcher)
+    monkeypatch.setattr(registry, "get_launcher", exited_launcher)
 
     reconciler.reconcile_job(job_id=job.pk)
 
@@ -105,7 +106,7 @@ def test_a_clean_exit_with_everything_delivered_records_no_warning(owner, spec, 
     job, attempt = launched(owner, spec, workdir)
     spool(workdir, "metrics", [point(1), point(2), point(3)])
     spool(workdir, "checkpoints", [archive(workdir, 2), archive(workdir, 3)])
-    monkeypatch.setattr(reconciler, "get_launcher", exited_launcher)
+    monkeypatch.setattr(registry, "get_launcher", exited_launcher)
 
     reconciler.reconcile_job(job_id=job.pk)
 
@@ -126,7 +127,7 @@ def test_an_ended_attempts_unfinished_upload_fails_at_once(owner, spec, tmp_path
     spool(workdir, "checkpoints", [archive(workdir, 3)])
     with transaction.atomic():
         stuck, _ = checkpoint_register(job=job, attempt=attempt, step=2, format="peft-lora")
-    monkeypatch.setattr(reconciler, "get_launcher", exited_launcher)
+    monkeypatch.setattr(registry, "get_launcher", exited_launcher)
 
     reconciler.reconcile_job(job_id=job.pk)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import reconciler
+from jobs.launchers import registry
+
+from jobs.pipeline import reconciler
 from jobs.admission import admission_pass
 from jobs.models import Job
 from jobs.services import job_submit
@@ -91,7 +93,7 @@ def cluster_nodes(monkeypatch, settings):
     cluster.apply(node("cpu-0"))
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False)
     monkeypatch.setattr(pool, "get_launcher", lambda: launcher)
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
+    monkeypatch.setattr(registry, "get_launcher", lambda: launcher)
     reconciler.reconcile_all()  # the worker's pass reads the nodes into the cache
     return cluster
 

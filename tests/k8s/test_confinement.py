@@ -20,7 +20,7 @@ import yaml
 from kubernetes import client
 from werkzeug import Request, Response
 
-from jobs import reconciler
+from jobs.pipeline import launch, reconciler
 from jobs.launchers.base import LaunchRequest
 from jobs.launchers.kubernetes.gateway import ClusterError, KubernetesGateway
 from jobs.launchers.kubernetes.kinds import NETWORK_POLICY
@@ -458,7 +458,7 @@ def test_a_jobs_attempt_is_confined_from_its_launch_until_its_jobset_is_gone(own
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
 
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
 
     name = JobAttempt.objects.get(pk=attempt.pk).handle["jobset"]
     namespace = JobAttempt.objects.get(pk=attempt.pk).handle["namespace"]

@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone as django_timezone
 from rest_framework.test import APIClient
 
-from jobs import reconciler
+from jobs.pipeline import launch, reconciler
 from jobs.admission import admission_pass
 from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.launchers.base import AttemptPhase
@@ -251,7 +251,7 @@ def test_a_parked_jobset_that_goes_away_lets_lab_start_the_job_anew(owner, spec,
     assert [job.pk for job in [reload(job)] if job.status == S.QUEUED] == [job.pk]
     assert admission_pass().started == [job.pk]
     second = JobAttempt.objects.get(job=job, number=2)
-    reconciler.attempt_launch(attempt_id=second.pk)
+    launch.attempt_launch(attempt_id=second.pk)
     assert jobsets(cluster) == [jobset_name(job.public_id, 2)]
 
 
@@ -309,7 +309,7 @@ def test_crashes_resume_until_max_restarts_then_fail(owner, spec, launcher, clus
     assert (reload(job).status, reload(job).status_reason) == (S.QUEUED, "requeued_after_crash")
 
     second = job_claim_for_start(job_id=job.pk)
-    reconciler.attempt_launch(attempt_id=second.pk)
+    launch.attempt_launch(attempt_id=second.pk)
     name = jobset_name(job.public_id, 2)
     cluster.admit(NAMESPACE, name)
     cluster.run(NAMESPACE, name)
@@ -411,7 +411,7 @@ def test_an_api_outage_leaves_jobs_as_they_are_and_launches_nothing_twice(owner,
     cluster.fail("apply", 503, times=1)
     cluster.fail("watch", 0, times=4)
 
-    reconciler.attempt_launch(attempt_id=other_attempt.pk)  # the API does not answer: postponed
+    launch.attempt_launch(attempt_id=other_attempt.pk)  # the API does not answer: postponed
     reconciler.reconcile_all()  # nor while observing: nothing changes
 
     assert JobAttempt.objects.get(pk=other_attempt.pk).state == AttemptState.PENDING
@@ -430,8 +430,8 @@ def test_an_api_outage_leaves_jobs_as_they_are_and_launches_nothing_twice(owner,
         return original_apply(obj)
 
     cluster.apply = apply_then_fail_on_the_secret
-    reconciler.attempt_launch(attempt_id=other_attempt.pk)
-    reconciler.attempt_launch(attempt_id=other_attempt.pk)
+    launch.attempt_launch(attempt_id=other_attempt.pk)
+    launch.attempt_launch(attempt_id=other_attempt.pk)
     reconciler.reconcile_all()
 
     assert jobsets(cluster) == sorted([name, jobset_name(other.public_id, 1)])
@@ -558,7 +558,7 @@ def test_a_restarted_job_refuses_the_bootstrap_token_of_its_earlier_jobset(owner
     job_restart(job=reload(job), actor=Actor(user=owner.user))
     assert open_attempt(cluster, job, name, pod=late, token=old_token).status_code == 401  # queued again
     second = job_claim_for_start(job_id=job.pk)
-    reconciler.attempt_launch(attempt_id=second.pk)
+    launch.attempt_launch(attempt_id=second.pk)
     new_name = JobAttempt.objects.get(pk=second.pk).handle["jobset"]
     cluster.admit(NAMESPACE, new_name)
     cluster.run(NAMESPACE, new_name)
@@ -585,7 +585,7 @@ def test_a_replaced_parked_jobsets_token_opens_nothing(owner, spec, launcher, cl
     reconciler.reconcile_all()
     assert admission_pass().started == [job.pk]
     second = JobAttempt.objects.get(job=job, number=2)
-    reconciler.attempt_launch(attempt_id=second.pk)
+    launch.attempt_launch(attempt_id=second.pk)
     new_name = JobAttempt.objects.get(pk=second.pk).handle["jobset"]
     cluster.admit(NAMESPACE, new_name)
     cluster.run(NAMESPACE, new_name)

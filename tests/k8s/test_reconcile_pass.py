@@ -17,7 +17,7 @@ from django.utils import timezone as django_timezone
 
 from billing.ledger import job_usage_totals
 from billing.models import UsageInterval
-from jobs import reconciler
+from jobs.pipeline import apply, reconciler
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.models import AttemptState, Checkpoint, CheckpointStatus, Job, JobAttempt, JobEvent, JobStatus, MetricStep
 from jobs.webhooks.models import WebhookEndpoint, WebhookMessage
@@ -85,7 +85,7 @@ def test_the_jobs_that_ended_are_finished_together_each_as_on_its_own(owner, spe
     end(cluster, partial_name, 0)
     end(cluster, crashed_name, 1)
 
-    with caplog.at_level(logging.WARNING, logger="jobs.reconciler"):
+    with caplog.at_level(logging.WARNING, logger="jobs.pipeline"):
         assert reconciler.reconcile_all() == 4
         reconciler.reconcile_all()  # a second pass changes nothing more
 
@@ -127,14 +127,14 @@ def test_a_job_that_fails_to_finish_leaves_the_others_finished_and_finishes_at_t
     second, _, second_name = running_since(owner, spec, cluster, 2)
     end(cluster, first_name, 0)
     end(cluster, second_name, 0)
-    real = reconciler.job_transition
+    real = apply.job_transition
 
     def broken_for_first(*, job, **kwargs):
         if job.pk == first.pk:
             raise RuntimeError("the database went away")
         return real(job=job, **kwargs)
 
-    monkeypatch.setattr(reconciler, "job_transition", broken_for_first)
+    monkeypatch.setattr(apply, "job_transition", broken_for_first)
     reconciler.reconcile_all()
 
     assert (reload(first).status, reload(second).status) == (S.RUNNING, S.SUCCEEDED)
@@ -142,7 +142,7 @@ def test_a_job_that_fails_to_finish_leaves_the_others_finished_and_finishes_at_t
     assert first_attempt.state == AttemptState.LAUNCHED  # nothing of its finish was kept
     assert not JobEvent.objects.filter(job=first, type="job.data_incomplete").exists()
 
-    monkeypatch.setattr(reconciler, "job_transition", real)
+    monkeypatch.setattr(apply, "job_transition", real)
     reconciler.reconcile_all()
 
     assert reload(first).status == S.SUCCEEDED
@@ -154,7 +154,7 @@ def test_a_job_that_fails_to_finish_leaves_the_others_finished_and_finishes_at_t
 def test_finishing_ended_jobs_takes_as_many_queries_for_six_as_for_two_plus_their_own_writes(
         owner, spec, launcher, cluster, monkeypatch):
     """What finishing reads is read once per pass; per job only its own writes remain."""
-    real, counted = reconciler._finish_ended, []
+    real, counted = reconciler.finish_ended, []
 
     def counting(job_ids, seen, launcher):
         with CaptureQueriesContext(connection) as captured:
@@ -162,7 +162,7 @@ def test_finishing_ended_jobs_takes_as_many_queries_for_six_as_for_two_plus_thei
         counted.append(len(captured))
         return left
 
-    monkeypatch.setattr(reconciler, "_finish_ended", counting)
+    monkeypatch.setattr(reconciler, "finish_ended", counting)
 
     def finish_queries(count: int) -> int:
         names = [running_since(owner, spec, cluster, 2)[2] for _ in range(count)]

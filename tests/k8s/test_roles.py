@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from django.utils import timezone as django_timezone
 
-from jobs import reconciler
+from jobs.pipeline import launch, reconciler
 from jobs.launchers.base import AttemptPhase, LaunchRequest
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.launchers.kubernetes.objects import (
@@ -252,7 +252,7 @@ def running_split(owner, spec, cluster) -> tuple[Job, JobAttempt, str]:
     spec["resources"] = {"gpu_type": "H100", "gpus": 2}
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
     attempt = JobAttempt.objects.get(pk=attempt.pk)
     name = attempt.handle["jobset"]
     assert [job["name"] for job in cluster.jobset(NAMESPACE, name)["spec"]["replicatedJobs"]] == list(SPLIT_ROLES)
@@ -333,7 +333,7 @@ def test_a_split_job_on_a_pool_without_a_shared_volume_fails_to_launch_saying_so
     spec["resources"] = {"gpu_type": "H100", "gpus": 2}
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
 
     job = reload(job)
     assert (job.status, job.error_code) == (S.FAILED, ErrorCode.INTERNAL_ERROR)

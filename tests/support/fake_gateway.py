@@ -436,7 +436,7 @@ class FakeGateway(ClusterGateway):
 def kubernetes_pool(settings, monkeypatch, cluster: FakeGateway, *, nodes: list[dict], clock=None, **pool_settings):
     """Make Lab launch on `cluster` (`LAB_LAUNCHER=kubernetes`, the pool inventory `nodes`) through
     a KubernetesLauncher with `pool_settings` (PoolSettings fields) that the reconciler uses; return it."""
-    from jobs import reconciler
+    from jobs.launchers import registry
     from jobs.launchers.kubernetes.launcher import KubernetesLauncher
     from jobs.launchers.kubernetes.objects import PoolSettings
 
@@ -445,5 +445,5 @@ def kubernetes_pool(settings, monkeypatch, cluster: FakeGateway, *, nodes: list[
     settings.LAB_POOL_CONFIGURED = True
     extra = {} if clock is None else {"clock": clock}
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(**pool_settings), background=False, **extra)
-    monkeypatch.setattr(reconciler, "get_launcher", lambda: launcher)
+    monkeypatch.setattr(registry, "get_launcher", lambda: launcher)
     return launcher

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from rest_framework.test import APIClient
 
-from jobs import reconciler
+from jobs.pipeline import launch
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobAttempt
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
@@ -29,7 +29,7 @@ def submit(owner, spec) -> tuple[Job, JobAttempt]:
     """Submit, claim and launch a job's first attempt; return the job and the attempt."""
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
-    reconciler.attempt_launch(attempt_id=attempt.pk)
+    launch.attempt_launch(attempt_id=attempt.pk)
     return reload(job), JobAttempt.objects.get(pk=attempt.pk)
 
 
