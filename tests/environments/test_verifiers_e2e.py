@@ -1,10 +1,11 @@
 """End to end: a verifiers v1 taskset wheel pushed with the CLI (`lab envs push`) trains a
 tiny-model job on the real stack (uvicorn, Celery worker, local launcher, engine subprocess and
-its verifiers bridge), with one metric per reward function; a verifiers package needing a module
-the verifiers environment lacks fails its job with environment_error naming the module."""
+its verifiers bridge), with one metric per reward function; a verifiers package importing a module
+no index has fails its build, and a job naming it is refused at submit."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from django.db import connection
 from labsdk import Lab
@@ -14,7 +15,7 @@ from jobs.models import Job
 from tests.environments.verifiers_wheels import require_verifiers_python, spell_wheel
 from tests.support.environments import wait_finished
 from tests.support.packages import TINY
-from tests.support.stack import running_stack
+from tests.support.stack import running_stack, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -30,7 +31,7 @@ def stack(tmp_path, settings):
         yield lab
 
 
-def test_a_verifiers_taskset_pushed_with_the_cli_trains_a_tiny_job_and_a_missing_module_fails_it(
+def test_a_verifiers_taskset_pushed_with_the_cli_trains_a_tiny_job_and_one_whose_build_failed_is_refused(
     stack, owner, tmp_path, monkeypatch, capsys
 ):
     require_verifiers_python()
@@ -57,9 +58,14 @@ def test_a_verifiers_taskset_pushed_with_the_cli_trains_a_tiny_job_and_a_missing
         assert {"reward/spell-env/mean", "reward/spell-env/exact/mean", "reward/spell-env/letters/mean",
                 "reward/spell-env/short/mean"} <= names
 
-        failing = lab.jobs.create({**TINY, "env": [{"id": "acme/needy-spell@1.0"}]})
-        failed = wait_finished(lab, stack, failing.id)
-        assert failed.status == "failed"
-        assert failed.error.code == "environment_error"
-        assert "needs the module 'frobnicator_9000', which is not installed in the verifiers environment" in failed.error.message
-        assert Job.objects.unscoped().get(public_id=failing.id).attempt == 1  # exit 2 is never retried
+    # Its build fails importing the module (frobnicator_9000 is on no index): a job naming it is refused at submit.
+    headers = {"Authorization": f"Bearer {owner.key}"}
+    url = f"{stack.base_url}/api/v1/environments/acme/needy-spell@1.0"
+    build = wait_for(
+        lambda: (body := httpx.get(url, headers=headers).json()["build"])["status"] in {"ready", "failed"} and body,
+        timeout=300, what="needy-spell's build ended",
+    )
+    assert build["status"] == "failed" and "needs the module 'frobnicator_9000'" in build["error"], build
+    refused = httpx.post(f"{stack.base_url}/api/v1/jobs", headers=headers, json={**TINY, "env": [{"id": "acme/needy-spell@1.0"}]})
+    assert refused.status_code == 400 and "did not build" in refused.json()["error"]["message"], refused.text
+    assert not Job.objects.unscoped().filter(spec__env__0__id="acme/needy-spell@1.0").exists()
