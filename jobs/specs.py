@@ -75,11 +75,15 @@ def _resolve_packages(
 ) -> tuple[dict[tuple[str, int], EnvironmentPackage], list[SpecProblem]]:
     """Find the package each uploaded ``env.N.id`` and ``eval.env.N.id`` names (its latest
     version when it names none), locking the rows with ``lock``; a package deleted meanwhile
-    reads like a missing one."""
+    reads like a missing one. Ids that ``environments`` does not hold are left to
+    ``catalog_problems``, which reports them; ``spec`` may be the stand-in that
+    ``_raw_spec`` builds (no ``eval``)."""
     packages, problems = {}, []
     blocks = [("env", index, env) for index, env in enumerate(spec.env)]
-    blocks += [("eval.env", index, env) for index, env in enumerate(spec.eval.env or [])]
+    blocks += [("eval.env", index, env) for index, env in enumerate(getattr(getattr(spec, "eval", None), "env", None) or [])]
     for section, index, env in blocks:
+        if env.id not in environments:
+            continue
         ref = EnvironmentRef.parse(env.id) if env.id not in list_environments() else None
         if ref is None:
             continue
@@ -102,13 +106,15 @@ def _resolve_packages(
     return packages, problems
 
 
-def _raw_catalog_problems(data: Mapping[str, Any], models, environments, known: set[str]) -> list[SpecProblem]:
-    """Catalogue checks on a spec that failed shape validation, for the fields that are usable."""
+def _raw_spec(data: Mapping[str, Any]) -> SimpleNamespace:
+    """A stand-in for the spec of ``data`` that failed shape validation, with what the catalogue
+    checks read (``model``, ``sampling.max_tokens``, each ``env`` block's ``id`` and ``args``);
+    a field that is not usable is ``None`` (an id), ``0`` or ``{}``."""
     model = data.get("model")
     sampling = data.get("sampling") if isinstance(data.get("sampling"), Mapping) else {}
     max_tokens = sampling.get("max_tokens")
     envs = data.get("env") if isinstance(data.get("env"), list) else []
-    spec_like = SimpleNamespace(
+    return SimpleNamespace(
         model=model if isinstance(model, str) else None,
         sampling=SimpleNamespace(max_tokens=max_tokens if type(max_tokens) is int else 0),
         env=[
@@ -119,6 +125,11 @@ def _raw_catalog_problems(data: Mapping[str, Any], models, environments, known: 
             for env in envs
         ],
     )
+
+
+def _raw_catalog_problems(spec_like: SimpleNamespace, models, environments, known: set[str]) -> list[SpecProblem]:
+    """Catalogue checks on a spec that failed shape validation (``_raw_spec``), for the fields
+    that are usable and have no shape problem (``known`` holds the params that have one)."""
     problems = catalog_problems(spec_like, models=models, environments=environments)
     unusable = {"model"} if spec_like.model is None else set()
     unusable |= {f"env.{index}.id" for index, env in enumerate(spec_like.env) if env.id is None}
@@ -181,7 +192,10 @@ def validate_job_spec(
     exists). Raises LabError ``invalid_spec`` listing every problem with its dotted path:
     shape and cross-field rules, unknown model or environment (another organization's package is
     unknown), environment arguments, context length, pool capacity, ``init_from``, and secrets the
-    spec names (``[teacher.client] api_key_var``) that the job is not given.
+    spec names (``[teacher.client] api_key_var``) that the job is not given. The uploaded packages
+    are looked up whatever else is wrong, so their problems come in the same answer; a spec that
+    fails shape validation is still checked against the catalogues and the packages where its
+    fields are usable.
     """
     models, environments = installed_models(), installed_environments(project.organization)
     try:
@@ -191,7 +205,10 @@ def validate_job_spec(
         # a spec refused as too deep is not read any further (translating it would recurse through it)
         if isinstance(data, Mapping) and not any(problem.code == "too_deep" and problem.param in data for problem in problems):
             known = {problem.param for problem in problems}
-            problems += _raw_catalog_problems(translate_layout(data)[0], models, environments, known)
+            spec_like = _raw_spec(translate_layout(data)[0])
+            problems += _raw_catalog_problems(spec_like, models, environments, known)
+            _, package_problems = _resolve_packages(project.organization, spec_like, environments, lock=False)
+            problems += [problem for problem in package_problems if problem.param not in known]
         raise _invalid_spec(problems) from None
     if parsed.spec.model in models:
         parsed = fit_seq_len(parsed, models[parsed.spec.model].context_length)
@@ -201,8 +218,9 @@ def validate_job_spec(
     checkpoint, init_problems = _init_from_problems(project, spec)
     problems += init_problems
     problems += secret_problems(spec, secret_names)
-    packages, package_problems = ({}, []) if problems else _resolve_packages(
-        project.organization, spec, environments, lock=lock_environments
+    # a spec with other problems is refused anyway: its packages are only read, not locked
+    packages, package_problems = _resolve_packages(
+        project.organization, spec, environments, lock=lock_environments and not problems
     )
     problems += package_problems
     if problems:

@@ -16,9 +16,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console, Group
 from rich.live import Live
-from rich.cells import cell_len
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -26,7 +26,14 @@ from rich.text import Text
 from labsdk._version import __version__
 from labsdk.client import Lab
 from labsdk.display import MAIN_METRICS, format_bytes, progress_line, status_order
-from labsdk.errors import APIConnectionError, JobCancelledError, JobFailedError, LabError, WaitTimeoutError
+from labsdk.errors import (
+    APIConnectionError,
+    InvalidSpecError,
+    JobCancelledError,
+    JobFailedError,
+    LabError,
+    WaitTimeoutError,
+)
 from labsdk.secrets import SecretsError, take_spec_secrets
 from labsdk.spec import SpecError, job_spec_json_schema, parse_spec, read_spec_file, secret_problems
 from labsdk.spec_template import DEFAULT_ENV, DEFAULT_MODEL, spec_fields, spec_template
@@ -564,38 +571,53 @@ def _wait_and_report(lab: Lab, job_id: str, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _merge_problems(first: Sequence[Any], then: Sequence[Any]) -> list[Any]:
+    """``first`` and the problems of ``then`` that ``first`` does not already name (the same
+    ``param`` and ``code``), in that order."""
+    seen = {(problem.param or "", problem.code) for problem in first}
+    return [*first, *(problem for problem in then if (problem.param or "", problem.code) not in seen)]
+
+
 def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab spec check FILE [-e KEY=VALUE] [--env-file FILE]``: every local problem at once (the
-    secrets the spec names included), then Lab's estimate when configured."""
+    """``lab spec check FILE [-e KEY=VALUE] [--env-file FILE]``: every problem in one run. The
+    local ones (shape, cross-field rules, the secrets the spec names) are found here; with
+    LAB_API_KEY the spec also goes to Lab's estimate whatever was found, and Lab's problems
+    (model and environment catalogues, environment arguments and packages, the pool,
+    ``init_from``) are merged in, each ``param``/``code`` once. Without a key it says that the
+    catalogues were not checked. Exits 1 with any problem, and when Lab cannot be reached."""
+    parsed, problems, secrets = None, [], {}
     try:
         data = read_spec_file(args.file)
-        secrets = take_spec_secrets(data, args.file, env_files=args.env_file or [], env_arguments=args.env or []) \
-            if isinstance(data, dict) else {}
+    except SpecError as exc:  # not a table that could be sent anywhere
+        return _spec_check_failed(args, exc.errors, None)
+    try:
+        if isinstance(data, dict):
+            secrets = take_spec_secrets(data, args.file, env_files=args.env_file or [], env_arguments=args.env or [])
         parsed = parse_spec(data)
-        missing = secret_problems(parsed.spec, secrets)
-        if missing:
-            raise SpecError(missing)
+        problems = secret_problems(parsed.spec, secrets)
     except SpecError as exc:
-        if args.json:
-            _print_json({"valid": False, "errors": [p.to_dict() for p in exc.errors], "warnings": [], "estimate": None})
-        else:
-            count = len(exc.errors)
-            print(f"{args.file}: {count} problem{'' if count == 1 else 's'}", file=sys.stderr)
-            _report_problems(exc.errors)
-        return EXIT_FAILED
+        problems = list(exc.errors)
 
     estimate = None
-    if os.environ.get("LAB_API_KEY"):
+    lab = None if not isinstance(data, dict) else "checked" if os.environ.get("LAB_API_KEY") else "no_key"
+    if lab == "checked":
         try:
             estimate = client().jobs.estimate(spec=data, secrets=secrets)
+        except InvalidSpecError as exc:
+            problems = _merge_problems(problems, exc.errors)
         except APIConnectionError:
-            if not args.json:
+            if problems:
+                _spec_check_failed(args, problems, "not_reached")
+            elif not args.json:
                 print(f"{args.file}: valid locally; Lab was not reached to check the catalogues and the pool")
             raise
+    if problems:
+        return _spec_check_failed(args, problems, lab)
+    assert parsed is not None
     warnings = list(dict.fromkeys(parsed.warnings + (estimate.warnings if estimate else [])))
     if args.json:
         _print_json({"valid": True, "errors": [], "warnings": warnings,
-                     "estimate": estimate.to_dict() if estimate else None})
+                     "estimate": estimate.to_dict() if estimate else None, "checked_by_lab": estimate is not None})
         return EXIT_OK
     checked = "valid (checked locally and by Lab)" if estimate else (
         "valid locally; its model and environments were not checked (no LAB_API_KEY): "
@@ -616,6 +638,30 @@ def spec_check(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
                 table.add_row(name, _text(value))
         _print(table)
     return EXIT_OK
+
+
+#: How ``lab spec check`` says whether Lab checked a spec with problems, by what happened.
+_LAB_CHECK = {
+    "checked": "checked locally and by Lab",
+    "no_key": "its model and environments were not checked (no LAB_API_KEY): set LAB_API_KEY to check them through Lab",
+    "not_reached": "its model and environments were not checked: Lab was not reached",
+}
+
+
+def _spec_check_failed(args: argparse.Namespace, problems: Sequence[Any], lab: str | None) -> int:
+    """Report the problems ``lab spec check`` found (``SpecProblem``s or ``ProblemDetail``s) and
+    whether Lab checked the spec too (``lab``: a key of ``_LAB_CHECK``, ``None`` for a file not
+    read); return EXIT_FAILED."""
+    if args.json:
+        _print_json({"valid": False, "errors": [problem.to_dict() if hasattr(problem, "to_dict") else dict(problem)
+                                                for problem in problems],
+                     "warnings": [], "estimate": None, "checked_by_lab": lab == "checked"})
+        return EXIT_FAILED
+    count = len(problems)
+    checked = f" ({_LAB_CHECK[lab]})" if lab else ""
+    print(f"{args.file}: {count} problem{'' if count == 1 else 's'}{checked}", file=sys.stderr)
+    _report_problems(problems)
+    return EXIT_FAILED
 
 
 def spec_init(args: argparse.Namespace, client: Callable[[], Lab]) -> int:

@@ -96,7 +96,7 @@ def test_spec_check_asks_lab_for_the_catalogue_checks(cli, tmp_path, tiny_toml):
     assert good.returncode == 0, good.stderr
     assert "checked locally and by Lab" in good.stdout
     assert bad.returncode == 1
-    assert "(invalid_spec)" in bad.stderr and "  env.0.id: " in bad.stderr
+    assert "1 problem (checked locally and by Lab)" in bad.stderr and "  env.0.id: " in bad.stderr
     assert "lab/addition" in bad.stderr
     assert "Traceback" not in bad.stderr
     assert not Job.objects.unscoped().exists()
