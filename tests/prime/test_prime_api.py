@@ -527,3 +527,16 @@ def test_gpu_type_fills_a_lab_layout_spec_too_and_the_pool_checks_it(owner, spec
     assert Job.objects.unscoped().get().gpu_type == "cpu"
     assert on_h100.status_code == 422
     assert [item["loc"] for item in on_h100.json()["detail"]] == [["body", "resources", "gpu_type"]]
+
+
+def test_mode_sft_is_refused_pointing_at_loss_sft_which_a_run_of_mode_rl_takes(owner, spec):
+    refused = owner.client().post(f"{BASE}/training/runs", {"config": tiny_config(), "mode": "sft"}, format="json")
+    teacher = {"model": "t", "client": {"base_url": "https://api.example.com/v1", "api_key_var": "OPENAI_API_KEY"}}
+    config = {**spec, "loss": "sft", "teacher": teacher, "secrets": {"OPENAI_API_KEY": "sk-test"}}
+    distilled = owner.client().post(f"{BASE}/training/runs", {"config": config, "mode": "rl"}, format="json")
+
+    assert refused.status_code == 422
+    message = refused.json()["detail"][0]["msg"]
+    assert "not on a fixed dataset" in message and 'loss = "sft"' in message and "[teacher]" in message
+    assert distilled.status_code == 200, distilled.content
+    assert Job.objects.unscoped().get(public_id=distilled.json()["runId"]).spec["loss"] == "sft"

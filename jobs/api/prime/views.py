@@ -117,6 +117,15 @@ class TrainingRunPrepareView(PrimeAPIView):
         raise ApiError(404, "not_found", "Lab offers no local validation; it validates the config on submission.")
 
 
+#: Why a run whose mode is not ``rl`` is refused (Prime's ``sft`` mode fine-tunes on a dataset), and
+#: what Lab offers instead: a config of mode ``rl`` with ``loss = "sft"`` distils a ``[teacher]``.
+MODE_REFUSED = (
+    "mode must be 'rl': Lab trains on environments' prompts, not on a fixed dataset (mode 'sft'); "
+    "to distil from a teacher model, send mode 'rl' with loss = \"sft\" and a [teacher] table in the config "
+    "(docs/prime-compat.md)"
+)
+
+
 class TrainingRunCreateView(PrimeAPIView):
     """``POST /training/runs``: submit a prime-rl config as a Lab job.
 
@@ -141,7 +150,7 @@ class TrainingRunCreateView(PrimeAPIView):
         if not isinstance(config, Mapping):
             errors.append(FieldError("config", "invalid_type", "config must be the run's TOML config as a JSON object"))
         if body.get("mode") not in (None, "rl"):
-            errors.append(FieldError("mode", "invalid_value", "Lab runs reinforcement-learning configs only (mode 'rl'); no SFT"))
+            errors.append(FieldError("mode", "invalid_value", MODE_REFUSED))
         name = _optional_string(body, "name", errors, max_length=128)
         gpu_type = _optional_string(body, "gpuType", errors, max_length=32)
         secrets = {
