@@ -11,20 +11,28 @@ what it made in Lab's storage (``lab.storage``):
 On the filesystem backend the builder writes the wheelhouse in place; on an object store it works
 in ``LAB_DATA_DIR/cache/wheelhouse`` and the wheels it fetched are uploaded after it ends.
 The index is ``LAB_PACKAGE_INDEX_URL``.
+
+A build takes at most ``LAB_ENVIRONMENT_BUILD_TIMEOUT_S`` (its builder and everything the builder
+started are killed then). ``build_sweep``, run by beat, finishes what a lost worker left: a build
+still ``running`` past that limit and the task's grace fails, a build ``queued`` for longer than
+``REQUEUE_AFTER_S`` is sent to a worker again (running a build twice is a no-op, ``_claim``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -33,15 +41,19 @@ from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackag
 from environments.storage import KEY_PREFIX, WHEEL_CONTENT_TYPE
 from lab import storage
 from lab.celery import TaskName
-from lab.dispatch import enqueue_on_commit
+from lab.dispatch import enqueue_on_commit, send
 from lab.errors import LabError
 
 logger = logging.getLogger(__name__)
 
 #: Where the shared wheelhouse lives in storage.
 WHEELHOUSE_PREFIX = f"{KEY_PREFIX}wheelhouse/"
-#: The longest a whole build may take, in seconds (resolve, fetch, install, load); past it the build fails.
-BUILD_TIMEOUT_S = 1800
+#: How long past ``LAB_ENVIRONMENT_BUILD_TIMEOUT_S`` the build task may run (storing the log) before
+#: Celery kills it; a build still ``running`` after both has lost its worker (``build_sweep``).
+TASK_GRACE_S = 180
+#: How long a build may stay ``queued`` before ``build_sweep`` sends it to a worker again, and
+#: the least time between two sends of the same build, in seconds.
+REQUEUE_AFTER_S = 300
 #: The longest build log kept, in bytes (its end: where a failure is).
 MAX_LOG_BYTES = 4 * 1024 * 1024
 _REPOSITORY = Path(__file__).resolve().parents[1]
@@ -135,6 +147,34 @@ def builder_command(*, wheel: Path, build: EnvironmentBuild, wheelhouse: Path, w
     ]
 
 
+def _run_builder(command: list[str], *, env: dict[str, str], timeout: float) -> tuple[int | None, bytes]:
+    """Run the builder ``command`` in a process group of its own and return its exit status and
+    output (stdout and stderr together); the status is None when it ran past ``timeout`` seconds.
+    Past the timeout, or when the task is interrupted (its soft time limit), the whole group is
+    killed: the builder, uv and the import probe it started."""
+    process = subprocess.Popen(
+        command, cwd=_REPOSITORY, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        output, _ = process.communicate()
+        return None, output
+    except BaseException:
+        _kill_group(process)
+        process.wait()
+        raise
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def build_run(build_id: int) -> EnvironmentBuild | None:
     """Run the queued build ``build_id`` to its end (``ready`` or ``failed``) and store its lock,
     summary and log; return it, or None when it was not queued (a second delivery of the task).
@@ -161,18 +201,14 @@ def build_run(build_id: int) -> EnvironmentBuild | None:
         result_path = workdir / "result.json"
         command = builder_command(wheel=wheel, build=build, wheelhouse=wheelhouse, workdir=workdir / "work", result=result_path)
         environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": scratch, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
-        try:
-            completed = subprocess.run(
-                command, cwd=_REPOSITORY, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                timeout=BUILD_TIMEOUT_S, check=False,
-            )
-            output = completed.stdout
+        timeout = settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S
+        returncode, output = _run_builder(command, env=environment, timeout=timeout)
+        if returncode is None:
+            result = {"status": BuildStatus.FAILED, "error": f"the build took longer than {timeout} s (LAB_ENVIRONMENT_BUILD_TIMEOUT_S)"}
+        else:
             result = json.loads(result_path.read_text()) if result_path.is_file() else None
             if result is None:
-                result = {"status": BuildStatus.FAILED, "error": f"the builder crashed (exit {completed.returncode}): see the build log"}
-        except subprocess.TimeoutExpired as expired:
-            output = expired.stdout or b""
-            result = {"status": BuildStatus.FAILED, "error": f"the build took longer than {BUILD_TIMEOUT_S} s"}
+                result = {"status": BuildStatus.FAILED, "error": f"the builder crashed (exit {returncode}): see the build log"}
         if result["status"] == BuildStatus.READY and not storage.is_filesystem():
             _upload_wheels(wheelhouse, result.get("lock", []))
     build.log_key = build_log_key(build)
@@ -191,3 +227,42 @@ def build_run(build_id: int) -> EnvironmentBuild | None:
     build.save(update_fields=["status", "error", "python", "lock", "summary", "log_key", "finished_at"])
     logger.info("environment build %s of %s: %s", build.number, package.public_id, build.status)
     return build
+
+
+def build_sweep() -> dict[str, int]:
+    """Finish what lost workers left (beat's periodic pass; safe to run any time, from any process):
+
+    - a build ``running`` for longer than ``LAB_ENVIRONMENT_BUILD_TIMEOUT_S`` + ``TASK_GRACE_S``
+      (no worker can still be running it: Celery's hard time limit has passed) ends ``failed``
+      with an error saying so and how to build it again;
+    - a build ``queued`` for longer than ``REQUEUE_AFTER_S`` (its message lost with a broker or a
+      worker) is sent to a worker again, at most once per ``REQUEUE_AFTER_S``.
+
+    Returns ``{"failed": n, "resent": n}``.
+    """
+    now = timezone.now()
+    limit = settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S
+    stale = EnvironmentBuild.objects.unscoped().filter(
+        status=BuildStatus.RUNNING, started_at__lt=now - timedelta(seconds=limit + TASK_GRACE_S)
+    )
+    failed = stale.update(
+        status=BuildStatus.FAILED,
+        finished_at=now,
+        error=(
+            f"the build did not finish within {limit} s (LAB_ENVIRONMENT_BUILD_TIMEOUT_S): the worker running it stopped "
+            "or it hung; build it again (POST /api/v1/environments/<id>/builds, or `lab envs rebuild ID`)"
+        ),
+    )
+    if failed:
+        logger.warning("environment builds: %d left running past %d s marked failed", failed, limit)
+    resent = 0
+    waiting = EnvironmentBuild.objects.unscoped().filter(
+        status=BuildStatus.QUEUED, created_at__lt=now - timedelta(seconds=REQUEUE_AFTER_S)
+    ).values_list("pk", flat=True)
+    for build_id in waiting:
+        if cache.add(f"environments:build-resent:{build_id}", 1, timeout=REQUEUE_AFTER_S):
+            send(TaskName.BUILD_ENVIRONMENT, build_id)
+            resent += 1
+    if resent:
+        logger.info("environment builds: %d queued for over %d s sent again", resent, REQUEUE_AFTER_S)
+    return {"failed": failed, "resent": resent}

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from environments import builds
 from lab.celery import TaskName, task
 
+_BUILD_TIMEOUT_S = settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S
 
-@task(TaskName.BUILD_ENVIRONMENT, soft_time_limit=builds.BUILD_TIMEOUT_S + 120, time_limit=builds.BUILD_TIMEOUT_S + 180)
+
+@task(TaskName.BUILD_ENVIRONMENT, soft_time_limit=_BUILD_TIMEOUT_S + builds.TASK_GRACE_S - 60, time_limit=_BUILD_TIMEOUT_S + builds.TASK_GRACE_S)
 def build_environment(build_id: int) -> None:
     """Run the queued environment build ``build_id`` (a no-op once it has run)."""
     builds.build_run(build_id)
+
+
+@task(TaskName.SWEEP_ENVIRONMENT_BUILDS, soft_time_limit=120, time_limit=180)
+def sweep_environment_builds() -> dict[str, int]:
+    """Periodic pass: fail builds a lost worker left running, send long-queued ones again."""
+    return builds.build_sweep()

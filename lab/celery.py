@@ -55,6 +55,7 @@ class TaskName(StrEnum):
     SEND_METER_EVENTS = "billing.send_meter_events", Queue.BILLING
     PURGE_IDEMPOTENCY_RECORDS = "lab.purge_idempotency_records", Queue.DEFAULT
     BUILD_ENVIRONMENT = "environments.build", Queue.BUILDS
+    SWEEP_ENVIRONMENT_BUILDS = "environments.sweep_builds", Queue.DEFAULT
 
 
 def task(name: TaskName, **options: Any) -> Callable[[Callable[..., Any]], Any]:

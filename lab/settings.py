@@ -176,6 +176,8 @@ LAB_WEBHOOK_ALLOW_PRIVATE = env_bool("LAB_WEBHOOK_ALLOW_PRIVATE", False)
 LAB_STORAGE_URL = env_str("LAB_STORAGE_URL", "")
 # Where environment builds resolve and fetch packages (a PEP 503 index: PyPI, a company mirror, or a folder's file:// URL).
 LAB_PACKAGE_INDEX_URL = env_str("LAB_PACKAGE_INDEX_URL", "https://pypi.org/simple")
+# The longest one environment build may take, in seconds (resolve, fetch, install, load); past it the build fails.
+LAB_ENVIRONMENT_BUILD_TIMEOUT_S = env_int("LAB_ENVIRONMENT_BUILD_TIMEOUT_S", 1800, minimum=60)
 if LAB_STORAGE_URL and not LAB_STORAGE_URL.startswith("s3://"):
     raise ImproperlyConfigured("LAB_STORAGE_URL must be empty (filesystem) or s3://bucket/prefix")
 LAB_POOL = env_json("LAB_POOL", {"nodes": [{"gpu_type": "cpu", "gpus": 0, "count": 1}]})
@@ -427,6 +429,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-jobs": {"task": "jobs.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
     "sweep-webhook-deliveries": {"task": "jobs.webhooks.sweep", "schedule": 5.0},
     "sweep-orphan-checkpoints": {"task": "jobs.sweep_orphan_checkpoints", "schedule": 3600.0},
+    "sweep-environment-builds": {"task": "environments.sweep_builds", "schedule": 60.0},
     # Meter events owed after a Stripe outage (each interval's close also enqueues the task).
     "send-meter-events": {"task": "billing.send_meter_events", "schedule": 300.0},
 }

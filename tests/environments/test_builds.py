@@ -7,13 +7,19 @@ The builds that install verifiers' closure take tens of seconds each, so only tw
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
+
+from environments import builds
 
 from environments.builder.build import BuildFailed, check_python, is_load_environment_module
 from environments.builds import build_log, build_run, latest_build
@@ -162,6 +168,70 @@ def test_another_organizations_builds_are_not_found(owner, outsider, index):
         response = getattr(client, method)(path)
         assert response.status_code == 404, (path, response.content)
     assert EnvironmentBuild.objects.unscoped().count() == 1
+
+
+# --- builds a lost worker left, and the builder's time limit ----------------------------------
+
+
+def test_the_sweep_fails_a_build_left_running_past_the_limit_and_sends_a_long_queued_one_again(owner, index, settings, monkeypatch):
+    settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S = 600
+    sent = []
+    monkeypatch.setattr(builds, "send", lambda name, *args: sent.append((name, *args)))
+    cache.clear()
+    now = timezone.now()
+    lost = _pushed_build(owner, tiny_single_turn_wheel("lost-count"))
+    EnvironmentBuild.objects.unscoped().filter(pk=lost.pk).update(
+        status=BuildStatus.RUNNING, started_at=now - timedelta(seconds=600 + builds.TASK_GRACE_S + 5)
+    )
+    slow = _pushed_build(owner, tiny_single_turn_wheel("slow-count"))  # past the limit, within the task's grace
+    EnvironmentBuild.objects.unscoped().filter(pk=slow.pk).update(status=BuildStatus.RUNNING, started_at=now - timedelta(seconds=700))
+    waiting = _pushed_build(owner, tiny_single_turn_wheel("waiting-count"))
+    EnvironmentBuild.objects.unscoped().filter(pk=waiting.pk).update(created_at=now - timedelta(seconds=builds.REQUEUE_AFTER_S + 5))
+    fresh = _pushed_build(owner, tiny_single_turn_wheel("fresh-count"))
+
+    assert builds.build_sweep() == {"failed": 1, "resent": 1}
+
+    lost.refresh_from_db()
+    assert lost.status == BuildStatus.FAILED and lost.finished_at is not None
+    assert lost.error.startswith("the build did not finish within 600 s (LAB_ENVIRONMENT_BUILD_TIMEOUT_S)")
+    assert "lab envs rebuild ID" in lost.error
+    body = owner.client().get("/api/v1/environments/acme/lost-count@0.1.0").json()["build"]
+    assert (body["status"], body["error"]) == ("failed", lost.error)
+    assert owner.client().post("/api/v1/environments/acme/lost-count/builds").status_code == 201  # no longer blocked by it
+    slow.refresh_from_db()
+    fresh.refresh_from_db()
+    assert (slow.status, fresh.status) == (BuildStatus.RUNNING, BuildStatus.QUEUED)
+    assert sent == [(builds.TaskName.BUILD_ENVIRONMENT, waiting.pk)]
+    assert builds.build_sweep() == {"failed": 0, "resent": 0}  # sent once per REQUEUE_AFTER_S, not every pass
+
+
+def test_a_build_past_its_time_limit_fails_and_its_builder_and_what_it_started_are_killed(owner, index, settings, monkeypatch, tmp_path):
+    settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S = 2
+    pid_file = tmp_path / "grandchild.pid"
+    hang = f"import os, subprocess; p = subprocess.Popen(['sleep', '120']); open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()"
+    monkeypatch.setattr(builds, "builder_command", lambda **kwargs: [sys.executable, "-c", hang])
+    build = _pushed_build(owner, tiny_single_turn_wheel())
+
+    started = time.monotonic()
+    build = build_run(build.pk)
+
+    assert time.monotonic() - started < 30
+    assert build.status == BuildStatus.FAILED
+    assert build.error == "the build took longer than 2 s (LAB_ENVIRONMENT_BUILD_TIMEOUT_S)"
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")  # a zombie is dead
 
 
 # --- the builder's own checks -------------------------------------------------------------------

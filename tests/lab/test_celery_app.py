@@ -65,6 +65,7 @@ def test_every_task_is_routed_to_the_declared_queue_its_task_name_gives():
         "billing.send_meter_events": "billing",
         "lab.purge_idempotency_records": "default",
         "environments.build": "builds",
+        "environments.sweep_builds": "default",
     }
     assert set(routed.values()) <= {queue.name for queue in app.conf.task_queues}
 
@@ -83,5 +84,6 @@ def test_beat_schedules_tasks_by_their_task_names():
             TaskName.SWEEP_ORPHAN_CHECKPOINTS,
             TaskName.SWEEP_WEBHOOKS,
             TaskName.PURGE_IDEMPOTENCY_RECORDS,
+            TaskName.SWEEP_ENVIRONMENT_BUILDS,
         ]
     )
