@@ -30,11 +30,12 @@ from dashboard.access import OrganizationAccess, project_view
 from dashboard.forms import JobSpecForm
 from dashboard.spec_editor import example_named, examples
 from dashboard.views import _actor, _render
-from jobs.adapters import adapter_download_response, adapter_list
-from jobs.checkpoints import checkpoint_download_response
+from jobs.artifacts.downloads import download_response
+from jobs.artifacts.kinds import ADAPTER, CHECKPOINT, ArtifactKind
+from jobs.artifacts.lifecycle import artifact_list
 from jobs.distributions import histogram
 from jobs.estimates import job_estimate
-from jobs.models import Adapter, Checkpoint, CheckpointStatus, Job, JobStatus, MetricStep
+from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus, MetricStep
 from jobs.queue import queue_positions
 from jobs.selectors import (
     job_eta_seconds,
@@ -283,8 +284,8 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
         **header,
         "project": project,
         "events": events,
-        "checkpoints": job.checkpoints.order_by("-step", "-id"),
-        "adapters": adapter_list(job=job).order_by("-step"),
+        "checkpoints": artifact_list(CHECKPOINT, job=job).order_by("-step", "-id"),
+        "adapters": artifact_list(ADAPTER, job=job).order_by("-step", "-id"),
         "logs": job_logs_tail(job=job, limit=LOG_LINES_SHOWN),
         "sample_steps": steps,
         "spec_json": json.dumps(job.spec, indent=2),
@@ -320,7 +321,7 @@ def job_header(request: HttpRequest, access: OrganizationAccess, project: Projec
 def job_checkpoints(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
     """The job page's checkpoints list alone."""
     job = _job(project, job_id)
-    context = {"job": job, "project": project, "checkpoints": job.checkpoints.order_by("-step", "-id")}
+    context = {"job": job, "project": project, "checkpoints": artifact_list(CHECKPOINT, job=job).order_by("-step", "-id")}
     return _render(request, "dashboard/_job_checkpoints.html", context, access=access)
 
 
@@ -329,7 +330,7 @@ def job_checkpoints(request: HttpRequest, access: OrganizationAccess, project: P
 def job_adapters(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
     """The job page's adapters list alone."""
     job = _job(project, job_id)
-    context = {"job": job, "project": project, "adapters": adapter_list(job=job).order_by("-step")}
+    context = {"job": job, "project": project, "adapters": artifact_list(ADAPTER, job=job).order_by("-step", "-id")}
     return _render(request, "dashboard/_job_adapters.html", context, access=access)
 
 
@@ -440,36 +441,31 @@ def job_restart_view(request: HttpRequest, access: OrganizationAccess, project: 
     return _job_action(request, access, project, job_id, verb="restart", act=job_restart)
 
 
+def _artifact_download(request: HttpRequest, access: OrganizationAccess, project: Project, kind: ArtifactKind, artifact_id: str) -> HttpResponse:
+    """Download a ready artifact of ``kind`` of the project (the archive, or a redirect to a signed
+    URL); what is not ready or has changed goes back to its job's page with the reason."""
+    artifact = get_owned(kind.model.objects.select_related("job"), project, artifact_id, kind.name, error=_no_such)
+    try:
+        return download_response(artifact, request=request)
+    except LabError as error:
+        if http_status(error) == 404:
+            raise Http404(error.message) from None
+        messages.error(request, error.message)
+        return redirect("job", org_slug=access.organization.slug, project_slug=project.slug, job_id=artifact.job.public_id)
+
+
 @require_GET
 @project_view
 def adapter_download(request: HttpRequest, access: OrganizationAccess, project: Project, adapter_id: str) -> HttpResponse:
-    """Download a ready adapter of the project (the archive, or a redirect to a signed URL)."""
-    adapter = get_owned(Adapter.objects.select_related("job"), project, adapter_id, "adapter", error=_no_such)
-    try:
-        return adapter_download_response(adapter, request=request)
-    except LabError as error:
-        if http_status(error) == 404:
-            raise Http404(error.message) from None
-        messages.error(request, error.message)
-        return redirect("job", org_slug=access.organization.slug, project_slug=project.slug, job_id=adapter.job.public_id)
+    """Download a ready adapter of the project (``_artifact_download``)."""
+    return _artifact_download(request, access, project, ADAPTER, adapter_id)
 
 
 @require_GET
 @project_view
-def checkpoint_download(
-    request: HttpRequest, access: OrganizationAccess, project: Project, checkpoint_id: str
-) -> HttpResponse:
-    """Download a ready checkpoint of the project (the archive, or a redirect to a signed URL)."""
-    checkpoint = get_owned(Checkpoint.objects.select_related("job"), project, checkpoint_id, "checkpoint", error=_no_such)
-    try:
-        return checkpoint_download_response(checkpoint, request=request)
-    except LabError as error:
-        if http_status(error) == 404:
-            raise Http404(error.message) from None
-        messages.error(request, error.message)
-        return redirect(
-            "job", org_slug=access.organization.slug, project_slug=project.slug, job_id=checkpoint.job.public_id
-        )
+def checkpoint_download(request: HttpRequest, access: OrganizationAccess, project: Project, checkpoint_id: str) -> HttpResponse:
+    """Download a ready checkpoint of the project (``_artifact_download``)."""
+    return _artifact_download(request, access, project, CHECKPOINT, checkpoint_id)
 
 
 # --- compare -----------------------------------------------------------------------------------

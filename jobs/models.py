@@ -212,24 +212,36 @@ class CheckpointFormat(models.TextChoices):
     HF_FULL = "hf-full"
 
 
-class Checkpoint(models.Model):
-    """A saved training state of one job attempt at one step (one uncompressed tar)."""
+class Artifact(models.Model):
+    """What a checkpoint and an adapter share (``jobs.artifacts``): one uncompressed tar of one job
+    at one step, written by one attempt, stored under ``storage_key``; ``size_bytes`` and the hex
+    ``sha256`` are what Lab verified when it became ready (at ``ready_at``). A kind adds its
+    ``public_id`` (its prefix), its ``job`` (the reverse name), its ``status`` choices and its
+    uniqueness rule."""
 
     tenant_path = "job__project"
     tenant_parents = ("job",)
     objects = TenantManager()
 
-    public_id = models.CharField(max_length=40, unique=True, default=_checkpoint_public_id)
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
     step = models.PositiveIntegerField()
     attempt = models.PositiveIntegerField()
-    status = models.CharField(max_length=12, choices=CheckpointStatus.choices, default=CheckpointStatus.PENDING)
     format = models.CharField(max_length=12, choices=CheckpointFormat.choices)
     storage_key = models.CharField(max_length=512, blank=True)
     size_bytes = models.BigIntegerField(null=True, blank=True)
     sha256 = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Checkpoint(Artifact):
+    """A saved training state of one job attempt at one step (one uncompressed tar)."""
+
+    public_id = models.CharField(max_length=40, unique=True, default=_checkpoint_public_id)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    status = models.CharField(max_length=12, choices=CheckpointStatus.choices, default=CheckpointStatus.PENDING)
     stream_seq = models.BigIntegerField(null=True)
 
     class Meta:
@@ -267,28 +279,16 @@ class AdapterStatus(models.TextChoices):
     DELETED = "deleted"  # removed by ``[adapters] keep_last``; stays listed, no download
 
 
-class Adapter(models.Model):
+class Adapter(Artifact):
     """The trained weights alone (LoRA adapter or full Hugging Face weights, no optimizer or
-    trainer state) of one job at one step, as one uncompressed tar (``jobs.adapters``).
+    trainer state) of one job at one step, as one uncompressed tar (``jobs.artifacts``).
 
     Unique per (job, step): a newer attempt's export of a step replaces an older attempt's.
     """
 
-    tenant_path = "job__project"
-    tenant_parents = ("job",)
-    objects = TenantManager()
-
     public_id = models.CharField(max_length=40, unique=True, default=_adapter_public_id)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="adapters")
-    attempt = models.PositiveIntegerField()
-    step = models.PositiveIntegerField()
     status = models.CharField(max_length=12, choices=AdapterStatus.choices, default=AdapterStatus.UPLOADING)
-    format = models.CharField(max_length=12, choices=CheckpointFormat.choices)
-    storage_key = models.CharField(max_length=512, blank=True)
-    size_bytes = models.BigIntegerField(null=True, blank=True)
-    sha256 = models.CharField(max_length=64, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    ready_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "step"], name="adapter_once_per_step")]

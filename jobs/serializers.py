@@ -1,4 +1,5 @@
-"""JSON shapes of jobs, events, checkpoints and catalogue entries (docs/api.md)."""
+"""JSON shapes of jobs, events and catalogue entries (docs/api.md); a checkpoint's or an adapter's is
+``jobs.artifacts.presenters``'."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 from billing.models import Price
 from engine.catalog import EnvironmentInfo, ModelInfo
 from environments.models import EnvironmentPackage
+from jobs.artifacts.presenters import artifact_to_dict
 from jobs.models import (
     ACTIVE_STATUSES,
-    Adapter,
     Checkpoint,
     CheckpointStatus,
     Job,
@@ -25,38 +26,6 @@ from jobs.models import (
 from jobs.queue import queue_positions
 from jobs.read_once import ReadOnce
 from lab.formats import iso, money
-
-
-def adapter_to_dict(adapter: Adapter) -> dict[str, Any]:
-    """Return the Adapter object (docs/api.md); ``size_bytes`` and ``sha256`` are null until ready."""
-    return {
-        "id": adapter.public_id,
-        "object": "adapter",
-        "job_id": adapter.job.public_id,
-        "step": adapter.step,
-        "attempt": adapter.attempt,
-        "status": adapter.status,
-        "format": adapter.format,
-        "size_bytes": adapter.size_bytes,
-        "sha256": adapter.sha256 or None,
-        "created_at": iso(adapter.created_at),
-    }
-
-
-def checkpoint_to_dict(checkpoint: Checkpoint) -> dict[str, Any]:
-    """Return the Checkpoint object."""
-    return {
-        "id": checkpoint.public_id,
-        "object": "checkpoint",
-        "job_id": checkpoint.job.public_id,
-        "step": checkpoint.step,
-        "attempt": checkpoint.attempt,
-        "status": checkpoint.status,
-        "format": checkpoint.format,
-        "size_bytes": checkpoint.size_bytes,
-        "sha256": checkpoint.sha256 or None,
-        "created_at": iso(checkpoint.created_at),
-    }
 
 
 def job_to_dict(job: Job) -> dict[str, Any]:
@@ -150,7 +119,7 @@ def _job_dict(job: Job, latest: Checkpoint | None, position: int | None, phase: 
             "cpu_seconds": round(job.cpu_seconds, 3),
             "cost_usd": money(job.cost_usd),
         },
-        "latest_checkpoint": checkpoint_to_dict(latest) if latest else None,
+        "latest_checkpoint": artifact_to_dict(latest) if latest else None,
         "metadata": job.metadata,
     }
 

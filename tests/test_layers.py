@@ -181,12 +181,8 @@ GRAPH_PACKAGES = {package: directory for package, directory in PACKAGES.items() 
 #: The import circles there are today, each the set of modules in it. A circle may shrink or
 #: go, never grow; no other may appear. Every one closes through imports inside functions
 #: (``FUNCTION_LEVEL_IMPORTS`` says which).
-KNOWN_IMPORT_CIRCLES = {
-    # Closed by checkpoints ↔ adapters.
-    frozenset({"jobs.adapters", "jobs.checkpoints"}),
-}
+KNOWN_IMPORT_CIRCLES: set[frozenset[str]] = set()
 
-_JOBS = "closes the jobs circle"
 _REPORTER = "labsdk's __init__ loads its client (httpx, pydantic), which only the HTTP transport needs"
 _INFERENCE = "engine.inference imports the standard library only: torch, transformers and peft load with the model"
 _DISTILL = "distillation only: distill brings pydantic, absent where the trainer runs bare (bench/gpu_check.sh)"
@@ -209,7 +205,6 @@ FUNCTION_LEVEL_IMPORTS = {
     ("engine.trainer", "engine.remote_inference"): "a separate inference role only: it brings httpx",
     ("engine.trainer", "engine.roles"): "split roles only (shared_dir): roles brings httpx and the package installer",
     ("jobs.apps", "jobs.metrics"): "AppConfig.ready(): jobs.metrics imports jobs.models",
-    ("jobs.checkpoints", "jobs.adapters"): _JOBS + ": adapters build on checkpoints",
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.gateway"): _KUBERNETES,
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.launcher"): _KUBERNETES,
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.objects"): _KUBERNETES,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.http import JsonResponse
-from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema, extend_schema_view
 from labsdk.spec import job_spec_json_schema
 from rest_framework.exceptions import NotAcceptable
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -12,15 +12,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.models import Price
-from jobs.adapters import adapter_download_response, adapter_list
 from jobs.api import openapi
-from jobs.checkpoints import checkpoint_download_response
+from jobs.artifacts.downloads import download_response
+from jobs.artifacts.kinds import ADAPTER, CHECKPOINT, ArtifactKind
+from jobs.artifacts.lifecycle import artifact_list
+from jobs.artifacts.presenters import artifact_to_dict
 from jobs.estimates import job_estimate
-from jobs.models import Adapter, Checkpoint, Job, JobEvent, JobStatus
+from jobs.models import Adapter, Job, JobEvent, JobStatus
 from jobs.selectors import job_list, job_logs, job_samples, metadata_filters, metric_points
 from jobs.serializers import (
-    adapter_to_dict,
-    checkpoint_to_dict,
     event_to_dict,
     job_to_dict,
     jobs_to_dicts,
@@ -131,19 +131,6 @@ class JobLogsView(ProjectAPIView):
         return Response(job_logs(job=job, params=request.query_params))
 
 
-class JobCheckpointsView(ProjectAPIView):
-    """``GET /jobs/{id}/checkpoints``, newest first."""
-
-    @extend_schema(
-        parameters=[limit_parameter(), OpenApiParameter("after", str, description="id of the last one seen")],
-        responses={200: openapi.CHECKPOINT_LIST},
-    )
-    def get(self, request: Request, job_id: str) -> Response:
-        job = self.get_owned(Job.objects.all(), job_id, "job")
-        checkpoints = Checkpoint.objects.filter(job=job).select_related("job")
-        return Response(paginate_by_public_id(checkpoints, request.query_params, checkpoint_to_dict))
-
-
 class ArchiveNegotiation(DefaultContentNegotiation):
     """Answer a download whatever its ``Accept`` says (``application/x-tar``, ``*/*``): the body
     is the archive, or JSON for an error."""
@@ -155,36 +142,72 @@ class ArchiveNegotiation(DefaultContentNegotiation):
             return renderers[0], renderers[0].media_type
 
 
-class CheckpointDownloadView(ProjectAPIView):
+def _list_schema(page: dict):
+    """The schema of a job's artifacts list: ``limit`` and ``after`` paging over ``page``."""
+    return extend_schema(
+        parameters=[limit_parameter(), OpenApiParameter("after", str, description="id of the last one seen")],
+        responses={200: page},
+    )
+
+
+def _download_schema(kind: ArtifactKind, description: str):
+    """The schema of an artifact's download: the tar, a redirect, or 409 when it is not ready."""
+    return extend_schema(
+        operation_id=f"{kind.name}s_download",
+        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 302: None, 409: ERROR},
+        description=description,
+    )
+
+
+class JobArtifactsView(ProjectAPIView):
+    """A job's artifacts of ``kind``, newest first."""
+
+    kind: ArtifactKind
+
+    def get(self, request: Request, job_id: str) -> Response:
+        job = self.get_owned(Job.objects.all(), job_id, "job")
+        return Response(paginate_by_public_id(artifact_list(self.kind, job=job), request.query_params, artifact_to_dict))
+
+
+class ArtifactDownloadView(ProjectAPIView):
+    """An artifact's archive (``jobs.artifacts.downloads.download_response``)."""
+
+    kind: ArtifactKind
+    project_field = "job__project"
+    content_negotiation_class = ArchiveNegotiation
+
+    def get(self, request: Request, **artifact_id: str):
+        artifact = self.get_owned(self.kind.model.objects.select_related("job"), artifact_id[self.kind.id_field], self.kind.name)
+        return download_response(artifact, request=request)
+
+
+@extend_schema_view(get=_list_schema(openapi.CHECKPOINT_LIST))
+class JobCheckpointsView(JobArtifactsView):
+    """``GET /jobs/{id}/checkpoints``, newest first."""
+
+    kind = CHECKPOINT
+
+
+@extend_schema_view(
+    get=_download_schema(
+        CHECKPOINT, "The checkpoint archive (one uncompressed tar), or a redirect to a short-lived signed URL."
+    )
+)
+class CheckpointDownloadView(ArtifactDownloadView):
     """``GET /checkpoints/{id}/download``: the ready checkpoint's tar, or 302 to a signed URL.
 
     404 for an unknown id or another project's checkpoint; 409 ``checkpoint_not_ready`` for one
     that is not ``ready`` (pending, uploading or failed).
     """
 
-    project_field = "job__project"
-    content_negotiation_class = ArchiveNegotiation
-
-    @extend_schema(
-        operation_id="checkpoints_download",
-        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 302: None, 409: ERROR},
-        description="The checkpoint archive (one uncompressed tar), or a redirect to a short-lived signed URL.",
-    )
-    def get(self, request: Request, checkpoint_id: str):
-        checkpoint = self.get_owned(Checkpoint.objects.select_related("job"), checkpoint_id, "checkpoint")
-        return checkpoint_download_response(checkpoint, request=request)
+    kind = CHECKPOINT
 
 
-class JobAdaptersView(ProjectAPIView):
+@extend_schema_view(get=_list_schema(openapi.ADAPTER_LIST))
+class JobAdaptersView(JobArtifactsView):
     """``GET /jobs/{id}/adapters``, newest first (``[adapters]`` in the spec)."""
 
-    @extend_schema(
-        parameters=[limit_parameter(), OpenApiParameter("after", str, description="id of the last one seen")],
-        responses={200: openapi.ADAPTER_LIST},
-    )
-    def get(self, request: Request, job_id: str) -> Response:
-        job = self.get_owned(Job.objects.all(), job_id, "job")
-        return Response(paginate_by_public_id(adapter_list(job=job), request.query_params, adapter_to_dict))
+    kind = ADAPTER
 
 
 class AdapterDetailView(ProjectAPIView):
@@ -192,28 +215,24 @@ class AdapterDetailView(ProjectAPIView):
 
     @extend_schema(responses={200: openapi.ADAPTER})
     def get(self, request: Request, adapter_id: str) -> Response:
-        return Response(adapter_to_dict(self.get_owned(Adapter.objects.select_related("job"), adapter_id, "adapter")))
+        return Response(artifact_to_dict(self.get_owned(Adapter.objects.select_related("job"), adapter_id, "adapter")))
 
 
-class AdapterDownloadView(ProjectAPIView):
+@extend_schema_view(
+    get=_download_schema(
+        ADAPTER,
+        "The adapter archive (one uncompressed tar of a PEFT or Hugging Face directory, no optimizer "
+        "state), or a redirect to a short-lived signed URL.",
+    )
+)
+class AdapterDownloadView(ArtifactDownloadView):
     """``GET /adapters/{id}/download``: the ready adapter's tar, or 302 to a signed URL.
 
     404 for an unknown id or another project's adapter; 409 ``adapter_not_ready`` for one that
     is not ``ready`` (uploading, failed or deleted).
     """
 
-    project_field = "job__project"
-    content_negotiation_class = ArchiveNegotiation
-
-    @extend_schema(
-        operation_id="adapters_download",
-        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 302: None, 409: ERROR},
-        description="The adapter archive (one uncompressed tar of a PEFT or Hugging Face directory, no optimizer "
-        "state), or a redirect to a short-lived signed URL.",
-    )
-    def get(self, request: Request, adapter_id: str):
-        adapter = self.get_owned(Adapter.objects.select_related("job"), adapter_id, "adapter")
-        return adapter_download_response(adapter, request=request)
+    kind = ADAPTER
 
 
 class JobCancelView(ProjectAPIView):

@@ -120,8 +120,8 @@ class LogsBatch(BaseModel):
     lines: list[LogLineIn]
 
 
-class CheckpointRegister(BaseModel):
-    """The engine is about to upload a checkpoint of ``step``."""
+class ArtifactRegister(BaseModel):
+    """The engine is about to upload a checkpoint, or the adapter artifact (``[adapters]``), of ``step``."""
 
     model_config = _STRICT
     attempt: Attempt
@@ -129,27 +129,10 @@ class CheckpointRegister(BaseModel):
     format: Literal["peft-lora", "hf-full"]
 
 
-class CheckpointComplete(BaseModel):
-    """The engine finished uploading; Lab re-hashes what is stored and compares."""
-
-    model_config = _STRICT
-    size_bytes: SizeBytes
-    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-
-
-class AdapterRegister(BaseModel):
-    """The engine is about to upload the adapter artifact of ``step`` (``[adapters]``)."""
-
-    model_config = _STRICT
-    attempt: Attempt
-    step: Step
-    format: Literal["peft-lora", "hf-full"]
-
-
-class AdapterComplete(BaseModel):
-    """The engine finished uploading an adapter; Lab re-hashes what is stored and compares.
-
-    ``size_bytes`` over ``jobs.adapters.MAX_ADAPTER_BYTES`` is refused with 413 by the service."""
+class ArtifactComplete(BaseModel):
+    """The engine finished uploading a checkpoint or an adapter; Lab re-hashes what is stored and
+    compares. An adapter's ``size_bytes`` over ``jobs.artifacts.kinds.MAX_ADAPTER_BYTES`` is
+    refused with 413 by the lifecycle."""
 
     model_config = _STRICT
     size_bytes: SizeBytes

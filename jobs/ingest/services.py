@@ -18,12 +18,12 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import adapters, checkpoints, dispatch
+from jobs import dispatch
+from jobs.artifacts import lifecycle
+from jobs.artifacts.kinds import ArtifactKind
 from jobs.ingest.schemas import (
-    AdapterComplete,
-    AdapterRegister,
-    CheckpointComplete,
-    CheckpointRegister,
+    ArtifactComplete,
+    ArtifactRegister,
     FinishReport,
     LogsBatch,
     MetricsBatch,
@@ -33,8 +33,7 @@ from jobs.ingest.schemas import (
 from jobs.metrics import INGESTED_POINTS, INGESTED_VALUES
 from jobs.models import (
     TERMINAL_STATUSES,
-    Adapter,
-    Checkpoint,
+    Artifact,
     Job,
     JobAttempt,
     JobStatus,
@@ -254,48 +253,26 @@ def _check_registration(job: Job, step: int, what: str) -> None:
 
 
 @transaction.atomic
-def checkpoint_register(*, attempt: JobAttempt, report: CheckpointRegister, live: bool = True) -> tuple[Checkpoint, dict[str, Any]]:
-    """Create a checkpoint row for the upload and return it with its upload target (jobs.checkpoints).
+def artifact_register(
+    kind: ArtifactKind, *, attempt: JobAttempt, report: ArtifactRegister, live: bool = True
+) -> tuple[Artifact, dict[str, Any]]:
+    """Create the row of a checkpoint or adapter (``kind``) for the upload and return it with its
+    upload target (``jobs.artifacts.lifecycle.register``).
 
     Raises LabError ``invalid_request`` for another attempt than the token's, 409 ``stale_attempt`` for a
     superseded one, 409 ``invalid_state`` once the job has ended and 409 ``invalid_step`` for a
     step it cannot have (``_check_registration``)."""
     job, attempt = _locked(attempt, report.attempt, live=live)
-    _check_registration(job, report.step, "checkpoint")
-    return checkpoints.checkpoint_register(job=job, attempt=attempt, step=report.step, format=report.format)
+    _check_registration(job, report.step, kind.name)
+    return lifecycle.register(kind, job=job, attempt=attempt, step=report.step, format=report.format)
 
 
-def checkpoint_complete(*, attempt: JobAttempt, checkpoint_id: str, report: CheckpointComplete) -> Checkpoint:
-    """Verify the stored archive and mark the checkpoint ``ready`` or ``failed`` (jobs.checkpoints);
-    only the job's current attempt completes, and only the checkpoints it registered."""
-    return checkpoints.checkpoint_complete(
-        job=attempt.job, attempt_number=attempt.number, checkpoint_id=checkpoint_id,
-        size_bytes=report.size_bytes, sha256=report.sha256,
-    )
-
-
-@transaction.atomic
-def adapter_register(*, attempt: JobAttempt, report: AdapterRegister, live: bool = True) -> tuple[Adapter, dict[str, Any]]:
-    """Create an adapter row for the upload and return it with its upload target (jobs.adapters).
-
-    Raises what ``checkpoint_register`` raises, for the same reasons."""
-    job, attempt = _locked(attempt, report.attempt, live=live)
-    _check_registration(job, report.step, "adapter")
-    return adapters.adapter_register(job=job, attempt=attempt, step=report.step, format=report.format)
-
-
-def adapter_complete(*, attempt: JobAttempt, adapter_id: str, report: AdapterComplete) -> Adapter:
-    """Verify the stored archive and mark the adapter ``ready`` or ``failed`` (jobs.adapters).
-
-    Raises LabError ``request_too_large`` for a size over ``MAX_ADAPTER_BYTES`` (nothing changes)."""
-    if report.size_bytes > adapters.MAX_ADAPTER_BYTES:
-        raise LabError(
-            "request_too_large",
-            f"An adapter archive may be at most {adapters.MAX_ADAPTER_BYTES} bytes.",
-            param="size_bytes",
-        )
-    return adapters.adapter_complete(
-        job=attempt.job, attempt_number=attempt.number, adapter_id=adapter_id,
+def artifact_complete(kind: ArtifactKind, *, attempt: JobAttempt, artifact_id: str, report: ArtifactComplete) -> Artifact:
+    """Verify the stored archive and mark the checkpoint or adapter ``ready`` or ``failed``
+    (``jobs.artifacts.lifecycle.complete``, which says what it raises): only the job's current
+    attempt completes, and only what it registered."""
+    return lifecycle.complete(
+        kind, job=attempt.job, attempt_number=attempt.number, artifact_id=artifact_id,
         size_bytes=report.size_bytes, sha256=report.sha256,
     )
 

@@ -25,8 +25,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from engine.spool import Spool, attempt_spool_dir
 from jobs import storage
+from jobs.artifacts.kinds import KINDS, ArtifactKind
 from jobs.ingest import schemas, services
-from jobs.models import AdapterStatus, CheckpointStatus, JobAttempt
+from jobs.models import JobAttempt
 from jobs.secrets.services import masker
 from lab.errors import LabError
 from lab.lib import locks
@@ -89,14 +90,15 @@ def _deliver(*, attempt: JobAttempt, workdir: Path, directory: Path) -> SpoolDel
                 result.refused[name] = result.refused.get(name, 0) + len(records)
                 result.problems.append(_problem(attempt, name, error))
             spool.acknowledge(len(records))
-    for name, deliver in (("checkpoints", _deliver_checkpoint), ("adapters", _deliver_adapter)):
+    for kind in KINDS:
+        name = f"{kind.name}s"
         spool = Spool(directory, name, writable=False)
         while True:
             _, records = spool.pending(1)
             if not records:
                 break
             try:
-                deliver(attempt=attempt, workdir=workdir, record=records[0])
+                _deliver_artifact(kind, attempt=attempt, workdir=workdir, record=records[0])
                 result.delivered[name] = result.delivered.get(name, 0) + 1
             except (ValidationError, LabError, ValueError) as error:
                 result.refused[name] = result.refused.get(name, 0) + 1
@@ -110,8 +112,8 @@ def _deliver(*, attempt: JobAttempt, workdir: Path, directory: Path) -> SpoolDel
     return result
 
 
-class _SpooledCheckpoint(BaseModel):
-    """A checkpoint record of the engine's spool (``engine.reporter.Reporter.checkpoint``); its
+class _SpooledArtifact(BaseModel):
+    """A checkpoint or adapter record of the engine's spool (``engine.reporter.Reporter.checkpoint``); its
     values are checked again by the ingest API's own bodies."""
 
     model_config = ConfigDict(extra="ignore")
@@ -122,32 +124,19 @@ class _SpooledCheckpoint(BaseModel):
     sha256: str
 
 
-def _deliver_checkpoint(*, attempt: JobAttempt, workdir: Path, record: dict) -> None:
-    """Register, store and verify one spooled checkpoint; an archive that is gone fails it."""
-    spooled = _SpooledCheckpoint.model_validate(record)
-    register = schemas.CheckpointRegister(attempt=attempt.number, step=spooled.step, format=spooled.format)
-    checkpoint, _ = services.checkpoint_register(attempt=attempt, report=register, live=False)
-    if checkpoint.status != CheckpointStatus.UPLOADING:
+def _deliver_artifact(kind: ArtifactKind, *, attempt: JobAttempt, workdir: Path, record: dict) -> None:
+    """Register, store and verify one spooled checkpoint or adapter (``Reporter.checkpoint``,
+    ``Reporter.adapter``); an archive that is gone fails it."""
+    spooled = _SpooledArtifact.model_validate(record)
+    register = schemas.ArtifactRegister(attempt=attempt.number, step=spooled.step, format=spooled.format)
+    artifact, _ = services.artifact_register(kind, attempt=attempt, report=register, live=False)
+    if artifact.status != kind.statuses.UPLOADING:
         return  # settled already (the engine completed it before it exited)
     archive = _archive_inside(workdir, spooled.archive)
     if archive is not None:
-        storage.put_file(storage.upload_key(checkpoint.storage_key), archive)
-    complete = schemas.CheckpointComplete(size_bytes=spooled.size_bytes, sha256=spooled.sha256)
-    services.checkpoint_complete(attempt=attempt, checkpoint_id=checkpoint.public_id, report=complete)
-
-
-def _deliver_adapter(*, attempt: JobAttempt, workdir: Path, record: dict) -> None:
-    """Register, store and verify one spooled adapter (``Reporter.adapter``), as a checkpoint."""
-    spooled = _SpooledCheckpoint.model_validate(record)
-    register = schemas.AdapterRegister(attempt=attempt.number, step=spooled.step, format=spooled.format)
-    adapter, _ = services.adapter_register(attempt=attempt, report=register, live=False)
-    if adapter.status != AdapterStatus.UPLOADING:
-        return  # settled already
-    archive = _archive_inside(workdir, spooled.archive)
-    if archive is not None:
-        storage.put_file(storage.upload_key(adapter.storage_key), archive)
-    complete = schemas.AdapterComplete(size_bytes=spooled.size_bytes, sha256=spooled.sha256)
-    services.adapter_complete(attempt=attempt, adapter_id=adapter.public_id, report=complete)
+        storage.put_file(storage.upload_key(artifact.storage_key), archive)
+    complete = schemas.ArtifactComplete(size_bytes=spooled.size_bytes, sha256=spooled.sha256)
+    services.artifact_complete(kind, attempt=attempt, artifact_id=artifact.public_id, report=complete)
 
 
 def _archive_inside(workdir: Path, archive: str) -> Path | None:

@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from jobs.artifacts.kinds import ADAPTER, CHECKPOINT
 from jobs.ingest import bootstrap, views
 
 urlpatterns = [
@@ -9,10 +10,10 @@ urlpatterns = [
     path("<str:job_id>/metrics", views.MetricsView.as_view(), name="ingest-metrics"),
     path("<str:job_id>/samples", views.SamplesView.as_view(), name="ingest-samples"),
     path("<str:job_id>/logs", views.LogsView.as_view(), name="ingest-logs"),
-    path("<str:job_id>/checkpoints", views.CheckpointRegisterView.as_view(), name="ingest-checkpoints"),
+    path("<str:job_id>/checkpoints", views.ArtifactRegisterView.as_view(kind=CHECKPOINT), name="ingest-checkpoints"),
     path(
         "<str:job_id>/checkpoints/<str:checkpoint_id>/complete",
-        views.CheckpointCompleteView.as_view(),
+        views.ArtifactCompleteView.as_view(kind=CHECKPOINT),
         name="ingest-checkpoint-complete",
     ),
     path(
@@ -20,10 +21,10 @@ urlpatterns = [
         views.CheckpointDownloadView.as_view(),
         name="ingest-checkpoint-download",
     ),
-    path("<str:job_id>/adapters", views.AdapterRegisterView.as_view(), name="ingest-adapters"),
+    path("<str:job_id>/adapters", views.ArtifactRegisterView.as_view(kind=ADAPTER), name="ingest-adapters"),
     path(
         "<str:job_id>/adapters/<str:adapter_id>/complete",
-        views.AdapterCompleteView.as_view(),
+        views.ArtifactCompleteView.as_view(kind=ADAPTER),
         name="ingest-adapter-complete",
     ),
     path("<str:job_id>/finish", views.FinishView.as_view(), name="ingest-finish"),

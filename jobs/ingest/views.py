@@ -13,8 +13,10 @@ from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from jobs import checkpoints
 from jobs.api.views import ArchiveNegotiation
+from jobs.artifacts.downloads import download_response
+from jobs.artifacts.kinds import ArtifactKind
+from jobs.checkpoints import checkpoint_for_engine
 from jobs.ingest import schemas, services
 from jobs.ingest.tokens import attempt_for_token
 from jobs.models import JobAttempt
@@ -128,24 +130,31 @@ class LogsView(IngestView):
         return Response(services.ingest_logs(attempt=self.attempt, batch=batch))
 
 
-class CheckpointRegisterView(IngestView):
-    """``POST /ingest/jobs/{id}/checkpoints`` → 201 ``{"id", "upload"}``."""
+class ArtifactRegisterView(IngestView):
+    """``POST /ingest/jobs/{id}/checkpoints`` or ``/adapters`` (``kind``) → 201 ``{"id", "upload"}``."""
+
+    kind: ArtifactKind | None = None  # the route's (``as_view(kind=...)``)
 
     @extend_schema(exclude=True)
     def post(self, request: Request, job_id: str) -> Response:
-        report = _parse(schemas.CheckpointRegister, request)
-        checkpoint, upload = services.checkpoint_register(attempt=self.attempt, report=report)
-        return Response({"id": checkpoint.public_id, "upload": upload}, status=201)
+        report = _parse(schemas.ArtifactRegister, request)
+        artifact, upload = services.artifact_register(self.kind, attempt=self.attempt, report=report)
+        return Response({"id": artifact.public_id, "upload": upload}, status=201)
 
 
-class CheckpointCompleteView(IngestView):
-    """``POST /ingest/jobs/{id}/checkpoints/{checkpoint_id}/complete``."""
+class ArtifactCompleteView(IngestView):
+    """``POST /ingest/jobs/{id}/checkpoints/{checkpoint_id}/complete`` or
+    ``/adapters/{adapter_id}/complete`` (``kind``) → ``{"id", "status"}``."""
+
+    kind: ArtifactKind | None = None  # the route's (``as_view(kind=...)``)
 
     @extend_schema(exclude=True)
-    def post(self, request: Request, job_id: str, checkpoint_id: str) -> Response:
-        report = _parse(schemas.CheckpointComplete, request)
-        checkpoint = services.checkpoint_complete(attempt=self.attempt, checkpoint_id=checkpoint_id, report=report)
-        return Response({"id": checkpoint.public_id, "status": checkpoint.status})
+    def post(self, request: Request, job_id: str, **artifact_id: str) -> Response:
+        report = _parse(schemas.ArtifactComplete, request)
+        artifact = services.artifact_complete(
+            self.kind, attempt=self.attempt, artifact_id=artifact_id[self.kind.id_field], report=report
+        )
+        return Response({"id": artifact.public_id, "status": artifact.status})
 
 
 class CheckpointDownloadView(IngestView):
@@ -156,28 +165,8 @@ class CheckpointDownloadView(IngestView):
 
     @extend_schema(exclude=True)
     def get(self, request: Request, job_id: str, checkpoint_id: str):
-        checkpoint = checkpoints.checkpoint_for_engine(job=self.attempt.job, checkpoint_id=checkpoint_id)
-        return checkpoints.checkpoint_download_response(checkpoint, request=request)
-
-
-class AdapterRegisterView(IngestView):
-    """``POST /ingest/jobs/{id}/adapters`` → 201 ``{"id", "upload"}``."""
-
-    @extend_schema(exclude=True)
-    def post(self, request: Request, job_id: str) -> Response:
-        report = _parse(schemas.AdapterRegister, request)
-        adapter, upload = services.adapter_register(attempt=self.attempt, report=report)
-        return Response({"id": adapter.public_id, "upload": upload}, status=201)
-
-
-class AdapterCompleteView(IngestView):
-    """``POST /ingest/jobs/{id}/adapters/{adapter_id}/complete`` → ``{"id", "status"}``."""
-
-    @extend_schema(exclude=True)
-    def post(self, request: Request, job_id: str, adapter_id: str) -> Response:
-        report = _parse(schemas.AdapterComplete, request)
-        adapter = services.adapter_complete(attempt=self.attempt, adapter_id=adapter_id, report=report)
-        return Response({"id": adapter.public_id, "status": adapter.status})
+        checkpoint = checkpoint_for_engine(job=self.attempt.job, checkpoint_id=checkpoint_id)
+        return download_response(checkpoint, request=request)
 
 
 class FinishView(IngestView):

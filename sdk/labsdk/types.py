@@ -64,25 +64,10 @@ class Usage(LabObject):
     cost_usd: Decimal | None = None
 
 
-class Adapter(LabObject):
-    """An adapter artifact (``[adapters]``): the trained weights alone, loadable with peft, without
-    optimizer state. ``status`` is ``uploading``, ``ready``, ``failed`` or ``deleted``; ``format``
-    ``peft-lora`` or ``hf-full``; ``size_bytes`` and ``sha256`` of its tar."""
-
-    id: str
-    job_id: str | None = None
-    step: int | None = None
-    attempt: int | None = None
-    status: str | None = None
-    format: str | None = None
-    size_bytes: int | None = None
-    sha256: str | None = None
-    created_at: datetime | None = None
-
-
-class Checkpoint(LabObject):
-    """A checkpoint: ``status`` is ``pending``, ``uploading``, ``ready``, ``failed`` or ``deleted``;
-    ``format`` ``peft-lora`` or ``hf-full``; ``size_bytes`` and ``sha256`` of its tar."""
+class Artifact(LabObject):
+    """What a checkpoint and an adapter share, one wire format: ``id``, the job and ``step`` it
+    belongs to, the ``attempt`` that wrote it, ``status``, ``format`` (``peft-lora`` or
+    ``hf-full``), ``size_bytes`` and ``sha256`` of its tar (``None`` until it is ready)."""
 
     id: str
     job_id: str | None = None
@@ -98,6 +83,15 @@ class Checkpoint(LabObject):
         """Show ``size_bytes`` as a size in the units of ``labsdk.display.format_bytes``."""
         for name, value in super().__repr_args__():
             yield ("size", format_bytes(value)) if name == "size_bytes" and value is not None else (name, value)
+
+
+class Adapter(Artifact):
+    """An adapter artifact (``[adapters]``): the trained weights alone, loadable with peft, without
+    optimizer state. ``status`` is ``uploading``, ``ready``, ``failed`` or ``deleted``."""
+
+
+class Checkpoint(Artifact):
+    """A checkpoint: ``status`` is ``pending``, ``uploading``, ``ready``, ``failed`` or ``deleted``."""
 
 
 class Job(LabObject):

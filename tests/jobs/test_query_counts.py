@@ -6,7 +6,8 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from jobs.checkpoints import checkpoint_register
+from jobs.artifacts import lifecycle
+from jobs.artifacts.kinds import CHECKPOINT
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus
 from jobs.serializers import job_to_dict, latest_ready_checkpoints_read_once
 from jobs.services import job_claim_for_start, job_record_event, job_submit, job_transition
@@ -23,7 +24,7 @@ def add_jobs(tenant, spec, count: int) -> None:
             attempt = job_claim_for_start(job_id=job.pk)
             job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.RUNNING)
             with transaction.atomic():
-                checkpoint, _ = checkpoint_register(job=job, attempt=attempt, step=1, format="peft-lora")
+                checkpoint, _ = lifecycle.register(CHECKPOINT, job=job, attempt=attempt, step=1, format="peft-lora")
             Checkpoint.objects.unscoped().filter(pk=checkpoint.pk).update(status=CheckpointStatus.READY, size_bytes=1, sha256="0" * 64)
 
 

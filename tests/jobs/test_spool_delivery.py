@@ -14,6 +14,8 @@ from engine.checkpoints import write_tar
 from engine.spool import attempt_spool_dir
 from jobs.launchers import registry
 from jobs.pipeline import reconciler
+from jobs.artifacts import lifecycle
+from jobs.artifacts.kinds import CHECKPOINT
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.models import Checkpoint, Job, JobEvent, LogLine, MetricStep, RolloutSample
 from tests.support.spool import NOW, exited_launcher, launched, point, spool
@@ -119,14 +121,12 @@ def test_a_clean_exit_with_everything_delivered_records_no_warning(owner, spec, 
 
 
 def test_an_ended_attempts_unfinished_upload_fails_at_once(owner, spec, tmp_path, monkeypatch):
-    from jobs.checkpoints import checkpoint_register
-
     workdir = tmp_path / "attempt-1"
     job, attempt = launched(owner, spec, workdir)
     spool(workdir, "metrics", [point(1), point(2), point(3)])
     spool(workdir, "checkpoints", [archive(workdir, 3)])
     with transaction.atomic():
-        stuck, _ = checkpoint_register(job=job, attempt=attempt, step=2, format="peft-lora")
+        stuck, _ = lifecycle.register(CHECKPOINT, job=job, attempt=attempt, step=2, format="peft-lora")
     monkeypatch.setattr(registry, "get_launcher", exited_launcher)
 
     reconciler.reconcile_job(job_id=job.pk)

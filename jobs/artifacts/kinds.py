@@ -1,0 +1,105 @@
+"""The artifact kinds and what tells them apart, as data: the lifecycle (``jobs.artifacts.lifecycle``)
+reads an ``ArtifactKind`` and never asks which kind it has.
+
+Imports only the models and storage keys, so anything may read a kind's declared data (the
+webhook outbox builds an ``adapter.ready`` payload's download URL from it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from django.conf import settings
+from django.db import models
+
+from jobs import storage
+from jobs.models import Adapter, AdapterStatus, Checkpoint, CheckpointStatus, EventType
+
+#: The largest adapter archive Lab takes, in bytes (1 TiB: full bf16 weights of a 400B model fit).
+MAX_ADAPTER_BYTES = 2**40
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    """What one kind of artifact declares.
+
+    ``name`` (``checkpoint``) names its events (``<name>.ready``), error codes
+    (``<name>_not_ready``, ``<name>_corrupted``), the id field of its event data (``<name>_id``)
+    and its routes (``/api/v1/<name>s/{id}/download``); ``model`` is its table. ``per_attempt``:
+    a row per (job, attempt, step), so a resumed attempt's step is a new row; else one per (job,
+    step), which a newer attempt's registration takes over (the old object goes). ``streamed``:
+    its changes are records of the job's live stream (``CheckpointChange``). ``retention`` is the
+    spec section whose ``keep_last`` keeps the newest ready ones (-1 or absent: all);
+    ``needed_by`` the Job field through which a job still to run needs one (kept whatever
+    ``keep_last`` says). ``max_bytes``: the largest archive taken at completion (None: what the
+    ingest body allows).
+    """
+
+    name: Literal["checkpoint", "adapter"]
+    model: type[Checkpoint | Adapter]
+    statuses: type[models.TextChoices]
+    ready_event: str
+    failed_event: str
+    per_attempt: bool
+    streamed: bool
+    retention: str
+    needed_by: str | None = None
+    max_bytes: int | None = None
+
+    @property
+    def title(self) -> str:
+        """The kind's name as a sentence starts it (``Checkpoint``)."""
+        return self.name.capitalize()
+
+    @property
+    def id_field(self) -> str:
+        """The key of the artifact's public id in its events' data and webhooks (``checkpoint_id``)."""
+        return f"{self.name}_id"
+
+    def storage_key(self, *, job_public_id: str, public_id: str, attempt: int) -> str:
+        """Return where the archive of artifact ``public_id`` written by ``attempt`` is stored.
+
+        An adapter's key names the attempt, so a newer attempt's upload of a step never
+        overwrites the object an older attempt's (ready) row still names until it is replaced.
+        """
+        if self.per_attempt:
+            return storage.checkpoint_key(job_public_id, public_id)
+        return f"{job_public_id}/{self.name}s/{public_id}-a{attempt}.tar"
+
+    def download_url(self, public_id: str) -> str:
+        """Return the public API URL that downloads artifact ``public_id``."""
+        return f"{settings.LAB_PUBLIC_URL}/api/v1/{self.name}s/{public_id}/download"
+
+
+CHECKPOINT = ArtifactKind(
+    name="checkpoint",
+    model=Checkpoint,
+    statuses=CheckpointStatus,
+    ready_event=EventType.CHECKPOINT_READY,
+    failed_event=EventType.CHECKPOINT_FAILED,
+    per_attempt=True,
+    streamed=True,
+    retention="checkpoints",
+    needed_by="init_from",
+)
+
+ADAPTER = ArtifactKind(
+    name="adapter",
+    model=Adapter,
+    statuses=AdapterStatus,
+    ready_event=EventType.ADAPTER_READY,
+    failed_event=EventType.ADAPTER_FAILED,
+    per_attempt=False,
+    streamed=False,
+    retention="adapters",
+    max_bytes=MAX_ADAPTER_BYTES,
+)
+
+#: Every kind, in the order the orphan sweep and the reconciler visit them.
+KINDS = (CHECKPOINT, ADAPTER)
+
+
+def kind_of(row: Checkpoint | Adapter) -> ArtifactKind:
+    """Return the kind of an artifact row."""
+    return CHECKPOINT if isinstance(row, Checkpoint) else ADAPTER
