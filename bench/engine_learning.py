@@ -37,6 +37,7 @@ def main() -> int:
     import torch
     from labsdk.spec import load_spec_file
 
+    from engine.colocated import InProcessRollouts
     from engine.reporter import OfflineTransport, Reporter
     from engine.config import EngineConfig
     from engine.trainer import Trainer
@@ -66,7 +67,7 @@ def main() -> int:
         workdir = pathlib.Path(workdir)
         reporter = Timing(OfflineTransport(workdir), job_id="bench", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
         reporter.start()
-        trainer = Trainer(config=EngineConfig(spec=spec, overlap=True, rollout_backend=args.rollout), workdir=workdir, reporter=reporter)
+        trainer = Trainer(config=EngineConfig(spec=spec, overlap=True, rollout_backend=args.rollout), workdir=workdir, reporter=reporter, rollouts=InProcessRollouts())
         trainer.setup()
         try:
             trainer.run()

@@ -42,6 +42,7 @@ def run_engine(steps: int, warmup: int, overlap: bool, rollout: str = "transform
     """Train `steps` engine steps offline; return per-step seconds (after warmup) and peak RSS."""
     from labsdk.spec import parse_spec
 
+    from engine.colocated import InProcessRollouts
     from engine.reporter import OfflineTransport, Reporter
     from engine.config import EngineConfig
     from engine.trainer import Trainer
@@ -59,7 +60,7 @@ def run_engine(steps: int, warmup: int, overlap: bool, rollout: str = "transform
         workdir = pathlib.Path(workdir)
         reporter = Reporter(OfflineTransport(workdir), job_id="bench", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
         reporter.start()
-        trainer = Trainer(config=config, workdir=workdir, reporter=reporter)
+        trainer = Trainer(config=config, workdir=workdir, reporter=reporter, rollouts=InProcessRollouts())
         trainer.setup()
         trainer.checkpoint_root = workdir / "checkpoints"
         try:

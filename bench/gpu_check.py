@@ -347,6 +347,7 @@ def check_trainer(args, model_id: str, model_root: pathlib.Path, device: str) ->
     """The GRPO step in this process: LoRA rank 16, then full fine-tuning."""
     import torch
 
+    from engine.colocated import InProcessRollouts
     from engine.reporter import OfflineTransport, Reporter
     from engine.config import EngineConfig
     from engine.trainer import Trainer
@@ -362,7 +363,7 @@ def check_trainer(args, model_id: str, model_root: pathlib.Path, device: str) ->
             reporter = Reporter(OfflineTransport(workdir), job_id="gpu-check", attempt=1, spool_dir=workdir / "spool",
                                 heartbeat_interval=60)
             reporter.start()
-            trainer = Trainer(config=config, workdir=workdir, reporter=reporter, model_dir=model_root)
+            trainer = Trainer(config=config, workdir=workdir, reporter=reporter, rollouts=InProcessRollouts(), model_dir=model_root)
             try:
                 trainer.setup()
                 outcome = trainer.run()

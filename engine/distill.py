@@ -195,13 +195,3 @@ def teacher_token_ids(tokenizer, completion: TeacherCompletion, *, end_token_id:
     if completion.finished and len(ids) < max_tokens:
         ids.append(end_token_id)
     return ids
-
-
-def sft_loss(logprobs, mask, *, num_tokens: int):
-    """The supervised loss of one micro-batch: −Σ log π(token) over its real completion tokens
-    divided by `num_tokens`, the completion tokens of the whole step, so that summing the
-    micro-batches' losses gives the step's mean negative log-likelihood per token (nats).
-
-    `logprobs` and `mask` are float [rows, C] (mask 1 on real tokens, 0 on padding).
-    """
-    return -(logprobs * mask).sum() / max(num_tokens, 1)

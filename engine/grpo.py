@@ -143,3 +143,13 @@ def grpo_loss(
             mismatch_kl=float((k3 * mask).sum() / count),
             ratio_mean=float((ratio * mask).sum() / count),
         )
+
+
+def sft_loss(logprobs, mask, *, num_tokens: int):
+    """The supervised loss of one micro-batch: −Σ log π(token) over its real completion tokens
+    divided by `num_tokens`, the completion tokens of the whole step, so that summing the
+    micro-batches' losses gives the step's mean negative log-likelihood per token (nats).
+
+    `logprobs` and `mask` are float [rows, C] (mask 1 on real tokens, 0 on padding).
+    """
+    return -(logprobs * mask).sum() / max(num_tokens, 1)

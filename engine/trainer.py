@@ -1,9 +1,9 @@
 """The GRPO training loop: take scored batches, compute advantages, step the policy, report, checkpoint.
 
-The trainer takes each step's batch from a rollout source: its own orchestrator in this
-process (`InProcessRollouts`, engine/orchestrator.py, sampling here or through an inference
-role over HTTP), or the orchestrator role over a shared directory (`engine.roles.
-SharedDirRollouts`, `python -m engine trainer`). With overlap on (`max_off_policy_steps` = k ≥ 1
+The trainer takes each step's batch from the rollout source its entry point hands it
+(`RolloutSource`): an orchestrator in this process (engine.colocated.InProcessRollouts,
+sampling here or through an inference role over HTTP), or the orchestrator role over a shared
+directory (engine.trainer_role.SharedDirRollouts, `python -m engine trainer`). With overlap on (`max_off_policy_steps` = k ≥ 1
 and `EngineConfig.overlap`), the batches of up to `async_depth` future steps are sampled while
 the trainer trains: while step n trains, the batches of steps up to n + depth are sampled by
 the policy from before step n (n - 1 updates), so a batch is at most k updates old (prime-rl's
@@ -20,14 +20,12 @@ uninterrupted one on CPU.
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import logging
-import os
 import pathlib
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -37,23 +35,19 @@ from engine.config import EngineConfig
 from engine.distributed import DataParallel, full_optimizer_state, full_weights, is_sharded, whole
 from engine.filters import Rollouts, apply_filters, filter_metrics
 from engine.groups import GroupSchedule, group_starts, row_groups, training_group_sizes, uniform_size
-from engine.grpo import group_advantages, grpo_loss, token_logprobs_and_entropy
-from engine.models import context_length, huggingface_dir, load_model, stop_token_ids
-from engine.orchestrator import Orchestrator, RolloutBatch
+from engine.grpo import group_advantages, grpo_loss, sft_loss, token_logprobs_and_entropy
+from engine.models import context_length, load_model, stop_token_ids
 from engine.policy import (
     completion_logits,
     is_lora,
-    join_weight_gather,
-    load_policy,
     make_trainable,
     pack_rollouts,
-    policy_snapshot,
-    rollout_policy,
     trainable_parameters,
 )
 from engine.reporter import Reporter
-from engine.rollout import TransformersBackend
-from engine.vllm_backend import VLLMBackend
+
+if TYPE_CHECKING:
+    from engine.orchestrator import RolloutBatch
 
 logger = logging.getLogger("engine")
 
@@ -74,6 +68,47 @@ def micro_batches(groups: list[int], sizes: list[int], micro_batch_rollouts: int
     return chunks
 
 
+class RolloutSource(Protocol):
+    """Where a trainer's batches come from, given to it by the entry point that composes the run:
+    an orchestrator in this process (engine.colocated.InProcessRollouts) or the orchestrator role
+    over a shared directory (engine.trainer_role.SharedDirRollouts).
+
+    `prepare(trainer, base)` runs in `Trainer.setup` with the base model loaded, before LoRA wraps
+    it; `before_sharding(trainer)` before FSDP2 shards a fully fine-tuned policy (torchrun);
+    `setup(trainer)` once the policy and optimizer exist. `start()` begins the run (after any
+    resume) and returns eval/val metrics by step; `next_batch(step)` returns the step's batch and
+    the seconds spent moving weights for it; `after_update(step)` the metrics due after the update
+    and the seconds spent loading the new weights; `pending(step)` the batches sampled ahead, for
+    its checkpoint; `settled(step)` the metrics to report before that checkpoint; `finish(step)`
+    those owed at the end; `close()` ends the run's threads, `release()` the processes and files
+    (safe to call twice). `reload_seconds`: the last weight load's seconds in the sampler.
+    """
+
+    reload_seconds: float
+
+    def prepare(self, trainer: Trainer, base: torch.nn.Module) -> None: ...
+
+    def before_sharding(self, trainer: Trainer) -> None: ...
+
+    def setup(self, trainer: Trainer) -> None: ...
+
+    def start(self) -> dict[int, dict[str, float]]: ...
+
+    def next_batch(self, step: int) -> tuple[RolloutBatch, float]: ...
+
+    def after_update(self, step: int) -> tuple[dict[int, dict[str, float]], float]: ...
+
+    def pending(self, step: int) -> list[RolloutBatch]: ...
+
+    def settled(self, step: int) -> dict[int, dict[str, float]]: ...
+
+    def finish(self, last_step: int) -> dict[int, dict[str, float]]: ...
+
+    def close(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
 class StopTraining(Exception):
     """Raised inside the loop when a stop was requested (SIGTERM or Lab's `action: stop`)."""
 
@@ -85,17 +120,17 @@ class Trainer:
     config: EngineConfig
     workdir: pathlib.Path
     reporter: Reporter
+    #: Where the batches come from (engine.colocated.InProcessRollouts, engine.trainer_role.SharedDirRollouts).
+    rollouts: RolloutSource
     stop_event: threading.Event = field(default_factory=threading.Event)
     model_dir: pathlib.Path | None = None
     #: This process's rank under torchrun; rank 0 alone writes checkpoints and adapters.
     parallel: DataParallel = field(default_factory=DataParallel)
-    #: The orchestrator role's process when this run started it (its exit ends the attempt).
-    orchestrator_process: object = None
 
     def setup(self) -> None:
-        """Load the model and environments, wrap the policy, build optimizer and rollout backend.
-
-        Raises engine.models.ModelNotFound and environments.InvalidEnvironment (exit 2 upstream).
+        """Load the model, wrap the policy, build the optimizer; then set the rollout source up
+        (`RolloutSource`: an orchestrator in this process loads the environments and starts its
+        sampler). Raises engine.models.ModelNotFound and environments.InvalidEnvironment (exit 2 upstream).
         """
         config, spec = self.config, self.config.spec
         self.device = torch.device(config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -104,17 +139,16 @@ class Trainer:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         base, self.tokenizer = load_model(spec.model, self.model_dir, dtype=dtype)
         base.to(self.device)
-        # vLLM loads the base weights from disk, before LoRA wraps the model's layers in place.
-        rollout_model_dir = huggingface_dir(spec.model, base, self.model_dir, self.workdir) if config.rollout_backend == "vllm" and not (config.inference or config.shared_dir) else None
+        self.stop_token_ids = stop_token_ids(base, self.tokenizer)
+        self.context_length = context_length(base)
+        self.rollouts.prepare(self, base)  # before LoRA wraps the model's layers in place
         torch.manual_seed(spec.seed)  # LoRA's A matrices are initialised from the torch RNG
         self.model = make_trainable(base, lora_rank=spec.lora_rank, lora_alpha=spec.lora_alpha, base_model_id=spec.model)
-        sampling_copy = None
         if self.parallel.world_size > 1 and not is_lora(self.model):
             # Full fine-tuning under torchrun shards the policy with FSDP2 (engine/distributed.py).
-            # A sharded forward pass is a collective, and rank 0 evaluates alone: in-process
-            # sampling runs on a plain copy taken now, loaded with the gathered weights per update.
-            if not (config.shared_dir or config.inference) and config.rollout_backend != "vllm":
-                sampling_copy = rollout_policy(self.model)
+            # A sharded forward pass is a collective: a rollout source that samples with the
+            # policy takes its plain copy now.
+            self.rollouts.before_sharding(self)
             self.model = self.parallel.shard_model(self.model, self.device)
         self.parameters = trainable_parameters(self.model)
         for _, parameter in self.parameters:
@@ -124,25 +158,6 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self.parameters], lr=spec.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
         )
-        self.stop_token_ids = stop_token_ids(base, self.tokenizer)
-        backend = None  # stays None for the trainer role: the orchestrator role samples (engine/roles.py)
-        if config.shared_dir:
-            pass
-        elif config.inference:
-            backend = self._remote_backend()
-        elif config.rollout_backend == "vllm":
-            backend = self._vllm_backend(rollout_model_dir, context_length(base))
-        else:
-            # LoRA samples from a merged copy (fast); full fine-tuning samples from the
-            # trainer's own model unless overlap needs a second copy (made in run()), or from
-            # the copy taken before sharding.
-            if sampling_copy is None:
-                sampling_copy = rollout_policy(self.model) if is_lora(self.model) else self.model
-            backend = TransformersBackend(
-                sampling_copy,
-                pad_token_id=self.tokenizer.pad_token_id, stop_token_ids=self.stop_token_ids,
-            )
-            logger.info("rollout backend: transformers (%s, torch threads %d)", self.device.type, torch.get_num_threads())
         self.start_step = 1
         #: Batches sampled ahead for the steps after start_step - 1 (restored by resume).
         self.pending_batches: list[RolloutBatch] = []
@@ -150,60 +165,11 @@ class Trainer:
         self.checkpoint_root = self.workdir / "checkpoints"
         #: Which groups each step samples (engine/groups.py): the checkpoints' data position.
         self.group_schedule = GroupSchedule.for_spec(spec)
-        #: The rollout side in this process (None for the trainer role: engine/roles.py).
-        self.orchestrator = None
-        if not config.shared_dir:
-            self.orchestrator = Orchestrator(config, self.tokenizer, self.stop_token_ids, context_length(base), backend=backend)
-            self.orchestrator.setup()
-
-    def _remote_backend(self):
-        """Sample through an inference role (engine/remote_inference.py): the one at
-        `config.inference`, or one started here for "process"."""
-        from engine.remote_inference import HttpRolloutBackend, start_inference_role
-
-        config = self.config
-        process = None
-        url = config.inference
-        if url == "process":
-            url, process = start_inference_role(
-                config.spec.model, backend=config.rollout_backend, workdir=self.workdir / "inference",
-                max_lora_rank=config.vllm_max_lora_rank,
-            )
-        shm = pathlib.Path("/dev/shm")
-        root = pathlib.Path(config.weights_dir) if config.weights_dir else (shm if shm.is_dir() else self.workdir)
-        try:
-            return HttpRolloutBackend(
-                url, model_id=config.spec.model, process=process,
-                weights_dir=root / f"lab-weights-{self.reporter.job_id}-{self.reporter.attempt}-{os.getpid()}",
-            )
-        except BaseException:
-            if process is not None:
-                process.kill()
-            raise
-
-    def _vllm_backend(self, path: pathlib.Path, max_model_len: int):
-        """Start vLLM on the base model's Hugging Face directory `path`."""
-        spec = self.config.spec
-        backend = VLLMBackend(
-            path, seed=spec.seed, max_model_len=max_model_len, stop_token_ids=self.stop_token_ids,
-            workdir=self.workdir, dtype=self.config.vllm_dtype,
-            max_lora_rank=self.config.vllm_max_lora_rank,
-        )
-        logger.info(
-            "rollout backend: vllm (%s, %s, weights: %s, start-up %.1fs%s)", path.name, self.config.vllm_dtype,
-            f"LoRA adapter, max_lora_rank {backend.max_lora_rank}" if backend.weights_format == "lora" else "merged",
-            backend.startup_seconds,
-            "".join(f", {name}={value}" for name, value in backend.environment.items()),
-        )
-        return backend
+        self.rollouts.setup(self)
 
     def close(self) -> None:
-        """Release the rollout backend's processes and files (vLLM's engine); safe to call twice."""
-        close = getattr(getattr(getattr(self, "orchestrator", None), "backend", None), "close", None)
-        if close is not None:
-            close()
-        if getattr(self, "orchestrator", None) is not None:
-            self.orchestrator.close()
+        """Release the rollout source's processes and files (vLLM's engine, an inference role); safe to call twice."""
+        self.rollouts.release()
 
     def initialize_from(self, checkpoint_dir: pathlib.Path) -> None:
         """Start from another job's checkpoint: its weights (or adapter) only.
@@ -389,9 +355,7 @@ class Trainer:
 
     def _train_sft(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """One optimizer update on the teacher's completions with the SFT loss
-        (engine.distill.sft_loss); `advantages` is unused."""
-        from engine.distill import sft_loss
-
+        (engine.grpo.sft_loss); `advantages` is unused."""
         config, spec = self.config, self.config.spec
         sizes = batch.rollouts_per_group(spec.rollouts_per_example)
         starts = group_starts(sizes)
@@ -487,15 +451,6 @@ class Trainer:
 
     # ---- the loop ----
 
-    def _rollouts(self):
-        """Where this run's batches come from: its own orchestrator (this process), or an
-        orchestrator role over the shared directory `config.shared_dir` (engine/roles.py)."""
-        if self.config.shared_dir:
-            from engine.roles import SharedDirRollouts
-
-            return SharedDirRollouts(self)
-        return InProcessRollouts(self)
-
     def _report_held_out(self, results: dict[int, dict[str, float]]) -> None:
         """Report eval/val metrics that arrived for steps already reported (merged into their points)."""
         for step, values in sorted(results.items()):
@@ -507,7 +462,7 @@ class Trainer:
         checkpoint when a stop was requested (SIGTERM or Lab's `action: stop`)."""
         config, spec = self.config, self.config.spec
         distilling = spec.loss == "sft"
-        self.rollouts = rollouts = self._rollouts()
+        rollouts = self.rollouts
         self.reporter.set_status("running", self.start_step - 1, f"rollout backend: {config.rollout_backend}")
         outcome = "succeeded"
         step = self.start_step - 1
@@ -588,121 +543,3 @@ class Trainer:
         finally:
             rollouts.close()
         return outcome
-
-
-class InProcessRollouts:
-    """The batches of a run sampled by the trainer's own orchestrator, in its process.
-
-    With overlap a rollout thread samples the batches of up to `config.async_depth` future
-    steps while the trainer trains: while step n trains, the batches of steps up to n + depth
-    are sampled by a copy of the policy from before step n (n - 1 updates), so a batch is at
-    most `max_off_policy_steps` updates old. Evals and validations run on rank 0 alone, which
-    alone reports.
-    """
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-        config = trainer.config
-        self.orchestrator = orchestrator = trainer.orchestrator
-        self.executor = None
-        if config.use_overlap:
-            if getattr(orchestrator.backend, "model", None) is trainer.model:
-                orchestrator.backend = TransformersBackend(
-                    rollout_policy(trainer.model), pad_token_id=trainer.tokenizer.pad_token_id, stop_token_ids=trainer.stop_token_ids
-                )
-            self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts")
-        self.depth = config.async_depth
-        # (step, future batch) of the steps sampled ahead, oldest first.
-        self.ahead: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
-        for restored in trainer.pending_batches:
-            future = concurrent.futures.Future()
-            future.set_result(restored)
-            self.ahead.append((restored.step, future))
-
-    @property
-    def reload_seconds(self) -> float:
-        """The last weight load's seconds in the rollout backend (0 for transformers)."""
-        return getattr(self.orchestrator.backend, "reload_seconds", 0.0)
-
-    def start(self) -> dict[int, dict[str, float]]:
-        """The base model's eval (as step 0), when a fresh run's `[eval]` asks for it."""
-        trainer = self.trainer
-        if trainer.start_step == 1 and self.orchestrator.held_out_due(0):
-            if trainer.parallel.is_main:
-                self._load_policy(0)
-                return {0: self.orchestrator.held_out(0)}
-            join_weight_gather(trainer.model)  # rank 0's load gathers a sharded model's weights
-        return {}
-
-    def next_batch(self, step: int) -> tuple[RolloutBatch, float]:
-        """Return `step`'s batch and the seconds spent moving weights for it; schedule the
-        batches of the steps ahead."""
-        trainer, weights_seconds = self.trainer, 0.0
-        if self.ahead and self.ahead[0][0] == step:
-            batch = self.ahead.popleft()[1].result()
-        else:
-            weights_seconds += self._load_policy(step - 1)
-            batch = self.orchestrator.batch(step, step - 1)
-        if self.executor is not None:
-            # Sample up to `depth` steps ahead with the policy that trains this step
-            # (step - 1 updates): a batch for step s is then s - step updates old.
-            first = self.ahead[-1][0] + 1 if self.ahead else step + 1
-            for future_step in range(first, min(step + self.depth, trainer.config.spec.max_steps) + 1):
-                snapshot_started = time.perf_counter()
-                self.ahead.append((future_step, self._sample_ahead(future_step, step - 1)))
-                weights_seconds += time.perf_counter() - snapshot_started
-        return batch, weights_seconds
-
-    def _load_policy(self, version: int) -> float:
-        """Load the trainer's current policy into the rollout backend as policy `version`
-        (optimizer updates seen), as the backend takes it (merged weights or a LoRA adapter,
-        `engine.policy.policy_snapshot`); return the seconds it took."""
-        started = time.perf_counter()
-        backend = self.orchestrator.backend
-        load_policy(backend, policy_snapshot(self.trainer.model, backend), version)
-        return time.perf_counter() - started
-
-    def _sample_ahead(self, step: int, version: int) -> concurrent.futures.Future:
-        """Sample `step`'s batch in the rollout thread with the policy as it is now (`version`
-        updates): its weights are copied here and loaded by that thread just before it samples,
-        so the trainer may update its own meanwhile."""
-        orchestrator = self.orchestrator
-        snapshot = policy_snapshot(self.trainer.model, orchestrator.backend, copy_weights=True)
-
-        def sample() -> RolloutBatch:
-            load_policy(orchestrator.backend, snapshot, version)
-            return orchestrator.batch(step, version)
-
-        return self.executor.submit(sample)
-
-    def after_update(self, step: int) -> tuple[dict[int, dict[str, float]], float]:
-        """After `step`'s update: its eval/val metrics when due (with the new weights), and
-        the seconds spent loading them."""
-        trainer = self.trainer
-        if not self.orchestrator.held_out_due(step):
-            return {}, 0.0
-        if not trainer.parallel.is_main:
-            join_weight_gather(trainer.model)  # rank 0's load gathers a sharded model's weights
-            return {}, 0.0
-        for _, future in self.ahead:
-            future.result()  # the sampler is free, and its weights can move to this step's
-        seconds = self._load_policy(step)
-        return {step: self.orchestrator.held_out(step)}, seconds
-
-    def pending(self, step: int) -> list[RolloutBatch]:
-        """The batches sampled ahead of `step` (waiting for them), for its checkpoint."""
-        return [future.result() for _, future in self.ahead]
-
-    def settled(self, step: int) -> dict[int, dict[str, float]]:
-        """Nothing: this process reports a step's evals with the step."""
-        return {}
-
-    def finish(self, last_step: int) -> dict[int, dict[str, float]]:
-        """Nothing is left to collect in this process."""
-        return {}
-
-    def close(self) -> None:
-        for _, future in self.ahead:
-            future.cancel()
-        if self.executor is not None:
-            self.executor.shutdown(wait=True)

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from engine.colocated import InProcessRollouts
 from engine.commands.attempt import init_checkpoint, load_config, on_main_rank, open_attempt_of, resume_checkpoint
 from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_OOM, EXIT_STOPPED, EXIT_SUCCEEDED, logger, one_line
 from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, set_variable, setting
@@ -27,9 +28,10 @@ from engine.models import ModelNotFound
 from engine.packages import install_packages, packages_from_environment
 from engine.remote_inference import start_inference_role, stop_process
 from engine.reporter import HttpTransport, OfflineTransport, Reporter, ReporterLogHandler
-from engine.roles import RoleFailed, SharedDirRollouts, start_orchestrator_role
+from engine.roles import RoleFailed, start_orchestrator_role
 from engine.spool import attempt_spool_dir
 from engine.trainer import Trainer
+from engine.trainer_role import SharedDirRollouts
 
 
 def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
@@ -111,9 +113,9 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         init_value = None if resume_dir is not None else (args.init_from or config.spec.init_from)
         init_dir = on_main_rank(parallel, lambda: init_checkpoint(init_value, workdir, transport) if init_value else None)
 
-        trainer = roles.trainer = Trainer(
-            config=config, workdir=workdir, reporter=reporter, stop_event=stop_event, model_dir=model_dir, parallel=parallel,
-            orchestrator_process=roles.orchestrator,
+        trainer = Trainer(
+            config=config, workdir=workdir, reporter=reporter, rollouts=roles.rollout_source(config),
+            stop_event=stop_event, model_dir=model_dir, parallel=parallel,
         )
         started = time.perf_counter()
         try:
@@ -176,7 +178,7 @@ class _LocalRoles:
     `LAB_ENGINE_ROLES=process`, an inference and an orchestrator role this run starts."""
 
     def __init__(self) -> None:
-        self.trainer = None
+        self.rollouts = None
         self.orchestrator = None
         self.inference = None
         self.temporary: pathlib.Path | None = None
@@ -225,11 +227,19 @@ class _LocalRoles:
         logger.info("roles: inference at %s, orchestrator pid %d, shared directory %s", url, self.orchestrator.pid, self.temporary)
         return dataclasses.replace(config, shared_dir=parallel.broadcast(str(self.temporary)), inference="")
 
+    def rollout_source(self, config):
+        """The trainer's rollout source: the orchestrator role's batches over the shared directory
+        (the trainer role, and `LAB_ENGINE_ROLES=process`), else an orchestrator in this process."""
+        if config.shared_dir:
+            self.rollouts = SharedDirRollouts(config.shared_dir, process=self.orchestrator)
+        else:
+            self.rollouts = InProcessRollouts()
+        return self.rollouts
+
     def close(self, code: int) -> None:
         """Record the trainer's end for its orchestrator, then stop what this run started."""
-        rollouts = getattr(self.trainer, "rollouts", None)
-        if isinstance(rollouts, SharedDirRollouts):
-            rollouts.write_exit(code)
+        if isinstance(self.rollouts, SharedDirRollouts) and self.rollouts.trainer is not None:
+            self.rollouts.write_exit(code)
         if self.orchestrator is not None:
             try:
                 self.orchestrator.wait(timeout=10)  # it exits once it has read the trainer's end

@@ -18,9 +18,9 @@ from engine.distill import (
     TeacherCompletion,
     TeacherRefused,
     TeacherUnavailable,
-    sft_loss,
     teacher_token_ids,
 )
+from engine.grpo import sft_loss
 from tests.support.engine import (
     MODEL,
     teacher_server,  # noqa: F401  (a fixture)

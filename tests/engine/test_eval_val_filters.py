@@ -30,7 +30,7 @@ class RecordingBackend:
 def run(workdir, spec):
     workdir.mkdir(parents=True, exist_ok=True)
     trainer, reporter = trainer_for(workdir, spec)
-    trainer.orchestrator.backend = recording = RecordingBackend(trainer.orchestrator.backend)
+    trainer.rollouts.orchestrator.backend = recording = RecordingBackend(trainer.rollouts.orchestrator.backend)
     reporter.start()
     assert trainer.run() == "succeeded"
     reporter.close("succeeded", timeout=10)
@@ -76,10 +76,10 @@ def test_it_evaluates_validates_and_filters_as_the_spec_says(tmp_path):
     train_call = (2, 4, 6, 1.0)
     assert shapes == eval_calls + [train_call, val_call, train_call] + eval_calls + [val_call]
     evaluated = load_environment("lab/reverse-text", {"min_length": 2, "max_length": 3}, seed=0)
-    assert calls[0]["prompts"] == [trainer.orchestrator.prompt_ids(evaluated, i, "eval")[0] for i in range(8)]
+    assert calls[0]["prompts"] == [trainer.rollouts.orchestrator.prompt_ids(evaluated, i, "eval")[0] for i in range(8)]
     assert all(split_of(evaluated.example(i, "eval")) == "eval" for i in range(8))
-    trained = trainer.orchestrator.environments[0]
-    assert calls[4]["prompts"] == [trainer.orchestrator.prompt_ids(trained, i, "val")[0] for i in range(3)]
+    trained = trainer.rollouts.orchestrator.environments[0]
+    assert calls[4]["prompts"] == [trainer.rollouts.orchestrator.prompt_ids(trained, i, "val")[0] for i in range(3)]
     assert all(split_of(trained.example(i, "val")) == "val" for i in range(3))
 
     # The base model's greedy eval is computed from exactly the recorded completions.
@@ -124,7 +124,7 @@ def test_dropped_rollouts_leave_the_loss_but_not_the_token_count_it_is_averaged_
     terms were zero: the same loss as with no filter, and no larger step for a batch of little signal)."""
     spec = tiny_spec(max_steps=1, rollouts_per_example=2, batch_size=8, sampling={"max_tokens": 6, "temperature": 1.0})
     trainer, _ = trainer_for(tmp_path / "a", spec)
-    batch = trainer.orchestrator.generate_batch(1, 0)
+    batch = trainer.rollouts.orchestrator.generate_batch(1, 0)
     batch.rewards[:] = [1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.0, 0.25]  # groups 0 and 2 carry no signal
     for completion in batch.completions:  # as if sampled by a far-off policy, so the loss is far from 0
         completion.logprobs = [0.0] * len(completion.token_ids)
@@ -153,16 +153,16 @@ def test_it_gives_the_chat_template_the_reasoning_controls_it_uses(tmp_path, cap
     with caplog.at_level(logging.WARNING, logger="engine"):
         trainer, _ = trainer_for(tmp_path, spec)
     # The tiny model's ChatML template reads no enable_thinking: prompts are built without it, and the log says so.
-    assert trainer.orchestrator.template_kwargs == {}
+    assert trainer.rollouts.orchestrator.template_kwargs == {}
     assert "sampling.enable_thinking: the chat template of lab/tiny-random-llama does not use 'enable_thinking'" in caplog.text
 
     tokenizer = trainer.tokenizer
     tokenizer.chat_template = JINJA_WITH_THINKING
     kwargs = usable_template_kwargs(tokenizer, {"enable_thinking": True, "reasoning_effort": "low"}, where="sampling", model="m")
     assert kwargs == {"enable_thinking": True}
-    env = trainer.orchestrator.environments[0]
-    thinking = trainer.orchestrator.prompt_ids(env, 0, "train", kwargs)[0]
-    plain = trainer.orchestrator.prompt_ids(env, 0, "train", {})[0]
+    env = trainer.rollouts.orchestrator.environments[0]
+    thinking = trainer.rollouts.orchestrator.prompt_ids(env, 0, "train", kwargs)[0]
+    plain = trainer.rollouts.orchestrator.prompt_ids(env, 0, "train", {})[0]
     suffix = tokenizer.encode("<think>", add_special_tokens=False)
     assert thinking == plain + suffix and len(suffix) > 0
 
@@ -172,6 +172,6 @@ def test_the_transformers_backend_says_it_samples_without_vllms_parameters(tmp_p
     with caplog.at_level(logging.WARNING, logger="engine"):
         trainer, _ = trainer_for(tmp_path, spec)
     assert "sampling.extra_body: the transformers rollout backend does not take vLLM sampling parameters" in caplog.text
-    assert trainer.orchestrator.sampling_params(trainer.config.spec.sampling) == {}
+    assert trainer.rollouts.orchestrator.sampling_params(trainer.config.spec.sampling) == {}
     vllm_config = engine_config(spec, rollout_backend="vllm")
     assert vllm_config.spec.sampling.sampling_params() == {"top_k": 5}

@@ -16,6 +16,7 @@ import torch
 from engine import checkpoints as ckpt
 from engine.config import EngineConfig
 from engine.models import tiny_random_llama
+from engine.colocated import InProcessRollouts
 from engine.reporter import OfflineTransport, Reporter
 from engine.trainer import Trainer
 from tests.engine.conftest import REPO_ROOT, engine_config, tiny_spec, write_spec
@@ -29,7 +30,7 @@ def config(**overrides) -> EngineConfig:
 def trainer_for(workdir: pathlib.Path, cfg: EngineConfig) -> tuple[Trainer, Reporter]:
     reporter = Reporter(OfflineTransport(workdir), job_id="job_1", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
     reporter.start()
-    trainer = Trainer(config=cfg, workdir=workdir, reporter=reporter)
+    trainer = Trainer(config=cfg, workdir=workdir, reporter=reporter, rollouts=InProcessRollouts())
     trainer.setup()
     return trainer, reporter
 

@@ -22,8 +22,7 @@ _OS_ENVIRONMENT_CALLS = {"getenv", "putenv", "unsetenv", "getenvb", "environb"}
 LONG_MODULES = {
     "environments/verifiers_bridge.py": "one program run as `python -I verifiers_bridge.py`: it can import no module beside it",
     "reporter.py": "to split: the ingest transports from the spool-and-send reporter",
-    "roles.py": "to split: the trainer role's side from the orchestrator role's",
-    "trainer.py": "to split: the in-process rollout source from the training loop",
+    "trainer.py": "to split: the training steps (losses over micro-batches) from the loop and its checkpoints",
 }
 MAX_LINES = 500
 
@@ -73,3 +72,42 @@ def test_no_engine_module_is_longer_than_500_lines_but_the_listed_ones():
     assert not long, "split by responsibility, or list with the reason in LONG_MODULES: " + ", ".join(long)
     stale = sorted(name for name in LONG_MODULES if lengths.get(name, 0) <= MAX_LINES)
     assert not stale, f"no longer over {MAX_LINES} lines: remove from LONG_MODULES: {', '.join(stale)}"
+
+
+#: The modules of each role (prime-rl's trainer, orchestrator and inference). A role's modules
+#: import no other role's; the entry points (engine/cli.py, engine/commands/) and the rollout
+#: sources that join two roles in one process (engine/colocated.py, engine/trainer_role.py)
+#: compose them. Shared below them: config, catalog, models, policy, distributed, groups, rollout, ...
+ROLES = {
+    "trainer": {"engine.trainer", "engine.checkpoints", "engine.grpo", "engine.filters"},
+    "orchestrator": {"engine.orchestrator", "engine.multi_turn", "engine.distill", "engine.roles"},
+    "inference": {"engine.inference", "engine.vllm_backend", "engine.remote_inference"},
+}
+
+
+def _run_time_imports(path: Path) -> set[str]:
+    """The engine modules `path` imports (at its top or in a function, `if TYPE_CHECKING:` aside)."""
+    found = set()
+    stack = [ast.parse(path.read_text(encoding="utf-8"))]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return {name for name in found if name.startswith("engine.")}
+
+
+def test_the_trainer_orchestrator_and_inference_roles_import_none_of_each_other():
+    crossings = []
+    for role, modules in ROLES.items():
+        others = set().union(*(members for other, members in ROLES.items() if other != role))
+        for module in sorted(modules):
+            path = ENGINE.parent / (module.replace(".", "/") + ".py")
+            crossings += [f"{module} ({role}) imports {name}" for name in sorted(_run_time_imports(path) & others)]
+    assert not crossings, "compose the roles in an entry point instead: " + "; ".join(crossings)

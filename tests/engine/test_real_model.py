@@ -6,6 +6,7 @@ import json
 import pytest
 
 from engine.catalog import SMOLLM2_ID, default_model_dir
+from engine.colocated import InProcessRollouts
 from engine.reporter import OfflineTransport, Reporter
 from engine.trainer import Trainer
 from tests.engine.conftest import engine_config
@@ -25,7 +26,7 @@ def test_it_trains_smollm2_converted_from_the_gguf(tmp_path):
     })
     reporter = Reporter(OfflineTransport(tmp_path), job_id="real", attempt=1, spool_dir=tmp_path / "spool", heartbeat_interval=60)
     reporter.start()
-    trainer = Trainer(config=config, workdir=tmp_path, reporter=reporter, model_dir=model_dir)
+    trainer = Trainer(config=config, workdir=tmp_path, reporter=reporter, rollouts=InProcessRollouts(), model_dir=model_dir)
     trainer.setup()
     assert trainer.run() == "succeeded"
     reporter.close("succeeded", timeout=10)
@@ -48,7 +49,7 @@ def test_it_learns_the_main_job_with_the_vllm_backend(tmp_path):
     }, overlap=True, rollout_backend="vllm", vllm_dtype="bfloat16")
     reporter = Reporter(OfflineTransport(tmp_path), job_id="real", attempt=1, spool_dir=tmp_path / "spool", heartbeat_interval=60)
     reporter.start()
-    trainer = Trainer(config=config, workdir=tmp_path, reporter=reporter, model_dir=default_model_dir())
+    trainer = Trainer(config=config, workdir=tmp_path, reporter=reporter, rollouts=InProcessRollouts(), model_dir=default_model_dir())
     trainer.setup()
     try:
         assert trainer.run() == "succeeded"

@@ -15,7 +15,7 @@ def test_timed_out_rollouts_leave_the_advantages_and_the_loss_and_the_step_count
                      sampling={"max_tokens": 6, "temperature": 1.0},
                      env=[{"id": "lab/reverse-text", "timeout": 30}])
     trainer, _ = trainer_for(tmp_path / "a", spec)
-    batch = trainer.orchestrator.generate_batch(1, 0)
+    batch = trainer.rollouts.orchestrator.generate_batch(1, 0)
     batch.rewards[:] = [1.0, 0.0, 0.0, 1.0, 0.5, 0.25, 0.0, 0.75]
     for row in (1, 4, 5):  # as an episode past its deadline comes back: reward 0, flagged
         batch.completions[row].timed_out = True

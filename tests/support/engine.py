@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from engine.colocated import InProcessRollouts
 from engine.reporter import OfflineTransport, Reporter
 from engine.trainer import Trainer
 from tests.engine.conftest import REPO_ROOT, engine_config
@@ -39,7 +40,7 @@ def teacher_server(tmp_path):
 
 def trainer_for(workdir, spec, **engine_settings):
     reporter = Reporter(OfflineTransport(workdir), job_id="job_1", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
-    trainer = Trainer(config=engine_config(spec, **engine_settings), workdir=workdir, reporter=reporter)
+    trainer = Trainer(config=engine_config(spec, **engine_settings), workdir=workdir, reporter=reporter, rollouts=InProcessRollouts())
     trainer.setup()
     return trainer, reporter
 
@@ -63,7 +64,7 @@ def train(workdir, config, resume_from=None, stop_after=None):
     reporter = StoppingReporter(OfflineTransport(workdir), job_id="job_1", attempt=1, spool_dir=workdir / "spool", heartbeat_interval=60)
     reporter.stop_after = stop_after
     reporter.start()
-    trainer = Trainer(config=config, workdir=workdir, reporter=reporter)
+    trainer = Trainer(config=config, workdir=workdir, reporter=reporter, rollouts=InProcessRollouts())
     try:
         trainer.setup()
         if resume_from is not None:
