@@ -16,6 +16,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
+from jobs.models import Job
 from lab.errors import LabError
 from lab.models import Membership, Organization, Project, Role, User
 
@@ -131,17 +132,27 @@ def remember_project(request, response, org_slug: str, project_slug: str) -> Non
         )
 
 
-def last_project(request) -> tuple[str, str] | None:
-    """Return the ``(org_slug, project_slug)`` this browser last opened if the signed-in user may
-    still open it (a member of its organization); else None."""
+def landing_project(request) -> tuple[str, str] | None:
+    """Return the ``(org_slug, project_slug)`` whose jobs signing in lands on: the project this
+    browser last opened if the signed-in user may still open it (a member of its organization);
+    else (the first sign-in, another browser) the user's project with the newest job, or the
+    user's only project; else None (the home page, which goes on to the organization page)."""
     value = request.get_signed_cookie(LAST_PROJECT_COOKIE, default=None, salt=LAST_PROJECT_COOKIE)
     org_slug, slash, project_slug = (value or "").partition("/")
-    if not slash:
-        return None
-    still = Project.objects.filter(
+    if slash and Project.objects.filter(
         organization__slug=org_slug, slug=project_slug, organization__memberships__user=request.user
-    ).exists()
-    return (org_slug, project_slug) if still else None
+    ).exists():
+        return org_slug, project_slug
+    newest = (
+        Job.objects.for_member(request.user).order_by("-id")
+        .values_list("project__organization__slug", "project__slug").first()
+    )
+    if newest is not None:
+        return newest
+    projects = list(
+        Project.objects.filter(organization__memberships__user=request.user).values_list("organization__slug", "slug")[:2]
+    )
+    return projects[0] if len(projects) == 1 else None
 
 
 def refusal_message(error: LabError) -> str:

@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render, resolve_url
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dashboard.access import OrganizationAccess, last_project, organization_view, project_view, refusal_message
+from dashboard.access import OrganizationAccess, landing_project, organization_view, project_view, refusal_message
 from dashboard.forms import (
     ApiKeyCreateForm,
     InvitationCreateForm,
@@ -100,11 +100,11 @@ class LoginView(auth_views.LoginView):
         return _locked_out(response, form.locked_out) if form.locked_out else response
 
     def get_default_redirect_url(self):
-        """Land on the jobs of the project this browser last opened, when the user may still
-        open it; else the home page (``LOGIN_REDIRECT_URL``). A ``?next=`` still wins."""
-        remembered = last_project(self.request)
-        if remembered:
-            return resolve_url("project", org_slug=remembered[0], project_slug=remembered[1])
+        """Land on the jobs of the user's last project (``landing_project``); else the home page
+        (``LOGIN_REDIRECT_URL``), which goes on to the organization page. A ``?next=`` still wins."""
+        landing = landing_project(self.request)
+        if landing:
+            return resolve_url("project", org_slug=landing[0], project_slug=landing[1])
         return super().get_default_redirect_url()
 
 

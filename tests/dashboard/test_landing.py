@@ -1,5 +1,6 @@
 """Signing in lands on the jobs of the project this browser last opened (a signed cookie that
-outlives the session), unless ``?next=`` says otherwise or the user may no longer open it."""
+outlives the session), unless ``?next=`` says otherwise or the user may no longer open it; without
+one, on the project with the user's newest job, or the user's only project."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 from django.test import Client
 
 from dashboard.access import LAST_PROJECT_COOKIE
+from jobs.services import job_submit
+from lab.audit import Actor
 from lab.models import Membership, Project
 from tests.conftest import PASSWORD
 
@@ -50,8 +53,9 @@ def test_a_project_the_user_left_is_not_landed_on(owner, outsider):
 
 
 def test_a_forged_cookie_is_ignored_and_a_real_one_grants_nothing(owner, outsider):
+    Project.objects.create(organization=owner.organization, name="Second", slug="second")
     forged = Client()
-    forged.cookies[LAST_PROJECT_COOKIE] = "acme/default"  # not signed by Lab
+    forged.cookies[LAST_PROJECT_COOKIE] = "acme/second"  # not signed by Lab
     assert sign_in(forged, owner.user.email) == "/"
 
     owners = Client()
@@ -59,7 +63,16 @@ def test_a_forged_cookie_is_ignored_and_a_real_one_grants_nothing(owner, outside
     owners.get("/o/acme/p/default/")
     outsiders = Client()
     outsiders.cookies[LAST_PROJECT_COOKIE] = owners.cookies[LAST_PROJECT_COOKIE].value  # signed, for acme
-    assert sign_in(outsiders, outsider.user.email) == "/"  # not a member of acme
+    assert sign_in(outsiders, outsider.user.email) == "/o/globex/p/default/"  # not a member of acme: their own
+
+
+def test_a_first_sign_in_lands_on_the_project_with_the_newest_job_or_the_only_project(owner, spec, no_broker):
+    assert sign_in(Client(), owner.user.email) == "/o/acme/p/default/"  # the only project
+
+    other = Project.objects.create(organization=owner.organization, name="Second", slug="second")
+    assert sign_in(Client(), owner.user.email) == "/"  # two projects, no job: the organization page
+    job_submit(project=other, actor=Actor(user=owner.user), data=spec)
+    assert sign_in(Client(), owner.user.email) == "/o/acme/p/second/"
 
 
 def test_pages_link_the_favicon(owner_client):

@@ -21,7 +21,7 @@ def test_it_shows_the_login_form():
 def test_it_logs_in_with_email_and_password(owner):
     client = Client()
     response = client.post("/login/", {"username": "OWNER@acme.test", "password": PASSWORD})
-    assert response.status_code == 302 and response["Location"] == "/"
+    assert response.status_code == 302 and response["Location"] == "/o/acme/p/default/"  # the only project's jobs
     assert client.get("/o/acme/").status_code == 200
 
 
