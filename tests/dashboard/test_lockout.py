@@ -76,7 +76,7 @@ def test_it_lets_the_account_in_again_once_the_lockout_is_over(owner, clock):
 
     response = log_in("owner@acme.test", PASSWORD)
 
-    assert response.status_code == 302 and response["Location"] == "/"
+    assert response.status_code == 302 and response["Location"] == "/o/acme/p/default/"
     # Success forgets the account's failures: five more are allowed before the next lockout.
     fail(4)
     assert log_in("owner@acme.test", PASSWORD).status_code == 302
@@ -115,7 +115,7 @@ def test_it_leaves_another_account_from_another_address_unaffected(owner, outsid
 
     response = log_in("outsider@globex.test", PASSWORD, address="203.0.113.9")
 
-    assert response.status_code == 302 and response["Location"] == "/"
+    assert response.status_code == 302 and response["Location"] == "/o/globex/p/default/"
 
 
 def test_it_locks_the_account_out_from_every_address(owner, clock):
