@@ -158,6 +158,10 @@ class HTTPClient:
         response = self._send(method, path, params=params, content=content, headers=headers)
         return self._decode(response)
 
+    def request_text(self, path: str) -> str:
+        """``GET path`` for an answer that is text, not JSON (a build log); errors as :meth:`request`."""
+        return self._send("GET", path).text
+
     def upload(self, path: str, *, field: str, file: str | Path, content_type: str = "application/octet-stream") -> Any:
         """``POST path`` with the file ``file`` as the multipart/form-data field ``field`` (RFC 7578),
         retrying as :meth:`request` does; return the decoded JSON answer. The whole file is read

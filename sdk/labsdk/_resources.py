@@ -36,6 +36,7 @@ from labsdk.types import (
     Checkpoint,
     Distribution,
     Environment,
+    EnvironmentBuild,
     Estimate,
     Job,
     JobEvent,
@@ -490,6 +491,19 @@ class Environments:
         return _parse(Environment, self._http.request("GET", _environment_path(environment_id)))
 
     get = retrieve
+
+    def build_log(self, environment_id: str) -> str:
+        """Return the log of the version's latest build as text (``""`` while it has none): the
+        resolver's messages, the wheels fetched, the package's traceback when loading it failed.
+        Raises ``NotFoundError`` as :meth:`retrieve` does."""
+        return self._http.request_text(f"{_environment_path(environment_id)}/build-log")
+
+    def rebuild(self, environment_id: str) -> EnvironmentBuild:
+        """Build the version again (the same wheel, the package index as it is now) and return the
+        new build, ``queued``; follow it with :meth:`retrieve` (``.build``). Raises
+        ``ConflictError`` while its latest build is still queued or running, ``NotFoundError`` as
+        :meth:`retrieve` does."""
+        return _parse(EnvironmentBuild, self._http.request("POST", f"{_environment_path(environment_id)}/builds"))
 
     def delete(self, environment_id: str) -> None:
         """Delete one version (no version: the latest); the version can never be pushed again.

@@ -742,8 +742,32 @@ def _print_environment(environment) -> None:
         ("dependencies", ", ".join(environment.dependencies)), ("pushed_by", environment.pushed_by),
         ("created_at", environment.created_at.strftime("%Y-%m-%dT%H:%M:%SZ") if environment.created_at else None),
         ("description", environment.description),
+        *_build_rows(environment.build),
     ):
         print(f"{label + ':':14}{'' if value is None else value}")
+
+
+def _build_rows(build) -> list[tuple[str, Any]]:
+    """``lab envs info``'s lines for the version's latest build: its status, then what loading it
+    found (``load_environment``'s parameters with their defaults, the reward functions and weights)."""
+    if build is None:
+        return []
+    finished = f" at {build.finished_at:%Y-%m-%dT%H:%M:%SZ}" if build.finished_at else ""
+    parameters = ", ".join(
+        f"{parameter['name']} ({parameter.get('type') or 'any'}, required)" if parameter.get("required")
+        else f"{parameter['name']}={json.dumps(parameter.get('default'), ensure_ascii=False)} ({parameter.get('type') or 'any'})"
+        for parameter in build.parameters
+    )
+    rewards = ", ".join(f"{function['name']} (weight {function.get('weight')})" for function in build.reward_functions)
+    return [
+        ("build", f"{build.number} {build.status}{finished}"),
+        *([("build_error", build.error)] if build.error else []),
+        *([("api", f"{build.api} ({build.environment_class})" if build.environment_class else build.api)] if build.api else []),
+        *([("parameters", parameters)] if parameters else []),
+        *([("rewards", rewards)] if rewards else []),
+        *([("dataset_size", build.dataset_size)] if build.dataset_size is not None else []),
+        *([("secrets", ", ".join(build.secrets))] if build.secrets else []),
+    ]
 
 
 def envs_push(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
@@ -763,6 +787,29 @@ def envs_info(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
         _print_json(environment)
     else:
         _print_environment(environment)
+    return EXIT_OK
+
+
+def envs_build_log(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab envs build-log ID``: the log of the version's latest build (no version: the latest)."""
+    text = client().environments.build_log(args.id)
+    if not text:
+        print(f"{args.id} has no build log yet: its build has not run (`lab envs info {args.id}`)", file=sys.stderr)
+        return EXIT_OK
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return EXIT_OK
+
+
+def envs_rebuild(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab envs rebuild ID``: build the version again (same wheel, the package index as it is
+    now); prints the new build. Refused while its latest build is queued or running."""
+    lab = client()
+    environment = lab.environments.retrieve(args.id)
+    build = lab.environments.rebuild(environment.id)
+    if args.json:
+        _print_json(build)
+    else:
+        print(f"{environment.id}: build {build.number} {build.status} (follow it with `lab envs info {environment.id}`)")
     return EXIT_OK
 
 
@@ -952,6 +999,68 @@ def _add_wait_options(parser: argparse.ArgumentParser, wait_help: str | None = N
     parser.add_argument("--no-progress", action="store_true", help="no progress bar while waiting")
 
 
+def sandboxes_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab sandboxes [list] [--label K=V ...]``: the project's sandboxes, newest first."""
+    labels = dict(item.split("=", 1) for item in args.label or [])
+    sandboxes = client().sandboxes.list(labels=labels or None)
+    if args.json:
+        _print_json(sandboxes)
+        return EXIT_OK
+    table = _table("ID", "NAME", "STATUS", "IMAGE", "LABELS", "CREATED", wrap=("LABELS", "CREATED"))
+    for sandbox in sandboxes:
+        table.add_row(_text(sandbox.id), _text(sandbox.name), _text(sandbox.status), _text(sandbox.image),
+                      _text(" ".join(f"{key}={value}" for key, value in sandbox.labels.items())), _when(sandbox.created_at))
+    _print(table)
+    return EXIT_OK
+
+
+def sandboxes_create(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab sandboxes create [--image I] [--timeout S] [--label K=V ...]``: prints the new sandbox's id."""
+    sandbox = client().sandboxes.create(
+        image=args.image, name=args.name, cpu_cores=args.cpu, memory_gb=args.memory_gb, disk_gb=args.disk_gb,
+        timeout_s=args.timeout, labels=dict(item.split("=", 1) for item in args.label or []) or None,
+    )
+    if args.json:
+        _print_json(sandbox)
+        return EXIT_OK
+    for warning in sandbox.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(sandbox.id)
+    return EXIT_OK
+
+
+def sandboxes_get(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab sandboxes get ID``: one sandbox."""
+    sandbox = client().sandboxes.get(args.id)
+    if args.json:
+        _print_json(sandbox)
+    else:
+        print(f"{sandbox.id} {sandbox.status} {sandbox.image} cpu={sandbox.cpu_cores} memory={sandbox.memory_gb}GB "
+              f"disk={sandbox.disk_gb}GB lifetime={sandbox.timeout_s}s created {_when(sandbox.created_at)}")
+    return EXIT_OK
+
+
+def sandboxes_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab sandboxes delete ID``: stop it and delete its files."""
+    client().sandboxes.delete(args.id)
+    print(f"{args.id} deleted")
+    return EXIT_OK
+
+
+def sandboxes_run(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab sandboxes run ID -- COMMAND ...``: run a command, print its output, exit with its exit code."""
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    result = client().sandboxes.run(args.id, command if len(command) > 1 else command[0], timeout_s=args.timeout)
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    if result.timed_out:
+        print(f"timed out after {args.timeout or 60} s", file=sys.stderr)
+    return min(result.exit_code, 255)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``lab`` argument parser; each command sets ``handler``."""
     json_flag = argparse.ArgumentParser(add_help=False)
@@ -1121,12 +1230,48 @@ def build_parser() -> argparse.ArgumentParser:
     push = env_commands.add_parser("push", parents=[json_flag], help="upload an environment wheel (.whl, at most 100 MB)")
     push.add_argument("wheel", help="the wheel file, e.g. dist/my_env-0.1.0-py3-none-any.whl")
     push.set_defaults(handler=envs_push)
-    info = env_commands.add_parser("info", parents=[json_flag], help="show one package version")
+    info = env_commands.add_parser("info", parents=[json_flag], help="show one package version and its latest build")
     info.add_argument("id", help="<organization>/<name>[@<version>]")
     info.set_defaults(handler=envs_info)
+    build_log = env_commands.add_parser("build-log", help="print the log of a package version's latest build")
+    build_log.add_argument("id", help="<organization>/<name>[@<version>]")
+    build_log.set_defaults(handler=envs_build_log)
+    rebuild = env_commands.add_parser(
+        "rebuild", parents=[json_flag], help="build a package version again against the package index as it is now",
+    )
+    rebuild.add_argument("id", help="<organization>/<name>[@<version>]")
+    rebuild.set_defaults(handler=envs_rebuild)
     delete = env_commands.add_parser("delete", parents=[json_flag], help="delete one package version (never reused)")
     delete.add_argument("id", help="<organization>/<name>[@<version>]")
     delete.set_defaults(handler=envs_delete)
+
+    sandboxes = commands.add_parser(
+        "sandboxes", parents=[json_flag], help="isolated sandboxes: create, list, run commands, delete",
+        epilog="Commands and files: docs/sandboxes.md; the SDK's lab.sandboxes also uploads and downloads files.",
+    )
+    sandboxes.set_defaults(handler=sandboxes_list, label=None)
+    sandbox_commands = sandboxes.add_subparsers(dest="sandbox_command", metavar="COMMAND")
+    listing = sandbox_commands.add_parser("list", parents=[json_flag], help="the project's sandboxes, newest first")
+    listing.add_argument("--label", action="append", metavar="K=V", help="only those with this label (repeatable)")
+    listing.set_defaults(handler=sandboxes_list)
+    create = sandbox_commands.add_parser("create", parents=[json_flag], help="create a sandbox; prints its id")
+    create.add_argument("--image", default="python:3.11", help="image (default python:3.11)")
+    create.add_argument("--name", default="", help="a name for people")
+    create.add_argument("--cpu", type=float, help="CPU cores")
+    create.add_argument("--memory-gb", type=float, help="memory, GB")
+    create.add_argument("--disk-gb", type=float, help="disk, GB")
+    create.add_argument("--timeout", type=int, help="lifetime, seconds")
+    create.add_argument("--label", action="append", metavar="K=V", help="a label (repeatable)")
+    create.set_defaults(handler=sandboxes_create)
+    for name, help_text, handler in (("get", "show one sandbox", sandboxes_get), ("delete", "stop a sandbox and delete its files", sandboxes_delete)):
+        command = sandbox_commands.add_parser(name, parents=[json_flag], help=help_text)
+        command.add_argument("id", help="sandbox id (sbx_...)")
+        command.set_defaults(handler=handler)
+    run = sandbox_commands.add_parser("run", parents=[json_flag], help="run a command in a sandbox; exits with its exit code")
+    run.add_argument("id", help="sandbox id (sbx_...)")
+    run.add_argument("--timeout", type=float, help="seconds before it is killed (default 60)")
+    run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command (one string runs under sh -c)")
+    run.set_defaults(handler=sandboxes_run)
 
     webhooks = commands.add_parser(
         "webhooks", parents=[json_flag], help="create, list, test and delete webhook endpoints",

@@ -20,6 +20,7 @@ __all__ = [
     "TERMINAL_JOB_STATUSES",
     "Checkpoint",
     "Environment",
+    "EnvironmentBuild",
     "Estimate",
     "Job",
     "JobError",
@@ -205,11 +206,40 @@ class Model(LabObject):
     source: str | None = None
 
 
+class EnvironmentBuild(LabObject):
+    """One build of an uploaded package version (docs/environments.md "Builds"): ``status`` is
+    ``queued``, ``running``, ``ready`` or ``failed`` (``error`` says why); what loading it found:
+    ``api`` (``lab``, ``v0`` for ``load_environment``, ``v1``), ``environment_class``,
+    ``parameters`` (``[{"name", "default", "type", "required"}]``) and ``args`` (their defaults),
+    ``dataset_size``, ``reward_functions`` (``[{"name", "weight"}]``), ``secrets``; its ``lock``
+    (``[{"name", "version", "sha256"}]``)."""
+
+    number: int | None = None
+    status: str | None = None
+    error: str | None = None
+    index_url: str | None = None
+    index_snapshot_at: datetime | None = None
+    python: str | None = None
+    api: str | None = None
+    environment_class: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    parameters: list[dict[str, Any]] = Field(default_factory=list)
+    dataset_size: int | None = None
+    reward_functions: list[dict[str, Any]] = Field(default_factory=list)
+    secrets: list[str] = Field(default_factory=list)
+    verifiers_version: str | None = None
+    lock: list[dict[str, Any]] = Field(default_factory=list)
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
 class Environment(LabObject):
     """An environment: a built-in (``kind`` ``builtin``, ``lab/<name>``) or a version of an
     organization's uploaded package (``kind`` ``verifiers`` or ``lab``, id
     ``<organization slug>/<name>@<version>``, with its wheel's ``sha256`` and ``size_bytes``).
-    ``args`` are a built-in's arguments with their defaults (an uploaded package checks its own)."""
+    ``args`` are a built-in's arguments with their defaults (an uploaded package checks its own);
+    ``build`` an uploaded version's latest build (None for a built-in)."""
 
     id: str
     kind: str | None = None
@@ -224,6 +254,7 @@ class Environment(LabObject):
     dependencies: list[str] = Field(default_factory=list)
     verifiers_version: str | None = None
     pushed_by: str | None = None
+    build: EnvironmentBuild | None = None
 
 
 class Price(LabObject):

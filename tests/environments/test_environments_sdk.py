@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from labsdk import BadRequestError, ConflictError, Lab, NotFoundError
 from labsdk.cli import main
 
-from environments.models import EnvironmentPackage
+from environments.builds import build_log_key, latest_build
+from environments.models import BuildStatus, EnvironmentPackage
+from lab import storage
+from tests.environments.load_environment_wheels import tiny_single_turn_wheel
 from tests.support.wheelbuilder import build_wheel
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,3 +73,73 @@ def test_the_cli_pushes_lists_shows_and_deletes(live_server, owner, tmp_path, mo
     assert capsys.readouterr().out == "deleted acme/my-env@0.1.0\n"
     assert main(["envs", "info", "acme/my-env"]) == 1
     assert "No such environment. (not_found)" in capsys.readouterr().err
+
+
+#: What the builder records for ``tiny_single_turn_wheel`` (tests/environments/test_builds.py builds it for real).
+TINY_SUMMARY = {
+    "api": "v0",
+    "environment_class": "verifiers.envs.singleturn_env.SingleTurnEnv",
+    "parameters": [
+        {"name": "num_examples", "default": 10, "type": "int", "required": False},
+        {"name": "system_prompt", "default": "Answer with a number.", "type": "str", "required": False},
+        {"name": "split", "default": None, "type": "str", "required": True},
+    ],
+    "dataset_size": 10,
+    "reward_functions": [{"name": "correct", "weight": 1.0}, {"name": "short", "weight": 0.25}],
+    "secrets": ["TINY_JUDGE_KEY"],
+    "verifiers_version": "0.3.1",
+}
+
+
+def test_the_sdk_and_the_cli_show_a_versions_build_and_its_log_and_rebuild_it(live_server, owner, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LAB_API_KEY", owner.key)
+    monkeypatch.setenv("LAB_BASE_URL", live_server.url)
+    filename, data = tiny_single_turn_wheel()
+    (tmp_path / filename).write_bytes(data)
+    lab = Lab(api_key=owner.key, base_url=live_server.url, max_retries=0)
+    pushed = lab.environments.push(tmp_path / filename)
+    assert (pushed.build.number, pushed.build.status) == (1, "queued")
+    assert lab.environments.build_log("acme/tiny-count") == ""
+    assert main(["envs", "build-log", "acme/tiny-count"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "acme/tiny-count has no build log yet" in err
+
+    # The build ends as a worker ends it: its log stored, its summary recorded.
+    build = latest_build(EnvironmentPackage.objects.unscoped().get(name="tiny-count"))
+    log = tmp_path / "build.log"
+    log.write_text("[build 12:00:01] resolving 2 requirements\n[build 12:00:15] ready in 14.2 s\n")
+    build.log_key = build_log_key(build)
+    storage.put_file(build.log_key, log, content_type="text/plain")
+    build.status, build.summary = BuildStatus.READY, TINY_SUMMARY
+    build.finished_at = datetime(2026, 12, 5, 12, 0, 15, tzinfo=UTC)
+    build.save()
+
+    got = lab.environments.retrieve("acme/tiny-count").build
+    assert (got.status, got.api, got.dataset_size) == ("ready", "v0", 10)
+    assert got.args == {"num_examples": 10, "system_prompt": "Answer with a number."}
+    assert got.reward_functions[1] == {"name": "short", "weight": 0.25}
+    assert lab.environments.build_log("acme/tiny-count@0.1.0") == log.read_text()
+    assert main(["envs", "build-log", "acme/tiny-count"]) == 0
+    assert capsys.readouterr().out == log.read_text()
+    assert main(["envs", "info", "acme/tiny-count"]) == 0
+    info = capsys.readouterr().out.splitlines()
+    assert info[-6:] == [
+        "build:        1 ready at 2026-12-05T12:00:15Z",
+        "api:          v0 (verifiers.envs.singleturn_env.SingleTurnEnv)",
+        'parameters:   num_examples=10 (int), system_prompt="Answer with a number." (str), split (str, required)',
+        "rewards:      correct (weight 1.0), short (weight 0.25)",
+        "dataset_size: 10",
+        "secrets:      TINY_JUDGE_KEY",
+    ]
+    assert main(["envs", "info", "acme/tiny-count", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["build"]["status"] == "ready"
+
+    assert main(["envs", "rebuild", "acme/tiny-count"]) == 0
+    assert capsys.readouterr().out == "acme/tiny-count@0.1.0: build 2 queued (follow it with `lab envs info acme/tiny-count@0.1.0`)\n"
+    assert lab.environments.retrieve("acme/tiny-count").build.number == 2
+    with pytest.raises(ConflictError, match="build 2 of acme/tiny-count@0.1.0 is still queued"):
+        lab.environments.rebuild("acme/tiny-count")
+    assert main(["envs", "rebuild", "acme/tiny-count", "--json"]) == 1
+    assert "still queued" in capsys.readouterr().err
+    with pytest.raises(NotFoundError):
+        lab.environments.build_log("acme/no-such-env")
