@@ -41,6 +41,8 @@ class AuditAction(StrEnum):
     BILLING_CHECKOUT_CREATE = "billing.checkout_create"
     ENVIRONMENT_PUSH = "environment.push"
     ENVIRONMENT_DELETE = "environment.delete"
+    SANDBOX_CREATE = "sandbox.create"
+    SANDBOX_DELETE = "sandbox.delete"
 
 
 @dataclass(frozen=True)

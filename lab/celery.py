@@ -56,6 +56,7 @@ class TaskName(StrEnum):
     PURGE_IDEMPOTENCY_RECORDS = "lab.purge_idempotency_records", Queue.DEFAULT
     BUILD_ENVIRONMENT = "environments.build", Queue.BUILDS
     SWEEP_ENVIRONMENT_BUILDS = "environments.sweep_builds", Queue.DEFAULT
+    REAP_SANDBOXES = "sandboxes.reap", Queue.DEFAULT
 
 
 def task(name: TaskName, **options: Any) -> Callable[[Callable[..., Any]], Any]:

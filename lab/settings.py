@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "jobs",
     "billing",
     "environments",
+    "sandboxes",
     "dashboard",
 ]
 
@@ -187,6 +188,12 @@ if not isinstance(LAB_POOL, dict) or not isinstance(LAB_POOL.get("nodes"), list)
     raise ImproperlyConfigured('LAB_POOL must be a JSON object like {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 2}]}')
 LAB_ENGINE_IMAGE = env_str("LAB_ENGINE_IMAGE", "lab-engine:latest")
 LAB_ORG_MAX_RUNNING_JOBS = env_int("LAB_ORG_MAX_RUNNING_JOBS", 4, minimum=1)
+# Sandboxes (docs/sandboxes.md): concurrent ones per organization, processes and open files per
+# command; "egress" sandboxes share the host's network, so they are off unless this is on.
+LAB_SANDBOX_MAX_PER_ORG = env_int("LAB_SANDBOX_MAX_PER_ORG", 20, minimum=1)
+LAB_SANDBOX_MAX_PROCESSES = env_int("LAB_SANDBOX_MAX_PROCESSES", 256, minimum=8)
+LAB_SANDBOX_MAX_OPEN_FILES = env_int("LAB_SANDBOX_MAX_OPEN_FILES", 1024, minimum=16)
+LAB_SANDBOX_ALLOW_EGRESS = env_bool("LAB_SANDBOX_ALLOW_EGRESS", False)
 LAB_HEARTBEAT_TIMEOUT_S = env_int("LAB_HEARTBEAT_TIMEOUT_S", 120, minimum=1)
 # After Lab asks an engine to stop (through the status answer), it waits this long before
 # SIGTERM, then this long again before SIGKILL.
@@ -429,6 +436,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-jobs": {"task": "jobs.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
     "sweep-webhook-deliveries": {"task": "jobs.webhooks.sweep", "schedule": 5.0},
     "sweep-orphan-checkpoints": {"task": "jobs.sweep_orphan_checkpoints", "schedule": 3600.0},
+    "reap-sandboxes": {"task": "sandboxes.reap", "schedule": 30.0},
     "sweep-environment-builds": {"task": "environments.sweep_builds", "schedule": 60.0},
     # Meter events owed after a Stripe outage (each interval's close also enqueues the task).
     "send-meter-events": {"task": "billing.send_meter_events", "schedule": 300.0},

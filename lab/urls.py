@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/v1/", include("lab.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
     path("api/v1/", include("billing.api.urls")),
+    path("api/v1/", include("sandboxes.urls")),
     path("prime/api/v1/", include("jobs.api.prime.urls")),
     path("billing/", include("billing.urls")),
     path("healthz", ops.healthz, name="healthz"),

@@ -36,12 +36,13 @@ PACKAGES = {
     "jobs": "jobs",
     "billing": "billing",
     "environments": "environments",
+    "sandboxes": "sandboxes",
     "engine": "engine",
     "labsdk": "sdk/labsdk",
     "demo": "demo",
 }
 DJANGO = {"django", "rest_framework"}
-APPS = {"dashboard", "jobs", "billing", "environments"}
+APPS = {"dashboard", "jobs", "billing", "environments", "sandboxes"}
 LIBRARIES = {"engine", "labsdk"}
 
 #: What each part may import besides itself, the standard library and third-party packages.
@@ -50,6 +51,7 @@ ALLOWED = {
     "jobs": {"billing", "environments", "lab"} | LIBRARIES | DJANGO,
     "billing": {"lab"} | LIBRARIES | DJANGO,
     "environments": {"lab"} | LIBRARIES | DJANGO,
+    "sandboxes": {"lab"} | LIBRARIES | DJANGO,
     "lab": LIBRARIES | DJANGO,
     "engine": {"labsdk"},
     # The SDK is installed on its own (sdk/pyproject.toml): nothing else of this repository.
@@ -495,7 +497,7 @@ def test_it_reports_an_unlisted_import_inside_a_function_and_a_stale_entry():
     ]
     assert function_level_summary(found) == (
         "2 function-level imports of project modules (3 import lines): "
-        "lab 0, dashboard 0, jobs 2, billing 0, environments 0, engine 0, labsdk 0"
+        "lab 0, dashboard 0, jobs 2, billing 0, environments 0, sandboxes 0, engine 0, labsdk 0"
     )
 
 

@@ -32,25 +32,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.lib.bubblewrap import SANDBOX_UID, SYSTEM_DIRS, base_arguments
+
 #: ``LAB_LOCAL_ISOLATION`` values: a sandbox per attempt (default), or none (unsafe: environment
 #: code then runs as Lab's own user, beside Lab's processes and files).
 ISOLATION_BUBBLEWRAP = "bubblewrap"
 ISOLATION_NONE = "none"
 ISOLATION_CHOICES = (ISOLATION_BUBBLEWRAP, ISOLATION_NONE)
 
-#: The uid and gid the engine has inside its sandbox (as in the engine pods' security context).
-SANDBOX_UID = 1000
 #: Where the egress sockets appear inside the sandbox (short: a socket address holds 108 bytes).
 EGRESS_DIR = "/run/lab/egress"
-#: System folders bound read-only where present (symlinks to /usr on merged-/usr systems).
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-#: The files and folders of /etc that programs need (the dynamic loader's cache, certificates,
-#: time zones, name service switch, users, pip's configuration); the rest of /etc stays out.
-_ETC_ENTRIES = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates", "ca-certificates.conf",
-    "alternatives", "localtime", "timezone", "zoneinfo", "nsswitch.conf", "hosts", "passwd", "group",
-    "mime.types", "os-release", "xdg", "pip.conf", "gai.conf", "host.conf",
-)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -78,23 +69,7 @@ def bubblewrap_command(layout: SandboxLayout, command: list[str], *, bwrap: str 
     Order matters to bwrap: later mounts lie over earlier ones, so the hidden folders come after
     what holds them and the writable ones last.
     """
-    args = [
-        bwrap,
-        "--unshare-all", "--unshare-user", "--disable-userns",
-        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-        "--cap-drop", "ALL",
-        "--die-with-parent",
-        "--hostname", "lab-engine",
-        "--tmpfs", "/tmp",
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--tmpfs", "/dev/shm",
-        "--ro-bind-try", "/sys", "/sys",
-    ]
-    for directory in _SYSTEM_DIRS:
-        args += ["--ro-bind-try", directory, directory]
-    for entry in _ETC_ENTRIES:
-        args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+    args = base_arguments(hostname="lab-engine", bwrap=bwrap)
     for path in _outermost(layout.read_only):
         args += ["--ro-bind", str(path), str(path)]
     for path in layout.hidden:
@@ -134,7 +109,7 @@ def check_bubblewrap(bwrap: str = "bwrap") -> str:
             "machine where every environment is trusted."
         )
     probe = [path, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--cap-drop", "ALL"]
-    for directory in _SYSTEM_DIRS:
+    for directory in SYSTEM_DIRS:
         probe += ["--ro-bind-try", directory, directory]
     try:
         result = subprocess.run([*probe, "--", "true"], capture_output=True, timeout=30, check=False)

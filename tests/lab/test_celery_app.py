@@ -66,6 +66,7 @@ def test_every_task_is_routed_to_the_declared_queue_its_task_name_gives():
         "lab.purge_idempotency_records": "default",
         "environments.build": "builds",
         "environments.sweep_builds": "default",
+        "sandboxes.reap": "default",
     }
     assert set(routed.values()) <= {queue.name for queue in app.conf.task_queues}
 
@@ -85,5 +86,6 @@ def test_beat_schedules_tasks_by_their_task_names():
             TaskName.SWEEP_WEBHOOKS,
             TaskName.PURGE_IDEMPOTENCY_RECORDS,
             TaskName.SWEEP_ENVIRONMENT_BUILDS,
+            TaskName.REAP_SANDBOXES,
         ]
     )

@@ -1,0 +1,95 @@
+"""OpenAPI components of the sandbox bodies (docs/sandboxes.md), as ``sandboxes/serializers.py``
+builds them and ``sandboxes.services`` accepts them."""
+
+from __future__ import annotations
+
+from lab.api.schema import BOOLEAN, INTEGER, NUMBER, STRING, TIMESTAMP, component, list_component, nullable, obj
+from sandboxes.models import NetworkPolicy, SandboxStatus
+from sandboxes.services import COMMAND_TIMEOUT_S, IMAGE_ALIASES, IMAGES, LIMITS
+
+_STRINGS = {"type": "object", "additionalProperties": STRING}
+
+
+def _bounded(name: str, schema: dict) -> dict:
+    minimum, maximum, default = LIMITS[name]
+    return schema | {"minimum": minimum, "maximum": maximum, "default": default}
+
+
+SANDBOX = component(
+    "Sandbox",
+    obj(
+        {
+            "id": STRING,
+            "object": {"const": "sandbox"},
+            "name": STRING,
+            "status": {"type": "string", "enum": list(SandboxStatus.values)},
+            "image": STRING,
+            "cpu_cores": NUMBER,
+            "memory_gb": NUMBER,
+            "disk_gb": NUMBER,
+            "timeout_s": INTEGER | {"description": "lifetime from creation, seconds"},
+            "network": {"type": "string", "enum": list(NetworkPolicy.values)},
+            "environment_names": {"type": "array", "items": STRING},
+            "labels": _STRINGS,
+            "job_id": nullable(STRING),
+            "error": nullable(STRING),
+            "created_at": TIMESTAMP,
+            "started_at": nullable(TIMESTAMP),
+            "stopped_at": nullable(TIMESTAMP),
+            "warnings": {"type": "array", "items": STRING},
+        },
+        optional=("warnings",),
+        description="An isolated place where commands run (sbx_...); warnings only on create.",
+    ),
+)
+SANDBOX_LIST = list_component("Sandbox", "The project's sandboxes, newest first.")
+SANDBOX_CREATE = component(
+    "SandboxCreate",
+    obj(
+        {
+            "name": {"type": "string", "maxLength": 100},
+            "image": {"type": "string", "enum": [*IMAGES, *IMAGE_ALIASES]},
+            "docker_image": {"type": "string", "enum": [*IMAGES, *IMAGE_ALIASES]},
+            "cpu_cores": _bounded("cpu_cores", NUMBER),
+            "memory_gb": _bounded("memory_gb", NUMBER),
+            "disk_gb": _bounded("disk_gb", NUMBER),
+            "timeout_s": _bounded("timeout_s", INTEGER),
+            "network": {"type": "string", "enum": list(NetworkPolicy.values)},
+            "environment": _STRINGS,
+            "labels": _STRINGS,
+        },
+        optional=("name", "image", "docker_image", "cpu_cores", "memory_gb", "disk_gb", "timeout_s", "network", "environment", "labels"),
+    )
+    | {"additionalProperties": False},
+)
+COMMAND = component(
+    "SandboxCommand",
+    obj(
+        {
+            "command": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": STRING, "minItems": 1}]},
+            "timeout_s": NUMBER | {"minimum": COMMAND_TIMEOUT_S[0], "maximum": COMMAND_TIMEOUT_S[1], "default": COMMAND_TIMEOUT_S[2]},
+            "cwd": STRING,
+            "env": _STRINGS,
+        },
+        optional=("timeout_s", "cwd", "env"),
+    )
+    | {"additionalProperties": False},
+)
+COMMAND_RESULT = component(
+    "SandboxCommandResult",
+    obj(
+        {
+            "stdout": STRING,
+            "stderr": STRING,
+            "exit_code": INTEGER | {"description": "128 + signal when killed; 124 past the timeout"},
+            "duration_ms": INTEGER,
+            "timed_out": BOOLEAN,
+            "truncated": BOOLEAN,
+        },
+        description="What a command did.",
+    ),
+)
+FILE_WRITTEN = component(
+    "SandboxFile",
+    obj({"path": STRING, "size_bytes": INTEGER}, description="A file written in the sandbox's /workspace."),
+)

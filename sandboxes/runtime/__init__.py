@@ -1,0 +1,1 @@
+"""Runtimes that hold sandboxes: the interface (``base``) and the local bubblewrap one (``local``)."""

@@ -1,0 +1,12 @@
+"""Sandbox routes under /api/v1 (docs/sandboxes.md)."""
+
+from django.urls import path
+
+from sandboxes import views
+
+urlpatterns = [
+    path("sandboxes", views.SandboxListView.as_view(), name="api-sandboxes"),
+    path("sandboxes/<str:sandbox_id>", views.SandboxDetailView.as_view(), name="api-sandbox"),
+    path("sandboxes/<str:sandbox_id>/commands", views.SandboxCommandView.as_view(), name="api-sandbox-commands"),
+    path("sandboxes/<str:sandbox_id>/files", views.SandboxFileView.as_view(), name="api-sandbox-files"),
+]
