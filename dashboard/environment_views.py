@@ -1,14 +1,17 @@
 """The organization's environments page: the built-ins and its uploaded packages (versions,
-pusher, date); owners and admins push a wheel from here (docs/environments.md)."""
+pusher, date, the latest build's status with a link to its log); owners and admins push a wheel
+from here (docs/environments.md)."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from dashboard.access import OrganizationAccess, organization_view
 from dashboard.views import _render
-from environments.services import environment_push
+from environments.builds import build_log, latest_build, latest_builds
+from environments.services import environment_get, environment_push
 from jobs.api.environments import environment_objects
 from lab.api.errors import http_status
 from lab.audit import Actor
@@ -16,8 +19,17 @@ from lab.errors import LabError
 
 
 def _page(request: HttpRequest, access: OrganizationAccess, *, pushed=None, error: str = "", status: int = 200) -> HttpResponse:
+    builds = latest_builds(access.organization)
+    rows = []
+    for environment in environment_objects(access.organization):
+        build = builds.get(environment["id"])
+        log_url = None
+        if build is not None:
+            version = environment["id"].partition("/")[2]
+            log_url = reverse("environment_build_log", kwargs={"org_slug": access.organization.slug, "environment": version})
+        rows.append({**environment, "build": build, "build_log_url": log_url})
     context = {
-        "environments": environment_objects(access.organization),
+        "environments": rows,
         "pushed": pushed,
         "error": error,
     }
@@ -51,3 +63,16 @@ def environment_push_view(request: HttpRequest, access: OrganizationAccess) -> H
     except LabError as error:
         return _page(request, access, error=error.message, status=http_status(error))
     return _page(request, access, pushed=package.public_id, status=201)
+
+
+@require_GET
+@organization_view
+def environment_build_log(request: HttpRequest, access: OrganizationAccess, environment: str) -> HttpResponse:
+    """The latest build's log of the package version ``environment`` (``<name>@<version>``), as
+    text (empty while the build has not run); 404 for a package the organization does not have."""
+    try:
+        package = environment_get(organization=access.organization, environment_id=f"{access.organization.slug}/{environment}")
+    except LabError:
+        raise Http404("No such environment.") from None
+    build = latest_build(package)
+    return HttpResponse(build_log(build) if build is not None else "", content_type="text/plain; charset=utf-8")

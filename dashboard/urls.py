@@ -53,6 +53,7 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
     webhook_delivery_redeliver <project>webhooks/<endpoint_id>/deliveries/<delivery_id>/redeliver/   POST
     environments             /o/<org_slug>/environments/        built-ins and the organization's packages
     environment_push         /o/<org_slug>/environments/push/   POST a wheel (owners, admins)
+    environment_build_log    /o/<org_slug>/environments/<name>@<version>/build-log/   the latest build's log, as text
     api_keys                 /o/<org_slug>/p/<project_slug>/keys/                 list; POST creates (owners, admins)
     api_key_revoke           /o/<org_slug>/p/<project_slug>/keys/<key_id>/revoke/ confirm (GET); revoke (POST)
 """
@@ -132,6 +133,11 @@ urlpatterns = [
     path(_ORGANIZATION + "billing/settings/", billing_views.billing_settings, name="billing_settings"),
     path(_ORGANIZATION + "environments/", environment_views.environments, name="environments"),
     path(_ORGANIZATION + "environments/push/", environment_views.environment_push_view, name="environment_push"),
+    path(
+        _ORGANIZATION + "environments/<str:environment>/build-log/",
+        environment_views.environment_build_log,
+        name="environment_build_log",
+    ),
     # --- projects ---
     path(_PROJECT, job_views.project_detail, name="project"),
     path(_PROJECT + "jobs/table/", job_views.jobs_table, name="jobs_table"),

@@ -88,6 +88,16 @@ def latest_build(package: EnvironmentPackage) -> EnvironmentBuild | None:
     return EnvironmentBuild.objects.filter(package=package).order_by("-number").first()
 
 
+def latest_builds(organization) -> dict[str, EnvironmentBuild]:
+    """The latest build of each of ``organization``'s live packages, by the package's public id
+    (``<organization slug>/<name>@<version>``); a package with no build yet is left out. One query."""
+    builds = (
+        EnvironmentBuild.objects.for_organization(organization).filter(package__deleted_at=None)
+        .select_related("package__organization").defer("lock").order_by("package_id", "number")
+    )
+    return {build.package.public_id: build for build in builds}  # the highest number wins
+
+
 def build_log_key(build: EnvironmentBuild) -> str:
     package = build.package
     return f"{KEY_PREFIX}{package.organization.public_id}/{package.sha256}/build-{build.number}.log"

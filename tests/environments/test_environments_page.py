@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
 
-from environments.models import EnvironmentPackage
+from environments.builds import build_again, build_log_key, latest_build
+from environments.models import BuildStatus, EnvironmentPackage
+from lab import storage
 from tests.support.dashboard import signed_in
 from tests.support.wheelbuilder import build_wheel
 
@@ -57,3 +60,34 @@ def test_it_is_a_404_for_an_outsider(owner, outsider):
     assert client.get("/o/acme/environments/").status_code == 404
     assert client.post("/o/acme/environments/push/", upload(build_wheel("their-env"))).status_code == 404
     assert EnvironmentPackage.objects.unscoped().count() == 1
+
+
+def test_it_shows_each_versions_build_status_with_a_link_to_its_log(owner, member, outsider, tmp_path):
+    client = signed_in(owner.user)
+    for version in ("0.1.0", "0.2.0"):
+        assert client.post("/o/acme/environments/push/", upload(build_wheel("my-env", version))).status_code == 201
+    failed = latest_build(EnvironmentPackage.objects.unscoped().get(version="0.1.0"))
+    log = tmp_path / "build.log"
+    log.write_text("[build 12:00:01] resolving 2 requirements\nerror: frobnicator-9000 was not found\n")
+    failed.log_key = build_log_key(failed)
+    storage.put_file(failed.log_key, log, content_type="text/plain")
+    failed.status, failed.error, failed.finished_at = BuildStatus.FAILED, "its requirements cannot be met", timezone.now()
+    failed.save()
+    rebuilt = build_again(failed.package)  # the latest build is the one shown
+
+    page = signed_in(member).get("/o/acme/environments/").content.decode()
+    rows = {row.split("<code>")[1].split("</code>")[0]: row for row in page.split("<tr>")[2:]}
+    assert '<span class="build-status build-queued">queued</span>' in rows["acme/my-env@0.1.0"]
+    assert '<a href="/o/acme/environments/my-env@0.1.0/build-log/">log</a>' in rows["acme/my-env@0.1.0"]
+    assert '<a href="/o/acme/environments/my-env@0.2.0/build-log/">log</a>' in rows["acme/my-env@0.2.0"]
+    assert "build-status" not in rows["lab/addition"]
+    rebuilt.delete()
+    page = signed_in(member).get("/o/acme/environments/").content.decode()
+    assert '<span class="build-status build-failed">failed</span>' in page and "its requirements cannot be met" in page
+
+    response = signed_in(member).get("/o/acme/environments/my-env@0.1.0/build-log/")
+    assert response.status_code == 200 and response["Content-Type"] == "text/plain; charset=utf-8"
+    assert response.content.decode() == log.read_text()
+    assert signed_in(member).get("/o/acme/environments/my-env@0.2.0/build-log/").content == b""  # not run yet
+    assert signed_in(member).get("/o/acme/environments/no-such@1.0/build-log/").status_code == 404
+    assert signed_in(outsider.user).get("/o/acme/environments/my-env@0.1.0/build-log/").status_code == 404
