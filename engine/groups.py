@@ -153,3 +153,18 @@ class GroupSchedule:
             room -= self.sizes[env]
             index += 1
         return environments
+
+
+def micro_batches(groups: list[int], sizes: list[int], micro_batch_rollouts: int) -> list[list[int]]:
+    """Split `groups` (indexes into `sizes`, the rollouts of each group) into the chunks of one
+    forward/backward pass each, in order: as many whole groups as fit in `micro_batch_rollouts`
+    rollouts, and a group larger than that alone. With one K throughout, every chunk but the
+    last holds max(1, micro_batch_rollouts // K) groups."""
+    chunks, rollouts = [], 0
+    for group in groups:
+        if not chunks or rollouts + sizes[group] > micro_batch_rollouts:
+            chunks.append([])
+            rollouts = 0
+        chunks[-1].append(group)
+        rollouts += sizes[group]
+    return chunks

@@ -47,6 +47,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from safetensors.torch import load_file
+
+from engine.models import context_length, huggingface_dir, load_model
+from engine.models import stop_token_ids as model_stop_token_ids
+from engine.policy import is_adapter_dir, read_adapter_config
+from engine.rollout import TransformersBackend
+from engine.vllm_backend import VLLMBackend
+
 logger = logging.getLogger("engine")
 
 MAX_BODY_BYTES = 1 << 20
@@ -250,10 +258,6 @@ class InferenceServer:
         return self._envelope("chat.completion", "chatcmpl", prompt_ids, completions, choices, version)
 
     def update_weights(self, body: dict) -> dict:
-        from safetensors.torch import load_file
-
-        from engine.policy import is_adapter_dir
-
         path = body.get("weights_path")
         version = _integer(body, "policy_version", None, minimum=0, maximum=1 << 40, param="policy_version")
         if not isinstance(path, str) or not path:
@@ -288,8 +292,6 @@ class InferenceServer:
 
     def _update_adapter(self, directory: pathlib.Path, version: int, restart: bool) -> dict:
         """Apply the peft adapter in `directory` as policy `version` (`update_weights`)."""
-        from engine.policy import read_adapter_config
-
         load_adapter = getattr(self.backend, "load_adapter", None)
         if load_adapter is None:
             raise RequestError(f"the {self.backend_name} backend takes merged weights, not a LoRA adapter", param="weights_path")
@@ -449,18 +451,12 @@ def build_server(
     `tensor_parallel_size` GPUs, with LoRA for adapters up to `max_lora_rank` when it is above 0.
     Raises engine.models.ModelNotFound for an unknown id.
     """
-    from engine.models import context_length, huggingface_dir, load_model
-    from engine.models import stop_token_ids as model_stop_token_ids
-    from engine.rollout import TransformersBackend
-
     model, tokenizer = load_model(model_id, model_dir)
     stop_token_ids = model_stop_token_ids(model, tokenizer)
     max_model_len = context_length(model)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     if backend_name == "vllm":
-        from engine.vllm_backend import VLLMBackend
-
         path = huggingface_dir(model_id, model, model_dir, workdir)
         backend = VLLMBackend(path, seed=seed, max_model_len=max_model_len, stop_token_ids=stop_token_ids, workdir=workdir,
                               dtype=vllm_dtype, tensor_parallel_size=tensor_parallel_size, max_lora_rank=max_lora_rank)

@@ -66,166 +66,13 @@ class Transport(Protocol):
         """Save the archive of a checkpoint this job may start from to `destination`; raise IngestError."""
 
 
-class HttpTransport:
-    """The ingest API over HTTP with the job token, through labsdk's HTTP layer.
-
-    Retries are the reporter's job (it spools), so the client makes one attempt per call.
-    """
-
-    def __init__(self, lab_url: str, job_id: str, token: str, *, timeout: float = 15.0):
-        from labsdk._http import HTTPClient
-
-        from engine import egress
-
-        self.transport = egress.transport()
-        self.client = HTTPClient(
-            base_url=f"{lab_url.rstrip('/')}/api/v1/ingest/jobs/{job_id}",
-            token=token,
-            timeout=timeout,
-            max_retries=0,
-            user_agent="lab-engine",
-            transport=self.transport,
-        )
-        self.timeout = timeout
-
-    def post(self, path: str, body: dict, *, idempotency_key: str | None = None) -> dict:
-        from labsdk.errors import LabError
-        from labsdk.retry import is_retryable_status
-
-        try:
-            return self.client.request("POST", path, json_body=body, idempotency_key=idempotency_key) or {}
-        except LabError as error:
-            status = error.status_code
-            raise IngestError(
-                f"POST {path}: {error}", retryable=is_retryable_status(status), status_code=status
-            ) from error
-
-    def upload(self, upload: dict, archive: pathlib.Path) -> None:
-        import httpx
-        from labsdk.retry import is_retryable_status
-
-        _require_archive(archive)
-        method = upload.get("method")
-        try:
-            if method == "local":
-                _copy_atomically(archive, pathlib.Path(upload["path"]))
-            elif method == "put":
-                with open(archive, "rb") as handle, httpx.Client(
-                    timeout=max(self.timeout, 300.0), follow_redirects=False, transport=self.transport
-                ) as storage:
-                    response = storage.put(
-                        upload["url"],
-                        content=handle,
-                        headers={"Content-Length": str(archive.stat().st_size), **(upload.get("headers") or {})},
-                    )
-                if response.status_code >= 400:
-                    raise IngestError(
-                        f"checkpoint upload answered {response.status_code}",
-                        retryable=is_retryable_status(response.status_code),
-                        status_code=response.status_code,
-                    )
-            else:
-                raise IngestError(f"unknown upload method {method!r}", retryable=False)
-        except (OSError, httpx.HTTPError) as error:
-            raise IngestError(f"checkpoint upload failed: {error}", retryable=True) from error
-
-    def download_checkpoint(self, checkpoint_id: str, destination: pathlib.Path) -> pathlib.Path:
-        """GET `checkpoints/{id}/download` with the job token: the tar itself (filesystem
-        storage) or, after a redirect, from the signed storage URL without the token. Bytes that
-        differ from the SHA-256 Lab recorded for it are an IngestError no retry helps."""
-        from labsdk._http import ARCHIVE_CORRUPTED
-        from labsdk.errors import LabError
-        from labsdk.retry import is_retryable_status
-
-        try:
-            return self.client.download(f"checkpoints/{checkpoint_id}/download", destination)
-        except LabError as error:
-            status = error.status_code
-            retryable = is_retryable_status(status) and error.code != ARCHIVE_CORRUPTED
-            raise IngestError(f"checkpoint {checkpoint_id}: {error}", retryable=retryable, status_code=status) from error
-
-    def close(self) -> None:
-        self.client.close()
-
-
-@dataclass(frozen=True)
-class AttemptGrant:
-    """The attempt Lab opened for this pod: its number, its job token, the checkpoint to resume
-    from, and the environment packages to install (None when Lab's answer names none)."""
-
-    attempt: int
-    token: str
-    resume_from: str | None
-    environment_packages: list | None = None
-
-
-class AttemptRefused(Exception):
-    """Lab will run no attempt in this pod (the job has ended, or this JobSet does not run it)."""
-
-
-def open_attempt(
-    lab_url: str,
-    job_id: str,
-    bootstrap_token: str,
-    *,
-    pod_uid: str,
-    jobset: str,
-    wait_s: float = 300.0,
-    sleep: Callable[[float], None] = time.sleep,
-    transport: "HttpTransport | None" = None,
-) -> AttemptGrant:
-    """Open the attempt this pod runs (`POST /api/v1/ingest/jobs/{job_id}/attempts` with the job's
-    bootstrap token, `LAB_JOB_BOOTSTRAP_TOKEN`; docs/ingest-api.md "Opening an attempt").
-
-    Asks again, with capped exponential backoff (or the answer's `Retry-After`), while Lab is
-    unreachable, answers 429/5xx, or says `attempt_not_ready` (it has not yet seen the cluster
-    catch up), for up to `wait_s` seconds, then raises the last IngestError. Raises
-    AttemptRefused when Lab says no for good (`invalid_state`, 404, a bad token).
-    """
-    from labsdk.errors import LabError
-    from labsdk.retry import is_retryable_status
-
-    transport = transport or HttpTransport(lab_url, job_id, bootstrap_token)
-    deadline = time.monotonic() + wait_s
-    delay = 1.0
-    while True:
-        try:
-            answer = transport.client.request("POST", "attempts", json_body={"pod_uid": pod_uid, "jobset": jobset})
-            packages = answer.get("environment_packages")
-            return AttemptGrant(
-                attempt=int(answer["attempt"]), token=str(answer["token"]), resume_from=answer.get("resume_from"),
-                environment_packages=packages if isinstance(packages, list) else None,
-            )
-        except LabError as error:
-            retry = error.code == "attempt_not_ready" or error.status_code is None or is_retryable_status(error.status_code)
-            if not retry:
-                raise AttemptRefused(f"Lab opens no attempt for this pod: {error}") from error
-            last = IngestError(f"POST attempts: {error}", retryable=True, status_code=error.status_code)
-            asked = _retry_after(getattr(error, "headers", None) or {})
-            wait = delay if asked is None else asked
-        if time.monotonic() + wait > deadline:
-            raise last
-        sleep(wait)
-        delay = min(delay * 2, 30.0)
-
-
-def _retry_after(headers: dict) -> float | None:
-    for key, value in headers.items():
-        if key.lower() == "retry-after":
-            try:
-                return max(0.0, min(float(value), 60.0))
-            except ValueError:
-                return None
-    return None
-
-
-def _require_archive(archive: pathlib.Path) -> None:
+def require_archive(archive: pathlib.Path) -> None:
     """Raise a non-retryable IngestError when the archive to upload is gone: no retry brings it back."""
     if not pathlib.Path(archive).is_file():
         raise IngestError(f"checkpoint archive {archive} no longer exists", retryable=False)
 
 
-def _copy_atomically(source: pathlib.Path, target: pathlib.Path) -> None:
+def copy_atomically(source: pathlib.Path, target: pathlib.Path) -> None:
     if source.resolve() == target.resolve():
         return
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -292,8 +139,8 @@ class OfflineTransport:
         raise IngestError(f"offline transport has no {path}", retryable=False)
 
     def upload(self, upload: dict, archive: pathlib.Path) -> None:
-        _require_archive(archive)
-        _copy_atomically(archive, pathlib.Path(upload["path"]))
+        require_archive(archive)
+        copy_atomically(archive, pathlib.Path(upload["path"]))
 
     def download_checkpoint(self, checkpoint_id: str, destination: pathlib.Path) -> pathlib.Path:
         raise IngestError(

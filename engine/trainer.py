@@ -1,7 +1,7 @@
 """The GRPO training loop: take scored batches, compute advantages, step the policy, report, checkpoint.
 
 The trainer takes each step's batch from the rollout source its entry point hands it
-(`RolloutSource`): an orchestrator in this process (engine.colocated.InProcessRollouts,
+(engine.rollout_source.RolloutSource): an orchestrator in this process (engine.colocated.InProcessRollouts,
 sampling here or through an inference role over HTTP), or the orchestrator role over a shared
 directory (engine.trainer_role.SharedDirRollouts, `python -m engine trainer`). With overlap on (`max_off_policy_steps` = k ≥ 1
 and `EngineConfig.overlap`), the batches of up to `async_depth` future steps are sampled while
@@ -25,7 +25,7 @@ import pathlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,7 +34,7 @@ from engine.catalog import TINY_RANDOM_LLAMA_ID
 from engine.config import EngineConfig
 from engine.distributed import DataParallel, full_optimizer_state, full_weights, is_sharded, whole
 from engine.filters import Rollouts, apply_filters, filter_metrics
-from engine.groups import GroupSchedule, group_starts, row_groups, training_group_sizes, uniform_size
+from engine.groups import GroupSchedule, group_starts, micro_batches, row_groups, training_group_sizes, uniform_size
 from engine.grpo import group_advantages, grpo_loss, sft_loss, token_logprobs_and_entropy
 from engine.models import context_length, load_model, stop_token_ids
 from engine.policy import (
@@ -48,65 +48,10 @@ from engine.reporter import Reporter
 
 if TYPE_CHECKING:
     from engine.orchestrator import RolloutBatch
+    from engine.rollout_source import RolloutSource
 
 logger = logging.getLogger("engine")
 
-
-
-def micro_batches(groups: list[int], sizes: list[int], micro_batch_rollouts: int) -> list[list[int]]:
-    """Split `groups` (indexes into `sizes`, the rollouts of each group) into the chunks of one
-    forward/backward pass each, in order: as many whole groups as fit in `micro_batch_rollouts`
-    rollouts, and a group larger than that alone. With one K throughout, every chunk but the
-    last holds max(1, micro_batch_rollouts // K) groups."""
-    chunks, rollouts = [], 0
-    for group in groups:
-        if not chunks or rollouts + sizes[group] > micro_batch_rollouts:
-            chunks.append([])
-            rollouts = 0
-        chunks[-1].append(group)
-        rollouts += sizes[group]
-    return chunks
-
-
-class RolloutSource(Protocol):
-    """Where a trainer's batches come from, given to it by the entry point that composes the run:
-    an orchestrator in this process (engine.colocated.InProcessRollouts) or the orchestrator role
-    over a shared directory (engine.trainer_role.SharedDirRollouts).
-
-    `prepare(trainer, base)` runs in `Trainer.setup` with the base model loaded, before LoRA wraps
-    it; `before_sharding(trainer)` before FSDP2 shards a fully fine-tuned policy (torchrun);
-    `setup(trainer)` once the policy and optimizer exist. `start()` begins the run (after any
-    resume) and returns eval/val metrics by step; `next_batch(step)` returns the step's batch and
-    the seconds spent moving weights for it; `after_update(step)` the metrics due after the update
-    and the seconds spent loading the new weights; `pending(step)` the batches sampled ahead, for
-    its checkpoint; `settled(step)` the metrics to report before that checkpoint; `finish(step)`
-    those owed at the end; `close()` ends the run's threads, `release()` the processes and files
-    (safe to call twice). `reload_seconds`: the last weight load's seconds in the sampler.
-    """
-
-    reload_seconds: float
-
-    def prepare(self, trainer: Trainer, base: torch.nn.Module) -> None: ...
-
-    def before_sharding(self, trainer: Trainer) -> None: ...
-
-    def setup(self, trainer: Trainer) -> None: ...
-
-    def start(self) -> dict[int, dict[str, float]]: ...
-
-    def next_batch(self, step: int) -> tuple[RolloutBatch, float]: ...
-
-    def after_update(self, step: int) -> tuple[dict[int, dict[str, float]], float]: ...
-
-    def pending(self, step: int) -> list[RolloutBatch]: ...
-
-    def settled(self, step: int) -> dict[int, dict[str, float]]: ...
-
-    def finish(self, last_step: int) -> dict[int, dict[str, float]]: ...
-
-    def close(self) -> None: ...
-
-    def release(self) -> None: ...
 
 
 class StopTraining(Exception):

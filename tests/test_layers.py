@@ -185,8 +185,6 @@ GRAPH_PACKAGES = {package: directory for package, directory in PACKAGES.items() 
 #: (``FUNCTION_LEVEL_IMPORTS`` says which).
 KNOWN_IMPORT_CIRCLES: set[frozenset[str]] = set()
 
-_REPORTER = "labsdk's __init__ loads its client (httpx, pydantic), which only the HTTP transport needs"
-_INFERENCE = "engine.inference imports the standard library only: torch, transformers and peft load with the model"
 _DISTILL = "distillation only: distill brings pydantic, absent where the trainer runs bare (bench/gpu_check.sh)"
 _KUBERNETES = "the Kubernetes pool loads only with LAB_LAUNCHER=kubernetes"
 
@@ -194,15 +192,7 @@ _KUBERNETES = "the Kubernetes pool loads only with LAB_LAUNCHER=kubernetes"
 #: module) with the reason it is not at the top: each hides an edge of the graph, so none may be
 #: added and the list only shrinks.
 FUNCTION_LEVEL_IMPORTS = {
-    ("engine.inference", "engine.models"): _INFERENCE,
-    ("engine.inference", "engine.policy"): _INFERENCE,
-    ("engine.inference", "engine.rollout"): _INFERENCE,
-    ("engine.inference", "engine.vllm_backend"): _INFERENCE,
     ("engine.orchestrator", "engine.distill"): _DISTILL,
-    ("engine.reporter", "engine.egress"): "only the HTTP transport goes through the egress relay (httpx)",
-    ("engine.reporter", "labsdk._http"): _REPORTER,
-    ("engine.reporter", "labsdk.errors"): _REPORTER,
-    ("engine.reporter", "labsdk.retry"): _REPORTER,
     ("jobs.apps", "jobs.metrics"): "AppConfig.ready(): jobs.metrics imports jobs.models",
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.gateway"): _KUBERNETES,
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.launcher"): _KUBERNETES,

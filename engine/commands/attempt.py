@@ -17,7 +17,8 @@ from engine.catalog import EnvironmentInfo, list_environments, list_models
 from engine.checkpoints import STATE_DIR, extract_tar
 from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_STOPPED, one_line
 from engine.config import PACKAGES_VARIABLE, ConfigError, engine_config, set_variable, setting
-from engine.reporter import AttemptRefused, IngestError, open_attempt
+from engine.http_transport import AttemptRefused, open_attempt
+from engine.reporter import IngestError
 
 
 def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None, *, elsewhere: frozenset[str] = frozenset()):

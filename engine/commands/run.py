@@ -24,10 +24,11 @@ from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, set
 from engine.distill import TeacherRefused
 from engine.distributed import DataParallel
 from engine.environments import EnvironmentFailed, InvalidEnvironment
+from engine.http_transport import HttpTransport
 from engine.models import ModelNotFound
 from engine.packages import install_packages, packages_from_environment
 from engine.remote_inference import start_inference_role, stop_process
-from engine.reporter import HttpTransport, OfflineTransport, Reporter, ReporterLogHandler
+from engine.reporter import OfflineTransport, Reporter, ReporterLogHandler
 from engine.roles import RoleFailed, start_orchestrator_role
 from engine.spool import attempt_spool_dir
 from engine.trainer import Trainer
@@ -80,6 +81,13 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
     logger.propagate = args.offline
 
     roles = _LocalRoles()
+
+    def say(message: str) -> None:
+        """Log the line that ends the attempt: to the job's logs through the reporter, and to
+        stderr offline only (as with the records above, the launcher would store it twice)."""
+        reporter.log(f"engine: {message}", "stderr")
+        if args.offline:
+            print(f"engine: {message}", file=sys.stderr, flush=True)
 
     def finish_attempt(code: int, outcome: str, error: dict | None) -> int:
         timeout = float(setting("LAB_ENGINE_FLUSH_TIMEOUT", "60"))
@@ -150,19 +158,16 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
             trainer.close()
     except RoleFailed as error:  # the orchestrator role's failure, reported as its exit code says
         message = one_line(error)
-        print(f"engine: {message}", file=sys.stderr, flush=True)
-        reporter.log(f"engine: {message}", "stderr")
+        say(message)
         code = error.exit_code if error.exit_code in (EXIT_INVALID, EXIT_OOM) else EXIT_CRASHED
         return finish_attempt(code, "failed", {"code": error.code if code != EXIT_CRASHED else "internal_error", "message": message})
     except ConfigError as error:
         message = one_line(error)
-        print(f"engine: {message}", file=sys.stderr, flush=True)
-        reporter.log(f"engine: {message}", "stderr")
+        say(message)
         return finish_attempt(EXIT_INVALID, "failed", {"code": error.code, "message": message})
     except (MemoryError, oom_error()) as error:
         message = f"out of memory: {one_line(error)[:500]}"
-        print(f"engine: {message}", file=sys.stderr, flush=True)
-        reporter.log(f"engine: {message}", "stderr")
+        say(message)
         return finish_attempt(EXIT_OOM, "failed", {"code": "oom", "message": message})
     except Exception as error:
         logger.exception("engine crashed")

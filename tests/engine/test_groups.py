@@ -2,8 +2,7 @@
 
 import pytest
 
-from engine.groups import GroupSchedule, environment_index, group_sizes_list, group_starts, row_groups
-from engine.trainer import micro_batches
+from engine.groups import GroupSchedule, environment_index, group_sizes_list, group_starts, micro_batches, row_groups
 
 
 def test_with_one_group_size_a_step_takes_the_groups_it_always_took():

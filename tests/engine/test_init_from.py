@@ -14,9 +14,9 @@ import safetensors.torch
 import torch
 
 from engine import checkpoints as ckpt
+from engine.colocated import InProcessRollouts
 from engine.config import EngineConfig
 from engine.models import tiny_random_llama
-from engine.colocated import InProcessRollouts
 from engine.reporter import OfflineTransport, Reporter
 from engine.trainer import Trainer
 from tests.engine.conftest import REPO_ROOT, engine_config, tiny_spec, write_spec

@@ -21,8 +21,6 @@ _OS_ENVIRONMENT_CALLS = {"getenv", "putenv", "unsetenv", "getenvb", "environb"}
 #: Modules allowed over `MAX_LINES`, with the reason they stay whole.
 LONG_MODULES = {
     "environments/verifiers_bridge.py": "one program run as `python -I verifiers_bridge.py`: it can import no module beside it",
-    "reporter.py": "to split: the ingest transports from the spool-and-send reporter",
-    "trainer.py": "to split: the training steps (losses over micro-batches) from the loop and its checkpoints",
 }
 MAX_LINES = 500
 

@@ -11,7 +11,8 @@ from werkzeug import Response
 
 from engine.commands import attempt
 from engine.commands.common import EXIT_INVALID, EXIT_STOPPED
-from engine.reporter import AttemptRefused, IngestError, open_attempt
+from engine.http_transport import AttemptRefused, open_attempt
+from engine.reporter import IngestError
 
 PATH = "/api/v1/ingest/jobs/job_1/attempts"
 GRANT = {"attempt": 2, "token": "ljt_2.sig", "resume_from": "ckpt_abc"}

@@ -4,7 +4,8 @@ import json
 import time
 
 from engine.checkpoints import write_tar
-from engine.reporter import HttpTransport, OfflineTransport, Reporter
+from engine.http_transport import HttpTransport
+from engine.reporter import OfflineTransport, Reporter
 
 
 def make_reporter(fake_lab, tmp_path, **options):

@@ -190,7 +190,7 @@ def test_a_bad_adapters_section_is_a_400_and_creates_no_job(owner, spec, adapter
 
 
 def test_on_s3_the_engine_puts_to_a_signed_url_and_a_download_redirects(owner, spec, s3_server, bucket, tmp_path):
-    from engine.reporter import HttpTransport
+    from engine.http_transport import HttpTransport
 
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     token = job_token(job_claim_for_start(job_id=job.pk))

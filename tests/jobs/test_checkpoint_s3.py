@@ -14,7 +14,8 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from engine.reporter import HttpTransport, IngestError
+from engine.http_transport import HttpTransport
+from engine.reporter import IngestError
 from jobs import storage
 from jobs.checkpoints import checkpoint_sweep_orphans
 from jobs.ingest.tokens import job_token
