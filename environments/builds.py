@@ -98,6 +98,15 @@ def latest_builds(organization) -> dict[str, EnvironmentBuild]:
     return {build.package.public_id: build for build in builds}  # the highest number wins
 
 
+def build_failure_message(environment_id: str, build: EnvironmentBuild) -> str:
+    """What a job naming the version ``environment_id`` whose build ``build`` failed is told (its
+    400 at submit, or its error when the build failed while it waited), naming the fixes."""
+    return (
+        f"environment '{environment_id}' did not build (build {build.number}): {build.error} "
+        "(push a fixed version, or rebuild it: POST /api/v1/environments/<id>/builds)"
+    )
+
+
 def build_log_key(build: EnvironmentBuild) -> str:
     package = build.package
     return f"{KEY_PREFIX}{package.organization.public_id}/{package.sha256}/build-{build.number}.log"

@@ -6,8 +6,10 @@ hour right now goes first (then the one running fewer jobs), and each job admitt
 adds to its organization's share; then age (``queued_at``). A job starts when its organization is under
 its cap, billing allows it (``billing_allows``: its organization can pay its estimate besides what its
 started jobs hold, ``jobs.queue.spend_budget``) and the pool has room; otherwise its ``status_reason``
-says why. A job is claimed with a conditional UPDATE (queued → starting), so two workers never
-launch it twice; passes are serialized by a database lock (``jobs.queue.lock_admission``) so they
+says why. A job naming an environment version whose build is still queued or running waits
+(``environment_building``); one whose build failed fails with the build's error
+(``jobs.environment_packages.environment_build_holds``). A job is claimed with a conditional
+UPDATE (queued → starting), so two workers never launch it twice; passes are serialized by a database lock (``jobs.queue.lock_admission``) so they
 never overcommit capacity or credit. On the Kubernetes pool a job queued after a preemption whose JobSet
 waits in Kueue at its place is Kueue's to start again (``jobs.parking``, ``jobs.readmission``), not admission's.
 """
@@ -23,8 +25,9 @@ from django.db import transaction
 
 from billing.accounts import SpendBudget, billing_enabled
 from billing.pricing import price_table, usd_to_micro
+from jobs.environment_packages import environment_build_holds
 from jobs.metrics import record_admission_pass
-from jobs.models import Job, JobStatus, StatusReason
+from jobs.models import ErrorCode, Job, JobStatus, StatusReason
 from jobs.parking import awaiting_readmission
 from jobs.queue import (
     QueuedJob,
@@ -36,7 +39,7 @@ from jobs.queue import (
     queued_jobs,
     spend_budget,
 )
-from jobs.services import job_claim_for_start
+from jobs.services import InvalidTransition, job_claim_for_start, job_transition
 from lab.lib.resources import resource_units
 from lab.models import Organization
 
@@ -67,6 +70,15 @@ def _remaining_estimates(queued: list[QueuedJob]) -> dict[int, int]:
     return {pk: max(0, usd_to_micro(estimate - used)) for pk, estimate, used in rows}
 
 
+def _fail_on_builds(messages: dict[int, str]) -> None:
+    """Fail the queued jobs ``{job id: message}`` whose environment's build failed while they waited."""
+    for job in Job.objects.unscoped().filter(pk__in=messages, status=JobStatus.QUEUED):
+        try:
+            job_transition(job=job, to=JobStatus.FAILED, error_code=ErrorCode.ENVIRONMENT_ERROR, error_message=messages[job.pk])
+        except InvalidTransition:  # it left the queue meanwhile (cancelled)
+            continue
+
+
 @transaction.atomic
 def admission_pass() -> AdmissionResult:
     """Start every queued job that may start now, in queue order; refresh the others' reasons."""
@@ -77,6 +89,9 @@ def admission_pass() -> AdmissionResult:
     if settings.LAB_LAUNCHER == "kubernetes":  # a preempted job's JobSet waits in Kueue at its place
         parked = awaiting_readmission(job.job_id for job in queued)
         queued = [job for job in queued if job.job_id not in parked]
+    building, build_failed = environment_build_holds([job.job_id for job in queued])
+    _fail_on_builds(build_failed)
+    queued = [job for job in queued if job.job_id not in build_failed]
     result.considered = len(queued)
     if not queued:
         result.elapsed_ms = (time.perf_counter() - started_at) * 1000
@@ -106,7 +121,8 @@ def admission_pass() -> AdmissionResult:
             return True
         return False
 
-    fair_share_order(queued, usage, prices, take)
+    reasons.update(dict.fromkeys(building, StatusReason.ENVIRONMENT_BUILDING))
+    fair_share_order([job for job in queued if job.job_id not in building], usage, prices, take)
 
     by_reason: dict[str, list[int]] = defaultdict(list)
     for job in queued:

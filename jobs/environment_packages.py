@@ -1,5 +1,5 @@
-"""Where jobs meet environment packages: a package in use cannot be deleted, and a launch carries
-the packages its job's spec names.
+"""Where jobs meet environment packages: a package in use cannot be deleted, a launch carries
+the packages its job's spec names, and a queued job waits for their builds (admission).
 
 ``environments`` never imports ``jobs``, so the checks that need jobs live here (docs/architecture.md "Layout").
 A job's stored spec names each uploaded environment by its exact version (resolved at submit,
@@ -8,9 +8,13 @@ A job's stored spec names each uploaded environment by its exact version (resolv
 
 from __future__ import annotations
 
-from django.db import transaction
+from collections import defaultdict
 
-from environments.models import EnvironmentPackage
+from django.db import transaction
+from django.db.models import Q
+
+from environments.builds import build_failure_message
+from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from environments.services import EnvironmentRef, environment_find, environment_mark_deleted, package_download_url
 from jobs.models import Job, JobStatus
 from lab.audit import Actor
@@ -72,3 +76,36 @@ def launch_packages(job: Job) -> tuple[dict, ...]:
         for package in packages
         if package.public_id in ids
     )
+
+
+def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str]]:
+    """Of the queued jobs ``job_ids``, return those that name a package version whose latest build
+    is still queued or running (they wait: ``environment_building``), and ``{job id: message}``
+    for those that name one whose latest build failed (the job fails with the build's error;
+    this wins over waiting). A version with no build at all holds nothing. Two queries."""
+    rows = Job.objects.unscoped().filter(pk__in=job_ids).values_list("pk", "project__organization_id", "spec")
+    named = {pk: (organization, sorted(set(_environment_ids(spec)))) for pk, organization, spec in rows}
+    names: dict[int, set[str]] = defaultdict(set)
+    for organization, ids in named.values():
+        names[organization].update(ref.name for ref in map(EnvironmentRef.parse, ids) if ref is not None)
+    if not names:
+        return set(), {}
+    wanted = Q()
+    for organization, package_names in names.items():
+        wanted |= Q(package__organization=organization, package__name__in=package_names)
+    builds = (
+        EnvironmentBuild.objects.unscoped().filter(wanted).select_related("package__organization")
+        .defer("lock").order_by("package_id", "number")
+    )
+    latest = {(build.package.organization_id, build.package.public_id): build for build in builds}  # the highest number wins
+    building: set[int] = set()
+    failed: dict[int, str] = {}
+    for pk, (organization, ids) in named.items():
+        for environment_id in ids:
+            build = latest.get((organization, environment_id))
+            if build is not None and build.status == BuildStatus.FAILED:
+                failed[pk] = build_failure_message(environment_id, build)
+                break
+            if build is not None and build.status in (BuildStatus.QUEUED, BuildStatus.RUNNING):
+                building.add(pk)
+    return building - failed.keys(), failed

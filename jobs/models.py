@@ -60,6 +60,7 @@ class StatusReason(models.TextChoices):
     REQUEUED_AFTER_CRASH = "requeued_after_crash"
     KUEUE_PENDING = "kueue_pending"
     KUEUE_INADMISSIBLE = "kueue_inadmissible"
+    ENVIRONMENT_BUILDING = "environment_building"
 
 
 class ErrorCode(models.TextChoices):

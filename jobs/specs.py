@@ -25,7 +25,7 @@ from labsdk.spec import (
 )
 
 from engine.catalog import EnvironmentInfo, ModelInfo, list_environments, list_models
-from environments.builds import latest_build
+from environments.builds import build_failure_message, latest_build
 from environments.models import BuildStatus, EnvironmentPackage
 from environments.services import EnvironmentRef, environment_catalogue, environment_find
 from jobs.models import Checkpoint, CheckpointStatus
@@ -99,9 +99,7 @@ def _resolve_packages(
             build = latest_build(package)
             if build is not None and build.status == BuildStatus.FAILED:
                 problems.append(SpecProblem(
-                    f"{section}.{index}.id", "environment_build_failed",
-                    f"environment '{package.public_id}' did not build (build {build.number}): {build.error} "
-                    "(push a fixed version, or rebuild it: POST /api/v1/environments/<id>/builds)",
+                    f"{section}.{index}.id", "environment_build_failed", build_failure_message(package.public_id, build),
                 ))
     return packages, problems
 

@@ -25,6 +25,8 @@ from environments.builder.build import BuildFailed, check_python, is_load_enviro
 from environments.builds import build_log, build_run, latest_build
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from environments.wheels import WheelInfo
+from jobs.admission import admission_pass
+from jobs.models import Job
 from tests.environments.load_environment_wheels import tiny_single_turn_wheel
 from tests.support.environments import push
 from tests.support.wheelbuilder import build_wheel
@@ -155,6 +157,41 @@ def test_a_job_naming_a_version_whose_build_failed_is_refused_at_submit_with_the
     assert again.status_code == 409 and "still queued" in again.json()["error"]["message"]
     _finish(latest_build(build.package), BuildStatus.READY)
     assert owner.client().post("/api/v1/jobs", spec, format="json").status_code == 201
+
+
+def test_a_job_on_a_version_still_building_waits_environment_building_and_starts_once_it_is_ready(owner, index, spec, settings):
+    settings.LAB_LOCAL_SLOTS = 2
+    build = _pushed_build(owner, tiny_single_turn_wheel())
+    waiting = owner.client().post("/api/v1/jobs", {**spec, "env": [{"id": "acme/tiny-count"}]}, format="json")
+    assert waiting.status_code == 201, waiting.content  # accepted at submit: its build has not ended
+    other = owner.client().post("/api/v1/jobs", spec, format="json").json()["id"]
+    job = Job.objects.unscoped().get(public_id=waiting.json()["id"])
+
+    other_pk = Job.objects.unscoped().get(public_id=other).pk
+    for status, started in ((BuildStatus.QUEUED, [other_pk]), (BuildStatus.RUNNING, [])):  # the other job is not held
+        EnvironmentBuild.objects.unscoped().filter(pk=build.pk).update(status=status)
+        assert admission_pass().started == started
+        body = owner.client().get(f"/api/v1/jobs/{job.public_id}").json()
+        assert (body["status"], body["status_reason"]) == ("queued", "environment_building")
+
+    build.refresh_from_db()
+    _finish(build, BuildStatus.READY)
+    assert admission_pass().started == [job.pk]
+
+
+def test_a_job_waiting_on_a_build_that_fails_fails_with_the_builds_error(owner, index, spec):
+    build = _pushed_build(owner, tiny_single_turn_wheel())
+    submitted = owner.client().post("/api/v1/jobs", {**spec, "env": [{"id": "acme/tiny-count"}]}, format="json").json()["id"]
+    admission_pass()
+    _finish(build, BuildStatus.FAILED, "importing it needs the module 'frobnicator_9000', which none of its requirements installs")
+
+    assert admission_pass().started == []
+
+    job = owner.client().get(f"/api/v1/jobs/{submitted}").json()
+    assert job["status"] == "failed" and job["error"]["code"] == "environment_error"
+    assert job["error"]["message"].startswith(
+        "environment 'acme/tiny-count@0.1.0' did not build (build 1): importing it needs the module 'frobnicator_9000'"
+    )
 
 
 def test_another_organizations_builds_are_not_found(owner, outsider, index):
