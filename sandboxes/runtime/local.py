@@ -1,7 +1,7 @@
 """The local runtime: each sandbox a work directory under ``LAB_DATA_DIR/sandboxes/<id>`` and each
 command a bubblewrap sandbox over it (docs/sandboxes.md "Isolation").
 
-A command runs under ``prlimit`` (util-linux) then ``bwrap`` (``lab.lib.bubblewrap``): its own
+A command runs under ``setpriv`` and ``prlimit`` (util-linux) then ``bwrap`` (``lab.lib.bubblewrap``): its own
 user, mount, PID, IPC, UTS and network namespaces (only its own loopback unless the sandbox's
 policy is ``egress``), uid 1000 inside with every capability dropped, the system's ``/usr`` and a
 few ``/etc`` files read-only (the image ``python:3.11`` is the host's own system Python for now),
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lab.lib.bubblewrap import base_arguments
+from lab.lib.bubblewrap import base_arguments, copy_etc
 from sandboxes.runtime.base import (
     WORKSPACE,
     CommandRequest,
@@ -74,6 +74,7 @@ class LocalRuntime(SandboxRuntime):
         max_output_bytes: int = 1024 * 1024,
         bwrap: str = "bwrap",
         prlimit: str = "prlimit",
+        setpriv: str = "setpriv",
     ) -> None:
         self.root = Path(root)
         self.max_processes = max_processes
@@ -81,6 +82,8 @@ class LocalRuntime(SandboxRuntime):
         self.max_output_bytes = max_output_bytes
         self.bwrap = bwrap
         self.prlimit = prlimit
+        self.setpriv = setpriv
+        self._etc_copy: Path | None = None
 
     # --- where things are -------------------------------------------------------------------
 
@@ -93,6 +96,12 @@ class LocalRuntime(SandboxRuntime):
         if os.geteuid() != 0:
             return None
         return HOST_UID_BASE + spec.slot % HOST_UID_COUNT
+
+    def _etc(self) -> Path:
+        """Return this runtime's copy of the /etc files sandboxes see (made once per process)."""
+        if self._etc_copy is None:
+            self._etc_copy = copy_etc(self.root / ".system")
+        return self._etc_copy
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -114,11 +123,16 @@ class LocalRuntime(SandboxRuntime):
     # --- commands ---------------------------------------------------------------------------
 
     def command_line(self, spec: SandboxSpec, request: CommandRequest, workdir_fd: int) -> list[str]:
-        """Return the full command line: prlimit's limits, then bwrap, then ``request.argv``."""
+        """Return the full command line: setpriv's identity (when Lab is root), prlimit's limits,
+        then bwrap, then ``request.argv``."""
         cpu_seconds = max(1, math.ceil(spec.cpu_cores * request.timeout_s))
+        uid = self.host_uid(spec)
         processes = self.max_processes
-        if self.host_uid(spec) is None:
+        if uid is None:
             processes += _processes_of(os.geteuid())
+        # setpriv (util-linux) switches to the sandbox's host uid rather than Popen(user=...), which
+        # would make Python fork Lab's whole process instead of vfork-ing it (tens of ms per command).
+        identity = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
         limits = [
             self.prlimit,
             f"--cpu={cpu_seconds}",
@@ -129,17 +143,19 @@ class LocalRuntime(SandboxRuntime):
             "--core=0",
             "--",
         ]
-        args = base_arguments(hostname="sandbox", share_network=spec.network == "egress", bwrap=self.bwrap)
+        args = base_arguments(
+            hostname="sandbox", share_network=spec.network == "egress", bwrap=self.bwrap,
+            etc=str(self._etc()), sysfs=False,
+        )
         args += ["--bind-fd", str(workdir_fd), WORKSPACE, "--chdir", _inside(request.cwd), "--clearenv"]
         environment = {**BASE_ENVIRONMENT, **spec.environment, **request.environment}
         for name, value in sorted(environment.items()):
             args += ["--setenv", name, value]
-        return [*limits, *args, "--", *request.argv]
+        return [*identity, *limits, *args, "--", *request.argv]
 
     def run(self, spec: SandboxSpec, request: CommandRequest) -> CommandResult:
         """Run ``request`` and wait for it, at most ``request.timeout_s`` seconds: past that the
         whole sandbox (its PID namespace) is killed and the exit code is 124."""
-        uid = self.host_uid(spec)
         started = time.monotonic()
         timed_out = False
         workdir_fd = os.open(self.workdir(spec), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -152,9 +168,6 @@ class LocalRuntime(SandboxRuntime):
                     stderr=stderr,
                     pass_fds=(workdir_fd,),
                     start_new_session=True,
-                    user=uid,
-                    group=uid,
-                    extra_groups=[] if uid is not None else None,
                     close_fds=True,
                 )
                 try:

@@ -11,6 +11,7 @@ from labsdk._http import HTTPClient
 from labsdk._adapters import Adapters
 from labsdk._resources import STREAM_RECONNECT_S, Checkpoints, Environments, Jobs, Models, Prices
 from labsdk._billing import Billing, UsageRow, usage_list
+from labsdk._sandboxes import Sandboxes
 from labsdk._webhooks import Webhooks
 from labsdk.types import WhoAmI
 
@@ -34,7 +35,7 @@ class Lab:
     retries after a connection error, 429 or 5xx; ``stream_reconnect_s`` how long
     ``jobs.stream`` keeps reconnecting a broken live stream (seconds, default 60). Resources:
     :attr:`jobs`, :attr:`models`, :attr:`environments`, :attr:`prices`, :attr:`checkpoints`,
-    :attr:`adapters`, :attr:`billing`, :attr:`webhooks`; and :meth:`whoami`, :meth:`usage`. Usable as a context
+    :attr:`adapters`, :attr:`billing`, :attr:`webhooks`, :attr:`sandboxes`; and :meth:`whoami`, :meth:`usage`. Usable as a context
     manager.
     """
 
@@ -65,6 +66,7 @@ class Lab:
         self.adapters = Adapters(self._http)
         self.billing = Billing(self._http)
         self.webhooks = Webhooks(self._http)
+        self.sandboxes = Sandboxes(self._http)
 
     def whoami(self) -> WhoAmI:
         """Return the organization, project and scopes of this client's API key."""
