@@ -7,7 +7,8 @@ archive key, hashes what it wrote, and deletes the upload. Whoever still holds t
 URL can then change nothing that Lab serves. Environment packages share the storage under their
 own prefix (``environments.storage``); the checkpoint listing here leaves them out.
 
-This module only moves bytes; what a checkpoint row may do is decided in ``jobs.checkpoints``.
+This module only moves bytes; what a checkpoint or adapter row may do is decided in
+``jobs.artifacts.lifecycle``.
 """
 
 from __future__ import annotations

@@ -24,28 +24,29 @@ MAX_ADAPTER_BYTES = 2**40
 class ArtifactKind:
     """What one kind of artifact declares.
 
-    ``name`` (``checkpoint``) names its events (``<name>.ready``), error codes
-    (``<name>_not_ready``, ``<name>_corrupted``), the id field of its event data (``<name>_id``)
-    and its routes (``/api/v1/<name>s/{id}/download``); ``model`` is its table. ``per_attempt``:
-    a row per (job, attempt, step), so a resumed attempt's step is a new row; else one per (job,
-    step), which a newer attempt's registration takes over (the old object goes). ``streamed``:
-    its changes are records of the job's live stream (``CheckpointChange``). ``retention`` is the
-    spec section whose ``keep_last`` keeps the newest ready ones (-1 or absent: all);
-    ``needed_by`` the Job field through which a job still to run needs one (kept whatever
-    ``keep_last`` says). ``max_bytes``: the largest archive taken at completion (None: what the
-    ingest body allows).
+    ``model`` is its table; its name (``checkpoint``) names its events (``<name>.ready``,
+    ``<name>.failed``), error codes (``<name>_not_ready``, ``<name>_corrupted``), the id field of
+    its event data (``<name>_id``), its routes (``/api/v1/<name>s/{id}/download``) and the spec
+    section whose ``keep_last`` keeps the newest ready ones (``[<name>s]``; -1 or absent: all).
+    ``statuses`` are its status choices. ``per_attempt``: a row per (job, attempt, step), so a
+    resumed attempt's step is a new row; else one per (job, step), which a newer attempt's
+    registration takes over (the old object goes). ``streamed``: its changes are records of the
+    job's live stream (``CheckpointChange``). ``needed_by``: the Job field through which a job
+    still to run needs one (kept whatever ``keep_last`` says). ``max_bytes``: the largest archive
+    taken at completion (None: what the ingest body allows).
     """
 
-    name: Literal["checkpoint", "adapter"]
     model: type[Checkpoint | Adapter]
     statuses: type[models.TextChoices]
-    ready_event: str
-    failed_event: str
-    per_attempt: bool
-    streamed: bool
-    retention: str
+    per_attempt: bool = False
+    streamed: bool = False
     needed_by: str | None = None
     max_bytes: int | None = None
+
+    @property
+    def name(self) -> Literal["checkpoint", "adapter"]:
+        """``checkpoint`` or ``adapter``."""
+        return self.model._meta.model_name
 
     @property
     def title(self) -> str:
@@ -57,11 +58,27 @@ class ArtifactKind:
         """The key of the artifact's public id in its events' data and webhooks (``checkpoint_id``)."""
         return f"{self.name}_id"
 
+    @property
+    def retention(self) -> str:
+        """The spec section that holds its ``keep_last`` (``checkpoints``)."""
+        return f"{self.name}s"
+
+    @property
+    def ready_event(self) -> EventType:
+        """The event type of one becoming ready (``checkpoint.ready``), which a webhook sends."""
+        return EventType(f"{self.name}.ready")
+
+    @property
+    def failed_event(self) -> EventType:
+        """The event type (a warning) of one failing verification or being abandoned."""
+        return EventType(f"{self.name}.failed")
+
     def storage_key(self, *, job_public_id: str, public_id: str, attempt: int) -> str:
         """Return where the archive of artifact ``public_id`` written by ``attempt`` is stored.
 
-        An adapter's key names the attempt, so a newer attempt's upload of a step never
-        overwrites the object an older attempt's (ready) row still names until it is replaced.
+        A kind with one row per step names the attempt in the key, so a newer attempt's upload
+        of a step never overwrites the object an older attempt's (ready) row still names until
+        it is replaced.
         """
         if self.per_attempt:
             return storage.checkpoint_key(job_public_id, public_id)
@@ -72,31 +89,10 @@ class ArtifactKind:
         return f"{settings.LAB_PUBLIC_URL}/api/v1/{self.name}s/{public_id}/download"
 
 
-CHECKPOINT = ArtifactKind(
-    name="checkpoint",
-    model=Checkpoint,
-    statuses=CheckpointStatus,
-    ready_event=EventType.CHECKPOINT_READY,
-    failed_event=EventType.CHECKPOINT_FAILED,
-    per_attempt=True,
-    streamed=True,
-    retention="checkpoints",
-    needed_by="init_from",
-)
+CHECKPOINT = ArtifactKind(Checkpoint, CheckpointStatus, per_attempt=True, streamed=True, needed_by="init_from")
+ADAPTER = ArtifactKind(Adapter, AdapterStatus, max_bytes=MAX_ADAPTER_BYTES)
 
-ADAPTER = ArtifactKind(
-    name="adapter",
-    model=Adapter,
-    statuses=AdapterStatus,
-    ready_event=EventType.ADAPTER_READY,
-    failed_event=EventType.ADAPTER_FAILED,
-    per_attempt=False,
-    streamed=False,
-    retention="adapters",
-    max_bytes=MAX_ADAPTER_BYTES,
-)
-
-#: Every kind, in the order the orphan sweep and the reconciler visit them.
+#: Every kind, in the order the orphan sweep visits them.
 KINDS = (CHECKPOINT, ADAPTER)
 
 
