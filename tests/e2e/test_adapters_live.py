@@ -9,40 +9,19 @@ from __future__ import annotations
 import json
 
 import httpx
-import peft
 import pytest
-import torch
-import transformers
-from django.db import connection
 from labsdk import Lab
 from labsdk.errors import NotFoundError
 
-from engine.models import tiny_random_llama
 from jobs.webhooks.models import WebhookMessage
+from tests.support.artifacts import TINY_JOB_SPEC
 from tests.support.cli import lab_cli
-from tests.support.stack import running_stack, wait_for
+from tests.support.stack import STACK_TEST_MARKS, running_stack, wait_for
+from tests.support.tiny_lora import adapter_changes_predictions
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("default_prices"),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
-]
+pytestmark = STACK_TEST_MARKS
 
-SPEC = {
-    "model": "lab/tiny-random-llama",
-    "max_steps": 2,
-    "batch_size": 8,
-    "rollouts_per_example": 4,
-    "learning_rate": 1e-2,
-    "lora_rank": 4,
-    "lora_alpha": 8,
-    "seed": 5,
-    "sampling": {"max_tokens": 6},
-    "env": [{"id": "lab/reverse-text", "args": {"min_length": 2, "max_length": 4}}],
-    "checkpoints": {"interval": 2, "keep_last": 1},
-    "adapters": {"interval": 1, "keep_last": -1},
-}
+SPEC = {**TINY_JOB_SPEC, "seed": 5, "adapters": {"interval": 1, "keep_last": -1}}
 
 
 def test_a_tiny_jobs_adapters_download_verified_and_load_with_peft(tmp_path, settings, owner, outsider):
@@ -73,17 +52,7 @@ def test_a_tiny_jobs_adapters_download_verified_and_load_with_peft(tmp_path, set
             names = sorted(str(path.relative_to(directory)) for path in directory.rglob("*"))
             assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= set(names)
             assert not any(name.startswith("trainer_state") or name.endswith(".pt") for name in names), names
-            base, _ = tiny_random_llama()
-            model = peft.PeftModel.from_pretrained(base, str(directory))
-            tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
-            prompt = tokenizer.apply_chat_template(
-                [{"role": "user", "content": "abc"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-            )
-            with torch.no_grad():
-                tuned = model(**prompt).logits
-                with model.disable_adapter():
-                    plain = model(**prompt).logits
-            assert not torch.allclose(tuned, plain)  # two steps at lr 1e-2 moved the adapter
+            assert adapter_changes_predictions(directory)  # two steps at lr 1e-2 moved the adapter
 
             messages = sorted(
                 (json.loads(body)["data"] for body in WebhookMessage.objects.filter(type="adapter.ready").values_list("body", flat=True)),

@@ -6,8 +6,6 @@ Lab's record, a non-empty directory)."""
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
 
 import pytest
 from labsdk import Lab
@@ -19,21 +17,12 @@ from jobs.ingest.tokens import job_token
 from jobs.models import Adapter
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
+from tests.support.tars import tar_of
 
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 FILES = {"adapter_config.json": b'{"peft_type": "LORA"}', "adapter_model.safetensors": bytes(range(256)) * 16}
 SPEC = {"model": "lab/tiny-random-llama", "max_steps": 4, "env": [{"id": "lab/addition"}], "adapters": {"interval": 1}}
-
-
-def archive_bytes() -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in FILES.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +40,7 @@ def adapter(tenant, step: int, *, complete: bool = True) -> tuple[str, str]:
     engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(job_claim_for_start(job_id=job.pk))}")
     base = f"/api/v1/ingest/jobs/{job.public_id}"
     body = engine.post(f"{base}/adapters", {"attempt": 1, "step": step, "format": "peft-lora"}, format="json").json()
-    content = archive_bytes()
+    content = tar_of(FILES)
     storage.path_of(storage.upload_key(Adapter.objects.unscoped().get(public_id=body["id"]).storage_key)).write_bytes(content)
     if complete:
         done = engine.post(f"{base}/adapters/{body['id']}/complete",
@@ -64,7 +53,7 @@ def test_list_retrieve_and_download_unpack_a_ready_adapter(lab, tenant, tmp_path
     job_id, adapter_id = adapter(tenant, 2)
     (listed,) = lab.adapters.list(job_id)
     assert (listed.id, listed.step, listed.status, listed.format) == (adapter_id, 2, "ready", "peft-lora")
-    assert listed.sha256 == hashlib.sha256(archive_bytes()).hexdigest()
+    assert listed.sha256 == hashlib.sha256(tar_of(FILES)).hexdigest()
     assert lab.adapters.retrieve(adapter_id) == listed
     target = lab.adapters.download(adapter_id, tmp_path / "out" / "adapter", progress=False)
     assert {p.name: p.read_bytes() for p in target.iterdir()} == FILES

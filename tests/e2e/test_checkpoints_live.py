@@ -14,40 +14,21 @@ import signal
 import tarfile
 
 import httpx
-import peft
 import pytest
 import safetensors.torch
 import torch
-import transformers
-from django.db import connection
 from labsdk import Lab
 
-from engine.models import tiny_random_llama
 from jobs.models import Checkpoint, Job, JobAttempt, LogLine, MetricStep
 from jobs.webhooks.models import WebhookMessage
+from tests.support.artifacts import TINY_JOB_SPEC
 from tests.support.s3server import S3Server
-from tests.support.stack import LabStack, running_stack, wait_for
+from tests.support.stack import STACK_TEST_MARKS, LabStack, running_stack, wait_for
+from tests.support.tiny_lora import adapter_changes_predictions
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("default_prices"),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
-]
+pytestmark = STACK_TEST_MARKS
 
-SPEC = {
-    "model": "lab/tiny-random-llama",
-    "max_steps": 2,
-    "batch_size": 8,
-    "rollouts_per_example": 4,
-    "learning_rate": 1e-2,
-    "lora_rank": 4,
-    "lora_alpha": 8,
-    "seed": 3,
-    "sampling": {"max_tokens": 6},
-    "env": [{"id": "lab/reverse-text", "args": {"min_length": 2, "max_length": 4}}],
-    "checkpoints": {"interval": 2, "keep_last": 1},
-}
+SPEC = TINY_JOB_SPEC
 
 
 @pytest.fixture(params=["filesystem", "s3"])
@@ -135,18 +116,8 @@ def test_a_tiny_jobs_checkpoint_downloads_loads_with_peft_and_seeds_another_job(
         )
         state = json.loads((directory / "trainer_state" / "state.json").read_text())
         assert (state["step"], state["format"]) == (2, "peft-lora")
-        base, _ = tiny_random_llama()
-        model = peft.PeftModel.from_pretrained(base, str(directory))
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "abc"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        with torch.no_grad():
-            tuned = model(**prompt).logits
-            with model.disable_adapter():
-                plain = model(**prompt).logits
         # The adapter trained for two steps at lr 1e-2: it changes what the model predicts.
-        assert not torch.allclose(tuned, plain)
+        assert adapter_changes_predictions(directory)
         source_weights = adapter_weights(directory)
         assert max(w.abs().max().item() for name, w in source_weights.items() if "lora_B" in name) > 1e-3
 

@@ -5,9 +5,7 @@ to a signed URL, fetched without Lab's key)."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
 from tests.support.cli import lab_cli
 from tests.support.s3server import use_s3_storage
+from tests.support.tars import tar_of
 
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -28,17 +27,6 @@ FILES = {
     "adapter_model.safetensors": bytes(range(256)) * 64,
     "trainer_state/state.json": b'{"step": 2}',
 }
-
-
-def archive_bytes() -> bytes:
-    """An uncompressed tar shaped like a checkpoint."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in FILES.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 class Engine:
@@ -53,7 +41,7 @@ class Engine:
         self.base = f"/api/v1/ingest/jobs/{self.job.public_id}"
 
     def checkpoint(self, step: int, content: bytes, tmp_path: Path, *, complete: bool = True) -> str:
-        from engine.http_transport import HttpTransport
+        from engine.reporter import HttpTransport
 
         body = self.client.post(f"{self.base}/checkpoints", {"attempt": 1, "step": step, "format": "peft-lora"}, format="json").json()
         archive = tmp_path / f"upload-{step}.tar"
@@ -85,38 +73,38 @@ def job_spec() -> dict:
 
 def test_list_gives_a_jobs_checkpoints_newest_first(lab, tenant, outsider, job_spec, tmp_path):
     engine = Engine(tenant, job_spec)
-    first = engine.checkpoint(1, archive_bytes(), tmp_path)
-    second = engine.checkpoint(2, archive_bytes(), tmp_path)
+    first = engine.checkpoint(1, tar_of(FILES), tmp_path)
+    second = engine.checkpoint(2, tar_of(FILES), tmp_path)
     pending = engine.checkpoint(3, b"partial", tmp_path, complete=False)
     listed = lab.checkpoints.list(engine.job.public_id)
     assert [(c.id, c.step, c.status) for c in listed] == [(pending, 3, "uploading"), (second, 2, "ready"), (first, 1, "ready")]
-    assert listed[1].sha256 == hashlib.sha256(archive_bytes()).hexdigest()
-    assert listed[1].size_bytes == len(archive_bytes())
+    assert listed[1].sha256 == hashlib.sha256(tar_of(FILES)).hexdigest()
+    assert listed[1].size_bytes == len(tar_of(FILES))
     with Lab(api_key=outsider.key, base_url=lab._http.base_url.removesuffix("/api/v1/"), timeout=10) as other:
         with pytest.raises(NotFoundError):
             other.checkpoints.list(engine.job.public_id)
 
 
 def test_download_unpacks_into_a_directory_with_a_progress_bar(lab, tenant, job_spec, tmp_path, capsys):
-    ckpt = Engine(tenant, job_spec).checkpoint(1, archive_bytes(), tmp_path)
+    ckpt = Engine(tenant, job_spec).checkpoint(1, tar_of(FILES), tmp_path)
     target = tmp_path / "out" / "adapter"
     assert lab.checkpoints.download(ckpt, target) == target
     assert {str(p.relative_to(target)): p.read_bytes() for p in target.rglob("*") if p.is_file()} == FILES
     assert sorted(p.name for p in target.parent.iterdir()) == ["adapter"]  # no archive or staging left
     bar = capsys.readouterr().err
     assert "adapter.tar.download: 100%" in bar
-    assert f"{len(archive_bytes()) / 1000:.1f}k/{len(archive_bytes()) / 1000:.1f}k" in bar
+    assert f"{len(tar_of(FILES)) / 1000:.1f}k/{len(tar_of(FILES)) / 1000:.1f}k" in bar
 
 
 def test_download_without_extract_saves_the_tar(lab, tenant, job_spec, tmp_path):
-    ckpt = Engine(tenant, job_spec).checkpoint(1, archive_bytes(), tmp_path)
+    ckpt = Engine(tenant, job_spec).checkpoint(1, tar_of(FILES), tmp_path)
     saved = lab.checkpoints.download(ckpt, tmp_path / "ckpt.tar", extract=False, progress=False)
-    assert saved.read_bytes() == archive_bytes()
+    assert saved.read_bytes() == tar_of(FILES)
 
 
 def test_download_refuses_foreign_unknown_and_unready_checkpoints_and_leaves_nothing(lab, tenant, outsider, job_spec, tmp_path):
-    foreign = Engine(outsider, job_spec).checkpoint(1, archive_bytes(), tmp_path)
-    unready = Engine(tenant, job_spec).checkpoint(1, archive_bytes(), tmp_path, complete=False)
+    foreign = Engine(outsider, job_spec).checkpoint(1, tar_of(FILES), tmp_path)
+    unready = Engine(tenant, job_spec).checkpoint(1, tar_of(FILES), tmp_path, complete=False)
     for ckpt_id, error in ((foreign, NotFoundError), ("ckpt_missing", NotFoundError), (unready, ConflictError)):
         target = tmp_path / f"out-{ckpt_id}"
         with pytest.raises(error) as raised:
@@ -128,7 +116,7 @@ def test_download_refuses_foreign_unknown_and_unready_checkpoints_and_leaves_not
 
 
 def test_download_refuses_a_non_empty_directory_and_changes_nothing(lab, tenant, job_spec, tmp_path):
-    ckpt = Engine(tenant, job_spec).checkpoint(1, archive_bytes(), tmp_path)
+    ckpt = Engine(tenant, job_spec).checkpoint(1, tar_of(FILES), tmp_path)
     target = tmp_path / "busy"
     target.mkdir()
     (target / "mine.txt").write_text("keep me")
@@ -140,16 +128,16 @@ def test_download_refuses_a_non_empty_directory_and_changes_nothing(lab, tenant,
 def test_download_follows_the_s3_redirect(lab, tenant, job_spec, tmp_path, s3_server, settings, monkeypatch):
     bucket = s3_server.new_bucket()
     use_s3_storage(settings, monkeypatch, s3_server, bucket)
-    ckpt = Engine(tenant, job_spec).checkpoint(2, archive_bytes(), tmp_path)
+    ckpt = Engine(tenant, job_spec).checkpoint(2, tar_of(FILES), tmp_path)
     target = lab.checkpoints.download(ckpt, tmp_path / "from-s3", progress=False)
     assert {str(p.relative_to(target)): p.read_bytes() for p in target.rglob("*") if p.is_file()} == FILES
     saved = lab.checkpoints.download(ckpt, tmp_path / "from-s3.tar", extract=False, progress=False)
-    assert saved.read_bytes() == archive_bytes()
+    assert saved.read_bytes() == tar_of(FILES)
 
 
 def test_the_cli_lists_and_downloads(live_server, tenant, outsider, job_spec, tmp_path):
     engine = Engine(tenant, job_spec)
-    ckpt = engine.checkpoint(2, archive_bytes(), tmp_path)
+    ckpt = engine.checkpoint(2, tar_of(FILES), tmp_path)
     listed = lab_cli("checkpoints", "list", engine.job.public_id, "--json", key=tenant.key, base_url=live_server.url)
     assert listed.returncode == 0, listed.stderr
     assert [(c["id"], c["step"], c["status"]) for c in json.loads(listed.stdout)] == [(ckpt, 2, "ready")]
@@ -162,7 +150,7 @@ def test_the_cli_lists_and_downloads(live_server, tenant, outsider, job_spec, tm
     tar = lab_cli("checkpoints", "download", ckpt, "-o", str(tmp_path / "cli.tar"), "--tar", key=tenant.key, base_url=live_server.url)
     assert tar.returncode == 0, tar.stderr
     assert tar.stdout.strip() == str(tmp_path / "cli.tar")
-    assert (tmp_path / "cli.tar").read_bytes() == archive_bytes()
+    assert (tmp_path / "cli.tar").read_bytes() == tar_of(FILES)
     foreign = lab_cli("checkpoints", "download", ckpt, "-o", str(tmp_path / "x"), key=outsider.key, base_url=live_server.url)
     assert foreign.returncode == 1
     assert "(not_found)" in foreign.stderr

@@ -14,8 +14,8 @@ import torch
 
 from engine import checkpoints as ckpt
 from engine.models import tiny_random_llama
-from engine.policy import make_trainable
 from engine.reporter import OfflineTransport, Reporter
+from tests.support.tiny_lora import tiny_lora
 
 TINY = "lab/tiny-random-llama"
 
@@ -35,13 +35,7 @@ def test_an_adapter_is_due_every_interval_and_at_the_end(adapters, due):
 
 
 def lora_model():
-    base, tokenizer = tiny_random_llama()
-    model = make_trainable(base, lora_rank=4, lora_alpha=8, base_model_id=TINY)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.fill_(0.02)
-    return model, tokenizer
+    return tiny_lora(0.02)
 
 
 def test_a_lora_adapter_holds_the_adapter_alone_and_loads_with_peft(tmp_path):

@@ -9,7 +9,7 @@ import torch
 
 from engine import checkpoints as ckpt
 from engine.models import tiny_random_llama
-from engine.policy import make_trainable
+from tests.support.tiny_lora import tiny_lora
 
 TINY = "lab/tiny-random-llama"
 SPEC = {"name": "addition-tiny", "model": TINY, "max_steps": 4, "env": [{"id": "lab/addition", "args": {}}]}
@@ -27,12 +27,7 @@ def model_cache(tmp_path):
 @pytest.fixture
 def adapter_archive(tmp_path):
     """A checkpoint of a LoRA adapter on the tiny model with non-zero weights, as one tar."""
-    base, tokenizer = tiny_random_llama()
-    model = make_trainable(base, lora_rank=4, lora_alpha=8, base_model_id=TINY)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.fill_(0.01)
+    model, tokenizer = tiny_lora(0.01)
     card = ckpt.model_card(base_model=TINY, job_id="job_1", step=4, max_steps=4, spec=SPEC,
                            metrics={"reward/mean": 0.375, "loss/mean": 0.0125, "optim/lr": 1e-3},
                            checkpoint_format=ckpt.FORMAT_LORA, test_model=True)

@@ -4,21 +4,11 @@ a tar, and a broken-off download, leave nothing behind; a redirected one unpacks
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
 
 import pytest
 from labsdk.errors import APIConnectionError, APIError
 
-
-def tar_of(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+from tests.support.tars import tar_of
 
 
 def test_it_unpacks_a_redirected_download(fake_lab, lab_client, tmp_path):

@@ -14,6 +14,21 @@ from jobs.models import Job, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 
+#: A job of the tiny model for the live tests: two steps of reverse-text, its final checkpoint kept.
+TINY_JOB_SPEC = {
+    "model": "lab/tiny-random-llama",
+    "max_steps": 2,
+    "batch_size": 8,
+    "rollouts_per_example": 4,
+    "learning_rate": 1e-2,
+    "lora_rank": 4,
+    "lora_alpha": 8,
+    "seed": 3,
+    "sampling": {"max_tokens": 6},
+    "env": [{"id": "lab/reverse-text", "args": {"min_length": 2, "max_length": 4}}],
+    "checkpoints": {"interval": 2, "keep_last": 1},
+}
+
 #: Parameterise a test by artifact kind: ``@KIND`` gives it a ``kind`` argument.
 KIND = pytest.mark.parametrize("kind", [CHECKPOINT, ADAPTER], ids=lambda kind: kind.name)
 

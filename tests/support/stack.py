@@ -15,10 +15,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import redis
 from django.db import connection
 
 from jobs.processes import ROOT, LabProcesses, free_port  # noqa: F401 (re-exported for the tests)
+
+#: The marks of a test that runs the stack: an e2e test on the PostgreSQL test database the
+#: stack's processes share (its rows committed, so ``transaction=True``), with prices set.
+STACK_TEST_MARKS = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("default_prices"),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
+]
 
 
 def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float = 0.25, what: str = "condition"):
