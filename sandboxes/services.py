@@ -194,7 +194,10 @@ def sandbox_create(*, project: Project, actor: Actor, data: Any) -> tuple[Sandbo
         active = Sandbox.objects.unscoped().filter(organization_id=project.organization_id, status__in=ACTIVE_STATUSES)
         cap = settings.LAB_SANDBOX_MAX_PER_ORG
         if active.count() >= cap:
-            raise LabError("rate_limited", f"The organization already runs {cap} sandboxes (its cap); delete one first.")
+            raise LabError(
+                "rate_limited", f"The organization already runs {cap} sandboxes (its cap); delete one first.",
+                retry_after_s=_seconds_until_one_ends(active),
+            )
         sandbox = Sandbox.objects.create(
             organization_id=project.organization_id,
             project=project,
@@ -218,6 +221,14 @@ def sandbox_create(*, project: Project, actor: Actor, data: Any) -> tuple[Sandbo
     if not updated:  # deleted meanwhile: its folder must not outlive it
         runtime().destroy(sandbox_spec(sandbox))
     return sandbox, parsed.warnings
+
+
+def _seconds_until_one_ends(active) -> int:
+    """Return the seconds until the first of ``active`` sandboxes reaches the end of its lifetime
+    (at least 1): when a create refused at the cap may pass without anyone deleting one."""
+    now = timezone.now()
+    ends = [created + timedelta(seconds=timeout) for created, timeout in active.values_list("created_at", "timeout_s")]
+    return max(1, math.ceil((min(ends) - now).total_seconds())) if ends else 1
 
 
 def sandbox_list(*, project: Project, labels: dict[str, str] | None = None):

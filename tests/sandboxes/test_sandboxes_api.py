@@ -197,6 +197,7 @@ def test_it_refuses_a_sandbox_past_the_organizations_cap(owner, settings):
     create(owner)
     refused = owner.client().post(BASE, {}, format="json")
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+    assert 3595 <= int(refused["Retry-After"]) <= 3600  # when the first one's lifetime (3600 s) ends
     assert Sandbox.objects.unscoped().count() == 2
     owner.client().delete(f"{BASE}/{first}")
     create(owner)
