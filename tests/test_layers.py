@@ -185,7 +185,7 @@ GRAPH_PACKAGES = {package: directory for package, directory in PACKAGES.items() 
 #: (``FUNCTION_LEVEL_IMPORTS`` says which).
 KNOWN_IMPORT_CIRCLES: set[frozenset[str]] = set()
 
-_DISTILL = "distillation only: distill brings pydantic, absent where the trainer runs bare (bench/gpu_check.sh)"
+_DISTILL = "distillation only: distill brings pydantic, absent where the in-process orchestrator runs bare (bench/gpu_check.sh)"
 _KUBERNETES = "the Kubernetes pool loads only with LAB_LAUNCHER=kubernetes"
 
 #: Imports of a project module inside a function there are today, (importing module, imported
