@@ -267,7 +267,8 @@ def _held_out_names(names: list[str], prefix: str) -> list[str]:
 @require_GET
 @project_view
 def job_detail(request: HttpRequest, access: OrganizationAccess, project: Project, job_id: str) -> HttpResponse:
-    """The job page: status, progress, live charts, eval, rollouts, logs, events and checkpoints."""
+    """The job page: status, progress, live charts, eval, rollouts, logs, events and checkpoints.
+    A job that ended without a step recorded says so instead of drawing empty charts."""
     job = _job(project, job_id)
     # Read the stream position before the data, so the live stream resumes with nothing lost
     # (a point seen twice is merged by step on the page).
@@ -280,9 +281,11 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
     events = list(job.events.order_by("-id")[:EVENTS_SHOWN])
     steps = sample_steps(job=job)
     header = _job_header_context(job)
+    ended_without_steps = job.is_terminal and not names
     context = {
         **header,
         "project": project,
+        "ended_without_steps": ended_without_steps,
         "events": events,
         "checkpoints": artifact_list(CHECKPOINT, job=job).order_by("-step", "-id"),
         "adapters": artifact_list(ADAPTER, job=job).order_by("-step", "-id"),
@@ -298,6 +301,7 @@ def job_detail(request: HttpRequest, access: OrganizationAccess, project: Projec
             "chart_metrics": list(CHART_METRICS),
             "eval_names": eval_names,
             "val_names": val_names,
+            "ended_without_steps": ended_without_steps,
             "max_points": CHART_MAX_POINTS,
             "event_ids": [event.public_id for event in events],
             "sample_steps": steps,
@@ -357,7 +361,7 @@ def job_rollouts(request: HttpRequest, access: OrganizationAccess, project: Proj
         samples = job_samples(job=job, params={"step": request.GET.get("step") or "", "limit": "1000"})["data"]
     except LabError as error:
         return _render(request, "dashboard/_job_rollouts.html", {"problem": error.message}, access=access, status=400)
-    step = samples[0]["step"] if samples else None
+    step, stored = (samples[0]["step"] if samples else None), len(samples)
     histograms = [
         (name, histogram([sample[name] for sample in samples], ROLLOUT_HISTOGRAM_BINS)) for name in ("reward", "advantage")
     ]
@@ -368,7 +372,7 @@ def job_rollouts(request: HttpRequest, access: OrganizationAccess, project: Proj
     if keep is not None:
         samples = [sample for sample in samples if keep(sample)]
     sort = request.GET.get("sort") or ""
-    context = {"step": step, "query": query, "sort": sort, "shown": len(samples),
+    context = {"step": step, "query": query, "sort": sort, "shown": len(samples), "stored": stored,
                "histograms": [(name, bins, max((b["count"] for b in bins), default=0)) for name, bins in histograms]}
     if sort.lstrip("-") in ("reward", "advantage"):
         context["ordered"] = True

@@ -101,7 +101,7 @@ def _endpoint_page(request, access, project, endpoint, *, rotated=False) -> Http
         status = ""
     deliveries = (
         WebhookDelivery.objects.filter(endpoint=endpoint)
-        .select_related("message")
+        .select_related("message__job_event__job")
         .prefetch_related("attempts")
         .order_by("-id")
     )

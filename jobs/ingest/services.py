@@ -51,9 +51,10 @@ from lab.errors import LabError
 def _locked(attempt: JobAttempt, reported_attempt: int, *, live: bool = True) -> tuple[Job, JobAttempt]:
     """Lock the job; refuse a report that is not from the token's attempt or is stale.
 
-    Live data from the current attempt also proves it is training: a starting job becomes
-    running. Reports Lab delivers from an exited engine's spool (``live=False``) prove nothing
-    of the kind.
+    Live training data from the current attempt (metrics, samples, checkpoints and adapters)
+    proves it is training: a starting job becomes running. Reports Lab delivers from an exited
+    engine's spool (``live=False``), log lines and the engine's end report prove nothing of the
+    kind: an engine logs while it loads, and may end failing its checks before its first step.
     """
     if reported_attempt != attempt.number:
         raise LabError(
@@ -236,8 +237,9 @@ def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch, live: bool = Tru
 
 @transaction.atomic
 def ingest_logs(*, attempt: JobAttempt, batch: LogsBatch, live: bool = True) -> dict[str, int]:
-    """Store the engine's log lines; a resent line (same seq) is stored once."""
-    job, attempt = _locked(attempt, batch.attempt, live=live)
+    """Store the engine's log lines; a resent line (same seq) is stored once. Lines never move a
+    starting job to running (``_locked``), live or not."""
+    job, attempt = _locked(attempt, batch.attempt, live=False)
     lines = [(line.seq, line.time, line.stream, line.line) for line in batch.lines]
     accepted = store_log_lines(job=job, attempt_number=attempt.number, source=LogSource.ENGINE, lines=lines)
     return {"accepted": accepted, "duplicates": len(lines) - accepted}
@@ -281,7 +283,7 @@ def artifact_complete(kind: ArtifactKind, *, attempt: JobAttempt, artifact_id: s
 def ingest_finish(*, attempt: JobAttempt, report: FinishReport) -> None:
     """Record the outcome the engine reports before it exits (its error with the job's secrets
     masked); the reconciler applies it."""
-    job, attempt = _locked(attempt, report.attempt)
+    job, attempt = _locked(attempt, report.attempt, live=False)
     attempt.outcome = report.outcome
     mask = masker(job_id=job.public_id)
     attempt.outcome_error = {key: mask(text) for key, text in report.error.model_dump().items()} if report.error else None

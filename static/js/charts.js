@@ -38,6 +38,17 @@
     return [min - margin, max + margin];
   }
 
+  // An x range from step 0 to at least `xMax`; a zoomed-in range (narrower than the data) stays.
+  function stepRange(xMax) {
+    return function (u, min, max) {
+      var dataMin = u.data && u.data[0] && u.data[0].length ? u.data[0][0] : null;
+      var dataMax = u.data && u.data[0] && u.data[0].length ? u.data[0][u.data[0].length - 1] : null;
+      var zoomed = min != null && max != null && dataMin != null && (min > dataMin || max < dataMax);
+      if (zoomed) return [min, max];
+      return [Math.min(0, min == null ? 0 : min), Math.max(xMax, max == null ? 0 : max)];
+    };
+  }
+
   // Steps are whole numbers: the x axis ticks only at integers, in steps of 1, 2 or 5 × 10^k.
   var STEP_INCREMENTS = [];
   for (var power = 1; power <= 1e7; power *= 10) STEP_INCREMENTS.push(power, 2 * power, 5 * power);
@@ -64,7 +75,8 @@
 
   // Create a chart in `container`. `lines` is [{label, color?}]; with `band: true` the first line
   // gets a shaded band given as two extra data rows (upper, lower); `integerX: false` for an x
-  // axis that is not whole steps (wall time). Returns the uPlot instance.
+  // axis that is not whole steps (wall time); `xMax` makes the x axis span 0..xMax at least
+  // (a job's max_steps) rather than the data's own range. Returns the uPlot instance.
   function create(container, options) {
     var lines = options.lines, series = [{ label: "step" }], bands = [], hidden = [];
     lines.forEach(function (line, index) {
@@ -92,7 +104,7 @@
       height: options.height || 220,
       series: series,
       bands: bands,
-      scales: { x: { time: false }, y: { range: yRange } },
+      scales: { x: options.xMax ? { time: false, range: stepRange(options.xMax) } : { time: false }, y: { range: yRange } },
       axes: [
         options.integerX === false
           ? { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" } }

@@ -76,6 +76,7 @@
     var lines = options.kind === "reward" ? [{ label: "reward/mean" }] : names.map(function (name) { return { label: name }; });
     chart.plot = LabCharts.create(area, {
       lines: lines, raw: chart.raw, band: options.kind === "reward", data: chartData(chart), points: options.points,
+      xMax: options.xMax,
       hooks: { setSelect: [function (u) { zoomed(chart, u); }] },
     });
     charts.push(chart);
@@ -140,10 +141,12 @@
     return parts[0] === "eval" ? "eval" : parts[0] === "val" ? "val" : null;
   }
 
+  // Eval and validation run at a few steps: their x axis spans the whole job (0..max_steps),
+  // so where the points fall in training reads at a glance.
   function addHeldOutChart(name) {
     var section = heldOutSection(name) || "eval";
     document.getElementById(section + "-section").hidden = false;
-    addChart(document.getElementById(section + "-charts"), [name], { raw: false, points: true });
+    addChart(document.getElementById(section + "-charts"), [name], { raw: false, points: true, xMax: page.job.max_steps });
   }
 
   // --- status header, progress, logs, events, rollouts ------------------------------------------
@@ -308,12 +311,15 @@
   document.addEventListener("DOMContentLoaded", function () {
     merge(page.metrics);
     var grid = document.getElementById("charts");
-    addChart(grid, ["reward/mean", "reward/std"], { kind: "reward", title: "reward/mean ± std" });
-    ["loss/mean", "entropy/mean", "seq_len/mean", "perf/tokens_per_s"].forEach(function (name) { addChart(grid, [name], {}); });
+    // A job that ended without a step has nothing to chart: the page says so instead.
+    if (!page.ended_without_steps) {
+      addChart(grid, ["reward/mean", "reward/std"], { kind: "reward", title: "reward/mean ± std" });
+      ["loss/mean", "entropy/mean", "seq_len/mean", "perf/tokens_per_s"].forEach(function (name) { addChart(grid, [name], {}); });
+    }
     page.eval_names.forEach(addHeldOutChart);
     page.val_names.forEach(addHeldOutChart);
     refreshPicker();
-    document.getElementById("charts-empty").hidden = store.size > 0;
+    if (!page.ended_without_steps) document.getElementById("charts-empty").hidden = store.size > 0;
 
     var slider = document.getElementById("smoothing");
     slider.addEventListener("input", function () {
