@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from labsdk._checkpoints import download_unpacked
+from labsdk._common import paginate, segment
 from labsdk._http import HTTPClient
-from labsdk._resources import _paginate, _segment, download_unpacked
 from labsdk.errors import ConflictError
 from labsdk.types import Adapter
 
@@ -25,11 +26,11 @@ class Adapters:
     def list(self, job_id: str, *, limit: int = 100) -> list[Adapter]:
         """Return a job's adapters, newest first, every status included.
         ``NotFoundError`` for a job outside this project."""
-        return [*_paginate(self._http, f"jobs/{_segment(job_id)}/adapters", Adapter, {"limit": limit})]
+        return [*paginate(self._http, f"jobs/{segment(job_id)}/adapters", Adapter, {"limit": limit})]
 
     def retrieve(self, adapter_id: str) -> Adapter:
         """Return one adapter; ``NotFoundError`` for one outside this project."""
-        return Adapter.model_validate(self._http.request("GET", f"adapters/{_segment(adapter_id)}"))
+        return Adapter.model_validate(self._http.request("GET", f"adapters/{segment(adapter_id)}"))
 
     def download(self, adapter_id: str, dir: str | Path, *, progress: bool = True) -> Path:
         """Download a ready adapter, check its SHA-256 against Lab's record, and unpack it into
@@ -49,6 +50,6 @@ class Adapters:
                 code="adapter_not_ready",
             )
         return download_unpacked(
-            self._http, f"adapters/{_segment(adapter_id)}/download", Path(dir),
+            self._http, f"adapters/{segment(adapter_id)}/download", Path(dir),
             what=f"adapter {adapter_id}", progress=progress, sha256=adapter.sha256,
         )

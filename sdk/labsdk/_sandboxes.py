@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import Field
 
+from labsdk._common import paginate, parse, segment
 from labsdk._http import HTTPClient
-from labsdk._resources import _paginate, _parse, _segment
 from labsdk.types import LabObject
 
 __all__ = ["CommandResult", "Sandbox", "Sandboxes"]
@@ -84,20 +84,20 @@ class Sandboxes:
             "labels": dict(labels) if labels is not None else None,
         }
         body = {key: value for key, value in body.items() if value is not None}
-        return _parse(Sandbox, self._http.request("POST", "sandboxes", json_body=body))
+        return parse(Sandbox, self._http.request("POST", "sandboxes", json_body=body))
 
     def list(self, *, labels: Mapping[str, str] | None = None, limit: int = 100) -> list[Sandbox]:
         """Return the project's sandboxes, newest first; those with every label of ``labels`` when given."""
         params: dict[str, Any] = {"limit": limit} | {f"label[{key}]": value for key, value in (labels or {}).items()}
-        return [*_paginate(self._http, "sandboxes", Sandbox, params)]
+        return [*paginate(self._http, "sandboxes", Sandbox, params)]
 
     def get(self, sandbox_id: str) -> Sandbox:
         """Return one sandbox."""
-        return _parse(Sandbox, self._http.request("GET", f"sandboxes/{_segment(sandbox_id)}"))
+        return parse(Sandbox, self._http.request("GET", f"sandboxes/{segment(sandbox_id)}"))
 
     def delete(self, sandbox_id: str) -> None:
         """Stop a sandbox and delete its files."""
-        self._http.request("DELETE", f"sandboxes/{_segment(sandbox_id)}")
+        self._http.request("DELETE", f"sandboxes/{segment(sandbox_id)}")
 
     def run(
         self,
@@ -118,16 +118,16 @@ class Sandboxes:
             body["cwd"] = cwd
         if env is not None:
             body["env"] = dict(env)
-        return _parse(CommandResult, self._http.request("POST", f"sandboxes/{_segment(sandbox_id)}/commands", json_body=body))
+        return parse(CommandResult, self._http.request("POST", f"sandboxes/{segment(sandbox_id)}/commands", json_body=body))
 
     def upload(self, sandbox_id: str, path: str, data: bytes) -> str:
         """Write ``data`` at ``path`` in the sandbox's /workspace; return the absolute path there."""
         response = self._http._send(
-            "PUT", f"sandboxes/{_segment(sandbox_id)}/files", params={"path": path}, content=bytes(data),
+            "PUT", f"sandboxes/{segment(sandbox_id)}/files", params={"path": path}, content=bytes(data),
             headers={"Content-Type": "application/octet-stream"},
         )
         return self._http._decode(response)["path"]
 
     def download(self, sandbox_id: str, path: str) -> bytes:
         """Return the file at ``path`` in the sandbox's /workspace."""
-        return self._http._send("GET", f"sandboxes/{_segment(sandbox_id)}/files", params={"path": path}).content
+        return self._http._send("GET", f"sandboxes/{segment(sandbox_id)}/files", params={"path": path}).content

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import Field
 
+from labsdk._common import paginate, parse, segment
 from labsdk._http import HTTPClient
-from labsdk._resources import _paginate, _parse, _segment
 from labsdk.types import LabObject
 
 __all__ = ["WebhookAttempt", "WebhookDelivery", "WebhookEndpoint", "Webhooks"]
@@ -78,15 +78,15 @@ class Webhooks:
         body: dict[str, Any] = {"url": url}
         if events is not None:
             body["events"] = list(events)
-        return _parse(WebhookEndpoint, self._http.request("POST", "webhook-endpoints", json_body=body))
+        return parse(WebhookEndpoint, self._http.request("POST", "webhook-endpoints", json_body=body))
 
     def list(self, *, limit: int = 100) -> list[WebhookEndpoint]:
         """Return the project's endpoints, newest first (without their secrets)."""
-        return [*_paginate(self._http, "webhook-endpoints", WebhookEndpoint, {"limit": limit})]
+        return [*paginate(self._http, "webhook-endpoints", WebhookEndpoint, {"limit": limit})]
 
     def retrieve(self, endpoint_id: str) -> WebhookEndpoint:
         """Return one endpoint (without its secret)."""
-        return _parse(WebhookEndpoint, self._http.request("GET", f"webhook-endpoints/{_segment(endpoint_id)}"))
+        return parse(WebhookEndpoint, self._http.request("GET", f"webhook-endpoints/{segment(endpoint_id)}"))
 
     def update(
         self, endpoint_id: str, *, url: str | None = None, events: Sequence[str] | None = None,
@@ -96,36 +96,36 @@ class Webhooks:
         disabled endpoint forgets its past failures."""
         body: dict[str, Any] = {"url": url, "events": None if events is None else list(events), "enabled": enabled}
         body = {key: value for key, value in body.items() if value is not None}
-        return _parse(WebhookEndpoint, self._http.request(
-            "PATCH", f"webhook-endpoints/{_segment(endpoint_id)}", json_body=body,
+        return parse(WebhookEndpoint, self._http.request(
+            "PATCH", f"webhook-endpoints/{segment(endpoint_id)}", json_body=body,
         ))
 
     def delete(self, endpoint_id: str) -> None:
         """Delete an endpoint; its pending deliveries are not sent."""
-        self._http.request("DELETE", f"webhook-endpoints/{_segment(endpoint_id)}")
+        self._http.request("DELETE", f"webhook-endpoints/{segment(endpoint_id)}")
 
     def test(self, endpoint_id: str) -> WebhookDelivery:
         """Send the endpoint a ``webhook.test`` event now; return its delivery (``pending`` until
         the first try ends: :meth:`deliveries` shows how it went)."""
-        return _parse(WebhookDelivery, self._http.request("POST", f"webhook-endpoints/{_segment(endpoint_id)}/test"))
+        return parse(WebhookDelivery, self._http.request("POST", f"webhook-endpoints/{segment(endpoint_id)}/test"))
 
     def rotate_secret(self, endpoint_id: str) -> WebhookEndpoint:
         """Give the endpoint a new secret (returned in ``secret``); the old one keeps signing, as
         a second signature, for 24 hours."""
-        return _parse(WebhookEndpoint, self._http.request(
-            "POST", f"webhook-endpoints/{_segment(endpoint_id)}/rotate-secret",
+        return parse(WebhookEndpoint, self._http.request(
+            "POST", f"webhook-endpoints/{segment(endpoint_id)}/rotate-secret",
         ))
 
     def deliveries(self, endpoint_id: str, *, status: str | None = None, limit: int = 100) -> list[WebhookDelivery]:
         """Return the endpoint's deliveries, newest first, each with its attempts; ``status``
         (``pending``, ``succeeded``, ``failed``) keeps only those."""
-        return [*_paginate(
-            self._http, f"webhook-endpoints/{_segment(endpoint_id)}/deliveries", WebhookDelivery,
+        return [*paginate(
+            self._http, f"webhook-endpoints/{segment(endpoint_id)}/deliveries", WebhookDelivery,
             {"limit": limit, "status": status},
         )]
 
     def redeliver(self, endpoint_id: str, delivery_id: str) -> WebhookDelivery:
         """Send a delivery again now; return it."""
-        return _parse(WebhookDelivery, self._http.request(
-            "POST", f"webhook-endpoints/{_segment(endpoint_id)}/deliveries/{_segment(delivery_id)}/redeliver",
+        return parse(WebhookDelivery, self._http.request(
+            "POST", f"webhook-endpoints/{segment(endpoint_id)}/deliveries/{segment(delivery_id)}/redeliver",
         ))

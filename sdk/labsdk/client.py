@@ -7,10 +7,12 @@ from typing import Self
 
 import httpx
 
-from labsdk._http import HTTPClient
 from labsdk._adapters import Adapters
-from labsdk._resources import STREAM_RECONNECT_S, Checkpoints, Environments, Jobs, Models, Prices
 from labsdk._billing import Billing, UsageRow, usage_list
+from labsdk._catalog import Environments, Models, Prices
+from labsdk._checkpoints import Checkpoints
+from labsdk._http import HTTPClient
+from labsdk._jobs import STREAM_RECONNECT_S, Jobs
 from labsdk._sandboxes import Sandboxes
 from labsdk._webhooks import Webhooks
 from labsdk.types import WhoAmI

@@ -1,24 +1,18 @@
-"""The API's resources as methods: ``client.jobs``, ``client.models``, ``client.environments``,
-``client.prices``, ``client.checkpoints`` (docs/api.md)."""
+"""``client.jobs``: submit, follow and control training jobs (docs/api.md "Jobs")."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
-import tarfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
-from urllib.parse import quote
+from typing import Any
 
-from pydantic import ValidationError
 from tqdm.auto import tqdm
 
+from labsdk._common import list_data, paginate, parse, segment
 from labsdk._http import HTTPClient, ServerSentEvent
 from labsdk.display import job_progress
-from labsdk.model_cache import model_cache_dir, model_path
 from labsdk.errors import (
     APIConnectionError,
     APIError,
@@ -35,65 +29,21 @@ from labsdk.spec import JobSpec, ParsedSpec, SpecError, parse_spec, read_spec_fi
 from labsdk.types import (
     Checkpoint,
     Distribution,
-    Environment,
-    EnvironmentBuild,
     Estimate,
     Job,
     JobEvent,
     LabObject,
     LogLine,
     MetricPoint,
-    Model,
-    Price,
     Sample,
     StreamEvent,
 )
 
-T = TypeVar("T", bound=LabObject)
 #: What ``jobs.create`` and ``jobs.estimate`` take as ``spec``: decoded JSON/TOML, or the model.
 SpecLike = Mapping[str, Any] | JobSpec | ParsedSpec
 
 #: The metric shown next to the progress bar of :meth:`Jobs.wait`.
 PROGRESS_METRIC = "reward/mean"
-
-
-def _parse(model: type[T], data: Any) -> T:
-    """Build ``model`` from an answer; an answer of the wrong shape is an ``APIError``."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise APIError(f"Lab answered with an unexpected {model.__name__}: {exc}", body=data) from None
-
-
-def _segment(object_id: str) -> str:
-    """Quote an id for a URL path so that ``/`` or ``..`` in it cannot change the path."""
-    if not isinstance(object_id, str) or not object_id:
-        raise ValueError(f"expected a non-empty id string, got {object_id!r}")
-    return quote(object_id, safe="")
-
-
-def _paginate(
-    http: HTTPClient,
-    path: str,
-    model: type[T],
-    params: Mapping[str, Any],
-    *,
-    cursor_param: str = "after",
-    cursor_field: str = "id",
-    cursor: Any = None,
-) -> Iterator[T]:
-    """Yield every item of a list endpoint after ``cursor``, requesting the next page
-    (``cursor_param`` = the last item's ``cursor_field``) only when the previous one is
-    used up."""
-    while True:
-        page = http.request("GET", path, params={**params, cursor_param: cursor})
-        items = [_parse(model, item) for item in _list_data(page, path)]
-        yield from items
-        if not page.get("has_more") or not items:
-            return
-        cursor = getattr(items[-1], cursor_field, None)
-        if cursor is None:
-            raise APIError(f"Lab answered {path} with more pages but no {cursor_field} to ask for them", body=page)
 
 
 def _invalid_spec(source: str, exc: SpecError) -> InvalidSpecError:
@@ -120,14 +70,7 @@ def _stream_event(raw: ServerSentEvent) -> StreamEvent:
     except ValueError:
         raise APIError(f"Lab sent a {raw.event} event whose data is not JSON", body=raw.data) from None
     model = _STREAM_DATA_TYPES.get(raw.event)
-    return StreamEvent(event=raw.event, id=raw.id, data=_parse(model, data) if model else data)
-
-
-def _list_data(page: Any, what: str) -> list:
-    """Return the ``data`` of a list envelope; another shape is an ``APIError``."""
-    if not isinstance(page, dict) or not isinstance(page.get("data"), list):
-        raise APIError(f"Lab answered {what} with something that is not a list", body=page)
-    return page["data"]
+    return StreamEvent(event=raw.event, id=raw.id, data=parse(model, data) if model else data)
 
 
 def _spec_body(spec: SpecLike | None, spec_file: str | Path | None, fields: dict[str, Any]) -> dict:
@@ -218,12 +161,12 @@ class Jobs:
         body = _spec_body(spec, spec_file, fields)
         if secrets:
             body["secrets"] = dict(secrets)
-        return _parse(Job, self._http.request("POST", "jobs", json_body=body, idempotency_key=idempotency_key))
+        return parse(Job, self._http.request("POST", "jobs", json_body=body, idempotency_key=idempotency_key))
 
     def retrieve(self, job_id: str) -> Job:
         """Return the job ``job_id`` (``GET /jobs/{id}``); ``NotFoundError`` when it is not
         in this project."""
-        return _parse(Job, self._http.request("GET", f"jobs/{_segment(job_id)}"))
+        return parse(Job, self._http.request("GET", f"jobs/{segment(job_id)}"))
 
     def list(
         self,
@@ -238,26 +181,26 @@ class Jobs:
         params: dict[str, Any] = {"status": status, "limit": limit}
         for key, value in (metadata or {}).items():
             params[f"metadata[{key}]"] = value
-        return _paginate(self._http, "jobs", Job, params)
+        return paginate(self._http, "jobs", Job, params)
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job (``POST /jobs/{id}/cancel``): a queued job is ``cancelled`` at once,
         a running one ``cancelling``. ``ConflictError`` when it has already finished."""
-        return _parse(Job, self._http.request("POST", f"jobs/{_segment(job_id)}/cancel"))
+        return parse(Job, self._http.request("POST", f"jobs/{segment(job_id)}/cancel"))
 
     def restart(self, job_id: str) -> Job:
         """Run a failed or cancelled job again as a new attempt from its latest ready
         checkpoint (``POST /jobs/{id}/restart``); ``ConflictError`` in any other status."""
-        return _parse(Job, self._http.request("POST", f"jobs/{_segment(job_id)}/restart"))
+        return parse(Job, self._http.request("POST", f"jobs/{segment(job_id)}/restart"))
 
     def delete(self, job_id: str) -> None:
         """Delete a finished job and its data: metrics, samples, logs, checkpoint objects
         (``DELETE /jobs/{id}``); ``ConflictError`` while it is not finished."""
-        self._http.request("DELETE", f"jobs/{_segment(job_id)}")
+        self._http.request("DELETE", f"jobs/{segment(job_id)}")
 
     def events(self, job_id: str, *, limit: int = 100) -> Iterator[JobEvent]:
         """Iterate over a job's events, oldest first (``GET /jobs/{id}/events``)."""
-        return _paginate(self._http, f"jobs/{_segment(job_id)}/events", JobEvent, {"limit": limit})
+        return paginate(self._http, f"jobs/{segment(job_id)}/events", JobEvent, {"limit": limit})
 
     def metrics(
         self,
@@ -270,24 +213,24 @@ class Jobs:
         """Iterate over a job's per-step metrics after ``after_step`` in step order
         (``GET /jobs/{id}/metrics``), only ``names`` when given (e.g. ``["reward/mean"]``)."""
         params: dict[str, Any] = {"limit": limit, "names": ",".join(names) if names else None}
-        return _paginate(
-            self._http, f"jobs/{_segment(job_id)}/metrics", MetricPoint, params,
+        return paginate(
+            self._http, f"jobs/{segment(job_id)}/metrics", MetricPoint, params,
             cursor_param="after_step", cursor_field="step", cursor=after_step,
         )
 
     def logs(self, job_id: str, *, after: int | None = None, limit: int = 100) -> Iterator[LogLine]:
         """Iterate over a job's log lines after sequence number ``after``
         (``GET /jobs/{id}/logs``)."""
-        return _paginate(
-            self._http, f"jobs/{_segment(job_id)}/logs", LogLine, {"limit": limit},
+        return paginate(
+            self._http, f"jobs/{segment(job_id)}/logs", LogLine, {"limit": limit},
             cursor_field="seq", cursor=after,
         )
 
     def samples(self, job_id: str, *, step: int | None = None, limit: int = 100) -> list[Sample]:
         """Return up to ``limit`` rollout samples of a job, of one ``step`` when given
         (``GET /jobs/{id}/samples``)."""
-        page = self._http.request("GET", f"jobs/{_segment(job_id)}/samples", params={"step": step, "limit": limit})
-        return [_parse(Sample, item) for item in _list_data(page, "samples")]
+        page = self._http.request("GET", f"jobs/{segment(job_id)}/samples", params={"step": step, "limit": limit})
+        return [parse(Sample, item) for item in list_data(page, "samples")]
 
     def distribution(
         self, job_id: str, *, step: int | None = None, type: str = "reward", bins: int = 10
@@ -296,11 +239,11 @@ class Jobs:
         ``advantage``) in ``bins`` equal-width bins, of the latest step with samples unless
         ``step`` is given (``GET /jobs/{id}/distributions``)."""
         params = {"step": step, "type": type, "bins": bins}
-        return _parse(Distribution, self._http.request("GET", f"jobs/{_segment(job_id)}/distributions", params=params))
+        return parse(Distribution, self._http.request("GET", f"jobs/{segment(job_id)}/distributions", params=params))
 
     def checkpoints(self, job_id: str, *, limit: int = 100) -> Iterator[Checkpoint]:
         """Iterate over a job's checkpoints (``GET /jobs/{id}/checkpoints``)."""
-        return _paginate(self._http, f"jobs/{_segment(job_id)}/checkpoints", Checkpoint, {"limit": limit})
+        return paginate(self._http, f"jobs/{segment(job_id)}/checkpoints", Checkpoint, {"limit": limit})
 
     def stream(
         self, job_id: str, *, last_event_id: str | None = None, from_now: bool = False, reconnect_s: float | None = None
@@ -319,7 +262,7 @@ class Jobs:
         seconds: long enough for Lab's web server to restart. Then ``APIConnectionError`` (or
         the last 429/5xx answer's error); any other error answer is raised at once.
         """
-        path = f"jobs/{_segment(job_id)}/stream"
+        path = f"jobs/{segment(job_id)}/stream"
         window = self.stream_reconnect_s if reconnect_s is None else reconnect_s
         last_id = last_event_id
         finished = False
@@ -378,7 +321,7 @@ class Jobs:
         body = _spec_body(spec, spec_file, fields)
         if secrets:
             body["secrets"] = dict(secrets)
-        return _parse(Estimate, self._http.request("POST", "jobs/estimate", json_body=body))
+        return parse(Estimate, self._http.request("POST", "jobs/estimate", json_body=body))
 
     def wait(
         self,
@@ -444,195 +387,3 @@ class Jobs:
             postfix[PROGRESS_METRIC] = f"{reward:.3f}"
         bar.set_postfix(postfix, refresh=False)
         bar.refresh()
-
-
-class Models:
-    """The model catalogue (``GET /models``)."""
-
-    def __init__(self, http: HTTPClient):
-        self._http = http
-
-    def list(self) -> list[Model]:
-        """Return every model a job may train."""
-        return list(_paginate(self._http, "models", Model, {"limit": 100}))
-
-
-def _environment_path(environment_id: str) -> str:
-    """Return the URL path of ``<organization>/<name>[@<version>]``, each segment quoted."""
-    owner, slash, name = environment_id.partition("/") if isinstance(environment_id, str) else ("", "", "")
-    if not slash or not owner or not name or "/" in name:
-        raise ValueError(f"expected an environment id <organization>/<name>[@<version>], got {environment_id!r}")
-    return f"environments/{_segment(owner)}/{_segment(name)}"
-
-
-class Environments:
-    """Environments (``/environments``): the built-ins and this organization's uploaded packages
-    (docs/environments.md)."""
-
-    def __init__(self, http: HTTPClient):
-        self._http = http
-
-    def list(self) -> list[Environment]:
-        """Return every environment a job of this project may use: built-ins, then the
-        organization's packages by name, newest version first."""
-        return list(_paginate(self._http, "environments", Environment, {"limit": 100}))
-
-    def push(self, wheel: str | Path) -> Environment:
-        """Upload the environment wheel at ``wheel`` (a ``.whl`` file, at most 100 MB) for the
-        whole organization and return its Environment (pushing the same bytes again returns the
-        same one). Raises ``BadRequestError`` for a file Lab refuses (its message says why),
-        ``ConflictError`` when that version exists with other bytes or was deleted, and
-        ``RequestTooLargeError`` above 100 MB."""
-        return _parse(Environment, self._http.upload("environments", field="file", file=wheel, content_type="application/zip"))
-
-    def retrieve(self, environment_id: str) -> Environment:
-        """Return the package ``<organization>/<name>[@<version>]`` (no version, or ``@latest``:
-        the highest). Raises ``NotFoundError`` for a missing or another organization's package."""
-        return _parse(Environment, self._http.request("GET", _environment_path(environment_id)))
-
-    get = retrieve
-
-    def build_log(self, environment_id: str) -> str:
-        """Return the log of the version's latest build as text (``""`` while it has none): the
-        resolver's messages, the wheels fetched, the package's traceback when loading it failed.
-        Raises ``NotFoundError`` as :meth:`retrieve` does."""
-        return self._http.request_text(f"{_environment_path(environment_id)}/build-log")
-
-    def rebuild(self, environment_id: str) -> EnvironmentBuild:
-        """Build the version again (the same wheel, the package index as it is now) and return the
-        new build, ``queued``; follow it with :meth:`retrieve` (``.build``). Raises
-        ``ConflictError`` while its latest build is still queued or running, ``NotFoundError`` as
-        :meth:`retrieve` does."""
-        return _parse(EnvironmentBuild, self._http.request("POST", f"{_environment_path(environment_id)}/builds"))
-
-    def delete(self, environment_id: str) -> None:
-        """Delete one version (no version: the latest); the version can never be pushed again.
-        Raises ``ConflictError`` while a queued or running job uses it, ``NotFoundError`` as
-        :meth:`retrieve` does."""
-        self._http.request("DELETE", _environment_path(environment_id))
-
-
-class Prices:
-    """The price table (``GET /prices``): USD per hour per resource type."""
-
-    def __init__(self, http: HTTPClient):
-        self._http = http
-
-    def list(self) -> list[Price]:
-        """Return every row of the price table."""
-        return [_parse(Price, item) for item in _list_data(self._http.request("GET", "prices"), "prices")]
-
-
-def download_unpacked(
-    http: HTTPClient, route: str, path: Path, *, what: str, progress: bool, sha256: str | None = None
-) -> Path:
-    """Download the tar at ``route`` and unpack it into the directory ``path`` (absent or empty).
-
-    With ``sha256`` (hex) the archive must have that SHA-256 before anything is unpacked.
-    Nothing is left at ``path`` when the download fails. Raises ``ValueError`` when ``path`` is
-    a file or a non-empty directory, ``APIError`` naming ``what`` when the archive's SHA-256
-    differs, it is not a tar, or a member would land outside ``path``.
-    """
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ValueError(f"{path} must be an empty directory or not exist yet, to unpack the {what.split()[0]} into")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    archive = path.with_name(f"{path.name}.tar.download")
-    staging = path.with_name(f"{path.name}.partial")
-    try:
-        http.download(route, archive, progress=progress)
-        if sha256 is not None and (found := _sha256_of(archive)) != sha256:
-            raise APIError(f"{what}: the downloaded archive has SHA-256 {found}, not the {sha256} Lab recorded")
-        shutil.rmtree(staging, ignore_errors=True)
-        try:
-            with tarfile.open(archive, "r:") as tar:
-                # "data": no links out, no absolute paths, no devices (PEP 706).
-                tar.extractall(staging, filter="data")
-        except tarfile.TarError as exc:
-            raise APIError(f"{what}: cannot unpack the downloaded archive: {exc}") from exc
-        if path.exists():
-            path.rmdir()
-        staging.replace(path)
-    finally:
-        archive.unlink(missing_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
-
-
-def _sha256_of(path: Path) -> str:
-    """Return the hex SHA-256 of a file, read a megabyte at a time."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class Checkpoints:
-    """A job's checkpoints and their archives (``GET /jobs/{id}/checkpoints``,
-    ``GET /checkpoints/{id}/download``)."""
-
-    def __init__(self, http: HTTPClient):
-        self._http = http
-
-    def list(self, job_id: str, *, limit: int = 100) -> list[Checkpoint]:
-        """Return a job's checkpoints, newest first, every status included.
-        ``NotFoundError`` for a job outside this project."""
-        return [*_paginate(self._http, f"jobs/{_segment(job_id)}/checkpoints", Checkpoint, {"limit": limit})]
-
-    def download(
-        self, checkpoint_id: str, path: str | Path, *, extract: bool = True, progress: bool = True
-    ) -> Path:
-        """Download a ready checkpoint and return where it is; a tqdm bar in bytes when ``progress``.
-
-        With ``extract`` (the default) ``path`` is a directory (absent or empty) that receives
-        the unpacked Hugging Face/PEFT directory with its ``trainer_state/``, ready for
-        ``PeftModel.from_pretrained(base, path)``; the archive is not kept. Without it ``path``
-        is the file the uncompressed tar is saved as. Nothing is left at ``path`` when the
-        download fails. Raises ``NotFoundError`` for a checkpoint outside this project,
-        ``ConflictError`` for one that is not ready, ``ValueError`` when ``path`` is a file or
-        a non-empty directory (with ``extract``), ``APIError`` when the archive is not a tar or
-        has a member that would land outside ``path``.
-        """
-        path = Path(path)
-        route = f"checkpoints/{_segment(checkpoint_id)}/download"
-        if not extract:
-            return self._http.download(route, path, progress=progress)
-        return download_unpacked(self._http, route, path, what=f"checkpoint {checkpoint_id}", progress=progress)
-
-    def load(
-        self, checkpoint_id: str, *, path: str | Path | None = None, model_dir: str | Path | None = None,
-        base_model: Any = None, progress: bool = True,
-    ) -> Any:
-        """Return a ready checkpoint as a model: a ``peft.PeftModel`` for a ``peft-lora`` one, on
-        its base model loaded from the local model cache; a transformers model for ``hf-full``.
-
-        The checkpoint is downloaded (unpacked) to ``path`` (default
-        ``<model cache>/checkpoints/<checkpoint id>``), or used from there when already unpacked.
-        The base model is the adapter's ``base_model_name_or_path``, Lab's catalogue id, read
-        from ``model_dir`` (default ``labsdk.model_cache.model_cache_dir()``: ``LAB_MODEL_DIR``);
-        pass ``base_model`` (a transformers model) to use one loaded yourself, e.g. the test model
-        ``lab/tiny-random-llama``, which is built rather than stored. Nothing is fetched from a
-        model hub. Needs ``peft`` and ``transformers``. Raises ``FileNotFoundError`` naming the
-        directory when the base model is not in the cache, and what :meth:`download` raises.
-        """
-        try:
-            import peft
-            import transformers
-        except ImportError as exc:
-            raise ImportError(f"lab.checkpoints.load needs peft and transformers ({exc.name} is missing)") from exc
-        path = Path(path) if path is not None else model_cache_dir() / "checkpoints" / checkpoint_id
-        if not ((path / "adapter_config.json").is_file() or (path / "config.json").is_file()):
-            self.download(checkpoint_id, path, extract=True, progress=progress)
-        adapter_config = path / "adapter_config.json"
-        if not adapter_config.is_file():
-            return transformers.AutoModelForCausalLM.from_pretrained(str(path))
-        if base_model is None:
-            base_id = json.loads(adapter_config.read_text()).get("base_model_name_or_path") or ""
-            base_dir = model_path(base_id, model_dir)
-            if not (base_dir / "config.json").is_file():
-                raise FileNotFoundError(
-                    f"{checkpoint_id} is an adapter for {base_id}, which is not in the model cache at {base_dir}; "
-                    "set LAB_MODEL_DIR (or model_dir=) to the cache that holds it, or pass base_model="
-                )
-            base_model = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir))
-        return peft.PeftModel.from_pretrained(base_model, str(path))
