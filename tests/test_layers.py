@@ -560,3 +560,46 @@ def test_test_modules_share_helpers_through_tests_support():
                     problems.append(f"{where}, a helper of another directory (move it to tests/support/)")
     print(f"checked {sum(1 for _ in tests_dir.rglob('*.py'))} modules under tests/")
     assert not problems, "test modules that import tests instead of tests/support/:\n" + "\n".join(problems)
+
+
+#: The parts whose modules keep to one role and to ``MAX_MODULE_LINES`` (the dashboard's views
+#: and the demo, which read top to bottom as pages and a script, are not held to it).
+SIZED = ("lab", "jobs", "billing", "environments", "sandboxes", "engine", "labsdk")
+MAX_MODULE_LINES = 500
+
+#: Modules over ``MAX_MODULE_LINES``, with the reason each stays whole. The list only shrinks.
+LONG_MODULES = {
+    "engine/environments/verifiers_bridge.py": (
+        "one program run as `python -I verifiers_bridge.py` with the verifiers environment's Python: "
+        "it can import no module beside it"
+    ),
+    "jobs/launchers/kubernetes/objects.py": (
+        "one role: the pure functions that build an attempt's Kubernetes objects (JobSet, Services, "
+        "NetworkPolicy, Secret), read beside docs/kubernetes.md"
+    ),
+    "sdk/labsdk/spec/model.py": (
+        "one role: the job spec's pydantic model, a class per spec table with its validators, in the "
+        "order of docs/spec.md"
+    ),
+}
+
+
+def module_lengths() -> dict[str, int]:
+    """Return the line count of every module of ``SIZED``, by its path from the repository root."""
+    lengths = {}
+    for package in SIZED:
+        for path in sorted((ROOT / PACKAGES[package]).rglob("*.py")):
+            if "migrations" not in path.parts:
+                lengths[path.relative_to(ROOT).as_posix()] = len(path.read_text(encoding="utf-8").splitlines())
+    return lengths
+
+
+def test_no_module_is_longer_than_500_lines_but_the_listed_ones():
+    lengths = module_lengths()
+    print({name: lines for name, lines in sorted(lengths.items(), key=lambda item: -item[1])[:10]})
+    long = sorted(
+        f"{name} ({lines} lines)" for name, lines in lengths.items() if lines > MAX_MODULE_LINES and name not in LONG_MODULES
+    )
+    assert not long, "split by responsibility, or list with the reason in LONG_MODULES: " + ", ".join(long)
+    stale = sorted(name for name in LONG_MODULES if lengths.get(name, 0) <= MAX_MODULE_LINES)
+    assert not stale, f"no longer over {MAX_MODULE_LINES} lines: remove from LONG_MODULES: {', '.join(stale)}"

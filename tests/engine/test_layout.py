@@ -1,4 +1,5 @@
-"""The engine's floor plan (engine/README.md): one reading of the environment, modules of one role.
+"""The engine's floor plan (engine/README.md): one reading of the environment, roles that import
+none of each other (module lengths: tests/test_layers.py).
 
 Both tests parse the engine's modules (nothing is imported) and report every offending place at once.
 """
@@ -17,13 +18,6 @@ ENVIRONMENT_READERS = {"config.py", "cli.py", "environments/verifiers_bridge.py"
 
 #: The environment functions of `os` besides `os.environ` itself.
 _OS_ENVIRONMENT_CALLS = {"getenv", "putenv", "unsetenv", "getenvb", "environb"}
-
-#: Modules allowed over `MAX_LINES`, with the reason they stay whole.
-LONG_MODULES = {
-    "environments/verifiers_bridge.py": "one program run as `python -I verifiers_bridge.py`: it can import no module beside it",
-}
-MAX_LINES = 500
-
 
 def _engine_modules() -> list[Path]:
     return sorted(ENGINE.rglob("*.py"))
@@ -61,15 +55,6 @@ def test_the_check_finds_every_way_of_reading_the_environment(tmp_path):
         "D = {**os.environ}\nE = 'os.environ in a string'\n"
     )
     assert environment_uses(module) == [2, 4, 5, 6, 7]
-
-
-def test_no_engine_module_is_longer_than_500_lines_but_the_listed_ones():
-    lengths = {path.relative_to(ENGINE).as_posix(): len(path.read_text(encoding="utf-8").splitlines()) for path in _engine_modules()}
-    print({name: lines for name, lines in sorted(lengths.items(), key=lambda item: -item[1])[:8]})
-    long = sorted(f"engine/{name} ({lines} lines)" for name, lines in lengths.items() if lines > MAX_LINES and name not in LONG_MODULES)
-    assert not long, "split by responsibility, or list with the reason in LONG_MODULES: " + ", ".join(long)
-    stale = sorted(name for name in LONG_MODULES if lengths.get(name, 0) <= MAX_LINES)
-    assert not stale, f"no longer over {MAX_LINES} lines: remove from LONG_MODULES: {', '.join(stale)}"
 
 
 #: The modules of each role (prime-rl's trainer, orchestrator and inference). A role's modules

@@ -1,0 +1,300 @@
+"""The ``lab`` argument parser: every command and its options; each command sets ``handler``."""
+
+from __future__ import annotations
+
+import argparse
+
+from labsdk._version import __version__
+from labsdk.cli._options import _add_secret_options, _add_wait_options, _positive_int
+from labsdk.cli.catalog import (
+    billing_balance,
+    envs,
+    envs_build_log,
+    envs_delete,
+    envs_info,
+    envs_push,
+    envs_rebuild,
+    models,
+    prices,
+    usage,
+)
+from labsdk.cli.jobs import (
+    adapters_download,
+    adapters_list,
+    checkpoints_download,
+    jobs_cancel,
+    jobs_checkpoints,
+    jobs_compare,
+    jobs_create,
+    jobs_delete,
+    jobs_distributions,
+    jobs_events,
+    jobs_get,
+    jobs_list,
+    jobs_logs,
+    jobs_metrics,
+    jobs_restart,
+    jobs_samples,
+    jobs_wait,
+    jobs_watch,
+)
+from labsdk.cli.project import (
+    webhooks_create,
+    webhooks_delete,
+    webhooks_deliveries,
+    webhooks_list,
+    webhooks_rotate_secret,
+    webhooks_test,
+    whoami,
+)
+from labsdk.cli.sandboxes import sandboxes_create, sandboxes_delete, sandboxes_get, sandboxes_list, sandboxes_run
+from labsdk.cli.spec import spec_check, spec_init, spec_schema
+from labsdk.display import MAIN_METRICS
+from labsdk.spec_template import DEFAULT_ENV, DEFAULT_MODEL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``lab`` argument parser; each command sets ``handler``."""
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+
+    parser = argparse.ArgumentParser(prog="lab", description="Lab, hosted reinforcement learning, from the terminal.",
+                                     epilog="Reads LAB_API_KEY and LAB_BASE_URL (default http://127.0.0.1:8000).")
+    parser.add_argument("--version", action="version", version=f"labsdk {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    jobs = commands.add_parser("jobs", help="create, list, inspect, cancel and wait for jobs")
+    job_commands = jobs.add_subparsers(dest="job_command", required=True, metavar="COMMAND")
+
+    create = job_commands.add_parser("create", parents=[json_flag], help="submit a job from a spec file; prints its id")
+    create.add_argument("-f", "--file", required=True, help="job spec, TOML (or JSON with a .json suffix)")
+    create.add_argument("--name", help="job name, overriding the file's")
+    _add_secret_options(create)
+    _add_wait_options(create, "then wait for it to finish (exit 1 unless it succeeds)")
+    create.set_defaults(handler=jobs_create)
+
+    listing = job_commands.add_parser("list", parents=[json_flag], help="list jobs, newest first")
+    listing.add_argument("--status", help="only jobs in this status (queued, running, succeeded, ...)")
+    listing.add_argument("--metadata", action="append", metavar="KEY=VALUE", help="only jobs with this metadata pair")
+    listing.add_argument("--limit", type=_positive_int, default=20, help="most jobs shown (default 20)")
+    listing.set_defaults(handler=jobs_list)
+
+    for name, handler, help_text in (
+        ("get", jobs_get, "show one job"),
+        ("cancel", jobs_cancel, "cancel a job"),
+        ("restart", jobs_restart, "run a failed or cancelled job again from its latest checkpoint"),
+        ("delete", jobs_delete, "delete a finished job and its data"),
+        ("events", jobs_events, "show a job's events"),
+        ("checkpoints", jobs_checkpoints, "list a job's checkpoints"),
+    ):
+        command = job_commands.add_parser(name, parents=[json_flag], help=help_text)
+        command.add_argument("id", help="job id (job_...)")
+        command.set_defaults(handler=handler)
+
+    logs = job_commands.add_parser("logs", parents=[json_flag], help="print a job's log lines")
+    logs.add_argument("id", help="job id (job_...)")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="follow the live stream until the job finishes (JSON lines with --json)")
+    logs.set_defaults(handler=jobs_logs)
+
+    watch = job_commands.add_parser("watch", parents=[json_flag],
+                                    help="follow a job live: status and latest metrics, until it ends")
+    watch.add_argument("id", help="job id (job_...)")
+    watch.set_defaults(handler=jobs_watch)
+
+    wait = job_commands.add_parser("wait", parents=[json_flag], help="wait for a job to finish, with a progress bar")
+    wait.add_argument("id", help="job id (job_...)")
+    _add_wait_options(wait)
+    wait.set_defaults(handler=jobs_wait)
+
+    metrics = job_commands.add_parser("metrics", parents=[json_flag], help="show a job's metrics per step")
+    metrics.add_argument("id", help="job id (job_...)")
+    chosen = metrics.add_mutually_exclusive_group()
+    chosen.add_argument("--names", help=f"comma-separated metric names (default: {', '.join(MAIN_METRICS)})")
+    chosen.add_argument("--all", action="store_true", help="every metric the job recorded")
+    metrics.add_argument("--long", action="store_true", help="one row per step and metric (step, name, value)")
+    metrics.set_defaults(handler=jobs_metrics)
+
+    samples = job_commands.add_parser("samples", parents=[json_flag], help="show a job's rollout samples")
+    samples.add_argument("id", help="job id (job_...)")
+    samples.add_argument("--step", type=int, help="training step (default: the latest with samples)")
+    samples.add_argument("--limit", type=_positive_int, default=20, help="most samples shown (default 20)")
+    samples.add_argument("--prompt", action="store_true", help="show each sample's prompt too")
+    samples.set_defaults(handler=jobs_samples)
+
+    compare = job_commands.add_parser("compare", parents=[json_flag], help="jobs' final metrics side by side")
+    compare.add_argument("ids", nargs="+", metavar="ID", help="job ids (job_...)")
+    chosen = compare.add_mutually_exclusive_group()
+    chosen.add_argument("--names", help=f"comma-separated metric names (default: {', '.join(MAIN_METRICS)})")
+    chosen.add_argument("--all", action="store_true", help="every metric the jobs recorded")
+    compare.set_defaults(handler=jobs_compare)
+
+    distributions = job_commands.add_parser(
+        "distributions", parents=[json_flag], help="histogram of one step's rollout rewards or advantages"
+    )
+    distributions.add_argument("id", help="job id (job_...)")
+    distributions.add_argument("--step", type=int, help="training step (default: the latest with rollouts)")
+    distributions.add_argument("--type", choices=("reward", "advantage"), default="reward", help="default: reward")
+    distributions.add_argument("--bins", type=_positive_int, default=10, help="number of bins (default 10, at most 100)")
+    distributions.set_defaults(handler=jobs_distributions)
+
+    checkpoints = commands.add_parser("checkpoints", help="list and download checkpoints")
+    checkpoint_commands = checkpoints.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")
+    listing = checkpoint_commands.add_parser("list", parents=[json_flag], help="list a job's checkpoints, newest first")
+    listing.add_argument("id", help="job id (job_...)")
+    listing.set_defaults(handler=jobs_checkpoints)
+    download = checkpoint_commands.add_parser(
+        "download", parents=[json_flag], help="unpack a ready checkpoint into a directory (or save its tar with --tar)"
+    )
+    download.add_argument("id", help="checkpoint id (ckpt_...)")
+    download.add_argument("-o", "--output", help="directory to unpack into (default ID/), or with --tar the file (default ID.tar)")
+    download.add_argument("--tar", action="store_true", help="save the uncompressed tar archive instead of unpacking it")
+    download.set_defaults(handler=checkpoints_download)
+
+    adapters = commands.add_parser("adapters", help="list and download adapter artifacts ([adapters] in the spec)")
+    adapter_commands = adapters.add_subparsers(dest="adapter_command", required=True, metavar="COMMAND")
+    listing = adapter_commands.add_parser("list", parents=[json_flag], help="list a job's adapters, newest first")
+    listing.add_argument("job", help="job id (job_...)")
+    listing.set_defaults(handler=adapters_list)
+    download = adapter_commands.add_parser(
+        "download", parents=[json_flag], help="unpack a ready adapter into a directory, its SHA-256 checked"
+    )
+    download.add_argument("id", help="adapter id (adp_...)")
+    download.add_argument("--dir", help="directory to unpack into (default ID/)")
+    download.set_defaults(handler=adapters_download)
+
+    spec = commands.add_parser(
+        "spec", help="write, check and look up job spec files",
+        epilog="Model ids: `lab models`; environment ids and their arguments: `lab envs`; "
+               "every key: `lab spec schema --fields` (and docs/spec.md).",
+    )
+    spec_commands = spec.add_subparsers(dest="spec_command", required=True, metavar="COMMAND")
+    init = spec_commands.add_parser(
+        "init", help="write a commented spec template that passes `lab spec check` as written",
+        epilog="Model ids: `lab models`; environment ids: `lab envs`.",
+    )
+    init.add_argument("file", nargs="?", help="where to write it (default: print it)")
+    init.add_argument("--model", default=DEFAULT_MODEL, help=f"model catalogue id, see `lab models` (default {DEFAULT_MODEL})")
+    init.add_argument("--environment", default=DEFAULT_ENV, metavar="ID",
+                      help=f"environment id, see `lab envs` (default {DEFAULT_ENV})")
+    init.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    init.set_defaults(handler=spec_init)
+    schema = spec_commands.add_parser(
+        "schema", parents=[json_flag],
+        help="print the job spec's JSON Schema (also at /api/v1/schema/job-spec.json), or --fields a table of every key",
+    )
+    schema.add_argument("--fields", action="store_true", help="a table of every key: type, default, meaning")
+    schema.set_defaults(handler=spec_schema)
+    check = spec_commands.add_parser(
+        "check", parents=[json_flag],
+        help="validate a spec file locally, then through Lab's estimate when LAB_API_KEY is set",
+    )
+    check.add_argument("file", help="job spec, TOML (or JSON with a .json suffix)")
+    _add_secret_options(check)
+    check.set_defaults(handler=spec_check)
+
+    usage_command = commands.add_parser("usage", parents=[json_flag], help="show the project's usage and cost")
+    usage_command.add_argument("--start", help="from this date or ISO 8601 time (default 30 days ago)")
+    usage_command.add_argument("--end", help="until this date or time, excluded (default now)")
+    usage_command.add_argument("--group-by", default="day", help="day, resource, job, or several joined by commas")
+    usage_command.add_argument("--job", help="only this job's usage")
+    usage_command.set_defaults(handler=usage)
+    billing = commands.add_parser("billing", parents=[json_flag], help="the organization's balance and spend",
+                                  epilog="Without a command: the balance.")
+    billing.set_defaults(handler=billing_balance)
+    billing_commands = billing.add_subparsers(dest="billing_command", metavar="COMMAND")
+    billing_commands.add_parser("balance", parents=[json_flag], help="plan, balance, spend limit and this month's spend").set_defaults(handler=billing_balance)
+
+    for name, handler, help_text in (
+        ("models", models, "list the models a job may train (a spec's `model`)"),
+        ("prices", prices, "show the price table (USD per hour per GPU, or per CPU job)"),
+        ("whoami", whoami, "show the organization, project and scopes of the API key"),
+    ):
+        commands.add_parser(name, parents=[json_flag], help=help_text).set_defaults(handler=handler)
+
+    environments = commands.add_parser(
+        "envs", parents=[json_flag], help="list, push, inspect and delete environments (a spec's `[[env]] id`)",
+        epilog="Without a command: list. An id reads <organization>/<name>[@<version>]; no version means the latest.",
+    )
+    environments.set_defaults(handler=envs)
+    env_commands = environments.add_subparsers(dest="env_command", metavar="COMMAND")
+    env_commands.add_parser("list", parents=[json_flag], help="built-ins and the organization's packages").set_defaults(handler=envs)
+    push = env_commands.add_parser("push", parents=[json_flag], help="upload an environment wheel (.whl, at most 100 MB)")
+    push.add_argument("wheel", help="the wheel file, e.g. dist/my_env-0.1.0-py3-none-any.whl")
+    push.set_defaults(handler=envs_push)
+    info = env_commands.add_parser("info", parents=[json_flag], help="show one package version and its latest build")
+    info.add_argument("id", help="<organization>/<name>[@<version>]")
+    info.set_defaults(handler=envs_info)
+    build_log = env_commands.add_parser("build-log", help="print the log of a package version's latest build")
+    build_log.add_argument("id", help="<organization>/<name>[@<version>]")
+    build_log.set_defaults(handler=envs_build_log)
+    rebuild = env_commands.add_parser(
+        "rebuild", parents=[json_flag], help="build a package version again against the package index as it is now",
+    )
+    rebuild.add_argument("id", help="<organization>/<name>[@<version>]")
+    rebuild.set_defaults(handler=envs_rebuild)
+    delete = env_commands.add_parser("delete", parents=[json_flag], help="delete one package version (never reused)")
+    delete.add_argument("id", help="<organization>/<name>[@<version>]")
+    delete.set_defaults(handler=envs_delete)
+
+    sandboxes = commands.add_parser(
+        "sandboxes", parents=[json_flag], help="isolated sandboxes: create, list, run commands, delete",
+        epilog="Commands and files: docs/sandboxes.md; the SDK's lab.sandboxes also uploads and downloads files.",
+    )
+    sandboxes.set_defaults(handler=sandboxes_list, label=None)
+    sandbox_commands = sandboxes.add_subparsers(dest="sandbox_command", metavar="COMMAND")
+    listing = sandbox_commands.add_parser("list", parents=[json_flag], help="the project's sandboxes, newest first")
+    listing.add_argument("--label", action="append", metavar="K=V", help="only those with this label (repeatable)")
+    listing.set_defaults(handler=sandboxes_list)
+    create = sandbox_commands.add_parser("create", parents=[json_flag], help="create a sandbox; prints its id")
+    create.add_argument("--image", default="python:3.11", help="image (default python:3.11)")
+    create.add_argument("--name", default="", help="a name for people")
+    create.add_argument("--cpu", type=float, help="CPU cores")
+    create.add_argument("--memory-gb", type=float, help="memory, GB")
+    create.add_argument("--disk-gb", type=float, help="disk, GB")
+    create.add_argument("--timeout", type=int, help="lifetime, seconds")
+    create.add_argument("--label", action="append", metavar="K=V", help="a label (repeatable)")
+    create.set_defaults(handler=sandboxes_create)
+    for name, help_text, handler in (("get", "show one sandbox", sandboxes_get), ("delete", "stop a sandbox and delete its files", sandboxes_delete)):
+        command = sandbox_commands.add_parser(name, parents=[json_flag], help=help_text)
+        command.add_argument("id", help="sandbox id (sbx_...)")
+        command.set_defaults(handler=handler)
+    run = sandbox_commands.add_parser("run", parents=[json_flag], help="run a command in a sandbox; exits with its exit code")
+    run.add_argument("id", help="sandbox id (sbx_...)")
+    run.add_argument("--timeout", type=float, help="seconds before it is killed (default 60)")
+    run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command (one string runs under sh -c)")
+    run.set_defaults(handler=sandboxes_run)
+
+    webhooks = commands.add_parser(
+        "webhooks", parents=[json_flag], help="create, list, test and delete webhook endpoints",
+        epilog="Without a command: list. Lab refuses loopback and private URLs unless it runs with "
+               "LAB_WEBHOOK_ALLOW_PRIVATE=1 (local development; docs/webhooks.md).",
+    )
+    webhooks.set_defaults(handler=webhooks_list)
+    webhook_commands = webhooks.add_subparsers(dest="webhook_command", metavar="COMMAND")
+    webhook_commands.add_parser("list", parents=[json_flag], help="the project's endpoints").set_defaults(
+        handler=webhooks_list)
+    create = webhook_commands.add_parser(
+        "create", parents=[json_flag], help="add an endpoint; prints its secret, shown this once",
+    )
+    create.add_argument("url", help="where Lab sends events (http or https)")
+    create.add_argument("--event", action="append", metavar="TYPE",
+                        help="an event type to send (job.succeeded, checkpoint.ready, ...); repeatable; "
+                             "default every type")
+    create.set_defaults(handler=webhooks_create)
+    for name, handler, help_text in (
+        ("test", webhooks_test, "send the endpoint a webhook.test event"),
+        ("rotate-secret", webhooks_rotate_secret, "give the endpoint a new secret (the old one signs 24 h more)"),
+        ("delete", webhooks_delete, "delete an endpoint"),
+    ):
+        command = webhook_commands.add_parser(name, parents=[json_flag], help=help_text)
+        command.add_argument("id", help="endpoint id (whep_...)")
+        command.set_defaults(handler=handler)
+    deliveries = webhook_commands.add_parser(
+        "deliveries", parents=[json_flag], help="an endpoint's deliveries, newest first, with their tries",
+    )
+    deliveries.add_argument("id", help="endpoint id (whep_...)")
+    deliveries.add_argument("--status", choices=("pending", "succeeded", "failed"), help="only these")
+    deliveries.add_argument("--limit", type=_positive_int, default=20, help="most deliveries shown (default 20)")
+    deliveries.set_defaults(handler=webhooks_deliveries)
+    return parser
