@@ -5,9 +5,7 @@ A checkpoint is a saved training state of one attempt at one step. Its lifecycle
 upload, complete, ready or failed, retention, download) is ``jobs.artifacts.lifecycle``'s, with
 what ``jobs.artifacts.kinds.CHECKPOINT`` declares. Only a checkpoint is started from: by an
 engine, its job's own or its ``init_from`` (``checkpoint_for_engine``), and by a launcher
-resuming a job's next attempt (``checkpoint_resume_archive``). ``checkpoint_fail_unfinished``
-and ``checkpoint_sweep_orphans`` are the lifecycle's steps under the names the run pipeline and
-the periodic task call.
+resuming a job's next attempt (``checkpoint_resume_archive``).
 """
 
 from __future__ import annotations
@@ -18,18 +16,8 @@ from django.db.models import Q
 
 from jobs import storage
 from jobs.artifacts.downloads import verify_stored_archive
-from jobs.artifacts.kinds import CHECKPOINT
-from jobs.artifacts.lifecycle import fail_unfinished, sweep_orphans
 from jobs.models import Checkpoint, CheckpointStatus, Job
 from lab.errors import LabError
-
-#: The periodic sweep of objects no checkpoint or adapter needs (``jobs.tasks``).
-checkpoint_sweep_orphans = sweep_orphans
-
-
-def checkpoint_fail_unfinished(*, job: Job, attempt_number: int) -> list[str]:
-    """Fail the ``uploading`` checkpoints of an attempt that has ended (``lifecycle.fail_unfinished``)."""
-    return fail_unfinished(CHECKPOINT, job=job, attempt_number=attempt_number)
 
 
 def checkpoint_resume_archive(checkpoint: Checkpoint) -> Path:

@@ -7,7 +7,8 @@ through ``jobs.dispatch``.
 
 from __future__ import annotations
 
-from jobs import admission, checkpoints
+from jobs import admission
+from jobs.artifacts import lifecycle
 from jobs.pipeline import launch, reconciler
 from lab.celery import TaskName, task
 
@@ -41,4 +42,4 @@ def reconcile() -> int:
 @task(TaskName.SWEEP_ORPHAN_CHECKPOINTS, soft_time_limit=600, time_limit=660)
 def sweep_orphan_checkpoints() -> int:
     """Periodic pass: delete stored checkpoint archives that no checkpoint row refers to."""
-    return checkpoints.checkpoint_sweep_orphans()
+    return lifecycle.sweep_orphans()

@@ -89,7 +89,14 @@ class ArtifactKind:
         return f"{settings.LAB_PUBLIC_URL}/api/v1/{self.name}s/{public_id}/download"
 
 
+#: A saved training state of one attempt at one step: what a job resumes from and another starts
+#: from (``init_from``; ``jobs.checkpoints``). Its changes are numbered in the live stream.
 CHECKPOINT = ArtifactKind(Checkpoint, CheckpointStatus, per_attempt=True, streamed=True, needed_by="init_from")
+#: What ``[adapters]`` asks the engine to export every ``interval`` steps (0: only at the end): the
+#: trained weights alone (a PEFT LoRA adapter, ``adapter_config.json`` + ``adapter_model.safetensors``,
+#: or for a full fine-tune the Hugging Face weights), without optimizer or trainer state. One per
+#: step, so a job's adapters are those of the run that produced its curve; stored under
+#: ``<job id>/adapters/``, so deleting a job deletes them with its checkpoints.
 ADAPTER = ArtifactKind(Adapter, AdapterStatus, max_bytes=MAX_ADAPTER_BYTES)
 
 #: Every kind, in the order the orphan sweep visits them.

@@ -24,8 +24,8 @@ from django.utils import timezone
 from jobs import storage
 from jobs.artifacts.kinds import KINDS, ArtifactKind, kind_of
 from jobs.artifacts.presenters import artifact_to_dict
-from jobs.models import TERMINAL_STATUSES, Artifact, CheckpointChange, EventLevel, Job, JobAttempt
 from jobs.events import job_record_event
+from jobs.models import TERMINAL_STATUSES, Artifact, CheckpointChange, EventLevel, Job, JobAttempt
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
 from lab.errors import LabError

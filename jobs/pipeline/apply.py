@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from billing.accounts import spend_limit_stop_message
 from jobs import dispatch
-from jobs.adapters import adapter_fail_unfinished
-from jobs.checkpoints import checkpoint_fail_unfinished
+from jobs.artifacts.kinds import ADAPTER, CHECKPOINT
+from jobs.artifacts.lifecycle import fail_unfinished
 from jobs.events import job_record_event
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.launchers.base import AttemptPhase, Launcher, Observation
@@ -180,9 +180,9 @@ def finish_attempt(
     )
     # Nothing will complete this attempt's uploads any more (its spool was delivered first).
     if facts is None or (job.pk, attempt.number) in facts.uploading_checkpoints:
-        checkpoint_fail_unfinished(job=job, attempt_number=attempt.number)
+        fail_unfinished(CHECKPOINT, job=job, attempt_number=attempt.number)
     if facts is None or (job.pk, attempt.number) in facts.uploading_adapters:
-        adapter_fail_unfinished(job=job, attempt_number=attempt.number)
+        fail_unfinished(ADAPTER, job=job, attempt_number=attempt.number)
     if outcome.to == S.SUCCEEDED:
         record_missing_data(job, attempt, facts)
     if outcome.crashes is not None:

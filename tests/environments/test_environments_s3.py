@@ -12,7 +12,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from engine.packages import Package, _fetch
 from environments.models import EnvironmentPackage
 from environments.services import package_download_url
-from jobs.checkpoints import checkpoint_sweep_orphans
+from jobs.artifacts.lifecycle import sweep_orphans
 from tests.support.wheelbuilder import build_wheel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
@@ -35,7 +35,7 @@ def test_a_wheel_on_s3_is_fetched_by_signed_url_survives_the_sweep_and_goes_on_d
     assert hashlib.sha256(fetched.read_bytes()).hexdigest() == package.sha256 == hashlib.sha256(data).hexdigest()
 
     settings.LAB_ORPHAN_GRACE_S = 0
-    checkpoint_sweep_orphans()
+    sweep_orphans()
     assert s3_server.keys(bucket) == [f"{PREFIX}/{package.storage_key}"]
 
     assert owner.client().delete("/api/v1/environments/acme/my-env").status_code == 204

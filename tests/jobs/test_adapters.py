@@ -1,6 +1,7 @@
-"""What only adapters do (jobs/adapters.py): one per step, which a newer attempt's export takes
-over, the detail route, the size limit, retention by default, the spec section, the spool, S3
-keys and the orphan sweep's keys. What adapters share with checkpoints is in test_artifacts.py."""
+"""What only adapters do (the ADAPTER kind of jobs/artifacts/kinds.py): one per step, which a
+newer attempt's export takes over, the detail route, the size limit, retention by default, the
+spec section, the spool, S3 keys and the orphan sweep's keys. What adapters share with
+checkpoints is in test_artifacts.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rest_framework.test import APIClient
 
 from jobs import storage
 from jobs.artifacts.kinds import ADAPTER
-from jobs.checkpoints import checkpoint_sweep_orphans
+from jobs.artifacts.lifecycle import sweep_orphans
 from jobs.ingest.tokens import job_token
 from jobs.models import Adapter, Job, JobEvent, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
@@ -101,10 +102,10 @@ def test_the_orphan_sweep_spares_adapters_and_fails_abandoned_uploads(owner, spe
     two_hours_ago = time.time() - 7200
     for path in (kept_path, upload_path, orphan):
         os.utime(path, (two_hours_ago, two_hours_ago))
-    assert checkpoint_sweep_orphans() == 1  # the attempt is still running: its upload stays
+    assert sweep_orphans() == 1  # the attempt is still running: its upload stays
     assert kept_path.exists() and upload_path.exists() and not orphan.exists()
     job_transition(job=Job.objects.unscoped().get(pk=job.pk), to=JobStatus.FAILED)
-    checkpoint_sweep_orphans(now=timezone.now() + timedelta(hours=2))
+    sweep_orphans(now=timezone.now() + timedelta(hours=2))
     assert statuses(job) == [(1, "ready"), (2, "failed")]
     assert kept_path.exists() and not upload_path.exists()
 

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from engine.http_transport import HttpTransport
 from engine.reporter import IngestError
 from jobs import storage
-from jobs.checkpoints import checkpoint_sweep_orphans
+from jobs.artifacts.lifecycle import sweep_orphans
 from jobs.ingest.tokens import job_token
 from jobs.models import Checkpoint, Job, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
@@ -148,9 +148,9 @@ def test_the_orphan_sweep_on_s3_spares_rows_and_young_objects(owner, spec, s3_se
     client = s3_server.client()
     client.put_object(Bucket=bucket, Key=f"{PREFIX}/{job.public_id}/ckpt_orphan.tar", Body=b"orphan")
     client.put_object(Bucket=bucket, Key="outside-the-prefix.tar", Body=b"not ours")
-    assert checkpoint_sweep_orphans() == 0  # everything is younger than the grace period
+    assert sweep_orphans() == 0  # everything is younger than the grace period
     later = timezone.now() + timedelta(hours=2)
-    assert checkpoint_sweep_orphans(now=later) == 1
+    assert sweep_orphans(now=later) == 1
     assert s3_server.keys(bucket) == sorted([f"{PREFIX}/{job.public_id}/{kept['id']}.tar", "outside-the-prefix.tar"])
-    assert checkpoint_sweep_orphans(now=later) == 0
+    assert sweep_orphans(now=later) == 0
     assert storage.stored_size_and_sha256(f"{job.public_id}/{kept['id']}.tar") == (4, hashlib.sha256(b"kept").hexdigest())

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from jobs import storage
 from jobs.artifacts.kinds import CHECKPOINT
-from jobs.checkpoints import checkpoint_sweep_orphans
+from jobs.artifacts.lifecycle import sweep_orphans
 from jobs.models import Checkpoint, Job, JobEvent, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from jobs.tasks import sweep_orphan_checkpoints
@@ -124,9 +124,9 @@ def test_the_orphan_sweep_removes_old_objects_without_a_row_and_spares_young_one
     }
     assert not old_orphan.exists()
     assert kept_path.exists() and young_orphan.exists()
-    assert checkpoint_sweep_orphans() == 0  # idempotent
+    assert sweep_orphans() == 0  # idempotent
     # Past its grace period the abandoned upload goes too.
-    assert checkpoint_sweep_orphans(now=timezone.now() + timedelta(hours=2)) == 1
+    assert sweep_orphans(now=timezone.now() + timedelta(hours=2)) == 1
     assert not young_orphan.exists()
     assert kept_path.exists()
 
