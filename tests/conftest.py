@@ -164,6 +164,18 @@ def no_broker(monkeypatch) -> list[tuple[str, int | None]]:
     return enqueued
 
 
+@pytest.fixture
+def commit_callbacks(db) -> None:
+    """Run ``transaction.on_commit`` callbacks in a plain ``django_db`` test when the code's own
+    outermost atomic block exits without error, as its commit would, and at once outside one
+    (tests/support/commits.py). Modules take it with ``pytest.mark.usefixtures("commit_callbacks")``
+    instead of ``django_db(transaction=True)``, which empties every table after each test."""
+    from tests.support.commits import run_on_commit_callbacks
+
+    with run_on_commit_callbacks():
+        yield
+
+
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory):
     """A real S3-compatible server (moto) for one test module; buckets come from ``new_bucket()``."""
