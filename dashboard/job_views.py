@@ -155,8 +155,9 @@ def jobs_table(request: HttpRequest, access: OrganizationAccess, project: Projec
 @require_http_methods(["GET", "POST"])
 @project_view
 def job_create(request: HttpRequest, access: OrganizationAccess, project: Project) -> HttpResponse:
-    """ "New job": edit a spec (pre-filled from an example, or with ``?from_checkpoint=ckpt_...``
-    from that checkpoint's job with ``init_from`` set), see its estimate, then submit it.
+    """ "New job": edit a spec (pre-filled from an example, with ``?from_checkpoint=ckpt_...``
+    from that checkpoint's job with ``init_from`` set, or with ``?from_job=job_...`` from that
+    job: "Edit and resubmit"), see its estimate, then submit it.
 
     A POST validates the spec through ``jobs.estimates.job_estimate`` (what ``POST /jobs/estimate``
     does) and shows every problem next to its line, or the estimate with a "Submit" button. The
@@ -166,8 +167,13 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
     example = example_named(request.GET.get("example"))
     estimate, changed_since_estimate = None, False
     if request.method == "GET":
-        source = request.GET.get("from_checkpoint")
-        text = _spec_from_checkpoint(project, source) if source else (example.text if example else "")
+        source, job_source = request.GET.get("from_checkpoint"), request.GET.get("from_job")
+        if source:
+            text = _spec_from_checkpoint(project, source)
+        elif job_source:
+            text = _spec_from_job(project, job_source)
+        else:
+            text = example.text if example else ""
         form = JobSpecForm(initial={"format": "toml", "spec": text})
     else:
         form = JobSpecForm(request.POST)
@@ -224,6 +230,17 @@ def _spec_from_checkpoint(project: Project, checkpoint_id: str) -> str:
     comment = (f"A new job from {checkpoint.public_id}: step {checkpoint.step} of {checkpoint.job.public_id}, "
                f"whose spec this is.\ninit_from starts it from that checkpoint's weights (a fresh optimizer, step 1).")
     return spec_to_toml(spec, comment=comment)
+
+
+def _spec_from_job(project: Project, job_id: str) -> str:
+    """Return, as TOML, the spec of the project's job ``job_id`` for a new job ("Edit and
+    resubmit"), its error quoted in the comment when it failed. Http404 for a job that is missing
+    or another tenant's."""
+    job = _job(project, job_id)
+    comment = f"A new job from the spec of {job.public_id}."
+    if job.error_code:
+        comment += f"\nIt failed with {job.error_code}: {job.error_message[:500]}\nEdit what the error names, then submit."
+    return spec_to_toml(dict(job.spec), comment=comment)
 
 
 def _submit_once(request: HttpRequest, project: Project, data, *, token: str, digest: str) -> tuple[Job | None, bool]:

@@ -146,6 +146,16 @@ class Job(models.Model):
         """Whether the job has finished (succeeded, failed or cancelled)."""
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def fails_again(self) -> bool:
+        """Whether running this failed job's spec again cannot succeed: it was refused as
+        ``invalid_spec``, or failed with ``environment_error`` before it ever trained (its
+        environment did not load). Such a job is not restarted; its spec is edited and resubmitted."""
+        return self.status == JobStatus.FAILED and (
+            self.error_code == ErrorCode.INVALID_SPEC
+            or (self.error_code == ErrorCode.ENVIRONMENT_ERROR and self.started_at is None)
+        )
+
 
 class EventLevel(models.TextChoices):
     """How a JobEvent is shown."""

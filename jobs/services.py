@@ -303,12 +303,20 @@ def attempt_request_stop(*, job: Job, reason: str) -> None:
 def job_restart(*, job: Job, actor: Actor) -> Job:
     """Queue a failed or cancelled job again; its next attempt resumes from its latest checkpoint.
 
-    Raises LabError ``invalid_state`` for a job in any other status, and 402 when billing lets
-    nothing of its organization run (``require_billing_allows_runs``).
+    Raises LabError ``invalid_state`` for a job in any other status and for one that would fail
+    the same way again (``Job.fails_again``: its message says to edit the spec and resubmit it),
+    and 402 when billing lets nothing of its organization run (``require_billing_allows_runs``).
     """
     locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if locked.status not in (S.FAILED, S.CANCELLED):
         raise LabError("invalid_state", f"Only failed or cancelled jobs can restart; this one is {locked.status}.")
+    if locked.fails_again:
+        raise LabError(
+            "invalid_state",
+            f"{locked.public_id} failed with {locked.error_code} before it trained, so its spec would fail the same way "
+            "again: edit the spec and submit it as a new job (\"Edit and resubmit\" on the job's page; "
+            f"`lab jobs get {locked.public_id} --json` prints its spec).",
+        )
     require_billing_allows_runs(job.project)
     Job.objects.unscoped().filter(pk=locked.pk).update(crash_count=0)
     updated = job_transition(job=locked, to=S.QUEUED, reason=StatusReason.WAITING, message="Restarted by request.")
