@@ -18,44 +18,31 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 
-from jobs.models import EventLevel, EventType, Job, JobEvent
+from jobs.artifacts.kinds import KINDS
+from jobs.models import EventLevel, Job, JobEvent
 from jobs.serializers import job_to_dict
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
 from jobs.webhooks import outbox
 
 
-def _download_url(collection: str, public_id: str | None) -> str:
-    """Return the public API URL that downloads ``public_id`` of ``collection`` (``checkpoints``,
-    ``adapters``): ``GET /api/v1/{collection}/{id}/download``."""
-    return f"{settings.LAB_PUBLIC_URL}/api/v1/{collection}/{public_id}/download"
-
-
 def webhook_data(event: JobEvent) -> dict[str, Any]:
     """Return the ``data`` of ``event``'s webhook message (docs/webhooks.md): the Job object as it
-    is now for ``job.*`` events, ``{"job_id", "checkpoint_id", "step", "download_url"}`` for
-    ``checkpoint.ready``, ``{"job_id", "adapter_id", "step", "download_url"}`` for
-    ``adapter.ready`` (ids and step from the event's data)."""
+    is now for ``job.*`` events, ``{"job_id", "<kind>_id", "step", "download_url"}`` for an
+    artifact's ``<kind>.ready`` (``checkpoint.ready``, ``adapter.ready``; ids and step from the
+    event's data)."""
     job = event.job
-    if event.type == EventType.CHECKPOINT_READY:
-        checkpoint_id = event.data.get("checkpoint_id")
-        return {
-            "job_id": job.public_id,
-            "checkpoint_id": checkpoint_id,
-            "step": event.data.get("step"),
-            "download_url": _download_url("checkpoints", checkpoint_id),
-        }
-    if event.type == EventType.ADAPTER_READY:
-        adapter_id = event.data.get("adapter_id")
-        return {
-            "job_id": job.public_id,
-            "adapter_id": adapter_id,
-            "step": event.data.get("step"),
-            "download_url": _download_url("adapters", adapter_id),
-        }
+    for kind in KINDS:
+        if event.type == kind.ready_event:
+            public_id = event.data.get(kind.id_field)
+            return {
+                "job_id": job.public_id,
+                kind.id_field: public_id,
+                "step": event.data.get("step"),
+                "download_url": kind.download_url(public_id),
+            }
     return job_to_dict(job)
 
 
