@@ -1,8 +1,11 @@
-"""The organization's environments page: the built-ins and its uploaded packages (versions,
-pusher, date, the latest build's status with a link to its log); owners and admins push a wheel
-from here (docs/environments.md)."""
+"""The organization's environments page: the built-ins and its uploaded packages (versions, the
+arguments each takes, pusher, date, the latest build's status with a link to its log); owners and
+admins push a wheel from here (docs/environments.md)."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
@@ -11,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard.access import OrganizationAccess, organization_view
 from dashboard.views import _render
 from environments.builds import build_log, latest_build, latest_builds
+from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from environments.services import environment_get, environment_push
 from jobs.api.environments import environment_objects
 from lab.api.errors import http_status
@@ -18,8 +22,43 @@ from lab.audit import Actor
 from lab.errors import LabError
 
 
+def _default_text(value: Any) -> str:
+    """A recorded default as the page shows it: JSON, or the repr the build recorded for a value JSON cannot hold."""
+    if isinstance(value, dict) and set(value) == {"repr"}:
+        return str(value["repr"])
+    return json.dumps(value)
+
+
+def _arguments(environment: dict, build: EnvironmentBuild | None) -> list[str]:
+    """``name=default`` per argument a version takes (``name (required)`` for one without a
+    default): a built-in's from the catalogue, a package's as its latest ready build recorded them."""
+    if environment["kind"] == "builtin":
+        return [f"{name}={_default_text(value)}" for name, value in environment["args"].items()]
+    if build is None or build.status != BuildStatus.READY:
+        return []
+    return [
+        f"{parameter['name']} (required)" if parameter.get("required") else f"{parameter['name']}={_default_text(parameter['default'])}"
+        for parameter in build.summary.get("parameters") or []
+    ]
+
+
+def _pusher(package: EnvironmentPackage) -> str:
+    """Who pushed ``package``: the user's email, or the API key's name and who created it."""
+    if package.pushed_by is not None:
+        return package.pushed_by.email
+    key = package.pushed_by_key
+    if key is None:
+        return ""
+    return f"{key.name} (API key of {key.created_by.email})" if key.created_by is not None else f"{key.name} (API key)"
+
+
 def _page(request: HttpRequest, access: OrganizationAccess, *, pushed=None, error: str = "", status: int = 200) -> HttpResponse:
     builds = latest_builds(access.organization)
+    packages = {
+        package.public_id: package
+        for package in EnvironmentPackage.objects.for_organization(access.organization).filter(deleted_at=None)
+        .select_related("organization", "pushed_by", "pushed_by_key__created_by")
+    }
     rows = []
     for environment in environment_objects(access.organization):
         build = builds.get(environment["id"])
@@ -27,7 +66,11 @@ def _page(request: HttpRequest, access: OrganizationAccess, *, pushed=None, erro
         if build is not None:
             version = environment["id"].partition("/")[2]
             log_url = reverse("environment_build_log", kwargs={"org_slug": access.organization.slug, "environment": version})
-        rows.append({**environment, "build": build, "build_log_url": log_url})
+        package = packages.get(environment["id"])
+        rows.append({
+            **environment, "build": build, "build_log_url": log_url, "arguments": _arguments(environment, build),
+            "pushed_by": _pusher(package) if package is not None else "",
+        })
     context = {
         "environments": rows,
         "pushed": pushed,

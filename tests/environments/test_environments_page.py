@@ -10,6 +10,7 @@ from environments.builds import build_again, build_log_key, latest_build
 from environments.models import BuildStatus, EnvironmentPackage
 from lab import storage
 from tests.support.dashboard import signed_in
+from tests.support.environments import push
 from tests.support.wheelbuilder import build_wheel
 
 pytestmark = pytest.mark.django_db
@@ -91,3 +92,20 @@ def test_it_shows_each_versions_build_status_with_a_link_to_its_log(owner, membe
     assert signed_in(member).get("/o/acme/environments/my-env@0.2.0/build-log/").content == b""  # not run yet
     assert signed_in(member).get("/o/acme/environments/no-such@1.0/build-log/").status_code == 404
     assert signed_in(outsider.user).get("/o/acme/environments/my-env@0.1.0/build-log/").status_code == 404
+
+
+def test_it_lists_each_versions_arguments_and_names_the_key_that_pushed_it(owner):
+    assert push(owner, build_wheel("my-env", "0.3.0")).status_code == 201
+    build = latest_build(EnvironmentPackage.objects.unscoped().get())
+    build.status = BuildStatus.READY
+    build.summary = {"api": "v0", "parameters": [
+        {"name": "min_digits", "default": 1, "type": "int", "required": False},
+        {"name": "split", "default": "train", "type": "str", "required": False},
+        {"name": "tokenizer", "default": None, "type": None, "required": True},
+    ]}
+    build.save()
+    page = signed_in(owner.user).get("/o/acme/environments/").content.decode()
+    assert "<code>min_digits=1</code><br><code>split=&quot;train&quot;</code><br><code>tokenizer (required)</code>" in page
+    assert "<code>max_operand=" in page  # a built-in's arguments from the catalogue
+    key = owner.api_key
+    assert f"{key.name} (API key of owner@acme.test)" in page and "api_key:" not in page
