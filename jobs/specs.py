@@ -25,6 +25,7 @@ from labsdk.spec import (
 )
 
 from engine.catalog import EnvironmentInfo, ModelInfo, list_environments, list_models
+from environments.arguments import argument_problems
 from environments.builds import build_failure_message, latest_build
 from environments.models import BuildStatus, EnvironmentPackage
 from environments.services import EnvironmentRef, environment_catalogue, environment_find
@@ -77,7 +78,9 @@ def _resolve_packages(
     version when it names none), locking the rows with ``lock``; a package deleted meanwhile
     reads like a missing one. Ids that ``environments`` does not hold are left to
     ``catalog_problems``, which reports them; ``spec`` may be the stand-in that
-    ``_raw_spec`` builds (no ``eval``)."""
+    ``_raw_spec`` builds (no ``eval``). A block naming a package whose latest build is ready has
+    its ``args`` checked against the arguments that build recorded, for every kind of package
+    (``environments.arguments``)."""
     packages, problems = {}, []
     blocks = [("env", index, env) for index, env in enumerate(spec.env)]
     blocks += [("eval.env", index, env) for index, env in enumerate(getattr(getattr(spec, "eval", None), "env", None) or [])]
@@ -101,6 +104,8 @@ def _resolve_packages(
                 problems.append(SpecProblem(
                     f"{section}.{index}.id", "environment_build_failed", build_failure_message(package.public_id, build),
                 ))
+            elif build is not None and build.status == BuildStatus.READY:
+                problems += argument_problems(f"{section}.{index}", env, package.public_id, build.summary)
     return packages, problems
 
 
