@@ -191,17 +191,21 @@ class LocalRuntime(SandboxRuntime):
 
     def write_file(self, spec: SandboxSpec, path: str, data: bytes) -> str:
         """Write ``data`` at ``path`` (parents created), owned by the sandbox's uid; refused when
-        the workspace would hold more than the sandbox's disk."""
+        the workspace would hold more than the sandbox's disk, and when ``path`` is anything but a
+        regular file (a FIFO a command left is opened without blocking, then refused)."""
         parts = workspace_parts(path)
         if disk_usage(self.workdir(spec)) + len(data) > spec.disk_gb * GIGABYTE:
             raise RuntimeRefusal("disk_quota_exceeded", "The sandbox's disk is full.")
         uid = self.host_uid(spec)
         with self._directory(spec, parts[:-1], create=True) as directory:
             try:
-                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=directory)
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=directory)
             except OSError as error:
                 raise _path_refusal(error) from None
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise RuntimeRefusal("invalid_path", "The path is not a regular file.")
+                os.ftruncate(fd, 0)
                 if uid is not None:
                     os.fchown(fd, uid, uid)
                 with os.fdopen(fd, "wb", closefd=False) as handle:
