@@ -138,6 +138,12 @@ def is_load_environment_module(source: str) -> bool:
 def resolve(request: BuildRequest, info: WheelInfo, *, cap_verifiers: bool) -> list[dict[str, Any]]:
     """Resolve the package's ``Requires-Dist`` with uv; return the lock: one entry per distribution,
     ``{"name", "version", "filename", "url", "sha256"}``, the wheel for the engine's Python."""
+    for line in info.dependencies:
+        if Requirement(line).url:
+            raise BuildFailed(
+                f"its requirement '{line[:200]}' is a direct reference (a URL or a path), and builds resolve "
+                "requirements from the package index only: require the distribution by name and version"
+            )
     requirements = [line for line in info.dependencies if Requirement(line).marker is None or "extra" not in str(Requirement(line).marker)]
     if not requirements:
         log("no requirements: the lock is empty")
@@ -245,11 +251,13 @@ def _site_packages(venv_python: Path) -> Path:
 _SANDBOX_SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/etc/ssl", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
 
 
-def sandbox_command(readable: list[Path], writable: Path) -> list[str]:
+def sandbox_command(readable: list[Path], writable: Path, *, frozen: Path | None = None) -> list[str]:
     """The ``bwrap`` prefix the import step runs under: its own namespaces of every kind (so no
     network at all: the package is installed already), an empty root with only the system's
     programs and libraries, the Python installations in ``readable`` read-only and the build's
-    own ``writable`` folder; nothing of Lab's data, configuration or other builds."""
+    own ``writable`` folder but ``frozen`` in it, read-only: the build's venv, whose files uv
+    hard-links from the cache that later builds install from; nothing of Lab's data,
+    configuration or other builds."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise BuildFailed(
@@ -261,7 +269,10 @@ def sandbox_command(readable: list[Path], writable: Path) -> list[str]:
         args += ["--ro-bind-try", path, path]
     for path in sorted({path.resolve() for path in readable}):
         args += ["--ro-bind", str(path), str(path)]
-    return [*args, "--bind", str(writable), str(writable), "--chdir", str(writable), "--"]
+    args += ["--bind", str(writable), str(writable)]
+    if frozen is not None:
+        args += ["--ro-bind", str(frozen), str(frozen)]
+    return [*args, "--chdir", str(writable), "--"]
 
 
 def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str, Any]:
@@ -284,7 +295,7 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     else:
         command = [str(venv_python), "-I", str(script)]
     command += [info.module, info.kind, info.entry_point, str(out)]
-    sandbox = sandbox_command(pythons, request.workdir) if request.sandbox else []
+    sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv") if request.sandbox else []
     log(f"importing {info.module} and loading it with its defaults" + (" (in bubblewrap, no network)" if sandbox else ""))
     started = time.monotonic()
     result = _run([*sandbox, *command], timeout=PROBE_TIMEOUT_S, env=environment)
