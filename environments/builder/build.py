@@ -247,8 +247,9 @@ def _site_packages(venv_python: Path) -> Path:
     return next((venv_python.parent.parent / "lib").glob("python*/site-packages"))
 
 
-#: System folders the import step sees, read-only, where present (programs, libraries, certificates, the loader's cache).
-_SANDBOX_SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/etc/ssl", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
+#: System folders the import step sees, read-only, where present (programs, libraries, certificates, the loader's cache);
+#: of /etc/ssl only the certificates and OpenSSL's configuration, never ``private`` (the host's keys).
+_SANDBOX_SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/etc/ssl/certs", "/etc/ssl/openssl.cnf", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
 
 
 def sandbox_command(readable: list[Path], writable: Path, *, frozen: Path | None = None) -> list[str]:

@@ -98,3 +98,18 @@ def test_a_package_cannot_change_the_files_that_later_builds_install(owner, outs
     check = "import six\nassert not hasattr(six, 'POISONED_BY_ANOTHER_TENANT'), 'six was poisoned'\n"
     second = _build(owner, lab_wheel("victim-env", extra_requires=("six",), prelude=check))
     assert second.status == BuildStatus.READY, build_log(second)
+
+
+def test_the_import_step_sees_no_private_keys_of_the_host(tmp_path):
+    from environments.builder.build import sandbox_command
+
+    if not Path("/etc/ssl/private").is_dir():
+        pytest.skip("this host has no /etc/ssl/private to hide")
+    import subprocess
+    import sys
+
+    command = sandbox_command([Path(sys.prefix)], tmp_path) + ["/bin/sh", "-c", "ls /etc/ssl; ls -d /etc/ssl/private"]
+    result = subprocess.run(command, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
+
+    assert "certs" in result.stdout.split(), result.stderr  # what TLS needs is there
+    assert "private" not in result.stdout, result.stdout
