@@ -5,19 +5,25 @@ fails when the protection goes."""
 
 from __future__ import annotations
 
+import io
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
+from environments.builder.build import sandbox_command
 from environments.builds import build_log, build_run, latest_build
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from lab import storage
-from tests.environments.test_builds import PACKAGE_INDEX
 from tests.support.environments import push
 from tests.support.wheelbuilder import build_wheel, lab_wheel
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
+
+PACKAGE_INDEX = Path(__file__).resolve().parents[2] / "var" / "package-index"
 
 
 @pytest.fixture
@@ -52,7 +58,7 @@ def test_a_direct_reference_to_another_tenants_wheel_is_refused_before_anything_
     assert victim_path.is_file()
     thief = lab_wheel("thief-env", prelude="import victim_env\nprint('stolen:', victim_env.SECRET)\n")
     thief = build_wheel(
-        "thief-env", files={"thief_env/__init__.py": __import__("zipfile").ZipFile(__import__("io").BytesIO(thief[1])).read("thief_env/__init__.py")},
+        "thief-env", files={"thief_env/__init__.py": zipfile.ZipFile(io.BytesIO(thief[1])).read("thief_env/__init__.py")},
         requires=[f"victim-env @ {victim_path.as_uri()}"], entry_points="[lab.environments]\nthief-env = thief_env:Echo\n",
     )
 
@@ -101,15 +107,20 @@ def test_a_package_cannot_change_the_files_that_later_builds_install(owner, outs
 
 
 def test_the_import_step_sees_no_private_keys_of_the_host(tmp_path):
-    from environments.builder.build import sandbox_command
-
     if not Path("/etc/ssl/private").is_dir():
         pytest.skip("this host has no /etc/ssl/private to hide")
-    import subprocess
-    import sys
-
     command = sandbox_command([Path(sys.prefix)], tmp_path) + ["/bin/sh", "-c", "ls /etc/ssl; ls -d /etc/ssl/private"]
     result = subprocess.run(command, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
 
     assert "certs" in result.stdout.split(), result.stderr  # what TLS needs is there
     assert "private" not in result.stdout, result.stdout
+
+
+def test_another_organizations_version_answers_on_every_build_route_as_a_missing_one(owner, outsider, index):
+    assert push(owner, lab_wheel("echo-env")).status_code == 201
+    for method, path in (("get", ""), ("get", "/build-log"), ("post", "/builds")):
+        foreign = getattr(outsider.client(), method)(f"/api/v1/environments/acme/echo-env@0.1.0{path}")
+        missing = getattr(outsider.client(), method)(f"/api/v1/environments/acme/nothing-env@0.1.0{path}")
+        assert foreign.status_code == missing.status_code == 404, (path, foreign.content)
+        assert foreign.json() == missing.json(), path
+    assert EnvironmentBuild.objects.unscoped().count() == 1
