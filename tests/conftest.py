@@ -176,6 +176,26 @@ def commit_callbacks(db) -> None:
         yield
 
 
+@pytest.fixture
+def wsgi_transport():
+    """An httpx transport into Lab's WSGI application in this process (for ``labsdk.client.Lab``'s
+    ``transport``): its views run on the test's connection, inside a plain ``django_db`` test's
+    transaction. As Django's test client does, requests then leave ``close_old_connections`` out,
+    which would close that connection (its autocommit is off) and end the transaction."""
+    import httpx
+    from django.core import signals
+    from django.core.wsgi import get_wsgi_application
+    from django.db import close_old_connections
+
+    for signal in (signals.request_started, signals.request_finished):
+        signal.disconnect(close_old_connections)
+    try:
+        yield httpx.WSGITransport(app=get_wsgi_application())
+    finally:
+        for signal in (signals.request_started, signals.request_finished):
+            signal.connect(close_old_connections)
+
+
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory):
     """A real S3-compatible server (moto) for one test module; buckets come from ``new_bucket()``."""

@@ -31,10 +31,7 @@ UNCONVERTED = "commits only so that its on-commit callbacks run: to move to comm
 #: Test modules (and test support modules) that take ``django_db(transaction=True)``, with why.
 TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/billing/test_balance_concurrency.py": THREADS,
-    "tests/billing/test_billing_sdk.py": UNCONVERTED,
-    "tests/billing/test_demo_usage.py": UNCONVERTED,
-    "tests/billing/test_enforcement.py": UNCONVERTED,
-    "tests/billing/test_ledger.py": UNCONVERTED,
+    "tests/billing/test_ledger.py": THREADS,
     "tests/billing/test_ledger_batch.py": THREADS,
     "tests/billing/test_meter_events.py": UNCONVERTED,
     "tests/billing/test_reconciler_usage.py": UNCONVERTED,
@@ -52,6 +49,7 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/e2e/test_api_fuzz.py": LIVE,
     "tests/e2e/test_asgi_live.py": LIVE,
     "tests/e2e/test_checkpoints_sdk.py": LIVE,
+    "tests/e2e/test_checkpoint_load_base_model.py": LIVE,
     "tests/e2e/test_cli_live.py": LIVE,
     "tests/e2e/test_demo.py": LIVE,
     "tests/e2e/test_make_up.py": LIVE,
@@ -61,6 +59,7 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/e2e/test_restart_fails_again_cli.py": LIVE,
     "tests/e2e/test_roles_live.py": LIVE,
     "tests/e2e/test_sdk_live.py": LIVE,
+    "tests/e2e/test_spec_check_env_args_cli.py": LIVE,
     "tests/environments/test_environment_versions.py": THREADS,
     "tests/environments/test_environments_e2e.py": LIVE,
     "tests/environments/test_environments_s3.py": UNCONVERTED,
@@ -83,7 +82,6 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/jobs/test_local_sandbox.py": LIVE,
     "tests/jobs/test_reconciler.py": UNCONVERTED,
     "tests/jobs/test_run_pipeline.py": LIVE,
-    "tests/jobs/test_spec_check_every_problem.py": UNCONVERTED,
     "tests/jobs/test_spool_delivery.py": UNCONVERTED,
     "tests/jobs/test_stream.py": LIVE,
     "tests/jobs/test_stream_hostile.py": LIVE,
@@ -112,9 +110,10 @@ def _commits_for_real(tree: ast.Module) -> bool:
                 for keyword in node.keywords
             ):
                 return True
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            if any(argument.arg == "transactional_db" for argument in node.args.args):
-                return True
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+            argument.arg == "transactional_db" for argument in node.args.args
+        ):
+            return True
     return False
 
 
@@ -176,18 +175,16 @@ class TestCommitCallbacks:
             with transaction.atomic():
                 transaction.on_commit(lambda: seen.append("second"))
 
-        with run_on_commit_callbacks():
-            with transaction.atomic():
-                Organization.objects.create(name="Committed", slug="committed")
-                transaction.on_commit(count)
+        with run_on_commit_callbacks(), transaction.atomic():
+            Organization.objects.create(name="Committed", slug="committed")
+            transaction.on_commit(count)
         assert seen == [1, "second"]
 
     def test_a_robust_callback_error_is_logged(self, caplog):
         ran = []
-        with run_on_commit_callbacks():
-            with transaction.atomic():
-                transaction.on_commit(lambda: 1 / 0, robust=True)
-                transaction.on_commit(lambda: ran.append("after"))
+        with run_on_commit_callbacks(), transaction.atomic():
+            transaction.on_commit(lambda: 1 / 0, robust=True)
+            transaction.on_commit(lambda: ran.append("after"))
         assert ran == ["after"]
         assert "on_commit" in caplog.text
 

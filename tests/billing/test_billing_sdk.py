@@ -8,9 +8,7 @@ import json
 from datetime import timedelta
 from decimal import Decimal
 
-import httpx
 import pytest
-from django.core.wsgi import get_wsgi_application
 from django.utils import timezone
 from labsdk import cli
 from labsdk.client import Lab
@@ -18,17 +16,12 @@ from labsdk.errors import NotFoundError
 
 from tests.support.billing import record
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "default_prices")]
 
 
-@pytest.fixture
-def transport():
-    return httpx.WSGITransport(app=get_wsgi_application())
-
-
-def test_the_sdk_reads_usage_and_the_balance(owner, transport, billing_on):
+def test_the_sdk_reads_usage_and_the_balance(owner, wsgi_transport, billing_on):
     record(owner, job_id="job_sdk", seconds=3600)
-    lab = Lab(api_key=owner.key, base_url="http://127.0.0.1", transport=transport)
+    lab = Lab(api_key=owner.key, base_url="http://127.0.0.1", transport=wsgi_transport)
 
     balance = lab.billing.balance()
     assert (balance.plan, balance.balance_usd, balance.spent_this_month_usd) == ("prepaid", Decimal("9.9"), Decimal("0.1"))
@@ -39,9 +32,9 @@ def test_the_sdk_reads_usage_and_the_balance(owner, transport, billing_on):
     assert lab.billing.update_settings(monthly_spend_limit_usd=Decimal("12.50")).spend_limit_usd == Decimal("12.50")
 
 
-def test_the_cli_prints_usage_and_the_balance(owner, transport, monkeypatch, capsys):
+def test_the_cli_prints_usage_and_the_balance(owner, wsgi_transport, monkeypatch, capsys):
     record(owner, job_id="job_cli", seconds=1800)
-    monkeypatch.setattr(cli, "Lab", functools.partial(Lab, api_key=owner.key, base_url="http://127.0.0.1", transport=transport))
+    monkeypatch.setattr(cli, "Lab", functools.partial(Lab, api_key=owner.key, base_url="http://127.0.0.1", transport=wsgi_transport))
 
     assert cli.main(["usage", "--group-by", "job", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [

@@ -15,7 +15,7 @@ from jobs.models import Checkpoint, CheckpointStatus, Job, JobAttempt, JobStatus
 from jobs.services import job_transition
 from tests.billing.conftest import at, observe, start_job
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker", "default_prices")]
 
 
 def set_account(tenant, **fields) -> None:

@@ -17,7 +17,7 @@ from jobs.services import job_delete
 from lab.audit import Actor
 from tests.billing.conftest import T0, at, at_once, observe, start_job
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker", "default_prices")]
 
 
 def intervals(job) -> list[UsageInterval]:
@@ -84,6 +84,7 @@ def test_reconciling_again_records_nothing_twice(owner, spec, launcher, monkeypa
     assert [index for _, index in first] == [0, 1]
 
 
+@pytest.mark.django_db(transaction=True)  # threads, each on its own connection
 def test_two_workers_closing_the_same_attempt_at_once_record_each_interval_once(owner, spec, launcher, billing_on):
     if connection.vendor != "postgresql":
         pytest.skip("row locks need PostgreSQL")

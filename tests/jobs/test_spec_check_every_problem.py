@@ -7,9 +7,7 @@ from __future__ import annotations
 import functools
 import json
 
-import httpx
 import pytest
-from django.core.wsgi import get_wsgi_application
 from labsdk import cli
 from labsdk.client import Lab
 
@@ -76,11 +74,10 @@ def test_a_spec_that_fails_shape_validation_still_has_its_packages_looked_up(own
 
 
 @pytest.fixture
-def lab_cli(owner, monkeypatch, capsys, tmp_path):
+def lab_cli(owner, monkeypatch, capsys, tmp_path, wsgi_transport):
     """Run ``lab ARGV`` in this process against Lab's views as ``owner``; returns
     (status, stdout, stderr). LAB_API_KEY is set unless ``key=False``."""
-    transport = httpx.WSGITransport(app=get_wsgi_application())
-    monkeypatch.setattr(cli, "Lab", functools.partial(Lab, api_key=owner.key, base_url="http://127.0.0.1", transport=transport))
+    monkeypatch.setattr(cli, "Lab", functools.partial(Lab, api_key=owner.key, base_url="http://127.0.0.1", transport=wsgi_transport))
 
     def run(*argv: str, key: bool = True) -> tuple[int, str, str]:
         if key:
@@ -94,7 +91,7 @@ def lab_cli(owner, monkeypatch, capsys, tmp_path):
     return run
 
 
-@pytest.mark.django_db(transaction=True)  # Lab's views run outside the test's transaction
+@pytest.mark.django_db
 def test_spec_check_reports_the_local_and_the_servers_problems_in_one_run(lab_cli, tmp_path):
     path = tmp_path / "job.toml"
     path.write_text(FOUR_MISTAKES)
@@ -119,7 +116,7 @@ def test_spec_check_reports_the_local_and_the_servers_problems_in_one_run(lab_cl
     ]
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_spec_check_without_a_key_says_the_catalogues_were_not_checked(lab_cli, tmp_path):
     path = tmp_path / "job.toml"
     path.write_text(FOUR_MISTAKES)
