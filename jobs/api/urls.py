@@ -25,6 +25,7 @@ urlpatterns = [
     path("adapters/<str:adapter_id>", views.AdapterDetailView.as_view(), name="api-adapter"),
     path("adapters/<str:adapter_id>/download", views.AdapterDownloadView.as_view(), name="api-adapter-download"),
     path("models", views.ModelListView.as_view(), name="api-models"),
+    path("models/<str:owner>/<str:name>/archive", views.ModelArchiveView.as_view(), name="api-model-archive"),
     path("environments", environments.EnvironmentListView.as_view(), name="api-environments"),
     path(
         "environments/<str:organization>/<str:name>",

@@ -13,11 +13,12 @@ from rest_framework.views import APIView
 
 from billing.models import Price
 from jobs.api import openapi
-from jobs.artifacts.downloads import download_response
+from jobs.artifacts.downloads import ARCHIVE_SHA256_HEADER, archive_file_response, download_response
 from jobs.artifacts.kinds import ADAPTER, CHECKPOINT, ArtifactKind
 from jobs.artifacts.lifecycle import artifact_list
 from jobs.artifacts.presenters import artifact_to_dict
 from jobs.estimates import job_estimate
+from jobs.model_archives import model_archive
 from jobs.models import Adapter, Job, JobEvent, JobStatus
 from jobs.selectors import job_list, job_logs, job_samples, metadata_filters, metric_points
 from jobs.serializers import (
@@ -273,6 +274,26 @@ class ModelListView(ProjectAPIView):
     @extend_schema(responses={200: openapi.MODEL_LIST})
     def get(self, request: Request) -> Response:
         return Response(list_envelope(map(model_to_dict, installed_models().values()), has_more=False))
+
+
+class ModelArchiveView(ProjectAPIView):
+    """``GET /models/{owner}/{name}/archive``: the stored directory of a catalogue model as one
+    uncompressed tar (``jobs.model_archives``), streamed, with its SHA-256 in
+    ``X-Lab-Archive-SHA256``, for the SDK's own model cache; any key of the organization may read
+    it. 404 for a model not in the catalogue, or one that is built rather than stored."""
+
+    content_negotiation_class = ArchiveNegotiation
+
+    @extend_schema(
+        operation_id="models_archive",
+        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, 404: ERROR},
+        description="The model's Hugging Face directory as one uncompressed tar.",
+    )
+    def get(self, request: Request, owner: str, name: str):
+        archive = model_archive(f"{owner}/{name}")
+        response = archive_file_response(archive.path.open("rb"), request=request, filename=archive.filename, size_bytes=archive.size_bytes)
+        response[ARCHIVE_SHA256_HEADER] = archive.sha256
+        return response
 
 
 class PriceListView(ProjectAPIView):

@@ -62,17 +62,26 @@ def download_response(artifact: Artifact, *, request: Any) -> HttpResponse:
             handle = storage.open_archive(artifact.storage_key)
         except FileNotFoundError:
             raise _archive_gone(artifact) from None
-        if isinstance(getattr(request, "_request", request), ASGIRequest):
-            response = StreamingHttpResponse(_read_in_thread(handle), content_type=storage.ARCHIVE_CONTENT_TYPE)
-            response["Content-Disposition"] = content_disposition_header(True, filename)
-        else:
-            response = FileResponse(handle, as_attachment=True, filename=filename, content_type=storage.ARCHIVE_CONTENT_TYPE)
-        response["Content-Length"] = str(artifact.size_bytes)
+        response = archive_file_response(handle, request=request, filename=filename, size_bytes=artifact.size_bytes)
     else:
         url = storage.download_url(artifact.storage_key, filename=filename, expires_s=DOWNLOAD_URL_EXPIRE_S)
         response = HttpResponseRedirect(url)
         response["Cache-Control"] = "no-store"
     response[ARCHIVE_SHA256_HEADER] = artifact.sha256
+    return response
+
+
+def archive_file_response(handle, *, request: Any, filename: str, size_bytes: int) -> HttpResponse:
+    """Return the answer that streams the open tar ``handle`` (``size_bytes`` long) as the
+    attachment ``filename``, a megabyte at a time: an asynchronous iterator under ASGI (Django
+    would read a synchronous one whole into memory first), a FileResponse under WSGI. The
+    answer closes ``handle``."""
+    if isinstance(getattr(request, "_request", request), ASGIRequest):
+        response = StreamingHttpResponse(_read_in_thread(handle), content_type=storage.ARCHIVE_CONTENT_TYPE)
+        response["Content-Disposition"] = content_disposition_header(True, filename)
+    else:
+        response = FileResponse(handle, as_attachment=True, filename=filename, content_type=storage.ARCHIVE_CONTENT_TYPE)
+    response["Content-Length"] = str(size_bytes)
     return response
 
 

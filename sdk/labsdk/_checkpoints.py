@@ -64,6 +64,10 @@ def _sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: Catalogue models that Lab builds when a job needs them rather than stores: no archive to fetch.
+BUILT_MODELS = frozenset({"lab/tiny-random-llama"})
+
+
 class Checkpoints:
     """A job's checkpoints and their archives (``GET /jobs/{id}/checkpoints``,
     ``GET /checkpoints/{id}/download``)."""
@@ -96,6 +100,15 @@ class Checkpoints:
             return self._http.download(route, path, progress=progress)
         return download_unpacked(self._http, route, path, what=f"checkpoint {checkpoint_id}", progress=progress)
 
+    def fetch_base_model(self, model_id: str, path: str | Path, *, progress: bool = True) -> Path:
+        """Download the catalogue model ``model_id`` (``owner/name``) from Lab into the directory
+        ``path`` (absent or empty; ``<model cache>/<owner>/<name>`` for :meth:`load`) and return it.
+        The archive is checked against the SHA-256 Lab sends. Raises ``NotFoundError`` for a model
+        Lab does not hold, and what :func:`download_unpacked` raises."""
+        owner, _, name = model_id.partition("/")
+        route = f"models/{segment(owner)}/{segment(name)}/archive"
+        return download_unpacked(self._http, route, Path(path), what=f"model {model_id}", progress=progress)
+
     def load(
         self, checkpoint_id: str, *, path: str | Path | None = None, model_dir: str | Path | None = None,
         base_model: Any = None, progress: bool = True,
@@ -106,11 +119,14 @@ class Checkpoints:
         The checkpoint is downloaded (unpacked) to ``path`` (default
         ``<model cache>/checkpoints/<checkpoint id>``), or used from there when already unpacked.
         The base model is the adapter's ``base_model_name_or_path``, Lab's catalogue id, read
-        from ``model_dir`` (default ``labsdk.model_cache.model_cache_dir()``: ``LAB_MODEL_DIR``);
-        pass ``base_model`` (a transformers model) to use one loaded yourself, e.g. the test model
-        ``lab/tiny-random-llama``, which is built rather than stored. Nothing is fetched from a
-        model hub. Needs ``peft`` and ``transformers``. Raises ``FileNotFoundError`` naming the
-        directory when the base model is not in the cache, and what :meth:`download` raises.
+        from ``model_dir`` (default ``labsdk.model_cache.model_cache_dir()``: ``LAB_MODEL_DIR``,
+        else ``~/.cache/lab/models``); one not there yet is fetched from Lab once
+        (``GET /models/{id}/archive``, checked against its SHA-256) into that cache. Pass
+        ``base_model`` (a transformers model) to use one loaded yourself, e.g. the test model
+        ``lab/tiny-random-llama``, which is built rather than stored and so never fetched. Needs
+        ``peft`` and ``transformers``. Raises ``FileNotFoundError`` naming the directory for
+        ``lab/tiny-random-llama`` without ``base_model``, ``NotFoundError`` for a base model Lab
+        does not hold, and what :meth:`download` raises.
         """
         try:
             import peft
@@ -127,9 +143,11 @@ class Checkpoints:
             base_id = json.loads(adapter_config.read_text()).get("base_model_name_or_path") or ""
             base_dir = model_path(base_id, model_dir)
             if not (base_dir / "config.json").is_file():
-                raise FileNotFoundError(
-                    f"{checkpoint_id} is an adapter for {base_id}, which is not in the model cache at {base_dir}; "
-                    "set LAB_MODEL_DIR (or model_dir=) to the cache that holds it, or pass base_model="
-                )
+                if base_id in BUILT_MODELS:
+                    raise FileNotFoundError(
+                        f"{checkpoint_id} is an adapter for {base_id}, which is not in the model cache at {base_dir} "
+                        "and which Lab builds rather than stores: build it and pass base_model="
+                    )
+                self.fetch_base_model(base_id, base_dir, progress=progress)
             base_model = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir))
         return peft.PeftModel.from_pretrained(base_model, str(path))

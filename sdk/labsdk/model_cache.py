@@ -1,6 +1,6 @@
 """Where a machine keeps base models: the local model cache, one Hugging Face directory per
 catalogue id (``<cache>/<owner>/<name>``), the layout Lab's engine and a GPU pod's model volume
-use. Nothing here downloads: a model not in the cache is an error that names the directory."""
+use. Nothing here downloads (``lab.checkpoints.load`` fetches a missing base model from Lab)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 
 def model_cache_dir() -> Path:
-    """Return the model cache: ``LAB_MODEL_DIR``, else ``$LAB_DATA_DIR/models``, else
-    ``./var/models`` (the defaults of docs/configuration.md)."""
+    """Return this user's model cache: ``LAB_MODEL_DIR``, else ``~/.cache/lab/models``. (Lab's own
+    server keeps its cache where its settings say, ``LAB_DATA_DIR/models`` by default.)"""
     if os.environ.get("LAB_MODEL_DIR"):
         return Path(os.environ["LAB_MODEL_DIR"])
-    return Path(os.environ.get("LAB_DATA_DIR") or "var") / "models"
+    return Path.home() / ".cache" / "lab" / "models"
 
 
 def model_path(model_id: str, model_dir: str | Path | None = None) -> Path:

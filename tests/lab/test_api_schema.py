@@ -213,6 +213,7 @@ def test_account_and_catalogue_answers_match_their_components(document, owner, d
         ("post", "/api/v1/jobs/estimate", "/api/v1/jobs/estimate", [1, 2], 400),
         ("get", "/api/v1/jobs?limit=0", "/api/v1/jobs", None, 400),
         ("get", "/api/v1/jobs/job_missing", "/api/v1/jobs/{job_id}", None, 404),
+        ("get", "/api/v1/models/nobody/nothing/archive", "/api/v1/models/{owner}/{name}/archive", None, 404),
         ("post", "/api/v1/webhook-endpoints", "/api/v1/webhook-endpoints", {"url": "ftp://a.b", "events": ["x"]}, 400),
         ("delete", "/api/v1/webhook-endpoints/whep_missing", "/api/v1/webhook-endpoints/{endpoint_id}", None, 404),
     ],

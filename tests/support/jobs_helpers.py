@@ -61,14 +61,17 @@ def submit(tenant, spec: dict, **changes) -> Job:
     return job_submit(project=tenant.project, actor=Actor(user=tenant.user), data={**spec, **changes})
 
 
-def _ready_checkpoint(engine: Engine, step: int = 2) -> tuple[str, bytes]:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        payload = b'{"r": 8}'
-        info = tarfile.TarInfo("adapter_config.json")
-        info.size = len(payload)
-        archive.addfile(info, io.BytesIO(payload))
-    data = buffer.getvalue()
+def ready_checkpoint(engine: Engine, step: int = 2, data: bytes | None = None) -> tuple[str, bytes]:
+    """Upload the archive ``data`` (default: a tar of a one-line ``adapter_config.json``) as the
+    job's ``peft-lora`` checkpoint of ``step`` and complete it; return ``(its id, data)``."""
+    if data is None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            payload = b'{"r": 8}'
+            info = tarfile.TarInfo("adapter_config.json")
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+        data = buffer.getvalue()
     registered = engine.post("checkpoints", {"attempt": 1, "step": step, "format": "peft-lora"})
     Path(registered["upload"]["path"]).parent.mkdir(parents=True, exist_ok=True)
     Path(registered["upload"]["path"]).write_bytes(data)
