@@ -26,7 +26,7 @@ from billing.models import MeterEvent, MeterEventState
 from tests.billing.conftest import at_once
 from tests.support.billing import invoiced, record
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "default_prices")]
 
 
 class Died(BaseException):
@@ -122,6 +122,7 @@ def test_a_refused_event_is_free_to_be_sent_again_at_once(owner, fake_stripe):
     assert list(requests_per_identifier(fake_stripe).values()) == [2]
 
 
+@pytest.mark.django_db(transaction=True)  # threads, each on its own connection
 def test_two_runs_at_once_send_each_interval_once(owner, fake_stripe):
     invoiced(owner)
     record(owner, seconds=600)  # ten intervals

@@ -16,7 +16,7 @@ from jobs.pipeline import reconciler, usage
 from jobs.models import Job, JobAttempt, StopReason
 from tests.billing.conftest import at, observe, start_job
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker", "default_prices")]
 
 
 @pytest.fixture

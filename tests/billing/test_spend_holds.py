@@ -23,7 +23,7 @@ from lab.audit import Actor
 from lab.errors import LabError
 from tests.billing.conftest import at, at_once, observe, start_job
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker", "default_prices")]
 
 DOLLAR = 1_000_000
 
@@ -140,6 +140,7 @@ def test_a_jobset_kueue_readmits_waits_while_started_jobs_hold_the_headroom(owne
 
 
 @pytest.mark.parametrize("bound", ["spend_limit", "balance"])
+@pytest.mark.django_db(transaction=True)  # threads, each on its own connection
 def test_concurrent_submissions_start_only_the_job_the_headroom_fits(owner, spec, dollar_a_minute, bound):
     if connection.vendor != "postgresql":
         pytest.skip("admission passes at once need PostgreSQL")
