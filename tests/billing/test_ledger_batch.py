@@ -18,7 +18,7 @@ from billing.models import BillingAccount, Plan, UsageInterval
 from billing.pricing import PriceHistory, price_at, price_set
 from tests.billing.conftest import T0, at
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "default_prices")]
 
 
 def usage(tenant, attempt_id: int, *, resource="cpu", gpus=0, ended_at=None) -> AttemptUsage:
@@ -166,6 +166,7 @@ def test_an_attempt_given_twice_is_refused_and_nothing_is_recorded(owner, billin
     assert not UsageInterval.objects.unscoped().exists()
 
 
+@pytest.mark.django_db(transaction=True)  # another connection holds the lock
 def test_with_skip_locked_an_organization_another_transaction_holds_is_left_for_later(owner, outsider, billing_on):
     if connection.vendor != "postgresql":
         pytest.skip("row locks need PostgreSQL")
