@@ -19,7 +19,7 @@ from tests.billing.conftest import SECRET
 from tests.support.billing import checkout_completed, deliver, event, invoiced, post_webhook, record
 from tests.support.fake_stripe import signed
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "default_prices")]
 
 
 # --- Checkout, portal, plans ---------------------------------------------------------------------

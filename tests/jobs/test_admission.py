@@ -12,7 +12,7 @@ from jobs.models import Job, JobAttempt, JobEvent, JobStatus
 from jobs.services import job_submit
 from lab.audit import Actor
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 
 def submit(tenant, spec, **changes) -> Job:
@@ -80,6 +80,7 @@ def test_queue_positions_shrink_as_jobs_start(owner, spec, settings):
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="needs concurrent connections")
+@pytest.mark.django_db(transaction=True)  # threads, each on its own connection
 def test_two_concurrent_passes_never_overcommit_or_claim_twice(owner, spec, settings):
     settings.LAB_LOCAL_SLOTS = 3
     settings.LAB_ORG_MAX_RUNNING_JOBS = 10
