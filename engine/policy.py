@@ -14,35 +14,48 @@ import json
 import os
 import pathlib
 import shutil
+import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import peft
 import torch
 
+from engine.catalog import LORA_TARGET_MODULES
 from engine.distributed import is_sharded, whole
 from engine.groups import uniform_size
 
+if TYPE_CHECKING:
+    from engine.routing import RouterStatistics
+
 
 def make_trainable(model: torch.nn.Module, *, lora_rank: int, lora_alpha: int, base_model_id: str) -> torch.nn.Module:
-    """Wrap `model` for training: LoRA on every linear layer (peft) or, for rank 0, full weights.
+    """Wrap `model` for training: LoRA (peft) or, for rank 0, full weights.
 
-    LoRA (Hu et al. 2021) with dropout 0 and no bias, so the forward pass uses no randomness;
-    the output layer stays frozen (peft's "all-linear" leaves it out). The adapter's
-    `base_model_name_or_path` is the catalogue id, so a saved adapter names its base model
-    the way Lab and vLLM know it rather than by a local path.
+    LoRA (Hu et al. 2021) with dropout 0 and no bias, so the forward pass uses no randomness,
+    on the attention and MLP projections of the model's architecture
+    (`engine.catalog.LORA_TARGET_MODULES`: for a mixture of experts, its experts' 3-D weights,
+    which peft targets as parameters); an architecture without an entry gets every linear layer
+    (peft's "all-linear"). The
+    output layer stays frozen. The adapter's `base_model_name_or_path` is the catalogue id, so
+    a saved adapter names its base model the way Lab and vLLM know it rather than by a local path.
     """
     if lora_rank > 0:
+        targets = LORA_TARGET_MODULES.get(getattr(model.config, "model_type", None))
         config = peft.LoraConfig(
             r=lora_rank,
             lora_alpha=lora_alpha,
             lora_dropout=0.0,
             bias="none",
-            target_modules="all-linear",
+            target_modules=list(targets) if targets else "all-linear",
             task_type="CAUSAL_LM",
         )
         model.name_or_path = base_model_id  # peft copies this into the adapter config
-        model = peft.get_peft_model(model, config)
+        with warnings.catch_warnings():
+            # peft sets gate_up_proj's rank and alpha for a fused mixture of experts itself
+            # (LORA_TARGET_MODULES), then warns that the pattern matched no module: it matched the parameter.
+            warnings.filterwarnings("ignore", r"The following (rank|alpha)_pattern keys did not match", RuntimeWarning)
+            model = peft.get_peft_model(model, config)
         model.peft_config["default"].base_model_name_or_path = base_model_id
     else:
         for parameter in model.parameters():
@@ -83,7 +96,8 @@ def policy_weights(model: torch.nn.Module):
     """Yield (name, tensor) of the weights an inference copy needs to match the trainer's policy.
 
     LoRA: for every adapted linear layer, its merged weight W + s·B·A under the plain model's
-    parameter name; full fine-tuning: every trainable parameter. Tensors are detached. A model
+    parameter name (`...q_proj.weight`; for adapted expert weights, peft's `ParamWrapper`, the
+    parameter's own name, `...mlp.experts.gate_up_proj`); full fine-tuning: every trainable parameter. Tensors are detached. A model
     sharded with FSDP2 (engine/distributed.py) gives each parameter whole, gathered as it is
     yielded: a collective, so every rank must go through all the weights in step.
     """
@@ -95,8 +109,12 @@ def policy_weights(model: torch.nn.Module):
                 if isinstance(module, LoraLayer) and hasattr(module, "get_delta_weight"):
                     base_layer = module.get_base_layer()
                     adapter = module.active_adapters[0]
-                    merged = base_layer.weight + module.get_delta_weight(adapter)
-                    yield name.removeprefix("base_model.model.") + ".weight", merged.detach()
+                    # A ParamWrapper adapts one parameter of its (innermost) base layer; two
+                    # wrappers of one experts module nest, the inner one named `.base_layer`.
+                    parameter = getattr(module, "parameter_name", "weight")
+                    merged = getattr(base_layer, parameter) + module.get_delta_weight(adapter)
+                    plain = name.removeprefix("base_model.model.").replace(".base_layer", "")
+                    yield f"{plain}.{parameter}", merged.detach()
     else:
         for name, parameter in trainable_parameters(model):
             yield name, whole(parameter.detach())
@@ -280,12 +298,14 @@ def pack_rollouts(
     return PackedRollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, group_size)
 
 
-def completion_logits(model: torch.nn.Module, batch: PackedRollouts) -> torch.Tensor:
+def completion_logits(model: torch.nn.Module, batch: PackedRollouts, routing: RouterStatistics | None = None) -> torch.Tensor:
     """Return the logits that predict each completion token: float [G·K, C, V].
 
     Row i, position t holds the logits of the distribution the completion's token t was
     drawn from (position 0 comes from the prompt's last token). Positions count only real
     tokens, matching the sampler. Gradients flow through the shared prompt computation.
+    `routing` (a mixture of experts' engine.routing.RouterStatistics) counts the routing of the
+    prompts' real tokens and of the completions' tokens the loss covers.
     """
     device = next(model.parameters()).device
     # One K for every group repeats the prompt rows K times each; groups of different sizes
@@ -294,6 +314,8 @@ def completion_logits(model: torch.nn.Module, batch: PackedRollouts) -> torch.Te
     prompt_ids, prompt_mask = batch.prompt_ids.to(device), batch.prompt_mask.to(device)
     completion_ids = batch.completion_ids.to(device)
     prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    if routing is not None:
+        routing.expect(prompt_mask)
     prompt_output = model(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
@@ -304,6 +326,8 @@ def completion_logits(model: torch.nn.Module, batch: PackedRollouts) -> torch.Te
     first = prompt_output.logits[:, -1:, :].repeat_interleave(group_size, dim=0)
     width = completion_ids.shape[1]
     if width == 1:
+        if routing is not None:
+            routing.expect(None)
         return first
     cache = prompt_output.past_key_values
     if isinstance(group_size, int):
@@ -317,6 +341,8 @@ def completion_logits(model: torch.nn.Module, batch: PackedRollouts) -> torch.Te
     )
     start = prompt_positions[:, -1:].repeat_interleave(group_size, dim=0) + 1
     positions = start + torch.arange(width - 1, device=device).unsqueeze(0)
+    if routing is not None:
+        routing.expect(batch.completion_mask[:, :-1])
     output = model(
         input_ids=completion_ids[:, :-1],
         attention_mask=attention_mask,
@@ -324,6 +350,8 @@ def completion_logits(model: torch.nn.Module, batch: PackedRollouts) -> torch.Te
         past_key_values=cache,
         use_cache=True,
     )
+    if routing is not None:
+        routing.expect(None)
     return torch.cat([first, output.logits], dim=1)
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine import checkpoints as ckpt
-from engine.catalog import TINY_RANDOM_LLAMA_ID
+from engine.catalog import TINY_RANDOM_MODEL_IDS
 from engine.config import EngineConfig
 from engine.distributed import DataParallel, full_optimizer_state, full_weights, is_sharded, whole
 from engine.filters import Rollouts, apply_filters, filter_metrics
@@ -45,6 +45,7 @@ from engine.policy import (
     trainable_parameters,
 )
 from engine.reporter import Reporter
+from engine.routing import RouterStatistics
 
 if TYPE_CHECKING:
     from engine.orchestrator import RolloutBatch
@@ -96,6 +97,8 @@ class Trainer:
             self.rollouts.before_sharding(self)
             self.model = self.parallel.shard_model(self.model, self.device)
         self.parameters = trainable_parameters(self.model)
+        #: A mixture of experts' routing, reported as `moe/*` metrics (None for a dense model).
+        self.routing = RouterStatistics.attach(self.model)
         for _, parameter in self.parameters:
             # Zero (not None) gradients: AdamW then steps every parameter every step, as the
             # full-batch algorithm does, even when all groups had equal rewards.
@@ -172,7 +175,7 @@ class Trainer:
                 values = batch.completions[r].logprobs
                 if values:
                     sampling_logprobs[i, : len(values)] = torch.tensor(values)
-            logits = completion_logits(self.model, packed)
+            logits = completion_logits(self.model, packed, self.routing)
             logprobs, entropy = token_logprobs_and_entropy(
                 logits, packed.completion_ids.to(logits.device), spec.sampling.temperature_at(batch.step, spec.max_steps)
             )
@@ -199,6 +202,8 @@ class Trainer:
         if token_count:
             metrics["entropy/mean"] = entropy_sum / token_count
             metrics["mismatch_kl/mean"] = kl_sum / token_count
+        if self.routing is not None:
+            metrics.update(self.routing.metrics(self.parallel))
         return metrics
 
     def _pack(self, prompts: list[list[int]], completions: list[list[int]], sizes: list[int],
@@ -316,7 +321,7 @@ class Trainer:
             packed = self._pack(
                 [batch.prompts[g] for g in chunk], [batch.completions[r].token_ids for r in rows], [sizes[g] for g in chunk],
             )
-            logits = completion_logits(self.model, packed)
+            logits = completion_logits(self.model, packed, self.routing)
             logprobs, entropy = token_logprobs_and_entropy(logits, packed.completion_ids.to(logits.device), 1.0)
             mask = packed.completion_mask.to(logprobs.device)
             loss = sft_loss(logprobs, mask, num_tokens=total_tokens)
@@ -333,6 +338,8 @@ class Trainer:
         metrics = {"loss/mean": loss_total, "optim/grad_norm": float(grad_norm), "optim/lr": spec.learning_rate}
         if token_count:
             metrics["entropy/mean"] = entropy_sum / token_count
+        if self.routing is not None:
+            metrics.update(self.routing.metrics(self.parallel))
         return metrics
 
     # ---- checkpoints ----
@@ -346,7 +353,7 @@ class Trainer:
         card = ckpt.model_card(
             base_model=spec.model, job_id=self.reporter.job_id, step=step, max_steps=spec.max_steps,
             metrics=metrics or {}, spec=spec.model_dump(mode="json", exclude_none=True),
-            checkpoint_format=self.format, test_model=spec.model == TINY_RANDOM_LLAMA_ID,
+            checkpoint_format=self.format, test_model=spec.model in TINY_RANDOM_MODEL_IDS,
         )
         directory = ckpt.save_checkpoint(
             self.checkpoint_root / ckpt.checkpoint_name(step),
@@ -374,7 +381,7 @@ class Trainer:
         card = ckpt.model_card(
             base_model=spec.model, job_id=self.reporter.job_id, step=step, max_steps=spec.max_steps,
             metrics=metrics, spec=spec.model_dump(mode="json", exclude_none=True),
-            checkpoint_format=self.format, test_model=spec.model == TINY_RANDOM_LLAMA_ID,
+            checkpoint_format=self.format, test_model=spec.model in TINY_RANDOM_MODEL_IDS,
         )
         directory = ckpt.save_adapter(root / ckpt.checkpoint_name(step), model=self.model, tokenizer=self.tokenizer, card=card,
                                       weights=weights)

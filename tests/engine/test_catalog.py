@@ -21,9 +21,12 @@ def test_it_lists_the_builtin_models_and_local_directories(tmp_path):
     (local / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 4096}))
     (tmp_path / "acme" / "no-config").mkdir()
     models = list_models(tmp_path)
-    assert set(models) == {"HuggingFaceTB/SmolLM2-135M-Instruct", "lab/tiny-random-llama", "acme/tiny-qwen"}
+    assert set(models) == {
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "lab/tiny-random-llama", "lab/tiny-random-qwen2", "lab/tiny-random-qwen3",
+        "lab/tiny-random-qwen3-moe", "acme/tiny-qwen",
+    }
     assert models["acme/tiny-qwen"].context_length == 4096
-    assert models["acme/tiny-qwen"].source == "local"
+    assert (models["acme/tiny-qwen"].source, models["acme/tiny-qwen"].architecture) == ("local", "qwen2")
     assert models["HuggingFaceTB/SmolLM2-135M-Instruct"].context_length == 8192
 
 
