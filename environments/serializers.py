@@ -8,6 +8,11 @@ from environments.models import EnvironmentBuild
 from lab.formats import iso
 
 
+def recorded_args(summary: dict[str, Any]) -> dict[str, Any]:
+    """The arguments a build's ``summary`` recorded as ``{name: default}``, required ones left out."""
+    return {parameter["name"]: parameter["default"] for parameter in summary.get("parameters") or [] if not parameter.get("required")}
+
+
 def build_to_dict(build: EnvironmentBuild | None) -> dict[str, Any] | None:
     """Return a package's build as the Environment object's ``build``: ``{"number", "status"
     (queued|running|ready|failed), "error", "index_url", "index_snapshot_at", "python", "api",
@@ -27,7 +32,7 @@ def build_to_dict(build: EnvironmentBuild | None) -> dict[str, Any] | None:
         "python": build.python or None,
         "api": summary.get("api"),
         "environment_class": summary.get("environment_class"),
-        "args": {parameter["name"]: parameter["default"] for parameter in parameters if not parameter.get("required")},
+        "args": recorded_args(summary),
         "parameters": parameters,
         "dataset_size": summary.get("dataset_size"),
         "reward_functions": summary.get("reward_functions", []),

@@ -10,7 +10,8 @@ from typing import Any
 
 from billing.models import Price
 from engine.catalog import EnvironmentInfo, ModelInfo
-from environments.models import EnvironmentPackage
+from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
+from environments.serializers import recorded_args
 from jobs.artifacts.presenters import artifact_to_dict
 from jobs.models import (
     ACTIVE_STATUSES,
@@ -194,10 +195,12 @@ def environment_to_dict(environment: EnvironmentInfo) -> dict[str, Any]:
     }
 
 
-def environment_package_to_dict(package: EnvironmentPackage) -> dict[str, Any]:
+def environment_package_to_dict(package: EnvironmentPackage, build: EnvironmentBuild | None = None) -> dict[str, Any]:
     """Return an uploaded package as an Environment object (docs/api.md): id
     ``<org>/<name>@<version>``, ``kind`` ``verifiers`` or ``lab``, what its metadata declares, and
-    who pushed it (an email, or ``api_key:<key id>``). ``args`` is empty: the package checks its own."""
+    who pushed it (an email, or ``api_key:<key id>``). ``args`` are the arguments its latest
+    build ``build`` recorded, ``{name: default}`` (a required one left out), once that build is
+    ready; ``{}`` before."""
     pusher = package.pushed_by.email if package.pushed_by else (
         f"api_key:{package.pushed_by_key.public_id}" if package.pushed_by_key_id else None
     )
@@ -211,7 +214,7 @@ def environment_package_to_dict(package: EnvironmentPackage) -> dict[str, Any]:
         "size_bytes": package.size_bytes,
         "created_at": iso(package.created_at),
         "description": package.summary,
-        "args": {},
+        "args": recorded_args(build.summary) if build is not None and build.status == BuildStatus.READY else {},
         "entry_point": package.entry_point,
         "dependencies": package.dependencies,
         "verifiers_version": package.verifiers_version or None,

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from engine.catalog import list_environments
-from environments.builds import build_again, build_log, latest_build
+from environments.builds import build_again, build_log, latest_build, latest_builds
 from environments.serializers import build_to_dict
 from environments.services import environment_get, environment_list, environment_push
 from jobs.api import openapi
@@ -35,10 +35,12 @@ _UPLOAD_BODY = {
 
 def environment_objects(organization) -> list[dict]:
     """Return the Environment objects ``GET /environments`` lists: the built-ins, then the
-    organization's live packages by name, newest version first."""
+    organization's live packages by name, newest version first, each with the ``args`` its latest
+    ready build recorded."""
+    builds = latest_builds(organization)
     return [
         *map(environment_to_dict, list_environments().values()),
-        *map(environment_package_to_dict, environment_list(organization=organization)),
+        *(environment_package_to_dict(package, builds.get(package.public_id)) for package in environment_list(organization=organization)),
     ]
 
 
@@ -75,7 +77,8 @@ class EnvironmentListView(ProjectAPIView):
 
 def _with_build(package) -> dict:
     """The Environment object of an uploaded version with its latest build (``build``)."""
-    return environment_package_to_dict(package) | {"build": build_to_dict(latest_build(package))}
+    build = latest_build(package)
+    return environment_package_to_dict(package, build) | {"build": build_to_dict(build)}
 
 
 _VERSION = OpenApiParameter(

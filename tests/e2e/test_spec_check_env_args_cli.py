@@ -1,5 +1,6 @@
 """``lab spec check`` names an uploaded environment's argument that its ready build says it does
-not take, and one of the wrong type, before any job runs (a subprocess against a live Lab)."""
+not take, and one of the wrong type, before any job runs, and ``lab envs`` lists the arguments
+the build recorded (a subprocess against a live Lab)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,6 @@ def test_spec_check_names_the_arguments_the_environment_takes(live_server, tenan
     assert "env.0.args.max_digit" in output and "its load_environment takes min_digits, max_digits" in output
     assert "env.0.args.min_digits" in output and "must be an integer (int), not a string" in output
     assert "Traceback" not in output
+    listed = lab_cli("envs", key=tenant.key, base_url=live_server.url)
+    assert listed.returncode == 0, listed.stderr
+    assert "min_digits=1 max_digits=5" in listed.stdout

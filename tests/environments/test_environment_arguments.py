@@ -119,3 +119,15 @@ def test_nothing_is_checked_before_a_ready_build(owner, spec):
     spec["env"] = [{"id": "acme/digits", "args": {"anything": 1}}]
 
     assert owner.client().post("/api/v1/jobs/estimate", spec, format="json").status_code == 200
+
+
+def test_the_environment_object_lists_the_arguments_of_its_ready_build(owner):
+    push(owner, build_wheel("digits", "0.1.0"))
+    client = owner.client()
+    listed = lambda: next(item for item in client.get("/api/v1/environments").json()["data"] if item["id"] == "acme/digits@0.1.0")  # noqa: E731
+    assert listed()["args"] == {}  # before its build is ready nothing is known
+    _ready("v0")
+
+    expected = {"min_digits": 1, "max_digits": 5, "temperature": 0.5, "prompt": None, "strict": True, "words": ["a"]}
+    assert listed()["args"] == expected
+    assert client.get("/api/v1/environments/acme/digits@0.1.0").json()["args"] == expected
