@@ -89,7 +89,6 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/k8s/test_readmission.py": UNCONVERTED,
     "tests/k8s/test_reconcile_pass.py": UNCONVERTED,
     "tests/k8s/test_roles.py": UNCONVERTED,
-    "tests/lab/test_api_parsers.py": UNCONVERTED,
     "tests/prime/test_prime_cli_live.py": LIVE,
     "tests/sandboxes/test_sandboxes_api.py": THREADS,
     "tests/sandboxes/test_sandboxes_sdk.py": LIVE,

@@ -9,7 +9,7 @@ import pytest
 from jobs.models import Job
 from lab.api.parsers import MAX_JSON_DEPTH, JSONTooDeep, check_json_depth, json_loads
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker", "default_prices")]
 
 TOO_DEEP = {
     "type": "invalid_request_error",
