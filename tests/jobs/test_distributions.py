@@ -8,7 +8,7 @@ from jobs.distributions import histogram
 from tests.support.jobs_helpers import Engine, submit
 from tests.support.schema_check import assert_matches, served_document
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 
 def rollouts(rewards, advantages):

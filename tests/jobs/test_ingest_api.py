@@ -16,7 +16,7 @@ from jobs.models import Checkpoint, Job, JobEvent, JobStatus, LogLine, MetricSte
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 NOW = "2026-11-29T22:16:31Z"
 

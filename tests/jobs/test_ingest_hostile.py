@@ -16,7 +16,7 @@ from jobs.models import Adapter, Checkpoint, JobAttempt, LogLine, MetricStep
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 
 @pytest.fixture(autouse=True)
