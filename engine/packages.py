@@ -16,6 +16,11 @@ verifiers package (no such entry point: its top-level module exports a ``Taskset
 imported by the engine: verifiers lives in its own environment (``.venv-verifiers``), whose
 Python runs the verifiers bridge over the same site directory
 (``engine.environments.verifiers_taskset``); a module missing there is the same exit 2.
+
+A package whose build loaded it through verifiers' v0 API (``load_environment``; the package's
+``build``, ``{"number", "api": "v0", "lock": [...]}``) runs on its build instead: the build's
+lock is installed into an environment of its own, cached on the machine by the lock's hash
+(``engine.build_envs``), and the ``load_environment`` bridge runs with that environment's Python.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -36,11 +43,13 @@ from pathlib import Path
 
 import httpx
 
-from engine import egress
+from engine import build_envs, egress
 from engine.catalog import EnvironmentInfo, register_environment
 from engine.config import PACKAGES_VARIABLE, child_environment, environment
 from engine.environments import register_installed, verifiers_taskset
 from engine.environments.base import Environment, InvalidEnvironment
+
+logger = logging.getLogger("engine")
 
 ENTRY_POINT_GROUP = "lab.environments"
 #: Seconds one wheel download or the pip install may take.
@@ -57,6 +66,9 @@ class Package:
     sha256: str
     url: str
     filename: str
+    #: The package's build when Lab runs it on one: ``{"number", "api", "lock": [{"name", "version",
+    #: "filename", "sha256", "url"}]}`` (``engine.build_envs``); None runs it as before builds.
+    build: dict | None = None
 
     @property
     def name(self) -> str:
@@ -74,7 +86,10 @@ def packages_from_environment(environ=None) -> list[Package]:
         return []
     try:
         items = json.loads(raw)
-        packages = [Package(id=item["id"], sha256=item["sha256"], url=item["url"], filename=item["filename"]) for item in items]
+        packages = [
+            Package(id=item["id"], sha256=item["sha256"], url=item["url"], filename=item["filename"], build=item.get("build"))
+            for item in items
+        ]
     except (ValueError, TypeError, KeyError) as error:
         raise InvalidEnvironment(f"{PACKAGES_VARIABLE} is not a list of packages: {error}") from None
     for package in packages:
@@ -85,6 +100,8 @@ def packages_from_environment(environ=None) -> list[Package]:
 
 def _fetch(package: Package, directory: Path) -> Path:
     """Copy or download the wheel into ``directory`` and check its SHA-256."""
+    if "/" in package.filename or not package.filename.endswith(".whl"):
+        raise InvalidEnvironment(f"package {package.id} has no wheel file name: {package.filename!r}")
     target = directory / package.filename
     digest = hashlib.sha256()
     parsed = urllib.parse.urlsplit(package.url)
@@ -179,7 +196,24 @@ def _import(package: Package, module: str):
         raise InvalidEnvironment(f"environment {package.id}: importing it failed: {type(error).__name__}: {message}") from None
 
 
+def _fetch_locked(package: Package):
+    """``fetch(entry, folder)`` for ``engine.build_envs``: one wheel of ``package``'s build's lock,
+    fetched and checked as a package's own wheel is."""
+
+    def fetch(entry: dict, folder: Path) -> Path:
+        try:
+            wheel = Package(id=package.id, sha256=entry["sha256"], url=entry["url"], filename=entry["filename"])
+        except (KeyError, TypeError):
+            raise InvalidEnvironment(f"package {package.id}: its build's lock is not a list of wheels") from None
+        return _fetch(wheel, folder)
+
+    return fetch
+
+
 def _load(package: Package, site: Path) -> None:
+    if package.build and package.build.get("api") == "v0":
+        _load_on_build(package, site)
+        return
     distribution = _distribution(package, site)
     entry_points = [point for point in distribution.entry_points if point.group == ENTRY_POINT_GROUP]
     if not entry_points:
@@ -219,3 +253,24 @@ def _load_verifiers(package: Package, site: Path, distribution: importlib.metada
     info = verifiers_taskset.describe(bridge, package_id=package.id, name=package.name, summary=distribution.metadata["Summary"] or "")
     register_installed(package.id, verifiers_taskset.environment_class(info, bridge))
     register_environment(info)
+
+
+def _load_on_build(package: Package, site: Path) -> None:
+    """Install ``package``'s build (or find it installed), start its ``load_environment`` bridge
+    with the build's Python, read ``load_environment``'s parameters and register it."""
+    lock = package.build.get("lock")
+    if not isinstance(lock, list):
+        raise InvalidEnvironment(f"package {package.id}: its build's lock is not a list of wheels")
+    workdir = site.parents[1]
+    started = time.monotonic()
+    python, installed = build_envs.ensure_environment(package.id, lock, workdir, _fetch_locked(package), log=logger.info)
+    ready = time.monotonic()
+    bridge = verifiers_taskset.start_load_environment_bridge(package_id=package.id, python=python, site=site, workdir=workdir)
+    info = verifiers_taskset.describe(bridge, package_id=package.id, name=package.name)
+    register_installed(package.id, verifiers_taskset.environment_class(info, bridge))
+    register_environment(info)
+    logger.info(
+        "environment %s runs on build %s: its environment %s in %.2f s, its bridge started in %.2f s",
+        package.id, package.build.get("number"), "installed" if installed else "found installed",
+        ready - started, time.monotonic() - ready,
+    )

@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from engine.catalog import EnvironmentInfo
-from environments.builds import build_start
+from environments.builds import WHEELHOUSE_PREFIX, build_start
 from environments.models import EnvironmentPackage
 from environments.storage import WHEEL_CONTENT_TYPE, package_key
 from environments.wheels import MAX_WHEEL_BYTES, InvalidWheel, read_wheel
@@ -257,3 +257,13 @@ def package_download_url(package: EnvironmentPackage) -> str:
     return storage.download_url(
         package.storage_key, filename=package.filename, content_type=WHEEL_CONTENT_TYPE, expires_s=DOWNLOAD_URL_EXPIRE_S
     )
+
+
+def wheelhouse_download_url(entry: dict) -> str:
+    """Return where an engine fetches one wheel of a build's lock (``{"sha256", "filename", ...}``)
+    from the shared wheelhouse: a ``file://`` URL on the filesystem backend, else a pre-signed GET
+    URL good for ``DOWNLOAD_URL_EXPIRE_S`` seconds."""
+    key = f"{WHEELHOUSE_PREFIX}{entry['sha256']}/{entry['filename']}"
+    if storage.is_filesystem():
+        return storage.path_of(key).as_uri()
+    return storage.download_url(key, filename=entry["filename"], content_type=WHEEL_CONTENT_TYPE, expires_s=DOWNLOAD_URL_EXPIRE_S)

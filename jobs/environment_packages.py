@@ -15,7 +15,13 @@ from django.db.models import Q
 
 from environments.builds import build_failure_message
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
-from environments.services import EnvironmentRef, environment_find, environment_mark_deleted, package_download_url
+from environments.services import (
+    EnvironmentRef,
+    environment_find,
+    environment_mark_deleted,
+    package_download_url,
+    wheelhouse_download_url,
+)
 from jobs.models import Job, JobStatus
 from lab.audit import Actor
 from lab.errors import LabError, not_found
@@ -65,17 +71,34 @@ def environment_delete(*, organization: Organization, actor: Actor, environment_
 def launch_packages(job: Job) -> tuple[dict, ...]:
     """Return the packages an attempt of ``job`` installs, for ``LaunchRequest.environment_packages``:
     ``{"id", "sha256", "url", "filename"}`` per uploaded environment its spec names (deleted
-    versions are left out, and the engine then reports the environment as not installed)."""
+    versions are left out, and the engine then reports the environment as not installed), with
+    ``build`` for a package whose latest build is ready and loaded it through ``load_environment``
+    (API ``v0``): ``{"number", "api", "lock": [{"name", "version", "filename", "sha256", "url"}]}``,
+    each ``url`` the wheel's in the shared wheelhouse (``engine.build_envs`` installs them)."""
     ids = set(_environment_ids(job.spec))
     names = {ref.name for ref in map(EnvironmentRef.parse, ids) if ref is not None}
-    packages = EnvironmentPackage.objects.unscoped().filter(
-        organization=job.project.organization_id, name__in=names, deleted_at=None
-    ).select_related("organization")
-    return tuple(
-        {"id": package.public_id, "sha256": package.sha256, "url": package_download_url(package), "filename": package.filename}
-        for package in packages
+    packages = [
+        package for package in EnvironmentPackage.objects.unscoped().filter(
+            organization=job.project.organization_id, name__in=names, deleted_at=None
+        ).select_related("organization")
         if package.public_id in ids
-    )
+    ]
+    builds = {
+        build.package_id: build
+        for build in EnvironmentBuild.objects.unscoped().filter(package__in=packages).order_by("package_id", "number")
+    }  # the highest number wins
+    launched = []
+    for package in packages:
+        item = {"id": package.public_id, "sha256": package.sha256, "url": package_download_url(package), "filename": package.filename}
+        build = builds.get(package.pk)
+        if build is not None and build.status == BuildStatus.READY and build.summary.get("api") == "v0":
+            item["build"] = {
+                "number": build.number,
+                "api": "v0",
+                "lock": [{**entry, "url": wheelhouse_download_url(entry)} for entry in build.lock],
+            }
+        launched.append(item)
+    return tuple(launched)
 
 
 def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str]]:

@@ -48,13 +48,16 @@ def register_installed(environment_id: str, cls: type[Environment]) -> None:
 
 
 def check_args(info: EnvironmentInfo, args: dict) -> None:
-    """Raise InvalidEnvironment unless every key of `args` is a default's key of the same JSON type."""
+    """Raise InvalidEnvironment unless every key of `args` is a default's key of the same JSON type
+    (a default of None, a `load_environment` parameter's with no JSON default, takes any value)."""
     for key, value in args.items():
         if key not in info.args:
             raise InvalidEnvironment(
                 f"{info.id} has no argument {key!r} (allowed: {', '.join(sorted(info.args))})"
             )
         default = info.args[key]
+        if default is None:
+            continue
         same_type = type(value) is type(default) or (
             isinstance(default, float) and type(value) is int
         )

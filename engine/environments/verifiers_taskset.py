@@ -48,6 +48,8 @@ logger = logging.getLogger("engine")
 PYTHON_VARIABLE = "LAB_ENGINE_VERIFIERS_PYTHON"
 DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-verifiers" / "bin" / "python"
 BRIDGE_SCRIPT = Path(__file__).resolve().with_name("verifiers_bridge.py")
+#: The bridge of verifiers' v0 API (``load_environment``), run with the Python of the package's build.
+LOAD_ENVIRONMENT_BRIDGE_SCRIPT = Path(__file__).resolve().with_name("load_environment_bridge.py")
 #: Seconds the bridge may take to start (import verifiers) and to answer one request.
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 300.0
@@ -62,6 +64,7 @@ _BRIDGE_ENV_FIXED = {
     # Nothing a taskset does may reach an index or a hub (verifiers' harnesses would run `uv sync`).
     "UV_OFFLINE": "1",
     "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "PIP_NO_INDEX": "1",
 }
@@ -100,7 +103,7 @@ class Bridge:
     """One bridge process and its JSON-lines channel; requests are serialised by a lock (the
     trainer may sample in a background thread while it evaluates)."""
 
-    def __init__(self, *, python: Path, site: Path, workdir: Path, package_id: str):
+    def __init__(self, *, python: Path, site: Path, workdir: Path, package_id: str, script: Path = BRIDGE_SCRIPT):
         self.package_id = package_id
         self.log_path = workdir / "environments" / f"verifiers-bridge-{len(_BRIDGES) + 1}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +113,7 @@ class Bridge:
         self._buffer = b""
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(python), "-I", str(BRIDGE_SCRIPT), "--site", str(site)],
+                [str(python), "-I", str(script), "--site", str(site)],
                 cwd=workdir, env=bridge_environment(home=home), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 start_new_session=True,
             )
@@ -250,6 +253,18 @@ def start_bridge(*, package_id: str, site: Path, workdir: Path, requires_verifie
                 f"environment {package_id} needs verifiers{requires_verifiers}; this engine runs verifiers {installed}"
             )
     return bridge
+
+
+def start_load_environment_bridge(*, package_id: str, python: Path, site: Path, workdir: Path) -> Bridge:
+    """Start the ``load_environment`` bridge (``load_environment_bridge.py``) of one package with
+    ``python``, its build's environment's. Raises InvalidEnvironment when it cannot start (the
+    build lacks verifiers' v0 API, or the process dies)."""
+    try:
+        return Bridge(python=python, site=site, workdir=workdir, package_id=package_id, script=LOAD_ENVIRONMENT_BRIDGE_SCRIPT)
+    except BridgeRefused as refusal:
+        raise InvalidEnvironment(f"environment {package_id}: {refusal}") from None
+    except (BridgeFailed, OSError) as error:
+        raise InvalidEnvironment(f"environment {package_id}: cannot start the load_environment bridge: {error}") from None
 
 
 def describe(bridge: Bridge, *, package_id: str, name: str, summary: str = "") -> EnvironmentInfo:

@@ -184,6 +184,7 @@ class LocalLauncher(Launcher):
         )
         env = engine_environment(token=request.token, repo_dir=self.repo_dir, secrets=request.secrets)
         env.update(engine_package_environment(request))
+        env.update(self._build_environment_variables(request))
         command = [self.python, "-m", "engine", *args]
         options: list[str] = []
         if self.isolation == ISOLATION_BUBBLEWRAP:
@@ -220,11 +221,13 @@ class LocalLauncher(Launcher):
             job_objects = self.storage_root / request.job_id
             job_objects.mkdir(mode=0o700, parents=True, exist_ok=True)
             writable.append(job_objects)
-        packages = [
-            Path(urllib.request.url2pathname(urllib.parse.urlsplit(package["url"]).path))
-            for package in request.environment_packages
-            if str(package.get("url", "")).startswith("file:")
-        ]
+        urls = [package.get("url", "") for package in request.environment_packages]
+        urls += [entry.get("url", "") for package in request.environment_packages for entry in (package.get("build") or {}).get("lock", [])]
+        packages = [Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path)) for url in urls if str(url).startswith("file:")]
+        build_cache = self._build_cache(request)
+        if build_cache is not None:
+            build_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+            writable.append(build_cache)
         self.model_dir.mkdir(parents=True, exist_ok=True)
         return SandboxLayout(
             workdir=workdir,
@@ -243,9 +246,32 @@ class LocalLauncher(Launcher):
                 "USER": "lab",
                 "LOGNAME": "lab",
                 "LAB_MODEL_DIR": str(self.model_dir.resolve()),
+                **self._build_environment_variables(request),
                 EGRESS_VARIABLE: json.dumps({origin_of(url): f"{EGRESS_DIR}/{name}.sock" for name, url in egress.items()}),
             },
         )
+
+    def _build_cache(self, request: LaunchRequest) -> Path | None:
+        """Where the engine keeps the environments it installs from builds' locks
+        (``engine.build_envs``): ``LAB_DATA_DIR/cache/environments/<organization>``, shared by that
+        organization's jobs (a job's code could alter what it installed, so no other organization's
+        job runs it); None when the job runs no package on a build."""
+        if not any(package.get("build") for package in request.environment_packages):
+            return None
+        return (self.data_dir / "cache" / "environments" / (request.organization or "_")).resolve()
+
+    def _build_environment_variables(self, request: LaunchRequest) -> dict[str, str]:
+        """``LAB_ENGINE_ENV_CACHE`` (``_build_cache``) and ``LAB_ENGINE_UV`` (the uv beside the
+        worker's Python, which the sandbox sees with the Python installation) for a job that runs a
+        package on its build; none otherwise."""
+        cache = self._build_cache(request)
+        if cache is None:
+            return {}
+        variables = {"LAB_ENGINE_ENV_CACHE": str(cache)}
+        uv = Path(self.python).parent / "uv"
+        if uv.exists():
+            variables["LAB_ENGINE_UV"] = str(uv)
+        return variables
 
     def _engine_code(self) -> list[Path]:
         """Return the folders of Lab's code the engine runs from: ``engine/``, ``sdk/`` and the

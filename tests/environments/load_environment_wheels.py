@@ -39,3 +39,37 @@ def tiny_single_turn_wheel(name: str = "tiny-count", version: str = "0.1.0", req
         name, version, files={f"{module}/__init__.py": TINY_SINGLE_TURN},
         requires=["verifiers>=0.1.0", "datasets"] if requires is None else requires,
     )
+
+
+#: A single-turn environment written as Hub environments are: an XML parser, a rubric of two
+#: weighted functions that read the parsed answer and the reply's length, no secrets.
+DOUBLE_IT = '''"""Double the given number, answering in <answer> tags."""
+import verifiers as vf
+from datasets import Dataset
+
+parser = vf.XMLParser(["answer"])
+
+
+def exact(completion, answer, **kwargs) -> float:
+    return 1.0 if (parser.parse_answer(completion) or "").strip() == answer else 0.0
+
+
+def length_penalty(completion, **kwargs) -> float:
+    text = completion[-1]["content"] if isinstance(completion, list) else completion
+    return max(0.0, 1.0 - len(text or "") / 64)
+
+
+def load_environment(num_examples: int = 8, **kwargs) -> vf.Environment:
+    dataset = Dataset.from_list(
+        [{"question": f"What is {n} doubled?", "answer": str(2 * n)} for n in range(num_examples)]
+    )
+    rubric = vf.Rubric(funcs=[exact, length_penalty], weights=[1.0, 0.1], parser=parser)
+    return vf.SingleTurnEnv(
+        dataset=dataset, system_prompt="Answer inside <answer></answer>.", parser=parser, rubric=rubric, **kwargs
+    )
+'''
+
+
+def double_it_wheel(name: str = "double-it", version: str = "0.1.0") -> tuple[str, bytes]:
+    """The ``DOUBLE_IT`` package: ``(file name, wheel bytes)``, requiring ``verifiers>=0.1.0`` and ``datasets``."""
+    return build_wheel(name, version, files={f"{name.replace('-', '_')}/__init__.py": DOUBLE_IT}, requires=["verifiers>=0.1.0", "datasets"])

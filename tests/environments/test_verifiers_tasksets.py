@@ -168,7 +168,8 @@ def test_bridge_environment_keeps_the_basics_and_drops_lab_variables_and_secrets
     })
     assert environment == {
         "PATH": "/usr/bin", "HOME": "/home/lab", "LC_ALL": "C.UTF-8", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONNOUSERSITE": "1", "UV_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
+        "PYTHONNOUSERSITE": "1", "UV_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "PIP_NO_INDEX": "1",
     }
     assert bridge_environment({"HOME": "/home/lab"}, home=Path("/work/job/environments/home"))["HOME"] == "/work/job/environments/home"
 

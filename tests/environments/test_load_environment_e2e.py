@@ -1,0 +1,91 @@
+"""End to end: a ``load_environment`` package written as Hub environments are (``verifiers>=0.1.0``,
+a ``vf.SingleTurnEnv`` on an in-memory dataset, an XML parser, a two-function rubric) is pushed to
+a running Lab, built against the local package index (``make package-index``; never a remote one),
+and trains tiny-model jobs on its build, offline: both reward functions are reported, the second
+job on the build finds its environment installed, and an argument ``load_environment`` does not
+take is a 400 at submit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from django.db import connection
+from labsdk import Lab
+
+from tests.environments.load_environment_wheels import double_it_wheel
+from tests.support.environments import wait_finished
+from tests.support.packages import TINY
+from tests.support.stack import running_stack, wait_for
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("default_prices"),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
+]
+
+PACKAGE_INDEX = Path(__file__).resolve().parents[2] / "var" / "package-index"
+#: The engine's line saying how long the build's environment took (engine.packages._load_on_build).
+ON_BUILD = re.compile(r"runs on build \d+: its environment (installed|found installed) in ([\d.]+) s, its bridge started in ([\d.]+) s")
+
+
+@pytest.fixture
+def stack(tmp_path, settings):
+    if not (PACKAGE_INDEX / ".filled").is_file():
+        pytest.fail("the local package index is missing: run `make package-index` (once; it downloads from PyPI)")
+    index = (PACKAGE_INDEX / "simple").as_uri()
+    with running_stack(tmp_path / "lab", settings, LAB_ENGINE_THREADS="1", LAB_PACKAGE_INDEX_URL=index) as lab:
+        yield lab
+
+
+def _on_build(lab: Lab, job_id: str) -> tuple[str, float, float]:
+    lines = [line.line for line in lab.jobs.logs(job_id, limit=500)]
+    found = [match.groups() for line in lines if (match := ON_BUILD.search(line))]
+    assert found, "\n".join(lines[-40:])
+    how, install_s, bridge_s = found[0]
+    return how, float(install_s), float(bridge_s)
+
+
+def test_a_load_environment_package_trains_on_its_build_and_the_second_job_reuses_its_environment(stack, owner, tmp_path):
+    filename, data = double_it_wheel()
+    (tmp_path / filename).write_bytes(data)
+    headers = {"Authorization": f"Bearer {owner.key}"}
+    with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
+        assert lab.environments.push(tmp_path / filename).id == "acme/double-it@0.1.0"
+        url = f"{stack.base_url}/api/v1/environments/acme/double-it@0.1.0"
+        build = wait_for(
+            lambda: (body := httpx.get(url, headers=headers).json()["build"])["status"] in {"ready", "failed"} and body,
+            timeout=300, what="double-it's build ended",
+        )
+        assert build["status"] == "ready", f"{build}\n{stack.logs()}"
+
+        refused = httpx.post(
+            f"{stack.base_url}/api/v1/jobs", headers=headers,
+            json={**TINY, "env": [{"id": "acme/double-it", "args": {"num_examples": 4, "level": 3}}]},
+        )
+        assert refused.status_code == 400, refused.text
+        assert [(item["param"], item["code"]) for item in refused.json()["error"]["errors"]] == [("env.0.args.level", "unknown_key")]
+        assert "load_environment takes num_examples" in refused.json()["error"]["message"]
+
+        spec = {**TINY, "max_steps": 3, "env": [{"id": "acme/double-it", "args": {"num_examples": 6}}]}
+        first = lab.jobs.create(spec)
+        done = wait_finished(lab, stack, first.id)
+        assert done.status == "succeeded", f"{done.to_dict()}\n{stack.logs()}"
+        points = {point.step: point.values for point in lab.jobs.metrics(first.id, limit=100)}
+        every = {name for values in points.values() for name in values}
+        assert {"reward/double-it/mean", "reward/double-it/exact/mean", "reward/double-it/length_penalty/mean"} <= every, sorted(every)
+        assert max(points) == 3
+        samples = lab.jobs.samples(first.id, step=1)
+        assert samples and samples[0].to_dict()["prompt"], samples  # the system prompt and question verifiers formatted
+
+        second = lab.jobs.create(spec)
+        assert wait_finished(lab, stack, second.id).status == "succeeded", stack.logs()
+        first_how, first_install, first_bridge = _on_build(lab, first.id)
+        second_how, second_install, second_bridge = _on_build(lab, second.id)
+    assert (first_how, second_how) == ("installed", "found installed")
+    assert second_install < 1.0, (first_install, second_install)
+    print(f"\nenvironment start overhead: first job {first_install:.2f} s install + {first_bridge:.2f} s bridge, "
+          f"second job {second_install:.2f} s + {second_bridge:.2f} s")
