@@ -13,7 +13,7 @@ from billing.accounts import account_for
 from billing.models import BillingAccount, CreditGrant, StripeEvent
 from tests.support.billing import checkout_completed, deliver, event
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "default_prices")]
 
 TRIAL_MICRO_USD = 10_000_000
 

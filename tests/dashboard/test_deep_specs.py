@@ -9,7 +9,7 @@ import pytest
 from jobs.models import Job
 from tests.support.dashboard import signed_in
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", "default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker", "default_prices")]
 
 MESSAGE = "nested deeper than the 32 levels of tables and arrays a spec may have"
 

@@ -17,7 +17,7 @@ from jobs.secrets.services import MAX_SECRETS_BYTES, engine_secrets
 from jobs.services import job_claim_for_start, job_transition
 from jobs.webhooks.models import WebhookMessage
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks")]
 
 SECRET = "sk-test-4f9c2e7a1b"
 

@@ -20,7 +20,7 @@ from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 from tests.support.fake_launcher import FakeLauncher
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 S = JobStatus
 
@@ -122,6 +122,7 @@ def test_launch_passes_a_typed_request_and_records_the_handle(owner, spec, launc
     assert (attempt.state, attempt.handle) == (AttemptState.LAUNCHED, {"id": 1})
 
 
+@pytest.mark.django_db(transaction=True)  # another connection tries the locks
 def test_a_launch_holds_no_lock_on_the_job_or_its_attempt(owner, spec, launcher):
     job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
     attempt = job_claim_for_start(job_id=job.pk)
@@ -155,6 +156,7 @@ def test_a_failing_launcher_fails_the_job_with_internal_error(owner, spec, launc
     assert JobAttempt.objects.get(pk=attempt.pk).state == AttemptState.ENDED
 
 
+@pytest.mark.django_db(transaction=True)  # another connection tries the locks
 def test_a_periodic_pass_observes_in_batches_with_no_job_locked(owner, spec, launcher, settings):
     settings.LAB_ORG_MAX_RUNNING_JOBS = 10
     jobs = [running(owner, spec, launcher)[0] for _ in range(5)]
@@ -166,6 +168,7 @@ def test_a_periodic_pass_observes_in_batches_with_no_job_locked(owner, spec, lau
     assert [Job.objects.unscoped().get(pk=job.pk).status for job in jobs] == [S.RUNNING, S.RUNNING, S.SUCCEEDED, S.RUNNING, S.RUNNING]
 
 
+@pytest.mark.django_db(transaction=True)  # checks that no transaction is open
 def test_signals_are_sent_after_the_lock_is_released(owner, spec, launcher, settings):
     settings.LAB_HEARTBEAT_TIMEOUT_S = 0
     job, attempt = running(owner, spec, launcher)

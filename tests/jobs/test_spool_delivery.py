@@ -20,7 +20,7 @@ from jobs.ingest.spool import deliver_attempt_spool
 from jobs.models import Checkpoint, Job, JobEvent, LogLine, MetricStep, RolloutSample
 from tests.support.spool import NOW, exited_launcher, launched, point, spool
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 
 @pytest.fixture(autouse=True)
