@@ -65,7 +65,7 @@ def _sha256_of(path: Path) -> str:
 
 
 #: Catalogue models that Lab builds when a job needs them rather than stores: no archive to fetch.
-BUILT_MODELS = frozenset({"lab/tiny-random-llama"})
+BUILT_MODELS = frozenset({"lab/tiny-random-llama", "lab/tiny-random-qwen2", "lab/tiny-random-qwen3", "lab/tiny-random-qwen3-moe"})
 
 
 class Checkpoints:

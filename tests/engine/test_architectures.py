@@ -12,6 +12,7 @@ import torch
 from engine.catalog import (
     LORA_TARGET_MODULES,
     TINY_RANDOM_LLAMA_ID,
+    TINY_RANDOM_MODEL_IDS,
     TINY_RANDOM_QWEN2_ID,
     TINY_RANDOM_QWEN3_ID,
     TINY_RANDOM_QWEN3_MOE_ID,
@@ -77,6 +78,12 @@ def test_it_trains_each_architecture(tmp_path, model_id, mode):
         assert adapted == ((attention, {"gate_up_proj", "down_proj"}) if moe else (set(LORA_TARGET_MODULES[base.config.model_type]), set()))
         assert any(".mlp.experts" in name for name in changed) == moe  # the experts' own LoRA weights trained
         assert not any(".mlp.gate." in name for name in changed)  # the router is not adapted
+
+
+def test_the_sdk_knows_the_tiny_models_are_built_not_fetched():
+    from labsdk._checkpoints import BUILT_MODELS
+
+    assert BUILT_MODELS == TINY_RANDOM_MODEL_IDS == set(ARCHITECTURES)
 
 
 def test_the_catalogue_names_each_tiny_models_architecture():
