@@ -81,8 +81,11 @@ def test_a_load_environment_package_trains_on_its_build_and_the_second_job_reuse
         samples = lab.jobs.samples(first.id, step=1)
         assert samples and samples[0].to_dict()["prompt"], samples  # the system prompt and question verifiers formatted
 
-        second = lab.jobs.create(spec)
+        # The second evaluates on its eval dataset too ([[eval.env]]: the dataset, since it has no eval_dataset).
+        second = lab.jobs.create({**spec, "eval": {"interval": 2, "env": [{"id": "acme/double-it", "num_examples": 2}]}})
         assert wait_finished(lab, stack, second.id).status == "succeeded", stack.logs()
+        evaluated = {name for point in lab.jobs.metrics(second.id, limit=100) for name in point.values}
+        assert {"eval/double-it/exact/mean", "eval/double-it/length_penalty/mean"} <= evaluated, sorted(evaluated)
         first_how, first_install, first_bridge = _on_build(lab, first.id)
         second_how, second_install, second_bridge = _on_build(lab, second.id)
     assert (first_how, second_how) == ("installed", "found installed")
