@@ -36,9 +36,9 @@ def make_trainable(model: torch.nn.Module, *, lora_rank: int, lora_alpha: int, b
     on the attention and MLP projections of the model's architecture
     (`engine.catalog.LORA_TARGET_MODULES`: for a mixture of experts, its experts' 3-D weights,
     which peft targets as parameters); an architecture without an entry gets every linear layer
-    (peft's "all-linear"). The
-    output layer stays frozen. The adapter's `base_model_name_or_path` is the catalogue id, so
-    a saved adapter names its base model the way Lab and vLLM know it rather than by a local path.
+    (peft's "all-linear"). The output layer stays frozen. The adapter's `base_model_name_or_path`
+    is the catalogue id, so a saved adapter names its base model the way Lab and vLLM know it
+    rather than by a local path.
     """
     if lora_rank > 0:
         targets = LORA_TARGET_MODULES.get(getattr(model.config, "model_type", None))
@@ -97,9 +97,10 @@ def policy_weights(model: torch.nn.Module):
 
     LoRA: for every adapted linear layer, its merged weight W + s·B·A under the plain model's
     parameter name (`...q_proj.weight`; for adapted expert weights, peft's `ParamWrapper`, the
-    parameter's own name, `...mlp.experts.gate_up_proj`); full fine-tuning: every trainable parameter. Tensors are detached. A model
-    sharded with FSDP2 (engine/distributed.py) gives each parameter whole, gathered as it is
-    yielded: a collective, so every rank must go through all the weights in step.
+    parameter's own name, `...mlp.experts.gate_up_proj`); full fine-tuning: every trainable
+    parameter. Tensors are detached. A model sharded with FSDP2 (engine/distributed.py) gives
+    each parameter whole, gathered as it is yielded: a collective, so every rank must go through
+    all the weights in step.
     """
     if is_lora(model):
         from peft.tuners.lora import LoraLayer
