@@ -12,7 +12,7 @@ from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
 from tests.support.schema_check import assert_matches, served_document
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 
 def started(owner, spec) -> tuple[Job, APIClient]:

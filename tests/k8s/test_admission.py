@@ -13,7 +13,7 @@ from jobs.models import Job
 from jobs.services import job_submit
 from lab.audit import Actor
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 POOL = {"nodes": [{"gpu_type": "H100", "gpus": 8, "count": 1}, {"gpu_type": "cpu", "gpus": 0, "count": 1}]}
 
