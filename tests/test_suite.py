@@ -76,7 +76,6 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/jobs/test_stream.py": LIVE,
     "tests/jobs/test_stream_hostile.py": LIVE,
     "tests/k8s/test_confinement.py": UNCONVERTED,
-    "tests/k8s/test_lifecycle.py": UNCONVERTED,
     "tests/k8s/test_readmission.py": UNCONVERTED,
     "tests/k8s/test_reconcile_pass.py": UNCONVERTED,
     "tests/k8s/test_roles.py": UNCONVERTED,

@@ -40,7 +40,7 @@ def cluster() -> FakeGateway:
     return FakeGateway()
 
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 S = JobStatus
 
