@@ -14,7 +14,7 @@ from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
 from tests.conftest import make_tenant
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 
 def client(token: str) -> APIClient:

@@ -24,7 +24,7 @@ from jobs.webhooks.models import WebhookEndpoint, WebhookMessage
 from tests.support.fake_gateway import FakeGateway, kubernetes_pool
 from tests.support.k8s import NAMESPACE, Clock, open_attempt, ready_checkpoint, reload, submit
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 S = JobStatus
 TRANSITIONS = ("job.succeeded", "job.failed", "job.requeued", "job.cancelled")

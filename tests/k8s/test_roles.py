@@ -271,7 +271,8 @@ def running_split(owner, spec, cluster) -> tuple[Job, JobAttempt, str]:
 
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
+@pytest.mark.usefixtures("commit_callbacks")
 @pytest.mark.usefixtures("no_broker")
 def test_a_split_job_succeeds_when_its_trainer_and_then_its_orchestrator_exit_0(owner, spec, launcher, cluster):
     job, attempt, name = running_split(owner, spec, cluster)
@@ -299,7 +300,8 @@ def test_a_split_job_succeeds_when_its_trainer_and_then_its_orchestrator_exit_0(
     assert JobAttempt.objects.get(pk=attempt.pk).exit_code == 0
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
+@pytest.mark.usefixtures("commit_callbacks")
 @pytest.mark.usefixtures("no_broker")
 def test_an_orchestrator_exit_2_fails_the_job_invalid_spec(owner, spec, launcher, cluster):
     job, attempt, name = running_split(owner, spec, cluster)
@@ -313,7 +315,8 @@ def test_an_orchestrator_exit_2_fails_the_job_invalid_spec(owner, spec, launcher
     assert JobAttempt.objects.get(pk=attempt.pk).exit_code == 2
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
+@pytest.mark.usefixtures("commit_callbacks")
 @pytest.mark.usefixtures("no_broker")
 def test_the_trainers_exit_decides_a_split_attempt(owner, spec, launcher, cluster):
     job, attempt, name = running_split(owner, spec, cluster)
@@ -325,7 +328,8 @@ def test_the_trainers_exit_decides_a_split_attempt(owner, spec, launcher, cluste
     assert (reload(job).status, reload(job).error_code) == (S.FAILED, ErrorCode.OOM)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
+@pytest.mark.usefixtures("commit_callbacks")
 @pytest.mark.usefixtures("no_broker")
 def test_a_split_job_on_a_pool_without_a_shared_volume_fails_to_launch_saying_so(owner, spec, launcher, cluster):
     """LAB_K8S_ENGINE_ROLES=split asks for the roles; without their volume (auto would run the whole engine) it fails."""
