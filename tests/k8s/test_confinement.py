@@ -449,7 +449,8 @@ def test_the_example_overlays_egress_is_taken_and_its_policy_validates(monkeypat
 # --- through the reconciler -------------------------------------------------------------------
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
+@pytest.mark.usefixtures("commit_callbacks")
 @pytest.mark.usefixtures("no_broker")
 def test_a_jobs_attempt_is_confined_from_its_launch_until_its_jobset_is_gone(owner, spec, monkeypatch, settings):
     cluster = FakeGateway()
