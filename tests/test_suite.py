@@ -69,7 +69,6 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/jobs/test_checkpoint_download_asgi.py": LIVE,
     "tests/jobs/test_checkpoint_s3.py": NOT_REVIEWED,
     "tests/jobs/test_checkpoints.py": NOT_REVIEWED,
-    "tests/jobs/test_hostile_specs.py": UNCONVERTED,
     "tests/jobs/test_job_secrets_launch.py": LIVE,
     "tests/jobs/test_local_sandbox.py": LIVE,
     "tests/jobs/test_reconciler.py": CONNECTIONS,

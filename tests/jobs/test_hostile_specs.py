@@ -9,7 +9,7 @@ import pytest
 
 from jobs.models import Job, JobSecrets
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker")]
 
 SECRET = "sk-hostile-4f9c2e7a1b"
 
