@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 THREADS = "runs code in threads that read its rows"
 LIVE = "starts a server, worker or engine (or live_server) that reads its rows"
 CONNECTIONS = "races several database connections on locks"
-UNCONVERTED = "commits only so that its on-commit callbacks run: to move to commit_callbacks"
 NOT_REVIEWED = "not reviewed yet (its tests were changing): may move to commit_callbacks (moto S3 is a process, not a reader of rows)"
 
 #: Test modules (and test support modules) that take ``django_db(transaction=True)``, with why.
@@ -36,7 +35,6 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/billing/test_ledger_batch.py": CONNECTIONS,
     "tests/billing/test_meter_events.py": THREADS,
     "tests/billing/test_spend_holds.py": THREADS,
-    "tests/billing/test_stripe_webhook_limits.py": UNCONVERTED,
     "tests/browser/test_first_hour_pages_browser.py": LIVE,
     "tests/browser/test_job_page_axes_browser.py": LIVE,
     "tests/browser/test_job_pages_browser.py": LIVE,

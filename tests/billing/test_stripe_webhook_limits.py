@@ -19,7 +19,7 @@ from billing.models import BillingAccount, StripeEvent
 from tests.billing.conftest import SECRET
 from tests.support.billing import checkout_completed, deliver, event, post_webhook
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "default_prices")]
 
 TRIAL_MICRO_USD = 10_000_000
 
