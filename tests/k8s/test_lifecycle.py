@@ -549,7 +549,7 @@ def test_a_restarted_job_refuses_the_bootstrap_token_of_its_earlier_jobset(owner
     Secret, gets the attempt's job token)."""
     job, _, name = running(owner, spec, cluster)
     old_token = secret_bootstrap_token(cluster, name)
-    cluster.exit(NAMESPACE, name, 2)
+    cluster.exit(NAMESPACE, name, 4)  # out of memory: failed, and worth restarting (an invalid spec is not)
     reconciler.reconcile_job(job_id=job.pk)
     assert reload(job).status == S.FAILED
     late = {"metadata": {"uid": "uid-late"}}
