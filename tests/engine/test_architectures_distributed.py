@@ -7,9 +7,16 @@ import sys
 import pytest
 
 from engine.catalog import TINY_RANDOM_QWEN3_MOE_ID
+from tests.support.distributed import (
+    TORCHRUN,
+    adapter_weights,
+    assert_same_training,
+    assert_same_weights,
+    model_weights,
+    run,
+)
 
 from .conftest import write_spec
-from .test_distributed import TORCHRUN, adapter_weights, assert_same_training, assert_same_weights, model_weights, run
 
 STEPS = 2
 

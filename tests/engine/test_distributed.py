@@ -6,46 +6,24 @@ by summed gradients, a full fine-tune sharded with FSDP2, whose checkpoints resu
 process as one process's resume under torchrun."""
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from engine.distributed import DataParallel
+from tests.support.distributed import (
+    TORCHRUN,
+    adapter_weights,
+    assert_same_training,
+    assert_same_weights,
+    model_weights,
+    run,
+)
 
-from .conftest import REPO_ROOT, write_spec
+from .conftest import write_spec
 
 STEPS = 3
-
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-
-
-def run(tmp_path, name, spec, launcher, environ=None, *extra):
-    environment = {**os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}",
-                   "OMP_NUM_THREADS": "1", **(environ or {})}
-    workdir = tmp_path / name
-    done = subprocess.run(
-        [*launcher, "-m", "engine", "run", "--job-id", "job_1", "--attempt", "1", "--workdir", str(workdir),
-         "--spec", str(spec), "--offline", *extra],
-        cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    points = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return workdir, {point["step"]: point["values"] for point in points}
-
-
-def adapter_weights(workdir, step=STEPS):
-    (path,) = (workdir / "checkpoints").glob(f"*{step}/adapter_model.safetensors")
-    return load_file(str(path))
-
-
-def model_weights(workdir, step=STEPS):
-    (path,) = (workdir / "checkpoints").glob(f"*{step}/model.safetensors")
-    return load_file(str(path))
 
 
 def shard_log_lines(workdir):
@@ -62,23 +40,6 @@ def full_fine_tune_spec(tmp_path):
                       lora_rank=0, checkpoints={"interval": 1, "keep_last": STEPS})
 
 
-def assert_same_training(pair, single):
-    for step in single:
-        assert pair[step]["reward/mean"] == single[step]["reward/mean"]
-        for name in ("loss/mean", "optim/grad_norm", "entropy/mean"):
-            assert pair[step][name] == pytest.approx(single[step][name], rel=1e-4, abs=1e-7), (step, name)
-
-
-def assert_same_weights(one, two):
-    assert one.keys() == two.keys() and one
-    # AdamW scales each coordinate's update to about the learning rate (1e-2 here), so a
-    # coordinate whose gradient is near zero carries float-rounding differences at that scale:
-    # allow 1% of one step on the worst coordinate, and far less on average.
-    for name in one:
-        difference = (one[name] - two[name]).abs()
-        assert difference.max() <= 1e-4 and difference.mean() <= 1e-6, name
-
-
 def test_two_gloo_ranks_train_exactly_as_one_process(tmp_path):
     spec = write_spec(tmp_path / "spec.json", max_steps=STEPS, batch_size=16, rollouts_per_example=4, seed=3,
                       checkpoints={"interval": STEPS, "keep_last": 1})
@@ -88,7 +49,7 @@ def test_two_gloo_ranks_train_exactly_as_one_process(tmp_path):
     assert sorted(pair) == sorted(single) == list(range(1, STEPS + 1))
     assert_same_training(pair, single)
     assert any(values["loss/mean"] != 0.0 for values in single.values())  # it trained
-    assert_same_weights(adapter_weights(single_dir), adapter_weights(pair_dir))
+    assert_same_weights(adapter_weights(single_dir, STEPS), adapter_weights(pair_dir, STEPS))
     # Rank 1 trained too, but wrote no checkpoint and reported nothing to rank 0's outputs.
     rank1 = pair_dir / "ranks" / "rank-1"
     assert (rank1 / "metrics.jsonl").is_file() and not (rank1 / "checkpoints").exists()
@@ -148,7 +109,7 @@ def test_a_full_fine_tune_resumes_exactly_across_fsdp2_and_one_process(tmp_path)
                                        "--resume-from", str(single_dir / "checkpoints" / "step-000001"))
     assert sorted(from_single) == [2, 3]
     assert_same_training(from_single, {step: single[step] for step in (2, 3)})
-    assert_same_weights(model_weights(single_dir), model_weights(from_single_dir))
+    assert_same_weights(model_weights(single_dir, STEPS), model_weights(from_single_dir, STEPS))
 
     checkpoint = from_single_dir / "checkpoints" / "step-000002"  # written by the 2 ranks
     again_dir, again = run(tmp_path, "two-from-two", spec, TORCHRUN, None, "--resume-from", str(checkpoint))
