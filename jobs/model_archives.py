@@ -25,6 +25,7 @@ from django.conf import settings
 
 from jobs.specs import installed_models
 from lab.errors import LabError, not_found
+from lab.models import Organization
 
 _CHUNK = 1024 * 1024
 
@@ -82,13 +83,13 @@ def _write_tar(target: Path, members: list[tuple[str, Path, os.stat_result]]) ->
     return digest.hexdigest()
 
 
-def model_archive(model_id: str) -> ModelArchive:
+def model_archive(model_id: str, *, organization: Organization | None = None) -> ModelArchive:
     """Return the archive of the catalogue model ``model_id`` (``owner/name``), building it first
     when its directory changed since the last one. Raises LabError 404 ``not_found`` for an id
-    that is not in the catalogue and for a catalogue model with no directory in ``LAB_MODEL_DIR``
-    (the test model ``lab/tiny-random-llama`` is built, not stored; the SmolLM2 built-in is stored
+    that ``organization`` may not use (``installed_models``: with none, the models offered to
+    everyone) and for a catalogue model with no directory in ``LAB_MODEL_DIR`` (the test model ``lab/tiny-random-llama`` is built, not stored; the SmolLM2 built-in is stored
     once a job has converted it)."""
-    if model_id not in installed_models():
+    if model_id not in installed_models(organization):
         raise not_found("model")
     root = Path(settings.LAB_MODEL_DIR).resolve()
     model_dir = root / model_id

@@ -13,7 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from lab.ids import public_id
-from lab.models import ApiKey, Project, User
+from lab.models import ApiKey, Organization, Project, User
 from lab.tenancy import TenantManager
 
 
@@ -433,6 +433,48 @@ class LogLine(models.Model):
             models.Index(fields=["job", "id"], name="log_job_order"),
             models.Index(fields=["job", "stream_seq"], name="log_job_stream"),
         ]
+
+
+class Model(models.Model):
+    """One model of the registry: what ``GET /models`` lists and a job's ``model`` may name.
+
+    ``id`` is the catalogue id (``owner/name``). ``family`` is the architecture's family (the
+    transformers ``model_type`` less a ``_moe`` suffix); ``parameters`` is the total count and
+    ``active_parameters`` the count each token uses (mixture-of-experts only; null otherwise or
+    when unknown). ``context_length`` is in tokens. ``training_modes`` is a JSON list of "lora" and
+    "full"; ``lora_target_modules`` peft's ``target_modules`` (a list of module names, or
+    "all-linear"); ``memory_gb`` the estimated GPU memory per mode in GB (``jobs.registry``:
+    bytes per parameter × parameters × 1.2, empty when the size is unknown). ``revision`` and
+    ``licence`` are "" when unknown. ``organization`` null offers the model to everyone;
+    otherwise only that organization sees and uses it (another one gets ``unknown_model``, as for
+    a missing model). ``source`` is "builtin" (shipped with Lab) or "local" (a directory in
+    ``LAB_MODEL_DIR``). Rows are kept in step with the engine's catalogue by
+    ``jobs.registry.sync_models`` (after every migrate, and ``manage.py models sync``).
+    """
+
+    id = models.CharField(primary_key=True, max_length=200)
+    family = models.CharField(max_length=64, blank=True)
+    architecture = models.CharField(max_length=64, blank=True)
+    parameters = models.BigIntegerField(null=True)
+    active_parameters = models.BigIntegerField(null=True)
+    context_length = models.PositiveIntegerField()
+    chat_template = models.BooleanField(default=False)
+    training_modes = models.JSONField(default=list)
+    lora_target_modules = models.JSONField(default=list)
+    memory_gb = models.JSONField(default=dict)
+    revision = models.CharField(max_length=64, blank=True)
+    licence = models.CharField(max_length=64, blank=True)
+    description = models.TextField(blank=True)
+    source = models.CharField(max_length=16, default="builtin")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, null=True, blank=True, related_name="models")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.id
+
 
 from jobs.webhooks.models import (  # noqa: E402,F401  (models of the jobs app)
     WebhookAttempt,

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from billing.models import Price
-from engine.catalog import EnvironmentInfo, ModelInfo
+from engine.catalog import EnvironmentInfo
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from environments.serializers import recorded_args
 from jobs.artifacts.presenters import artifact_to_dict
@@ -22,6 +22,7 @@ from jobs.models import (
     JobEvent,
     JobPriority,
     JobStatus,
+    Model,
     RolloutSample,
 )
 from jobs.queue import queue_positions
@@ -163,15 +164,29 @@ def log_line_to_dict(seq: int, time: datetime, attempt: int, stream: str, line: 
     return {"seq": seq, "time": iso(time), "attempt": attempt, "stream": stream, "line": line}
 
 
-def model_to_dict(model: ModelInfo) -> dict[str, Any]:
-    """Return a model catalogue entry."""
+def model_to_dict(model: Model) -> dict[str, Any]:
+    """Return a registry model ``{"id","object":"model","family","architecture","parameters",
+    "active_parameters","context_length","chat_template","modes","lora_target_modules",
+    "memory_gb","revision","licence","description","source","owned_by"}``: ``owned_by`` is the
+    owning organization's slug, null for a model offered to everyone; ``memory_gb`` maps each
+    mode to its estimated GPU memory in GB."""
     return {
         "id": model.id,
         "object": "model",
-        "context_length": model.context_length,
+        "family": model.family,
+        "architecture": model.architecture,
         "parameters": model.parameters,
+        "active_parameters": model.active_parameters,
+        "context_length": model.context_length,
+        "chat_template": model.chat_template,
+        "modes": model.training_modes,
+        "lora_target_modules": model.lora_target_modules,
+        "memory_gb": model.memory_gb,
+        "revision": model.revision,
+        "licence": model.licence,
         "description": model.description,
         "source": model.source,
+        "owned_by": model.organization.slug if model.organization_id else None,
     }
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 from labsdk.spec import (
     ParsedSpec,
     SpecError,
@@ -24,13 +26,14 @@ from labsdk.spec import (
     translate_layout,
 )
 
-from engine.catalog import EnvironmentInfo, ModelInfo, list_environments, list_models
+from engine.catalog import EnvironmentInfo, list_environments, list_models
 from environments.arguments import argument_problems
 from environments.builds import build_failure_message, latest_build
 from environments.models import BuildStatus, EnvironmentPackage
 from environments.services import EnvironmentRef, environment_catalogue, environment_find
-from jobs.models import Checkpoint, CheckpointStatus
+from jobs.models import Checkpoint, CheckpointStatus, Model
 from jobs.pool import pool_problems
+from jobs.registry import registry_fields
 from lab.errors import FieldError, LabError
 from lab.models import Organization, Project
 
@@ -57,9 +60,22 @@ class ValidatedSpec:
         return canonical
 
 
-def installed_models() -> dict[str, ModelInfo]:
-    """Return the model catalogue of this Lab (built-ins and operator-placed directories)."""
-    return list_models(settings.LAB_MODEL_DIR)
+def installed_models(organization: Organization | None = None) -> dict[str, Model]:
+    """Return the models ``organization`` may use, keyed by catalogue id: the registry's models
+    offered to everyone and, with ``organization``, its own (``jobs.models.Model``; another
+    organization's are absent, as a missing model is). A Hugging Face directory an operator placed
+    in ``LAB_MODEL_DIR`` since the last ``manage.py models sync`` is listed too, as an unsaved row
+    offered to everyone, unless the registry holds its id."""
+    visible = Q(organization__isnull=True)
+    if organization is not None:
+        visible |= Q(organization=organization)
+    models = {model.id: model for model in Model.objects.filter(visible).select_related("organization")}
+    model_dir = Path(settings.LAB_MODEL_DIR)
+    unsynced = {model_id: info for model_id, info in list_models(model_dir).items() if model_id not in models}
+    if unsynced:
+        registered = set(Model.objects.filter(id__in=unsynced).values_list("id", flat=True))
+        models |= {model_id: Model(**registry_fields(info, model_dir)) for model_id, info in unsynced.items() if model_id not in registered}
+    return models
 
 
 def installed_environments(organization: Organization | None = None) -> dict[str, EnvironmentInfo]:
@@ -200,7 +216,7 @@ def validate_job_spec(
     fails shape validation is still checked against the catalogues and the packages where its
     fields are usable.
     """
-    models, environments = installed_models(), installed_environments(project.organization)
+    models, environments = installed_models(project.organization), installed_environments(project.organization)
     try:
         parsed = parse_spec(data)
     except SpecError as exc:

@@ -210,15 +210,28 @@ MODEL = component(
         {
             "id": STRING,
             "object": {"const": "model"},
-            "context_length": INTEGER,
+            "family": STRING,
+            "architecture": STRING,
             "parameters": nullable(INTEGER),
+            "active_parameters": nullable(INTEGER),
+            "context_length": INTEGER,
+            "chat_template": BOOLEAN,
+            "modes": {"type": "array", "items": {"enum": ["lora", "full"]}},
+            "lora_target_modules": {"oneOf": [{"type": "array", "items": STRING}, {"const": "all-linear"}]},
+            "memory_gb": {"type": "object", "additionalProperties": NUMBER},
+            "revision": STRING,
+            "licence": STRING,
             "description": STRING,
             "source": STRING,
+            "owned_by": nullable(STRING),
         },
-        description="A model of the catalogue.",
+        description=(
+            "A model of the registry: offered to everyone (owned_by null) or the organization's own; "
+            "memory_gb is the estimated GPU memory of each training mode in GB."
+        ),
     ),
 )
-MODEL_LIST = list_component("Model", "The model catalogue.")
+MODEL_LIST = list_component("Model", "The models this organization may use.")
 
 ENVIRONMENT_BUILD = component(
     "EnvironmentBuild",

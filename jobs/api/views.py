@@ -269,11 +269,12 @@ class JobEstimateView(ProjectAPIView):
 
 
 class ModelListView(ProjectAPIView):
-    """``GET /models``: the model catalogue."""
+    """``GET /models``: the registry's models offered to everyone and the organization's own."""
 
     @extend_schema(responses={200: openapi.MODEL_LIST})
     def get(self, request: Request) -> Response:
-        return Response(list_envelope(map(model_to_dict, installed_models().values()), has_more=False))
+        models = installed_models(self.project.organization).values()
+        return Response(list_envelope(map(model_to_dict, models), has_more=False))
 
 
 class ModelArchiveView(ProjectAPIView):
@@ -290,7 +291,7 @@ class ModelArchiveView(ProjectAPIView):
         description="The model's Hugging Face directory as one uncompressed tar.",
     )
     def get(self, request: Request, owner: str, name: str):
-        archive = model_archive(f"{owner}/{name}")
+        archive = model_archive(f"{owner}/{name}", organization=self.project.organization)
         response = archive_file_response(archive.path.open("rb"), request=request, filename=archive.filename, size_bytes=archive.size_bytes)
         response[ARCHIVE_SHA256_HEADER] = archive.sha256
         return response

@@ -455,7 +455,7 @@ class AvailableModelsView(PrimeAPIView):
     def get(self, request: Request) -> Response:
         gpu_types = sorted({group.gpu_type for group in pool_nodes()})
         clusters = [{"clusterId": f"lab-{gpu_type}", "clusterName": f"Lab pool ({gpu_type})", "gpuType": gpu_type} for gpu_type in gpu_types]
-        return Response({"models": [{"name": model_id, "clusters": clusters} for model_id in sorted(installed_models())]})
+        return Response({"models": [{"name": model_id, "clusters": clusters} for model_id in sorted(installed_models(self.project.organization))]})
 
 
 class AvailableGpuTypesView(PrimeAPIView):
