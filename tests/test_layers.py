@@ -571,7 +571,8 @@ MAX_MODULE_LINES = 500
 LONG_MODULES = {
     "engine/environments/verifiers_bridge.py": (
         "one program run as `python -I verifiers_bridge.py` with the verifiers environment's Python: "
-        "it can import no module beside it"
+        "it imports no module beside it but bridge_protocol.py, the protocol it shares with the load_environment bridge, "
+        "loaded by its path"
     ),
     "jobs/launchers/kubernetes/objects.py": (
         "one role: the pure functions that build an attempt's Kubernetes objects (JobSet, Services, "

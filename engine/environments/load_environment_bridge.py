@@ -39,32 +39,21 @@ bridge's). An end of stdin ends the program.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import json
-import os
-import random
-import signal
 import sys
-import traceback
+from pathlib import Path
 
-SPLITS = ("train", "eval", "val")
-
-
-class BridgeError(Exception):
-    """A refusal answered to the engine (``code``: missing_module, unsupported, invalid_args,
-    invalid_taskset, invalid_request, scoring_failed)."""
-
-    def __init__(self, code: str, message: str, module: str | None = None):
-        super().__init__(message)
-        self.code, self.module = code, module
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())[:500]
+# The protocol (bridge_protocol.py, beside this file), loaded by its path alone: under ``python -I``
+# this directory is not on sys.path, and the engine's modules in it must stay out of reach.
+_spec = importlib.util.spec_from_file_location("bridge_protocol", Path(__file__).resolve().with_name("bridge_protocol.py"))
+protocol = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(protocol)
+BridgeError, SPLITS = protocol.BridgeError, protocol.SPLITS
 
 
 def _module_name(taskset_id: str) -> str:
@@ -145,19 +134,11 @@ class Opened:
         rubric = env.rubric
         self.names = list(rubric._get_reward_func_names())
         self.weights = [float(weight) for weight in rubric._get_reward_weights()]
-        self._orders: dict[tuple[int, int], list[int]] = {}
+        self._train_order = protocol.TrainOrder()
 
     def row_index(self, split: str, position: int, seed: int) -> int:
         size = len(self.datasets[split])
-        if split != "train":
-            return position % size
-        epoch, offset = divmod(position, size)
-        key = (seed, epoch)
-        if key not in self._orders:
-            order = list(range(size))
-            random.Random(f"{seed}:{epoch}").shuffle(order)
-            self._orders[key] = order
-        return self._orders[key][offset]
+        return self._train_order.index(position, size, seed) if split == "train" else position % size
 
 
 class Bridge:
@@ -281,80 +262,12 @@ class Bridge:
         self.loop.close()
 
 
-def _answer(handler: Bridge, request: dict) -> dict:
-    try:
-        operation = request.get("op")
-        arguments = {key: value for key, value in request.items() if key != "op"}
-        method = {"describe": handler.describe, "open": handler.open, "tasks": handler.tasks, "score": handler.score}.get(operation)
-        if method is None:
-            raise BridgeError("unsupported" if operation in ("start", "reply") else "invalid_request", f"unknown op {operation!r}")
-        try:
-            inspect.signature(method).bind(**arguments)
-        except TypeError as error:
-            raise BridgeError("invalid_request", f"{operation}: {error}") from None
-        return {"ok": True, "result": method(**arguments)}
-    except BridgeError as error:
-        body = {"code": error.code, "message": str(error)}
-        if error.module:
-            body["module"] = error.module
-        return {"ok": False, "error": body}
-    except ModuleNotFoundError as error:
-        return {"ok": False, "error": {"code": "missing_module", "message": f"the environment needs the module '{error.name}'", "module": error.name}}
-    except Exception as error:  # the package's code failed: say what, keep serving
-        traceback.print_exc(file=sys.stderr)
-        return {"ok": False, "error": {"code": "invalid_taskset", "message": _one_line(error)}}
-
-
-def _die_with_parent() -> None:
-    """Have Linux kill this process when the engine that started it dies (``PR_SET_PDEATHSIG``)."""
-    parent = os.getppid()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Serve requests from stdin until it ends; return the exit status."""
-    if sys.platform == "linux":
-        _die_with_parent()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--site", help="folder of the job's installed package (appended to sys.path)")
-    options = parser.parse_args(argv)
-    output = sys.stdout
-    sys.stdout = sys.stderr  # a package's prints must not break the protocol
-    try:
-        handler: Bridge | None = Bridge(options.site)
-        hello = {"ok": True, "result": handler.hello()}
-    except BridgeError as error:
-        hello = {"ok": False, "error": {"code": error.code, "message": str(error)}}
-        handler = None
-    except ModuleNotFoundError as error:
-        hello = {"ok": False, "error": {"code": "missing_module", "message": f"the bridge needs the module '{error.name}'", "module": error.name}}
-        handler = None
-    output.write(json.dumps(hello) + "\n")
-    output.flush()
-    if handler is None:
-        return 1
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            request = json.loads(line)
-            if not isinstance(request, dict):
-                raise ValueError("not an object")
-        except ValueError as error:
-            answer = {"ok": False, "error": {"code": "invalid_request", "message": f"not a JSON object: {error}"}}
-        else:
-            answer = _answer(handler, request)
-        output.write(json.dumps(answer) + "\n")
-        output.flush()
-    handler.close()
-    return 0
+    return protocol.serve(
+        Bridge, description=__doc__.splitlines()[0], site_help="folder of the job's installed package (appended to sys.path)",
+        operations=("describe", "open", "tasks", "score"), refused=("start", "reply"), what="the environment", argv=argv,
+    )
 
 
 if __name__ == "__main__":

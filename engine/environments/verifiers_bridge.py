@@ -96,19 +96,24 @@ An end of stdin ends the program.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
+import importlib.util
 import inspect
 import itertools
 import json
 import os
-import random
 import re
-import signal
 import sys
-import traceback
+from pathlib import Path
+
+# bridge_protocol.py is loaded from this file's directory by its path alone: ``python -I`` leaves
+# the directory off sys.path, where it would also expose the engine's own modules.
+_spec = importlib.util.spec_from_file_location("bridge_protocol", Path(__file__).resolve().with_name("bridge_protocol.py"))
+protocol = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(protocol)
+BridgeError, SPLITS, _missing_module, _one_line = protocol.BridgeError, protocol.SPLITS, protocol.missing_module, protocol.one_line
 
 #: Fields of every TasksetConfig that a job's args never set.
 _CONFIG_FIELDS_NOT_ARGS = frozenset({"id", "task", "system_prompt"})
@@ -116,25 +121,6 @@ _CONFIG_FIELDS_NOT_ARGS = frozenset({"id", "task", "system_prompt"})
 MAX_TASKS = 1_000_000
 
 
-class BridgeError(Exception):
-    """A refusal answered to the engine: ``code`` is one of missing_module, unsupported (a feature Lab does not run),
-    invalid_args, invalid_taskset, invalid_request, scoring_failed."""
-
-    def __init__(self, code: str, message: str, module: str | None = None):
-        super().__init__(message)
-        self.code, self.module = code, module
-
-
-def _missing_module(error: ModuleNotFoundError, what: str) -> BridgeError:
-    name = error.name or str(error)
-    return BridgeError("missing_module", f"{what} needs the module '{name}'", module=name)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())[:500]
-
-
-SPLITS = ("train", "eval", "val")
 #: The split rule of the engine's own environments (engine.environments.split_of): the SHA-256 of
 #: a prompt's messages as canonical JSON, modulo 16: 0 is eval's, 1 val's, the rest train's.
 SPLIT_BUCKETS, EVAL_BUCKET, VAL_BUCKET = 16, 0, 1
@@ -160,7 +146,7 @@ class Opened:
         self.bounded = bool(self.taskset.bounded)
         self._splits: dict[str, list] | None = None
         self._streams: dict[str, tuple] = {}
-        self._orders: dict[tuple[int, int], list[int]] = {}
+        self._train_order = protocol.TrainOrder()
         self.issued: dict[str, object] = {}
         self.reward_names: set[str] = set()
         self.multi_turn = False
@@ -219,15 +205,9 @@ class Opened:
         if not self.bounded:
             return self._streamed(split, position)
         tasks = self._bounded_splits()[split]
-        rounds, offset = divmod(position, len(tasks))
         if split != "train":
-            return tasks[offset]
-        key = (seed, rounds)
-        if key not in self._orders:
-            order = list(range(len(tasks)))
-            random.Random(f"{seed}:{rounds}").shuffle(order)
-            self._orders[key] = order
-        return tasks[self._orders[key][offset]]
+            return tasks[position % len(tasks)]
+        return tasks[self._train_order.index(position, len(tasks), seed)]
 
 
 def _messages(task, taskset_id: str, *, prompted: bool = True) -> list[dict]:
@@ -1065,82 +1045,12 @@ def _requires_runtime(fn) -> bool:
     return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
-def _answer(handler, request: dict) -> dict:
-    try:
-        operation = request.get("op")
-        arguments = {key: value for key, value in request.items() if key != "op"}
-        method = {
-            "describe": handler.describe, "open": handler.open, "tasks": handler.tasks, "score": handler.score,
-            "start": handler.start, "reply": handler.reply,
-        }.get(operation)
-        if method is None:
-            raise BridgeError("invalid_request", f"unknown op {operation!r}")
-        try:
-            inspect.signature(method).bind(**arguments)
-        except TypeError as error:
-            raise BridgeError("invalid_request", f"{operation}: {error}") from None
-        return {"ok": True, "result": method(**arguments)}
-    except BridgeError as error:
-        body = {"code": error.code, "message": str(error)}
-        if error.module:
-            body["module"] = error.module
-        return {"ok": False, "error": body}
-    except ModuleNotFoundError as error:
-        missing = _missing_module(error, "the taskset")
-        return {"ok": False, "error": {"code": missing.code, "message": str(missing), "module": missing.module}}
-    except Exception as error:  # the package's code failed: say what, keep serving
-        traceback.print_exc(file=sys.stderr)
-        return {"ok": False, "error": {"code": "invalid_taskset", "message": _one_line(error)}}
-
-
-def _die_with_parent() -> None:
-    """Have Linux kill this process when the engine that started it dies, however it dies
-    (``PR_SET_PDEATHSIG``); an engine already gone ends it now."""
-    parent = os.getppid()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Serve requests from stdin until it ends; return the exit status."""
-    if sys.platform == "linux":
-        _die_with_parent()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--site", help="directory of the job's installed packages (appended to sys.path)")
-    options = parser.parse_args(argv)
-    output = sys.stdout
-    sys.stdout = sys.stderr  # a package's prints must not break the protocol
-    try:
-        handler = Bridge(options.site)
-        hello = {"ok": True, "result": handler.hello()}
-    except ModuleNotFoundError as error:
-        hello = {"ok": False, "error": {"code": "missing_module", "message": f"the bridge needs the module '{error.name}'", "module": error.name}}
-        handler = None
-    output.write(json.dumps(hello) + "\n")
-    output.flush()
-    if handler is None:
-        return 1
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            request = json.loads(line)
-            if not isinstance(request, dict):
-                raise ValueError("not an object")
-        except ValueError as error:
-            answer = {"ok": False, "error": {"code": "invalid_request", "message": f"not a JSON object: {error}"}}
-        else:
-            answer = _answer(handler, request)
-        output.write(json.dumps(answer) + "\n")
-        output.flush()
-    handler.close()
-    return 0
+    return protocol.serve(
+        Bridge, description=__doc__.splitlines()[0], site_help="directory of the job's installed packages (appended to sys.path)",
+        operations=("describe", "open", "tasks", "score", "start", "reply"), what="the taskset", argv=argv,
+    )
 
 
 if __name__ == "__main__":
