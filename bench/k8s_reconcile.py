@@ -176,7 +176,7 @@ def main() -> None:
     if arguments.ingest_batches <= 0:
         return
 
-    from lab.services import bootstrap_tenant
+    from lab.bootstrap import bootstrap_tenant
 
     bootstrap_tenant(organization_slug="bench", project_slug="bench", email="bench@example.com", password=None)
     job, token = ingest.ingest_job(

@@ -41,7 +41,7 @@ class Engine:
         self.base = f"/api/v1/ingest/jobs/{self.job.public_id}"
 
     def checkpoint(self, step: int, content: bytes, tmp_path: Path, *, complete: bool = True) -> str:
-        from engine.reporter import HttpTransport
+        from engine.http_transport import HttpTransport
 
         body = self.client.post(f"{self.base}/checkpoints", {"attempt": 1, "step": step, "format": "peft-lora"}, format="json").json()
         archive = tmp_path / f"upload-{step}.tar"
