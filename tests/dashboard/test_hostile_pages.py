@@ -132,12 +132,12 @@ def test_a_submission_token_sent_with_another_spec_is_refused_and_queues_nothing
 @pytest.fixture
 def checkpoints(owner, spec, settings, tmp_path):
     """A running job of Acme with a ready checkpoint and one still uploading."""
-    from tests.support.jobs_helpers import Engine, _ready_checkpoint, submit
+    from tests.support.jobs_helpers import Engine, ready_checkpoint, submit
 
     settings.LAB_DATA_DIR = tmp_path
     engine = Engine(submit(owner, spec, max_steps=30))
     engine.running(0)
-    ready, data = _ready_checkpoint(engine, step=2)
+    ready, data = ready_checkpoint(engine, step=2)
     pending = engine.post("checkpoints", {"attempt": 1, "step": 4, "format": "peft-lora"})["id"]
     return {"ready": ready, "data": data, "pending": pending, "engine": engine}
 

@@ -13,7 +13,7 @@ from dashboard.spec_editor import param_line
 from jobs.models import Job, JobStatus, MetricStep
 from jobs.webhooks.models import WebhookEndpoint
 from lab.models import AuditLogEntry
-from tests.support.jobs_helpers import Engine, _ready_checkpoint, submit
+from tests.support.jobs_helpers import Engine, ready_checkpoint, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -459,7 +459,7 @@ def test_restart_runs_a_cancelled_job_again_and_refuses_a_queued_one(owner, memb
 
 def test_a_ready_checkpoint_downloads_from_the_job_page(owner_client, running_job, settings, tmp_path):
     settings.LAB_DATA_DIR = tmp_path
-    checkpoint_id, data = _ready_checkpoint(running_job)
+    checkpoint_id, data = ready_checkpoint(running_job)
     listing = owner_client.get(job_url(running_job.job, "checkpoints/")).content.decode()
     download = f"{PROJECT}checkpoints/{checkpoint_id}/download/"
     assert f'href="{download}"' in listing
@@ -545,7 +545,7 @@ def test_outsiders_change_nothing(owner, outsider, outsider_client, spec, runnin
 def test_a_checkpoint_of_another_organization_is_a_404(owner_client, outsider, spec, settings, tmp_path):
     settings.LAB_DATA_DIR = tmp_path
     engine = Engine(submit(outsider, spec))
-    checkpoint_id, _ = _ready_checkpoint(engine)
+    checkpoint_id, _ = ready_checkpoint(engine)
     assert owner_client.get(f"{PROJECT}checkpoints/{checkpoint_id}/download/").status_code == 404
     assert owner_client.get(f"{PROJECT}checkpoints/ckpt_missing/download/").status_code == 404
 

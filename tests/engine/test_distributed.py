@@ -117,8 +117,8 @@ def test_a_full_fine_tune_resumes_exactly_across_fsdp2_and_one_process(tmp_path)
     assert sorted(again) == sorted(one) == [3]
     assert_same_training(again, {3: from_single[3]})
     assert_same_training(one, {3: single[3]})
-    assert_same_weights(model_weights(from_single_dir), model_weights(again_dir))
-    assert_same_weights(model_weights(single_dir), model_weights(one_dir))
+    assert_same_weights(model_weights(from_single_dir, STEPS), model_weights(again_dir, STEPS))
+    assert_same_weights(model_weights(single_dir, STEPS), model_weights(one_dir, STEPS))
 
 
 @pytest.mark.parametrize("size, shares", [(4, [[0, 1], [2, 3]]), (5, [[0, 1, 2], [3, 4]]), (1, [[0], []])])

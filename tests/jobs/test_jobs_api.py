@@ -12,7 +12,7 @@ from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 from lab.services import api_key_create
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("default_prices")]
 
 DEEP: list = [1]
 for _ in range(40):
