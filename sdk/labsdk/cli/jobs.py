@@ -329,14 +329,19 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 def jobs_checkpoints(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab jobs checkpoints ID``: a job's checkpoints."""
     checkpoints = list(client().jobs.checkpoints(args.id))
-    if args.json:
-        _print_json(checkpoints)
+    return _print_artifacts(checkpoints, as_json=args.json)
+
+
+def _print_artifacts(artifacts: Sequence[Any], *, as_json: bool) -> int:
+    """Print a job's checkpoints or adapters (they share their fields) as a table, or as JSON."""
+    if as_json:
+        _print_json(artifacts)
         return EXIT_OK
     table = _table("ID", "STEP", "ATTEMPT", "STATUS", "FORMAT", "SIZE", "CREATED", wrap=("CREATED",))
-    for checkpoint in checkpoints:
+    for artifact in artifacts:
         table.add_row(
-            _text(checkpoint.id), _text(checkpoint.step), _text(checkpoint.attempt), _text(checkpoint.status),
-            _text(checkpoint.format), format_bytes(checkpoint.size_bytes), _when(checkpoint.created_at),
+            _text(artifact.id), _text(artifact.step), _text(artifact.attempt), _text(artifact.status),
+            _text(artifact.format), format_bytes(artifact.size_bytes), _when(artifact.created_at),
         )
     _print(table)
     return EXIT_OK
@@ -360,17 +365,7 @@ def checkpoints_download(args: argparse.Namespace, client: Callable[[], Lab]) ->
 def adapters_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab adapters list JOB``: a job's adapter artifacts, newest first."""
     adapters = client().adapters.list(args.job)
-    if args.json:
-        _print_json(adapters)
-        return EXIT_OK
-    table = _table("ID", "STEP", "ATTEMPT", "STATUS", "FORMAT", "SIZE", "CREATED", wrap=("CREATED",))
-    for adapter in adapters:
-        table.add_row(
-            _text(adapter.id), _text(adapter.step), _text(adapter.attempt), _text(adapter.status),
-            _text(adapter.format), format_bytes(adapter.size_bytes), _when(adapter.created_at),
-        )
-    _print(table)
-    return EXIT_OK
+    return _print_artifacts(adapters, as_json=args.json)
 
 
 def adapters_download(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
