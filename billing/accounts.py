@@ -26,7 +26,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import BigIntegerField, Case, F, Sum, Value, When
 from django.utils import timezone
 
-from billing.models import BillingAccount, CreditGrant, CreditKind, Plan, UsageInterval
+from billing.models import BillingAccount, CreditGrant, CreditKind, Plan, TokenUsage, UsageInterval
 from billing.pricing import cents, micro_to_usd, usd_to_micro
 from lab.models import Organization
 
@@ -109,21 +109,23 @@ def month_start(moment: datetime) -> datetime:
 
 def spent_this_month_by_organization(organization_ids: Iterable[int], *, now: datetime | None = None) -> dict[int, int]:
     """Return, by organization id, the cost in micro-dollars of the intervals of each of
-    ``organization_ids`` that ended this calendar month (UTC); 0 for one without any. One query."""
+    ``organization_ids`` that ended this calendar month (UTC) and of its inference requests
+    recorded this month (``TokenUsage``); 0 for one without any. Two queries."""
     wanted = set(organization_ids)
     start = month_start(now or timezone.now())
-    spent = dict(
-        UsageInterval.objects.unscoped()
-        .filter(organization_id__in=wanted, ended_at__gte=start)
-        .values("organization_id")
-        .annotate(total=Sum("cost_micro_usd"))
-        .values_list("organization_id", "total")
-    )
-    return {organization_id: int(spent.get(organization_id) or 0) for organization_id in wanted}
+    spent: dict[int, int] = {}
+    for rows in (
+        UsageInterval.objects.unscoped().filter(organization_id__in=wanted, ended_at__gte=start),
+        TokenUsage.objects.unscoped().filter(organization_id__in=wanted, created_at__gte=start),
+    ):
+        for organization_id, total in rows.values("organization_id").annotate(total=Sum("cost_micro_usd")).values_list("organization_id", "total"):
+            spent[organization_id] = spent.get(organization_id, 0) + int(total or 0)
+    return {organization_id: spent.get(organization_id, 0) for organization_id in wanted}
 
 
 def spent_this_month_micro_usd(organization_id: int, *, now: datetime | None = None) -> int:
-    """Return the cost of the organization's intervals that ended this calendar month (UTC)."""
+    """Return the cost of the organization's intervals that ended this calendar month (UTC) and of
+    its inference requests of this month."""
     return spent_this_month_by_organization([organization_id], now=now)[organization_id]
 
 

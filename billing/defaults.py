@@ -7,6 +7,8 @@
 | H100 | 2.50 | one H100 80 GB GPU |
 | H200 | 3.50 | one H200 141 GB GPU |
 | B200 | 5.50 | one B200 GPU |
+| sandbox_cpu | 0.05 | one CPU core of a sandbox |
+| sandbox_memory | 0.005 | one GB of a sandbox's memory |
 
 They sit near the on-demand rates of GPU clouds at the end of 2026 and are a starting point for
 an operator, not a quote.
@@ -23,6 +25,8 @@ DEFAULT_PRICES: dict[str, tuple[Decimal, str]] = {
     "H100": (Decimal("2.50"), "One NVIDIA H100 80 GB GPU"),
     "H200": (Decimal("3.50"), "One NVIDIA H200 141 GB GPU"),
     "B200": (Decimal("5.50"), "One NVIDIA B200 GPU"),
+    "sandbox_cpu": (Decimal("0.05"), "One CPU core of a sandbox"),
+    "sandbox_memory": (Decimal("0.005"), "One GB of a sandbox's memory"),
 }
 
 
@@ -46,3 +50,8 @@ def seed_price_history(price_model, price_change_model) -> None:
             if price.resource_type not in known
         ]
     )
+
+
+#: What a served model's tokens cost where no ``TokenPrice`` row (its own, or ``*``) says:
+#: USD per million prompt tokens, per million completion tokens.
+DEFAULT_TOKEN_PRICE: tuple[Decimal, Decimal] = (Decimal("0.10"), Decimal("0.30"))

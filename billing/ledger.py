@@ -12,6 +12,12 @@ workers) closing the same attempt at once serialize, and the second finds the in
 accounts for every attempt, then, when something is due, one transaction (the account locks of
 the organizations concerned, in organization order; the ledger read again; one bulk insert; one
 balance update). ``usage_close`` is the same for one attempt.
+
+The same closing meters what else holds resources while it runs (``billing.models.Meter``): a
+sandbox's cores and memory (two series, ``sandbox_cpu`` and ``sandbox_memory``, each at its own
+price) and a dedicated inference server's GPUs (``server``). Each is an ``AttemptUsage`` with its
+``meter``, the metered row's id as ``attempt_id`` and its ``units`` (cores, GB, GPUs); the key
+is (meter, id, index).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import OuterRef, Subquery, Sum
+from django.db.models import OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from billing.accounts import (
@@ -35,17 +41,23 @@ from billing.accounts import (
     used_up_bound,
 )
 from billing.metering import enqueue_meter_events
-from billing.models import BillingAccount, Plan, UsageInterval
+from billing.models import BillingAccount, Meter, Plan, UsageInterval
 from billing.pricing import PriceHistory, exact_cost_micro_usd, price_history, round_micro
 from lab.lib.resources import CPU, resource_units
 
 
 @dataclass(frozen=True)
 class AttemptUsage:
-    """One attempt as the launcher measured it: whose it is, what it holds, when it ran.
+    """One attempt (or another metered thing, ``meter``) as the launcher or runtime measured it:
+    whose it is, what it holds, when it ran.
 
-    ``attempt_id`` is the attempt's row id (the ledger's key with the interval index);
-    ``started_at``/``ended_at`` are the launcher's times (UTC; ``ended_at`` None while running).
+    ``attempt_id`` is the attempt's row id (the ledger's key with ``meter`` and the interval
+    index; a sandbox's or a server's row id for those meters); ``started_at``/``ended_at`` are
+    the launcher's times (UTC; ``ended_at`` None while running). A later ``started_at`` than the
+    newest interval's end (a server started again) starts the next interval there, so the time in
+    between is not billed. ``units`` (cores, GB or GPUs; Decimal) replaces what ``gpus`` and
+    ``resource_type`` hold (``resource_units``) when given. ``sandbox_public_id`` and
+    ``deployment_public_id`` name the sandbox or deployment metered, for the ledger's rows.
     """
 
     organization_id: int
@@ -57,6 +69,15 @@ class AttemptUsage:
     gpus: int
     started_at: datetime
     ended_at: datetime | None = None
+    meter: str = Meter.ATTEMPT
+    units: Decimal | None = None
+    sandbox_public_id: str = ""
+    deployment_public_id: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The ledger's key of this series of intervals: (meter, metered row id)."""
+        return (self.meter, self.attempt_id)
 
 
 @dataclass
@@ -93,14 +114,15 @@ def _due_bounds(start: datetime, *, until: datetime, ended: bool) -> list[tuple[
     return bounds
 
 
-def next_closings(started_at: Mapping[int, datetime]) -> dict[int, datetime]:
-    """Return, for each attempt id of ``started_at`` (its launcher start time, UTC), when its
-    next interval ends: the last recorded interval's end (else the start) plus one interval.
-    One query for all of them; an attempt due at or before now has an interval to close."""
-    lasts = _last_intervals(started_at)
+def next_closings(started_at: Mapping[int, datetime], *, meter: str = Meter.ATTEMPT) -> dict[int, datetime]:
+    """Return, for each attempt id of ``started_at`` (its launcher start time, UTC; the row ids of
+    another ``meter``), when its next interval ends: the last recorded interval's end (else the
+    start; the later of the two) plus one interval. One query for all of them; an attempt due at
+    or before now has an interval to close."""
+    lasts = _last_intervals((meter, attempt_id) for attempt_id in started_at)
     length = interval_seconds()
     return {
-        attempt_id: (lasts[attempt_id].ended_at if attempt_id in lasts else start) + length
+        attempt_id: (max(lasts[meter, attempt_id].ended_at, start) if (meter, attempt_id) in lasts else start) + length
         for attempt_id, start in started_at.items()
     }
 
@@ -122,43 +144,64 @@ class _Last:
     running_cost_micro_usd: Decimal
 
 
-#: The newest interval of each attempt of an array of attempt ids, one index probe each (the unique
-#: (attempt_id, index) index read backwards), however long the ledger: the ORM cannot drive a
-#: query from a list of values, and a grouped MAX reads every interval of every attempt.
+#: The newest interval of each (meter, id) of two arrays, one index probe each (the unique
+#: (meter, attempt_id, index) index read backwards), however long the ledger: the ORM cannot drive
+#: a query from a list of values, and a grouped MAX reads every interval of every attempt.
 _LAST_INTERVALS_SQL = """
-SELECT newest.attempt_id, newest."index", newest.ended_at, newest.running_cost_micro_usd
-FROM unnest(%s::bigint[]) AS attempt(id)
+SELECT newest.meter, newest.attempt_id, newest."index", newest.ended_at, newest.running_cost_micro_usd
+FROM unnest(%s::varchar[], %s::bigint[]) AS metered(meter, id)
 CROSS JOIN LATERAL (
-    SELECT attempt_id, "index", ended_at, running_cost_micro_usd FROM {table}
-    WHERE attempt_id = attempt.id ORDER BY "index" DESC LIMIT 1
+    SELECT meter, attempt_id, "index", ended_at, running_cost_micro_usd FROM {table}
+    WHERE meter = metered.meter AND attempt_id = metered.id ORDER BY "index" DESC LIMIT 1
 ) AS newest
 """
 
 
-def _last_intervals(attempt_ids: Iterable[int]) -> dict[int, _Last]:
-    """Return the newest recorded interval of each of ``attempt_ids`` that has one (one query)."""
-    wanted = sorted(set(attempt_ids))
+def _last_intervals(keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], _Last]:
+    """Return the newest recorded interval of each (meter, metered row id) of ``keys`` that has
+    one (one query)."""
+    wanted = sorted(set(keys))
     if not wanted:
         return {}
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(_LAST_INTERVALS_SQL.format(table=connection.ops.quote_name(UsageInterval._meta.db_table)), [wanted])
+            cursor.execute(
+                _LAST_INTERVALS_SQL.format(table=connection.ops.quote_name(UsageInterval._meta.db_table)),
+                [[meter for meter, _ in wanted], [attempt_id for _, attempt_id in wanted]],
+            )
             rows = cursor.fetchall()
     else:  # SQLite (local development): a correlated subquery per interval, fine at its sizes
-        newest = UsageInterval.objects.unscoped().filter(attempt_id=OuterRef("attempt_id")).order_by("-index").values("index")[:1]
-        rows = (
-            UsageInterval.objects.unscoped()
-            .filter(attempt_id__in=wanted, index=Subquery(newest))
-            .values_list("attempt_id", "index", "ended_at", "running_cost_micro_usd")
+        newest = (
+            UsageInterval.objects.unscoped().filter(meter=OuterRef("meter"), attempt_id=OuterRef("attempt_id"))
+            .order_by("-index").values("index")[:1]
         )
-    return {attempt_id: _Last(index, ended_at, Decimal(running)) for attempt_id, index, ended_at, running in rows}
+        rows = [
+            row for row in UsageInterval.objects.unscoped()
+            .filter(attempt_id__in={attempt_id for _, attempt_id in wanted}, index=Subquery(newest))
+            .values_list("meter", "attempt_id", "index", "ended_at", "running_cost_micro_usd")
+            if (row[0], row[1]) in set(wanted)
+        ]
+    return {(meter, attempt_id): _Last(index, ended_at, Decimal(running)) for meter, attempt_id, index, ended_at, running in rows}
 
 
 def _bounds_due(usage: AttemptUsage, last: _Last | None, *, now: datetime) -> list[tuple[datetime, datetime]]:
-    """Return the (start, end) of each of the attempt's intervals due at ``now`` after ``last``."""
+    """Return the (start, end) of each of the attempt's intervals due at ``now`` after ``last``
+    (from the later of ``last``'s end and the attempt's start)."""
     until = usage.ended_at if usage.ended_at is not None else now
-    start = last.ended_at if last is not None else usage.started_at
+    start = max(last.ended_at, usage.started_at) if last is not None else usage.started_at
     return _due_bounds(start, until=until, ended=usage.ended_at is not None)
+
+
+def _amounts(usage: AttemptUsage, units: Decimal, seconds: Decimal) -> dict[str, Decimal]:
+    """Return what one interval of ``seconds`` holds, by the ledger's column: GPU-seconds of a GPU
+    job or a dedicated server, CPU-seconds of a CPU job or of a sandbox's cores, GB-seconds of a
+    sandbox's memory."""
+    amount = seconds * units
+    if usage.meter == Meter.SANDBOX_MEMORY:
+        return {"gpu_seconds": Decimal(0), "cpu_seconds": Decimal(0), "memory_gb_seconds": amount}
+    if usage.meter == Meter.SANDBOX_CPU or usage.resource_type == CPU:
+        return {"gpu_seconds": Decimal(0), "cpu_seconds": amount, "memory_gb_seconds": Decimal(0)}
+    return {"gpu_seconds": amount, "cpu_seconds": Decimal(0), "memory_gb_seconds": Decimal(0)}
 
 
 def _intervals_due(
@@ -172,7 +215,7 @@ def _intervals_due(
     """
     index = last.index + 1 if last is not None else 0
     running = last.running_cost_micro_usd if last is not None else Decimal(0)
-    units = resource_units(gpu_type=usage.resource_type, gpus=usage.gpus)
+    units = usage.units if usage.units is not None else Decimal(resource_units(gpu_type=usage.resource_type, gpus=usage.gpus))
     rows = []
     for begin, end in _bounds_due(usage, last, now=now):
         seconds = Decimal((end - begin) // timedelta(microseconds=1)) / 1_000_000
@@ -182,7 +225,10 @@ def _intervals_due(
             UsageInterval(
                 organization_id=usage.organization_id,
                 project_id=usage.project_id,
+                meter=usage.meter,
                 job_public_id=usage.job_public_id,
+                sandbox_public_id=usage.sandbox_public_id,
+                deployment_public_id=usage.deployment_public_id,
                 attempt_id=usage.attempt_id,
                 attempt_number=usage.attempt_number,
                 index=index,
@@ -190,8 +236,7 @@ def _intervals_due(
                 units=units,
                 started_at=begin,
                 ended_at=end,
-                gpu_seconds=0 if usage.resource_type == CPU else seconds * units,
-                cpu_seconds=seconds * units if usage.resource_type == CPU else 0,
+                **_amounts(usage, units, seconds),
                 usd_per_hour=usd_per_hour,
                 cost_micro_usd=round_micro(running) - round_micro(previous),
                 running_cost_micro_usd=running,
@@ -249,12 +294,12 @@ def _close_due(due: list[AttemptUsage], *, now: datetime, prices: PriceHistory, 
         accounts = locked_accounts((usage.organization_id for usage in due), skip_locked=skip_locked)
         skipped = {usage.organization_id for usage in due} - set(accounts)
         due = [usage for usage in due if usage.organization_id in accounts]
-        lasts = _last_intervals(usage.attempt_id for usage in due)
+        lasts = _last_intervals(usage.key for usage in due)
         enabled = billing_enabled()
         rows = []
         for usage in due:
             account = accounts[usage.organization_id]
-            rows += _intervals_due(usage, lasts.get(usage.attempt_id), now=now, prices=prices, plan=account.plan, enabled=enabled)
+            rows += _intervals_due(usage, lasts.get(usage.key), now=now, prices=prices, plan=account.plan, enabled=enabled)
         if rows:
             drawn = charge([(accounts[row.organization_id], row.cost_micro_usd) for row in rows])
             for row, amount in zip(rows, drawn):
@@ -277,13 +322,13 @@ def usage_close_many(*, usages: Sequence[AttemptUsage], now: datetime, skip_lock
     for: its attempts stay due, for the next closing (``BatchCloseResult.skipped``). Raises
     ``ValueError`` when an attempt appears twice.
     """
-    attempt_ids = [usage.attempt_id for usage in usages]
-    if len(set(attempt_ids)) != len(attempt_ids):
+    keys = [usage.key for usage in usages]
+    if len(set(keys)) != len(keys):
         raise ValueError("usage_close_many takes each attempt once")
     if not usages:
         return BatchCloseResult()
-    lasts = _last_intervals(attempt_ids)
-    due = [usage for usage in usages if _bounds_due(usage, lasts.get(usage.attempt_id), now=now)]
+    lasts = _last_intervals(keys)
+    due = [usage for usage in usages if _bounds_due(usage, lasts.get(usage.key), now=now)]
     organizations = {usage.organization_id for usage in usages}
     accounts = {account.organization_id: account for account in BillingAccount.objects.filter(organization_id__in=organizations)}
     for usage in due:  # created before the transaction, so that it only locks
@@ -325,12 +370,14 @@ class UsageTotals:
 
 def job_usage_totals_many(job_public_ids: Iterable[str]) -> dict[str, UsageTotals]:
     """Return the sums of every interval (all attempts) of each of ``job_public_ids`` that has
-    one, by job public id (one query)."""
+    one, by job public id (one query): the seconds of its attempts' own compute, and the cost of
+    everything billed to it (its attempts' sandboxes included)."""
+    own = Q(meter=Meter.ATTEMPT)
     rows = (
         UsageInterval.objects.unscoped()
         .filter(job_public_id__in=set(job_public_ids))
         .values("job_public_id")
-        .annotate(gpu=Sum("gpu_seconds"), cpu=Sum("cpu_seconds"), cost=Sum("cost_micro_usd"))
+        .annotate(gpu=Sum("gpu_seconds", filter=own), cpu=Sum("cpu_seconds", filter=own), cost=Sum("cost_micro_usd"))
         .values_list("job_public_id", "gpu", "cpu", "cost")
     )
     return {
@@ -345,3 +392,19 @@ def job_usage_totals(job_public_id: str) -> UsageTotals:
     return job_usage_totals_many([job_public_id]).get(
         job_public_id, UsageTotals(gpu_seconds=Decimal(0), cpu_seconds=Decimal(0), cost_micro_usd=0)
     )
+
+
+def deployment_usage_totals_many(deployment_public_ids: Iterable[str]) -> dict[str, UsageTotals]:
+    """Return the sums of the intervals of the dedicated servers billed to each of
+    ``deployment_public_ids`` that has one, by deployment public id (one query)."""
+    rows = (
+        UsageInterval.objects.unscoped()
+        .filter(deployment_public_id__in=set(deployment_public_ids))
+        .values("deployment_public_id")
+        .annotate(gpu=Sum("gpu_seconds"), cpu=Sum("cpu_seconds"), cost=Sum("cost_micro_usd"))
+        .values_list("deployment_public_id", "gpu", "cpu", "cost")
+    )
+    return {
+        deployment: UsageTotals(gpu_seconds=gpu or Decimal(0), cpu_seconds=cpu or Decimal(0), cost_micro_usd=int(cost or 0))
+        for deployment, gpu, cpu, cost in rows
+    }

@@ -3,7 +3,7 @@
 An interval closed while its organization was invoiced (and billing on) is owed to Stripe as a
 meter event of ``STRIPE_METER_EVENT_NAME`` whose ``identifier`` is the interval's public id and
 whose value is its GPU-seconds (CPU-seconds for a CPU job), rounded half-up to whole seconds.
-Prepaid intervals are never sent.
+Prepaid intervals are never sent, nor those of sandboxes (``METERED_TO_STRIPE``).
 
 ``meter_events_send`` keeps one ``MeterEvent`` marker row per interval (unique):
 
@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from billing import stripe_api
 from billing.accounts import billing_enabled
-from billing.models import BillingAccount, MeterEvent, MeterEventState, Plan, UsageInterval
+from billing.models import BillingAccount, Meter, MeterEvent, MeterEventState, Plan, UsageInterval
 from lab.celery import TaskName
 from lab.dispatch import enqueue_on_commit
 
@@ -48,6 +48,9 @@ CLAIM_LEASE = timedelta(minutes=5)
 #: How long after its first request a marker may still be resent under its identifier: Stripe
 #: dedupes for at least 24 hours; an hour is left for clock skew and the request's own time.
 RESEND_WINDOW = timedelta(hours=23)
+#: The ledger's meters whose intervals go to the GPU-seconds meter: job attempts and dedicated
+#: inference servers. A sandbox's CPU- and memory-seconds are not sent (no meter holds them yet).
+METERED_TO_STRIPE = (Meter.ATTEMPT, Meter.SERVER)
 
 
 def meter_value(interval: UsageInterval) -> int:
@@ -61,7 +64,7 @@ def owed_intervals(limit: int = BATCH) -> list[UsageInterval]:
     oldest first."""
     return list(
         UsageInterval.objects.unscoped()
-        .filter(plan=Plan.INVOICED, billing_enabled=True)
+        .filter(plan=Plan.INVOICED, billing_enabled=True, meter__in=METERED_TO_STRIPE)
         .exclude(meter_event__state__in=[MeterEventState.SENT, MeterEventState.UNCONFIRMED])
         .order_by("id")[:limit]
     )

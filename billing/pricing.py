@@ -20,6 +20,16 @@ _CENT = Decimal("0.01")
 _EPOCH = datetime(2000, 1, 1, tzinfo=dt_timezone.utc)
 
 
+#: What one hour of a price buys, by resource type (``GET /prices``' ``unit``): a GPU otherwise.
+PRICE_UNITS = {"cpu": "job_hour", "sandbox_cpu": "core_hour", "sandbox_memory": "gb_hour"}
+
+
+def price_unit(resource_type: str) -> str:
+    """Return what one hour of ``resource_type``'s price buys: ``job_hour`` (a CPU-only job),
+    ``core_hour`` (a sandbox's core), ``gb_hour`` (a GB of a sandbox's memory) or ``gpu_hour``."""
+    return PRICE_UNITS.get(resource_type, "gpu_hour")
+
+
 def price_table() -> dict[str, Decimal]:
     """Return USD per hour by resource type, as the prices are now."""
     return {price.resource_type: price.usd_per_hour for price in Price.objects.all()}
@@ -86,7 +96,7 @@ def price_set(*, resource_type: str, usd_per_hour: Decimal, description: str | N
     return price
 
 
-def exact_cost_micro_usd(*, usd_per_hour: Decimal, units: int, seconds: Decimal) -> Decimal:
+def exact_cost_micro_usd(*, usd_per_hour: Decimal, units: int | Decimal, seconds: Decimal) -> Decimal:
     """Return the cost in micro-dollars, unrounded, of ``units`` for ``seconds`` at ``usd_per_hour``
     (``usd_per_hour × units × seconds / 3600``, 12 decimals)."""
     micro = Decimal(usd_per_hour) * units * Decimal(seconds) * MICRO_USD / 3600

@@ -48,13 +48,20 @@ component(
         {
             "date": {"type": "string", "format": "date"},
             "resource": STRING,
-            "job_id": STRING,
+            "job_id": nullable(STRING),
+            "deployment_id": nullable(STRING),
             "gpu_seconds": NUMBER,
             "cpu_seconds": NUMBER,
+            "memory_gb_seconds": NUMBER,
+            "requests": INTEGER,
+            "prompt_tokens": INTEGER,
+            "completion_tokens": INTEGER,
             "cost_usd": MONEY,
         },
-        description="Usage summed over one group; date, resource and job_id appear per grouping.",
-        optional=("date", "resource", "job_id"),
+        description="Usage summed over one group, compute and served tokens; date, resource, job_id and deployment_id "
+        "appear per grouping (resource `tokens` and job_id null for served tokens; deployment_id null for compute other "
+        "than a dedicated server's; sandboxes' resources `sandbox_cpu` and `sandbox_memory`).",
+        optional=("date", "resource", "job_id", "deployment_id"),
     ),
 )
 USAGE_LIST = list_component("UsageRow", "Usage rows, ordered by their keys.")
@@ -94,5 +101,6 @@ USAGE_PARAMETERS = [
     OpenApiParameter(
         "group_by", {"type": "string", "enum": GROUP_BY_VALUES}, description="day, resource, job, or several joined by commas"
     ),
-    OpenApiParameter("job_id", str, description="only this job's usage"),
+    OpenApiParameter("job_id", str, description="only this job's usage (its compute)"),
+    OpenApiParameter("deployment_id", str, description="only this deployment's usage (its served tokens)"),
 ]

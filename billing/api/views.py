@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from billing.accounts import balance_of
 from billing.api import openapi
 from billing.checkout import checkout_create, portal_create
-from billing.models import UsageInterval
+from billing.models import TokenUsage, UsageInterval
 from billing.selectors import GROUP_KEYS, default_range, usage_rows
 from billing.services import billing_settings_update
 from lab.api.base import ProjectAPIView
@@ -82,7 +82,8 @@ class BalanceView(ProjectAPIView):
 
 
 class UsageView(ProjectAPIView):
-    """``GET /usage?start=&end=&group_by=day|resource|job&job_id=``: the project's usage."""
+    """``GET /usage?start=&end=&group_by=day|resource|job|deployment&job_id=&deployment_id=``: the
+    project's usage, compute and served tokens."""
 
     @extend_schema(
         parameters=openapi.USAGE_PARAMETERS,
@@ -101,6 +102,15 @@ class UsageView(ProjectAPIView):
             and UsageInterval.objects.for_project(self.project).filter(job_public_id=job_id).exists()
         ):
             raise ApiError(404, "not_found", "No usage of such a job.")
+        deployment_id = params.get("deployment_id") or None
+        if deployment_id is not None and not (
+            len(deployment_id) <= MAX_PUBLIC_ID
+            and (
+                TokenUsage.objects.for_project(self.project).filter(deployment_public_id=deployment_id).exists()
+                or UsageInterval.objects.for_project(self.project).filter(deployment_public_id=deployment_id).exists()
+            )
+        ):
+            raise ApiError(404, "not_found", "No usage of such a deployment.")
         rows = usage_rows(
             organization_id=self.project.organization_id,
             project_id=self.project.pk,
@@ -108,6 +118,7 @@ class UsageView(ProjectAPIView):
             end=end,
             group_by=_group_by(params),
             job_public_id=job_id,
+            deployment_public_id=deployment_id,
         )
         for row in rows:
             row["cost_usd"] = money(row["cost_usd"])

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from django.db import connection
 
 from jobs.launchers import registry
-
-from jobs.pipeline import launch
 from jobs.launchers.base import AttemptPhase, Observation
 from jobs.models import Job, JobAttempt, JobStatus
+from jobs.pipeline import launch
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 from tests.support.fake_launcher import FakeLauncher
@@ -78,26 +74,3 @@ def observe(launcher: FakeLauncher, attempt: JobAttempt, *, started_at=T0, ended
 def at(seconds: float) -> datetime:
     """Return ``T0`` plus ``seconds``."""
     return T0 + timedelta(seconds=seconds)
-
-
-def at_once(work: Callable[[], None], threads: int) -> list[Exception]:
-    """Run ``work`` in ``threads`` threads released together (each with its own database
-    connection, closed after); return the exceptions they raised."""
-    barrier = threading.Barrier(threads)
-    errors: list[Exception] = []
-
-    def run() -> None:
-        try:
-            barrier.wait()
-            work()
-        except Exception as exc:  # returned to the test
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    started = [threading.Thread(target=run) for _ in range(threads)]
-    for thread in started:
-        thread.start()
-    for thread in started:
-        thread.join()
-    return errors

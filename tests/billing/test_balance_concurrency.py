@@ -14,7 +14,8 @@ from django.db import connection
 from billing.accounts import account_for
 from billing.ledger import AttemptUsage, usage_close, usage_close_many
 from billing.models import BillingAccount, UsageInterval
-from tests.billing.conftest import T0, at_once
+from tests.billing.conftest import T0
+from tests.support.billing import at_once
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("default_prices")]
 

@@ -15,6 +15,7 @@ from lab.services import api_key_create
 from tests.support.billing import record
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("default_prices")]
+NO_TOKENS = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
 
 
 def test_it_answers_the_balance_of_a_new_organization_with_the_trial_credit(owner):
@@ -49,15 +50,15 @@ def test_it_groups_usage_by_day_resource_and_job(owner, settings):
     by_day = client.get(f"/api/v1/usage?start={start}&group_by=day").json()
     assert by_day["object"] == "list" and by_day["has_more"] is False
     assert by_day["data"] == [
-        {"date": (latest - timedelta(days=1)).date().isoformat(), "gpu_seconds": 0.0, "cpu_seconds": 600.0, "cost_usd": "0.016667"},
-        {"date": latest.date().isoformat(), "gpu_seconds": 120.0, "cpu_seconds": 0.0, "cost_usd": "0.083333"},
+        {"date": (latest - timedelta(days=1)).date().isoformat(), "gpu_seconds": 0.0, "cpu_seconds": 600.0, "memory_gb_seconds": 0.0, **NO_TOKENS, "cost_usd": "0.016667"},
+        {"date": latest.date().isoformat(), "gpu_seconds": 120.0, "cpu_seconds": 0.0, "memory_gb_seconds": 0.0, **NO_TOKENS, "cost_usd": "0.083333"},
     ]
     by_resource = client.get(f"/api/v1/usage?start={start}&group_by=resource").json()["data"]
     assert [(row["resource"], row["cost_usd"]) for row in by_resource] == [("H100", "0.083333"), ("cpu", "0.016667")]
     by_job = client.get(f"/api/v1/usage?start={start}&group_by=job").json()["data"]
     assert [(row["job_id"], row["gpu_seconds"]) for row in by_job] == [("job_a", 0.0), ("job_b", 120.0)]
     both = client.get(f"/api/v1/usage?start={start}&group_by=day,resource&job_id=job_b").json()["data"]
-    assert both == [{"date": latest.date().isoformat(), "resource": "H100", "gpu_seconds": 120.0, "cpu_seconds": 0.0, "cost_usd": "0.083333"}]
+    assert both == [{"date": latest.date().isoformat(), "resource": "H100", "gpu_seconds": 120.0, "cpu_seconds": 0.0, "memory_gb_seconds": 0.0, **NO_TOKENS, "cost_usd": "0.083333"}]
     assert client.get(f"/api/v1/usage?start={start}&end={start}T12:00:00Z").json()["data"] == []
 
 

@@ -15,7 +15,8 @@ from jobs.pipeline import reconciler
 from jobs.models import Job, JobStatus
 from jobs.services import job_delete
 from lab.audit import Actor
-from tests.billing.conftest import T0, at, at_once, observe, start_job
+from tests.billing.conftest import T0, at, observe, start_job
+from tests.support.billing import at_once
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker", "default_prices")]
 

@@ -23,8 +23,7 @@ from billing.metering import (
     unconfirmed_meter_events,
 )
 from billing.models import MeterEvent, MeterEventState
-from tests.billing.conftest import at_once
-from tests.support.billing import invoiced, record
+from tests.support.billing import at_once, invoiced, record
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "default_prices")]
 

@@ -21,7 +21,8 @@ from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.api.errors import http_status
 from lab.audit import Actor
 from lab.errors import LabError
-from tests.billing.conftest import at, at_once, observe, start_job
+from tests.billing.conftest import at, observe, start_job
+from tests.support.billing import at_once
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("commit_callbacks", "no_broker", "default_prices")]
 
