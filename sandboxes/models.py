@@ -42,7 +42,8 @@ class Sandbox(models.Model):
     ``memory_gb`` (address space of each process), ``disk_gb`` (the work directory),
     ``timeout_s`` (the sandbox's lifetime from creation, seconds). ``environment`` holds the
     variables every command starts with. ``organization`` repeats the project's organization so
-    the per-organization cap counts in one indexed query.
+    the per-organization cap counts in one indexed query. ``attempt`` is the job attempt that
+    made it, if any (docs/sandboxes.md "Sandboxes of a job").
     """
 
     tenant_path = "project"
@@ -64,9 +65,15 @@ class Sandbox(models.Model):
     error = models.CharField(max_length=500, blank=True)
     created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    #: The job attempt whose engine made it (an environment scoring rollouts), or None: Lab
+    #: deletes it when that attempt ends, however it ends.
+    attempt = models.ForeignKey("jobs.JobAttempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="sandboxes")
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    #: Whether its usage is on the billing ledger to its end (``sandboxes.usage``): a sandbox that
+    #: ran is billed to the earlier of its stop and the end of its lifetime, once.
+    usage_closed = models.BooleanField(default=False)
 
     class Meta:
         indexes = [

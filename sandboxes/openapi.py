@@ -3,9 +3,9 @@ builds them and ``sandboxes.services`` accepts them."""
 
 from __future__ import annotations
 
-from lab.api.schema import BOOLEAN, INTEGER, NUMBER, STRING, TIMESTAMP, component, list_component, nullable, obj
+from lab.api.schema import INTEGER, NUMBER, STRING, TIMESTAMP, component, list_component, nullable, obj
 from sandboxes.models import NetworkPolicy, SandboxStatus
-from sandboxes.services import COMMAND_TIMEOUT_S, IMAGE_ALIASES, IMAGES, LIMITS
+from sandboxes.services import IMAGE_ALIASES, IMAGES, LIMITS
 
 _STRINGS = {"type": "object", "additionalProperties": STRING}
 
@@ -15,6 +15,13 @@ def _bounded(name: str, schema: dict) -> dict:
     return schema | {"minimum": minimum, "maximum": maximum, "default": default}
 
 
+DATA_PLANE = component(
+    "SandboxDataPlane",
+    obj(
+        {"url": STRING, "token": STRING, "expires_at": TIMESTAMP},
+        description="The sandbox agent's address and a token for this sandbox alone (docs/sandboxes.md \"Data plane\").",
+    ),
+)
 SANDBOX = component(
     "Sandbox",
     obj(
@@ -37,9 +44,10 @@ SANDBOX = component(
             "started_at": nullable(TIMESTAMP),
             "stopped_at": nullable(TIMESTAMP),
             "warnings": {"type": "array", "items": STRING},
+            "data_plane": DATA_PLANE,
         },
-        optional=("warnings",),
-        description="An isolated place where commands run (sbx_...); warnings only on create.",
+        optional=("warnings", "data_plane"),
+        description="An isolated place where commands run (sbx_...); warnings and data_plane only on create.",
     ),
 )
 SANDBOX_LIST = list_component("Sandbox", "The project's sandboxes, newest first.")
@@ -61,35 +69,4 @@ SANDBOX_CREATE = component(
         optional=("name", "image", "docker_image", "cpu_cores", "memory_gb", "disk_gb", "timeout_s", "network", "environment", "labels"),
     )
     | {"additionalProperties": False},
-)
-COMMAND = component(
-    "SandboxCommand",
-    obj(
-        {
-            "command": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": STRING, "minItems": 1}]},
-            "timeout_s": NUMBER | {"minimum": COMMAND_TIMEOUT_S[0], "maximum": COMMAND_TIMEOUT_S[1], "default": COMMAND_TIMEOUT_S[2]},
-            "cwd": STRING,
-            "env": _STRINGS,
-        },
-        optional=("timeout_s", "cwd", "env"),
-    )
-    | {"additionalProperties": False},
-)
-COMMAND_RESULT = component(
-    "SandboxCommandResult",
-    obj(
-        {
-            "stdout": STRING,
-            "stderr": STRING,
-            "exit_code": INTEGER | {"description": "128 + signal when killed; 124 past the timeout"},
-            "duration_ms": INTEGER,
-            "timed_out": BOOLEAN,
-            "truncated": BOOLEAN,
-        },
-        description="What a command did.",
-    ),
-)
-FILE_WRITTEN = component(
-    "SandboxFile",
-    obj({"path": STRING, "size_bytes": INTEGER}, description="A file written in the sandbox's /workspace."),
 )

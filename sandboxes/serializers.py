@@ -6,11 +6,14 @@ from typing import Any
 
 from lab.formats import iso
 from sandboxes.models import Sandbox
-from sandboxes.runtime.base import CommandResult
+from sandboxes.services import DataPlaneAccess
 
 
-def sandbox_to_dict(sandbox: Sandbox, *, warnings: list[str] | None = None) -> dict[str, Any]:
-    """Return the Sandbox object (its environment's values are never shown, only their names)."""
+def sandbox_to_dict(
+    sandbox: Sandbox, *, warnings: list[str] | None = None, access: DataPlaneAccess | None = None
+) -> dict[str, Any]:
+    """Return the Sandbox object (its environment's values are never shown, only their names);
+    the create answer adds ``warnings`` and ``data_plane`` (``access_to_dict``)."""
     body = {
         "id": sandbox.public_id,
         "object": "sandbox",
@@ -24,7 +27,7 @@ def sandbox_to_dict(sandbox: Sandbox, *, warnings: list[str] | None = None) -> d
         "network": sandbox.network,
         "environment_names": sorted(sandbox.environment),
         "labels": dict(sandbox.labels),
-        "job_id": None,
+        "job_id": sandbox.attempt.job.public_id if sandbox.attempt_id else None,
         "error": sandbox.error or None,
         "created_at": iso(sandbox.created_at),
         "started_at": iso(sandbox.started_at),
@@ -32,16 +35,11 @@ def sandbox_to_dict(sandbox: Sandbox, *, warnings: list[str] | None = None) -> d
     }
     if warnings is not None:
         body["warnings"] = list(warnings)
+    if access is not None:
+        body["data_plane"] = access_to_dict(access)
     return body
 
 
-def command_result_to_dict(result: CommandResult) -> dict[str, Any]:
-    """Return a command's result: output, exit code, duration (ms), whether it timed out or was cut."""
-    return {
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-        "exit_code": result.exit_code,
-        "duration_ms": result.duration_ms,
-        "timed_out": result.timed_out,
-        "truncated": result.truncated,
-    }
+def access_to_dict(access: DataPlaneAccess) -> dict[str, Any]:
+    """Return data-plane access: ``{"url", "token", "expires_at"}`` (docs/sandboxes.md "Data plane")."""
+    return {"url": access.url, "token": access.token, "expires_at": iso(access.expires_at)}

@@ -1,15 +1,21 @@
-"""Sandbox services: create (within the organization's cap), read, delete, run a command, move
-files, and reap sandboxes past their lifetime (docs/sandboxes.md).
+"""Sandbox services: create (within the organization's cap), read, delete, hand out data-plane
+access, reap sandboxes past their lifetime, and end the sandboxes of a job's attempt (what
+decides that an attempt may create one or has ended is the job pipeline's: ``jobs.sandboxes``;
+docs/sandboxes.md "Sandboxes of a job").
 
-Each write runs in one short transaction; the runtime (a process, a folder) is only called
-outside it. Refusals are ``lab.errors.LabError``: ``invalid_request`` (the field as ``param``),
-``invalid_state`` (the sandbox is not running), ``rate_limited`` (the organization's cap on
-concurrent sandboxes), ``not_found``.
+Each write runs in one short transaction; the runtime (the sandbox agent) is only called outside
+it. Commands and files never pass through here: clients take a token from ``sandbox_access``
+to the agent's data plane. Refusals are ``lab.errors.LabError``: ``invalid_request`` (the field
+as ``param``), ``invalid_state`` (the sandbox is not running), ``rate_limited`` (the
+organization's cap on concurrent sandboxes), ``insufficient_credit``, ``spend_limit_reached``
+or ``payment_failed`` (billing on and nothing of the organization can run, as for jobs),
+``not_found``. Usage goes to the billing ledger through ``sandboxes.usage``.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -18,14 +24,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Model
 from django.utils import timezone
 
+from billing.accounts import BLOCKER_MESSAGES, organization_run_blocker
 from lab.audit import Actor, AuditAction, audit_record
-from lab.errors import FieldError, LabError
+from lab.errors import FieldError, LabError, not_found
 from lab.models import Organization, Project
 from sandboxes.models import ACTIVE_STATUSES, NetworkPolicy, Sandbox, SandboxStatus
-from sandboxes.runtime.base import CommandRequest, CommandResult, RuntimeRefusal, SandboxRuntime, SandboxSpec
-from sandboxes.runtime.local import LocalRuntime
+from sandboxes.runtime.agent import AgentRuntime
+from sandboxes.runtime.base import RuntimeRefusal, SandboxSpec
+from sandboxes.usage import sandbox_usage_close
+
+logger = logging.getLogger(__name__)
 
 #: Images the local runtime knows: ``python:3.11`` is the host's /usr with its system Python.
 IMAGES = ("python:3.11",)
@@ -38,24 +49,24 @@ LIMITS = {
     "disk_gb": (0.01, 20.0, 1.0),
     "timeout_s": (1, 86_400, 3600),
 }
-COMMAND_TIMEOUT_S = (1, 3600, 60)
 #: Variables and labels: names like shell variables and label keys like Kubernetes' (≤ 63 chars).
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,61}[A-Za-z0-9])?$")
 _MAX_VARIABLES = 100
 _MAX_LABELS = 32
-#: The largest file a download answers (bytes); uploads are bounded by the request body limit.
-MAX_DOWNLOAD_BYTES = 64 * 1024 * 1024
+#: The labels Lab gives the sandboxes of a job's attempt: the job's public id and the attempt's number.
+JOB_LABEL = "lab.job"
+ATTEMPT_LABEL = "lab.attempt"
 
 
-@functools.cache
-def runtime() -> SandboxRuntime:
-    """Return the runtime that holds this Lab's sandboxes (the local one under ``LAB_DATA_DIR``)."""
-    return LocalRuntime(
-        settings.LAB_DATA_DIR / "sandboxes",
-        max_processes=settings.LAB_SANDBOX_MAX_PROCESSES,
-        max_open_files=settings.LAB_SANDBOX_MAX_OPEN_FILES,
-    )
+def runtime() -> AgentRuntime:
+    """Return the runtime that holds this Lab's sandboxes: the agent at ``LAB_SANDBOX_AGENT_URL``."""
+    return _agent(settings.LAB_SANDBOX_AGENT_URL, settings.LAB_SANDBOX_AGENT_SECRET)
+
+
+@functools.lru_cache(maxsize=4)
+def _agent(url: str, secret: str) -> AgentRuntime:
+    return AgentRuntime(url, secret=secret.encode())
 
 
 def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
@@ -68,8 +79,13 @@ def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
         disk_gb=sandbox.disk_gb,
         network=sandbox.network,
         environment=dict(sandbox.environment),
-        slot=sandbox.pk,
+        expires_at=sandbox_ends_at(sandbox).timestamp(),
     )
+
+
+def sandbox_ends_at(sandbox: Sandbox) -> datetime:
+    """Return when ``sandbox``'s lifetime ends."""
+    return sandbox.created_at + timedelta(seconds=sandbox.timeout_s)
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -181,14 +197,25 @@ def parse_sandbox_create(data: Any) -> SandboxCreate:
 # --- control plane -------------------------------------------------------------------------------
 
 
-def sandbox_create(*, project: Project, actor: Actor, data: Any) -> tuple[Sandbox, list[str]]:
+def sandbox_create(
+    *, project: Project, actor: Actor, data: Any, attempt: Model | None = None
+) -> tuple[Sandbox, list[str]]:
     """Create a sandbox from a request body and start it; return it (``running``, or ``failed``
     with its ``error`` when the runtime could not start it) and the body's warnings.
 
     The organization's row is locked while its active sandboxes are counted, so concurrent
-    creates cannot pass ``LAB_SANDBOX_MAX_PER_ORG`` together (``rate_limited`` past it).
+    creates cannot pass ``LAB_SANDBOX_MAX_PER_ORG`` together (``rate_limited`` past it). Billing
+    on, nothing is created when nothing of the organization can run (``organization_run_blocker``:
+    ``insufficient_credit``, ``spend_limit_reached`` or ``payment_failed``, with the jobs' messages).
+    With ``attempt`` (a ``jobs.JobAttempt``, its job loaded) the sandbox belongs to that job attempt
+    (``jobs.sandboxes.sandbox_create_for_attempt``) and carries the labels ``lab.job`` and ``lab.attempt``.
     """
     parsed = parse_sandbox_create(data)
+    blocker = organization_run_blocker(project.organization_id)
+    if blocker:
+        raise LabError(blocker, BLOCKER_MESSAGES[blocker])
+    if attempt is not None:
+        parsed.fields["labels"].update({JOB_LABEL: attempt.job.public_id, ATTEMPT_LABEL: str(attempt.number)})
     with transaction.atomic():
         Organization.objects.select_for_update().filter(pk=project.organization_id).first()
         active = Sandbox.objects.unscoped().filter(organization_id=project.organization_id, status__in=ACTIVE_STATUSES)
@@ -203,16 +230,18 @@ def sandbox_create(*, project: Project, actor: Actor, data: Any) -> tuple[Sandbo
             project=project,
             created_by=actor.user or (actor.api_key.created_by if actor.api_key else None),
             created_by_key=actor.api_key,
+            attempt=attempt,
             **parsed.fields,
         )
         audit_record(
             actor=actor, organization=project.organization, project=project, action=AuditAction.SANDBOX_CREATE,
-            target=sandbox.public_id, data={"image": sandbox.image, "network": sandbox.network},
+            target=sandbox.public_id,
+            data={"image": sandbox.image, "network": sandbox.network, **({"job": attempt.job.public_id, "attempt": attempt.number} if attempt else {})},
         )
     try:
         runtime().start(sandbox_spec(sandbox))
-    except OSError as error:
-        _finish(sandbox, SandboxStatus.FAILED, error=f"The runtime could not start the sandbox: {error.strerror}")
+    except RuntimeRefusal as error:
+        _finish(sandbox, SandboxStatus.FAILED, error=f"The runtime could not start the sandbox: {error.message}")
         return sandbox, parsed.warnings
     updated = Sandbox.objects.unscoped().filter(pk=sandbox.pk, status=SandboxStatus.PENDING).update(
         status=SandboxStatus.RUNNING, started_at=timezone.now()
@@ -223,6 +252,25 @@ def sandbox_create(*, project: Project, actor: Actor, data: Any) -> tuple[Sandbo
     return sandbox, parsed.warnings
 
 
+def sandbox_of_attempt(*, attempt_id: int, sandbox_id: str) -> Sandbox:
+    """Return the sandbox ``sandbox_id`` made by the job attempt ``attempt_id``; ``not_found`` for any other."""
+    sandbox = Sandbox.objects.unscoped().filter(attempt_id=attempt_id, public_id=sandbox_id).select_related("project__organization").first()
+    if sandbox is None:
+        raise not_found("sandbox")
+    return sandbox
+
+
+def sandbox_end_for_attempt(*, attempt_id: int) -> int:
+    """Delete every active sandbox of the attempt ``attempt_id`` (``sandbox_delete`` by the system);
+    return how many. The job pipeline calls it once an attempt has ended, however it ended."""
+    active = Sandbox.objects.unscoped().filter(attempt_id=attempt_id, status__in=ACTIVE_STATUSES)
+    ended = 0
+    for sandbox in active.select_related("project__organization").order_by("pk"):
+        sandbox_delete(sandbox=sandbox, actor=Actor.system())
+        ended += 1
+    return ended
+
+
 def _seconds_until_one_ends(active) -> int:
     """Return the seconds until the first of ``active`` sandboxes reaches the end of its lifetime
     (at least 1): when a create refused at the cap may pass without anyone deleting one."""
@@ -231,10 +279,12 @@ def _seconds_until_one_ends(active) -> int:
     return max(1, math.ceil((min(ends) - now).total_seconds())) if ends else 1
 
 
-def sandbox_list(*, project: Project, labels: dict[str, str] | None = None):
+def sandbox_list(*, project: Project, labels: dict[str, str] | None = None, attempt_id: int | None = None):
     """Return the project's sandboxes (a queryset, for cursor paging), those carrying every label
-    of ``labels`` when given."""
-    sandboxes = Sandbox.objects.for_project(project)
+    of ``labels`` when given, and those of job attempt ``attempt_id`` alone when given."""
+    sandboxes = Sandbox.objects.for_project(project).select_related("attempt__job")
+    if attempt_id is not None:
+        sandboxes = sandboxes.filter(attempt_id=attempt_id)
     for key, value in (labels or {}).items():
         sandboxes = sandboxes.filter(labels__contains={key: value})
     return sandboxes
@@ -250,14 +300,59 @@ def sandbox_delete(*, sandbox: Sandbox, actor: Actor) -> Sandbox:
     return _finish(sandbox, SandboxStatus.STOPPED)
 
 
+def sandbox_bulk_delete(
+    *, project: Project, actor: Actor, sandbox_ids: list[str], labels: dict[str, str], attempt_id: int | None = None
+) -> tuple[list[str], list[str]]:
+    """Delete the project's sandboxes named in ``sandbox_ids`` and its active ones carrying every
+    label of ``labels`` (when given), only job attempt ``attempt_id``'s when given; return the ids
+    deleted and the ids not found (another project's or attempt's included, as missing ones)."""
+    reachable = sandbox_list(project=project, attempt_id=attempt_id)
+    found = {sandbox.public_id: sandbox for sandbox in reachable.filter(public_id__in=sandbox_ids)}
+    if labels:
+        for sandbox in sandbox_list(project=project, labels=labels, attempt_id=attempt_id).filter(status__in=ACTIVE_STATUSES):
+            found.setdefault(sandbox.public_id, sandbox)
+    for sandbox in found.values():
+        sandbox_delete(sandbox=sandbox, actor=actor)
+    return list(found), [sandbox_id for sandbox_id in sandbox_ids if sandbox_id not in found]
+
+
 def _finish(sandbox: Sandbox, status: SandboxStatus, *, error: str = "") -> Sandbox:
-    """Move an active ``sandbox`` to ``status`` (a conditional UPDATE: once), then delete its files."""
+    """Move an active ``sandbox`` to ``status`` (a conditional UPDATE: once), delete its files,
+    and close its usage on the billing ledger (``sandbox_bill`` closes it later if this fails)."""
     Sandbox.objects.unscoped().filter(pk=sandbox.pk, status__in=ACTIVE_STATUSES).update(
         status=status, stopped_at=timezone.now(), error=error[:500]
     )
-    runtime().destroy(sandbox_spec(sandbox))
+    try:
+        runtime().destroy(sandbox_spec(sandbox))
+    except RuntimeRefusal as refusal:  # the agent also stops it at the end of its lifetime
+        logger.warning("sandbox %s: the agent did not confirm its stop: %s", sandbox.public_id, refusal.message)
+    _close_usage(sandbox)
     sandbox.refresh_from_db()
     return sandbox
+
+
+def _close_usage(sandbox: Sandbox) -> None:
+    """Close the usage of an ended ``sandbox``; a failure is logged, and the periodic ``sandbox_bill`` closes it."""
+    try:
+        sandbox_usage_close(sandbox_ids=[sandbox.pk])
+    except Exception:
+        logger.exception("sandbox %s: closing its usage failed; the next billing pass closes it", sandbox.public_id)
+
+
+def sandbox_bill(*, now: datetime | None = None) -> int:
+    """Close the due usage of every sandbox on the billing ledger (``sandboxes.usage``), then stop
+    the running sandboxes not made by a job of each organization left with nothing to spend
+    (``stopped``, the reason in ``error``: the jobs' message for that bound); return how many
+    intervals were closed. A job's sandboxes end with its attempt, which billing stops as well."""
+    result = sandbox_usage_close(now=now)
+    if result.used_up:
+        unpaid = Sandbox.objects.unscoped().filter(
+            organization_id__in=set(result.used_up), status=SandboxStatus.RUNNING, attempt__isnull=True
+        ).select_related("project__organization")
+        for sandbox in unpaid.order_by("pk"):
+            message = BLOCKER_MESSAGES[result.used_up[sandbox.organization_id]]
+            _finish(sandbox, SandboxStatus.STOPPED, error=f"Stopped: {message}")
+    return len(result.closed)
 
 
 def sandbox_reap_expired(*, now: datetime | None = None) -> int:
@@ -272,75 +367,62 @@ def sandbox_reap_expired(*, now: datetime | None = None) -> int:
     return reaped
 
 
-# --- data plane ----------------------------------------------------------------------------------
+#: The error of a running sandbox its agent no longer holds (it restarted, or was killed).
+LOST_ERROR = "The sandbox agent no longer holds this sandbox (it restarted or was killed); its processes and files were lost."
 
 
-def _require_running(sandbox: Sandbox, *, now: datetime) -> float:
-    """Return the seconds left of ``sandbox``'s lifetime; ``invalid_state`` unless it is running."""
-    left = (sandbox.created_at + timedelta(seconds=sandbox.timeout_s) - now).total_seconds()
-    if sandbox.status != SandboxStatus.RUNNING or left <= 0:
-        raise LabError("invalid_state", f"The sandbox is {sandbox.status if left > 0 else 'past its lifetime'}.")
-    return left
+def sandbox_reconcile() -> int:
+    """End every ``running`` sandbox the agent no longer holds: ``failed`` with ``LOST_ERROR``,
+    out of the organization's cap, one ``sandbox.lost`` audit row each; return how many.
 
-
-def _refusal(error: RuntimeRefusal, param: str) -> LabError:
-    if error.code == "file_not_found":
-        return LabError("not_found", error.message)
-    if error.code in ("disk_quota_exceeded", "file_too_large"):
-        return LabError("invalid_state", error.message)
-    return LabError("invalid_request", error.message, errors=[FieldError(param=param, code=error.code, message=error.message)])
-
-
-def sandbox_run_command(*, sandbox: Sandbox, data: Any) -> CommandResult:
-    """Run the command of a body ``{"command": str | [str], "timeout_s", "cwd", "env"}`` and wait
-    for it (a string runs under ``/bin/sh -c``). The timeout (default 60 s) is cut to the
-    sandbox's remaining lifetime. Raises ``invalid_request`` or ``invalid_state``."""
-    left = _require_running(sandbox, now=timezone.now())
-    problems = _Problems()
-    if not isinstance(data, dict):
-        raise LabError("invalid_request", "The body must be a JSON object.")
-    for key in data:
-        if key not in ("command", "timeout_s", "cwd", "env"):
-            problems.add(key, "unknown_field", f"Unknown field {key!r}.")
-    command = data.get("command")
-    if isinstance(command, str) and command and "\x00" not in command:
-        argv: tuple[str, ...] = ("/bin/sh", "-c", command)
-    elif isinstance(command, list) and command and all(isinstance(a, str) and "\x00" not in a for a in command):
-        argv = tuple(command)
-    else:
-        argv = ()
-        problems.add("command", "invalid", "command must be a non-empty string or list of strings.")
-    minimum, maximum, default = COMMAND_TIMEOUT_S
-    timeout = data.get("timeout_s", default)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not minimum <= timeout <= maximum:
-        problems.add("timeout_s", "out_of_range", f"timeout_s must be a number from {minimum} to {maximum}.")
-    cwd = data.get("cwd") or "/workspace"
-    if not isinstance(cwd, str):
-        problems.add("cwd", "invalid", "cwd must be a path in /workspace.")
-    environment = _variables(data.get("env"), "env", problems)
-    problems.raise_any()
-    request = CommandRequest(argv=argv, timeout_s=min(float(timeout), left), cwd=cwd, environment=environment)
+    Only sandboxes started before the agent was asked count, so one started meanwhile is never
+    taken for lost. An agent that cannot be reached ends nothing (it cannot say what it holds).
+    """
+    asked_at = timezone.now()
     try:
-        return runtime().run(sandbox_spec(sandbox), request)
-    except RuntimeRefusal as error:
-        raise _refusal(error, "cwd") from None
+        instance, held = runtime().held()
+    except RuntimeRefusal as refusal:
+        logger.warning("sandbox reconcile skipped: %s", refusal.message)
+        return 0
+    lost = 0
+    running = Sandbox.objects.unscoped().filter(status=SandboxStatus.RUNNING, started_at__lt=asked_at).select_related("project__organization")
+    for sandbox in running.exclude(public_id__in=held).order_by("pk"):
+        with transaction.atomic():
+            ended = Sandbox.objects.unscoped().filter(pk=sandbox.pk, status=SandboxStatus.RUNNING).update(
+                status=SandboxStatus.FAILED, stopped_at=timezone.now(), error=LOST_ERROR
+            )
+            if not ended:  # deleted or reaped meanwhile
+                continue
+            audit_record(
+                actor=Actor.system(), organization=sandbox.project.organization, project=sandbox.project,
+                action=AuditAction.SANDBOX_LOST, target=sandbox.public_id, data={"agent_instance": instance},
+            )
+        logger.warning("sandbox %s: %s", sandbox.public_id, LOST_ERROR)
+        lost += 1
+    return lost
 
 
-def sandbox_write_file(*, sandbox: Sandbox, path: str, data: bytes) -> str:
-    """Write ``data`` at ``path`` in the sandbox's /workspace; return the absolute path inside.
-    Raises ``invalid_request`` (a path outside /workspace, ``..``, a symlink), ``invalid_state``."""
-    _require_running(sandbox, now=timezone.now())
-    try:
-        return runtime().write_file(sandbox_spec(sandbox), path, data)
-    except RuntimeRefusal as error:
-        raise _refusal(error, "path") from None
+# --- data plane access ---------------------------------------------------------------------------
 
 
-def sandbox_read_file(*, sandbox: Sandbox, path: str) -> bytes:
-    """Return the file at ``path`` in the sandbox's /workspace. Raises ``invalid_request``,
-    ``not_found`` (no such file), ``invalid_state``."""
-    _require_running(sandbox, now=timezone.now())
-    try:
-        return runtime().read_file(sandbox_spec(sandbox), path, max_bytes=MAX_DOWNLOAD_BYTES)
-    except RuntimeRefusal as error:
-        raise _refusal(error, "path") from None
+@dataclass(frozen=True)
+class DataPlaneAccess:
+    """How a client reaches a sandbox's commands and files: the agent's ``url``, a ``token`` for
+    that sandbox alone, and when the token expires (the earlier of ``LAB_SANDBOX_TOKEN_TTL_S``
+    from now and the end of the sandbox's lifetime)."""
+
+    url: str
+    token: str
+    expires_at: datetime
+
+
+def sandbox_access(*, sandbox: Sandbox, now: datetime | None = None) -> DataPlaneAccess:
+    """Return data-plane access to a running ``sandbox``; ``invalid_state`` when it is not
+    running or past its lifetime."""
+    now = now or timezone.now()
+    ends_at = sandbox_ends_at(sandbox)
+    if sandbox.status != SandboxStatus.RUNNING or ends_at <= now:
+        raise LabError("invalid_state", f"The sandbox is {sandbox.status if ends_at > now else 'past its lifetime'}.")
+    expires_at = min(now + timedelta(seconds=settings.LAB_SANDBOX_TOKEN_TTL_S), ends_at).replace(microsecond=0)
+    token = runtime().token(sandbox.public_id, expires_at=expires_at.timestamp())
+    return DataPlaneAccess(url=settings.LAB_SANDBOX_DATA_PLANE_URL, token=token, expires_at=expires_at)

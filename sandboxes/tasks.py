@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from lab.celery import TaskName, task
-from sandboxes.services import sandbox_reap_expired
+from sandboxes.services import sandbox_bill, sandbox_reap_expired, sandbox_reconcile
 
 
 @task(TaskName.REAP_SANDBOXES, soft_time_limit=240, time_limit=300)
 def reap_sandboxes() -> int:
-    """Stop the sandboxes past their lifetime and delete their files (beat, every 30 s)."""
-    return sandbox_reap_expired()
+    """Stop the sandboxes past their lifetime and delete their files, end those the agent no
+    longer holds, then close the sandboxes' due usage on the billing ledger (beat, every 30 s);
+    return how many ended. Those of ended job attempts are the job reconciler's
+    (``jobs.tasks.reconcile``)."""
+    ended = sandbox_reap_expired() + sandbox_reconcile()
+    sandbox_bill()
+    return ended

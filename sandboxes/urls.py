@@ -7,6 +7,5 @@ from sandboxes import views
 urlpatterns = [
     path("sandboxes", views.SandboxListView.as_view(), name="api-sandboxes"),
     path("sandboxes/<str:sandbox_id>", views.SandboxDetailView.as_view(), name="api-sandbox"),
-    path("sandboxes/<str:sandbox_id>/commands", views.SandboxCommandView.as_view(), name="api-sandbox-commands"),
-    path("sandboxes/<str:sandbox_id>/files", views.SandboxFileView.as_view(), name="api-sandbox-files"),
+    path("sandboxes/<str:sandbox_id>/auth", views.SandboxAuthView.as_view(), name="api-sandbox-auth"),
 ]

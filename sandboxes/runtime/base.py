@@ -1,8 +1,9 @@
-"""What the control plane needs of a runtime that holds sandboxes: start one, run a command in it,
-read and write its files, destroy it.
+"""What Lab needs of a runtime that holds sandboxes: start one, run a command in it, read and
+write its files, destroy it.
 
-The runtime sees plain values (``SandboxSpec``, ``CommandRequest``), never Lab's models, so a
-sandbox agent in a warm pod can take the local runtime's place behind the same calls.
+The runtime sees plain values (``SandboxSpec``, ``CommandRequest``), never Lab's models. Lab's
+one implementation is ``sandboxes.runtime.agent.AgentRuntime``, a client of the sandbox agent
+(``sandboxes.agent``), which holds the sandboxes; clients reach the agent's data plane directly.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ class RuntimeRefusal(Exception):
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    """One sandbox as the runtime needs it: its id, image and limits (cores, GB, seconds), its
-    network policy (``none`` or ``egress``) and the variables each command starts with."""
+    """One sandbox as the runtime needs it: its id, image and limits (cores, GB), its network
+    policy (``none`` or ``egress``), the variables each command starts with, its ``slot`` (a
+    number of its own on the host, which the agent assigns) and when its lifetime ends
+    (``expires_at``, unix seconds)."""
 
     sandbox_id: str
     image: str
@@ -38,6 +41,7 @@ class SandboxSpec:
     network: str = "none"
     environment: Mapping[str, str] = field(default_factory=dict)
     slot: int = 0
+    expires_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,8 @@ class CommandRequest:
 @dataclass(frozen=True)
 class CommandResult:
     """What a command did: its output (each cut at the runtime's limit, ``truncated`` then),
-    ``exit_code`` (128 + the signal for a killed process, 124 past its timeout), and how long it
-    took (milliseconds)."""
+    ``exit_code`` (128 + the signal for a killed process, 124 past its timeout, 137 with
+    ``oom_killed`` when the sandbox's memory ran out), and how long it took (milliseconds)."""
 
     stdout: str
     stderr: str
@@ -63,6 +67,7 @@ class CommandResult:
     duration_ms: int
     timed_out: bool = False
     truncated: bool = False
+    oom_killed: bool = False
 
 
 class SandboxRuntime(abc.ABC):
@@ -85,6 +90,7 @@ class SandboxRuntime(abc.ABC):
     def read_file(self, spec: SandboxSpec, path: str, *, max_bytes: int) -> bytes:
         """Return the file at ``path`` in the workspace. Raises RuntimeRefusal ``invalid_path``,
         ``file_not_found`` or ``file_too_large`` (over ``max_bytes``)."""
+
 
     @abc.abstractmethod
     def destroy(self, spec: SandboxSpec) -> None:

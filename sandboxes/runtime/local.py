@@ -1,53 +1,60 @@
-"""The local runtime: each sandbox a work directory under ``LAB_DATA_DIR/sandboxes/<id>`` and each
-command a bubblewrap sandbox over it (docs/sandboxes.md "Isolation").
+"""The local runtime's side of the host: each sandbox a folder under ``LAB_DATA_DIR/sandboxes/<id>``
+holding its ``workspace`` and its ``tmp``, and one long-lived bubblewrap sandbox over them whose
+first process is the agent's supervisor (docs/sandboxes.md "Isolation"). The agent
+(``sandboxes.agent``) starts and talks to that process; this module builds its command line and
+moves files in and out.
 
-A command runs under ``setpriv`` and ``prlimit`` (util-linux) then ``bwrap`` (``lab.lib.bubblewrap``): its own
+The sandbox runs under ``setpriv`` and ``prlimit`` (util-linux) then ``bwrap`` (``lab.lib.bubblewrap``): its own
 user, mount, PID, IPC, UTS and network namespaces (only its own loopback unless the sandbox's
 policy is ``egress``), uid 1000 inside with every capability dropped, the system's ``/usr`` and a
 few ``/etc`` files read-only (the image ``python:3.11`` is the host's own system Python for now),
-the work directory writable at ``/workspace`` and nothing else of the host. Its resource limits
-(setrlimit(2) through prlimit) are CPU seconds (cores × timeout), address space (the sandbox's
-memory), processes, open files and file size (the sandbox's disk). When Lab runs as root, each
-sandbox also runs as a host uid of its own (``HOST_UID_BASE`` + its slot), so the process limit
-counts that sandbox's processes alone and a sandbox's files belong to no one else; otherwise every
-sandbox runs as Lab's user and the process limit is added to that user's current count.
+the work directory writable at ``/workspace``, its own ``/tmp`` and nothing else of the host. Its
+resource limits (setrlimit(2) through prlimit) are processes, open files and file size (the
+sandbox's disk), and its memory is held by a memory cgroup of its own (``cgroups.py``), or where
+there is none by an address-space limit; each command also gets CPU seconds (cores × its timeout). When Lab runs as root, each sandbox also runs as a host uid of its own
+(its slot in the block of ``HOST_UIDS_PER_AGENT`` uids the agent holds, ``claim_uid_block``: two
+agents on one machine never share a uid), so the process limit counts that sandbox's processes
+alone and a sandbox's files belong to no one else; otherwise every sandbox runs as Lab's user and
+the process limit is added to that user's current count.
 
-The work directory is bound by an open descriptor (``--bind-fd``); bwrap still resolves its path
-as the sandbox's uid, so the folders above it get search permission for others (``o+x``, never
-read: what Lab keeps there is 0700 and 0600). Files are read and written
-by Lab through descriptors opened one path component at a time with ``O_NOFOLLOW``: a symlink a
-command left in the workspace is refused, never followed onto the host.
+Its ``workspace`` and ``tmp`` live on one tmpfs of the sandbox's disk size (where the system lets
+the agent mount one), so all its files together stop there. They are bound by open descriptors (``--bind-fd``); bwrap still resolves
+their paths as the sandbox's uid, so the folders above them get search permission for others
+(``o+x``, never read: what Lab keeps there is 0700 and 0600). Files are read and written by the
+agent through descriptors opened one path component at a time with ``O_NOFOLLOW``: a symlink a
+command left is refused, never followed onto the host.
 """
 
 from __future__ import annotations
 
-import math
+import ctypes
+import fcntl
 import os
 import shutil
-import signal
 import stat
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from lab.lib.bubblewrap import base_arguments, copy_etc
-from sandboxes.runtime.base import (
-    WORKSPACE,
-    CommandRequest,
-    CommandResult,
-    RuntimeRefusal,
-    SandboxRuntime,
-    SandboxSpec,
-)
+from sandboxes.runtime.base import WORKSPACE, RuntimeRefusal, SandboxSpec
+from sandboxes.runtime.cgroups import MemoryCgroups
 
-#: Host uids of sandboxes when Lab runs as root: HOST_UID_BASE + (slot mod HOST_UID_COUNT).
+#: Host uids of sandboxes when Lab runs as root: HOST_UID_BASE + block × HOST_UIDS_PER_AGENT +
+#: slot, each agent on the machine holding a block of its own (``claim_uid_block``).
 HOST_UID_BASE = 200_000
-HOST_UID_COUNT = 100_000
+HOST_UIDS_PER_AGENT = 10_000
+HOST_UID_BLOCKS = 10
+#: Where agents hold their uid blocks: one lock file per block, flock(2)-ed for the agent's life.
+UID_BLOCK_LOCKS = Path("/run/lab-sandboxes")
 #: Exit code of a command killed at its timeout (as coreutils' ``timeout`` says it).
 TIMEOUT_EXIT_CODE = 124
+#: The folders of a sandbox that files may be moved in and out of (inside path, host subfolder of
+#: its ``disk``).
+AREAS = {WORKSPACE: "workspace", "/tmp": "tmp"}
+#: mount(2) and umount2(2) flags (linux/mount.h).
+_MS_REMOUNT = 32
+_MNT_DETACH = 2
 #: The variables every command starts with, before the sandbox's and the command's own.
 BASE_ENVIRONMENT = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -58,11 +65,17 @@ BASE_ENVIRONMENT = {
 GIGABYTE = 1024**3
 
 
-class LocalRuntime(SandboxRuntime):
-    """Sandboxes on this machine (see the module's docstring).
+class LocalHost:
+    """The sandboxes of this machine as folders and command lines (see the module's docstring).
 
-    ``root`` holds the work directories; ``max_processes`` and ``max_open_files`` are per
-    command; ``max_output_bytes`` cuts stdout and stderr each.
+    ``root`` holds the sandboxes' folders; ``max_processes`` and ``max_open_files`` are per sandbox.
+    With ``cgroups``, each sandbox's memory is held by a memory cgroup of its own (its processes
+    join it before bwrap starts; the OOM killer then acts inside it alone); without, by an
+    address-space limit on each process. With ``disk_mounts``, a sandbox's ``disk`` folder (its
+    ``workspace`` and ``tmp``) is a tmpfs of the sandbox's disk size, so that all its files
+    together stop at it (ENOSPC); without, only each file is held (setrlimit's file size) and
+    uploads are checked. ``disk_mounts`` is turned off at the first mount the system refuses.
+    ``uid_block`` is the block of host uids this agent holds (``claim_uid_block``).
     """
 
     def __init__(
@@ -71,15 +84,19 @@ class LocalRuntime(SandboxRuntime):
         *,
         max_processes: int = 256,
         max_open_files: int = 1024,
-        max_output_bytes: int = 1024 * 1024,
         bwrap: str = "bwrap",
         prlimit: str = "prlimit",
         setpriv: str = "setpriv",
+        cgroups: MemoryCgroups | None = None,
+        disk_mounts: bool = True,
+        uid_block: int = 0,
     ) -> None:
         self.root = Path(root)
+        self.uid_block = uid_block
+        self.cgroups = cgroups
+        self.disk_mounts = disk_mounts
         self.max_processes = max_processes
         self.max_open_files = max_open_files
-        self.max_output_bytes = max_output_bytes
         self.bwrap = bwrap
         self.prlimit = prlimit
         self.setpriv = setpriv
@@ -87,56 +104,112 @@ class LocalRuntime(SandboxRuntime):
 
     # --- where things are -------------------------------------------------------------------
 
-    def workdir(self, spec: SandboxSpec) -> Path:
-        """Return the host folder that is ``/workspace`` inside the sandbox."""
+    def folder(self, spec: SandboxSpec) -> Path:
+        """Return the host folder of the sandbox (its ``workspace`` and ``tmp`` inside)."""
         return self.root / spec.sandbox_id
 
+    def disk(self, spec: SandboxSpec) -> Path:
+        """Return the host folder holding the sandbox's files (a tmpfs of its disk size, mounted)."""
+        return self.folder(spec) / "disk"
+
+    def workdir(self, spec: SandboxSpec) -> Path:
+        """Return the host folder that is ``/workspace`` inside the sandbox."""
+        return self.disk(spec) / "workspace"
+
     def host_uid(self, spec: SandboxSpec) -> int | None:
-        """Return the host uid the sandbox runs as, or None when Lab cannot switch (not root)."""
+        """Return the host uid the sandbox runs as, or None when Lab cannot switch (not root).
+        RuntimeRefusal when the slot is past the agent's block (no uid of another agent is lent)."""
         if os.geteuid() != 0:
             return None
-        return HOST_UID_BASE + spec.slot % HOST_UID_COUNT
+        if not 0 <= spec.slot < HOST_UIDS_PER_AGENT:
+            raise RuntimeRefusal(f"this machine runs at most {HOST_UIDS_PER_AGENT - 1} sandboxes at once")
+        return HOST_UID_BASE + self.uid_block * HOST_UIDS_PER_AGENT + spec.slot
+
+    def cgroup(self, spec: SandboxSpec) -> str:
+        """Return the name of the sandbox's memory cgroup (by its slot: a warm sandbox keeps it)."""
+        return f"slot-{spec.slot}"
+
+    def set_memory(self, spec: SandboxSpec) -> None:
+        """Hold the running sandbox to ``spec.memory_gb`` (its cgroup's limit; nothing without cgroups)."""
+        if self.cgroups is not None:
+            self.cgroups.set_limit(self.cgroup(spec), int(spec.memory_gb * GIGABYTE))
+
+    def oom_kills(self, spec: SandboxSpec) -> int:
+        """Return how many of the sandbox's processes the OOM killer has killed (0 without cgroups)."""
+        return self.cgroups.oom_kills(self.cgroup(spec)) if self.cgroups is not None else 0
 
     def _etc(self) -> Path:
-        """Return this runtime's copy of the /etc files sandboxes see (made once per process)."""
+        """Return this host's copy of the /etc files sandboxes see (made once per process)."""
         if self._etc_copy is None:
             self._etc_copy = copy_etc(self.root / ".system")
         return self._etc_copy
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    def start(self, spec: SandboxSpec) -> None:
-        """Create the work directory (mode 0700, owned by the sandbox's host uid)."""
+    def prepare(self, spec: SandboxSpec) -> None:
+        """Create the sandbox's folder (0711) and its ``workspace`` and ``tmp`` (0700, owned by its
+        host uid); idempotent."""
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        workdir = self.workdir(spec)
-        workdir.mkdir(mode=0o700, exist_ok=True)
+        self.folder(spec).mkdir(mode=0o711, exist_ok=True)
+        self.disk(spec).mkdir(mode=0o711, exist_ok=True)
+        if self.disk_mounts and not os.path.ismount(self.disk(spec)):
+            self.disk_mounts = _mount_tmpfs(self.disk(spec), f"size={_disk_bytes(spec)},mode=0711")
         uid = self.host_uid(spec)
         if uid is not None:
-            _let_others_traverse(self.root)
-            os.chown(workdir, uid, uid)
+            _let_others_traverse(self.disk(spec))
+        for area in AREAS.values():
+            path = self.disk(spec) / area
+            path.mkdir(mode=0o700, exist_ok=True)
+            if uid is not None:
+                os.chown(path, uid, uid)
+        if self.cgroups is not None:
+            self.cgroups.create(self.cgroup(spec), int(spec.memory_gb * GIGABYTE))
 
-    def destroy(self, spec: SandboxSpec) -> None:
-        """Delete the work directory (symlinks in it are removed, never followed). A sandbox has
-        no process between commands: each command's PID namespace ends with the command."""
-        shutil.rmtree(self.workdir(spec), ignore_errors=True)
+    def resize_disk(self, spec: SandboxSpec) -> None:
+        """Set the running sandbox's disk to ``spec.disk_gb`` (its tmpfs remounted); OSError when
+        the system refuses (a tmpfs may not shrink below what it holds)."""
+        if os.path.ismount(self.disk(spec)) and not _mount_tmpfs(self.disk(spec), f"size={_disk_bytes(spec)}", flags=_MS_REMOUNT):
+            raise OSError(ctypes.get_errno(), f"could not resize the disk of {spec.sandbox_id}")
 
-    # --- commands ---------------------------------------------------------------------------
+    def remove(self, spec: SandboxSpec) -> None:
+        """Delete the sandbox's folder (symlinks in it are removed, never followed; its tmpfs
+        unmounted) and its cgroup (its processes must be gone)."""
+        if os.path.ismount(self.disk(spec)):
+            _libc().umount2(os.fsencode(self.disk(spec)), _MNT_DETACH)
+        shutil.rmtree(self.folder(spec), ignore_errors=True)
+        if self.cgroups is not None:
+            self.cgroups.remove(self.cgroup(spec))
 
-    def command_line(self, spec: SandboxSpec, request: CommandRequest, workdir_fd: int) -> list[str]:
-        """Return the full command line: setpriv's identity (when Lab is root), prlimit's limits,
-        then bwrap, then ``request.argv``."""
-        cpu_seconds = max(1, math.ceil(spec.cpu_cores * request.timeout_s))
+    def sweep(self) -> int:
+        """Delete what sandboxes of an earlier agent left under ``root`` (their processes ended
+        with it, their tmpfs stayed mounted); return how many folders. Only for a starting agent."""
+        swept = 0
+        for entry in self.root.iterdir() if self.root.is_dir() else ():
+            if entry.name != ".system" and entry.is_dir() and not entry.is_symlink():
+                disk = entry / "disk"
+                if os.path.ismount(disk):
+                    _libc().umount2(os.fsencode(disk), _MNT_DETACH)
+                shutil.rmtree(entry, ignore_errors=True)
+                swept += 1
+        return swept
+
+    def command_line(self, spec: SandboxSpec, *, workspace_fd: int, tmp_fd: int, program: list[str]) -> list[str]:
+        """Return the sandbox's command line: setpriv's identity (when Lab is root), prlimit's
+        limits, then bwrap binding ``workspace_fd`` and ``tmp_fd``, then ``program`` (its first process)."""
         uid = self.host_uid(spec)
         processes = self.max_processes
         if uid is None:
             processes += _processes_of(os.geteuid())
         # setpriv (util-linux) switches to the sandbox's host uid rather than Popen(user=...), which
-        # would make Python fork Lab's whole process instead of vfork-ing it (tens of ms per command).
+        # would make Python fork the agent's whole process instead of vfork-ing it.
         identity = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
+        # With a cgroup, the first process joins it (as root, before setpriv), and memory is the
+        # cgroup's to hold: an address-space limit would fail allocations before any OOM kill.
+        join = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroups.procs(self.cgroup(spec)))] if self.cgroups else []
+        memory = [] if self.cgroups else [f"--as={int(spec.memory_gb * GIGABYTE)}"]
         limits = [
             self.prlimit,
-            f"--cpu={cpu_seconds}",
-            f"--as={int(spec.memory_gb * GIGABYTE)}",
+            *memory,
             f"--nproc={processes}",
             f"--nofile={self.max_open_files}",
             f"--fsize={int(spec.disk_gb * GIGABYTE)}",
@@ -147,57 +220,28 @@ class LocalRuntime(SandboxRuntime):
             hostname="sandbox", share_network=spec.network == "egress", bwrap=self.bwrap,
             etc=str(self._etc()), sysfs=False,
         )
-        args += ["--bind-fd", str(workdir_fd), WORKSPACE, "--chdir", _inside(request.cwd), "--clearenv"]
-        environment = {**BASE_ENVIRONMENT, **spec.environment, **request.environment}
-        for name, value in sorted(environment.items()):
+        args += ["--bind-fd", str(workspace_fd), WORKSPACE, "--bind-fd", str(tmp_fd), "/tmp", "--chdir", WORKSPACE, "--clearenv"]
+        for name, value in sorted(BASE_ENVIRONMENT.items()):
             args += ["--setenv", name, value]
-        return [*identity, *limits, *args, "--", *request.argv]
+        return [*join, *identity, *limits, *args, "--", *program]
 
-    def run(self, spec: SandboxSpec, request: CommandRequest) -> CommandResult:
-        """Run ``request`` and wait for it, at most ``request.timeout_s`` seconds: past that the
-        whole sandbox (its PID namespace) is killed and the exit code is 124."""
-        started = time.monotonic()
-        timed_out = False
-        workdir_fd = os.open(self.workdir(spec), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-                process = subprocess.Popen(
-                    self.command_line(spec, request, workdir_fd),
-                    stdin=subprocess.DEVNULL,
-                    stdout=stdout,
-                    stderr=stderr,
-                    pass_fds=(workdir_fd,),
-                    start_new_session=True,
-                    close_fds=True,
-                )
-                try:
-                    returncode = process.wait(timeout=request.timeout_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                    _kill_group(process)
-                    returncode = process.wait()
-                duration_ms = int((time.monotonic() - started) * 1000)
-                out, out_cut = _read_capped(stdout, self.max_output_bytes)
-                err, err_cut = _read_capped(stderr, self.max_output_bytes)
-        finally:
-            os.close(workdir_fd)
-        exit_code = TIMEOUT_EXIT_CODE if timed_out else (128 - returncode if returncode < 0 else returncode)
-        return CommandResult(
-            stdout=out, stderr=err, exit_code=exit_code, duration_ms=duration_ms,
-            timed_out=timed_out, truncated=out_cut or err_cut,
-        )
+    def environment(self, spec: SandboxSpec, command_environment: dict[str, str]) -> dict[str, str]:
+        """Return a command's variables: Lab's few, then the sandbox's, then the command's."""
+        return {**BASE_ENVIRONMENT, **spec.environment, **command_environment}
 
     # --- files ------------------------------------------------------------------------------
 
     def write_file(self, spec: SandboxSpec, path: str, data: bytes) -> str:
-        """Write ``data`` at ``path`` (parents created), owned by the sandbox's uid; refused when
-        the workspace would hold more than the sandbox's disk, and when ``path`` is anything but a
-        regular file (a FIFO a command left is opened without blocking, then refused)."""
-        parts = workspace_parts(path)
-        if disk_usage(self.workdir(spec)) + len(data) > spec.disk_gb * GIGABYTE:
+        """Write ``data`` at ``path`` (under /workspace or /tmp; parents created), owned by the
+        sandbox's uid; return the absolute path inside. Refused (RuntimeRefusal) when the sandbox's
+        folder would hold more than its disk (``disk_quota_exceeded``), and when ``path`` is
+        anything but a regular file there (``invalid_path``; a FIFO a command left is opened
+        without blocking, then refused)."""
+        area, parts = sandbox_parts(path)
+        if disk_usage(self.disk(spec)) + len(data) > spec.disk_gb * GIGABYTE:
             raise RuntimeRefusal("disk_quota_exceeded", "The sandbox's disk is full.")
         uid = self.host_uid(spec)
-        with self._directory(spec, parts[:-1], create=True) as directory:
+        with self._directory(spec, area, parts[:-1], create=True) as directory:
             try:
                 fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=directory)
             except OSError as error:
@@ -208,16 +252,23 @@ class LocalRuntime(SandboxRuntime):
                 os.ftruncate(fd, 0)
                 if uid is not None:
                     os.fchown(fd, uid, uid)
-                with os.fdopen(fd, "wb", closefd=False) as handle:
-                    handle.write(data)
+                try:
+                    with os.fdopen(fd, "wb", closefd=False) as handle:
+                        handle.write(data)
+                except OSError as error:
+                    if error.errno in (28, 27):  # ENOSPC on its tmpfs, EFBIG past its file size
+                        raise RuntimeRefusal("disk_quota_exceeded", "The sandbox's disk is full.") from None
+                    raise
             finally:
                 os.close(fd)
-        return WORKSPACE + "/" + "/".join(parts)
+        return area + "/" + "/".join(parts)
 
-    def read_file(self, spec: SandboxSpec, path: str, *, max_bytes: int) -> bytes:
-        """Return the regular file at ``path`` (at most ``max_bytes``)."""
-        parts = workspace_parts(path)
-        with self._directory(spec, parts[:-1], create=False) as directory:
+    def read_file(self, spec: SandboxSpec, path: str, *, max_bytes: int, offset: int | None = None, length: int | None = None) -> tuple[bytes, int]:
+        """Return a regular file's bytes (``offset``/``length`` a window of it; a negative offset
+        counts from its end) and its whole size. Refused (RuntimeRefusal): ``invalid_path``,
+        ``file_not_found``, ``file_too_large`` (the bytes asked for are over ``max_bytes``)."""
+        area, parts = sandbox_parts(path)
+        with self._directory(spec, area, parts[:-1], create=False) as directory:
             try:
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
             except OSError as error:
@@ -226,17 +277,21 @@ class LocalRuntime(SandboxRuntime):
                 status = os.fstat(handle.fileno())
                 if not stat.S_ISREG(status.st_mode):
                     raise RuntimeRefusal("invalid_path", "The path is not a regular file.")
-                if status.st_size > max_bytes:
+                size = status.st_size
+                start = 0 if offset is None else (max(0, size + offset) if offset < 0 else min(offset, size))
+                wanted = size - start if length is None else max(0, min(length, size - start))
+                if wanted > max_bytes:
                     raise RuntimeRefusal("file_too_large", f"The file is larger than {max_bytes} bytes.")
-                return handle.read(max_bytes + 1)[:max_bytes]
+                handle.seek(start)
+                return handle.read(wanted), size
 
     @contextmanager
-    def _directory(self, spec: SandboxSpec, parts: list[str], *, create: bool) -> Iterator[int]:
-        """Yield a descriptor of the folder ``parts`` under the work directory, walked one
+    def _directory(self, spec: SandboxSpec, area: str, parts: list[str], *, create: bool) -> Iterator[int]:
+        """Yield a descriptor of the folder ``parts`` under the sandbox's ``area``, walked one
         component at a time without following a symlink (created, for the sandbox's uid, when asked)."""
         uid = self.host_uid(spec)
         try:
-            fd = os.open(self.workdir(spec), os.O_DIRECTORY | os.O_NOFOLLOW)
+            fd = os.open(self.disk(spec) / AREAS[area], os.O_DIRECTORY | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise RuntimeRefusal("file_not_found", "The sandbox has no files.") from None
         try:
@@ -261,6 +316,14 @@ class LocalRuntime(SandboxRuntime):
             os.close(fd)
 
 
+def sandbox_parts(path: str) -> tuple[str, list[str]]:
+    """Return the area (``/workspace`` or ``/tmp``) and the components below it of ``path``
+    (relative paths are in /workspace); raise RuntimeRefusal ``invalid_path`` for anything else."""
+    if isinstance(path, str) and path.startswith("/tmp/"):
+        return "/tmp", workspace_parts(WORKSPACE + path[len("/tmp"):])
+    return WORKSPACE, workspace_parts(path)
+
+
 def workspace_parts(path: str) -> list[str]:
     """Return the components of ``path`` below /workspace (``"a/b"`` or ``"/workspace/a/b"``);
     raise RuntimeRefusal ``invalid_path`` for anything that is not a plain path inside it."""
@@ -269,7 +332,7 @@ def workspace_parts(path: str) -> list[str]:
     relative = path
     if path.startswith("/"):
         if path != WORKSPACE and not path.startswith(WORKSPACE + "/"):
-            raise RuntimeRefusal("invalid_path", "path must be inside /workspace.")
+            raise RuntimeRefusal("invalid_path", "path must be inside /workspace or /tmp.")
         relative = path[len(WORKSPACE):]
     parts = [part for part in relative.split("/") if part not in ("", ".")]
     if not parts or ".." in parts:
@@ -277,11 +340,16 @@ def workspace_parts(path: str) -> list[str]:
     return parts
 
 
-def _inside(cwd: str) -> str:
-    """Return the working directory inside the sandbox for ``cwd`` (the workspace itself when
-    empty); refuses paths outside it like ``workspace_parts``."""
+def command_directory(cwd: str) -> str:
+    """Return the working directory inside the sandbox for ``cwd``: the workspace when empty, a
+    relative path below it, or any absolute path (it is resolved inside the sandbox, which sees
+    nothing of the host). Raises RuntimeRefusal ``invalid_path`` for a NUL or an overlong path."""
+    if not isinstance(cwd, str) or "\x00" in cwd or len(cwd) > 4096:
+        raise RuntimeRefusal("invalid_path", "cwd must be a path.")
     if cwd in ("", ".", WORKSPACE, WORKSPACE + "/"):
         return WORKSPACE
+    if cwd.startswith("/"):
+        return os.path.normpath(cwd)
     return WORKSPACE + "/" + "/".join(workspace_parts(cwd))
 
 
@@ -305,6 +373,20 @@ def disk_usage(directory: Path) -> int:
     return total
 
 
+def _disk_bytes(spec: SandboxSpec) -> int:
+    return max(1024 * 1024, int(spec.disk_gb * GIGABYTE))
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(path: Path, options: str, *, flags: int = 0) -> bool:
+    """Mount (or with ``_MS_REMOUNT`` resize) a tmpfs at ``path``; return whether the system let us."""
+    result = _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, options.encode())
+    return result == 0
+
+
 def _path_refusal(error: OSError) -> RuntimeRefusal:
     """Map an OSError on a workspace path to the refusal a client sees."""
     if isinstance(error, FileNotFoundError):
@@ -322,20 +404,24 @@ def _let_others_traverse(folder: Path) -> None:
             path.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the command's process group: bwrap, then (it dies with its parent) the sandbox's
-    PID namespace and everything in it."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _read_capped(handle, limit: int) -> tuple[str, bool]:
-    """Return the first ``limit`` bytes written to ``handle`` as text, and whether there was more."""
-    handle.seek(0)
-    data = handle.read(limit + 1)
-    return data[:limit].decode(errors="replace"), len(data) > limit
+def claim_uid_block(locks: Path = UID_BLOCK_LOCKS) -> tuple[int, int]:
+    """Claim a block of host uids no other agent on this machine holds: return ``(block, fd)``,
+    the block held by an exclusive flock(2) on ``locks/uids-<block>.lock`` through ``fd`` until
+    it is closed or the process ends (a killed agent frees its block). ``(0, -1)`` when not root
+    (sandboxes then run as Lab's own user and no uid is switched). OSError when every one of the
+    HOST_UID_BLOCKS blocks is held."""
+    if os.geteuid() != 0:
+        return 0, -1
+    locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for block in range(HOST_UID_BLOCKS):
+        fd = os.open(locks / f"uids-{block}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return block, fd
+    raise OSError(f"every one of the {HOST_UID_BLOCKS} sandbox uid blocks of this machine is held by a running agent")
 
 
 def _processes_of(uid: int) -> int:

@@ -1,6 +1,7 @@
-"""The local runtime's isolation, tested by attacking it from inside a sandbox
-(sandboxes/runtime/local.py, lab/lib/bubblewrap.py): each attack first shows that the host has
-what the sandbox is after, so that the test fails if the protection is removed."""
+"""The local runtime's isolation, tested by attacking it from inside a sandbox held by a real
+sandbox agent (sandboxes/agent/, sandboxes/runtime/local.py, lab/lib/bubblewrap.py): each attack
+first shows that the host has what the sandbox is after, so that the test fails if the protection
+is removed."""
 
 from __future__ import annotations
 
@@ -12,36 +13,47 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from sandboxes.runtime.agent import AgentRuntime
 from sandboxes.runtime.base import CommandRequest, RuntimeRefusal, SandboxSpec
-from sandboxes.runtime.local import TIMEOUT_EXIT_CODE, LocalRuntime
+from sandboxes.runtime.cgroups import MemoryCgroups
+from sandboxes.runtime.local import TIMEOUT_EXIT_CODE, LocalHost
+from tests.support.sandbox_agent import start_agent
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
-def _spec(name: str = "sbx_test", slot: int = 1, **limits) -> SandboxSpec:
+def _spec(name: str = "sbx_test", **limits) -> SandboxSpec:
     values = {"cpu_cores": 1.0, "memory_gb": 0.5, "disk_gb": 0.05} | limits
-    return SandboxSpec(sandbox_id=name, image="python:3.11", slot=slot, **values)
+    return SandboxSpec(sandbox_id=name, image="python:3.11", expires_at=time.time() + 600, **values)
 
 
 @pytest.fixture
-def sandbox(runtime: LocalRuntime) -> SandboxSpec:
+def host(agent) -> LocalHost:
+    """Where the agent keeps its sandboxes (for looking at them from the host)."""
+    return LocalHost(agent.root)
+
+
+@pytest.fixture
+def sandbox(runtime: AgentRuntime) -> SandboxSpec:
     spec = _spec()
     runtime.start(spec)
-    return spec
+    yield spec
+    runtime.destroy(spec)
 
 
-def run(runtime: LocalRuntime, spec: SandboxSpec, command: str, timeout_s: float = 20, **kwargs):
+def run(runtime: AgentRuntime, spec: SandboxSpec, command: str, timeout_s: float = 20, **kwargs):
     return runtime.run(spec, CommandRequest(argv=("/bin/sh", "-c", command), timeout_s=timeout_s, **kwargs))
 
 
-def python(runtime: LocalRuntime, spec: SandboxSpec, code: str, timeout_s: float = 20):
+def python(runtime: AgentRuntime, spec: SandboxSpec, code: str, timeout_s: float = 20):
     return runtime.run(spec, CommandRequest(argv=("python3", "-c", code), timeout_s=timeout_s))
 
 
-def host_processes_of(runtime: LocalRuntime, spec: SandboxSpec, *, within_s: float = 2.0) -> list[int]:
-    """Return the host's processes that still run as the sandbox's host uid once ``within_s``
-    seconds have passed (the kernel tears a PID namespace down just after its first process ends)."""
-    uid = runtime.host_uid(spec)
+def host_processes_of(uid: int | None, *, within_s: float = 2.0, commands_only: bool = False) -> list[int]:
+    """Return the host's processes that still run as the sandbox's host ``uid`` once ``within_s``
+    seconds have passed (the kernel tears a PID namespace down just after its first process ends);
+    with ``commands_only``, leave out the sandbox's own bwrap and supervisor, which live as long
+    as it does."""
     if uid is None:
         pytest.skip("sandboxes have host uids of their own only when Lab runs as root")
     deadline = time.monotonic() + within_s
@@ -50,6 +62,9 @@ def host_processes_of(runtime: LocalRuntime, spec: SandboxSpec, *, within_s: flo
         for entry in os.scandir("/proc"):
             try:
                 if entry.name.isdigit() and entry.stat().st_uid == uid:
+                    command = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
+                    if commands_only and (command[0].endswith(b"bwrap") or command[:4] == [b"python3", b"-I", b"-S", b"-c"]):
+                        continue
                     found.append(int(entry.name))
             except OSError:
                 continue
@@ -58,12 +73,34 @@ def host_processes_of(runtime: LocalRuntime, spec: SandboxSpec, *, within_s: flo
         time.sleep(0.05)
 
 
-def test_it_runs_a_command_in_the_workspace_as_uid_1000_without_capabilities(runtime, sandbox):
+def test_a_second_agent_on_the_machine_runs_its_sandboxes_as_uids_of_its_own(runtime, sandbox):
+    """Two Labs on one machine: the second agent's sandbox never shares a host uid with the first
+    one's, so filling its own process limit leaves the first sandbox's untouched (the limit counts
+    a uid's processes)."""
+    uid = runtime.host_uid(sandbox)
+    if uid is None:
+        pytest.skip("sandboxes have host uids of their own only when Lab runs as root")
+    second = start_agent(warm=1)  # max_processes 64, as the first agent's
+    try:
+        other = AgentRuntime(second.url, secret=second.secret.encode())
+        neighbour = _spec("sbx_neighbour")
+        other.start(neighbour)
+        assert other.host_uid(neighbour) != uid
+        filled = run(other, neighbour, "for i in $(seq 60); do sleep 60 & done; echo started")
+        assert filled.stdout == "started\n", filled
+        forks = run(runtime, sandbox, "for i in $(seq 40); do sleep 1 & done; wait; echo forked")
+        assert (forks.stdout, forks.stderr) == ("forked\n", ""), forks
+        other.destroy(neighbour)
+    finally:
+        second.stop()
+
+
+def test_it_runs_a_command_in_the_workspace_as_uid_1000_without_capabilities(runtime, host, sandbox):
     result = run(runtime, sandbox, "echo hi > note; pwd; id -u; grep CapEff /proc/self/status; cat note; echo oops >&2; exit 3")
     assert result.stdout.split("\n")[:4] == ["/workspace", "1000", "CapEff:\t0000000000000000", "hi"]
     assert result.stderr == "oops\n"
     assert result.exit_code == 3
-    assert (runtime.workdir(sandbox) / "note").read_text() == "hi\n"
+    assert (host.workdir(sandbox) / "note").read_text() == "hi\n"
 
 
 def test_it_gives_commands_the_sandboxs_and_the_commands_variables_and_nothing_of_labs(runtime):
@@ -75,6 +112,7 @@ def test_it_gives_commands_the_sandboxs_and_the_commands_variables_and_nothing_o
         lines = runtime.run(spec, request).stdout.split("\n")
     finally:
         del os.environ["LAB_TEST_LEAK"]
+        runtime.destroy(spec)
     assert lines[0] == "sandbox command"
     assert int(lines[1]) <= 8  # PATH, HOME, LANG, PYTHONDONTWRITEBYTECODE, A, B, PWD and the like
 
@@ -120,49 +158,86 @@ def test_it_has_no_route_off_the_machine(runtime, sandbox):
     assert result.exit_code == 1 and "Network is unreachable" in result.stderr, result
 
 
-def test_it_contains_a_fork_bomb_and_the_host_still_forks(runtime, sandbox):
+def test_it_contains_a_fork_bomb_and_the_host_still_forks(runtime, host, sandbox):
     result = run(runtime, sandbox, "bomb() { bomb | bomb & }; bomb; sleep 1; echo survived", timeout_s=10)
     assert result.exit_code in (0, 2, TIMEOUT_EXIT_CODE)
     assert "fork" in result.stderr.lower() or "resource temporarily unavailable" in result.stderr.lower(), result
-    assert host_processes_of(runtime, sandbox) == []
     assert os.system("true") == 0
+    uid = runtime.host_uid(sandbox)
+    runtime.destroy(sandbox)
+    assert host_processes_of(uid) == []
 
 
-def test_it_stops_a_memory_hog_at_the_sandboxs_memory(runtime, sandbox):
-    result = python(runtime, sandbox, "data = b'x' * (1 << 30); print(len(data))")
-    assert result.exit_code == 1 and "MemoryError" in result.stderr, result
-    assert python(runtime, sandbox, "print(len(b'x' * (64 << 20)))").stdout == f"{64 << 20}\n"
+def test_a_memory_hog_is_killed_inside_its_sandbox_alone_and_says_so(runtime, sandbox):
+    cgroups = MemoryCgroups.detect()
+    if cgroups is None:
+        pytest.skip("no memory cgroup can be made here: the address-space limit holds memory instead")
+    cgroups.close()
+    other = _spec("sbx_neighbour")
+    runtime.start(other)
+    try:
+        assert python(runtime, other, "data = b'x' * (200 << 20); print(len(data))").stdout == f"{200 << 20}\n"
+        hog = python(runtime, sandbox, "data = bytearray(1 << 30); data[::4096] = b'x' * (1 << 18); print('survived')")
+        assert (hog.exit_code, hog.oom_killed, hog.stdout) == (137, True, ""), hog
+        assert python(runtime, sandbox, "print(len(b'x' * (64 << 20)))").stdout == f"{64 << 20}\n"
+        assert run(runtime, other, "echo alive").stdout == "alive\n"
+        assert os.system("true") == 0
+    finally:
+        runtime.destroy(other)
 
 
-def test_it_kills_a_command_past_its_timeout_with_every_process_it_started(runtime, sandbox):
+def test_it_kills_a_command_past_its_timeout_with_every_process_it_started(runtime, host, sandbox):
     started = time.monotonic()
     result = run(runtime, sandbox, "(sleep 30; touch late) & sleep 30", timeout_s=1)
     assert result.exit_code == TIMEOUT_EXIT_CODE and result.timed_out
     assert time.monotonic() - started < 5
-    time.sleep(0.2)
-    assert host_processes_of(runtime, sandbox) == []
+    assert host_processes_of(runtime.host_uid(sandbox), commands_only=True) == []
 
 
-def test_it_ends_background_processes_with_the_command(runtime, sandbox):
-    result = run(runtime, sandbox, "(sleep 1; echo escaped > leftover) & echo started")
+def test_background_processes_live_until_the_sandbox_is_deleted(runtime, host, sandbox):
+    result = run(runtime, sandbox, "(sleep 1; echo later > /tmp/leftover) & sleep 300 > /dev/null 2>&1 & echo started")
     assert result.stdout == "started\n" and result.duration_ms < 1000
-    assert host_processes_of(runtime, sandbox) == []
     time.sleep(1.5)
-    assert not (runtime.workdir(sandbox) / "leftover").exists()
+    assert run(runtime, sandbox, "cat /tmp/leftover").stdout == "later\n"
+    uid = runtime.host_uid(sandbox)
+    assert host_processes_of(uid, commands_only=True, within_s=0) != []
+    runtime.destroy(sandbox)
+    assert host_processes_of(uid) == []
+    assert not host.folder(sandbox).exists()
 
 
-def test_it_cuts_a_file_larger_than_the_disk(runtime, sandbox):
+def test_it_cuts_a_file_larger_than_the_disk(runtime, host, sandbox):
     result = run(runtime, sandbox, "head -c 100000000 /dev/zero > big; echo $?")
     assert result.exit_code != 0 or result.stdout.strip() != "0"
-    assert (runtime.workdir(sandbox) / "big").stat().st_size <= 0.05 * 1024**3
+    assert (host.workdir(sandbox) / "big").stat().st_size <= 0.05 * 1024**3
 
 
-def test_it_does_not_see_another_sandboxs_files_or_processes(runtime, sandbox):
-    other = _spec("sbx_other", slot=2)
+def test_files_together_stop_at_the_disk_and_nothing_else_fills(runtime, host, sandbox):
+    if os.geteuid() != 0:
+        pytest.skip("only root mounts a tmpfs per sandbox: otherwise only each file is held")
+    cap = 0.05 * 1024**3
+    result = run(runtime, sandbox, "for i in 1 2 3 4 5 6 7 8 9 10; do head -c 8000000 /dev/zero > /workspace/f$i || break; "
+                                   "head -c 8000000 /dev/zero > /tmp/g$i || break; done; echo wrote $i")
+    assert "No space left on device" in result.stderr, result
+    written = sum(path.stat().st_size for path in host.disk(sandbox).rglob("*") if path.is_file())
+    assert cap * 0.8 < written <= cap
+    with pytest.raises(RuntimeRefusal) as refused:
+        runtime.write_file(sandbox, "more.bin", b"x" * 4_000_000)
+    assert refused.value.code == "disk_quota_exceeded"
+    assert run(runtime, sandbox, "rm /workspace/f1 && echo freed").stdout == "freed\n"
+
+
+def test_it_does_not_see_another_sandboxs_files_or_processes(runtime, host, sandbox):
+    other = _spec("sbx_other")
     runtime.start(other)
-    runtime.write_file(other, "secret.txt", b"other's")
-    assert run(runtime, sandbox, "cat secret.txt; ls /workspace").stdout == ""
-    assert str(runtime.workdir(other)) not in run(runtime, sandbox, "cat /proc/self/mountinfo").stdout
+    try:
+        runtime.write_file(other, "secret.txt", b"other's")
+        assert run(runtime, other, "sleep 60 > /dev/null 2>&1 & echo ok").stdout == "ok\n"
+        assert run(runtime, sandbox, "cat secret.txt; ls /workspace; ls /tmp").stdout == ""
+        assert str(host.folder(other)) not in run(runtime, sandbox, "cat /proc/self/mountinfo").stdout
+        assert "sleep" not in run(runtime, sandbox, "cat /proc/[0-9]*/cmdline").stdout
+    finally:
+        runtime.destroy(other)
 
 
 @pytest.mark.parametrize("path", ["../escape", "a/../../escape", "/etc/passwd", "/workspace/../etc/passwd", "", "a\x00b", "/workspacex/a"])
@@ -174,11 +249,11 @@ def test_it_refuses_paths_outside_the_workspace(runtime, sandbox, path):
         runtime.read_file(sandbox, path, max_bytes=100)
 
 
-def test_it_refuses_symlinks_a_command_left_pointing_out(runtime, sandbox):
-    outside = runtime.root.parent / "outside.txt"
+def test_it_refuses_symlinks_a_command_left_pointing_out(runtime, agent, sandbox):
+    outside = agent.root.parent / "outside.txt"
     outside.write_text("host file")
-    run(runtime, sandbox, f"ln -s {outside} link; ln -s / rootlink; mkdir -p d; ln -s {runtime.root.parent} d/up")
-    for path in ("link", "rootlink/etc/shadow", "d/up/outside.txt"):
+    run(runtime, sandbox, f"ln -s {outside} link; ln -s / rootlink; mkdir -p d; ln -s {agent.root.parent} d/up; ln -s / /tmp/up")
+    for path in ("link", "rootlink/etc/shadow", "d/up/outside.txt", "/tmp/up/etc/shadow"):
         with pytest.raises(RuntimeRefusal) as refused:
             runtime.read_file(sandbox, path, max_bytes=100)
         assert refused.value.code == "invalid_path", path
@@ -189,6 +264,8 @@ def test_it_refuses_symlinks_a_command_left_pointing_out(runtime, sandbox):
 
 def test_it_writes_and_reads_files_for_the_sandboxs_uid(runtime, sandbox):
     assert runtime.write_file(sandbox, "/workspace/src/main.py", b"print(6 * 7)\n") == "/workspace/src/main.py"
+    assert runtime.write_file(sandbox, "/tmp/in/data.txt", b"21") == "/tmp/in/data.txt"
+    assert run(runtime, sandbox, "cat /tmp/in/data.txt").stdout == "21"
     assert run(runtime, sandbox, "python3 src/main.py > out.txt").exit_code == 0
     assert runtime.read_file(sandbox, "out.txt", max_bytes=100) == b"42\n"
     result = run(runtime, sandbox, "echo more >> src/main.py && echo ok")
@@ -198,8 +275,8 @@ def test_it_writes_and_reads_files_for_the_sandboxs_uid(runtime, sandbox):
     assert refused.value.code == "file_too_large"
 
 
-def test_it_deletes_the_work_directory_on_destroy(runtime, sandbox):
+def test_it_deletes_the_work_directory_on_destroy(runtime, host, sandbox):
     run(runtime, sandbox, "mkdir -p a/b && echo x > a/b/c && ln -s / a/root")
     runtime.destroy(sandbox)
-    assert not runtime.workdir(sandbox).exists()
+    assert not host.folder(sandbox).exists()
     assert Path("/usr/bin").is_dir()

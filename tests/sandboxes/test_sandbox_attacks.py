@@ -1,22 +1,26 @@
-"""Sandboxes attacked through what their commands leave in /workspace for Lab's file routes
-(sandboxes/runtime/local.py): Lab opens those files itself, so nothing a command made may hold
-Lab's request or turn a write into anything but a regular file's."""
+"""Sandboxes attacked through what their commands leave in /workspace for the agent's file routes
+(sandboxes/runtime/local.py): the agent opens those files itself, so nothing a command made may
+hold its request or turn a write into anything but a regular file's."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
+from sandboxes.runtime.agent import AgentRuntime
 from sandboxes.runtime.base import CommandRequest, RuntimeRefusal, SandboxSpec
-from sandboxes.runtime.local import LocalRuntime
+from sandboxes.runtime.local import LocalHost
 
 
 @pytest.fixture
-def sandbox(runtime: LocalRuntime) -> SandboxSpec:
-    spec = SandboxSpec(sandbox_id="sbx_attack", image="python:3.11", slot=7, cpu_cores=1.0, memory_gb=0.5, disk_gb=0.05)
+def sandbox(runtime: AgentRuntime) -> SandboxSpec:
+    spec = SandboxSpec(sandbox_id="sbx_attack", image="python:3.11", cpu_cores=1.0, memory_gb=0.5, disk_gb=0.05,
+                       expires_at=time.time() + 600)
     runtime.start(spec)
-    return spec
+    yield spec
+    runtime.destroy(spec)
 
 
 def _within(seconds: float, function, *args):
@@ -37,10 +41,10 @@ def _within(seconds: float, function, *args):
     return outcome[0]
 
 
-def test_an_upload_onto_a_fifo_a_command_left_is_refused_at_once(runtime, sandbox):
+def test_an_upload_onto_a_fifo_a_command_left_is_refused_at_once(runtime, agent, sandbox):
     made = runtime.run(sandbox, CommandRequest(argv=("mkfifo", "trap"), timeout_s=10))
     assert made.exit_code == 0, made.stderr
-    assert (runtime.workdir(sandbox) / "trap").is_fifo()
+    assert (LocalHost(agent.root).workdir(sandbox) / "trap").is_fifo()
 
     written = _within(5, runtime.write_file, sandbox, "trap", b"x")
 

@@ -1,18 +1,22 @@
-"""The sandbox REST API (docs/sandboxes.md): create, get, list, delete, commands and files, the
-organization's cap under concurrent creates, tenancy and reaping."""
+"""The sandbox REST API (docs/sandboxes.md): create, get, list, delete, data-plane access (commands
+and files then go to the session's real agent), the organization's cap under concurrent creates,
+tenancy and reaping."""
 
 from __future__ import annotations
 
 import threading
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.db import connection
 from django.utils import timezone
 
 from lab.models import AuditLogEntry
 from sandboxes import services
+from sandboxes.agent import tokens
 from sandboxes.models import Sandbox, SandboxStatus
+from sandboxes.runtime.local import LocalHost
 from tests.support.schema_check import assert_matches, served_document
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("runtime")]
@@ -26,9 +30,23 @@ def create(tenant, **body):
     return response.json()
 
 
-def test_it_creates_a_running_sandbox_with_its_limits(owner, runtime):
+def data_plane(access: dict) -> httpx.Client:
+    """A client of the agent's data plane with the token of ``access`` (a ``data_plane`` body)."""
+    return httpx.Client(base_url=access["url"], headers={"Authorization": f"Bearer {access['token']}"}, timeout=60)
+
+
+@pytest.fixture
+def host(agent) -> LocalHost:
+    return LocalHost(agent.root)
+
+
+def test_it_creates_a_running_sandbox_with_its_limits(owner, host, agent):
     body = create(owner, name="grader", cpu_cores=0.5, memory_gb=0.5, disk_gb=0.1, timeout_s=600, labels={"env": "code"}, environment={"SEED": "7"})
     sandbox = Sandbox.objects.unscoped().get()
+    access = body.pop("data_plane")
+    grant = tokens.verify(agent.secret.encode(), access["token"])
+    assert (access["url"], grant.sandbox_id, grant.scope) == (agent.url, sandbox.public_id, "sandbox")
+    assert 0 < grant.expires_at - timezone.now().timestamp() <= 900
     assert body == {
         "id": sandbox.public_id,
         "object": "sandbox",
@@ -51,9 +69,9 @@ def test_it_creates_a_running_sandbox_with_its_limits(owner, runtime):
     }
     assert body["id"].startswith("sbx_")
     assert sandbox.project == owner.project and sandbox.organization == owner.organization
-    assert runtime.workdir(services.sandbox_spec(sandbox)).is_dir()
+    assert host.workdir(services.sandbox_spec(sandbox)).is_dir()
     assert AuditLogEntry.objects.filter(action="sandbox.create", target=sandbox.public_id).count() == 1
-    assert_matches(served_document(), "Sandbox", body)
+    assert_matches(served_document(), "Sandbox", body | {"data_plane": access})
 
 
 def test_it_maps_python_3_11_slim_to_its_python_image_with_a_warning(owner):
@@ -96,89 +114,68 @@ def test_it_lists_newest_first_by_label_with_a_cursor(owner):
     assert_matches(served_document(), "SandboxList", client.get(BASE).json())
 
 
-def test_it_deletes_a_sandbox_and_its_files(owner, runtime):
-    sandbox_id = create(owner)["id"]
-    workdir = runtime.workdir(services.sandbox_spec(Sandbox.objects.unscoped().get()))
+def test_it_deletes_a_sandbox_and_its_files(owner, host):
+    body = create(owner)
+    sandbox_id = body["id"]
+    workdir = host.workdir(services.sandbox_spec(Sandbox.objects.unscoped().get()))
     assert owner.client().delete(f"{BASE}/{sandbox_id}").status_code == 204
     shown = owner.client().get(f"{BASE}/{sandbox_id}").json()
     assert shown["status"] == "stopped" and shown["stopped_at"]
     assert not workdir.exists()
-    answer = owner.client().post(f"{BASE}/{sandbox_id}/commands", {"command": "true"}, format="json")
-    assert answer.status_code == 409 and answer.json()["error"]["code"] == "invalid_state"
+    answer = data_plane(body["data_plane"]).post(f"/v1/sandboxes/{sandbox_id}/commands", json={"command": "true"})
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+    refused = owner.client().post(f"{BASE}/{sandbox_id}/auth")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
 
 
-def test_it_runs_a_command_and_moves_files(owner):
+def test_auth_gives_a_token_for_the_data_plane_where_commands_and_files_go(owner, agent):
     sandbox_id = create(owner, environment={"GREETING": "hello"})["id"]
-    client = owner.client()
-    put = client.put(f"{BASE}/{sandbox_id}/files?path=src/main.py", data=b"import os\nprint(os.environ['GREETING'], 6 * 7)\n", content_type="application/octet-stream")
+    answer = owner.client().post(f"{BASE}/{sandbox_id}/auth")
+    assert answer.status_code == 200, answer.content
+    access = answer.json()
+    assert_matches(served_document(), "SandboxDataPlane", access)
+    client = data_plane(access)
+    put = client.put(f"/v1/sandboxes/{sandbox_id}/files", params={"path": "src/main.py"}, content=b"import os\nprint(os.environ['GREETING'], 6 * 7)\n")
     assert put.status_code == 200, put.content
     assert put.json() == {"path": "/workspace/src/main.py", "size_bytes": 47}
-    result = client.post(f"{BASE}/{sandbox_id}/commands", {"command": "python3 main.py > out.txt; cat out.txt", "cwd": "src", "timeout_s": 10}, format="json").json()
+    result = client.post(f"/v1/sandboxes/{sandbox_id}/commands", json={"command": "python3 main.py > out.txt; cat out.txt", "cwd": "src", "timeout_s": 10}).json()
     assert result["stdout"] == "hello 42\n" and result["exit_code"] == 0 and result["timed_out"] is False
-    assert_matches(served_document(), "SandboxCommandResult", result)
-    listed = client.post(f"{BASE}/{sandbox_id}/commands", {"command": ["ls", "/workspace/src"], "env": {"X": "1"}}, format="json").json()
+    listed = client.post(f"/v1/sandboxes/{sandbox_id}/commands", json={"command": ["ls", "/workspace/src"], "env": {"X": "1"}}).json()
     assert listed["stdout"] == "main.py\nout.txt\n"
-    got = client.get(f"{BASE}/{sandbox_id}/files", {"path": "/workspace/src/out.txt"})
+    got = client.get(f"/v1/sandboxes/{sandbox_id}/files", params={"path": "/workspace/src/out.txt"})
     assert got.status_code == 200 and got.content == b"hello 42\n"
-    assert got["Content-Type"] == "application/octet-stream"
+    assert got.headers["content-type"] == "application/octet-stream"
 
 
-def test_it_kills_a_command_at_its_timeout_through_the_api(owner):
-    sandbox_id = create(owner)["id"]
-    result = owner.client().post(f"{BASE}/{sandbox_id}/commands", {"command": "sleep 20", "timeout_s": 1}, format="json").json()
+def test_a_command_is_killed_at_its_timeout_and_cannot_outlive_the_sandbox(owner):
+    body = create(owner, timeout_s=3)
+    client = data_plane(body["data_plane"])
+    result = client.post(f"/v1/sandboxes/{body['id']}/commands", json={"command": "sleep 20", "timeout_s": 1}).json()
     assert (result["exit_code"], result["timed_out"]) == (124, True)
-    assert result["duration_ms"] < 5000
-
-
-@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../x", "/workspace/../x"])
-def test_it_refuses_file_paths_outside_the_workspace(owner, path):
-    sandbox_id = create(owner)["id"]
-    client = owner.client()
-    put = client.put(f"{BASE}/{sandbox_id}/files?path={path}", data=b"x", content_type="application/octet-stream")
-    got = client.get(f"{BASE}/{sandbox_id}/files", {"path": path})
-    for answer in (put, got):
-        assert answer.status_code == 400, answer.content
-        assert answer.json()["error"]["param"] == "path"
-        assert answer.json()["error"]["errors"][0]["code"] == "invalid_path"
-
-
-def test_it_refuses_a_symlink_that_escapes_the_workspace(owner, tmp_path):
-    outside = tmp_path / "host.txt"
-    outside.write_text("host")
-    sandbox_id = create(owner)["id"]
-    client = owner.client()
-    client.post(f"{BASE}/{sandbox_id}/commands", {"command": f"ln -s {outside} escape; ln -s / root"}, format="json")
-    for path in ("escape", "root/etc/passwd"):
-        got = client.get(f"{BASE}/{sandbox_id}/files", {"path": path})
-        put = client.put(f"{BASE}/{sandbox_id}/files?path={path}", data=b"overwritten", content_type="application/octet-stream")
-        assert (got.status_code, put.status_code) == (400, 400), (got.content, put.content)
-    assert outside.read_text() == "host"
+    result = client.post(f"/v1/sandboxes/{body['id']}/commands", json={"command": "sleep 30", "timeout_s": 30}).json()
+    assert result["timed_out"] is True and result["duration_ms"] < 4000
 
 
 def _routes(sandbox_id: str):
     yield "get", f"{BASE}/{sandbox_id}", None
     yield "delete", f"{BASE}/{sandbox_id}", None
-    yield "post", f"{BASE}/{sandbox_id}/commands", {"command": "touch pwned"}
-    yield "put", f"{BASE}/{sandbox_id}/files?path=pwned", b"x"
-    yield "get", f"{BASE}/{sandbox_id}/files?path=pwned", None
+    yield "post", f"{BASE}/{sandbox_id}/auth", None
 
 
-def test_another_organizations_sandbox_is_a_404_on_every_route_like_a_missing_one(owner, outsider, runtime):
+def test_another_organizations_sandbox_is_a_404_on_every_route_like_a_missing_one(owner, outsider, host):
     sandbox_id = create(owner)["id"]
     for method, url, body in _routes(sandbox_id):
-        kwargs = {"format": "json"} if isinstance(body, dict) else {"content_type": "application/octet-stream"}
-        foreign = getattr(outsider.client(), method)(url, body, **kwargs) if body is not None else getattr(outsider.client(), method)(url)
-        missing_url = url.replace(sandbox_id, "sbx_" + "0" * 20)
-        missing = getattr(owner.client(), method)(missing_url, body, **kwargs) if body is not None else getattr(owner.client(), method)(missing_url)
+        foreign = getattr(outsider.client(), method)(url)
+        missing = getattr(owner.client(), method)(url.replace(sandbox_id, "sbx_" + "0" * 20))
         assert foreign.status_code == missing.status_code == 404, (method, url, foreign.content)
         assert foreign.json() == missing.json()
     assert [s["id"] for s in outsider.client().get(BASE).json()["data"]] == []
     sandbox = Sandbox.objects.unscoped().get()
     assert sandbox.status == SandboxStatus.RUNNING
-    assert list(runtime.workdir(services.sandbox_spec(sandbox)).iterdir()) == []
+    assert list(host.workdir(services.sandbox_spec(sandbox)).iterdir()) == []
 
 
-def test_a_read_key_cannot_create_run_or_write(owner):
+def test_a_read_key_cannot_create_reach_the_data_plane_or_delete(owner):
     from lab.audit import Actor
     from lab.services import api_key_create
 
@@ -187,7 +184,7 @@ def test_a_read_key_cannot_create_run_or_write(owner):
     client = owner.client(key)
     assert client.get(f"{BASE}/{sandbox_id}").status_code == 200
     assert client.post(BASE, {}, format="json").status_code == 403
-    assert client.post(f"{BASE}/{sandbox_id}/commands", {"command": "true"}, format="json").status_code == 403
+    assert client.post(f"{BASE}/{sandbox_id}/auth").status_code == 403
     assert client.delete(f"{BASE}/{sandbox_id}").status_code == 403
 
 
@@ -233,20 +230,13 @@ def test_the_cap_holds_under_concurrent_creates(owner, settings, monkeypatch):
     assert Sandbox.objects.unscoped().filter(organization=owner.organization).count() == 3
 
 
-def test_the_reaper_stops_sandboxes_past_their_lifetime_and_deletes_their_files(owner, runtime):
+def test_the_reaper_stops_sandboxes_past_their_lifetime_and_deletes_their_files(owner, host):
     old = create(owner, timeout_s=60)["id"]
     young = create(owner, timeout_s=3600)["id"]
     Sandbox.objects.unscoped().filter(public_id=old).update(created_at=timezone.now() - timedelta(seconds=61))
     assert services.sandbox_reap_expired() == 1
     reaped = Sandbox.objects.unscoped().get(public_id=old)
     assert reaped.status == SandboxStatus.STOPPED
-    assert not runtime.workdir(services.sandbox_spec(reaped)).exists()
+    assert not host.folder(services.sandbox_spec(reaped)).exists()
     assert Sandbox.objects.unscoped().get(public_id=young).status == SandboxStatus.RUNNING
     assert services.sandbox_reap_expired() == 0
-
-
-def test_a_command_cannot_outlive_the_sandbox(owner):
-    sandbox_id = create(owner, timeout_s=60)["id"]
-    Sandbox.objects.unscoped().filter(public_id=sandbox_id).update(created_at=timezone.now() - timedelta(seconds=59))
-    result = owner.client().post(f"{BASE}/{sandbox_id}/commands", {"command": "sleep 30", "timeout_s": 30}, format="json").json()
-    assert result["timed_out"] is True and result["duration_ms"] < 5000

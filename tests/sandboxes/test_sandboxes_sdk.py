@@ -1,12 +1,14 @@
 """The SDK's ``lab.sandboxes`` and the CLI's ``lab sandboxes`` against the real API on a live HTTP
-server and the local runtime."""
+server and a real sandbox agent (the data plane)."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from labsdk import Lab, NotFoundError
+from labsdk._http import HTTPClient
 from labsdk.cli import main
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime")]
@@ -44,3 +46,23 @@ def test_the_cli_creates_runs_lists_and_deletes(live_server, owner, monkeypatch,
     assert main(["sandboxes", "delete", sandbox_id]) == 0
     assert main(["sandboxes", "get", sandbox_id, "--json"]) == 0
     assert json.loads(capsys.readouterr().out.split("\n", 1)[1])["status"] == "stopped"
+
+
+def test_commands_and_files_go_to_the_agent_without_lab(live_server, owner):
+    lab = Lab(api_key=owner.key, base_url=live_server.url, max_retries=0)
+    sandbox = lab.sandboxes.create(timeout_s=120)
+    assert sandbox.data_plane is not None and sandbox.data_plane.token.startswith("sbt_")
+    lab.sandboxes._http = HTTPClient(base_url="http://127.0.0.1:9/api/v1", token="lab_unreachable", max_retries=0)
+
+    events = list(lab.sandboxes.stream(sandbox.id, "echo one; sleep 0.3; echo two >&2; exit 4"))
+    job = lab.sandboxes.start_background(sandbox.id, "sleep 0.5; echo done > /tmp/flag; echo bg")
+    assert lab.sandboxes.background(sandbox.id, job.id).status == "running"
+    deadline = time.monotonic() + 10
+    while (status := lab.sandboxes.background(sandbox.id, job.id)).status == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert lab.sandboxes.upload(sandbox.id, "/tmp/in.txt", b"x") == "/tmp/in.txt"
+
+    assert [(e.type, e.data) for e in events if e.type in ("stdout", "stderr")] == [("stdout", "one\n"), ("stderr", "two\n")]
+    assert events[0].type == "started" and events[-1].type == "exit" and events[-1].exit_code == 4
+    assert (status.status, status.exit_code, status.stdout) == ("exited", 0, "bg\n")
+    assert lab.sandboxes.download(sandbox.id, "/tmp/flag") == b"done\n"
