@@ -8,6 +8,9 @@ what it made in Lab's storage (``lab.storage``):
   <sha256>/<file name>`` (content-addressed: a wheel another build fetched is not fetched again);
 - its log, ``environments/<organization public id>/<package sha256>/build-<number>.log``.
 
+The organization's pushed datasets (``environments.datasets``) are unpacked into the build's
+scratch folder, where loading the environment runs, so ``load_dataset("owner/name")`` finds them.
+
 On the filesystem backend the builder writes the wheelhouse in place; on an object store it works
 in ``LAB_DATA_DIR/cache/wheelhouse`` and the wheels it fetched are uploaded after it ends.
 The index is ``LAB_PACKAGE_INDEX_URL``.
@@ -37,6 +40,8 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from environments.builder.steps import NETWORK_VARIABLES
+from environments.datasets import copy_snapshots
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from environments.storage import KEY_PREFIX, WHEEL_CONTENT_TYPE
 from lab import storage
@@ -103,7 +108,40 @@ def build_failure_message(environment_id: str, build: EnvironmentBuild) -> str:
     400 at submit, or its error when the build failed while it waited), naming the fixes."""
     return (
         f"environment '{environment_id}' did not build (build {build.number}): {build.error} "
-        "(push a fixed version, or rebuild it: POST /api/v1/environments/<id>/builds)"
+        f"(push a fixed version, or rebuild it: lab envs rebuild {environment_id}, or POST /api/v1/environments/<id>/builds)"
+    )
+
+
+def environment_secrets(summary: dict, args: dict | None) -> list[str]:
+    """The job secrets an environment reads, by its build's ``summary``, for a block with ``args``
+    (its ``load_environment`` arguments): each key it declared while loading with its defaults
+    (``summary["secrets"]``: ``vf.ensure_keys``, or OpenAI's default key), where a key that is the
+    default of a parameter the block sets to another name (``judge_api_key_var = "MY_KEY"``, the
+    Hub's way to name a judge's key) is that name instead. In the build's order, each once."""
+    defaults = {
+        parameter.get("name"): parameter.get("default")
+        for parameter in summary.get("parameters") or [] if isinstance(parameter, dict)
+    }
+    names: list[str] = []
+    for key in summary.get("secrets") or []:
+        renamed = [
+            (args or {})[name] for name, default in defaults.items()
+            if default == key and isinstance((args or {}).get(name), str) and (args or {})[name]
+        ]
+        name = renamed[0] if renamed else key
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def missing_secrets_message(environment_id: str, missing: list[str], given) -> str:
+    """What a job naming ``environment_id`` without the secrets ``missing`` it reads is told (a
+    400 at submit, or its error when its build turned ready while it waited), naming the fix."""
+    return (
+        f"environment '{environment_id}' reads the secret{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+        f"(it declares {'them' if len(missing) > 1 else 'it'} with vf.ensure_keys, or makes an OpenAI client on it), "
+        f"which the job is not given (given: {', '.join(sorted(given)) or 'none'}): pass each as a job secret, "
+        f"with -e {missing[0]}=... or an env file, or as secrets.{missing[0]} in the request"
     )
 
 
@@ -114,13 +152,7 @@ def build_log_key(build: EnvironmentBuild) -> str:
 
 def build_log(build: EnvironmentBuild) -> str:
     """The build's log as text: ``""`` while it has none yet."""
-    if not build.log_key:
-        return ""
-    try:
-        with storage.open_object(build.log_key) as handle:
-            return handle.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
+    return storage.read_text(build.log_key)
 
 
 def _claim(build_id: int) -> EnvironmentBuild | None:
@@ -151,8 +183,11 @@ def _upload_wheels(wheelhouse: Path, lock: list[dict]) -> None:
             storage.put_file(key, wheelhouse / entry["sha256"] / entry["filename"], content_type=WHEEL_CONTENT_TYPE)
 
 
-def builder_command(*, wheel: Path, build: EnvironmentBuild, wheelhouse: Path, workdir: Path, result: Path) -> list[str]:
-    """The builder's command line for ``build`` (``python -m environments.builder build ...``)."""
+def builder_command(
+    *, wheel: Path, build: EnvironmentBuild, wheelhouse: Path, workdir: Path, result: Path, datasets: Path | None = None,
+) -> list[str]:
+    """The builder's command line for ``build`` (``python -m environments.builder build ...``);
+    ``datasets`` the folder of the organization's pushed datasets (``environments.datasets.copy_snapshots``)."""
     return [
         sys.executable, "-m", "environments.builder", "build",
         "--wheel", str(wheel),
@@ -163,7 +198,17 @@ def builder_command(*, wheel: Path, build: EnvironmentBuild, wheelhouse: Path, w
         "--result", str(result),
         "--cache", str(Path(settings.LAB_DATA_DIR) / "cache" / "uv"),
         "--sandbox", "bubblewrap" if settings.LAB_LOCAL_ISOLATION == "bubblewrap" else "none",
+        *(["--datasets", str(datasets)] if datasets is not None else []),
     ]
+
+
+def builder_environment(home: str) -> dict[str, str]:
+    """The builder's environment: its ``PATH``, ``HOME`` (``home``) and locale, and of the worker's own
+    only how it reaches the package index (``NETWORK_VARIABLES``: a CA bundle such as a company proxy's,
+    the proxies), so that uv verifies the index as the worker's host does; no ``LAB_*`` variable, no secret."""
+    environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
+    environment.update({name: os.environ[name] for name in NETWORK_VARIABLES if os.environ.get(name)})
+    return environment
 
 
 def _run_builder(command: list[str], *, env: dict[str, str], timeout: float) -> tuple[int | None, bytes]:
@@ -218,8 +263,12 @@ def build_run(build_id: int) -> EnvironmentBuild | None:
             with storage.open_object(package.storage_key) as source, wheel.open("wb") as target:
                 shutil.copyfileobj(source, target)
         result_path = workdir / "result.json"
-        command = builder_command(wheel=wheel, build=build, wheelhouse=wheelhouse, workdir=workdir / "work", result=result_path)
-        environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": scratch, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
+        datasets = workdir / "datasets"
+        copy_snapshots(package.organization_id, datasets)
+        command = builder_command(
+            wheel=wheel, build=build, wheelhouse=wheelhouse, workdir=workdir / "work", result=result_path, datasets=datasets,
+        )
+        environment = builder_environment(scratch)
         timeout = settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S
         returncode, output = _run_builder(command, env=environment, timeout=timeout)
         if returncode is None:

@@ -80,7 +80,7 @@ class EnvironmentBuild(models.Model):
     snapshot and the next ``number``. The latest build (highest number) is the one that counts.
     ``lock`` lists every installed distribution: ``[{"name", "version", "filename", "sha256"}]``
     (wheels in the shared wheelhouse, ``environments/wheelhouse/<sha256>/<filename>``);
-    ``summary`` what loading it found (``environments.builder.probe``).
+    ``summary`` what loading it found (``engine.environments.probe``).
     """
 
     package = models.ForeignKey(EnvironmentPackage, on_delete=models.CASCADE, related_name="builds")
@@ -108,3 +108,46 @@ class EnvironmentBuild(models.Model):
 
     def __str__(self) -> str:
         return f"{self.package_id} build {self.number}"
+
+
+class DatasetSnapshot(models.Model):
+    """A dataset an organization pushed under a Hugging Face name (``<owner>/<name>``), which
+    ``datasets.load_dataset("<owner>/<name>")`` resolves to, offline, in its builds and jobs
+    (environments.datasets).
+
+    One live snapshot per name and organization: pushing the name again replaces it. The stored
+    object is one uncompressed tar of the dataset's files as pushed (``files``:
+    ``[{"path", "size_bytes"}]``), ``sha256`` and ``size_bytes`` that tar's. ``owner`` is any
+    Hugging Face namespace (``openai`` for ``openai/gsm8k``), not necessarily the organization's slug.
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="dataset_snapshots")
+    owner = models.CharField(max_length=96)
+    name = models.CharField(max_length=96)
+    filename = models.CharField(max_length=200)  # what was pushed: "train.jsonl", "arith.tar.gz", or "<dir>.tar" from the CLI
+    files = models.JSONField(default=list)
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    storage_key = models.CharField(max_length=400)
+    pushed_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    pushed_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    tenant_owner = "organization"
+    tenant_path = "organization"
+    objects = TenantManager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "owner", "name"], name="dataset_snapshot_name_unique"),
+        ]
+        ordering = ["owner", "name"]
+
+    @property
+    def public_id(self) -> str:
+        """The name ``load_dataset`` is called with: ``<owner>/<name>``."""
+        return f"{self.owner}/{self.name}"
+
+    def __str__(self) -> str:
+        return self.public_id

@@ -15,10 +15,10 @@ from typing import BinaryIO
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from lab_environments import EnvironmentInfo
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from engine.catalog import EnvironmentInfo
 from environments.builds import WHEELHOUSE_PREFIX, build_start
 from environments.models import EnvironmentPackage
 from environments.storage import WHEEL_CONTENT_TYPE, package_key

@@ -13,7 +13,7 @@ Two package forms are accepted (docs/environments.md):
 - ``verifiers``: verifiers' own plugin convention: a top-level module named after the
   environment (``my-env`` -> ``my_env``) whose ``__all__`` exports its ``Taskset`` subclass,
   and ``Requires-Dist: verifiers...`` (the version it targets);
-- ``lab``: Lab's environment protocol (``engine.environments.Environment``), declared by exactly
+- ``lab``: Lab's environment protocol (``lab_environments.Environment``), declared by exactly
   one entry point in the ``lab.environments`` group, ``<name> = <module>:<class>``.
 """
 
@@ -54,7 +54,7 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 #: The entry point group of Lab's own environment protocol.
 ENTRY_POINT_GROUP = "lab.environments"
 #: Top-level modules a package may not be named after: importing it would find these instead.
-RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {"engine", "labsdk", "torch", "transformers", "verifiers"}
+RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {"engine", "labsdk", "lab_environments", "torch", "transformers", "verifiers"}
 #: verifiers' own tasksets (``verifiers.v1.tasksets.<name>``, version 0.4.0): its loader imports one of
 #: these before a package's module of the same name (``verifiers/v1/utils/loaders.py``, ``_import_plugin``).
 VERIFIERS_BUILTIN_TASKSETS = frozenset({"harbor", "nemo_gym", "openenv", "textarena"})

@@ -9,88 +9,45 @@ output), ``wheelhouse`` the shared folder of wheels by SHA-256.
 from __future__ import annotations
 
 import argparse
-import ast
+import dataclasses
 import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import tomllib
 import urllib.parse
 import urllib.request
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab_environments import __version__ as PROTOCOL_VERSION
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from engine.environments import probe as package_probe
+from engine.environments.probe import is_load_environment_module, module_source, not_in_engine
+from engine.environments.verifiers_taskset import verifiers_python
+from environments.builder.sandbox import sandbox_command
+from environments.builder.steps import BuildFailed, BuildRequest, log, run_step, uv_environment
 from environments.wheels import InvalidWheel, WheelInfo, read_wheel
 
+#: The distribution of Lab's environment protocol, which the engine provides to Lab packages.
+PROTOCOL_DISTRIBUTION = "lab-environments"
 #: verifiers' last release with the ``load_environment`` API (0.4.0 removed it).
 V0_VERIFIERS_CAP = "verifiers<0.4"
-#: The longest a resolve, a download or an install may take, in seconds.
-STEP_TIMEOUT_S = 900
 #: The longest loading the environment with its defaults may take, in seconds.
 PROBE_TIMEOUT_S = 300
 _CHUNK = 1024 * 1024
 
 
-class BuildFailed(Exception):
-    """The build cannot go on; the message says why and what to change (the build's ``error``)."""
-
-
-@dataclass(frozen=True)
-class BuildRequest:
-    """What one build needs: the wheel, the index and cut-off to resolve against, and where to work.
-
-    ``exclude_newer`` is an RFC 3339 timestamp (the version's push time, or a rebuild's snapshot);
-    ``python`` the engine's interpreter the environment is built for; ``sandbox`` whether the
-    import step runs in bubblewrap (``sandbox_command``); ``cache`` uv's cache (default beside the wheelhouse).
-    """
-
-    wheel: Path
-    index_url: str
-    exclude_newer: str
-    wheelhouse: Path
-    workdir: Path
-    python: str = sys.executable
-    uv: str = ""
-    sandbox: bool = False
-    cache: Path | None = None
-
-
-def log(message: str) -> None:
-    print(f"[build {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def _run(command: list[str], *, timeout: float = STEP_TIMEOUT_S, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``command``, its output (both streams) captured as text; the caller reads ``returncode``."""
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        raise BuildFailed(f"'{Path(command[0]).name} {command[1] if len(command) > 1 else ''}' took longer than {timeout:.0f} s") from None
-
-
-def _uv_environment(request: BuildRequest) -> dict[str, str]:
-    """A minimal environment for uv: no ``UV_*``/``PIP_*`` setting of the host, its cache in the wheelhouse's parent."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY")
-    environment = {name: os.environ[name] for name in keep if name in os.environ}
-    environment["UV_NO_CONFIG"] = "1"
-    environment["UV_CACHE_DIR"] = str(request.cache or request.wheelhouse.parent / "uv-cache")
-    environment["UV_PYTHON_DOWNLOADS"] = "never"
-    return environment
-
-
 def _engine_python_version(python: str) -> str:
     if Path(python).resolve() == Path(sys.executable).resolve():
         return ".".join(map(str, sys.version_info[:3]))
-    result = _run([python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"], timeout=60)
+    result = run_step([python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"], timeout=60)
     return result.stdout.strip()
 
 
@@ -109,30 +66,25 @@ def check_python(info: WheelInfo, python_version: str) -> None:
         )
 
 
-def module_source(wheel: Path, module: str) -> str:
-    """The source of the package's top-level module (``module/__init__.py`` or ``module.py``), or ``""``."""
-    with zipfile.ZipFile(wheel) as archive:
-        for name in (f"{module}/__init__.py", f"{module}.py"):
-            try:
-                return archive.read(name).decode("utf-8", errors="replace")
-            except KeyError:
-                continue
-    return ""
-
-
-def is_load_environment_module(source: str) -> bool:
-    """Whether a module defines or imports ``load_environment`` at top level and names no ``Taskset``
-    (verifiers' v0 form, which verifiers 0.4.0 no longer runs), read without running it."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    defines = any(
-        (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "load_environment")
-        or (isinstance(node, ast.ImportFrom) and any((alias.asname or alias.name) == "load_environment" for alias in node.names))
-        for node in tree.body
-    )
-    return defines and "Taskset" not in source
+def without_engine_provided(info: WheelInfo) -> WheelInfo:
+    """``info`` without the requirement a Lab package's engine meets itself: the environment
+    protocol (``lab-environments``), which Lab's engine imports for the package (it is on no
+    package index). Raises BuildFailed for a specifier the engine's protocol version does not meet."""
+    if info.kind != "lab":
+        return info
+    kept = []
+    for line in info.dependencies:
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) != PROTOCOL_DISTRIBUTION:
+            kept.append(line)
+        elif not requirement.specifier.contains(PROTOCOL_VERSION, prereleases=True):
+            raise BuildFailed(
+                f"it needs {line}, and Lab's engine provides {PROTOCOL_DISTRIBUTION} {PROTOCOL_VERSION}: "
+                f"require a version range that admits {PROTOCOL_VERSION}"
+            )
+        else:
+            log(f"{PROTOCOL_DISTRIBUTION}: provided by the engine ({PROTOCOL_VERSION})")
+    return dataclasses.replace(info, dependencies=kept)
 
 
 def resolve(request: BuildRequest, info: WheelInfo, *, cap_verifiers: bool) -> list[dict[str, Any]]:
@@ -153,7 +105,6 @@ def resolve(request: BuildRequest, info: WheelInfo, *, cap_verifiers: bool) -> l
         request.uv, "pip", "compile", str(request.workdir / "requirements.in"),
         "--index-url", request.index_url,
         "--exclude-newer", request.exclude_newer,
-        "--only-binary", ":all:",
         "--python", request.python,
         "--format", "pylock.toml",
         "--output-file", str(request.workdir / "pylock.toml"),
@@ -164,16 +115,38 @@ def resolve(request: BuildRequest, info: WheelInfo, *, cap_verifiers: bool) -> l
         command += ["--constraint", str(request.workdir / "constraints.txt")]
     log(f"resolving {len(requirements)} requirements against {request.index_url} as of {request.exclude_newer}"
         + (f", with {V0_VERIFIERS_CAP}" if cap_verifiers else ""))
-    result = _run(command, env=_uv_environment(request))
+    result = run_step(command, env=uv_environment(request))
     print(result.stdout + result.stderr, end="", flush=True)
     if result.returncode != 0:
         message = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("warning:")).strip()
+        if "certificate" in message.lower():
+            message = "\n".join(line for line in message.splitlines() if not line.startswith("hint:")).strip()
+            message += (
+                f"\n{request.index_url} could not be verified: the build reaches the index with the CA bundle and proxies "
+                "of the environment Lab's worker runs in (SSL_CERT_FILE, SSL_CERT_DIR, HTTPS_PROXY, NO_PROXY): set "
+                "SSL_CERT_FILE there to the bundle that verifies it (a company proxy's), then lab envs rebuild"
+            )
         raise BuildFailed(
             f"its requirements cannot be met from {request.index_url} as of {request.exclude_newer} "
-            f"(wheels for Python {_engine_python_version(request.python)} only): {message[-2000:]}"
+            f"(for Python {_engine_python_version(request.python)}): {message[-2000:]}"
         )
     lock = tomllib.loads((request.workdir / "pylock.toml").read_text())
-    return [_locked_wheel(package) for package in lock.get("packages", [])]
+    return [_locked_distribution(package) for package in lock.get("packages", [])]
+
+
+def _locked_distribution(package: dict[str, Any]) -> dict[str, Any]:
+    """A pylock.toml package entry as a lock entry: its wheel for the engine's interpreter, or,
+    where the index has only its source archive, that archive (``"sdist": True``), which
+    ``build_source_distributions`` turns into a wheel."""
+    if package.get("wheels") or not package.get("sdist"):
+        return _locked_wheel(package)
+    sdist = package["sdist"]
+    location = sdist.get("url") or sdist.get("path", "")
+    filename = sdist.get("name") or urllib.parse.unquote(urllib.parse.urlsplit(location).path.rsplit("/", 1)[-1])
+    return {
+        "name": str(canonicalize_name(package["name"])), "version": package["version"], "filename": filename,
+        "url": location, "sha256": sdist["hashes"]["sha256"], "sdist": True,
+    }
 
 
 def _locked_wheel(package: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +165,144 @@ def _locked_wheel(package: dict[str, Any]) -> dict[str, Any]:
     return {"name": str(canonicalize_name(package["name"])), "version": package["version"], "filename": filename, "url": location, "sha256": sha256}
 
 
+_MISSING_DISTRIBUTIONS = (
+    "import importlib.metadata, sys\n"
+    "for name in sys.argv[1:]:\n"
+    "    try:\n"
+    "        importlib.metadata.distribution(name)\n"
+    "    except importlib.metadata.PackageNotFoundError:\n"
+    "        print(name)\n"
+)
+
+
+def check_runtime(info: WheelInfo, lock: list[dict[str, Any]], python: Path) -> None:
+    """Refuse a package that needs distributions ``python`` (the environment a job imports it in)
+    lacks: for a Lab package, any of its lock, against the engine's; for a v1 taskset, any it
+    requires itself, against the verifiers environment's. A job installs the package with
+    --no-deps, so it would fail at start. Raises BuildFailed naming
+    every missing distribution (``engine.environments.probe.not_in_engine``)."""
+    if info.kind == "lab":
+        names = [entry["name"] for entry in lock]
+    else:  # the verifiers environment holds verifiers' imports, not its whole closure: check what the package names
+        names = [Requirement(line).name for line in info.dependencies if Requirement(line).marker is None]
+    if not names:
+        return
+    if not python.exists():
+        log(f"{python} does not exist: the lock is not checked against the job's environment")
+        return
+    result = run_step([str(python), "-I", "-c", _MISSING_DISTRIBUTIONS, *names])
+    if result.returncode != 0:
+        raise BuildFailed(f"reading the job's environment ({python}) failed: {result.stderr.strip()[-500:]}")
+    missing = result.stdout.split()
+    if missing:
+        listed = ", ".join(f"'{name}'" for name in missing)
+        noun = "distributions" if len(missing) > 1 else "distribution"
+        raise BuildFailed(not_in_engine(f"it depends on the {noun} {listed}", plural=len(missing) > 1))
+    log(f"{len(names)} locked distributions: all in the job's environment ({python})")
+
+
+def _download(url: str, target: Path, sha256: str) -> None:
+    """Download ``url`` to ``target`` (atomically), refusing a body whose SHA-256 is not ``sha256``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=120) as response, partial.open("wb") as out:
+        while chunk := response.read(_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+    if digest.hexdigest() != sha256:
+        partial.unlink()
+        raise BuildFailed(f"{target.name} from the index does not have the SHA-256 the index gave for it")
+    partial.replace(target)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _built_record(request: BuildRequest, entry: dict[str, Any], python_version: str) -> Path:
+    """Where the wheelhouse records the wheel built from the source archive ``entry`` for the
+    engine's Python and platform: ``built/<archive sha256>/<python version>-<platform tag>.json``."""
+    platform_tag = next(iter(sys_tags())).platform
+    return request.wheelhouse / "built" / entry["sha256"] / f"{python_version}-{platform_tag}.json"
+
+
+def build_source_distributions(request: BuildRequest, lock: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Replace each source archive of ``lock`` by a wheel built from it for the engine's Python,
+    stored in the wheelhouse like any wheel (``<sha256>/<file name>``), so that jobs install
+    wheels only, offline. A wheel built from the same archive for the same Python and platform
+    before is reused (``_built_record``); otherwise the archive is downloaded (its SHA-256 checked)
+    and built by ``uv build --wheel``, which installs the build backend its ``pyproject.toml``
+    names (setuptools for a ``setup.py`` alone) from the same index as of the same time: the
+    archive's setup code runs in the builder's process tree (in bubblewrap when ``request.sandbox``),
+    never in Lab's web or worker process. Raises BuildFailed naming the distribution and uv's message (a build backend the
+    index lacks is named there)."""
+    if not any(entry.get("sdist") for entry in lock):
+        return lock
+    python_version = _engine_python_version(request.python)
+    built_lock = []
+    for entry in lock:
+        if not entry.get("sdist"):
+            built_lock.append(entry)
+            continue
+        record = _built_record(request, entry, python_version)
+        wheel = json.loads(record.read_text()) if record.is_file() else None
+        if wheel is not None and (request.wheelhouse / wheel["sha256"] / wheel["filename"]).is_file():
+            log(f"{entry['filename']}: the wheel built from it before, {wheel['filename']}")
+        else:
+            wheel = _build_wheel(request, entry)
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps(wheel))
+        built_lock.append({"name": entry["name"], "version": entry["version"], **wheel, "url": ""})
+    return built_lock
+
+
+def _build_wheel(request: BuildRequest, entry: dict[str, Any]) -> dict[str, str]:
+    """Build the source archive ``entry`` into a wheel in the wheelhouse; return its ``{"filename", "sha256"}``."""
+    sources = request.workdir / "sdists"
+    archive = sources / entry["filename"]
+    _download(entry["url"], archive, entry["sha256"])
+    out = sources / f"{entry['name']}-wheel"
+    command = [
+        request.uv, "build", "--wheel", str(archive), "--out-dir", str(out),
+        "--index-url", request.index_url, "--exclude-newer", request.exclude_newer,
+        "--python", request.python, "--no-config", "--quiet",
+    ]
+    # The archive's setup code runs in bubblewrap with the network (its build backend comes from
+    # the index) and a uv cache of its own: it can write to nothing but this build's folder, not to
+    # the shared wheelhouse or uv cache that other builds read.
+    environment = {**uv_environment(request), "UV_CACHE_DIR": str(sources / "uv-cache")}
+    sandbox = []
+    if request.sandbox:
+        readable = [Path(sys.base_prefix), Path(sys.prefix), Path(request.python).resolve().parent.parent, Path(request.uv).resolve().parent]
+        if request.index_url.startswith("file://"):
+            readable.append(Path(urllib.parse.unquote(urllib.parse.urlsplit(request.index_url).path)).resolve().parent)
+        sandbox = sandbox_command(readable, request.workdir, frozen=request.workdir / "venv" if (request.workdir / "venv").exists() else None,
+                                  chdir=sources, network=True)
+    log(f"building a wheel of {entry['name']} {entry['version']} from its source archive {entry['filename']}"
+        + (" (in bubblewrap)" if sandbox else ""))
+    started = time.monotonic()
+    result = run_step([*sandbox, *command], env=environment, cwd=sources)
+    print(result.stdout + result.stderr, end="", flush=True)
+    wheels = sorted(out.glob("*.whl")) if out.is_dir() else []
+    if result.returncode != 0 or len(wheels) != 1:
+        message = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("warning:")).strip()
+        raise BuildFailed(
+            f"{entry['name']} {entry['version']} is a source archive on {request.index_url} ({entry['filename']}), and "
+            f"building a wheel of it failed: {message[-1500:] or f'uv build exited {result.returncode}'}"
+        )
+    sha256 = _file_sha256(wheels[0])
+    target = request.wheelhouse / sha256 / wheels[0].name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(wheels[0]), target)
+    log(f"built {wheels[0].name} in {time.monotonic() - started:.1f} s")
+    return {"filename": wheels[0].name, "sha256": sha256}
+
+
 def fetch(request: BuildRequest, lock: list[dict[str, Any]]) -> Path:
     """Put every locked wheel in the wheelhouse (``<sha256>/<file name>``; present ones are kept),
     checking each download's SHA-256; return a folder of links to them (a ``--find-links``)."""
@@ -201,17 +312,7 @@ def fetch(request: BuildRequest, lock: list[dict[str, Any]]) -> Path:
     for entry in lock:
         target = request.wheelhouse / entry["sha256"] / entry["filename"]
         if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f".{target.name}.{os.getpid()}.part")
-            digest = hashlib.sha256()
-            with urllib.request.urlopen(entry["url"], timeout=120) as response, partial.open("wb") as out:
-                while chunk := response.read(_CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-            if digest.hexdigest() != entry["sha256"]:
-                partial.unlink()
-                raise BuildFailed(f"{entry['filename']} from the index does not have the SHA-256 the index gave for it")
-            partial.replace(target)
+            _download(entry["url"], target, entry["sha256"])
             fetched += 1
             fetched_bytes += target.stat().st_size
         (links / entry["filename"]).unlink(missing_ok=True)
@@ -223,8 +324,8 @@ def fetch(request: BuildRequest, lock: list[dict[str, Any]]) -> Path:
 def install(request: BuildRequest, lock: list[dict[str, Any]], links: Path) -> Path:
     """Create the build's fresh venv and install the lock (offline, hashes checked), then the package; return its Python."""
     venv = request.workdir / "venv"
-    environment = _uv_environment(request)
-    result = _run([request.uv, "venv", "--quiet", "--python", request.python, str(venv)], env=environment)
+    environment = uv_environment(request)
+    result = run_step([request.uv, "venv", "--quiet", "--python", request.python, str(venv)], env=environment)
     if result.returncode != 0:
         raise BuildFailed(f"could not create the build's virtual environment: {result.stderr.strip()[-500:]}")
     python = str(venv / "bin" / "python")
@@ -233,10 +334,10 @@ def install(request: BuildRequest, lock: list[dict[str, Any]], links: Path) -> P
         (request.workdir / "lock.txt").write_text(
             "".join(f"{entry['name']}=={entry['version']} --hash=sha256:{entry['sha256']}\n" for entry in lock)
         )
-        result = _run([request.uv, "pip", "install", *offline, "--require-hashes", "--no-deps", "-r", str(request.workdir / "lock.txt")], env=environment)
+        result = run_step([request.uv, "pip", "install", *offline, "--require-hashes", "--no-deps", "-r", str(request.workdir / "lock.txt")], env=environment)
         if result.returncode != 0:
             raise BuildFailed(f"installing the locked wheels failed: {result.stderr.strip()[-1500:]}")
-    result = _run([request.uv, "pip", "install", *offline, "--no-deps", str(request.wheel)], env=environment)
+    result = run_step([request.uv, "pip", "install", *offline, "--no-deps", str(request.wheel)], env=environment)
     if result.returncode != 0:
         raise BuildFailed(f"installing the package's wheel failed: {result.stderr.strip()[-1500:]}")
     log(f"installed {len(lock)} distributions and the package into a fresh environment")
@@ -247,41 +348,12 @@ def _site_packages(venv_python: Path) -> Path:
     return next((venv_python.parent.parent / "lib").glob("python*/site-packages"))
 
 
-#: System folders the import step sees, read-only, where present (programs, libraries, certificates, the loader's cache);
-#: of /etc/ssl only the certificates and OpenSSL's configuration, never ``private`` (the host's keys).
-_SANDBOX_SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/etc/ssl/certs", "/etc/ssl/openssl.cnf", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
-
-
-def sandbox_command(readable: list[Path], writable: Path, *, frozen: Path | None = None) -> list[str]:
-    """The ``bwrap`` prefix the import step runs under: its own namespaces of every kind (so no
-    network at all: the package is installed already), an empty root with only the system's
-    programs and libraries, the Python installations in ``readable`` read-only and the build's
-    own ``writable`` folder but ``frozen`` in it, read-only: the build's venv, whose files uv
-    hard-links from the cache that later builds install from; nothing of Lab's data,
-    configuration or other builds."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise BuildFailed(
-            "bubblewrap (bwrap) is not installed, and builds import packages in its sandbox: install it "
-            "(apt-get install bubblewrap), or set LAB_LOCAL_ISOLATION=none where every package is trusted"
-        )
-    args = [bwrap, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-    for path in _SANDBOX_SYSTEM:
-        args += ["--ro-bind-try", path, path]
-    for path in sorted({path.resolve() for path in readable}):
-        args += ["--ro-bind", str(path), str(path)]
-    args += ["--bind", str(writable), str(writable)]
-    if frozen is not None:
-        args += ["--ro-bind", str(frozen), str(frozen)]
-    return [*args, "--chdir", str(writable), "--"]
-
-
 def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str, Any]:
-    """Import the module and load the environment with its defaults (``probe.py``); return its summary."""
+    """Import the module and load the environment with its defaults (``engine.environments.probe``); return its summary."""
     folder = request.workdir / "probe"
     folder.mkdir(exist_ok=True)
     script = folder / "lab_build_probe.py"
-    shutil.copyfile(Path(__file__).with_name("probe.py"), script)
+    shutil.copyfile(package_probe.__file__, script)
     out = folder / "summary.json"
     environment = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "LANG": "C.UTF-8", "TMPDIR": str(folder),
                    "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1"}
@@ -296,10 +368,18 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     else:
         command = [str(venv_python), "-I", str(script)]
     command += [info.module, info.kind, info.entry_point, str(out)]
-    sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv") if request.sandbox else []
+    # Loading runs in the folder of the organization's pushed datasets, where load_dataset("owner/name")
+    # finds "owner/name/" (environments.datasets); read-only in the sandbox.
+    datasets = request.datasets or request.workdir / "datasets"
+    datasets.mkdir(parents=True, exist_ok=True)
+    if request.datasets is not None:
+        pythons.append(datasets)
+        found = sorted(f"{owner.name}/{name.name}" for owner in datasets.iterdir() if owner.is_dir() for name in owner.iterdir() if name.is_dir())
+        log(f"pushed datasets load_dataset finds by name: {', '.join(found) or 'none'}")
+    sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv", chdir=datasets) if request.sandbox else []
     log(f"importing {info.module} and loading it with its defaults" + (" (in bubblewrap, no network)" if sandbox else ""))
     started = time.monotonic()
-    result = _run([*sandbox, *command], timeout=PROBE_TIMEOUT_S, env=environment)
+    result = run_step([*sandbox, *command], timeout=PROBE_TIMEOUT_S, env=environment, cwd=datasets)
     print(result.stdout + result.stderr, end="", flush=True)
     if result.returncode != 0 or not out.is_file():
         raise BuildFailed(f"importing and loading the environment crashed (exit {result.returncode}); the build log has its output")
@@ -324,8 +404,12 @@ def run_build(request: BuildRequest) -> dict[str, Any]:
             raise BuildFailed(f"not an acceptable environment wheel: {error}") from None
         log(f"{info.name} {info.version} ({info.kind}), engine Python {result['python']}")
         check_python(info, result["python"])
+        info = without_engine_provided(info)
         cap = info.kind == "verifiers" and is_load_environment_module(module_source(request.wheel, info.module))
         lock = resolve(request, info, cap_verifiers=cap)
+        lock = build_source_distributions(request, lock)
+        if not cap:  # a v0 package runs on its build's own environment; the others beside the engine's
+            check_runtime(info, lock, Path(request.python) if info.kind == "lab" else verifiers_python())
         result["lock"] = [{key: entry[key] for key in ("name", "version", "filename", "sha256")} for entry in lock]
         links = fetch(request, lock)
         venv_python = install(request, lock, links)
@@ -351,11 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uv", default=shutil.which("uv", path=str(Path(sys.executable).parent)) or "uv")
     parser.add_argument("--sandbox", choices=["bubblewrap", "none"], default="bubblewrap", help="where the import step runs")
     parser.add_argument("--cache", type=Path, default=None, help="uv's cache folder")
+    parser.add_argument("--datasets", type=Path, default=None, help="the folder of pushed datasets (<owner>/<name>/...) loading runs in")
     args = parser.parse_args(argv)
     request = BuildRequest(
         wheel=args.wheel.resolve(), index_url=args.index_url, exclude_newer=args.exclude_newer,
         wheelhouse=args.wheelhouse.resolve(), workdir=args.workdir.resolve(), python=args.python, uv=args.uv,
-        sandbox=args.sandbox == "bubblewrap", cache=args.cache,
+        sandbox=args.sandbox == "bubblewrap", cache=args.cache, datasets=args.datasets.resolve() if args.datasets else None,
     )
     result = run_build(request)
     args.result.write_text(json.dumps(result))

@@ -1,5 +1,6 @@
 """A package index in a folder: ``python -m environments.builder.package_index DIR`` writes
-``DIR/simple/`` (PEP 503's simple repository API, static HTML) over the wheels in ``DIR/files/``.
+``DIR/simple/`` (PEP 503's simple repository API, static HTML) over the wheels and source
+distributions (``.tar.gz``, ``.zip``) in ``DIR/files/``.
 
 Builds resolve against a package index (``LAB_PACKAGE_INDEX_URL``); the tests point it at such a
 folder (``file://<DIR>/simple``), which ``make package-index`` fills once from PyPI, so no test
@@ -19,10 +20,19 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+#: The file names the index lists: wheels and source distributions.
+_PATTERNS = ("*.whl", "*.tar.gz", "*.zip")
+
 
 def _project(filename: str) -> str:
-    """The normalized project name (PEP 503) of a wheel's file name (PEP 427: ``name-version-...``)."""
-    return re.sub(r"[-_.]+", "-", filename.split("-", 1)[0]).lower()
+    """The normalized project name (PEP 503) of a wheel's file name (PEP 427: ``name-version-...``)
+    or a source distribution's (``name-version.tar.gz``, where older ones keep ``-`` in the name:
+    the name ends before the first ``-`` followed by a digit)."""
+    if filename.endswith(".whl"):
+        name = filename.split("-", 1)[0]
+    else:
+        name = re.split(r"-(?=\d)", filename, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _sha256(path: Path) -> str:
@@ -38,9 +48,9 @@ def _uploaded(path: Path) -> str:
 
 
 def write_index(root: Path) -> int:
-    """Write ``root/simple`` over the wheels in ``root/files``; return how many projects it lists."""
+    """Write ``root/simple`` over the wheels and source distributions in ``root/files``; return how many projects it lists."""
     projects: dict[str, list[Path]] = defaultdict(list)
-    for path in sorted((root / "files").glob("*.whl")):
+    for path in sorted(path for pattern in _PATTERNS for path in (root / "files").glob(pattern)):
         projects[_project(path.name)].append(path)
     simple = root / "simple"
     simple.mkdir(parents=True, exist_ok=True)

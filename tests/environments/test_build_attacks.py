@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from environments.builder.build import sandbox_command
+from environments.builder.sandbox import sandbox_command
 from environments.builds import build_log, build_run, latest_build
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from lab import storage

@@ -7,6 +7,7 @@ The builds that install verifiers' closure take tens of seconds each, so only tw
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -18,23 +19,31 @@ from pathlib import Path
 import pytest
 from django.core.cache import cache
 from django.utils import timezone
+from lab_environments import __version__ as PROTOCOL_VERSION
 
 from environments import builds
-
-from environments.builder.build import BuildFailed, check_python, is_load_environment_module
+from environments.builder.build import (
+    build_source_distributions,
+    check_python,
+    is_load_environment_module,
+    resolve,
+)
+from environments.builder.steps import BuildFailed, BuildRequest
 from environments.builds import build_log, build_run, latest_build
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from environments.wheels import WheelInfo
 from jobs.admission import admission_pass
 from jobs.models import Job
-from tests.environments.load_environment_wheels import tiny_single_turn_wheel
+from tests.environments.verifiers_wheels import spell_wheel
 from tests.support.environments import push
-from tests.support.wheelbuilder import build_wheel
+from tests.support.load_environment_wheels import tiny_single_turn_wheel
+from tests.support.wheelbuilder import ADDITION_LIKE, build_wheel
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE_INDEX = REPO / "var" / "package-index"
+UV = str(Path(sys.executable).parent / "uv")
 
 
 @pytest.fixture
@@ -115,6 +124,35 @@ def test_a_lab_protocol_package_builds_ready(owner, index, tmp_path):
     assert build.summary["reward_functions"]
 
 
+def test_a_lab_package_whose_dependency_the_engine_lacks_fails_its_build_as_its_job_would(owner, index):
+    source = ADDITION_LIKE.format(id="acme/echo-env@0.1.0", name="echo-env")
+    wheel = build_wheel("echo-env", files={"echo_env/__init__.py": "import math_verify\n" + source}, requires=["math-verify"],
+                        entry_points="[lab.environments]\necho-env = echo_env:Echo\n")
+    build = build_run(_pushed_build(owner, wheel).pk)
+    assert build.status == BuildStatus.FAILED, build_log(build)
+    assert build.error.startswith("it depends on the distributions ") and "'math-verify'" in build.error
+    assert "not installed in the engine's environment: a job installs the package with --no-deps" in build.error
+
+
+def test_a_v1_taskset_requiring_what_the_verifiers_environment_lacks_fails_its_build(owner, index):
+    build = build_run(_pushed_build(owner, spell_wheel(prelude="import tabulate\n", requires=("verifiers>=0.4.0", "tabulate"))).pk)
+    assert build.status == BuildStatus.FAILED, build_log(build)
+    assert build.error.startswith("it depends on the distribution 'tabulate', which is not installed in the engine's environment")
+
+
+def test_a_lab_package_needing_another_protocol_version_fails_naming_the_one_the_engine_provides(owner, index):
+    source = ADDITION_LIKE.format(id="acme/echo-env@0.1.0", name="echo-env")
+    wheel = build_wheel("echo-env", files={"echo_env/__init__.py": source}, requires=["lab-environments>=9"],
+                        entry_points="[lab.environments]\necho-env = echo_env:Echo\n")
+    build = build_run(_pushed_build(owner, wheel).pk)
+    assert build.status == BuildStatus.FAILED
+    assert build.error == (
+        f"it needs lab-environments>=9, and Lab's engine provides lab-environments {PROTOCOL_VERSION}: "
+        f"require a version range that admits {PROTOCOL_VERSION}"
+    )
+    assert build.lock == [] and build.summary == {}
+
+
 def test_an_unsatisfiable_requirement_fails_with_the_resolvers_own_message(owner, index):
     wheel = tiny_single_turn_wheel("needy-count", requires=["verifiers>=0.1.0", "frobnicator-9000>=1.0"])
     build = build_run(_pushed_build(owner, wheel).pk)
@@ -148,6 +186,9 @@ def test_a_job_naming_a_version_whose_build_failed_is_refused_at_submit_with_the
     error = response.json()["error"]
     assert error["param"] == "env.0.id"
     assert "acme/tiny-count@0.1.0' did not build (build 1): it needs Python >=3.12" in error["message"]
+    assert error["message"].endswith(
+        "(push a fixed version, or rebuild it: lab envs rebuild acme/tiny-count@0.1.0, or POST /api/v1/environments/<id>/builds)"
+    )
 
     rebuilt = owner.client().post("/api/v1/environments/acme/tiny-count/builds")
     assert rebuilt.status_code == 201, rebuilt.content
@@ -286,3 +327,103 @@ def test_a_python_requirement_the_engine_cannot_meet_names_the_fix():
     with pytest.raises(BuildFailed, match=r"it needs Python >=3.12 \(its Requires-Python\), and Lab's engine runs Python 3.11.7: publish"):
         check_python(info, "3.11.7")
     check_python(info, "3.12.1")
+
+
+def test_the_builder_reaches_the_index_as_the_worker_does_and_gets_nothing_else_of_its_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SSL_CERT_FILE", "/etc/company/ca.pem")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("no_proxy", "localhost")
+    monkeypatch.setenv("LAB_SECRET_THING", "x")
+    monkeypatch.setenv("UV_INDEX_URL", "https://elsewhere.example/simple")
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+
+    environment = builds.builder_environment(str(tmp_path))
+
+    assert environment["HOME"] == str(tmp_path)
+    assert environment["SSL_CERT_FILE"] == "/etc/company/ca.pem"
+    assert environment["HTTPS_PROXY"] == "http://proxy.internal:3128"
+    assert environment["no_proxy"] == "localhost"
+    assert "SSL_CERT_DIR" not in environment
+    assert set(environment) <= {"PATH", "HOME", "LANG", "PYTHONUNBUFFERED", *builds.NETWORK_VARIABLES}
+
+
+def test_an_index_whose_certificate_is_not_trusted_fails_the_build_naming_the_variable_to_set(tmp_path):
+    uv = tmp_path / "uv"
+    uv.write_text(
+        "#!/bin/sh\n"
+        "echo 'error: Failed to fetch: https://pypi.org/simple/verifiers/' >&2\n"
+        "echo '  cause: invalid peer certificate: UnknownIssuer' >&2\n"
+        "echo 'hint: Consider enabling use of system TLS certificates with the `--system-certs` command-line flag' >&2\n"
+        "exit 2\n"
+    )
+    uv.chmod(0o755)
+    request = BuildRequest(wheel=tmp_path / "x.whl", index_url="https://pypi.org/simple", exclude_newer="2026-01-01T00:00:00Z",
+                           wheelhouse=tmp_path / "wheelhouse", workdir=tmp_path, uv=str(uv))
+    info = WheelInfo(filename="x-1.0-py3-none-any.whl", name="x", version="1.0", kind="verifiers", module="x", entry_point="x",
+                     dependencies=["verifiers>=0.1"])
+
+    with pytest.raises(BuildFailed) as failed:
+        resolve(request, info, cap_verifiers=True)
+
+    message = str(failed.value)
+    assert "invalid peer certificate: UnknownIssuer" in message and "--system-certs" not in message
+    assert message.endswith(
+        "https://pypi.org/simple could not be verified: the build reaches the index with the CA bundle and proxies of the "
+        "environment Lab's worker runs in (SSL_CERT_FILE, SSL_CERT_DIR, HTTPS_PROXY, NO_PROXY): set SSL_CERT_FILE there "
+        "to the bundle that verifies it (a company proxy's), then lab envs rebuild"
+    )
+
+
+def _zss_source_archive(request: BuildRequest) -> dict:
+    """The lock entry of zss 1.2.0 as the resolver gives it from the local index: its source archive only."""
+    archive = PACKAGE_INDEX / "files" / "zss-1.2.0.tar.gz"
+    sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
+    return {"name": "zss", "version": "1.2.0", "filename": archive.name, "url": archive.as_uri(), "sha256": sha256, "sdist": True}
+
+
+def _index_without(root: Path, project: str) -> str:
+    """A copy of the local index's simple/ tree that lists no ``project``, over the same files; its URL."""
+    shutil.copytree(PACKAGE_INDEX / "simple", root / "simple", ignore=shutil.ignore_patterns(project))
+    (root / "files").symlink_to(PACKAGE_INDEX / "files")
+    listing = root / "simple" / "index.html"
+    listing.write_text("".join(line for line in listing.read_text().splitlines(keepends=True) if f'"{project}/"' not in line))
+    return (root / "simple").as_uri()
+
+
+def test_a_source_archive_is_built_into_a_wheel_in_the_wheelhouse_once(tmp_path, capsys):
+    if not (PACKAGE_INDEX / ".filled").is_file():
+        pytest.fail("the local package index is missing: run `make package-index` (once; it downloads from PyPI)")
+    request = BuildRequest(wheel=tmp_path / "x.whl", index_url=(PACKAGE_INDEX / "simple").as_uri(), exclude_newer="2099-01-01T00:00:00Z",
+                           wheelhouse=tmp_path / "wheelhouse", workdir=tmp_path / "work", uv=UV, cache=tmp_path / "uv-cache",
+                           sandbox=shutil.which("bwrap") is not None)
+    request.workdir.mkdir()
+    archive = _zss_source_archive(request)
+
+    [built] = build_source_distributions(request, [archive])
+
+    assert (built["name"], built["version"], built["filename"]) == ("zss", "1.2.0", "zss-1.2.0-py3-none-any.whl")
+    wheel = request.wheelhouse / built["sha256"] / built["filename"]
+    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == built["sha256"]
+    where = " (in bubblewrap)" if request.sandbox else ""
+    assert f"building a wheel of zss 1.2.0 from its source archive zss-1.2.0.tar.gz{where}" in capsys.readouterr().out
+    assert not (tmp_path / "uv-cache").exists()  # its setup code ran on a uv cache of its own, not the shared one
+
+    assert build_source_distributions(request, [archive]) == [built]  # the same wheel again, not built twice
+    assert "zss-1.2.0.tar.gz: the wheel built from it before, zss-1.2.0-py3-none-any.whl" in capsys.readouterr().out
+
+
+def test_a_source_archive_whose_build_backend_the_index_lacks_fails_naming_the_backend(tmp_path):
+    if not (PACKAGE_INDEX / ".filled").is_file():
+        pytest.fail("the local package index is missing: run `make package-index` (once; it downloads from PyPI)")
+    index_url = _index_without(tmp_path / "index", "setuptools")
+    request = BuildRequest(wheel=tmp_path / "x.whl", index_url=index_url, exclude_newer="2099-01-01T00:00:00Z",
+                           wheelhouse=tmp_path / "wheelhouse", workdir=tmp_path / "work", uv=UV, cache=tmp_path / "uv-cache")
+    request.workdir.mkdir()
+
+    with pytest.raises(BuildFailed) as failed:
+        build_source_distributions(request, [_zss_source_archive(request)])
+
+    message = str(failed.value)
+    assert message.startswith(f"zss 1.2.0 is a source archive on {index_url} (zss-1.2.0.tar.gz), and building a wheel of it failed: ")
+    assert "setuptools was not found in the package registry" in message
+    assert not any(request.wheelhouse.rglob("*.whl"))

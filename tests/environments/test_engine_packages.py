@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from engine.environments.probe import not_in_engine
 from tests.support.packages import run_engine
 from tests.support.wheelbuilder import build_wheel, lab_wheel
 
@@ -44,9 +45,9 @@ def test_it_exits_2_naming_a_missing_dependency(tmp_path):
     result = run_engine(tmp_path, "acme/needy-env@1.0", [lab_wheel("needy-env", "1.0", extra_requires=("frobnicator_9000",))])
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "engine: environment acme/needy-env@1.0 needs the module 'frobnicator_9000', which is not installed in the "
-        "engine's environment (packages install with --no-deps: every dependency must already be there)"
+        "engine: " + not_in_engine("environment acme/needy-env@1.0 needs the module 'frobnicator_9000'")
     )
+    assert "which is not installed in the engine's environment: a job installs the package with --no-deps" in result.stderr
     assert json.loads((tmp_path / "work" / "finish.json").read_text())["error"]["code"] == "environment_error"
 
 

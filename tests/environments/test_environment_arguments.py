@@ -9,8 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from labsdk.spec import argument_problems, type_problem
 
-from environments.arguments import argument_problems, type_problem
 from environments.models import BuildStatus, EnvironmentBuild
 from tests.support.environments import push
 from tests.support.wheelbuilder import build_wheel

@@ -20,7 +20,7 @@ from tests.support.wheelbuilder import build_wheel
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 
-BUILTINS = ["lab/addition", "lab/reverse-text", "lab/alphabet-sort"]
+BUILTINS = ["lab/addition", "lab/reverse-text", "lab/alphabet-sort", "lab/python-code"]
 
 
 @pytest.fixture(autouse=True)
@@ -80,8 +80,8 @@ def test_the_list_pages_with_limit_and_after_like_every_list(owner, outsider):
         assert push(owner, build_wheel("my-env", version)).status_code == 201
     assert push(outsider, build_wheel("their-env", "1.0")).status_code == 201
     client = owner.client()
-    first = client.get("/api/v1/environments", {"limit": 4}).json()
-    second = client.get("/api/v1/environments", {"limit": 4, "after": first["data"][-1]["id"]}).json()
+    first = client.get("/api/v1/environments", {"limit": len(BUILTINS) + 1}).json()
+    second = client.get("/api/v1/environments", {"limit": len(BUILTINS) + 1, "after": first["data"][-1]["id"]}).json()
     assert ([item["id"] for item in first["data"]], first["has_more"]) == ([*BUILTINS, "acme/my-env@0.3.0"], True)
     assert ([item["id"] for item in second["data"]], second["has_more"]) == (["acme/my-env@0.2.0", "acme/my-env@0.1.0"], False)
     # A cursor the caller cannot see (another organization's package, or none) is a 404, as a missing id.

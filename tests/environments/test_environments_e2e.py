@@ -10,9 +10,9 @@ from django.db import connection
 from labsdk import Lab
 
 from jobs.models import Job
-from tests.support.environments import wait_finished
+from tests.support.environments import build_ended, wait_finished
 from tests.support.packages import TINY
-from tests.support.stack import running_stack, wait_for
+from tests.support.stack import running_stack
 from tests.support.wheelbuilder import lab_wheel
 
 pytestmark = [
@@ -49,10 +49,7 @@ def test_a_pushed_environment_trains_a_tiny_job_and_a_missing_dependency_fails_i
         # Its build cannot resolve frobnicator_9000 (no index has it): a job naming it is refused at submit.
         headers = {"Authorization": f"Bearer {owner.key}"}
         url = f"{stack.base_url}/api/v1/environments/acme/needy-env@1.0"
-        build = wait_for(
-            lambda: (body := httpx.get(url, headers=headers).json()["build"])["status"] in {"ready", "failed"} and body,
-            timeout=120, what="needy-env's build ended",
-        )
+        build = build_ended(url, headers, timeout=120)
         assert build["status"] == "failed" and "frobnicator" in build["error"], build
         refused = httpx.post(f"{stack.base_url}/api/v1/jobs", headers=headers, json={**TINY, "env": [{"id": "acme/needy-env@1.0"}]})
         assert refused.status_code == 400 and "did not build" in refused.json()["error"]["message"], refused.text

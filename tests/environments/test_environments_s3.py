@@ -15,7 +15,7 @@ from environments.services import package_download_url
 from jobs.artifacts.lifecycle import sweep_orphans
 from tests.support.wheelbuilder import build_wheel
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker", "commit_callbacks")]
 PREFIX = "lab/checkpoints"
 
 

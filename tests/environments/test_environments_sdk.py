@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from labsdk import BadRequestError, ConflictError, Lab, NotFoundError
@@ -12,10 +14,13 @@ from labsdk.cli import main
 from environments.builds import build_log_key, latest_build
 from environments.models import BuildStatus, EnvironmentPackage
 from lab import storage
-from tests.environments.load_environment_wheels import tiny_single_turn_wheel
+from tests.support.cli import lab_cli
+from tests.support.load_environment_wheels import tiny_single_turn_wheel
 from tests.support.wheelbuilder import build_wheel
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "environments"
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +68,7 @@ def test_the_cli_pushes_lists_shows_and_deletes(live_server, owner, tmp_path, mo
     assert capsys.readouterr().out == "acme/my-env@0.1.0\n"
     assert main(["envs", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [item["id"] for item in listed] == ["lab/addition", "lab/reverse-text", "lab/alphabet-sort", "acme/my-env@0.1.0"]
+    assert [item["id"] for item in listed] == ["lab/addition", "lab/reverse-text", "lab/alphabet-sort", "lab/python-code", "acme/my-env@0.1.0"]
     assert main(["envs", "list"]) == 0
     assert "acme/my-env@0.1.0" in capsys.readouterr().out
     assert main(["envs", "info", "acme/my-env"]) == 0
@@ -103,6 +108,8 @@ def test_the_sdk_and_the_cli_show_a_versions_build_and_its_log_and_rebuild_it(li
     assert main(["envs", "build-log", "acme/tiny-count"]) == 0
     out, err = capsys.readouterr()
     assert out == "" and "acme/tiny-count has no build log yet" in err
+    assert main(["envs", "info", "acme/tiny-count"]) == 0
+    assert "verifiers:    >=0.1.0" in capsys.readouterr().out.splitlines()  # no build has installed one yet
 
     # The build ends as a worker ends it: its log stored, its summary recorded.
     build = latest_build(EnvironmentPackage.objects.unscoped().get(name="tiny-count"))
@@ -123,6 +130,7 @@ def test_the_sdk_and_the_cli_show_a_versions_build_and_its_log_and_rebuild_it(li
     assert capsys.readouterr().out == log.read_text()
     assert main(["envs", "info", "acme/tiny-count"]) == 0
     info = capsys.readouterr().out.splitlines()
+    assert "verifiers:    0.3.1 (>=0.1.0)" in info  # what the build installed, then what the package requires
     assert info[-6:] == [
         "build:        1 ready at 2026-12-05T12:00:15Z",
         "api:          v0 (verifiers.envs.singleturn_env.SingleTurnEnv)",
@@ -143,3 +151,15 @@ def test_the_sdk_and_the_cli_show_a_versions_build_and_its_log_and_rebuild_it(li
     assert "still queued" in capsys.readouterr().err
     with pytest.raises(NotFoundError):
         lab.environments.build_log("acme/no-such-env")
+
+
+def test_lab_envs_push_builds_a_project_folder_as_lab_envs_try_does(live_server, owner, tmp_path):
+    folder = shutil.copytree(EXAMPLES / "vowel-count", tmp_path / "vowel-count", ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    pushed = lab_cli("envs", "push", str(folder), key=owner.key, base_url=live_server.url)
+    assert (pushed.returncode, pushed.stdout, pushed.stderr) == (0, "acme/vowel-count@0.1.0\n", "")
+    assert EnvironmentPackage.objects.unscoped().get(name="vowel-count").version == "0.1.0"
+    (tmp_path / "empty").mkdir()
+    empty = lab_cli("envs", "push", str(tmp_path / "empty"), key=owner.key, base_url=live_server.url)
+    assert empty.returncode == 2 and "has no pyproject.toml: pass the package's project folder or its wheel" in empty.stderr
+    missing = lab_cli("envs", "push", str(tmp_path / "nothing"), key=owner.key, base_url=live_server.url)
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr

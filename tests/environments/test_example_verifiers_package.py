@@ -15,6 +15,7 @@ import pytest
 from labsdk.spec import load_spec_file
 
 from engine.catalog import SMOLLM2_ID, default_model_dir
+from engine.environments import probe
 from environments.wheels import read_wheel
 from tests.environments.verifiers_wheels import require_verifiers_python
 from tests.support.packages import REPO, build_example, run_engine
@@ -79,3 +80,39 @@ def test_smollm2_learns_the_example_verifiers_taskset(tmp_path):
     for step, values in points.items():  # the figures docs/environments.md quotes
         print(json.dumps({"step": step, **{name: round(values[f"reward/shout-word/{name}"], 3) for name in names}}))
     assert late > early, (early, late)
+
+
+def test_the_probe_finds_a_v1_tasksets_reward_functions_as_lab_envs_info_shows_them(tmp_path):
+    """A build's summary (what ``lab envs info`` prints under rewards) names the ``@vf.reward``
+    methods of the task class the taskset's generic bases name, with their weights."""
+    out = tmp_path / "summary.json"
+    result = subprocess.run(
+        [str(require_verifiers_python()), "-s", probe.__file__, "shout_word", "verifiers", "", str(out)],
+        env={**os.environ, "PYTHONPATH": str(EXAMPLE / "src")}, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text())
+    assert summary["api"] == "v1"
+    assert summary["reward_functions"] == [
+        {"name": "capitals", "weight": 0.25}, {"name": "exact", "weight": 1.0},
+        {"name": "shouted", "weight": 0.5}, {"name": "terse", "weight": 0.0},
+    ]
+
+
+def test_the_v1_taskset_snippet_of_the_docs_loads_with_its_reward(tmp_path):
+    """docs/environments.md "A verifiers v1 taskset in a few lines" is a taskset the probe loads."""
+    page = (REPO / "docs" / "environments.md").read_text()
+    section = page.split("## A verifiers v1 taskset in a few lines", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "shout_word.py").write_text(code)
+    out = tmp_path / "summary.json"
+    result = subprocess.run(
+        [str(require_verifiers_python()), "-s", probe.__file__, "shout_word", "verifiers", "", str(out)],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "src")}, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text())
+    assert (summary.get("error"), summary["api"]) == (None, "v1"), summary
+    assert summary["reward_functions"] == [{"name": "exact", "weight": 1.0}]
+    assert [parameter["name"] for parameter in summary["parameters"]] == ["num_tasks"]

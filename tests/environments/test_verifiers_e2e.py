@@ -13,9 +13,9 @@ from labsdk.cli import main
 
 from jobs.models import Job
 from tests.environments.verifiers_wheels import require_verifiers_python, spell_wheel
-from tests.support.environments import wait_finished
+from tests.support.environments import build_ended, wait_finished
 from tests.support.packages import TINY
-from tests.support.stack import running_stack, wait_for
+from tests.support.stack import running_stack
 
 pytestmark = [
     pytest.mark.e2e,
@@ -61,10 +61,7 @@ def test_a_verifiers_taskset_pushed_with_the_cli_trains_a_tiny_job_and_one_whose
     # Its build fails importing the module (frobnicator_9000 is on no index): a job naming it is refused at submit.
     headers = {"Authorization": f"Bearer {owner.key}"}
     url = f"{stack.base_url}/api/v1/environments/acme/needy-spell@1.0"
-    build = wait_for(
-        lambda: (body := httpx.get(url, headers=headers).json()["build"])["status"] in {"ready", "failed"} and body,
-        timeout=300, what="needy-spell's build ended",
-    )
+    build = build_ended(url, headers)
     assert build["status"] == "failed" and "needs the module 'frobnicator_9000'" in build["error"], build
     refused = httpx.post(f"{stack.base_url}/api/v1/jobs", headers=headers, json={**TINY, "env": [{"id": "acme/needy-spell@1.0"}]})
     assert refused.status_code == 400 and "did not build" in refused.json()["error"]["message"], refused.text

@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.environments.verifiers_taskset import bridge_environment
 from tests.environments.verifiers_wheels import (
     SPELL_TASKSET,
@@ -23,11 +25,18 @@ from tests.support.wheelbuilder import build_wheel
 ENV_ID = "acme/spell-env@0.1.0"
 
 
-def test_it_trains_on_a_verifiers_taskset_with_one_metric_per_reward_function(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The work dir of one tiny job on the spell taskset (40 tasks, two steps), shared by the tests that read it."""
     require_verifiers_python()
-    result = run_engine(tmp_path, ENV_ID, [spell_wheel()], args={"num_tasks": 40})
+    root = tmp_path_factory.mktemp("spell-job")
+    result = run_engine(root, ENV_ID, [spell_wheel()], args={"num_tasks": 40})
     assert result.returncode == 0, result.stderr
-    work = tmp_path / "work"
+    return root / "work"
+
+
+def test_it_trains_on_a_verifiers_taskset_with_one_metric_per_reward_function(trained):
+    work = trained
     points = read_lines(work / "metrics.jsonl")
     assert [point["step"] for point in points] == [1, 2]
     for point in points:
@@ -72,11 +81,8 @@ print(json.dumps(answers))
 '''
 
 
-def test_labs_rewards_equal_the_tasksets_own_reward_functions_for_the_same_completions(tmp_path):
-    require_verifiers_python()
-    result = run_engine(tmp_path, ENV_ID, [spell_wheel()], args={"num_tasks": 40})
-    assert result.returncode == 0, result.stderr
-    work = tmp_path / "work"
+def test_labs_rewards_equal_the_tasksets_own_reward_functions_for_the_same_completions(trained, tmp_path):
+    work = trained
     samples = read_lines(work / "samples.jsonl")
     assert len(samples) == 8  # two steps, four samples each
     direct = run_in_verifiers(_DIRECT_SCORES, str(work / "environments" / "site"), str(work / "samples.jsonl"), cwd=tmp_path)

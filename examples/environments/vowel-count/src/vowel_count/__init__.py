@@ -1,8 +1,10 @@
 """`vowel-count`: how many vowels (a, e, i, o, u) are in a short made-up word?
 
-An environment of Lab's own protocol (``engine.environments.Environment``), declared by the
+An environment of Lab's own protocol (``lab_environments.Environment``, from the
+``lab-environments`` distribution this package depends on), declared by the
 ``lab.environments`` entry point in pyproject.toml. Words are drawn from a seeded generator, so
-nothing is downloaded and every run sees the same examples for the same seed.
+nothing is downloaded and every run sees the same examples for the same seed. The reward is the
+rubric's weighted sum: ``exact`` (weight 1) counts, ``close`` (weight 0) is reported only.
 """
 
 from __future__ import annotations
@@ -10,8 +12,7 @@ from __future__ import annotations
 import random
 import re
 
-from engine.catalog import EnvironmentInfo
-from engine.environments import Environment, Example, InvalidEnvironment, RewardFunction
+from lab_environments import Environment, EnvironmentInfo, Example, InvalidEnvironment, RewardFunction
 
 VOWELS = "aeiou"
 CONSONANTS = "bcdfghjklmnpqrstvwxyz"
