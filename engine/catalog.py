@@ -2,13 +2,16 @@
 
 Importable without torch or Django: the server serves these at `/api/v1/models` and
 `/api/v1/environments` and `labsdk.spec.catalog_problems` checks specs against them.
+`EnvironmentInfo` is the environment protocol's (``lab_environments``), re-exported here.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from lab_environments import EnvironmentInfo
 
 from engine.config import default_model_dir
 
@@ -62,21 +65,6 @@ class ModelInfo:
     description: str
     source: str
     architecture: str | None = None
-
-
-@dataclass(frozen=True)
-class EnvironmentInfo:
-    """One environment a job may train on.
-
-    `name` is the id without its owner (e.g. "addition"), used in metric names;
-    `args` are the default arguments: a job's `env.args` may only use these keys, with values
-    of the same JSON type.
-    """
-
-    id: str
-    name: str
-    description: str
-    args: dict = field(default_factory=dict)
 
 
 _BUILTIN_MODELS = {
@@ -156,6 +144,15 @@ _BUILTIN_ENVIRONMENTS = {
         ),
         args={"num_words": 4, "min_length": 3, "max_length": 6},
     ),
+    "lab/python-code": EnvironmentInfo(
+        id="lab/python-code",
+        name="python-code",
+        description=(
+            "Write a small Python function; the reply runs in a Lab sandbox of the job's organization "
+            "and the reward is the fraction of test calls it answers right."
+        ),
+        args={"num_tests": 4, "timeout_s": 10.0, "memory_gb": 0.5},
+    ),
 }
 
 
@@ -174,14 +171,14 @@ def list_models(model_dir: pathlib.Path | None = None) -> dict[str, ModelInfo]:
     """Return every model a job may use, keyed by catalogue id.
 
     The built-ins, plus every directory `model_dir/<owner>/<name>` holding a Hugging Face
-    `config.json` (context length from the config's `max_position_embeddings`). A directory
-    whose id is a built-in's (the converted SmolLM2) keeps the built-in entry. Unreadable
-    configs are skipped.
+    `config.json` (context length from the config's `max_position_embeddings`), plus the stored
+    model this process fetched for its job (`register_stored_model`). A directory whose id is a
+    built-in's (the converted SmolLM2) keeps the built-in entry. Unreadable configs are skipped.
     """
     models = dict(_BUILTIN_MODELS)
     root = pathlib.Path(model_dir) if model_dir is not None else default_model_dir()
     if not root.is_dir():
-        return models
+        return models | {model_id: info for model_id, (info, _) in _STORED_MODELS.items()}
     for config_path in sorted(root.glob("*/*/config.json")):
         model_id = f"{config_path.parent.parent.name}/{config_path.parent.name}"
         if model_id in models or model_id.startswith(".") or "/." in model_id:
@@ -203,7 +200,23 @@ def list_models(model_dir: pathlib.Path | None = None) -> dict[str, ModelInfo]:
             source="local",
             architecture=config.get("model_type") if isinstance(config.get("model_type"), str) else None,
         )
-    return models
+    return models | {model_id: info for model_id, (info, _) in _STORED_MODELS.items()}
+
+
+#: The stored model this engine process fetched for its job (engine.model_store), with its directory.
+_STORED_MODELS: dict[str, tuple[ModelInfo, pathlib.Path]] = {}
+
+
+def register_stored_model(info: ModelInfo, path: pathlib.Path) -> None:
+    """Add a model fetched from Lab's model store into the model cache (``path``, its directory)
+    to the catalogue, under its id; it wins over a directory of the same id in the model cache."""
+    _STORED_MODELS[info.id] = (info, pathlib.Path(path))
+
+
+def stored_model_path(model_id: str) -> pathlib.Path | None:
+    """Return the directory of the stored model ``model_id`` this process registered, or None."""
+    entry = _STORED_MODELS.get(model_id)
+    return entry[1] if entry is not None else None
 
 
 #: Uploaded packages this engine process installed for its job (engine.packages).

@@ -203,9 +203,25 @@ def load_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_
     """
     directory = pathlib.Path(directory)
     state = load_trainer_state(directory)
-    if (state.format == FORMAT_LORA) != is_lora(model):
-        wanted = "LoRA (lora_rank > 0)" if state.format == FORMAT_LORA else "full weights (lora_rank 0)"
-        raise ValueError(f"checkpoint format {state.format} needs a job that trains {wanted}")
+    _load_model_weights(directory, state.format, model=model, base_model_id=base_model_id)
+    return state
+
+
+def load_adapter_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_id: str | None = None) -> str:
+    """Load an adapter artifact's directory (a checkpoint's weights alone, no `trainer_state/`:
+    a peft adapter when it holds `adapter_config.json`, else full weights) into `model`; return
+    its format. Raises ValueError as `load_weights` does."""
+    directory = pathlib.Path(directory)
+    fmt = FORMAT_LORA if (directory / ADAPTER_CONFIG_FILE).is_file() else FORMAT_FULL
+    _load_model_weights(directory, fmt, model=model, base_model_id=base_model_id)
+    return fmt
+
+
+def _load_model_weights(directory: pathlib.Path, fmt: str, *, model: torch.nn.Module, base_model_id: str | None) -> None:
+    """Load the weights of format `fmt` in `directory` into `model` (`load_weights`' rules)."""
+    if (fmt == FORMAT_LORA) != is_lora(model):
+        wanted = "LoRA (lora_rank > 0)" if fmt == FORMAT_LORA else "full weights (lora_rank 0)"
+        raise ValueError(f"checkpoint format {fmt} needs a job that trains {wanted}")
     try:
         if is_lora(model):
             adapter_config = json.loads((directory / ADAPTER_CONFIG_FILE).read_text())
@@ -226,7 +242,6 @@ def load_weights(directory: pathlib.Path, *, model: torch.nn.Module, base_model_
                 raise ValueError(f"checkpoint weights do not fit the model: {(missing or unexpected)[:3]}")
     except RuntimeError as error:  # torch's size mismatch (another LoRA rank or model size)
         raise ValueError(f"checkpoint weights do not fit the model: {' '.join(str(error).split())[:300]}") from None
-    return state
 
 
 def read_full_weights(directory: pathlib.Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:

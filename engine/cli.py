@@ -2,9 +2,11 @@
 
     python -m engine run --spec FILE --job-id ID --attempt N --lab-url URL --workdir DIR
                          [--offline] [--resume-from CKPT_ID_OR_DIR_OR_TAR] [--init-from CKPT_ID_OR_DIR_OR_TAR]
+    python -m engine evaluate ...      (the same arguments: an evaluation job, engine/evaluation.py)
     python -m engine trainer ...       (the same arguments; LAB_ENGINE_SHARED_DIR)
     python -m engine orchestrator ...  (the same arguments; LAB_ENGINE_SHARED_DIR, LAB_ENGINE_INFERENCE_URL)
     python -m engine inference --model ID [--backend B] [--host H] [--port P] [--max-lora-rank R]
+    python -m engine serve --model ID [--weights DIR] [--port P] [--max-adapters N]   (docs/serving.md)
 
 The roles and the directory they share: docs/engine.md "Three roles"; `LAB_ENGINE_ROLES=process`
 has `run` start the inference and orchestrator roles and train as the trainer role.
@@ -45,11 +47,11 @@ from engine import config
 
 config.hub_offline()  # before any subcommand's module loads transformers
 
-from engine.commands import inference, orchestrator, prepare_model, run  # noqa: E402
+from engine.commands import evaluate, inference, orchestrator, prepare_model, run, serve  # noqa: E402
 from engine.commands.common import EXIT_INVALID, EXIT_SUCCEEDED, PR_SET_DUMPABLE, prctl  # noqa: E402
 
 #: The variables that authenticate this engine to Lab (`_guard_credentials`).
-CREDENTIAL_VARIABLES = ("LAB_JOB_TOKEN", "LAB_JOB_BOOTSTRAP_TOKEN")
+CREDENTIAL_VARIABLES = ("LAB_JOB_TOKEN", "LAB_JOB_BOOTSTRAP_TOKEN", serve.TOKEN_VARIABLE)
 
 
 def _attempt_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     orchestrator = commands.add_parser(
         "orchestrator", help="the orchestrator role of an attempt (LAB_ENGINE_SHARED_DIR, LAB_ENGINE_INFERENCE_URL; docs/engine.md)"
     )
-    for role in (run, trainer, orchestrator):
+    evaluate = commands.add_parser("evaluate", help="run one attempt of an evaluation job: score a model, never train")
+    for role in (run, evaluate, trainer, orchestrator):
         _attempt_arguments(role)
     inference = commands.add_parser("inference", help="serve one model over HTTP (the inference role; docs/engine.md)")
     inference.add_argument("--model", required=True, help="catalogue model id")
@@ -95,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the rank of the LoRA adapters trainers will send: vLLM applies them itself when "
         "LAB_ENGINE_VLLM_WEIGHTS (default auto) resolves to lora; 0 (default): merged weights only",
     )
+    serve.add_arguments(commands.add_parser(
+        "serve", help="serve a model and its LoRA adapters behind an OpenAI-compatible API (docs/serving.md)"
+    ))
     prepare = commands.add_parser(
         "prepare-model",
         help="put a catalogue model into the model cache if it must be converted first (SmolLM2 from its GGUF); "
@@ -138,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     credentials = _guard_credentials()
     if args.command in ("run", "trainer"):
         return run.run(args, credentials)
+    if args.command == "evaluate":
+        return evaluate.evaluate(args, credentials)
     if args.command == "orchestrator":
         return orchestrator.serve_orchestrator(args)
     if args.command == "inference":
         return inference.serve_inference(args)
+    if args.command == "serve":
+        return serve.serve(args, credentials)
     if args.command == "prepare-model":
         return prepare_model.prepare_model(args)
     return EXIT_INVALID

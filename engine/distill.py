@@ -31,26 +31,15 @@ that Lab retries as a new attempt.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
 from labsdk.spec.secrets import header_value_sendable
 
-from engine import egress
+from engine.chat_endpoint import ChatEndpoint
 from engine.config import environment
-from engine.http_retry import RetriesExhausted, request_json
 
 logger = logging.getLogger("engine")
-
-#: Seconds one teacher request may take (a batch of n completions).
-REQUEST_TIMEOUT_S = 300.0
-#: Attempts per request (network errors, 429 and 5xx are retried with capped backoff).
-ATTEMPTS = 5
-#: Longest wait between attempts, in seconds (also the cap on a 429's Retry-After).
-MAX_BACKOFF_S = 30.0
-
 
 class TeacherRefused(Exception):
     """The teacher endpoint refused the job's request (bad key, unknown model, bad body)."""
@@ -68,25 +57,17 @@ class TeacherCompletion:
     finished: bool
 
 
-class TeacherClient:
-    """Sample completions from one teacher model on an OpenAI-compatible endpoint.
+class TeacherClient(ChatEndpoint):
+    """Sample completions from one teacher model on an OpenAI-compatible endpoint
+    (engine.chat_endpoint: `/chat/completions` and `/models` are asked)."""
 
-    `base_url` is the endpoint's base (`https://host/v1`; `/chat/completions` and `/models`
-    are appended). `headers` are sent with every request (the API key as
-    `Authorization: Bearer ...`). `sleep` is injectable so tests need not wait.
-    """
+    refused = TeacherRefused
+    unavailable = TeacherUnavailable
+    what = "teacher"
 
-    def __init__(
-        self, *, base_url: str, model: str, headers: Mapping[str, str], timeout: float = REQUEST_TIMEOUT_S,
-        transport: httpx.BaseTransport | None = None, sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self._sleep = sleep
-        # In the local launcher's sandbox the endpoint is reached through its relay (engine.egress).
-        self._client = httpx.Client(
-            headers=dict(headers), timeout=timeout, follow_redirects=False, transport=transport or egress.transport()
-        )
+    @property
+    def description(self) -> str:
+        return "the teacher endpoint"
 
     @classmethod
     def from_spec(cls, teacher, environ: Mapping[str, str] | None = None, **kwargs) -> TeacherClient:
@@ -115,17 +96,13 @@ class TeacherClient:
         headers["Authorization"] = f"Bearer {headers['Authorization']}"
         return cls(base_url=endpoint.base_url, model=teacher.model, headers=headers, **kwargs)
 
-    def close(self) -> None:
-        """Close the HTTP connections; safe to call twice."""
-        self._client.close()
-
     def check_model(self) -> None:
         """Ask the endpoint's `GET /models` whether it serves the teacher model.
 
         Raises TeacherRefused when it lists other models only, TeacherUnavailable when it
         cannot be asked.
         """
-        answer = self._request("GET", "/models")
+        answer = self.request("GET", "/models")
         data = answer.get("data") if isinstance(answer, dict) else None
         served = [card.get("id") for card in data if isinstance(card, dict)] if isinstance(data, list) else []
         if self.model not in served:
@@ -147,7 +124,7 @@ class TeacherClient:
         """
         body = {**(extra_body or {}), "model": self.model, "messages": messages, "n": n,
                 "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
-        answer = self._request("POST", "/chat/completions", body)
+        answer = self.request("POST", "/chat/completions", body)
         choices = answer.get("choices") if isinstance(answer, dict) else None
         completions = []
         for choice in choices if isinstance(choices, list) else []:
@@ -158,31 +135,6 @@ class TeacherClient:
         if len(completions) != n:
             raise TeacherUnavailable(f"the teacher endpoint answered {len(completions)} usable completions, {n} were asked for")
         return completions
-
-    def _request(self, method: str, path: str, body: dict | None = None) -> object:
-        def refuse(response: httpx.Response) -> TeacherRefused:
-            return TeacherRefused(
-                f"the teacher endpoint refused {method} {path} with HTTP {response.status_code}: {_error_message(response)}"
-            )
-
-        try:
-            return request_json(
-                self._client, method, self.base_url + path, body, attempts=ATTEMPTS, max_backoff=MAX_BACKOFF_S,
-                refuse=refuse, what="teacher", sleep=self._sleep,
-            )
-        except RetriesExhausted as error:
-            raise TeacherUnavailable(f"the teacher endpoint {self.base_url} failed {ATTEMPTS} times on {method} {path}: {error}") from None
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The message of an OpenAI-style error body, else the body's start (never the request)."""
-    try:
-        error = response.json().get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"][:300]
-    except (ValueError, AttributeError):
-        pass
-    return response.text[:300]
 
 
 def teacher_token_ids(tokenizer, completion: TeacherCompletion, *, end_token_id: int, max_tokens: int) -> list[int]:

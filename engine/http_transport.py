@@ -82,6 +82,16 @@ class HttpTransport:
             retryable = is_retryable_status(status) and error.code != ARCHIVE_CORRUPTED
             raise IngestError(f"checkpoint {checkpoint_id}: {error}", retryable=retryable, status_code=status) from error
 
+    def download_adapter(self, adapter_id: str, destination: pathlib.Path) -> pathlib.Path:
+        """GET `adapters/{id}/download` with the job token (an evaluation job's `[eval] adapter`),
+        as `download_checkpoint` does."""
+        try:
+            return self.client.download(f"adapters/{adapter_id}/download", destination)
+        except LabError as error:
+            status = error.status_code
+            retryable = is_retryable_status(status) and error.code != ARCHIVE_CORRUPTED
+            raise IngestError(f"adapter {adapter_id}: {error}", retryable=retryable, status_code=status) from error
+
     def close(self) -> None:
         self.client.close()
 
@@ -89,12 +99,14 @@ class HttpTransport:
 @dataclass(frozen=True)
 class AttemptGrant:
     """The attempt Lab opened for this pod: its number, its job token, the checkpoint to resume
-    from, and the environment packages to install (None when Lab's answer names none)."""
+    from, the environment packages to install (None when Lab's answer names none) and the stored
+    model to fetch (`LAB_JOB_MODEL`'s object, engine.model_store; None for a model Lab does not store)."""
 
     attempt: int
     token: str
     resume_from: str | None
     environment_packages: list | None = None
+    model: dict | None = None
 
 
 class AttemptRefused(Exception):
@@ -126,10 +138,11 @@ def open_attempt(
     while True:
         try:
             answer = transport.client.request("POST", "attempts", json_body={"pod_uid": pod_uid, "jobset": jobset})
-            packages = answer.get("environment_packages")
+            packages, model = answer.get("environment_packages"), answer.get("model")
             return AttemptGrant(
                 attempt=int(answer["attempt"]), token=str(answer["token"]), resume_from=answer.get("resume_from"),
                 environment_packages=packages if isinstance(packages, list) else None,
+                model=model if isinstance(model, dict) else None,
             )
         except LabError as error:
             retry = error.code == "attempt_not_ready" or error.status_code is None or is_retryable_status(error.status_code)

@@ -36,6 +36,7 @@ from engine.catalog import (  # noqa: E402
     TINY_RANDOM_QWEN3_ID,
     TINY_RANDOM_QWEN3_MOE_ID,
     list_models,
+    stored_model_path,
 )
 from engine.config import default_model_dir  # noqa: E402
 
@@ -56,7 +57,11 @@ class ModelNotFound(LookupError):
 
 
 def model_path(model_id: str, model_dir: pathlib.Path | None = None) -> pathlib.Path:
-    """Return where the Hugging Face directory of `model_id` lives in the model cache."""
+    """Return where the Hugging Face directory of `model_id` lives in the model cache: the
+    stored model's revision this process fetched (`engine.model_store`), else `<owner>/<name>`."""
+    stored = stored_model_path(model_id)
+    if stored is not None:
+        return stored
     owner, _, name = model_id.partition("/")
     return (model_dir or default_model_dir()) / owner / name
 
@@ -211,6 +216,22 @@ def load_model(
     return model, tokenizer
 
 
+def load_model_directory(
+    path: pathlib.Path, *, dtype: torch.dtype = torch.float32
+) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+    """Return the model (eval mode) and tokenizer saved in a Hugging Face directory: a full
+    fine-tuned checkpoint (format "hf-full"). Raises ModelNotFound when it holds no config.json,
+    OSError or ValueError when its files do not load."""
+    if not (pathlib.Path(path) / "config.json").is_file():
+        raise ModelNotFound(f"{path} holds no config.json")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    _complete_tokenizer(tokenizer)
+    model.to(dtype)
+    model.eval()
+    return model, tokenizer
+
+
 def _complete_tokenizer(tokenizer: transformers.PreTrainedTokenizerBase) -> None:
     """Give a tokenizer without them a pad token (its EOS) and a chat template (ChatML)."""
     if tokenizer.pad_token_id is None:
@@ -240,7 +261,12 @@ def load_prompt_side(model_id: str, model_dir: pathlib.Path | None = None) -> Pr
         model, tokenizer = tiny_random_model(model_id)  # built in memory, in milliseconds
         _complete_tokenizer(tokenizer)
         return PromptSide(tokenizer, stop_token_ids(model, tokenizer), context_length(model))
-    path = convert_smollm2(root) if model_id == SMOLLM2_ID else model_path(model_id, root)
+    return directory_prompt_side(convert_smollm2(root) if model_id == SMOLLM2_ID else model_path(model_id, root))
+
+
+def directory_prompt_side(path: pathlib.Path) -> PromptSide:
+    """Return the tokenizer, stop tokens and context length of the Hugging Face directory `path`
+    (a catalogue model's, or a full checkpoint's), reading its configuration files only."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
     _complete_tokenizer(tokenizer)
     config = transformers.AutoConfig.from_pretrained(str(path))

@@ -189,18 +189,10 @@ class Orchestrator:
         # group_size (each block's rollouts per example), engine/groups.py.
         self.group_sizes = training_group_sizes(spec)
         self.schedule = GroupSchedule.for_spec(spec)
-        self.template_kwargs = usable_template_kwargs(
-            self.tokenizer, spec.sampling.chat_template_kwargs(), where="sampling", model=spec.model
-        )
         if config.rollout_backend != "vllm" and (spec.sampling.sampling_params() or (spec.eval.sampling and spec.eval.sampling.sampling_params())):
             logger.warning("sampling.extra_body: the transformers rollout backend does not take vLLM sampling parameters; "
                            "they apply only with LAB_ENGINE_ROLLOUT=vllm")
-        self.eval_targets = self._eval_targets()
-        eval_sampling = spec.eval.sampling
-        self.eval_template_kwargs = usable_template_kwargs(
-            self.tokenizer, {**spec.sampling.chat_template_kwargs(), **(eval_sampling.chat_template_kwargs() if eval_sampling else {})},
-            where="eval.sampling", model=spec.model,
-        ) if eval_sampling else self.template_kwargs
+        self.setup_eval()
         self.val_targets = [
             HeldOutTarget(env, name, "val", spec.val.setting("num_examples"), spec.val.setting("rollouts_per_example"))
             for env, name in zip(self.environments, self.env_names)
@@ -220,6 +212,21 @@ class Orchestrator:
                 self.teacher.check_model()
             self.end_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.stop_token_ids[0]
             logger.info("distilling from %s at %s", spec.teacher.model, self.teacher.base_url)
+
+    def setup_eval(self) -> None:
+        """Load what `[eval]` samples: its targets (`_eval_targets`) and the chat template arguments
+        of training and eval prompts. `setup` calls it; an evaluation run (engine/evaluation.py)
+        calls it alone, as it trains on nothing and loads no training environment."""
+        spec = self.spec
+        self.template_kwargs = usable_template_kwargs(
+            self.tokenizer, spec.sampling.chat_template_kwargs(), where="sampling", model=spec.model
+        )
+        eval_sampling = spec.eval.sampling
+        self.eval_targets = self._eval_targets()
+        self.eval_template_kwargs = usable_template_kwargs(
+            self.tokenizer, {**spec.sampling.chat_template_kwargs(), **(eval_sampling.chat_template_kwargs() if eval_sampling else {})},
+            where="eval.sampling", model=spec.model,
+        ) if eval_sampling else self.template_kwargs
 
     def close(self) -> None:
         """Close the teacher's connections (the backend is its owner's to close)."""

@@ -9,7 +9,7 @@ Each wheel is fetched and its SHA-256 checked, then all are installed with
 dependency resolution: a package's dependencies must already be in the engine's environment),
 and that directory is *appended* to ``sys.path`` so nothing of the engine's own can be shadowed.
 
-A package of Lab's own protocol declares its ``engine.environments.Environment`` subclass as the
+A package of Lab's own protocol declares its ``lab_environments.Environment`` subclass as the
 one entry point of the ``lab.environments`` group; it is imported here, and a dependency missing
 from the engine's environment is an ``InvalidEnvironment`` naming the module (exit 2). A
 verifiers package (no such entry point: its top-level module exports a ``Taskset``) is never
@@ -43,11 +43,12 @@ from pathlib import Path
 
 import httpx
 
-from engine import build_envs, egress
+from engine import build_envs, dataset_snapshots, egress
 from engine.catalog import EnvironmentInfo, register_environment
 from engine.config import PACKAGES_VARIABLE, child_environment, environment
 from engine.environments import register_installed, verifiers_taskset
 from engine.environments.base import Environment, InvalidEnvironment
+from engine.environments.probe import not_in_engine
 
 logger = logging.getLogger("engine")
 
@@ -67,7 +68,8 @@ class Package:
     url: str
     filename: str
     #: The package's build when Lab runs it on one: ``{"number", "api", "lock": [{"name", "version",
-    #: "filename", "sha256", "url"}]}`` (``engine.build_envs``); None runs it as before builds.
+    #: "filename", "sha256", "url"}], "secrets": [name]}`` (``engine.build_envs``; ``secrets``: the job
+    #: secrets its environment reads, given to its bridge); None runs it as before builds.
     build: dict | None = None
 
     @property
@@ -135,19 +137,25 @@ def _read(package: Package, parsed: urllib.parse.SplitResult) -> Iterator[bytes]
         raise InvalidEnvironment(f"package {package.id}: cannot fetch from a {parsed.scheme or 'relative'} URL")
 
 
-def install_packages(packages: list[Package], workdir: Path) -> Path | None:
-    """Install ``packages`` into ``workdir/environments/site``, load each (a Lab-protocol one by
-    importing it, a verifiers one through a verifiers bridge) and register its environment in the
-    catalogue (``engine.catalog.list_environments``).
-
-    Returns the site directory (None without packages). Raises InvalidEnvironment with a one-line
-    message for a wheel that cannot be fetched or does not match its SHA-256, a failed pip install,
-    an import that needs a module the engine's (or the verifiers) environment lacks (named in the
-    message), an entry point that is not an ``engine.environments.Environment`` subclass, and a
-    verifiers package that wants another verifiers version or exports no usable Taskset.
+def install_packages(packages: list[Package], workdir: Path, *, build_python: Path | None = None) -> Path | None:
+    """Install ``packages`` into ``workdir/environments/site`` (`install_wheels`), load each and
+    register its environment in the catalogue (`load_packages`); return the site directory (None
+    without packages). Raises InvalidEnvironment as those two do.
     """
     if not packages:
         return None
+    site = install_wheels(packages, workdir)
+    load_packages(packages, site, build_python=build_python)
+    return site
+
+
+def install_wheels(packages: list[Package], workdir: Path) -> Path:
+    """Fetch and check each package's wheel, install them all into ``workdir/environments/site``
+    (afresh) and append that directory to ``sys.path``; return it.
+
+    Raises InvalidEnvironment with a one-line message for a wheel that cannot be fetched or does
+    not match its SHA-256, and a failed pip install.
+    """
     root = workdir / "environments"
     shutil.rmtree(root, ignore_errors=True)  # a new attempt installs afresh
     wheels_dir, site = root / "wheels", root / "site"
@@ -168,9 +176,32 @@ def install_packages(packages: list[Package], workdir: Path) -> Path | None:
     if str(site) not in sys.path:
         sys.path.append(str(site))
     importlib.invalidate_caches()
-    for package in packages:
-        _load(package, site)
     return site
+
+
+def load_packages(packages: list[Package], site: Path, *, build_python: Path | None = None) -> None:
+    """Load each of ``packages``, installed in ``site`` (`install_wheels`): a Lab-protocol one by
+    importing it, a verifiers one through a verifiers bridge, a ``load_environment`` one on its
+    build; register its environment in the catalogue (``engine.catalog.list_environments``).
+
+    ``build_python`` stands for the environment of a ``load_environment`` package's build: the
+    Python of an environment where its requirements are installed already (``lab envs try``),
+    whose bridge then starts without installing the build's lock.
+
+    Raises InvalidEnvironment with a one-line message for an import that needs a module the
+    engine's (or the verifiers) environment lacks (named in the message), an entry point that is
+    not a ``lab_environments.Environment`` subclass, and a verifiers package that wants another
+    verifiers version or exports no usable Taskset.
+    """
+    for package in packages:
+        _load(package, site, build_python)
+
+
+def entry_point_of(package: Package, site: Path) -> str | None:
+    """The ``module:Class`` of the ``lab.environments`` entry point that ``package``, installed
+    in ``site``, declares (a Lab-protocol package), or None (a verifiers package)."""
+    points = [point for point in _distribution(package, site).entry_points if point.group == ENTRY_POINT_GROUP]
+    return points[0].value if points else None
 
 
 def _distribution(package: Package, site: Path) -> importlib.metadata.Distribution:
@@ -187,10 +218,7 @@ def _import(package: Package, module: str):
     except ModuleNotFoundError as error:
         if error.name and error.name.split(".")[0] == module.split(".")[0]:
             raise InvalidEnvironment(f"environment {package.id}: its package has no module '{error.name}'") from None
-        raise InvalidEnvironment(
-            f"environment {package.id} needs the module '{error.name}', which is not installed in the engine's "
-            "environment (packages install with --no-deps: every dependency must already be there)"
-        ) from None
+        raise InvalidEnvironment(not_in_engine(f"environment {package.id} needs the module '{error.name}'")) from None
     except Exception as error:  # the package's own code failed while importing
         message = " ".join(str(error).split())[:300]
         raise InvalidEnvironment(f"environment {package.id}: importing it failed: {type(error).__name__}: {message}") from None
@@ -210,9 +238,22 @@ def _fetch_locked(package: Package):
     return fetch
 
 
-def _load(package: Package, site: Path) -> None:
+def _url_reader(package: Package):
+    """``read(url)`` for ``engine.dataset_snapshots``: the chunks at ``url``, read as a package's
+    own wheel is (``file://``, or through the engine's egress); a failed download is an OSError."""
+
+    def read(url: str) -> Iterator[bytes]:
+        try:
+            yield from _read(Package(id=package.id, sha256="", url=url, filename=""), urllib.parse.urlsplit(url))
+        except httpx.HTTPError as error:
+            raise OSError(str(error)) from None
+
+    return read
+
+
+def _load(package: Package, site: Path, build_python: Path | None) -> None:
     if package.build and package.build.get("api") == "v0":
-        _load_on_build(package, site)
+        _load_on_build(package, site, build_python)
         return
     distribution = _distribution(package, site)
     entry_points = [point for point in distribution.entry_points if point.group == ENTRY_POINT_GROUP]
@@ -225,7 +266,7 @@ def _load(package: Package, site: Path) -> None:
     for attribute in (point.attr or "").split("."):
         target = getattr(target, attribute, None)
     if not (isinstance(target, type) and issubclass(target, Environment)):
-        raise InvalidEnvironment(f"environment {package.id}: {point.value} is not an engine.environments.Environment subclass")
+        raise InvalidEnvironment(f"environment {package.id}: {point.value} is not a lab_environments.Environment subclass")
     declared = getattr(target, "info", None)
     info = EnvironmentInfo(
         id=package.id,
@@ -255,18 +296,31 @@ def _load_verifiers(package: Package, site: Path, distribution: importlib.metada
     register_environment(info)
 
 
-def _load_on_build(package: Package, site: Path) -> None:
-    """Install ``package``'s build (or find it installed), start its ``load_environment`` bridge
-    with the build's Python, read ``load_environment``'s parameters and register it."""
+def _load_on_build(package: Package, site: Path, build_python: Path | None) -> None:
+    """Install ``package``'s build (or find it installed; ``build_python`` instead when given),
+    unpack the organization's pushed datasets the build lists (``engine.dataset_snapshots``: the
+    bridge starts among them), start its ``load_environment`` bridge with the build's Python, read ``load_environment``'s
+    parameters and register it."""
     lock = package.build.get("lock")
     if not isinstance(lock, list):
         raise InvalidEnvironment(f"package {package.id}: its build's lock is not a list of wheels")
     workdir = site.parents[1]
     started = time.monotonic()
-    python, installed = build_envs.ensure_environment(package.id, lock, workdir, _fetch_locked(package), log=logger.info)
+    if build_python is None:
+        python, installed = build_envs.ensure_environment(package.id, lock, workdir, _fetch_locked(package), log=logger.info)
+    else:
+        python, installed = build_python, False
+    datasets = dataset_snapshots.unpack_snapshots(
+        list(package.build.get("datasets") or []), workdir, _url_reader(package), package_id=package.id,
+    )
     ready = time.monotonic()
-    bridge = verifiers_taskset.start_load_environment_bridge(package_id=package.id, python=python, site=site, workdir=workdir)
-    info = verifiers_taskset.describe(bridge, package_id=package.id, name=package.name)
+    bridge = verifiers_taskset.start_load_environment_bridge(
+        package_id=package.id, python=python, site=site, workdir=workdir, secret_names=list(package.build.get("secrets") or []),
+        cwd=datasets,
+    )
+    info = verifiers_taskset.describe(
+        bridge, package_id=package.id, name=package.name, summary=_distribution(package, site).metadata["Summary"] or "",
+    )
     register_installed(package.id, verifiers_taskset.environment_class(info, bridge))
     register_environment(info)
     logger.info(

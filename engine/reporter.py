@@ -37,6 +37,8 @@ logger = logging.getLogger("engine.reporter")
 MAX_POINTS_PER_BATCH = 1000  # docs/ingest-api.md: ingest batches are limited to 1,000 points
 MAX_SAMPLES_PER_BATCH = 200
 MAX_LINES_PER_BATCH = 500
+#: The JSON bytes of one batch's records: half of Lab's 1 MB request limit (docs/api.md).
+MAX_BATCH_BYTES = 512 * 1024
 
 
 def utc_now() -> str:
@@ -84,7 +86,7 @@ def copy_atomically(source: pathlib.Path, target: pathlib.Path) -> None:
 class OfflineTransport:
     """Write what would go to Lab under the work directory (`--offline`).
 
-    `metrics.jsonl` (one point per line, with its attempt), `samples.jsonl`, `logs.jsonl`,
+    `metrics.jsonl` (one point per line, with its attempt), `samples.jsonl`, `evaluation-samples.jsonl`, `logs.jsonl`,
     `checkpoints.jsonl` (completed checkpoints), `adapters.jsonl` (completed adapters),
     `status.json` (last heartbeat) and `finish.json`; checkpoint archives stay in `checkpoints/`,
     adapter archives are copied into `adapter-archives/`.
@@ -111,6 +113,9 @@ class OfflineTransport:
         if path == "logs":
             self._append("logs.jsonl", [{**line, "attempt": attempt} for line in body["lines"]])
             return {"accepted": len(body["lines"])}
+        if path == "evaluation-samples":
+            self._append("evaluation-samples.jsonl", [{**sample, "attempt": attempt} for sample in body["samples"]])
+            return {"accepted": len(body["samples"]), "duplicates": 0}
         if path == "status":
             (self.workdir / "status.json").write_text(json.dumps(body, sort_keys=True))
             return {"action": "continue"}
@@ -189,7 +194,7 @@ class Heartbeat:
 class Reporter:
     """Spool-and-send client of the ingest API for one attempt of one job.
 
-    Five lanes (metrics, samples, logs, checkpoints, adapters), each spooled under `spool_dir` and sent
+    Six lanes (metrics, samples, logs, checkpoints, adapters, an evaluation's samples), each spooled under `spool_dir` and sent
     by its own thread with its own capped exponential backoff; a heartbeat thread beside them.
     A report Lab refuses for good (4xx) is dropped and counted in `dropped`, never retried; a
     checkpoint whose archive is gone is completed anyway, so Lab marks it `failed` and the lane
@@ -223,7 +228,10 @@ class Reporter:
         self._logs = _Lane("logs", "lines", MAX_LINES_PER_BATCH, Spool(spool_dir, "logs"))
         self._checkpoints = _Lane("checkpoints", "", 1, Spool(spool_dir, "checkpoints"))
         self._adapters = _Lane("adapters", "", 1, Spool(spool_dir, "adapters"))
-        self.lanes = (self._metrics, self._samples, self._logs, self._checkpoints, self._adapters)
+        self._evaluation_samples = _Lane(
+            "evaluation-samples", "samples", MAX_SAMPLES_PER_BATCH, Spool(spool_dir, "evaluation-samples")
+        )
+        self.lanes = (self._metrics, self._samples, self._logs, self._checkpoints, self._adapters, self._evaluation_samples)
         self._archive_progress: dict[str, _CheckpointProgress | None] = {"checkpoints": None, "adapters": None}
         self._checkpoint_callbacks: dict[int, Callable[[str | None], None]] = {}
         self.heartbeat = Heartbeat()
@@ -250,6 +258,13 @@ class Reporter:
         for sample in samples:
             self._samples.spool.append(sample)
         self._samples.wake.set()
+
+    def evaluation_samples(self, samples: list[dict]) -> None:
+        """Queue an evaluation's scored samples (engine/evaluation.py; fields as docs/ingest-api.md
+        says). Lab stores each (environment, example, rollout) once: a resent batch is harmless."""
+        for sample in samples:
+            self._evaluation_samples.spool.append(sample)
+        self._evaluation_samples.wake.set()
 
     def log(self, line: str, stream: str = "stdout") -> None:
         """Queue one log line; its seq is its index in this attempt's log."""
@@ -369,7 +384,7 @@ class Reporter:
     def _send_batch(self, lane: _Lane) -> bool:
         """Send one batch of a lane; return True if something was settled."""
         if lane.inflight is None:
-            start, records = lane.spool.pending(lane.batch_limit)
+            start, records = lane.spool.pending(lane.batch_limit, MAX_BATCH_BYTES)
             if not records:
                 return False
             lane.inflight = (start, records)

@@ -107,15 +107,25 @@ class TransformersBackend:
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], *, n: int = 1, max_tokens: int, temperature: float, seed: int,
-        stop_token_ids: Iterable[int] | None = None,
+        stop_token_ids: Iterable[int] | None = None, sampling_params: dict | None = None,
     ) -> list[Completion]:
         """Sample `n` completions of up to `max_tokens` tokens per prompt; temperature 0 is greedy.
+
+        `sampling_params` may hold `top_p` alone (an evaluation's nucleus sampling, Holtzman et
+        al. 2019: each token is drawn among the most likely tokens whose probabilities add up to
+        `top_p`, as vLLM's SamplingParams.top_p does); the log-probabilities stay those of the
+        whole distribution. Any other key is a ValueError: vLLM's other options are not
+        implemented here.
 
         Prompts are left-padded into one batch and run once; their key/value cache is then
         repeated `n` times (the group shares its prompt). Positions count only real tokens,
         so each row sees the positions it would see alone; a row that samples a stop token
         leaves the batch. Returns len(prompts)·n Completions, the n of each prompt adjacent.
         """
+        unknown = sorted(set(sampling_params or {}) - {"top_p"})
+        if unknown:
+            raise ValueError(f"the transformers backend takes top_p alone of vLLM's sampling parameters, not {unknown}")
+        top_p = float((sampling_params or {}).get("top_p", 1.0))
         if not prompts:
             return []
         generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -158,7 +168,8 @@ class TransformersBackend:
                 logits = output.logits[:, -1, :].float()
                 if temperature > 0:
                     log_probs = torch.log_softmax(logits / temperature, dim=-1)
-                    sampled = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(1)
+                    probabilities = nucleus(log_probs.exp(), top_p) if top_p < 1.0 else log_probs.exp()
+                    sampled = torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
                     sampled_logprob = log_probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
                 else:
                     sampled = logits.argmax(dim=-1)
@@ -207,3 +218,13 @@ class TransformersBackend:
                 )
             )
         return completions
+
+
+def nucleus(probabilities: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Return `probabilities` (rows of a distribution) with every token outside each row's nucleus
+    set to 0: the fewest most likely tokens whose probabilities add up to at least `top_p` (the
+    most likely one always stays). Rows are not renormalized (`torch.multinomial` takes weights)."""
+    ordered, order = probabilities.sort(dim=-1, descending=True, stable=True)
+    before = ordered.cumsum(dim=-1) - ordered  # the mass of the tokens more likely than each
+    ordered = ordered.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probabilities).scatter(-1, order, ordered)

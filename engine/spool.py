@@ -65,10 +65,19 @@ class Spool:
             self.records.append(record)
             return len(self.records) - 1
 
-    def pending(self, limit: int) -> tuple[int, list[dict]]:
-        """Return (index of the first unacknowledged record, up to ``limit`` records from it)."""
+    def pending(self, limit: int, max_bytes: int | None = None) -> tuple[int, list[dict]]:
+        """Return (index of the first unacknowledged record, up to ``limit`` records from it),
+        with ``max_bytes`` only as many as fit in that many bytes of JSON (at least one)."""
         with self._lock:
-            return self.sent, self.records[self.sent : self.sent + limit]
+            start, records = self.sent, self.records[self.sent : self.sent + limit]
+        if max_bytes is not None:
+            size = 0
+            for count, record in enumerate(records):
+                size += len(json.dumps(record)) + 1
+                if size > max_bytes and count:
+                    records = records[:count]
+                    break
+        return start, records
 
     def acknowledge(self, count: int) -> None:
         """Mark ``count`` more records as received by Lab, durably (write, then rename)."""

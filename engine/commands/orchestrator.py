@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 
-from engine.commands.attempt import load_config
+from engine.commands.attempt import job_model, load_config
 from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_SUCCEEDED, exit_with_parent, logger, one_line
 from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, parent_pid, set_variable, setting
 from engine.distill import TeacherRefused
@@ -21,7 +21,7 @@ from engine.models import ModelNotFound, load_prompt_side
 from engine.orchestrator import Orchestrator
 from engine.packages import install_packages, packages_from_environment
 from engine.remote_inference import HttpRolloutBackend
-from engine.roles import OrchestratorRole
+from engine.roles import OrchestratorRole, SessionEnded
 
 
 def serve_orchestrator(args: argparse.Namespace) -> int:
@@ -43,6 +43,8 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
 
     def request_stop(signum, frame):  # the trainer ends the attempt; a stop only ends waiting for it
         stopping.set()
+        if orphaned():  # the trainer died however it died (PR_SET_PDEATHSIG): end now, mid-batch too
+            raise SessionEnded()
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
@@ -60,6 +62,7 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
                 set_variable(PACKAGES_VARIABLE, json.dumps(session["environment_packages"], separators=(",", ":")))
             install_packages(packages_from_environment(), workdir)
             model_dir = default_model_dir()
+            job_model(model_dir)
             config, _ = load_config(args.spec, model_dir)  # the trainer reports the spec's warnings
             side = load_prompt_side(config.spec.model, model_dir)
             backend = HttpRolloutBackend(url, model_id=config.spec.model)
@@ -75,6 +78,8 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
             raise ConfigError(str(error), "invalid_spec") from None
     except ConfigError as error:
         code, exit_code, message = error.code, EXIT_INVALID, one_line(error)
+    except SessionEnded:
+        code, exit_code, message = "internal_error", EXIT_CRASHED, "the trainer that started this role is gone"
     except Exception as error:
         logger.exception("the orchestrator role crashed")
         code, exit_code, message = "internal_error", EXIT_CRASHED, one_line(repr(error))[:500]

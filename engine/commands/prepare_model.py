@@ -6,13 +6,22 @@ import argparse
 import sys
 
 from engine.catalog import SMOLLM2_ID
-from engine.commands.common import EXIT_INVALID, EXIT_SUCCEEDED
+from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_SUCCEEDED, one_line
+from engine.model_store import StoredModelError, prepare_job_model
 from engine.models import ModelNotFound, convert_smollm2
 
 
 def prepare_model(args: argparse.Namespace) -> int:
-    """Convert ``args.model`` into the model cache when it is built from a file Lab ships (SmolLM2);
-    a no-op for every other model and once converted. Exit 2 (model_not_found) when it cannot."""
+    """Put ``args.model`` into the model cache: the job's stored model (``LAB_JOB_MODEL``,
+    fetched from Lab's storage: engine.model_store), or SmolLM2 converted from its GGUF; a no-op
+    for every other model and once done. Exit 2 (model_not_found) when it cannot, 1 when storage
+    cannot be reached."""
+    try:
+        if prepare_job_model() is not None:
+            return EXIT_SUCCEEDED
+    except StoredModelError as error:
+        sys.stderr.write(f"model_not_found: {one_line(error)}\n")
+        return EXIT_CRASHED if error.retryable else EXIT_INVALID
     if args.model != SMOLLM2_ID:
         return EXIT_SUCCEEDED
     try:

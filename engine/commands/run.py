@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import pathlib
 import shutil
 import signal
@@ -17,20 +16,35 @@ import time
 
 import torch
 
+from engine import egress, sandboxes
 from engine.colocated import InProcessRollouts
-from engine.commands.attempt import init_checkpoint, load_config, on_main_rank, open_attempt_of, resume_checkpoint
-from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_OOM, EXIT_STOPPED, EXIT_SUCCEEDED, logger, one_line
+from engine.commands.attempt import (
+    AttemptReport,
+    init_checkpoint,
+    job_model,
+    load_config,
+    on_main_rank,
+    open_attempt_of,
+    resume_checkpoint,
+)
+from engine.commands.common import (
+    EXIT_CRASHED,
+    EXIT_INVALID,
+    EXIT_OOM,
+    EXIT_STOPPED,
+    EXIT_SUCCEEDED,
+    exception_line,
+    logger,
+    one_line,
+)
 from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, set_variable, setting
 from engine.distill import TeacherRefused
 from engine.distributed import DataParallel
 from engine.environments import EnvironmentFailed, InvalidEnvironment
-from engine.http_transport import HttpTransport
 from engine.models import ModelNotFound
 from engine.packages import install_packages, packages_from_environment
 from engine.remote_inference import start_inference_role, stop_process
-from engine.reporter import OfflineTransport, Reporter, ReporterLogHandler
 from engine.roles import RoleFailed, start_orchestrator_role
-from engine.spool import attempt_spool_dir
 from engine.trainer import Trainer
 from engine.trainer_role import SharedDirRollouts
 
@@ -39,6 +53,7 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
     """Run one attempt (`run`, or the trainer role: `trainer`) with the job's `credentials`
     (`_guard_credentials`); return the exit code."""
     workdir = args.workdir.resolve()
+    reports_to_lab = not args.offline
     parallel = DataParallel.from_environment()
     # On the Kubernetes pool a pod opens its attempt with the job's bootstrap token (rank 0's to do).
     bootstrap = "" if args.offline else credentials.get("LAB_JOB_BOOTSTRAP_TOKEN", "")
@@ -70,36 +85,29 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
     if not args.offline and not token:
         print("engine: LAB_JOB_TOKEN is not set (or pass --offline)", file=sys.stderr)
         return EXIT_INVALID
-    transport = OfflineTransport(workdir) if args.offline else HttpTransport(args.lab_url, args.job_id, token)
-    reporter = Reporter(transport, job_id=args.job_id, attempt=args.attempt, spool_dir=attempt_spool_dir(workdir, args.attempt))
-    reporter.start()
-    handler = ReporterLogHandler(reporter)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger.addHandler(handler)
-    # Reporting to Lab, the engine's records go to Lab only: the local launcher stores what the
-    # process writes to stdout/stderr as job logs too, and each line would show twice.
-    logger.propagate = args.offline
-
+    report = AttemptReport(args, workdir, token)
     roles = _LocalRoles()
-
-    def say(message: str) -> None:
-        """Log the line that ends the attempt: to the job's logs through the reporter, and to
-        stderr offline only (as with the records above, the launcher would store it twice)."""
-        reporter.log(f"engine: {message}", "stderr")
-        if args.offline:
-            print(f"engine: {message}", file=sys.stderr, flush=True)
+    if reports_to_lab and token:  # environments that run code get sandboxes of this attempt
+        sandboxes.use(sandboxes.LabSandboxes(args.lab_url, args.job_id, token))
 
     def finish_attempt(code: int, outcome: str, error: dict | None) -> int:
-        timeout = float(setting("LAB_ENGINE_FLUSH_TIMEOUT", "60"))
-        # An invalid job has little to flush; do not hold its exit for long if Lab is away.
-        reporter.close(outcome, error, timeout=min(timeout, 10.0) if code == EXIT_INVALID else timeout)
+        try:
+            sandboxes.close()  # Lab deletes any left when it closes the attempt
+        except Exception:
+            logger.exception("deleting the attempt's sandboxes failed")
+        report.close(code, outcome, error)
         roles.close(code)
         parallel.close()
-        logger.removeHandler(handler)
-        logger.propagate = True
         return code
 
     try:
+        if parallel.is_main:
+            # The judges the job declares, on the sandbox's loopback (local launcher), for every
+            # role and environment process of the attempt; their listeners live as long as this process.
+            try:
+                egress.serve_forwards(egress.forwards())
+            except ValueError as error:
+                raise ConfigError(str(error), "invalid_spec") from None
         model_dir = default_model_dir()
         try:
             packages = packages_from_environment()
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
                 install_packages(packages, workdir)
         except InvalidEnvironment as error:
             raise ConfigError(str(error), "environment_error") from None
+        job_model(model_dir)
         config, warnings = load_config(args.spec, model_dir, elsewhere=frozenset(p.id for p in packages) if elsewhere else frozenset())
         for warning in warnings:
             logger.warning("spec: %s", warning)
@@ -116,13 +125,15 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         if args.offline:
             logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
         # Rank 0 fetches a checkpoint from Lab; the other ranks (offline) read its copy.
-        resume_dir = on_main_rank(parallel, lambda: resume_checkpoint(args.resume_from, workdir, transport) if args.resume_from else None)
+        resume_dir = on_main_rank(
+            parallel, lambda: resume_checkpoint(args.resume_from, workdir, report.transport) if args.resume_from else None
+        )
         # A resume carries the trained weights on; the init checkpoint only seeds a fresh start.
         init_value = None if resume_dir is not None else (args.init_from or config.spec.init_from)
-        init_dir = on_main_rank(parallel, lambda: init_checkpoint(init_value, workdir, transport) if init_value else None)
+        init_dir = on_main_rank(parallel, lambda: init_checkpoint(init_value, workdir, report.transport) if init_value else None)
 
         trainer = Trainer(
-            config=config, workdir=workdir, reporter=reporter, rollouts=roles.rollout_source(config),
+            config=config, workdir=workdir, reporter=report.reporter, rollouts=roles.rollout_source(config),
             stop_event=stop_event, model_dir=model_dir, parallel=parallel,
         )
         started = time.perf_counter()
@@ -158,20 +169,20 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
             trainer.close()
     except RoleFailed as error:  # the orchestrator role's failure, reported as its exit code says
         message = one_line(error)
-        say(message)
+        report.say(message)
         code = error.exit_code if error.exit_code in (EXIT_INVALID, EXIT_OOM) else EXIT_CRASHED
         return finish_attempt(code, "failed", {"code": error.code if code != EXIT_CRASHED else "internal_error", "message": message})
     except ConfigError as error:
         message = one_line(error)
-        say(message)
+        report.say(message)
         return finish_attempt(EXIT_INVALID, "failed", {"code": error.code, "message": message})
     except (MemoryError, oom_error()) as error:
         message = f"out of memory: {one_line(error)[:500]}"
-        say(message)
+        report.say(message)
         return finish_attempt(EXIT_OOM, "failed", {"code": "oom", "message": message})
     except Exception as error:
         logger.exception("engine crashed")
-        return finish_attempt(EXIT_CRASHED, "failed", {"code": "internal_error", "message": one_line(repr(error))[:500]})
+        return finish_attempt(EXIT_CRASHED, "failed", {"code": "internal_error", "message": exception_line(error)})
     if outcome == "stopped":
         return finish_attempt(EXIT_STOPPED, "stopped", None)
     return finish_attempt(EXIT_SUCCEEDED, "succeeded", None)

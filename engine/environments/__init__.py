@@ -1,14 +1,17 @@
-"""Environments: the protocol (engine.environments.base), the built-ins and the registry.
+"""Environments: the protocol (``lab_environments``), the built-ins and the registry.
 
 `load_environment` finds an environment by id among the built-ins (`lab/addition`,
-`lab/reverse-text`, `lab/alphabet-sort`) and the environments of the job's packages, which
-engine.packages installs and registers here (`register_installed`); the protocol's names are
-re-exported here, where environment packages import them from.
+`lab/reverse-text`, `lab/alphabet-sort`, `lab/python-code`, which runs the model's code in Lab
+sandboxes) and the environments of the job's packages, which
+engine.packages installs and registers here (`register_installed`). The protocol's names are
+defined in the ``lab-environments`` distribution, which packages import them from
+(``from lab_environments import Environment, ...``); they are re-exported here too, so that
+packages written against ``engine.environments`` keep working.
 """
 
 from __future__ import annotations
 
-from engine.catalog import EnvironmentInfo, list_environments
+from engine.catalog import list_environments
 from engine.environments.addition import Addition
 from engine.environments.alphabet_sort import AlphabetSort
 from engine.environments.base import (
@@ -19,6 +22,7 @@ from engine.environments.base import (
     VAL_BUCKET,
     Environment,
     EnvironmentFailed,
+    EnvironmentInfo,
     Example,
     InvalidEnvironment,
     RewardFunction,
@@ -26,18 +30,19 @@ from engine.environments.base import (
     retry_allowed,
     split_of,
 )
+from engine.environments.python_code import PythonCode
 from engine.environments.reverse_text import ReverseText
 
 __all__ = [
     "EVAL_BUCKET", "MAX_SPLIT_DRAWS", "SPLIT_BUCKETS", "SPLITS", "VAL_BUCKET", "Environment", "EnvironmentFailed",
-    "Example", "InvalidEnvironment", "RewardFunction", "Scores", "check_args", "load_environment", "register_installed",
+    "EnvironmentInfo", "Example", "InvalidEnvironment", "RewardFunction", "Scores", "check_args", "load_environment", "register_installed",
     "retry_allowed",
     "split_of",
 ]
 
 
 #: The built-in environments by id.
-BUILT_IN: dict[str, type[Environment]] = {cls.info.id: cls for cls in (Addition, ReverseText, AlphabetSort)}
+BUILT_IN: dict[str, type[Environment]] = {cls.info.id: cls for cls in (Addition, ReverseText, AlphabetSort, PythonCode)}
 #: The environments of the job's installed packages (Lab-protocol or verifiers) by id.
 _INSTALLED: dict[str, type[Environment]] = {}
 

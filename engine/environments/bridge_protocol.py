@@ -12,19 +12,27 @@ The protocol is JSON lines: one request object per line on stdin, one answer per
 On start, before reading anything, a bridge writes its hello (``{"ok": true, "result": ...}``, or
 the error that keeps it from serving, then it exits with status 1). A request names its operation
 as ``op`` and its arguments as the other keys; an end of stdin ends the program.
+
+Multi-turn episodes run on a bridge's event loop as ``Rounds``: each model call of an episode
+becomes a request the engine answers, a round of every pending call at a time (``start`` and
+``reply`` in the verifiers bridge's docstring); ``chat_message`` and ``function_spec`` write a
+request's messages and tools, and ``parse_tool_calls`` reads the tool calls in a sampled reply.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import inspect
+import itertools
 import json
 import os
 import random
+import re
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 SPLITS = ("train", "eval", "val")
 
@@ -73,6 +81,184 @@ class TrainOrder:
             random.Random(f"{seed}:{rounds}").shuffle(order)
             self._orders[key] = order
         return self._orders[key][offset]
+
+
+#: The job's caps on every agent of a multi-turn episode (``start``'s ``limits``).
+LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens")
+#: The longest ``timeout_s`` a request may set (a day, as the job spec allows).
+MAX_TIMEOUT_S = 86_400.0
+
+
+def seconds(timeout) -> float | None:
+    """A request's ``timeout_s``: a positive number of seconds up to MAX_TIMEOUT_S, or None;
+    BridgeError otherwise."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise BridgeError("invalid_request", f"timeout_s is a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}, or null")
+    return float(timeout)
+
+
+def limits(given: dict) -> dict[str, int]:
+    """The job's caps per agent (``start``'s ``limits``): the LIMITS that are set, each a
+    positive integer; BridgeError for another name or value."""
+    caps = {}
+    for name, value in given.items():
+        if name not in LIMITS or (value is not None and (type(value) is not int or value < 1)):
+            raise BridgeError("invalid_request", f"limits take {', '.join(LIMITS)}, each a positive integer or null")
+        if value is not None:
+            caps[name] = value
+    return caps
+
+
+class Rounds:
+    """The multi-turn episodes of one opened environment, run on the bridge's event loop ``loop``,
+    whose model calls wait for the engine's replies.
+
+    ``launch`` runs one episode (a coroutine that returns its finished entry); ``request`` queues
+    one model call of an episode and returns the future its answer is set on; ``answer`` hands an
+    answer of the engine to its call; ``advance`` runs every live episode until each waits for an
+    answer or is over and returns ``{"requests": [...], "finished": [...]}``: the calls not handed
+    out yet whose episodes still wait for them, and the entries of the episodes that ended since."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.live: dict[str, asyncio.Task] = {}
+        self.requests: dict[str, tuple[dict, asyncio.Future]] = {}
+        self.unsent: list[dict] = []
+        self.finished: list[dict] = []
+        self.progress = asyncio.Event()
+        self._counter = itertools.count(1)
+
+    def new_id(self, prefix: str) -> str:
+        """A fresh id: ``prefix`` and a number, unique among this object's episodes and requests."""
+        return f"{prefix}{next(self._counter)}"
+
+    def launch(self, episode_id: str, episode: Awaitable[dict]) -> None:
+        """Run ``episode`` (its result is its finished entry); an exception it raises (the
+        environment's own code failed) finishes it with ``{episode, error}``."""
+
+        async def run() -> None:
+            try:
+                result = await episode  # before reading self.finished: advance swaps the list meanwhile
+                self.finished.append(result)
+            except Exception as error:  # the environment's own code failed outside verifiers' boundary
+                self.finished.append({"episode": episode_id, "error": one_line(error)})
+            finally:
+                self.progress.set()
+
+        self.live[episode_id] = self.loop.create_task(run())
+
+    def request(self, body: dict) -> asyncio.Future:
+        """Queue one model call (``body``: its episode, agent, messages, ...); the future gets its answer."""
+        future = self.loop.create_future()
+        request_id = self.new_id("r")
+        body = {"request": request_id, **body}
+        self.requests[request_id] = (body, future)
+        self.unsent.append(body)
+        self.progress.set()
+        return future
+
+    def answer(self, answer: dict) -> None:
+        """Hand one of the engine's answers (``{request, text, ...}`` or ``{request, stop}``) to its call."""
+        if not isinstance(answer, dict) or answer.get("request") not in self.requests:
+            raise BridgeError("invalid_request", f"no pending request {answer.get('request') if isinstance(answer, dict) else answer!r}")
+        _, future = self.requests.pop(answer["request"])
+        if "stop" not in answer and not isinstance(answer.get("text"), str):
+            raise BridgeError("invalid_request", "an answer carries text (and input_tokens, output_tokens) or stop")
+        if not future.done():  # its episode may have ended meanwhile (its deadline passed): nobody waits
+            future.set_result(answer)
+
+    async def advance(self) -> dict:
+        """Run every live episode until each waits for an answer or is over; return the new
+        requests and the episodes that ended."""
+        while True:
+            for _ in range(16):  # let the work that is ready run (an answer's continuations)
+                await asyncio.sleep(0)
+            waiting = {body["episode"] for body, future in self.requests.values() if not future.done()}
+            running = [episode for episode, task in self.live.items() if not task.done()]
+            if all(episode in waiting for episode in running):
+                break
+            self.progress.clear()
+            wake = asyncio.ensure_future(self.progress.wait())
+            await asyncio.wait([wake, *(self.live[episode] for episode in running)], return_when=asyncio.FIRST_COMPLETED)
+            wake.cancel()
+        for episode, task in list(self.live.items()):
+            if task.done():
+                del self.live[episode]
+        # A request whose episode ended meanwhile (cancelled at its deadline) waits for nothing.
+        requests = [body for body in self.unsent if not self.requests[body["request"]][1].done()]
+        for body in self.unsent:
+            if self.requests[body["request"]][1].done():
+                del self.requests[body["request"]]
+        self.unsent = []
+        finished, self.finished = self.finished, []
+        return {"requests": requests, "finished": finished}
+
+
+def chat_message(message, where: str) -> dict:
+    """A verifiers message as the engine's chat message: ``{"role", "content"}`` with text content
+    (text parts joined), a tool result with its ``tool_call_id`` too; BridgeError for images and
+    other non-text parts, and for an assistant message with tool calls (Lab renders only the tool
+    calls its policy sampled, as the text it sampled)."""
+    if hasattr(message, "model_dump"):
+        message = message.model_dump()
+    if not isinstance(message, dict):
+        raise BridgeError("unsupported", f"{where}: a message is not a chat message: {message!r:.100}")
+    content = message.get("content")
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" for part in content):
+        content = "\n".join(str(part.get("text") or "") for part in content)
+    if content is None and message.get("role") == "assistant":
+        content = ""
+    if not isinstance(content, str):
+        raise BridgeError("unsupported", f"{where}: a message holds non-text content, which Lab does not run yet")
+    if message.get("tool_calls"):
+        raise BridgeError("unsupported", f"{where}: an assistant message holds tool calls Lab's policy did not sample, which Lab does not run yet")
+    chat = {"role": message.get("role", "user"), "content": content}
+    if chat["role"] == "tool":
+        chat["tool_call_id"] = str(message.get("tool_call_id") or "")
+    return chat
+
+
+def function_spec(tool) -> dict:
+    """A verifiers ``Tool`` as an OpenAI function spec, what chat templates render."""
+    if hasattr(tool, "model_dump"):
+        tool = tool.model_dump()
+    return {"type": "function", "function": {
+        "name": tool["name"], "description": tool.get("description") or "", "parameters": tool.get("parameters") or {},
+    }}
+
+
+#: A tool call in the text the policy sampled: the Hermes convention (``<tool_call>{"name": ...,
+#: "arguments": {...}}</tool_call>``) of vLLM's ``hermes`` tool parser and of renderers'
+#: ``Qwen3ToolParser``, which Qwen, Hermes and SmolLM3 chat templates teach their models.
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(text: str, call_prefix: str) -> tuple[str | None, list[dict]]:
+    """Split a sampled reply into its content and its tool calls ``{id, name, arguments}``
+    (``arguments`` a JSON string; ids ``<call_prefix>_<n>``); a block that is not a JSON object
+    with a ``name`` stays in the content, as the model wrote it."""
+    calls, kept, last = [], [], 0
+    for match in _TOOL_CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+            continue
+        arguments = call.get("arguments", {})
+        calls.append({
+            "id": f"{call_prefix}_{len(calls)}",
+            "name": call["name"],
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        })
+        kept.append(text[last:match.start()])
+        last = match.end()
+    if not calls:
+        return text, []
+    content = ("".join(kept) + text[last:]).strip()
+    return content or None, calls
 
 
 def answer(handler, request: dict, *, operations: tuple[str, ...], refused: tuple[str, ...] = (), what: str) -> dict:

@@ -528,56 +528,25 @@ class Bridge:
         return self.loop.run_until_complete(episodes.advance())
 
 
-_LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens")
+_LIMITS, _seconds, _limits = protocol.LIMITS, protocol.seconds, protocol.limits
 
 
-#: The longest ``timeout_s`` a request may set (a day, as the job spec allows).
-MAX_TIMEOUT_S = 86_400.0
-
-
-def _seconds(timeout) -> float | None:
-    """A request's ``timeout_s``: a positive number of seconds up to MAX_TIMEOUT_S, or None."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
-        raise BridgeError("invalid_request", f"timeout_s is a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}, or null")
-    return float(timeout)
-
-
-def _limits(given: dict) -> dict[str, int]:
-    """The job's caps per agent (``start``'s ``limits``), positive integers or absent."""
-    limits = {}
-    for name, value in given.items():
-        if name not in _LIMITS or (value is not None and (type(value) is not int or value < 1)):
-            raise BridgeError("invalid_request", f"limits take {', '.join(_LIMITS)}, each a positive integer or null")
-        if value is not None:
-            limits[name] = value
-    return limits
-
-
-class Episodes:
+class Episodes(protocol.Rounds):
     """The multi-turn episodes of one opened taskset, run on the bridge's event loop.
 
     Each episode is the Env's own ``run_episode`` over agents of ``LabAgent``; an agent's turn
     becomes a request that waits for the engine's reply (see the module docstring)."""
 
     def __init__(self, opened: Opened, loop: asyncio.AbstractEventLoop):
-        self.opened, self.loop = opened, loop
-        self.live: dict[str, asyncio.Task] = {}
-        self.requests: dict[str, tuple[dict, asyncio.Future]] = {}
-        self.unsent: list[dict] = []
-        self.finished: list[dict] = []
-        self.progress: asyncio.Event | None = None
-        self._counter = itertools.count(1)
+        super().__init__(loop)
+        self.opened = opened
         #: Trace id -> episode id, for a tool-using taskset's model calls (they name their trace).
         self.traces: dict[str, str] = {}
 
     def start(self, task, limits: dict[str, int]) -> str:
         """Start one episode of ``task`` under the job's ``limits``; return its id."""
         env = self.opened.env
-        episode_id = f"e{next(self._counter)}"
-        if self.progress is None:
-            self.progress = asyncio.Event()
+        episode_id = self.new_id("e")
         if self.opened.tools:
             return self._start_rollout(task, limits, episode_id)
 
@@ -590,17 +559,11 @@ class Episodes:
                 name, spec, episodes=self, episode=episode, limits=limits, completed=completed,
             ))
 
-        async def run():
-            try:
-                episode = await env.run_episode(task, (episode_id, limits))
-                self.finished.append(self._result(episode_id, episode))
-            except Exception as error:  # the env's own code failed outside verifiers' boundary
-                self.finished.append({"episode": episode_id, "error": _one_line(error)})
-            finally:
-                self.progress.set()
+        async def run() -> dict:
+            return self._result(episode_id, await env.run_episode(task, (episode_id, limits)))
 
         env._episode_agents = episode_agents  # run_episode builds its agents through this hook
-        self.live[episode_id] = self.loop.create_task(run())
+        self.launch(episode_id, run())
         return episode_id
 
     def _start_rollout(self, task, limits: dict[str, int], episode_id: str) -> str:
@@ -615,16 +578,10 @@ class Episodes:
         def minted(trace) -> None:
             self.traces[trace.id] = episode_id
 
-        async def run():
-            try:
-                episode = await env.run_episode(task, opened.context, on_trace=minted)
-                self.finished.append(self._result(episode_id, episode))
-            except Exception as error:  # the env's own code failed outside verifiers' boundary
-                self.finished.append({"episode": episode_id, "error": _one_line(error)})
-            finally:
-                self.progress.set()
+        async def run() -> dict:
+            return self._result(episode_id, await env.run_episode(task, opened.context, on_trace=minted))
 
-        self.live[episode_id] = self.loop.create_task(run())
+        self.launch(episode_id, run())
         return episode_id
 
     def _result(self, episode_id: str, episode) -> dict:
@@ -659,51 +616,6 @@ class Episodes:
             "turns": trace.num_turns,
             "stop_condition": trace.stop_condition,
         }
-
-    def request(self, body: dict) -> asyncio.Future:
-        """Queue one agent turn for the engine; the future gets its answer."""
-        future = self.loop.create_future()
-        request_id = f"r{next(self._counter)}"
-        body = {"request": request_id, **body}
-        self.requests[request_id] = (body, future)
-        self.unsent.append(body)
-        self.progress.set()
-        return future
-
-    def answer(self, answer: dict) -> None:
-        if not isinstance(answer, dict) or answer.get("request") not in self.requests:
-            raise BridgeError("invalid_request", f"no pending request {answer.get('request') if isinstance(answer, dict) else answer!r}")
-        _, future = self.requests.pop(answer["request"])
-        if "stop" not in answer and not isinstance(answer.get("text"), str):
-            raise BridgeError("invalid_request", "an answer carries text (and input_tokens, output_tokens) or stop")
-        if not future.done():  # its episode may have ended meanwhile (its deadline passed): nobody waits
-            future.set_result(answer)
-
-    async def advance(self) -> dict:
-        """Run every live episode until each waits for a reply or is over; return the new
-        requests and the episodes that ended."""
-        while True:
-            for _ in range(16):  # let the work that is ready run (a reply's continuations)
-                await asyncio.sleep(0)
-            waiting = {body["episode"] for body, future in self.requests.values() if not future.done()}
-            running = [episode for episode, task in self.live.items() if not task.done()]
-            if all(episode in waiting for episode in running):
-                break
-            self.progress.clear()
-            wake = asyncio.ensure_future(self.progress.wait())
-            await asyncio.wait([wake, *(self.live[episode] for episode in running)], return_when=asyncio.FIRST_COMPLETED)
-            wake.cancel()
-        for episode, task in list(self.live.items()):
-            if task.done():
-                del self.live[episode]
-        # A request whose episode ended meanwhile (cancelled at its deadline) waits for nothing.
-        requests = [body for body in self.unsent if not self.requests[body["request"]][1].done()]
-        for body in self.unsent:
-            if self.requests[body["request"]][1].done():
-                del self.requests[body["request"]]
-        self.unsent = []
-        finished, self.finished = self.finished, []
-        return {"requests": requests, "finished": finished}
 
 
 class LabAgent:
@@ -881,36 +793,7 @@ def _error_text(text: str, episode_id: str) -> str:
     return f"{line[:ERROR_HEAD]} ... {line[-ERROR_TAIL:]}"
 
 
-#: A tool call in the text the policy sampled: the Hermes convention (``<tool_call>{"name": ...,
-#: "arguments": {...}}</tool_call>``) of vLLM's ``hermes`` tool parser and of renderers'
-#: ``Qwen3ToolParser``, which Qwen, Hermes and SmolLM3 chat templates teach their models.
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
-def parse_tool_calls(text: str, call_prefix: str) -> tuple[str | None, list[dict]]:
-    """Split a sampled reply into its content and its tool calls ``{id, name, arguments}``
-    (``arguments`` a JSON string); a block that is not a JSON object with a ``name`` stays in
-    the content, as the model wrote it."""
-    calls, kept, last = [], [], 0
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
-            continue
-        arguments = call.get("arguments", {})
-        calls.append({
-            "id": f"{call_prefix}_{len(calls)}",
-            "name": call["name"],
-            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-        })
-        kept.append(text[last:match.start()])
-        last = match.end()
-    if not calls:
-        return text, []
-    content = ("".join(kept) + text[last:]).strip()
-    return content or None, calls
+parse_tool_calls = protocol.parse_tool_calls
 
 
 def _wire_content(wire: dict) -> dict:

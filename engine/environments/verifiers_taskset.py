@@ -38,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from engine import sandboxes
 from engine.catalog import EnvironmentInfo
 from engine.config import environment
 from engine.environments.base import Environment, EnvironmentFailed, Example, InvalidEnvironment, RewardFunction, Scores
@@ -101,9 +102,13 @@ def bridge_environment(environ=None, *, home: Path | None = None) -> dict[str, s
 
 class Bridge:
     """One bridge process and its JSON-lines channel; requests are serialised by a lock (the
-    trainer may sample in a background thread while it evaluates)."""
+    trainer may sample in a background thread while it evaluates). ``secrets`` join the bridge's
+    environment (``bridge_environment``): the job secrets its environment reads, nothing else.
+    ``cwd`` is its working directory (default ``workdir``): where ``load_dataset("owner/name")``
+    finds the organization's pushed datasets (``engine.dataset_snapshots``)."""
 
-    def __init__(self, *, python: Path, site: Path, workdir: Path, package_id: str, script: Path = BRIDGE_SCRIPT):
+    def __init__(self, *, python: Path, site: Path, workdir: Path, package_id: str, script: Path = BRIDGE_SCRIPT,
+                 secrets: dict[str, str] | None = None, cwd: Path | None = None):
         self.package_id = package_id
         self.log_path = workdir / "environments" / f"verifiers-bridge-{len(_BRIDGES) + 1}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +119,7 @@ class Bridge:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [str(python), "-I", str(script), "--site", str(site)],
-                cwd=workdir, env=bridge_environment(home=home), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                cwd=cwd or workdir, env={**bridge_environment(home=home), **(secrets or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 start_new_session=True,
             )
         _BRIDGES.append(self)
@@ -255,12 +260,35 @@ def start_bridge(*, package_id: str, site: Path, workdir: Path, requires_verifie
     return bridge
 
 
-def start_load_environment_bridge(*, package_id: str, python: Path, site: Path, workdir: Path) -> Bridge:
+def start_load_environment_bridge(
+    *, package_id: str, python: Path, site: Path, workdir: Path, secret_names: list[str] | tuple[str, ...] = (), environ=None,
+    cwd: Path | None = None,
+) -> Bridge:
     """Start the ``load_environment`` bridge (``load_environment_bridge.py``) of one package with
-    ``python``, its build's environment's. Raises InvalidEnvironment when it cannot start (the
-    build lacks verifiers' v0 API, or the process dies)."""
+    ``python``, its build's environment's, giving it the job secrets ``secret_names`` from
+    ``environ`` (default the engine's environment), the ones its environment reads (the launch's
+    ``build.secrets``), in ``cwd`` (``Bridge``). Raises InvalidEnvironment when one is not set, or names one of Lab's own
+    variables (``LAB_*``) or one the bridge's environment fixes, and when the bridge cannot start
+    (the build lacks verifiers' v0 API, or the process dies)."""
+    source = environment() if environ is None else environ
+    refused = [name for name in secret_names if name.startswith("LAB_") or name in _BRIDGE_ENV_FIXED or name in _BRIDGE_ENV_NAMES]
+    if refused:
+        raise InvalidEnvironment(f"environment {package_id}: the secret {refused[0]} is one of the engine's own variables, never given to an environment")
+    missing = [name for name in secret_names if not source.get(name)]
+    if missing:
+        raise InvalidEnvironment(
+            f"environment {package_id} reads the secret{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which this job "
+            f"was not given: pass {'each' if len(missing) > 1 else 'it'} as a job secret (-e {missing[0]}=... or an env file)"
+        )
+    secrets = {name: source[name] for name in secret_names}
+    try:  # Prime's sandbox client, in the environment's own code, reaches Lab's sandboxes of this attempt
+        secrets.update(sandboxes.prime_environment())
+    except sandboxes.SandboxError as error:
+        logger.warning("environment %s: %s", package_id, error)
     try:
-        return Bridge(python=python, site=site, workdir=workdir, package_id=package_id, script=LOAD_ENVIRONMENT_BRIDGE_SCRIPT)
+        return Bridge(
+            python=python, site=site, workdir=workdir, package_id=package_id, script=LOAD_ENVIRONMENT_BRIDGE_SCRIPT, secrets=secrets, cwd=cwd,
+        )
     except BridgeRefused as refusal:
         raise InvalidEnvironment(f"environment {package_id}: {refusal}") from None
     except (BridgeFailed, OSError) as error:

@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.support import http_server
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -142,12 +144,10 @@ def fake_lab(tmp_path):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    http_server.start(server)
     lab.url = f"http://127.0.0.1:{server.server_address[1]}"
     yield lab
-    server.shutdown()
-    server.server_close()
+    http_server.stop(server)
 
 
 def tiny_spec(**overrides) -> dict:

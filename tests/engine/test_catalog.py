@@ -40,6 +40,6 @@ def test_it_reads_the_model_dir_from_the_environment(tmp_path, monkeypatch):
 
 def test_it_lists_the_builtin_environments_with_their_default_args():
     environments = list_environments()
-    assert sorted(environments) == ["lab/addition", "lab/alphabet-sort", "lab/reverse-text"]
+    assert sorted(environments) == ["lab/addition", "lab/alphabet-sort", "lab/python-code", "lab/reverse-text"]
     assert environments["lab/addition"].name == "addition"
     assert environments["lab/addition"].args["max_operand"] == 20

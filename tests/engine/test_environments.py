@@ -84,7 +84,7 @@ class OnePrompt(Environment):
 
 def test_an_environment_too_small_to_split_repeats_its_prompts_and_says_so(caplog):
     env = OnePrompt({}, seed=0)
-    with caplog.at_level(logging.WARNING, logger="engine"):
+    with caplog.at_level(logging.WARNING, logger="lab_environments"):
         examples = {split: env.example(0, split) for split in SPLITS}
         env.example(1, "eval")
     assert {e.messages[0]["content"] for e in examples.values()} == {"Say 1"}
@@ -113,7 +113,7 @@ def test_a_rollout_whose_scoring_fails_is_scored_again_while_its_retries_last(ca
     example = Example(messages=[], answer="2")
     judge = FlakyJudge(failures=2)
     judge.retries = 2
-    with caplog.at_level(logging.WARNING, logger="engine"):
+    with caplog.at_level(logging.WARNING, logger="lab_environments"):
         assert judge.score_rollout("2", example).reward == 1.0
     assert judge.calls == 3
     assert [record.getMessage() for record in caplog.records] == [
@@ -147,7 +147,7 @@ def test_a_scoring_past_the_timeout_is_scored_again_while_its_retries_last_then_
     example = Example(messages=[], answer="2")
     judge = SlowJudge(slow=1)
     judge.retries = 1
-    with caplog.at_level(logging.WARNING, logger="engine"):
+    with caplog.at_level(logging.WARNING, logger="lab_environments"):
         assert judge.score_rollout("2", example) == Scores(reward=1.0, functions={"correct": 1.0})
     assert [record.getMessage() for record in caplog.records] == [
         "scoring timed out (the judge took longer than 2s); running it again, retry 1 of 1"

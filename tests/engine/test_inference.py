@@ -6,7 +6,6 @@ The wire formats are those of vLLM's server as verifiers' train client reads the
 """
 
 import json
-import threading
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from safetensors.torch import save_file
 from engine.grpo import token_logprobs_and_entropy
 from engine.inference import MAX_BODY_BYTES, build_server
 from engine.policy import completion_logits, pack_rollouts
+from tests.support import http_server
 
 MODEL = "lab/tiny-random-llama"
 
@@ -24,12 +24,10 @@ MODEL = "lab/tiny-random-llama"
 def served(tmp_path):
     server = build_server(MODEL, backend_name="transformers", workdir=tmp_path, model_dir=tmp_path / "models")
     http = server.http_server("127.0.0.1", 0)
-    thread = threading.Thread(target=http.serve_forever, daemon=True)
-    thread.start()
+    http_server.start(http)
     with httpx.Client(base_url=f"http://127.0.0.1:{http.server_address[1]}", timeout=60) as client:
         yield server, client
-    http.shutdown()
-    http.server_close()
+    http_server.stop(http)
 
 
 def prompt_ids(server, text="reverse: abc"):

@@ -12,9 +12,9 @@ from pathlib import Path
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
 #: The modules that may read or write the process environment: the engine's configuration, its
-#: command line, and the verifiers bridge, a program of its own run with the verifiers
-#: environment's Python (`python -I`), which never imports the engine.
-ENVIRONMENT_READERS = {"config.py", "cli.py", "environments/verifiers_bridge.py"}
+#: command line, and the programs of their own run with an environment's Python (`python -I`),
+#: which never import the engine: the verifiers bridge and the import probe.
+ENVIRONMENT_READERS = {"config.py", "cli.py", "environments/verifiers_bridge.py", "environments/probe.py"}
 
 #: The environment functions of `os` besides `os.environ` itself.
 _OS_ENVIRONMENT_CALLS = {"getenv", "putenv", "unsetenv", "getenvb", "environb"}

@@ -336,6 +336,7 @@ def test_the_inference_role_serves_vllm_over_http_and_loads_tagged_weights_and_a
             process.wait()
 
 
+@pytest.mark.real_model  # starts vLLM twice (a run, then its resume)
 def test_three_roles_on_vllm_with_async_on_resume_exactly(tmp_path):
     """The inference role on vLLM (fp32), sampling two steps ahead for the orchestrator role: a
     run resumed from its step-2 checkpoint (which holds the batches of steps 3 and 4) reports
