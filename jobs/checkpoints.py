@@ -5,7 +5,8 @@ A checkpoint is a saved training state of one attempt at one step. Its lifecycle
 upload, complete, ready or failed, retention, download) is ``jobs.artifacts.lifecycle``'s, with
 what ``jobs.artifacts.kinds.CHECKPOINT`` declares. Only a checkpoint is started from: by an
 engine, its job's own or its ``init_from`` (``checkpoint_for_engine``), and by a launcher
-resuming a job's next attempt (``checkpoint_resume_archive``).
+resuming a job's next attempt (``checkpoint_resume_archive``). An evaluation job's engine also
+fetches the adapter it evaluates (``adapter_for_engine``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from django.db.models import Q
 
 from jobs import storage
 from jobs.artifacts.downloads import verify_stored_archive
-from jobs.models import Checkpoint, CheckpointStatus, Job
+from jobs.models import Adapter, AdapterStatus, Checkpoint, CheckpointStatus, Job, JobKind
 from lab.errors import LabError
 
 
@@ -44,3 +45,21 @@ def checkpoint_for_engine(*, job: Job, checkpoint_id: str) -> Checkpoint:
     if checkpoint is None:
         raise LabError("not_found", f"No ready checkpoint '{checkpoint_id}' for this job.")
     return checkpoint
+
+
+def adapter_for_engine(*, job: Job, adapter_id: str) -> Adapter:
+    """Return the ready adapter an evaluation ``job``'s engine evaluates (its spec's ``[eval]
+    adapter``, of the job's project).
+
+    Raises LabError ``not_found`` for any other id, and for a job that evaluates no adapter.
+    """
+    wanted = (job.spec.get("eval") or {}).get("adapter") if job.kind == JobKind.EVALUATION else None
+    adapter = (
+        Adapter.objects.unscoped().select_related("job")
+        .filter(public_id=adapter_id, status=AdapterStatus.READY, job__project_id=job.project_id)
+        .first()
+        if wanted == adapter_id else None
+    )
+    if adapter is None:
+        raise LabError("not_found", f"No ready adapter '{adapter_id}' for this job.")
+    return adapter

@@ -25,3 +25,15 @@ def enqueue_launch(attempt_id: int) -> None:
 def enqueue_reconcile(job_id: int) -> None:
     """Reconcile the job ``job_id`` (a Job primary key) after commit."""
     enqueue_on_commit(TaskName.RECONCILE_JOB, job_id)
+
+
+def enqueue_evaluation_settle(job_id: int) -> None:
+    """Settle the evaluation whose job ``job_id`` (a Job primary key) ended, after commit: its
+    results and its webhook (``evaluations``, which sits above ``jobs``)."""
+    enqueue_on_commit(TaskName.SETTLE_EVALUATION, job_id)
+
+
+def enqueue_final_checkpoint_evaluation(job_id: int) -> None:
+    """Start the evaluation of the final checkpoint of the training job ``job_id`` (a Job primary
+    key) that succeeded, as its ``[eval] evaluate_final_checkpoint`` asks, after commit."""
+    enqueue_on_commit(TaskName.EVALUATE_FINAL_CHECKPOINT, job_id)

@@ -13,7 +13,8 @@ from collections import defaultdict
 from django.db import transaction
 from django.db.models import Q
 
-from environments.builds import build_failure_message
+from environments.builds import build_failure_message, environment_secrets, missing_secrets_message
+from environments.datasets import launch_datasets
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from environments.services import (
     EnvironmentRef,
@@ -23,6 +24,7 @@ from environments.services import (
     wheelhouse_download_url,
 )
 from jobs.models import Job, JobStatus
+from jobs.secrets.models import JobSecrets
 from lab.audit import Actor
 from lab.errors import LabError, not_found
 from lab.models import Organization
@@ -31,11 +33,31 @@ from lab.models import Organization
 UNFINISHED_STATUSES = (JobStatus.QUEUED, JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING)
 
 
+def _blocks(spec: dict) -> list[dict]:
+    """The environment blocks of a stored spec: its ``env`` blocks and its ``[[eval.env]]`` blocks."""
+    evaluation = spec.get("eval") if isinstance(spec.get("eval"), dict) else {}
+    return [env for env in [*spec.get("env", []), *(evaluation.get("env") or [])] if isinstance(env, dict)]
+
+
 def _environment_ids(spec: dict) -> list[str]:
     """The environment ids a stored spec names: its ``env`` blocks' and its ``[[eval.env]]`` blocks'."""
-    evaluation = spec.get("eval") if isinstance(spec.get("eval"), dict) else {}
-    blocks = [*spec.get("env", []), *(evaluation.get("env") or [])]
-    return [env.get("id", "") for env in blocks if isinstance(env, dict)]
+    return [env.get("id", "") for env in _blocks(spec)]
+
+
+def _secrets_read(spec: dict, environment_id: str, summary: dict) -> list[str]:
+    """The job secrets the package ``environment_id`` reads in the blocks of ``spec`` that name it
+    (``environments.builds.environment_secrets`` of each block's args), each once."""
+    names: list[str] = []
+    for env in _blocks(spec):
+        if env.get("id") == environment_id:
+            args = env.get("args") if isinstance(env.get("args"), dict) else {}
+            names += [name for name in environment_secrets(summary, args) if name not in names]
+    return names
+
+
+def _secret_names(job_ids) -> dict[int, list[str]]:
+    """The names of the secrets each of ``job_ids`` was given (none for a job without). One query."""
+    return dict(JobSecrets.objects.unscoped().filter(job_id__in=job_ids).values_list("job_id", "names"))
 
 
 def jobs_using(package: EnvironmentPackage) -> list[str]:
@@ -73,8 +95,12 @@ def launch_packages(job: Job) -> tuple[dict, ...]:
     ``{"id", "sha256", "url", "filename"}`` per uploaded environment its spec names (deleted
     versions are left out, and the engine then reports the environment as not installed), with
     ``build`` for a package whose latest build is ready and loaded it through ``load_environment``
-    (API ``v0``): ``{"number", "api", "lock": [{"name", "version", "filename", "sha256", "url"}]}``,
-    each ``url`` the wheel's in the shared wheelhouse (``engine.build_envs`` installs them)."""
+    (API ``v0``): ``{"number", "api", "lock": [{"name", "version", "filename", "sha256", "url"}],
+    "secrets": [name], "datasets": [{"id", "sha256", "url"}]}``, each ``url`` the wheel's in the shared wheelhouse (``engine.build_envs``
+    installs them), ``secrets`` the names of the job's secrets the environment reads (the engine
+    hands their values to its bridge, and nothing else of its environment), ``datasets`` the
+    organization's pushed datasets (``environments.datasets``) as they are at launch, which the
+    engine unpacks where ``load_dataset("owner/name")`` finds them (``engine.dataset_snapshots``)."""
     ids = set(_environment_ids(job.spec))
     names = {ref.name for ref in map(EnvironmentRef.parse, ids) if ref is not None}
     packages = [
@@ -87,6 +113,8 @@ def launch_packages(job: Job) -> tuple[dict, ...]:
         build.package_id: build
         for build in EnvironmentBuild.objects.unscoped().filter(package__in=packages).order_by("package_id", "number")
     }  # the highest number wins
+    given = set(_secret_names([job.pk]).get(job.pk, []))
+    datasets = None  # the organization's pushed datasets, read once for every package that needs them
     launched = []
     for package in packages:
         item = {"id": package.public_id, "sha256": package.sha256, "url": package_download_url(package), "filename": package.filename}
@@ -96,6 +124,8 @@ def launch_packages(job: Job) -> tuple[dict, ...]:
                 "number": build.number,
                 "api": "v0",
                 "lock": [{**entry, "url": wheelhouse_download_url(entry)} for entry in build.lock],
+                "secrets": [name for name in _secrets_read(job.spec, package.public_id, build.summary) if name in given],
+                "datasets": datasets if datasets is not None else (datasets := launch_datasets(package.organization_id)),
             }
         launched.append(item)
     return tuple(launched)
@@ -105,7 +135,9 @@ def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str
     """Of the queued jobs ``job_ids``, return those that name a package version whose latest build
     is still queued or running (they wait: ``environment_building``), and ``{job id: message}``
     for those that name one whose latest build failed (the job fails with the build's error;
-    this wins over waiting). A version with no build at all holds nothing. Two queries."""
+    this wins over waiting) or whose ready build reads a secret the job was not given (it fails
+    naming it: the check a submit makes when the build is ready already). A version with no build
+    at all holds nothing. Three queries."""
     rows = Job.objects.unscoped().filter(pk__in=job_ids).values_list("pk", "project__organization_id", "spec")
     named = {pk: (organization, sorted(set(_environment_ids(spec)))) for pk, organization, spec in rows}
     names: dict[int, set[str]] = defaultdict(set)
@@ -121,6 +153,8 @@ def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str
         .defer("lock").order_by("package_id", "number")
     )
     latest = {(build.package.organization_id, build.package.public_id): build for build in builds}  # the highest number wins
+    given = _secret_names(list(named))
+    specs = {pk: spec for pk, _, spec in rows}
     building: set[int] = set()
     failed: dict[int, str] = {}
     for pk, (organization, ids) in named.items():
@@ -128,6 +162,12 @@ def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str
             build = latest.get((organization, environment_id))
             if build is not None and build.status == BuildStatus.FAILED:
                 failed[pk] = build_failure_message(environment_id, build)
+                break
+            missing = [] if build is None or build.status != BuildStatus.READY else [
+                name for name in _secrets_read(specs[pk], environment_id, build.summary) if name not in given.get(pk, [])
+            ]
+            if missing:
+                failed[pk] = missing_secrets_message(environment_id, missing, given.get(pk, []))
                 break
             if build is not None and build.status in (BuildStatus.QUEUED, BuildStatus.RUNNING):
                 building.add(pk)

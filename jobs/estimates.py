@@ -16,7 +16,7 @@ from billing.pricing import cost_usd, list_cost_micro_usd
 from jobs.models import JobPriority, StatusReason
 from jobs.queue import place_of_new_job, spend_budget, start_blocker
 from jobs.secrets.services import split_secrets
-from jobs.specs import ValidatedSpec, installed_models, validate_job_spec
+from jobs.specs import ValidatedSpec, validate_job_spec
 from lab.lib.resources import CPU
 from lab.models import Project
 
@@ -28,9 +28,10 @@ UNKNOWN_PARAMETERS = 1_000_000
 
 
 def estimate_run_seconds(validated: ValidatedSpec) -> float:
-    """Return the estimated wall-clock seconds of the whole run (see the module docstring)."""
+    """Return the estimated wall-clock seconds of the whole run (see the module docstring): the
+    model's size is its registry row's, the organization's own model included."""
     spec = validated.parsed.spec
-    model = installed_models().get(spec.model)
+    model = validated.model
     parameters = (model.parameters if model else None) or UNKNOWN_PARAMETERS
     gpu_type, gpus = spec.resources.gpu_type, spec.resources.gpus or 0
     if gpu_type == "cpu":

@@ -13,7 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from lab.ids import public_id
-from lab.models import ApiKey, Organization, Project, User
+from lab.models import ApiKey, Project, User
 from lab.tenancy import TenantManager
 
 
@@ -80,6 +80,15 @@ class ErrorCode(models.TextChoices):
     INTERNAL_ERROR = "internal_error"
 
 
+class JobKind(models.TextChoices):
+    """What a job's engine runs: ``training`` (``python -m engine run``), or an ``evaluation`` of its
+    model on the environments of its ``[eval]`` section that never trains (``python -m engine
+    evaluate``; the job of an ``evaluations.Evaluation``, docs/evaluations.md)."""
+
+    TRAINING = "training"
+    EVALUATION = "evaluation"
+
+
 class JobPriority(models.IntegerChoices):
     """Queue priority; a higher value is admitted first."""
 
@@ -99,6 +108,7 @@ class Job(models.Model):
     created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_by_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     name = models.CharField(max_length=128, blank=True)
+    kind = models.CharField(max_length=16, choices=JobKind.choices, default=JobKind.TRAINING)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     status_reason = models.CharField(max_length=64, blank=True)
     spec = models.JSONField()
@@ -182,6 +192,7 @@ class EventType(models.TextChoices):
     CHECKPOINT_FAILED = "checkpoint.failed"
     ADAPTER_READY = "adapter.ready"
     ADAPTER_FAILED = "adapter.failed"  # a warning: an adapter's upload failed verification or was abandoned
+    FINAL_EVALUATION = "job.final_evaluation"  # the evaluation of its final checkpoint started, or why not (a warning)
 
 
 class JobEvent(models.Model):
@@ -435,47 +446,6 @@ class LogLine(models.Model):
         ]
 
 
-class Model(models.Model):
-    """One model of the registry: what ``GET /models`` lists and a job's ``model`` may name.
-
-    ``id`` is the catalogue id (``owner/name``). ``family`` is the architecture's family (the
-    transformers ``model_type`` less a ``_moe`` suffix); ``parameters`` is the total count and
-    ``active_parameters`` the count each token uses (mixture-of-experts only; null otherwise or
-    when unknown). ``context_length`` is in tokens. ``training_modes`` is a JSON list of "lora" and
-    "full"; ``lora_target_modules`` peft's ``target_modules`` (a list of module names, or
-    "all-linear"); ``memory_gb`` the estimated GPU memory per mode in GB (``jobs.registry``:
-    bytes per parameter × parameters × 1.2, empty when the size is unknown). ``revision`` and
-    ``licence`` are "" when unknown. ``organization`` null offers the model to everyone;
-    otherwise only that organization sees and uses it (another one gets ``unknown_model``, as for
-    a missing model). ``source`` is "builtin" (shipped with Lab) or "local" (a directory in
-    ``LAB_MODEL_DIR``). Rows are kept in step with the engine's catalogue by
-    ``jobs.registry.sync_models`` (after every migrate, and ``manage.py models sync``).
-    """
-
-    id = models.CharField(primary_key=True, max_length=200)
-    family = models.CharField(max_length=64, blank=True)
-    architecture = models.CharField(max_length=64, blank=True)
-    parameters = models.BigIntegerField(null=True)
-    active_parameters = models.BigIntegerField(null=True)
-    context_length = models.PositiveIntegerField()
-    chat_template = models.BooleanField(default=False)
-    training_modes = models.JSONField(default=list)
-    lora_target_modules = models.JSONField(default=list)
-    memory_gb = models.JSONField(default=dict)
-    revision = models.CharField(max_length=64, blank=True)
-    licence = models.CharField(max_length=64, blank=True)
-    description = models.TextField(blank=True)
-    source = models.CharField(max_length=16, default="builtin")
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, null=True, blank=True, related_name="models")
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["id"]
-
-    def __str__(self) -> str:
-        return self.id
-
-
 from jobs.webhooks.models import (  # noqa: E402,F401  (models of the jobs app)
     WebhookAttempt,
     WebhookDelivery,
@@ -483,3 +453,5 @@ from jobs.webhooks.models import (  # noqa: E402,F401  (models of the jobs app)
     WebhookMessage,
 )
 from jobs.secrets.models import JobSecrets  # noqa: E402,F401  (a model of the jobs app)
+from jobs.evaluation_samples import EvaluationSample  # noqa: E402,F401  (a model of the jobs app)
+from jobs.registry.models import Model, ModelBuild, ModelBuildStatus, ModelStatus  # noqa: E402,F401  (models of the jobs app)

@@ -17,6 +17,7 @@ submit checks nothing of it: Kueue decides (a Workload that can never fit shows
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -35,6 +36,10 @@ logger = logging.getLogger(__name__)
 CLUSTER_INVENTORY_TTL_S = 300
 CLUSTER_INVENTORY_FALLBACK_S = 86_400
 _CACHE_KEY = "lab:pool:cluster-inventory"
+
+#: GPU memory of each GPU type in GB (10^9 bytes), what a model's memory estimate
+#: (``jobs.registry.memory_estimate_gb``) is divided by; the larger part where a type has two.
+GPU_MEMORY_GB = {"A10G": 24, "L4": 24, "L40S": 48, "A100": 80, "H100": 80, "H200": 141, "B200": 180}
 
 
 @dataclass(frozen=True)
@@ -126,3 +131,37 @@ def pool_problems(spec: JobSpec) -> list[SpecProblem]:
             )
         ]
     return []
+
+
+def minimum_gpus(model, *, mode: str, gpu_type: str) -> int | None:
+    """The fewest GPUs of ``gpu_type`` whose memory holds ``model`` (a registry row) training in
+    ``mode`` (``lora`` or ``full``): its ``memory_gb`` estimate over ``GPU_MEMORY_GB``, at least 1;
+    None when either is unknown (a CPU job, a model of unknown size, an unlisted GPU type)."""
+    needed, per_gpu = (model.memory_gb or {}).get(mode), GPU_MEMORY_GB.get(gpu_type)
+    if not needed or not per_gpu:
+        return None
+    return max(1, math.ceil(needed / per_gpu))
+
+
+def model_gpu_problems(spec: JobSpec, model) -> list[SpecProblem]:
+    """Return why ``spec`` asks for too few GPUs for its model (a registry row): fewer than
+    ``minimum_gpus``, named in the message with the estimate it comes from, and whether one node
+    of the pool has that many (empty when they suffice or either size is unknown)."""
+    gpu_type, gpus = spec.resources.gpu_type, spec.resources.gpus or 0
+    mode = "lora" if spec.lora_rank else "full"
+    minimum = minimum_gpus(model, mode=mode, gpu_type=gpu_type)
+    if minimum is None or gpus >= minimum:
+        return []
+    what = "with LoRA" if mode == "lora" else "in full"
+    message = (
+        f"{model.id} needs about {model.memory_gb[mode]} GB of GPU memory to train {what} (an estimate from its "
+        f"{model.parameters:,} parameters) and one '{gpu_type}' holds {GPU_MEMORY_GB[gpu_type]} GB: it needs at least "
+        f"{minimum} GPUs on one node"
+    )
+    groups = [group for group in (cluster_node_groups() if reads_cluster_inventory() else pool_nodes()) or [] if group.gpu_type == gpu_type]
+    largest = max((group.gpus for group in groups), default=None)
+    if largest is not None and largest < minimum:
+        message += f", and this pool's '{gpu_type}' nodes have at most {largest}"
+    else:
+        message += f": ask for resources.gpus = {minimum}"
+    return [SpecProblem("resources.gpus", "out_of_range", message)]

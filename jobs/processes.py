@@ -93,6 +93,12 @@ def beat_command(*, data_dir: Path) -> list[str]:
     ]
 
 
+def sandbox_agent_command() -> list[str]:
+    """Return the command line of the sandbox agent (the sandboxes' data plane, docs/sandboxes.md)
+    at ``LAB_SANDBOX_AGENT_URL`` with Lab's settings."""
+    return [sys.executable, "manage.py", "sandbox_agent"]
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -229,10 +235,12 @@ class LabProcesses:
         process.wait(timeout=30)
 
     def engine_groups(self) -> list[int]:
-        """Return the process groups of the engine attempts (and their supervisors) under
-        ``data_dir/runs`` that are still alive, engines first."""
+        """Return the process groups of the engine attempts under ``data_dir/runs`` and of the
+        inference servers under ``data_dir/serving/servers`` (and their supervisors) that are
+        still alive, engines first."""
         engines, supervisors = [], []
-        for pid_file in sorted((self.data_dir / "runs").glob("*/attempt-*/*.pid")):
+        pid_files = [*(self.data_dir / "runs").glob("*/attempt-*/*.pid"), *(self.data_dir / "serving" / "servers").glob("*/run-*/*.pid")]
+        for pid_file in sorted(pid_files):
             found = {"engine.pid": engines, "supervisor.pid": supervisors}.get(pid_file.name)
             pid = _read_pid(pid_file)
             # The pid must still be that attempt's process, not a recycled number.
@@ -311,8 +319,8 @@ def say(message: str) -> None:
 
 
 def up(*, host: str, port: int, environ: Mapping[str, str]) -> int:
-    """Migrate, start web, worker and beat, and keep them up until SIGINT, SIGTERM or SIGHUP;
-    then stop everything. Return the exit status: 0 after a requested stop, 1 when Lab could not
+    """Migrate, start web, worker, beat and the sandbox agent, and keep them up until SIGINT,
+    SIGTERM or SIGHUP; then stop everything. Return the exit status: 0 after a requested stop, 1 when Lab could not
     start or a process exited by itself."""
     data_dir = data_dir_from(environ)
     env = {**environ, "LAB_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
@@ -323,6 +331,10 @@ def up(*, host: str, port: int, environ: Mapping[str, str]) -> int:
     if not port_is_free(port, host):
         say(f"Port {port} is in use (another Lab?); choose another with PORT=...")
         return 1
+    if not processes.env.get("LAB_SANDBOX_AGENT_URL"):
+        # The agent listens where web and worker will look for it: a port free now, so that a
+        # second Lab on this machine (another PORT) gets an agent of its own.
+        processes.env["LAB_SANDBOX_AGENT_URL"] = f"http://127.0.0.1:{free_port()}"
     for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, _interrupt)
     status = 0
@@ -331,6 +343,7 @@ def up(*, host: str, port: int, environ: Mapping[str, str]) -> int:
         processes.data_dir.mkdir(parents=True, exist_ok=True)
         processes.migrate()
         processes.start()
+        processes.spawn("sandbox-agent", sandbox_agent_command())
         url = processes.base_url
         say(f"Lab is up at {url} (dashboard login: {url}/login/, new accounts at {url}/signup/). Ctrl-C stops it.")
         while True:

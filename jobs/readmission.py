@@ -20,6 +20,7 @@ from django.db import transaction
 
 from billing.pricing import usd_to_micro
 from jobs.environment_packages import launch_packages
+from jobs.registry.store import launch_model
 from jobs.ingest.tokens import job_token
 from jobs.models import AttemptState, Job, JobAttempt, JobStatus, StatusReason
 from jobs.parking import PARKED, parked
@@ -37,18 +38,21 @@ RETRY_AFTER_S = 5
 class AttemptGrant:
     """What an engine pod is given when it opens an attempt: the attempt number, its job token
     (``ljt_...``), the checkpoint id to resume from (``ckpt_...``, None for a fresh start) and
-    the uploaded environment packages to install, with download URLs made now (those in the
-    JobSet's Secret were made at launch and may have expired while Kueue held the JobSet)."""
+    the uploaded environment packages to install and the stored model to fetch (``model``), with
+    download URLs made now (those in the JobSet's Secret were made at launch and may have
+    expired while Kueue held the JobSet)."""
 
     attempt: int
     token: str
     resume_from: str | None
     environment_packages: tuple[dict, ...] = ()
+    model: dict | None = None
 
     def as_dict(self) -> dict:
-        """Return the answer body of ``POST /attempts``."""
+        """Return the answer body of ``POST /attempts`` (``model`` only for a stored model)."""
         return {"attempt": self.attempt, "token": self.token, "resume_from": self.resume_from,
-                "environment_packages": list(self.environment_packages)}
+                "environment_packages": list(self.environment_packages),
+                **({"model": self.model} if self.model is not None else {})}
 
 
 def attempt_unpark(*, attempt_id: int) -> bool:
@@ -69,6 +73,7 @@ def _grant(attempt: JobAttempt) -> AttemptGrant:
     return AttemptGrant(
         attempt=attempt.number, token=job_token(attempt), resume_from=resume.public_id if resume else None,
         environment_packages=launch_packages(attempt.job),
+        model=launch_model(model_id=str(attempt.job.spec.get("model", "")), organization_id=attempt.job.project.organization_id),
     )
 
 

@@ -9,7 +9,7 @@ from django.db.models import Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
 from django.db.models.functions import Cast
 
-from jobs.models import Job, JobStatus, LogLine, MetricStep, RolloutSample
+from jobs.models import Job, JobKind, JobStatus, LogLine, MetricStep, RolloutSample
 from jobs.serializers import log_line_to_dict, metric_point_to_dict, sample_to_dict
 from lab.errors import FieldError, LabError
 from lab.models import Project
@@ -26,14 +26,24 @@ def job_list(
     metadata: Mapping[str, str] | None = None,
     model: str | None = None,
     environment: str | None = None,
+    kind: str | None = JobKind.TRAINING,
 ) -> QuerySet:
-    """Return ``project``'s jobs, optionally of one ``status``, with every ``metadata`` pair, on
-    one base ``model`` (its catalogue id) and training on one ``environment`` (an id as stored,
+    """Return ``project``'s jobs of one ``kind`` (``JobKind``; training jobs unless asked, None
+    for every kind), optionally of one ``status``, with every ``metadata`` pair, on one base
+    ``model`` (its catalogue id) and training on one ``environment`` (an id as stored,
     ``owner/name@version``, or without the version: any version of it).
 
-    Raises LabError ``invalid_request`` for an unknown status.
+    Raises LabError ``invalid_request`` for an unknown status or kind.
     """
     jobs = Job.objects.filter(project=project)
+    if kind is not None:
+        if kind not in JobKind.values:
+            raise LabError(
+                "invalid_request",
+                f"Unknown kind {kind[:40]!r}; use one of {', '.join(JobKind.values)}.",
+                errors=[FieldError("kind", "invalid_value", "unknown kind")],
+            )
+        jobs = jobs.filter(kind=kind)
     if status:
         if status not in JobStatus.values:
             raise LabError(

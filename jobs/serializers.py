@@ -8,10 +8,12 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from lab_environments import EnvironmentInfo
+
 from billing.models import Price
-from engine.catalog import EnvironmentInfo
+from billing.pricing import price_unit
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
-from environments.serializers import recorded_args
+from environments.serializers import package_description, recorded_args
 from jobs.artifacts.presenters import artifact_to_dict
 from jobs.models import (
     ACTIVE_STATUSES,
@@ -23,6 +25,7 @@ from jobs.models import (
     JobPriority,
     JobStatus,
     Model,
+    ModelBuild,
     RolloutSample,
 )
 from jobs.queue import queue_positions
@@ -101,6 +104,7 @@ def _job_dict(job: Job, latest: Checkpoint | None, position: int | None, phase: 
     return {
         "id": job.public_id,
         "object": "job",
+        "kind": job.kind,
         "name": job.name,
         "status": job.status,
         "status_reason": job.status_reason or None,
@@ -164,29 +168,55 @@ def log_line_to_dict(seq: int, time: datetime, attempt: int, stream: str, line: 
     return {"seq": seq, "time": iso(time), "attempt": attempt, "stream": stream, "line": line}
 
 
-def model_to_dict(model: Model) -> dict[str, Any]:
-    """Return a registry model ``{"id","object":"model","family","architecture","parameters",
-    "active_parameters","context_length","chat_template","modes","lora_target_modules",
-    "memory_gb","revision","licence","description","source","owned_by"}``: ``owned_by`` is the
-    owning organization's slug, null for a model offered to everyone; ``memory_gb`` maps each
-    mode to its estimated GPU memory in GB."""
+def model_build_to_dict(build: ModelBuild | None) -> dict[str, Any] | None:
+    """Return the check of a pushed model ``{"number","status" (queued|running|ready|failed),
+    "error","revision","archive_sha256","archive_size_bytes","created_at","started_at",
+    "finished_at"}`` (``error`` and ``revision`` null until it says); None for none."""
+    if build is None:
+        return None
+    return {
+        "number": build.number,
+        "status": build.status,
+        "error": build.error or None,
+        "revision": build.revision or None,
+        "archive_sha256": build.archive_sha256,
+        "archive_size_bytes": build.archive_size_bytes,
+        "created_at": iso(build.created_at),
+        "started_at": iso(build.started_at) if build.started_at else None,
+        "finished_at": iso(build.finished_at) if build.finished_at else None,
+    }
+
+
+def model_to_dict(model: Model, build: ModelBuild | None = None) -> dict[str, Any]:
+    """Return a registry model ``{"id","object":"model","status","family","architecture",
+    "parameters","active_parameters","context_length","chat_template","tool_call_format","modes",
+    "lora_target_modules","memory_gb","revision","size_bytes","licence","description","source",
+    "owned_by","build"}``: ``status`` ready|checking|failed (only ready models train);
+    ``owned_by`` is the owning organization's slug, null for a model offered to everyone;
+    ``memory_gb`` maps each mode to its estimated GPU memory in GB; ``size_bytes`` the bytes Lab
+    stores (0 for one it does not); ``build`` the latest check of a pushed model
+    (``model_build_to_dict``), else null."""
     return {
         "id": model.id,
         "object": "model",
+        "status": model.status,
         "family": model.family,
         "architecture": model.architecture,
         "parameters": model.parameters,
         "active_parameters": model.active_parameters,
         "context_length": model.context_length,
         "chat_template": model.chat_template,
+        "tool_call_format": model.tool_call_format or None,
         "modes": model.training_modes,
         "lora_target_modules": model.lora_target_modules,
         "memory_gb": model.memory_gb,
         "revision": model.revision,
+        "size_bytes": model.size_bytes,
         "licence": model.licence,
         "description": model.description,
         "source": model.source,
         "owned_by": model.organization.slug if model.organization_id else None,
+        "build": model_build_to_dict(build),
     }
 
 
@@ -228,7 +258,7 @@ def environment_package_to_dict(package: EnvironmentPackage, build: EnvironmentB
         "sha256": package.sha256,
         "size_bytes": package.size_bytes,
         "created_at": iso(package.created_at),
-        "description": package.summary,
+        "description": package_description(package, build),
         "args": recorded_args(build.summary) if build is not None and build.status == BuildStatus.READY else {},
         "entry_point": package.entry_point,
         "dependencies": package.dependencies,
@@ -243,6 +273,6 @@ def price_to_dict(price: Price) -> dict[str, Any]:
         "object": "price",
         "resource_type": price.resource_type,
         "usd_per_hour": money(price.usd_per_hour),
-        "unit": "job_hour" if price.resource_type == "cpu" else "gpu_hour",
+        "unit": price_unit(price.resource_type),
         "description": price.description,
     }

@@ -25,6 +25,7 @@ from jobs.events import job_record_event
 from jobs.launchers.registry import get_launcher
 from jobs.log_paths import path_hider
 from jobs.models import (
+    TERMINAL_STATUSES,
     AttemptState,
     Checkpoint,
     CheckpointStatus,
@@ -33,6 +34,7 @@ from jobs.models import (
     EventType,
     Job,
     JobAttempt,
+    JobKind,
     JobPriority,
     JobStatus,
     LogLine,
@@ -44,7 +46,7 @@ from jobs.specs import validate_job_spec
 from jobs.stream import records as stream_records
 from jobs.stream.fanout import publish_on_commit
 from lab.audit import Actor, AuditAction, audit_record
-from lab.errors import LabError
+from lab.errors import FieldError, LabError
 from lab.models import Project
 
 logger = logging.getLogger(__name__)
@@ -97,9 +99,11 @@ def require_billing_allows_runs(project: Project) -> None:
 
 
 @transaction.atomic
-def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
-    """Validate ``data`` as a job spec and create a queued job in ``project``; a ``secrets`` member
-    beside the spec's keys is stored encrypted for the job's engine (``jobs.secrets.services``).
+def job_submit(*, project: Project, actor: Actor, data: Any, kind: str = JobKind.TRAINING) -> Job:
+    """Validate ``data`` as a job spec and create a queued job of ``kind`` (``JobKind``: an
+    evaluation's job evaluates its ``[eval]`` section and never trains) in ``project``; a
+    ``secrets`` member beside the spec's keys is stored encrypted for the job's engine
+    (``jobs.secrets.services``).
 
     Returns the Job (``queued``, reason ``waiting``) with its ``job.queued`` event.
     Raises LabError ``invalid_spec`` listing every problem (``invalid_request`` for bad
@@ -110,6 +114,13 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
     data, secrets = split_secrets(data)
     validated = validate_job_spec(project=project, data=data, lock_environments=True, secret_names=secrets)
     spec = validated.parsed.spec
+    evaluation_only = [key for key in ("adapter", "endpoint") if kind != JobKind.EVALUATION and getattr(spec.eval, key) is not None]
+    if evaluation_only:  # Lab writes them into an evaluation's job spec (POST /evaluations); a training job has none
+        message = "is set by Lab for an evaluation's job; evaluate an adapter or an endpoint with POST /evaluations"
+        raise LabError(
+            "invalid_spec", f"eval.{evaluation_only[0]}: {message}",
+            errors=[FieldError(f"eval.{key}", "evaluation_only", message) for key in evaluation_only],
+        )
     require_billing_allows_runs(project)
     now = timezone.now()
     job = Job.objects.create(
@@ -117,6 +128,7 @@ def job_submit(*, project: Project, actor: Actor, data: Any) -> Job:
         created_by=actor.user,
         created_by_key=actor.api_key,
         name=spec.name or "",
+        kind=kind,
         status=S.QUEUED,
         status_reason=StatusReason.WAITING,
         spec=validated.canonical,
@@ -211,6 +223,10 @@ def _transition_locked(
         locked.error_message, message = mask(error_message), mask(message)
         fields += ["error_code", "error_message"]
     locked.save(update_fields=fields)
+    if locked.kind == JobKind.EVALUATION and to in TERMINAL_STATUSES:
+        dispatch.enqueue_evaluation_settle(locked.pk)  # its results and webhook, from what it stored
+    elif to == S.SUCCEEDED and (locked.spec.get("eval") or {}).get("evaluate_final_checkpoint"):
+        dispatch.enqueue_final_checkpoint_evaluation(locked.pk)
     level = EventLevel.ERROR if to == S.FAILED else EventLevel.INFO
     event_data = {"from": previous, "to": to, **({"reason": reason} if reason else {}), **(data or {})}
     if to == S.FAILED:
@@ -218,6 +234,32 @@ def _transition_locked(
     job_record_event(
         job=locked, type=_event_type(previous, to), message=message, level=level, data=event_data, status_change=True
     )
+
+
+#: Where an evaluation's job is restarted or deleted instead: as its evaluation.
+_EVALUATION_ROUTES = {
+    "restart": ("retry", "POST /api/v1/evaluations/{id}/retry", "lab evals retry {id}"),
+    "delete": ("delete", "DELETE /api/v1/evaluations/{id}", "lab evals delete {id}"),
+}
+
+
+def require_kind(job: Job, kind: str, verb: str) -> None:
+    """Refuse to ``verb`` (``restart`` or ``delete``) ``job`` unless it is of ``kind``
+    (``JobKind``). The job of an evaluation is restarted and deleted only as its evaluation, which
+    keeps its results and audit trail; the answer names the evaluation's own route (its id is the
+    job's ``metadata.evaluation``). Raises LabError ``invalid_request`` (param ``job_id``)."""
+    if job.kind == kind:
+        return
+    if job.kind == JobKind.EVALUATION:
+        evaluation = job.metadata.get("evaluation") or "EVAL_ID"
+        action, route, command = (text.format(id=evaluation) for text in _EVALUATION_ROUTES[verb])
+        message = (
+            f"{job.public_id} is the job of evaluation {evaluation}; {action} the evaluation instead: "
+            f"{route} (`{command}`)."
+        )
+    else:
+        message = f"{job.public_id} is a {job.kind} job; this operation is for {kind} jobs."
+    raise LabError("invalid_request", message, param="job_id")
 
 
 @transaction.atomic
@@ -300,17 +342,27 @@ def attempt_request_stop(*, job: Job, reason: str) -> None:
 
 
 @transaction.atomic
-def job_restart(*, job: Job, actor: Actor) -> Job:
-    """Queue a failed or cancelled job again; its next attempt resumes from its latest checkpoint.
+def job_restart(*, job: Job, actor: Actor, kind: str = JobKind.TRAINING) -> Job:
+    """Queue a failed or cancelled job of ``kind`` again; its next attempt resumes from its
+    latest checkpoint (an evaluation's samples what it has not stored).
 
-    Raises LabError ``invalid_state`` for a job in any other status and for one that would fail
-    the same way again (``Job.fails_again``: its message says to edit the spec and resubmit it),
-    and 402 when billing lets nothing of its organization run (``require_billing_allows_runs``).
+    Raises LabError ``invalid_request`` for a job of another kind (``require_kind``: an
+    evaluation's job is retried as its evaluation), ``invalid_state`` for a job in any other
+    status and for one that would fail the same way again (``Job.fails_again``: its message says
+    to edit the spec and resubmit it, or to create a new evaluation), and 402 when billing lets
+    nothing of its organization run (``require_billing_allows_runs``).
     """
+    require_kind(job, kind, "restart")
     locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if locked.status not in (S.FAILED, S.CANCELLED):
         raise LabError("invalid_state", f"Only failed or cancelled jobs can restart; this one is {locked.status}.")
     if locked.fails_again:
+        if locked.kind == JobKind.EVALUATION:
+            raise LabError(
+                "invalid_state",
+                f"{locked.public_id} failed with {locked.error_code} before it sampled, so it would fail the same way "
+                "again: create a new evaluation with what the error names changed.",
+            )
         raise LabError(
             "invalid_state",
             f"{locked.public_id} failed with {locked.error_code} before it trained, so its spec would fail the same way "
@@ -332,13 +384,16 @@ def job_restart(*, job: Job, actor: Actor) -> Job:
 
 
 @transaction.atomic
-def job_delete(*, job: Job, actor: Actor) -> None:
-    """Delete a finished job with its metrics, samples, logs, events, checkpoint objects and files.
+def job_delete(*, job: Job, actor: Actor, kind: str = JobKind.TRAINING) -> None:
+    """Delete a finished job of ``kind`` with its metrics, samples, logs, events, checkpoint
+    objects and files.
 
     The files (checkpoint archives, and the launcher's work dirs of every attempt: spooled
     samples, logs, local weights) go once the rows are committed (``job_files_delete``).
-    Raises LabError ``invalid_state`` unless the job is terminal.
+    Raises LabError ``invalid_request`` for a job of another kind (``require_kind``: an
+    evaluation's job goes with its evaluation) and ``invalid_state`` unless the job is terminal.
     """
+    require_kind(job, kind, "delete")
     locked = Job.objects.unscoped().select_for_update().get(pk=job.pk)
     if not locked.is_terminal:
         raise LabError("invalid_state", f"Only finished jobs can be deleted; this one is {locked.status}. Cancel it first.")

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from lab_environments import EnvironmentInfo
 from labsdk.spec import (
+    JUDGE_ARGS,
     ParsedSpec,
     SpecError,
     SpecProblem,
+    argument_problems,
     catalog_problems,
     fit_seq_len,
     parse_spec,
@@ -26,15 +27,17 @@ from labsdk.spec import (
     translate_layout,
 )
 
-from engine.catalog import EnvironmentInfo, list_environments, list_models
-from environments.arguments import argument_problems
-from environments.builds import build_failure_message, latest_build
+from engine.catalog import list_environments
+from engine.egress import origin_of
+from environments.builds import build_failure_message, environment_secrets, latest_build, missing_secrets_message
 from environments.models import BuildStatus, EnvironmentPackage
 from environments.services import EnvironmentRef, environment_catalogue, environment_find
-from jobs.models import Checkpoint, CheckpointStatus, Model
-from jobs.pool import pool_problems
-from jobs.registry import registry_fields
+from jobs.deployments import DeploymentUnusable, deployment_endpoint
+from jobs.models import Adapter, AdapterStatus, Checkpoint, CheckpointFormat, CheckpointStatus, Model
+from jobs.pool import model_gpu_problems, pool_problems
+from jobs.registry.selectors import installed_models, latest_builds, model_list
 from lab.errors import FieldError, LabError
+from lab.lib.http import UnsafeURL, check_url
 from lab.models import Organization, Project
 
 
@@ -44,6 +47,8 @@ class ValidatedSpec:
 
     parsed: ParsedSpec
     init_from: Checkpoint | None
+    #: The registry's row of the spec's model (what the estimate and admission read its size from).
+    model: Model | None = None
     #: The uploaded packages the spec names, resolved to exact versions, by where: ``("env", N)``
     #: for ``env.N`` and ``("eval.env", N)`` for ``eval.env.N``.
     environment_packages: Mapping[tuple[str, int], EnvironmentPackage] = field(default_factory=dict)
@@ -60,24 +65,6 @@ class ValidatedSpec:
         return canonical
 
 
-def installed_models(organization: Organization | None = None) -> dict[str, Model]:
-    """Return the models ``organization`` may use, keyed by catalogue id: the registry's models
-    offered to everyone and, with ``organization``, its own (``jobs.models.Model``; another
-    organization's are absent, as a missing model is). A Hugging Face directory an operator placed
-    in ``LAB_MODEL_DIR`` since the last ``manage.py models sync`` is listed too, as an unsaved row
-    offered to everyone, unless the registry holds its id."""
-    visible = Q(organization__isnull=True)
-    if organization is not None:
-        visible |= Q(organization=organization)
-    models = {model.id: model for model in Model.objects.filter(visible).select_related("organization")}
-    model_dir = Path(settings.LAB_MODEL_DIR)
-    unsynced = {model_id: info for model_id, info in list_models(model_dir).items() if model_id not in models}
-    if unsynced:
-        registered = set(Model.objects.filter(id__in=unsynced).values_list("id", flat=True))
-        models |= {model_id: Model(**registry_fields(info, model_dir)) for model_id, info in unsynced.items() if model_id not in registered}
-    return models
-
-
 def installed_environments(organization: Organization | None = None) -> dict[str, EnvironmentInfo]:
     """Return the environments installed on this Lab: the built-ins, and with ``organization`` its
     uploaded packages under every id that names one (``environments.services.environment_catalogue``)."""
@@ -88,7 +75,8 @@ def installed_environments(organization: Organization | None = None) -> dict[str
 
 
 def _resolve_packages(
-    organization: Organization, spec, environments: Mapping[str, EnvironmentInfo], *, lock: bool
+    organization: Organization, spec, environments: Mapping[str, EnvironmentInfo], *, lock: bool,
+    secret_names: Collection[str] = (),
 ) -> tuple[dict[tuple[str, int], EnvironmentPackage], list[SpecProblem]]:
     """Find the package each uploaded ``env.N.id`` and ``eval.env.N.id`` names (its latest
     version when it names none), locking the rows with ``lock``; a package deleted meanwhile
@@ -96,7 +84,8 @@ def _resolve_packages(
     ``catalog_problems``, which reports them; ``spec`` may be the stand-in that
     ``_raw_spec`` builds (no ``eval``). A block naming a package whose latest build is ready has
     its ``args`` checked against the arguments that build recorded, for every kind of package
-    (``environments.arguments``)."""
+    (``labsdk.spec.arguments``), and the secrets it reads (``environments.builds.environment_secrets``)
+    against the job's ``secret_names``."""
     packages, problems = {}, []
     blocks = [("env", index, env) for index, env in enumerate(spec.env)]
     blocks += [("eval.env", index, env) for index, env in enumerate(getattr(getattr(spec, "eval", None), "env", None) or [])]
@@ -122,6 +111,11 @@ def _resolve_packages(
                 ))
             elif build is not None and build.status == BuildStatus.READY:
                 problems += argument_problems(f"{section}.{index}", env, package.public_id, build.summary)
+                missing = [name for name in environment_secrets(build.summary, env.args) if name not in secret_names]
+                if missing:
+                    problems.append(SpecProblem(
+                        f"{section}.{index}.id", "missing_secret", missing_secrets_message(package.public_id, missing, secret_names),
+                    ))
     return packages, problems
 
 
@@ -199,6 +193,115 @@ def _init_from_problems(project: Project, spec) -> tuple[Checkpoint | None, list
     return checkpoint, problems
 
 
+def _deployment_problems(project: Project, spec) -> list[SpecProblem]:
+    """Resolve, in place, each deployment the spec names as an endpoint into the endpoint of Lab's
+    own OpenAI-compatible API (``jobs.deployments``): ``[teacher] deployment`` into
+    ``teacher.model`` and ``teacher.client.base_url``, an ``[[env]] judge`` (and an
+    ``[[eval.env]]`` one) into the environment's ``judge_model``, ``judge_base_url`` and
+    ``judge_api_key_var`` args; a judge endpoint the block declares (``judge.base_url``) into the
+    same args as given (``EnvJudgeConfig.declared_args``). Return a problem for a deployment the project does not have
+    (another organization's reads the same) or that is no longer active, and for a resolved key
+    the spec also gives with another value. Giving the resolved values again is accepted, so a
+    stored spec submits again unchanged."""
+    problems: list[SpecProblem] = []
+
+    def resolve(param: str, deployment_id: str):
+        try:
+            return deployment_endpoint(project=project, deployment_id=deployment_id)
+        except DeploymentUnusable as unusable:
+            problems.append(SpecProblem(param, unusable.code, str(unusable)))
+            return None
+
+    def conflict(param: str, given: Any, resolved: str, called: str) -> bool:
+        if given is None or given == resolved:
+            return False
+        problems.append(SpecProblem(
+            param, "conflicting_keys",
+            f"{called} is called as {resolved!r}; leave this key out (Lab sets it), or give that value",
+        ))
+        return True
+
+    teacher = spec.teacher
+    if teacher is not None and teacher.deployment is not None and spec.loss == "sft":
+        endpoint = resolve("teacher.deployment", teacher.deployment)
+        if endpoint is not None:
+            clashes = [
+                conflict("teacher.model", teacher.model, endpoint.model, f"deployment '{teacher.deployment}'"),
+                conflict("teacher.client.base_url", teacher.client.base_url, endpoint.base_url, f"deployment '{teacher.deployment}'"),
+            ]
+            if not any(clashes):
+                teacher.model, teacher.client.base_url = endpoint.model, endpoint.base_url
+    blocks = [("env", index, env) for index, env in enumerate(spec.env)]
+    blocks += [("eval.env", index, env) for index, env in enumerate(spec.eval.env or [])]
+    for section, index, env in blocks:
+        if env.judge is None:
+            continue
+        if env.judge.deployment is None:  # an endpoint the job declares: its args as given
+            resolved, called = env.judge.declared_args(), f"judge {env.judge.base_url!r}"
+        else:
+            endpoint = resolve(f"{section}.{index}.judge.deployment", env.judge.deployment)
+            if endpoint is None:
+                continue
+            resolved = dict(zip(JUDGE_ARGS, (endpoint.model, endpoint.base_url, env.judge.api_key_var), strict=True))
+            called = f"deployment '{env.judge.deployment}'"
+        clashes = [conflict(f"{section}.{index}.args.{name}", env.args.get(name), value, called) for name, value in resolved.items()]
+        if not any(clashes):
+            env.args = {**env.args, **resolved}
+    return problems
+
+
+def _eval_adapter_problems(project: Project, spec) -> list[SpecProblem]:
+    """Find ``spec.eval.adapter`` among the project's ready adapters and check that it fits the
+    evaluation: the same base model and LoRA rank (0 = full weights) as its job's."""
+    adapter_id = spec.eval.adapter
+    if adapter_id is None:
+        return []
+    adapter = (
+        Adapter.objects.select_related("job")
+        .filter(job__project=project, public_id=adapter_id, status=AdapterStatus.READY)
+        .first()
+    )
+    if adapter is None:
+        # Another project's adapter reads exactly like a missing one.
+        return [SpecProblem("eval.adapter", "unknown_adapter", f"no ready adapter '{adapter_id}' in this project")]
+    source = adapter.job.spec
+    if source.get("model") != spec.model:
+        return [SpecProblem(
+            "eval.adapter", "incompatible_adapter",
+            f"adapter '{adapter_id}' was trained from {source.get('model')}; this job's model is {spec.model}",
+        )]
+    rank = int(source.get("lora_rank") or 0) if adapter.format == CheckpointFormat.PEFT_LORA else 0
+    if rank != spec.lora_rank:
+        return [SpecProblem(
+            "lora_rank", "incompatible_adapter",
+            f"adapter '{adapter_id}' has lora_rank {rank} (0 = full weights); this job asks for {spec.lora_rank}",
+        )]
+    return []
+
+
+def _endpoint_problems(spec) -> list[SpecProblem]:
+    """The problem of an ``[eval.endpoint]`` whose URL this pool's engines may not reach, judged
+    by ``lab.lib.http.check_url`` as the local launcher judges it again at launch: a loopback,
+    private or shared address unless ``LAB_ENGINE_EGRESS_ALLOW_PRIVATE`` (``private_address``), a
+    link-local or cloud-metadata address whatever the configuration (``blocked_address``). A host
+    name is resolved now; one that does not resolve passes (the launch checks it again). Lab's
+    own origin (``LAB_PUBLIC_URL``, where a deployment's endpoint is) passes, as the launcher
+    relays it already."""
+    endpoint = spec.eval.endpoint
+    if endpoint is None or origin_of(endpoint.base_url) == origin_of(settings.LAB_PUBLIC_URL):
+        return []
+    try:
+        check_url(endpoint.base_url, allow_private=settings.LAB_ENGINE_EGRESS_ALLOW_PRIVATE)
+    except UnsafeURL as error:
+        message = error.message
+        if error.code == "private_address":
+            message += " This pool's engines reach loopback and private addresses only when Lab runs with LAB_ENGINE_EGRESS_ALLOW_PRIVATE=1."
+        elif error.code == "blocked_address":
+            message += " Link-local and cloud metadata addresses are refused whatever the configuration."
+        return [SpecProblem("eval.endpoint.base_url", error.code, message)]
+    return []
+
+
 def validate_job_spec(
     *, project: Project, data: Any, lock_environments: bool = False, secret_names: Collection[str] | Mapping[str, str] = ()
 ) -> ValidatedSpec:
@@ -211,7 +314,9 @@ def validate_job_spec(
     exists). Raises LabError ``invalid_spec`` listing every problem with its dotted path:
     shape and cross-field rules, unknown model or environment (another organization's package is
     unknown), environment arguments, context length, pool capacity, ``init_from``, and secrets the
-    spec names (``[teacher.client] api_key_var``) that the job is not given. The uploaded packages
+    spec names (``[teacher.client] api_key_var``) that the job is not given, and the deployments
+    it names as a teacher or a judge (resolved in place: ``_deployment_problems``), an
+    ``[eval.endpoint]`` on an address the pool's engines may not reach (``_endpoint_problems``). The uploaded packages
     are looked up whatever else is wrong, so their problems come in the same answer; a spec that
     fails shape validation is still checked against the catalogues and the packages where its
     fields are usable.
@@ -226,25 +331,47 @@ def validate_job_spec(
             known = {problem.param for problem in problems}
             spec_like = _raw_spec(translate_layout(data)[0])
             problems += _raw_catalog_problems(spec_like, models, environments, known)
-            _, package_problems = _resolve_packages(project.organization, spec_like, environments, lock=False)
+            _, package_problems = _resolve_packages(project.organization, spec_like, environments, lock=False, secret_names=secret_names)
             problems += [problem for problem in package_problems if problem.param not in known]
         raise _invalid_spec(problems) from None
     if parsed.spec.model in models:
         parsed = fit_seq_len(parsed, models[parsed.spec.model].context_length)
     spec = parsed.spec
-    problems = catalog_problems(spec, models=models, environments=environments)
+    deployment_problems = _deployment_problems(project, spec)
+    problems = _not_ready(catalog_problems(spec, models=models, environments=environments), project.organization, spec.model)
+    problems += deployment_problems
     problems += pool_problems(spec)
+    if spec.model in models and not problems:
+        problems += model_gpu_problems(spec, models[spec.model])
     checkpoint, init_problems = _init_from_problems(project, spec)
     problems += init_problems
+    problems += _eval_adapter_problems(project, spec)
+    problems += _endpoint_problems(spec)
     problems += secret_problems(spec, secret_names)
     # a spec with other problems is refused anyway: its packages are only read, not locked
     packages, package_problems = _resolve_packages(
-        project.organization, spec, environments, lock=lock_environments and not problems
+        project.organization, spec, environments, lock=lock_environments and not problems, secret_names=secret_names
     )
     problems += package_problems
     if problems:
         raise _invalid_spec(problems)
-    return ValidatedSpec(parsed=parsed, init_from=checkpoint, environment_packages=packages)
+    return ValidatedSpec(parsed=parsed, init_from=checkpoint, environment_packages=packages, model=models[spec.model])
+
+
+def _not_ready(problems: list[SpecProblem], organization: Organization, model_id: str) -> list[SpecProblem]:
+    """``problems`` with the ``unknown_model`` of one of the organization's own models whose check
+    has not passed replaced by ``model_not_ready``, saying where its check is."""
+    if not any(problem.code == "unknown_model" for problem in problems):
+        return problems
+    model = model_list(organization).get(model_id)
+    if model is None or model.organization_id != organization.pk:
+        return problems
+    build = latest_builds(organization).get(model_id)
+    where = f"its check {build.number} is {build.status}" if build is not None else f"it is {model.status}"
+    if build is not None and build.error:
+        where += f": {build.error}"
+    message = f"model '{model_id}' is not ready to train: {where} (see `lab models get {model_id}`)"
+    return [SpecProblem("model", "model_not_ready", message) if problem.code == "unknown_model" else problem for problem in problems]
 
 
 def _invalid_spec(problems: list[SpecProblem]) -> LabError:

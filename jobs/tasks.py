@@ -7,10 +7,15 @@ through ``jobs.dispatch``.
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from jobs import admission
 from jobs.artifacts import lifecycle
 from jobs.pipeline import launch, reconciler
+from jobs.registry import builds as model_builds
 from lab.celery import TaskName, task
+
+_MODEL_CHECK_TIMEOUT_S = settings.LAB_MODEL_CHECK_TIMEOUT_S
 
 
 @task(TaskName.ADMIT, soft_time_limit=60, time_limit=90)
@@ -43,3 +48,16 @@ def reconcile() -> int:
 def sweep_orphan_checkpoints() -> int:
     """Periodic pass: delete stored checkpoint archives that no checkpoint row refers to."""
     return lifecycle.sweep_orphans()
+
+
+@task(TaskName.CHECK_MODEL, soft_time_limit=_MODEL_CHECK_TIMEOUT_S + model_builds.TASK_GRACE_S - 60,
+      time_limit=_MODEL_CHECK_TIMEOUT_S + model_builds.TASK_GRACE_S)
+def check_model(build_id: int) -> None:
+    """Run the queued check of a pushed model (a no-op once it has run)."""
+    model_builds.build_run(build_id)
+
+
+@task(TaskName.SWEEP_MODEL_BUILDS, soft_time_limit=120, time_limit=180)
+def sweep_model_builds() -> dict[str, int]:
+    """Periodic pass: fail checks a lost worker left running, send long-queued ones again."""
+    return model_builds.build_sweep()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from labsdk.spec import job_spec_json_schema
 
-from jobs.models import AdapterStatus, CheckpointFormat, CheckpointStatus, EventLevel, JobPriority, JobStatus
+from jobs.models import AdapterStatus, CheckpointFormat, CheckpointStatus, EventLevel, JobKind, JobPriority, JobStatus
 from lab.api.schema import (
     BOOLEAN,
     FREE_OBJECT,
@@ -111,6 +111,8 @@ JOB = component(
         {
             "id": STRING,
             "object": {"const": "job"},
+            "kind": _enum(JobKind.values)
+            | {"description": "training, or evaluation: the job of an evaluation (its metadata.evaluation), which never trains"},
             "name": STRING,
             "status": _enum(JobStatus.values),
             "status_reason": nullable(STRING) | {"description": "why a queued job waits (waiting, pool_full, ...)"},
@@ -131,8 +133,8 @@ JOB = component(
             "latest_checkpoint": nullable(CHECKPOINT),
             "metadata": {"type": "object", "additionalProperties": STRING},
         },
-        description="A training job (job_...): its spec as stored (defaults filled in), status and progress.",
-        optional=("phase",),  # absent from the snapshots stored before Lab reported it
+        description="A job (job_...): its kind, its spec as stored (defaults filled in), status and progress.",
+        optional=("phase", "kind"),  # absent from the snapshots stored before Lab reported them
     ),
 )
 JOB_LIST = list_component("Job", "Jobs, newest first.")
@@ -204,34 +206,57 @@ ESTIMATE = component(
     ),
 )
 
+MODEL_BUILD = component(
+    "ModelBuild",
+    obj(
+        {
+            "number": INTEGER,
+            "status": _enum(["queued", "running", "ready", "failed"]),
+            "error": nullable(STRING),
+            "revision": nullable(STRING),
+            "archive_sha256": STRING,
+            "archive_size_bytes": INTEGER,
+            "created_at": TIMESTAMP,
+            "started_at": nullable(TIMESTAMP),
+            "finished_at": nullable(TIMESTAMP),
+        },
+        description="A check of a pushed model archive: queued, running, ready (its files are the model's) or failed (error says why).",
+    ),
+)
+
 MODEL = component(
     "Model",
     obj(
         {
             "id": STRING,
             "object": {"const": "model"},
+            "status": _enum(["ready", "checking", "failed"]),
             "family": STRING,
             "architecture": STRING,
             "parameters": nullable(INTEGER),
             "active_parameters": nullable(INTEGER),
             "context_length": INTEGER,
             "chat_template": BOOLEAN,
+            "tool_call_format": nullable(STRING),
             "modes": {"type": "array", "items": {"enum": ["lora", "full"]}},
             "lora_target_modules": {"oneOf": [{"type": "array", "items": STRING}, {"const": "all-linear"}]},
             "memory_gb": {"type": "object", "additionalProperties": NUMBER},
             "revision": STRING,
+            "size_bytes": INTEGER,
             "licence": STRING,
             "description": STRING,
-            "source": STRING,
+            "source": _enum(["builtin", "local", "hub", "directory", "push"]),
             "owned_by": nullable(STRING),
+            "build": nullable(MODEL_BUILD),
         },
         description=(
             "A model of the registry: offered to everyone (owned_by null) or the organization's own; "
-            "memory_gb is the estimated GPU memory of each training mode in GB."
+            "only a ready model trains; memory_gb is the estimated GPU memory of each training mode in GB; "
+            "build is the latest check of a pushed model."
         ),
     ),
 )
-MODEL_LIST = list_component("Model", "The models this organization may use.")
+MODEL_LIST = list_component("Model", "The models this organization sees: those offered to everyone and its own.")
 
 ENVIRONMENT_BUILD = component(
     "EnvironmentBuild",
@@ -251,6 +276,7 @@ ENVIRONMENT_BUILD = component(
             "reward_functions": {"type": "array", "items": obj({"name": STRING, "weight": NUMBER})},
             "secrets": {"type": "array", "items": STRING},
             "verifiers_version": nullable(STRING),
+            "multi_turn": nullable(BOOLEAN) | {"description": "its episodes have several turns (null: not recorded by this build)"},
             "lock": {"type": "array", "items": obj({"name": STRING, "version": STRING, "sha256": STRING})},
             "created_at": TIMESTAMP,
             "started_at": nullable(TIMESTAMP),
@@ -293,7 +319,7 @@ PRICE = component(
             "object": {"const": "price"},
             "resource_type": STRING,
             "usd_per_hour": MONEY,
-            "unit": _enum(["job_hour", "gpu_hour"]),
+            "unit": _enum(["job_hour", "gpu_hour", "core_hour", "gb_hour"]),
             "description": STRING,
         },
         description="USD per hour of one resource type.",

@@ -2,7 +2,7 @@
 
 from django.urls import include, path
 
-from jobs.api import distributions, environments, views
+from jobs.api import distributions, environments, models, views
 from jobs.stream.views import job_stream
 
 urlpatterns = [
@@ -24,7 +24,9 @@ urlpatterns = [
     path("jobs/<str:job_id>/adapters", views.JobAdaptersView.as_view(), name="api-job-adapters"),
     path("adapters/<str:adapter_id>", views.AdapterDetailView.as_view(), name="api-adapter"),
     path("adapters/<str:adapter_id>/download", views.AdapterDownloadView.as_view(), name="api-adapter-download"),
-    path("models", views.ModelListView.as_view(), name="api-models"),
+    path("models", models.ModelListView.as_view(), name="api-models"),
+    path("models/<str:owner>/<str:name>", models.ModelDetailView.as_view(), name="api-model"),
+    path("models/<str:owner>/<str:name>/build-log", models.ModelBuildLogView.as_view(), name="api-model-build-log"),
     path("models/<str:owner>/<str:name>/archive", views.ModelArchiveView.as_view(), name="api-model-archive"),
     path("environments", environments.EnvironmentListView.as_view(), name="api-environments"),
     path(

@@ -19,17 +19,15 @@ from jobs.artifacts.lifecycle import artifact_list
 from jobs.artifacts.presenters import artifact_to_dict
 from jobs.estimates import job_estimate
 from jobs.model_archives import model_archive
-from jobs.models import Adapter, Job, JobEvent, JobStatus
+from jobs.models import Adapter, Job, JobEvent, JobKind, JobStatus
 from jobs.selectors import job_list, job_logs, job_samples, metadata_filters, metric_points
 from jobs.serializers import (
     event_to_dict,
     job_to_dict,
     jobs_to_dicts,
-    model_to_dict,
     price_to_dict,
 )
 from jobs.services import job_cancel, job_delete, job_restart, job_submit
-from jobs.specs import installed_models
 from lab.api.base import ProjectAPIView
 from lab.api.pagination import paginate_by_public_id
 from lab.api.schema import ERROR, integer_parameter, json_body, limit_parameter
@@ -39,10 +37,15 @@ _SPEC_BODY = json_body(openapi.JOB_CREATE)
 
 
 class JobListView(ProjectAPIView):
-    """``GET /jobs`` (newest first, ``status`` and ``metadata[key]=value`` filters); ``POST /jobs``."""
+    """``GET /jobs`` (newest first; training jobs unless ``kind`` says otherwise; ``status`` and
+    ``metadata[key]=value`` filters); ``POST /jobs``."""
 
     @extend_schema(
         parameters=[
+            OpenApiParameter(
+                "kind", str, enum=JobKind.values,
+                description="keep jobs of this kind (default training; evaluation: the jobs of evaluations)",
+            ),
             OpenApiParameter("status", str, enum=JobStatus.values, description="keep jobs with this status"),
             limit_parameter(),
             OpenApiParameter("after", str, description="id of the last job seen"),
@@ -54,6 +57,7 @@ class JobListView(ProjectAPIView):
             project=self.project,
             status=request.query_params.get("status"),
             metadata=metadata_filters(request.query_params),
+            kind=request.query_params.get("kind") or JobKind.TRAINING,
         )
         return Response(paginate_by_public_id(jobs, request.query_params, serialize_page=jobs_to_dicts))
 
@@ -77,7 +81,8 @@ class JobDetailView(ProjectAPIView):
 
 
 class JobRestartView(ProjectAPIView):
-    """``POST /jobs/{id}/restart``: a failed or cancelled job runs again from its latest checkpoint."""
+    """``POST /jobs/{id}/restart``: a failed or cancelled training job runs again from its latest
+    checkpoint; an evaluation's job is a 400 naming ``POST /evaluations/{id}/retry``."""
 
     @extend_schema(request=None, responses={200: openapi.JOB, 402: ERROR})
     def post(self, request: Request, job_id: str) -> Response:
@@ -266,15 +271,6 @@ class JobEstimateView(ProjectAPIView):
     @extend_schema(request=_SPEC_BODY, responses={200: openapi.ESTIMATE})
     def post(self, request: Request) -> Response:
         return Response(job_estimate(project=self.project, data=request.data))
-
-
-class ModelListView(ProjectAPIView):
-    """``GET /models``: the registry's models offered to everyone and the organization's own."""
-
-    @extend_schema(responses={200: openapi.MODEL_LIST})
-    def get(self, request: Request) -> Response:
-        models = installed_models(self.project.organization).values()
-        return Response(list_envelope(map(model_to_dict, models), has_more=False))
 
 
 class ModelArchiveView(ProjectAPIView):

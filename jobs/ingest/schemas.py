@@ -1,17 +1,19 @@
 """Bodies of the ingest API (docs/ingest-api.md), validated strictly with pydantic.
 
 Sizes: at most 1,000 points, samples or lines per batch (more is 413), metric names up to 128
-characters and 512 per point, finite numbers only, log lines up to 16 KiB. Numbers are JSON
+characters and 512 per point, finite numbers only (rewards and advantages of magnitude at most
+``MAX_REWARD``), log lines up to 16 KiB. Numbers are JSON
 numbers: a metric value, reward or advantage sent as a string (``"0.5"``) or a boolean is a 400.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, Strict, StringConstraints
 
 MAX_BATCH = 1000
 
@@ -48,6 +50,11 @@ def _printable(text: object) -> object:
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_storable)]
 # Values are strict numbers: an integer is taken as a float, "0.5" or true is a 400, not 0.5 or 1.0.
 Number = Annotated[float, Strict()]
+#: The largest magnitude of a reward, an advantage or a reward function's value: sums, means and
+#: histograms over millions of them stay finite (PostgreSQL's double precision raises on overflow,
+#: and a bin's width over [-1e308, 1e308] is infinite).
+MAX_REWARD = 1e12
+Reward = Annotated[float, Strict(), Field(ge=-MAX_REWARD, le=MAX_REWARD)]
 # Counts are strict integers: "3", 3.0 or true for a step or an attempt is a 400, not a step 3 or 1.
 Step = Annotated[int, Strict(), Field(ge=0, le=1_000_000_000)]
 Attempt = Annotated[int, Strict(), Field(ge=1, le=10_000)]
@@ -89,8 +96,8 @@ class Sample(BaseModel):
     group: Annotated[int, Strict(), Field(ge=0, le=1_000_000)]
     prompt: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)]
     completion: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)]
-    reward: Number
-    advantage: Number
+    reward: Reward
+    advantage: Reward
     metrics: Annotated[dict[MetricName, Number], Field(max_length=64), AfterValidator(_finite_values)] = {}
 
 
@@ -100,6 +107,59 @@ class SamplesBatch(BaseModel):
     model_config = _STRICT
     attempt: Attempt
     samples: list[Sample]
+
+
+def storable_json(value: object) -> object:
+    """Return ``value``; raise ValueError (a pydantic ``AfterValidator``'s refusal) for a JSON
+    value holding text PostgreSQL cannot store (``_storable``: NUL, unpaired surrogates) as a key
+    or a string, or over 256 KiB."""
+    if len(json.dumps(value)) > 262_144:
+        raise ValueError("at most 256 KiB of JSON")
+
+    def walk(item: object) -> None:
+        if isinstance(item, str):
+            _storable(item)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                walk(key)
+                walk(inner)
+        elif isinstance(item, list):
+            for inner in item:
+                walk(inner)
+
+    walk(value)
+    return value
+
+
+class EvaluationSampleIn(BaseModel):
+    """One scored rollout of an evaluation (``jobs.evaluation_samples.EvaluationSample`` says
+    what each field holds); (environment, example, rollout) is its key."""
+
+    model_config = _STRICT
+    environment: Annotated[int, Strict(), Field(ge=0, le=255)]
+    example: Annotated[int, Strict(), Field(ge=0, le=1_000_000)]
+    rollout: Annotated[int, Strict(), Field(ge=0, le=10_000)]
+    num_examples: Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+    prompt: Annotated[list[dict[str, JsonValue]], Field(max_length=1_000), AfterValidator(storable_json)]
+    completion: Annotated[str, StringConstraints(max_length=262_144), BeforeValidator(_printable)]
+    answer: Annotated[str, StringConstraints(max_length=65_536), BeforeValidator(_printable)] = ""
+    info: Annotated[dict[str, JsonValue], AfterValidator(storable_json)] = {}
+    reward: Reward
+    functions: Annotated[dict[MetricName, Reward], Field(max_length=64)] = {}
+    prompt_tokens: Annotated[int, Strict(), Field(ge=0, le=10_000_000)] = 0
+    completion_tokens: Annotated[int, Strict(), Field(ge=0, le=10_000_000)] = 0
+    latency_s: Annotated[float, Strict(), Field(ge=0.0, le=1e7)] = 0.0
+    truncated: Annotated[bool, Strict()] = False
+    timed_out: Annotated[bool, Strict()] = False
+    error: Annotated[str, StringConstraints(max_length=4000), BeforeValidator(_printable)] = ""
+
+
+class EvaluationSamplesBatch(BaseModel):
+    """Up to 1,000 evaluation samples of one attempt."""
+
+    model_config = _STRICT
+    attempt: Attempt
+    samples: list[EvaluationSampleIn]
 
 
 class LogLineIn(BaseModel):

@@ -21,9 +21,11 @@ from django.utils import timezone
 from jobs import dispatch
 from jobs.artifacts import lifecycle
 from jobs.artifacts.kinds import ArtifactKind
+from jobs.evaluation_samples import EvaluationSample, evaluation_plan
 from jobs.ingest.schemas import (
     ArtifactComplete,
     ArtifactRegister,
+    EvaluationSamplesBatch,
     FinishReport,
     LogsBatch,
     MetricsBatch,
@@ -36,6 +38,7 @@ from jobs.models import (
     Artifact,
     Job,
     JobAttempt,
+    JobKind,
     JobStatus,
     LogSource,
     MetricStep,
@@ -233,6 +236,78 @@ def ingest_samples(*, attempt: JobAttempt, batch: SamplesBatch, live: bool = Tru
     RolloutSample.objects.bulk_create(rows, batch_size=500)
     publish_on_commit(job.public_id, stream_records.sample_records(rows))
     return {"accepted": len(rows)}
+
+
+@transaction.atomic
+def ingest_evaluation_samples(*, attempt: JobAttempt, batch: EvaluationSamplesBatch, live: bool = True) -> dict[str, int]:
+    """Store an evaluation job's samples once each (``jobs.evaluation_samples``): a sample whose
+    key (environment, example, rollout) is stored already, or comes twice in the batch, counts as
+    a duplicate and the first one stays. The job's secrets are masked in every text. Returns
+    ``{"accepted", "duplicates"}``.
+
+    Raises LabError ``invalid_request`` for a job that is no evaluation, 409 ``invalid_state`` once
+    the job has ended (its results are counted from what it had then), and ``invalid_request``
+    (nothing stored) for a sample outside the job's plan: an environment beyond its
+    ``[[eval.env]]`` blocks, a rollout beyond the block's ``rollouts_per_example``, or an example
+    beyond its ``num_examples`` (the block's, when it names one, must be the one reported)."""
+    job, attempt = _locked(attempt, batch.attempt, live=live)
+    if job.kind != JobKind.EVALUATION:
+        raise LabError("invalid_request", "This job is no evaluation: it takes no evaluation samples.")
+    if job.status in TERMINAL_STATUSES:
+        raise LabError("invalid_state", f"This evaluation has ended ({job.status}): it takes no more samples.")
+    plan = evaluation_plan(job.spec)
+    for index, sample in enumerate(batch.samples):
+        planned = plan[sample.environment] if sample.environment < len(plan) else None
+        if (
+            planned is None
+            or sample.rollout >= planned.rollouts_per_example
+            or sample.example >= sample.num_examples
+            or (planned.num_examples is not None and sample.num_examples != planned.num_examples)
+        ):
+            raise LabError(
+                "invalid_request",
+                f"sample {index} (environment {sample.environment}, example {sample.example} of {sample.num_examples}, "
+                f"rollout {sample.rollout}) is not one this evaluation plans.",
+                param=f"samples.{index}",
+            )
+    keys = {(sample.environment, sample.example, sample.rollout) for sample in batch.samples}
+    stored = set(
+        EvaluationSample.objects.filter(
+            job=job, environment__in={key[0] for key in keys}, example__in={key[1] for key in keys}
+        ).values_list("environment", "example", "rollout")
+    )
+    mask = _json_masker(masker(job_id=job.public_id))
+    rows = []
+    for sample in batch.samples:
+        key = (sample.environment, sample.example, sample.rollout)
+        if key in stored:
+            continue
+        stored.add(key)
+        rows.append(EvaluationSample(
+            job=job, attempt=attempt.number, environment=sample.environment, example=sample.example,
+            rollout=sample.rollout, num_examples=sample.num_examples, prompt=mask(sample.prompt),
+            completion=mask(sample.completion), answer=mask(sample.answer), info=mask(sample.info),
+            reward=sample.reward, functions=sample.functions, prompt_tokens=sample.prompt_tokens,
+            completion_tokens=sample.completion_tokens, latency_s=sample.latency_s, truncated=sample.truncated,
+            timed_out=sample.timed_out, error=mask(sample.error),
+        ))
+    EvaluationSample.objects.bulk_create(rows, batch_size=500)
+    return {"accepted": len(rows), "duplicates": len(batch.samples) - len(rows)}
+
+
+def _json_masker(mask):
+    """Return ``mask`` (text → text) applied to every string inside a JSON value."""
+
+    def apply(value):
+        if isinstance(value, str):
+            return mask(value)
+        if isinstance(value, list):
+            return [apply(item) for item in value]
+        if isinstance(value, dict):
+            return {key: apply(item) for key, item in value.items()}
+        return value
+
+    return apply
 
 
 @transaction.atomic

@@ -40,6 +40,7 @@ _BATCH_STREAMS = {
     "metrics": (schemas.MetricsBatch, "points", services.ingest_metrics),
     "samples": (schemas.SamplesBatch, "samples", services.ingest_samples),
     "logs": (schemas.LogsBatch, "lines", services.ingest_logs),
+    "evaluation-samples": (schemas.EvaluationSamplesBatch, "samples", services.ingest_evaluation_samples),
 }
 
 

@@ -119,3 +119,36 @@ def bootstrap_launch_for_token(token: str, *, job_public_id: str) -> JobAttempt 
     except signing.BadSignature:
         return None
     return launch if _still_runs_the_job(launch) else None
+
+
+#: Job sandbox keys: ``lsk_<attempt id>:<signature>`` (docs/sandboxes.md "Sandboxes of a job"), what
+#: an environment of the attempt calls Prime's sandbox API on Lab with (``PRIME_API_KEY``). Signed
+#: as job tokens are, with a salt of its own, so it is deterministic for the attempt, never works
+#: as a job token or an API key, and another attempt's key never opens this one's sandboxes.
+SANDBOX_KEY_PREFIX = "lsk_"
+_SANDBOX_KEY_SALT = "lab.jobs.sandbox-key"
+
+
+def sandbox_key(attempt: JobAttempt) -> str:
+    """Return the sandbox key of ``attempt`` (deterministic for the attempt)."""
+    value = f"{attempt.pk}:{attempt.token_nonce}"
+    signature = signing.Signer(salt=_SANDBOX_KEY_SALT).sign(value)[len(value) + 1 :]
+    return f"{SANDBOX_KEY_PREFIX}{attempt.pk}:{signature}"
+
+
+def attempt_for_sandbox_key(key: str) -> JobAttempt | None:
+    """Return the attempt (its job and project loaded) whose sandbox key ``key`` is, else None.
+    Whether the attempt may still make sandboxes is the caller's to check."""
+    if not key.startswith(SANDBOX_KEY_PREFIX) or len(key) > 200:
+        return None
+    attempt_id, _, signature = key[len(SANDBOX_KEY_PREFIX) :].partition(":")
+    if not attempt_id.isdigit() or not signature:
+        return None
+    attempt = JobAttempt.objects.select_related("job__project__organization").filter(pk=int(attempt_id)).first()
+    if attempt is None:
+        return None
+    try:
+        signing.Signer(salt=_SANDBOX_KEY_SALT).unsign(f"{attempt.pk}:{attempt.token_nonce}:{signature}")
+    except signing.BadSignature:
+        return None
+    return attempt

@@ -16,13 +16,19 @@ from rest_framework.views import APIView
 from jobs.api.views import ArchiveNegotiation
 from jobs.artifacts.downloads import download_response
 from jobs.artifacts.kinds import ArtifactKind
-from jobs.checkpoints import checkpoint_for_engine
+from jobs.checkpoints import adapter_for_engine, checkpoint_for_engine
 from jobs.ingest import schemas, services
-from jobs.ingest.tokens import attempt_for_token
+from jobs.ingest.tokens import SANDBOX_KEY_PREFIX, attempt_for_token
 from jobs.models import JobAttempt
+from jobs.sandboxes import sandbox_create_for_attempt, sandbox_grant_for_key, sandbox_key_for_attempt
 from lab.api.auth import bearer_token
 from lab.api.errors import ApiError, FieldError
 from lab.api.throttling import over_limit
+from lab.audit import Actor
+from sandboxes.grants import SandboxGrant
+from sandboxes.models import SandboxStatus
+from sandboxes.serializers import sandbox_to_dict
+from sandboxes.services import sandbox_access, sandbox_delete, sandbox_of_attempt
 
 _INVALID = "Missing, malformed, expired or foreign job token."
 
@@ -39,6 +45,24 @@ class JobTokenAuthentication(BaseAuthentication):
         if attempt is None:
             raise AuthenticationFailed(_INVALID)
         return (None, attempt)
+
+    def authenticate_header(self, request) -> str:
+        return "Bearer"
+
+
+class JobSandboxKeyAuthentication(BaseAuthentication):
+    """Authenticate a job attempt's sandbox key (``Authorization: Bearer lsk_...``) on the routes
+    that accept sandbox grants (Prime's sandbox API, ``LAB_SANDBOX_GRANT_AUTHENTICATION``):
+    ``request.auth`` becomes its ``SandboxGrant``; any other kind of key is left to the next class."""
+
+    def authenticate(self, request) -> tuple[None, SandboxGrant] | None:
+        token = bearer_token(get_authorization_header(request))
+        if token is None or not token.startswith(SANDBOX_KEY_PREFIX):
+            return None
+        grant = sandbox_grant_for_key(token)
+        if grant is None:
+            raise AuthenticationFailed("Unknown sandbox key, or its job attempt has ended.")
+        return (None, grant)
 
     def authenticate_header(self, request) -> str:
         return "Bearer"
@@ -121,6 +145,15 @@ class SamplesView(IngestView):
         return Response(services.ingest_samples(attempt=self.attempt, batch=batch))
 
 
+class EvaluationSamplesView(IngestView):
+    """``POST /ingest/jobs/{id}/evaluation-samples`` (an evaluation job's engine) → ``{"accepted", "duplicates"}``."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        batch = _parse(schemas.EvaluationSamplesBatch, request, "samples")
+        return Response(services.ingest_evaluation_samples(attempt=self.attempt, batch=batch))
+
+
 class LogsView(IngestView):
     """``POST /ingest/jobs/{id}/logs``."""
 
@@ -169,6 +202,18 @@ class CheckpointDownloadView(IngestView):
         return download_response(checkpoint, request=request)
 
 
+class AdapterDownloadView(IngestView):
+    """``GET /ingest/jobs/{id}/adapters/{adapter_id}/download``: the adapter an evaluation job
+    evaluates (its ``[eval] adapter``): the tar, or 302 to a signed URL."""
+
+    content_negotiation_class = ArchiveNegotiation
+
+    @extend_schema(exclude=True)
+    def get(self, request: Request, job_id: str, adapter_id: str):
+        adapter = adapter_for_engine(job=self.attempt.job, adapter_id=adapter_id)
+        return download_response(adapter, request=request)
+
+
 class FinishView(IngestView):
     """``POST /ingest/jobs/{id}/finish``."""
 
@@ -176,3 +221,38 @@ class FinishView(IngestView):
     def post(self, request: Request, job_id: str) -> Response:
         services.ingest_finish(attempt=self.attempt, report=_parse(schemas.FinishReport, request))
         return Response({"ok": True})
+
+
+class SandboxesView(IngestView):
+    """``POST /ingest/jobs/{id}/sandboxes``: a sandbox for this attempt's environments (the body of
+    ``POST /sandboxes``) → 201, the Sandbox with its ``data_plane`` access (docs/sandboxes.md
+    "Sandboxes of a job"); a sandbox its runtime could not start is ``failed``, with no access."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        sandbox, warnings = sandbox_create_for_attempt(attempt=self.attempt, data=request.data)
+        access = sandbox_access(sandbox=sandbox) if sandbox.status == SandboxStatus.RUNNING else None
+        return Response(sandbox_to_dict(sandbox, warnings=warnings, access=access), status=201)
+
+
+class SandboxKeyView(IngestView):
+    """``POST /ingest/jobs/{id}/sandbox-key`` → ``{"api_key", "base_url", "data_plane_url"}``: the
+    attempt's sandbox key, where Prime's sandbox API is on Lab and where its sandboxes' commands
+    go, for its environments' ``prime-sandboxes`` (``PRIME_API_KEY``, ``PRIME_API_BASE_URL``); 409
+    once the attempt has ended."""
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, job_id: str) -> Response:
+        key = sandbox_key_for_attempt(attempt=self.attempt)
+        return Response({"api_key": key, "base_url": f"{settings.LAB_PUBLIC_URL}/prime",
+                         "data_plane_url": settings.LAB_SANDBOX_DATA_PLANE_URL})
+
+
+class SandboxView(IngestView):
+    """``DELETE /ingest/jobs/{id}/sandboxes/{sandbox_id}`` → 204 (idempotent): a sandbox this
+    attempt made; any other is 404."""
+
+    @extend_schema(exclude=True)
+    def delete(self, request: Request, job_id: str, sandbox_id: str) -> Response:
+        sandbox_delete(sandbox=sandbox_of_attempt(attempt_id=self.attempt.pk, sandbox_id=sandbox_id), actor=Actor.system())
+        return Response(status=204)

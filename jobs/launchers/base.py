@@ -14,6 +14,8 @@ from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 
+from engine.egress import origin_of
+
 
 class AttemptPhase(StrEnum):
     """What a launcher observes of an attempt."""
@@ -89,16 +91,22 @@ class LaunchRequest:
     roles: tuple[str, ...] = ("engine",)  # engine processes to start: the whole engine, unless a launcher splits it
     environments: tuple[str, ...] = ()  # environment ids of the spec
     environment_packages: tuple[dict, ...] = ()  # uploaded packages to install: {"id", "sha256", "url", "filename"}
+    #: The job's model when Lab's model store holds it: what ``LAB_JOB_MODEL`` hands the engine
+    #: (``jobs.registry.store.stored_model_manifest``); None for a built-in or a placed directory.
+    model: dict | None = None
     #: The job's secrets (jobs.secrets.services), for the engine's environment only: launchers never
     #: log them, write them to files or put them on a command line; kept out of the repr.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     bootstrap_token: str = field(default="", repr=False)
+    #: The job's kind (``jobs.models.JobKind``): an ``evaluation`` runs ``python -m engine evaluate``
+    #: as one engine process, never split into roles (it trains nothing).
+    kind: str = "training"
 
 
 def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_dir: str | None) -> list[str]:
     """Return the engine's arguments after ``python -m engine`` (docs/local-launcher.md)."""
     args = [
-        "run",
+        "evaluate" if request.kind == "evaluation" else "run",
         "--spec", spec_path,
         "--job-id", request.job_id,
         "--attempt", str(request.attempt),
@@ -112,13 +120,52 @@ def engine_args(request: LaunchRequest, *, spec_path: str, workdir: str, resume_
     return args
 
 
+def teacher_url(spec: dict) -> str | None:
+    """Return the base URL of the spec's ``[teacher]`` endpoint (stored spec form), or None."""
+    teacher = spec.get("teacher") if isinstance(spec, dict) else None
+    client = teacher.get("client") if isinstance(teacher, dict) else None
+    url = client.get("base_url") if isinstance(client, dict) else None
+    return url if isinstance(url, str) and url else None
+
+
+def eval_endpoint_url(spec: dict) -> str | None:
+    """Return the base URL of an evaluation job's ``[eval.endpoint]`` (stored spec form), or None."""
+    evaluation = spec.get("eval") if isinstance(spec, dict) else None
+    endpoint = evaluation.get("endpoint") if isinstance(evaluation, dict) else None
+    url = endpoint.get("base_url") if isinstance(endpoint, dict) else None
+    return url if isinstance(url, str) and url else None
+
+
+def judge_urls(spec: dict) -> list[str]:
+    """Return the judge endpoints the spec declares (stored spec form): the ``judge_base_url`` arg
+    of each ``[[env]]`` and ``[[eval.env]]`` block with a ``judge``, which Lab set at submit, each
+    origin once, in order. A ``judge_base_url`` without a ``judge`` is not declared: the launchers let
+    the engine reach the declared ones only (the local sandbox's relays, the pool's NetworkPolicy)."""
+    if not isinstance(spec, dict):
+        return []
+    evaluation = spec.get("eval") if isinstance(spec.get("eval"), dict) else {}
+    blocks = [*(spec.get("env") or []), *(evaluation.get("env") or [])]
+    urls: dict[str, str] = {}
+    for block in blocks:
+        if not isinstance(block, dict) or not isinstance(block.get("judge"), dict):
+            continue
+        url = (block.get("args") or {}).get("judge_base_url")
+        if isinstance(url, str) and url:
+            urls.setdefault(origin_of(url), url)
+    return list(urls.values())
+
+
 def engine_package_environment(request: LaunchRequest) -> dict[str, str]:
     """Return the variables that hand the engine its uploaded environment packages
-    (``LAB_JOB_ENVIRONMENT_PACKAGES``, a JSON list, read by ``engine.packages``); none without any.
-    Every launcher adds them to the engine's environment."""
-    if not request.environment_packages:
-        return {}
-    return {"LAB_JOB_ENVIRONMENT_PACKAGES": json.dumps(list(request.environment_packages), separators=(",", ":"))}
+    (``LAB_JOB_ENVIRONMENT_PACKAGES``, a JSON list, read by ``engine.packages``) and its stored
+    model (``LAB_JOB_MODEL``, read by ``engine.model_store``); none without either. Every launcher
+    adds them to the engine's environment."""
+    variables = {}
+    if request.environment_packages:
+        variables["LAB_JOB_ENVIRONMENT_PACKAGES"] = json.dumps(list(request.environment_packages), separators=(",", ":"))
+    if request.model is not None:
+        variables["LAB_JOB_MODEL"] = json.dumps(request.model, separators=(",", ":"))
+    return variables
 
 
 @dataclass(frozen=True)

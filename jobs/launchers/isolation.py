@@ -10,7 +10,9 @@ job's. ``bubblewrap_command`` wraps the engine's command line in ``bwrap`` with
 - its own network namespace: only its own loopback. Lab's ingest URL (and the object store, when
   checkpoints live in one) is reached through Unix sockets the supervisor relays
   (``jobs.launchers.supervise``, ``engine.egress``), so neither the database, Redis nor anything
-  else on the host's network is reachable;
+  else on the host's network is reachable; the judges a job declares are served on that loopback
+  at their own addresses (``engine.egress.serve_forwards``), each through its relay, their host
+  names in the sandbox's own ``/etc/hosts``;
 - its own mount namespace over an empty root: the system's programs and libraries read-only
   (``/usr`` and the ``/etc`` files a program needs, not the rest of ``/etc``), the Python
   installation and the engine's code (``engine/``, ``sdk/``, ``.venv-verifiers``; not the rest of
@@ -25,12 +27,15 @@ job's. ``bubblewrap_command`` wraps the engine's command line in ``bwrap`` with
 from __future__ import annotations
 
 import functools
+import ipaddress
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from lab.lib.bubblewrap import SANDBOX_UID, SYSTEM_DIRS, base_arguments
 
@@ -53,7 +58,9 @@ class SandboxLayout:
     """What one attempt's sandbox sees: paths keep their host names inside.
 
     ``hidden`` folders are replaced by empty ones (``LAB_DATA_DIR`` under a visible folder);
-    ``egress`` names the supervisor's sockets (``name -> origin``) under ``workdir/egress``.
+    ``egress`` names the supervisor's sockets (``name -> origin``) under ``workdir/egress``;
+    ``hosts`` (host name -> loopback address: the judges the engine serves on its loopback) makes
+    the sandbox's ``/etc/hosts`` (``hosts_text``, written to ``workdir/hosts`` by the launcher).
     """
 
     workdir: Path
@@ -61,6 +68,35 @@ class SandboxLayout:
     writable: tuple[Path, ...] = ()
     hidden: tuple[Path, ...] = ()
     environment: Mapping[str, str] = field(default_factory=dict)
+    hosts: Mapping[str, str] = field(default_factory=dict)
+
+
+def hosts_text(hosts: Mapping[str, str]) -> str:
+    """Return an ``/etc/hosts`` with the loopback names and ``hosts`` (name -> address)."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    return "\n".join([*lines, *(f"{address}\t{name}" for name, address in sorted(hosts.items()))]) + "\n"
+
+
+def loopback_hosts(urls: list[str]) -> dict[str, str]:
+    """Return a loopback address of its own (``127.77.0.N``) for each judge host named by a host
+    name other than ``localhost``: the sandbox's ``/etc/hosts`` says so, and the engine listens
+    there for it (``engine.egress.serve_forwards``). An address needs no entry."""
+    hosts: dict[str, str] = {}
+    for url in urls:
+        host = httpx.URL(url).host
+        if host == "localhost" or host in hosts or _is_address(host):
+            continue
+        hosts[host] = f"127.77.0.{len(hosts) + 1}"
+    return hosts
+
+
+def _is_address(host: str) -> bool:
+    """Whether ``host`` is an IP address rather than a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def bubblewrap_command(layout: SandboxLayout, command: list[str], *, bwrap: str = "bwrap") -> list[str]:
@@ -80,6 +116,8 @@ def bubblewrap_command(layout: SandboxLayout, command: list[str], *, bwrap: str 
     for path in (*layout.writable, layout.workdir):
         args += ["--bind", str(path), str(path)]
     args += ["--ro-bind", str(layout.workdir / "egress"), EGRESS_DIR]
+    if layout.hosts:
+        args += ["--ro-bind", str(layout.workdir / "hosts"), "/etc/hosts"]
     for name, value in sorted(layout.environment.items()):
         args += ["--setenv", name, value]
     args += ["--chdir", str(layout.workdir), "--", *command]

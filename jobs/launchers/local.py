@@ -22,12 +22,12 @@ import tarfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 from engine.catalog import SMOLLM2_ID
-from engine.egress import EGRESS_VARIABLE, origin_of
+from engine.egress import EGRESS_VARIABLE, FORWARDS_VARIABLE, origin_of
 from jobs.launchers.base import (
     AttemptPhase,
     CapturedLine,
@@ -36,6 +36,9 @@ from jobs.launchers.base import (
     Observation,
     engine_args,
     engine_package_environment,
+    eval_endpoint_url,
+    judge_urls,
+    teacher_url,
 )
 from jobs.launchers.isolation import (
     EGRESS_DIR,
@@ -43,6 +46,8 @@ from jobs.launchers.isolation import (
     SandboxLayout,
     bubblewrap_command,
     check_bubblewrap,
+    hosts_text,
+    loopback_hosts,
     python_paths,
 )
 from lab.lib.http import UnsafeURL, check_url, checked_addresses
@@ -115,6 +120,27 @@ def process_alive(pid: int) -> bool:
         return True
 
 
+def start_supervised(
+    *, python: str, workdir: Path, command: list[str], env: Mapping[str, str], cwd: Path, options: Sequence[str] = ()
+) -> None:
+    """Start ``command`` under ``jobs.launchers.supervise`` in ``workdir``, detached from this
+    process: its pid files, ``exit.json`` and ``stdout.log``/``stderr.log`` are written there, and
+    ``observe``, ``cancel`` and ``captured_lines`` of a ``LocalLauncher`` read a handle
+    ``{"workdir": ...}`` of it. ``options`` are the supervisor's own (``--egress``, ``--prepare``).
+    Raises RuntimeError when the supervisor did not start."""
+    starter = subprocess.run(
+        [python, "-m", "jobs.launchers.supervise", str(workdir), *options, "--", *command],
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=60,
+    )
+    if starter.returncode != 0 or _read_pid(workdir / "supervisor.pid") is None:
+        raise RuntimeError(f"the supervisor did not start: {starter.stderr.decode(errors='replace')[-500:]}")
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -129,7 +155,8 @@ class LocalLauncher(Launcher):
     a sandbox of its own (``jobs.launchers.isolation``), seeing ``data_dir`` only through its work
     dir, ``model_dir`` read-only, its job's folder under ``storage_root`` (the filesystem object
     store, None for an object store) and its packages' wheels; it reaches the ingest URL and
-    ``storage_origin`` (an object store's signed URLs) through the supervisor's relays, nothing else.
+    ``storage_origin`` (an object store's signed URLs) through the supervisor's relays, and the
+    sandboxes' data plane (``sandbox_data_plane_url``, where its environments run code), nothing else.
     """
 
     name = "local"
@@ -146,6 +173,7 @@ class LocalLauncher(Launcher):
         storage_root: Path | None = None,
         storage_origin: str | None = None,
         allow_private_egress: bool = False,
+        sandbox_data_plane_url: str | None = None,
     ):
         self.runs_dir = runs_dir
         self.repo_dir = repo_dir
@@ -156,6 +184,7 @@ class LocalLauncher(Launcher):
         self.storage_root = storage_root
         self.storage_origin = storage_origin
         self.allow_private_egress = allow_private_egress
+        self.sandbox_data_plane_url = sandbox_data_plane_url
 
     def workdir(self, job_id: str, attempt: int) -> Path:
         """Return the work dir of one attempt."""
@@ -190,39 +219,49 @@ class LocalLauncher(Launcher):
         if self.isolation == ISOLATION_BUBBLEWRAP:
             bwrap = check_bubblewrap()
             egress = {"lab": request.lab_url, **({"storage": self.storage_origin} if self.storage_origin else {})}
+            # Lab's own sandbox agent, where a code environment runs the model's programs
+            # (each sandbox's own token opens it): trusted like the ingest URL.
+            if self.sandbox_data_plane_url and origin_of(self.sandbox_data_plane_url) not in {origin_of(url) for url in egress.values()}:
+                egress["sandboxes"] = self.sandbox_data_plane_url
             relays = {name: _host_and_port(url) for name, url in egress.items()}
-            teacher = _teacher_url(request.spec)
-            if teacher:
-                egress["teacher"], relays["teacher"] = teacher, pinned_address(teacher, allow_private=self.allow_private_egress)
+            endpoints = [("teacher", teacher_url(request.spec)), ("endpoint", eval_endpoint_url(request.spec))]
+            judges = judge_urls(request.spec)
+            endpoints += [(f"judge{number}", url) for number, url in enumerate(judges)]
+            for name, url in endpoints:
+                # A Lab deployment's endpoint is Lab's own origin, relayed already as "lab".
+                if url and origin_of(url) not in {origin_of(known) for known in egress.values()}:
+                    egress[name], relays[name] = url, pinned_address(url, allow_private=self.allow_private_egress)
+            # The environment's own code calls its judges by their URLs: served on the sandbox's loopback
+            # (engine.egress.serve_forwards), each through the relay of its origin.
+            socket_of = {origin_of(url): f"{EGRESS_DIR}/{name}.sock" for name, url in egress.items()}
+            forwards = {origin_of(url): socket_of[origin_of(url)] for url in judges}
+            if forwards:
+                env[FORWARDS_VARIABLE] = json.dumps(forwards)
             options = [option for name, target in relays.items() for option in ("--egress", f"{name}={target}")]
             env["LAB_MODEL_DIR"] = str(self.model_dir.resolve())  # the cache the sandbox sees, prepared outside it
-            if self._model_needs_preparing(request.spec):
+            if self._model_needs_preparing(request):
                 options += ["--prepare", json.dumps([self.python, "-m", "engine", "prepare-model", "--model", request.spec["model"]])]
-            command = bubblewrap_command(self._sandbox_layout(request, workdir, egress), command, bwrap=bwrap)
-        starter = subprocess.run(
-            [self.python, "-m", "jobs.launchers.supervise", str(workdir), *options, "--", *command],
-            cwd=self.repo_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=60,
-        )
-        if starter.returncode != 0 or _read_pid(workdir / "supervisor.pid") is None:
-            raise RuntimeError(f"the supervisor did not start: {starter.stderr.decode(errors='replace')[-500:]}")
+            layout = self._sandbox_layout(request, workdir, egress, hosts=loopback_hosts(judges))
+            command = bubblewrap_command(layout, command, bwrap=bwrap)
+        start_supervised(python=self.python, workdir=workdir, command=command, env=env, cwd=self.repo_dir, options=options)
         return handle
 
-    def _sandbox_layout(self, request: LaunchRequest, workdir: Path, egress: dict[str, str]) -> SandboxLayout:
-        """Return what the attempt's sandbox sees (``jobs.launchers.isolation``)."""
+    def _sandbox_layout(
+        self, request: LaunchRequest, workdir: Path, egress: dict[str, str], *, hosts: dict[str, str] | None = None,
+    ) -> SandboxLayout:
+        """Return what the attempt's sandbox sees (``jobs.launchers.isolation``); ``hosts`` maps
+        the host names of the judges it serves on its loopback to their loopback addresses."""
         (workdir / "egress").mkdir(mode=0o700, exist_ok=True)
         (workdir / "home").mkdir(mode=0o700, exist_ok=True)
+        if hosts:
+            (workdir / "hosts").write_text(hosts_text(hosts))
         writable = []
         if self.storage_root is not None:
             job_objects = self.storage_root / request.job_id
             job_objects.mkdir(mode=0o700, parents=True, exist_ok=True)
             writable.append(job_objects)
         urls = [package.get("url", "") for package in request.environment_packages]
-        urls += [entry.get("url", "") for package in request.environment_packages for entry in (package.get("build") or {}).get("lock", [])]
+        urls += [entry.get("url", "") for package in request.environment_packages for key in ("lock", "datasets") for entry in (package.get("build") or {}).get(key, [])]
         packages = [Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path)) for url in urls if str(url).startswith("file:")]
         build_cache = self._build_cache(request)
         if build_cache is not None:
@@ -239,6 +278,7 @@ class LocalLauncher(Launcher):
             ),
             writable=tuple(writable),
             hidden=(self.data_dir.resolve(),),
+            hosts=hosts or {},
             environment={
                 "HOME": str(workdir / "home"),
                 "XDG_CACHE_HOME": str(workdir / "home" / ".cache"),
@@ -280,10 +320,16 @@ class LocalLauncher(Launcher):
         repo = self.repo_dir.resolve()
         return [path for path in (repo / "engine", repo / "sdk", repo / ".venv-verifiers") if path.exists()]
 
-    def _model_needs_preparing(self, spec: dict) -> bool:
-        """Whether the spec's model must first be converted into the model cache, which the
-        sandbox sees read-only (SmolLM2 from its GGUF: ``python -m engine prepare-model``)."""
-        model = spec.get("model") if isinstance(spec, dict) else None
+    def _model_needs_preparing(self, request: LaunchRequest) -> bool:
+        """Whether the job's model must first be put into the model cache, which the sandbox sees
+        read-only (``python -m engine prepare-model``): a stored model's revision this machine has
+        not fetched yet (``engine.model_store``), or SmolLM2 not yet converted from its GGUF; never
+        for an evaluation sampled through an endpoint, whose engine loads no model."""
+        if eval_endpoint_url(request.spec):
+            return False
+        if request.model is not None:
+            return not (self.model_dir / ".store" / request.model["id"] / request.model["revision"]).is_dir()
+        model = request.spec.get("model") if isinstance(request.spec, dict) else None
         return model == SMOLLM2_ID and not (self.model_dir / model / "config.json").is_file()
 
     def observe(self, handle: dict) -> Observation:
@@ -398,14 +444,6 @@ class LocalLauncher(Launcher):
                 path.parent.rmdir()
             except OSError:
                 pass  # not empty (files of something else) or already gone
-
-
-def _teacher_url(spec: dict) -> str | None:
-    """Return the base URL of the spec's ``[teacher]`` endpoint (stored spec form), or None."""
-    teacher = spec.get("teacher") if isinstance(spec, dict) else None
-    client = teacher.get("client") if isinstance(teacher, dict) else None
-    url = client.get("base_url") if isinstance(client, dict) else None
-    return url if isinstance(url, str) and url else None
 
 
 def pinned_address(url: str, *, allow_private: bool) -> str:

@@ -24,6 +24,7 @@ def _local_launcher() -> LocalLauncher:
         data_dir=data_dir,
         model_dir=Path(settings.LAB_MODEL_DIR),
         allow_private_egress=settings.LAB_ENGINE_EGRESS_ALLOW_PRIVATE,
+        sandbox_data_plane_url=settings.LAB_SANDBOX_DATA_PLANE_URL,
         **_local_storage(),
     )
 
@@ -50,7 +51,7 @@ def kubernetes_pool_settings():
     """Return the Kubernetes launcher's ``PoolSettings`` from Lab's settings (``LAB_ENGINE_IMAGE``,
     ``LAB_MODEL_DIR``, ``LAB_K8S_MODEL_VOLUME``, ``LAB_POOL``'s GPU products, the stop and kill graces, ``LAB_K8S_NAMESPACE``,
     ``LAB_K8S_ENGINE_ROLES``, ``LAB_K8S_SHARED_PVC``, ``LAB_K8S_ORCHESTRATOR_CPU``/``_MEMORY_GIB``,
-    ``LAB_K8S_ENGINE_EGRESS``)."""
+    ``LAB_K8S_ENGINE_EGRESS``, ``LAB_ENGINE_EGRESS_ALLOW_PRIVATE``)."""
     from jobs.launchers.kubernetes.objects import PoolSettings, gpu_products
 
     return PoolSettings(
@@ -65,6 +66,7 @@ def kubernetes_pool_settings():
         orchestrator_cpu=settings.LAB_K8S_ORCHESTRATOR_CPU,
         orchestrator_memory_gib=settings.LAB_K8S_ORCHESTRATOR_MEMORY_GIB,
         engine_egress=tuple(settings.LAB_K8S_ENGINE_EGRESS),
+        allow_private_egress=settings.LAB_ENGINE_EGRESS_ALLOW_PRIVATE,
     )
 
 

@@ -19,6 +19,7 @@ from billing.accounts import spend_limit_stop_message
 from jobs import dispatch
 from jobs.artifacts.kinds import ADAPTER, CHECKPOINT
 from jobs.artifacts.lifecycle import fail_unfinished
+from jobs.evaluation_samples import missing_evaluation_samples
 from jobs.events import job_record_event
 from jobs.ingest.spool import deliver_attempt_spool
 from jobs.launchers.base import AttemptPhase, Launcher, Observation
@@ -31,6 +32,7 @@ from jobs.models import (
     EventType,
     Job,
     JobAttempt,
+    JobKind,
     JobStatus,
     LogSource,
     MetricStep,
@@ -38,9 +40,10 @@ from jobs.models import (
 )
 from jobs.pipeline.kueue import park, show_waiting_reason
 from jobs.pipeline.observe import Seen
-from jobs.pipeline.outcomes import decide
-from jobs.pipeline.usage import record_usage
+from jobs.pipeline.outcomes import decide, incomplete_evaluation
+from jobs.pipeline.usage import raise_usage_totals, record_usage
 from jobs.services import attempt_request_stop, current_attempt, job_transition, store_log_lines
+from sandboxes.services import sandbox_end_for_attempt
 
 logger = logging.getLogger(__name__)
 S = JobStatus
@@ -163,10 +166,13 @@ def finish_attempt(
     the lock is released. ``facts`` (read for a whole batch under the same lock,
     ``jobs.pipeline.batch.read_ended_facts``) spare the reads of uploads and of a succeeded job's
     data where they show there is nothing to do, and the write of an attempt the batch ended
-    already (``jobs.pipeline.batch.end_attempts``)."""
+    already (``jobs.pipeline.batch.end_attempts``). The sandboxes the attempt's engine made are
+    deleted once the lock is released, so none outlives the attempt however it ended."""
     attempt.state, attempt.ended_at, attempt.exit_code = AttemptState.ENDED, now, observation.exit_code
     if facts is None or attempt.pk not in facts.attempts_ended:
         attempt.save(update_fields=["state", "ended_at", "exit_code"])
+    attempt_pk, job_public_id = attempt.pk, job.public_id
+    after.append(lambda: end_attempt_sandboxes(attempt_pk, job_public_id))
     outcome = decide(
         observation,
         attempt_number=attempt.number,
@@ -177,13 +183,19 @@ def finish_attempt(
         crash_count=job.crash_count,
         max_restarts=job.spec.get("max_restarts", 0),
         max_runtime_minutes=job.spec.get("max_runtime_minutes"),
+        job_id=job.public_id,
     )
     # Nothing will complete this attempt's uploads any more (its spool was delivered first).
     if facts is None or (job.pk, attempt.number) in facts.uploading_checkpoints:
         fail_unfinished(CHECKPOINT, job=job, attempt_number=attempt.number)
     if facts is None or (job.pk, attempt.number) in facts.uploading_adapters:
         fail_unfinished(ADAPTER, job=job, attempt_number=attempt.number)
-    if outcome.to == S.SUCCEEDED:
+    if outcome.to == S.SUCCEEDED and job.kind == JobKind.EVALUATION:
+        outcome = incomplete_evaluation(
+            outcome, missing_evaluation_samples(job), attempt_number=attempt.number, crash_count=job.crash_count,
+            max_restarts=job.spec.get("max_restarts", 0), job_id=job.public_id,
+        )
+    elif outcome.to == S.SUCCEEDED:
         record_missing_data(job, attempt, facts)
     if outcome.crashes is not None:
         Job.objects.unscoped().filter(pk=job.pk).update(crash_count=outcome.crashes)
@@ -216,6 +228,13 @@ def signal_if_due(attempt: JobAttempt, launcher, now, after: list[Callable[[], N
             after.append(lambda: launcher.cancel(handle))
     elif now - attempt.terminate_sent_at >= timedelta(seconds=settings.LAB_KILL_GRACE_S):
         after.append(lambda: launcher.cancel(handle, force=True))
+
+
+def end_attempt_sandboxes(attempt_pk: int, job_public_id: str) -> None:
+    """Delete the sandboxes the attempt's engine made (their usage closes on the ledger, billed to
+    the job) and raise the job's usage totals to the ledger's, their cost included."""
+    if sandbox_end_for_attempt(attempt_id=attempt_pk):
+        raise_usage_totals({job_public_id})
 
 
 def deliver_spool_of_exited(job_id: int, attempt: JobAttempt, launcher) -> None:

@@ -15,6 +15,7 @@ from jobs.ingest.tokens import bootstrap_token, job_token
 from jobs.launchers import registry
 from jobs.launchers.base import LauncherUnavailable, LaunchRequest
 from jobs.models import AttemptState, ErrorCode, Job, JobAttempt, JobPriority, JobStatus
+from jobs.registry.store import launch_model
 from jobs.secrets.services import engine_secrets
 from jobs.services import job_transition
 from lab.lib import locks
@@ -49,8 +50,10 @@ def launch_request(attempt: JobAttempt) -> LaunchRequest:
         gpus=job.gpus,
         environments=tuple(env.get("id", "") for env in job.spec.get("env", []) if isinstance(env, dict)),
         environment_packages=launch_packages(job),
+        model=launch_model(model_id=str(job.spec.get("model", "")), organization_id=job.project.organization_id),
         secrets=engine_secrets(job_id=job.public_id),
         bootstrap_token=bootstrap_token(attempt),
+        kind=job.kind,
     )
 
 

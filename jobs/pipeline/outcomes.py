@@ -17,6 +17,8 @@ job's lock.
 | 4, OOM | ``failed`` (``oom``) |
 | other, killed, lost | ``cancelled`` when the job was being cancelled; else ``queued`` to resume,
        up to ``max_restarts``; then ``failed`` (``max_restarts_exceeded``) |
+
+An evaluation job's 0 whose samples did not all arrive counts as a crash (``incomplete_evaluation``).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def decide(
     crash_count: int = 0,
     max_restarts: int = 0,
     max_runtime_minutes: float | None = None,
+    job_id: str = "",
 ) -> Outcome:
     """Return what the exit-code table says of an attempt that ended (exited or lost).
 
@@ -86,7 +89,8 @@ def decide(
     reported in its ``finish`` (``JobAttempt.outcome``, ``outcome_error``), ``stop_reason`` the
     stop Lab asked of the attempt (``StopReason``, empty for none); ``cancelling`` whether the job
     is ``cancelling``; ``crash_count`` its crashes so far, ``max_restarts`` and
-    ``max_runtime_minutes`` from its spec."""
+    ``max_runtime_minutes`` from its spec; ``job_id`` the job's public id, which a crash's
+    message names for ``lab jobs logs``."""
     code = observation.exit_code if observation.exit_code is not None else implied_exit_code(observation, outcome)
     engine_error = engine_error or {}
     if code == 0:
@@ -112,17 +116,57 @@ def decide(
         return Outcome(S.FAILED, code, error_code=ErrorCode.OOM, error_message="The engine ran out of memory.")
     if cancelling:
         return Outcome(S.CANCELLED, code, message="Stopped, as requested.")
+    return _crashed(
+        code, crash_line(observation, engine_error), attempt_number=attempt_number, crash_count=crash_count,
+        max_restarts=max_restarts, job_id=job_id,
+    )
+
+
+def crash_line(observation: Observation, engine_error: dict[str, Any]) -> str:
+    """Return the one line that says why an attempt crashed: the exception line the engine
+    reported in its ``finish`` (the last line of its traceback, ``KeyError: 'x'``), else the last
+    line the launcher saw on its stderr (a process killed before it could report), else
+    ``no output``; at most 500 characters."""
+    reported = str(engine_error.get("message") or "").strip()
+    if reported:
+        return reported[:500]
+    return (observation.detail.strip().splitlines()[-1:] or ["no output"])[0][:500]
+
+
+def _crashed(
+    code: int | None, what: str, *, attempt_number: int, crash_count: int, max_restarts: int, job_id: str = ""
+) -> Outcome:
+    """Return the outcome of one more crash (``what`` says how it ended): ``queued`` to resume,
+    up to ``max_restarts``; then ``failed`` (``max_restarts_exceeded``), the message ending with
+    the command that shows the job's log (``job_id``, its public id), where the whole traceback is."""
     crashes = crash_count + 1
-    what = observation.detail.strip().splitlines()[-1:] or ["no output"]
     if crashes > max_restarts:
+        logs = f"; the traceback: lab jobs logs {job_id}" if job_id else ""
         return Outcome(
             S.FAILED, code, error_code=ErrorCode.MAX_RESTARTS_EXCEEDED,
-            error_message=f"The engine crashed {crashes} times (exit {code}): {what[0][:500]}", crashes=crashes,
+            error_message=f"The engine crashed {crashes} times (exit {code}): {what}{logs}", crashes=crashes,
         )
     return Outcome(
         S.QUEUED, code, reason=StatusReason.REQUEUED_AFTER_CRASH,
         message=f"Attempt {attempt_number} crashed (exit {code}); resuming from the latest checkpoint.",
         data={"crashes": crashes}, crashes=crashes,
+    )
+
+
+def incomplete_evaluation(
+    succeeded: Outcome, missing: str, *, attempt_number: int, crash_count: int, max_restarts: int, job_id: str = ""
+) -> Outcome:
+    """Return what an evaluation attempt that exited 0 (``succeeded``) means when some of its
+    samples never arrived (``missing``, ``jobs.evaluation_samples.missing_evaluation_samples``):
+    a crash, since those samples are still owed (the next attempt samples the same prompts again
+    and Lab stores each sample once), up to ``max_restarts``; then ``failed``. An evaluation never
+    succeeds without all of its samples."""
+    if not missing:
+        return succeeded
+    what = f"the evaluation ended without all of its samples ({missing[:400]})"
+    return _crashed(
+        succeeded.exit_code, what, attempt_number=attempt_number, crash_count=crash_count, max_restarts=max_restarts,
+        job_id=job_id,
     )
 
 

@@ -25,6 +25,7 @@ from jobs.pipeline.observe import Seen, idle_jobs, launched_attempts, look
 from jobs.pipeline.sweep import sweep_orphans
 from jobs.pipeline.usage import close_due_usage
 from jobs.pool import cluster_inventory_refresh
+from jobs.sandboxes import sandbox_end_of_ended_attempts
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,8 @@ def reconcile_job(*, job_id: int, seen: Seen | None = None) -> None:
 def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
     """Reconcile every active job, ``batch_size`` at a time (the launcher asked about a whole
     batch at once, no lock held; the batch's jobs whose attempts ended, with no spool to
-    deliver, finished together by ``finish_ended``), and end orphan engine processes; return
-    how many jobs were seen."""
+    deliver, finished together by ``finish_ended``), and end orphan engine processes and the
+    sandboxes of ended attempts; return how many jobs were seen."""
     launcher = registry.get_launcher()
     job_ids = list(Job.objects.unscoped().filter(status__in=ACTIVE_STATUSES).order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(job_ids), batch_size):
@@ -97,4 +98,8 @@ def reconcile_all(*, batch_size: int = RECONCILE_BATCH) -> int:
     except Exception:  # places are for show; the pass goes on without them
         logger.exception("reading the queue's places failed")
     sweep_orphans(launcher, parked)
+    try:  # the net under closing an attempt, which ends its sandboxes itself
+        sandbox_end_of_ended_attempts()
+    except Exception:
+        logger.exception("ending the sandboxes of ended attempts failed")
     return len(job_ids)

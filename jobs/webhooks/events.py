@@ -17,6 +17,10 @@ WEBHOOK_EVENT_TYPES = (
     "job.data_incomplete",
     "checkpoint.ready",
     "adapter.ready",
+    "deployment.ready",
+    "deployment.failed",
+    "evaluation.completed",
+    "evaluation.failed",
     "webhook_endpoint.disabled",
 )
 #: The event ``POST /webhook-endpoints/{id}/test`` sends; never subscribed to.

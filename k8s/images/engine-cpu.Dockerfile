@@ -8,7 +8,7 @@ WORKDIR /app
 COPY requirements.txt ./
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -r requirements.txt
 COPY sdk/ sdk/
-RUN pip install --no-deps ./sdk
+RUN pip install --no-deps ./sdk/lab-environments ./sdk
 # verifiers tasksets run in their own environment (docs/environments.md: its pins clash with
 # vLLM's), every package pinned and installed without resolving, then checked.
 COPY requirements-verifiers.txt ./

@@ -11,7 +11,7 @@ RUN pip install -r requirements-gpu.txt \
     && grep -v -E '^(torch|transformers)==' requirements.txt > /tmp/requirements-rest.txt \
     && pip install -r /tmp/requirements-rest.txt
 COPY sdk/ sdk/
-RUN pip install --no-deps ./sdk
+RUN pip install --no-deps ./sdk/lab-environments ./sdk
 # verifiers tasksets run in their own environment (docs/environments.md: its pins clash with
 # vLLM's), every package pinned and installed without resolving, then checked.
 COPY requirements-verifiers.txt ./

@@ -8,7 +8,7 @@ COPY requirements.txt ./
 # torch is the CPU wheel: Lab's own processes never touch a GPU.
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -r requirements.txt
 COPY sdk/ sdk/
-RUN pip install --no-deps ./sdk
+RUN pip install --no-deps ./sdk/lab-environments ./sdk
 COPY manage.py ./
 COPY lab/ lab/
 COPY jobs/ jobs/

@@ -25,7 +25,7 @@ from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 from tests.support.artifacts import artifact_storage, start, upload
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", artifact_storage.__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker", "commit_callbacks", artifact_storage.__name__)]
 
 
 def statuses(job: Job) -> list[tuple[int, str]]:

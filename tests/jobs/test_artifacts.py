@@ -21,7 +21,7 @@ from lab.audit import Actor
 from lab.formats import iso
 from tests.support.artifacts import KIND, artifact_storage, complete, finish, next_attempt, register, start, upload
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", artifact_storage.__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker", "commit_callbacks", artifact_storage.__name__)]
 
 
 def statuses(kind, job: Job) -> list[tuple[int, str]]:

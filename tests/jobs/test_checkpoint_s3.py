@@ -23,7 +23,7 @@ from jobs.models import Checkpoint, Job, JobStatus
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from lab.audit import Actor
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker", "commit_callbacks")]
 
 PREFIX = "lab/checkpoints"
 

@@ -25,7 +25,7 @@ from jobs.tasks import sweep_orphan_checkpoints
 from lab.audit import Actor
 from tests.support.artifacts import artifact_storage, start, upload
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker", artifact_storage.__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker", "commit_callbacks", artifact_storage.__name__)]
 
 
 def test_an_upload_changed_after_sealing_changes_nothing_lab_serves(owner, spec):

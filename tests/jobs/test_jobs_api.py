@@ -347,7 +347,7 @@ def test_catalogues_and_prices(owner):
     ids = {model["id"] for model in models["data"]}
     assert {"HuggingFaceTB/SmolLM2-135M-Instruct", "lab/tiny-random-llama"} <= ids
     environments = client.get("/api/v1/environments").json()["data"]
-    assert {env["id"] for env in environments} == {"lab/addition", "lab/reverse-text", "lab/alphabet-sort"}
+    assert {env["id"] for env in environments} == {"lab/addition", "lab/reverse-text", "lab/alphabet-sort", "lab/python-code"}
     addition = next(env for env in environments if env["id"] == "lab/addition")
     assert addition["name"] == "addition"
     assert "max_operand" in addition["args"]

@@ -22,6 +22,7 @@ import pytest
 from django.db import connection
 from labsdk import Lab
 
+from jobs.launchers.isolation import check_bubblewrap
 from tests.support.packages import TINY
 from tests.support.stack import running_stack, wait_for
 from tests.support.wheelbuilder import lab_wheel
@@ -229,6 +230,7 @@ def test_a_model_converted_on_first_use_is_prepared_outside_the_sandbox_which_se
         (Path(command[3]) / "supervisor.pid").write_text("1")
         return subprocess.CompletedProcess(command, 0, b"", b"")
 
+    check_bubblewrap()  # the real probe (cached per process) before subprocess.run is replaced
     monkeypatch.setattr(local.subprocess, "run", supervisor)
     models = tmp_path / "models"
     launcher = local.LocalLauncher(
@@ -256,3 +258,32 @@ def test_a_model_converted_on_first_use_is_prepared_outside_the_sandbox_which_se
     launcher.launch(LaunchRequest(job_id="job_again", attempt=1, spec={"model": "HuggingFaceTB/SmolLM2-135M-Instruct"},
                                   lab_url="http://127.0.0.1:8123", token="t"))
     assert "--prepare" not in started[-1][0]
+
+
+def test_an_endpoint_evaluation_relays_its_endpoint_and_prepares_no_model(tmp_path, monkeypatch):
+    """An evaluation sampled through an endpoint (``[eval.endpoint]``) loads no model, so nothing
+    is prepared; its endpoint's origin is relayed, pinned to its address, unless it is Lab's own
+    (a deployment's endpoint), which the ``lab`` relay carries already."""
+    from jobs.launchers import local
+    from jobs.launchers.base import LaunchRequest
+
+    started = []
+
+    def supervisor(command, **kwargs):
+        started.append(command)
+        (Path(command[3]) / "supervisor.pid").write_text("1")
+        return subprocess.CompletedProcess(command, 0, b"", b"")
+
+    check_bubblewrap()  # the real probe (cached per process) before subprocess.run is replaced
+    monkeypatch.setattr(local.subprocess, "run", supervisor)
+    launcher = local.LocalLauncher(
+        runs_dir=tmp_path / "runs", repo_dir=Path(__file__).resolve().parents[2], isolation="bubblewrap",
+        data_dir=tmp_path, model_dir=tmp_path / "models", allow_private_egress=True,
+    )
+    for job_id, base_url in (("job_outside", "http://127.0.0.1:7001/v1"), ("job_lab", "http://127.0.0.1:8123/api/v1/openai/v1")):
+        spec = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "eval": {"endpoint": {"base_url": base_url, "model": "m", "api_key_var": "K"}}}
+        launcher.launch(LaunchRequest(job_id=job_id, attempt=1, spec=spec, lab_url="http://127.0.0.1:8123", token="t"))
+    for command, relays in zip(started, (["lab=127.0.0.1:8123", "endpoint=127.0.0.1:7001"], ["lab=127.0.0.1:8123"])):
+        options = command[command.index(str(Path(command[3]))) + 1 : command.index("--")]
+        assert options == [part for relay in relays for part in ("--egress", relay)]

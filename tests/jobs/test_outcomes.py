@@ -106,6 +106,20 @@ def test_a_crash_past_max_restarts_fails_as_max_restarts_exceeded():
     assert lost.error_message == "The engine crashed 1 times (exit None): no output"
 
 
+def test_a_crash_past_max_restarts_names_the_exception_the_engine_reported_and_the_logs_command():
+    """The engine's stderr goes to the job's log, not to the launcher: the exception line comes
+    from its finish report, and the message says where the whole traceback is."""
+    outcome = decide(
+        exited(1, detail=""), attempt_number=3, crash_count=2, max_restarts=2, job_id="job_abc",
+        engine_error={"code": "internal_error", "message": "KeyError: 'data_plane_url'"},
+    )
+    assert outcome.error_message == (
+        "The engine crashed 3 times (exit 1): KeyError: 'data_plane_url'; the traceback: lab jobs logs job_abc"
+    )
+    silent = decide(exited(1, detail=""), attempt_number=1, max_restarts=0, job_id="job_abc")
+    assert silent.error_message == "The engine crashed 1 times (exit 1): no output; the traceback: lab jobs logs job_abc"
+
+
 def test_an_attempt_that_left_no_exit_code_stands_for_a_preemption_or_its_finish_report():
     assert implied_exit_code(Observation(phase=AttemptPhase.LOST, reason="preempted"), "") == 3
     assert implied_exit_code(Observation(phase=AttemptPhase.LOST), "succeeded") == 0

@@ -185,6 +185,15 @@ def test_an_engine_that_crashes_every_time_fails_after_max_restarts(owner, spec,
         assert done["status"] == "failed", done
         assert done["error"]["code"] == "max_restarts_exceeded"
         assert done["attempt"] == 2
+        # The error names the traceback's exception (its last lines, made one), which the job's log
+        # holds whole, and the command that shows it.
+        logs = [line["line"] for line in api.client.get(f"/jobs/{job_id}/logs?limit=1000").json()["data"]]
+        traceback = logs[len(logs) - 1 - logs[::-1].index("Traceback (most recent call last):"):]
+        exception = " ".join(next(line for line in traceback[1:] if not line.startswith(" ")).split())
+        assert exception.startswith("ValueError: Couldn't instantiate the backend tokenizer"), traceback[-3:]
+        message = done["error"]["message"]
+        assert message.startswith(f"The engine crashed 2 times (exit 1): {exception}"), message
+        assert message.endswith(f"; the traceback: lab jobs logs {job_id}"), message
         types = list(JobEvent.objects.filter(job__public_id=job_id).order_by("id").values_list("type", flat=True))
         assert types.count("job.requeued") == 1
         assert types[-1] == "job.failed"

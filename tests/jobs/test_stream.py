@@ -31,13 +31,6 @@ from tests.support.stream import NOW, Reader, _web, auth, finish, running_job, s
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 
-@pytest.fixture
-def web(tmp_path):
-    stack = _web(tmp_path)
-    yield stack
-    stack.stop()
-
-
 def test_it_replays_a_finished_jobs_history_in_order_and_closes(owner, spec, web):
     job, engine = running_job(owner, spec, web)
     engine.metrics(1, 2, 3)

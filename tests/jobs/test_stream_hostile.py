@@ -22,13 +22,6 @@ from tests.support.stream import Reader, _web, auth, finish, running_job, stream
 pytestmark = [pytest.mark.usefixtures("no_broker"), pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 
-@pytest.fixture
-def web(tmp_path):
-    stack = _web(tmp_path)
-    yield stack
-    stack.stop()
-
-
 def raw_request(stack, target: bytes, headers: list[bytes] = (), method: bytes = b"GET") -> tuple[int, bytes]:
     """Send one hand-written HTTP/1.1 request (bytes an HTTP client would refuse to send);
     return the status code and the first bytes of the answer."""

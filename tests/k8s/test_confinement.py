@@ -36,6 +36,7 @@ from jobs.launchers.kubernetes.objects import (
 from jobs.models import Job, JobAttempt, JobStatus
 from jobs.services import job_claim_for_start, job_submit
 from lab.audit import Actor
+from lab.lib.http import UnsafeURL
 from tests.k8s.validation import validate
 from tests.support.fake_gateway import FakeGateway, kubernetes_pool
 
@@ -477,3 +478,48 @@ def test_a_jobs_attempt_is_confined_from_its_launch_until_its_jobset_is_gone(own
     assert ("JobSet", namespace, name) not in cluster.objects
     assert ("NetworkPolicy", namespace, name) not in cluster.objects
     assert ("NetworkPolicy", namespace, "lab-engine-default-deny") in cluster.objects
+
+
+def test_the_real_client_creates_a_policy_that_allows_the_judges_the_job_declares_and_refuses_a_private_one(httpserver):
+    """Each judge endpoint the job declares (``[[env]] judge``) is allowed on its port at the
+    addresses its host resolves to at launch; a ``judge_base_url`` the job does not declare is not,
+    nor is Lab's own origin (a deployment as the judge: the operator's rules allow it already);
+    a judge at a private address is refused before anything is created."""
+    api = FakeAPIServer()
+    httpserver.expect_request(re.compile(r"^/.*$")).respond_with_handler(api)
+    configuration = client.Configuration()
+    configuration.host = httpserver.url_for("/").rstrip("/")
+    configuration.api_key = {"authorization": "Bearer test-token"}
+    launcher = KubernetesLauncher(gateway=KubernetesGateway(configuration, max_retries=0), settings=SETTINGS, background=False)
+    lab_judge = "http://lab-web.lab-system.svc:8000/api/v1/openai/v1"
+    spec = {
+        "model": "Qwen/Qwen3-0.6B", "max_runtime_minutes": 60,
+        "env": [
+            {"id": "acme/judge-qa", "judge": {"base_url": "https://93.184.215.14:8443/v1"},
+             "args": {"judge_base_url": "https://93.184.215.14:8443/v1"}},
+            {"id": "acme/other", "args": {"judge_base_url": "https://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]/v1"}},
+        ],
+        "eval": {"env": [
+            {"id": "acme/judge-qa", "judge": {"base_url": "http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]/v1"},
+             "args": {"judge_base_url": "http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]/v1"}},
+            {"id": "acme/judge-qa", "judge": {"deployment": "dep_1", "api_key_var": "K"}, "args": {"judge_base_url": lab_judge}},
+        ]},
+    }
+    attempt = request(spec=spec)
+
+    launcher.launch(attempt)
+
+    policy = api.objects[f"/apis/networking.k8s.io/v1/namespaces/lab-acme/networkpolicies/{NAME}"]
+    assert policy["spec"]["egress"] == [
+        DNS, LAB_WEB,
+        {"to": [{"ipBlock": {"cidr": "93.184.215.14/32"}}], "ports": [{"protocol": "TCP", "port": 8443}]},
+        {"to": [{"ipBlock": {"cidr": "2606:2800:21f:cb07:6820:80da:af6b:8b2c/128"}}], "ports": [{"protocol": "TCP", "port": 80}]},
+    ]
+    validate(policy)
+
+    created = len(api.requests)
+    private = {**spec, "env": [{"id": "acme/judge-qa", "judge": {"base_url": "http://10.0.0.7:8100/v1"},
+                                "args": {"judge_base_url": "http://10.0.0.7:8100/v1"}}], "eval": {}}
+    with pytest.raises(UnsafeURL, match="private or loopback"):
+        launcher.launch(request(job_id=OTHER_JOB_ID, spec=private))
+    assert len(api.requests) == created

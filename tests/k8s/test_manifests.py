@@ -19,6 +19,8 @@ import yaml
 from jobs.launchers.base import LaunchRequest
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.launchers.kubernetes.objects import CLUSTER_QUEUE, DEFAULT_GPU_PRODUCTS, PRIORITY_CLASSES, PoolSettings
+from serving.runtime.base import ServerSpec
+from serving.runtime.kubernetes import KubernetesServerRuntime
 from tests.k8s.validation import CRD_FILES, DATA, validate
 from tests.support.fake_gateway import FakeGateway
 
@@ -156,10 +158,11 @@ RESOURCES = {"Namespace": ("", "namespaces"), "Secret": ("", "secrets"), "Pod": 
              "JobSet": ("jobset.x-k8s.io", "jobsets"), "LocalQueue": ("kueue.x-k8s.io", "localqueues"),
              "Workload": ("kueue.x-k8s.io", "workloads"), "Node": ("", "nodes"),
              "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
+             "Deployment": ("apps", "deployments"), "Service": ("", "services"),
              "PendingWorkloadsSummary": ("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads")}
 
 
-def test_the_launchers_rbac_grants_exactly_what_it_calls(rendered):
+def test_the_launchers_rbac_grants_exactly_what_it_and_the_inference_servers_call(rendered):
     cluster = FakeGateway()
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False,
                                   clock=lambda: datetime.now(timezone.utc))
@@ -175,6 +178,13 @@ def test_the_launchers_rbac_grants_exactly_what_it_calls(rendered):
     launcher.sweep_orphans([])
     launcher.pool_inventory()
     launcher.queue_places()
+    serving = KubernetesServerRuntime(cluster, namespace="lab-serving", pool=PoolSettings(), gpu_type="H100",
+                                      weights_claim="lab-serving-weights", weights_root="/var/lab/serving/weights")
+    server = ServerSpec(server_id="srv_0123456789abcdefghij", generation=1, model="m", served_model="m", max_adapters=1, token="t")
+    served = serving.start(server)
+    serving.start(server)
+    serving.observe(served)
+    serving.stop(served)
     used = {(RESOURCES[kind], verb) for call, kind in cluster.calls for verb in VERBS[call]}
     role = next(obj for obj in rendered if obj["kind"] == "ClusterRole")
     granted = {((group, resource), verb) for rule in role["rules"] for group in rule["apiGroups"]

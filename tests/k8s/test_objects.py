@@ -1,6 +1,6 @@
 """The objects the Kubernetes launcher builds for an attempt, for a table of specs: each one
 validates (kubernetes-validate strict for core kinds, the CRD schemas for Kueue and JobSet)
-and says exactly what issue 14 asks (suspended, queue and priority labels, GPU limits and node
+and says exactly what the pool needs (suspended, queue and priority labels, GPU limits and node
 selection, no retry inside an attempt, deadlines, TTL, volumes, image, Lab's labels)."""
 
 from __future__ import annotations

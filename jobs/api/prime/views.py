@@ -31,7 +31,7 @@ from jobs.api.prime.serializers import (
     run_to_dict,
 )
 from jobs.distributions import job_distribution
-from jobs.models import Checkpoint, Job, JobStatus, MetricStep
+from jobs.models import Checkpoint, Job, JobKind, JobStatus, MetricStep
 from jobs.pool import pool_nodes
 from jobs.selectors import job_list, job_logs_tail, job_samples_page, metric_points, sample_steps
 from jobs.serializers import jobs_to_dicts
@@ -73,8 +73,9 @@ class PrimeAPIView(ProjectAPIView):
         return prime_exception_handler
 
     def run(self, run_id: str) -> Job:
-        """Return this project's job ``run_id`` or raise the 404 (``No such run.``)."""
-        return self.get_owned(Job.objects.select_related("created_by_key"), run_id, "run")
+        """Return this project's training job ``run_id`` or raise the 404 (``No such run.``): an
+        evaluation's job is no run of Prime's training API."""
+        return self.get_owned(Job.objects.select_related("created_by_key").filter(kind=JobKind.TRAINING), run_id, "run")
 
     def run_body(self, job: Job) -> dict[str, Any]:
         """Return ``{"run": RUN}`` for ``job`` as it is now."""

@@ -43,8 +43,11 @@ LOCAL_QUEUE = Kind("kueue.x-k8s.io/v1beta2", "LocalQueue", "localqueues")
 WORKLOAD = Kind("kueue.x-k8s.io/v1beta2", "Workload", "workloads")
 JOBSET = Kind("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+#: An inference server of a deployment (serving/runtime/kubernetes.py).
+DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
+SERVICE = Kind("v1", "Service", "services")
 
-KINDS = {kind.kind: kind for kind in (NAMESPACE, SECRET, POD, NODE, JOB, LOCAL_QUEUE, WORKLOAD, JOBSET, NETWORK_POLICY)}
+KINDS = {kind.kind: kind for kind in (NAMESPACE, SECRET, POD, NODE, JOB, LOCAL_QUEUE, WORKLOAD, JOBSET, NETWORK_POLICY, DEPLOYMENT, SERVICE)}
 
 
 def kind_of(obj: dict) -> Kind:

@@ -22,7 +22,8 @@ import logging
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
-from jobs.launchers.base import AttemptPhase, Launcher, LaunchRequest, Observation, QueuePlaces
+from engine.egress import origin_of
+from jobs.launchers.base import AttemptPhase, Launcher, LaunchRequest, Observation, QueuePlaces, judge_urls
 from jobs.launchers.kubernetes.cache import ClusterCache, GroupObjects, WatchSpec
 from jobs.launchers.kubernetes.gateway import ClusterGateway, ClusterUnavailable
 from jobs.launchers.kubernetes.kinds import JOB, JOBSET, NODE, POD, WORKLOAD
@@ -35,12 +36,14 @@ from jobs.launchers.kubernetes.objects import (
     PoolSettings,
     default_deny_object,
     jobset_object,
+    judge_egress_rule,
     local_queue_object,
     namespace_object,
     network_policy_object,
     secret_object,
 )
 from jobs.launchers.kubernetes.status import observe_attempt, parse_time
+from lab.lib.http import UnsafeURL, check_url, checked_addresses
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +91,12 @@ class KubernetesLauncher(Launcher):
         if request.resume_archive is not None and request.resume_checkpoint_id is None:
             raise RuntimeError("the Kubernetes pool resumes from object storage: set LAB_STORAGE_URL=s3://...")
         manifest = jobset_object(request, self.settings)  # before any create: a spec this pool cannot run makes nothing
+        judges = self._judge_egress(request)  # likewise: a judge at a refused address makes nothing
         self._ensure_namespace(request.namespace, "" if self.settings.shared_namespace else request.organization)
         jobset = self.gateway.apply(manifest)
         # The Secret last: its pods' container cannot start before it exists, so none runs
         # before the policy that confines it does.
-        self.gateway.apply(network_policy_object(request, self.settings, owner=jobset))
+        self.gateway.apply(network_policy_object(request, self.settings, owner=jobset, judges=judges))
         self.gateway.apply(secret_object(request, owner=jobset))
         self.cache.remember(jobset)
         return {
@@ -100,6 +104,26 @@ class KubernetesLauncher(Launcher):
             "jobset": jobset["metadata"]["name"],
             "launched_at": self._clock().isoformat(),
         }
+
+    def _judge_egress(self, request: LaunchRequest) -> list[dict]:
+        """Return the NetworkPolicy egress rules of the judge endpoints the job declares
+        (``judge_urls``): each one's port on every address its host resolves to now, each address
+        checked as a local teacher's relay is (``lab.lib.http``: no private, loopback or link-local
+        address unless the pool's ``allow_private_egress``). Lab's own origin (a deployment as the judge) is
+        allowed by ``engine_egress`` already. Raises ``UnsafeURL`` for a refused or unresolvable host."""
+        rules = []
+        for url in judge_urls(request.spec):
+            if origin_of(url) == origin_of(request.lab_url):
+                continue
+            target = check_url(url, allow_private=self.settings.allow_private_egress, resolve=False)
+            host = target.raw_host.decode("ascii")
+            port = target.port or (443 if target.scheme == "https" else 80)
+            try:
+                addresses = checked_addresses(host, port, allow_private=self.settings.allow_private_egress)
+            except OSError:
+                raise UnsafeURL("unresolvable_host", f"{host} does not resolve.") from None
+            rules.append(judge_egress_rule([str(address) for address in dict.fromkeys(addresses)], port))
+        return rules
 
     def _ensure_namespace(self, namespace: str, organization: str) -> None:
         if namespace in self._ready_namespaces:

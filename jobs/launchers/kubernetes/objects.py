@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from labsdk.spec.model import ResourcesConfig
@@ -129,7 +130,8 @@ class PoolSettings:
     ``orchestrator_cpu`` (cores) and ``orchestrator_memory_gib`` size the orchestrator's pod;
     ``engine_egress`` is ``LAB_K8S_ENGINE_EGRESS``: the NetworkPolicy egress rules (``to``,
     ``ports``) of what engine pods may reach besides their own JobSet's pods and the cluster DNS
-    (Lab, the object store).
+    (Lab, the object store); ``allow_private_egress`` (``LAB_ENGINE_EGRESS_ALLOW_PRIVATE``) lets a
+    declared judge endpoint resolve to a private address (a server in the cluster's own network).
     """
 
     engine_image: str = "lab-engine:latest"
@@ -147,6 +149,7 @@ class PoolSettings:
     orchestrator_cpu: int = 4
     orchestrator_memory_gib: int = 16
     engine_egress: tuple[dict, ...] = DEFAULT_ENGINE_EGRESS
+    allow_private_egress: bool = False
 
 
 def gpu_products(pool: dict) -> dict[str, str]:
@@ -223,16 +226,25 @@ def attempt_pod_selector(request: LaunchRequest) -> dict:
     return {"matchLabels": {JOB_LABEL: request.job_id, ATTEMPT_LABEL: str(request.attempt)}}
 
 
-def network_policy_object(request: LaunchRequest, settings: PoolSettings, *, owner: dict) -> dict:
+def judge_egress_rule(addresses: Sequence[str], port: int) -> dict:
+    """Return the NetworkPolicy egress rule that lets a pod reach a judge endpoint: TCP ``port``
+    on each of ``addresses`` (IPv4 or IPv6, as its host resolved at launch), one ``ipBlock`` each."""
+    blocks = [{"ipBlock": {"cidr": f"{address}/{128 if ':' in address else 32}"}} for address in addresses]
+    return {"to": blocks, "ports": [{"protocol": "TCP", "port": port}]}
+
+
+def network_policy_object(request: LaunchRequest, settings: PoolSettings, *, owner: dict, judges: Sequence[dict] = ()) -> dict:
     """Return the attempt's NetworkPolicy (named as its JobSet, owned by the JobSet ``owner`` as
     stored, with its uid), selecting the JobSet's pods only.
 
     Ingress: a split attempt's pods may reach its inference role's port from the JobSet's own
     pods; nothing else reaches them (a single engine pod takes no connection at all). Egress: the
     JobSet's own pods on that port (split only), the cluster DNS (``DNS_EGRESS``), and
-    ``settings.engine_egress`` (Lab and the object store). So environment code has no route to
-    Lab's database or Redis, to the cloud's metadata address, nor to any other attempt's pods,
-    whether they share the namespace or not.
+    ``settings.engine_egress`` (Lab and the object store), and ``judges``: the rules
+    (``judge_egress_rule``) of the judge endpoints the job declares (``[[env]] judge``), which the
+    launcher resolves at launch. So environment code has no route to Lab's database or Redis, to
+    the cloud's metadata address, nor to any other attempt's pods, whether they share the
+    namespace or not.
     """
     split = "inference" in engine_roles(request, settings)
     own_pods = {"podSelector": attempt_pod_selector(request)}
@@ -251,7 +263,7 @@ def network_policy_object(request: LaunchRequest, settings: PoolSettings, *, own
             "podSelector": attempt_pod_selector(request),
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [own_pods], "ports": inference_port}] if split else [],
-            "egress": [*own, *copy.deepcopy([DNS_EGRESS, *settings.engine_egress])],
+            "egress": [*own, *copy.deepcopy([DNS_EGRESS, *settings.engine_egress, *judges])],
         },
     }
 
@@ -311,11 +323,13 @@ def engine_roles(request: LaunchRequest, settings: PoolSettings) -> tuple[str, .
     when the pool has the roles' shared volume (``shared_pvc``; without it the whole engine runs
     as before), as one GPU cannot be shared by the trainer and the inference role; ``split``
     (which requires the volume) also every CPU
-    job, ``single`` none; everything else runs as ``("engine",)``. Raises ValueError for an
+    job, ``single`` none; everything else, and an evaluation, runs as ``("engine",)``. Raises ValueError for an
     unknown mode.
     """
     if tuple(request.roles) != (ENGINE_ROLE,):
         return tuple(request.roles)
+    if request.kind == "evaluation":  # it trains nothing: one engine samples and scores
+        return (ENGINE_ROLE,)
     mode = settings.engine_roles or "auto"
     if mode not in ROLE_MODES:
         raise ValueError(f"LAB_K8S_ENGINE_ROLES must be one of {', '.join(ROLE_MODES)}, not {mode!r}")

@@ -1,10 +1,12 @@
-"""The model registry's rows for the engine's catalogue (``engine.catalog.list_models``).
+"""The model registry (docs/models.md): its rows (``jobs.registry.models``), the operator's and
+the organizations' ways to add a model (``services``, ``hub``, ``checks``, ``store``,
+``builds``), and here the rows of the engine's catalogue (``engine.catalog.list_models``).
 
 ``sync_models`` writes one ``jobs.models.Model`` row, offered to everyone, for each built-in and
 each Hugging Face directory an operator placed in ``LAB_MODEL_DIR/<owner>/<name>``; it runs after
 every ``migrate`` (and after a test's flush, which sends the same signal) and from
 ``manage.py models sync``. It is idempotent: a second run changes nothing. A row that an
-organization owns is never overwritten by the catalogue.
+organization owns, or one whose files Lab stores, is never overwritten by the catalogue.
 
 Imports no model class: the migration signal hands it the historical one, so this module can be
 imported by ``jobs.apps`` before the app registry is ready.
@@ -97,7 +99,7 @@ def sync_models(model_class, *, model_dir: Path | None = None, using: str = "def
     """Write the catalogue's models into ``model_class`` (``jobs.models.Model`` or its historical
     version) as rows offered to everyone; ``model_dir`` defaults to ``settings.LAB_MODEL_DIR``.
     Returns ``(created, updated)``; a row already equal to its catalogue entry is not written,
-    and a row an organization owns is left alone."""
+    and a row an organization owns or whose files Lab stores is left alone."""
     model_dir = Path(model_dir if model_dir is not None else settings.LAB_MODEL_DIR)
     catalogue = {model_id: registry_fields(info, model_dir) for model_id, info in list_models(model_dir).items()}
     existing = {row.id: row for row in model_class.objects.using(using).filter(id__in=catalogue)}
@@ -107,7 +109,7 @@ def sync_models(model_class, *, model_dir: Path | None = None, using: str = "def
         if row is None:
             model_class.objects.using(using).create(**fields)
             created += 1
-        elif row.organization_id is None and any(getattr(row, name) != value for name, value in fields.items()):
+        elif row.organization_id is None and not getattr(row, "files", None) and any(getattr(row, name) != value for name, value in fields.items()):
             for name, value in fields.items():
                 setattr(row, name, value)
             row.save(using=using)
