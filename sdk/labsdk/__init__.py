@@ -4,8 +4,9 @@
     job = lab.jobs.create(spec_file="job.toml")
     lab.jobs.wait(job.id)
 
-The module-level ``jobs``, ``models``, ``environments``, ``prices``, ``checkpoints``,
-``adapters``, ``billing``, ``usage``, ``webhooks`` (endpoints: ``lab.webhooks.create(url)``;
+The module-level ``jobs``, ``evals`` (``lab.evals.create(model=..., environments=[...])``),
+``models``, ``environments``, ``prices``, ``checkpoints``,
+``adapters``, ``billing``, ``usage``, ``deployments`` (``lab.deployments.create("adp_...")``), ``webhooks`` (endpoints: ``lab.webhooks.create(url)``;
 and :func:`labsdk.webhooks.verify` for receiving them) and :func:`whoami` use a default
 :class:`Lab` client built on first use from ``LAB_API_KEY`` and ``LAB_BASE_URL``.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from labsdk import webhooks
 from labsdk._default import default_client
+from labsdk._evals import Evaluation, EvaluationSample
 from labsdk._version import __version__
 from labsdk.client import Lab
 from labsdk.errors import (
@@ -28,6 +30,7 @@ from labsdk.errors import (
     JobCancelledError,
     JobFailedError,
     LabError,
+    ModelCheckFailedError,
     NotFoundError,
     PaymentRequiredError,
     PermissionDeniedError,
@@ -48,6 +51,7 @@ from labsdk.types import (
     LogLine,
     MetricPoint,
     Model,
+    ModelBuild,
     Price,
     Sample,
     StreamEvent,
@@ -66,6 +70,8 @@ __all__ = [
     "Environment",
     "EnvironmentBuild",
     "Estimate",
+    "Evaluation",
+    "EvaluationSample",
     "InvalidSpecError",
     "Job",
     "JobCancelledError",
@@ -77,6 +83,8 @@ __all__ = [
     "LogLine",
     "MetricPoint",
     "Model",
+    "ModelBuild",
+    "ModelCheckFailedError",
     "NotFoundError",
     "PaymentRequiredError",
     "PermissionDeniedError",
@@ -94,7 +102,7 @@ __all__ = [
     "whoami",
 ]
 
-_RESOURCES = ("jobs", "models", "environments", "prices", "checkpoints", "adapters", "billing", "usage")
+_RESOURCES = ("jobs", "evals", "models", "environments", "prices", "checkpoints", "adapters", "billing", "usage", "deployments")
 
 
 def whoami() -> WhoAmI:

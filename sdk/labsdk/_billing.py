@@ -33,14 +33,21 @@ class Balance(LabObject):
 
 
 class UsageRow(LabObject):
-    """Usage summed over one group (``GET /usage``): ``date``, ``resource`` and ``job_id`` are
-    set by the grouping asked for."""
+    """Usage summed over one group (``GET /usage``), compute and served tokens: ``date``,
+    ``resource`` (``tokens`` for served tokens, ``sandbox_cpu`` and ``sandbox_memory`` for
+    sandboxes), ``job_id`` and ``deployment_id`` are set by the
+    grouping asked for."""
 
     date: dt.date | None = None
     resource: str | None = None
     job_id: str | None = None
+    deployment_id: str | None = None
     gpu_seconds: float | None = None
     cpu_seconds: float | None = None
+    memory_gb_seconds: float | None = None
+    requests: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
     cost_usd: Decimal | None = None
 
 
@@ -64,12 +71,14 @@ def usage_list(
     end: date | datetime | str | None = None,
     group_by: str | Sequence[str] = "day",
     job_id: str | None = None,
+    deployment_id: str | None = None,
 ) -> list[UsageRow]:
     """Return the project's usage from ``start`` to ``end`` (default: the last 30 days), grouped
-    by ``day``, ``resource`` and/or ``job``. Raises ``InvalidRequestError`` for bad values and
-    ``NotFoundError`` for a job without usage in this project."""
+    by ``day``, ``resource``, ``job`` and/or ``deployment``, only ``job_id``'s compute or only
+    ``deployment_id``'s tokens when given. Raises ``InvalidRequestError`` for bad values and
+    ``NotFoundError`` for a job or deployment without usage in this project."""
     groups = group_by if isinstance(group_by, str) else ",".join(group_by)
-    params = {"start": _when(start), "end": _when(end), "group_by": groups, "job_id": job_id}
+    params = {"start": _when(start), "end": _when(end), "group_by": groups, "job_id": job_id, "deployment_id": deployment_id}
     page = http.request("GET", "usage", params={key: value for key, value in params.items() if value is not None})
     if not isinstance(page, dict) or not isinstance(page.get("data"), list):
         raise APIError("Lab answered usage with something that is not a list", body=page)

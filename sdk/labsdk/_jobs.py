@@ -173,12 +173,14 @@ class Jobs:
         *,
         status: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        kind: str | None = None,
         limit: int = 20,
     ) -> Iterator[Job]:
         """Iterate over the project's jobs, newest first (``GET /jobs``), fetching pages of
-        ``limit`` (1-100) as the iteration goes. ``status`` keeps one status; ``metadata``
+        ``limit`` (1-100) as the iteration goes. ``kind`` is ``training`` (Lab's default) or
+        ``evaluation`` (the jobs of evaluations); ``status`` keeps one status; ``metadata``
         keeps jobs whose metadata has every given pair."""
-        params: dict[str, Any] = {"status": status, "limit": limit}
+        params: dict[str, Any] = {"kind": kind, "status": status, "limit": limit}
         for key, value in (metadata or {}).items():
             params[f"metadata[{key}]"] = value
         return paginate(self._http, "jobs", Job, params)
@@ -190,7 +192,8 @@ class Jobs:
 
     def restart(self, job_id: str) -> Job:
         """Run a failed or cancelled job again as a new attempt from its latest ready
-        checkpoint (``POST /jobs/{id}/restart``); ``ConflictError`` in any other status."""
+        checkpoint (``POST /jobs/{id}/restart``); ``ConflictError`` in any other status,
+        ``BadRequestError`` for an evaluation's job (retry the evaluation: ``lab.evals.retry``)."""
         return parse(Job, self._http.request("POST", f"jobs/{segment(job_id)}/restart"))
 
     def delete(self, job_id: str) -> None:

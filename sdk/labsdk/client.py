@@ -11,6 +11,9 @@ from labsdk._adapters import Adapters
 from labsdk._billing import Billing, UsageRow, usage_list
 from labsdk._catalog import Environments, Models, Prices
 from labsdk._checkpoints import Checkpoints
+from labsdk._datasets import Datasets
+from labsdk._deployments import Deployments
+from labsdk._evals import Evals
 from labsdk._http import HTTPClient
 from labsdk._jobs import STREAM_RECONNECT_S, Jobs
 from labsdk._sandboxes import Sandboxes
@@ -36,8 +39,8 @@ class Lab:
     ``http://127.0.0.1:8000``. ``timeout`` is seconds per HTTP attempt, ``max_retries`` the
     retries after a connection error, 429 or 5xx; ``stream_reconnect_s`` how long
     ``jobs.stream`` keeps reconnecting a broken live stream (seconds, default 60). Resources:
-    :attr:`jobs`, :attr:`models`, :attr:`environments`, :attr:`prices`, :attr:`checkpoints`,
-    :attr:`adapters`, :attr:`billing`, :attr:`webhooks`, :attr:`sandboxes`; and :meth:`whoami`, :meth:`usage`. Usable as a context
+    :attr:`jobs`, :attr:`models`, :attr:`environments`, :attr:`datasets`, :attr:`prices`, :attr:`checkpoints`,
+    :attr:`adapters`, :attr:`billing`, :attr:`webhooks`, :attr:`sandboxes`, :attr:`deployments`, :attr:`evals`; and :meth:`whoami`, :meth:`usage`. Usable as a context
     manager.
     """
 
@@ -63,26 +66,30 @@ class Lab:
         self.jobs = Jobs(self._http, stream_reconnect_s=stream_reconnect_s)
         self.models = Models(self._http)
         self.environments = Environments(self._http)
+        self.datasets = Datasets(self._http)
         self.prices = Prices(self._http)
         self.checkpoints = Checkpoints(self._http)
         self.adapters = Adapters(self._http)
         self.billing = Billing(self._http)
         self.webhooks = Webhooks(self._http)
         self.sandboxes = Sandboxes(self._http)
+        self.deployments = Deployments(self._http)
+        self.evals = Evals(self._http)
 
     def whoami(self) -> WhoAmI:
         """Return the organization, project and scopes of this client's API key."""
         return WhoAmI.model_validate(self._http.request("GET", "whoami"))
 
-    def usage(self, start=None, end=None, group_by="day", job_id: str | None = None) -> list[UsageRow]:
-        """Return this project's usage (GPU/CPU-seconds and cost) from ``start`` to ``end`` (dates,
-        date-times or ISO strings; default the last 30 days), grouped by ``"day"``, ``"resource"``,
-        ``"job"`` or a list of them (``labsdk._billing.usage_list``)."""
-        return usage_list(self._http, start=start, end=end, group_by=group_by, job_id=job_id)
+    def usage(self, start=None, end=None, group_by="day", job_id: str | None = None, deployment_id: str | None = None) -> list[UsageRow]:
+        """Return this project's usage (GPU/CPU-seconds, served tokens and cost) from ``start`` to
+        ``end`` (dates, date-times or ISO strings; default the last 30 days), grouped by ``"day"``,
+        ``"resource"``, ``"job"``, ``"deployment"`` or a list of them (``labsdk._billing.usage_list``)."""
+        return usage_list(self._http, start=start, end=end, group_by=group_by, job_id=job_id, deployment_id=deployment_id)
 
     def close(self) -> None:
-        """Close the client's connections."""
+        """Close the client's connections (to Lab and to sandbox agents)."""
         self._http.close()
+        self.sandboxes.close()
 
     def __enter__(self) -> Self:
         return self

@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from labsdk.types import Job
+    from labsdk.types import Job, Model
 
 __all__ = [
     "APIConnectionError",
@@ -24,6 +24,8 @@ __all__ = [
     "JobCancelledError",
     "JobFailedError",
     "LabError",
+    "ModelCheckFailedError",
+    "ModelWaitTimeoutError",
     "NotFoundError",
     "PaymentRequiredError",
     "PermissionDeniedError",
@@ -132,31 +134,57 @@ class APIConnectionError(LabError):
     """No answer: the connection failed or timed out (after the client's retries)."""
 
 
+def _kind(job: Job) -> str:
+    """What a waited-for object is, in messages: ``job``, or its ``object`` (``evaluation``)."""
+    return getattr(job, "object", None) or "job"
+
+
 class JobFailedError(LabError):
-    """A waited-for job ended ``failed``; ``job`` is its final state (``job.error`` says why)."""
+    """A waited-for job (or evaluation, which runs as one) ended ``failed``; ``job`` is its final
+    state (``job.error`` says why)."""
 
     def __init__(self, job: Job):
         reason = f"{job.error.code}: {job.error.message}" if job.error else "no reason given"
-        super().__init__(f"job {job.id} failed ({reason})", code=job.error.code if job.error else None)
+        super().__init__(f"{_kind(job)} {job.id} failed ({reason})", code=job.error.code if job.error else None)
         self.job = job
 
 
 class JobCancelledError(LabError):
-    """A waited-for job ended ``cancelled``; ``job`` is its final state."""
+    """A waited-for job (or evaluation) ended ``cancelled``; ``job`` is its final state."""
 
     def __init__(self, job: Job):
-        super().__init__(f"job {job.id} was cancelled")
+        super().__init__(f"{_kind(job)} {job.id} was cancelled")
         self.job = job
 
 
 class WaitTimeoutError(LabError):
-    """A wait ran out of time; ``job`` is the last state seen (still not finished)."""
+    """A wait ran out of time; ``job`` is the last state seen of the job (or evaluation), still not finished."""
 
     def __init__(self, job: Job, timeout: float):
         super().__init__(
-            f"job {job.id} is still {job.status} after waiting {timeout:g} s"
+            f"{_kind(job)} {job.id} is still {job.status} after waiting {timeout:g} s"
         )
         self.job = job
+        self.timeout = timeout
+
+
+class ModelCheckFailedError(LabError):
+    """A pushed model's check refused it; ``model`` is its last state (``model.build.error`` says why)."""
+
+    def __init__(self, model: Model):
+        build = model.build
+        reason = build.error if build is not None and build.error else "no reason given"
+        super().__init__(f"model {model.id}: check {build.number if build else '?'} failed: {reason}", code="invalid_model")
+        self.model = model
+
+
+class ModelWaitTimeoutError(LabError):
+    """Waiting for a pushed model's check ran out of time; ``model`` is its last state."""
+
+    def __init__(self, model: Model, timeout: float):
+        status = model.build.status if model.build is not None else model.status
+        super().__init__(f"model {model.id}: its check is still {status} after waiting {timeout:g} s")
+        self.model = model
         self.timeout = timeout
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,11 +110,12 @@ def _toml_value(value: Any) -> str:
 
 
 #: Keys ``lab spec init`` leaves out: other names for keys it writes (Prime's and deprecated
-#: spellings), keys Lab only stores for Prime Intellect's configs, and what Lab records itself.
-#: ``lab spec schema --fields`` lists them all.
+#: spellings), keys Lab only stores for Prime Intellect's configs, and what Lab records or writes
+#: itself (an evaluation job's ``eval.adapter`` and ``eval.endpoint``). ``lab spec schema
+#: --fields`` lists them all.
 _NOT_IN_TEMPLATE = frozenset(
     {"checkpoint_id", "max_async_level", "env_file", "translated_from", "eval.eval_base_model",
-     "checkpoints.keep_cloud"}
+     "checkpoints.keep_cloud", "eval.adapter", "eval.endpoint"}
     | (set(PRIME_UNUSED_KEYS) - {"env_files"})
 )
 
@@ -192,9 +193,48 @@ def _key_lines(
             yield f"# {name} = {value.replace('{env}', env)}{_comment(meaning)}"
 
 
+#: Turns of a multi-turn episode ``lab spec init`` writes when the environment has no
+#: ``max_turns`` argument of its own (``lab envs try --max-turns``'s default too).
+DEFAULT_MAX_TURNS = 8
+
+
+def episode_budget(
+    *, context_length: int | None, max_turns: int, default_max_tokens: int, multi_turn: bool,
+) -> int:
+    """Return ``sampling.max_tokens`` that fits a model of ``context_length`` tokens (None:
+    unknown, ``default_max_tokens``): half the context for a single-turn reply (the prompt has
+    the rest); for a multi-turn episode, whose ``max_turns`` replies, prompt and environment
+    turns share one sequence, the context over ``2 × max_turns`` (a reply and an environment turn
+    each), never more than ``default_max_tokens``."""
+    if not context_length:
+        return default_max_tokens
+    share = context_length // (2 * max_turns) if multi_turn else context_length // 2
+    return max(1, min(default_max_tokens, share))
+
+
+def _episode_lines(
+    item: Mapping[str, Any], *, max_turns: int, max_tokens: int, context_length: int | None,
+) -> list[str]:
+    """The ``[[env]]`` lines of a multi-turn environment: ``max_turns`` set, and the token caps and
+    timeout commented out with values that fit (``max_output_tokens`` the episode's replies at
+    ``max_tokens`` each, ``max_input_tokens`` the model's context)."""
+    fields = item.get("properties", {})
+
+    def meaning(key: str, more: str = "") -> str:
+        return _comment(f"{fields.get(key, {}).get('description', '')}{more}".strip())
+
+    return [
+        f"max_turns = {max_turns}{meaning('max_turns', ' A multi-turn environment: its episodes stop there.')}",
+        f"# max_output_tokens = {max_turns * max_tokens}{meaning('max_output_tokens', ' Optional.')}",
+        f"# max_input_tokens = {context_length or 4096}{meaning('max_input_tokens', ' Optional.')}",
+        f"# timeout = 600.0{meaning('timeout', ' Optional.')}",
+    ]
+
+
 def spec_template(
     *, model: str = DEFAULT_MODEL, env: str = DEFAULT_ENV, env_args: Mapping[str, Any] | None = None,
-    name: str | None = None, schema: Mapping[str, Any] | None = None,
+    name: str | None = None, schema: Mapping[str, Any] | None = None, models: Sequence[str] = (),
+    multi_turn: bool = False, context_length: int | None = None, judge: Mapping[str, str | None] | None = None,
 ) -> str:
     """Return a commented TOML job spec that passes ``lab spec check`` as written.
 
@@ -204,14 +244,32 @@ def spec_template(
     written with its default and its description as a comment; keys without a default are
     written commented out with an example value, and each one, uncommented alone (with the
     settings its comment names after "Uncomment with"), still passes. ``schema`` defaults to
-    :func:`labsdk.spec.job_spec_json_schema`.
+    :func:`labsdk.spec.job_spec_json_schema`. ``models`` lists the models the organization may
+    use, one comment line each (``lab models`` describes them; ``lab spec init`` passes them
+    when it can ask Lab). ``multi_turn``: the environment plays multi-turn episodes, so its
+    ``[[env]]`` gets ``max_turns`` (``env_args``' own ``max_turns`` when it has one, else
+    ``DEFAULT_MAX_TURNS``) and, commented out, the token caps and timeout that bound an episode.
+    ``context_length``: the model's context in tokens, which ``sampling.max_tokens`` is fitted to
+    (``episode_budget``). ``judge``: the environment takes Prime's judge arguments, so its
+    ``[[env]]`` gets ``judge`` commented out (``judge_line``) with these defaults
+    (``{"base_url", "model", "api_key_var"}``, None where it has none).
     """
     schema = schema or job_spec_json_schema()
+    own_turns = (env_args or {}).get("max_turns")
+    max_turns = own_turns if isinstance(own_turns, int) and not isinstance(own_turns, bool) and own_turns > 0 else DEFAULT_MAX_TURNS
+    sampling = _resolve(schema, schema.get("properties", {}).get("sampling", {}))
+    default_max_tokens = sampling.get("properties", {}).get("max_tokens", {}).get("default", 128)
+    max_tokens = episode_budget(
+        context_length=context_length, max_turns=max_turns, default_max_tokens=default_max_tokens, multi_turn=multi_turn,
+    )
+    sections = {"sampling": {"max_tokens": max_tokens}} if max_tokens != default_max_tokens else {}
     top = {"model": model, "name": name or f"{env.split('/')[-1].split('@')[0]}-run"}
     lines = [
         "# A Lab job spec (TOML). Every key and its meaning: `lab spec schema --fields` or docs/spec.md.",
         "# Model ids: `lab models`; environment ids and their arguments: `lab envs`.",
         "# Check it with `lab spec check FILE`, then run it with `lab jobs create -f FILE --wait`.",
+        *(["# The models this organization may use (`lab models` describes them):"] if models else []),
+        *(f"#   {line}" for line in models),
         "",
         *_key_lines(schema, schema, top, env=env),
     ]
@@ -219,7 +277,7 @@ def spec_template(
         resolved = _resolve(schema, child)
         if "$ref" in child:
             lines += ["", f"[{section}]{_comment(resolved.get('description', ''))}",
-                      *_key_lines(schema, resolved, {}, path=f"{section}.", env=env)]
+                      *_key_lines(schema, resolved, sections.get(section, {}), path=f"{section}.", env=env)]
         elif child.get("type") == "array" and "$ref" in child.get("items", {}):
             lines += ["", f"[[{section}]]{_comment(child.get('description', ''))}"]
             item = _resolve(schema, child["items"])
@@ -227,7 +285,28 @@ def spec_template(
                 value = {"id": env, "args": dict(env_args or {})}.get(name_)
                 if value is not None:
                     lines.append(f"{name_} = {_toml_value(value)}{_comment(field.get('description', ''))}")
+            if judge is not None:
+                lines.append(judge_line(judge))
+            if multi_turn:
+                lines += _episode_lines(item, max_turns=max_turns, max_tokens=max_tokens, context_length=context_length)
     return "\n".join(lines) + "\n"
+
+
+#: What ``judge_line`` writes for a judge endpoint's key the environment has no default for.
+_JUDGE_PLACEHOLDERS = {"base_url": "https://host/v1", "model": None, "api_key_var": "JUDGE_API_KEY"}
+
+
+def judge_line(defaults: Mapping[str, str | None]) -> str:
+    """Return ``[[env]] judge`` commented out, a valid example once uncommented: the endpoint
+    ``{base_url, model, api_key_var}`` with the environment's ``defaults`` (``_JUDGE_PLACEHOLDERS``
+    where it has none; ``model`` left out then), and what declaring it does."""
+    values = {key: defaults.get(key) or placeholder for key, placeholder in _JUDGE_PLACEHOLDERS.items()}
+    table = ", ".join(f"{key} = {json.dumps(value)}" for key, value in values.items() if value is not None)
+    return (
+        f"# judge = {{ {table} }}  # The environment's judge endpoint, which Lab passes as its judge_* args; args "
+        "alone do not declare it, and the job's network reaches only a declared one. "
+        f"{UNCOMMENT_WITH}its API key as a job secret (-e {values['api_key_var']}=...)."
+    )
 
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")

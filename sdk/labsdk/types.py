@@ -29,6 +29,7 @@ __all__ = [
     "LogLine",
     "MetricPoint",
     "Model",
+    "ModelBuild",
     "Price",
     "Sample",
     "StreamEvent",
@@ -96,12 +97,14 @@ class Checkpoint(Artifact):
 
 
 class Job(LabObject):
-    """A training job. ``status`` is one of ``queued``, ``starting``, ``running``,
-    ``cancelling``, ``succeeded``, ``failed``, ``cancelled``; ``step`` counts finished
-    training steps out of ``max_steps``; ``spec`` is the canonical spec as stored."""
+    """A job. ``kind`` is ``training`` or ``evaluation`` (the job of an evaluation, named by its
+    ``metadata["evaluation"]``; ``None`` from an older Lab); ``status`` is one of ``queued``,
+    ``starting``, ``running``, ``cancelling``, ``succeeded``, ``failed``, ``cancelled``; ``step``
+    counts finished training steps out of ``max_steps``; ``spec`` is the canonical spec as stored."""
 
     id: str
     object: str = "job"
+    kind: str | None = None
     name: str | None = None
     status: str | None = None
     status_reason: str | None = None
@@ -196,14 +199,46 @@ class Distribution(LabObject):
     bins: list[DistributionBin] = Field(default_factory=list)
 
 
+class ModelBuild(LabObject):
+    """One check of a pushed model archive (docs/models.md): ``status`` ``queued``, ``running``,
+    ``ready`` (``revision`` is the stored revision it made) or ``failed`` (``error`` says why)."""
+
+    number: int | None = None
+    status: str | None = None
+    error: str | None = None
+    revision: str | None = None
+    archive_sha256: str | None = None
+    archive_size_bytes: int | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
 class Model(LabObject):
-    """A catalogue model a job may train; ``context_length`` in tokens."""
+    """A model of the registry (docs/models.md): ``status`` ``ready`` (a job may train it),
+    ``checking`` or ``failed`` (a pushed model whose check has not passed); ``context_length`` in
+    tokens; ``parameters`` in all and ``active_parameters`` per token (mixtures of experts);
+    ``modes`` ``lora`` and ``full``; ``memory_gb`` the estimated GPU memory per mode; ``owned_by``
+    the organization's slug (None: offered to everyone); ``build`` the latest check of a pushed one."""
 
     id: str
+    status: str | None = None
+    family: str | None = None
+    architecture: str | None = None
     context_length: int | None = None
     parameters: int | None = None
+    active_parameters: int | None = None
+    chat_template: bool | None = None
+    tool_call_format: str | None = None
+    modes: list[str] = Field(default_factory=list)
+    memory_gb: dict[str, float] = Field(default_factory=dict)
+    revision: str | None = None
+    size_bytes: int | None = None
+    licence: str | None = None
     description: str | None = None
     source: str | None = None
+    owned_by: str | None = None
+    build: ModelBuild | None = None
 
 
 class EnvironmentBuild(LabObject):
@@ -211,7 +246,8 @@ class EnvironmentBuild(LabObject):
     ``queued``, ``running``, ``ready`` or ``failed`` (``error`` says why); what loading it found:
     ``api`` (``lab``, ``v0`` for ``load_environment``, ``v1``), ``environment_class``,
     ``parameters`` (``[{"name", "default", "type", "required"}]``) and ``args`` (their defaults),
-    ``dataset_size``, ``reward_functions`` (``[{"name", "weight"}]``), ``secrets``; its ``lock``
+    ``dataset_size``, ``reward_functions`` (``[{"name", "weight"}]``), ``secrets``, ``multi_turn``
+    (its episodes have several turns; None for a build that did not record it); its ``lock``
     (``[{"name", "version", "sha256"}]``)."""
 
     number: int | None = None
@@ -228,6 +264,7 @@ class EnvironmentBuild(LabObject):
     reward_functions: list[dict[str, Any]] = Field(default_factory=list)
     secrets: list[str] = Field(default_factory=list)
     verifiers_version: str | None = None
+    multi_turn: bool | None = None
     lock: list[dict[str, Any]] = Field(default_factory=list)
     created_at: datetime | None = None
     started_at: datetime | None = None

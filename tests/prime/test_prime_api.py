@@ -446,7 +446,7 @@ def test_the_rate_limit_answers_429_with_retry_after(owner, settings):
 
 
 def test_other_routes_are_a_json_404(owner):
-    for method, path in [("get", "volumes"), ("post", "sandbox"), ("get", "rft/runs/x/env-servers")]:
+    for method, path in [("get", "volumes"), ("post", "sandbox/status:batchGet"), ("get", "sandbox/networks"), ("get", "rft/runs/x/env-servers")]:
         response = getattr(owner.client(), method)(f"{BASE}/{path}")
         assert response.status_code == 404
         assert "docs/prime-compat.md" in response.json()["detail"]

@@ -167,6 +167,16 @@ def test_jobs_list_shows_a_table_and_json(lab_env, capsys):
     assert lab_env.requests[-1].query["metadata[team]"] == ["x"]
 
 
+def test_jobs_without_a_command_lists_as_lab_envs_does(lab_env, capsys):
+    for _ in range(2):
+        lab_env.add_job(name="addition")
+    status, out, _ = run(capsys, "jobs")
+    assert status == 0
+    assert [line.split()[0] for line in out.splitlines()] == ["ID", "job_0002", "job_0001"]
+    status, out, _ = run(capsys, "jobs", "--json")
+    assert status == 0 and [job["id"] for job in json.loads(out)] == ["job_0002", "job_0001"]
+
+
 def test_jobs_list_refuses_a_malformed_metadata_filter(lab_env, capsys):
     with pytest.raises(SystemExit) as caught:
         main(["jobs", "list", "--metadata", "team"])

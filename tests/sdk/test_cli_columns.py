@@ -67,6 +67,26 @@ def test_tables_fit_80_columns_and_keep_every_token_whole(jobs):
                 assert word in words, (argv, word, out)
 
 
+def test_into_a_pipe_without_columns_every_row_is_whole_on_one_line(jobs, monkeypatch):
+    sorting = {"id": "lab/alphabet-sort", "name": "alphabet-sort", "kind": "builtin",
+               "description": "Sort the given words alphabetically and reply with them joined by spaces, one reply per prompt.",
+               "args": {"min_words": 3, "max_words": 6, "word_list": "common-english-nouns-and-verbs"}}
+    monkeypatch.setattr("tests.sdk.fake_lab.ENVIRONMENTS", [*ENVIRONMENTS, sorting, PACKAGE])
+    env = {name: value for name, value in os.environ.items() if name != "COLUMNS"}
+    env.update(LAB_API_KEY=API_KEY, LAB_BASE_URL=jobs.url)
+    result = subprocess.run([str(LAB), "envs"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["ID", "lab/addition", "lab/alphabet-sort", "acme/vowel-count@0.1.0"]
+    (row,) = [line for line in lines if line.startswith("lab/alphabet-sort")]
+    assert row.split() == [
+        "lab/alphabet-sort", "builtin", "min_words=3", "max_words=6", 'word_list="common-english-nouns-and-verbs"',
+        *sorting["description"].split(),
+    ]
+    assert max(len(line.rstrip()) for line in lines) > 80  # wider than a terminal's default: nothing wrapped
+
+
 def test_metrics_all_never_cuts_a_header_however_many_metrics(jobs, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "300")
 

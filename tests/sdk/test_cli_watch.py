@@ -38,6 +38,23 @@ def test_watch_without_a_terminal_prints_plain_lines_that_never_go_back(lab_env,
     ]
 
 
+def test_watch_of_a_finished_job_labels_each_replayed_step_with_its_own_step(lab_env, capsys):
+    job = lab_env.add_job(status="succeeded", step=3, phase=None, status_reason=None, queue_position=None, max_steps=3)
+    lab_env.streams[job["id"]] = [  # the opening snapshot is the finished job; its steps replay after it
+        {"id": step, "event": "metrics", "data": {"step": step, "values": {"reward/mean": step / 4}}} for step in (1, 2, 3)
+    ]
+
+    status, out, err = run(capsys, "jobs", "watch", job["id"])
+
+    assert (status, err) == (0, "")
+    assert out.splitlines() == [
+        f"{job['id']} succeeded step 3/3",
+        f"{job['id']} succeeded step 1/3 reward/mean=0.25",
+        f"{job['id']} succeeded step 2/3 reward/mean=0.5",
+        f"{job['id']} succeeded step 3/3 reward/mean=0.75",
+    ]
+
+
 def test_watch_json_prints_one_line_per_record(lab_env, capsys):
     job = lab_env.add_job(status="running", step=1)
     lab_env.streams[job["id"]] = [

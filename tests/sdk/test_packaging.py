@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_importing_the_sdk_and_cli_pulls_in_no_server_or_engine_code():
@@ -16,3 +17,12 @@ def test_importing_the_sdk_and_cli_pulls_in_no_server_or_engine_code():
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_what_pip_install_of_the_sdks_leaves_behind_is_ignored():
+    """``pip install ./sdk`` and ``pip install ./sdk/lab-environments`` write build/ beside their
+    sources; git ignores both, so a user's checkout shows nothing untracked."""
+    root = Path(__file__).resolve().parents[2]
+    paths = ["sdk/build/lib/labsdk/client.py", "sdk/lab-environments/build/lib/lab_environments/__init__.py"]
+    result = subprocess.run(["git", "check-ignore", *paths], cwd=root, capture_output=True, text=True, check=False)
+    assert result.stdout.split() == paths, result.stderr

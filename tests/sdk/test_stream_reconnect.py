@@ -17,6 +17,7 @@ from labsdk import Lab
 from labsdk.errors import APIConnectionError, NotFoundError
 
 from tests.sdk.fake_lab import API_KEY
+from tests.support import http_server
 
 JOB = {"id": "job_1", "object": "job", "name": None, "status": "running", "status_reason": None,
        "queue_position": None, "spec": {}, "warnings": [], "attempt": 1, "step": 0, "max_steps": 3,
@@ -78,15 +79,13 @@ class StreamServer:
                 self.close_connection = True
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> Self:
-        self.thread.start()
+        http_server.start(self.server)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        http_server.stop(self.server)
 
 
 def free_port() -> int:

@@ -3,11 +3,12 @@
 Tables for people; ``--json`` on every command for scripts. Lab is found through
 ``LAB_BASE_URL`` and ``LAB_API_KEY``. Exit status: 0 done, 1 refused or failed (the server's
 message on stderr, never a traceback; ``jobs wait`` also when the job did not succeed),
-2 bad usage, 130 interrupted.
+2 bad usage, 130 interrupted, 141 when the reader of its output went away (``| head``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +18,9 @@ from labsdk.cli.parser import build_parser
 from labsdk.client import Lab
 from labsdk.errors import LabError
 from labsdk.secrets import SecretsError
+
+#: The status of a command whose output's reader closed early (128 + SIGPIPE, as a shell reports it).
+EXIT_BROKEN_PIPE = 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except _UsageError as exc:
         parser.error(str(exc))
+    except BrokenPipeError:  # the reader went away (``lab ... | head``): stop quietly, as other commands do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return EXIT_BROKEN_PIPE
     except OSError as exc:
         print(f"error: {exc.strerror or exc}: {exc.filename}" if exc.filename else f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

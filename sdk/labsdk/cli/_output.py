@@ -4,6 +4,7 @@ job's summary, problems by path, and the exit statuses."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -46,11 +47,15 @@ def _cell_text(cell: Any) -> str:
 def _print(table: Table, console: Console | None = None) -> None:
     """Print ``table`` within the terminal's width: its one-line columns as wide as their widest
     cell, the wrapping ones sharing the rest, each wrapped between words and none folded while
-    their longest words fit."""
+    their longest words fit. Into a pipe or a file with no ``COLUMNS`` set, no width bounds it:
+    every row is whole on one line, for ``grep`` and ``cut`` (``COLUMNS`` fits it to that width)."""
     console = console or Console()
     columns = table.columns
     texts = [[_cell_text(column.header), *(_cell_text(cell) for cell in column.cells)] for column in columns]
     widest = [max(cell_len(line) for text in cells for line in text.splitlines() or [""]) for cells in texts]
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        natural = sum(widest) + 2 * (len(columns) - 1)
+        console = Console(file=console.file, width=max(console.width, natural), no_color=console.no_color)
     longest_word = [max((cell_len(word) for text in cells for word in text.split()), default=1) for cells in texts]
     for index, column in enumerate(columns):
         if column.no_wrap:
@@ -147,19 +152,23 @@ def _show_job(console: Console, job: Job) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
 
 
-#: What to do about a problem, by its code, printed under it.
+_ENGINE_EGRESS_HINT = ("Lab refuses an endpoint on a loopback or private address for its engines unless it runs with "
+                       "LAB_ENGINE_EGRESS_ALLOW_PRIVATE=1 (docs/evaluations.md)")
+#: What to do about a problem, by its code and param, printed under it.
 _HINTS = {
-    "private_address": "Lab refuses loopback and private URLs unless it runs with LAB_WEBHOOK_ALLOW_PRIVATE=1 "
-                       "(for a receiver on your own machine: restart `make up` with it set; docs/webhooks.md)",
+    ("private_address", "url"): "Lab refuses loopback and private URLs unless it runs with LAB_WEBHOOK_ALLOW_PRIVATE=1 "
+                                "(for a receiver on your own machine: restart `make up` with it set; docs/webhooks.md)",
+    ("private_address", "model.base_url"): _ENGINE_EGRESS_HINT,
+    ("private_address", "eval.endpoint.base_url"): _ENGINE_EGRESS_HINT,
 }
 
 
 def _report_problems(problems: Sequence[Any]) -> None:
     """Print one line per problem (a ``SpecProblem`` or an error body's ``ProblemDetail``), and
-    the hint of each code that has one (``_HINTS``), once."""
+    the hint of each code and param that has one (``_HINTS``), once."""
     for problem in problems:
         code = f" [{problem.code}]" if problem.code else ""
         print(f"  {problem.param or '<spec>'}: {problem.message}{code}", file=sys.stderr)
-    for code in dict.fromkeys(problem.code for problem in problems):
-        if code in _HINTS:
-            print(f"hint: {_HINTS[code]}", file=sys.stderr)
+    for key in dict.fromkeys((problem.code, problem.param) for problem in problems):
+        if key in _HINTS:
+            print(f"hint: {_HINTS[key]}", file=sys.stderr)

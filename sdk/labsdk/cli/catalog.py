@@ -6,23 +6,79 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from labsdk.cli._output import EXIT_OK, _print, _print_json, _table, _text
+from labsdk.cli.try_environment import package_wheel
 from labsdk.client import Lab
 
 
 def models(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab models``: the model catalogue."""
+    """``lab models [list]``: the models the organization sees (only ``ready`` ones train)."""
     found = client().models.list()
     if args.json:
         _print_json(found)
         return EXIT_OK
-    table = _table("ID", "CONTEXT", "PARAMETERS", "DESCRIPTION", wrap=("DESCRIPTION",))
+    table = _table("ID", "STATUS", "ARCHITECTURE", "PARAMETERS", "CONTEXT", "OWNER", "DESCRIPTION", wrap=("DESCRIPTION",))
     for model in found:
-        table.add_row(_text(model.id), _text(model.context_length), _text(model.parameters), _text(model.description))
+        parameters = model.parameters if model.active_parameters is None else f"{model.parameters} ({model.active_parameters} active)"
+        table.add_row(_text(model.id), _text(model.status), _text(model.architecture), _text(parameters),
+                      _text(model.context_length), _text(model.owned_by or "everyone"), _text(model.description))
     _print(table)
+    return EXIT_OK
+
+
+def _print_model(model) -> None:
+    build = model.build
+    for label, value in (
+        ("id", model.id), ("status", model.status), ("owned_by", model.owned_by or "everyone"),
+        ("architecture", model.architecture), ("parameters", model.parameters),
+        ("active", model.active_parameters), ("context", model.context_length),
+        ("chat_template", model.chat_template), ("tool_calls", model.tool_call_format), ("modes", ", ".join(model.modes)),
+        ("memory_gb", ", ".join(f"{mode} {value}" for mode, value in model.memory_gb.items())),
+        ("revision", model.revision), ("size_bytes", model.size_bytes), ("licence", model.licence), ("source", model.source),
+        *([("check", f"{build.number} {build.status}")] if build is not None else []),
+        *([("check_error", build.error)] if build is not None and build.error else []),
+        ("description", model.description),
+    ):
+        print(f"{label + ':':15}{'' if value is None else value}")
+
+
+def models_push(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab models push DIR --name ORG/NAME [--wait]``: upload a Hugging Face model directory as
+    one of the organization's models; prints it (after its check with ``--wait``)."""
+    model = client().models.push(args.directory, name=args.name, wait=args.wait, timeout=args.timeout)
+    if args.json:
+        _print_json(model)
+    elif args.wait:
+        _print_model(model)
+    else:
+        build = model.build
+        print(f"{model.id}: check {build.number if build else '?'} {build.status if build else model.status} "
+              f"(follow it with `lab models get {model.id}`, `lab models build-log {model.id}`)")
+    return EXIT_OK
+
+
+def models_get(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab models get ID``: one model with its latest check."""
+    model = client().models.retrieve(args.id)
+    if args.json:
+        _print_json(model)
+    else:
+        _print_model(model)
+    return EXIT_OK
+
+
+def models_build_log(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab models build-log ID``: the log of a pushed model's latest check."""
+    text = client().models.build_log(args.id)
+    if not text:
+        print(f"{args.id} has no check log: it was not pushed, or its check has not run (`lab models get {args.id}`)", file=sys.stderr)
+        return EXIT_OK
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return EXIT_OK
 
 
@@ -52,13 +108,22 @@ def _print_environment(environment) -> None:
     for label, value in (
         ("id", environment.id), ("kind", environment.kind), ("version", environment.version),
         ("sha256", environment.sha256), ("size_bytes", environment.size_bytes),
-        ("entry_point", environment.entry_point), ("verifiers", environment.verifiers_version),
+        ("entry_point", environment.entry_point), ("verifiers", _verifiers(environment)),
         ("dependencies", ", ".join(environment.dependencies)), ("pushed_by", environment.pushed_by),
         ("created_at", environment.created_at.strftime("%Y-%m-%dT%H:%M:%SZ") if environment.created_at else None),
         ("description", environment.description),
         *_build_rows(environment.build),
     ):
         print(f"{label + ':':14}{'' if value is None else value}")
+
+
+def _verifiers(environment) -> str | None:
+    """The verifiers version the latest build installed with the package's requirement in
+    parentheses (``0.3.1 (>=0.1.0)``), or the requirement alone where no build recorded one."""
+    installed = environment.build.verifiers_version if environment.build is not None else None
+    if not installed:
+        return environment.verifiers_version
+    return f"{installed} ({environment.verifiers_version})" if environment.verifiers_version else installed
 
 
 def _build_rows(build) -> list[tuple[str, Any]]:
@@ -85,8 +150,10 @@ def _build_rows(build) -> list[tuple[str, Any]]:
 
 
 def envs_push(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab envs push WHEEL``: upload an environment wheel for the organization; prints its id."""
-    environment = client().environments.push(args.wheel)
+    """``lab envs push WHEEL|FOLDER``: upload an environment wheel for the organization (a
+    project folder is built into one first, as ``lab envs try`` builds it); prints its id."""
+    with tempfile.TemporaryDirectory(prefix="lab-envs-push-") as scratch:
+        environment = client().environments.push(package_wheel(Path(args.wheel), Path(scratch)))
     if args.json:
         _print_json(environment)
     else:
@@ -177,4 +244,48 @@ def billing_balance(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     print(f"spent this month: ${balance.spent_this_month_usd} (limit {limit})")
     if balance.payment_failed:
         print("payment failed:   yes (new jobs are refused until it is paid)")
+    return EXIT_OK
+
+
+def datasets_push(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab datasets push OWNER/NAME DIR|FILE``: push a dataset for the organization's builds and
+    jobs (``load_dataset("OWNER/NAME")`` reads it, offline); prints its name and files."""
+    dataset = client().datasets.push(args.name, args.path)
+    if args.json:
+        _print_json(dataset)
+    else:
+        print(f"{dataset.id}: {len(dataset.files)} file{'s' if len(dataset.files) != 1 else ''} "
+              f"({', '.join(item.get('path', '?') for item in dataset.files[:5])}{', ...' if len(dataset.files) > 5 else ''})")
+    return EXIT_OK
+
+
+def datasets(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab datasets [list]``: the organization's pushed datasets."""
+    found = client().datasets.list()
+    if args.json:
+        _print_json(found)
+        return EXIT_OK
+    table = _table("NAME", "FILES", "SIZE", "UPDATED")
+    for dataset in found:
+        table.add_row(_text(dataset.id), _text(len(dataset.files)), _text(dataset.size_bytes), _text(dataset.updated_at))
+    _print(table)
+    return EXIT_OK
+
+
+def datasets_get(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab datasets get OWNER/NAME``: one pushed dataset and its files."""
+    dataset = client().datasets.retrieve(args.name)
+    if args.json:
+        _print_json(dataset)
+    else:
+        print(f"{dataset.id} (pushed as {dataset.filename}, {dataset.size_bytes} bytes, updated {dataset.updated_at})")
+        for item in dataset.files:
+            print(f"  {item.get('path')}  {item.get('size_bytes')}")
+    return EXIT_OK
+
+
+def datasets_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
+    """``lab datasets delete OWNER/NAME``: delete a pushed dataset."""
+    client().datasets.delete(args.name)
+    print(f"deleted {args.name}")
     return EXIT_OK

@@ -201,7 +201,9 @@ def jobs_list(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
             raise _UsageError(f"--metadata takes KEY=VALUE, not {pair!r}")
         metadata[key] = value
     jobs = []
-    for job in client().jobs.list(status=args.status, metadata=metadata or None, limit=min(args.limit, 100)):
+    for job in client().jobs.list(
+        status=args.status, metadata=metadata or None, kind=args.kind, limit=min(args.limit, 100)
+    ):
         jobs.append(job)
         if len(jobs) >= args.limit:
             break
@@ -277,8 +279,9 @@ def jobs_logs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab jobs watch ID``: a live table of the job's status and latest metric values, until it
     ends. The header follows the newest status and step. Without a terminal (a pipe, a log file):
-    one plain line per status change and per metric step; with ``--json``: one JSON line per
-    status record and metric step. Exit 1 unless the job succeeded."""
+    one plain line per status change and per metric step (a step's line labelled with that step,
+    replayed or not); with ``--json``: one JSON line per status record and metric step. Exit 1
+    unless the job succeeded."""
     status: Job | None = None
     latest: dict[str, tuple[int, float]] = {}
     newest_step = 0
@@ -303,6 +306,7 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     with live or contextlib.nullcontext():
         for event in client().jobs.stream(args.id):
             line_values: dict[str, float] | None = None
+            line_step: int | None = None
             if event.event == "status":
                 if status is not None and status_order(event.data) <= status_order(status):
                     continue  # an older status replayed after the opening snapshot, or the same one
@@ -313,6 +317,7 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
                         latest[name] = (event.data.step, value)
                 newest_step = max(newest_step, event.data.step)
                 line_values = {name: event.data.values[name] for name in MAIN_METRICS if name in event.data.values}
+                line_step = event.data.step
             else:
                 continue
             if args.json:
@@ -320,6 +325,8 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
             elif plain:
                 job = current()
                 if job is not None:
+                    if line_step is not None:  # a replayed step is labelled with its own step, not the newest
+                        job = job.model_copy(update={"step": line_step})
                     print(progress_line(job, line_values), flush=True)
             else:
                 live.update(render(), refresh=True)

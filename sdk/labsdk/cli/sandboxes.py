@@ -59,14 +59,21 @@ def sandboxes_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int
 
 
 def sandboxes_run(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab sandboxes run ID -- COMMAND ...``: run a command, print its output, exit with its exit code."""
+    """``lab sandboxes run ID -- COMMAND ...``: run a command, print its output as it comes (straight
+    from the sandbox agent), exit with its exit code."""
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
-    result = client().sandboxes.run(args.id, command if len(command) > 1 else command[0], timeout_s=args.timeout)
+    command = command if len(command) > 1 else command[0]
     if args.json:
-        _print_json(result)
+        _print_json(client().sandboxes.run(args.id, command, timeout_s=args.timeout))
         return EXIT_OK
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
-    if result.timed_out:
-        print(f"timed out after {args.timeout or 60} s", file=sys.stderr)
-    return min(result.exit_code, 255)
+    exit_code = 1
+    for event in client().sandboxes.stream(args.id, command, timeout_s=args.timeout):
+        if event.type in ("stdout", "stderr"):
+            stream = sys.stdout if event.type == "stdout" else sys.stderr
+            stream.write(event.data)
+            stream.flush()
+        elif event.type == "exit":
+            exit_code = event.exit_code if event.exit_code is not None else 1
+            if event.timed_out:
+                print(f"timed out after {args.timeout or 60} s", file=sys.stderr)
+    return min(exit_code, 255)

@@ -16,6 +16,7 @@ from labsdk.client import Lab
 from labsdk.errors import (
     APIConnectionError,
     InvalidSpecError,
+    NotFoundError,
 )
 from labsdk.secrets import take_spec_secrets
 from labsdk.spec import SpecError, job_spec_json_schema, parse_spec, read_spec_file, secret_problems
@@ -115,10 +116,99 @@ def _spec_check_failed(args: argparse.Namespace, problems: Sequence[Any], lab: s
     return EXIT_FAILED
 
 
+def _usable_models(client: Callable[[], Lab], model: str) -> tuple[list[str], int | None]:
+    """With LAB_API_KEY: one line per model the organization may use (id, architecture, size,
+    context, modes), for the template's comment, and ``model``'s context length (tokens). Raises
+    ``_UsageError`` when ``model`` is not one of them. Without a key, or when Lab is not reached
+    (said on stderr): none, and no context length."""
+    if not os.environ.get("LAB_API_KEY"):
+        return [], None
+    try:
+        usable = [found for found in client().models.list() if found.status in (None, "ready")]
+    except APIConnectionError:
+        print("warning: Lab was not reached: the template names no models of this organization", file=sys.stderr)
+        return [], None
+    if model not in {found.id for found in usable}:
+        raise _UsageError(
+            f"model {model!r} is not one this organization may use: {', '.join(found.id for found in usable)} (`lab models`)"
+        )
+    lines = []
+    for found in usable:
+        size = f"{found.parameters:,} parameters" if found.parameters else "size unknown"
+        if found.active_parameters:
+            size += f", {found.active_parameters:,} active"
+        lines.append(f"{found.id}  ({found.architecture or 'unknown'}, {size}, context {found.context_length}, "
+                     f"{' and '.join(found.modes) or 'lora and full'})")
+    return lines, next((found.context_length for found in usable if found.id == model), None)
+
+
+#: The judge endpoint's keys of ``[[env]] judge``, by the ``load_environment`` argument Lab sets from each.
+_JUDGE_KEYS = {"judge_base_url": "base_url", "judge_model": "model", "judge_api_key_var": "api_key_var"}
+
+
+def _environment_facts(
+    client: Callable[[], Lab], environment_id: str,
+) -> tuple[dict[str, Any], bool, dict[str, Any] | None]:
+    """With LAB_API_KEY: the arguments ``environment_id`` takes with their defaults, whether its
+    episodes are multi-turn, as Lab knows them (a built-in's from the catalogue; a package's
+    from its latest ready build, which records both), and, for one that takes Prime's judge
+    arguments (``JUDGE_ARGS``), its judge: ``{"base_url", "model", "api_key_var"}`` with the
+    defaults it has (None where it has none), those arguments left out of the arguments, since
+    only ``[[env]] judge`` declares the endpoint the job's network lets it reach. Defaults TOML
+    cannot write (null, a value the build could only describe) are left out. Without a key, or
+    when Lab does not know the environment (said on stderr): none, single-turn and no judge. A
+    package whose build is still queued or running, or failed, has no arguments known: none, said
+    on stderr."""
+    if not os.environ.get("LAB_API_KEY"):
+        return {}, False, None
+    try:
+        found = next((item for item in client().environments.list() if item.id == environment_id and item.kind == "builtin"), None)
+        if found is None:
+            found = client().environments.retrieve(environment_id)
+    except APIConnectionError:
+        return {}, False, None
+    except NotFoundError:
+        print(f"warning: Lab knows no environment {environment_id!r} (`lab envs`): the template leaves its args empty",
+              file=sys.stderr)
+        return {}, False, None
+    if found.build is not None and found.build.status in ("queued", "running"):
+        print(f"warning: the build of {environment_id} is still {found.build.status}, so its arguments are not known yet: "
+              f"the template leaves its args empty; run `lab spec init` again once `lab envs info {environment_id}` "
+              "shows it ready", file=sys.stderr)
+        return {}, False, None
+    if found.build is not None and found.build.status == "failed":
+        print(f"warning: the build of {environment_id} failed, so its arguments are not known: the template leaves its "
+              f"args empty; `lab envs info {environment_id}` says why, `lab envs rebuild` builds it again", file=sys.stderr)
+        return {}, False, None
+    defaults = dict(found.args or {})
+    names = {parameter.get("name") for parameter in found.build.parameters} if found.build is not None else set()
+    judge = None
+    if names.union(defaults) & set(_JUDGE_KEYS):
+        judge = {key: defaults.get(argument) for argument, key in _JUDGE_KEYS.items()}
+        judge = {key: value if isinstance(value, str) and value else None for key, value in judge.items()}
+    args = {
+        name: value for name, value in defaults.items()
+        if value is not None and not (isinstance(value, dict) and set(value) == {"repr"})
+        and not (judge is not None and name in _JUDGE_KEYS)
+    }
+    return args, bool(found.build is not None and found.build.multi_turn), judge
+
+
 def spec_init(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab spec init [FILE] [--model M] [--environment E] [--force]``: write a commented spec template
-    (to stdout without FILE) that passes ``lab spec check`` as written."""
-    text = spec_template(model=args.model, env=args.environment)
+    """``lab spec init [FILE] [--model M] [--environment E] [--multi-turn] [--force]``: write a
+    commented spec template (to stdout without FILE) that passes ``lab spec check`` as written;
+    with LAB_API_KEY it lists the models the organization may use and refuses a ``--model`` that
+    is not one of them, fills ``[[env]] args`` with the environment's defaults (warning, with
+    none, while its build still runs), writes a judge-taking environment's ``judge`` commented out,
+    writes a
+    multi-turn environment's episode limits (``--multi-turn`` says it is one where Lab cannot), and
+    fits ``sampling.max_tokens`` to the model's context."""
+    models, context_length = _usable_models(client, args.model)
+    env_args, multi_turn, judge = _environment_facts(client, args.environment)
+    text = spec_template(
+        model=args.model, env=args.environment, models=models, env_args=env_args, judge=judge,
+        multi_turn=multi_turn or args.multi_turn, context_length=context_length,
+    )
     if not args.file or args.file == "-":
         sys.stdout.write(text)
         return EXIT_OK

@@ -52,21 +52,25 @@ codes), :mod:`~labsdk.spec.values` (storable text, bounded JSON), :mod:`~labsdk.
 problems), :mod:`~labsdk.spec.layouts` (prime-rl's native layout and the older prime CLI
 form, translated), :mod:`~labsdk.spec.warnings` (what Lab does not use, said once),
 :mod:`~labsdk.spec.parse` (validation and warnings), :mod:`~labsdk.spec.files`
-(TOML/JSON text and files) and :mod:`~labsdk.spec.catalog` (catalogue checks). Import from
+(TOML/JSON text and files), :mod:`~labsdk.spec.catalog` (catalogue checks) and
+:mod:`~labsdk.spec.arguments` (an uploaded package's arguments against its build). Import from
 ``labsdk.spec`` itself; the module split is not part of the API.
 """
 
 from __future__ import annotations
 
+from labsdk.spec.arguments import argument_problems, type_problem
 from labsdk.spec.catalog import EnvironmentInfoLike, ModelInfoLike, catalog_problems
 from labsdk.spec.files import MAX_SPEC_BYTES, decode_spec, load_spec_file, loads_spec, read_spec_file
 from labsdk.spec.layouts import detect_layout, fit_seq_len, translate_layout
 from labsdk.spec.model import (
+    JUDGE_ARGS,
     PRIME_UNUSED_KEYS,
     AdaptersConfig,
     BatchFilterConfig,
     CheckpointsConfig,
     EnvConfig,
+    EnvJudgeConfig,
     EvalConfig,
     EvalEnvConfig,
     JobSpec,
@@ -94,11 +98,13 @@ from labsdk.spec.values import (
 )
 
 __all__ = [
+    "JUDGE_ARGS",
     "PRIME_UNUSED_KEYS",
     "AdaptersConfig",
     "BatchFilterConfig",
     "CheckpointsConfig",
     "EnvConfig",
+    "EnvJudgeConfig",
     "EvalConfig",
     "EvalEnvConfig",
     "JobSpec",
@@ -110,11 +116,13 @@ __all__ = [
     "TeacherConfig",
     "TemperatureScheduleConfig",
     "ValConfig",
+    "argument_problems",
     "catalog_problems",
     "decode_spec",
     "detect_layout",
     "fit_seq_len",
     "translate_layout",
+    "type_problem",
     "job_spec_json_schema",
     "load_spec_file",
     "loads_spec",

@@ -264,7 +264,10 @@ class EvalSamplingConfig(TeacherSamplingConfig):
 class TeacherClientConfig(_Section):
     """An OpenAI-compatible endpoint serving the teacher model."""
 
-    base_url: Text = Field(min_length=1, max_length=2048, description="Endpoint base URL, e.g. https://host/v1.")
+    base_url: Text | None = Field(
+        None, min_length=1, max_length=2048,
+        description="Endpoint base URL, e.g. https://host/v1 (required unless [teacher] names a deployment).",
+    )
     api_key_var: str = Field(
         min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Name of the job secret holding the endpoint's API key.",
@@ -278,8 +281,8 @@ class TeacherClientConfig(_Section):
     def _check_endpoint(self) -> TeacherClientConfig:
         # The engine sends these as they are (engine/distill.py): a URL httpx cannot ask or a
         # header it cannot send would fail every attempt as a network error, so it is a 400 here.
-        match = _HTTP_URL.fullmatch(self.base_url)
-        if match is None or not match.group("host"):
+        match = _HTTP_URL.fullmatch(self.base_url) if self.base_url is not None else None
+        if self.base_url is not None and (match is None or not match.group("host")):
             _raise_at("base_url", "invalid_value", "must be an http:// or https:// URL with a host, e.g. https://host/v1")
         seen: set[str] = set()
         for header in self.headers_from_env or {}:
@@ -326,20 +329,108 @@ class TeacherEndpoint:
     check_model: bool
 
 
-class TeacherConfig(_Section):
-    """The teacher of a distillation job (``loss = "sft"``)."""
+#: A deployment's public id (``dep_...``), as a ``[teacher]`` or an ``[[env]] judge`` names it.
+DEPLOYMENT_ID_PATTERN = r"^dep_[A-Za-z0-9]{1,64}$"
 
-    model: Text = Field(min_length=1, max_length=256, description="Model id the teacher endpoint serves.")
+
+class TeacherConfig(_Section):
+    """The teacher of a distillation job (``loss = "sft"``): a model at an OpenAI-compatible
+    endpoint, or one of the project's deployments (``deployment``), which Lab resolves at submit
+    to its own OpenAI-compatible API (``model`` = the deployment's name, ``client.base_url`` =
+    Lab's ``/api/v1/openai/v1``) with the Lab API key in the job secret ``client.api_key_var``."""
+
+    model: Text | None = Field(
+        None, min_length=1, max_length=256,
+        description="Model id the teacher endpoint serves (required unless deployment is given).",
+    )
+    deployment: str | None = Field(
+        None, max_length=68, pattern=DEPLOYMENT_ID_PATTERN,
+        description="A deployment of the project (dep_...) to distil from, through Lab's OpenAI-compatible API; "
+        "its Lab API key is the job secret [teacher.client] api_key_var.",
+    )
     client: TeacherClientConfig | None = Field(None, description="The endpoint; default Prime Inference.")
     sampling: TeacherSamplingConfig | None = Field(None, description="Teacher sampling settings.")
 
+    @model_validator(mode="after")
+    def _model_or_deployment(self) -> TeacherConfig:
+        if self.deployment is not None:
+            if self.client is None:
+                _raise_at(
+                    "client.api_key_var", "required",
+                    "a teacher deployment needs [teacher.client] api_key_var: the job secret holding a Lab API key",
+                )
+            return self
+        if self.model is None:
+            _raise_at("model", "required", "'model' is required (or a deployment = \"dep_...\")")
+        if self.client is not None and self.client.base_url is None:
+            _raise_at("client.base_url", "required", "'base_url' is required (or [teacher] deployment = \"dep_...\")")
+        return self
+
     def endpoint(self) -> TeacherEndpoint:
         """Return the endpoint this teacher is asked at: ``[teacher.client]``, else Prime Inference
-        with the secret ``PRIME_API_KEY``."""
+        with the secret ``PRIME_API_KEY``. A deployment's base URL is ``""`` until Lab resolves it
+        at submit (every stored spec has it resolved)."""
         client = self.client
         if client is None:
             return TeacherEndpoint(PRIME_INFERENCE_BASE_URL, PRIME_API_KEY_VAR, {}, True)
-        return TeacherEndpoint(client.base_url, client.api_key_var, dict(client.headers_from_env or {}), not client.skip_model_check)
+        return TeacherEndpoint(
+            client.base_url or "", client.api_key_var, dict(client.headers_from_env or {}), not client.skip_model_check,
+        )
+
+
+#: The ``args`` an ``[[env]] judge`` is resolved into: Prime's environments' judge arguments.
+JUDGE_ARGS = ("judge_model", "judge_base_url", "judge_api_key_var")
+
+
+class EnvJudgeConfig(_Section):
+    """The judge of an environment that takes Prime's judge arguments (``judge_model``,
+    ``judge_base_url``, ``judge_api_key_var``), which Lab sets at submit: one of the project's
+    deployments (``deployment``), or an OpenAI-compatible endpoint the job declares
+    (``base_url``, with ``model`` and ``api_key_var`` when given). A declared endpoint is the
+    one the job's network lets the environment reach (docs/environments.md "Network")."""
+
+    deployment: str | None = Field(
+        None, max_length=68, pattern=DEPLOYMENT_ID_PATTERN, description="A deployment of the project (dep_...) that judges.",
+    )
+    base_url: Text | None = Field(
+        None, min_length=1, max_length=2048,
+        description="An OpenAI-compatible endpoint that judges, e.g. https://host/v1: the judge_base_url arg, "
+        "and the judge endpoint the job's network allows.",
+    )
+    model: Text | None = Field(
+        None, min_length=1, max_length=256, description="The judge_model arg: the model the endpoint serves.",
+    )
+    api_key_var: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="The judge_api_key_var arg: the job secret holding the endpoint's API key "
+        "(a Lab API key of the project for a deployment; required then).",
+    )
+
+    @model_validator(mode="after")
+    def _deployment_or_endpoint(self) -> EnvJudgeConfig:
+        if (self.deployment is None) == (self.base_url is None):
+            _raise_at("base_url", "required", 'give one of deployment = "dep_..." or base_url = "https://host/v1"')
+        if self.deployment is not None:
+            if self.model is not None:
+                _raise_at("model", "conflicting_keys", "a deployment's model is its name, which Lab sets; leave model out")
+            if self.api_key_var is None:
+                _raise_at(
+                    "api_key_var", "required", "a judge deployment needs api_key_var: the job secret holding a Lab API key",
+                )
+            return self
+        match = _HTTP_URL.fullmatch(self.base_url)
+        if match is None or not match.group("host"):
+            _raise_at("base_url", "invalid_value", "must be an http:// or https:// URL with a host, e.g. https://host/v1")
+        return self
+
+    def declared_args(self) -> dict[str, str]:
+        """Return the ``args`` a declared endpoint (``base_url``) sets: ``judge_base_url``, and
+        ``judge_model`` and ``judge_api_key_var`` when given; empty for a deployment, which Lab
+        resolves at submit."""
+        if self.base_url is None:
+            return {}
+        given = zip(JUDGE_ARGS, (self.model, self.base_url, self.api_key_var), strict=True)
+        return {name: value for name, value in given if value is not None}
 
 
 class EnvConfig(_Section):
@@ -402,6 +493,10 @@ class EnvConfig(_Section):
     retries: int | None = Field(
         None, ge=0, le=100,
         description="Times a rollout whose environment code failed is run again before the job fails (default 0).",
+    )
+    judge: EnvJudgeConfig | None = Field(
+        None, description="A deployment of the project as the environment's judge (judge_model, judge_base_url and "
+        "judge_api_key_var args, set by Lab at submit).",
     )
 
     @property
@@ -474,6 +569,24 @@ def _refuse_zero(value: int | None, key: str) -> None:
         _raise_at(key, "out_of_range", "must be -1 (all) or at least 1")
 
 
+class EvalEndpointConfig(_Section):
+    """An OpenAI-compatible endpoint an evaluation job samples through (``POST {base_url}/chat/completions``)."""
+
+    base_url: Text = Field(min_length=1, max_length=2048, description="Endpoint base URL, e.g. https://host/v1.")
+    model: Text = Field(min_length=1, max_length=256, description="Model id the endpoint serves.")
+    api_key_var: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the job secret holding the endpoint's API key.",
+    )
+
+    @model_validator(mode="after")
+    def _check_url(self) -> EvalEndpointConfig:
+        match = _HTTP_URL.fullmatch(self.base_url)
+        if match is None or not match.group("host"):
+            _raise_at("base_url", "invalid_value", "must be an http:// or https:// URL with a host, e.g. https://host/v1")
+        return self
+
+
 class EvalConfig(_Section):
     """Periodic evaluation on held-out examples."""
 
@@ -488,12 +601,27 @@ class EvalConfig(_Section):
     env: list[EvalEnvConfig] | None = Field(
         None, max_length=16, description="Environments to evaluate instead of the training ones.",
     )
+    evaluate_final_checkpoint: bool | None = Field(
+        None, description="When the job succeeds, evaluate its final checkpoint on these environments, examples, "
+        "rollouts and sampling as an evaluation of its own, every sample kept (docs/evaluations.md).",
+    )
+    adapter: str | None = Field(
+        None, max_length=64, pattern=r"^adp_[A-Za-z0-9]+$",
+        description="Evaluation jobs (written by Lab from POST /evaluations): the ready adapter of this project "
+        "whose weights are evaluated on the model.",
+    )
+    endpoint: EvalEndpointConfig | None = Field(
+        None, description="Evaluation jobs (written by Lab from POST /evaluations): the OpenAI-compatible endpoint "
+        "the evaluation samples through instead of the model.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
         _refuse_zero(self.num_examples, "num_examples")
         for index, env in enumerate(self.env or []):
             _refuse_zero(env.num_examples, f"env.{index}.num_examples")
+        if self.adapter is not None and self.endpoint is not None:
+            _raise_at("adapter", "conflicting_keys", "an evaluation samples an adapter or an endpoint, not both")
         if self.eval_base_model is not None:
             if self.skip_first_step is None:
                 self.skip_first_step = not self.eval_base_model

@@ -13,16 +13,23 @@ from labsdk.spec.problems import SpecProblem
 
 
 def secret_names_used(spec: JobSpec) -> list[tuple[str, str]]:
-    """Return ``(param, secret name)`` for every secret the spec's teacher needs:
+    """Return ``(param, secret name)`` for every secret the spec's endpoints need: the teacher's,
     ``teacher.client.api_key_var`` (``PRIME_API_KEY`` for a ``[teacher]`` without a client) and
-    the values of ``teacher.client.headers_from_env``."""
+    the values of ``teacher.client.headers_from_env``; an evaluation endpoint's
+    ``eval.endpoint.api_key_var``; each ``[[env]] judge``'s ``api_key_var``."""
+    evaluated = [("eval.endpoint.api_key_var", spec.eval.endpoint.api_key_var)] if spec.eval.endpoint else []
+    for section, blocks in (("env", spec.env), ("eval.env", spec.eval.env or [])):
+        evaluated += [
+            (f"{section}.{index}.judge.api_key_var", env.judge.api_key_var)
+            for index, env in enumerate(blocks) if env.judge and env.judge.api_key_var
+        ]
     if spec.teacher is None or spec.loss != "sft":
-        return []
+        return evaluated
     endpoint = spec.teacher.endpoint()
     # Without [teacher.client] the teacher is Prime Inference, whose key is the secret PRIME_API_KEY.
     used = [("teacher.client.api_key_var" if spec.teacher.client else "teacher", endpoint.api_key_var)]
     used += [(f"teacher.client.headers_from_env.{header}", name) for header, name in endpoint.headers_from_env.items()]
-    return used
+    return used + evaluated
 
 
 def secret_problems(spec: JobSpec, names: Collection[str] | Mapping[str, str]) -> list[SpecProblem]:
