@@ -57,7 +57,7 @@ def _page(request: HttpRequest, access: OrganizationAccess, *, status: int = 200
     start = (now - timedelta(days=USAGE_DAYS)).replace(hour=0, minute=0, second=0, microsecond=0)
     by_day = usage_rows(organization_id=organization.pk, project_id=None, start=start, end=now, group_by=("day", "resource"))
     by_job = usage_rows(organization_id=organization.pk, project_id=None, start=start, end=now, group_by=("job",))
-    jobs = sorted(by_job, key=lambda row: row["cost_usd"], reverse=True)[:TOP_JOBS]
+    jobs = sorted((row for row in by_job if row["job_id"]), key=lambda row: row["cost_usd"], reverse=True)[:TOP_JOBS]
     balance = balance_of(organization)
     context = {
         "organization": organization,

@@ -1,6 +1,7 @@
 """The organization's environments page: the built-ins and its uploaded packages (versions, the
 arguments each takes, pusher, date, the latest build's status with a link to its log); owners and
-admins push a wheel from here (docs/environments.md)."""
+admins push a wheel from here (docs/environments.md). One environment's page lists its versions
+and the evaluations the organization's projects ran on each, best first (docs/evaluations.md)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from dashboard.access import OrganizationAccess, organization_view
+from dashboard.evaluation_presenter import version_rows
 from dashboard.views import _render
 from environments.builds import build_log, latest_build, latest_builds
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
 from environments.services import environment_get, environment_push
+from evaluations.selectors import environment_evaluations
 from jobs.api.environments import environment_objects
 from lab.api.errors import http_status
 from lab.audit import Actor
@@ -67,9 +70,11 @@ def _page(request: HttpRequest, access: OrganizationAccess, *, pushed=None, erro
             version = environment["id"].partition("/")[2]
             log_url = reverse("environment_build_log", kwargs={"org_slug": access.organization.slug, "environment": version})
         package = packages.get(environment["id"])
+        owner, _, name = environment["id"].partition("@")[0].partition("/")
         rows.append({
             **environment, "build": build, "build_log_url": log_url, "arguments": _arguments(environment, build),
             "pushed_by": _pusher(package) if package is not None else "",
+            "page_url": reverse("environment", kwargs={"org_slug": access.organization.slug, "owner": owner, "name": name}),
         })
     context = {
         "environments": rows,
@@ -119,3 +124,26 @@ def environment_build_log(request: HttpRequest, access: OrganizationAccess, envi
         raise Http404("No such environment.") from None
     build = latest_build(package)
     return HttpResponse(build_log(build) if build is not None else "", content_type="text/plain; charset=utf-8")
+
+
+@require_GET
+@organization_view
+def environment_detail(request: HttpRequest, access: OrganizationAccess, owner: str, name: str) -> HttpResponse:
+    """The page of the environment ``<owner>/<name>`` (a built-in, or one of the organization's
+    packages): its versions, and per version the evaluations of the organization's projects that
+    ran it, best first (reward mean on it, highest first; those not ended after). 404 for an
+    environment the organization neither may use nor has evaluated, as for another's."""
+    environment = f"{owner}/{name}"
+    versions = [
+        item for item in environment_objects(access.organization)
+        if item["id"] == environment or item["id"].startswith(f"{environment}@")
+    ]
+    groups = environment_evaluations(organization=access.organization, environment=environment)
+    if not versions and not groups:
+        raise Http404("No such environment.")
+    context = {
+        "environment": environment,
+        "versions": versions,
+        "groups": [(group.environment_id, version_rows(group)) for group in groups],
+    }
+    return _render(request, "dashboard/environment.html", context, access=access)

@@ -144,20 +144,23 @@ class MembershipRoleForm(forms.Form):
 
 
 class ApiKeyCreateForm(forms.Form):
-    """Name a new API key and choose its access: read, or read and write."""
+    """Name a new API key and choose its access: read, read and write, or inference only (calls
+    the project's deployments through the OpenAI-compatible API and nothing else)."""
 
-    ACCESS_SCOPES = {"read": [ApiKeyScope.READ], "read_write": [ApiKeyScope.READ, ApiKeyScope.WRITE]}
+    ACCESS_SCOPES = {
+        "read": [ApiKeyScope.READ], "read_write": [ApiKeyScope.READ, ApiKeyScope.WRITE], "inference": [ApiKeyScope.INFERENCE],
+    }
 
     name = forms.CharField(max_length=100)
     access = forms.ChoiceField(
-        choices=[("read_write", "Read and write"), ("read", "Read only")],
+        choices=[("read_write", "Read and write"), ("read", "Read only"), ("inference", "Inference only (OpenAI-compatible API)")],
         initial="read_write",
         widget=forms.RadioSelect,
     )
 
     @property
     def scopes(self) -> list[str]:
-        """The scopes the chosen access stands for (``["read"]`` or ``["read", "write"]``)."""
+        """The scopes the chosen access stands for (``["read"]``, ``["read", "write"]`` or ``["inference"]``)."""
         return [str(scope) for scope in self.ACCESS_SCOPES[self.cleaned_data["access"]]]
 
 

@@ -28,7 +28,7 @@ from labsdk.spec_template import spec_to_toml
 
 from dashboard.access import OrganizationAccess, project_view
 from dashboard.forms import JobSpecForm
-from dashboard.spec_editor import example_named, examples
+from dashboard.spec_editor import example_named, examples, with_model
 from dashboard.views import _actor, _render
 from jobs.artifacts.downloads import download_response
 from jobs.artifacts.kinds import ADAPTER, CHECKPOINT, ArtifactKind
@@ -37,6 +37,8 @@ from jobs.distributions import histogram
 from jobs.estimates import job_estimate
 from jobs.models import Checkpoint, CheckpointStatus, Job, JobStatus, MetricStep
 from jobs.queue import queue_positions
+from jobs.registry.selectors import installed_models
+from jobs.sandboxes import job_sandbox_use
 from jobs.selectors import (
     job_eta_seconds,
     job_list,
@@ -165,6 +167,7 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
     one whose estimate was shown; otherwise it is estimated again first.
     """
     example = example_named(request.GET.get("example"))
+    usable = installed_models(project.organization)
     estimate, changed_since_estimate = None, False
     if request.method == "GET":
         source, job_source = request.GET.get("from_checkpoint"), request.GET.get("from_job")
@@ -174,6 +177,8 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
             text = _spec_from_job(project, job_source)
         else:
             text = example.text if example else ""
+            if request.GET.get("model") in usable:  # "Use this model" of the models menu
+                text = with_model(text, request.GET["model"])
         form = JobSpecForm(initial={"format": "toml", "spec": text})
     else:
         form = JobSpecForm(request.POST)
@@ -208,6 +213,7 @@ def job_create(request: HttpRequest, access: OrganizationAccess, project: Projec
         "form": form,
         "examples": examples(),
         "example": example,
+        "models": list(usable.values()),
         "estimate": estimate,
         "changed_since_estimate": changed_since_estimate and estimate is not None,
         "digest": form.digest if estimate else "",
@@ -272,7 +278,7 @@ def _submit_once(request: HttpRequest, project: Project, data, *, token: str, di
 
 
 def _job_header_context(job: Job) -> dict:
-    return {"job": job, "job_data": job_to_dict(job)}
+    return {"job": job, "job_data": job_to_dict(job), "sandboxes": job_sandbox_use(job)}
 
 
 def _held_out_names(names: list[str], prefix: str) -> list[str]:

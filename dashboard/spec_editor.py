@@ -52,6 +52,15 @@ def example_named(name: str | None) -> Example | None:
     return next((example for example in every if example.name == name), every[0] if every else None)
 
 
+_TOML_MODEL_LINE = re.compile(r'^model = "[^"\n]*"', re.M)
+
+
+def with_model(text: str, model_id: str) -> str:
+    """Return the example spec ``text`` with its top-level ``model = "..."`` line naming
+    ``model_id`` (a model the organization may use, checked by the caller)."""
+    return _TOML_MODEL_LINE.sub(lambda _: f'model = "{model_id}"', text, count=1)
+
+
 @lru_cache(maxsize=4)
 def _toml_key_paths(text: str) -> tuple[tuple[str, int], ...]:
     """Return ``(dotted path, line number)`` for every table header and ``key =`` line of ``text``.

@@ -54,6 +54,25 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
     environments             /o/<org_slug>/environments/        built-ins and the organization's packages
     environment_push         /o/<org_slug>/environments/push/   POST a wheel (owners, admins)
     environment_build_log    /o/<org_slug>/environments/<name>@<version>/build-log/   the latest build's log, as text
+    models                   /o/<org_slug>/models/          the catalogue and the organization's own models, with their checks
+    model_build_log          /o/<org_slug>/models/<owner>/<name>/build-log/   a pushed model's latest check's log, as text
+    environment              /o/<org_slug>/environments/<owner>/<name>/   its versions and the evaluations run on each, best first
+    evaluations              <project>evaluations/            the project's evaluations (?status=), compare picked ones
+    evaluation_new           <project>evaluations/new/?checkpoint=|adapter=|model=   the "Evaluate" form; POST starts one
+    evaluation_compare       <project>evaluations/compare/?evaluation=..&evaluation=..&environment=&show=   2 to 5, example by example
+    evaluation               <project>evaluations/<evaluation_id>/   summary per environment, histograms, samples (?environment=&min_reward=&max_reward=&page=)
+    evaluation_summary       <project>evaluations/<evaluation_id>/summary/   the header and summary alone (polled while it runs)
+    evaluation_sample        <project>evaluations/<evaluation_id>/samples/<sample_id>/   one sample; ?format=text as plain text
+    evaluation_cancel        <project>evaluations/<evaluation_id>/cancel/   confirm (GET); cancel (POST)
+    evaluation_retry         <project>evaluations/<evaluation_id>/retry/    confirm (GET); retry (POST)
+    evaluation_delete        <project>evaluations/<evaluation_id>/delete/   confirm (GET); delete (POST)
+    deployments              <project>deployments/            the project's deployments (?status=)
+    deployment_new           <project>deployments/new/        POST source_type, source_id: deploy it (the "Deploy" of a checkpoint's or adapter's row)
+    deployment               <project>deployments/<deployment_id>/   status, reason, events, requests, tokens, latency; the playground
+    deployment_chat          <project>deployments/<deployment_id>/chat/     POST OpenAI's chat body: relayed as the OpenAI-compatible API does (streamed)
+    deployment_delete        <project>deployments/<deployment_id>/delete/   POST: unload and stop it
+    sandboxes                <project>sandboxes/              the project's sandboxes (?status=): limits, lifetime left, labels
+    sandbox_delete           <project>sandboxes/<sandbox_id>/delete/   POST: stop it and delete its files
     api_keys                 /o/<org_slug>/p/<project_slug>/keys/                 list; POST creates (owners, admins)
     api_key_revoke           /o/<org_slug>/p/<project_slug>/keys/<key_id>/revoke/ confirm (GET); revoke (POST)
 """
@@ -61,13 +80,25 @@ Projects (members of the project's organization; ``<project>`` is /o/<org_slug>/
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import billing_views, environment_views, job_views, views, webhook_views
+from dashboard import (
+    billing_views,
+    deployment_views,
+    environment_views,
+    evaluation_views,
+    job_views,
+    model_views,
+    sandbox_views,
+    views,
+    webhook_views,
+)
 from dashboard.forms import EmailAuthenticationForm
 
 _ORGANIZATION = "o/<slug:org_slug>/"
 _PROJECT = _ORGANIZATION + "p/<slug:project_slug>/"
 _JOB = _PROJECT + "jobs/<str:job_id>/"
 _ENDPOINT = _PROJECT + "webhooks/<str:endpoint_id>/"
+_EVALUATION = _PROJECT + "evaluations/<str:evaluation_id>/"
+_DEPLOYMENT = _PROJECT + "deployments/<str:deployment_id>/"
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -132,12 +163,16 @@ urlpatterns = [
     path(_ORGANIZATION + "billing/portal/", billing_views.billing_portal, name="billing_portal"),
     path(_ORGANIZATION + "billing/settings/", billing_views.billing_settings, name="billing_settings"),
     path(_ORGANIZATION + "environments/", environment_views.environments, name="environments"),
+    path(_ORGANIZATION + "models/", model_views.models, name="models"),
+    path(_ORGANIZATION + "models/<str:owner>/<str:name>/build-log/", model_views.model_build_log, name="model_build_log"),
     path(_ORGANIZATION + "environments/push/", environment_views.environment_push_view, name="environment_push"),
     path(
         _ORGANIZATION + "environments/<str:environment>/build-log/",
         environment_views.environment_build_log,
         name="environment_build_log",
     ),
+    # after build-log, whose <name>@<version>/build-log/ this pattern would also match
+    path(_ORGANIZATION + "environments/<str:owner>/<str:name>/", environment_views.environment_detail, name="environment"),
     # --- projects ---
     path(_PROJECT, job_views.project_detail, name="project"),
     path(_PROJECT + "jobs/table/", job_views.jobs_table, name="jobs_table"),
@@ -163,6 +198,22 @@ urlpatterns = [
         job_views.adapter_download,
         name="adapter_download",
     ),
+    path(_PROJECT + "deployments/", deployment_views.deployments, name="deployments"),
+    path(_PROJECT + "deployments/new/", deployment_views.deployment_new, name="deployment_new"),
+    path(_DEPLOYMENT, deployment_views.deployment, name="deployment"),
+    path(_DEPLOYMENT + "chat/", deployment_views.deployment_chat, name="deployment_chat"),
+    path(_DEPLOYMENT + "delete/", deployment_views.deployment_remove, name="deployment_delete"),
+    path(_PROJECT + "sandboxes/", sandbox_views.sandboxes, name="sandboxes"),
+    path(_PROJECT + "sandboxes/<str:sandbox_id>/delete/", sandbox_views.sandbox_remove, name="sandbox_delete"),
+    path(_PROJECT + "evaluations/", evaluation_views.evaluation_list_view, name="evaluations"),
+    path(_PROJECT + "evaluations/new/", evaluation_views.evaluation_new, name="evaluation_new"),
+    path(_PROJECT + "evaluations/compare/", evaluation_views.evaluation_compare, name="evaluation_compare"),
+    path(_EVALUATION, evaluation_views.evaluation_detail, name="evaluation"),
+    path(_EVALUATION + "summary/", evaluation_views.evaluation_summary, name="evaluation_summary"),
+    path(_EVALUATION + "samples/<str:sample_id>/", evaluation_views.evaluation_sample, name="evaluation_sample"),
+    path(_EVALUATION + "cancel/", evaluation_views.evaluation_cancel_view, name="evaluation_cancel"),
+    path(_EVALUATION + "retry/", evaluation_views.evaluation_retry_view, name="evaluation_retry"),
+    path(_EVALUATION + "delete/", evaluation_views.evaluation_delete_view, name="evaluation_delete"),
     path(_PROJECT + "webhooks/", webhook_views.webhooks, name="webhooks"),
     path(_ENDPOINT, webhook_views.webhook_endpoint, name="webhook_endpoint"),
     path(_ENDPOINT + "enabled/", webhook_views.webhook_endpoint_enabled, name="webhook_endpoint_enabled"),

@@ -5,12 +5,9 @@ of the CLI and the SDK (``labsdk.display.format_bytes``)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from pathlib import Path
 
 import pytest
-from django.test import Client
 from labsdk.webhooks import WebhookReceiver
 
 from jobs.models import Checkpoint, CheckpointStatus, Job
@@ -19,34 +16,12 @@ from jobs.webhooks.delivery import deliver
 from jobs.webhooks.endpoints import endpoint_create, endpoint_send_test
 from jobs.webhooks.models import WebhookDelivery
 from lab.audit import Actor
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser import signed_in_page
 from tests.support.jobs_helpers import Engine, submit
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PROJECT = "/o/acme/p/default/"
-
-
-@contextlib.contextmanager
-def signed_in_page(live_server, user):
-    """Yield a Chromium page signed in as ``user`` (the session of Django's test client). Open it
-    after the test's rows are written: Playwright runs an event loop in this thread, inside
-    which Django refuses database queries."""
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
-    client = Client()
-    client.force_login(user)
-    session = client.cookies["sessionid"].value
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = chromium.new_context(base_url=live_server.url)
-            context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
-            yield context.new_page()
-        finally:
-            chromium.close()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from lab.models import ApiKey, AuditLogEntry
+from serving.api.gateway import caller
 
 pytestmark = pytest.mark.django_db
 
@@ -52,6 +53,18 @@ def test_it_creates_a_read_only_key(owner, owner_client):
     key = plaintext_in(create_key(owner_client, name="dashboards", access="read"))
     assert ApiKey.objects.get(name="dashboards").scopes == ["read"]
     assert whoami(key).json()["scopes"] == ["read"]
+
+
+def test_it_creates_an_inference_only_key_that_calls_models_and_nothing_else(owner, owner_client):
+    page = owner_client.get(KEYS).content.decode()
+    assert 'value="inference"' in page
+    key = plaintext_in(create_key(owner_client, name="product", access="inference"))
+    assert ApiKey.objects.get(name="product").scopes == ["inference"]
+    assert caller(f"Bearer {key}").name == "product"  # what the OpenAI-compatible API admits
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    refused = client.get("/api/v1/jobs")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "insufficient_scope")
 
 
 def test_it_refuses_a_bad_create_form(owner, owner_client):

@@ -100,8 +100,9 @@ def test_a_checkpoint_row_keeps_its_id_apart_from_its_actions(owner, owner_clien
     assert "<th>ID</th>" in table and "<th>Actions</th>" in table
     assert cells[1] == f'<code class="small">{ready.public_id}</code>'
     actions = re.findall(r'<a class="button[^"]*"[^>]*>([^<]*)</a>', cells[-1])
-    assert actions == ["Download", "New job from this"]
-    assert ready.public_id not in re.sub(r'href="[^"]*"', "", cells[-1])
+    assert actions == ["Download", "New job from this", "Evaluate"]
+    assert re.findall(r'<button type="submit"[^>]*>([^<]*)</button>', cells[-1]) == ["Deploy"]
+    assert ready.public_id not in re.sub(r'(href|value)="[^"]*"', "", cells[-1])
 
 
 def test_a_delivery_row_names_its_job(owner, owner_client, spec, monkeypatch, settings):
