@@ -191,9 +191,10 @@ SAMPLING_DEFAULTS = {"max_tokens": 128, "temperature": 1.0, "temp_scheduler": No
                      "enable_thinking": None, "reasoning_effort": None}
 ENV_DEFAULTS = {"id": None, "args": {}, "version": None, "name": None, "max_retries": None, "taskset": None,
                 "harness": None, "ratio": None, "group_size": None, "max_turns": None, "max_input_tokens": None,
-                "max_output_tokens": None, "timeout": None, "retries": None}
+                "max_output_tokens": None, "timeout": None, "retries": None, "judge": None}
 EVAL_DEFAULTS = {"interval": 0, "num_examples": 32, "rollouts_per_example": None, "skip_first_step": None,
-                 "eval_base_model": None, "sampling": None, "env": None}
+                 "eval_base_model": None, "sampling": None, "env": None, "evaluate_final_checkpoint": None,
+                 "adapter": None, "endpoint": None}
 CHECKPOINTS_DEFAULTS = {"interval": 10, "keep_last": 3, "keep_cloud": None}
 RESOURCES_DEFAULTS = {"gpu_type": "cpu", "gpus": 0, "num_train_gpus": None, "num_infer_gpus": None}
 

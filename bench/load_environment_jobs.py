@@ -1,7 +1,7 @@
 """Benchmark: what running a ``load_environment`` package on its build adds to a job's start, and
 how fast its bridge scores single-turn rollouts.
 
-Builds the test package ``DOUBLE_IT`` (tests/environments/load_environment_wheels.py: verifiers
+Builds the test package ``DOUBLE_IT`` (tests/support/load_environment_wheels.py: verifiers
 0.3.1 and ``datasets``) with the builder against the local package index (``make
 package-index``; never a remote one), then hands it to ``engine.packages.install_packages`` as a
 launch does (the build's lock with a ``file://`` wheelhouse URL per wheel) and measures, as
@@ -65,7 +65,7 @@ def main() -> None:
     from engine import build_envs, packages
     from engine.environments import load_environment
     from engine.environments.verifiers_taskset import close_bridges
-    from tests.environments.load_environment_wheels import double_it_wheel
+    from tests.support.load_environment_wheels import double_it_wheel
 
     with tempfile.TemporaryDirectory() as temporary:
         root = pathlib.Path(temporary)

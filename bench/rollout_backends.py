@@ -12,7 +12,7 @@ Prints one docs/architecture.md "Tests and benchmarks" JSON line:
     {"name": "rollout_tokens_per_s_vllm_vs_hf", "value": <vLLM tokens/s ÷ transformers tokens/s>,
      "unit": "ratio", "baseline": 2.5, "ratio": <value ÷ 2.5>, "vllm_tokens_per_s": ..., ...}
 
-The baseline 2.5 is the goal of issue 19 ("goal ≥ 2.5×").
+The baseline 2.5 is the goal (≥ 2.5×).
 
     python bench/rollout_backends.py [--repeats 3] [--vllm-dtype bfloat16]
 """
@@ -63,16 +63,15 @@ def main() -> int:
     args = parser.parse_args()
     sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "sdk")]
     import torch
+    from _models import smollm2_dir
 
-    from engine.catalog import default_model_dir
-    from engine.models import convert_smollm2, load_model
+    from engine.models import load_model
     from engine.rollout import TransformersBackend
     from engine.vllm_backend import VLLMBackend
 
     torch.set_num_threads(1)
-    model_dir = default_model_dir()
-    path = convert_smollm2(model_dir)
-    model, tokenizer = load_model(MODEL_ID, model_dir)
+    path = smollm2_dir()
+    model, tokenizer = load_model(MODEL_ID)
     prompts = _prompts(tokenizer)
     stop_ids = [tokenizer.eos_token_id]
 

@@ -31,17 +31,9 @@ import time
 
 import _django
 import httpx
+from _proc import rss_kib
 
 NOW = "2026-11-29T22:16:31Z"
-
-
-def rss_kib(pid: int) -> int:
-    """Return a process's resident set size in KiB (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 class Follower(threading.Thread):
