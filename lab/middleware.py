@@ -12,6 +12,7 @@ import uuid
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from whitenoise.middleware import WhiteNoiseMiddleware
 
 from lab.api.errors import ApiError, error_json_response
 from lab.logging import request_id_var
@@ -52,6 +53,21 @@ class _Middleware:
         return response
 
 
+class StaticFilesMiddleware(_Middleware):
+    """WhiteNoise's static files (``STATIC_URL``), served as its own middleware serves them, in a
+    middleware that runs async too: WhiteNoise's is sync only, which would make Django run every
+    async view (the live stream, the OpenAI-compatible API) through a thread and back."""
+
+    def __init__(self, get_response):
+        super().__init__(get_response)
+        self._whitenoise = WhiteNoiseMiddleware(get_response)
+
+    def before(self, request):
+        whitenoise = self._whitenoise
+        found = whitenoise.find_file(request.path_info) if whitenoise.autorefresh else whitenoise.files.get(request.path_info)
+        return None if found is None else whitenoise.serve(found, request)
+
+
 class RequestIdMiddleware(_Middleware):
     """Take a sane ``X-Request-Id`` from the client or make one; echo it on every response."""
 
@@ -87,7 +103,13 @@ class PrometheusMiddleware(_Middleware):
 
 def max_request_bytes(path: str) -> int:
     """Return the largest body accepted on ``path``: 1 MB, except environment wheel uploads
-    (``LAB_MAX_UPLOAD_REQUEST_BYTES``: a 100 MB wheel and its multipart framing)."""
+    (``LAB_MAX_UPLOAD_REQUEST_BYTES``: a 100 MB wheel and its multipart framing), model archive
+    pushes (``LAB_MODEL_MAX_BYTES`` and the framing) and Prime's evaluation sample uploads
+    (``LAB_PRIME_SAMPLES_MAX_BYTES``: the 25 MB batches of ``prime_evals``)."""
+    if re.match(settings.LAB_PRIME_SAMPLES_PATH_PATTERN, path):
+        return settings.LAB_PRIME_SAMPLES_MAX_BYTES
+    if re.match(settings.LAB_MODEL_UPLOAD_PATH_PATTERN, path):
+        return settings.LAB_MODEL_MAX_BYTES + 64 * 1024
     if re.match(settings.LAB_UPLOAD_PATH_PATTERN, path):
         return settings.LAB_MAX_UPLOAD_REQUEST_BYTES
     return settings.LAB_MAX_REQUEST_BYTES

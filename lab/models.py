@@ -124,10 +124,13 @@ def _api_key_public_id() -> str:
 
 
 class ApiKeyScope(models.TextChoices):
-    """Scopes of an API key: ``read`` reads and estimates; ``write`` also creates and changes."""
+    """Scopes of an API key: ``read`` reads and estimates; ``write`` also creates and changes;
+    ``inference`` calls the project's deployments through the OpenAI-compatible API (which a
+    ``write`` key may do too), so a key given to a product can do that and nothing else."""
 
     READ = "read", "Read"
     WRITE = "write", "Write"
+    INFERENCE = "inference", "Inference"
 
 
 class ApiKeyQuerySet(models.QuerySet):

@@ -181,7 +181,8 @@ def api_key_create(
 ) -> tuple[ApiKey, str]:
     """Create an API key for ``project`` and return it with its plaintext (shown once, never stored).
 
-    ``scopes`` is ``["read"]`` or ``["read", "write"]`` (the default). The key acts for its
+    ``scopes`` is ``["read"]``, ``["read", "write"]`` (the default) or ``["inference"]`` (the
+    OpenAI-compatible API alone), ``inference`` also beside the others. The key acts for its
     creator, the acting user; the system (``bootstrap_tenant``) names one with ``created_by``.
     The creator must be an owner or admin of the project's organization, and the key authenticates
     only while they still are (``ApiKeyQuerySet.authenticating``; docs/api.md "API keys").
@@ -191,8 +192,8 @@ def api_key_create(
     organization = project.organization
     _require_manager(actor, organization)
     scopes = sorted(set(scopes or [ApiKeyScope.READ, ApiKeyScope.WRITE]))
-    if not set(scopes) <= set(ApiKeyScope.values) or ApiKeyScope.READ not in scopes:
-        raise invalid("Scopes are ['read'] or ['read', 'write'].", param="scopes")
+    if not set(scopes) <= set(ApiKeyScope.values) or (ApiKeyScope.READ not in scopes and scopes != [ApiKeyScope.INFERENCE]):
+        raise invalid("Scopes are ['read'], ['read', 'write'] or ['inference'], with 'inference' also beside the others.", param="scopes")
     if actor.user is not None and created_by not in (None, actor.user):
         raise invalid("A user creates API keys for themself only.", param="created_by")
     creator = actor.user or created_by

@@ -7,6 +7,8 @@ is listed in docs/configuration.md). With no environment at all, Lab runs on emb
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 import sys
 from decimal import Decimal
@@ -75,6 +77,8 @@ INSTALLED_APPS = [
     "billing",
     "environments",
     "sandboxes",
+    "serving",
+    "evaluations",
     "dashboard",
 ]
 
@@ -85,7 +89,7 @@ MIDDLEWARE = [
     "lab.middleware.NulCharacterMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "lab.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -165,6 +169,8 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 
 # --- Lab -------------------------------------------------------------------------------------
 LAB_PUBLIC_URL = env_str("LAB_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# serving's lookup of a deployment a job spec names (jobs/deployments.py; serving sits above jobs)
+LAB_DEPLOYMENT_ENDPOINT = "serving.selectors.deployment_endpoint"
 LAB_LAUNCHER = env_choice("LAB_LAUNCHER", "local", ("local", "kubernetes"))
 LAB_LOCAL_SLOTS = env_int("LAB_LOCAL_SLOTS", 1, minimum=1, maximum=64)
 # Each local engine attempt in a bubblewrap sandbox (docs/local-launcher.md "Isolation"); "none"
@@ -179,6 +185,13 @@ LAB_STORAGE_URL = env_str("LAB_STORAGE_URL", "")
 LAB_PACKAGE_INDEX_URL = env_str("LAB_PACKAGE_INDEX_URL", "https://pypi.org/simple")
 # The longest one environment build may take, in seconds (resolve, fetch, install, load); past it the build fails.
 LAB_ENVIRONMENT_BUILD_TIMEOUT_S = env_int("LAB_ENVIRONMENT_BUILD_TIMEOUT_S", 1800, minimum=60)
+# Models (docs/models.md): the Hugging Face endpoint `manage.py models add` downloads from and the
+# token it sends (HF_TOKEN_FILE works; none by default); the largest model archive an organization
+# may push, and the most bytes one may unpack to; the longest one model check may take, in seconds.
+LAB_HF_ENDPOINT = env_str("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+LAB_HF_TOKEN = env_str("HF_TOKEN", "")
+LAB_MODEL_MAX_BYTES = env_int("LAB_MODEL_MAX_BYTES", 20 * 1024**3, minimum=1024**2)
+LAB_MODEL_CHECK_TIMEOUT_S = env_int("LAB_MODEL_CHECK_TIMEOUT_S", 1800, minimum=30)
 if LAB_STORAGE_URL and not LAB_STORAGE_URL.startswith("s3://"):
     raise ImproperlyConfigured("LAB_STORAGE_URL must be empty (filesystem) or s3://bucket/prefix")
 LAB_POOL = env_json("LAB_POOL", {"nodes": [{"gpu_type": "cpu", "gpus": 0, "count": 1}]})
@@ -194,6 +207,41 @@ LAB_SANDBOX_MAX_PER_ORG = env_int("LAB_SANDBOX_MAX_PER_ORG", 20, minimum=1)
 LAB_SANDBOX_MAX_PROCESSES = env_int("LAB_SANDBOX_MAX_PROCESSES", 256, minimum=8)
 LAB_SANDBOX_MAX_OPEN_FILES = env_int("LAB_SANDBOX_MAX_OPEN_FILES", 1024, minimum=16)
 LAB_SANDBOX_ALLOW_EGRESS = env_bool("LAB_SANDBOX_ALLOW_EGRESS", False)
+# The sandbox agent that holds sandboxes (docs/sandboxes.md "Data plane"): where the control plane reaches it,
+# the address clients are given for its data plane, the secret Lab and the agent sign tokens with (derived
+# from SECRET_KEY unless set; NAME_FILE works) and a data-plane token's lifetime in seconds.
+LAB_SANDBOX_AGENT_URL = env_str("LAB_SANDBOX_AGENT_URL", "http://127.0.0.1:8765").rstrip("/")
+LAB_SANDBOX_DATA_PLANE_URL = env_str("LAB_SANDBOX_DATA_PLANE_URL", LAB_SANDBOX_AGENT_URL).rstrip("/")
+_DERIVED_AGENT_SECRET = hmac.new(SECRET_KEY.encode(), b"lab sandbox agent", hashlib.sha256).hexdigest()
+LAB_SANDBOX_AGENT_SECRET = env_str("LAB_SANDBOX_AGENT_SECRET") or _DERIVED_AGENT_SECRET
+if len(LAB_SANDBOX_AGENT_SECRET) < 32:
+    raise ImproperlyConfigured("LAB_SANDBOX_AGENT_SECRET must hold at least 32 characters")
+LAB_SANDBOX_TOKEN_TTL_S = env_int("LAB_SANDBOX_TOKEN_TTL_S", 900, minimum=60, maximum=86_400)
+# Sandboxes without a network the agent keeps started ahead, so that a create claims one at once.
+LAB_SANDBOX_WARM = env_int("LAB_SANDBOX_WARM", 4, minimum=0, maximum=256)
+# Keys besides API keys that Prime's sandbox routes take, within bounds (sandboxes.grants): a job attempt's.
+LAB_SANDBOX_GRANT_AUTHENTICATION = ["jobs.ingest.views.JobSandboxKeyAuthentication"]
+# Deployments (docs/serving.md): active ones per organization; adapters one inference server keeps
+# loaded; seconds a server may sit idle before it is scaled to zero; how long a request waits for a
+# server to start, how long a server may take to start, how long one request may take (seconds);
+# requests per minute one API key may make to the OpenAI-compatible API.
+LAB_SERVING_MAX_DEPLOYMENTS_PER_ORG = env_int("LAB_SERVING_MAX_DEPLOYMENTS_PER_ORG", 20, minimum=1)
+LAB_SERVING_MAX_ADAPTERS = env_int("LAB_SERVING_MAX_ADAPTERS", 8, minimum=1, maximum=256)
+LAB_SERVING_IDLE_S = env_int("LAB_SERVING_IDLE_S", 900, minimum=1)
+LAB_SERVING_WAKE_TIMEOUT_S = env_int("LAB_SERVING_WAKE_TIMEOUT_S", 300, minimum=1)
+LAB_SERVING_START_TIMEOUT_S = env_int("LAB_SERVING_START_TIMEOUT_S", 900, minimum=10)
+LAB_SERVING_REQUEST_TIMEOUT_S = env_int("LAB_SERVING_REQUEST_TIMEOUT_S", 600, minimum=1)
+LAB_INFERENCE_RATE_LIMIT_PER_MINUTE = env_int("LAB_INFERENCE_RATE_LIMIT_PER_MINUTE", 600, minimum=1)
+# What inference servers sample with: transformers, or vLLM with LoRA (the highest adapter rank it takes).
+LAB_SERVING_BACKEND = env_choice("LAB_SERVING_BACKEND", "transformers", ("transformers", "vllm"))
+LAB_SERVING_MAX_LORA_RANK = env_int("LAB_SERVING_MAX_LORA_RANK", 64, minimum=1, maximum=512)
+# Where inference servers run: local processes, or Deployments on the Kubernetes pool (default: as
+# LAB_LAUNCHER); there, their namespace, the GPU type they run on, and the ReadWriteMany claim of
+# the deployments' unpacked weights, mounted by the worker at LAB_DATA_DIR/serving/weights.
+LAB_SERVING_RUNTIME = env_choice("LAB_SERVING_RUNTIME", LAB_LAUNCHER, ("local", "kubernetes"))
+LAB_K8S_SERVING_NAMESPACE = env_str("LAB_K8S_SERVING_NAMESPACE", "lab-serving")
+LAB_SERVING_GPU_TYPE = env_str("LAB_SERVING_GPU_TYPE", "H100")
+LAB_K8S_SERVING_WEIGHTS_PVC = env_str("LAB_K8S_SERVING_WEIGHTS_PVC", "")
 LAB_HEARTBEAT_TIMEOUT_S = env_int("LAB_HEARTBEAT_TIMEOUT_S", 120, minimum=1)
 # After Lab asks an engine to stop (through the status answer), it waits this long before
 # SIGTERM, then this long again before SIGKILL.
@@ -253,7 +301,7 @@ LAB_K8S_ENGINE_EGRESS = _engine_egress("LAB_K8S_ENGINE_EGRESS")
 # Job secrets (jobs/secrets/services.py): Fernet keys, comma-separated, the first encrypts; without
 # them a key derived from SECRET_KEY (so changing SECRET_KEY then loses stored secrets).
 LAB_SECRETS_KEY = env_str("LAB_SECRETS_KEY", "")
-# Billing (issue 15, docs/billing.md): on only when STRIPE_API_KEY is set; usage is recorded either way.
+# Billing (docs/billing.md): on only when STRIPE_API_KEY is set; usage is recorded either way.
 LAB_TRIAL_CREDIT_USD = env_decimal("LAB_TRIAL_CREDIT_USD", "10.00", minimum=Decimal(0))
 LAB_CREDIT_GRACE_USD = env_decimal("LAB_CREDIT_GRACE_USD", "0", minimum=Decimal(0))
 LAB_USAGE_INTERVAL_S = env_int("LAB_USAGE_INTERVAL_S", 60, minimum=1, maximum=3600)
@@ -268,11 +316,18 @@ STRIPE_API_VERSION = env_str("STRIPE_API_VERSION", "")  # empty: the version pin
 LAB_API_RATE_LIMIT_PER_MINUTE = env_int("LAB_API_RATE_LIMIT_PER_MINUTE", 1200, minimum=1)
 # Request bodies above this many bytes are refused with 413 (docs/api.md, conventions).
 LAB_MAX_REQUEST_BYTES = 1024 * 1024
-# Environment wheel uploads (docs/environments.md): wheels up to 100 MB, plus multipart framing;
-# the wheel's own size is checked against 100 MB exactly by environments.services.
-LAB_UPLOAD_PATH_PATTERN = r"^/(api/v1/environments|o/[-\w]+/environments/push/)$"
+# Environment wheel and dataset uploads (docs/environments.md): up to 100 MB, plus multipart framing;
+# the file's own size is checked against 100 MB exactly by environments.services and environments.datasets.
+LAB_UPLOAD_PATH_PATTERN = r"^/(api/v1/environments|api/v1/datasets|o/[-\w]+/environments/push/|prime/api/v1/environmentshub/uploads/[^/]+)$"
 LAB_MAX_UPLOAD_REQUEST_BYTES = 100 * 1024 * 1024 + 64 * 1024
-DATA_UPLOAD_MAX_MEMORY_SIZE = LAB_MAX_REQUEST_BYTES
+# Model archive pushes (docs/models.md): up to LAB_MODEL_MAX_BYTES, plus multipart framing.
+LAB_MODEL_UPLOAD_PATH_PATTERN = r"^/api/v1/models$"
+# Prime's evaluation SDK (prime_evals' push_samples, which `prime eval push` calls with its default)
+# uploads an evaluation's samples in JSON batches of up to 25 MB (docs/prime-compat.md).
+LAB_PRIME_SAMPLES_PATH_PATTERN = r"^/prime/api/v1/evaluations/[^/]+/samples$"
+LAB_PRIME_SAMPLES_MAX_BYTES = 25 * 1024 * 1024 + 64 * 1024
+# The most a JSON body is read into memory; BodySizeLimitMiddleware refuses each route's excess first.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(LAB_MAX_REQUEST_BYTES, LAB_PRIME_SAMPLES_MAX_BYTES)
 LAB_IDEMPOTENCY_TTL_S = 24 * 3600
 
 # --- auth ------------------------------------------------------------------------------------
@@ -437,7 +492,9 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-webhook-deliveries": {"task": "jobs.webhooks.sweep", "schedule": 5.0},
     "sweep-orphan-checkpoints": {"task": "jobs.sweep_orphan_checkpoints", "schedule": 3600.0},
     "reap-sandboxes": {"task": "sandboxes.reap", "schedule": 30.0},
+    "reconcile-serving": {"task": "serving.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
     "sweep-environment-builds": {"task": "environments.sweep_builds", "schedule": 60.0},
+    "sweep-model-builds": {"task": "jobs.sweep_model_builds", "schedule": 60.0},
     # Meter events owed after a Stripe outage (each interval's close also enqueues the task).
     "send-meter-events": {"task": "billing.send_meter_events", "schedule": 300.0},
 }

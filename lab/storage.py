@@ -57,6 +57,18 @@ def open_object(key: str) -> IO[bytes]:
     return storage.open(key, "rb")
 
 
+def read_text(key: str) -> str:
+    """The stored object at ``key`` as UTF-8 text (undecodable bytes replaced); ``""`` when it is
+    absent or ``key`` is empty (a log not written yet)."""
+    if not key:
+        return ""
+    try:
+        with open_object(key) as handle:
+            return handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def stored_size_and_sha256(key: str, *, expected_size: int | None = None) -> tuple[int, str] | None:
     """Return (size in bytes, hex SHA-256) of what is stored at ``key``, or None when absent.
 

@@ -9,8 +9,13 @@ from lab import ops
 urlpatterns = [
     path("api/v1/", include("lab.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
+    path("api/v1/", include("environments.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("sandboxes.urls")),
+    path("api/v1/", include("serving.urls")),
+    path("api/v1/", include("evaluations.urls")),
+    path("prime/api/v1/", include("sandboxes.prime.urls")),
+    path("prime/api/v1/", include("evaluations.prime.urls")),
     path("prime/api/v1/", include("jobs.api.prime.urls")),
     path("billing/", include("billing.urls")),
     path("healthz", ops.healthz, name="healthz"),

@@ -18,6 +18,7 @@ from rest_framework.test import APIClient
 from lab.audit import Actor
 from lab.models import ApiKey, Membership, Organization, Project, Role, User
 from lab.services import api_key_create, organization_create, user_sign_up
+from tests.support.module_costs import costliest_first, recorded
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -247,20 +248,27 @@ SYSTEM_MODULES = {
     "tests/engine/test_init_from.py": "runs the engine CLI",
     "tests/engine/test_remote_inference.py": "runs engine roles",
     "tests/engine/test_roles.py": "runs the trainer, orchestrator and inference roles",
+    "tests/engine/test_serving_vllm.py": "runs vLLM's engine for the serving role",
     "tests/engine/test_vllm_backend.py": "runs engine roles on vLLM",
     "tests/environments/test_engine_packages.py": "runs the engine on uploaded packages",
+    "tests/environments/test_envs_try.py": "runs lab envs try: the engine on environment packages, verifiers bridges",
     "tests/environments/test_example_multi_turn_package.py": "runs the engine on the example package",
     "tests/environments/test_example_package.py": "runs the engine on the example package",
     "tests/environments/test_example_verifiers_package.py": "runs the engine on the example package",
+    "tests/environments/test_load_environment_judges.py": "builds an environment and runs the engine and its bridge on it",
+    "tests/environments/test_load_environment_multi_turn.py": "builds an environment and runs the engine and its bridge on it",
+    "tests/environments/test_load_environment_old_verifiers.py": "builds an environment and runs the engine and its bridge on it",
     "tests/environments/test_verifiers_multi_turn.py": "runs the engine in the verifiers environment",
     "tests/environments/test_verifiers_tasksets.py": "runs the engine in the verifiers environment",
     "tests/environments/test_verifiers_tools.py": "runs the engine in the verifiers environment",
     "tests/jobs/test_checkpoint_download_asgi.py": "starts a LabStack's web process",
     "tests/jobs/test_local_sandbox.py": "starts a LabStack and sandboxed engines",
+    "tests/jobs/test_local_sandbox_judges.py": "starts the local launcher's supervisor and sandbox",
     "tests/jobs/test_stream.py": "starts a LabStack's web process",
     "tests/jobs/test_stream_hostile.py": "starts a LabStack's web process",
     "tests/lab/test_embedded_defaults.py": "starts Lab's server on its embedded defaults",
     "tests/sdk/test_prime_configs.py": "runs the engine on the prime configs",
+    "tests/serving/test_servers.py": "starts inference servers (engine serving processes)",
     "tests/webhooks/test_stack.py": "starts a LabStack",
 }
 
@@ -281,3 +289,37 @@ def pytest_collection_modifyitems(config, items) -> None:
             or SYSTEM_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         ):
             item.add_marker(pytest.mark.system)
+
+
+#: What a test of each tier costs on average, in seconds on two cores: the estimate for a module
+#: tests/support/module_costs.json has no figure for.
+SYSTEM_TEST_S, OTHER_TEST_S = 10.0, 0.2
+
+
+class _CostliestModulesFirst:
+    """Order the modules after every other plugin has (pytest-django groups its tests by database
+    use, ``-m`` deselects): see :meth:`pytest_collection_modifyitems`."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        _costliest_modules_first(items)
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(_CostliestModulesFirst(), "costliest-modules-first")
+
+
+def _costliest_modules_first(items: list[pytest.Item]) -> None:
+    """Order the modules by their cost, costliest first, keeping each module whole and in its order.
+
+    ``make test`` hands whole modules to its xdist workers in collection order (``--dist loadfile
+    --no-loadscope-reorder``): a long module handed out last would keep one worker busy while the
+    other idles, so the long ones go first and the short ones fill in at the end. A module costs
+    what tests/support/module_costs.py recorded for it, or is estimated from its tests' tiers."""
+    if items:
+        costliest_first(
+            items,
+            items[0].config.rootpath,
+            recorded(),
+            lambda item: SYSTEM_TEST_S if item.get_closest_marker("system") else OTHER_TEST_S,
+        )

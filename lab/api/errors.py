@@ -44,6 +44,7 @@ STATUS_BY_CODE = {
     "invalid_spec": 400,
     "invalid_run": 400,
     "invalid_environment_package": 400,
+    "invalid_model": 400,
     "invalid_api_key": 401,
     "insufficient_credit": 402,
     "spend_limit_reached": 402,

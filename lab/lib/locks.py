@@ -17,6 +17,10 @@ from django.db import connection
 LAUNCH = 0x1AB0002
 SPOOL_DELIVERY = 0x1AB0003
 ENVIRONMENT_PUSH = 0x1AB0004
+SERVING_SERVER = 0x1AB0005
+SERVING_WEIGHTS = 0x1AB0006
+#: Requests of one project under one idempotency key (the second key hashes the pair).
+IDEMPOTENCY = 0x1AB0007
 
 
 def advisory_xact_lock(namespace: int, key: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -50,14 +51,27 @@ def processes_naming(data_dir: Path) -> dict[int, str]:
     return found
 
 
-def group_alive(pgid: int) -> bool:
+def started_at(pid: int) -> int | None:
+    """Return when process ``pid`` started (clock ticks after boot, proc(5) ``stat`` field 22),
+    None when there is none: with the pid, it names one process even after pids wrap around."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[19])
+    except (OSError, IndexError):
+        return None
+
+
+def group_alive(pgid: int, leader_started: int | None) -> bool:
+    """Whether process group ``pgid`` still has a process. The kernel hands out no pid that names
+    a live group, so a process ``pgid`` that is not the leader seen before (``leader_started``)
+    means the old group ended and its pid went to a newcomer."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    now = started_at(pgid)
+    return now is None or now == leader_started
 
 
 class MakeUp:
@@ -134,9 +148,10 @@ def test_make_up_stops_quietly_and_leaves_no_process(make_up_environment, stop_s
         commands = " | ".join(running.values())
         # Celery renames its processes ("[celeryd: ...] (-A lab worker ...)") where setproctitle is installed.
         for expected in ("make up", "-m jobs.processes up", "uvicorn lab.asgi:application", "-A lab worker",
-                         "-A lab beat"):
+                         "-A lab beat", "manage.py sandbox_agent"):
             assert expected in commands, commands
         groups = {int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[2]) for pid in running}
+        leaders = {pgid: started_at(pgid) for pgid in groups}
 
         if stop_signal == signal.SIGINT:
             os.killpg(make.process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
@@ -161,11 +176,48 @@ def test_make_up_stops_quietly_and_leaves_no_process(make_up_environment, stop_s
     ], output
     for noise in ("make: ***", "Warm shutdown", "Traceback", "Segmentation"):
         assert noise not in output, output
-    assert sorted(log.name for log in (data_dir / "logs").glob("*.log")) == ["beat.log", "web.log", "worker.log"]
+    assert sorted(log.name for log in (data_dir / "logs").glob("*.log")) == ["beat.log", "sandbox-agent.log", "web.log", "worker.log"]
     deadline = time.monotonic() + 10  # the last ones may still be exiting, or waiting to be reaped
     while processes_naming(data_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_naming(data_dir) == {}
-    assert [pgid for pgid in sorted(groups) if group_alive(pgid)] == []
+    assert [pgid for pgid in sorted(groups) if group_alive(pgid, leaders[pgid])] == []
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/healthz", timeout=5)
+
+
+def test_a_second_lab_on_another_port_gets_a_sandbox_agent_of_its_own(make_up_environment):
+    """The agent's address is a port free at start (LAB_SANDBOX_AGENT_URL, unless set), not a
+    fixed one another Lab on this machine already holds."""
+    taken = socket.socket()  # what the first Lab's agent holds on the old fixed port
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        taken.bind(("127.0.0.1", 8765))
+        taken.listen()
+    except OSError:
+        pass  # something already listens there: the case itself
+    make = MakeUp(make_up_environment)
+    try:
+        make.wait_for_line("Lab is up at ", timeout=300)
+        data_dir = Path(make_up_environment["LAB_DATA_DIR"])
+
+        def agent_answers() -> bool:
+            assert make.process.poll() is None, "\n".join(make.lines)  # an agent that cannot bind ends up
+            agents = [command.split() for command in processes_naming(data_dir).values() if "-m sandboxes.agent" in command]
+            if not agents:
+                return False
+            port = int(agents[0][agents[0].index("--port") + 1])
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+            except httpx.TransportError:
+                return False
+            return port != 8765
+
+        wait_for(agent_answers, timeout=90, what="the sandbox agent")
+        make.process.send_signal(signal.SIGTERM)
+        make.wait(timeout=120)
+    finally:
+        make.kill()
+        taken.close()
+    output = "\n".join(make.lines)
+    assert "sandbox-agent" not in output and make.lines[-1] == "Stopped.", output

@@ -66,7 +66,12 @@ def test_every_task_is_routed_to_the_declared_queue_its_task_name_gives():
         "lab.purge_idempotency_records": "default",
         "environments.build": "builds",
         "environments.sweep_builds": "default",
+        "jobs.check_model": "builds",
+        "jobs.sweep_model_builds": "default",
         "sandboxes.reap": "default",
+        "serving.reconcile": "reconciler",
+        "evaluations.settle": "default",
+        "evaluations.evaluate_final_checkpoint": "default",
     }
     assert set(routed.values()) <= {queue.name for queue in app.conf.task_queues}
 
@@ -86,6 +91,8 @@ def test_beat_schedules_tasks_by_their_task_names():
             TaskName.SWEEP_WEBHOOKS,
             TaskName.PURGE_IDEMPOTENCY_RECORDS,
             TaskName.SWEEP_ENVIRONMENT_BUILDS,
+            TaskName.SWEEP_MODEL_BUILDS,
             TaskName.REAP_SANDBOXES,
+            TaskName.RECONCILE_SERVING,
         ]
     )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -52,3 +55,26 @@ def checkout_completed(tenant, *, session_id="cs_test_1", cents=2500, event_id="
 def invoiced(tenant) -> None:
     account = account_for(tenant.organization.pk)
     BillingAccount.objects.filter(pk=account.pk).update(plan="invoiced", stripe_customer_id="cus_inv")
+
+
+def at_once(work: Callable[[], None], threads: int) -> list[Exception]:
+    """Run ``work`` in ``threads`` threads released together (each with its own database
+    connection, closed after); return the exceptions they raised."""
+    barrier = threading.Barrier(threads)
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            work()
+        except Exception as exc:  # returned to the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    started = [threading.Thread(target=run) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    return errors

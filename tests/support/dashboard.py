@@ -21,3 +21,8 @@ def link_in_last_email(pattern: str) -> str:
     match = re.search(pattern, mail.outbox[-1].body)
     assert match, mail.outbox[-1].body
     return match.group(0)
+
+
+def without_csrf(response) -> str:
+    """The page of ``response`` with its (per-render) CSRF tokens blanked out, to compare two pages."""
+    return re.sub(r'name="csrfmiddlewaretoken" value="[^"]*"', "", response.content.decode())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 from django.core.files.uploadedfile import SimpleUploadedFile
 from labsdk import Lab
 
@@ -29,3 +30,13 @@ def wait_finished(lab: Lab, stack: LabStack, job_id: str):
         )
     except AssertionError as error:
         raise AssertionError(f"{error}: {lab.jobs.retrieve(job_id).to_dict()}\n{stack.logs()}") from None
+
+
+def build_ended(url: str, headers: dict, *, timeout: float = 300) -> dict:
+    """Wait until the build of the environment version at ``url`` (its API URL) is ``ready`` or
+    ``failed``; return the build object."""
+    name = url.rsplit("/", 1)[-1]
+    return wait_for(
+        lambda: (body := httpx.get(url, headers=headers).json()["build"])["status"] in {"ready", "failed"} and body,
+        timeout=timeout, what=f"{name}'s build ended",
+    )

@@ -16,6 +16,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl
 
+from tests.support import http_server
+
 
 class FakeStripe:
     """Start with ``with FakeStripe() as stripe: ...``; ``base_url`` is its address."""
@@ -53,12 +55,11 @@ class FakeStripe:
         self.base_url = f"http://127.0.0.1:{self.server.server_port}"
 
     def __enter__(self) -> FakeStripe:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        http_server.start(self.server)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        http_server.stop(self.server)
 
     def calls(self, path: str) -> list[dict]:
         """Return the recorded requests to ``path``."""

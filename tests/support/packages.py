@@ -23,14 +23,16 @@ TINY = {
 
 
 def run_engine(tmp_path: Path, env_id: str, wheels: list[tuple[str, bytes]], *, args=None, sha256=None, extra_env=None,
-               block=None, spec=None) -> subprocess.CompletedProcess:
+               block=None, spec=None, build=None) -> subprocess.CompletedProcess:
     """Run the engine on a tiny job over one uploaded environment (``block``: more keys of its
-    ``[[env]]``; ``spec``: more keys of the spec) and return the finished process."""
+    ``[[env]]``; ``spec``: more keys of the spec; ``build``: the package's build as a launch hands
+    it over, ``{"number", "api", "lock"[, "secrets"]}``) and return the finished process."""
     packages = []
     for (filename, data), package_id in zip(wheels, [env_id] * len(wheels)):
         path = tmp_path / filename
         path.write_bytes(data)
-        packages.append({"id": package_id, "sha256": sha256 or hashlib.sha256(data).hexdigest(), "url": path.as_uri(), "filename": filename})
+        packages.append({"id": package_id, "sha256": sha256 or hashlib.sha256(data).hexdigest(), "url": path.as_uri(), "filename": filename,
+                         **({"build": build} if build is not None else {})})
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps({**TINY, **(spec or {}), "env": [{"id": env_id, "args": args or {}, **(block or {})}]}))
     environment = {
@@ -55,3 +57,31 @@ def build_example(tmp_path: Path, target: str = "example-verifiers-env") -> Path
     assert built.returncode == 0, built.stderr
     (wheel,) = dist.glob("*.whl")
     return wheel
+
+
+PACKAGE_INDEX = REPO / "var" / "package-index"
+
+
+def local_index_url() -> str:
+    """The ``simple/`` URL of the local package index (``make package-index``) for
+    ``LAB_PACKAGE_INDEX_URL``; fails the test when it was never filled (never a remote index)."""
+    if not (PACKAGE_INDEX / ".filled").is_file():
+        raise AssertionError("the local package index is missing: run `make package-index` (once; it downloads from PyPI)")
+    return (PACKAGE_INDEX / "simple").as_uri()
+
+
+def build_on_local_index(root: Path, wheel: Path) -> dict:
+    """Build ``wheel`` with Lab's builder against the local package index (``make package-index``;
+    never a remote one), its wheelhouse and uv cache under ``root``; return the result
+    (``{"status", "error", "lock", "summary"}``), each lock entry with its wheelhouse ``url``."""
+    index = local_index_url()
+    result = root / f"{wheel.stem}.json"
+    subprocess.run(
+        [sys.executable, "-m", "environments.builder", "build", "--wheel", str(wheel), "--index-url", index,
+         "--exclude-newer", "2100-01-01T00:00:00Z", "--wheelhouse", str(root / "wheelhouse"), "--workdir", str(root / f"build-{wheel.stem}"),
+         "--result", str(result), "--cache", str(root / "uv-cache"), "--sandbox", "none"],
+        cwd=REPO, check=True, capture_output=True, timeout=600,
+    )
+    built = json.loads(result.read_text())
+    built["lock"] = [{**entry, "url": (root / "wheelhouse" / entry["sha256"] / entry["filename"]).as_uri()} for entry in built.get("lock") or []]
+    return built

@@ -15,11 +15,14 @@ from engine.policy import make_trainable
 TINY = "lab/tiny-random-llama"
 
 
-def tiny_lora(fill: float):
+def tiny_lora(fill: float, seed: int = 0):
     """Return ``(model, tokenizer)``: the tiny model with a rank-4 LoRA adapter whose ``lora_B``
-    weights are all ``fill``, so that (non-zero) it changes what the model predicts."""
+    weights are all ``fill`` and whose ``lora_A`` weights are peft's random start drawn from
+    ``seed`` (the same adapter on every call), so that (non-zero) it changes what the model predicts."""
     base, tokenizer = tiny_random_llama()
-    model = make_trainable(base, lora_rank=4, lora_alpha=8, base_model_id=TINY)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = make_trainable(base, lora_rank=4, lora_alpha=8, base_model_id=TINY)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:

@@ -7,7 +7,9 @@ import base64
 import hashlib
 import io
 import re
+import tomllib
 import zipfile
+from pathlib import Path
 
 ADDITION_LIKE = '''"""A tiny Lab-protocol environment: repeat a digit."""
 import random
@@ -103,4 +105,18 @@ def lab_wheel(
         files={f"{module}/__init__.py": source},
         requires=list(extra_requires),
         entry_points=f"[lab.environments]\n{name} = {module}:Echo\n",
+    )
+
+
+def folder_wheel(folder: Path) -> tuple[str, bytes]:
+    """The package laid out in ``folder`` as the Environments Hub's are (a ``pyproject.toml`` and
+    one module named after the project) as a wheel, ``(file name, bytes)``: its module, and its
+    pyproject's name, version and dependencies as the wheel's metadata."""
+    project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+    module = f"{project['name'].replace('-', '_')}.py"
+    return build_wheel(
+        project["name"],
+        project["version"],
+        files={module: (folder / module).read_text()},
+        requires=project["dependencies"],
     )

@@ -7,6 +7,7 @@ import socket
 from datetime import timedelta
 
 import pytest
+from labsdk.webhooks import WebhookReceiver, WebhookVerificationError, verify
 from standardwebhooks import Webhook
 
 from jobs.models import Checkpoint, JobEvent
@@ -22,9 +23,9 @@ from jobs.webhooks.endpoints import (
 from jobs.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookMessage
 from jobs.webhooks.sweep import purge_finished, sweep
 from lab.api.errors import http_status
-from lab.errors import LabError
-from labsdk.webhooks import WebhookReceiver, WebhookVerificationError, verify
 from lab.audit import Actor
+from lab.errors import LabError
+from tests.support import http_server
 from tests.webhooks.conftest import drain
 
 pytestmark = pytest.mark.django_db
@@ -323,7 +324,6 @@ def test_deleting_the_job_keeps_its_pending_webhooks(owner, spec, receiver):
 
 
 def test_an_answer_with_nul_bytes_is_stored(owner, spec, clock):
-    import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
@@ -341,8 +341,7 @@ def test_an_answer_with_nul_bytes_is_stored(owner, spec, clock):
             self.wfile.write(body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with http_server.serving(server):
         endpoint_create(
             project=owner.project,
             actor=Actor(user=owner.user),
@@ -350,9 +349,6 @@ def test_an_answer_with_nul_bytes_is_stored(owner, spec, clock):
         )
         submit(owner, spec)
         [result] = drain(clock.now)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert result.status_code == 400
     assert WebhookAttempt.objects.get().response_excerpt == "bad\ufffdanswer"
 

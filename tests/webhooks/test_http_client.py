@@ -11,6 +11,7 @@ import pytest
 
 from lab.lib import http
 from lab.lib.http import RequestFailed, SafeClient, UnsafeURL, check_url, mask_url
+from tests.support import http_server
 
 
 @pytest.mark.parametrize(
@@ -185,11 +186,10 @@ class _Server:
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        http_server.start(self.server)
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        http_server.stop(self.server)
 
 
 @pytest.fixture
