@@ -28,7 +28,8 @@ It speaks the verifiers bridge's protocol (JSON lines; its docstring,
 - ``tasks {handle, split, start, n, seed}``: rows of the environment's ``dataset`` (``train``) or
   ``eval_dataset`` (``eval`` and ``val``; the dataset when it has none) as chat ``messages``: the
   row's ``prompt`` column as verifiers formats it (its system prompt, few-shot messages and
-  question, ``Environment._format_dataset``), with an ``id`` for ``score`` and ``start``. ``train``
+  question, ``Environment._format_dataset``), with the row's ``answer`` (``""`` where it has none)
+  and an ``id`` for ``score`` and ``start``. ``train``
   is read in one shuffled order per pass (``random.Random(f"{seed}:{pass}")``), the others in
   dataset order; positions past the end wrap around;
 - ``score {handle, task_id, completion[, timeout_s]}``: verifiers' own rollout of the row
@@ -274,6 +275,7 @@ class Bridge:
             tasks.append({
                 "id": f"{split}:{index}", "key": f"{split}:{index}", "idx": index,
                 "messages": [protocol.chat_message(message, where) for message in prompt],
+                "answer": row["answer"] if isinstance(row.get("answer"), str) else "",
             })
         return {"tasks": tasks}
 

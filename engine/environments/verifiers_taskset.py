@@ -353,8 +353,9 @@ class VerifiersTaskset(Environment):
         return lambda completion, example: self.score(completion, example).functions.get(name, 0.0)
 
     def example(self, index: int, split: str = "train") -> Example:
-        """Return the task at position ``index`` of ``split`` as an Example (messages, no answer:
-        a verifiers task keeps its own)."""
+        """Return the task at position ``index`` of ``split`` as an Example: its messages, and the
+        row's ``answer`` where the environment's dataset has one (shown, not scored: the bridge
+        scores with the environment's own row)."""
         key = (split, index)
         if key not in self._examples:
             start = index - index % TASK_CHUNK
@@ -363,7 +364,7 @@ class VerifiersTaskset(Environment):
                 info = {"task_id": task["id"], "key": task["key"], "idx": task["idx"]}
                 if task.get("name"):
                     info["name"] = task["name"]
-                self._examples[(split, start + offset)] = Example(messages=task["messages"], answer="", info=info)
+                self._examples[(split, start + offset)] = Example(messages=task["messages"], answer=task.get("answer", ""), info=info)
         return self._examples[key]
 
     def score(self, completion: str, example: Example) -> Scores:

@@ -300,6 +300,8 @@ def test_the_docs_tool_load_environment_calls_its_tool_then_answers_as_written(t
     for example in result["examples"]:
         assert [tool["name"] for tool in example["tools"]] == ["multiply"]
         asked_for_ten = "What is 2 times 5?" in example["messages"][-1]["content"]
+        a, b = map(int, re.search(r"What is (\d+) times (\d+)\?", example["messages"][-1]["content"]).groups())
+        assert example["answer"] == str(a * b)  # the dataset row's answer column
         assert example["functions"]["correct"] == example["reward"] == (1.0 if asked_for_ten else 0.0)
         assert (example["turns"], example["functions"]["multiply_calls"]) == (2, 1.0)
     assert any("What is 2 times 5?" in example["messages"][-1]["content"] for example in result["examples"])
