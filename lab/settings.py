@@ -255,6 +255,7 @@ LAB_INGEST_RATE_LIMIT_PER_MINUTE = env_int("LAB_INGEST_RATE_LIMIT_PER_MINUTE", 1
 LAB_STREAM_HEARTBEAT_S = env_int("LAB_STREAM_HEARTBEAT_S", 15, minimum=1, maximum=300)
 LAB_STREAM_POLL_MS = env_int("LAB_STREAM_POLL_MS", 500, minimum=50, maximum=10_000)
 LAB_WEBHOOK_TIMEOUT_S = env_int("LAB_WEBHOOK_TIMEOUT_S", 15, minimum=1, maximum=60)  # 2xx within this many seconds = delivered
+LAB_WEBHOOK_LEASE_MARGIN_S = env_int("LAB_WEBHOOK_LEASE_MARGIN_S", 30, minimum=1, maximum=600)  # a claim lasts 2 x timeout + this
 LAB_WEBHOOK_RETRY_SCHEDULE = env_int_list("LAB_WEBHOOK_RETRY_SCHEDULE", [0, 5, 300, 1800, 7200, 18000, 36000, 36000])
 LAB_K8S_NAMESPACE = env_str("LAB_K8S_NAMESPACE", "")
 # The engine pods' model volume (a Kubernetes volume source, mounted read-only at LAB_MODEL_DIR):

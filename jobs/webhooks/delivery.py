@@ -59,12 +59,13 @@ COUNTDOWN_LIMIT_S = 60
 
 
 def lease() -> timedelta:
-    """Return how long a claimed delivery stays with its worker: twice the request timeout plus 30 s.
+    """Return how long a claimed delivery stays with its worker: twice the request timeout plus
+    ``LAB_WEBHOOK_LEASE_MARGIN_S`` (30 s by default).
 
     A batch's requests run in parallel, so a live worker finishes well within it; after it, the
     sweep hands the delivery to another worker (the first one died or hung).
     """
-    return timedelta(seconds=2 * settings.LAB_WEBHOOK_TIMEOUT_S + 30)
+    return timedelta(seconds=2 * settings.LAB_WEBHOOK_TIMEOUT_S + settings.LAB_WEBHOOK_LEASE_MARGIN_S)
 
 
 @dataclass(frozen=True)

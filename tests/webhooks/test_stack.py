@@ -85,8 +85,8 @@ def test_a_worker_killed_mid_delivery_leads_to_a_retry_with_the_same_webhook_id(
     from jobs.webhooks.models import WebhookDelivery
     from lab.audit import Actor
 
-    # Lease = 2 x 5 s + 30 s: the sweep hands the delivery to the new worker about 40 s after the claim.
-    stack = LabStack(tmp_path / "lab", LAB_WEBHOOK_ALLOW_PRIVATE="1", LAB_WEBHOOK_TIMEOUT_S="5")
+    # Lease = 2 x 5 s + 5 s: the sweep hands the delivery to the new worker about 15 s after the claim.
+    stack = LabStack(tmp_path / "lab", LAB_WEBHOOK_ALLOW_PRIVATE="1", LAB_WEBHOOK_TIMEOUT_S="5", LAB_WEBHOOK_LEASE_MARGIN_S="5")
     stack.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         stack.start_worker()
