@@ -16,9 +16,11 @@ import hashlib
 import secrets
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import BinaryIO
 
 from django.core import signing
+from django.utils import timezone
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -32,6 +34,10 @@ from lab.errors import LabError, not_found
 from lab.models import Organization
 
 UPLOAD_TICKET_MAX_AGE_S = 3600
+#: Where uploaded wheels wait for their finalize (``<organization>/<token>/<file name>``).
+STAGING_PREFIX = f"{KEY_PREFIX}hub-uploads/"
+#: A staged wheel this old can no longer be finalized (its ticket expired) and is deleted.
+STAGED_MAX_AGE = timedelta(seconds=UPLOAD_TICKET_MAX_AGE_S + 600)
 _SALT = "environments.hub-upload"
 _CHUNK = 1024 * 1024
 WHEEL, SOURCE = "wheel", "source"
@@ -111,7 +117,7 @@ def hub_upload_start(
         raise LabError("invalid_request", "sha256 must be the file's SHA-256 in lower-case hex.", param="sha256")
     if kind == WHEEL and isinstance(version, str):
         _refuse_existing(organization, str(canonicalize_name(name)), version, sha256)
-    staging_key = f"{KEY_PREFIX}{organization.public_id}/hub-uploads/{secrets.token_hex(16)}/{filename}"
+    staging_key = f"{STAGING_PREFIX}{organization.public_id}/{secrets.token_hex(16)}/{filename}"
     return UploadTicket(
         kind, organization.pk, actor.api_key.pk if actor.api_key else None, str(canonicalize_name(name)),
         filename, size_bytes, sha256, staging_key,
@@ -194,3 +200,16 @@ def _normalized(version: str) -> str:
 def hub_source_finalize(*, organization: Organization, upload_id: str, name: str) -> UploadTicket:
     """Check the source archive's upload ``upload_id`` belongs to ``organization``'s ``name``."""
     return _ticket_of(organization, upload_id, SOURCE, name)
+
+
+def hub_uploads_sweep(*, now: datetime | None = None) -> int:
+    """Delete staged wheels whose ticket expired (``STAGED_MAX_AGE`` past their upload) without a
+    finalize that took them: an abandoned ``prime env push``, or a finalize that refused the
+    bytes. Returns how many were deleted."""
+    cutoff = (now or timezone.now()) - STAGED_MAX_AGE
+    deleted = 0
+    for key, modified in storage.iter_objects(STAGING_PREFIX):
+        if modified < cutoff:
+            storage.delete(key)
+            deleted += 1
+    return deleted

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from environments import builds
+from environments import builds, hub
 from lab.celery import TaskName, task
 
 _BUILD_TIMEOUT_S = settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S
@@ -18,5 +18,6 @@ def build_environment(build_id: int) -> None:
 
 @task(TaskName.SWEEP_ENVIRONMENT_BUILDS, soft_time_limit=120, time_limit=180)
 def sweep_environment_builds() -> dict[str, int]:
-    """Periodic pass: fail builds a lost worker left running, send long-queued ones again."""
-    return builds.build_sweep()
+    """Periodic pass: fail builds a lost worker left running, send long-queued ones again, and
+    delete wheels staged by hub uploads that were never finalized."""
+    return {**builds.build_sweep(), "staged_deleted": hub.hub_uploads_sweep()}

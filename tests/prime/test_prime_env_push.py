@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -164,3 +165,30 @@ def test_the_hub_upload_routes_are_scoped_to_their_organization_upload_and_bytes
     read_only = owner.client(reader)
     assert read_only.post(f"{API}/environmentshub/acme/double-it/wheels", announced, format="json").status_code == 403
     assert EnvironmentPackage.objects.unscoped().count() == 0
+
+
+def test_a_staged_wheel_never_finalized_is_deleted_once_its_ticket_expired_and_a_young_one_is_kept(owner, tmp_path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from environments.hub import STAGED_MAX_AGE, STAGING_PREFIX, UploadTicket
+    from environments.tasks import sweep_environment_builds
+    from lab import storage
+
+    client, anonymous = owner.client(), owner.client().__class__()
+    staged = []
+    for data in (b"PK abandoned", b"PK young"):
+        announced = {"filename": "double_it-0.1.0-py3-none-any.whl", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        upload_id = client.post(f"{API}/environmentshub/acme/double-it/wheels", announced, format="json").json()["data"]["wheel_id"]
+        assert anonymous.put(f"{API}/environmentshub/uploads/{upload_id}", data, content_type="application/octet-stream").status_code == 200
+        staged.append(UploadTicket.read(upload_id).staging_key)
+    assert all(key.startswith(STAGING_PREFIX) for key in staged)
+    assert set(staged) <= {key for key, _ in storage.iter_objects(STAGING_PREFIX)}
+
+    old = (timezone.now() - STAGED_MAX_AGE - timedelta(minutes=1)).timestamp()
+    os.utime(storage.path_of(staged[0]), (old, old))  # uploaded past its ticket's life
+    assert sweep_environment_builds()["staged_deleted"] >= 1
+    left = {key for key, _ in storage.iter_objects(STAGING_PREFIX)}
+    assert staged[0] not in left and staged[1] in left
+    assert sweep_environment_builds()["staged_deleted"] == 0
