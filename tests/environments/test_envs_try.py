@@ -52,7 +52,8 @@ def test_it_reads_args_as_json_or_toml():
 def test_it_reads_env_options_as_key_value_pairs_and_refuses_labs_own():
     assert parse_variables(["JUDGE_API_KEY=sk-a=b", "EMPTY=", "JUDGE_API_KEY=sk-c"]) == {"JUDGE_API_KEY": "sk-c", "EMPTY": ""}
     assert parse_variables(None) == {}
-    for refused in ("JUDGE_API_KEY", "=x", "1KEY=x", "LAB_ENGINE_VERIFIERS_PYTHON=/bin/false"):
+    for refused in ("JUDGE_API_KEY", "=x", "1KEY=x", "LAB_ENGINE_VERIFIERS_PYTHON=/bin/false", "PATH=/tmp/evil", "HOME=/",
+                    "PYTHONPATH=/tmp", "LD_PRELOAD=/tmp/x.so", "HF_HUB_OFFLINE=0", "UV_OFFLINE=0"):
         with pytest.raises(_UsageError):
             parse_variables([refused])
 

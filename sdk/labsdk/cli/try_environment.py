@@ -67,10 +67,20 @@ def parse_arguments(text: str | None, flag: str = "--args") -> dict[str, Any]:
     return value
 
 
+#: Variables the engine and the environment's bridge set themselves (as a job's do): never a -e's.
+_PROCESS_VARIABLES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "UV_OFFLINE", "PIP_NO_INDEX", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+})
+_PROCESS_PREFIXES = ("PYTHON", "LD_", "LC_")
+
+
 def parse_variables(pairs: list[str] | None) -> dict[str, str]:
     """``-e KEY=VALUE`` options as ``{KEY: VALUE}`` (the last one of a key wins). Raises _UsageError
-    for one without ``=``, with a key that is not a variable's name, or with one of Lab's own
-    (``LAB_*``), which would set the engine that tries it and is never given to an environment."""
+    for one without ``=``, with a key that is not a variable's name, with one of Lab's own
+    (``LAB_*``), or with one the engine sets for itself and the environment (``PATH``, ``HOME``,
+    ``PYTHON*``, the offline switches, ...): each would change the engine that tries the package,
+    and a job never gives an environment any of them."""
     variables: dict[str, str] = {}
     for pair in pairs or []:
         name, equals, value = pair.partition("=")
@@ -78,6 +88,8 @@ def parse_variables(pairs: list[str] | None) -> dict[str, str]:
             raise _UsageError(f"-e {pair}: give KEY=VALUE, such as -e JUDGE_API_KEY=sk-...")
         if name.startswith("LAB_"):
             raise _UsageError(f"-e {name}: LAB_* variables are Lab's own, never given to an environment")
+        if name in _PROCESS_VARIABLES or name.startswith(_PROCESS_PREFIXES):
+            raise _UsageError(f"-e {name}: the engine sets {name} itself, for the environment as a job's engine does")
         variables[name] = value
     return variables
 
