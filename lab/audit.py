@@ -46,6 +46,7 @@ class AuditAction(StrEnum):
     SANDBOX_CREATE = "sandbox.create"
     SANDBOX_DELETE = "sandbox.delete"
     SANDBOX_LOST = "sandbox.lost"
+    SANDBOX_READ_LOGS = "sandbox.read_logs"
     DEPLOYMENT_CREATE = "deployment.create"
     DEPLOYMENT_DELETE = "deployment.delete"
     EVALUATION_CREATE = "evaluation.create"

@@ -3,9 +3,9 @@ builds them and ``sandboxes.services`` accepts them."""
 
 from __future__ import annotations
 
-from lab.api.schema import INTEGER, NUMBER, STRING, TIMESTAMP, component, list_component, nullable, obj
+from lab.api.schema import BOOLEAN, INTEGER, NUMBER, STRING, TIMESTAMP, component, list_component, nullable, obj
 from sandboxes.models import NetworkPolicy, SandboxStatus
-from sandboxes.services import IMAGE_ALIASES, IMAGES, LIMITS
+from sandboxes.services import IMAGE_ALIASES, IMAGES, LIMITS, MAX_BULK_IDS
 
 _STRINGS = {"type": "object", "additionalProperties": STRING}
 
@@ -69,4 +69,34 @@ SANDBOX_CREATE = component(
         optional=("name", "image", "docker_image", "cpu_cores", "memory_gb", "disk_gb", "timeout_s", "network", "environment", "labels"),
     )
     | {"additionalProperties": False},
+)
+SANDBOX_BULK_DELETE = component(
+    "SandboxBulkDelete",
+    obj(
+        {
+            "ids": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 40}, "maxItems": MAX_BULK_IDS},
+            "labels": _STRINGS,
+        },
+        optional=("ids", "labels"),
+        description="The sandboxes to delete: each of ids, and each active one with every label of labels (at least one of the two).",
+    )
+    | {"additionalProperties": False},
+)
+SANDBOX_BULK_DELETE_RESULT = component(
+    "SandboxBulkDeleteResult",
+    obj(
+        {
+            "object": {"const": "sandbox.bulk_delete"},
+            "deleted": {"type": "array", "items": STRING},
+            "not_found": {"type": "array", "items": STRING},
+        },
+        description="The ids deleted (now stopped) and the ids named that the project has not (another organization's too).",
+    ),
+)
+SANDBOX_LOGS = component(
+    "SandboxLogs",
+    obj(
+        {"object": {"const": "sandbox.logs"}, "sandbox_id": STRING, "logs": STRING, "truncated": BOOLEAN},
+        description="What the sandbox's commands printed, stdout and stderr in the order they came (the last 256 KiB; truncated when earlier output was dropped).",
+    ),
 )

@@ -6,7 +6,7 @@ from typing import Any
 
 from lab.formats import iso
 from sandboxes.models import Sandbox
-from sandboxes.services import DataPlaneAccess
+from sandboxes.services import DataPlaneAccess, SandboxLogs
 
 
 def sandbox_to_dict(
@@ -43,3 +43,13 @@ def sandbox_to_dict(
 def access_to_dict(access: DataPlaneAccess) -> dict[str, Any]:
     """Return data-plane access: ``{"url", "token", "expires_at"}`` (docs/sandboxes.md "Data plane")."""
     return {"url": access.url, "token": access.token, "expires_at": iso(access.expires_at)}
+
+
+def bulk_delete_to_dict(deleted: list[str], not_found: list[str]) -> dict[str, Any]:
+    """Return the answer of a bulk delete: ``{"object": "sandbox.bulk_delete", "deleted", "not_found"}``."""
+    return {"object": "sandbox.bulk_delete", "deleted": list(deleted), "not_found": list(not_found)}
+
+
+def logs_to_dict(sandbox: Sandbox, logs: SandboxLogs) -> dict[str, Any]:
+    """Return a sandbox's log: ``{"object": "sandbox.logs", "sandbox_id", "logs", "truncated"}``."""
+    return {"object": "sandbox.logs", "sandbox_id": sandbox.public_id, "logs": logs.logs, "truncated": logs.truncated}

@@ -1,5 +1,5 @@
-"""Sandbox services: create (within the organization's cap), read, delete, hand out data-plane
-access, reap sandboxes past their lifetime, and end the sandboxes of a job's attempt (what
+"""Sandbox services: create (within the organization's cap), read, delete (one, or many by ids
+and labels), read what their commands printed, hand out data-plane access, reap sandboxes past their lifetime, and end the sandboxes of a job's attempt (what
 decides that an attempt may create one or has ended is the job pipeline's: ``jobs.sandboxes``;
 docs/sandboxes.md "Sandboxes of a job").
 
@@ -300,20 +300,86 @@ def sandbox_delete(*, sandbox: Sandbox, actor: Actor) -> Sandbox:
     return _finish(sandbox, SandboxStatus.STOPPED)
 
 
+#: Most ids one bulk delete may name.
+MAX_BULK_IDS = 1000
+
+
+@dataclass(frozen=True)
+class SandboxBulkDelete:
+    """A valid bulk-delete body: the ``sandbox_ids`` named and the ``labels`` every one to delete carries."""
+
+    sandbox_ids: list[str]
+    labels: dict[str, str]
+
+
+def parse_sandbox_bulk_delete(data: Any) -> SandboxBulkDelete:
+    """Return the ids and labels of a bulk-delete body ``{"ids": [...], "labels": {...}}`` (either
+    or both; docs/sandboxes.md), or raise ``invalid_request`` naming the bad field."""
+    if not isinstance(data, dict):
+        raise LabError("invalid_request", "The body must be a JSON object.")
+    problems = _Problems()
+    for key in data:
+        if key not in ("ids", "labels"):
+            problems.add(key, "unknown_field", f"Unknown field {key!r}.")
+    sandbox_ids = data.get("ids") or []
+    if not isinstance(sandbox_ids, list) or len(sandbox_ids) > MAX_BULK_IDS or not all(
+        isinstance(item, str) and 0 < len(item) <= 40 and "\x00" not in item for item in sandbox_ids
+    ):
+        problems.add("ids", "invalid", f"ids must be a list of at most {MAX_BULK_IDS} sandbox ids.")
+        sandbox_ids = []
+    labels = _labels(data.get("labels"), problems)
+    if not problems.errors and not sandbox_ids and not labels:
+        problems.add("ids", "required", "Name the sandboxes to delete: ids, labels or both.")
+    problems.raise_any()
+    return SandboxBulkDelete(sandbox_ids=list(dict.fromkeys(sandbox_ids)), labels=labels)
+
+
 def sandbox_bulk_delete(
     *, project: Project, actor: Actor, sandbox_ids: list[str], labels: dict[str, str], attempt_id: int | None = None
 ) -> tuple[list[str], list[str]]:
     """Delete the project's sandboxes named in ``sandbox_ids`` and its active ones carrying every
     label of ``labels`` (when given), only job attempt ``attempt_id``'s when given; return the ids
-    deleted and the ids not found (another project's or attempt's included, as missing ones)."""
-    reachable = sandbox_list(project=project, attempt_id=attempt_id)
-    found = {sandbox.public_id: sandbox for sandbox in reachable.filter(public_id__in=sandbox_ids)}
+    deleted (those named in their order, then those labelled, newest first) and the ids not found
+    (another project's, organization's or attempt's included, exactly as missing ones); each
+    deleted sandbox gets its ``sandbox.delete`` audit row."""
+    reachable = sandbox_list(project=project, attempt_id=attempt_id).select_related("project__organization")
+    named = {sandbox.public_id: sandbox for sandbox in reachable.filter(public_id__in=sandbox_ids)}
+    found = {sandbox_id: named[sandbox_id] for sandbox_id in sandbox_ids if sandbox_id in named}
     if labels:
-        for sandbox in sandbox_list(project=project, labels=labels, attempt_id=attempt_id).filter(status__in=ACTIVE_STATUSES):
+        labelled = sandbox_list(project=project, labels=labels, attempt_id=attempt_id).select_related("project__organization")
+        for sandbox in labelled.filter(status__in=ACTIVE_STATUSES).order_by("-id"):
             found.setdefault(sandbox.public_id, sandbox)
     for sandbox in found.values():
         sandbox_delete(sandbox=sandbox, actor=actor)
     return list(found), [sandbox_id for sandbox_id in sandbox_ids if sandbox_id not in found]
+
+
+@dataclass(frozen=True)
+class SandboxLogs:
+    """What a sandbox's commands printed: stdout and stderr as text, in the order they came (the
+    agent keeps the last ``sandboxes.agent.sandbox.LOG_BYTES``; ``truncated`` when earlier output
+    was dropped)."""
+
+    logs: str
+    truncated: bool
+
+
+def sandbox_logs(*, sandbox: Sandbox, actor: Actor) -> SandboxLogs:
+    """Return the log of a running ``sandbox`` and record who read it (``sandbox.read_logs``: a
+    log may hold what its commands were given); ``invalid_state`` when it is not running (its log
+    went with its files) or its agent cannot give it."""
+    if sandbox.status != SandboxStatus.RUNNING:
+        raise LabError("invalid_state", f"The sandbox is {sandbox.status}: its log went with its files.")
+    try:
+        logs, truncated = runtime().logs(sandbox_spec(sandbox))
+    except RuntimeRefusal as refusal:
+        raise LabError("invalid_state", f"The sandbox's log cannot be read: {refusal.message}") from None
+    with transaction.atomic():
+        audit_record(
+            actor=actor, organization=sandbox.project.organization, project=sandbox.project,
+            action=AuditAction.SANDBOX_READ_LOGS, target=sandbox.public_id,
+        )
+    return SandboxLogs(logs=logs, truncated=truncated)
 
 
 def _finish(sandbox: Sandbox, status: SandboxStatus, *, error: str = "") -> Sandbox:

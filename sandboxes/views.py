@@ -13,8 +13,16 @@ from lab.api.pagination import paginate_by_public_id
 from lab.api.schema import ERROR, json_body, limit_parameter
 from sandboxes import openapi
 from sandboxes.models import Sandbox, SandboxStatus
-from sandboxes.serializers import access_to_dict, sandbox_to_dict
-from sandboxes.services import sandbox_access, sandbox_create, sandbox_delete, sandbox_list
+from sandboxes.serializers import access_to_dict, bulk_delete_to_dict, logs_to_dict, sandbox_to_dict
+from sandboxes.services import (
+    parse_sandbox_bulk_delete,
+    sandbox_access,
+    sandbox_bulk_delete,
+    sandbox_create,
+    sandbox_delete,
+    sandbox_list,
+    sandbox_logs,
+)
 
 
 class _SandboxView(ProjectAPIView):
@@ -46,6 +54,20 @@ class SandboxListView(_SandboxView):
         return Response(sandbox_to_dict(sandbox, warnings=warnings, access=access), status=201)
 
 
+class SandboxBulkDeleteView(_SandboxView):
+    """``POST /sandboxes/bulk-delete``: stop the project's sandboxes named by ``ids`` and its active
+    ones with every label of ``labels``; ids it has not (another organization's too) come back
+    under ``not_found``, untouched."""
+
+    @extend_schema(request=json_body(openapi.SANDBOX_BULK_DELETE), responses={200: openapi.SANDBOX_BULK_DELETE_RESULT})
+    def post(self, request: Request) -> Response:
+        parsed = parse_sandbox_bulk_delete(request.data)
+        deleted, not_found = sandbox_bulk_delete(
+            project=self.project, actor=self.actor, sandbox_ids=parsed.sandbox_ids, labels=parsed.labels
+        )
+        return Response(bulk_delete_to_dict(deleted, not_found))
+
+
 class SandboxDetailView(_SandboxView):
     """``GET`` and ``DELETE /sandboxes/{id}`` (204; the sandbox is ``stopped``, its files gone)."""
 
@@ -65,3 +87,15 @@ class SandboxAuthView(_SandboxView):
     @extend_schema(request=None, responses={200: openapi.DATA_PLANE, 409: ERROR})
     def post(self, request: Request, sandbox_id: str) -> Response:
         return Response(access_to_dict(sandbox_access(sandbox=self.sandbox(sandbox_id))))
+
+
+class SandboxLogsView(_SandboxView):
+    """``GET /sandboxes/{id}/logs``: what its commands printed (a running sandbox's; 409 otherwise).
+    A key needs ``write``, as for the data plane the output comes from."""
+
+    required_scope = "write"
+
+    @extend_schema(responses={200: openapi.SANDBOX_LOGS, 409: ERROR})
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        sandbox = self.sandbox(sandbox_id)
+        return Response(logs_to_dict(sandbox, sandbox_logs(sandbox=sandbox, actor=self.actor)))

@@ -8,6 +8,7 @@ clients call directly (docs/sandboxes.md "Data plane").
 | ``PUT /v1/sandboxes/{id}`` | control | start the sandbox (idempotent): body ``SandboxSpec`` fields + ``expires_at`` |
 | ``GET /v1/sandboxes/{id}`` | control | ``{"id", "status", "host_uid", "expires_at"}`` |
 | ``DELETE /v1/sandboxes/{id}`` | control | stop it and delete its files; 204 |
+| ``GET /v1/sandboxes/{id}/logs`` | control | ``{"logs", "truncated"}``: what its commands printed, the last ``LOG_BYTES`` |
 | ``POST /v1/sandboxes/{id}/commands`` | sandbox | run a command; JSON result, or NDJSON events with ``"stream": true`` |
 | ``POST /v1/sandboxes/{id}/background`` | sandbox | start a command in the background; 201 ``{"id", "status"}`` |
 | ``GET /v1/sandboxes/{id}/background/{command id}`` | sandbox | its status, exit code and output |
@@ -43,6 +44,7 @@ _ROUTES = [
     (re.compile(rf"^/v1/sandboxes/{_SANDBOX_ID}/background$"), "background"),
     (re.compile(rf"^/v1/sandboxes/{_SANDBOX_ID}/background/(?P<command>bg_[a-z0-9]{{1,32}})$"), "background_command"),
     (re.compile(rf"^/v1/sandboxes/{_SANDBOX_ID}/files$"), "files"),
+    (re.compile(rf"^/v1/sandboxes/{_SANDBOX_ID}/logs$"), "logs"),
     (re.compile(rf"^/prime/{_SANDBOX_ID}(?P<rest>/.*)$"), "prime"),
 ]
 #: Bounds of a command's timeout (seconds) and of an uploaded file (bytes).
@@ -226,6 +228,9 @@ class Agent:
         if name == "sandbox":
             await self.control(request, send, sandbox_id, grant)
             return
+        if name == "logs":
+            await self.logs(request, send, sandbox_id, grant)
+            return
         sandbox = self.opened(sandbox_id)
         if name == "commands" and request.method == "POST":
             await self.commands(request, send, sandbox)
@@ -309,6 +314,19 @@ class Agent:
             await send_json(send, 200, {"id": sandbox_id, "status": "running"})
         else:
             raise AgentError(405, "method_not_allowed", f"{request.method} is not allowed here.")
+
+    async def logs(self, request: Request, send, sandbox_id: str, grant: tokens.Grant) -> None:
+        """Answer ``GET /v1/sandboxes/{id}/logs`` (the control token alone: reading them is the
+        control plane's, which records who did): the sandbox's log as text, an ended sandbox's
+        too until it is stopped."""
+        if grant.scope != tokens.CONTROL_SCOPE:
+            raise AgentError(404, "not_found", "No such sandbox on this agent.")
+        if request.method != "GET":
+            raise AgentError(405, "method_not_allowed", f"{request.method} is not allowed here.")
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise AgentError(404, "not_found", "No such sandbox on this agent.")
+        await send_json(send, 200, {"logs": sandbox.log.data.decode(errors="replace"), "truncated": sandbox.log.dropped_bytes > 0})
 
     # --- data plane --------------------------------------------------------------------------
 

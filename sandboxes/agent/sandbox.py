@@ -43,6 +43,8 @@ QUEUE_FRAMES = 64
 ERROR_BYTES = 2048
 #: Background commands kept per sandbox (running or finished), and the output kept of each.
 MAX_BACKGROUND = 256
+#: What is kept of the output of a sandbox's commands, its log (bytes, the latest).
+LOG_BYTES = 256 * 1024
 
 
 class SandboxEnded(Exception):
@@ -61,6 +63,23 @@ class Event:
     timed_out: bool = False
     error: str | None = None
     oom_killed: bool = False
+
+
+@dataclass
+class SandboxLog:
+    """What the commands of a sandbox printed, stdout and stderr in the order they came: the last
+    ``limit`` bytes, and how many earlier ones were dropped."""
+
+    limit: int = LOG_BYTES
+    data: bytearray = field(default_factory=bytearray)
+    dropped_bytes: int = 0
+
+    def add(self, data: bytes) -> None:
+        self.data += data
+        excess = len(self.data) - self.limit
+        if excess > 0:
+            del self.data[:excess]
+            self.dropped_bytes += excess
 
 
 @dataclass
@@ -97,6 +116,7 @@ class RunningSandbox:
         self.process: asyncio.subprocess.Process | None = None
         self.ended = False
         self.background: dict[str, BackgroundCommand] = {}
+        self.log = SandboxLog()
         self._streams: dict[int, asyncio.Queue] = {}
         self._numbers = itertools.count(1)
         self._reader: asyncio.Task | None = None
@@ -171,8 +191,9 @@ class RunningSandbox:
             await self.process.stdin.drain()
 
     async def run(self, request: CommandRequest) -> AsyncIterator[Event]:
-        """Start ``request`` and yield its events, ``exit`` last. Raises SandboxEnded when the
-        sandbox ends first. A consumer that stops early has the command's group killed."""
+        """Start ``request`` and yield its events, ``exit`` last; its output (and the error an
+        exit carries) goes to the sandbox's ``log`` too. Raises SandboxEnded when the sandbox ends
+        first. A consumer that stops early has the command's group killed."""
         if self.ended:
             raise SandboxEnded()
         number = next(self._numbers)
@@ -198,6 +219,10 @@ class RunningSandbox:
                 if event is None:
                     continue
                 exited = event.kind == "exit"
+                if event.kind in ("stdout", "stderr"):
+                    self.log.add(event.data)
+                elif exited and event.error:
+                    self.log.add(f"{event.error}\n".encode())
                 if exited and event.exit_code == 128 + signal.SIGKILL and self.host.oom_kills(self.spec) > oom_kills:
                     event.oom_killed = True
                 yield event

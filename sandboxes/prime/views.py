@@ -31,7 +31,14 @@ from sandboxes.prime.serializers import (
     labels_to_lab,
     sandbox_to_prime,
 )
-from sandboxes.services import sandbox_access, sandbox_bulk_delete, sandbox_create, sandbox_delete, sandbox_list
+from sandboxes.services import (
+    sandbox_access,
+    sandbox_bulk_delete,
+    sandbox_create,
+    sandbox_delete,
+    sandbox_list,
+    sandbox_logs,
+)
 
 _KEPT_HEADERS = ("Retry-After", "WWW-Authenticate")
 
@@ -160,6 +167,16 @@ class SandboxAuthView(_PrimeSandboxView):
     def post(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(sandbox_id)
         return Response(gateway_auth(sandbox, sandbox_access(sandbox=sandbox)))
+
+
+class SandboxLogsView(_PrimeSandboxView):
+    """``GET /sandbox/{id}/logs``: ``{"logs"}``, what its commands printed (``sandbox_logs``: a
+    running sandbox's, a 409 otherwise); a key needs ``write``, as for Lab's route."""
+
+    required_scope = "write"
+
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        return Response({"logs": sandbox_logs(sandbox=self.sandbox(sandbox_id), actor=self.actor).logs})
 
 
 class SandboxErrorContextView(_PrimeSandboxView):

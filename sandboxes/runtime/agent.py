@@ -75,6 +75,13 @@ class AgentRuntime(SandboxRuntime):
         """Stop the sandbox and delete its files (idempotent)."""
         self._call("DELETE", f"/v1/sandboxes/{spec.sandbox_id}", headers=self._control())
 
+    def logs(self, spec: SandboxSpec) -> tuple[str, bool]:
+        """Return what the sandbox's commands printed (stdout and stderr in the order they came,
+        the agent's last ``LOG_BYTES``) and whether earlier output was dropped; RuntimeRefusal
+        ``not_found`` when the agent does not hold it."""
+        answer = self._call("GET", f"/v1/sandboxes/{spec.sandbox_id}/logs", headers=self._control()).json()
+        return str(answer["logs"]), bool(answer["truncated"])
+
     def run(self, spec: SandboxSpec, request: CommandRequest) -> CommandResult:
         """Run ``request`` through the data plane and wait for it."""
         body = {"command": list(request.argv), "timeout_s": request.timeout_s, "cwd": request.cwd, "env": dict(request.environment)}

@@ -26,7 +26,9 @@ from labsdk._http import HTTPClient
 from labsdk.errors import APIConnectionError, AuthenticationError, ConflictError
 from labsdk.types import LabObject
 
-__all__ = ["BackgroundCommand", "CommandEvent", "CommandResult", "DataPlane", "Sandbox", "Sandboxes"]
+__all__ = [
+    "BackgroundCommand", "BulkDeleteResult", "CommandEvent", "CommandResult", "DataPlane", "Sandbox", "SandboxLogs", "Sandboxes",
+]
 
 #: A token is fetched anew this many seconds before it expires.
 TOKEN_MARGIN_S = 30.0
@@ -108,6 +110,23 @@ class BackgroundCommand(LabObject):
     truncated: bool = False
 
 
+class BulkDeleteResult(LabObject):
+    """What :meth:`Sandboxes.bulk_delete` did: the ids ``deleted`` (now stopped) and the ids named
+    that the project has not (``not_found``: missing, or another organization's)."""
+
+    deleted: list[str] = Field(default_factory=list)
+    not_found: list[str] = Field(default_factory=list)
+
+
+class SandboxLogs(LabObject):
+    """What a sandbox's commands printed, stdout and stderr in the order they came: ``logs`` (the
+    last 256 KiB), ``truncated`` when earlier output was dropped."""
+
+    sandbox_id: str
+    logs: str = ""
+    truncated: bool = False
+
+
 def _command_body(command: str | Sequence[str], timeout_s: float | None, cwd: str | None, env: Mapping[str, str] | None) -> dict[str, Any]:
     body: dict[str, Any] = {"command": command if isinstance(command, str) else list(command)}
     if timeout_s is not None:
@@ -120,7 +139,8 @@ def _command_body(command: str | Sequence[str], timeout_s: float | None, cwd: st
 
 
 class Sandboxes:
-    """``/sandboxes``: create, list, retrieve and delete sandboxes; run commands and move files.
+    """``/sandboxes``: create, list, retrieve and delete sandboxes (one, or many by ids and labels),
+    read what their commands printed; run commands and move files.
     Errors are Lab's: 400 ``invalid_request`` naming the field, 404 for a sandbox outside the
     project, 409 ``invalid_state`` for one that is not running, 429 past the organization's cap."""
 
@@ -166,6 +186,17 @@ class Sandboxes:
     def delete(self, sandbox_id: str) -> None:
         """Stop a sandbox and delete its files."""
         self._http.request("DELETE", f"sandboxes/{segment(sandbox_id)}")
+
+    def bulk_delete(self, ids: Sequence[str] = (), *, labels: Mapping[str, str] | None = None) -> BulkDeleteResult:
+        """Stop the sandboxes ``ids`` and every active one with all of ``labels`` (at least one of
+        the two), deleting their files; return what was deleted and which ids were not found."""
+        body: dict[str, Any] = {"ids": list(ids)} | ({"labels": dict(labels)} if labels else {})
+        return parse(BulkDeleteResult, self._http.request("POST", "sandboxes/bulk-delete", json_body=body))
+
+    def logs(self, sandbox_id: str) -> SandboxLogs:
+        """Return what a running sandbox's commands printed (409 ``ConflictError`` once it stopped:
+        its log goes with its files). Needs a key with ``write``."""
+        return parse(SandboxLogs, self._http.request("GET", f"sandboxes/{segment(sandbox_id)}/logs"))
 
     def close(self) -> None:
         """Close the connections to sandbox agents."""

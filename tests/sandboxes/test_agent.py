@@ -109,3 +109,27 @@ def test_prime_gateway_routes_take_only_the_sandboxs_own_token(agent, two):
     assert not (agent.root / "sbx_mine" / "workspace" / "p").exists()
     assert mine.post("/prime/sbx_mine/upload", params={"path": "/workspace/p"}, files=files).json()["size"] == 5
     assert mine.get("/prime/sbx_mine/download", params={"path": "/workspace/p"}).content == b"pwned"
+
+
+def test_logs_keep_what_every_command_printed_and_open_only_to_the_control_token(agent, two, runtime):
+    mine = _client(agent, _token(agent, "sbx_mine"))
+    mine.post("/v1/sandboxes/sbx_mine/commands", json={"command": "echo one; echo two >&2"})
+    streamed = mine.post("/v1/sandboxes/sbx_mine/commands", json={"command": "echo three", "stream": True})
+    runtime.run(two[1], _command("echo theirs"))
+
+    assert streamed.status_code == 200
+    assert runtime.logs(two[0]) == ("one\ntwo\nthree\n", False)
+    assert runtime.logs(two[1]) == ("theirs\n", False)
+    refused = mine.get("/v1/sandboxes/sbx_mine/logs")
+    missing = _client(agent, _token(agent, "*", scope=tokens.CONTROL_SCOPE)).get("/v1/sandboxes/sbx_gone/logs")
+    assert refused.status_code == missing.status_code == 404 and refused.json() == missing.json()
+
+
+def test_logs_keep_the_last_bytes_and_say_when_earlier_ones_were_dropped():
+    from sandboxes.agent.sandbox import SandboxLog
+
+    log = SandboxLog(limit=8)
+    log.add(b"12345")
+    assert (bytes(log.data), log.dropped_bytes) == (b"12345", 0)
+    log.add(b"67890")
+    assert (bytes(log.data), log.dropped_bytes) == (b"34567890", 2)

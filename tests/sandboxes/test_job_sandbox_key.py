@@ -121,10 +121,13 @@ def test_the_key_reaches_no_other_sandbox_of_the_organization_and_no_other_route
             lambda: client.get(sandbox_id),
             lambda: client.delete(sandbox_id),
             lambda: client.execute_command(sandbox_id, "touch /workspace/pwned"),
+            lambda: client.get_logs(sandbox_id),
         ):
             with pytest.raises(APIError) as refused:
                 call()
             assert "HTTP 404" in str(refused.value)
+    client.execute_command(mine.id, "echo mine")
+    assert client.get_logs(mine.id) == "mine\n"
     assert client.bulk_delete(sandbox_ids=[users.id, theirs.id]).succeeded == []
     assert client.bulk_delete(labels=[f"lab.job={other_attempt.job.public_id}"]).succeeded == []
     assert set(

@@ -1,6 +1,6 @@
 """Prime's own ``prime-sandboxes`` 0.5.1 (its SandboxClient, in this process) against a live Lab at
 ``<lab>/prime`` and the session's real sandbox agent: create, wait_for_creation, list, get,
-execute_command over Connect RPC, background jobs and their status, files, delete and bulk
+execute_command over Connect RPC, background jobs and their status, files, logs, delete and bulk
 delete, /sandbox/{id}/auth, and another organization's key. Every control-plane request the
 SDK sends is recorded and compared with the routes docs/prime-compat.md lists."""
 
@@ -23,6 +23,7 @@ from prime_sandboxes import (
     SandboxNotRunningError,
 )
 
+from lab.models import AuditLogEntry
 from sandboxes.models import Sandbox
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -160,3 +161,26 @@ def test_prime_sandbox_cli_creates_runs_lists_and_deletes(live_server, owner, tm
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
     sandbox.refresh_from_db()
     assert sandbox.status == "stopped"
+
+
+def test_get_logs_gives_what_the_commands_printed_and_another_organization_a_404(prime, owner, outsider):
+    client, sent = prime(owner.key)
+    sandbox = client.create(CreateSandboxRequest(name="logged", docker_image="python:3.11"))
+    client.execute_command(sandbox.id, "echo hello; echo oops >&2; exit 2")
+    other, _ = prime(outsider.key)
+
+    logs = client.get_logs(sandbox.id)
+    with pytest.raises(APIError) as foreign:
+        other.get_logs(sandbox.id)
+    with pytest.raises(APIError) as missing:
+        client.get_logs("sbx_" + "0" * 20)
+    client.delete(sandbox.id)
+    with pytest.raises(APIError) as stopped:
+        client.get_logs(sandbox.id)
+
+    assert logs == "hello\noops\n"
+    assert f"GET /prime/api/v1/sandbox/{sandbox.id}/logs" in sent
+    assert "HTTP 404" in str(foreign.value) and "HTTP 404" in str(missing.value)
+    assert str(foreign.value).replace(sandbox.id, "ID") == str(missing.value).replace("sbx_" + "0" * 20, "ID")
+    assert "HTTP 409" in str(stopped.value)
+    assert AuditLogEntry.objects.filter(action="sandbox.read_logs", target=sandbox.id).count() == 1

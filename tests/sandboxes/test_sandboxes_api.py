@@ -1,6 +1,6 @@
-"""The sandbox REST API (docs/sandboxes.md): create, get, list, delete, data-plane access (commands
-and files then go to the session's real agent), the organization's cap under concurrent creates,
-tenancy and reaping."""
+"""The sandbox REST API (docs/sandboxes.md): create, get, list, delete, bulk delete, logs, data-plane
+access (commands and files then go to the session's real agent), the organization's cap under
+concurrent creates, tenancy and reaping."""
 
 from __future__ import annotations
 
@@ -160,6 +160,7 @@ def _routes(sandbox_id: str):
     yield "get", f"{BASE}/{sandbox_id}", None
     yield "delete", f"{BASE}/{sandbox_id}", None
     yield "post", f"{BASE}/{sandbox_id}/auth", None
+    yield "get", f"{BASE}/{sandbox_id}/logs", None
 
 
 def test_another_organizations_sandbox_is_a_404_on_every_route_like_a_missing_one(owner, outsider, host):
@@ -186,6 +187,9 @@ def test_a_read_key_cannot_create_reach_the_data_plane_or_delete(owner):
     assert client.post(BASE, {}, format="json").status_code == 403
     assert client.post(f"{BASE}/{sandbox_id}/auth").status_code == 403
     assert client.delete(f"{BASE}/{sandbox_id}").status_code == 403
+    assert client.get(f"{BASE}/{sandbox_id}/logs").status_code == 403
+    assert client.post(f"{BASE}/bulk-delete", {"ids": [sandbox_id]}, format="json").status_code == 403
+    assert Sandbox.objects.unscoped().get().status == SandboxStatus.RUNNING
 
 
 def test_it_refuses_a_sandbox_past_the_organizations_cap(owner, settings):
@@ -240,3 +244,97 @@ def test_the_reaper_stops_sandboxes_past_their_lifetime_and_deletes_their_files(
     assert not host.folder(services.sandbox_spec(reaped)).exists()
     assert Sandbox.objects.unscoped().get(public_id=young).status == SandboxStatus.RUNNING
     assert services.sandbox_reap_expired() == 0
+
+
+# --- bulk delete -------------------------------------------------------------------------------
+
+
+def test_bulk_delete_stops_the_ids_named_and_the_active_ones_with_every_label(owner, host):
+    named = create(owner)["id"]
+    batch = [create(owner, labels={"run": "7", "env": "code"})["id"] for _ in range(2)]
+    other_run = create(owner, labels={"run": "8", "env": "code"})["id"]
+    missing = "sbx_" + "0" * 20
+    folders = {s.public_id: host.folder(services.sandbox_spec(s)) for s in Sandbox.objects.unscoped().all()}
+
+    answer = owner.client().post(f"{BASE}/bulk-delete", {"ids": [named, missing], "labels": {"run": "7", "env": "code"}}, format="json")
+
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert body == {"object": "sandbox.bulk_delete", "deleted": [named, batch[1], batch[0]], "not_found": [missing]}
+    assert_matches(served_document(), "SandboxBulkDeleteResult", body)
+    statuses = dict(Sandbox.objects.unscoped().values_list("public_id", "status"))
+    assert statuses == {named: "stopped", batch[0]: "stopped", batch[1]: "stopped", other_run: "running"}
+    assert [sandbox_id for sandbox_id, folder in folders.items() if folder.exists()] == [other_run]
+    deleted = AuditLogEntry.objects.filter(action="sandbox.delete").values_list("target", flat=True)
+    assert sorted(deleted) == sorted([named, *batch])
+
+
+def test_bulk_delete_by_labels_alone_leaves_stopped_ones_out(owner):
+    stopped = create(owner, labels={"env": "code"})["id"]
+    owner.client().delete(f"{BASE}/{stopped}")
+    running = create(owner, labels={"env": "code"})["id"]
+    answer = owner.client().post(f"{BASE}/bulk-delete", {"labels": {"env": "code"}}, format="json").json()
+    assert (answer["deleted"], answer["not_found"]) == ([running], [])
+
+
+def test_bulk_delete_treats_another_organizations_ids_as_missing_ones_and_deletes_none(owner, outsider, host):
+    theirs = create(outsider, labels={"env": "code"})["id"]
+    mine = create(owner, labels={"env": "code"})["id"]
+    missing = "sbx_" + "0" * 20
+
+    foreign = owner.client().post(f"{BASE}/bulk-delete", {"ids": [theirs, missing]}, format="json").json()
+    by_label = outsider.client().post(f"{BASE}/bulk-delete", {"labels": {"env": "code"}}, format="json").json()
+
+    assert foreign == {"object": "sandbox.bulk_delete", "deleted": [], "not_found": [theirs, missing]}
+    assert by_label == {"object": "sandbox.bulk_delete", "deleted": [theirs], "not_found": []}
+    assert Sandbox.objects.unscoped().get(public_id=mine).status == SandboxStatus.RUNNING
+    assert host.folder(services.sandbox_spec(Sandbox.objects.unscoped().get(public_id=mine))).exists()
+    assert not AuditLogEntry.objects.filter(action="sandbox.delete", target=mine).exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({}, "ids", "required"),
+        ({"ids": [], "labels": {}}, "ids", "required"),
+        ({"ids": "sbx_1"}, "ids", "invalid"),
+        ({"ids": [1]}, "ids", "invalid"),
+        ({"ids": ["sbx_1"] * 1001}, "ids", "invalid"),
+        ({"labels": {"k": 5}}, "labels.k", "invalid"),
+        ({"ids": ["sbx_1"], "all": True}, "all", "unknown_field"),
+    ],
+)
+def test_bulk_delete_refuses_a_bad_body_and_deletes_nothing(owner, body, param, code):
+    sandbox_id = create(owner)["id"]
+    response = owner.client().post(f"{BASE}/bulk-delete", body, format="json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert (error["code"], error["param"], error["errors"][0]["code"]) == ("invalid_request", param, code)
+    assert Sandbox.objects.unscoped().get(public_id=sandbox_id).status == SandboxStatus.RUNNING
+
+
+# --- logs ----------------------------------------------------------------------------------------
+
+
+def test_logs_are_what_the_sandboxs_commands_printed_and_reading_them_is_audited(owner):
+    body = create(owner)
+    sandbox_id = body["id"]
+    client = data_plane(body["data_plane"])
+    client.post(f"/v1/sandboxes/{sandbox_id}/commands", json={"command": "echo hello; echo oops >&2; exit 3"})
+    client.post(f"/v1/sandboxes/{sandbox_id}/commands", json={"command": ["python3", "-c", "print(6 * 7)"]})
+
+    answer = owner.client().get(f"{BASE}/{sandbox_id}/logs")
+
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"object": "sandbox.logs", "sandbox_id": sandbox_id, "logs": "hello\noops\n42\n", "truncated": False}
+    assert_matches(served_document(), "SandboxLogs", answer.json())
+    read = AuditLogEntry.objects.get(action="sandbox.read_logs")
+    assert (read.target, read.project, read.actor_api_key) == (sandbox_id, owner.project, owner.api_key)
+
+
+def test_a_stopped_sandbox_has_no_logs_any_more(owner):
+    sandbox_id = create(owner)["id"]
+    owner.client().delete(f"{BASE}/{sandbox_id}")
+    refused = owner.client().get(f"{BASE}/{sandbox_id}/logs")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
+    assert not AuditLogEntry.objects.filter(action="sandbox.read_logs").exists()

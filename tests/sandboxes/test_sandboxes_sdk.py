@@ -1,5 +1,5 @@
-"""The SDK's ``lab.sandboxes`` and the CLI's ``lab sandboxes`` against the real API on a live HTTP
-server and a real sandbox agent (the data plane)."""
+"""The SDK's ``lab.sandboxes`` and the CLI's ``lab sandboxes`` (bulk delete and logs too) against
+the real API on a live HTTP server and a real sandbox agent (the data plane)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from labsdk import Lab, NotFoundError
+from labsdk import ConflictError, Lab, NotFoundError
 from labsdk._http import HTTPClient
 from labsdk.cli import main
 
@@ -66,3 +66,46 @@ def test_commands_and_files_go_to_the_agent_without_lab(live_server, owner):
     assert events[0].type == "started" and events[-1].type == "exit" and events[-1].exit_code == 4
     assert (status.status, status.exit_code, status.stdout) == ("exited", 0, "bg\n")
     assert lab.sandboxes.download(sandbox.id, "/tmp/flag") == b"done\n"
+
+
+def test_the_sdk_bulk_deletes_by_ids_and_labels_and_reads_logs(live_server, owner, outsider):
+    lab = Lab(api_key=owner.key, base_url=live_server.url, max_retries=0)
+    other = Lab(api_key=outsider.key, base_url=live_server.url, max_retries=0)
+    first = lab.sandboxes.create(timeout_s=120)
+    batch = [lab.sandboxes.create(timeout_s=120, labels={"run": "7"}) for _ in range(2)]
+    kept = lab.sandboxes.create(timeout_s=120)
+    lab.sandboxes.run(kept.id, "echo out; echo err >&2")
+    lab.sandboxes.run(kept.id, ["python3", "-c", "print(6 * 7)"])
+
+    logs = lab.sandboxes.logs(kept.id)
+    foreign = other.sandboxes.bulk_delete([first.id, kept.id])
+    result = lab.sandboxes.bulk_delete([first.id, "sbx_" + "0" * 20], labels={"run": "7"})
+
+    assert (logs.sandbox_id, logs.logs, logs.truncated) == (kept.id, "out\nerr\n42\n", False)
+    with pytest.raises(NotFoundError):
+        other.sandboxes.logs(kept.id)
+    assert (foreign.deleted, foreign.not_found) == ([], [first.id, kept.id])
+    assert (result.deleted, result.not_found) == ([first.id, batch[1].id, batch[0].id], ["sbx_" + "0" * 20])
+    assert [lab.sandboxes.get(s.id).status for s in (first, *batch, kept)] == ["stopped", "stopped", "stopped", "running"]
+    with pytest.raises(ConflictError):
+        lab.sandboxes.logs(first.id)
+
+
+def test_the_cli_deletes_many_by_ids_and_labels_and_prints_logs(live_server, owner, monkeypatch, capsys):
+    monkeypatch.setenv("LAB_API_KEY", owner.key)
+    monkeypatch.setenv("LAB_BASE_URL", live_server.url)
+    lab = Lab(api_key=owner.key, base_url=live_server.url, max_retries=0)
+    named = [lab.sandboxes.create(timeout_s=120).id for _ in range(2)]
+    labelled = lab.sandboxes.create(timeout_s=120, labels={"env": "code"}).id
+    kept = lab.sandboxes.create(timeout_s=120).id
+    lab.sandboxes.run(kept, "echo hello; echo oops >&2")
+
+    assert main(["sandboxes", "logs", kept]) == 0
+    assert capsys.readouterr().out == "hello\noops\n"
+    assert main(["sandboxes", "delete", *named, "sbx_" + "0" * 20, "--label", "env=code"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == f"{named[0]} deleted\n{named[1]} deleted\n{labelled} deleted\n"
+    assert captured.err == f"sbx_{'0' * 20} not found\n"
+    assert main(["sandboxes", "delete"]) == 1
+    assert "name sandbox ids" in capsys.readouterr().err
+    assert [s.id for s in lab.sandboxes.list() if s.status == "running"] == [kept]

@@ -67,7 +67,7 @@ from labsdk.cli.project import (
     webhooks_test,
     whoami,
 )
-from labsdk.cli.sandboxes import sandboxes_create, sandboxes_delete, sandboxes_get, sandboxes_list, sandboxes_run
+from labsdk.cli.sandboxes import add_sandboxes_parser
 from labsdk.cli.spec import spec_check, spec_init, spec_schema
 from labsdk.cli.try_environment import envs_try
 from labsdk.display import MAIN_METRICS
@@ -344,33 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_evals(commands, json_flag)
 
-    sandboxes = commands.add_parser(
-        "sandboxes", parents=[json_flag], help="isolated sandboxes: create, list, run commands, delete",
-        epilog="Commands and files: docs/sandboxes.md; the SDK's lab.sandboxes also uploads and downloads files.",
-    )
-    sandboxes.set_defaults(handler=sandboxes_list, label=None)
-    sandbox_commands = sandboxes.add_subparsers(dest="sandbox_command", metavar="COMMAND")
-    listing = sandbox_commands.add_parser("list", parents=[json_flag], help="the project's sandboxes, newest first")
-    listing.add_argument("--label", action="append", metavar="K=V", help="only those with this label (repeatable)")
-    listing.set_defaults(handler=sandboxes_list)
-    create = sandbox_commands.add_parser("create", parents=[json_flag], help="create a sandbox; prints its id")
-    create.add_argument("--image", default="python:3.11", help="image (default python:3.11)")
-    create.add_argument("--name", default="", help="a name for people")
-    create.add_argument("--cpu", type=float, help="CPU cores")
-    create.add_argument("--memory-gb", type=float, help="memory, GB")
-    create.add_argument("--disk-gb", type=float, help="disk, GB")
-    create.add_argument("--timeout", type=int, help="lifetime, seconds")
-    create.add_argument("--label", action="append", metavar="K=V", help="a label (repeatable)")
-    create.set_defaults(handler=sandboxes_create)
-    for name, help_text, handler in (("get", "show one sandbox", sandboxes_get), ("delete", "stop a sandbox and delete its files", sandboxes_delete)):
-        command = sandbox_commands.add_parser(name, parents=[json_flag], help=help_text)
-        command.add_argument("id", help="sandbox id (sbx_...)")
-        command.set_defaults(handler=handler)
-    run = sandbox_commands.add_parser("run", parents=[json_flag], help="run a command in a sandbox; exits with its exit code")
-    run.add_argument("id", help="sandbox id (sbx_...)")
-    run.add_argument("--timeout", type=float, help="seconds before it is killed (default 60)")
-    run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command (one string runs under sh -c)")
-    run.set_defaults(handler=sandboxes_run)
+    add_sandboxes_parser(commands, json_flag)
 
     deploy_command = commands.add_parser(
         "deploy", parents=[json_flag], help="serve a checkpoint, adapter or model behind the OpenAI-compatible API; prints its id",
