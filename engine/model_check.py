@@ -43,6 +43,7 @@ import tarfile
 import time
 
 from engine.catalog import LORA_TARGET_MODULES
+from engine.commands.common import exit_with_parent
 
 #: The transformers ``model_type`` values the engine trains, LoRA and full (docs/models.md).
 SUPPORTED_ARCHITECTURES = tuple(LORA_TARGET_MODULES)
@@ -329,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", required=True, type=pathlib.Path, help="where the result JSON goes")
     parser.add_argument("--archive", type=pathlib.Path, help="a tar or tar.gz of the model directory to unpack first")
     parser.add_argument("--max-bytes", type=int, default=0, help="the most bytes the archive may unpack to")
+    parser.add_argument("--parent", type=int, help="end when this process (the worker that started the check) ends")
     args = parser.parse_args(argv)
+    if args.parent:  # outside bubblewrap, whose --die-with-parent does this for a sandboxed check
+        exit_with_parent(args.parent)
     directory = args.directory
     try:
         if args.archive is not None:

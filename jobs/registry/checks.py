@@ -5,7 +5,8 @@ Every model Lab adds is checked by the engine's own code in a separate process: 
 worker). A pushed archive is hostile input, so with ``LAB_LOCAL_ISOLATION=bubblewrap`` (the
 default) the check runs in bubblewrap (``lab.lib.bubblewrap``): no network, nothing of Lab's files
 but the Python installation and the engine's code, read-only, and its own scratch folder. The
-process group is killed past the timeout.
+process group is killed past the timeout; a check dies with the process that started it (a worker
+killed mid-check), in bubblewrap or not.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def run_check(*, scratch: Path, directory: Path, archive: Path | None = None, sa
     readable = [path for path in (archive, directory) if path is not None and not path.resolve().is_relative_to(scratch.resolve())]
     if sandbox:
         command = _sandboxed(command, scratch=scratch.resolve(), readable=readable)
+    else:  # the check ends with this process however it ends, as bubblewrap's --die-with-parent does
+        command += ["--parent", str(os.getpid())]
     environment = {
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(scratch), "LANG": "C.UTF-8",
         "TMPDIR": str(scratch), "PYTHONPATH": str(_REPOSITORY), "PYTHONUNBUFFERED": "1",

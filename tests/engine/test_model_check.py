@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import struct
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
 from engine.catalog import TINY_RANDOM_LLAMA_ID, TINY_RANDOM_QWEN2_ID, TINY_RANDOM_QWEN3_ID, TINY_RANDOM_QWEN3_MOE_ID
 from engine.model_check import ModelRefused, check_directory, extract_archive, main, safetensors_header
 from tests.support.model_dirs import tar_directory, tiny_model_directory
+from tests.support.stack import wait_for
+
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 #: Parameters of the tiny models, counted by hand from their configs (tied embeddings counted
 #: once): embeddings 100 × 64 = 6,400; per layer (2) attention q 64×64, k and v 64×32, o 64×64 =
@@ -186,3 +194,33 @@ def test_the_command_writes_a_refusal_and_exits_0(tmp_path):
                  "--archive", str(tmp_path / "junk.tar")]) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "failed" and result["error"].startswith("the upload is not a readable tar archive")
+
+
+def test_a_check_outside_bubblewrap_ends_with_the_worker_that_started_it(tmp_path):
+    """With ``LAB_LOCAL_ISOLATION=none`` a worker killed with SIGKILL mid-check takes its check with
+    it, as bubblewrap's ``--die-with-parent`` does for a sandboxed one (jobs.registry.checks)."""
+    archive, scratch = tmp_path / "blocking-model.tar", tmp_path / "scratch"
+    os.mkfifo(archive)  # nothing ever writes it: the check waits on it until it is ended
+    scratch.mkdir()
+    worker = subprocess.Popen(
+        [sys.executable, "-c",
+         "import django; django.setup(); from pathlib import Path; from jobs.registry.checks import run_check; "
+         f"run_check(scratch=Path({str(scratch)!r}), directory=Path({str(scratch / 'model')!r}), "
+         f"archive=Path({str(archive)!r}), sandbox=False, timeout_s=600)"],
+        cwd=REPOSITORY, env={**os.environ, "DJANGO_SETTINGS_MODULE": "lab.settings"}, start_new_session=True,
+    )
+
+    def checks() -> list[str]:
+        found = subprocess.run(["pgrep", "-f", f"engine.model_check.*{archive}"], capture_output=True, text=True)
+        return found.stdout.split()
+
+    try:
+        wait_for(checks, timeout=60, what="the check to start")
+        worker.kill()
+        worker.wait()
+        wait_for(lambda: not checks(), timeout=30, what="the check to end with its worker")
+    finally:
+        for pid in checks():
+            os.kill(int(pid), signal.SIGKILL)
+        if worker.poll() is None:
+            worker.kill()
