@@ -243,8 +243,7 @@ LAB_K8S_SERVING_NAMESPACE = env_str("LAB_K8S_SERVING_NAMESPACE", "lab-serving")
 LAB_SERVING_GPU_TYPE = env_str("LAB_SERVING_GPU_TYPE", "H100")
 LAB_K8S_SERVING_WEIGHTS_PVC = env_str("LAB_K8S_SERVING_WEIGHTS_PVC", "")
 LAB_HEARTBEAT_TIMEOUT_S = env_int("LAB_HEARTBEAT_TIMEOUT_S", 120, minimum=1)
-# After Lab asks an engine to stop (through the status answer), it waits this long before
-# SIGTERM, then this long again before SIGKILL.
+# After Lab asks an engine to stop (its status answer), it waits this long before SIGTERM, then again before SIGKILL.
 LAB_STOP_GRACE_S = env_int("LAB_STOP_GRACE_S", 30, minimum=0)
 LAB_KILL_GRACE_S = env_int("LAB_KILL_GRACE_S", 30, minimum=0)
 LAB_RECONCILE_INTERVAL_S = env_int("LAB_RECONCILE_INTERVAL_S", 5, minimum=1)
