@@ -39,7 +39,7 @@ from environments.wheels import InvalidWheel, WheelInfo, read_wheel
 PROTOCOL_DISTRIBUTION = "lab-environments"
 #: verifiers' last release with the ``load_environment`` API (0.4.0 removed it).
 V0_VERIFIERS_CAP = "verifiers<0.4"
-#: The longest loading the environment with its defaults may take, in seconds.
+#: The longest loading the environment with its defaults and its smoke rollout may take, in seconds.
 PROBE_TIMEOUT_S = 300
 _CHUNK = 1024 * 1024
 
@@ -349,7 +349,11 @@ def _site_packages(venv_python: Path) -> Path:
 
 
 def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str, Any]:
-    """Import the module and load the environment with its defaults (``engine.environments.probe``); return its summary."""
+    """Import the module, load the environment with its defaults and run a smoke rollout of a few
+    examples against a stub OpenAI-compatible model served inside the sandbox
+    (``engine.environments.probe``); return its summary (``rollout``: the examples run, their
+    rewards and its seconds). A rollout that raises fails the build naming the exception; the
+    log has its traceback."""
     folder = request.workdir / "probe"
     folder.mkdir(exist_ok=True)
     script = folder / "lab_build_probe.py"
@@ -367,7 +371,7 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
         pythons += [engine_root / "engine", engine_root / "sdk"]
     else:
         command = [str(venv_python), "-I", str(script)]
-    command += [info.module, info.kind, info.entry_point, str(out)]
+    command += [info.module, info.kind, info.entry_point, str(out), "rollout"]
     # Loading runs in the folder of the organization's pushed datasets, where load_dataset("owner/name")
     # finds "owner/name/" (environments.datasets); read-only in the sandbox.
     datasets = request.datasets or request.workdir / "datasets"
@@ -377,7 +381,8 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
         found = sorted(f"{owner.name}/{name.name}" for owner in datasets.iterdir() if owner.is_dir() for name in owner.iterdir() if name.is_dir())
         log(f"pushed datasets load_dataset finds by name: {', '.join(found) or 'none'}")
     sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv", chdir=datasets) if request.sandbox else []
-    log(f"importing {info.module} and loading it with its defaults" + (" (in bubblewrap, no network)" if sandbox else ""))
+    log(f"importing {info.module}, loading it with its defaults and running {package_probe.ROLLOUT_EXAMPLES} examples against a stub model"
+        + (" (in bubblewrap, no network)" if sandbox else ""))
     started = time.monotonic()
     result = run_step([*sandbox, *command], timeout=PROBE_TIMEOUT_S, env=environment, cwd=datasets)
     print(result.stdout + result.stderr, end="", flush=True)
@@ -386,7 +391,9 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     summary = json.loads(out.read_text())
     if summary.get("error"):
         raise BuildFailed(summary["error"])
-    log(f"loaded in {time.monotonic() - started:.1f} s: {summary['api']} {summary['environment_class']}")
+    rollout = summary["rollout"]
+    log(f"loaded in {time.monotonic() - started - rollout['seconds']:.1f} s: {summary['api']} {summary['environment_class']}; "
+        f"smoke rollout of {rollout['examples']} examples in {rollout['seconds']:.1f} s, rewards {rollout['rewards']}")
     return summary
 
 

@@ -36,7 +36,7 @@ from jobs.admission import admission_pass
 from jobs.models import Job
 from tests.environments.verifiers_wheels import spell_wheel
 from tests.support.environments import push
-from tests.support.load_environment_wheels import tiny_single_turn_wheel
+from tests.support.load_environment_wheels import TINY_SINGLE_TURN, tiny_single_turn_wheel
 from tests.support.wheelbuilder import ADDITION_LIKE, build_wheel
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
@@ -92,6 +92,12 @@ def test_a_load_environment_package_builds_ready_on_verifiers_0_3_1_with_its_sum
     assert build.summary["reward_functions"][:2] == [{"name": "correct", "weight": 1.0}, {"name": "short", "weight": 0.25}]
     assert build.summary["secrets"] == ["TINY_JUDGE_KEY"]
     assert build.summary["verifiers_version"] == "0.3.1"
+    # verifiers' own rollout of two rows against the stub model, whose "42" is never the next number: `short` alone scores
+    assert build.summary["rollout"]["examples"] == 2
+    assert build.summary["rollout"]["rewards"] == [0.25, 0.25]
+    assert build.summary["rollout"]["reply"] == "42"
+    assert 0 < build.summary["rollout"]["seconds"] < 60
+    assert "smoke rollout of 2 examples" in build_log(build)
     assert "ready in" in build_log(build)
 
     body = owner.client().get("/api/v1/environments/acme/tiny-count@0.1.0").json()["build"]
@@ -99,6 +105,23 @@ def test_a_load_environment_package_builds_ready_on_verifiers_0_3_1_with_its_sum
     log = owner.client().get("/api/v1/environments/acme/tiny-count@0.1.0/build-log")
     assert log.status_code == 200 and log["Content-Type"].startswith("text/plain")
     assert b"resolving 2 requirements" in log.content
+
+
+@pytest.mark.system
+def test_a_load_environment_package_whose_reward_function_raises_on_a_reply_fails_its_build_where_verifiers_scores_0(owner, index):
+    # verifiers logs a reward function that raised and scores it 0; the build's smoke rollout fails on it
+    short = "    return 1.0 if len(text) <= 4 else 0.0\n"
+    assert short in TINY_SINGLE_TURN
+    source = TINY_SINGLE_TURN.replace(short, "    return 1.0 / (len(text) - 2)  # the stub's reply has two characters\n")
+    wheel = build_wheel("tiny-picky", "0.1.0", files={"tiny_picky/__init__.py": source}, requires=["verifiers>=0.1.0", "datasets"])
+
+    build = build_run(_pushed_build(owner, wheel).pk)
+
+    assert build.status == BuildStatus.FAILED, build_log(build)
+    assert build.error.startswith("the environment's rollout raised ZeroDivisionError: float division by zero (it loads")
+    assert "`lab envs try PACKAGE --reply 42`" in build.error
+    log = build_log(build)
+    assert "Traceback (most recent call last)" in log and "in short" in log
 
 
 @pytest.mark.system
@@ -122,6 +145,26 @@ def test_a_lab_protocol_package_builds_ready(owner, index, tmp_path):
     assert build.summary["api"] == "lab"
     assert build.summary["environment_class"] == "vowel_count.VowelCount"
     assert build.summary["reward_functions"]
+    # the stub model's "42" is no word's vowel count, and 38 or more off: neither function scores
+    assert (build.summary["rollout"]["examples"], build.summary["rollout"]["rewards"]) == (2, [0.0, 0.0])
+    assert "smoke rollout of 2 examples" in build_log(build)
+
+
+def test_a_package_that_loads_but_whose_reward_function_raises_on_a_reply_fails_its_build_naming_the_exception(owner, index):
+    exact = "    return 1.0 if completion.strip() == example.answer else 0.0\n"
+    source = ADDITION_LIKE.format(id="acme/picky-env@0.1.0", name="picky-env")
+    assert exact in source
+    source = source.replace(exact, "    return {\"7\": 1.0}[completion.strip()]  # any other reply raises\n")
+    wheel = build_wheel("picky-env", files={"picky_env/__init__.py": source}, requires=[], entry_points="[lab.environments]\npicky-env = picky_env:Echo\n")
+
+    build = build_run(_pushed_build(owner, wheel).pk)
+
+    assert build.status == BuildStatus.FAILED, build_log(build)
+    assert build.error.startswith("the environment's rollout raised KeyError: '42' (it loads, but a smoke rollout of 2 train examples")
+    assert "try it locally with `lab envs try PACKAGE --reply 42`" in build.error
+    assert build.summary == {}
+    log = build_log(build)
+    assert "Traceback (most recent call last)" in log and "in _exact" in log and "KeyError: '42'" in log
 
 
 def test_a_lab_package_whose_dependency_the_engine_lacks_fails_its_build_as_its_job_would(owner, index):

@@ -78,6 +78,10 @@ def _engine(tmp_path: Path, built, env_id: str, wheel, *, args: dict, secrets: l
 def test_the_build_records_the_key_it_declares_and_a_judge_job_calls_its_endpoint_with_the_jobs_secret(tmp_path, built, httpserver):
     assert built["summary"]["secrets"] == ["JUDGE_API_KEY"]
     assert built["summary"]["reward_functions"] == [{"name": "judged", "weight": 1.0}, {"name": "num_turns", "weight": 0.0}]
+    # offline and with no key, the build's smoke rollout cannot reach the judge: left unscored, not failed
+    rollout = built["summary"]["rollout"]
+    assert (rollout["examples"], rollout["rewards"]) == (2, [0.0, 0.0])
+    assert len(rollout["unscored"]) == 2 and all("judged" in line for line in rollout["unscored"])
     calls = []
 
     def judge(request: Request) -> Response:

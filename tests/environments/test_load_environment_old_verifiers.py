@@ -54,6 +54,9 @@ def test_a_package_pinning_verifiers_0_1_9_builds_on_it(built):
         {"name": "brief", "weight": 0.1},
         {"name": "num_turns", "weight": 0.0},
     ]
+    # the build's smoke rollout ran on 0.1.9's own run_rollout: the stub's untagged "42" scores `brief` alone, 0.1 x (1 - 2/64)
+    assert summary["rollout"]["examples"] == 2
+    assert summary["rollout"]["rewards"] == [pytest.approx(0.096875), pytest.approx(0.096875)]
 
 
 def test_the_bridge_scores_with_verifiers_0_1_9s_own_parser_and_rubric_and_refuses_its_multi_turn_episodes(
