@@ -2,12 +2,14 @@
 
 import json
 import logging
+import re
 
 import pytest
 
 from engine.environments import load_environment, split_of
 from engine.filters import most_repeated_ngram_count
 from engine.orchestrator import usable_template_kwargs
+from engine.trainer import seconds_text
 from tests.engine.conftest import engine_config, tiny_spec
 from tests.support.engine import trainer_for
 
@@ -175,3 +177,26 @@ def test_the_transformers_backend_says_it_samples_without_vllms_parameters(tmp_p
     assert trainer.rollouts.orchestrator.sampling_params(trainer.config.spec.sampling) == {}
     vllm_config = engine_config(spec, rollout_backend="vllm")
     assert vllm_config.spec.sampling.sampling_params() == {"top_k": 5}
+
+
+def test_a_step_with_no_learning_signal_says_so_in_its_log_line(tmp_path, caplog):
+    """Greedy sampling gives every rollout of a group the same completion and so the same reward:
+    the zero_advantage filter drops the whole batch and the step's log line says it learned nothing."""
+    caplog.set_level(logging.INFO, logger="engine")
+    _, _, metrics, _ = run(tmp_path / "greedy", tiny_spec(max_steps=1, sampling={"max_tokens": 6, "temperature": 0.0}))
+    assert metrics[1]["filter/zero_advantage/fraction"] == 1.0
+    step_lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("step 1/1 ")]
+    assert len(step_lines) == 1
+    assert step_lines[0].endswith(
+        "; every group had the same reward: nothing to learn from (filter/zero_advantage/fraction 1)"
+    )
+    assert re.search(r" time \d+\.\d+s \(generate \d+\.\d+s, train \d+\.\d+s\)", step_lines[0])
+
+
+def test_a_step_that_learns_says_nothing_more_and_times_under_a_tenth_of_a_second_keep_two_decimals(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="engine")
+    _, _, metrics, _ = run(tmp_path / "work", tiny_spec(max_steps=1))
+    assert metrics[1]["filter/zero_advantage/fraction"] < 1.0
+    step_line = next(record.getMessage() for record in caplog.records if record.getMessage().startswith("step 1/1 "))
+    assert "nothing to learn from" not in step_line
+    assert seconds_text(0.04) == "0.04s" and seconds_text(0.1) == "0.1s" and seconds_text(12.34) == "12.3s"
