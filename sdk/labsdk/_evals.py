@@ -194,7 +194,7 @@ class Evals:
         )
         if evaluation.is_terminal:  # pushed and finalized before
             return evaluation
-        bar = tqdm(total=len(run.samples), unit="sample", disable=not progress, desc=f"push {evaluation.id}")
+        bar = tqdm(total=len(run.samples), unit="sample", disable=None if progress else True, desc=f"push {evaluation.id}")
         for batch in _batches(run.samples):
             self._http.request("POST", f"evaluations/{segment(evaluation.id)}/samples", json_body={"samples": batch})
             bar.update(len(batch))
@@ -272,14 +272,14 @@ class Evals:
     ) -> Evaluation:
         """Poll an evaluation until it ends and return it (with its results) when it succeeded.
 
-        ``timeout`` and ``poll_interval`` are seconds (``None``: no limit); with ``progress`` a
-        tqdm bar on stderr counts the samples stored. Raises ``JobFailedError`` or
+        ``timeout`` and ``poll_interval`` are seconds (``None``: no limit); with ``progress`` and
+        stderr a terminal a tqdm bar counts the samples stored. Raises ``JobFailedError`` or
         ``JobCancelledError`` (``.job`` is the evaluation) when it ends otherwise, and
         ``WaitTimeoutError`` (with the last one seen) when time runs out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         evaluation = self.retrieve(evaluation_id)
-        bar = tqdm(desc=evaluation_id, unit="sample", disable=not progress, dynamic_ncols=True)
+        bar = tqdm(desc=evaluation_id, unit="sample", disable=None if progress else True, dynamic_ncols=True)
         try:
             while True:
                 bar.total = evaluation.progress.get("expected_samples")

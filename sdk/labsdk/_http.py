@@ -204,7 +204,7 @@ class HTTPClient:
         answer names the archive's SHA-256 (``X-Lab-Archive-SHA256``, what it verified when the
         archive became ready), the bytes received must have it. The file is written under a
         ``.part`` name and renamed when complete, so a failed download leaves no truncated
-        file. ``progress`` shows a tqdm bar in bytes on stderr. Raises the errors of
+        file. ``progress`` shows a tqdm bar in bytes on stderr when it is a terminal. Raises the errors of
         :meth:`request`, and ``APIError`` (``code`` ``archive_corrupted``) when the bytes differ
         from the SHA-256 Lab named.
         """
@@ -220,7 +220,7 @@ class HTTPClient:
                     response = self._open_signed_url(stack, response)
                 total = int(response.headers.get("content-length") or 0) or None
                 bar = stack.enter_context(
-                    tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc=destination.name)
+                    tqdm(total=total, unit="B", unit_scale=True, disable=None if progress else True, desc=destination.name)
                 )
                 with partial.open("wb") as handle:
                     for chunk in response.iter_bytes():

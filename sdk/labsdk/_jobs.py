@@ -337,21 +337,21 @@ class Jobs:
         """Poll a job until it finishes and return it when it ``succeeded``.
 
         ``timeout`` and ``poll_interval`` are seconds (``None``: no limit). With
-        ``progress`` a tqdm bar on stderr shows step/max_steps, the status (a queued job's
-        queue place and reason, a running one's engine phase: :func:`labsdk.display.job_progress`)
-        and the latest ``reward/mean``. Raises ``JobFailedError`` or ``JobCancelledError`` (with ``.job``)
+        ``progress`` and stderr a terminal (no bar into a pipe or a file) a tqdm bar shows
+        step/max_steps, the status (a queued job's queue place and reason, a running one's engine
+        phase: :func:`labsdk.display.job_progress`) and the latest ``reward/mean``. Raises ``JobFailedError`` or ``JobCancelledError`` (with ``.job``)
         when the job ends otherwise, ``WaitTimeoutError`` (with the last ``.job`` seen)
         when time runs out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         job = self.retrieve(job_id)
-        bar = tqdm(total=job.max_steps, desc=job_id, unit="step", disable=not progress, dynamic_ncols=True)
+        bar = tqdm(total=job.max_steps, desc=job_id, unit="step", disable=None if progress else True, dynamic_ncols=True)
         reward: float | None = None
         show_reward = True
         metrics_after: int | None = None
         try:
             while True:
-                if progress:
+                if not bar.disable:  # a bar is shown only on a terminal (tqdm: disable=None)
                     if show_reward:
                         try:
                             for point in self.metrics(job_id, names=[PROGRESS_METRIC], after_step=metrics_after):

@@ -203,7 +203,7 @@ def test_jobs_get_unknown_id_fails_with_the_server_message(lab_env, capsys):
     assert run(capsys, "jobs", "get", "job_nope")[::2] == (1, "error: No such job. (not_found)\n")
 
 
-def test_jobs_wait_exits_zero_on_success_and_one_on_failure(lab_env, capsys):
+def test_jobs_wait_exits_zero_on_success_and_one_on_failure(lab_env, capsys, monkeypatch):
     good = lab_env.add_job()
     lab_env.timelines[good["id"]] = [
         {"status": "running", "step": 3, "reward": 0.5}, {"status": "succeeded", "step": 20},
@@ -211,7 +211,9 @@ def test_jobs_wait_exits_zero_on_success_and_one_on_failure(lab_env, capsys):
     bad = lab_env.add_job()
     lab_env.timelines[bad["id"]] = [{"status": "failed", "error": {"code": "oom", "message": "Out of memory."}}]
 
-    status, out, err = run(capsys, "jobs", "wait", good["id"])
+    with monkeypatch.context() as terminal:
+        terminal.setattr(sys.stderr, "isatty", lambda: True)  # the progress bar is drawn on a terminal only
+        status, out, err = run(capsys, "jobs", "wait", good["id"])
     assert (status, out) == (0, f"{good['id']} succeeded\n")
     assert "reward/mean=0.500" in err
 
@@ -219,6 +221,17 @@ def test_jobs_wait_exits_zero_on_success_and_one_on_failure(lab_env, capsys):
     assert status == 1
     assert json.loads(out)["error"]["code"] == "oom"
     assert err == f"error: job {bad['id']} failed (oom: Out of memory.)\n"
+
+
+def test_jobs_wait_into_a_pipe_or_a_file_draws_no_progress_bar(lab_env, capsys):
+    job = lab_env.add_job()
+    lab_env.timelines[job["id"]] = [
+        {"status": "running", "step": 3, "reward": 0.5}, {"status": "succeeded", "step": 20},
+    ]
+
+    status, out, err = run(capsys, "jobs", "wait", job["id"])  # capsys: stdout and stderr are no terminal
+
+    assert (status, out, err) == (0, f"{job['id']} succeeded\n", "")
 
 
 def test_spec_check_lists_every_local_problem_without_lab(capsys, spec_file, monkeypatch):
