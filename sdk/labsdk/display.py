@@ -15,7 +15,18 @@ from typing import Any
 #: in this order: prime-rl's names (docs/api.md "Metric names").
 MAIN_METRICS = ("reward/mean", "loss/mean", "entropy/mean", "seq_len/mean")
 
+#: What a step's progress line adds when the zero_advantage filter dropped every rollout of its
+#: batch (``filter/zero_advantage/fraction`` 1): the step trained on nothing. The engine's step
+#: log line says the same (engine/trainer.py).
+NO_LEARNING_SIGNAL = "; every group had the same reward: nothing to learn from (filter/zero_advantage/fraction 1)"
+
 _SIZE_UNITS = ("kB", "MB", "GB", "TB", "PB")
+
+
+def learning_signal_note(values: Mapping[str, float]) -> str:
+    """Return :data:`NO_LEARNING_SIGNAL` when a step's metric ``values`` say every group had the
+    same reward, else ``""``."""
+    return NO_LEARNING_SIGNAL if values.get("filter/zero_advantage/fraction", 0.0) >= 1.0 else ""
 
 
 def format_bytes(size: int | float | None) -> str:

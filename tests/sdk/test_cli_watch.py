@@ -55,6 +55,38 @@ def test_watch_of_a_finished_job_labels_each_replayed_step_with_its_own_step(lab
     ]
 
 
+def test_watch_says_when_a_step_had_nothing_to_learn_from(lab_env, capsys):
+    job = lab_env.add_job(status="succeeded", step=2, phase=None, status_reason=None, queue_position=None, max_steps=2)
+    lab_env.streams[job["id"]] = [
+        {"id": 1, "event": "metrics", "data": {"step": 1, "values": {"reward/mean": 0.0, "filter/zero_advantage/fraction": 1.0}}},
+        {"id": 2, "event": "metrics", "data": {"step": 2, "values": {"reward/mean": 0.5, "filter/zero_advantage/fraction": 0.5}}},
+    ]
+
+    status, out, err = run(capsys, "jobs", "watch", job["id"])
+
+    assert (status, err) == (0, "")
+    assert out.splitlines() == [
+        f"{job['id']} succeeded step 2/2",
+        f"{job['id']} succeeded step 1/2 reward/mean=0"
+        "; every group had the same reward: nothing to learn from (filter/zero_advantage/fraction 1)",
+        f"{job['id']} succeeded step 2/2 reward/mean=0.5",
+    ]
+
+
+def test_watch_of_a_failed_job_prints_its_error(lab_env, capsys):
+    error = {"code": "engine_error", "message": "ValueError: no example fits max_tokens"}
+    job = lab_env.add_job(status="running", step=0, phase="running", status_reason=None, queue_position=None, max_steps=3)
+    lab_env.streams[job["id"]] = [
+        {"id": 1, "event": "status", "data": _status(job, status="failed", step=0, phase=None, error=error)},
+    ]
+
+    status, out, err = run(capsys, "jobs", "watch", job["id"])
+
+    assert status == 1
+    assert out.splitlines()[-1] == f"{job['id']} failed step 0/3"
+    assert err == f"error: job {job['id']} failed (engine_error: ValueError: no example fits max_tokens)\n"
+
+
 def test_watch_json_prints_one_line_per_record(lab_env, capsys):
     job = lab_env.add_job(status="running", step=1)
     lab_env.streams[job["id"]] = [

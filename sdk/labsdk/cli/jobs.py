@@ -29,7 +29,7 @@ from labsdk.cli._output import (
     _when,
 )
 from labsdk.client import Lab
-from labsdk.display import MAIN_METRICS, format_bytes, progress_line, status_order
+from labsdk.display import MAIN_METRICS, format_bytes, learning_signal_note, progress_line, status_order
 from labsdk.errors import (
     JobCancelledError,
     JobFailedError,
@@ -280,7 +280,9 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
     """``lab jobs watch ID``: a live table of the job's status and latest metric values, until it
     ends. The header follows the newest status and step. Without a terminal (a pipe, a log file):
     one plain line per status change and per metric step (a step's line labelled with that step,
-    replayed or not); with ``--json``: one JSON line per status record and metric step. Exit 1
+    replayed or not, ending in :data:`labsdk.display.NO_LEARNING_SIGNAL` when every group of the
+    step had the same reward); with ``--json``: one JSON line per status record and metric step.
+    A failed job's error (code and message, as ``lab jobs get`` shows them) goes to stderr. Exit 1
     unless the job succeeded."""
     status: Job | None = None
     latest: dict[str, tuple[int, float]] = {}
@@ -295,7 +297,9 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
     def render() -> Group:
         job = current()
-        header = Text("waiting for the job" if job is None else progress_line(job), style="bold")
+        newest = {name: value for name, (step, value) in latest.items() if step == newest_step}
+        header = Text("waiting for the job" if job is None else progress_line(job) + learning_signal_note(newest),
+                      style="bold")
         table = _table("METRIC", "STEP", "VALUE", wrap=("METRIC",))
         for name in sorted(latest):
             step, value = latest[name]
@@ -307,6 +311,7 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
         for event in client().jobs.stream(args.id):
             line_values: dict[str, float] | None = None
             line_step: int | None = None
+            line_note = ""
             if event.event == "status":
                 if status is not None and status_order(event.data) <= status_order(status):
                     continue  # an older status replayed after the opening snapshot, or the same one
@@ -318,6 +323,7 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
                 newest_step = max(newest_step, event.data.step)
                 line_values = {name: event.data.values[name] for name in MAIN_METRICS if name in event.data.values}
                 line_step = event.data.step
+                line_note = learning_signal_note(event.data.values)
             else:
                 continue
             if args.json:
@@ -327,9 +333,12 @@ def jobs_watch(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
                 if job is not None:
                     if line_step is not None:  # a replayed step is labelled with its own step, not the newest
                         job = job.model_copy(update={"step": line_step})
-                    print(progress_line(job, line_values), flush=True)
+                    print(progress_line(job, line_values) + line_note, flush=True)
             else:
                 live.update(render(), refresh=True)
+    if status is not None and status.status == "failed" and not args.json:
+        failed = status if status.error else client().jobs.retrieve(args.id)
+        print(f"error: {JobFailedError(failed)}", file=sys.stderr)
     return EXIT_OK if status is not None and status.status == "succeeded" else EXIT_FAILED
 
 
