@@ -67,8 +67,8 @@ def test_watch_says_when_a_step_had_nothing_to_learn_from(lab_env, capsys):
     assert (status, err) == (0, "")
     assert out.splitlines() == [
         f"{job['id']} succeeded step 2/2",
-        f"{job['id']} succeeded step 1/2 reward/mean=0"
-        "; every group had the same reward: nothing to learn from (filter/zero_advantage/fraction 1)",
+        (f"{job['id']} succeeded step 1/2 reward/mean=0"
+         "; every group had the same reward: nothing to learn from (filter/zero_advantage/fraction 1)"),
         f"{job['id']} succeeded step 2/2 reward/mean=0.5",
     ]
 
