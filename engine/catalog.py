@@ -53,7 +53,9 @@ LORA_TARGET_MODULES: dict[str, tuple[str, ...]] = {
 class ModelInfo:
     """One model a job may train.
 
-    `context_length` is in tokens; `parameters` is the parameter count when known;
+    `context_length` is in tokens; `parameters` is the parameter count when known (every
+    expert of a mixture of experts), `active_parameters` those one token uses when they differ
+    (a mixture of experts; `engine.model_check` counts both the same way);
     `source` is "builtin" (shipped with Lab) or "local" (a Hugging Face directory an operator
     placed in the model directory); `architecture` is the transformers `model_type` ("llama",
     "qwen3_moe", ...) when known, the key of `LORA_TARGET_MODULES`.
@@ -65,6 +67,7 @@ class ModelInfo:
     description: str
     source: str
     architecture: str | None = None
+    active_parameters: int | None = None
 
 
 _BUILTIN_MODELS = {
@@ -82,7 +85,7 @@ _BUILTIN_MODELS = {
     TINY_RANDOM_LLAMA_ID: ModelInfo(
         id=TINY_RANDOM_LLAMA_ID,
         context_length=512,
-        parameters=None,
+        parameters=80_448,
         description=(
             "A two-layer Llama with seeded random weights and a character tokenizer, for fast "
             "tests; it learns nothing useful."
@@ -93,7 +96,7 @@ _BUILTIN_MODELS = {
     TINY_RANDOM_QWEN2_ID: ModelInfo(
         id=TINY_RANDOM_QWEN2_ID,
         context_length=512,
-        parameters=None,
+        parameters=80_704,
         description="A two-layer Qwen2 (biased query/key/value projections) with seeded random weights, for tests.",
         source="builtin",
         architecture="qwen2",
@@ -101,7 +104,7 @@ _BUILTIN_MODELS = {
     TINY_RANDOM_QWEN3_ID: ModelInfo(
         id=TINY_RANDOM_QWEN3_ID,
         context_length=512,
-        parameters=None,
+        parameters=80_576,
         description="A two-layer dense Qwen3 (query/key norms) with seeded random weights, for tests.",
         source="builtin",
         architecture="qwen3",
@@ -109,7 +112,8 @@ _BUILTIN_MODELS = {
     TINY_RANDOM_QWEN3_MOE_ID: ModelInfo(
         id=TINY_RANDOM_QWEN3_MOE_ID,
         context_length=512,
-        parameters=None,
+        parameters=81_088,
+        active_parameters=56_512,
         description=(
             "A two-layer Qwen3 mixture-of-experts (4 experts, 2 per token) with seeded random "
             "weights, for tests of expert routing."

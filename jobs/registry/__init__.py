@@ -82,7 +82,7 @@ def registry_fields(info: ModelInfo, model_dir: Path) -> dict[str, Any]:
         "family": family_of(architecture),
         "architecture": architecture,
         "parameters": info.parameters,
-        "active_parameters": None,
+        "active_parameters": info.active_parameters,
         "context_length": info.context_length,
         "chat_template": info.source == "builtin" or _has_chat_template(Path(model_dir) / info.id),
         "training_modes": list(TRAINING_MODES),

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.catalog import TINY_RANDOM_LLAMA_ID, TINY_RANDOM_QWEN2_ID, TINY_RANDOM_QWEN3_ID, TINY_RANDOM_QWEN3_MOE_ID
+from engine.catalog import (
+    TINY_RANDOM_LLAMA_ID,
+    TINY_RANDOM_MODEL_IDS,
+    TINY_RANDOM_QWEN2_ID,
+    TINY_RANDOM_QWEN3_ID,
+    TINY_RANDOM_QWEN3_MOE_ID,
+    list_models,
+)
 from engine.model_check import ModelRefused, check_directory, extract_archive, main, safetensors_header
 from tests.support.model_dirs import tar_directory, tiny_model_directory
 from tests.support.stack import wait_for
@@ -60,6 +67,14 @@ def test_it_counts_the_active_parameters_of_a_mixture_of_experts(tmp_path):
     # Qwen3's attention and norms, and per layer a router of 64 × 4 and 4 experts of 3 × 64 × 32
     # weights: 49,152 expert weights in all, 2 of the 4 experts used per token.
     assert (report["architecture"], report["parameters"], report["active_parameters"]) == ("qwen3_moe", 81_088, 81_088 - 24_576)
+
+
+@pytest.mark.parametrize("model_id", sorted(TINY_RANDOM_MODEL_IDS))
+def test_the_catalogue_gives_each_test_model_the_parameters_the_check_counts(tmp_path, model_id):
+    """`lab models` shows the catalogue's counts: they are the ones the check counts in the model built."""
+    report = check_directory(tiny_model_directory(tmp_path / "model", model_id))
+    info = list_models(tmp_path / "models")[model_id]
+    assert (info.parameters, info.active_parameters) == (report["parameters"], report["active_parameters"])
 
 
 def test_it_reads_the_licence_and_the_tool_call_format_and_leaves_other_files_out(qwen3, tmp_path):

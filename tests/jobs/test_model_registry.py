@@ -38,7 +38,8 @@ def test_migrate_seeds_the_registry_with_the_catalogue(settings, tmp_path):
     # 134.5M parameters × 2 bytes × 1.2 = 0.32 GB for LoRA; × 16 bytes × 1.2 = 2.58 GB in full
     assert smol.memory_gb == {"lora": 0.4, "full": 2.6}
     moe = rows[TINY_RANDOM_QWEN3_MOE_ID]
-    assert (moe.family, moe.architecture, moe.memory_gb) == ("qwen3", "qwen3_moe", {})
+    assert (moe.family, moe.architecture, moe.parameters, moe.active_parameters) == ("qwen3", "qwen3_moe", 81_088, 56_512)
+    assert moe.memory_gb == {"lora": 0.1, "full": 0.1}  # rounded up to 0.1 GB
 
 
 def test_sync_is_idempotent_and_registers_an_operator_placed_directory(settings, tmp_path):
