@@ -259,6 +259,19 @@ def test_spec_check_passes_locally_when_no_lab_is_configured(capsys, spec_file, 
     assert err.count("warning: ") == 4
 
 
+def test_spec_check_warns_that_episode_limits_do_nothing_on_a_single_turn_environment(capsys, spec_file, monkeypatch):
+    monkeypatch.delenv("LAB_API_KEY", raising=False)
+    text = 'model = "lab/tiny-random-llama"\nmax_steps = 3\n[[env]]\nid = "lab/reverse-text"\nmax_turns = 4\n'
+
+    status, out, err = run(capsys, "spec", "check", spec_file(text))
+
+    assert status == 0 and "valid locally" in out
+    assert err == (
+        "warning: 'env.0.max_turns': lab/reverse-text is a single-turn environment (one completion per example), "
+        "so max_turns, which bounds the turns of a multi-turn episode, has no effect on it; it is stored and ignored\n"
+    )
+
+
 def test_spec_check_asks_lab_for_an_estimate_when_configured(lab_env, capsys, spec_file):
     status, out, _ = run(capsys, "spec", "check", spec_file(DESIGN_EXAMPLE_TOML), "--json")
 

@@ -320,6 +320,20 @@ def test_timeout_is_positive_seconds_up_to_a_day_and_warned_on_a_built_in_enviro
     ]
 
 
+def test_episode_limits_are_warned_on_a_built_in_single_turn_environment_only():
+    limits = {"max_turns": 3, "max_input_tokens": 100, "max_output_tokens": 50}
+    assert parse_spec({**BASE, "env": [{"id": "acme/guess-env", **limits}]}).warnings == []
+    built_in = parse_spec({**BASE, "env": [{"id": "lab/addition", "max_turns": 3}],
+                           "eval": {"env": [{"id": "lab/reverse-text", "max_output_tokens": 50}]}})
+    assert built_in.warnings == [
+        ("'env.0.max_turns': lab/addition is a single-turn environment (one completion per example), so max_turns, "
+         "which bounds the turns of a multi-turn episode, has no effect on it; it is stored and ignored"),
+        ("'eval.env.0.max_output_tokens': lab/reverse-text is a single-turn environment (one completion per example), "
+         "so max_output_tokens, which bounds the tokens each agent samples in a multi-turn episode, has no effect "
+         "on it; it is stored and ignored"),
+    ]
+
+
 def test_a_misspelt_key_gets_the_closest_allowed_key():
     problem = refused(max_step=5)[0]
     assert problem.message.startswith("unknown key 'max_step' (did you mean 'max_steps'?); allowed keys: name,")

@@ -49,18 +49,47 @@ _NOT_YET_USED: dict[str, str] = {
 _ENV_NOT_YET_USED = ("harness",)
 
 
-def _timeout_warning(path: str, env: Any) -> list[str]:
+#: The ``[[env]]`` keys that bound a multi-turn episode (engine/multi_turn.py), with what they bound.
+_EPISODE_LIMITS = {
+    "max_turns": "the turns of",
+    "max_input_tokens": "the tokens fed in to each turn of",
+    "max_output_tokens": "the tokens each agent samples in",
+}
+
+
+def _built_in_id(env: Mapping[str, Any]) -> str | None:
+    """Return the id of an ``[[env]]`` block (its ``taskset.id`` in the v1 form) when it names one
+    of Lab's built-in environments (``lab/...``), else None."""
+    env_id = env.get("id")
+    if env_id is None and isinstance(env.get("taskset"), Mapping):
+        env_id = env["taskset"].get("id")
+    return env_id if isinstance(env_id, str) and env_id.startswith("lab/") else None
+
+
+def _timeout_warning(path: str, env: Mapping[str, Any]) -> list[str]:
     """Warn that an ``[[env]]`` ``timeout`` does nothing on one of Lab's built-in environments:
     the timeout bounds a verifiers environment's own code (a multi-turn episode, a taskset's
     scoring), and a built-in one scores in the engine, at once."""
-    env_id = env.get("id") if isinstance(env, Mapping) else None
-    if env_id is None and isinstance(env, Mapping) and isinstance(env.get("taskset"), Mapping):
-        env_id = env["taskset"].get("id")
-    if env.get("timeout") is None or not isinstance(env_id, str) or not env_id.startswith("lab/"):
+    env_id = _built_in_id(env)
+    if env.get("timeout") is None or env_id is None:
         return []
     return [
         f"'{path}': {env_id} is one of Lab's built-in environments, which score in the engine; the timeout "
         f"bounds a verifiers environment's episode or scoring and does not apply to it; {_STORED}"
+    ]
+
+
+def _episode_limit_warnings(path: str, env: Mapping[str, Any]) -> list[str]:
+    """Warn that the episode limits of an ``[[env]]`` block at ``path`` (``env.0``) do nothing on
+    one of Lab's built-in environments: they are single-turn, one completion per example, and
+    the limits bound a multi-turn episode between its turns."""
+    env_id = _built_in_id(env)
+    if env_id is None:
+        return []
+    return [
+        f"'{path}.{key}': {env_id} is a single-turn environment (one completion per example), so {key}, which "
+        f"bounds {what} a multi-turn episode, has no effect on it; {_STORED}"
+        for key, what in _EPISODE_LIMITS.items() if env.get(key) is not None
     ]
 
 
@@ -129,6 +158,7 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
             if isinstance(env, Mapping) and env.get(key) is not None:
                 warnings.append(_not_yet(f"env.{index}.{key}"))
         if isinstance(env, Mapping):
+            warnings.extend(_episode_limit_warnings(f"env.{index}", env))
             warnings.extend(_timeout_warning(f"env.{index}.timeout", env))
     if given("eval.eval_base_model"):
         warnings.append(
@@ -149,6 +179,7 @@ def spec_warnings(data: Mapping[str, Any], spec: JobSpec) -> list[str]:
             if isinstance(env, Mapping) and env.get(key) is not None:
                 warnings.append(_not_yet(f"eval.env.{index}.{key}"))
         if isinstance(env, Mapping):
+            warnings.extend(_episode_limit_warnings(f"eval.env.{index}", env))
             warnings.extend(_timeout_warning(f"eval.env.{index}.timeout", env))
     for slot in ("pre_batch_filters", "post_batch_filters"):
         for index, batch_filter in enumerate(getattr(spec, slot) or []):
