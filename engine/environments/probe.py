@@ -12,11 +12,10 @@ It writes ``OUT`` (JSON): ``{"api": "v0"|"v1"|"lab", "environment_class": "modul
 "parameters": [{"name", "default", "type", "required"}], "dataset_size": int|None,
 "eval_dataset_size": int|None, "reward_functions": [{"name", "weight"}], "secrets": [str],
 "verifiers_version": str|None}``, or ``{"error": "..."}`` naming what is wrong and its fix.
-A build asks for more (``rollout``): once loaded, ``ROLLOUT_EXAMPLES`` examples are rolled out
-against a stub OpenAI-compatible chat endpoint this process serves on 127.0.0.1 (in the build's
-sandbox, offline; ``stub_chat_endpoint``) and scored by the environment's rubric, recorded as
-``"rollout": {"examples", "rewards", "seconds", "reply", "unscored"}``; a rollout that raises is
-the error (``rollout_failed_message``), its traceback in the log.
+A build asks for more (``rollout``): once loaded, a few examples are rolled out against a stub
+OpenAI-compatible chat endpoint this process serves on 127.0.0.1 and scored by the environment's
+rubric (``smoke_rollout.py``, beside this file), recorded as ``"rollout": {"examples", "rewards",
+"seconds", "reply", "unscored"}``; a rollout that raises is the error, its traceback in the log.
 Exit status 0 either way; anything else is a crash (its traceback is in the log). ``secrets`` are
 the environment variables loading reads as keys: those it declares with ``vf.ensure_keys``, and
 ``OPENAI_API_KEY`` when it makes an OpenAI client on that default key (a judge's); each reads a
@@ -26,28 +25,36 @@ placeholder while it loads (``BUILD_PLACEHOLDER``), so the build needs none of t
 from __future__ import annotations
 
 import ast
-import asyncio
-import contextlib
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import json
-import logging
 import os
 import sys
-import threading
-import time
 import traceback
 import typing
-import urllib.request
 import zipfile
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
 class ProbeError(Exception):
     """The package is not an environment Lab can build; the message says why and what to do."""
+
+
+#: How the smoke rollout of a loaded environment is made, given the ``smoke_rollout`` module:
+#: its ``lab_rollout``, ``v0_rollout`` or ``v1_rollout`` of what was loaded.
+MakeRollout = typing.Callable[[Any], Any]
+
+
+def _smoke_rollout_module() -> Any:
+    """``smoke_rollout.py`` from this file's folder, loaded by its path (under ``python -I`` the
+    folder is not on ``sys.path``; the builder copies it beside the probe)."""
+    spec = importlib.util.spec_from_file_location("smoke_rollout", Path(__file__).resolve().with_name("smoke_rollout.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _json_default(value: Any) -> Any:
@@ -102,268 +109,6 @@ def _qualified(value: Any) -> str:
 BUILD_PLACEHOLDER = "lab-build-has-no-secrets"
 
 
-#: Train examples the build's smoke rollout runs once the environment has loaded (``rollout``).
-ROLLOUT_EXAMPLES = 2
-#: What the stub model answers every turn of the smoke rollout.
-ROLLOUT_REPLY = "42"
-#: The model name the smoke rollout's requests carry.
-ROLLOUT_MODEL = "lab-build-stub"
-#: The longest one example's rollout may take, in seconds.
-ROLLOUT_TIMEOUT_S = 120
-
-#: A rollout of the smoke run: given the stub endpoint's base URL, run ``ROLLOUT_EXAMPLES``
-#: examples; return their rewards, and what it could not score offline (``_out_of_reach``).
-Rollout = Callable[[str], tuple[list[float], list[str]]]
-
-
-@contextlib.contextmanager
-def stub_chat_endpoint(reply: str = ROLLOUT_REPLY) -> Iterator[str]:
-    """Serve an OpenAI-compatible chat endpoint on a free port of 127.0.0.1, in a thread of this
-    process, for the block; yield its base URL (``http://127.0.0.1:<port>/v1``). Every ``POST
-    .../chat/completions`` answers ``reply`` as the assistant's message, a ``chat.completion``
-    object as OpenAI's API reference shapes it (https://platform.openai.com/docs/api-reference/chat);
-    ``GET .../models`` lists the one model. Any body is taken, tools and settings included: it
-    stands in for a model, not for the checks of Lab's own server (engine/serving_protocol.py)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path.rstrip("/").endswith("/models"):
-                self._send(200, {"object": "list", "data": [{"id": ROLLOUT_MODEL, "object": "model", "created": 0, "owned_by": "lab"}]})
-            else:
-                self._send(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
-
-        def do_POST(self) -> None:
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            except ValueError:
-                body = {}
-            if not self.path.rstrip("/").endswith("/chat/completions"):
-                self._send(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
-                return
-            self._send(200, {
-                "id": "chatcmpl-lab-build", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model") or ROLLOUT_MODEL,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "logprobs": None, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            })
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="stub-chat-endpoint", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def chat_reply(base_url: str, messages: list[dict]) -> str:
-    """The assistant's text the chat endpoint at ``base_url`` answers ``messages`` with."""
-    request = urllib.request.Request(
-        f"{base_url}/chat/completions", method="POST", headers={"Content-Type": "application/json"},
-        data=json.dumps({"model": ROLLOUT_MODEL, "messages": messages}).encode(),
-    )
-    with urllib.request.urlopen(request, timeout=ROLLOUT_TIMEOUT_S) as response:
-        return json.load(response)["choices"][0]["message"]["content"] or ""
-
-
-def run_rollout(rollout: Rollout) -> dict[str, Any]:
-    """Run ``rollout`` against the stub endpoint; return the summary's ``rollout``:
-    ``{"examples", "rewards", "seconds", "reply", "unscored"}`` (``unscored``: the judges' errors
-    ``_out_of_reach`` left unscored, their rewards 0). Whatever the environment's code raised
-    propagates (the caller names it)."""
-    started = time.monotonic()
-    with stub_chat_endpoint() as base_url:
-        rewards, unscored = rollout(base_url)
-    return {
-        "examples": len(rewards), "rewards": rewards, "seconds": round(time.monotonic() - started, 3), "reply": ROLLOUT_REPLY,
-        "unscored": unscored,
-    }
-
-
-def rollout_failed_message(error: BaseException) -> str:
-    """What a build whose smoke rollout raised ``error`` is told: the exception and the fix."""
-    return (
-        f"the environment's rollout raised {type(error).__name__}: {' '.join(str(error).split())[:500]} "
-        f"(it loads, but a smoke rollout of {ROLLOUT_EXAMPLES} train examples, every model reply \"{ROLLOUT_REPLY}\", "
-        f"failed, and a job's first rollout would fail alike); try it locally with `lab envs try PACKAGE --reply {ROLLOUT_REPLY}`, "
-        "and make its rollout and rubric take any reply (the build log has the traceback)"
-    )
-
-
-def _lab_rollout(target: type) -> Rollout:
-    """A Lab-protocol environment's rollout: its defaults and seed 0, each train example's
-    messages sent to the endpoint, the reply scored by its rubric (``Environment.score``)."""
-
-    def rollout(base_url: str) -> list[float]:
-        environment = target({}, 0)
-        rewards = []
-        for index in range(ROLLOUT_EXAMPLES):
-            example = environment.example(index, "train")
-            rewards.append(float(environment.score(chat_reply(base_url, example.messages), example).reward))
-        return rewards, []
-
-    return rollout
-
-
-def _out_of_reach(error: BaseException) -> bool:
-    """Whether ``error`` is, or was raised from, an OpenAI client's (a judge's model out of reach,
-    as verifiers' ``JudgeRubric`` re-raises it): a build has no network and no secrets, so a judge
-    on an endpoint of its own cannot answer there; its reward is left unscored (the rollout's
-    ``unscored``), not the build failed."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if type(current).__module__.split(".")[0] == "openai":
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
-
-
-class _RaisedInScoring(logging.Handler):
-    """Keeps the exception a verifiers v0 rubric logs while it scores (``Error calling reward
-    function ...``; verifiers scores it 0 and goes on), read from the ``except`` block that logs
-    it; a judge's client error goes to ``unscored`` instead (``_out_of_reach``)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.raised: list[BaseException] = []
-        self.unscored: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        error = sys.exc_info()[1] or (record.exc_info[1] if record.exc_info else None)
-        if error is not None and _out_of_reach(error):
-            self.unscored.append(" ".join(record.getMessage().split())[:300])
-            return
-        if error is None:
-            error = RuntimeError(record.getMessage())
-        else:
-            traceback.print_exception(error)
-        self.raised.append(error)
-
-
-def _v0_rollout(environment: Any) -> Rollout:
-    """A ``load_environment`` environment's rollout: verifiers' own (``Environment.run_rollout``:
-    its parser, turns, tools and rubric) of the first rows of its dataset, its model an
-    ``AsyncOpenAI`` client of the endpoint (verifiers 0.3.1's ``OpenAIChatCompletionsClient``
-    around it; 0.1.9 takes the client itself)."""
-
-    def rollout(base_url: str) -> list[float]:
-        from openai import AsyncOpenAI
-
-        try:
-            from verifiers.legacy.clients import OpenAIChatCompletionsClient
-        except ImportError:  # verifiers 0.1.9: the same v0 API on an AsyncOpenAI client
-            OpenAIChatCompletionsClient = None
-        client = AsyncOpenAI(base_url=base_url, api_key=BUILD_PLACEHOLDER, max_retries=0)
-        dataset = environment.get_dataset()
-        rows = [dict(dataset[index]) for index in range(min(ROLLOUT_EXAMPLES, len(dataset)))]
-        handler = _RaisedInScoring()
-        loggers = [logging.getLogger(name) for name in ("verifiers.legacy.rubrics", "verifiers.rubrics")]
-        for logger in loggers:
-            logger.addHandler(handler)
-        loop = asyncio.new_event_loop()
-        rewards = []
-        try:
-            for row in rows:
-                if OpenAIChatCompletionsClient is not None:
-                    coroutine = environment.run_rollout(input=row, client=OpenAIChatCompletionsClient(client), model=ROLLOUT_MODEL, sampling_args={})
-                else:
-                    free = contextlib.nullcontext()
-                    coroutine = environment.run_rollout(
-                        input=row, client=client, model=ROLLOUT_MODEL, gen_sampling_args={}, gen_sem=free, score_sem=free, score=True,
-                    )
-                output = loop.run_until_complete(asyncio.wait_for(coroutine, ROLLOUT_TIMEOUT_S))
-                if handler.raised:
-                    raise handler.raised[0]
-                if output.get("error"):
-                    raise RuntimeError(f"the rollout ended in an error: {output['error']}")
-                rewards.append(float(output.get("reward") or 0.0))
-        finally:
-            for logger in loggers:
-                logger.removeHandler(handler)
-            loop.close()
-        return rewards, handler.unscored
-
-    return rollout
-
-
-def _v1_messages(task: Any) -> list[dict]:
-    """The chat messages verifiers' null harness opens a v1 task with: its system prompt, then its prompt."""
-    data = task.data
-    messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
-    if isinstance(data.prompt, str):
-        messages.append({"role": "user", "content": data.prompt})
-    else:
-        for message in data.prompt or []:
-            content = message.content if isinstance(message.content, str) else "\n".join(getattr(part, "text", "") for part in message.content or [])
-            messages.append({"role": message.role, "content": content})
-    return messages
-
-
-def _v1_rollout(taskset: type, config: Any) -> Rollout:
-    """A v1 taskset's rollout: its first tasks with the default config, each one's opening sent to
-    the endpoint and the reply scored as one turn by the task's own rewards (``Task.score`` on the
-    trace, offline, as ``vf-replay`` scores; rewards that need a runtime are left out, as there)."""
-
-    def rollout(base_url: str) -> list[float]:
-        from verifiers.v1.configs.agent import AgentConfig
-        from verifiers.v1.graph import MessageNode
-        from verifiers.v1.trace import AgentInfo, Trace, TraceTask
-        from verifiers.v1.types import AssistantMessage, SystemMessage, UserMessage
-
-        kinds = {"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage}
-        agent = AgentConfig.model_validate({"harness": {"id": "null"}, "runtime": {"type": "subprocess"}})
-        tasks = []
-        for task in taskset(config() if config is not None else None):
-            tasks.append(task)
-            if len(tasks) == ROLLOUT_EXAMPLES:
-                break
-        loop = asyncio.new_event_loop()
-        rewards, unscored = [], []
-        try:
-            for task in tasks:
-                messages = _v1_messages(task)
-                reply = chat_reply(base_url, messages)
-                nodes = [
-                    MessageNode(parent=index - 1 if index else None, message=kinds[message["role"]](content=message["content"]))
-                    for index, message in enumerate(messages)
-                ]
-                nodes.append(MessageNode(parent=len(nodes) - 1 if nodes else None, message=AssistantMessage(content=reply), sampled=True))
-                trace = Trace(
-                    task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
-                    agent=AgentInfo(config=agent), nodes=nodes, is_completed=True, ok=True, stop_condition="agent_completed",
-                )
-                try:
-                    loop.run_until_complete(asyncio.wait_for(task.score(trace), ROLLOUT_TIMEOUT_S))
-                except Exception as error:  # noqa: BLE001 - verifiers wraps the task's own error (TaskError): name that one
-                    cause = error.__cause__ or error
-                    if not _out_of_reach(cause):
-                        raise cause from None
-                    unscored.append(f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}")
-                rewards.append(float(trace.reward or 0.0))
-        finally:
-            loop.close()
-        return rewards, unscored
-
-    return rollout
-
-
 def _record_ensure_keys(package: Any, secrets: list[str]) -> None:
     """Replace verifiers' ``ensure_keys`` (v0), where the package reaches it, with one that records
     the keys and never raises: a build has no secrets; a job's are checked against this list.
@@ -393,7 +138,7 @@ def _verifiers_version() -> str | None:
         return None
 
 
-def _probe_lab(entry_point: str) -> tuple[dict[str, Any], Rollout]:
+def _probe_lab(entry_point: str) -> tuple[dict[str, Any], MakeRollout]:
     module_name, _, attribute = entry_point.partition(":")
     target: Any = importlib.import_module(module_name)
     for part in attribute.split("."):
@@ -415,7 +160,7 @@ def _probe_lab(entry_point: str) -> tuple[dict[str, Any], Rollout]:
         "reward_functions": [{"name": function.name, "weight": float(function.weight)} for function in rubric],
         "secrets": [],
         "multi_turn": False,  # Lab's protocol has single-turn examples
-    }, _lab_rollout(target)
+    }, lambda smoke: smoke.lab_rollout(target)
 
 
 def _one_line(text: Any) -> str:
@@ -486,7 +231,7 @@ def _taskset_config(taskset: Any, module_name: str) -> Any | None:
     return taskset_config_type(module_name)
 
 
-def _probe_verifiers(module_name: str) -> tuple[dict[str, Any], Rollout]:
+def _probe_verifiers(module_name: str) -> tuple[dict[str, Any], MakeRollout]:
     secrets: list[str] = []
     module = importlib.import_module(module_name)
     _record_ensure_keys(module, secrets)
@@ -508,7 +253,7 @@ def _probe_verifiers(module_name: str) -> tuple[dict[str, Any], Rollout]:
             "reward_functions": _task_rewards(taskset),
             "secrets": secrets,
             "multi_turn": _v1_multi_turn(module, taskset, config),
-        }, _v1_rollout(taskset, config)
+        }, lambda smoke: smoke.v1_rollout(taskset, config)
     load_environment = getattr(module, "load_environment", None)
     if not callable(load_environment):
         raise ProbeError(
@@ -541,7 +286,7 @@ def _probe_verifiers(module_name: str) -> tuple[dict[str, Any], Rollout]:
         "multi_turn": not (
             getattr(environment, "max_turns", None) == 1 or "SingleTurnEnv" in {cls.__name__ for cls in type(environment).__mro__}
         ),
-    }, _v0_rollout(environment)
+    }, lambda smoke: smoke.v0_rollout(environment)
 
 
 def module_source(wheel: str | os.PathLike, module: str) -> str:
@@ -621,14 +366,15 @@ def main(argv: list[str]) -> int:
     as_job = "engine" in argv[4:]
     smoke = "rollout" in argv[4:]
     try:
-        summary, rollout = _probe_lab(entry_point) if kind == "lab" else _probe_verifiers(module_name)
+        summary, make_rollout = _probe_lab(entry_point) if kind == "lab" else _probe_verifiers(module_name)
         summary["verifiers_version"] = _verifiers_version()
         if smoke:
+            rollouts = _smoke_rollout_module()
             try:
-                summary["rollout"] = run_rollout(rollout)
+                summary["rollout"] = rollouts.run_rollout(make_rollout(rollouts))
             except Exception as error:  # noqa: BLE001 - the package's own code raised: its traceback is the log
                 traceback.print_exc()
-                summary = {"error": rollout_failed_message(error)}
+                summary = {"error": rollouts.rollout_failed_message(error)}
     except ProbeError as error:
         summary = {"error": str(error)}
     except ModuleNotFoundError as error:

@@ -29,6 +29,7 @@ from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from engine.environments import probe as package_probe
+from engine.environments import smoke_rollout
 from engine.environments.probe import is_load_environment_module, module_source, not_in_engine
 from engine.environments.verifiers_taskset import verifiers_python
 from environments.builder.sandbox import sandbox_command
@@ -358,6 +359,7 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     folder.mkdir(exist_ok=True)
     script = folder / "lab_build_probe.py"
     shutil.copyfile(package_probe.__file__, script)
+    shutil.copyfile(smoke_rollout.__file__, folder / "smoke_rollout.py")  # the probe loads it from its own folder
     out = folder / "summary.json"
     environment = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "LANG": "C.UTF-8", "TMPDIR": str(folder),
                    "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1"}
@@ -381,7 +383,7 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
         found = sorted(f"{owner.name}/{name.name}" for owner in datasets.iterdir() if owner.is_dir() for name in owner.iterdir() if name.is_dir())
         log(f"pushed datasets load_dataset finds by name: {', '.join(found) or 'none'}")
     sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv", chdir=datasets) if request.sandbox else []
-    log(f"importing {info.module}, loading it with its defaults and running {package_probe.ROLLOUT_EXAMPLES} examples against a stub model"
+    log(f"importing {info.module}, loading it with its defaults and running {smoke_rollout.ROLLOUT_EXAMPLES} examples against a stub model"
         + (" (in bubblewrap, no network)" if sandbox else ""))
     started = time.monotonic()
     result = run_step([*sandbox, *command], timeout=PROBE_TIMEOUT_S, env=environment, cwd=datasets)
