@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from environments.builder.steps import BuildFailed
+from lab.lib import seccomp
 
 #: System folders the import step sees, read-only, where present (programs, libraries, certificates, the loader's cache);
 #: of /etc/ssl only the certificates and OpenSSL's configuration, never ``private`` (the host's keys).
@@ -34,7 +35,9 @@ def sandbox_command(
             "bubblewrap (bwrap) is not installed, and builds import packages in its sandbox: install it "
             "(apt-get install bubblewrap), or set LAB_LOCAL_ISOLATION=none where every package is trusted"
         )
-    args = [bwrap, "--unshare-all", *(["--share-net"] if network else []), "--die-with-parent", "--cap-drop", "ALL",
+    # Lab's seccomp filter (lab.lib.seccomp), which bwrap reads from the descriptor file_prefix opens.
+    args = [*seccomp.file_prefix(), bwrap, "--seccomp", str(seccomp.FILE_FD),
+            "--unshare-all", *(["--share-net"] if network else []), "--die-with-parent", "--cap-drop", "ALL",
             "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
     for path in (*_SANDBOX_SYSTEM, *(_SANDBOX_NETWORK if network else ())):
         args += ["--ro-bind-try", path, path]

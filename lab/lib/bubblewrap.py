@@ -4,8 +4,9 @@ Both the local launcher's engine sandbox (``jobs.launchers.isolation``) and user
 (``sandboxes.runtime.local``) start from ``base_arguments``: new user, PID, IPC, UTS, cgroup and
 (unless shared) network namespaces, uid and gid 1000 inside, every capability dropped, no nested
 user namespaces, the sandbox killed with the process that started it, fresh ``/tmp``, ``/dev``
-and ``/proc``, and the system's programs and libraries (``/usr`` and the few ``/etc`` files a
-program needs) bound read-only. Each caller then adds its own binds and its command.
+and ``/proc``, the system's programs and libraries (``/usr`` and the few ``/etc`` files a
+program needs) bound read-only, and Lab's seccomp filter (``lab.lib.seccomp``), which bwrap
+applies after setting up the namespaces. Each caller then adds its own binds and its command.
 
 ``bubblewrap`` (https://github.com/containers/bubblewrap) is Debian's package of that name.
 """
@@ -17,6 +18,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from lab.lib import seccomp
 
 #: The uid and gid a sandboxed process has inside (as in the engine pods' security context).
 SANDBOX_UID = 1000
@@ -32,7 +35,8 @@ ETC_ENTRIES = (
 
 
 def base_arguments(
-    *, hostname: str, share_network: bool = False, bwrap: str = "bwrap", etc: str | None = None, sysfs: bool = True
+    *, hostname: str, share_network: bool = False, bwrap: str = "bwrap", etc: str | None = None, sysfs: bool = True,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """Return the start of a ``bwrap`` command line: namespaces, identity, fresh kernel file
     systems and the read-only system folders (see the module's docstring).
@@ -42,9 +46,15 @@ def base_arguments(
     ``ETC_ENTRIES`` (``copy_etc``) bound as ``/etc`` in one mount instead of one per entry, and
     ``sysfs`` False leaves ``/sys`` out: each mount costs a sandbox's start about half a
     millisecond, ``/sys`` (with its submounts) about ten.
+
+    ``seccomp_fd`` is a descriptor the caller passes on to bwrap (``seccomp.memfd``) holding the
+    seccomp filter; without one, the command line starts with ``seccomp.file_prefix``, which
+    opens the filter's file for bwrap.
     """
     args = [
+        *(seccomp.file_prefix() if seccomp_fd is None else []),
         bwrap,
+        "--seccomp", str(seccomp.FILE_FD if seccomp_fd is None else seccomp_fd),
         "--unshare-all", "--unshare-user", "--disable-userns",
         *(["--share-net"] if share_network else []),
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.lib import seccomp
 from sandboxes.agent import supervisor as protocol
 from sandboxes.runtime.base import CommandRequest, CommandResult, RuntimeRefusal, SandboxSpec
 from sandboxes.runtime.local import AREAS, GIGABYTE, LocalHost
@@ -131,7 +132,10 @@ class RunningSandbox:
         self.host.prepare(self.spec)
         fds = [os.open(self.host.disk(self.spec) / AREAS[area], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW) for area in AREAS]
         try:
-            command = self.host.command_line(self.spec, workspace_fd=fds[0], tmp_fd=fds[1], program=SUPERVISOR_PROGRAM)
+            fds.append(seccomp.memfd())
+            command = self.host.command_line(
+                self.spec, workspace_fd=fds[0], tmp_fd=fds[1], seccomp_fd=fds[2], program=SUPERVISOR_PROGRAM,
+            )
             self.process = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, pass_fds=fds, start_new_session=True,

@@ -8,8 +8,9 @@ The sandbox runs under ``setpriv`` and ``prlimit`` (util-linux) then ``bwrap`` (
 user, mount, PID, IPC, UTS and network namespaces (only its own loopback unless the sandbox's
 policy is ``egress``), uid 1000 inside with every capability dropped, the system's ``/usr`` and a
 few ``/etc`` files read-only (the image ``python:3.11`` is the host's own system Python for now),
-the work directory writable at ``/workspace``, its own ``/tmp`` and nothing else of the host. Its
-resource limits (setrlimit(2) through prlimit) are processes, open files and file size (the
+the work directory writable at ``/workspace``, its own ``/tmp`` and nothing else of the host, and
+Lab's seccomp filter (``lab.lib.seccomp``: new namespaces, mounts, tracing, keyrings, eBPF,
+modules and the like fail with EPERM). Its resource limits (setrlimit(2) through prlimit) are processes, open files and file size (the
 sandbox's disk), and its memory is held by a memory cgroup of its own (``cgroups.py``), or where
 there is none by an address-space limit; each command also gets CPU seconds (cores × its timeout). When Lab runs as root, each sandbox also runs as a host uid of its own
 (its slot in the block of ``HOST_UIDS_PER_AGENT`` uids the agent holds, ``claim_uid_block``: two
@@ -193,9 +194,10 @@ class LocalHost:
                 swept += 1
         return swept
 
-    def command_line(self, spec: SandboxSpec, *, workspace_fd: int, tmp_fd: int, program: list[str]) -> list[str]:
+    def command_line(self, spec: SandboxSpec, *, workspace_fd: int, tmp_fd: int, seccomp_fd: int, program: list[str]) -> list[str]:
         """Return the sandbox's command line: setpriv's identity (when Lab is root), prlimit's
-        limits, then bwrap binding ``workspace_fd`` and ``tmp_fd``, then ``program`` (its first process)."""
+        limits, then bwrap binding ``workspace_fd`` and ``tmp_fd`` and applying the seccomp filter
+        it reads from ``seccomp_fd`` (``lab.lib.seccomp.memfd``), then ``program`` (its first process)."""
         uid = self.host_uid(spec)
         processes = self.max_processes
         if uid is None:
@@ -218,7 +220,7 @@ class LocalHost:
         ]
         args = base_arguments(
             hostname="sandbox", share_network=spec.network == "egress", bwrap=self.bwrap,
-            etc=str(self._etc()), sysfs=False,
+            etc=str(self._etc()), sysfs=False, seccomp_fd=seccomp_fd,
         )
         args += ["--bind-fd", str(workspace_fd), WORKSPACE, "--bind-fd", str(tmp_fd), "/tmp", "--chdir", WORKSPACE, "--clearenv"]
         for name, value in sorted(BASE_ENVIRONMENT.items()):

@@ -5,8 +5,8 @@ Celery worker, local launcher in its default bubblewrap sandbox, engine subproce
 import every read a first hostile pass got through with: Lab's processes and their environment
 (``SECRET_KEY``, ``DATABASE_URL``, ``STRIPE_*``), the files under ``LAB_DATA_DIR`` (the secret key
 file, the SQLite database, another job's run dir and checkpoint archive, another organization's
-wheel), PostgreSQL and Redis over TCP and PostgreSQL's Unix socket, and the web server directly.
-It prints what it got into its job's log; the job itself must still train and succeed, its
+wheel), PostgreSQL and Redis over TCP and PostgreSQL's Unix socket, and the web server directly;
+then a user namespace and ptrace, which Lab's seccomp filter refuses (lab/lib/seccomp.py). It prints what it got into its job's log; the job itself must still train and succeed, its
 ingest reaching Lab through the supervisor's relay.
 """
 
@@ -23,6 +23,7 @@ from django.db import connection
 from labsdk import Lab
 
 from jobs.launchers.isolation import check_bubblewrap
+from lab.lib import seccomp
 from tests.support.packages import TINY
 from tests.support.stack import running_stack, wait_for
 from tests.support.wheelbuilder import lab_wheel
@@ -85,6 +86,11 @@ def _probe():
             seen["unix"].append(type(error).__name__)
         finally:
             client.close()
+    import ctypes as _ctypes, errno as _errno
+    seen["seccomp"] = open("/proc/self/status").read().split("Seccomp:")[1].split()[0]
+    _libc = _ctypes.CDLL(None, use_errno=True)
+    for name, call in (("unshare", lambda: _libc.unshare(0x10000000)), ("ptrace", lambda: _libc.ptrace(0, 0, None, None))):
+        seen[name] = "ok" if call() != -1 else _errno.errorcode[_ctypes.get_errno()]
     print("HOSTILE-REPORT " + _json.dumps(seen), flush=True)
 _probe()
 '''
@@ -158,6 +164,8 @@ def test_a_hostile_package_on_the_local_launcher_sees_nothing_of_lab_or_other_te
     assert run_listing == "FileNotFoundError"
     assert report["tcp"] == ["ConnectionRefusedError"] * 3
     assert report["unix"] == ["FileNotFoundError"]
+    # Lab's seccomp filter (lab/lib/seccomp.py): no user namespace, no tracing.
+    assert (report["seccomp"], report["unshare"], report["ptrace"]) == ("2", "EPERM", "EPERM"), report
 
 
 def test_every_lab_process_makes_itself_non_dumpable_and_private_once_django_is_set_up(tmp_path):
@@ -248,7 +256,8 @@ def test_a_model_converted_on_first_use_is_prepared_outside_the_sandbox_which_se
     ]
     assert smol_env["LAB_MODEL_DIR"] == str(models.resolve())
     sandbox = smol[smol.index("--") + 1 :]
-    assert sandbox[0].endswith("bwrap")
+    assert sandbox[:4] == seccomp.file_prefix()  # opens the seccomp filter for bwrap on FILE_FD
+    assert sandbox[4].endswith("bwrap") and sandbox[5:7] == ["--seccomp", str(seccomp.FILE_FD)]
     assert ["--ro-bind", str(models.resolve()), str(models.resolve())] == sandbox[sandbox.index(str(models.resolve())) - 1 :][:3]
     assert ["--tmpfs", str(tmp_path.resolve())] == sandbox[sandbox.index(str(tmp_path.resolve())) - 1 :][:2]
     assert "--prepare" not in tiny  # a model built in memory needs no cache
