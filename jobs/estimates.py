@@ -69,5 +69,5 @@ def job_estimate(*, project: Project, data: Any) -> dict[str, Any]:
         "queue_position": place,
         "can_start_now": reason is None,
         "reason": reason,
-        "warnings": validated.parsed.warnings,
+        "warnings": validated.warnings,
     }

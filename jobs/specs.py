@@ -26,6 +26,7 @@ from labsdk.spec import (
     secret_problems,
     translate_layout,
 )
+from labsdk.spec.warnings import single_turn_warnings
 
 from engine.catalog import list_environments
 from engine.egress import origin_of
@@ -52,6 +53,14 @@ class ValidatedSpec:
     #: The uploaded packages the spec names, resolved to exact versions, by where: ``("env", N)``
     #: for ``env.N`` and ``("eval.env", N)`` for ``eval.env.N``.
     environment_packages: Mapping[tuple[str, int], EnvironmentPackage] = field(default_factory=dict)
+    #: What Lab warns of beyond the spec's own warnings (``parsed.warnings``): the episode limits
+    #: of an uploaded package whose build recorded it single-turn (``_package_warnings``).
+    package_warnings: tuple[str, ...] = ()
+
+    @property
+    def warnings(self) -> list[str]:
+        """Every warning of the spec, stored with its job and answered by an estimate."""
+        return [*self.parsed.warnings, *self.package_warnings]
 
     @property
     def canonical(self) -> dict[str, Any]:
@@ -355,7 +364,23 @@ def validate_job_spec(
     problems += package_problems
     if problems:
         raise _invalid_spec(problems)
-    return ValidatedSpec(parsed=parsed, init_from=checkpoint, environment_packages=packages, model=models[spec.model])
+    return ValidatedSpec(
+        parsed=parsed, init_from=checkpoint, environment_packages=packages, model=models[spec.model],
+        package_warnings=tuple(_package_warnings(spec, packages)),
+    )
+
+
+def _package_warnings(spec, packages: Mapping[tuple[str, int], EnvironmentPackage]) -> list[str]:
+    """Warn of the episode limits (``max_turns``, ...) set on an uploaded package whose ready
+    build recorded it single-turn (its summary's ``multi_turn`` false): they have no effect. A
+    build that recorded nothing is not warned about."""
+    warnings = []
+    for (section, index), package in sorted(packages.items()):
+        env = spec.env[index] if section == "env" else spec.eval.env[index]
+        build = latest_build(package)
+        if build is not None and build.status == BuildStatus.READY and (build.summary or {}).get("multi_turn") is False:
+            warnings += single_turn_warnings(f"{section}.{index}", package.public_id, env.model_dump())
+    return warnings
 
 
 def _not_ready(problems: list[SpecProblem], organization: Organization, model_id: str) -> list[SpecProblem]:

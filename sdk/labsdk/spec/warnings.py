@@ -79,18 +79,23 @@ def _timeout_warning(path: str, env: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _episode_limit_warnings(path: str, env: Mapping[str, Any]) -> list[str]:
-    """Warn that the episode limits of an ``[[env]]`` block at ``path`` (``env.0``) do nothing on
-    one of Lab's built-in environments: they are single-turn, one completion per example, and
-    the limits bound a multi-turn episode between its turns."""
-    env_id = _built_in_id(env)
-    if env_id is None:
-        return []
+def single_turn_warnings(path: str, env_id: str, env: Mapping[str, Any]) -> list[str]:
+    """Warn that the episode limits set in the ``[[env]]`` block ``env`` at ``path`` (``env.0``)
+    do nothing on ``env_id``, a single-turn environment (one completion per example): they
+    bound a multi-turn episode between its turns. Lab says so of an uploaded package whose
+    build recorded it single-turn (jobs.specs); :func:`spec_warnings` of the built-ins."""
     return [
         f"'{path}.{key}': {env_id} is a single-turn environment (one completion per example), so {key}, which "
         f"bounds {what} a multi-turn episode, has no effect on it; {_STORED}"
         for key, what in _EPISODE_LIMITS.items() if env.get(key) is not None
     ]
+
+
+def _episode_limit_warnings(path: str, env: Mapping[str, Any]) -> list[str]:
+    """Warn about the episode limits of an ``[[env]]`` block at ``path`` naming one of Lab's
+    built-in environments, which are all single-turn."""
+    env_id = _built_in_id(env)
+    return [] if env_id is None else single_turn_warnings(path, env_id, env)
 
 
 def _extra_body_warnings(section: str, sampling: Any) -> list[str]:
