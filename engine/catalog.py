@@ -49,6 +49,10 @@ LORA_TARGET_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
+class ModelNotFound(LookupError):
+    """The id names no catalogue model, or its files are missing."""
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """One model a job may train.

@@ -17,13 +17,11 @@ or PEFT directory plus `trainer_state/`):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
 import random
 import shutil
-import tarfile
 from dataclasses import dataclass
 
 import peft
@@ -31,12 +29,14 @@ import safetensors.torch
 import torch
 import transformers
 
+# Re-exported: the archive helpers live apart so that the engine checks a checkpoint path without torch's
+# neighbours (peft, transformers); their callers keep writing `ckpt.write_tar`.
+from engine.checkpoint_archives import STATE_DIR, extract_tar, sha256_file, write_tar  # noqa: F401
 from engine.distributed import is_sharded, load_full_optimizer_state, load_full_weights
 from engine.policy import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, is_lora
 
 FORMAT_LORA = "peft-lora"
 FORMAT_FULL = "hf-full"
-STATE_DIR = "trainer_state"
 
 
 @dataclass
@@ -282,46 +282,6 @@ def restore_checkpoint(
     pending_path = state_dir / "pending_rollouts.pt"
     pending = torch.load(pending_path, weights_only=False) if pending_path.exists() else None
     return state, pending
-
-
-def write_tar(directory: pathlib.Path, archive: pathlib.Path) -> tuple[int, str]:
-    """Archive a checkpoint directory as one uncompressed tar; return (size in bytes, sha256 hex).
-
-    Members are relative to the directory (no leading folder), sorted, with fixed owners and
-    mtimes so the same checkpoint always gives the same bytes.
-    """
-    directory, archive = pathlib.Path(directory), pathlib.Path(archive)
-    partial = archive.with_name(archive.name + ".partial")
-
-    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        info.mtime = 0
-        return info
-
-    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(directory.rglob("*")):
-            tar.add(path, arcname=str(path.relative_to(directory)), recursive=False, filter=normalise)
-    os.replace(partial, archive)
-    return archive.stat().st_size, sha256_file(archive)
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    """Return the hex SHA-256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def extract_tar(archive: pathlib.Path, directory: pathlib.Path) -> pathlib.Path:
-    """Unpack a checkpoint tar into `directory` (refusing links and paths that leave it)."""
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "r") as tar:
-        tar.extractall(directory, filter="data")
-    return directory
 
 
 def prune_checkpoints(root: pathlib.Path, keep_last: int, *, pending_archives: set[pathlib.Path] = frozenset()) -> list[pathlib.Path]:

@@ -36,6 +36,7 @@ machine two threads per op measured several times slower than one; on GPU torch'
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import pathlib
@@ -47,11 +48,26 @@ from engine import config
 
 config.hub_offline()  # before any subcommand's module loads transformers
 
-from engine.commands import evaluate, inference, orchestrator, prepare_model, run, serve  # noqa: E402
-from engine.commands.common import EXIT_INVALID, EXIT_SUCCEEDED, PR_SET_DUMPABLE, prctl  # noqa: E402
+from engine.commands.common import EXIT_INVALID, EXIT_SUCCEEDED, PR_SET_DUMPABLE, SERVING_TOKEN_VARIABLE, prctl  # noqa: E402
 
 #: The variables that authenticate this engine to Lab (`_guard_credentials`).
-CREDENTIAL_VARIABLES = ("LAB_JOB_TOKEN", "LAB_JOB_BOOTSTRAP_TOKEN", serve.TOKEN_VARIABLE)
+CREDENTIAL_VARIABLES = ("LAB_JOB_TOKEN", "LAB_JOB_BOOTSTRAP_TOKEN", SERVING_TOKEN_VARIABLE)
+
+#: Each command's module and the function in it that runs the command, imported only when that
+#: command runs (as Django finds a management command by its name): the modules bring torch,
+#: transformers and peft, so `--help` or a bad command line loads none of them, and a command
+#: only its own. Every function takes the parsed arguments; those in `TAKES_CREDENTIALS` the
+#: job's credentials too (`_guard_credentials`).
+COMMANDS = {
+    "run": ("engine.commands.run", "run"),
+    "trainer": ("engine.commands.run", "run"),
+    "evaluate": ("engine.commands.evaluate", "evaluate"),
+    "orchestrator": ("engine.commands.orchestrator", "serve_orchestrator"),
+    "inference": ("engine.commands.inference", "serve_inference"),
+    "serve": ("engine.commands.serve", "serve"),
+    "prepare-model": ("engine.commands.prepare_model", "prepare_model"),
+}
+TAKES_CREDENTIALS = frozenset({"run", "trainer", "evaluate", "serve"})
 
 
 def _attempt_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the rank of the LoRA adapters trainers will send: vLLM applies them itself when "
         "LAB_ENGINE_VLLM_WEIGHTS (default auto) resolves to lora; 0 (default): merged weights only",
     )
-    serve.add_arguments(commands.add_parser(
+    _serve_arguments(commands.add_parser(
         "serve", help="serve a model and its LoRA adapters behind an OpenAI-compatible API (docs/serving.md)"
     ))
     prepare = commands.add_parser(
@@ -108,6 +124,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("--model", required=True, help="catalogue model id")
     return parser
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `serve` (engine/commands/serve.py)."""
+    parser.add_argument("--model", required=True, help="catalogue id of the base model")
+    parser.add_argument("--weights", type=pathlib.Path, help="a full fine-tuned checkpoint's Hugging Face directory to serve instead of the base weights")
+    parser.add_argument("--served-model", help="the name requests give as model (default: --model)")
+    parser.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
+                        help="vllm: vLLM with LoRA (its CPU build here, CUDA on GPUs); default transformers")
+    parser.add_argument("--max-lora-rank", type=int, default=64, help="vllm: the highest adapter rank taken (default 64)")
+    parser.add_argument("--workdir", type=pathlib.Path, help="vllm: where its caches go (default a temporary directory)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 (default): any free port")
+    parser.add_argument("--address-file", type=pathlib.Path, help='write {"url": ...} here once listening')
+    parser.add_argument("--max-adapters", type=int, default=4, help="adapters loaded at once (least recently used unloaded first)")
 
 
 def _guard_credentials() -> dict[str, str]:
@@ -142,16 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit:
         return EXIT_INVALID if exit.code else EXIT_SUCCEEDED
     credentials = _guard_credentials()
-    if args.command in ("run", "trainer"):
-        return run.run(args, credentials)
-    if args.command == "evaluate":
-        return evaluate.evaluate(args, credentials)
-    if args.command == "orchestrator":
-        return orchestrator.serve_orchestrator(args)
-    if args.command == "inference":
-        return inference.serve_inference(args)
-    if args.command == "serve":
-        return serve.serve(args, credentials)
-    if args.command == "prepare-model":
-        return prepare_model.prepare_model(args)
-    return EXIT_INVALID
+    if args.command not in COMMANDS:
+        return EXIT_INVALID
+    module, name = COMMANDS[args.command]
+    command = getattr(importlib.import_module(module), name)
+    return command(args, credentials) if args.command in TAKES_CREDENTIALS else command(args)

@@ -35,6 +35,7 @@ from engine.catalog import (  # noqa: E402
     TINY_RANDOM_QWEN2_ID,
     TINY_RANDOM_QWEN3_ID,
     TINY_RANDOM_QWEN3_MOE_ID,
+    ModelNotFound,
     list_models,
     stored_model_path,
 )
@@ -50,10 +51,6 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-class ModelNotFound(LookupError):
-    """The id names no catalogue model, or its files are missing."""
 
 
 def model_path(model_id: str, model_dir: pathlib.Path | None = None) -> pathlib.Path:

@@ -208,6 +208,12 @@ FUNCTION_LEVEL_IMPORTS = {
     ("engine.commands.try_environment", "engine.commands.try_model"): (
         "lab envs try loads and scores a package without torch; only a reply sampled by --model needs it"
     ),
+    ("engine.commands.evaluate", "engine.evaluation"): (
+        "the evaluator brings transformers and peft: imported once the attempt's input is valid, so a refused one exits without them"
+    ),
+    ("engine.commands.run", "engine.commands.train"): (
+        "the trainer brings transformers and peft: imported once the attempt's input is valid, so a refused one exits without them"
+    ),
     ("engine.orchestrator", "engine.distill"): _DISTILL,
     ("jobs.apps", "jobs.metrics"): "AppConfig.ready(): jobs.metrics imports jobs.models",
     ("jobs.launchers.registry", "jobs.launchers.kubernetes.gateway"): _KUBERNETES,

@@ -15,7 +15,7 @@ import torch
 from labsdk.spec import SpecError, catalog_problems, load_spec_file
 
 from engine.catalog import EnvironmentInfo, list_environments, list_models
-from engine.checkpoints import STATE_DIR, extract_tar
+from engine.checkpoint_archives import STATE_DIR, extract_tar
 from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_STOPPED, logger, one_line
 from engine.config import PACKAGES_VARIABLE, ConfigError, engine_config, set_variable, setting
 from engine.http_transport import AttemptRefused, HttpTransport, open_attempt

@@ -18,6 +18,9 @@ EXIT_OOM = 4
 
 logger = logging.getLogger("engine")
 
+#: The variable that carries the token callers of `serve` must present (taken out of the environment at start).
+SERVING_TOKEN_VARIABLE = "LAB_SERVING_TOKEN"
+
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4  # linux/prctl.h
 
 

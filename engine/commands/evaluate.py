@@ -12,6 +12,7 @@ import sys
 import threading
 
 from engine import egress
+from engine.catalog import ModelNotFound
 from engine.commands.attempt import AttemptReport, init_checkpoint, job_model, load_config, open_attempt_of
 from engine.commands.common import (
     EXIT_CRASHED,
@@ -27,8 +28,6 @@ from engine.commands.run import oom_error
 from engine.config import ConfigError, default_model_dir
 from engine.endpoint_sampling import EndpointRefused
 from engine.environments import EnvironmentFailed, InvalidEnvironment
-from engine.evaluation import Evaluator
-from engine.models import ModelNotFound
 from engine.packages import install_packages, packages_from_environment
 
 
@@ -78,6 +77,9 @@ def evaluate(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         config, _ = load_config(args.spec, model_dir)
         init_value = args.init_from or config.spec.init_from or config.spec.eval.adapter
         init_dir = init_checkpoint(init_value, workdir, report.transport) if init_value else None
+        # The evaluator brings transformers and peft: imported once the input above is valid.
+        from engine.evaluation import Evaluator
+
         evaluator = Evaluator(config=config, workdir=workdir, reporter=report.reporter, stop_event=stop_event, model_dir=model_dir)
         try:
             evaluator.setup(init_dir)

@@ -1,5 +1,9 @@
 """`python -m engine run` and `python -m engine trainer`: one attempt of a job, reporting to Lab
-(or, `--offline`, under its work dir), with the roles it runs beside its trainer."""
+(or, `--offline`, under its work dir), with the roles it runs beside its trainer.
+
+This module checks the attempt's input (the spec against the catalogues, its environments and
+checkpoints) with nothing heavier than torch; the trainer (engine.commands.train, which brings
+transformers and peft) is imported only once the input is valid."""
 
 from __future__ import annotations
 
@@ -12,12 +16,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import torch
 
 from engine import egress, sandboxes
-from engine.colocated import InProcessRollouts
 from engine.commands.attempt import (
     AttemptReport,
     init_checkpoint,
@@ -38,15 +40,11 @@ from engine.commands.common import (
     one_line,
 )
 from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, set_variable, setting
-from engine.distill import TeacherRefused
 from engine.distributed import DataParallel
-from engine.environments import EnvironmentFailed, InvalidEnvironment
-from engine.models import ModelNotFound
+from engine.environments import InvalidEnvironment
 from engine.packages import install_packages, packages_from_environment
 from engine.remote_inference import start_inference_role, stop_process
 from engine.roles import RoleFailed, start_orchestrator_role
-from engine.trainer import Trainer
-from engine.trainer_role import SharedDirRollouts
 
 
 def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
@@ -132,41 +130,14 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         init_value = None if resume_dir is not None else (args.init_from or config.spec.init_from)
         init_dir = on_main_rank(parallel, lambda: init_checkpoint(init_value, workdir, report.transport) if init_value else None)
 
-        trainer = Trainer(
-            config=config, workdir=workdir, reporter=report.reporter, rollouts=roles.rollout_source(config),
-            stop_event=stop_event, model_dir=model_dir, parallel=parallel,
+        # The trainer brings transformers and peft: imported once the input above is valid.
+        from engine.commands import train
+
+        roles.rollouts = train.rollout_source(config, roles.orchestrator)
+        outcome = train.train(
+            args, config, rollouts=roles.rollouts, workdir=workdir, report=report, stop_event=stop_event,
+            model_dir=model_dir, parallel=parallel, init_value=init_value, init_dir=init_dir, resume_dir=resume_dir,
         )
-        started = time.perf_counter()
-        try:
-            trainer.setup()
-        except ModelNotFound as error:
-            raise ConfigError(str(error), "model_not_found") from None
-        except InvalidEnvironment as error:
-            raise ConfigError(str(error), "environment_error") from None
-        except TeacherRefused as error:
-            raise ConfigError(str(error), "invalid_spec") from None
-        if init_dir is not None:
-            try:
-                trainer.initialize_from(init_dir)
-            except (ValueError, KeyError, FileNotFoundError) as error:
-                raise ConfigError(f"cannot start from {init_value}: {one_line(error)}", "invalid_spec") from None
-        if resume_dir is not None:
-            try:
-                trainer.resume(resume_dir)
-            except (ValueError, KeyError, FileNotFoundError) as error:
-                raise ConfigError(f"cannot resume from {args.resume_from}: {one_line(error)}", "internal_error") from None
-        logger.info(
-            "loaded %s in %.1fs; training steps %d..%d",
-            config.spec.model, time.perf_counter() - started, trainer.start_step, config.spec.max_steps,
-        )
-        try:
-            outcome = trainer.run()
-        except TeacherRefused as error:  # e.g. the teacher's key was revoked mid-run
-            raise ConfigError(str(error), "invalid_spec") from None
-        except EnvironmentFailed as error:  # the environment's own code raised, past its [[env]] retries
-            raise ConfigError(str(error), "environment_error") from None
-        finally:
-            trainer.close()
     except RoleFailed as error:  # the orchestrator role's failure, reported as its exit code says
         message = one_line(error)
         report.say(message)
@@ -243,19 +214,12 @@ class _LocalRoles:
         logger.info("roles: inference at %s, orchestrator pid %d, shared directory %s", url, self.orchestrator.pid, self.temporary)
         return dataclasses.replace(config, shared_dir=parallel.broadcast(str(self.temporary)), inference="")
 
-    def rollout_source(self, config):
-        """The trainer's rollout source: the orchestrator role's batches over the shared directory
-        (the trainer role, and `LAB_ENGINE_ROLES=process`), else an orchestrator in this process."""
-        if config.shared_dir:
-            self.rollouts = SharedDirRollouts(config.shared_dir, process=self.orchestrator)
-        else:
-            self.rollouts = InProcessRollouts()
-        return self.rollouts
-
     def close(self, code: int) -> None:
         """Record the trainer's end for its orchestrator, then stop what this run started."""
-        if isinstance(self.rollouts, SharedDirRollouts) and self.rollouts.trainer is not None:
-            self.rollouts.write_exit(code)
+        # The orchestrator role's batches (engine.trainer_role.SharedDirRollouts) wait for the trainer's end.
+        write_exit = getattr(self.rollouts, "write_exit", None)
+        if write_exit is not None and self.rollouts.trainer is not None:
+            write_exit(code)
         if self.orchestrator is not None:
             try:
                 self.orchestrator.wait(timeout=10)  # it exits once it has read the trainer's end

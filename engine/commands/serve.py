@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from engine.catalog import TINY_RANDOM_MODEL_IDS
-from engine.commands.common import EXIT_INVALID, EXIT_SUCCEEDED, one_line
+from engine.commands.common import EXIT_INVALID, EXIT_SUCCEEDED, SERVING_TOKEN_VARIABLE, one_line
 from engine.config import default_model_dir, setting, vllm_available, vllm_dtype_setting
 from engine.model_store import StoredModelError, prepare_job_model
 from engine.models import (
@@ -34,24 +34,6 @@ from engine.models import (
 from engine.serving import ServingServer
 from engine.serving_transformers import TransformersServing
 from engine.serving_vllm import VLLMServing
-
-#: The variable that carries the token callers must present (taken out of the environment at start).
-TOKEN_VARIABLE = "LAB_SERVING_TOKEN"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of `serve`."""
-    parser.add_argument("--model", required=True, help="catalogue id of the base model")
-    parser.add_argument("--weights", type=pathlib.Path, help="a full fine-tuned checkpoint's Hugging Face directory to serve instead of the base weights")
-    parser.add_argument("--served-model", help="the name requests give as model (default: --model)")
-    parser.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
-                        help="vllm: vLLM with LoRA (its CPU build here, CUDA on GPUs); default transformers")
-    parser.add_argument("--max-lora-rank", type=int, default=64, help="vllm: the highest adapter rank taken (default 64)")
-    parser.add_argument("--workdir", type=pathlib.Path, help="vllm: where its caches go (default a temporary directory)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 (default): any free port")
-    parser.add_argument("--address-file", type=pathlib.Path, help='write {"url": ...} here once listening')
-    parser.add_argument("--max-adapters", type=int, default=4, help="adapters loaded at once (least recently used unloaded first)")
 
 
 def _transformers(args: argparse.Namespace) -> tuple[TransformersServing, object, int]:
@@ -99,7 +81,7 @@ def serve(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         return EXIT_INVALID
     server = ServingServer(
         backend=backend, tokenizer=tokenizer, served_model=args.served_model or args.model, max_model_len=max_model_len,
-        token=credentials.get(TOKEN_VARIABLE), max_adapters=args.max_adapters,
+        token=credentials.get(SERVING_TOKEN_VARIABLE), max_adapters=args.max_adapters,
     )
     http = server.http_server(args.host, args.port)
     stopping = []  # a signal handler only appends (engine/commands/inference.py says why)

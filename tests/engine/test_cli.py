@@ -1,14 +1,17 @@
 """`python -m engine run` as a subprocess: exit codes, offline outputs, SIGTERM, reporting to Lab."""
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.support.engine_cli import engine, finish
 
-from .conftest import write_spec
+from .conftest import REPO_ROOT, write_spec
 
 METRIC_NAMES = {
     "reward/mean", "reward/std", "reward/reverse-text/mean", "reward/reverse-text/lcs_ratio/mean",
@@ -33,6 +36,30 @@ def test_it_exits_2_with_one_line_for_a_bad_spec(tmp_path, overrides, needle):
     assert len(stderr.strip().splitlines()) == 1
     assert stderr.startswith("engine: ") and needle in stderr
     assert json.loads((tmp_path / "work" / "finish.json").read_text())["outcome"] == "failed"
+
+
+#: Runs the engine's `main` in a fresh interpreter, then prints its exit code and which of the
+#: heavy libraries it imported, as JSON.
+_LOADED = (
+    "import json, sys\nfrom engine.cli import main\ncode = main(sys.argv[1:])\n"
+    "print(json.dumps([code, [name for name in ('torch', 'transformers', 'peft') if name in sys.modules]]))\n"
+)
+
+
+def _loaded(arguments: list[str], tmp_path) -> tuple[int, list[str]]:
+    environment = {**os.environ, "LAB_MODEL_DIR": str(tmp_path / "models"), "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sdk'}"}
+    command = [sys.executable, "-c", _LOADED, *arguments]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120, check=True)
+    code, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return code, loaded
+
+
+def test_it_refuses_a_spec_before_it_loads_transformers_and_peft(tmp_path):
+    spec = write_spec(tmp_path / "spec.json", batch_size=6)
+    arguments = ["run", "--spec", str(spec), "--job-id", "job_1", "--attempt", "1", "--workdir", str(tmp_path / "work"), "--offline"]
+    code, loaded = _loaded(arguments, tmp_path)
+    assert code == 2 and "transformers" not in loaded and "peft" not in loaded
+    assert _loaded(["--help"], tmp_path) == (0, [])
 
 
 def test_it_exits_2_without_a_job_token_when_online(tmp_path):
