@@ -46,27 +46,13 @@ from engine.policy import (
 )
 from engine.reporter import Reporter
 from engine.routing import RouterStatistics
+from engine.step_log import step_line
 
 if TYPE_CHECKING:
     from engine.orchestrator import RolloutBatch
     from engine.rollout_source import RolloutSource
 
 logger = logging.getLogger("engine")
-
-#: What a step's log line adds when the zero_advantage filter dropped its whole batch: the
-#: step trained on nothing, which its reward and loss alone do not say.
-NO_SIGNAL_NOTE = "; every group had the same reward: nothing to learn from (filter/zero_advantage/fraction 1)"
-
-
-def seconds_text(seconds: float) -> str:
-    """Return a duration for the step log: 2 decimals under 0.1 s (a tiny model's steps), else 1."""
-    return f"{seconds:.2f}s" if seconds < 0.1 else f"{seconds:.1f}s"
-
-
-def no_signal_note(metrics: dict[str, float]) -> str:
-    """Return :data:`NO_SIGNAL_NOTE` when a step's metrics say every rollout was dropped for
-    zero advantage, else an empty string."""
-    return NO_SIGNAL_NOTE if metrics.get("filter/zero_advantage/fraction", 0.0) >= 1.0 else ""
 
 
 class StopTraining(Exception):
@@ -477,14 +463,10 @@ class Trainer:
                 self.reporter.metrics(step, metrics)
                 self._report_held_out(held_out)
                 self.reporter.samples(self._samples(batch, advantages))
-                logger.info(
-                    "step %d/%d reward %.3f loss %.4f entropy %s time %s (generate %s%s, train %s)%s",
-                    step, spec.max_steps, metrics["reward/mean"], metrics["loss/mean"],
-                    f"{metrics['entropy/mean']:.3f}" if "entropy/mean" in metrics else "-",
-                    seconds_text(step_seconds), seconds_text(batch.generate_seconds),
-                    f", waited {seconds_text(wait_seconds)}" if batch.policy_version < step - 1 else "",
-                    seconds_text(train_seconds), no_signal_note(metrics),
-                )
+                logger.info("%s", step_line(
+                    step, spec.max_steps, metrics, step_seconds=step_seconds, generate_seconds=batch.generate_seconds,
+                    train_seconds=train_seconds, waited_seconds=wait_seconds if batch.policy_version < step - 1 else None,
+                ))
                 self.reporter.set_status("running", step)
                 stopping = self.parallel.any(self._stop_requested()) and step < spec.max_steps
                 checkpoint_due = stopping or step == spec.max_steps or (spec.checkpoints.interval and step % spec.checkpoints.interval == 0)

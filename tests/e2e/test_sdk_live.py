@@ -612,7 +612,7 @@ def test_downsampled_metrics_keep_the_last_step(live_server, lab, tenant, spec):
     assert steps[0] == 1 and steps[-1] == 100, steps
 
 
-def test_wait_with_progress_reads_metrics_and_times_out_on_a_queued_job(lab, spec):
+def test_wait_with_progress_times_out_on_a_queued_job_and_ends_on_its_cancel(lab, spec):
     job = lab.jobs.create(spec)
     _metric_steps(job.id, 3)
 

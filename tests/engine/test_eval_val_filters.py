@@ -9,7 +9,7 @@ import pytest
 from engine.environments import load_environment, split_of
 from engine.filters import most_repeated_ngram_count
 from engine.orchestrator import usable_template_kwargs
-from engine.trainer import seconds_text
+from engine.step_log import seconds_text
 from tests.engine.conftest import engine_config, tiny_spec
 from tests.support.engine import trainer_for
 
