@@ -86,11 +86,23 @@ _VERSION = OpenApiParameter(
 )
 
 
+def builtin_object(environment_id: str) -> dict | None:
+    """Return the built-in ``environment_id`` names (``lab/addition``, ``lab/addition@latest``) as
+    ``GET /environments`` lists it, or None: a built-in's owner is a reserved organization slug,
+    so no package shares its id."""
+    builtin = list_environments().get(environment_id.removesuffix("@latest"))
+    return environment_to_dict(builtin) | {"build": None} if builtin is not None else None
+
+
 class EnvironmentDetailView(ProjectAPIView):
-    """``GET``/``DELETE /environments/{organization}/{name}[@{version}]``: one version of a package."""
+    """``GET``/``DELETE /environments/{organization}/{name}[@{version}]``: one version of a package,
+    or (``GET``) a built-in that the list shows."""
 
     @extend_schema(parameters=[_VERSION], responses={200: openapi.ENVIRONMENT})
     def get(self, request: Request, organization: str, name: str) -> Response:
+        builtin = builtin_object(f"{organization}/{name}")
+        if builtin is not None:
+            return Response(builtin)
         package = environment_get(organization=self.project.organization, environment_id=f"{organization}/{name}")
         return Response(_with_build(package))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -158,8 +159,49 @@ def test_lab_envs_push_builds_a_project_folder_as_lab_envs_try_does(live_server,
     pushed = lab_cli("envs", "push", str(folder), key=owner.key, base_url=live_server.url)
     assert (pushed.returncode, pushed.stdout, pushed.stderr) == (0, "acme/vowel-count@0.1.0\n", "")
     assert EnvironmentPackage.objects.unscoped().get(name="vowel-count").version == "0.1.0"
+    # The same files again (a copy or a checkout dates them anew) build the same bytes: the idempotent push.
+    os.utime(folder / "src" / "vowel_count" / "__init__.py", (1_700_000_000, 1_700_000_000))
+    again = lab_cli("envs", "push", str(folder), "--json", key=owner.key, base_url=live_server.url)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert json.loads(again.stdout)["sha256"] == EnvironmentPackage.objects.unscoped().get(name="vowel-count").sha256
+    assert EnvironmentPackage.objects.unscoped().filter(name="vowel-count").count() == 1
+    # A Lab-protocol package has no verifiers requirement: its info leaves the line out, as every empty one.
+    info = lab_cli("envs", "info", "acme/vowel-count", key=owner.key, base_url=live_server.url)
+    assert info.returncode == 0 and info.stdout.startswith("id:           acme/vowel-count@0.1.0\nkind:         lab\n")
+    assert [line for line in info.stdout.splitlines() if not line.split(":", 1)[1].strip()] == []
+    assert "verifiers:" not in info.stdout
     (tmp_path / "empty").mkdir()
     empty = lab_cli("envs", "push", str(tmp_path / "empty"), key=owner.key, base_url=live_server.url)
     assert empty.returncode == 2 and "has no pyproject.toml: pass the package's project folder or its wheel" in empty.stderr
     missing = lab_cli("envs", "push", str(tmp_path / "nothing"), key=owner.key, base_url=live_server.url)
     assert missing.returncode == 2 and "no such file or folder" in missing.stderr
+
+
+def test_lab_envs_info_reads_a_listed_built_in_and_another_organizations_package_stays_missing(live_server, owner, outsider, tmp_path):
+    listed = json.loads(lab_cli("envs", "--json", key=owner.key, base_url=live_server.url).stdout)
+    addition = next(item for item in listed if item["id"] == "lab/addition")
+    assert Lab(api_key=owner.key, base_url=live_server.url, max_retries=0).environments.retrieve("lab/addition").model_dump() == (
+        {**addition, "build": None, "created_at": None}
+    )
+    info = lab_cli("envs", "info", "lab/addition", key=owner.key, base_url=live_server.url)
+    assert (info.returncode, info.stderr) == (0, "")
+    assert info.stdout.splitlines()[:2] == ["id:           lab/addition", "kind:         builtin"]
+    assert f"description:  {addition['description']}" in info.stdout.splitlines() and "version:" not in info.stdout
+    assert lab_cli("envs", "info", "lab/addition@latest", key=owner.key, base_url=live_server.url).stdout == info.stdout
+
+    Lab(api_key=owner.key, base_url=live_server.url, max_retries=0).environments.push(wheel_file(tmp_path, version="0.1.0"))
+    theirs = lab_cli("envs", "info", "acme/my-env", key=outsider.key, base_url=live_server.url)
+    missing = lab_cli("envs", "info", "acme/no-such-env", key=outsider.key, base_url=live_server.url)
+    assert (theirs.returncode, theirs.stdout, theirs.stderr) == (missing.returncode, missing.stdout, missing.stderr)
+    assert (theirs.returncode, theirs.stderr) == (1, "error: No such environment. (not_found)\n")
+
+
+@pytest.mark.parametrize("command", ["info", "build-log", "rebuild", "delete"])
+def test_an_environment_id_without_its_organization_is_a_usage_error_not_a_traceback(command):
+    refused = lab_cli("envs", command, "nc-echo", key="lab_test_unused", base_url="http://127.0.0.1:9")
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.splitlines()[-1] == (
+        f"lab envs {command}: error: argument id: expected an id <organization>/<name>[@<version>], such as lab/addition "
+        "or acme/my-env@0.1.0, not 'nc-echo': `lab envs` lists them"
+    )
+    assert "Traceback" not in refused.stderr

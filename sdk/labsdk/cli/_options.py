@@ -44,6 +44,31 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _owner_and_name(text: str, form: str, listing: str) -> str:
+    """``text`` when it reads ``<owner>/<name>...`` (both present, one slash), as the SDK's paths
+    need; else ArgumentTypeError naming the form and the command that lists the ids."""
+    owner, slash, name = text.partition("/")
+    if not slash or not owner.strip() or not name.strip() or "/" in name:
+        raise argparse.ArgumentTypeError(f"expected {form}, not {text!r}: `{listing}` lists them")
+    return text
+
+
+def _environment_id(text: str) -> str:
+    """An environment id argument: ``<organization>/<name>[@<version>]`` (``lab/addition``,
+    ``acme/my-env@0.1.0``); a bare name is a usage error, not the SDK's ValueError."""
+    return _owner_and_name(text, "an id <organization>/<name>[@<version>], such as lab/addition or acme/my-env@0.1.0", "lab envs")
+
+
+def _model_id(text: str) -> str:
+    """A pushed model's id argument: ``<owner>/<name>``."""
+    return _owner_and_name(text, "an id <owner>/<name>", "lab models")
+
+
+def _dataset_name(text: str) -> str:
+    """A pushed dataset's name argument: ``<owner>/<name>``."""
+    return _owner_and_name(text, "a name <owner>/<name>", "lab datasets")
+
+
 def _add_wait_options(parser: argparse.ArgumentParser, wait_help: str | None = None) -> None:
     if wait_help:
         parser.add_argument("--wait", action="store_true", help=wait_help)

@@ -105,6 +105,8 @@ def envs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
 
 
 def _print_environment(environment) -> None:
+    """``lab envs info``'s lines, ``label: value``, leaving out a label with no value (a Lab
+    package's verifiers, a built-in's version); a built-in's ``args`` as ``lab envs`` shows them."""
     for label, value in (
         ("id", environment.id), ("kind", environment.kind), ("version", environment.version),
         ("sha256", environment.sha256), ("size_bytes", environment.size_bytes),
@@ -112,9 +114,11 @@ def _print_environment(environment) -> None:
         ("dependencies", ", ".join(environment.dependencies)), ("pushed_by", environment.pushed_by),
         ("created_at", environment.created_at.strftime("%Y-%m-%dT%H:%M:%SZ") if environment.created_at else None),
         ("description", environment.description),
+        ("args", _arguments(environment.args) if environment.build is None else None),  # a build's parameters say more
         *_build_rows(environment.build),
     ):
-        print(f"{label + ':':14}{'' if value is None else value}")
+        if value is not None and value != "":
+            print(f"{label + ':':14}{value}")
 
 
 def _verifiers(environment) -> str | None:

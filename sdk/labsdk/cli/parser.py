@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 
 from labsdk._version import __version__
-from labsdk.cli._options import _add_secret_options, _add_wait_options, _positive_int
+from labsdk.cli._options import (
+    _add_secret_options,
+    _add_wait_options,
+    _dataset_name,
+    _environment_id,
+    _model_id,
+    _positive_int,
+)
 from labsdk.cli.catalog import (
     billing_balance,
     datasets,
@@ -263,10 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     model_push.add_argument("--timeout", type=float, default=1800.0, help="seconds --wait waits (default 1800)")
     model_push.set_defaults(handler=models_push)
     model_get = model_commands.add_parser("get", parents=[json_flag], help="show one model and its latest check")
-    model_get.add_argument("id", help="<owner>/<name>")
+    model_get.add_argument("id", type=_model_id, help="<owner>/<name>")
     model_get.set_defaults(handler=models_get)
     model_log = model_commands.add_parser("build-log", help="print the log of a pushed model's latest check")
-    model_log.add_argument("id", help="<owner>/<name>")
+    model_log.add_argument("id", type=_model_id, help="<owner>/<name>")
     model_log.set_defaults(handler=models_build_log)
 
     dataset_parser = commands.add_parser(
@@ -284,10 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     dataset_push.add_argument("path", metavar="DIR|FILE", help="the dataset's folder (train.jsonl, data/test-*.parquet, ...), a .tar/.tar.gz/.zip of it, or one data file")
     dataset_push.set_defaults(handler=datasets_push)
     dataset_get = dataset_commands.add_parser("get", parents=[json_flag], help="show one pushed dataset and its files")
-    dataset_get.add_argument("name", metavar="OWNER/NAME")
+    dataset_get.add_argument("name", type=_dataset_name, metavar="OWNER/NAME")
     dataset_get.set_defaults(handler=datasets_get)
     dataset_delete = dataset_commands.add_parser("delete", parents=[json_flag], help="delete a pushed dataset")
-    dataset_delete.add_argument("name", metavar="OWNER/NAME")
+    dataset_delete.add_argument("name", type=_dataset_name, metavar="OWNER/NAME")
     dataset_delete.set_defaults(handler=datasets_delete)
 
     environments = commands.add_parser(
@@ -301,18 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("wheel", metavar="WHEEL_OR_FOLDER", help="the wheel file (dist/my_env-0.1.0-py3-none-any.whl) or the project folder (./my-env), built as lab envs try builds it")
     push.set_defaults(handler=envs_push)
     info = env_commands.add_parser("info", parents=[json_flag], help="show one package version and its latest build")
-    info.add_argument("id", help="<organization>/<name>[@<version>]")
+    info.add_argument("id", type=_environment_id, help="<organization>/<name>[@<version>]")
     info.set_defaults(handler=envs_info)
     build_log = env_commands.add_parser("build-log", help="print the log of a package version's latest build")
-    build_log.add_argument("id", help="<organization>/<name>[@<version>]")
+    build_log.add_argument("id", type=_environment_id, help="<organization>/<name>[@<version>]")
     build_log.set_defaults(handler=envs_build_log)
     rebuild = env_commands.add_parser(
         "rebuild", parents=[json_flag], help="build a package version again against the package index as it is now",
     )
-    rebuild.add_argument("id", help="<organization>/<name>[@<version>]")
+    rebuild.add_argument("id", type=_environment_id, help="<organization>/<name>[@<version>]")
     rebuild.set_defaults(handler=envs_rebuild)
     delete = env_commands.add_parser("delete", parents=[json_flag], help="delete one package version (never reused)")
-    delete.add_argument("id", help="<organization>/<name>[@<version>]")
+    delete.add_argument("id", type=_environment_id, help="<organization>/<name>[@<version>]")
     delete.set_defaults(handler=envs_delete)
     trying = env_commands.add_parser(
         "try", parents=[json_flag], help="load a package as a job would, before pushing it: its examples and scores (no Lab needed)",

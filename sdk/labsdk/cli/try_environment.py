@@ -94,10 +94,16 @@ def parse_variables(pairs: list[str] | None) -> dict[str, str]:
     return variables
 
 
+#: The time a folder's wheel stamps on its files (1980-01-01, the zip format's first day), unless
+#: the shell sets ``SOURCE_DATE_EPOCH`` (reproducible-builds.org/specs/source-date-epoch).
+REPRODUCIBLE_EPOCH = "315532800"
+
+
 def package_wheel(path: Path, scratch: Path) -> Path:
     """``path`` itself when it is a wheel, else the wheel built (offline, ``pip wheel --no-deps``)
-    from the project folder ``path`` into ``scratch``. Raises _UsageError for a path that is
-    neither, LabError (``build_failed``) when the build fails."""
+    from the project folder ``path`` into ``scratch``: the same files build the same bytes again
+    (every entry dated ``SOURCE_DATE_EPOCH``, 1980-01-01 unless the shell sets it). Raises
+    _UsageError for a path that is neither, LabError (``build_failed``) when the build fails."""
     if path.is_file():
         if path.suffix != ".whl":
             raise _UsageError(f"{path} is neither a wheel (.whl) nor a project folder")
@@ -110,7 +116,10 @@ def package_wheel(path: Path, scratch: Path) -> Path:
     shutil.copytree(path, source, ignore=shutil.ignore_patterns(*_NOT_COPIED))  # the build writes beside the source
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--no-input",
                "--disable-pip-version-check", "-q", "-w", str(dist), str(source)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    # The same folder builds the same bytes, so pushing it again is the idempotent push, not a
+    # conflict: setuptools (bdist_wheel) and hatchling stamp every zip entry with SOURCE_DATE_EPOCH.
+    environment = {"SOURCE_DATE_EPOCH": REPRODUCIBLE_EPOCH, **os.environ}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
     wheels = sorted(dist.glob("*.whl"))
     if result.returncode != 0 or len(wheels) != 1:
         lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip() and not line.startswith("  ")]
