@@ -75,6 +75,8 @@ def evaluate(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         # training keys, are not the user's (the evaluation's own are given at its submit).
         job_model(model_dir)
         config, _ = load_config(args.spec, model_dir)
+        if not config.spec.eval.env:
+            raise ConfigError("an evaluation's spec names the environments it scores as [[eval.env]] blocks; this one has none", "invalid_spec")
         init_value = args.init_from or config.spec.init_from or config.spec.eval.adapter
         init_dir = init_checkpoint(init_value, workdir, report.transport) if init_value else None
         # The evaluator brings transformers and peft: imported once the input above is valid.

@@ -62,6 +62,15 @@ def test_it_refuses_a_spec_before_it_loads_transformers_and_peft(tmp_path):
     assert _loaded(["--help"], tmp_path) == (0, [])
 
 
+def test_an_evaluation_spec_without_eval_environments_is_refused_before_the_model_loads(tmp_path):
+    spec = write_spec(tmp_path / "spec.json", eval={"interval": 0, "num_examples": 2})
+    arguments = ["evaluate", "--spec", str(spec), "--job-id", "job_1", "--attempt", "1", "--workdir", str(tmp_path / "work"), "--offline"]
+    code, loaded = _loaded(arguments, tmp_path)
+    assert code == 2 and "transformers" not in loaded
+    finished = json.loads((tmp_path / "work" / "finish.json").read_text())
+    assert finished["outcome"] == "failed" and "[[eval.env]]" in finished["error"]["message"]
+
+
 def test_it_exits_2_without_a_job_token_when_online(tmp_path):
     spec = write_spec(tmp_path / "spec.json")
     process = engine(["--spec", str(spec), "--lab-url", "http://127.0.0.1:9"], tmp_path, offline=False, env={"LAB_JOB_TOKEN": ""})
