@@ -94,6 +94,7 @@ TINY_SUMMARY = {
     "reward_functions": [{"name": "correct", "weight": 1.0}, {"name": "short", "weight": 0.25}],
     "secrets": ["TINY_JUDGE_KEY"],
     "verifiers_version": "0.3.1",
+    "multi_turn": False,
 }
 
 
@@ -132,9 +133,10 @@ def test_the_sdk_and_the_cli_show_a_versions_build_and_its_log_and_rebuild_it(li
     assert main(["envs", "info", "acme/tiny-count"]) == 0
     info = capsys.readouterr().out.splitlines()
     assert "verifiers:    0.3.1 (>=0.1.0)" in info  # what the build installed, then what the package requires
-    assert info[-6:] == [
+    assert info[-7:] == [
         "build:        1 ready at 2026-12-05T12:00:15Z",
         "api:          v0 (verifiers.envs.singleturn_env.SingleTurnEnv)",
+        "episodes:     single-turn",
         'parameters:   num_examples=10 (int), system_prompt="Answer with a number." (str), split (str, required)',
         "rewards:      correct (weight 1.0), short (weight 0.25)",
         "dataset_size: 10",
@@ -205,3 +207,14 @@ def test_an_environment_id_without_its_organization_is_a_usage_error_not_a_trace
         "or acme/my-env@0.1.0, not 'nc-echo': `lab envs` lists them"
     )
     assert "Traceback" not in refused.stderr
+
+
+def test_lab_envs_info_says_a_v1_env_plays_multi_turn_episodes_and_records_rewards_as_it_plays(capsys):
+    from labsdk.cli.catalog import _build_rows
+    from labsdk.types import EnvironmentBuild
+
+    build = EnvironmentBuild(number=1, status="ready", api="v1", multi_turn=True, reward_functions=[{"name": "short", "weight": 0.1}])
+    rows = dict(_build_rows(build))
+    assert rows["episodes"] == "multi-turn"
+    assert rows["rewards"] == "short (weight 0.1); and the terms its episodes record (trace.record_reward)"
+    assert "episodes" not in dict(_build_rows(EnvironmentBuild(number=1, status="queued")))  # not recorded yet

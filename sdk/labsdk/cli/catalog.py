@@ -132,7 +132,8 @@ def _verifiers(environment) -> str | None:
 
 def _build_rows(build) -> list[tuple[str, Any]]:
     """``lab envs info``'s lines for the version's latest build: its status, then what loading it
-    found (``load_environment``'s parameters with their defaults, the reward functions and weights)."""
+    found (single- or multi-turn episodes, ``load_environment``'s parameters with their defaults,
+    the reward functions and weights)."""
     if build is None:
         return []
     finished = f" at {build.finished_at:%Y-%m-%dT%H:%M:%SZ}" if build.finished_at else ""
@@ -142,10 +143,13 @@ def _build_rows(build) -> list[tuple[str, Any]]:
         for parameter in build.parameters
     )
     rewards = ", ".join(f"{function['name']} (weight {function.get('weight')})" for function in build.reward_functions)
+    if build.api == "v1" and build.multi_turn:  # an Env's record_reward terms are known only as it plays
+        rewards = f"{rewards + '; ' if rewards else ''}and the terms its episodes record (trace.record_reward)"
     return [
         ("build", f"{build.number} {build.status}{finished}"),
         *([("build_error", build.error)] if build.error else []),
         *([("api", f"{build.api} ({build.environment_class})" if build.environment_class else build.api)] if build.api else []),
+        *([("episodes", "multi-turn" if build.multi_turn else "single-turn")] if build.multi_turn is not None else []),
         *([("parameters", parameters)] if parameters else []),
         *([("rewards", rewards)] if rewards else []),
         *([("dataset_size", build.dataset_size)] if build.dataset_size is not None else []),
