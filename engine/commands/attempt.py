@@ -1,6 +1,7 @@
 """Where an attempt starts from: its configuration (the spec checked against the catalogues,
 engine.config's settings), the attempt Lab opens for a pod, the checkpoint it resumes or starts
-from (a directory, a .tar, or a checkpoint id fetched from Lab), and what it reports to Lab."""
+from (a directory, a .tar, or a checkpoint id fetched from Lab), the sandboxes its environments
+run code in, and what it reports to Lab."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import torch
 from labsdk.spec import SpecError, catalog_problems, load_spec_file
 
+from engine import sandboxes
 from engine.catalog import EnvironmentInfo, list_environments, list_models
 from engine.checkpoint_archives import STATE_DIR, extract_tar
 from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_STOPPED, logger, one_line
@@ -176,6 +178,23 @@ def open_attempt_of(args: argparse.Namespace, bootstrap: str) -> str | int:
     print(f"engine: attempt {grant.attempt}" + (f", resuming from {grant.resume_from}" if grant.resume_from else ""),
           file=sys.stderr, flush=True)
     return grant.token
+
+
+def use_attempt_sandboxes(args: argparse.Namespace, token: str, *, reports_to_lab: bool) -> None:
+    """Give the attempt's environments (``lab/python-code``, a ``load_environment`` package's
+    SandboxEnv) Lab's sandboxes of this attempt, created with the job ``token``, when the
+    attempt reports to Lab; offline they have none (engine.sandboxes.current raises)."""
+    if reports_to_lab and token:
+        sandboxes.use(sandboxes.LabSandboxes(args.lab_url, args.job_id, token))
+
+
+def end_attempt_sandboxes() -> None:
+    """Delete the sandboxes the attempt made, at its end however it ends; a failure is logged,
+    never raised, since Lab deletes any left when it closes the attempt."""
+    try:
+        sandboxes.close()
+    except Exception:
+        logger.exception("deleting the attempt's sandboxes failed")
 
 
 class AttemptReport:

@@ -13,7 +13,15 @@ import threading
 
 from engine import egress
 from engine.catalog import ModelNotFound
-from engine.commands.attempt import AttemptReport, init_checkpoint, job_model, load_config, open_attempt_of
+from engine.commands.attempt import (
+    AttemptReport,
+    end_attempt_sandboxes,
+    init_checkpoint,
+    job_model,
+    load_config,
+    open_attempt_of,
+    use_attempt_sandboxes,
+)
 from engine.commands.common import (
     EXIT_CRASHED,
     EXIT_INVALID,
@@ -53,8 +61,10 @@ def evaluate(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         print("engine: LAB_JOB_TOKEN is not set (or pass --offline)", file=sys.stderr)
         return EXIT_INVALID
     report = AttemptReport(args, workdir, token)
+    use_attempt_sandboxes(args, token, reports_to_lab=not args.offline)
 
     def finish(code: int, outcome: str, error: dict | None) -> int:
+        end_attempt_sandboxes()
         if error is not None:
             report.say(error["message"])
         report.close(code, outcome, error)

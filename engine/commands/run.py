@@ -19,15 +19,17 @@ import threading
 
 import torch
 
-from engine import egress, sandboxes
+from engine import egress
 from engine.commands.attempt import (
     AttemptReport,
+    end_attempt_sandboxes,
     init_checkpoint,
     job_model,
     load_config,
     on_main_rank,
     open_attempt_of,
     resume_checkpoint,
+    use_attempt_sandboxes,
 )
 from engine.commands.common import (
     EXIT_CRASHED,
@@ -85,14 +87,10 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         return EXIT_INVALID
     report = AttemptReport(args, workdir, token)
     roles = _LocalRoles()
-    if reports_to_lab and token:  # environments that run code get sandboxes of this attempt
-        sandboxes.use(sandboxes.LabSandboxes(args.lab_url, args.job_id, token))
+    use_attempt_sandboxes(args, token, reports_to_lab=reports_to_lab)
 
     def finish_attempt(code: int, outcome: str, error: dict | None) -> int:
-        try:
-            sandboxes.close()  # Lab deletes any left when it closes the attempt
-        except Exception:
-            logger.exception("deleting the attempt's sandboxes failed")
+        end_attempt_sandboxes()
         report.close(code, outcome, error)
         roles.close(code)
         parallel.close()

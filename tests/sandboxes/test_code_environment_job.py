@@ -1,7 +1,7 @@
 """A job on `lab/python-code` run for real (web, a Celery worker with beat, the local launcher and
-the engine in its own sandbox, the session's sandbox agent): its rollouts are scored in sandboxes
-of the job's attempt, and none outlives the attempt, also when the engine is killed with SIGKILL.
-One stack for the module."""
+the engine in its own sandbox, the session's sandbox agent): its rollouts, or an evaluation's
+samples, are scored in sandboxes of the job's attempt, billed to the job, and none outlives the
+attempt, also when the engine is killed with SIGKILL. One stack for the module."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import os
 import signal
 
 import pytest
+from labsdk import Lab
 
-from jobs.models import AttemptState, JobAttempt, MetricStep
+from billing.models import Meter, UsageInterval
+from evaluations.models import Evaluation
+from jobs.evaluation_samples import EvaluationSample
+from jobs.models import AttemptState, JobAttempt, JobKind, MetricStep
 from lab.models import AuditLogEntry
 from sandboxes.models import ACTIVE_STATUSES, Sandbox, SandboxStatus
 from tests.support.live import TERMINAL, Api, engine_pid
@@ -69,6 +73,35 @@ def test_a_tiny_model_trains_on_the_code_environment_with_its_rollouts_scored_in
     assert {entry.data["job"] for entry in created} == {job_id}
     values = MetricStep.objects.get(job__public_id=job_id, step=2).values
     assert 0.0 <= values["reward/python-code/passed/mean"] <= 1.0
+
+
+def test_an_evaluation_of_the_code_environment_scores_its_samples_in_sandboxes_of_its_attempt(owner, stack, runtime):
+    lab = Lab(api_key=owner.key, base_url=stack.base_url)
+    created = lab.evals.create(
+        model="lab/tiny-random-llama",
+        environments=[{"id": "lab/python-code", "args": {"num_tests": 2, "timeout_s": 5.0}, "num_examples": 2, "rollouts_per_example": 2}],
+        sampling={"max_tokens": 16, "seed": 1},
+    )
+    done = lab.evals.wait(created.id, timeout=300, progress=False)
+    assert done.status == "succeeded", stack.logs()
+    evaluation = Evaluation.objects.unscoped().select_related("job").get(public_id=created.id)
+    job = evaluation.job
+    assert job.kind == JobKind.EVALUATION
+    samples = list(EvaluationSample.objects.unscoped().filter(job=job))
+    assert len(samples) == 4
+    # Scored by running the program: a sample no sandbox could score is an error, without the functions.
+    assert all(set(sample.functions) == {"passed", "all_passed"} and not sample.error for sample in samples)
+    assert set(done.results["lab/python-code"]["functions"]) == {"passed", "all_passed"}
+    made = list(Sandbox.objects.unscoped().filter(attempt__job=job))
+    assert made, "the evaluation scored no sample in a sandbox"
+    assert {sandbox.attempt.number for sandbox in made} == {1}
+    assert {sandbox.status for sandbox in made} == {SandboxStatus.STOPPED}
+    assert all(sandbox.labels == {"lab.job": job.public_id, "lab.attempt": "1"} for sandbox in made)
+    assert not {sandbox.public_id for sandbox in made} & _held(runtime)
+    billed = UsageInterval.objects.unscoped().filter(sandbox_public_id__in=[sandbox.public_id for sandbox in made])
+    assert {(row.meter, row.job_public_id, row.project_id) for row in billed} == {
+        (Meter.SANDBOX_CPU, job.public_id, owner.project.pk), (Meter.SANDBOX_MEMORY, job.public_id, owner.project.pk),
+    }
 
 
 def test_an_engine_killed_with_sigkill_leaves_no_sandbox_once_its_attempt_is_closed(owner, spec, stack, runtime):
