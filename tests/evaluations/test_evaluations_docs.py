@@ -49,6 +49,10 @@ def _readme_run_forms(text: str) -> list[str]:
     return [command, *(command.replace("--model ID", form) for form in re.findall(r"`([^`]*)`", found.group(2)))]
 
 
+#: Commands that cannot run without arguments: named alone, they are references.
+NAMED_ONLY = {"lab evals run", "lab checkpoints eval", "lab evals push", "lab evals samples"}
+
+
 def documented_commands(page: Path) -> list[str]:
     """The ``lab evals``/``lab checkpoints eval`` command lines of ``page``: those of its bash
     blocks (continuation lines joined, comments dropped) and its inline ones, in order."""
@@ -58,7 +62,9 @@ def documented_commands(page: Path) -> list[str]:
         for line in block.replace("\\\n", " ").splitlines():
             commands.append(" ".join(line.split(" #", 1)[0].split()))
     prose = " ".join(re.sub(r"```.*?```", "", text, flags=re.S).split())
-    commands += re.findall(r"(?<!`)`(lab [^`]*)`", prose)
+    # A command that needs arguments, named without them in prose ("in `lab evals run`, --env ID
+    # is ..."), is a reference to it, not a line to run.
+    commands += [command for command in re.findall(r"(?<!`)`(lab [^`]*)`", prose) if command not in NAMED_ONLY]
     if page.name == "README.md":
         commands = [command for command in commands if not command.startswith("lab evals run --model ID")]
         commands += _readme_run_forms(prose)
