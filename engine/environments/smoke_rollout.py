@@ -40,6 +40,14 @@ ROLLOUT_TIMEOUT_S = 120
 #: examples; return their rewards, and what it could not score offline (``_out_of_reach``).
 Rollout = Callable[[str], tuple[list[float], list[str]]]
 
+#: Environment classes whose rollouts run in sandboxes, which a build has none of (verifiers'
+#: ``SandboxEnv`` and its ``PythonEnv``): their smoke rollout is skipped, saying so.
+SANDBOXED_CLASSES = ("SandboxEnv", "PythonEnv")
+
+
+class RolloutSkipped(Exception):
+    """The environment cannot be rolled out in a build; the message says why."""
+
 
 @contextlib.contextmanager
 def stub_chat_endpoint(reply: str = ROLLOUT_REPLY) -> Iterator[str]:
@@ -109,11 +117,16 @@ def chat_reply(base_url: str, messages: list[dict]) -> str:
 def run_rollout(rollout: Rollout) -> dict[str, Any]:
     """Run ``rollout`` against the stub endpoint; return the summary's ``rollout``:
     ``{"examples", "rewards", "seconds", "reply", "unscored"}`` (``unscored``: the judges' errors
-    ``_out_of_reach`` left unscored, their rewards 0). Whatever the environment's code raised
-    propagates (the caller names it)."""
+    ``_out_of_reach`` left unscored, their rewards 0), with ``"skipped"`` (why) and no examples
+    for an environment a build cannot roll out (``RolloutSkipped``: a sandboxed one). Whatever
+    else the environment's code raised propagates (the caller names it)."""
     started = time.monotonic()
-    with stub_chat_endpoint() as base_url:
-        rewards, unscored = rollout(base_url)
+    try:
+        with stub_chat_endpoint() as base_url:
+            rewards, unscored = rollout(base_url)
+    except RolloutSkipped as skipped:
+        return {"examples": 0, "rewards": [], "seconds": round(time.monotonic() - started, 3), "reply": ROLLOUT_REPLY,
+                "unscored": [], "skipped": str(skipped)}
     return {
         "examples": len(rewards), "rewards": rewards, "seconds": round(time.monotonic() - started, 3), "reply": ROLLOUT_REPLY,
         "unscored": unscored,
@@ -145,15 +158,20 @@ def lab_rollout(target: type) -> Rollout:
     return rollout
 
 
+#: Clients of services a build cannot reach (no network, no secrets): a judge's model (``openai``,
+#: as verifiers' ``JudgeRubric`` re-raises its errors) and Prime's sandboxes (``prime_sandboxes``,
+#: which a reward function may call itself).
+_OUT_OF_REACH_CLIENTS = ("openai", "prime_sandboxes")
+
+
 def _out_of_reach(error: BaseException) -> bool:
-    """Whether ``error`` is, or was raised from, an OpenAI client's (a judge's model out of reach,
-    as verifiers' ``JudgeRubric`` re-raises it): a build has no network and no secrets, so a judge
-    on an endpoint of its own cannot answer there; its reward is left unscored (the rollout's
-    ``unscored``), not the build failed."""
+    """Whether ``error`` is, or was raised from, a client of ``_OUT_OF_REACH_CLIENTS``: a build
+    has no network and no secrets, so a judge on an endpoint of its own or a sandbox cannot answer
+    there; that reward is left unscored (the rollout's ``unscored``), not the build failed."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
-        if type(current).__module__.split(".")[0] == "openai":
+        if type(current).__module__.split(".")[0] in _OUT_OF_REACH_CLIENTS:
             return True
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -189,6 +207,9 @@ def v0_rollout(environment: Any) -> Rollout:
     around it; 0.1.9 takes the client itself)."""
 
     def rollout(base_url: str) -> list[float]:
+        sandboxed = [cls.__name__ for cls in type(environment).__mro__ if cls.__name__ in SANDBOXED_CLASSES]
+        if sandboxed:
+            raise RolloutSkipped(f"a {sandboxed[0]} runs its rollouts in sandboxes, which a build has none of; a job's attempt has them")
         from openai import AsyncOpenAI
 
         try:
