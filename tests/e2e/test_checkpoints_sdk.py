@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,8 @@ def test_list_gives_a_jobs_checkpoints_newest_first(lab, tenant, outsider, job_s
             other.checkpoints.list(engine.job.public_id)
 
 
-def test_download_unpacks_into_a_directory_with_a_progress_bar(lab, tenant, job_spec, tmp_path, capsys):
+def test_download_unpacks_into_a_directory_with_a_progress_bar(lab, tenant, job_spec, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # tqdm draws its bar on a terminal only
     ckpt = Engine(tenant, job_spec).checkpoint(1, tar_of(FILES), tmp_path)
     target = tmp_path / "out" / "adapter"
     assert lab.checkpoints.download(ckpt, target) == target

@@ -1,6 +1,7 @@
 """Tests for the SDK client against a fake Lab on a real local socket."""
 
 import json
+import sys
 import uuid
 from decimal import Decimal
 
@@ -374,7 +375,8 @@ def test_catalogues_prices_and_whoami_are_typed(fake_lab, lab_client):
 
 # --- wait ----------------------------------------------------------------------------------
 
-def test_wait_returns_the_succeeded_job_and_shows_progress(fake_lab, lab_client, capsys):
+def test_wait_returns_the_succeeded_job_and_shows_progress(fake_lab, lab_client, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # tqdm draws its bar on a terminal only
     job = fake_lab.add_job(max_steps=20)
     fake_lab.timelines[job["id"]] = [
         {"status": "running", "step": 5, "reward": 0.125},
@@ -486,7 +488,8 @@ def test_the_http_layer_serves_other_callers_with_their_own_token(fake_lab):
         anonymous.request("POST", "api/v1/ingest/jobs/job_1/status", json_body={})
 
 
-def test_wait_shows_steps_only_when_lab_has_no_metrics_endpoint(fake_lab, lab_client, capsys):
+def test_wait_shows_steps_only_when_lab_has_no_metrics_endpoint(fake_lab, lab_client, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # tqdm draws its bar on a terminal only
     job = fake_lab.add_job(max_steps=4)
     fake_lab.timelines[job["id"]] = [{"status": "running", "step": 2}, {"status": "succeeded", "step": 4}]
     fake_lab.metrics.pop(job["id"])

@@ -83,8 +83,8 @@ def build_wheel(
         members.pop(path.format(dist_info=dist_info), None)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path, data in members.items():
-            archive.writestr(path, data)
+        for path, data in members.items():  # a fixed date: the same arguments give the same bytes
+            archive.writestr(zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0)), data, compress_type=zipfile.ZIP_DEFLATED)
         for info, data in extra_members or []:
             archive.writestr(info, data)
     return f"{module}-{version}-py3-none-any.whl", buffer.getvalue()
