@@ -33,6 +33,7 @@ def main() -> None:
 
     import torch
 
+    from engine import checkpoint_archives as archives
     from engine import checkpoints as ckpt
     from engine.models import tiny_random_llama
     from engine.policy import make_trainable
@@ -52,11 +53,11 @@ def main() -> None:
         for index in range(args.repeats):
             started = time.perf_counter()
             directory = ckpt.save_adapter(root / f"adapter-{index}", model=model, tokenizer=tokenizer)
-            adapter_bytes, _ = ckpt.write_tar(directory, root / f"adapter-{index}.tar")
+            adapter_bytes, _ = archives.write_tar(directory, root / f"adapter-{index}.tar")
             adapter_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
             directory = ckpt.save_checkpoint(root / f"checkpoint-{index}", model=model, tokenizer=tokenizer, optimizer=optimizer, state=state)
-            checkpoint_bytes, _ = ckpt.write_tar(directory, root / f"checkpoint-{index}.tar")
+            checkpoint_bytes, _ = archives.write_tar(directory, root / f"checkpoint-{index}.tar")
             checkpoint_ms.append((time.perf_counter() - started) * 1000)
     common = {"model": "lab/tiny-random-llama", "lora_rank": args.rank, "repeats": args.repeats}
     for name, value, unit in (

@@ -29,9 +29,7 @@ import safetensors.torch
 import torch
 import transformers
 
-# Re-exported: the archive helpers live apart so that the engine checks a checkpoint path without torch's
-# neighbours (peft, transformers); their callers keep writing `ckpt.write_tar`.
-from engine.checkpoint_archives import STATE_DIR, extract_tar, sha256_file, write_tar  # noqa: F401
+from engine.checkpoint_archives import STATE_DIR
 from engine.distributed import is_sharded, load_full_optimizer_state, load_full_weights
 from engine.policy import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, is_lora
 

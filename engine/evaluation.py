@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import checkpoints as ckpt
+from engine.checkpoint_archives import STATE_DIR
 from engine.config import EngineConfig
 from engine.endpoint_sampling import EndpointClient
 from engine.environments import EnvironmentFailed, InvalidEnvironment
@@ -101,7 +102,7 @@ class Evaluator:
         if init_dir is not None:
             # The checkpoint's own layout: a LoRA adapter of the spec's rank, or full weights.
             model = make_trainable(model, lora_rank=spec.lora_rank, lora_alpha=spec.lora_alpha, base_model_id=spec.model)
-            if (init_dir / ckpt.STATE_DIR).is_dir():
+            if (init_dir / STATE_DIR).is_dir():
                 state = ckpt.load_weights(init_dir, model=model, base_model_id=spec.model)
                 logger.info("evaluating %s with the weights of %s (its step %d)", spec.model, init_dir.name, state.step)
             else:  # an adapter artifact (`[eval] adapter`): the weights alone

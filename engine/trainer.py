@@ -31,6 +31,7 @@ import torch
 
 from engine import checkpoints as ckpt
 from engine.catalog import TINY_RANDOM_MODEL_IDS
+from engine.checkpoint_archives import write_tar
 from engine.config import EngineConfig
 from engine.distributed import DataParallel, full_optimizer_state, full_weights, is_sharded, whole
 from engine.filters import Rollouts, apply_filters, filter_metrics
@@ -363,7 +364,7 @@ class Trainer:
             pending_rollouts=pending, card=card, weights=weights, optimizer_state=optimizer_state,
         )
         archive = directory.with_name(directory.name + ".tar")
-        size, digest = ckpt.write_tar(directory, archive)
+        size, digest = write_tar(directory, archive)
         self.reporter.checkpoint(step, self.format, archive, size, digest)
         ckpt.prune_checkpoints(
             self.checkpoint_root, spec.checkpoints.keep_last, pending_archives=self.reporter.pending_archives()
@@ -386,7 +387,7 @@ class Trainer:
         directory = ckpt.save_adapter(root / ckpt.checkpoint_name(step), model=self.model, tokenizer=self.tokenizer, card=card,
                                       weights=weights)
         archive = directory.with_name(directory.name + ".tar")
-        size, digest = ckpt.write_tar(directory, archive)
+        size, digest = write_tar(directory, archive)
         self.reporter.adapter(step, self.format, archive, size, digest)
         ckpt.prune_adapters(root, keep=self.reporter.pending_archives(adapters=True))
         logger.info("adapter step %d: %s (%d bytes, sha256 %s)", step, archive.name, size, digest[:12])

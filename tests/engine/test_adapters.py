@@ -12,6 +12,7 @@ import peft
 import pytest
 import torch
 
+from engine import checkpoint_archives as archives
 from engine import checkpoints as ckpt
 from engine.models import tiny_random_llama
 from engine.reporter import OfflineTransport, Reporter
@@ -42,13 +43,13 @@ def test_a_lora_adapter_holds_the_adapter_alone_and_loads_with_peft(tmp_path):
     model, tokenizer = lora_model()
     directory = ckpt.save_adapter(tmp_path / "adapters" / "step-000003", model=model, tokenizer=tokenizer, card="# card")
     archive = tmp_path / "adapters" / "step-000003.tar"
-    size, digest = ckpt.write_tar(directory, archive)
+    size, digest = archives.write_tar(directory, archive)
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
     assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= names
-    assert not any(name.startswith(ckpt.STATE_DIR) or name.endswith((".pt", ".bin")) for name in names)
+    assert not any(name.startswith(archives.STATE_DIR) or name.endswith((".pt", ".bin")) for name in names)
     assert json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"] == TINY
-    assert (size, digest) == (archive.stat().st_size, ckpt.sha256_file(archive))
+    assert (size, digest) == (archive.stat().st_size, archives.sha256_file(archive))
 
     base, _ = tiny_random_llama()
     loaded = peft.PeftModel.from_pretrained(base, str(directory))
@@ -63,7 +64,7 @@ def test_a_full_fine_tune_exports_hugging_face_weights_without_trainer_state(tmp
     model, tokenizer = tiny_random_llama()
     directory = ckpt.save_adapter(tmp_path / "step-000001", model=model, tokenizer=tokenizer)
     assert (directory / "config.json").is_file() and (directory / "model.safetensors").is_file()
-    assert not (directory / ckpt.STATE_DIR).exists()
+    assert not (directory / archives.STATE_DIR).exists()
     assert not (directory / "adapter_config.json").exists()
 
 
@@ -72,7 +73,7 @@ def test_the_reporter_registers_uploads_and_completes_adapters_in_their_own_lane
     root = tmp_path / "work" / ckpt.ADAPTER_ROOT
     directory = ckpt.save_adapter(root / "step-000002", model=model, tokenizer=tokenizer)
     archive = root / "step-000002.tar"
-    size, digest = ckpt.write_tar(directory, archive)
+    size, digest = archives.write_tar(directory, archive)
     reporter = Reporter(OfflineTransport(tmp_path / "lab"), job_id="job_1", attempt=1, spool_dir=tmp_path / "spool",
                         heartbeat_interval=0.2, backoff_base=0.05)
     reporter.start()
@@ -84,7 +85,7 @@ def test_the_reporter_registers_uploads_and_completes_adapters_in_their_own_lane
         "id": "adp_offline000002", "step": 2, "attempt": 1, "format": "peft-lora", "status": "ready",
         "path": str(tmp_path / "lab" / "adapter-archives" / "step-000002.tar"), "size_bytes": size, "sha256": digest,
     }]
-    assert ckpt.sha256_file(tmp_path / "lab" / "adapter-archives" / "step-000002.tar") == digest
+    assert archives.sha256_file(tmp_path / "lab" / "adapter-archives" / "step-000002.tar") == digest
     assert not (tmp_path / "lab" / "checkpoints.jsonl").exists()
 
 
@@ -112,8 +113,8 @@ def test_an_offline_run_exports_an_adapter_every_interval_and_keeps_only_unsettl
         with tarfile.open(row["path"]) as tar:
             names = set(tar.getnames())
         assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= names
-        assert not any(name.startswith(ckpt.STATE_DIR) for name in names)
-        assert ckpt.sha256_file(row["path"]) == row["sha256"]
+        assert not any(name.startswith(archives.STATE_DIR) for name in names)
+        assert archives.sha256_file(row["path"]) == row["sha256"]
     # The trainer's own adapters/ keeps no unpacked directory; the last archive was still
     # unsettled when it was pruned (earlier ones go once Lab has them).
     local = sorted(p.name for p in (work / ckpt.ADAPTER_ROOT).iterdir())

@@ -13,6 +13,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from engine import checkpoint_archives as archives
 from engine import checkpoints as ckpt
 from engine.colocated import InProcessRollouts
 from engine.config import EngineConfig
@@ -93,7 +94,7 @@ def test_it_refuses_a_checkpoint_that_does_not_fit(trained, tmp_path, overrides,
 
 def test_it_refuses_an_adapter_of_another_base_model(trained, tmp_path):
     other = tmp_path / "other-base"
-    ckpt.extract_tar(_tar(trained, tmp_path / "a.tar"), other)
+    archives.extract_tar(_tar(trained, tmp_path / "a.tar"), other)
     adapter_config = json.loads((other / "adapter_config.json").read_text())
     adapter_config["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct"
     (other / "adapter_config.json").write_text(json.dumps(adapter_config))
@@ -104,7 +105,7 @@ def test_it_refuses_an_adapter_of_another_base_model(trained, tmp_path):
 
 
 def _tar(directory: pathlib.Path, archive: pathlib.Path) -> pathlib.Path:
-    ckpt.write_tar(directory, archive)
+    archives.write_tar(directory, archive)
     return archive
 
 

@@ -3,7 +3,7 @@
 import json
 import time
 
-from engine.checkpoints import write_tar
+from engine.checkpoint_archives import write_tar
 from engine.http_transport import HttpTransport
 from engine.reporter import OfflineTransport, Reporter
 

@@ -120,7 +120,7 @@ def test_the_openapi_document_has_the_adapter_routes(owner):
 
 
 def test_an_adapter_left_in_an_exited_engines_spool_is_delivered_once(owner, spec, tmp_path):
-    from engine.checkpoints import write_tar
+    from engine.checkpoint_archives import write_tar
     from jobs.ingest.spool import deliver_attempt_spool
     from tests.support.spool import launched, spool
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.db import transaction
 
-from engine.checkpoints import write_tar
+from engine.checkpoint_archives import write_tar
 from engine.spool import attempt_spool_dir
 from jobs.launchers import registry
 from jobs.pipeline import reconciler

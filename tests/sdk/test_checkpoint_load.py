@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine import checkpoint_archives as archives
 from engine import checkpoints as ckpt
 from engine.models import tiny_random_llama
 from tests.support.tiny_lora import tiny_lora
@@ -37,7 +38,7 @@ def adapter_archive(tmp_path):
         state=ckpt.TrainerState(step=4, data_position=4, seed=0, spec_digest="d", format=ckpt.FORMAT_LORA), card=card,
     )
     archive = directory.with_name("step-000004.tar")
-    ckpt.write_tar(directory, archive)
+    archives.write_tar(directory, archive)
     expected = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
     return archive.read_bytes(), expected
 
