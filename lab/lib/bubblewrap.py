@@ -36,7 +36,7 @@ ETC_ENTRIES = (
 
 def base_arguments(
     *, hostname: str, share_network: bool = False, bwrap: str = "bwrap", etc: str | None = None, sysfs: bool = True,
-    seccomp_fd: int | None = None,
+    seccomp_fd: int | None = None, root: str | None = None,
 ) -> list[str]:
     """Return the start of a ``bwrap`` command line: namespaces, identity, fresh kernel file
     systems and the read-only system folders (see the module's docstring).
@@ -50,6 +50,11 @@ def base_arguments(
     ``seccomp_fd`` is a descriptor the caller passes on to bwrap (``seccomp.memfd``) holding the
     seccomp filter; without one, the command line starts with ``seccomp.file_prefix``, which
     opens the filter's file for bwrap.
+
+    ``root`` names a root file system (a sandbox image, ``sandboxes.images``) bound read-only as
+    ``/`` in place of the host's system folders and ``etc``: the sandbox then sees that image and
+    the fresh ``/tmp``, ``/dev`` and ``/proc`` alone (the image must hold those folders, and any
+    other mount point a caller binds onto).
     """
     args = [
         *(seccomp.file_prefix() if seccomp_fd is None else []),
@@ -61,12 +66,15 @@ def base_arguments(
         "--cap-drop", "ALL",
         "--die-with-parent",
         "--hostname", hostname,
+        *(["--ro-bind", root, "/"] if root is not None else []),
         "--tmpfs", "/tmp",
         "--proc", "/proc",
         "--dev", "/dev",
         "--tmpfs", "/dev/shm",
         *(["--ro-bind-try", "/sys", "/sys"] if sysfs else []),
     ]
+    if root is not None:
+        return args
     for directory in SYSTEM_DIRS:
         args += ["--ro-bind-try", directory, directory]
     if etc is not None:

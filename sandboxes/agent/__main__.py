@@ -38,10 +38,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-open-files", type=int, default=1024, help="open files per process")
     parser.add_argument("--max-output-bytes", type=int, default=1024 * 1024, help="kept of each output stream")
     parser.add_argument("--warm", type=int, default=4, help="sandboxes kept started ahead (0: none)")
+    parser.add_argument("--images", type=Path, default=None,
+                        help="folder of the sandbox images (default: LAB_SANDBOX_IMAGES_DIR or var/sandbox-images)")
     args = parser.parse_args(argv)
     uid_block, _held = claim_uid_block()
     host = LocalHost(args.root, max_processes=args.max_processes, max_open_files=args.max_open_files,
-                     cgroups=MemoryCgroups.detect(), uid_block=uid_block)
+                     cgroups=MemoryCgroups.detect(), uid_block=uid_block, images=args.images)
     agent = Agent(host, secret=secret_from_environment(), max_output_bytes=args.max_output_bytes, warm=args.warm)
     uvicorn.run(agent, host=args.host, port=args.port, log_level="warning", lifespan="on", access_log=False)
 

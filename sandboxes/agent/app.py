@@ -3,7 +3,7 @@ clients call directly (docs/sandboxes.md "Data plane").
 
 | route | token | what |
 |---|---|---|
-| ``GET /healthz`` | none | ``{"status": "ok", "sandboxes", "warm", "memory_limit": "cgroup"|"rlimit", "disk_limit": "tmpfs"|"file_size"}`` |
+| ``GET /healthz`` | none | ``{"status": "ok", "sandboxes", "warm", "memory_limit": "cgroup"|"rlimit", "disk_limit": "tmpfs"|"file_size", "images": {name: built}}`` |
 | ``GET /v1/sandboxes`` | control | ``{"instance", "sandboxes": [id, ...]}``: this run's id and the sandboxes it holds |
 | ``PUT /v1/sandboxes/{id}`` | control | start the sandbox (idempotent): body ``SandboxSpec`` fields + ``expires_at`` |
 | ``GET /v1/sandboxes/{id}`` | control | ``{"id", "status", "host_uid", "expires_at"}`` |
@@ -30,6 +30,7 @@ import time
 from contextlib import aclosing
 from typing import Any
 
+from sandboxes import images
 from sandboxes.agent import prime, tokens
 from sandboxes.agent.http import AgentError, Request, send_bytes, send_json, send_stream
 from sandboxes.agent.sandbox import RunningSandbox, SandboxEnded, warm_spec, with_slot
@@ -209,7 +210,8 @@ class Agent:
         if request.path == "/healthz":
             await send_json(send, 200, {"status": "ok", "sandboxes": len(self.sandboxes), "warm": len(self.warm),
                                         "memory_limit": "cgroup" if self.host.cgroups is not None else "rlimit",
-                                        "disk_limit": "tmpfs" if self.host.disk_mounts else "file_size"})
+                                        "disk_limit": "tmpfs" if self.host.disk_mounts else "file_size",
+                                        "images": {name: images.current(self.host.images, name) for name in images.IMAGES}})
             return
         for pattern, name in _ROUTES:
             match = pattern.match(request.path)
@@ -309,7 +311,11 @@ class Agent:
                 raise AgentError(400, "invalid_request", "The body must hold a sandbox's spec and expires_at.") from None
             try:
                 await self.start_sandbox(spec, expires_at=expires_at)
-            except (RuntimeRefusal, OSError) as error:
+            except RuntimeRefusal as error:
+                if error.code in ("image_not_built", "unknown_image"):  # not the agent's fault: no retry helps
+                    raise AgentError(409, error.code, error.message, param="image") from None
+                raise AgentError(503, "start_failed", f"The sandbox could not start: {error}") from None
+            except OSError as error:
                 raise AgentError(503, "start_failed", f"The sandbox could not start: {error}") from None
             await send_json(send, 200, {"id": sandbox_id, "status": "running"})
         else:

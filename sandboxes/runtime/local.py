@@ -6,8 +6,9 @@ moves files in and out.
 
 The sandbox runs under ``setpriv`` and ``prlimit`` (util-linux) then ``bwrap`` (``lab.lib.bubblewrap``): its own
 user, mount, PID, IPC, UTS and network namespaces (only its own loopback unless the sandbox's
-policy is ``egress``), uid 1000 inside with every capability dropped, the system's ``/usr`` and a
-few ``/etc`` files read-only (the image ``python:3.11`` is the host's own system Python for now),
+policy is ``egress``), uid 1000 inside with every capability dropped, its image's root file
+system read-only as ``/`` (``sandboxes.images``: Debian's Python 3.11 and a few packages, built
+on this machine by ``make sandbox-images``; nothing of the host's ``/usr`` or ``/etc``),
 the work directory writable at ``/workspace``, its own ``/tmp`` and nothing else of the host, and
 Lab's seccomp filter (``lab.lib.seccomp``: new namespaces, mounts, tracing, keyrings, eBPF,
 modules and the like fail with EPERM). Its resource limits (setrlimit(2) through prlimit) are processes, open files and file size (the
@@ -37,7 +38,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lab.lib.bubblewrap import base_arguments, copy_etc
+from lab.lib.bubblewrap import base_arguments
+from sandboxes import images as images_module
 from sandboxes.runtime.base import WORKSPACE, RuntimeRefusal, SandboxSpec
 from sandboxes.runtime.cgroups import MemoryCgroups
 
@@ -76,7 +78,8 @@ class LocalHost:
     ``workspace`` and ``tmp``) is a tmpfs of the sandbox's disk size, so that all its files
     together stop at it (ENOSPC); without, only each file is held (setrlimit's file size) and
     uploads are checked. ``disk_mounts`` is turned off at the first mount the system refuses.
-    ``uid_block`` is the block of host uids this agent holds (``claim_uid_block``).
+    ``uid_block`` is the block of host uids this agent holds (``claim_uid_block``). ``images`` is
+    the folder of the sandbox images (``sandboxes.images``; default ``images.images_dir()``).
     """
 
     def __init__(
@@ -91,8 +94,10 @@ class LocalHost:
         cgroups: MemoryCgroups | None = None,
         disk_mounts: bool = True,
         uid_block: int = 0,
+        images: Path | None = None,
     ) -> None:
         self.root = Path(root)
+        self.images = Path(images) if images is not None else images_module.images_dir()
         self.uid_block = uid_block
         self.cgroups = cgroups
         self.disk_mounts = disk_mounts
@@ -101,7 +106,7 @@ class LocalHost:
         self.bwrap = bwrap
         self.prlimit = prlimit
         self.setpriv = setpriv
-        self._etc_copy: Path | None = None
+        self._image_roots: dict[str, Path] = {}
 
     # --- where things are -------------------------------------------------------------------
 
@@ -139,17 +144,30 @@ class LocalHost:
         """Return how many of the sandbox's processes the OOM killer has killed (0 without cgroups)."""
         return self.cgroups.oom_kills(self.cgroup(spec)) if self.cgroups is not None else 0
 
-    def _etc(self) -> Path:
-        """Return this host's copy of the /etc files sandboxes see (made once per process)."""
-        if self._etc_copy is None:
-            self._etc_copy = copy_etc(self.root / ".system")
-        return self._etc_copy
+    def image_root(self, spec: SandboxSpec) -> Path:
+        """Return the root file system of the sandbox's image (the folders above it made
+        traversable for sandboxes' host uids, once). RuntimeRefusal ``image_not_built`` (saying
+        how to build it) when this machine lacks it, ``unknown_image`` for a name Lab does not know."""
+        path = self._image_roots.get(spec.image)
+        if path is not None:
+            return path
+        try:
+            path = images_module.rootfs(self.images, spec.image)
+        except KeyError:
+            raise RuntimeRefusal("unknown_image", f"This agent has no image {spec.image!r}.") from None
+        except images_module.ImageNotBuilt as error:
+            raise RuntimeRefusal("image_not_built", str(error)) from None
+        if os.geteuid() == 0:
+            _let_others_traverse(path)
+        self._image_roots[spec.image] = path
+        return path
 
     # --- lifecycle --------------------------------------------------------------------------
 
     def prepare(self, spec: SandboxSpec) -> None:
         """Create the sandbox's folder (0711) and its ``workspace`` and ``tmp`` (0700, owned by its
-        host uid); idempotent."""
+        host uid); idempotent. RuntimeRefusal ``image_not_built`` first when its image is missing."""
+        self.image_root(spec)
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.folder(spec).mkdir(mode=0o711, exist_ok=True)
         self.disk(spec).mkdir(mode=0o711, exist_ok=True)
@@ -220,7 +238,7 @@ class LocalHost:
         ]
         args = base_arguments(
             hostname="sandbox", share_network=spec.network == "egress", bwrap=self.bwrap,
-            etc=str(self._etc()), sysfs=False, seccomp_fd=seccomp_fd,
+            root=str(self.image_root(spec)), sysfs=False, seccomp_fd=seccomp_fd,
         )
         args += ["--bind-fd", str(workspace_fd), WORKSPACE, "--bind-fd", str(tmp_fd), "/tmp", "--chdir", WORKSPACE, "--clearenv"]
         for name, value in sorted(BASE_ENVIRONMENT.items()):

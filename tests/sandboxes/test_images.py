@@ -1,0 +1,109 @@
+"""Sandbox images (sandboxes/images.py, docs/sandboxes.md "Images"): a sandbox's root is its
+image, Debian's Python 3.11 with numpy and pytest built by ``make sandbox-images``, bound
+read-only; nothing of the host outside it is there, and a sandbox of an image this machine has
+not built is refused saying how to build it. Each check first shows what the host has."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from sandboxes import images
+from sandboxes.runtime.agent import AgentRuntime
+from sandboxes.runtime.base import CommandRequest, RuntimeRefusal, SandboxSpec
+from tests.support.sandbox_agent import start_agent
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def _spec(name: str) -> SandboxSpec:
+    return SandboxSpec(sandbox_id=name, image="python:3.11", cpu_cores=1.0, memory_gb=0.5, disk_gb=0.05,
+                       expires_at=time.time() + 600)
+
+
+@pytest.fixture(scope="module")
+def image_root() -> Path:
+    """The image the session's agent uses (built by make sandbox-images; the tests fail without it)."""
+    return images.rootfs(images.images_dir(), "python:3.11")
+
+
+@pytest.fixture
+def sandbox(runtime: AgentRuntime) -> SandboxSpec:
+    spec = _spec("sbx_image")
+    runtime.start(spec)
+    yield spec
+    runtime.destroy(spec)
+
+
+def python(runtime: AgentRuntime, spec: SandboxSpec, code: str):
+    return runtime.run(spec, CommandRequest(argv=("python3", "-c", code), timeout_s=30))
+
+
+def test_a_sandbox_runs_the_images_python_3_11_with_numpy_and_pytest(runtime, sandbox, image_root):
+    code = ("import json, os, sys, numpy, pytest; root = os.stat('/'); print(json.dumps([list(sys.version_info[:2]),"
+            " numpy.__version__, pytest.__version__, sys.executable, root.st_dev, root.st_ino, numpy.ones(3).sum()]))")
+    result = python(runtime, sandbox, code)
+    assert result.exit_code == 0, result
+    version, numpy_version, pytest_version, executable, device, inode, total = json.loads(result.stdout)
+    assert version == [3, 11] and numpy_version.startswith("1.") and pytest_version and total == 3.0
+    assert executable == "/usr/bin/python3"
+    # The sandbox's / is the image's folder itself (a bind mount keeps its device and inode).
+    assert (device, inode) == (image_root.stat().st_dev, image_root.stat().st_ino)
+
+
+def test_a_sandbox_sees_nothing_of_the_host_outside_its_image(runtime, sandbox, image_root):
+    host_only = [
+        str(REPOSITORY), str(REPOSITORY.parent), sys.prefix, str(settings.LAB_DATA_DIR), str(image_root.parent),
+        "/usr/bin/bwrap", "/usr/bin/mmdebstrap",  # the host's /usr has them, the image has not
+    ]
+    for path in host_only:
+        assert os.path.exists(path), f"the host should have {path}"
+        assert not (image_root / path.lstrip("/")).exists(), f"the image should not have {path}"
+    result = python(runtime, sandbox, f"import os, json; print(json.dumps([os.path.exists(p) for p in {host_only!r}]))")
+    assert json.loads(result.stdout) == [False] * len(host_only), (host_only, result)
+    listing = python(runtime, sandbox, "import os; print(sorted(os.listdir('/')))").stdout
+    assert eval(listing) == sorted(os.listdir(image_root)), listing  # noqa: S307 - a list of names it printed
+
+
+def test_the_image_is_read_only_and_the_workspace_writable(runtime, sandbox, image_root):
+    passwd = (image_root / "etc" / "passwd").read_bytes()
+    command = ("for f in /usr/bin/python3 /etc/passwd /new /usr/lib/python3/dist-packages/numpy/x.py; do "
+               "echo evil > $f || echo refused $f; done; mkdir /usr/x || echo refused mkdir; echo ok > /workspace/ok && cat /workspace/ok")
+    result = runtime.run(sandbox, CommandRequest(argv=("/bin/sh", "-c", command), timeout_s=30))
+    assert result.stderr.count("Read-only file system") == 5, result
+    assert result.stdout.count("refused") == 5 and result.stdout.endswith("ok\n"), result
+    assert (image_root / "etc" / "passwd").read_bytes() == passwd and not (image_root / "new").exists()
+    assert python(runtime, sandbox, "import getpass; print(getpass.getuser())").stdout == "sandbox\n"
+
+
+def test_a_sandbox_of_an_image_not_built_is_refused_saying_how_to_build_it(owner, settings, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_SANDBOX_IMAGES_DIR", str(tmp_path / "no-images"))
+    bare = start_agent(warm=1)
+    try:
+        agent = AgentRuntime(bare.url, secret=bare.secret.encode())
+        with pytest.raises(RuntimeRefusal) as refused:
+            agent.start(_spec("sbx_no_image"))
+        assert refused.value.code == "image_not_built" and "make sandbox-images" in refused.value.message
+        settings.LAB_SANDBOX_AGENT_URL = settings.LAB_SANDBOX_DATA_PLANE_URL = bare.url
+        settings.LAB_SANDBOX_AGENT_SECRET = bare.secret
+        response = owner.client().post("/api/v1/sandboxes", {"docker_image": "python:3.11-slim"}, format="json")
+        assert response.status_code == 201, response.content
+        body = response.json()
+        assert body["status"] == "failed" and "make sandbox-images" in body["error"], body
+    finally:
+        bare.stop()
+
+
+def test_the_build_step_does_nothing_when_the_images_are_current(image_root, tmp_path):
+    started = time.monotonic()
+    assert images.main(["--dir", str(image_root.parent)]) == 0
+    assert time.monotonic() - started < 1
+    assert images.main(["--dir", str(tmp_path), "--check"]) == 1  # nothing built there
+    stamp = json.loads((image_root.parent / "python-3.11.json").read_text())
+    assert stamp["definition"] == images.IMAGES["python:3.11"].definition()
