@@ -5,8 +5,8 @@ Lab hands the packages in ``LAB_JOB_ENVIRONMENT_PACKAGES``, a JSON list of
 ``{"id": "<org>/<name>@<version>", "sha256", "url", "filename"}`` (``url`` is ``file://`` on a
 machine that shares Lab's storage, else a pre-signed HTTPS URL: no credential of Lab's is needed).
 Each wheel is fetched and its SHA-256 checked, then all are installed with
-``pip install --no-deps --no-index --target <workdir>/environments/site`` (no network, no
-dependency resolution: a package's dependencies must already be in the engine's environment),
+``uv pip install --no-deps --no-index --offline --target <workdir>/environments/site`` (no
+network, no dependency resolution: a package's dependencies must already be in the engine's environment),
 and that directory is *appended* to ``sys.path`` so nothing of the engine's own can be shadowed.
 
 A package of Lab's own protocol declares its ``lab_environments.Environment`` subclass as the
@@ -30,7 +30,6 @@ import importlib
 import importlib.metadata
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from engine.environments.probe import not_in_engine
 logger = logging.getLogger("engine")
 
 ENTRY_POINT_GROUP = "lab.environments"
-#: Seconds one wheel download or the pip install may take.
+#: Seconds one wheel download or the install may take.
 FETCH_TIMEOUT_S = 120
 INSTALL_TIMEOUT_S = 300
 _CHUNK = 1024 * 1024
@@ -154,7 +153,7 @@ def install_wheels(packages: list[Package], workdir: Path) -> Path:
     (afresh) and append that directory to ``sys.path``; return it.
 
     Raises InvalidEnvironment with a one-line message for a wheel that cannot be fetched or does
-    not match its SHA-256, and a failed pip install.
+    not match its SHA-256, and a failed install.
     """
     root = workdir / "environments"
     shutil.rmtree(root, ignore_errors=True)  # a new attempt installs afresh
@@ -162,17 +161,19 @@ def install_wheels(packages: list[Package], workdir: Path) -> Path:
     wheels_dir.mkdir(parents=True)
     wheels = [_fetch(package, wheels_dir) for package in packages]
     command = [
-        sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-input", "--disable-pip-version-check",
-        "--no-warn-script-location", "--target", str(site), *map(str, wheels),
+        *build_envs.uv_command(), "pip", "install", "--quiet", "--no-deps", "--no-index", "--offline", "--no-cache",
+        "--python", sys.executable, "--target", str(site), *map(str, wheels),
     ]
-    pip_environment = child_environment(PIP_CONFIG_FILE=os.devnull, PIP_NO_CACHE_DIR="1")
+    uv_environment = child_environment(UV_NO_CONFIG="1", UV_PYTHON_DOWNLOADS="never")
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=pip_environment, check=False)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=uv_environment, check=False)
     except subprocess.TimeoutExpired:
         raise InvalidEnvironment(f"installing the environment packages took more than {INSTALL_TIMEOUT_S} s") from None
+    except OSError as error:
+        raise InvalidEnvironment(f"the engine cannot run uv to install the environment packages: {error}") from None
     if result.returncode != 0:
         last = next((line for line in reversed(result.stderr.splitlines()) if line.strip()), "no output")
-        raise InvalidEnvironment(f"pip could not install the environment packages: {last.strip()[:300]}")
+        raise InvalidEnvironment(f"uv could not install the environment packages: {last.strip()[:300]}")
     if str(site) not in sys.path:
         sys.path.append(str(site))
     importlib.invalidate_caches()

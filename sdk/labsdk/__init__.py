@@ -13,104 +13,53 @@ and :func:`labsdk.webhooks.verify` for receiving them) and :func:`whoami` use a 
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from labsdk import webhooks
-from labsdk._default import default_client
-from labsdk._evals import Evaluation, EvaluationSample
-from labsdk._version import __version__
-from labsdk.client import Lab
-from labsdk.errors import (
-    APIConnectionError,
-    APIError,
-    AuthenticationError,
-    BadRequestError,
-    ConflictError,
-    InvalidSpecError,
-    JobCancelledError,
-    JobFailedError,
-    LabError,
-    ModelCheckFailedError,
-    NotFoundError,
-    PaymentRequiredError,
-    PermissionDeniedError,
-    RateLimitError,
-    RequestTooLargeError,
-    WaitTimeoutError,
-)
-from labsdk.spec import JobSpec, SpecError
-from labsdk.types import (
-    Adapter,
-    Checkpoint,
-    Distribution,
-    Environment,
-    EnvironmentBuild,
-    Estimate,
-    Job,
-    JobEvent,
-    LogLine,
-    MetricPoint,
-    Model,
-    ModelBuild,
-    Price,
-    Sample,
-    StreamEvent,
-    WhoAmI,
-)
+if TYPE_CHECKING:
+    from labsdk.types import WhoAmI
 
-__all__ = [
-    "APIConnectionError",
-    "APIError",
-    "Adapter",
-    "AuthenticationError",
-    "BadRequestError",
-    "Checkpoint",
-    "ConflictError",
-    "Distribution",
-    "Environment",
-    "EnvironmentBuild",
-    "Estimate",
-    "Evaluation",
-    "EvaluationSample",
-    "InvalidSpecError",
-    "Job",
-    "JobCancelledError",
-    "JobEvent",
-    "JobFailedError",
-    "JobSpec",
-    "Lab",
-    "LabError",
-    "LogLine",
-    "MetricPoint",
-    "Model",
-    "ModelBuild",
-    "ModelCheckFailedError",
-    "NotFoundError",
-    "PaymentRequiredError",
-    "PermissionDeniedError",
-    "Price",
-    "RateLimitError",
-    "RequestTooLargeError",
-    "Sample",
-    "SpecError",
-    "StreamEvent",
-    "WaitTimeoutError",
-    "WhoAmI",
-    "__version__",
-    "default_client",
-    "webhooks",
-    "whoami",
-]
+# Each public name and the module it comes from, imported when first used (PEP 562), so that a
+# process needing one part (the engine reads ``labsdk.spec``) does not pay for the HTTP client.
+_EXPORTS = {
+    "labsdk._default": ("default_client",),
+    "labsdk._evals": ("Evaluation", "EvaluationSample"),
+    "labsdk._version": ("__version__",),
+    "labsdk.client": ("Lab",),
+    "labsdk.errors": (
+        "APIConnectionError", "APIError", "AuthenticationError", "BadRequestError", "ConflictError", "InvalidSpecError",
+        "JobCancelledError", "JobFailedError", "LabError", "ModelCheckFailedError", "NotFoundError",
+        "PaymentRequiredError", "PermissionDeniedError", "RateLimitError", "RequestTooLargeError", "WaitTimeoutError",
+    ),
+    "labsdk.spec": ("JobSpec", "SpecError"),
+    "labsdk.types": (
+        "Adapter", "Checkpoint", "Distribution", "Environment", "EnvironmentBuild", "Estimate", "Job", "JobEvent",
+        "LogLine", "MetricPoint", "Model", "ModelBuild", "Price", "Sample", "StreamEvent", "WhoAmI",
+    ),
+}
+_SOURCE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted([*_SOURCE, "webhooks", "whoami"])
 
 _RESOURCES = ("jobs", "evals", "models", "environments", "prices", "checkpoints", "adapters", "billing", "usage", "deployments")
 
 
 def whoami() -> WhoAmI:
     """Return the organization, project and scopes of the default client's API key."""
-    return default_client().whoami()
+    return importlib.import_module("labsdk._default").default_client().whoami()
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SOURCE:
+        value = getattr(importlib.import_module(_SOURCE[name]), name)
+        globals()[name] = value
+        return value
+    if name == "webhooks":
+        return importlib.import_module("labsdk.webhooks")
     if name in _RESOURCES:
-        return getattr(default_client(), name)
+        return getattr(importlib.import_module("labsdk._default").default_client(), name)
     raise AttributeError(f"module 'labsdk' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
