@@ -9,12 +9,12 @@ to the agent's data plane. Refusals are ``lab.errors.LabError``: ``invalid_reque
 as ``param``), ``invalid_state`` (the sandbox is not running), ``rate_limited`` (the
 organization's cap on concurrent sandboxes), ``insufficient_credit``, ``spend_limit_reached``
 or ``payment_failed`` (billing on and nothing of the organization can run, as for jobs),
-``not_found``. Usage goes to the billing ledger through ``sandboxes.usage``.
+``not_found``, ``sandbox_capacity`` (no warm pod on the Kubernetes pool). Usage goes to the
+billing ledger through ``sandboxes.usage``; which agent holds a sandbox, ``sandboxes.placement``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import re
@@ -30,7 +30,9 @@ from django.utils import timezone
 from billing.accounts import BLOCKER_MESSAGES, organization_run_blocker
 from lab.audit import Actor, AuditAction, audit_record
 from lab.errors import FieldError, LabError, not_found
+from lab.ids import public_id
 from lab.models import Organization, Project
+from sandboxes import placement
 from sandboxes.models import ACTIVE_STATUSES, NetworkPolicy, Sandbox, SandboxStatus
 from sandboxes.runtime.agent import AgentRuntime
 from sandboxes.runtime.base import RuntimeRefusal, SandboxSpec
@@ -60,13 +62,8 @@ ATTEMPT_LABEL = "lab.attempt"
 
 
 def runtime() -> AgentRuntime:
-    """Return the runtime that holds this Lab's sandboxes: the agent at ``LAB_SANDBOX_AGENT_URL``."""
-    return _agent(settings.LAB_SANDBOX_AGENT_URL, settings.LAB_SANDBOX_AGENT_SECRET)
-
-
-@functools.lru_cache(maxsize=4)
-def _agent(url: str, secret: str) -> AgentRuntime:
-    return AgentRuntime(url, secret=secret.encode())
+    """Return the one agent at ``LAB_SANDBOX_AGENT_URL`` (``LAB_SANDBOX_RUNTIME=agent``)."""
+    return placement.agent_at(settings.LAB_SANDBOX_AGENT_URL)
 
 
 def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
@@ -216,30 +213,30 @@ def sandbox_create(
         raise LabError(blocker, BLOCKER_MESSAGES[blocker])
     if attempt is not None:
         parsed.fields["labels"].update({JOB_LABEL: attempt.job.public_id, ATTEMPT_LABEL: str(attempt.number)})
-    with transaction.atomic():
+    _refuse_over_cap(project.organization_id)  # unlocked, first: no pool pod is spent on a create it refuses
+    # A pool's pod is claimed before the row: no warm pod refuses the create, changing nothing.
+    pod = placement.claim_for(sandbox_id=(sandbox_id := public_id("sbx")), image=parsed.fields["image"])
+    with placement.released_on_error(pod), transaction.atomic():
         Organization.objects.select_for_update().filter(pk=project.organization_id).first()
-        active = Sandbox.objects.unscoped().filter(organization_id=project.organization_id, status__in=ACTIVE_STATUSES)
-        cap = settings.LAB_SANDBOX_MAX_PER_ORG
-        if active.count() >= cap:
-            raise LabError(
-                "rate_limited", f"The organization already runs {cap} sandboxes (its cap); delete one first.",
-                retry_after_s=_seconds_until_one_ends(active),
-            )
+        _refuse_over_cap(project.organization_id)
         sandbox = Sandbox.objects.create(
+            public_id=sandbox_id,
             organization_id=project.organization_id,
             project=project,
             created_by=actor.user or (actor.api_key.created_by if actor.api_key else None),
             created_by_key=actor.api_key,
             attempt=attempt,
+            **placement.pod_fields(pod),
             **parsed.fields,
         )
         audit_record(
             actor=actor, organization=project.organization, project=project, action=AuditAction.SANDBOX_CREATE,
             target=sandbox.public_id,
-            data={"image": sandbox.image, "network": sandbox.network, **({"job": attempt.job.public_id, "attempt": attempt.number} if attempt else {})},
+            data={"image": sandbox.image, "network": sandbox.network, **({"pod": pod.name} if pod else {}),
+                  **({"job": attempt.job.public_id, "attempt": attempt.number} if attempt else {})},
         )
     try:
-        runtime().start(sandbox_spec(sandbox))
+        placement.agent_of(sandbox).start(sandbox_spec(sandbox))
     except RuntimeRefusal as error:
         _finish(sandbox, SandboxStatus.FAILED, error=f"The runtime could not start the sandbox: {error.message}")
         return sandbox, parsed.warnings
@@ -248,8 +245,20 @@ def sandbox_create(
     )
     sandbox.refresh_from_db()
     if not updated:  # deleted meanwhile: its folder must not outlive it
-        runtime().destroy(sandbox_spec(sandbox))
+        placement.agent_of(sandbox).destroy(sandbox_spec(sandbox))
     return sandbox, parsed.warnings
+
+
+def _refuse_over_cap(organization_id: int) -> None:
+    """Raise ``rate_limited`` when the organization runs ``LAB_SANDBOX_MAX_PER_ORG`` sandboxes, its
+    ``retry_after_s`` the seconds until the first of them reaches the end of its lifetime (at
+    least 1): when a create refused at the cap may pass without anyone deleting one."""
+    active = Sandbox.objects.unscoped().filter(organization_id=organization_id, status__in=ACTIVE_STATUSES)
+    if active.count() < (cap := settings.LAB_SANDBOX_MAX_PER_ORG):
+        return
+    ends = [created + timedelta(seconds=timeout) for created, timeout in active.values_list("created_at", "timeout_s")]
+    retry_after_s = max(1, math.ceil((min(ends) - timezone.now()).total_seconds())) if ends else 1
+    raise LabError("rate_limited", f"The organization already runs {cap} sandboxes (its cap); delete one first.", retry_after_s=retry_after_s)
 
 
 def sandbox_of_attempt(*, attempt_id: int, sandbox_id: str) -> Sandbox:
@@ -269,14 +278,6 @@ def sandbox_end_for_attempt(*, attempt_id: int) -> int:
         sandbox_delete(sandbox=sandbox, actor=Actor.system())
         ended += 1
     return ended
-
-
-def _seconds_until_one_ends(active) -> int:
-    """Return the seconds until the first of ``active`` sandboxes reaches the end of its lifetime
-    (at least 1): when a create refused at the cap may pass without anyone deleting one."""
-    now = timezone.now()
-    ends = [created + timedelta(seconds=timeout) for created, timeout in active.values_list("created_at", "timeout_s")]
-    return max(1, math.ceil((min(ends) - now).total_seconds())) if ends else 1
 
 
 def sandbox_list(*, project: Project, labels: dict[str, str] | None = None, attempt_id: int | None = None):
@@ -371,7 +372,7 @@ def sandbox_logs(*, sandbox: Sandbox, actor: Actor) -> SandboxLogs:
     if sandbox.status != SandboxStatus.RUNNING:
         raise LabError("invalid_state", f"The sandbox is {sandbox.status}: its log went with its files.")
     try:
-        logs, truncated = runtime().logs(sandbox_spec(sandbox))
+        logs, truncated = placement.agent_of(sandbox).logs(sandbox_spec(sandbox))
     except RuntimeRefusal as refusal:
         raise LabError("invalid_state", f"The sandbox's log cannot be read: {refusal.message}") from None
     with transaction.atomic():
@@ -389,9 +390,11 @@ def _finish(sandbox: Sandbox, status: SandboxStatus, *, error: str = "") -> Sand
         status=status, stopped_at=timezone.now(), error=error[:500]
     )
     try:
-        runtime().destroy(sandbox_spec(sandbox))
+        placement.agent_of(sandbox).destroy(sandbox_spec(sandbox))
     except RuntimeRefusal as refusal:  # the agent also stops it at the end of its lifetime
         logger.warning("sandbox %s: the agent did not confirm its stop: %s", sandbox.public_id, refusal.message)
+    if sandbox.pod_name:
+        placement.release_pod(sandbox.pod_name, sandbox_id=sandbox.public_id)
     _close_usage(sandbox)
     sandbox.refresh_from_db()
     return sandbox
@@ -438,20 +441,18 @@ LOST_ERROR = "The sandbox agent no longer holds this sandbox (it restarted or wa
 
 
 def sandbox_reconcile() -> int:
-    """End every ``running`` sandbox the agent no longer holds: ``failed`` with ``LOST_ERROR``,
-    out of the organization's cap, one ``sandbox.lost`` audit row each; return how many.
-
+    """End every ``running`` sandbox its agent no longer holds (``placement.held_sandboxes``: on
+    the pool, its pod gone, ending or restarted): ``failed`` with ``LOST_ERROR``, out of the
+    organization's cap, its pod deleted, one ``sandbox.lost`` audit row each; return how many.
     Only sandboxes started before the agent was asked count, so one started meanwhile is never
-    taken for lost. An agent that cannot be reached ends nothing (it cannot say what it holds).
-    """
+    taken for lost. An agent or a cluster that cannot be reached ends nothing."""
     asked_at = timezone.now()
-    try:
-        instance, held = runtime().held()
-    except RuntimeRefusal as refusal:
-        logger.warning("sandbox reconcile skipped: %s", refusal.message)
+    if (seen := placement.held_sandboxes()) is None:
         return 0
-    lost = 0
+    instance, held, pooled = seen
     running = Sandbox.objects.unscoped().filter(status=SandboxStatus.RUNNING, started_at__lt=asked_at).select_related("project__organization")
+    running = running.exclude(pod_name="") if pooled else running.filter(pod_name="")
+    lost = 0
     for sandbox in running.exclude(public_id__in=held).order_by("pk"):
         with transaction.atomic():
             ended = Sandbox.objects.unscoped().filter(pk=sandbox.pk, status=SandboxStatus.RUNNING).update(
@@ -464,6 +465,8 @@ def sandbox_reconcile() -> int:
                 action=AuditAction.SANDBOX_LOST, target=sandbox.public_id, data={"agent_instance": instance},
             )
         logger.warning("sandbox %s: %s", sandbox.public_id, LOST_ERROR)
+        if sandbox.pod_name:
+            placement.release_pod(sandbox.pod_name, sandbox_id=sandbox.public_id)
         lost += 1
     return lost
 
@@ -490,5 +493,5 @@ def sandbox_access(*, sandbox: Sandbox, now: datetime | None = None) -> DataPlan
     if sandbox.status != SandboxStatus.RUNNING or ends_at <= now:
         raise LabError("invalid_state", f"The sandbox is {sandbox.status if ends_at > now else 'past its lifetime'}.")
     expires_at = min(now + timedelta(seconds=settings.LAB_SANDBOX_TOKEN_TTL_S), ends_at).replace(microsecond=0)
-    token = runtime().token(sandbox.public_id, expires_at=expires_at.timestamp())
-    return DataPlaneAccess(url=settings.LAB_SANDBOX_DATA_PLANE_URL, token=token, expires_at=expires_at)
+    token = placement.agent_of(sandbox).token(sandbox.public_id, expires_at=expires_at.timestamp())
+    return DataPlaneAccess(url=placement.data_plane_url(sandbox), token=token, expires_at=expires_at)

@@ -64,6 +64,7 @@ STATUS_BY_CODE = {
     "adapter_corrupted": 409,
     "request_too_large": 413,
     "rate_limited": 429,
+    "sandbox_capacity": 503,
 }
 
 

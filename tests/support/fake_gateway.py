@@ -9,8 +9,13 @@ parses a watch line, not deep-copied in Python at several times that cost), garb
 dependents (``ownerReferences``) on delete, and plays the controllers Lab relies on: Kueue
 (a Workload per suspended JobSet; ``admit``, ``evict``, ``mark_inadmissible``; its visibility
 API's pending workloads) and JobSet/Job/
-kubelet (``run``, ``exit``, ``oom``, ``image_pull_error``, ``unschedulable``). Faults are
-injected per call with ``fail`` (status 410, 429, 500, or 0 for no answer at all).
+kubelet (``run``, ``exit``, ``oom``, ``image_pull_error``, ``unschedulable``). With
+``replica_sets`` on, it plays a Deployment's ReplicaSet too: it keeps ``spec.replicas`` pods
+matching the Deployment's selector (new ones ``Pending`` until ``ready_pod``), and releases a pod
+that stops matching it (its ownerReference dropped), so a relabelled pod is replaced. ``patch`` is
+a JSON merge patch, refused with 409 when it names a ``metadata.resourceVersion`` the object no
+longer has, atomically (a lock), as the API server's optimistic concurrency. Faults are injected
+per call with ``fail`` (status 410, 429, 500, or 0 for no answer at all).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import threading
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -31,7 +37,7 @@ from jobs.launchers.kubernetes.gateway import (
     ResourceVersionGone,
     WatchEvent,
 )
-from jobs.launchers.kubernetes.kinds import JOB, JOBSET, POD, WORKLOAD, Kind, kind_of
+from jobs.launchers.kubernetes.kinds import DEPLOYMENT, JOB, JOBSET, POD, WORKLOAD, Kind, kind_of
 
 TIME = "2026-12-01T12:00:00Z"
 #: JobSet's label of a replicated job's Jobs and pods.
@@ -79,6 +85,8 @@ class FakeGateway(ClusterGateway):
         self._seconds = itertools.count(1)  # the cluster's clock: each reading is a second later
         self._admissions: dict[tuple[str, str], int] = defaultdict(int)
         self.visibility = True  # Kueue's visibility API is served
+        self.replica_sets = False  # Deployments' ReplicaSets keep their pods (``_replicate``)
+        self._lock = threading.RLock()  # a patch is checked and stored at once, as etcd does
 
     # --- faults -----------------------------------------------------------------------------
 
@@ -118,6 +126,7 @@ class FakeGateway(ClusterGateway):
         self._store(kind, stored, "ADDED")
         if kind is JOBSET and stored["spec"].get("suspend"):
             self._create_workload(stored)
+        self._replicate()
         return copy.deepcopy(stored)
 
     def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict | None:
@@ -157,19 +166,38 @@ class FakeGateway(ClusterGateway):
                 self.faults["watch_midway"].pop(0)
                 raise ResourceVersionGone(410, "too old resource version")
 
+    def patch(self, kind: Kind, name: str, namespace: str | None, patch: dict) -> dict:
+        self._fault("patch", kind)
+        with self._lock:
+            key = self._key(kind, namespace or "", name)
+            if key not in self.objects:
+                raise ClusterError(404, f'{kind.plural} "{name}" not found')
+            stored = self.objects[key]
+            expected = (patch.get("metadata") or {}).get("resourceVersion")
+            if expected is not None and expected != stored["metadata"]["resourceVersion"]:
+                self.conflicts += 1
+                raise ClusterError(409, f'Operation cannot be fulfilled on {kind.plural} "{name}": the object has been modified')
+            merged = _merge(copy.deepcopy(stored), {**patch, "metadata": {
+                key_: value for key_, value in (patch.get("metadata") or {}).items() if key_ != "resourceVersion"}})
+            self._store(kind, merged, "MODIFIED")
+            self._replicate()
+            return copy.deepcopy(self.objects[key])
+
     def delete(self, kind: Kind, name: str, namespace: str | None = None, *, grace_period_s: int | None = None) -> bool:
         self._fault("delete", kind)
-        key = self._key(kind, namespace or "", name)
-        if key not in self.objects:
-            return False
-        self.deletes.append((kind.kind, name, grace_period_s))
-        if kind is POD and grace_period_s != 0:  # the kubelet sends SIGTERM; the pod ends later (``exit``)
-            pod = self.objects[key]
-            pod["metadata"]["deletionTimestamp"] = TIME
-            self._store(POD, pod, "MODIFIED")
+        with self._lock:
+            key = self._key(kind, namespace or "", name)
+            if key not in self.objects:
+                return False
+            self.deletes.append((kind.kind, name, grace_period_s))
+            if kind is POD and grace_period_s != 0:  # the kubelet sends SIGTERM; the pod ends later (``exit``)
+                pod = self.objects[key]
+                pod["metadata"]["deletionTimestamp"] = TIME
+                self._store(POD, pod, "MODIFIED")
+            else:
+                self._delete(key)
+            self._replicate()
             return True
-        self._delete(key)
-        return True
 
     def pending_workloads(self, cluster_queue: str, *, limit: int = 1000) -> list[dict] | None:
         """Kueue's visibility API: the Workloads not holding quota, by priority (high first), then
@@ -192,6 +220,68 @@ class FakeGateway(ClusterGateway):
         return items
 
     # --- the controllers ----------------------------------------------------------------------
+
+    def _replicate(self) -> None:
+        """Play each Deployment's ReplicaSet (with ``replica_sets`` on): release the pods that no
+        longer match its selector, and create pods from its template up to ``spec.replicas``,
+        counting those not terminating."""
+        if not self.replica_sets:
+            return
+        with self._lock:
+            for (kind_name, namespace, name), deployment in list(self.objects.items()):
+                if kind_name != "Deployment":
+                    continue
+                owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{name}-rs",
+                         "uid": f"rs-{deployment['metadata']['uid']}", "controller": True}
+                selector = deployment["spec"]["selector"]["matchLabels"]
+                live = 0
+                for pod in self._owned_by_uid(POD, namespace, owner["uid"]):
+                    labels = pod["metadata"].get("labels") or {}
+                    if any(labels.get(key) != value for key, value in selector.items()):
+                        pod["metadata"]["ownerReferences"] = [
+                            ref for ref in pod["metadata"]["ownerReferences"] if ref["uid"] != owner["uid"]]
+                        self._store(POD, pod, "MODIFIED")
+                    elif not pod["metadata"].get("deletionTimestamp"):
+                        live += 1
+                template = deployment["spec"]["template"]
+                for _ in range(int(deployment["spec"].get("replicas", 1)) - live):
+                    pod = {
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": f"{name}-{next(self._uids)}", "namespace": namespace,
+                                     "uid": f"uid-{next(self._uids)}", "creationTimestamp": self.now(),
+                                     "labels": dict(template["metadata"].get("labels") or {}),
+                                     "ownerReferences": [dict(owner)]},
+                        "spec": copy.deepcopy(template["spec"]), "status": {"phase": "Pending"},
+                    }
+                    self._store(POD, pod, "ADDED")
+
+    def _owned_by_uid(self, kind: Kind, namespace: str, uid: str) -> list[dict]:
+        return [obj for (kind_name, obj_namespace, _), obj in list(self.objects.items())
+                if kind_name == kind.kind and obj_namespace == namespace
+                and any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])]
+
+    def deployment_pods(self, namespace: str, name: str) -> list[dict]:
+        """Return the stored pods (not copies) the Deployment ``name``'s ReplicaSet owns, oldest first."""
+        uid = f"rs-{self.objects[(DEPLOYMENT.kind, namespace, name)]['metadata']['uid']}"
+        return sorted(self._owned_by_uid(POD, namespace, uid), key=lambda pod: int(pod["metadata"]["uid"].split("-")[1]))
+
+    def ready_pod(self, namespace: str, name: str, *, ip: str, port: int | None = None) -> dict:
+        """The kubelet starts the pod ``name`` and its readiness probe passes: ``Running``, Ready,
+        at ``ip``; ``port`` (when given) becomes its first container's first port, so that pods
+        of one Deployment can point at agents on different local ports."""
+        with self._lock:
+            pod = self.objects[(POD.kind, namespace, name)]
+            container = pod["spec"]["containers"][0]
+            if port is not None:
+                container["ports"] = [{**(container.get("ports") or [{}])[0], "containerPort": port}]
+            pod["status"] = {
+                "phase": "Running", "podIP": ip, "startTime": TIME,
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": container["name"], "ready": True, "restartCount": 0,
+                                       "state": {"running": {"startedAt": TIME}}}],
+            }
+            self._store(POD, pod, "MODIFIED")
+            return copy.deepcopy(pod)
 
     def jobset(self, namespace: str, name: str) -> dict:
         """Return the stored JobSet (not a copy)."""
@@ -431,6 +521,18 @@ class FakeGateway(ClusterGateway):
             if dependent is not None and any(owner.get("uid") == uid for owner in owners):
                 self._delete(dependent_key)
 
+
+
+def _merge(target: dict, patch: dict) -> dict:
+    """Apply the JSON merge patch ``patch`` to ``target`` (RFC 7386: null removes a key)."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
 
 
 def kubernetes_pool(settings, monkeypatch, cluster: FakeGateway, *, nodes: list[dict], clock=None, **pool_settings):

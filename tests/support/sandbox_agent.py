@@ -37,9 +37,11 @@ class RunningAgent:
             self.process.wait()
 
 
-def start_agent(*, max_processes: int = 64, max_open_files: int = 256, warm: int = 2, like: RunningAgent | None = None) -> RunningAgent:
+def start_agent(*, max_processes: int = 64, max_open_files: int = 256, warm: int = 2, like: RunningAgent | None = None,
+                secret: str | None = None) -> RunningAgent:
     """Start an agent and wait until it answers ``/healthz`` (RuntimeError when it does not); with
-    ``like``, on that agent's port, secret and root (the same agent restarted)."""
+    ``like``, on that agent's port, secret and root (the same agent restarted); with ``secret``,
+    signing with that one (agents of one pool share Lab's)."""
     if shutil.which("bwrap") is None or shutil.which("prlimit") is None:
         raise RuntimeError("bubblewrap and prlimit are needed to run sandboxes")
     if like is not None:
@@ -49,7 +51,7 @@ def start_agent(*, max_processes: int = 64, max_open_files: int = 256, warm: int
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         root = Path(tempfile.mkdtemp(prefix="lab-agent-")) / "sandboxes"
-        secret = secrets.token_hex(32)
+        secret = secret or secrets.token_hex(32)
     environment = {**os.environ, "LAB_SANDBOX_AGENT_SECRET": secret}
     process = subprocess.Popen(
         [sys.executable, "-m", "sandboxes.agent", "--root", str(root), "--port", str(port),

@@ -1,4 +1,4 @@
-"""The cluster gateway: the five calls Lab makes to Kubernetes, and their implementation on the
+"""The cluster gateway: the calls Lab makes to Kubernetes, and their implementation on the
 official ``kubernetes`` client.
 
 ``apply`` creates an object and treats 409 AlreadyExists as success (Lab's names are
@@ -7,6 +7,9 @@ deterministic per job attempt, so a retried launch finds what the first one made
 are plain dicts in the API's JSON shape. ``watch`` continues from a ``list``'s
 ``resourceVersion`` and raises ``ResourceVersionGone`` on 410 Gone, when the caller must list
 again (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes).
+``patch`` sends a JSON merge patch (RFC 7386); one that carries ``metadata.resourceVersion`` is
+applied only to that version of the object, else it is refused with 409 Conflict (the API's
+optimistic concurrency: https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts).
 
 ``KubernetesGateway`` paces its requests with a client-side token bucket (``qps``, ``burst``: the
 shape of client-go's default limiter) and retries 429 and 5xx answers and network errors with
@@ -33,6 +36,8 @@ from jobs.launchers.kubernetes.kinds import Kind, kind_of
 VISIBILITY_API = "visibility.kueue.x-k8s.io/v1beta2"
 #: Answers worth asking again: throttling and server-side failures.
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: The content type of a JSON merge patch (RFC 7386).
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class ClusterError(Exception):
@@ -97,6 +102,12 @@ class ClusterGateway(abc.ABC):
     ) -> Iterator[WatchEvent]:
         """Yield the changes after ``resource_version`` until the server ends the stream (after
         about ``timeout_s`` seconds); raise ResourceVersionGone when it is too old."""
+
+    @abc.abstractmethod
+    def patch(self, kind: Kind, name: str, namespace: str | None, patch: dict) -> dict:
+        """Apply the JSON merge patch ``patch`` to the named object and return it as stored; raise
+        ClusterError 404 when there is none, 409 when ``patch`` names a ``metadata.resourceVersion``
+        the object no longer has."""
 
     @abc.abstractmethod
     def delete(self, kind: Kind, name: str, namespace: str | None = None, *, grace_period_s: int | None = None) -> bool:
@@ -183,7 +194,7 @@ class KubernetesGateway(ClusterGateway):
         #: How many requests were retried (429, 5xx, network errors), for logs and tests.
         self.retries = 0
 
-    # --- the five calls ---------------------------------------------------------------------
+    # --- the calls ---------------------------------------------------------------------
 
     def apply(self, obj: dict) -> dict:
         kind = kind_of(obj)
@@ -244,6 +255,9 @@ class KubernetesGateway(ClusterGateway):
         finally:
             response.response.release_conn()
 
+    def patch(self, kind: Kind, name: str, namespace: str | None, patch: dict) -> dict:
+        return self._json("PATCH", kind.object_path(name, namespace), body=patch, content_type=MERGE_PATCH)
+
     def delete(self, kind: Kind, name: str, namespace: str | None = None, *, grace_period_s: int | None = None) -> bool:
         body: dict = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         if grace_period_s is not None:
@@ -268,19 +282,20 @@ class KubernetesGateway(ClusterGateway):
     # --- requests -----------------------------------------------------------------------------
 
     def _json(self, method: str, path: str, *, query: list | None = None, body: dict | None = None,
-              retries: int | None = None) -> dict:
-        response = self._request(method, path, query=query, body=body, timeout=self.request_timeout_s, retries=retries)
+              retries: int | None = None, content_type: str = "application/json") -> dict:
+        response = self._request(method, path, query=query, body=body, timeout=self.request_timeout_s, retries=retries,
+                                 content_type=content_type)
         return json.loads(response.read() or b"{}")
 
     def _request(self, method: str, path: str, *, query: list | None = None, body: dict | None = None,
-                 timeout: float, retries: int | None = None):
+                 timeout: float, retries: int | None = None, content_type: str = "application/json"):
         """Send one request, paced and retried (``retries``, default ``max_retries``); return the
         client's RESTResponse of a 2xx answer."""
         import urllib3
 
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         max_retries = self.max_retries if retries is None else retries
         for attempt in range(max_retries + 1):
             self.bucket.take()

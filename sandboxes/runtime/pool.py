@@ -1,0 +1,159 @@
+"""``SandboxPool``: sandboxes on a warm pool of pods, each pod running Lab's sandbox agent
+(``sandboxes.agent``) and holding one sandbox (docs/kubernetes.md "Sandbox pool").
+
+A Deployment per image keeps its pods warm: its selector is ``lab.dev/sandbox-pool=<pool>`` and
+``lab.dev/sandbox-state=warm`` (k8s/base/sandbox-pool.yaml). Creating a sandbox claims one Ready
+warm pod by relabelling it ``claimed`` (with the sandbox's id) in a merge patch that names the
+``resourceVersion`` it was read at: the API server refuses the patch (409) when another claim
+changed the pod first, and the claim tries the next pod, so two creates never get one pod. A
+claimed pod no longer matches the selector: its ReplicaSet lets it go and starts a warm pod in its
+place. No pod is created on the hot path, only one list and one patch. Deleting the sandbox
+deletes its pod. The pool sees plain values and a ``PodCluster``, never Lab's models; the cluster
+is Lab's gateway (``jobs.launchers.kubernetes.sandbox_pods``) or a fake in tests.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from sandboxes.runtime.base import RuntimeRefusal
+
+#: The labels of a pool's pods: which pool, ``warm`` or ``claimed``, and the sandbox a claimed one holds.
+POOL_LABEL = "lab.dev/sandbox-pool"
+STATE_LABEL = "lab.dev/sandbox-state"
+SANDBOX_LABEL = "lab.dev/sandbox"
+WARM = "warm"
+CLAIMED = "claimed"
+#: The annotations a claim leaves: when (unix seconds) and how often the pod's containers had
+#: restarted then (a restart since means the agent lost the sandbox).
+CLAIMED_AT = "lab.dev/claimed-at"
+RESTARTS_AT_CLAIM = "lab.dev/restarts-at-claim"
+#: The name of the agent container's port.
+AGENT_PORT = "agent"
+
+
+class PodConflict(Exception):
+    """The pod changed (or went) since it was read: another claim got it first."""
+
+
+class PodCluster(abc.ABC):
+    """The pods of the pool's namespace, in the API's JSON shape."""
+
+    @abc.abstractmethod
+    def pods(self, labels: Mapping[str, str]) -> list[dict]:
+        """Return the pods carrying every label of ``labels``; RuntimeRefusal
+        ``cluster_unavailable`` when the API cannot be asked."""
+
+    @abc.abstractmethod
+    def relabel(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str], *,
+                resource_version: str) -> dict:
+        """Set ``labels`` and ``annotations`` on pod ``name`` if it is still at
+        ``resource_version``; return it as stored. PodConflict when it is not (or is gone);
+        RuntimeRefusal ``cluster_unavailable``."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> bool:
+        """Delete pod ``name``; return False when it was gone already."""
+
+
+@dataclass(frozen=True)
+class PoolPod:
+    """A pod of the pool as the pool reads it: its ``name``, ``resource_version``, labels and
+    annotations, whether it is Ready, whether it is ending (deleted, or its containers exited),
+    how often its containers restarted, and its agent's URL (``http://<pod IP>:<agent port>``,
+    empty before it has an IP)."""
+
+    name: str
+    resource_version: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    ready: bool
+    ending: bool
+    restarts: int
+    agent_url: str
+
+    @property
+    def lost_its_sandbox(self) -> bool:
+        """Whether a claimed pod can no longer hold its sandbox: it is ending, or its agent
+        restarted since the claim."""
+        return self.ending or self.restarts > int(self.annotations.get(RESTARTS_AT_CLAIM, "0") or 0)
+
+    @property
+    def claimed_at(self) -> float:
+        """Return when the pod was claimed (unix seconds; 0 for a warm one)."""
+        return float(self.annotations.get(CLAIMED_AT, "0") or 0)
+
+    @property
+    def sandbox_id(self) -> str:
+        """Return the id of the sandbox a claimed pod holds ("" for a warm one)."""
+        return self.labels.get(SANDBOX_LABEL, "")
+
+
+def pool_pod(pod: dict) -> PoolPod:
+    """Return what the pool needs of ``pod`` (a Pod in the API's JSON shape)."""
+    metadata, status = pod["metadata"], pod.get("status") or {}
+    conditions = {item.get("type"): item.get("status") for item in status.get("conditions") or []}
+    ip = status.get("podIP") or ""
+    ports = [port for container in pod["spec"]["containers"] for port in container.get("ports") or []]
+    port = next((item["containerPort"] for item in ports if item.get("name") == AGENT_PORT), None) or (
+        ports[0]["containerPort"] if ports else 8765)
+    host = f"[{ip}]" if ":" in ip else ip
+    return PoolPod(
+        name=metadata["name"], resource_version=str(metadata.get("resourceVersion", "")),
+        labels=dict(metadata.get("labels") or {}), annotations=dict(metadata.get("annotations") or {}),
+        ready=status.get("phase") == "Running" and conditions.get("Ready") == "True",
+        ending=bool(metadata.get("deletionTimestamp")) or status.get("phase") in ("Succeeded", "Failed"),
+        restarts=sum(int(item.get("restartCount") or 0) for item in status.get("containerStatuses") or []),
+        agent_url=f"http://{host}:{port}" if ip else "",
+    )
+
+
+class SandboxPool:
+    """The warm pools of ``cluster``: ``pools`` maps each image to its pool's name (the value of
+    ``lab.dev/sandbox-pool``). A claim finding no Ready warm pod looks again every ``poll_s`` for
+    up to ``wait_s`` seconds, then is refused (RuntimeRefusal ``sandbox_capacity``)."""
+
+    def __init__(self, cluster: PodCluster, *, pools: Mapping[str, str], wait_s: float = 0.0, poll_s: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 shuffle: Callable[[list], None] = random.shuffle, now: Callable[[], float] = time.time) -> None:
+        self.cluster, self.pools = cluster, dict(pools)
+        self.wait_s, self.poll_s = wait_s, poll_s
+        self._clock, self._sleep, self._shuffle, self._now = clock, sleep, shuffle, now
+
+    def claim(self, *, sandbox_id: str, image: str) -> PoolPod:
+        """Claim a Ready warm pod of ``image``'s pool for ``sandbox_id`` and return it (claimed).
+        Warm pods are tried in random order, so concurrent claims rarely race for one; a lost
+        race (PodConflict) tries the next. RuntimeRefusal ``sandbox_capacity`` when none is left
+        within ``wait_s``, ``unknown_image`` when the image has no pool."""
+        pool = self.pools.get(image)
+        if pool is None:
+            raise RuntimeRefusal("unknown_image", f"No sandbox pool runs image {image!r}.")
+        deadline = self._clock() + self.wait_s
+        while True:
+            warm = [pod for pod in map(pool_pod, self.cluster.pods({POOL_LABEL: pool, STATE_LABEL: WARM}))
+                    if pod.ready and not pod.ending and pod.agent_url]
+            self._shuffle(warm)
+            for pod in warm:
+                annotations = {CLAIMED_AT: str(int(self._now())), RESTARTS_AT_CLAIM: str(pod.restarts)}
+                try:
+                    claimed = self.cluster.relabel(pod.name, {STATE_LABEL: CLAIMED, SANDBOX_LABEL: sandbox_id},
+                                                   annotations, resource_version=pod.resource_version)
+                except PodConflict:
+                    continue
+                return pool_pod(claimed)
+            if self._clock() >= deadline:
+                raise RuntimeRefusal("sandbox_capacity", f"Every warm sandbox pod of pool {pool!r} is taken; try again shortly.")
+            self._sleep(self.poll_s)
+
+    def claimed(self) -> dict[str, PoolPod]:
+        """Return the claimed pods of every pool by the id of the sandbox each holds (the ending
+        ones too)."""
+        return {pod.sandbox_id: pod for pod in map(pool_pod, self.cluster.pods({STATE_LABEL: CLAIMED})) if pod.sandbox_id}
+
+    def release(self, pod_name: str) -> bool:
+        """Delete the claimed pod ``pod_name`` (its sandbox ended); return False when it was gone."""
+        return self.cluster.delete(pod_name)

@@ -1,0 +1,235 @@
+"""Sandboxes on the Kubernetes warm pool (``LAB_SANDBOX_RUNTIME=kubernetes``): the fake cluster
+runs the pool's Deployment from k8s/sandbox-pool/pool.yaml with its ReplicaSet, and its pods
+point at three real agent processes on this machine. A create claims a warm pod (nothing is
+created on the hot path) and its commands go straight to that pod's agent; a delete deletes the
+pod and the pool refills; two claims never get one pod; no warm pod is a 503 that changes
+nothing; a claimed pod that goes loses its sandbox; an outsider still gets 404."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+
+import httpx
+import pytest
+
+from jobs.launchers.kubernetes.kinds import POD
+from jobs.launchers.kubernetes.sandbox_pods import GatewayPods
+from lab.models import AuditLogEntry
+from sandboxes import placement, services
+from sandboxes.models import Sandbox, SandboxStatus
+from sandboxes.runtime.pool import CLAIMED_AT, SANDBOX_LABEL, STATE_LABEL, SandboxPool
+from sandboxes.tasks import reap_sandboxes
+from tests.support.sandbox_agent import RunningAgent, start_agent
+from tests.support.sandbox_pool import CLUSTER_PATH, NAMESPACE, PoolCluster
+
+pytestmark = [pytest.mark.django_db]
+
+BASE = "/api/v1/sandboxes"
+SECRET = secrets.token_hex(32)
+
+
+@pytest.fixture(scope="module")
+def agents() -> list[RunningAgent]:
+    running = [start_agent(warm=0, secret=SECRET) for _ in range(3)]
+    yield running
+    for agent in running:
+        agent.stop()
+
+
+@pytest.fixture
+def cluster(agents, settings) -> PoolCluster:
+    """A fresh pool of two Ready warm pods, and Lab pointed at it."""
+    cluster = PoolCluster(agents, replicas=2)
+    cluster.ready_all()
+    settings.LAB_SANDBOX_RUNTIME = "kubernetes"
+    settings.LAB_SANDBOX_POOL_CLUSTER = CLUSTER_PATH
+    settings.LAB_SANDBOX_POOL_NAMESPACE = NAMESPACE
+    settings.LAB_SANDBOX_POOL_WAIT_S = 0
+    settings.LAB_SANDBOX_AGENT_SECRET = SECRET
+    return cluster
+
+
+def create(tenant, **body) -> httpx.Response:
+    return tenant.client().post(BASE, body, format="json")
+
+
+def data_plane(created: dict) -> httpx.Client:
+    access = created["data_plane"]
+    return httpx.Client(base_url=access["url"], headers={"Authorization": f"Bearer {access['token']}"}, timeout=60)
+
+
+def held_by(agent: RunningAgent) -> frozenset[str]:
+    return placement.agent_at(agent.url).held()[1]
+
+
+def test_a_create_claims_a_warm_pod_and_its_commands_go_straight_to_that_pods_agent(owner, cluster):
+    warm_before = {pod["metadata"]["name"] for pod in cluster.warm()}
+    answer = create(owner)
+    assert answer.status_code == 201, answer.content
+    created = answer.json()
+    sandbox = Sandbox.objects.unscoped().get(public_id=created["id"])
+
+    assert sandbox.status == SandboxStatus.RUNNING and sandbox.pod_name in warm_before
+    pod = cluster.gateway.objects[("Pod", NAMESPACE, sandbox.pod_name)]
+    assert (pod["metadata"]["labels"][STATE_LABEL], pod["metadata"]["labels"][SANDBOX_LABEL]) == ("claimed", sandbox.public_id)
+    assert pod["metadata"]["ownerReferences"] == []  # its ReplicaSet let it go
+    agent = cluster.agent_of(sandbox.pod_name)
+    assert created["data_plane"]["url"] == agent.url == sandbox.agent_url
+    assert [sandbox.public_id in held_by(other) for other in cluster.agents] == [other is agent for other in cluster.agents]
+    with data_plane(created) as client:
+        ran = client.post(f"/v1/sandboxes/{sandbox.public_id}/commands", json={"command": "echo from the pod"})
+    assert (ran.status_code, ran.json()["stdout"]) == (200, "from the pod\n")
+    logs = owner.client().get(f"{BASE}/{sandbox.public_id}/logs")
+    assert "from the pod" in logs.json()["logs"]
+
+    # No pod was created on the hot path: one list and one patch; the ReplicaSet made the new one.
+    assert [call for call in cluster.gateway.calls if call[1] == "Pod"] == [("list", "Pod"), ("patch", "Pod")]
+    warm_after = cluster.warm()
+    assert len(warm_after) == 2 and sandbox.pod_name not in {item["metadata"]["name"] for item in warm_after}
+    assert [item["status"]["phase"] for item in warm_after].count("Pending") == 1
+
+
+def test_a_delete_deletes_the_pod_and_the_pool_refills(owner, cluster):
+    created = create(owner).json()
+    pod_name = Sandbox.objects.unscoped().get(public_id=created["id"]).pod_name
+    agent = cluster.agent_of(pod_name)
+    cluster.ready_all()  # the replacement becomes Ready
+
+    assert owner.client().delete(f"{BASE}/{created['id']}").status_code == 204
+
+    assert ("Pod", pod_name, None) in cluster.gateway.deletes
+    assert cluster.gateway.objects[("Pod", NAMESPACE, pod_name)]["metadata"]["deletionTimestamp"]
+    assert created["id"] not in held_by(agent)
+    with data_plane(created) as client:
+        assert client.post(f"/v1/sandboxes/{created['id']}/commands", json={"command": "true"}).status_code == 404
+    assert sorted(pod["status"]["phase"] for pod in cluster.warm()) == ["Running", "Running"]
+    # The next create claims one of the refilled pool's pods.
+    again = create(owner)
+    assert again.status_code == 201 and again.json()["status"] == "running"
+
+
+def test_no_warm_pod_is_a_503_that_creates_nothing(owner, cluster):
+    assert create(owner).status_code == 201 and create(owner).status_code == 201  # both warm pods
+    rows, audit = Sandbox.objects.unscoped().count(), AuditLogEntry.objects.count()
+
+    refused = create(owner)  # the replacements are still Pending
+
+    assert refused.status_code == 503
+    assert (refused.json()["error"]["code"], refused.headers["Retry-After"]) == ("sandbox_capacity", "5")
+    assert (Sandbox.objects.unscoped().count(), AuditLogEntry.objects.count()) == (rows, audit)
+    assert [pod["metadata"]["labels"][STATE_LABEL] for pod in cluster.warm()] == ["warm", "warm"]
+
+
+def test_a_create_waits_a_short_while_for_a_pod_to_become_ready(owner, cluster, settings):
+    create(owner), create(owner)
+    settings.LAB_SANDBOX_POOL_WAIT_S = 10
+    threading.Timer(0.5, cluster.ready_all).start()
+
+    started = time.monotonic()
+    answer = create(owner)
+
+    assert answer.status_code == 201 and 0.4 < time.monotonic() - started < 10
+
+
+def test_a_create_the_cap_refuses_claims_no_pod(owner, cluster, settings):
+    settings.LAB_SANDBOX_MAX_PER_ORG = 1
+    assert create(owner).status_code == 201
+    cluster.ready_all()
+    patches = cluster.gateway.calls.count(("patch", "Pod"))
+
+    assert create(owner).status_code == 429
+    assert cluster.gateway.calls.count(("patch", "Pod")) == patches
+    assert [pod["metadata"]["labels"][STATE_LABEL] for pod in cluster.warm()] == ["warm", "warm"]
+
+
+class RacingPods(GatewayPods):
+    """Pods whose listing waits until ``parties`` claims have listed: every claim sees the same pods."""
+
+    def __init__(self, gateway, *, parties: int) -> None:
+        super().__init__(gateway, namespace=NAMESPACE)
+        self.barrier = threading.Barrier(parties, timeout=10)
+
+    def pods(self, labels):
+        listed = super().pods(labels)
+        self.barrier.wait()
+        return listed
+
+
+@pytest.mark.parametrize("parties", [2, 3])
+def test_concurrent_claims_never_get_one_pod(agents, parties):
+    """Every claim lists the same warm pods and tries them in the same order: the patches carry
+    the resourceVersion each was read at, so one wins each pod and the others move on."""
+    cluster = PoolCluster(agents, replicas=parties)
+    cluster.ready_all()
+    pool = SandboxPool(RacingPods(cluster.gateway, parties=parties), pools={"python:3.11": "python-3-11"},
+                       shuffle=lambda pods: pods.sort(key=lambda pod: pod.name))
+    claimed, errors = {}, []
+
+    def claim(index: int) -> None:
+        try:
+            claimed[index] = pool.claim(sandbox_id=f"sbx_race{index}", image="python:3.11").name
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=claim, args=(index,)) for index in range(parties)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert errors == [] and len(set(claimed.values())) == parties
+    for index, name in claimed.items():
+        assert cluster.gateway.objects[("Pod", NAMESPACE, name)]["metadata"]["labels"][SANDBOX_LABEL] == f"sbx_race{index}"
+
+
+def test_a_claimed_pod_that_goes_or_restarts_loses_its_sandbox(owner, cluster):
+    first = create(owner).json()
+    second = create(owner).json()
+    assert reap_sandboxes() == 0  # both pods hold theirs
+    gone = Sandbox.objects.unscoped().get(public_id=first["id"]).pod_name
+    restarted = Sandbox.objects.unscoped().get(public_id=second["id"]).pod_name
+
+    cluster.gateway.delete(POD, gone, NAMESPACE, grace_period_s=0)
+    cluster.gateway.objects[("Pod", NAMESPACE, restarted)]["status"]["containerStatuses"][0]["restartCount"] = 1
+
+    assert reap_sandboxes() == 2
+    for created in (first, second):
+        lost = Sandbox.objects.unscoped().get(public_id=created["id"])
+        assert (lost.status, lost.error) == (SandboxStatus.FAILED, services.LOST_ERROR)
+    assert ("Pod", restarted, None) in cluster.gateway.deletes
+    assert AuditLogEntry.objects.filter(action="sandbox.lost").count() == 2
+
+
+def test_the_reconcile_ends_nothing_while_the_cluster_does_not_answer(owner, cluster):
+    created = create(owner).json()
+    cluster.gateway.fail("list", 503)
+
+    assert reap_sandboxes() == 0
+    assert Sandbox.objects.unscoped().get(public_id=created["id"]).status == SandboxStatus.RUNNING
+
+
+def test_the_reconcile_deletes_a_pod_claimed_long_ago_for_no_sandbox(cluster):
+    young, old = (pod["metadata"]["name"] for pod in cluster.warm())
+    for name, claimed_at in ((young, time.time() - 10), (old, time.time() - placement.ORPHAN_GRACE_S - 10)):
+        pod = cluster.gateway.objects[("Pod", NAMESPACE, name)]
+        cluster.gateway.patch(POD, name, NAMESPACE, {"metadata": {
+            "labels": {STATE_LABEL: "claimed", SANDBOX_LABEL: f"sbx_{name}"}, "annotations": {CLAIMED_AT: str(int(claimed_at))},
+            "resourceVersion": pod["metadata"]["resourceVersion"]}})
+
+    reap_sandboxes()
+
+    deleted = {name for kind, name, _ in cluster.gateway.deletes if kind == "Pod"}
+    assert deleted == {old}
+
+
+def test_an_outsider_gets_404_and_the_pod_stays_claimed(owner, outsider, cluster):
+    created = create(owner).json()
+    pod_name = Sandbox.objects.unscoped().get(public_id=created["id"]).pod_name
+
+    for method, path in (("get", ""), ("delete", ""), ("post", "/auth"), ("get", "/logs")):
+        assert getattr(outsider.client(), method)(f"{BASE}/{created['id']}{path}").status_code == 404
+
+    assert cluster.gateway.deletes == []
+    assert cluster.gateway.objects[("Pod", NAMESPACE, pod_name)]["metadata"]["labels"][SANDBOX_LABEL] == created["id"]
