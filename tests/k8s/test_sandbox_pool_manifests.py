@@ -1,0 +1,85 @@
+"""k8s/sandbox-pool/ (the warm pool of sandbox pods, an opt-in part an overlay adds): every object
+validates (kubernetes-validate, strict), the pool's Deployment runs the agent under the
+RuntimeClass with the labels Lab claims by, its pods get no egress, the Role grants exactly the
+calls the pool makes, and its Dockerfile copies only what the repository has."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobs.launchers.kubernetes.sandbox_pods import GatewayPods
+from sandboxes.runtime.pool import POOL_LABEL, STATE_LABEL, WARM, SandboxPool
+from tests.k8s.validation import validate
+from tests.support.sandbox_pool import NAMESPACE, PoolCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+POOL = ROOT / "k8s" / "sandbox-pool"
+
+
+@pytest.fixture(scope="module")
+def objects() -> dict[tuple[str, str], dict]:
+    kustomization = yaml.safe_load((POOL / "kustomization.yaml").read_text())
+    found = {}
+    for resource in kustomization["resources"]:
+        for obj in yaml.safe_load_all((POOL / resource).read_text()):
+            if obj:
+                found[(obj["kind"], obj["metadata"]["name"])] = obj
+    return found
+
+
+def test_every_object_validates_and_lives_in_the_pools_namespace(objects):
+    assert sorted(objects) == [
+        ("Deployment", "lab-sandbox-pool-python-3-11"), ("Namespace", "lab-sandboxes"), ("NetworkPolicy", "lab-sandbox-pool"),
+        ("Role", "lab-sandbox-pool"), ("RoleBinding", "lab-sandbox-pool"), ("RuntimeClass", "lab-sandbox"),
+    ]
+    for (kind, _), obj in objects.items():
+        validate(obj)
+        assert obj["metadata"].get("namespace") == (None if kind in ("Namespace", "RuntimeClass") else NAMESPACE)
+
+
+def test_the_pool_runs_the_agent_under_its_runtime_class_without_egress(objects):
+    pool = objects[("Deployment", "lab-sandbox-pool-python-3-11")]
+    spec = pool["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    policy = objects[("NetworkPolicy", "lab-sandbox-pool")]
+
+    assert objects[("RuntimeClass", spec["runtimeClassName"])]["handler"] == "runsc"
+    assert pool["spec"]["selector"]["matchLabels"] == {POOL_LABEL: "python-3-11", STATE_LABEL: WARM}
+    assert container["command"][:3] == ["python", "-m", "sandboxes.agent"] and container["image"] == "lab-sandbox-agent:latest"
+    assert container["ports"] == [{"name": "agent", "containerPort": 8765}]
+    assert container["resources"]["requests"]["cpu"] and container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert spec["automountServiceAccountToken"] is False and spec["topologySpreadConstraints"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": pool["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]}
+    assert (policy["spec"]["policyTypes"], policy["spec"]["egress"]) == (["Ingress", "Egress"], [])
+
+
+def test_the_role_grants_exactly_what_the_pool_calls(objects):
+    cluster = PoolCluster([], replicas=1)
+    cluster.gateway.ready_pod(NAMESPACE, cluster.pods()[0]["metadata"]["name"], ip="10.0.0.7")
+    pool = SandboxPool(GatewayPods(cluster.gateway, namespace=NAMESPACE), pools={"python:3.11": "python-3-11"})
+    pool.release(pool.claim(sandbox_id="sbx_rbac", image="python:3.11").name)
+    pool.claimed()
+    used = {(("", "pods"), call) for call, kind in cluster.gateway.calls if kind == "Pod"}
+    role = objects[("Role", "lab-sandbox-pool")]
+    granted = {((group, resource), verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    subjects = objects[("RoleBinding", "lab-sandbox-pool")]["subjects"]
+
+    assert granted == used == {(("", "pods"), "list"), (("", "pods"), "patch"), (("", "pods"), "delete")}
+    assert {(subject["name"], subject["namespace"]) for subject in subjects} == {("lab-web", "lab-system"), ("lab-worker", "lab-system")}
+
+
+def test_the_agent_dockerfile_copies_only_what_the_repository_has():
+    sources = []
+    for line in (ROOT / "k8s/images/sandbox-agent/Dockerfile").read_text().splitlines():
+        if match := re.match(r"^COPY\s+(?!--from)(.+)$", line.strip()):
+            sources += match.group(1).split()[:-1]
+    assert "sandboxes/" in sources
+    for source in sources:
+        listed = subprocess.run(["git", "ls-files", "--", source], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        assert listed.strip(), source
