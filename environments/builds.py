@@ -185,19 +185,23 @@ def _upload_wheels(wheelhouse: Path, lock: list[dict]) -> None:
 
 def builder_command(
     *, wheel: Path, build: EnvironmentBuild, wheelhouse: Path, workdir: Path, result: Path, datasets: Path | None = None,
+    python: str = sys.executable, cache: Path | None = None, sandbox: str | None = None,
 ) -> list[str]:
     """The builder's command line for ``build`` (``python -m environments.builder build ...``);
-    ``datasets`` the folder of the organization's pushed datasets (``environments.datasets.copy_snapshots``)."""
+    ``datasets`` the folder of the organization's pushed datasets (``environments.datasets.copy_snapshots``).
+    ``python``, ``cache`` (uv's) and ``sandbox`` are the worker's unless given (a pod's: ``environments.pod_builds``)."""
+    if sandbox is None:
+        sandbox = "bubblewrap" if settings.LAB_LOCAL_ISOLATION == "bubblewrap" else "none"
     return [
-        sys.executable, "-m", "environments.builder", "build",
+        python, "-m", "environments.builder", "build",
         "--wheel", str(wheel),
         "--index-url", build.index_url,
         "--exclude-newer", build.index_snapshot_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "--wheelhouse", str(wheelhouse),
         "--workdir", str(workdir),
         "--result", str(result),
-        "--cache", str(Path(settings.LAB_DATA_DIR) / "cache" / "uv"),
-        "--sandbox", "bubblewrap" if settings.LAB_LOCAL_ISOLATION == "bubblewrap" else "none",
+        "--cache", str(cache or Path(settings.LAB_DATA_DIR) / "cache" / "uv"),
+        "--sandbox", sandbox,
         *(["--datasets", str(datasets)] if datasets is not None else []),
     ]
 
@@ -279,29 +283,49 @@ def build_run(build_id: int) -> EnvironmentBuild | None:
                 result = {"status": BuildStatus.FAILED, "error": f"the builder crashed (exit {returncode}): see the build log"}
         if result["status"] == BuildStatus.READY and not storage.is_filesystem():
             _upload_wheels(wheelhouse, result.get("lock", []))
-    build.log_key = build_log_key(build)
+    return finish_build(build, result, log=output)
+
+
+def store_log(build: EnvironmentBuild, output: bytes) -> None:
+    """Store ``output`` (its last ``MAX_LOG_BYTES``) as the log of ``build``."""
+    scratch_root = Path(settings.LAB_DATA_DIR) / "builds"
+    scratch_root.mkdir(parents=True, exist_ok=True)
     log_path = Path(tempfile.mkstemp(dir=scratch_root, suffix=".log")[1])
     try:
         log_path.write_bytes(output[-MAX_LOG_BYTES:])
-        storage.put_file(build.log_key, log_path, content_type="text/plain")
+        storage.put_file(build_log_key(build), log_path, content_type="text/plain")
     finally:
         log_path.unlink(missing_ok=True)
-    build.status = BuildStatus.READY if result["status"] == BuildStatus.READY else BuildStatus.FAILED
+
+
+def finish_build(build: EnvironmentBuild, result: dict, *, log: bytes | None) -> EnvironmentBuild | None:
+    """End the running ``build`` as ``result`` says (the builder's result object), its log
+    ``log`` stored (None: stored already); return it, or None when it was not running any more
+    (ended by another pass meanwhile)."""
+    if log is not None:
+        store_log(build, log)
+    build.log_key = build_log_key(build)
+    build.status = BuildStatus.READY if result.get("status") == BuildStatus.READY else BuildStatus.FAILED
     build.error = result.get("error") or ""
     build.python = result.get("python", "")
     build.lock = result.get("lock", [])
     build.summary = result.get("summary", {})
     build.finished_at = timezone.now()
-    build.save(update_fields=["status", "error", "python", "lock", "summary", "log_key", "finished_at"])
-    logger.info("environment build %s of %s: %s", build.number, package.public_id, build.status)
+    fields = ["status", "error", "python", "lock", "summary", "log_key", "finished_at"]
+    if not EnvironmentBuild.objects.unscoped().filter(pk=build.pk, status=BuildStatus.RUNNING).update(
+        **{field: getattr(build, field) for field in fields}
+    ):
+        return None
+    logger.info("environment build %s of %s: %s", build.number, build.package.public_id, build.status)
     return build
 
 
-def build_sweep() -> dict[str, int]:
+def build_sweep(*, running_grace_s: int = TASK_GRACE_S) -> dict[str, int]:
     """Finish what lost workers left (beat's periodic pass; safe to run any time, from any process):
 
-    - a build ``running`` for longer than ``LAB_ENVIRONMENT_BUILD_TIMEOUT_S`` + ``TASK_GRACE_S``
-      (no worker can still be running it: Celery's hard time limit has passed) ends ``failed``
+    - a build ``running`` for longer than ``LAB_ENVIRONMENT_BUILD_TIMEOUT_S`` + ``running_grace_s``
+      (``TASK_GRACE_S``: no worker can still be running it, Celery's hard time limit has passed;
+      a pod build's: ``environments.pod_builds``) ends ``failed``
       with an error saying so and how to build it again;
     - a build ``queued`` for longer than ``REQUEUE_AFTER_S`` (its message lost with a broker or a
       worker) is sent to a worker again, at most once per ``REQUEUE_AFTER_S``.
@@ -311,7 +335,7 @@ def build_sweep() -> dict[str, int]:
     now = timezone.now()
     limit = settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S
     stale = EnvironmentBuild.objects.unscoped().filter(
-        status=BuildStatus.RUNNING, started_at__lt=now - timedelta(seconds=limit + TASK_GRACE_S)
+        status=BuildStatus.RUNNING, started_at__lt=now - timedelta(seconds=limit + running_grace_s)
     )
     failed = stale.update(
         status=BuildStatus.FAILED,

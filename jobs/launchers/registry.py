@@ -8,8 +8,12 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from environments import build_clusters
+from environments.build_clusters import REPORT_GRACE_S
+from environments.conf import setting
 from jobs import storage
 from jobs.launchers.base import Launcher
+from jobs.launchers.kubernetes.builds import BuildSettings, KubernetesBuilds
 from jobs.launchers.local import LocalLauncher
 
 
@@ -75,3 +79,18 @@ def get_launcher() -> Launcher:
     if settings.LAB_LAUNCHER == "local":
         return _local_launcher()
     return _launcher(settings.LAB_LAUNCHER)
+
+
+def kubernetes_builds() -> KubernetesBuilds:
+    """Return where environment builds run on the Kubernetes pool: batch Jobs through the
+    launcher's gateway, in the engine image (``LAB_ENGINE_IMAGE``), sized and placed by
+    ``LAB_K8S_BUILD_CPU``, ``LAB_K8S_BUILD_MEMORY_GIB`` and ``LAB_K8S_BUILD_NAMESPACE``."""
+    return KubernetesBuilds(gateway=get_launcher().gateway, settings=BuildSettings(
+        image=settings.LAB_ENGINE_IMAGE, namespace=setting("LAB_K8S_BUILD_NAMESPACE"), cpu=setting("LAB_K8S_BUILD_CPU"),
+        memory_gib=setting("LAB_K8S_BUILD_MEMORY_GIB"), report_grace_s=REPORT_GRACE_S,
+    ))
+
+
+# environments never imports jobs: on the Kubernetes pool its builds run as Jobs through the
+# launcher's gateway. Every process that runs builds imports this module (jobs.tasks, jobs.services).
+build_clusters.register("kubernetes", kubernetes_builds)

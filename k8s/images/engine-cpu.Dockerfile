@@ -17,6 +17,12 @@ RUN python -m venv /opt/verifiers \
     && /opt/verifiers/bin/pip check
 ENV LAB_ENGINE_VERIFIERS_PYTHON=/opt/verifiers/bin/python
 COPY engine/ engine/
+# An environment build on the pool runs here (python -m environments.builder.pod, a Job per build):
+# the builder and the few modules it imports, none of Lab's settings.
+COPY environments/__init__.py environments/wheels.py environments/
+COPY environments/builder/ environments/builder/
+COPY lab/__init__.py lab/celery.py lab/
+COPY lab/lib/__init__.py lab/lib/seccomp.py lab/lib/
 RUN useradd --uid 1000 --create-home lab
 USER 1000
 CMD ["python", "-m", "engine", "--help"]

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from environments.build_clusters import BuildPod
 from jobs.launchers.base import LaunchRequest
+from jobs.launchers.kubernetes.builds import BuildSettings, KubernetesBuilds
 from jobs.launchers.kubernetes.launcher import KubernetesLauncher
 from jobs.launchers.kubernetes.objects import CLUSTER_QUEUE, DEFAULT_GPU_PRODUCTS, PRIORITY_CLASSES, PoolSettings
 from serving.runtime.base import ServerSpec
@@ -162,7 +164,7 @@ RESOURCES = {"Namespace": ("", "namespaces"), "Secret": ("", "secrets"), "Pod": 
              "PendingWorkloadsSummary": ("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads")}
 
 
-def test_the_launchers_rbac_grants_exactly_what_it_and_the_inference_servers_call(rendered):
+def test_the_launchers_rbac_grants_exactly_what_it_the_inference_servers_and_environment_builds_call(rendered):
     cluster = FakeGateway()
     launcher = KubernetesLauncher(gateway=cluster, settings=PoolSettings(), background=False,
                                   clock=lambda: datetime.now(timezone.utc))
@@ -185,6 +187,14 @@ def test_the_launchers_rbac_grants_exactly_what_it_and_the_inference_servers_cal
     serving.start(server)
     serving.observe(served)
     serving.stop(served)
+    builds = KubernetesBuilds(gateway=cluster, settings=BuildSettings())
+    build = BuildPod(build_id=7, organization="acme", lab_url="http://lab", token="lbt_t", wheel_filename="x-1-py3-none-any.whl",
+                     builder_args=("build",), timeout_s=60)
+    builds.start(build)
+    builds.start(build)  # again: 409s, answered by get
+    builds.outcome(7)
+    cluster.objects[("Job", "lab-builds", "lab-build-7")]["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    builds.outcome(7)  # a failed build's pod is read for an OOM kill
     used = {(RESOURCES[kind], verb) for call, kind in cluster.calls for verb in VERBS[call]}
     role = next(obj for obj in rendered if obj["kind"] == "ClusterRole")
     granted = {((group, resource), verb) for rule in role["rules"] for group in rule["apiGroups"]
