@@ -102,3 +102,15 @@ def job_sandbox_use(job: Job) -> JobSandboxUse:
         ran=Sum(Coalesce("stopped_at", now) - F("started_at"), output_field=DurationField(), filter=Q(started_at__isnull=False)),
     )
     return JobSandboxUse(made=totals["made"], active=totals["active"], seconds=totals["ran"].total_seconds() if totals["ran"] else 0.0)
+
+
+#: The metric names of a job's sandbox use (docs/api.md "Metric names"), what ``job_sandbox_use`` counts.
+SANDBOX_METRICS = ("sandboxes/made", "sandboxes/active", "sandboxes/seconds")
+
+
+def job_sandbox_metrics(job: Job) -> dict[str, float]:
+    """Return ``job_sandbox_use`` as metric values, or none when the job's attempts made no sandbox."""
+    use = job_sandbox_use(job)
+    if not use.made:
+        return {}
+    return dict(zip(SANDBOX_METRICS, (float(use.made), float(use.active), round(use.seconds, 3)), strict=True))

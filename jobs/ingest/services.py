@@ -44,6 +44,7 @@ from jobs.models import (
     MetricStep,
     RolloutSample,
 )
+from jobs.sandboxes import job_sandbox_metrics
 from jobs.secrets.services import masker
 from jobs.services import job_transition, store_log_lines
 from jobs.stream import records as stream_records
@@ -135,6 +136,9 @@ def ingest_metrics(*, attempt: JobAttempt, batch: MetricsBatch, live: bool = Tru
     for point in batch.points:
         time, values = by_step.get(point.step, (point.time, {}))
         by_step[point.step] = (time, {**point.values, **values})
+    if live and by_step:  # the job's sandboxes as Lab counts them when its newest step arrives
+        time, values = by_step[max(by_step)]
+        by_step[max(by_step)] = (time, {**values, **job_sandbox_metrics(job)})
     existing = {row.step: row for row in MetricStep.objects.filter(job=job, step__in=list(by_step))}
     created, changed = [], []
     accepted = duplicates = superseded = 0

@@ -73,6 +73,12 @@ def test_a_tiny_model_trains_on_the_code_environment_with_its_rollouts_scored_in
     assert {entry.data["job"] for entry in created} == {job_id}
     values = MetricStep.objects.get(job__public_id=job_id, step=2).values
     assert 0.0 <= values["reward/python-code/passed/mean"] <= 1.0
+    # The job's metrics count its sandboxes as Lab saw them when each step arrived.
+    points = api.client.get(f"/jobs/{job_id}/metrics", params={"names": "sandboxes/made,sandboxes/active,sandboxes/seconds"})
+    counted = [point["values"] for point in points.json()["data"] if point["values"]]
+    assert counted, "no step of the job counts its sandboxes"
+    assert 1 <= counted[-1]["sandboxes/made"] <= len(made) and 0 <= counted[-1]["sandboxes/active"] <= 1
+    assert counted[-1]["sandboxes/seconds"] > 0
 
 
 def test_an_evaluation_of_the_code_environment_scores_its_samples_in_sandboxes_of_its_attempt(owner, stack, runtime):

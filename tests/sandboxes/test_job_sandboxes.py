@@ -133,3 +133,32 @@ def test_the_job_page_counts_the_sandboxes_its_attempts_made_and_their_seconds(o
     line = re.search(r'<dd id="job-sandboxes">([^<]*)</dd>', html).group(1)
     made, active, seconds = re.fullmatch(r"(\d+) made · (\d+) active · (\d+) sandbox-s", line).groups()
     assert (made, active) == ("2", "1") and 90 <= int(seconds) <= 100  # 30 s stopped, about 60 s running
+
+
+def test_the_jobs_metrics_count_its_sandboxes_on_the_newest_step_each_report_brings(owner, spec):
+    attempt, client, url = _launched(owner, spec)
+    job = attempt.job
+    metrics_url = f"/api/v1/ingest/jobs/{job.public_id}/metrics"
+
+    def report(*steps: int) -> None:
+        points = [{"step": step, "time": timezone.now().isoformat(), "values": {"loss/mean": 1.0}} for step in steps]
+        answer = client.post(metrics_url, {"attempt": 1, "points": points}, format="json")
+        assert answer.status_code == 200, answer.content
+
+    def values(step: int) -> dict:
+        [point] = owner.client().get(f"/api/v1/jobs/{job.public_id}/metrics", {"after_step": step - 1, "limit": 1}).json()["data"]
+        assert point["step"] == step
+        return point["values"]
+
+    report(1)
+    assert not {name for name in values(1) if name.startswith("sandboxes/")}  # none made: no series
+    done, running = _create(client, url)["id"], _create(client, url)["id"]
+    assert client.delete(f"{url}/{done}").status_code == 204
+    start = timezone.now() - timedelta(seconds=100)
+    Sandbox.objects.unscoped().filter(public_id=done).update(started_at=start, stopped_at=start + timedelta(seconds=30))
+    Sandbox.objects.unscoped().filter(public_id=running).update(started_at=timezone.now() - timedelta(seconds=60))
+    report(2, 3)
+    assert "sandboxes/made" not in values(2)  # an older step of the report: its counts were not read then
+    third = values(3)
+    assert (third["sandboxes/made"], third["sandboxes/active"], third["loss/mean"]) == (2.0, 1.0, 1.0)
+    assert 90 <= third["sandboxes/seconds"] <= 100  # 30 s stopped, about 60 s running
