@@ -34,6 +34,10 @@ install: $(VENV)/.installed $(VENV_VERIFIERS)/.installed  ## create .venv and .v
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)); } || \
 	  echo "bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap), or jobs on the local launcher fail to start"
+	@# A sandbox allowed egress gets slirp4netns behind an nftables firewall (docs/sandboxes.md "Network").
+	@{ command -v slirp4netns && command -v nft; } >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get install -y -qq slirp4netns nftables >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq slirp4netns nftables >/dev/null)); } || \
+	  echo "slirp4netns or nft is missing: install them (apt-get install slirp4netns nftables), or sandboxes allowed egress fail to start"
 	@$(MAKE) --no-print-directory sandbox-images || \
 	  echo "the sandbox images are not built: run make sandbox-images as root, or sandboxes fail to start (docs/sandboxes.md \"Images\")"
 

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from lab.lib import seccomp
 from sandboxes.agent import supervisor as protocol
+from sandboxes.runtime import egress
 from sandboxes.runtime.base import CommandRequest, CommandResult, RuntimeRefusal, SandboxSpec
 from sandboxes.runtime.local import AREAS, GIGABYTE, LocalHost
 
@@ -125,6 +127,8 @@ class RunningSandbox:
         self._write_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.errors = b""
+        #: A sandbox allowed egress: its slirp4netns and the descriptor whose closing ends it.
+        self.network: tuple[subprocess.Popen, int] | None = None
 
     async def start(self) -> None:
         """Create the sandbox's folders, start its namespaces and supervisor, and wait until it
@@ -155,6 +159,12 @@ class RunningSandbox:
             await self.stop()
             said = self.errors.decode(errors="replace").strip()
             raise RuntimeRefusal("start_failed", f"The sandbox ended as it started{': ' + said if said else '.'}")
+        if self.spec.network == "egress":
+            try:
+                self.network = await asyncio.to_thread(egress.start, self.process.pid, uid=self.host.host_uid(self.spec))
+            except (egress.EgressUnavailable, OSError, ValueError) as error:
+                await self.stop()
+                raise RuntimeRefusal("start_failed", f"The sandbox's network could not be set up: {error}") from None
 
     async def _read_errors(self) -> None:
         """Keep the last ``ERROR_BYTES`` the sandbox's first processes (bwrap, the supervisor)
@@ -316,6 +326,12 @@ class RunningSandbox:
             except ProcessLookupError:
                 pass
             await self.process.wait()
+        if self.network is not None:
+            slirp, exit_fd = self.network
+            self.network = None
+            os.close(exit_fd)  # slirp4netns ends when it closes; killed too, in case it hangs
+            slirp.kill()
+            await asyncio.to_thread(slirp.wait)
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
         for task in list(self._tasks):

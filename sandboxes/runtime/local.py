@@ -5,10 +5,11 @@ first process is the agent's supervisor (docs/sandboxes.md "Isolation"). The age
 moves files in and out.
 
 The sandbox runs under ``setpriv`` and ``prlimit`` (util-linux) then ``bwrap`` (``lab.lib.bubblewrap``): its own
-user, mount, PID, IPC, UTS and network namespaces (only its own loopback unless the sandbox's
-policy is ``egress``), uid 1000 inside with every capability dropped, its image's root file
-system read-only as ``/`` (``sandboxes.images``: Debian's Python 3.11 and a few packages, built
-on this machine by ``make sandbox-images``; nothing of the host's ``/usr`` or ``/etc``),
+user, mount, PID, IPC, UTS and network namespaces (only its own loopback; one whose policy
+is ``egress`` also gets a firewalled way out, ``egress.py``), uid 1000 inside with every
+capability dropped, its image's root file system read-only as ``/`` (``sandboxes.images``:
+Debian's Python 3.11 and a few packages, built on this machine by ``make sandbox-images``;
+nothing of the host's ``/usr`` or ``/etc``),
 the work directory writable at ``/workspace``, its own ``/tmp`` and nothing else of the host, and
 Lab's seccomp filter (``lab.lib.seccomp``: new namespaces, mounts, tracing, keyrings, eBPF,
 modules and the like fail with EPERM). Its resource limits (setrlimit(2) through prlimit) are processes, open files and file size (the
@@ -237,7 +238,8 @@ class LocalHost:
             "--",
         ]
         args = base_arguments(
-            hostname="sandbox", share_network=spec.network == "egress", bwrap=self.bwrap,
+            # A network namespace of its own always: one allowed egress gets slirp4netns's (``egress``).
+            hostname="sandbox", share_network=False, bwrap=self.bwrap,
             root=str(self.image_root(spec)), sysfs=False, seccomp_fd=seccomp_fd,
         )
         args += ["--bind-fd", str(workspace_fd), WORKSPACE, "--bind-fd", str(tmp_fd), "/tmp", "--chdir", WORKSPACE, "--clearenv"]
