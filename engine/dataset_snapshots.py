@@ -8,6 +8,12 @@ for datasets): the bridge starts in ``<workdir>/environments/datasets``, holding
 ``<owner>/<name>/`` with each snapshot's files (``environments.datasets`` on Lab's side, which
 hands them with a package's build as ``build.datasets``: ``[{"id": "owner/name", "sha256",
 "url"}]``, each ``url`` a ``file://`` path into Lab's storage or a pre-signed URL to one tar).
+
+The Hugging Face datasets the build fetched from the Hub while loading (``load_dataset("gsm8k")``)
+come as ``build.hub_datasets``, ``{"sha256", "url"}``: one tar of ``huggingface_hub``'s and
+``datasets``' caches (``environments.builder.hub_datasets``), which ``unpack_hub_datasets`` makes
+the bridge's ``HF_HOME``; offline (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``), ``datasets``
+loads the dataset from its cache and asks no hub.
 """
 
 from __future__ import annotations
@@ -22,6 +28,53 @@ from engine.environments.base import InvalidEnvironment
 
 #: Where the snapshots are unpacked, under the attempt's work dir: the bridge's working directory.
 FOLDER = Path("environments") / "datasets"
+#: Where a build's Hugging Face datasets are unpacked, under the attempt's work dir, by their SHA-256.
+HUB_FOLDER = Path("environments") / "hf"
+
+
+def _fetch_tar(url: str, sha256: str, spool: Path, read: Callable[[str], Iterator[bytes]]) -> bool:
+    """Write the chunks ``read(url)`` gives to ``spool``; return whether their SHA-256 is ``sha256``."""
+    digest = hashlib.sha256()
+    with spool.open("wb") as writer:
+        for chunk in read(url):
+            digest.update(chunk)
+            writer.write(chunk)
+    return digest.hexdigest() == sha256
+
+
+def unpack_hub_datasets(entry: dict | None, workdir: Path, read: Callable[[str], Iterator[bytes]], *, package_id: str) -> Path | None:
+    """Fetch the build's Hugging Face datasets tar ``entry`` (``{"sha256", "url"}``) with ``read(url)``,
+    check its SHA-256 and unpack it into ``<workdir>/environments/hf/<sha256>/`` (tarfile's ``data``
+    filter: no links out of it, no absolute paths; found unpacked there, it is used as it is);
+    return that folder, the bridge's ``HF_HOME``, or None without ``entry``. Raises
+    InvalidEnvironment naming the package when it cannot be fetched, does not have its SHA-256 or is no tar."""
+    if not entry:
+        return None
+    try:
+        sha256, url = str(entry["sha256"]), entry["url"]
+    except (KeyError, TypeError):
+        raise InvalidEnvironment(f"package {package_id}: its build's Hugging Face datasets are not {{sha256, url}}") from None
+    if not sha256.isalnum():
+        raise InvalidEnvironment(f"package {package_id}: its build's Hugging Face datasets have no SHA-256")
+    root = workdir / HUB_FOLDER
+    target = root / sha256
+    if (target / ".lab-unpacked").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    spool = root / f".{sha256}.tar"
+    try:
+        if not _fetch_tar(url, sha256, spool, read):
+            raise InvalidEnvironment(f"package {package_id}: the fetched Hugging Face datasets' SHA-256 is not its build's")
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        with tarfile.open(spool, mode="r:") as archive:
+            archive.extractall(target, filter="data")
+        (target / ".lab-unpacked").touch()
+    except (OSError, tarfile.TarError) as error:
+        raise InvalidEnvironment(f"package {package_id}: cannot fetch or unpack its build's Hugging Face datasets: {error}") from None
+    finally:
+        spool.unlink(missing_ok=True)
+    return target
 
 
 def unpack_snapshots(snapshots: list[dict], workdir: Path, read: Callable[[str], Iterator[bytes]], *, package_id: str) -> Path:

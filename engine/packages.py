@@ -300,7 +300,8 @@ def _load_verifiers(package: Package, site: Path, distribution: importlib.metada
 def _load_on_build(package: Package, site: Path, build_python: Path | None) -> None:
     """Install ``package``'s build (or find it installed; ``build_python`` instead when given),
     unpack the organization's pushed datasets the build lists (``engine.dataset_snapshots``: the
-    bridge starts among them), start its ``load_environment`` bridge with the build's Python, read ``load_environment``'s
+    bridge starts among them) and the Hugging Face datasets it fetched (its ``hub_datasets``: the
+    bridge's ``HF_HOME``, read offline), start its ``load_environment`` bridge with the build's Python, read ``load_environment``'s
     parameters and register it."""
     lock = package.build.get("lock")
     if not isinstance(lock, list):
@@ -314,10 +315,11 @@ def _load_on_build(package: Package, site: Path, build_python: Path | None) -> N
     datasets = dataset_snapshots.unpack_snapshots(
         list(package.build.get("datasets") or []), workdir, _url_reader(package), package_id=package.id,
     )
+    hf_home = dataset_snapshots.unpack_hub_datasets(package.build.get("hub_datasets"), workdir, _url_reader(package), package_id=package.id)
     ready = time.monotonic()
     bridge = verifiers_taskset.start_load_environment_bridge(
         package_id=package.id, python=python, site=site, workdir=workdir, secret_names=list(package.build.get("secrets") or []),
-        cwd=datasets,
+        cwd=datasets, hf_home=hf_home,
     )
     info = verifiers_taskset.describe(
         bridge, package_id=package.id, name=package.name, summary=_distribution(package, site).metadata["Summary"] or "",

@@ -26,8 +26,8 @@ def package_description(package: EnvironmentPackage, build: EnvironmentBuild | N
 def build_to_dict(build: EnvironmentBuild | None) -> dict[str, Any] | None:
     """Return a package's build as the Environment object's ``build``: ``{"number", "status"
     (queued|running|ready|failed), "error", "index_url", "index_snapshot_at", "python", "api",
-    "environment_class", "args" ({name: default}), "parameters", "dataset_size",
-    "reward_functions", "secrets", "verifiers_version", "multi_turn" (whether its episodes have
+    "environment_class", "args" ({name: default}), "parameters", "dataset_size", "hub_datasets"
+    ({"sha256", "size_bytes", "files", "repositories"}: the Hub datasets kept beside it, or null), "reward_functions", "secrets", "verifiers_version", "multi_turn" (whether its episodes have
     several turns; null before a build recorded it), "lock" ([{"name", "version", "sha256"}]),
     "created_at", "started_at", "finished_at"}``; None before the first build."""
     if build is None:
@@ -46,6 +46,7 @@ def build_to_dict(build: EnvironmentBuild | None) -> dict[str, Any] | None:
         "args": recorded_args(summary),
         "parameters": parameters,
         "dataset_size": summary.get("dataset_size"),
+        "hub_datasets": summary.get("hub_datasets"),
         "reward_functions": summary.get("reward_functions", []),
         "secrets": summary.get("secrets", []),
         "verifiers_version": summary.get("verifiers_version"),

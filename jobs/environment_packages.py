@@ -13,6 +13,7 @@ from collections import defaultdict
 from django.db import transaction
 from django.db.models import Q
 
+from environments import hub_datasets
 from environments.builds import build_failure_message, environment_secrets, missing_secrets_message
 from environments.datasets import launch_datasets
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
@@ -26,7 +27,7 @@ from environments.services import (
 from jobs.models import Job, JobStatus
 from jobs.secrets.models import JobSecrets
 from lab.audit import Actor
-from lab.errors import LabError, not_found
+from lab.errors import FieldError, LabError, not_found
 from lab.models import Organization
 
 #: Statuses of jobs that will still run their environments.
@@ -100,7 +101,9 @@ def launch_packages(job: Job) -> tuple[dict, ...]:
     installs them), ``secrets`` the names of the job's secrets the environment reads (the engine
     hands their values to its bridge, and nothing else of its environment), ``datasets`` the
     organization's pushed datasets (``environments.datasets``) as they are at launch, which the
-    engine unpacks where ``load_dataset("owner/name")`` finds them (``engine.dataset_snapshots``)."""
+    engine unpacks where ``load_dataset("owner/name")`` finds them (``engine.dataset_snapshots``),
+    ``hub_datasets`` the Hugging Face datasets the build fetched (``{"sha256", "url"}``, or null:
+    ``environments.hub_datasets``), which the engine loads offline."""
     ids = set(_environment_ids(job.spec))
     names = {ref.name for ref in map(EnvironmentRef.parse, ids) if ref is not None}
     packages = [
@@ -126,6 +129,7 @@ def launch_packages(job: Job) -> tuple[dict, ...]:
                 "lock": [{**entry, "url": wheelhouse_download_url(entry)} for entry in build.lock],
                 "secrets": [name for name in _secrets_read(job.spec, package.public_id, build.summary) if name in given],
                 "datasets": datasets if datasets is not None else (datasets := launch_datasets(package.organization_id)),
+                "hub_datasets": hub_datasets.launch_entry(build.summary),
             }
         launched.append(item)
     return tuple(launched)
@@ -172,3 +176,29 @@ def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str
             if build is not None and build.status in (BuildStatus.QUEUED, BuildStatus.RUNNING):
                 building.add(pk)
     return building - failed.keys(), failed
+
+
+def train_dataset_errors(packages) -> list[FieldError]:
+    """The ``env.N.id`` blocks of a training job (``ValidatedSpec.environment_packages``) that name a
+    package whose ready ``load_environment`` build recorded an eval dataset and no train dataset
+    (its summary's ``dataset_size`` null): such an environment evaluates (``[[eval.env]]``, an
+    evaluation) but has nothing to train on, so the submit is refused naming it. One query."""
+    blocks = {key: package for key, package in packages.items() if key[0] == "env"}
+    if not blocks:
+        return []
+    latest = {
+        build.package_id: build
+        for build in EnvironmentBuild.objects.unscoped().filter(package__in=set(blocks.values())).defer("lock").order_by("package_id", "number")
+    }  # the highest number wins
+    errors = []
+    for (section, index), package in sorted(blocks.items(), key=lambda item: item[0]):
+        build = latest.get(package.pk)
+        summary = (build.summary or {}) if build is not None and build.status == BuildStatus.READY else {}
+        if summary.get("api") == "v0" and summary.get("dataset_size") is None and summary.get("eval_dataset_size") is not None:
+            errors.append(FieldError(
+                f"{section}.{index}.id", "no_train_dataset",
+                f"environment '{package.public_id}' has no train dataset: its load_environment returns an environment with an "
+                "eval_dataset only, which evaluations use (POST /api/v1/evaluations, or an [[eval.env]] block of a job); "
+                "training needs its dataset (vf.SingleTurnEnv(dataset=..., eval_dataset=...))",
+            ))
+    return errors

@@ -20,6 +20,7 @@ from django.utils import timezone
 from billing.accounts import BLOCKER_MESSAGES, organization_run_blocker
 from billing.pricing import list_cost_micro_usd, micro_to_usd
 from jobs import dispatch, storage
+from jobs.environment_packages import train_dataset_errors
 from jobs.estimates import estimate_run_seconds
 from jobs.events import job_record_event
 from jobs.launchers.registry import get_launcher
@@ -121,6 +122,9 @@ def job_submit(*, project: Project, actor: Actor, data: Any, kind: str = JobKind
             "invalid_spec", f"eval.{evaluation_only[0]}: {message}",
             errors=[FieldError(f"eval.{key}", "evaluation_only", message) for key in evaluation_only],
         )
+    untrainable = [] if kind == JobKind.EVALUATION else train_dataset_errors(validated.environment_packages)
+    if untrainable:
+        raise LabError("invalid_spec", f"{untrainable[0].param}: {untrainable[0].message}", errors=untrainable)
     require_billing_allows_runs(project)
     now = timezone.now()
     job = Job.objects.create(

@@ -64,6 +64,7 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/environments/test_environment_versions.py": THREADS,
     "tests/environments/test_environments_e2e.py": LIVE,
     "tests/environments/test_environments_sdk.py": LIVE,
+    "tests/environments/test_hub_datasets_e2e.py": LIVE,
     "tests/environments/test_load_environment_e2e.py": LIVE,
     "tests/environments/test_load_environment_judges_e2e.py": LIVE,
     "tests/environments/test_load_environment_old_verifiers_e2e.py": LIVE,

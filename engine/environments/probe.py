@@ -348,11 +348,18 @@ def dataset_loaded_by_name(error: BaseException) -> str | None:
     return None
 
 
-def unpushed_dataset_message(name: str) -> str:
-    """What a build (or a job) whose environment loads the dataset ``name`` by name, not pushed, is told."""
+def unpushed_dataset_message(name: str, hub: str | None = None) -> str:
+    """What a build (or a job) whose environment loads the dataset ``name`` by name, not pushed, is told;
+    ``hub`` the Hugging Face endpoint the build fetched datasets from (default ``HF_ENDPOINT`` where
+    the Hub was not switched off, else none: it loaded offline)."""
+    if hub is None:
+        hub = os.environ.get("HF_ENDPOINT", "") if os.environ.get("HF_DATASETS_OFFLINE") != "1" else ""
+    where = (
+        f"which is neither a dataset the organization pushed nor one the build could fetch from {hub} (the log has its answer)"
+        if hub else "and Lab loads environments offline, where a dataset named so is one the organization pushed"
+    )
     return (
-        f"loading it calls load_dataset(\"{name}\"), and Lab loads environments offline, where a dataset named so is one "
-        f"the organization pushed: push its files with `lab datasets push {name} DIR|FILE` (a folder such as the dataset's "
+        f"loading it calls load_dataset(\"{name}\"), {where}: push its files with `lab datasets push {name} DIR|FILE` (a folder such as the dataset's "
         "repository: train.jsonl, data/test-00000.parquet, ...), then build the environment again (`lab envs rebuild ID`)"
     )
 

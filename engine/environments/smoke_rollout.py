@@ -202,7 +202,8 @@ class _RaisedInScoring(logging.Handler):
 
 def v0_rollout(environment: Any) -> Rollout:
     """A ``load_environment`` environment's rollout: verifiers' own (``Environment.run_rollout``:
-    its parser, turns, tools and rubric) of the first rows of its dataset, its model an
+    its parser, turns, tools and rubric) of the first rows of its dataset (its eval dataset when it has
+    none), its model an
     ``AsyncOpenAI`` client of the endpoint (verifiers 0.3.1's ``OpenAIChatCompletionsClient``
     around it; 0.1.9 takes the client itself)."""
 
@@ -217,7 +218,9 @@ def v0_rollout(environment: Any) -> Rollout:
         except ImportError:  # verifiers 0.1.9: the same v0 API on an AsyncOpenAI client
             OpenAIChatCompletionsClient = None
         client = AsyncOpenAI(base_url=base_url, api_key=STUB_API_KEY, max_retries=0)
-        dataset = environment.get_dataset()
+        # An environment with an eval_dataset only (evaluations use it; a job refuses to train on it) is tried on that.
+        eval_only = getattr(environment, "dataset", None) is None and getattr(environment, "eval_dataset", None) is not None
+        dataset = environment.get_eval_dataset() if eval_only else environment.get_dataset()
         rows = [dict(dataset[index]) for index in range(min(ROLLOUT_EXAMPLES, len(dataset)))]
         handler = _RaisedInScoring()
         loggers = [logging.getLogger(name) for name in ("verifiers.legacy.rubrics", "verifiers.rubrics")]

@@ -105,10 +105,11 @@ class Bridge:
     trainer may sample in a background thread while it evaluates). ``secrets`` join the bridge's
     environment (``bridge_environment``): the job secrets its environment reads, nothing else.
     ``cwd`` is its working directory (default ``workdir``): where ``load_dataset("owner/name")``
-    finds the organization's pushed datasets (``engine.dataset_snapshots``)."""
+    finds the organization's pushed datasets (``engine.dataset_snapshots``); ``hf_home`` its
+    ``HF_HOME`` (default: under its ``HOME``), where ``datasets`` finds the ones its build fetched."""
 
     def __init__(self, *, python: Path, site: Path, workdir: Path, package_id: str, script: Path = BRIDGE_SCRIPT,
-                 secrets: dict[str, str] | None = None, cwd: Path | None = None):
+                 secrets: dict[str, str] | None = None, cwd: Path | None = None, hf_home: Path | None = None):
         self.package_id = package_id
         self.log_path = workdir / "environments" / f"verifiers-bridge-{len(_BRIDGES) + 1}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +120,7 @@ class Bridge:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [str(python), "-I", str(script), "--site", str(site)],
-                cwd=cwd or workdir, env={**bridge_environment(home=home), **(secrets or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                cwd=cwd or workdir, env={**bridge_environment(home=home), **({"HF_HOME": str(hf_home)} if hf_home else {}), **(secrets or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 start_new_session=True,
             )
         _BRIDGES.append(self)
@@ -262,12 +263,13 @@ def start_bridge(*, package_id: str, site: Path, workdir: Path, requires_verifie
 
 def start_load_environment_bridge(
     *, package_id: str, python: Path, site: Path, workdir: Path, secret_names: list[str] | tuple[str, ...] = (), environ=None,
-    cwd: Path | None = None,
+    cwd: Path | None = None, hf_home: Path | None = None,
 ) -> Bridge:
     """Start the ``load_environment`` bridge (``load_environment_bridge.py``) of one package with
     ``python``, its build's environment's, giving it the job secrets ``secret_names`` from
     ``environ`` (default the engine's environment), the ones its environment reads (the launch's
-    ``build.secrets``), in ``cwd`` (``Bridge``). Raises InvalidEnvironment when one is not set, or names one of Lab's own
+    ``build.secrets``), in ``cwd``, with ``hf_home`` (the Hugging Face datasets its build fetched,
+    ``engine.dataset_snapshots.unpack_hub_datasets``) as its ``HF_HOME`` (``Bridge``). Raises InvalidEnvironment when one is not set, or names one of Lab's own
     variables (``LAB_*``) or one the bridge's environment fixes, and when the bridge cannot start
     (the build lacks verifiers' v0 API, or the process dies)."""
     source = environment() if environ is None else environ
@@ -288,6 +290,7 @@ def start_load_environment_bridge(
     try:
         return Bridge(
             python=python, site=site, workdir=workdir, package_id=package_id, script=LOAD_ENVIRONMENT_BRIDGE_SCRIPT, secrets=secrets, cwd=cwd,
+            hf_home=hf_home,
         )
     except BridgeRefused as refusal:
         raise InvalidEnvironment(f"environment {package_id}: {refusal}") from None

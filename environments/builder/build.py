@@ -32,8 +32,9 @@ from engine.environments import probe as package_probe
 from engine.environments import smoke_rollout
 from engine.environments.probe import is_load_environment_module, module_source, not_in_engine
 from engine.environments.verifiers_taskset import verifiers_python
+from environments.builder import hub_datasets
 from environments.builder.sandbox import sandbox_command
-from environments.builder.steps import BuildFailed, BuildRequest, log, run_step, uv_environment
+from environments.builder.steps import NETWORK_VARIABLES, BuildFailed, BuildRequest, log, run_step, uv_environment
 from environments.wheels import InvalidWheel, WheelInfo, read_wheel
 
 #: The distribution of Lab's environment protocol, which the engine provides to Lab packages.
@@ -362,7 +363,15 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     shutil.copyfile(smoke_rollout.__file__, folder / "smoke_rollout.py")  # the probe loads it from its own folder
     out = folder / "summary.json"
     environment = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "LANG": "C.UTF-8", "TMPDIR": str(folder),
-                   "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1"}
+                   "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
+                   "HF_HOME": str(hf_home(request))}
+    if request.hf_endpoint:
+        # Loading may fetch Hub datasets (packed afterwards: hub_datasets.pack); huggingface_hub reads
+        # TRANSFORMERS_OFFLINE as HF_HUB_OFFLINE, so all three go. No token: public datasets only.
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            environment.pop(name)
+        environment["HF_ENDPOINT"] = request.hf_endpoint
+        environment.update({name: os.environ[name] for name in NETWORK_VARIABLES if os.environ.get(name)})
     pythons = [Path(sys.base_prefix), Path(sys.prefix), Path(request.python).resolve().parent.parent]
     if info.kind == "lab":
         # A Lab-protocol package runs in the engine's own process: probe it with the engine's Python,
@@ -382,9 +391,11 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
         pythons.append(datasets)
         found = sorted(f"{owner.name}/{name.name}" for owner in datasets.iterdir() if owner.is_dir() for name in owner.iterdir() if name.is_dir())
         log(f"pushed datasets load_dataset finds by name: {', '.join(found) or 'none'}")
-    sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv", chdir=datasets) if request.sandbox else []
+    network = bool(request.hf_endpoint)
+    sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv", chdir=datasets, network=network) if request.sandbox else []
     log(f"importing {info.module}, loading it with its defaults and running {smoke_rollout.ROLLOUT_EXAMPLES} examples against a stub model"
-        + (" (in bubblewrap, no network)" if sandbox else ""))
+        + (f" (in bubblewrap{', the network kept for the Hub' if network else ', no network'})" if sandbox else "")
+        + (f"; Hugging Face datasets from {request.hf_endpoint}" if network else ""))
     started = time.monotonic()
     result = run_step([*sandbox, *command], timeout=PROBE_TIMEOUT_S, env=environment, cwd=datasets)
     print(result.stdout + result.stderr, end="", flush=True)
@@ -397,6 +408,11 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     log(f"loaded in {time.monotonic() - started - rollout['seconds']:.1f} s: {summary['api']} {summary['environment_class']}; "
         f"smoke rollout of {rollout['examples']} examples in {rollout['seconds']:.1f} s, rewards {rollout['rewards']}")
     return summary
+
+
+def hf_home(request: BuildRequest) -> Path:
+    """The Hugging Face caches' folder loading writes to (``HF_HOME``), in the build's own folder."""
+    return request.workdir / "hf"
 
 
 def run_build(request: BuildRequest) -> dict[str, Any]:
@@ -423,6 +439,10 @@ def run_build(request: BuildRequest) -> dict[str, Any]:
         links = fetch(request, lock)
         venv_python = install(request, lock, links)
         result["summary"] = probe(request, info, venv_python)
+        if request.hub_datasets is not None:
+            result["summary"]["hub_datasets"] = hub_datasets.pack(
+                hf_home(request), request.hub_datasets, max_bytes=request.hub_datasets_max_bytes,
+            )
         result["status"] = "ready"
     except BuildFailed as error:
         result["error"] = str(error)
@@ -445,11 +465,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", choices=["bubblewrap", "none"], default="bubblewrap", help="where the import step runs")
     parser.add_argument("--cache", type=Path, default=None, help="uv's cache folder")
     parser.add_argument("--datasets", type=Path, default=None, help="the folder of pushed datasets (<owner>/<name>/...) loading runs in")
+    parser.add_argument("--hf-endpoint", default="", help="the Hugging Face Hub loading may fetch datasets from (default: none, offline)")
+    parser.add_argument("--hub-datasets", type=Path, default=None, help="where the tar of the Hub datasets loading fetched is written")
+    parser.add_argument("--hub-datasets-max-bytes", type=int, default=2**31, help="the most those datasets may come to")
     args = parser.parse_args(argv)
     request = BuildRequest(
         wheel=args.wheel.resolve(), index_url=args.index_url, exclude_newer=args.exclude_newer,
         wheelhouse=args.wheelhouse.resolve(), workdir=args.workdir.resolve(), python=args.python, uv=args.uv,
         sandbox=args.sandbox == "bubblewrap", cache=args.cache, datasets=args.datasets.resolve() if args.datasets else None,
+        hf_endpoint=args.hf_endpoint, hub_datasets=args.hub_datasets.resolve() if args.hub_datasets else None,
+        hub_datasets_max_bytes=args.hub_datasets_max_bytes,
     )
     result = run_build(request)
     args.result.write_text(json.dumps(result))

@@ -27,7 +27,10 @@ class BuildRequest:
     import step runs in bubblewrap (``sandbox_command``); ``cache`` uv's cache (default beside the wheelhouse);
     ``datasets`` the folder of the organization's pushed datasets (``<owner>/<name>/<files>``,
     ``environments.datasets``), the working directory loading runs in, so that
-    ``load_dataset("owner/name")`` reads them (None: an empty one).
+    ``load_dataset("owner/name")`` reads them (None: an empty one); ``hf_endpoint`` the Hugging Face
+    Hub loading may fetch datasets from ("" loads offline), ``hub_datasets`` where the tar of what
+    it fetched is written (``environments.builder.hub_datasets``) and ``hub_datasets_max_bytes`` the
+    most that may be.
     """
 
     wheel: Path
@@ -40,6 +43,9 @@ class BuildRequest:
     sandbox: bool = False
     cache: Path | None = None
     datasets: Path | None = None
+    hf_endpoint: str = ""
+    hub_datasets: Path | None = None
+    hub_datasets_max_bytes: int = 0
 
 
 def log(message: str) -> None:

@@ -273,6 +273,9 @@ ENVIRONMENT_BUILD = component(
             "args": FREE_OBJECT | {"description": "load_environment's (or the taskset's) arguments with their defaults"},
             "parameters": {"type": "array", "items": FREE_OBJECT},
             "dataset_size": nullable(INTEGER),
+            "hub_datasets": nullable(obj({
+                "sha256": STRING, "size_bytes": INTEGER, "files": INTEGER, "repositories": {"type": "array", "items": STRING},
+            })) | {"description": "the Hugging Face Hub datasets loading fetched, kept beside the build for its jobs (null: none)"},
             "reward_functions": {"type": "array", "items": obj({"name": STRING, "weight": NUMBER})},
             "secrets": {"type": "array", "items": STRING},
             "verifiers_version": nullable(STRING),

@@ -262,6 +262,7 @@ class LocalLauncher(Launcher):
             writable.append(job_objects)
         urls = [package.get("url", "") for package in request.environment_packages]
         urls += [entry.get("url", "") for package in request.environment_packages for key in ("lock", "datasets") for entry in (package.get("build") or {}).get(key, [])]
+        urls += [((package.get("build") or {}).get("hub_datasets") or {}).get("url", "") for package in request.environment_packages]
         packages = [Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path)) for url in urls if str(url).startswith("file:")]
         build_cache = self._build_cache(request)
         if build_cache is not None:

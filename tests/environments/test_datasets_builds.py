@@ -23,8 +23,10 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker"), pytes
 
 @pytest.fixture
 def index(settings, tmp_path) -> str:
-    """The local package index as LAB_PACKAGE_INDEX_URL, and an empty storage for this test."""
+    """The local package index as LAB_PACKAGE_INDEX_URL, an empty storage for this test, and builds
+    that fetch nothing from the Hugging Face Hub (test_hub_datasets_builds.py has those)."""
     settings.LAB_PACKAGE_INDEX_URL = local_index_url()
+    settings.LAB_ENVIRONMENT_HUB_DATASETS_MAX_BYTES = 0
     settings.STORAGES = {
         **settings.STORAGES,
         "checkpoints": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "store")}},

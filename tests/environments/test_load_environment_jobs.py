@@ -65,7 +65,7 @@ def test_the_launch_hands_the_engine_a_v0_build_with_a_wheelhouse_url_per_wheel(
     row = EnvironmentPackage.objects.unscoped().get()
     assert package["url"] == storage.path_of(row.storage_key).as_uri()
     wheel = storage.path_of(f"{WHEELHOUSE_PREFIX}{LOCK[0]['sha256']}/{LOCK[0]['filename']}").as_uri()
-    assert package["build"] == {"number": build.number, "api": "v0", "lock": [{**LOCK[0], "url": wheel}], "secrets": [], "datasets": []}
+    assert package["build"] == {"number": build.number, "api": "v0", "lock": [{**LOCK[0], "url": wheel}], "secrets": [], "datasets": [], "hub_datasets": None}
 
 
 def test_a_package_whose_build_is_not_v0_or_not_ready_launches_as_before(owner, spec):

@@ -8,8 +8,12 @@ repositories at fixed commits: the model info and revision API (``/api/models/<i
 <rev>]``), the file tree (``/api/models/<id>/tree/<rev>``) and each file
 (``/<id>/resolve/<rev>/<path>``, HEAD and GET with the Hub's ``X-Repo-Commit``, ``ETag`` and
 ``X-Linked-Size`` headers), answering an unknown repository or revision with the Hub's
-``X-Error-Code``; it records every path it was asked for. ``model_storage`` (a fixture) gives a
-test an empty model store.
+``X-Error-Code``; it records every request it was asked (``"GET /path"``). It serves dataset
+repositories too (``add(..., repo_type="dataset")``), as the real ``datasets`` library asks for
+them: the dataset info (``/api/datasets/<id>[/revision/<rev>]``), the tree (``/api/datasets/<id>/
+tree/<rev>[/<folder>]``, recursive or not), ``paths-info`` (``POST /api/datasets/<id>/paths-info/
+<rev>``) and each file (``/datasets/<id>/resolve/<rev>/<path>``). ``model_storage`` (a fixture)
+gives a test an empty model store.
 """
 
 from __future__ import annotations
@@ -64,6 +68,22 @@ class _Repository:
     def __init__(self, directory: Path, commit: str, revisions: tuple[str, ...]):
         self.directory, self.commit, self.revisions = directory, commit, {commit, *revisions}
         self.files = sorted(path.relative_to(directory).as_posix() for path in directory.rglob("*") if path.is_file())
+        self.folders = sorted({"/".join(name.split("/")[:depth]) for name in self.files for depth in range(1, name.count("/") + 1)})
+
+    def entry(self, name: str) -> dict:
+        """The Hub's tree entry of the file or folder ``name``."""
+        if name in self.folders:
+            return {"type": "directory", "path": name, "oid": hashlib.sha1(name.encode()).hexdigest()}
+        data = (self.directory / name).read_bytes()
+        return {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+
+    def tree(self, folder: str, *, recursive: bool) -> list[dict]:
+        """The tree entries under ``folder`` ("" the root): its children, or every descendant with ``recursive``."""
+        prefix = f"{folder}/" if folder else ""
+        names = [name for name in (*self.folders, *self.files) if name.startswith(prefix)]
+        if not recursive:
+            names = [name for name in names if "/" not in name[len(prefix):]]
+        return [self.entry(name) for name in sorted(names)]
 
 
 class HubServer:
@@ -71,6 +91,7 @@ class HubServer:
 
     def __init__(self):
         self.repositories: dict[str, _Repository] = {}
+        self.datasets: dict[str, _Repository] = {}
         self.requests: list[str] = []
         server = self
 
@@ -84,19 +105,29 @@ class HubServer:
             def do_GET(self):
                 server._answer(self, body=True)
 
+            def do_POST(self):
+                server._answer(self, body=True)
+
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
 
-    def add(self, repo_id: str, directory: Path, *, commit: str, revisions: tuple[str, ...] = ("main",)) -> None:
-        """Serve ``directory`` as the repository ``repo_id`` at ``commit`` (also under ``revisions``)."""
-        self.repositories[repo_id] = _Repository(directory, commit, revisions)
+    def add(
+        self, repo_id: str, directory: Path, *, commit: str, revisions: tuple[str, ...] = ("main",), repo_type: str = "model",
+    ) -> None:
+        """Serve ``directory`` as the repository ``repo_id`` (a ``model`` or a ``dataset``) at ``commit`` (also under ``revisions``)."""
+        (self.datasets if repo_type == "dataset" else self.repositories)[repo_id] = _Repository(directory, commit, revisions)
 
     def __enter__(self) -> HubServer:
         http_server.start(self.http)
         return self
 
     def __exit__(self, *exc) -> None:
-        http_server.stop(self.http)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop answering (a hub gone away): every later request is refused at connect. Idempotent."""
+        if self.http.socket.fileno() != -1:
+            http_server.stop(self.http)
 
     def _error(self, handler, code: str, status: int = 404) -> None:
         handler.send_response(status)
@@ -116,35 +147,49 @@ class HubServer:
         if body:
             handler.wfile.write(payload)
 
-    def _find(self, parts: list[str]) -> tuple[str, _Repository | None, list[str]]:
-        repo_id = "/".join(parts[:2])
-        return repo_id, self.repositories.get(repo_id), parts[2:]
-
     def _answer(self, handler, *, body: bool) -> None:
-        path = urllib.parse.unquote(urllib.parse.urlsplit(handler.path).path)
+        split = urllib.parse.urlsplit(handler.path)
+        path = urllib.parse.unquote(split.path)
         self.requests.append(f"{handler.command} {path}")
         parts = [part for part in path.split("/") if part]
-        if parts[:2] == ["api", "models"]:
-            repo_id, repository, rest = self._find(parts[2:])
-            if repository is None:
-                return self._error(handler, "RepoNotFound")
-            revision = rest[1] if rest[:1] in (["revision"], ["tree"]) and len(rest) > 1 else "main"
-            if revision not in repository.revisions:
-                return self._error(handler, "RevisionNotFound")
-            if rest[:1] == ["tree"]:
-                entries = [
-                    {"type": "file", "path": name, "size": (repository.directory / name).stat().st_size,
-                     "oid": hashlib.sha1((repository.directory / name).read_bytes()).hexdigest()}
-                    for name in repository.files
-                ]
-                return self._json(handler, entries, body)
-            info = {"id": repo_id, "modelId": repo_id, "sha": repository.commit, "private": False,
-                    "siblings": [{"rfilename": name} for name in repository.files]}
-            return self._json(handler, info, body)
-        resolve = parts.index("resolve") if "resolve" in parts else -1
-        if resolve != 2 or len(parts) < 5:
+        if parts[:2] in (["api", "models"], ["api", "datasets"]):
+            repositories = self.datasets if parts[1] == "datasets" else self.repositories
+            return self._api(handler, repositories, parts[1], parts[2:], urllib.parse.parse_qs(split.query), body=body)
+        if parts[:1] == ["datasets"]:
+            return self._resolve(handler, self.datasets, parts[1:], body=body)
+        return self._resolve(handler, self.repositories, parts, body=body)
+
+    def _api(self, handler, repositories: dict[str, _Repository], kind: str, parts: list[str], query: dict, *, body: bool) -> None:
+        repo_id, rest = "/".join(parts[:2]), parts[2:]
+        repository = repositories.get(repo_id)
+        if repository is None:
+            return self._error(handler, "RepoNotFound")
+        revision = rest[1] if rest[:1] in (["revision"], ["tree"], ["paths-info"]) and len(rest) > 1 else "main"
+        if revision not in repository.revisions:
+            return self._error(handler, "RevisionNotFound")
+        if rest[:1] == ["tree"]:
+            folder = "/".join(rest[2:])
+            if folder and folder not in repository.folders:
+                return self._error(handler, "EntryNotFound")
+            return self._json(handler, repository.tree(folder, recursive=query.get("recursive") == ["true"]), body)
+        if rest[:1] == ["paths-info"]:
+            length = int(handler.headers.get("Content-Length") or 0)
+            form = urllib.parse.parse_qs(handler.rfile.read(length).decode())
+            asked = [name.strip("/") for name in form.get("paths", [])]
+            return self._json(handler, [repository.entry(name) for name in asked if name in repository.files or name in repository.folders], body)
+        if rest[:1] not in ([], ["revision"]):
             return self._error(handler, "EntryNotFound")
-        repo_id, repository, _ = self._find(parts)
+        info = {"id": repo_id, "sha": repository.commit, "private": False, "siblings": [{"rfilename": name} for name in repository.files]}
+        if kind == "models":
+            info["modelId"] = repo_id
+        else:
+            info.update({"disabled": False, "gated": False, "cardData": {}, "tags": [], "lastModified": "2026-01-01T00:00:00.000Z"})
+        return self._json(handler, info, body)
+
+    def _resolve(self, handler, repositories: dict[str, _Repository], parts: list[str], *, body: bool) -> None:
+        if len(parts) < 5 or parts[2] != "resolve":
+            return self._error(handler, "EntryNotFound")
+        repository = repositories.get("/".join(parts[:2]))
         if repository is None:
             return self._error(handler, "RepoNotFound")
         if parts[3] not in repository.revisions:
