@@ -9,7 +9,8 @@ what it made in Lab's storage (``lab.storage``):
 - its log, ``environments/<organization public id>/<package sha256>/build-<number>.log``.
 
 The organization's pushed datasets (``environments.datasets``) are unpacked into the build's
-scratch folder, where loading the environment runs, so ``load_dataset("owner/name")`` finds them.
+scratch folder, where loading the environment runs, so ``load_dataset("owner/name")`` finds them;
+a dataset of the Hugging Face Hub that loading fetches is kept beside the build (``environments.hub_datasets``).
 
 On the filesystem backend the builder writes the wheelhouse in place; on an object store it works
 in ``LAB_DATA_DIR/cache/wheelhouse`` and the wheels it fetched are uploaded after it ends.
@@ -40,6 +41,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from environments import hub_datasets
 from environments.builder.steps import NETWORK_VARIABLES
 from environments.datasets import copy_snapshots
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage
@@ -185,11 +187,12 @@ def _upload_wheels(wheelhouse: Path, lock: list[dict]) -> None:
 
 def builder_command(
     *, wheel: Path, build: EnvironmentBuild, wheelhouse: Path, workdir: Path, result: Path, datasets: Path | None = None,
-    python: str = sys.executable, cache: Path | None = None, sandbox: str | None = None,
+    python: str = sys.executable, cache: Path | None = None, sandbox: str | None = None, hub_datasets_tar: Path | None = None,
 ) -> list[str]:
     """The builder's command line for ``build`` (``python -m environments.builder build ...``);
     ``datasets`` the folder of the organization's pushed datasets (``environments.datasets.copy_snapshots``).
-    ``python``, ``cache`` (uv's) and ``sandbox`` are the worker's unless given (a pod's: ``environments.pod_builds``)."""
+    ``python``, ``cache`` (uv's) and ``sandbox`` are the worker's unless given (a pod's: ``environments.pod_builds``).
+    ``hub_datasets_tar``: where the builder packs the Hugging Face datasets loading fetched (``environments.hub_datasets``)."""
     if sandbox is None:
         sandbox = "bubblewrap" if settings.LAB_LOCAL_ISOLATION == "bubblewrap" else "none"
     return [
@@ -203,6 +206,7 @@ def builder_command(
         "--cache", str(cache or Path(settings.LAB_DATA_DIR) / "cache" / "uv"),
         "--sandbox", sandbox,
         *(["--datasets", str(datasets)] if datasets is not None else []),
+        *(hub_datasets.builder_arguments(hub_datasets_tar) if hub_datasets_tar is not None else []),
     ]
 
 
@@ -271,6 +275,7 @@ def build_run(build_id: int) -> EnvironmentBuild | None:
         copy_snapshots(package.organization_id, datasets)
         command = builder_command(
             wheel=wheel, build=build, wheelhouse=wheelhouse, workdir=workdir / "work", result=result_path, datasets=datasets,
+            hub_datasets_tar=workdir / hub_datasets.FILENAME,
         )
         environment = builder_environment(scratch)
         timeout = settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S
@@ -283,6 +288,8 @@ def build_run(build_id: int) -> EnvironmentBuild | None:
                 result = {"status": BuildStatus.FAILED, "error": f"the builder crashed (exit {returncode}): see the build log"}
         if result["status"] == BuildStatus.READY and not storage.is_filesystem():
             _upload_wheels(wheelhouse, result.get("lock", []))
+        if result["status"] == BuildStatus.READY:
+            hub_datasets.store(result.get("summary") or {}, workdir / hub_datasets.FILENAME)
     return finish_build(build, result, log=output)
 
 
