@@ -289,26 +289,37 @@ def _eval_adapter_problems(project: Project, spec) -> list[SpecProblem]:
 
 
 def _endpoint_problems(spec) -> list[SpecProblem]:
-    """The problem of an ``[eval.endpoint]`` whose URL this pool's engines may not reach, judged
-    by ``lab.lib.http.check_url`` as the local launcher judges it again at launch: a loopback,
-    private or shared address unless ``LAB_ENGINE_EGRESS_ALLOW_PRIVATE`` (``private_address``), a
-    link-local or cloud-metadata address whatever the configuration (``blocked_address``). A host
-    name is resolved now; one that does not resolve passes (the launch checks it again). Lab's
-    own origin (``LAB_PUBLIC_URL``, where a deployment's endpoint is) passes, as the launcher
-    relays it already."""
-    endpoint = spec.eval.endpoint
-    if endpoint is None or origin_of(endpoint.base_url) == origin_of(settings.LAB_PUBLIC_URL):
-        return []
-    try:
-        check_url(endpoint.base_url, allow_private=settings.LAB_ENGINE_EGRESS_ALLOW_PRIVATE)
-    except UnsafeURL as error:
-        message = error.message
-        if error.code == "private_address":
-            message += " This pool's engines reach loopback and private addresses only when Lab runs with LAB_ENGINE_EGRESS_ALLOW_PRIVATE=1."
-        elif error.code == "blocked_address":
-            message += " Link-local and cloud metadata addresses are refused whatever the configuration."
-        return [SpecProblem("eval.endpoint.base_url", error.code, message)]
-    return []
+    """The problems of the endpoints the job's engines would call on an address this pool's engines
+    may not reach: an ``[eval.endpoint]``, a ``[teacher.client]`` and each ``[[env]]``/
+    ``[[eval.env]]`` judge the block declares (``judge.base_url``). Each is judged by
+    ``lab.lib.http.check_url`` as the launchers judge it again at launch: a loopback, private or
+    shared address unless ``LAB_ENGINE_EGRESS_ALLOW_PRIVATE`` (``private_address``), a link-local
+    or cloud-metadata address whatever the configuration (``blocked_address``). A host name is
+    resolved now; one that does not resolve passes (the launch checks it again). Lab's own origin
+    (``LAB_PUBLIC_URL``, where a deployment's endpoint is) passes, as the launchers relay it already."""
+    endpoints = []
+    if spec.eval.endpoint is not None:
+        endpoints.append(("eval.endpoint.base_url", spec.eval.endpoint.base_url))
+    if spec.teacher is not None and spec.teacher.client is not None and spec.teacher.client.base_url:
+        endpoints.append(("teacher.client.base_url", spec.teacher.client.base_url))
+    blocks = [("env", index, env) for index, env in enumerate(spec.env)]
+    blocks += [("eval.env", index, env) for index, env in enumerate(spec.eval.env or [])]
+    endpoints += [(f"{section}.{index}.judge.base_url", env.judge.base_url)
+                  for section, index, env in blocks if env.judge is not None and env.judge.base_url]
+    problems = []
+    for param, url in endpoints:
+        if origin_of(url) == origin_of(settings.LAB_PUBLIC_URL):
+            continue
+        try:
+            check_url(url, allow_private=settings.LAB_ENGINE_EGRESS_ALLOW_PRIVATE)
+        except UnsafeURL as error:
+            message = error.message
+            if error.code == "private_address":
+                message += " This pool's engines reach loopback and private addresses only when Lab runs with LAB_ENGINE_EGRESS_ALLOW_PRIVATE=1."
+            elif error.code == "blocked_address":
+                message += " Link-local and cloud metadata addresses are refused whatever the configuration."
+            problems.append(SpecProblem(param, error.code, message))
+    return problems
 
 
 def validate_job_spec(
@@ -325,7 +336,8 @@ def validate_job_spec(
     unknown), environment arguments, context length, pool capacity, ``init_from``, and secrets the
     spec names (``[teacher.client] api_key_var``) that the job is not given, and the deployments
     it names as a teacher or a judge (resolved in place: ``_deployment_problems``), an
-    ``[eval.endpoint]`` on an address the pool's engines may not reach (``_endpoint_problems``). The uploaded packages
+    ``[eval.endpoint]``, teacher or judge endpoint on an address the pool's engines may not reach
+    (``_endpoint_problems``). The uploaded packages
     are looked up whatever else is wrong, so their problems come in the same answer; a spec that
     fails shape validation is still checked against the catalogues and the packages where its
     fields are usable.

@@ -212,3 +212,19 @@ def test_a_training_jobs_eval_endpoint_is_refused_as_an_evaluations_is(owner, sp
     assert response.status_code == 400, response.content
     assert [(error["param"], error["code"]) for error in response.json()["error"]["errors"]] == [("eval.endpoint.base_url", "private_address")]
     assert not Job.objects.unscoped().exists()
+
+
+def test_a_teacher_or_judge_on_an_address_the_engines_may_not_reach_is_refused_at_submit(owner, spec, settings):
+    teacher = {"model": "big/teacher", "client": {"base_url": "http://169.254.169.254/v1", "api_key_var": "K"}}
+    judged = {**spec["env"][0], "judge": {"base_url": "http://10.0.0.7/v1"}}
+    body = {**spec, "loss": "sft", "teacher": teacher, "env": [judged], "secrets": {"K": "k"}}
+    response = owner.client().post("/api/v1/jobs", body, format="json")
+    assert response.status_code == 400, response.content
+    problems = {(error["param"], error["code"]) for error in response.json()["error"]["errors"]}
+    assert {("teacher.client.base_url", "blocked_address"), ("env.0.judge.base_url", "private_address")} <= problems
+    settings.LAB_ENGINE_EGRESS_ALLOW_PRIVATE = True
+    response = owner.client().post("/api/v1/jobs", body, format="json")
+    problems = {(error["param"], error["code"]) for error in response.json()["error"]["errors"]}
+    assert ("teacher.client.base_url", "blocked_address") in problems
+    assert not any(param == "env.0.judge.base_url" for param, _ in problems)
+    assert not Job.objects.unscoped().exists()

@@ -74,7 +74,7 @@ def test_bad_secrets_are_a_400_that_creates_nothing_and_never_echo_a_value(owner
 
 
 def test_a_teachers_api_key_var_must_be_among_the_secrets(owner, spec, no_broker):
-    teacher = {"model": "t", "client": {"base_url": "http://127.0.0.1:9/v1", "api_key_var": "OPENAI_API_KEY"}}
+    teacher = {"model": "t", "client": {"base_url": "https://teacher.example/v1", "api_key_var": "OPENAI_API_KEY"}}
     sft = {**spec, "loss": "sft", "teacher": teacher}
 
     missing = create(owner, sft, {"OTHER": "x"})
