@@ -21,7 +21,7 @@ from lab.errors import LabError
 from sandboxes.conf import pool_enabled, setting
 from sandboxes.models import ACTIVE_STATUSES, Sandbox
 from sandboxes.runtime.agent import AgentRuntime
-from sandboxes.runtime.base import RuntimeRefusal
+from sandboxes.runtime.base import RuntimeRefusal, SandboxSpec
 from sandboxes.runtime.pool import PoolPod, SandboxPool
 
 logger = logging.getLogger(__name__)
@@ -52,15 +52,20 @@ def pool() -> SandboxPool:
     return SandboxPool(cluster, pools=setting("LAB_SANDBOX_POOL_IMAGES"), wait_s=setting("LAB_SANDBOX_POOL_WAIT_S"))
 
 
-def claim_for(*, sandbox_id: str, image: str) -> PoolPod | None:
-    """Claim a warm pod of ``image``'s pool for ``sandbox_id`` and return it (None when sandboxes
-    do not run on the pool); ``sandbox_capacity`` (a LabError, 503) when none can be had: every
-    warm pod taken, the image without a pool, or the cluster not answering."""
+def claim_for(spec: SandboxSpec) -> PoolPod | None:
+    """Claim a warm pod for the sandbox ``spec`` and return it (None when sandboxes do not run on
+    the pool). Refusals are LabErrors: ``invalid_request`` when no pool runs such a sandbox (its
+    image, or ``network: egress``) or its pods are smaller than it; ``sandbox_capacity`` (503) when
+    every warm pod is taken or the cluster does not answer."""
     if not pool_enabled():
         return None
     try:
-        return pool().claim(sandbox_id=sandbox_id, image=image)
+        return pool().claim(spec)
     except RuntimeRefusal as refusal:
+        if refusal.code == "no_pool":
+            raise LabError("invalid_request", refusal.message, param="network" if spec.network == "egress" else "image") from None
+        if refusal.code == "too_large":
+            raise LabError("invalid_request", refusal.message, param="memory_gb") from None
         raise LabError("sandbox_capacity", refusal.message, retry_after_s=5) from None
 
 

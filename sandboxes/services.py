@@ -215,7 +215,8 @@ def sandbox_create(
         parsed.fields["labels"].update({JOB_LABEL: attempt.job.public_id, ATTEMPT_LABEL: str(attempt.number)})
     _refuse_over_cap(project.organization_id)  # unlocked, first: no pool pod is spent on a create it refuses
     # A pool's pod is claimed before the row: no warm pod refuses the create, changing nothing.
-    pod = placement.claim_for(sandbox_id=(sandbox_id := public_id("sbx")), image=parsed.fields["image"])
+    sizes = {name: parsed.fields[name] for name in ("image", "cpu_cores", "memory_gb", "disk_gb", "network")}
+    pod = placement.claim_for(SandboxSpec(sandbox_id=(sandbox_id := public_id("sbx")), **sizes))
     with placement.released_on_error(pod), transaction.atomic():
         Organization.objects.select_for_update().filter(pk=project.organization_id).first()
         _refuse_over_cap(project.organization_id)

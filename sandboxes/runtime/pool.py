@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from sandboxes.runtime.base import RuntimeRefusal
+from sandboxes.runtime.base import RuntimeRefusal, SandboxSpec
 
 #: The labels of a pool's pods: which pool, ``warm`` or ``claimed``, and the sandbox a claimed one holds.
 POOL_LABEL = "lab.dev/sandbox-pool"
@@ -34,6 +34,13 @@ CLAIMED_AT = "lab.dev/claimed-at"
 RESTARTS_AT_CLAIM = "lab.dev/restarts-at-claim"
 #: The name of the agent container's port.
 AGENT_PORT = "agent"
+#: What the pool's name of an image's pool for sandboxes with ``network: egress`` ends with
+#: (``python:3.11+egress``): those need a pool whose NetworkPolicy lets them out.
+EGRESS_SUFFIX = "+egress"
+#: Kubernetes quantity suffixes (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
+_SUFFIXES = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+#: The sandboxes' gigabyte (``sandboxes.runtime.local.GIGABYTE``).
+GIGABYTE = 1024**3
 
 
 class PodConflict(Exception):
@@ -75,6 +82,13 @@ class PoolPod:
     ending: bool
     restarts: int
     agent_url: str
+    cpu_cores: float | None = None
+    memory_gb: float | None = None
+
+    def fits(self, spec: SandboxSpec) -> bool:
+        """Whether the pod's limits (its first container's; none set: any) hold ``spec``'s cores and memory."""
+        return (self.cpu_cores is None or spec.cpu_cores <= self.cpu_cores) and (
+            self.memory_gb is None or spec.memory_gb <= self.memory_gb)
 
     @property
     def lost_its_sandbox(self) -> bool:
@@ -102,6 +116,7 @@ def pool_pod(pod: dict) -> PoolPod:
     port = next((item["containerPort"] for item in ports if item.get("name") == AGENT_PORT), None) or (
         ports[0]["containerPort"] if ports else 8765)
     host = f"[{ip}]" if ":" in ip else ip
+    limits = (pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}
     return PoolPod(
         name=metadata["name"], resource_version=str(metadata.get("resourceVersion", "")),
         labels=dict(metadata.get("labels") or {}), annotations=dict(metadata.get("annotations") or {}),
@@ -109,7 +124,18 @@ def pool_pod(pod: dict) -> PoolPod:
         ending=bool(metadata.get("deletionTimestamp")) or status.get("phase") in ("Succeeded", "Failed"),
         restarts=sum(int(item.get("restartCount") or 0) for item in status.get("containerStatuses") or []),
         agent_url=f"http://{host}:{port}" if ip else "",
+        cpu_cores=quantity(limits["cpu"]) if "cpu" in limits else None,
+        memory_gb=quantity(limits["memory"]) / GIGABYTE if "memory" in limits else None,
     )
+
+
+def quantity(value: str | int | float) -> float:
+    """Return a Kubernetes quantity (``"500m"``, ``"2"``, ``"2Gi"``) as a number of its unit."""
+    text = str(value)
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIXES[suffix]
+    return float(text)
 
 
 class SandboxPool:
@@ -124,23 +150,31 @@ class SandboxPool:
         self.wait_s, self.poll_s = wait_s, poll_s
         self._clock, self._sleep, self._shuffle, self._now = clock, sleep, shuffle, now
 
-    def claim(self, *, sandbox_id: str, image: str) -> PoolPod:
-        """Claim a Ready warm pod of ``image``'s pool for ``sandbox_id`` and return it (claimed).
-        Warm pods are tried in random order, so concurrent claims rarely race for one; a lost
-        race (PodConflict) tries the next. RuntimeRefusal ``sandbox_capacity`` when none is left
-        within ``wait_s``, ``unknown_image`` when the image has no pool."""
-        pool = self.pools.get(image)
+    def claim(self, spec: SandboxSpec) -> PoolPod:
+        """Claim a Ready warm pod for the sandbox ``spec`` and return it (claimed): one of the pool
+        of its image (``<image>+egress`` for a sandbox with ``network: egress``) whose limits hold
+        its cores and memory. Warm pods are tried in random order, so concurrent claims rarely
+        race for one; a lost race (PodConflict) tries the next. RuntimeRefusal
+        ``sandbox_capacity`` when none is left within ``wait_s``, ``no_pool`` when no pool runs
+        such sandboxes, ``too_large`` when the pool's pods are smaller than the sandbox."""
+        key = spec.image + (EGRESS_SUFFIX if spec.network == "egress" else "")
+        pool = self.pools.get(key)
         if pool is None:
-            raise RuntimeRefusal("unknown_image", f"No sandbox pool runs image {image!r}.")
+            raise RuntimeRefusal("no_pool", f"No sandbox pool runs {key!r} (LAB_SANDBOX_POOL_IMAGES).")
         deadline = self._clock() + self.wait_s
         while True:
-            warm = [pod for pod in map(pool_pod, self.cluster.pods({POOL_LABEL: pool, STATE_LABEL: WARM}))
-                    if pod.ready and not pod.ending and pod.agent_url]
+            listed = [pod for pod in map(pool_pod, self.cluster.pods({POOL_LABEL: pool, STATE_LABEL: WARM}))
+                      if pod.ready and not pod.ending and pod.agent_url]
+            warm = [pod for pod in listed if pod.fits(spec)]
+            if listed and not warm:
+                largest = listed[0]
+                raise RuntimeRefusal("too_large", f"A sandbox of pool {pool!r} may have at most {largest.cpu_cores} cores "
+                                                  f"and {largest.memory_gb:g} GB (its pods' limits).")
             self._shuffle(warm)
             for pod in warm:
                 annotations = {CLAIMED_AT: str(int(self._now())), RESTARTS_AT_CLAIM: str(pod.restarts)}
                 try:
-                    claimed = self.cluster.relabel(pod.name, {STATE_LABEL: CLAIMED, SANDBOX_LABEL: sandbox_id},
+                    claimed = self.cluster.relabel(pod.name, {STATE_LABEL: CLAIMED, SANDBOX_LABEL: spec.sandbox_id},
                                                    annotations, resource_version=pod.resource_version)
                 except PodConflict:
                     continue

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from jobs.launchers.kubernetes.sandbox_pods import GatewayPods
+from sandboxes.runtime.base import SandboxSpec
 from sandboxes.runtime.pool import POOL_LABEL, STATE_LABEL, WARM, SandboxPool
 from tests.k8s.validation import validate
 from tests.support.sandbox_pool import NAMESPACE, PoolCluster
@@ -62,7 +63,7 @@ def test_the_role_grants_exactly_what_the_pool_calls(objects):
     cluster = PoolCluster([], replicas=1)
     cluster.gateway.ready_pod(NAMESPACE, cluster.pods()[0]["metadata"]["name"], ip="10.0.0.7")
     pool = SandboxPool(GatewayPods(cluster.gateway, namespace=NAMESPACE), pools={"python:3.11": "python-3-11"})
-    pool.release(pool.claim(sandbox_id="sbx_rbac", image="python:3.11").name)
+    pool.release(pool.claim(SandboxSpec(sandbox_id="sbx_rbac", image="python:3.11", cpu_cores=1, memory_gb=1, disk_gb=1)).name)
     pool.claimed()
     used = {(("", "pods"), call) for call, kind in cluster.gateway.calls if kind == "Pod"}
     role = objects[("Role", "lab-sandbox-pool")]

@@ -19,7 +19,8 @@ from jobs.launchers.kubernetes.sandbox_pods import GatewayPods
 from lab.models import AuditLogEntry
 from sandboxes import placement, services
 from sandboxes.models import Sandbox, SandboxStatus
-from sandboxes.runtime.pool import CLAIMED_AT, SANDBOX_LABEL, STATE_LABEL, SandboxPool
+from sandboxes.runtime.base import SandboxSpec
+from sandboxes.runtime.pool import CLAIMED_AT, SANDBOX_LABEL, STATE_LABEL, SandboxPool, quantity
 from sandboxes.tasks import reap_sandboxes
 from tests.support.sandbox_agent import RunningAgent, start_agent
 from tests.support.sandbox_pool import CLUSTER_PATH, NAMESPACE, PoolCluster
@@ -49,6 +50,10 @@ def cluster(agents, settings) -> PoolCluster:
     settings.LAB_SANDBOX_POOL_WAIT_S = 0
     settings.LAB_SANDBOX_AGENT_SECRET = SECRET
     return cluster
+
+
+def spec(sandbox_id: str, **fields) -> SandboxSpec:
+    return SandboxSpec(**{"sandbox_id": sandbox_id, "image": "python:3.11", "cpu_cores": 1.0, "memory_gb": 1.0, "disk_gb": 1.0, **fields})
 
 
 def create(tenant, **body) -> httpx.Response:
@@ -169,7 +174,7 @@ def test_concurrent_claims_never_get_one_pod(agents, parties):
 
     def claim(index: int) -> None:
         try:
-            claimed[index] = pool.claim(sandbox_id=f"sbx_race{index}", image="python:3.11").name
+            claimed[index] = pool.claim(spec(f"sbx_race{index}")).name
         except Exception as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
@@ -233,3 +238,19 @@ def test_an_outsider_gets_404_and_the_pod_stays_claimed(owner, outsider, cluster
 
     assert cluster.gateway.deletes == []
     assert cluster.gateway.objects[("Pod", NAMESPACE, pod_name)]["metadata"]["labels"][SANDBOX_LABEL] == created["id"]
+
+
+def test_a_sandbox_larger_than_the_pools_pods_or_wanting_egress_is_refused_and_claims_nothing(owner, cluster, settings):
+    settings.LAB_SANDBOX_ALLOW_EGRESS = True
+    too_large = create(owner, memory_gb=4)  # the pods' limit is 2Gi (k8s/sandbox-pool/pool.yaml)
+    egress = create(owner, network="egress")  # the pool's pods have no egress, and no egress pool is named
+
+    assert (too_large.status_code, too_large.json()["error"]["code"]) == (400, "invalid_request")
+    assert "at most 2.0 cores and 2 GB" in too_large.json()["error"]["message"]
+    assert (egress.status_code, egress.json()["error"]["param"]) == (400, "network")
+    assert Sandbox.objects.unscoped().count() == 0 and ("patch", "Pod") not in cluster.gateway.calls
+
+
+@pytest.mark.parametrize(("text", "value"), [("500m", 0.5), ("2", 2.0), ("2Gi", 2 * 2**30), ("512Mi", 2**29), ("1G", 1e9)])
+def test_it_reads_kubernetes_quantities(text, value):
+    assert quantity(text) == value
