@@ -202,3 +202,20 @@ def test_a_job_the_cluster_refuses_fails_the_build_naming_the_error(owner, clust
     build.refresh_from_db()
     assert build.status == BuildStatus.FAILED
     assert build.error.startswith("the build's Kubernetes Job could not be created (403: injected)")
+
+
+def test_a_build_on_the_pool_with_lab_on_an_object_store_stores_the_wheels_it_fetched_in_the_bucket(
+    owner, cluster, bucket, s3_server, live_server, settings, tmp_path,
+):
+    settings.LAB_PUBLIC_URL = live_server.url
+    build = _started(owner, lab_wheel("idna-s3-env", extra_requires=("idna",)))
+    exit_codes, outputs = run_build_pod(cluster, NAMESPACE, build_job_name(build.pk), tmp_path / "pod")
+    assert exit_codes == {"fetch": 0, "build": 0, "report": 0}, outputs
+    sweep_environment_builds()
+
+    build.refresh_from_db()
+    assert build.status == BuildStatus.READY, (build.error, build_log(build))
+    [idna] = build.lock
+    keys = s3_server.keys(bucket)
+    assert f"lab/checkpoints/environments/wheelhouse/{idna['sha256']}/{idna['filename']}" in keys
+    assert f"lab/checkpoints/{build.log_key}" in keys and "smoke rollout of 2 examples" in build_log(build)
