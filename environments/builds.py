@@ -1,7 +1,8 @@
 """Environment builds: every pushed version is built once, as of its push time; a rebuild may be asked for.
 
 A build runs the builder (``environments.builder``) as a subprocess of the worker that runs the
-task ``TaskName.BUILD_ENVIRONMENT``, so no package code runs in Lab's own processes, and stores
+task ``TaskName.BUILD_ENVIRONMENT`` (on the Kubernetes pool, as a Job of its own instead:
+``environments.pod_builds``), so no package code runs in Lab's own processes, and stores
 what it made in Lab's storage (``lab.storage``):
 
 - the wheels of its lock in the wheelhouse shared by every build, ``environments/wheelhouse/
