@@ -36,7 +36,7 @@ def agent_at(url: str) -> AgentRuntime:
     return _agent(url, settings.LAB_SANDBOX_AGENT_SECRET)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=512)  # one client (its connection pool) per agent: a pool's pods each have one
 def _agent(url: str, secret: str) -> AgentRuntime:
     return AgentRuntime(url, secret=secret.encode())
 

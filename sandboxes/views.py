@@ -37,7 +37,7 @@ def _labels(params) -> dict[str, str]:
 
 class SandboxListView(_SandboxView):
     """``GET /sandboxes?label[k]=v`` (newest first); ``POST /sandboxes`` (201, started, with its
-    ``data_plane`` access)."""
+    ``data_plane`` access; 503 ``sandbox_capacity`` when the Kubernetes pool has no warm pod)."""
 
     @extend_schema(
         parameters=[limit_parameter(), OpenApiParameter("after", str), OpenApiParameter("label[key]", str, description="only sandboxes with this label value")],
@@ -47,7 +47,7 @@ class SandboxListView(_SandboxView):
         sandboxes = sandbox_list(project=self.project, labels=_labels(request.query_params))
         return Response(paginate_by_public_id(sandboxes, request.query_params, sandbox_to_dict))
 
-    @extend_schema(request=json_body(openapi.SANDBOX_CREATE), responses={201: openapi.SANDBOX})
+    @extend_schema(request=json_body(openapi.SANDBOX_CREATE), responses={201: openapi.SANDBOX, 503: ERROR})
     def post(self, request: Request) -> Response:
         sandbox, warnings = sandbox_create(project=self.project, actor=self.actor, data=request.data)
         access = sandbox_access(sandbox=sandbox) if sandbox.status == SandboxStatus.RUNNING else None

@@ -24,6 +24,7 @@ from sandboxes.runtime.pool import CLAIMED_AT, SANDBOX_LABEL, STATE_LABEL, Sandb
 from sandboxes.tasks import reap_sandboxes
 from tests.support.sandbox_agent import RunningAgent, start_agent
 from tests.support.sandbox_pool import CLUSTER_PATH, NAMESPACE, PoolCluster
+from tests.support.schema_check import assert_matches, served_document
 
 pytestmark = [pytest.mark.django_db]
 
@@ -122,6 +123,10 @@ def test_no_warm_pod_is_a_503_that_creates_nothing(owner, cluster):
     refused = create(owner)  # the replacements are still Pending
 
     assert refused.status_code == 503
+    document = served_document()
+    assert document["paths"]["/api/v1/sandboxes"]["post"]["responses"]["503"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Error"}
+    assert_matches(document, "Error", refused.json())
     assert (refused.json()["error"]["code"], refused.headers["Retry-After"]) == ("sandbox_capacity", "5")
     assert (Sandbox.objects.unscoped().count(), AuditLogEntry.objects.count()) == (rows, audit)
     assert [pod["metadata"]["labels"][STATE_LABEL] for pod in cluster.warm()] == ["warm", "warm"]

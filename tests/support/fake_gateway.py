@@ -136,11 +136,12 @@ class FakeGateway(ClusterGateway):
 
     def list(self, kind: Kind, *, namespace: str | None = None, label_selector: str = "") -> ObjectList:
         self._fault("list", kind)
-        items = [
-            copy.deepcopy(obj) for (kind_name, obj_namespace, _), obj in sorted(self.objects.items())
-            if kind_name == kind.kind and (not namespace or obj_namespace == namespace)
-            and matches(obj["metadata"].get("labels") or {}, label_selector)
-        ]
+        with self._lock:  # a patch of another thread never changes the dict under the listing
+            items = [
+                copy.deepcopy(obj) for (kind_name, obj_namespace, _), obj in sorted(self.objects.items())
+                if kind_name == kind.kind and (not namespace or obj_namespace == namespace)
+                and matches(obj["metadata"].get("labels") or {}, label_selector)
+            ]
         return ObjectList(items=items, resource_version=str(self._current()))
 
     def watch(self, kind: Kind, *, resource_version: str, namespace: str | None = None, label_selector: str = "",
