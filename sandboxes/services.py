@@ -40,7 +40,7 @@ from sandboxes.usage import sandbox_usage_close
 
 logger = logging.getLogger(__name__)
 
-#: Images the local runtime knows: ``python:3.11`` is the host's /usr with its system Python.
+#: Images the local runtime knows (``sandboxes.images``: Debian's Python 3.11 built by make sandbox-images).
 IMAGES = ("python:3.11",)
 #: Names clients use (Docker Hub's) that map to one of ours, with a warning.
 IMAGE_ALIASES = {"python:3.11-slim": "python:3.11", "python:3.11-bookworm": "python:3.11"}
