@@ -88,6 +88,7 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/sandboxes/test_job_sandbox_key.py": LIVE,
     "tests/sandboxes/test_prime_sandboxes.py": LIVE,
     "tests/sandboxes/test_sandbox_billing.py": THREADS,
+    "tests/sandboxes/test_verifiers_prime_runtime.py": LIVE,
     "tests/sandboxes/test_sandboxes_api.py": THREADS,
     "tests/sandboxes/test_sandboxes_sdk.py": LIVE,
     "tests/serving/test_dedicated_billing.py": THREADS,

@@ -12,7 +12,7 @@ from lab.errors import FieldError, LabError
 from lab.formats import iso
 from sandboxes.models import Sandbox, SandboxStatus
 from sandboxes.runtime.base import WORKSPACE
-from sandboxes.services import DataPlaneAccess
+from sandboxes.services import LIMITS, DataPlaneAccess
 
 #: The ``user_ns`` of the gateway auth: the SDK reaches ``{gateway_url}/{user_ns}/{job_id}``,
 #: which is the agent's ``/prime/<sandbox id>``.
@@ -64,7 +64,12 @@ def create_body(data: Any) -> dict[str, Any]:
         "environment": environment, "labels": labels_to_lab(data.get("labels") or []),
     }
     minutes = data.get("timeout_minutes", 60)
-    body["timeout_s"] = minutes * 60 if isinstance(minutes, int) and not isinstance(minutes, bool) else minutes
+    if isinstance(minutes, int) and not isinstance(minutes, bool):
+        # Prime's 0 or less is no lifetime (its idle timeout alone ends the sandbox, as verifiers' v1
+        # runtime asks): Lab has no idle timeout, so the longest lifetime it gives.
+        body["timeout_s"] = minutes * 60 if minutes > 0 else LIMITS["timeout_s"][1]
+    else:
+        body["timeout_s"] = minutes
     return {key: value for key, value in body.items() if value is not None}
 
 

@@ -1,0 +1,57 @@
+"""verifiers 0.4.0's v1 ``prime`` runtime (``PrimeRuntime``, what a taskset's agent runs in by
+default) against Lab with an attempt's sandbox key, as the engine hands it to an environment
+(``PRIME_API_BASE_URL``, ``PRIME_API_KEY``): with the work dir a Lab sandbox can write, it makes a
+sandbox of the attempt, runs commands and moves files there, and deletes it at teardown; its
+default ``/app`` and its live processes are what Lab's sandboxes lack (docs/prime-compat.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandboxes.models import Sandbox, SandboxStatus
+from sandboxes.services import LIMITS
+from tests.environments.verifiers_wheels import require_verifiers_python
+from tests.sandboxes.test_job_sandbox_key import _launched, _sandbox_key, _stop_what_the_test_left  # noqa: F401
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime", "no_broker")]
+
+PROBE = Path(__file__).with_name("verifiers_prime_runtime_probe.py")
+
+
+def test_verifiers_prime_runtime_makes_runs_and_deletes_a_sandbox_of_the_attempt_in_lab(owner, spec, live_server, tmp_path, runtime):
+    python = require_verifiers_python()
+    attempt, engine = _launched(owner, spec)
+    key = _sandbox_key(attempt, engine)
+    environment = {
+        "PATH": os.environ["PATH"], "HOME": str(tmp_path), "PRIME_API_BASE_URL": f"{live_server.url}/prime",
+        "PRIME_API_KEY": key["api_key"], "PRIME_DISABLE_VERSION_CHECK": "1",
+    }
+    # Lab's writable work dir; verifiers' default (/app, python:3.11-slim).
+    configs = [[{"workdir": "/workspace"}, ["run", "write", "read", "live_process"]], [{}, ["run", "write"]]]
+    done = subprocess.run([str(python), str(PROBE), json.dumps(configs)], env=environment, capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    workspace, default = (json.loads(line) for line in done.stdout.splitlines())
+
+    assert workspace["run"] == [0, "42 /workspace\n", ""]
+    assert (workspace["write"], workspace["read"]) == ("None", "b'42\\n'")
+    # A live process (stdin, re-attach) is a command session Lab's gateway does not serve.
+    assert "unimplemented" in workspace["live_process_error"]
+    # verifiers' default work dir: Lab's sandbox has a read-only root, so its commands and files fail.
+    assert default["run"][0] != 0 and "can't cd to /app" in default["run"][2]
+    assert "path must be inside /workspace or /tmp" in default["write_error"]
+
+    made = {row.public_id: row for row in Sandbox.objects.unscoped().filter(attempt=attempt)}
+    assert set(made) == {workspace["id"], default["id"]}
+    for row in made.values():
+        assert (row.labels["lab.job"], row.labels["lab.attempt"]) == (attempt.job.public_id, "1")
+        assert row.image == "python:3.11"  # python:3.11-slim maps to it
+        # verifiers asks for no lifetime (timeout_minutes -1, its idle timeout alone): Lab's longest.
+        assert row.timeout_s == LIMITS["timeout_s"][1]
+        assert row.status == SandboxStatus.STOPPED  # its teardown deleted it
+    assert not set(made) & runtime.held()[1]
