@@ -7,6 +7,8 @@
 - ``HEAD wheelhouse/<sha256>/<file name>``: 200 when the shared wheelhouse has it, else 404;
   ``PUT`` it there: Lab computes the body's SHA-256 and refuses one that is not the name's, so a
   pod stores nothing in the wheelhouse but the wheel that digest names;
+- ``HEAD``/``PUT hub-datasets/<sha256>``: the tar of the Hugging Face datasets its loading
+  fetched (``environments.hub_datasets``), checked as a wheel is;
 - ``PUT log`` (its last ``MAX_LOG_BYTES``) and ``PUT result`` (the builder's result object, at
   most ``MAX_RESULT_BYTES``), each at that build's own key; the build sweep reads them.
 
@@ -28,10 +30,11 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 from rest_framework.views import APIView
 
+from environments import hub_datasets
 from environments.builds import MAX_LOG_BYTES, build_log_key
 from environments.datasets import copy_snapshots
 from environments.models import EnvironmentBuild
-from environments.pod_builds import build_for_token, result_key, wheelhouse_key
+from environments.pod_builds import _SHA256, build_for_token, result_key, wheelhouse_key
 from environments.storage import WHEEL_CONTENT_TYPE
 from environments.wheels import MAX_WHEEL_BYTES
 from lab import storage
@@ -128,6 +131,33 @@ class BuildWheelhouseView(BuildCallbackView):
             if digest != sha256:
                 return _error(400, f"the body's SHA-256 is {digest}, not {sha256}")
             storage.put_file(key, Path(spool.name), content_type=WHEEL_CONTENT_TYPE)
+        return HttpResponse(status=201)
+
+
+class BuildHubDatasetsView(BuildCallbackView):
+    """The tar of the Hugging Face datasets a build's loading fetched (``environments.hub_datasets``),
+    content-addressed as the wheelhouse is."""
+
+    @extend_schema(exclude=True)
+    def head(self, request, build_id: int, sha256: str):
+        if not _SHA256.match(sha256):
+            return HttpResponse(status=400)
+        return HttpResponse(status=200 if storage.object_storage().exists(hub_datasets.key(sha256)) else 404)
+
+    @extend_schema(exclude=True)
+    def put(self, request, build_id: int, sha256: str):
+        if not _SHA256.match(sha256):
+            return _error(400, "not a SHA-256")
+        if storage.object_storage().exists(hub_datasets.key(sha256)):
+            return HttpResponse(status=200)
+        spooled = _spool(request, hub_datasets.max_bytes())
+        if spooled is None:
+            return _error(413, "the datasets are larger than LAB_ENVIRONMENT_HUB_DATASETS_MAX_BYTES")
+        spool, digest, _ = spooled
+        with spool:
+            if digest != sha256:
+                return _error(400, f"the body's SHA-256 is {digest}, not {sha256}")
+            storage.put_file(hub_datasets.key(sha256), Path(spool.name), content_type=hub_datasets.CONTENT_TYPE)
         return HttpResponse(status=201)
 
 

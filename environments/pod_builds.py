@@ -27,7 +27,7 @@ from django.core import signing
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from environments import build_clusters
+from environments import build_clusters, hub_datasets
 from environments.build_clusters import (
     DEADLINE,
     FAILED,
@@ -112,6 +112,7 @@ def pod_of(build: EnvironmentBuild) -> BuildPod:
         wheelhouse=PurePosixPath(pod_paths.WHEELHOUSE_DIR), workdir=PurePosixPath(pod_paths.WORK_DIR),
         result=root / "out" / "result.json", datasets=PurePosixPath(pod_paths.DATASETS_DIR),
         python="python", cache=PurePosixPath(pod_paths.CACHE_DIR), sandbox="none",
+        hub_datasets_tar=PurePosixPath(pod_paths.OUT_DIR) / hub_datasets.FILENAME,
     )
     return BuildPod(
         build_id=build.pk, organization=build.package.organization.slug, lab_url=settings.LAB_PUBLIC_URL,
@@ -156,9 +157,15 @@ def _stored_result(build: EnvironmentBuild) -> dict:
         if result["status"] == BuildStatus.READY and (key is None or not storage.object_storage().exists(key)):
             return {"status": BuildStatus.FAILED, "error": f"the build's pod did not store {fields['filename']} of its lock"}
         entries.append(fields)
+    summary = result.get("summary") if isinstance(result.get("summary"), dict) else {}
+    fetched = summary.get("hub_datasets")
+    if result["status"] == BuildStatus.READY and fetched and not (
+        isinstance(fetched, dict) and _SHA256.match(str(fetched.get("sha256"))) and storage.object_storage().exists(hub_datasets.key(fetched["sha256"]))
+    ):
+        return {"status": BuildStatus.FAILED, "error": "the build's pod did not store the Hugging Face datasets its loading fetched"}
     return {
         "status": result["status"], "error": str(result.get("error") or "")[:10_000], "python": str(result.get("python") or "")[:32],
-        "lock": entries, "summary": result.get("summary") if isinstance(result.get("summary"), dict) else {},
+        "lock": entries, "summary": summary,
     }
 
 

@@ -12,6 +12,8 @@ urlpatterns = [
     path("environment-builds/<int:build_id>/datasets", build_views.BuildDatasetsView.as_view(), name="build-datasets"),
     path("environment-builds/<int:build_id>/wheelhouse/<str:sha256>/<str:filename>", build_views.BuildWheelhouseView.as_view(),
          name="build-wheelhouse"),
+    path("environment-builds/<int:build_id>/hub-datasets/<str:sha256>", build_views.BuildHubDatasetsView.as_view(),
+         name="build-hub-datasets"),
     path("environment-builds/<int:build_id>/log", build_views.BuildLogView.as_view(), name="build-log"),
     path("environment-builds/<int:build_id>/result", build_views.BuildResultView.as_view(), name="build-result"),
 ]

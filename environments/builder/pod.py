@@ -9,7 +9,8 @@ containers of a build's Kubernetes Job (``jobs.launchers.kubernetes.builds``), i
   ``BUILD_DIR/out/build.log``, and always exits 0 (its exit and timeout in ``out/run.json``), so
   that the report runs;
 - ``report`` (the container, with the token): uploads the wheels of the lock that Lab's
-  wheelhouse lacks (Lab checks each one's SHA-256), the log, then the result. Lab's worker reads
+  wheelhouse lacks (Lab checks each one's SHA-256), the Hugging Face datasets tar the builder
+  packed (likewise), the log, then the result. Lab's worker reads
   the result once the Job has completed (``environments.pod_builds``).
 
 The token is never in the container that runs package code, nor in a file it can read. No
@@ -36,6 +37,8 @@ WHEELHOUSE_DIR, WORK_DIR, CACHE_DIR, HOME_DIR = (f"{BUILD_DIR}/{name}" for name 
 DATASETS_DIR = f"{IN_DIR}/datasets"
 #: The variable the token travels in (from the build's Secret, in ``fetch`` and ``report`` only).
 TOKEN_VARIABLE = "LAB_BUILD_TOKEN"
+#: Where the builder packs the Hugging Face datasets loading fetched (``environments.hub_datasets.FILENAME``).
+HUB_DATASETS_FILENAME = "hub-datasets.tar"
 #: The longest log uploaded, in bytes (its end), as ``environments.builds.MAX_LOG_BYTES``.
 MAX_LOG_BYTES = 4 * 1024 * 1024
 _CHUNK = 1024 * 1024
@@ -119,6 +122,16 @@ def report(args) -> int:
         with path.open("rb") as body:
             _request(url, method="PUT", data=body, length=path.stat().st_size).close()
         uploaded += 1
+    fetched = (result.get("summary") or {}).get("hub_datasets") if result.get("status") == "ready" else None
+    if fetched:  # the Hugging Face datasets loading fetched, packed by the builder (environments.hub_datasets)
+        url, tar = f"{_base(args)}/hub-datasets/{fetched['sha256']}", directory / "out" / HUB_DATASETS_FILENAME
+        try:
+            _request(url, method="HEAD").close()
+        except urllib.error.HTTPError as error:
+            if error.code != 404:
+                raise
+            with tar.open("rb") as body:
+                _request(url, method="PUT", data=body, length=tar.stat().st_size, content_type="application/x-tar").close()
     log = directory / "out" / "build.log"
     data = log.read_bytes()[-MAX_LOG_BYTES:] if log.is_file() else b""
     _request(f"{_base(args)}/log", method="PUT", data=data, content_type="text/plain").close()

@@ -219,3 +219,26 @@ def test_a_build_on_the_pool_with_lab_on_an_object_store_stores_the_wheels_it_fe
     keys = s3_server.keys(bucket)
     assert f"lab/checkpoints/environments/wheelhouse/{idna['sha256']}/{idna['filename']}" in keys
     assert f"lab/checkpoints/{build.log_key}" in keys and "smoke rollout of 2 examples" in build_log(build)
+
+
+def test_the_hub_datasets_a_pod_build_fetched_are_stored_only_as_their_digest_names_and_a_ready_result_needs_them(owner, cluster):
+    build = _started(owner, lab_wheel("hub-env"))
+    token = pod_builds.build_token(build)
+    tar = b"a tar of datasets"
+    digest = hashlib.sha256(tar).hexdigest()
+    result = b'{"status": "ready", "lock": [], "summary": {"api": "lab", "hub_datasets": {"sha256": "' + digest.encode() + b'"}}}'
+    assert _callback(build, "result", token=token, method="put", data=result).status_code == 204
+
+    assert _callback(build, f"hub-datasets/{'0' * 64}", token=token, method="put", data=tar).status_code == 400
+    assert _callback(build, f"hub-datasets/{digest}", token=token, method="head").status_code == 404
+    cluster.end_build(NAMESPACE, build_job_name(build.pk), {"fetch": 0, "build": 0, "report": 0})
+    build = _ended(build)
+    assert (build.status, build.error) == (BuildStatus.FAILED, "the build's pod did not store the Hugging Face datasets its loading fetched")
+
+    second = _started(owner, lab_wheel("hub-env-2"))
+    token = pod_builds.build_token(second)
+    assert _callback(second, "result", token=token, method="put", data=result).status_code == 204
+    assert _callback(second, f"hub-datasets/{digest}", token=token, method="put", data=tar).status_code == 201
+    cluster.end_build(NAMESPACE, build_job_name(second.pk), {"fetch": 0, "build": 0, "report": 0})
+    second = _ended(second)
+    assert second.status == BuildStatus.READY and second.summary["hub_datasets"] == {"sha256": digest}
