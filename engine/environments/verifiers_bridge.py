@@ -350,6 +350,14 @@ class Bridge:
             if uses_tools or not _requires_runtime(fn)  # a tool-using task's rollout has its runtime
         ] + [{"name": judge.reward_name, "weight": float(judge.config.weight)} for judge in first.plugged_judges()]
         if not rewards and not multi_turn:
+            in_runtime = [fn.__name__ for fn in first.hooks("reward") if _requires_runtime(fn)]
+            if in_runtime:
+                raise BridgeError(
+                    "unsupported",
+                    f"taskset {taskset}: its reward function{'s' if len(in_runtime) > 1 else ''} {', '.join(in_runtime)} "
+                    f"{'take' if len(in_runtime) > 1 else 'takes'} a runtime (a box to run in, verifiers' prime sandbox by "
+                    "default), which Lab does not give a single-turn taskset: Lab scores its replies offline, with the reward functions that read the trace alone",
+                )
             raise BridgeError("invalid_taskset", f"taskset {taskset}: its tasks have no @vf.reward function that runs without a runtime")
         if multi_turn:
             from verifiers.v1.session import hook_boundary

@@ -251,3 +251,25 @@ def test_a_scoring_past_the_timeout_is_cancelled_and_answered_timed_out(tmp_path
         assert set(scored["functions"]) == {"exact", "letters", "short"}
     finally:
         bridge.close()
+
+
+def test_it_exits_2_for_a_taskset_whose_rewards_all_run_in_a_runtime(tmp_path):
+    """A reward that runs the reply in verifiers' runtime (its prime sandbox by default) needs a box
+    Lab's offline scoring of a single-turn taskset does not provision: refused, naming it."""
+    require_verifiers_python()
+    source = SPELL_TASKSET.format(prelude="")
+    start, end = source.index("    @vf.reward(weight=1.0)"), source.index("class SpellTaskset")
+    rewards = (
+        "    @vf.reward(weight=1.0)\n    async def runs(self, trace: vf.Trace, runtime) -> float:\n"
+        "        result = await runtime.run(['python3', '-c', trace.last_reply], {})\n"
+        "        return 1.0 if result.exit_code == 0 else 0.0\n\n\n"
+    )
+    wheel = build_wheel("boxed-spell", "0.1.0", files={"boxed_spell/__init__.py": source[:start] + rewards + source[end:]},
+                        requires=["verifiers>=0.4.0"])
+    result = run_engine(tmp_path, "acme/boxed-spell@0.1.0", [wheel])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "engine: environment acme/boxed-spell@0.1.0: its reward function runs takes a runtime (a box to run in, verifiers' "
+        "prime sandbox by default), which Lab does not give a single-turn taskset: Lab scores its replies offline, with "
+        "the reward functions that read the trace alone"
+    )
