@@ -1,10 +1,15 @@
 """An environment build's Job and Secret (jobs/launchers/kubernetes/builds.py) validate as the API
-server would take them, and only the steps that talk to Lab see the build's token."""
+server would take them, only the steps that talk to Lab see the build's token, and nothing reaches its pod."""
 
 from __future__ import annotations
 
 from environments.build_clusters import BuildPod
-from jobs.launchers.kubernetes.builds import BuildSettings, build_job_object, build_secret_object
+from jobs.launchers.kubernetes.builds import (
+    BuildSettings,
+    build_job_object,
+    build_network_policy_object,
+    build_secret_object,
+)
 from tests.k8s.validation import validate
 
 POD = BuildPod(build_id=42, organization="acme", lab_url="http://lab-web.lab-system:8000", token="lbt_x",
@@ -16,8 +21,10 @@ def test_a_builds_job_and_secret_validate_and_its_builder_step_has_no_token():
     job = build_job_object(POD, BuildSettings(cpu=4, memory_gib=16))
     stored = {**job, "metadata": {**job["metadata"], "uid": "uid-job"}}
     secret = build_secret_object(POD, BuildSettings(), owner=stored)
+    policy = build_network_policy_object(POD, BuildSettings(), owner=stored)
     validate(job)
     validate(secret)
+    validate(policy)
     spec = job["spec"]["template"]["spec"]
     steps = {container["name"]: container for container in spec["initContainers"] + spec["containers"]}
 
@@ -28,3 +35,6 @@ def test_a_builds_job_and_secret_validate_and_its_builder_step_has_no_token():
     assert all(container["securityContext"]["readOnlyRootFilesystem"] for container in steps.values())
     assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
     assert secret["stringData"] == {"LAB_BUILD_TOKEN": "lbt_x"} and secret["metadata"]["ownerReferences"][0]["uid"] == "uid-job"
+    # nothing reaches a build's pod: the policy selects it (by its build's label) and allows no ingress
+    assert policy["spec"] == {"podSelector": {"matchLabels": {"lab.dev/environment-build": "42"}}, "policyTypes": ["Ingress"], "ingress": []}
+    assert job["spec"]["template"]["metadata"]["labels"]["lab.dev/environment-build"] == "42"

@@ -6,7 +6,8 @@ is the existing object) runs ``environments.builder.pod``'s three steps: ``fetch
 init containers, ``report`` as its container. Only ``fetch`` and ``report`` get the build's token
 (from the build's Secret, owned by the Job); ``run``, where the package's code runs, has none.
 No retry (``backoffLimit: 0``), ``activeDeadlineSeconds`` = the build's limit + ``report_grace_s``,
-no service-account token, non-root, a read-only root filesystem, requests and a memory limit.
+no service-account token, non-root, a read-only root filesystem, requests and a memory limit, and
+a NetworkPolicy (owned by the Job) that lets nothing reach the pod.
 ``outcome`` reads the Job (and its pod for an OOM kill). No Django here.
 """
 
@@ -140,6 +141,18 @@ def build_secret_object(pod: BuildPod, settings: BuildSettings, *, owner: dict) 
     }
 
 
+def build_network_policy_object(pod: BuildPod, settings: BuildSettings, *, owner: dict) -> dict:
+    """The NetworkPolicy of the build's pod, owned by its Job: no ingress at all (nothing reaches
+    a build). Its egress is left to the namespace: the builder needs the package index and Lab."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": build_job_name(pod.build_id), "namespace": settings.namespace, "labels": build_labels(pod),
+                     "ownerReferences": _owned_by(owner)},
+        "spec": {"podSelector": {"matchLabels": {BUILD_LABEL: str(pod.build_id)}}, "policyTypes": ["Ingress"], "ingress": []},
+    }
+
+
 def _condition(job: dict, kind: str) -> dict | None:
     return next((entry for entry in (job.get("status") or {}).get("conditions") or []
                  if entry.get("type") == kind and entry.get("status") == "True"), None)
@@ -155,6 +168,7 @@ class KubernetesBuilds:
         self.gateway.apply(namespace_object(self.settings.namespace, ""))
         job = self.gateway.apply(build_job_object(pod, self.settings))
         self.gateway.apply(build_secret_object(pod, self.settings, owner=job))
+        self.gateway.apply(build_network_policy_object(pod, self.settings, owner=job))
         return job["metadata"]["name"]
 
     def outcome(self, build_id: int) -> BuildOutcome:
