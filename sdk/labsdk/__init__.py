@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 # Each public name and the module it comes from, imported when first used (PEP 562), so that a
 # process needing one part (the engine reads ``labsdk.spec``) does not pay for the HTTP client.
+# No submodule imports this package's namespace, so the table hides no import circle.
 _EXPORTS = {
     "labsdk._default": ("default_client",),
     "labsdk._evals": ("Evaluation", "EvaluationSample"),
@@ -37,27 +38,33 @@ _EXPORTS = {
         "LogLine", "MetricPoint", "Model", "ModelBuild", "Price", "Sample", "StreamEvent", "WhoAmI",
     ),
 }
-_SOURCE = {name: module for module, names in _EXPORTS.items() for name in names}
+#: Submodules exported as they are (``lab.webhooks.verify``).
+_SUBMODULES = {"webhooks": "labsdk.webhooks"}
+_SOURCE = {**{name: module for module, names in _EXPORTS.items() for name in names}, **_SUBMODULES}
 
-__all__ = sorted([*_SOURCE, "webhooks", "whoami"])
+__all__ = sorted([*_SOURCE, "whoami"])
 
 _RESOURCES = ("jobs", "evals", "models", "environments", "prices", "checkpoints", "adapters", "billing", "usage", "deployments")
 
 
+def _export(name: str) -> Any:
+    """Return the public ``name`` from its module (``_EXPORTS``), imported on first use, and keep it."""
+    module = importlib.import_module(_SOURCE[name])
+    value = module if name in _SUBMODULES else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
 def whoami() -> WhoAmI:
     """Return the organization, project and scopes of the default client's API key."""
-    return importlib.import_module("labsdk._default").default_client().whoami()
+    return _export("default_client")().whoami()
 
 
 def __getattr__(name: str) -> Any:
     if name in _SOURCE:
-        value = getattr(importlib.import_module(_SOURCE[name]), name)
-        globals()[name] = value
-        return value
-    if name == "webhooks":
-        return importlib.import_module("labsdk.webhooks")
+        return _export(name)
     if name in _RESOURCES:
-        return getattr(importlib.import_module("labsdk._default").default_client(), name)
+        return getattr(_export("default_client")(), name)
     raise AttributeError(f"module 'labsdk' has no attribute {name!r}")
 
 
