@@ -24,7 +24,7 @@ from environments.services import (
     package_download_url,
     wheelhouse_download_url,
 )
-from jobs.models import Job, JobStatus
+from jobs.models import Job, JobKind, JobStatus
 from jobs.secrets.models import JobSecrets
 from lab.audit import Actor
 from lab.errors import FieldError, LabError, not_found
@@ -140,10 +140,11 @@ def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str
     is still queued or running (they wait: ``environment_building``), and ``{job id: message}``
     for those that name one whose latest build failed (the job fails with the build's error;
     this wins over waiting) or whose ready build reads a secret the job was not given (it fails
-    naming it: the check a submit makes when the build is ready already). A version with no build
-    at all holds nothing. Three queries."""
-    rows = Job.objects.unscoped().filter(pk__in=job_ids).values_list("pk", "project__organization_id", "spec")
-    named = {pk: (organization, sorted(set(_environment_ids(spec)))) for pk, organization, spec in rows}
+    naming it: the check a submit makes when the build is ready already), and a training job
+    whose ``env`` names one whose ready build has no train dataset (``no_train_dataset_message``).
+    A version with no build at all holds nothing. Three queries."""
+    rows = list(Job.objects.unscoped().filter(pk__in=job_ids).values_list("pk", "project__organization_id", "spec", "kind"))
+    named = {pk: (organization, sorted(set(_environment_ids(spec)))) for pk, organization, spec, _ in rows}
     names: dict[int, set[str]] = defaultdict(set)
     for organization, ids in named.values():
         names[organization].update(ref.name for ref in map(EnvironmentRef.parse, ids) if ref is not None)
@@ -158,7 +159,8 @@ def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str
     )
     latest = {(build.package.organization_id, build.package.public_id): build for build in builds}  # the highest number wins
     given = _secret_names(list(named))
-    specs = {pk: spec for pk, _, spec in rows}
+    specs = {pk: spec for pk, _, spec, _ in rows}
+    trained = {pk: {env.get("id") for env in spec.get("env", []) if isinstance(env, dict)} for pk, _, spec, kind in rows if kind != JobKind.EVALUATION}
     building: set[int] = set()
     failed: dict[int, str] = {}
     for pk, (organization, ids) in named.items():
@@ -173,6 +175,9 @@ def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str
             if missing:
                 failed[pk] = missing_secrets_message(environment_id, missing, given.get(pk, []))
                 break
+            if environment_id in trained.get(pk, ()) and _without_train_dataset(build):
+                failed[pk] = no_train_dataset_message(environment_id)
+                break
             if build is not None and build.status in (BuildStatus.QUEUED, BuildStatus.RUNNING):
                 building.add(pk)
     return building - failed.keys(), failed
@@ -181,7 +186,7 @@ def environment_build_holds(job_ids: list[int]) -> tuple[set[int], dict[int, str
 def train_dataset_errors(packages) -> list[FieldError]:
     """The ``env.N.id`` blocks of a training job (``ValidatedSpec.environment_packages``) that name a
     package whose ready ``load_environment`` build recorded an eval dataset and no train dataset
-    (its summary's ``dataset_size`` null): such an environment evaluates (``[[eval.env]]``, an
+    (its summary's ``train_dataset`` false; a build before it recorded that is taken): such an environment evaluates (``[[eval.env]]``, an
     evaluation) but has nothing to train on, so the submit is refused naming it. One query."""
     blocks = {key: package for key, package in packages.items() if key[0] == "env"}
     if not blocks:
@@ -192,13 +197,21 @@ def train_dataset_errors(packages) -> list[FieldError]:
     }  # the highest number wins
     errors = []
     for (section, index), package in sorted(blocks.items(), key=lambda item: item[0]):
-        build = latest.get(package.pk)
-        summary = (build.summary or {}) if build is not None and build.status == BuildStatus.READY else {}
-        if summary.get("api") == "v0" and summary.get("dataset_size") is None and summary.get("eval_dataset_size") is not None:
-            errors.append(FieldError(
-                f"{section}.{index}.id", "no_train_dataset",
-                f"environment '{package.public_id}' has no train dataset: its load_environment returns an environment with an "
-                "eval_dataset only, which evaluations use (POST /api/v1/evaluations, or an [[eval.env]] block of a job); "
-                "training needs its dataset (vf.SingleTurnEnv(dataset=..., eval_dataset=...))",
-            ))
+        if _without_train_dataset(latest.get(package.pk)):
+            errors.append(FieldError(f"{section}.{index}.id", "no_train_dataset", no_train_dataset_message(package.public_id)))
     return errors
+
+
+def _without_train_dataset(build: EnvironmentBuild | None) -> bool:
+    """Whether ``build`` is a ready ``load_environment`` build that recorded no train dataset."""
+    summary = (build.summary or {}) if build is not None and build.status == BuildStatus.READY else {}
+    return summary.get("api") == "v0" and summary.get("train_dataset") is False
+
+
+def no_train_dataset_message(environment_id: str) -> str:
+    """What a training job naming ``environment_id``, whose build has an eval dataset only, is told."""
+    return (
+        f"environment '{environment_id}' has no train dataset: its load_environment returns an environment with an "
+        "eval_dataset only, which evaluations use (POST /api/v1/evaluations, or an [[eval.env]] block of a job); "
+        "training needs its dataset (vf.SingleTurnEnv(dataset=..., eval_dataset=...))"
+    )

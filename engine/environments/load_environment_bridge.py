@@ -120,11 +120,15 @@ class Opened:
         self.own_max_turns = getattr(env, "max_turns", -1)
         self.own_max_output_tokens = getattr(env, "max_total_completion_tokens", -1)
         self.own_timeout = getattr(env, "timeout_seconds", None)
-        train = env.get_dataset()
         evaluation = env.eval_dataset if getattr(env, "eval_dataset", None) is not None else None
         if evaluation is None and getattr(env, "eval_dataset_source", None) is not None:
             evaluation = env.build_eval_dataset()
-        self.datasets = {"train": train, "eval": evaluation if evaluation is not None else train}
+        # An eval dataset only (a benchmark): evaluations use it, and its train split is refused (``rows``).
+        eval_only = evaluation is not None and getattr(env, "dataset", None) is None and getattr(env, "dataset_source", None) is None
+        train = None if eval_only else env.get_dataset()
+        self.datasets = {"eval": evaluation if evaluation is not None else train}
+        if train is not None:
+            self.datasets["train"] = train
         self.datasets["val"] = self.datasets["eval"]
         for split, dataset in self.datasets.items():
             if len(dataset) == 0:
@@ -144,15 +148,24 @@ class Opened:
             "weights": dict(zip(self.names, self.weights, strict=False)),
         }
 
+    def rows(self, split: str):
+        """The dataset of ``split``; BridgeError ``invalid_taskset`` for the train split of an environment with an eval dataset only."""
+        if split not in self.datasets:
+            raise BridgeError(
+                "invalid_taskset",
+                f"environment {self.taskset_id} has no train dataset (its load_environment gives an eval_dataset only): it can be evaluated, not trained on",
+            )
+        return self.datasets[split]
+
     def row(self, task_id: str) -> dict:
         """The dataset row of a task id that ``tasks`` handed out (``<split>:<index>``)."""
         split, _, index = str(task_id).partition(":")
-        if split not in SPLITS or not index.isdigit() or int(index) >= len(self.datasets[split]):
+        if split not in SPLITS or not index.isdigit() or int(index) >= len(self.rows(split)):
             raise BridgeError("invalid_request", f"unknown task id {task_id!r}")
-        return dict(self.datasets[split][int(index)])
+        return dict(self.rows(split)[int(index)])
 
     def row_index(self, split: str, position: int, seed: int) -> int:
-        size = len(self.datasets[split])
+        size = len(self.rows(split))
         return self._train_order.index(position, size, seed) if split == "train" else position % size
 
 
@@ -267,7 +280,7 @@ class Bridge:
         tasks = []
         for position in range(start, start + n):
             index = opened.row_index(split, position, seed)
-            row = opened.datasets[split][index]
+            row = opened.rows(split)[index]
             prompt = row.get("prompt")
             if not isinstance(prompt, list):
                 raise BridgeError("unsupported", f"environment {opened.taskset_id}: its rows' prompt is not a list of chat messages")

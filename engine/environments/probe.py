@@ -10,7 +10,7 @@ for the builder and ``lab envs try`` alike, without running it.
 
 It writes ``OUT`` (JSON): ``{"api": "v0"|"v1"|"lab", "environment_class": "module.Class",
 "parameters": [{"name", "default", "type", "required"}], "dataset_size": int|None,
-"eval_dataset_size": int|None, "reward_functions": [{"name", "weight"}], "secrets": [str],
+"eval_dataset_size": int|None, "train_dataset": bool (v0), "reward_functions": [{"name", "weight"}], "secrets": [str],
 "verifiers_version": str|None}``, or ``{"error": "..."}`` naming what is wrong and its fix.
 A build asks for more (``rollout``): once loaded, a few examples are rolled out against a stub
 OpenAI-compatible chat endpoint this process serves on 127.0.0.1 and scored by the environment's
@@ -280,6 +280,8 @@ def _probe_verifiers(module_name: str) -> tuple[dict[str, Any], MakeRollout]:
         "parameters": _parameters(load_environment),
         "dataset_size": _size(getattr(environment, "dataset", None)),
         "eval_dataset_size": _size(getattr(environment, "eval_dataset", None)),
+        # False for an eval dataset only (built, or a builder verifiers calls later): it evaluates, it does not train.
+        "train_dataset": any(getattr(environment, name, None) is not None for name in ("dataset", "dataset_source")),
         "reward_functions": [{"name": name, "weight": float(weight)} for name, weight in zip(names, weights, strict=False)],
         "secrets": secrets,
         # As the load_environment bridge tells them apart: any MultiTurnEnv but a SingleTurnEnv or one of max_turns 1.

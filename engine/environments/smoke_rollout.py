@@ -219,7 +219,9 @@ def v0_rollout(environment: Any) -> Rollout:
             OpenAIChatCompletionsClient = None
         client = AsyncOpenAI(base_url=base_url, api_key=STUB_API_KEY, max_retries=0)
         # An environment with an eval_dataset only (evaluations use it; a job refuses to train on it) is tried on that.
-        eval_only = getattr(environment, "dataset", None) is None and getattr(environment, "eval_dataset", None) is not None
+        eval_only = all(getattr(environment, name, None) is None for name in ("dataset", "dataset_source")) and any(
+            getattr(environment, name, None) is not None for name in ("eval_dataset", "eval_dataset_source")
+        )
         dataset = environment.get_eval_dataset() if eval_only else environment.get_dataset()
         rows = [dict(dataset[index]) for index in range(min(ROLLOUT_EXAMPLES, len(dataset)))]
         handler = _RaisedInScoring()

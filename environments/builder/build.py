@@ -350,6 +350,28 @@ def _site_packages(venv_python: Path) -> Path:
     return next((venv_python.parent.parent / "lib").glob("python*/site-packages"))
 
 
+def loading_environment(request: BuildRequest, folder: Path, host) -> dict[str, str]:
+    """The environment loading and the smoke rollout run in (``folder`` their home): offline, or,
+    with ``request.hf_endpoint``, the Hub at that endpoint with the proxies and CA bundle of
+    ``host`` (the builder's environment), the loopback never through a proxy; the Hugging Face
+    caches in ``hf_home(request)`` either way."""
+    environment = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "LANG": "C.UTF-8", "TMPDIR": str(folder),
+                   "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
+                   "HF_HOME": str(hf_home(request))}
+    if request.hf_endpoint:
+        # Loading may fetch Hub datasets (packed afterwards: hub_datasets.pack); huggingface_hub reads
+        # TRANSFORMERS_OFFLINE as HF_HUB_OFFLINE, so all three go. No token: public datasets only.
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            environment.pop(name)
+        environment["HF_ENDPOINT"] = request.hf_endpoint
+        environment.update({name: host[name] for name in NETWORK_VARIABLES if host.get(name)})
+        if any(name.lower().endswith("_proxy") and name.lower() != "no_proxy" for name in environment):
+            # The smoke rollout's stub model is on the sandbox's loopback: never through the host's proxy.
+            bypass = ",".join(part for part in (environment.get("NO_PROXY") or environment.get("no_proxy"), "127.0.0.1", "localhost") if part)
+            environment["NO_PROXY"] = environment["no_proxy"] = bypass
+    return environment
+
+
 def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str, Any]:
     """Import the module, load the environment with its defaults and run a smoke rollout of a few
     examples against a stub OpenAI-compatible model served inside the sandbox
@@ -362,16 +384,7 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     shutil.copyfile(package_probe.__file__, script)
     shutil.copyfile(smoke_rollout.__file__, folder / "smoke_rollout.py")  # the probe loads it from its own folder
     out = folder / "summary.json"
-    environment = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "LANG": "C.UTF-8", "TMPDIR": str(folder),
-                   "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
-                   "HF_HOME": str(hf_home(request))}
-    if request.hf_endpoint:
-        # Loading may fetch Hub datasets (packed afterwards: hub_datasets.pack); huggingface_hub reads
-        # TRANSFORMERS_OFFLINE as HF_HUB_OFFLINE, so all three go. No token: public datasets only.
-        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-            environment.pop(name)
-        environment["HF_ENDPOINT"] = request.hf_endpoint
-        environment.update({name: os.environ[name] for name in NETWORK_VARIABLES if os.environ.get(name)})
+    environment = loading_environment(request, folder, os.environ)
     pythons = [Path(sys.base_prefix), Path(sys.prefix), Path(request.python).resolve().parent.parent]
     if info.kind == "lab":
         # A Lab-protocol package runs in the engine's own process: probe it with the engine's Python,

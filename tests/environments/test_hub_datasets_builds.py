@@ -23,7 +23,7 @@ from engine.environments.base import InvalidEnvironment
 from environments import hub_datasets
 from environments.builds import build_again, build_log, build_run, latest_build
 from environments.models import BuildStatus, EnvironmentPackage
-from jobs.environment_packages import launch_packages
+from jobs.environment_packages import environment_build_holds, launch_packages, no_train_dataset_message
 from jobs.models import Job
 from lab import storage
 from tests.support.environments import push
@@ -72,7 +72,7 @@ def test_a_build_fetches_the_hub_dataset_loading_asks_for_keeps_it_and_a_job_loa
 
     build = build_run(latest_build(package).pk)
     assert build.status == BuildStatus.READY, build_log(build)
-    assert build.summary["dataset_size"] == 8  # the train split's rows, fetched from the hub
+    assert (build.summary["dataset_size"], build.summary["train_dataset"]) == (8, True)  # the train split's rows, fetched from the hub
     fetched = build.summary["hub_datasets"]
     assert fetched["repositories"] == [TINY_MATH]
     assert fetched["files"] >= 2 and 0 < fetched["size_bytes"] < 1_000_000
@@ -173,9 +173,11 @@ def test_the_engine_refuses_a_hub_datasets_tar_with_a_link_out_or_another_sha256
 def test_an_environment_with_an_eval_dataset_only_builds_evaluates_and_is_refused_for_training(owner, index, spec):
     assert push(owner, eval_only_wheel()).status_code == 201
     package = EnvironmentPackage.objects.unscoped().get(name="sums-benchmark")
+    early = owner.client().post("/api/v1/jobs", {**spec, "env": [{"id": "acme/sums-benchmark"}]}, format="json")
+    assert early.status_code == 201, early.content  # its build is still queued: admission checks it once ready
     build = build_run(latest_build(package).pk)
     assert build.status == BuildStatus.READY, build_log(build)
-    assert (build.summary["dataset_size"], build.summary["eval_dataset_size"]) == (None, 4)
+    assert (build.summary["dataset_size"], build.summary["eval_dataset_size"], build.summary["train_dataset"]) == (None, 4, False)
     assert build.summary["rollout"]["examples"] > 0  # the smoke rollout ran on the eval dataset
 
     refused = owner.client().post("/api/v1/jobs", {**spec, "env": [{"id": "acme/sums-benchmark"}]}, format="json")
@@ -185,7 +187,9 @@ def test_an_environment_with_an_eval_dataset_only_builds_evaluates_and_is_refuse
         "env.0.id: environment 'acme/sums-benchmark@0.1.0' has no train dataset: its load_environment returns an environment "
         "with an eval_dataset only, which evaluations use"
     )
-    assert Job.objects.unscoped().count() == 0
+    assert Job.objects.unscoped().count() == 1
+    early_job = Job.objects.unscoped().get()
+    assert environment_build_holds([early_job.pk]) == (set(), {early_job.pk: no_train_dataset_message("acme/sums-benchmark@0.1.0")})
 
     evaluation = evaluation_body(environments=[{"id": "acme/sums-benchmark", "num_examples": 2}])
     created = owner.client().post("/api/v1/evaluations", evaluation, format="json")

@@ -3,7 +3,8 @@ split="train")`` of a Hugging Face Hub dataset nobody pushed to Lab, a ``vf.Sing
 rubric) is pushed to a running Lab and built with the hub reachable (``HF_ENDPOINT``: a local
 stand-in, ``HubServer``, which records every request), which fetches the dataset once and keeps it
 beside the build; then a tiny-model job trains on the build while the hub is up, asking it
-nothing, and another once it is gone. Builds resolve against the local package index
+nothing, and another once it is gone. An environment with an eval dataset only builds, is
+evaluated to the end, and a training job naming it is a 400 at submit. Builds resolve against the local package index
 (``make package-index``), never a remote one."""
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from django.db import connection
 from labsdk import Lab
 
 from tests.support.environments import build_ended, wait_finished
-from tests.support.hub_datasets import TINY_MATH, TINY_MATH_COMMIT, tiny_math_repository, tiny_math_wheel
+from tests.support.hub_datasets import (
+    TINY_MATH,
+    TINY_MATH_COMMIT,
+    eval_only_wheel,
+    tiny_math_repository,
+    tiny_math_wheel,
+)
 from tests.support.model_dirs import HubServer
 from tests.support.packages import TINY, local_index_url
 from tests.support.stack import running_stack
@@ -77,3 +84,27 @@ def test_a_build_snapshots_the_hub_dataset_loading_fetched_and_jobs_train_on_it_
         assert done.status == "succeeded", f"{done.to_dict()}\n{stack.logs()}"
     print(f"\nhub datasets snapshot: {build['hub_datasets']}; reward/tiny-math-env/mean by step: "
           f"{ {step: values.get('reward/tiny-math-env/mean') for step, values in sorted(points.items())} }")
+
+
+def test_an_environment_with_an_eval_dataset_only_is_evaluated_and_refused_for_training(stack, owner, tmp_path):
+    filename, data = eval_only_wheel()
+    (tmp_path / filename).write_bytes(data)
+    headers = {"Authorization": f"Bearer {owner.key}"}
+    with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
+        assert lab.environments.push(tmp_path / filename).id == "acme/sums-benchmark@0.1.0"
+        build = build_ended(f"{stack.base_url}/api/v1/environments/acme/sums-benchmark@0.1.0", headers)
+        assert build["status"] == "ready", f"{build}\n{stack.logs()}"
+
+        refused = httpx.post(f"{stack.base_url}/api/v1/jobs", headers=headers, json={**TINY, "env": [{"id": "acme/sums-benchmark"}]})
+        assert refused.status_code == 400, refused.text
+        assert [(error["param"], error["code"]) for error in refused.json()["error"]["errors"]] == [("env.0.id", "no_train_dataset")]
+
+        created = lab.evals.create(
+            model=TINY["model"], environments=[{"id": "acme/sums-benchmark", "num_examples": 3}],
+            sampling={"max_tokens": 4, "temperature": 0.7, "seed": 1},
+        )
+        done = lab.evals.wait(created.id, timeout=300, progress=False)
+        assert done.status == "succeeded", f"{done}\n{stack.logs()}"
+        (results,) = done.results.values()
+        assert results["samples"] == 3, done.results
+        assert "correct" in results["functions"], results
