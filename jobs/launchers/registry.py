@@ -84,10 +84,12 @@ def get_launcher() -> Launcher:
 def kubernetes_builds() -> KubernetesBuilds:
     """Return where environment builds run on the Kubernetes pool: batch Jobs through the
     launcher's gateway, in the engine image (``LAB_ENGINE_IMAGE``), sized and placed by
-    ``LAB_K8S_BUILD_CPU``, ``LAB_K8S_BUILD_MEMORY_GIB`` and ``LAB_K8S_BUILD_NAMESPACE``."""
+    ``LAB_K8S_BUILD_CPU``, ``LAB_K8S_BUILD_MEMORY_GIB`` and ``LAB_K8S_BUILD_NAMESPACE``, reaching
+    what engine pods reach (``LAB_K8S_ENGINE_EGRESS``), public addresses and ``LAB_K8S_BUILD_EGRESS``."""
     return KubernetesBuilds(gateway=get_launcher().gateway, settings=BuildSettings(
         image=settings.LAB_ENGINE_IMAGE, namespace=setting("LAB_K8S_BUILD_NAMESPACE"), cpu=setting("LAB_K8S_BUILD_CPU"),
         memory_gib=setting("LAB_K8S_BUILD_MEMORY_GIB"), report_grace_s=REPORT_GRACE_S,
+        egress=(*settings.LAB_K8S_ENGINE_EGRESS, *setting("LAB_K8S_BUILD_EGRESS")),
     ))
 
 

@@ -7,12 +7,16 @@ init containers, ``report`` as its container. Only ``fetch`` and ``report`` get 
 (from the build's Secret, owned by the Job); ``run``, where the package's code runs, has none.
 No retry (``backoffLimit: 0``), ``activeDeadlineSeconds`` = the build's limit + ``report_grace_s``,
 no service-account token, non-root, a read-only root filesystem, requests and a memory limit, and
-a NetworkPolicy (owned by the Job) that lets nothing reach the pod.
+a NetworkPolicy (owned by the Job) that lets nothing reach the pod and lets the pod reach the
+cluster DNS, public addresses (the package index, the Hugging Face Hub) and ``BuildSettings.egress``
+(Lab and the object store, as an engine pod, and the operator's ``LAB_K8S_BUILD_EGRESS``), never a
+private, shared, loopback or link-local address (the cloud's metadata, Lab's database).
 ``outcome`` reads the Job (and its pod for an OOM kill). No Django here.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from environments.build_clusters import (
@@ -31,6 +35,7 @@ from jobs.launchers.kubernetes.gateway import ClusterGateway
 from jobs.launchers.kubernetes.kinds import JOB, POD
 from jobs.launchers.kubernetes.objects import (
     COMPONENT_LABEL,
+    DNS_EGRESS,
     ENGINE_GID,
     ENGINE_UID,
     MANAGED_BY_LABEL,
@@ -44,6 +49,14 @@ from jobs.launchers.kubernetes.objects import (
 #: The label of a build's Job and pod: the build's id.
 BUILD_LABEL = "lab.dev/environment-build"
 BUILD_COMPONENT = "environment-build"
+#: Public addresses: every one but the private (RFC 1918, RFC 4193), shared (RFC 6598), loopback
+#: and link-local ranges (the cloud's metadata address, 169.254.169.254, among them).
+PUBLIC_EGRESS = {"to": [
+    {"ipBlock": {"cidr": "0.0.0.0/0", "except": [
+        "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "0.0.0.0/8",
+    ]}},
+    {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10", "::1/128", "::ffff:0:0/96"]}},
+]}
 
 
 @dataclass(frozen=True)
@@ -51,13 +64,15 @@ class BuildSettings:
     """``image`` the engine image (``LAB_ENGINE_IMAGE``), ``namespace`` where builds run
     (``LAB_K8S_BUILD_NAMESPACE``), ``cpu`` (cores) and ``memory_gib`` the builder's requests (its
     memory also its limit), ``report_grace_s`` the time past the builder's limit the Job has to
-    fetch and report."""
+    fetch and report, ``egress`` the NetworkPolicy egress rules the pod is given besides the DNS
+    and public addresses (Lab's web pods and the object store, a private package index)."""
 
     image: str = "lab-engine:latest"
     namespace: str = "lab-builds"
     cpu: int = 2
     memory_gib: int = 8
     report_grace_s: int = 300
+    egress: tuple[dict, ...] = ()
 
 
 def build_job_name(build_id: int) -> str:
@@ -143,13 +158,16 @@ def build_secret_object(pod: BuildPod, settings: BuildSettings, *, owner: dict) 
 
 def build_network_policy_object(pod: BuildPod, settings: BuildSettings, *, owner: dict) -> dict:
     """The NetworkPolicy of the build's pod, owned by its Job: no ingress at all (nothing reaches
-    a build). Its egress is left to the namespace: the builder needs the package index and Lab."""
+    a build); egress to the cluster DNS, public addresses (``PUBLIC_EGRESS``: the package index and
+    the Hub) and ``settings.egress`` (Lab, the object store), so the package's code has no route to
+    the cloud's metadata address nor to anything of the cluster's that ``settings.egress`` does not name."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {"name": build_job_name(pod.build_id), "namespace": settings.namespace, "labels": build_labels(pod),
                      "ownerReferences": _owned_by(owner)},
-        "spec": {"podSelector": {"matchLabels": {BUILD_LABEL: str(pod.build_id)}}, "policyTypes": ["Ingress"], "ingress": []},
+        "spec": {"podSelector": {"matchLabels": {BUILD_LABEL: str(pod.build_id)}}, "policyTypes": ["Ingress", "Egress"], "ingress": [],
+                 "egress": copy.deepcopy([DNS_EGRESS, PUBLIC_EGRESS, *settings.egress])},
     }
 
 
