@@ -13,20 +13,28 @@ from pathlib import Path
 
 import pytest
 
+from engine.environments.verifiers_taskset import verifiers_python
 from sandboxes.models import Sandbox, SandboxStatus
 from sandboxes.services import LIMITS
-from tests.environments.verifiers_wheels import require_verifiers_python
-from tests.sandboxes.test_job_sandbox_key import _launched, _sandbox_key, _stop_what_the_test_left  # noqa: F401
+from tests.support.job_sandboxes import attempt_sandbox_key, held, launched_attempt, stop_active_sandboxes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime", "no_broker")]
 
 PROBE = Path(__file__).with_name("verifiers_prime_runtime_probe.py")
 
 
+@pytest.fixture(autouse=True)
+def _stop_what_the_test_left(runtime):
+    yield
+    stop_active_sandboxes(runtime)
+
+
 def test_verifiers_prime_runtime_makes_runs_and_deletes_a_sandbox_of_the_attempt_in_lab(owner, spec, live_server, tmp_path, runtime):
-    python = require_verifiers_python()
-    attempt, engine = _launched(owner, spec)
-    key = _sandbox_key(attempt, engine)
+    python = verifiers_python()
+    if not python.exists():
+        pytest.fail(f"{python} does not exist: run `make install` (it creates .venv-verifiers)")
+    attempt, engine = launched_attempt(owner, spec)
+    key = attempt_sandbox_key(attempt, engine)
     environment = {
         "PATH": os.environ["PATH"], "HOME": str(tmp_path), "PRIME_API_BASE_URL": f"{live_server.url}/prime",
         "PRIME_API_KEY": key["api_key"], "PRIME_DISABLE_VERSION_CHECK": "1",
@@ -54,4 +62,4 @@ def test_verifiers_prime_runtime_makes_runs_and_deletes_a_sandbox_of_the_attempt
         # verifiers asks for no lifetime (timeout_minutes -1, its idle timeout alone): Lab's longest.
         assert row.timeout_s == LIMITS["timeout_s"][1]
         assert row.status == SandboxStatus.STOPPED  # its teardown deleted it
-    assert not set(made) & runtime.held()[1]
+    assert not set(made) & held(runtime)
