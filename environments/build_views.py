@@ -183,8 +183,8 @@ class BuildResultView(BuildCallbackView):
         with spool:
             try:
                 json.loads(Path(spool.name).read_bytes())
-            except ValueError:
-                return _error(400, "the result is not JSON")
+            except (ValueError, RecursionError):
+                return _error(400, "the result is not JSON (or nests too deeply)")
             storage.put_file(result_key(request.auth), Path(spool.name), content_type="application/json")
         return HttpResponse(status=204)
 

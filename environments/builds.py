@@ -314,10 +314,12 @@ def finish_build(build: EnvironmentBuild, result: dict, *, log: bytes | None) ->
         store_log(build, log)
     build.log_key = build_log_key(build)
     build.status = BuildStatus.READY if result.get("status") == BuildStatus.READY else BuildStatus.FAILED
-    build.error = result.get("error") or ""
-    build.python = result.get("python", "")
-    build.lock = result.get("lock", [])
-    build.summary = result.get("summary", {})
+    build.error = _text(result.get("error") or "")
+    build.python = _text(result.get("python", ""))
+    build.lock, build.summary = result.get("lock", []), result.get("summary", {})
+    if not (_storable(build.lock) and _storable(build.summary)):
+        build.status, build.lock, build.summary = BuildStatus.FAILED, [], {}
+        build.error = "the build's result holds what Lab cannot store (a NUL character, an unpaired surrogate, NaN or Infinity)"
     build.finished_at = timezone.now()
     fields = ["status", "error", "python", "lock", "summary", "log_key", "finished_at"]
     if not EnvironmentBuild.objects.unscoped().filter(pk=build.pk, status=BuildStatus.RUNNING).update(
@@ -326,6 +328,22 @@ def finish_build(build: EnvironmentBuild, result: dict, *, log: bytes | None) ->
         return None
     logger.info("environment build %s of %s: %s", build.number, build.package.public_id, build.status)
     return build
+
+
+def _text(value: object) -> str:
+    """``value`` as text PostgreSQL stores: without NUL characters or unpaired surrogates."""
+    return str(value).replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+
+
+def _storable(value: object) -> bool:
+    """Whether ``value`` (a builder's, or a build pod's, lock or summary) is JSON PostgreSQL stores:
+    no NaN or Infinity, no NUL character, no unpaired surrogate."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return "\\u0000" not in text
 
 
 def build_sweep(*, running_grace_s: int = TASK_GRACE_S) -> dict[str, int]:

@@ -143,7 +143,7 @@ def _stored_result(build: EnvironmentBuild) -> dict:
     text = storage.read_text(result_key(build))
     try:
         result = json.loads(text) if text else None
-    except ValueError:
+    except (ValueError, RecursionError):
         result = None
     if not isinstance(result, dict) or result.get("status") not in (BuildStatus.READY, BuildStatus.FAILED):
         return {"status": BuildStatus.FAILED, "error": "the build's pod ended without storing its result: see the build log"}
@@ -184,23 +184,30 @@ def pod_build_sweep(on: BuildCluster) -> dict[str, int]:
     ended = 0
     running = EnvironmentBuild.objects.unscoped().filter(status=BuildStatus.RUNNING).select_related("package__organization")
     for build in running.order_by("pk"):
-        outcome = on.outcome(build.pk)
-        if outcome.state == RUNNING or (
-            outcome.state == GONE and build.started_at > timezone.now() - timedelta(seconds=CREATE_GRACE_S)
-        ):
-            continue
-        log = None
-        if outcome.state == SUCCEEDED:
-            result = _stored_result(build)
-        elif outcome.state == GONE:
-            result = {"status": BuildStatus.FAILED, "error": (
-                "the build's Kubernetes Job was deleted before it finished (or never created); build it again (lab envs rebuild)")}
-        else:
-            assert outcome.state == FAILED
-            result = {"status": BuildStatus.FAILED, "error": _failure(build, outcome.reason, outcome.message)}
-        if not storage.read_text(build_log_key(build)):
-            log = f"{result.get('error') or ''}\n".encode()  # the pod stored none: the log says at least why
-        if finish_build(build, result, log=log) is not None:
-            ended += 1
+        try:
+            ended += _sweep_one(build, on)
+        except Exception:  # one build's pod stored what cannot be read or kept: the others still end
+            logger.exception("environment build %s: its end could not be recorded", build.pk)
     return {"ended": ended}
+
+
+def _sweep_one(build: EnvironmentBuild, on: BuildCluster) -> int:
+    """End ``build`` when its Job has ended or is gone; return 1 when it ended, else 0."""
+    outcome = on.outcome(build.pk)
+    if outcome.state == RUNNING or (
+        outcome.state == GONE and build.started_at > timezone.now() - timedelta(seconds=CREATE_GRACE_S)
+    ):
+        return 0
+    log = None
+    if outcome.state == SUCCEEDED:
+        result = _stored_result(build)
+    elif outcome.state == GONE:
+        result = {"status": BuildStatus.FAILED, "error": (
+            "the build's Kubernetes Job was deleted before it finished (or never created); build it again (lab envs rebuild)")}
+    else:
+        assert outcome.state == FAILED
+        result = {"status": BuildStatus.FAILED, "error": _failure(build, outcome.reason, outcome.message)}
+    if not storage.read_text(build_log_key(build)):
+        log = f"{result.get('error') or ''}\n".encode()  # the pod stored none: the log says at least why
+    return int(finish_build(build, result, log=log) is not None)
 
