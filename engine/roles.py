@@ -23,7 +23,8 @@ Batch `n` is sampled by exactly policy `max(start_step - 1, n - 1 - async_depth)
 process (engine/colocated.py `InProcessRollouts`), so runs are reproducible and a resume exact.
 Files are JSON, never pickles: the orchestrator runs the environments' (users') code and the
 trainer holds the job's Lab token, so nothing the orchestrator writes can run code in the
-trainer. For the same reason the orchestrator is given no Lab token and never calls Lab.
+trainer. For the same reason the orchestrator is given no Lab token: it calls Lab's sandbox routes
+alone, with the attempt's sandbox key from `session.json` (engine/sandboxes.py ``KeySandboxes``).
 
 A session is one start of the trainer: it clears the directory and writes a new
 `session.json`; an orchestrator follows the newest session and starts over when it changes

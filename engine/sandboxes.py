@@ -178,6 +178,82 @@ class LabSandboxes:
         return deleted
 
 
+
+class KeySandboxes:
+    """Sandboxes of one attempt created and deleted with the attempt's sandbox key through Lab's
+    Prime-compatible routes (``access``: ``{"api_key", "base_url", "data_plane_url"}``, what
+    ``LabSandboxes.prime_access`` answers): what the orchestrator role, which holds no job token,
+    gives its environments. The key reaches this attempt's sandboxes alone. Thread-safe; ``close``
+    deletes whatever it made and is left."""
+
+    def __init__(self, access: dict[str, str], *, timeout: float = 30.0):
+        self.access = dict(access)
+        self._transport = egress.transport()
+        self._http = httpx.Client(
+            base_url=f"{access['base_url'].rstrip('/')}/api/v1", headers={"Authorization": f"Bearer {access['api_key']}"},
+            timeout=timeout, follow_redirects=False, transport=self._transport,
+        )
+        self._lock = threading.Lock()
+        self._live: dict[str, Sandbox] = {}
+        self.created = 0
+
+    def create(self, **fields) -> Sandbox:
+        """Create a sandbox for this attempt (the fields of ``LabSandboxes.create``); return its data
+        plane. Raises SandboxError when Lab refuses or the sandbox did not start."""
+        if fields.get("network", "none") != "none":
+            raise SandboxError("a sandbox with a network is not made with the attempt's sandbox key")
+        body = {"name": fields.get("name") or "", "docker_image": fields.get("image", "python:3.11"),
+                "cpu_cores": fields.get("cpu_cores", 1.0), "memory_gb": fields.get("memory_gb", 1.0),
+                "disk_size_gb": fields.get("disk_gb", 1.0), "timeout_minutes": -(-int(fields.get("timeout_s", 3600)) // 60)}
+        try:
+            response = self._http.post("sandbox", json=body)
+        except httpx.HTTPError as error:
+            raise SandboxError(f"Lab created no sandbox: {error}") from None
+        if response.status_code != 201:
+            raise SandboxError(f"Lab created no sandbox: {response.status_code} {response.text[:300]}")
+        answer = response.json()
+        access = answer.get("gatewayAuth")
+        if answer.get("status") != "RUNNING" or not access:
+            raise SandboxError(f"sandbox {answer.get('id')} did not start: {answer.get('errorMessage') or answer.get('status')}")
+        sandbox = Sandbox(answer["id"], access["gateway_url"], access["token"], transport=self._transport)
+        with self._lock:
+            self._live[sandbox.id] = sandbox
+            self.created += 1
+        logger.info("sandbox %s created with the attempt's sandbox key", sandbox.id)
+        return sandbox
+
+    def delete(self, sandbox: Sandbox) -> None:
+        """Delete ``sandbox`` through Lab (one Lab no longer knows counts as deleted)."""
+        with self._lock:
+            self._live.pop(sandbox.id, None)
+        sandbox.close()
+        try:
+            response = self._http.delete(f"sandbox/{sandbox.id}")
+        except httpx.HTTPError as error:
+            raise SandboxError(f"Lab did not delete sandbox {sandbox.id}: {error}") from None
+        if response.status_code >= 400 and response.status_code != 404:
+            raise SandboxError(f"Lab did not delete sandbox {sandbox.id}: {response.status_code}")
+
+    def prime_access(self) -> dict[str, str]:
+        """Return the access this provider was given (Prime's client uses the same key)."""
+        return dict(self.access)
+
+    def close(self) -> int:
+        """Delete every sandbox this provider still holds (failures are logged: Lab deletes them
+        anyway when it closes the attempt); return how many were deleted."""
+        with self._lock:
+            live = list(self._live.values())
+        deleted = 0
+        for sandbox in live:
+            try:
+                self.delete(sandbox)
+                deleted += 1
+            except SandboxError as error:
+                logger.warning("%s", error)
+        self._http.close()
+        return deleted
+
+
 _provider: SandboxProvider | None = None
 
 
@@ -229,3 +305,16 @@ def close() -> int:
     use(None)
     closer = getattr(provider, "close", None)
     return closer() if closer is not None else 0
+
+
+def access_for_roles() -> dict[str, str] | None:
+    """Return the attempt's sandbox access (``prime_access``) for an orchestrator role that runs
+    the environments elsewhere, or None when the engine has no provider or Lab gives none (logged)."""
+    asker = getattr(_provider, "prime_access", None)
+    if asker is None:
+        return None
+    try:
+        return asker()
+    except SandboxError as error:
+        logger.warning("the orchestrator role gets no sandboxes: %s", error)
+        return None

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
+from engine import sandboxes
 from engine.config import PACKAGES_VARIABLE, setting
 from engine.orchestrator import RolloutBatch, held_out_due
 from engine.policy import is_lora, join_weight_gather, policy_adapter, policy_weights
@@ -112,6 +113,8 @@ class SharedDirRollouts:
             "max_steps": self.max_steps, "async_depth": self.depth,
             # The packages the orchestrator installs (on Kubernetes with the URLs of Lab's attempt answer).
             "environment_packages": json.loads(setting(PACKAGES_VARIABLE) or "[]"),
+            # The attempt's sandbox key (its own sandboxes alone, never the job token) for its environments.
+            "sandbox_access": sandboxes.access_for_roles(),
         })
 
     def publish(self, version: int) -> float:

@@ -12,7 +12,8 @@ import signal
 import sys
 import threading
 
-from engine.commands.attempt import job_model, load_config
+from engine import sandboxes
+from engine.commands.attempt import end_attempt_sandboxes, job_model, load_config
 from engine.commands.common import EXIT_CRASHED, EXIT_INVALID, EXIT_SUCCEEDED, exit_with_parent, logger, one_line
 from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, parent_pid, set_variable, setting
 from engine.distill import TeacherRefused
@@ -60,6 +61,8 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
                 return EXIT_SUCCEEDED
             if isinstance(session.get("environment_packages"), list):  # the trainer's, with fresh download URLs
                 set_variable(PACKAGES_VARIABLE, json.dumps(session["environment_packages"], separators=(",", ":")))
+            if isinstance(session.get("sandbox_access"), dict):  # the attempt's sandboxes, by its sandbox key
+                sandboxes.use(sandboxes.KeySandboxes(session["sandbox_access"]))
             install_packages(packages_from_environment(), workdir)
             model_dir = default_model_dir()
             job_model(model_dir)
@@ -86,6 +89,7 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     finally:
         if orchestrator is not None:
             orchestrator.close()
+        end_attempt_sandboxes()
         if backend is not None:
             backend.close()
         if orphaned():  # the run that made the directory died: clear up for it, however this role
