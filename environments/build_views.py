@@ -9,6 +9,8 @@
   pod stores nothing in the wheelhouse but the wheel that digest names;
 - ``HEAD``/``PUT hub-datasets/<sha256>``: the tar of the Hugging Face datasets its loading
   fetched (``environments.hub_datasets``), checked as a wheel is;
+- what one build's pod stores in the wheelhouse and as Hub datasets comes to at most
+  ``LAB_ENVIRONMENT_BUILD_UPLOAD_MAX_BYTES`` (16 GiB; counted in the cache): past it, a 413;
 - ``PUT log`` (its last ``MAX_LOG_BYTES``) and ``PUT result`` (the builder's result object, at
   most ``MAX_RESULT_BYTES``), each at that build's own key; the build sweep reads them.
 
@@ -23,6 +25,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from django.conf import settings
+from django.core.cache import cache
 from django.http import FileResponse, HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -34,12 +38,17 @@ from environments import hub_datasets
 from environments.builds import MAX_LOG_BYTES, build_log_key
 from environments.datasets import copy_snapshots
 from environments.models import EnvironmentBuild
-from environments.pod_builds import _SHA256, build_for_token, result_key, wheelhouse_key
+from environments.pod_builds import _SHA256, RUNNING_GRACE_S, build_for_token, result_key, wheelhouse_key
 from environments.storage import WHEEL_CONTENT_TYPE
 from environments.wheels import MAX_WHEEL_BYTES
 from lab import storage
 from lab.api.auth import bearer_token
+from lab.config import env_int
 
+#: The most one build's pod may store through these routes, in bytes, all its wheels and its
+#: Hugging Face datasets tar together (``LAB_ENVIRONMENT_BUILD_UPLOAD_MAX_BYTES``): past it each
+#: new upload is a 413, so a hostile package cannot fill Lab's storage one digest at a time.
+DEFAULT_UPLOAD_MAX_BYTES = 16 * 1024**3
 _INVALID = "Missing, malformed, expired or foreign build token, or the build is not running."
 MAX_RESULT_BYTES = 4 * 1024 * 1024
 _CHUNK = 1024 * 1024
@@ -86,6 +95,40 @@ def _spool(request, limit: int) -> tuple[tempfile._TemporaryFileWrapper, str, in
     return spool, digest.hexdigest(), size
 
 
+def upload_max_bytes() -> int:
+    """``LAB_ENVIRONMENT_BUILD_UPLOAD_MAX_BYTES`` (Django's setting when set there)."""
+    value = getattr(settings, "LAB_ENVIRONMENT_BUILD_UPLOAD_MAX_BYTES", None)
+    return value if value is not None else env_int("LAB_ENVIRONMENT_BUILD_UPLOAD_MAX_BYTES", DEFAULT_UPLOAD_MAX_BYTES, minimum=0)
+
+
+def _counted(build: EnvironmentBuild, size: int) -> bool:
+    """Count ``size`` more bytes stored by ``build``'s pod; False (nothing counted) past ``upload_max_bytes``."""
+    key = f"environments:build-uploads:{build.pk}:{build.number}"
+    cache.add(key, 0, timeout=settings.LAB_ENVIRONMENT_BUILD_TIMEOUT_S + RUNNING_GRACE_S)
+    if cache.incr(key, size) <= upload_max_bytes():
+        return True
+    cache.decr(key, size)
+    return False
+
+
+def _store(request, key: str, sha256: str, limit: int, content_type: str, too_large: str) -> HttpResponse:
+    """Store the request's body at the content-addressed ``key`` when its SHA-256 is ``sha256``,
+    it is at most ``limit`` bytes and the build's uploads stay within ``upload_max_bytes``."""
+    if storage.object_storage().exists(key):
+        return HttpResponse(status=200)
+    spooled = _spool(request, limit)
+    if spooled is None:
+        return _error(413, too_large)
+    spool, digest, size = spooled
+    with spool:
+        if digest != sha256:
+            return _error(400, f"the body's SHA-256 is {digest}, not {sha256}")
+        if not _counted(request.auth, size):
+            return _error(413, f"the build's uploads came to more than {upload_max_bytes()} bytes (LAB_ENVIRONMENT_BUILD_UPLOAD_MAX_BYTES)")
+        storage.put_file(key, Path(spool.name), content_type=content_type)
+    return HttpResponse(status=201)
+
+
 class BuildWheelView(BuildCallbackView):
     @extend_schema(exclude=True)
     def get(self, request, build_id: int):
@@ -121,17 +164,7 @@ class BuildWheelhouseView(BuildCallbackView):
         key = wheelhouse_key(sha256, filename)
         if key is None:
             return _error(400, "not a wheel's SHA-256 and file name")
-        if storage.object_storage().exists(key):
-            return HttpResponse(status=200)
-        spooled = _spool(request, MAX_WHEEL_BYTES * 4)
-        if spooled is None:
-            return _error(413, "the wheel is too large")
-        spool, digest, _ = spooled
-        with spool:
-            if digest != sha256:
-                return _error(400, f"the body's SHA-256 is {digest}, not {sha256}")
-            storage.put_file(key, Path(spool.name), content_type=WHEEL_CONTENT_TYPE)
-        return HttpResponse(status=201)
+        return _store(request, key, sha256, MAX_WHEEL_BYTES * 4, WHEEL_CONTENT_TYPE, "the wheel is too large")
 
 
 class BuildHubDatasetsView(BuildCallbackView):
@@ -148,17 +181,8 @@ class BuildHubDatasetsView(BuildCallbackView):
     def put(self, request, build_id: int, sha256: str):
         if not _SHA256.match(sha256):
             return _error(400, "not a SHA-256")
-        if storage.object_storage().exists(hub_datasets.key(sha256)):
-            return HttpResponse(status=200)
-        spooled = _spool(request, hub_datasets.max_bytes())
-        if spooled is None:
-            return _error(413, "the datasets are larger than LAB_ENVIRONMENT_HUB_DATASETS_MAX_BYTES")
-        spool, digest, _ = spooled
-        with spool:
-            if digest != sha256:
-                return _error(400, f"the body's SHA-256 is {digest}, not {sha256}")
-            storage.put_file(hub_datasets.key(sha256), Path(spool.name), content_type=hub_datasets.CONTENT_TYPE)
-        return HttpResponse(status=201)
+        return _store(request, hub_datasets.key(sha256), sha256, hub_datasets.max_bytes(), hub_datasets.CONTENT_TYPE,
+                      "the datasets are larger than LAB_ENVIRONMENT_HUB_DATASETS_MAX_BYTES")
 
 
 class BuildLogView(BuildCallbackView):

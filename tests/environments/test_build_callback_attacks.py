@@ -4,6 +4,8 @@ the sweep ending other organizations' builds, and junk is refused, never a 500."
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from environments import pod_builds
@@ -53,3 +55,25 @@ def test_junk_wheelhouse_and_dataset_names_are_refused(owner, cluster, path):
     for method in ("head", "put"):
         response = _callback(build, path, token=pod_builds.build_token(build), method=method, data=b"x")
         assert response.status_code in (400, 404), (method, response.status_code)
+
+
+def test_a_builds_pod_stores_at_most_its_upload_limit_in_the_wheelhouse_and_hub_datasets(owner, cluster, settings):
+    from django.core.cache import cache
+
+    settings.LAB_ENVIRONMENT_BUILD_UPLOAD_MAX_BYTES = 100
+    build, other = _started(owner, lab_wheel("greedy-env")), _started(owner, lab_wheel("modest-env"))
+    for each in (build, other):
+        cache.delete(f"environments:build-uploads:{each.pk}:{each.number}")
+    token = pod_builds.build_token(build)
+
+    def put(path_of, body: bytes, as_build=build, as_token=token):
+        digest = hashlib.sha256(body).hexdigest()
+        return _callback(as_build, path_of(digest), token=as_token, method="put", data=body).status_code
+
+    wheel = lambda digest: f"wheelhouse/{digest}/x-1.0-py3-none-any.whl"  # noqa: E731
+    assert put(wheel, b"a" * 60) == 201
+    assert put(wheel, b"a" * 60) == 200  # stored already: nothing more counted
+    assert put(wheel, b"b" * 60) == 413
+    assert put(lambda digest: f"hub-datasets/{digest}", b"c" * 41) == 413
+    assert put(lambda digest: f"hub-datasets/{digest}", b"c" * 40) == 201
+    assert put(wheel, b"b" * 60, as_build=other, as_token=pod_builds.build_token(other)) == 201  # each build its own
