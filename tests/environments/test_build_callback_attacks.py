@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.test import Client
 
 from environments import pod_builds
 from environments.models import BuildStatus
@@ -77,3 +78,19 @@ def test_a_builds_pod_stores_at_most_its_upload_limit_in_the_wheelhouse_and_hub_
     assert put(lambda digest: f"hub-datasets/{digest}", b"c" * 41) == 413
     assert put(lambda digest: f"hub-datasets/{digest}", b"c" * 40) == 201
     assert put(wheel, b"b" * 60, as_build=other, as_token=pod_builds.build_token(other)) == 201  # each build its own
+
+
+@pytest.mark.parametrize("authorization", ["Bearer lbt_", "Bearer lbt_\u00e9\u00e9", "Bearer " + "lbt_" + "x" * 100_000, "Bearer lbt_a:b:c",
+                                           "Basic bGJ0Xw==", "Bearer sbt_x.y", "Bearer"])
+def test_junk_tokens_and_methods_are_refused_not_a_server_error(owner, cluster, authorization):
+    build = _started(owner, lab_wheel("token-junk-env"))
+    client = Client()
+    for path in ("wheel", "datasets", "log", "result", "hub-datasets/" + "a" * 64, "wheelhouse/" + "a" * 64 + "/x-1-py3-none-any.whl"):
+        url = f"/api/v1/environment-builds/{build.pk}/{path}"
+        for method in ("get", "put", "post", "delete", "patch", "head", "options"):
+            assert getattr(client, method)(url, HTTP_AUTHORIZATION=authorization).status_code in (401, 403), (path, method)
+        token = pod_builds.build_token(build)
+        for method in ("post", "delete", "patch"):
+            assert getattr(client, method)(url, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 405, (path, method)
+    huge = f"/api/v1/environment-builds/{10**30}/wheel"
+    assert client.get(huge, HTTP_AUTHORIZATION=f"Bearer {pod_builds.build_token(build)}").status_code in (401, 404)
