@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 import tomllib
 import urllib.parse
@@ -204,11 +205,15 @@ def check_runtime(info: WheelInfo, lock: list[dict[str, Any]], python: Path) -> 
 
 
 def _download(url: str, target: Path, sha256: str) -> None:
-    """Download ``url`` to ``target`` (atomically), refusing a body whose SHA-256 is not ``sha256``."""
+    """Download ``url`` to ``target`` (atomically), refusing a body whose SHA-256 is not ``sha256``.
+    The partial file is created anew under a random name (``mkstemp``: O_EXCL, so never through a
+    link that code of an earlier sandboxed step planted in the build's folder)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+    descriptor, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    partial = Path(name)
+    os.fchmod(descriptor, 0o666 & ~_umask())  # as open() would make it (mkstemp's is 0600): jobs read the wheelhouse
     digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=120) as response, partial.open("wb") as out:
+    with os.fdopen(descriptor, "wb") as out, urllib.request.urlopen(url, timeout=120) as response:
         while chunk := response.read(_CHUNK):
             digest.update(chunk)
             out.write(chunk)
@@ -216,6 +221,15 @@ def _download(url: str, target: Path, sha256: str) -> None:
         partial.unlink()
         raise BuildFailed(f"{target.name} from the index does not have the SHA-256 the index gave for it")
     partial.replace(target)
+
+
+def _umask() -> int:
+    """The process's umask (``/proc/self/status``; 0o022 where it is not there), read without changing it."""
+    try:
+        line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("Umask:"))
+        return int(line.split()[1], 8)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0o022
 
 
 def _file_sha256(path: Path) -> str:
