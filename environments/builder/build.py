@@ -270,7 +270,11 @@ def build_source_distributions(request: BuildRequest, lock: list[dict[str, Any]]
         if wheel is not None and (request.wheelhouse / wheel["sha256"] / wheel["filename"]).is_file():
             log(f"{entry['filename']}: the wheel built from it before, {wheel['filename']}")
         else:
-            wheel = _build_wheel(request, entry)
+            # Each archive is built in a folder of its own, made after the previous build ended: the
+            # setup code of one cannot plant anything (a poisoned build backend in uv's cache) that
+            # the build of the next reads, whose wheel the shared record below gives every organization.
+            fresh = Path(tempfile.mkdtemp(dir=request.workdir, prefix="sdist-"))
+            wheel = _build_wheel(dataclasses.replace(request, workdir=fresh), entry)
             record.parent.mkdir(parents=True, exist_ok=True)
             record.write_text(json.dumps(wheel))
         built_lock.append({"name": entry["name"], "version": entry["version"], **wheel, "url": ""})

@@ -1,14 +1,25 @@
 """The builder (environments.builder.build) against what code of an earlier sandboxed step of the
 same build (a source archive's setup code, which may write the build's folder) leaves there: a
-link planted where the builder writes a download must not make it write through the link."""
+link planted where the builder writes a download must not make it write through the link, and a
+build backend poisoned in uv's cache must not build the next archive's wheel, which the shared
+wheelhouse's ``built/`` record hands to every organization."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
-from environments.builder.build import _download
+import pytest
+
+from environments.builder.build import BuildRequest, _download, build_source_distributions
+
+PACKAGE_INDEX = Path(__file__).resolve().parents[2] / "var" / "package-index"
+UV = str(Path(sys.executable).parent / "uv")
 
 
 def test_a_download_never_writes_through_a_link_planted_at_its_partial_file(tmp_path):
@@ -48,3 +59,62 @@ def test_a_download_whose_digest_differs_leaves_nothing(tmp_path):
     except Exception as error:  # BuildFailed
         assert "does not have the SHA-256" in str(error)
     assert not target.exists() and list(Path(target.parent).iterdir()) == []
+
+
+POISON = '''
+import os, pathlib
+PATCH = """
+# lab-poison
+_lab_build_wheel = _BuildMetaBackend.build_wheel
+def _lab_poisoned(self, wheel_directory, *args, **kwargs):
+    name = _lab_build_wheel(self, wheel_directory, *args, **kwargs)
+    import os, zipfile
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "a") as archive:
+        archive.writestr("lab_poisoned.txt", "poisoned")
+    return name
+_BuildMetaBackend.build_wheel = _lab_poisoned
+build_wheel = _BACKEND.build_wheel
+"""
+roots = [pathlib.Path(os.environ.get("UV_CACHE_DIR", "/nonexistent")), pathlib.Path.cwd().parent]
+import setuptools.build_meta
+roots.append(pathlib.Path(setuptools.build_meta.__file__).parent)
+for root in roots:
+    for path in (root.rglob("setuptools/build_meta.py") if root.is_dir() else []):
+        try:
+            if "lab-poison" not in path.read_text():
+                with open(path, "a") as backend:  # in place: uv links its cache's files into build environments
+                    backend.write(PATCH)
+        except OSError:
+            pass
+from setuptools import setup
+setup(name="aaa-poison", version="1.0", py_modules=[])
+'''
+
+
+def test_a_source_archives_setup_code_cannot_poison_the_wheel_built_from_the_next_one(tmp_path):
+    """A package whose lock holds a hostile source archive before a popular one (zss): the hostile
+    setup code appends to the setuptools uv cached, so that the next archive's wheel, which the
+    wheelhouse's ``built/`` record then hands every organization locking it, carries its file."""
+    if not (PACKAGE_INDEX / ".filled").is_file():
+        pytest.fail("the local package index is missing: run `make package-index` (once; it downloads from PyPI)")
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap is needed (make install)")
+    source = tmp_path / "src" / "aaa-poison-1.0"
+    source.mkdir(parents=True)
+    (source / "setup.py").write_text(POISON)
+    (source / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: aaa-poison\nVersion: 1.0\n")
+    hostile = tmp_path / "aaa-poison-1.0.tar.gz"
+    with tarfile.open(hostile, "w:gz") as archive:
+        archive.add(source, arcname=source.name)
+    request = BuildRequest(wheel=tmp_path / "x.whl", index_url=(PACKAGE_INDEX / "simple").as_uri(), exclude_newer="2099-01-01T00:00:00Z",
+                           wheelhouse=tmp_path / "wheelhouse", workdir=tmp_path / "work", uv=UV, cache=tmp_path / "uv-cache", sandbox=True)
+    request.workdir.mkdir()
+    zss = PACKAGE_INDEX / "files" / "zss-1.2.0.tar.gz"
+    entries = [{"name": name, "version": version, "filename": path.name, "url": path.as_uri(),
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "sdist": True}
+               for name, version, path in (("aaa-poison", "1.0", hostile), ("zss", "1.2.0", zss))]
+
+    _, built = build_source_distributions(request, entries)
+
+    names = zipfile.ZipFile(request.wheelhouse / built["sha256"] / built["filename"]).namelist()
+    assert "zss/compare.py" in names and "lab_poisoned.txt" not in names, names
