@@ -19,7 +19,6 @@ import tempfile
 import time
 import tomllib
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from engine.environments import smoke_rollout
 from engine.environments.probe import is_load_environment_module, module_source, not_in_engine
 from engine.environments.verifiers_taskset import verifiers_python
 from environments.builder import hub_datasets
+from environments.builder.downloads import download as _download
 from environments.builder.sandbox import sandbox_command
 from environments.builder.steps import NETWORK_VARIABLES, BuildFailed, BuildRequest, log, run_step, uv_environment
 from environments.wheels import InvalidWheel, WheelInfo, read_wheel
@@ -202,34 +202,6 @@ def check_runtime(info: WheelInfo, lock: list[dict[str, Any]], python: Path) -> 
         noun = "distributions" if len(missing) > 1 else "distribution"
         raise BuildFailed(not_in_engine(f"it depends on the {noun} {listed}", plural=len(missing) > 1))
     log(f"{len(names)} locked distributions: all in the job's environment ({python})")
-
-
-def _download(url: str, target: Path, sha256: str) -> None:
-    """Download ``url`` to ``target`` (atomically), refusing a body whose SHA-256 is not ``sha256``.
-    The partial file is created anew under a random name (``mkstemp``: O_EXCL, so never through a
-    link that code of an earlier sandboxed step planted in the build's folder)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-    partial = Path(name)
-    os.fchmod(descriptor, 0o666 & ~_umask())  # as open() would make it (mkstemp's is 0600): jobs read the wheelhouse
-    digest = hashlib.sha256()
-    with os.fdopen(descriptor, "wb") as out, urllib.request.urlopen(url, timeout=120) as response:
-        while chunk := response.read(_CHUNK):
-            digest.update(chunk)
-            out.write(chunk)
-    if digest.hexdigest() != sha256:
-        partial.unlink()
-        raise BuildFailed(f"{target.name} from the index does not have the SHA-256 the index gave for it")
-    partial.replace(target)
-
-
-def _umask() -> int:
-    """The process's umask (``/proc/self/status``; 0o022 where it is not there), read without changing it."""
-    try:
-        line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("Umask:"))
-        return int(line.split()[1], 8)
-    except (OSError, StopIteration, ValueError, IndexError):
-        return 0o022
 
 
 def _file_sha256(path: Path) -> str:

@@ -259,3 +259,21 @@ def test_a_sandbox_larger_than_the_pools_pods_or_wanting_egress_is_refused_and_c
 @pytest.mark.parametrize(("text", "value"), [("500m", 0.5), ("2", 2.0), ("2Gi", 2 * 2**30), ("512Mi", 2**29), ("1G", 1e9)])
 def test_it_reads_kubernetes_quantities(text, value):
     assert quantity(text) == value
+
+
+def test_a_sandbox_token_opens_nothing_on_another_organizations_pod(owner, outsider, cluster):
+    mine, theirs = create(owner).json(), create(outsider).json()
+    assert mine["data_plane"]["url"] != theirs["data_plane"]["url"]  # two pods, two agents
+    token = {"Authorization": f"Bearer {mine['data_plane']['token']}"}
+    for sandbox_id in (theirs["id"], mine["id"]):
+        for method, path, body in (("post", "/commands", {"command": "id"}), ("get", "", None), ("delete", "", None),
+                                   ("get", "/logs", None), ("post", "/files/read", {"path": "/etc/hostname"})):
+            answer = httpx.request(method.upper(), f"{theirs['data_plane']['url']}/v1/sandboxes/{sandbox_id}{path}",
+                                   json=body, headers=token, timeout=30)
+            assert answer.status_code in (401, 403, 404), (sandbox_id, method, path, answer.status_code, answer.text)
+    their_pod = Sandbox.objects.unscoped().get(public_id=theirs["id"])
+    assert their_pod.status == SandboxStatus.RUNNING
+    assert cluster.gateway.objects[("Pod", NAMESPACE, their_pod.pod_name)]["metadata"]["labels"][SANDBOX_LABEL] == theirs["id"]
+    with httpx.Client(base_url=theirs["data_plane"]["url"], headers={"Authorization": f"Bearer {theirs['data_plane']['token']}"}) as own:
+        ran = own.post(f"/v1/sandboxes/{theirs['id']}/commands", json={"command": "echo still mine"}, timeout=60)
+    assert (ran.status_code, ran.json()["stdout"]) == (200, "still mine\n")
