@@ -106,7 +106,7 @@ def build(directory: Path, name: str, *, log=print) -> None:
         'mkdir -p "$1/workspace" && chmod 0755 "$1/workspace" && echo sandbox > "$1/etc/hostname" && '
         f'echo "{SANDBOX_USER}:x:1000:1000:{SANDBOX_USER}:/workspace:/bin/bash" >> "$1/etc/passwd" && '
         f'echo "{SANDBOX_USER}:x:1000:" >> "$1/etc/group" && printf "127.0.0.1 localhost sandbox\\n::1 localhost\\n" > "$1/etc/hosts" && '
-        # The resolver of a sandbox allowed egress: slirp4netns's DNS forwarder (sandboxes.runtime.egress).
+        # The resolver of a sandbox allowed egress: slirp4netns's DNS forwarder (lab.lib.egress).
         'echo "nameserver 10.0.2.3" > "$1/etc/resolv.conf" && '
         # No one logs in to a sandbox: no password files, no root's home.
         'rm -f "$1/etc/shadow" "$1/etc/shadow-" "$1/etc/gshadow" "$1/etc/gshadow-" && rm -rf "$1/root"'

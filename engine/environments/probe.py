@@ -352,10 +352,12 @@ def dataset_loaded_by_name(error: BaseException) -> str | None:
 
 def unpushed_dataset_message(name: str, hub: str | None = None) -> str:
     """What a build (or a job) whose environment loads the dataset ``name`` by name, not pushed, is told;
-    ``hub`` the Hugging Face endpoint the build fetched datasets from (default ``HF_ENDPOINT`` where
-    the Hub was not switched off, else none: it loaded offline)."""
+    ``hub`` the Hugging Face endpoint the build fetched datasets from (default ``LAB_HF_ENDPOINT``,
+    the endpoint as Lab is configured with it, else ``HF_ENDPOINT``, which a build's network may
+    have rewritten, where the Hub was not switched off; else none: it loaded offline)."""
     if hub is None:
-        hub = os.environ.get("HF_ENDPOINT", "") if os.environ.get("HF_DATASETS_OFFLINE") != "1" else ""
+        configured = os.environ.get("LAB_HF_ENDPOINT") or os.environ.get("HF_ENDPOINT", "")
+        hub = configured if os.environ.get("HF_DATASETS_OFFLINE") != "1" else ""
     where = (
         f"which is neither a dataset the organization pushed nor one the build could fetch from {hub} (the log has its answer)"
         if hub else "and Lab loads environments offline, where a dataset named so is one the organization pushed"

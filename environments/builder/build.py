@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import tomllib
 import urllib.parse
@@ -32,10 +30,19 @@ from engine.environments import probe as package_probe
 from engine.environments import smoke_rollout
 from engine.environments.probe import is_load_environment_module, module_source, not_in_engine
 from engine.environments.verifiers_taskset import verifiers_python
-from environments.builder import hub_datasets
+from environments.builder import hub_datasets, network
 from environments.builder.downloads import download as _download
 from environments.builder.sandbox import sandbox_command
-from environments.builder.steps import NETWORK_VARIABLES, BuildFailed, BuildRequest, log, run_step, uv_environment
+from environments.builder.sources import build_source_distributions
+from environments.builder.steps import (
+    NETWORK_VARIABLES,
+    BuildFailed,
+    BuildRequest,
+    engine_python_version,
+    log,
+    run_step,
+    uv_environment,
+)
 from environments.wheels import InvalidWheel, WheelInfo, read_wheel
 
 #: The distribution of Lab's environment protocol, which the engine provides to Lab packages.
@@ -45,13 +52,6 @@ V0_VERIFIERS_CAP = "verifiers<0.4"
 #: The longest loading the environment with its defaults and its smoke rollout may take, in seconds.
 PROBE_TIMEOUT_S = 300
 _CHUNK = 1024 * 1024
-
-
-def _engine_python_version(python: str) -> str:
-    if Path(python).resolve() == Path(sys.executable).resolve():
-        return ".".join(map(str, sys.version_info[:3]))
-    result = run_step([python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"], timeout=60)
-    return result.stdout.strip()
 
 
 def check_python(info: WheelInfo, python_version: str) -> None:
@@ -131,7 +131,7 @@ def resolve(request: BuildRequest, info: WheelInfo, *, cap_verifiers: bool) -> l
             )
         raise BuildFailed(
             f"its requirements cannot be met from {request.index_url} as of {request.exclude_newer} "
-            f"(for Python {_engine_python_version(request.python)}): {message[-2000:]}"
+            f"(for Python {engine_python_version(request.python)}): {message[-2000:]}"
         )
     lock = tomllib.loads((request.workdir / "pylock.toml").read_text())
     return [_locked_distribution(package) for package in lock.get("packages", [])]
@@ -202,97 +202,6 @@ def check_runtime(info: WheelInfo, lock: list[dict[str, Any]], python: Path) -> 
         noun = "distributions" if len(missing) > 1 else "distribution"
         raise BuildFailed(not_in_engine(f"it depends on the {noun} {listed}", plural=len(missing) > 1))
     log(f"{len(names)} locked distributions: all in the job's environment ({python})")
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _built_record(request: BuildRequest, entry: dict[str, Any], python_version: str) -> Path:
-    """Where the wheelhouse records the wheel built from the source archive ``entry`` for the
-    engine's Python and platform: ``built/<archive sha256>/<python version>-<platform tag>.json``."""
-    platform_tag = next(iter(sys_tags())).platform
-    return request.wheelhouse / "built" / entry["sha256"] / f"{python_version}-{platform_tag}.json"
-
-
-def build_source_distributions(request: BuildRequest, lock: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Replace each source archive of ``lock`` by a wheel built from it for the engine's Python,
-    stored in the wheelhouse like any wheel (``<sha256>/<file name>``), so that jobs install
-    wheels only, offline. A wheel built from the same archive for the same Python and platform
-    before is reused (``_built_record``); otherwise the archive is downloaded (its SHA-256 checked)
-    and built by ``uv build --wheel``, which installs the build backend its ``pyproject.toml``
-    names (setuptools for a ``setup.py`` alone) from the same index as of the same time: the
-    archive's setup code runs in the builder's process tree (in bubblewrap when ``request.sandbox``),
-    never in Lab's web or worker process. Raises BuildFailed naming the distribution and uv's message (a build backend the
-    index lacks is named there)."""
-    if not any(entry.get("sdist") for entry in lock):
-        return lock
-    python_version = _engine_python_version(request.python)
-    built_lock = []
-    for entry in lock:
-        if not entry.get("sdist"):
-            built_lock.append(entry)
-            continue
-        record = _built_record(request, entry, python_version)
-        wheel = json.loads(record.read_text()) if record.is_file() else None
-        if wheel is not None and (request.wheelhouse / wheel["sha256"] / wheel["filename"]).is_file():
-            log(f"{entry['filename']}: the wheel built from it before, {wheel['filename']}")
-        else:
-            # Each archive is built in a folder of its own, made after the previous build ended: the
-            # setup code of one cannot plant anything (a poisoned build backend in uv's cache) that
-            # the build of the next reads, whose wheel the shared record below gives every organization.
-            fresh = Path(tempfile.mkdtemp(dir=request.workdir, prefix="sdist-"))
-            wheel = _build_wheel(dataclasses.replace(request, workdir=fresh), entry)
-            record.parent.mkdir(parents=True, exist_ok=True)
-            record.write_text(json.dumps(wheel))
-        built_lock.append({"name": entry["name"], "version": entry["version"], **wheel, "url": ""})
-    return built_lock
-
-
-def _build_wheel(request: BuildRequest, entry: dict[str, Any]) -> dict[str, str]:
-    """Build the source archive ``entry`` into a wheel in the wheelhouse; return its ``{"filename", "sha256"}``."""
-    sources = request.workdir / "sdists"
-    archive = sources / entry["filename"]
-    _download(entry["url"], archive, entry["sha256"])
-    out = sources / f"{entry['name']}-wheel"
-    command = [
-        request.uv, "build", "--wheel", str(archive), "--out-dir", str(out),
-        "--index-url", request.index_url, "--exclude-newer", request.exclude_newer,
-        "--python", request.python, "--no-config", "--quiet",
-    ]
-    # The archive's setup code runs in bubblewrap with the network (its build backend comes from
-    # the index) and a uv cache of its own: it can write to nothing but this build's folder, not to
-    # the shared wheelhouse or uv cache that other builds read.
-    environment = {**uv_environment(request), "UV_CACHE_DIR": str(sources / "uv-cache")}
-    sandbox = []
-    if request.sandbox:
-        readable = [Path(sys.base_prefix), Path(sys.prefix), Path(request.python).resolve().parent.parent, Path(request.uv).resolve().parent]
-        if request.index_url.startswith("file://"):
-            readable.append(Path(urllib.parse.unquote(urllib.parse.urlsplit(request.index_url).path)).resolve().parent)
-        sandbox = sandbox_command(readable, request.workdir, frozen=request.workdir / "venv" if (request.workdir / "venv").exists() else None,
-                                  chdir=sources, network=True)
-    log(f"building a wheel of {entry['name']} {entry['version']} from its source archive {entry['filename']}"
-        + (" (in bubblewrap)" if sandbox else ""))
-    started = time.monotonic()
-    result = run_step([*sandbox, *command], env=environment, cwd=sources)
-    print(result.stdout + result.stderr, end="", flush=True)
-    wheels = sorted(out.glob("*.whl")) if out.is_dir() else []
-    if result.returncode != 0 or len(wheels) != 1:
-        message = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("warning:")).strip()
-        raise BuildFailed(
-            f"{entry['name']} {entry['version']} is a source archive on {request.index_url} ({entry['filename']}), and "
-            f"building a wheel of it failed: {message[-1500:] or f'uv build exited {result.returncode}'}"
-        )
-    sha256 = _file_sha256(wheels[0])
-    target = request.wheelhouse / sha256 / wheels[0].name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(wheels[0]), target)
-    log(f"built {wheels[0].name} in {time.monotonic() - started:.1f} s")
-    return {"filename": wheels[0].name, "sha256": sha256}
 
 
 def fetch(request: BuildRequest, lock: list[dict[str, Any]]) -> Path:
@@ -394,13 +303,30 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
         pythons.append(datasets)
         found = sorted(f"{owner.name}/{name.name}" for owner in datasets.iterdir() if owner.is_dir() for name in owner.iterdir() if name.is_dir())
         log(f"pushed datasets load_dataset finds by name: {', '.join(found) or 'none'}")
-    network = bool(request.hf_endpoint)
-    sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv", chdir=datasets, network=network) if request.sandbox else []
+    hub = bool(request.hf_endpoint)
+    sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv", chdir=datasets) if request.sandbox else []
+    reach = None
+    if hub and sandbox:
+        # The package's code reaches the Hub from a network namespace of its own, never the host's.
+        if (why := network.available()) is not None:
+            log(f"the Hub is not reached while loading: a network namespace of its own cannot be set up here ({why}); "
+                "loading runs offline")
+            hub = False
+            environment.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+            environment.pop("HF_ENDPOINT", None)
+        else:
+            reach = network.reach([request.hf_endpoint])
+            # As the namespace reaches it (a local Hub at slirp4netns's gateway); messages name it as configured.
+            environment["HF_ENDPOINT"] = reach.urls.get(request.hf_endpoint, request.hf_endpoint)
+            environment["LAB_HF_ENDPOINT"] = request.hf_endpoint
     log(f"importing {info.module}, loading it with its defaults and running {smoke_rollout.ROLLOUT_EXAMPLES} examples against a stub model"
-        + (f" (in bubblewrap{', the network kept for the Hub' if network else ', no network'})" if sandbox else "")
-        + (f"; Hugging Face datasets from {request.hf_endpoint}" if network else ""))
+        + (f" (in bubblewrap{', a network namespace of its own reaching the Hub' if hub else ', no network'})" if sandbox else "")
+        + (f"; Hugging Face datasets from {request.hf_endpoint}" if hub else ""))
     started = time.monotonic()
-    result = run_step([*sandbox, *command], timeout=PROBE_TIMEOUT_S, env=environment, cwd=datasets)
+    if reach is not None:
+        result = network.run_in_namespace(sandbox, command, reach_=reach, timeout=PROBE_TIMEOUT_S, env=environment, cwd=datasets)
+    else:
+        result = run_step([*sandbox, *command], timeout=PROBE_TIMEOUT_S, env=environment, cwd=datasets)
     print(result.stdout + result.stderr, end="", flush=True)
     if result.returncode != 0 or not out.is_file():
         raise BuildFailed(f"importing and loading the environment crashed (exit {result.returncode}); the build log has its output")
@@ -423,7 +349,7 @@ def run_build(request: BuildRequest) -> dict[str, Any]:
     request.workdir.mkdir(parents=True, exist_ok=True)
     request.wheelhouse.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    result: dict[str, Any] = {"status": "failed", "error": None, "python": _engine_python_version(request.python), "lock": [], "summary": {}}
+    result: dict[str, Any] = {"status": "failed", "error": None, "python": engine_python_version(request.python), "lock": [], "summary": {}}
     try:
         try:
             with request.wheel.open("rb") as handle:

@@ -14,12 +14,8 @@ from lab.lib import seccomp
 _SANDBOX_SYSTEM = ("/usr", "/bin", "/lib", "/lib64", "/etc/ssl/certs", "/etc/ssl/openssl.cnf", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
 
 
-#: What a sandboxed step that reaches the package index also reads: how names resolve.
-_SANDBOX_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf")
-
-
 def sandbox_command(
-    readable: list[Path], writable: Path, *, frozen: Path | None = None, chdir: Path | None = None, network: bool = False,
+    readable: list[Path], writable: Path, *, frozen: Path | None = None, chdir: Path | None = None,
 ) -> list[str]:
     """The ``bwrap`` prefix the import step runs under: its own namespaces of every kind (so no
     network at all: the package is installed already), an empty root with only the system's
@@ -27,8 +23,8 @@ def sandbox_command(
     own ``writable`` folder but ``frozen`` in it, read-only: the build's venv, whose files uv
     hard-links from the cache that later builds install from; nothing of Lab's data,
     configuration or other builds. It starts in ``chdir`` (one of those folders; default ``writable``).
-    ``network`` keeps the host's network (and its name resolution): for a step that reaches the
-    package index, building a source archive."""
+    A step that must reach an endpoint gets a network namespace of its own behind a firewall
+    (``environments.builder.network``), never the host's network."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise BuildFailed(
@@ -37,9 +33,9 @@ def sandbox_command(
         )
     # Lab's seccomp filter (lab.lib.seccomp), which bwrap reads from the descriptor file_prefix opens.
     args = [*seccomp.file_prefix(), bwrap, "--seccomp", str(seccomp.FILE_FD),
-            "--unshare-all", *(["--share-net"] if network else []), "--die-with-parent", "--cap-drop", "ALL",
+            "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
             "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-    for path in (*_SANDBOX_SYSTEM, *(_SANDBOX_NETWORK if network else ())):
+    for path in _SANDBOX_SYSTEM:
         args += ["--ro-bind-try", path, path]
     for path in sorted({path.resolve() for path in readable}):
         args += ["--ro-bind", str(path), str(path)]

@@ -77,3 +77,11 @@ def uv_environment(request: BuildRequest) -> dict[str, str]:
     environment["UV_CACHE_DIR"] = str(request.cache or request.wheelhouse.parent / "uv-cache")
     environment["UV_PYTHON_DOWNLOADS"] = "never"
     return environment
+
+
+def engine_python_version(python: str) -> str:
+    """The version of ``python`` (``3.11.7``): this process's own when it is this Python."""
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        return ".".join(map(str, sys.version_info[:3]))
+    result = run_step([python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"], timeout=60)
+    return result.stdout.strip()

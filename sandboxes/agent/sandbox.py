@@ -24,9 +24,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.lib import seccomp
+from lab.lib import egress, seccomp
 from sandboxes.agent import supervisor as protocol
-from sandboxes.runtime import egress
 from sandboxes.runtime.base import CommandRequest, CommandResult, RuntimeRefusal, SandboxSpec
 from sandboxes.runtime.local import AREAS, GIGABYTE, LocalHost
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from environments.builder.build import BuildRequest, _download, build_source_distributions
+from environments.builder.downloads import download as _download
+from environments.builder.sources import build_source_distributions
+from environments.builder.steps import BuildRequest
 
 PACKAGE_INDEX = Path(__file__).resolve().parents[2] / "var" / "package-index"
 UV = str(Path(sys.executable).parent / "uv")

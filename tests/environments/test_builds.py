@@ -23,11 +23,11 @@ from lab_environments import __version__ as PROTOCOL_VERSION
 
 from environments import builds
 from environments.builder.build import (
-    build_source_distributions,
     check_python,
     is_load_environment_module,
     resolve,
 )
+from environments.builder.sources import build_source_distributions
 from environments.builder.steps import BuildFailed, BuildRequest
 from environments.builds import build_log, build_run, latest_build
 from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackage

@@ -1,4 +1,4 @@
-"""A sandbox allowed egress (sandboxes/runtime/egress.py, docs/sandboxes.md "Network"): it reaches
+"""A sandbox allowed egress (lab/lib/egress.py, docs/sandboxes.md "Network"): it reaches
 the internet through slirp4netns, and nothing of the host: not its loopback (PostgreSQL, Redis,
 the agent), not its own addresses, not private or metadata addresses. Attacked from inside; each
 target is first shown to answer on the host, so that the test fails if the protection goes."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.runtime import egress
+from lab.lib import egress
 from sandboxes.runtime.agent import AgentRuntime
 from sandboxes.runtime.base import CommandRequest, SandboxSpec
 

@@ -1,4 +1,6 @@
-"""Outbound network for a sandbox whose policy is ``egress`` (docs/sandboxes.md "Network").
+"""Outbound network for a sandbox whose policy is ``egress`` (docs/sandboxes.md "Network"), and
+for an environment build's steps that reach the package index or the Hugging Face Hub
+(``environments.builder.network``).
 
 Every sandbox has a network namespace of its own. One allowed egress gets, once its supervisor
 answers and before any command runs:
@@ -15,6 +17,11 @@ answers and before any command runs:
    the user namespace that owns it (bubblewrap nests a second one below for ``--disable-userns``),
    with its seccomp filter; it ends with the sandbox.
 
+A build step may also be given endpoints (``allow``: an address and port each) that pass the
+firewall although their range is refused, a package index mirror on a private address; one on
+the host's loopback is reached at slirp4netns's gateway (10.0.2.2, ``host_loopback``), that one
+port only.
+
 The sandbox's processes have no capability in that namespace (bubblewrap drops them all, and no
 new user namespace may be made), so they cannot change its firewall or its routes.
 """
@@ -26,6 +33,7 @@ import ipaddress
 import json
 import os
 import select
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -44,6 +52,12 @@ _NS_GET_USERNS = 0xB701
 READY_TIMEOUT_S = 5.0
 
 
+def tool(name: str) -> str | None:
+    """Return the path of the program ``name`` on ``PATH`` or in the system's sbin and bin folders
+    (a caller's ``PATH`` may leave /usr/sbin out, where Debian puts ``nft``), None without it."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"]))
+
+
 class EgressUnavailable(Exception):
     """The sandbox's outbound network could not be set up (a tool missing, not root, a failure)."""
 
@@ -51,7 +65,7 @@ class EgressUnavailable(Exception):
 def host_addresses() -> list[str]:
     """Return every IPv4 address of the host's interfaces (``ip -j address``)."""
     try:
-        answer = subprocess.run(["ip", "-j", "address"], capture_output=True, text=True, check=True, timeout=5).stdout
+        answer = subprocess.run([tool("ip") or "ip", "-j", "address"], capture_output=True, text=True, check=True, timeout=5).stdout
     except (OSError, subprocess.SubprocessError) as error:
         raise EgressUnavailable(f"the host's addresses could not be read: {error}") from None
     found = []
@@ -62,16 +76,18 @@ def host_addresses() -> list[str]:
     return sorted(set(found))
 
 
-def ruleset(host: list[str]) -> str:
-    """Return the nft ruleset of a sandbox allowed egress whose host has the addresses ``host``."""
+def ruleset(host: list[str], allow: tuple[tuple[str, int], ...] = ()) -> str:
+    """Return the nft ruleset of a sandbox allowed egress whose host has the addresses ``host``;
+    ``allow``: (IPv4 address, TCP port) pairs accepted before any refusal."""
     blocked = ", ".join([*BLOCKED_V4, GATEWAY, *host])
+    accepted = "".join(f"    ip daddr {ipaddress.IPv4Address(address)} tcp dport {int(port)} accept\n" for address, port in allow)
     return f"""table inet lab_egress {{
   chain output {{
     type filter hook output priority 0; policy accept;
     oifname "lo" accept
     ip daddr {DNS} udp dport 53 accept
     ip daddr {DNS} tcp dport 53 accept
-    meta l4proto tcp ip daddr {{ {blocked} }} reject with tcp reset
+{accepted}    meta l4proto tcp ip daddr {{ {blocked} }} reject with tcp reset
     ip daddr {{ {blocked} }} reject with icmpx type admin-prohibited
     meta nfproto ipv6 reject with icmpx type admin-prohibited
   }}
@@ -90,16 +106,20 @@ def namespace_pid(bwrap_pid: int) -> int:
     return int(children[0])
 
 
-def start(bwrap_pid: int, *, uid: int | None) -> tuple[subprocess.Popen, int]:
-    """Firewall the network namespace of the sandbox whose bwrap is ``bwrap_pid``, then start its
-    slirp4netns (as host ``uid``; Lab's own user when None) and wait until its tap device is up.
+def start(
+    bwrap_pid: int, *, uid: int | None, allow: tuple[tuple[str, int], ...] = (), host_loopback: bool = False,
+) -> tuple[subprocess.Popen, int]:
+    """Firewall the network namespace of the sandbox whose bwrap is ``bwrap_pid`` (``ruleset``,
+    with ``allow``), then start its slirp4netns (as host ``uid``; Lab's own user when None; the
+    gateway 10.0.2.2 the host's loopback when ``host_loopback``, which only ``allow``'s gateway
+    ports reach) and wait until its tap device is up.
     Return the slirp4netns process and a descriptor whose closing ends it (``--exit-fd``: it ends
     with the agent too); the caller kills it and closes that when the sandbox stops.
     EgressUnavailable when any step fails, having started nothing that outlives it."""
     if os.geteuid() != 0:
         raise EgressUnavailable("a sandbox's outbound network needs the sandbox agent to run as root")
     pid = namespace_pid(bwrap_pid)
-    firewall = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "nft", "-f", "-"], input=ruleset(host_addresses()),
+    firewall = subprocess.run([tool("nsenter") or "nsenter", f"--net=/proc/{pid}/ns/net", tool("nft") or "nft", "-f", "-"], input=ruleset(host_addresses(), allow),
                               capture_output=True, text=True, timeout=10)
     if firewall.returncode != 0:
         raise EgressUnavailable(f"its firewall could not be set (nft): {firewall.stderr.strip()[:300]}")
@@ -110,8 +130,9 @@ def start(bwrap_pid: int, *, uid: int | None) -> tuple[subprocess.Popen, int]:
     errors = tempfile.TemporaryFile()
     try:
         owner = fcntl.ioctl(net, _NS_GET_USERNS)
-        identity = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
-        command = [*identity, "slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-seccomp",
+        identity = [tool("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
+        loopback = [] if host_loopback else ["--disable-host-loopback"]
+        command = [*identity, tool("slirp4netns") or "slirp4netns", "--configure", "--mtu=65520", *loopback, "--enable-seccomp",
                    f"--userns-path=/proc/self/fd/{owner}", "--netns-type=path", f"--ready-fd={ready_write}",
                    f"--exit-fd={exit_read}", f"/proc/self/fd/{net}", "tap0"]
         try:
