@@ -104,8 +104,7 @@ def run_in_namespace(
         os.close(block_read)
         info_write = block_read = -1
         try:
-            said = os.read(info_read, 4096)  # bwrap's JSON, written once its namespaces exist
-            child = json.loads(said[: said.index(b"}") + 1])["child-pid"]
+            child = _child_pid(info_read)
             network = egress.start(_bwrap_pid(process.pid, child), uid=None, allow=reach_.allow, host_loopback=reach_.host_loopback)
         except (egress.EgressUnavailable, ValueError, KeyError, OSError) as error:
             _kill(process)
@@ -130,6 +129,18 @@ def run_in_namespace(
             slirp.kill()
             slirp.wait()
         os.unlink(resolv.name)
+
+
+def _child_pid(info: int) -> int:
+    """Return the pid of the sandbox's first process from bwrap's ``--info-fd`` JSON, written (in
+    one or more pieces) once its namespaces exist; ValueError when bwrap ended without it."""
+    said = b""
+    while b"}" not in said:
+        piece = os.read(info, 4096)
+        if not piece:
+            raise ValueError(f"bubblewrap ended before its namespaces were made ({said[:200]!r})")
+        said += piece
+    return int(json.loads(said[: said.index(b"}") + 1])["child-pid"])
 
 
 def _kill(process: subprocess.Popen) -> None:
