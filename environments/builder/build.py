@@ -36,6 +36,7 @@ from environments.builder.sandbox import sandbox_command
 from environments.builder.sources import build_source_distributions
 from environments.builder.steps import (
     NETWORK_VARIABLES,
+    STEP_TIMEOUT_S,
     BuildFailed,
     BuildRequest,
     engine_python_version,
@@ -104,21 +105,26 @@ def resolve(request: BuildRequest, info: WheelInfo, *, cap_verifiers: bool) -> l
         log("no requirements: the lock is empty")
         return []
     (request.workdir / "requirements.in").write_text("".join(f"{line}\n" for line in requirements))
-    command = [
-        request.uv, "pip", "compile", str(request.workdir / "requirements.in"),
-        "--index-url", request.index_url,
-        "--exclude-newer", request.exclude_newer,
-        "--python", request.python,
-        "--format", "pylock.toml",
-        "--output-file", str(request.workdir / "pylock.toml"),
-        "--no-header", "--quiet",
-    ]
+    options = []
     if cap_verifiers:
         (request.workdir / "constraints.txt").write_text(f"{V0_VERIFIERS_CAP}\n")
-        command += ["--constraint", str(request.workdir / "constraints.txt")]
+        options = ["--constraint", str(request.workdir / "constraints.txt")]
+
+    def command(index_url: str) -> list[str]:
+        return [request.uv, "pip", "compile", str(request.workdir / "requirements.in"), "--index-url", index_url,
+                "--exclude-newer", request.exclude_newer, "--python", request.python, "--format", "pylock.toml",
+                "--output-file", str(request.workdir / "pylock.toml"), "--no-header", "--quiet", *options]
+
     log(f"resolving {len(requirements)} requirements against {request.index_url} as of {request.exclude_newer}"
         + (f", with {V0_VERIFIERS_CAP}" if cap_verifiers else ""))
-    result = run_step(command, env=uv_environment(request))
+    # Reading a source archive's metadata may run its setup code: in bubblewrap, with a uv cache of
+    # this build's own (never the one other builds share) and the index reached from a network
+    # namespace of its own (environments.builder.network).
+    environment = uv_environment(request)
+    if request.sandbox:
+        environment["UV_CACHE_DIR"] = str(request.workdir / "resolve-cache")
+    result = network.index_step(request, command, environment=environment, cwd=request.workdir, timeout=STEP_TIMEOUT_S,
+                                what="resolving its requirements", refuse=False)
     print(result.stdout + result.stderr, end="", flush=True)
     if result.returncode != 0:
         message = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("warning:")).strip()

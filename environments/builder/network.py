@@ -22,12 +22,15 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from environments.builder.steps import BuildFailed
+from environments.builder.sandbox import sandbox_command
+from environments.builder.steps import BuildFailed, BuildRequest, log, run_step
 from lab.lib import egress
 
 #: How names resolve in the step (its resolver is slirp4netns's forwarder, written in its own resolv.conf).
@@ -79,6 +82,42 @@ def reach(urls: list[str]) -> Reach:
             elif not ipaddress.IPv4Address(address).is_global:
                 allow.append((address, port))
     return Reach(allow=tuple(dict.fromkeys(allow)), host_loopback=host_loopback, urls=rewritten)
+
+
+def index_step(
+    request: BuildRequest, command: Callable[[str], list[str]], *, environment: dict[str, str], cwd: Path, timeout: float,
+    what: str, refuse: bool,
+) -> subprocess.CompletedProcess:
+    """Run the uv step ``command(index_url)``, which reaches the package index and may run a
+    package's setup code (a source archive's build backend), as ``request`` says: in bubblewrap
+    (``request.sandbox``) with the Pythons, uv and a ``file://`` index read-only and the build's
+    folder writable, from a network namespace of its own that reaches an ``http(s)`` index
+    (``run_in_namespace``; ``command`` is given the index's URL as the namespace reaches it). Where
+    that namespace cannot be set up, ``refuse`` fails the build saying so (``what`` names the step);
+    otherwise the step runs outside bubblewrap, as Lab's worker, saying so in the log."""
+    index_url = request.index_url
+    if not request.sandbox:
+        return run_step(command(index_url), timeout=timeout, env=environment, cwd=cwd)
+    readable = [Path(sys.base_prefix), Path(sys.prefix), Path(request.python).resolve().parent.parent, Path(request.uv).resolve().parent]
+    frozen = request.workdir / "venv" if (request.workdir / "venv").exists() else None
+    if index_url.startswith("file://"):
+        readable.append(Path(urllib.parse.unquote(urllib.parse.urlsplit(index_url).path)).resolve().parent)
+        sandbox = sandbox_command(readable, request.workdir, frozen=frozen, chdir=cwd)
+        return run_step([*sandbox, *command(index_url)], timeout=timeout, env=environment, cwd=cwd)
+    if (why := available()) is not None:
+        if refuse:
+            raise BuildFailed(
+                f"{what} reaches the package index from a network namespace of its own, which cannot be set up here "
+                f"({why}): run Lab's worker as root with slirp4netns and nftables (make install)"
+            )
+        log(f"{what} runs outside bubblewrap: a network namespace of its own cannot be set up here ({why})")
+        return run_step(command(index_url), timeout=timeout, env=environment, cwd=cwd)
+    proxies = {name: value for name, value in environment.items() if name.lower() in ("https_proxy", "http_proxy") and value}
+    reach_ = reach([index_url, *proxies.values()])
+    environment = {**environment, **{name: reach_.urls.get(value, value) for name, value in proxies.items()}}
+    sandbox = sandbox_command(readable, request.workdir, frozen=frozen, chdir=cwd)
+    return run_in_namespace(sandbox, command(reach_.urls.get(index_url, index_url)), reach_=reach_, timeout=timeout,
+                            env=environment, cwd=cwd)
 
 
 def run_in_namespace(

@@ -9,10 +9,8 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +18,12 @@ from packaging.tags import sys_tags
 
 from environments.builder import network
 from environments.builder.downloads import download as _download
-from environments.builder.sandbox import sandbox_command
 from environments.builder.steps import (
     STEP_TIMEOUT_S,
     BuildFailed,
     BuildRequest,
     engine_python_version,
     log,
-    run_step,
     uv_environment,
 )
 
@@ -93,36 +89,17 @@ def _build_wheel(request: BuildRequest, entry: dict[str, Any]) -> dict[str, str]
     # nothing but this build's folder, not to the shared wheelhouse or uv cache that other builds
     # read; its build backend comes from the index, reached from a network namespace of its own
     # (environments.builder.network), never the host's.
-    index_url = request.index_url
     environment = {**uv_environment(request), "UV_CACHE_DIR": str(sources / "uv-cache")}
-    sandbox, reach = [], None
-    if request.sandbox:
-        readable = [Path(sys.base_prefix), Path(sys.prefix), Path(request.python).resolve().parent.parent, Path(request.uv).resolve().parent]
-        if index_url.startswith("file://"):
-            readable.append(Path(urllib.parse.unquote(urllib.parse.urlsplit(index_url).path)).resolve().parent)
-        else:
-            if (why := network.available()) is not None:
-                raise BuildFailed(
-                    f"{entry['name']} {entry['version']} is a source archive ({entry['filename']}), and building it reaches "
-                    f"the package index from a network namespace of its own, which cannot be set up here ({why}): "
-                    "run Lab's worker as root with slirp4netns and nftables (make install), or push a wheel"
-                )
-            reach = network.reach([index_url])
-            index_url = reach.urls.get(index_url, index_url)
-        sandbox = sandbox_command(readable, request.workdir, frozen=request.workdir / "venv" if (request.workdir / "venv").exists() else None,
-                                  chdir=sources)
-    command = [
-        request.uv, "build", "--wheel", str(archive), "--out-dir", str(out),
-        "--index-url", index_url, "--exclude-newer", request.exclude_newer,
-        "--python", request.python, "--no-config", "--quiet",
-    ]
+
+    def command(index_url: str) -> list[str]:
+        return [request.uv, "build", "--wheel", str(archive), "--out-dir", str(out), "--index-url", index_url,
+                "--exclude-newer", request.exclude_newer, "--python", request.python, "--no-config", "--quiet"]
+
     log(f"building a wheel of {entry['name']} {entry['version']} from its source archive {entry['filename']}"
-        + (" (in bubblewrap)" if sandbox else ""))
+        + (" (in bubblewrap)" if request.sandbox else ""))
     started = time.monotonic()
-    if reach is not None:
-        result = network.run_in_namespace(sandbox, command, reach_=reach, timeout=STEP_TIMEOUT_S, env=environment, cwd=sources)
-    else:
-        result = run_step([*sandbox, *command], env=environment, cwd=sources)
+    result = network.index_step(request, command, environment=environment, cwd=sources, timeout=STEP_TIMEOUT_S, refuse=True,
+                                what=f"building a wheel of {entry['name']} {entry['version']} from its source archive {entry['filename']}")
     print(result.stdout + result.stderr, end="", flush=True)
     wheels = sorted(out.glob("*.whl")) if out.is_dir() else []
     if result.returncode != 0 or len(wheels) != 1:
