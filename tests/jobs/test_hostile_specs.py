@@ -49,7 +49,7 @@ def test_a_teacher_endpoint_the_engine_cannot_ask_is_a_400_that_creates_nothing(
 
 
 def test_a_valid_teacher_endpoint_with_extra_headers_is_accepted(owner, spec):
-    body = sft(spec, base_url="http://[::1]:8000/v1", headers_from_env={"X-Team-Id": "TEAM_ID", "OpenAI-Organization": "ORG"})
+    body = sft(spec, base_url="http://[2606:4700:4700::1111]:8000/v1", headers_from_env={"X-Team-Id": "TEAM_ID", "OpenAI-Organization": "ORG"})
     body["secrets"].update(TEAM_ID="t-1", ORG="o-1")
 
     answer = owner.client().post("/api/v1/jobs", body, format="json")

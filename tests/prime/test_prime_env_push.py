@@ -90,8 +90,10 @@ def test_prime_env_push_makes_a_lab_version_whose_build_is_queued_and_every_read
     assert shown["build"] == {"status": "queued", "error": None}
     assert "0.1.0" in versions.output and package.sha256 in versions.output and "1 artifact" in versions.output
 
-    # A rebuilt wheel of the same version is other bytes: refused before its upload, with the
-    # CLI's own tip; --auto-bump pushes it as the next version.
+    # The same version with a change (other bytes, whatever the wheel's timestamps): refused before
+    # its upload, with the CLI's own tip; --auto-bump pushes it as the next version.
+    with (folder / "double_it.py").open("a") as module:
+        module.write("\n# a change after the push\n")
     again = prime_cli(owner.key, "env", "push")
     assert again.exit_code == 1
     assert "Found existing environment: acme/double-it" in again.output
