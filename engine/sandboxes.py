@@ -109,7 +109,46 @@ class SandboxProvider(Protocol):
         """Delete ``sandbox`` (idempotent)."""
 
 
-class LabSandboxes:
+class _HeldSandboxes:
+    """What a provider made and has not deleted yet (thread-safe): ``_hold`` each sandbox it
+    creates, ``_release`` each it deletes; ``close`` deletes whatever is left (failures are logged:
+    Lab deletes them anyway when it closes the attempt), closes the provider's HTTP client (``_http``,
+    which each provider sets) and returns how many were deleted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[str, Sandbox] = {}
+        self.created = 0
+
+    def delete(self, sandbox: Sandbox) -> None:
+        raise NotImplementedError
+
+    def _hold(self, sandbox: Sandbox) -> Sandbox:
+        with self._lock:
+            self._live[sandbox.id] = sandbox
+            self.created += 1
+        return sandbox
+
+    def _release(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._live.pop(sandbox.id, None)
+        sandbox.close()
+
+    def close(self) -> int:
+        with self._lock:
+            live = list(self._live.values())
+        deleted = 0
+        for sandbox in live:
+            try:
+                self.delete(sandbox)
+                deleted += 1
+            except SandboxError as error:
+                logger.warning("%s", error)
+        self._http.close()
+        return deleted
+
+
+class LabSandboxes(_HeldSandboxes):
     """Sandboxes of one attempt, created and deleted through Lab's ingest API with the job token.
 
     Thread-safe; remembers what it created so that ``close`` deletes whatever is left.
@@ -121,9 +160,7 @@ class LabSandboxes:
             base_url=f"{lab_url.rstrip('/')}/api/v1/ingest/jobs/{job_id}", token=token, timeout=timeout,
             max_retries=2, user_agent="lab-engine", transport=self._transport,
         )
-        self._lock = threading.Lock()
-        self._live: dict[str, Sandbox] = {}
-        self.created = 0
+        super().__init__()
 
     def create(self, **fields) -> Sandbox:
         """Create a sandbox for this attempt; return its data plane. Raises SandboxError when Lab
@@ -135,18 +172,13 @@ class LabSandboxes:
         access = answer.get("data_plane")
         if answer.get("status") != "running" or not access:
             raise SandboxError(f"sandbox {answer.get('id')} did not start: {answer.get('error') or answer.get('status')}")
-        sandbox = Sandbox(answer["id"], access["url"], access["token"], transport=self._transport)
-        with self._lock:
-            self._live[sandbox.id] = sandbox
-            self.created += 1
+        sandbox = self._hold(Sandbox(answer["id"], access["url"], access["token"], transport=self._transport))
         logger.info("sandbox %s created", sandbox.id)
         return sandbox
 
     def delete(self, sandbox: Sandbox) -> None:
         """Delete ``sandbox`` through Lab (a sandbox Lab no longer knows counts as deleted)."""
-        with self._lock:
-            self._live.pop(sandbox.id, None)
-        sandbox.close()
+        self._release(sandbox)
         try:
             self._http.request("DELETE", f"sandboxes/{sandbox.id}")
         except LabError as error:
@@ -162,24 +194,10 @@ class LabSandboxes:
         except LabError as error:
             raise SandboxError(f"Lab gave no sandbox key: {error}") from None
 
-    def close(self) -> int:
-        """Delete every sandbox this attempt still holds (failures are logged: Lab deletes them
-        anyway when it closes the attempt); return how many were deleted."""
-        with self._lock:
-            live = list(self._live.values())
-        deleted = 0
-        for sandbox in live:
-            try:
-                self.delete(sandbox)
-                deleted += 1
-            except SandboxError as error:
-                logger.warning("%s", error)
-        self._http.close()
-        return deleted
 
 
 
-class KeySandboxes:
+class KeySandboxes(_HeldSandboxes):
     """Sandboxes of one attempt created and deleted with the attempt's sandbox key through Lab's
     Prime-compatible routes (``access``: ``{"api_key", "base_url", "data_plane_url"}``, what
     ``LabSandboxes.prime_access`` answers): what the orchestrator role, which holds no job token,
@@ -193,9 +211,7 @@ class KeySandboxes:
             base_url=f"{access['base_url'].rstrip('/')}/api/v1", headers={"Authorization": f"Bearer {access['api_key']}"},
             timeout=timeout, follow_redirects=False, transport=self._transport,
         )
-        self._lock = threading.Lock()
-        self._live: dict[str, Sandbox] = {}
-        self.created = 0
+        super().__init__()
 
     def create(self, **fields) -> Sandbox:
         """Create a sandbox for this attempt (the fields of ``LabSandboxes.create``); return its data
@@ -215,18 +231,13 @@ class KeySandboxes:
         access = answer.get("gatewayAuth")
         if answer.get("status") != "RUNNING" or not access:
             raise SandboxError(f"sandbox {answer.get('id')} did not start: {answer.get('errorMessage') or answer.get('status')}")
-        sandbox = Sandbox(answer["id"], access["gateway_url"], access["token"], transport=self._transport)
-        with self._lock:
-            self._live[sandbox.id] = sandbox
-            self.created += 1
+        sandbox = self._hold(Sandbox(answer["id"], access["gateway_url"], access["token"], transport=self._transport))
         logger.info("sandbox %s created with the attempt's sandbox key", sandbox.id)
         return sandbox
 
     def delete(self, sandbox: Sandbox) -> None:
         """Delete ``sandbox`` through Lab (one Lab no longer knows counts as deleted)."""
-        with self._lock:
-            self._live.pop(sandbox.id, None)
-        sandbox.close()
+        self._release(sandbox)
         try:
             response = self._http.delete(f"sandbox/{sandbox.id}")
         except httpx.HTTPError as error:
@@ -238,20 +249,6 @@ class KeySandboxes:
         """Return the access this provider was given (Prime's client uses the same key)."""
         return dict(self.access)
 
-    def close(self) -> int:
-        """Delete every sandbox this provider still holds (failures are logged: Lab deletes them
-        anyway when it closes the attempt); return how many were deleted."""
-        with self._lock:
-            live = list(self._live.values())
-        deleted = 0
-        for sandbox in live:
-            try:
-                self.delete(sandbox)
-                deleted += 1
-            except SandboxError as error:
-                logger.warning("%s", error)
-        self._http.close()
-        return deleted
 
 
 _provider: SandboxProvider | None = None
