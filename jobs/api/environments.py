@@ -94,6 +94,18 @@ def builtin_object(environment_id: str) -> dict | None:
     return environment_to_dict(builtin) | {"build": None} if builtin is not None else None
 
 
+def refuse_builtin(environment_id: str, what: str) -> None:
+    """Raise the 400 that says ``environment_id`` is a built-in, which ``what`` (``"cannot be
+    deleted"``) explains, when it names one; a built-in is no package: it has no build to read or
+    run again, and nothing to delete."""
+    if builtin_object(environment_id) is not None:
+        raise ApiError(
+            400, "invalid_request",
+            f"{environment_id.removesuffix('@latest')} is one of Lab's built-in environments, part of the engine: it {what}.",
+            param="name",
+        )
+
+
 class EnvironmentDetailView(ProjectAPIView):
     """``GET``/``DELETE /environments/{organization}/{name}[@{version}]``: one version of a package,
     or (``GET``) a built-in that the list shows."""
@@ -108,6 +120,7 @@ class EnvironmentDetailView(ProjectAPIView):
 
     @extend_schema(parameters=[_VERSION], responses={204: None})
     def delete(self, request: Request, organization: str, name: str) -> Response:
+        refuse_builtin(f"{organization}/{name}", "cannot be deleted")
         environment_delete(organization=self.project.organization, actor=self.actor, environment_id=f"{organization}/{name}")
         return Response(status=204)
 
@@ -117,6 +130,7 @@ class EnvironmentBuildLogView(ProjectAPIView):
 
     @extend_schema(parameters=[_VERSION], responses={(200, "text/plain"): OpenApiResponse(OpenApiTypes.STR, description="the latest build's log")})
     def get(self, request: Request, organization: str, name: str) -> HttpResponse:
+        refuse_builtin(f"{organization}/{name}", "has no build, so no build log")
         package = environment_get(organization=self.project.organization, environment_id=f"{organization}/{name}")
         build = latest_build(package)
         return HttpResponse(build_log(build) if build is not None else "", content_type="text/plain; charset=utf-8")
@@ -128,5 +142,6 @@ class EnvironmentBuildsView(ProjectAPIView):
 
     @extend_schema(parameters=[_VERSION], request=None, responses={201: openapi.ENVIRONMENT_BUILD})
     def post(self, request: Request, organization: str, name: str) -> Response:
+        refuse_builtin(f"{organization}/{name}", "has no build to run again")
         package = environment_get(organization=self.project.organization, environment_id=f"{organization}/{name}")
         return Response(build_to_dict(build_again(package)), status=201)

@@ -75,6 +75,23 @@ def test_it_lists_built_ins_and_the_organizations_packages_newest_version_first(
     assert (builtin["kind"], builtin["version"], builtin["sha256"]) == ("builtin", None, None)
 
 
+def test_a_built_in_has_no_build_log_no_rebuild_and_no_delete_and_says_so(owner):
+    client = owner.client()
+    answers = {
+        "build-log": client.get(f"/api/v1/environments/{BUILTINS[0]}/build-log"),
+        "rebuild": client.post(f"/api/v1/environments/{BUILTINS[0]}/builds"),
+        "delete": client.delete(f"/api/v1/environments/{BUILTINS[0]}@latest"),
+    }
+    for action, answer in answers.items():
+        assert answer.status_code == 400, (action, answer.content)
+        error = answer.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_request", "name")
+        assert error["message"].startswith(f"{BUILTINS[0]} is one of Lab's built-in environments, part of the engine: it ")
+    assert "cannot be deleted" in answers["delete"].json()["error"]["message"]
+    assert client.get(f"/api/v1/environments/{BUILTINS[0]}").status_code == 200
+    assert AuditLogEntry.objects.filter(action="environment.delete").count() == 0
+
+
 def test_the_list_pages_with_limit_and_after_like_every_list(owner, outsider):
     for version in ("0.1.0", "0.2.0", "0.3.0"):
         assert push(owner, build_wheel("my-env", version)).status_code == 201
