@@ -289,7 +289,21 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     shutil.copyfile(package_probe.__file__, script)
     shutil.copyfile(smoke_rollout.__file__, folder / "smoke_rollout.py")  # the probe loads it from its own folder
     out = folder / "summary.json"
+    reach = None
+    if request.hf_endpoint and request.sandbox:
+        # The package's code reaches the Hub from a network namespace of its own, never the host's.
+        if (why := network.available()) is not None:
+            log(f"the Hub is not reached while loading: a network namespace of its own cannot be set up here ({why}); "
+                "loading runs offline")
+            request = dataclasses.replace(request, hf_endpoint="")
+        else:
+            reach = network.reach([request.hf_endpoint])
+    hub = bool(request.hf_endpoint)
     environment = loading_environment(request, folder, os.environ)
+    if reach is not None:
+        # As the namespace reaches it (a local Hub at slirp4netns's gateway); messages name it as configured.
+        environment["HF_ENDPOINT"] = reach.urls.get(request.hf_endpoint, request.hf_endpoint)
+        environment["LAB_HF_ENDPOINT"] = request.hf_endpoint
     pythons = [Path(sys.base_prefix), Path(sys.prefix), Path(request.python).resolve().parent.parent]
     if info.kind == "lab":
         # A Lab-protocol package runs in the engine's own process: probe it with the engine's Python,
@@ -309,22 +323,7 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
         pythons.append(datasets)
         found = sorted(f"{owner.name}/{name.name}" for owner in datasets.iterdir() if owner.is_dir() for name in owner.iterdir() if name.is_dir())
         log(f"pushed datasets load_dataset finds by name: {', '.join(found) or 'none'}")
-    hub = bool(request.hf_endpoint)
     sandbox = sandbox_command(pythons, request.workdir, frozen=request.workdir / "venv", chdir=datasets) if request.sandbox else []
-    reach = None
-    if hub and sandbox:
-        # The package's code reaches the Hub from a network namespace of its own, never the host's.
-        if (why := network.available()) is not None:
-            log(f"the Hub is not reached while loading: a network namespace of its own cannot be set up here ({why}); "
-                "loading runs offline")
-            hub = False
-            environment.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-            environment.pop("HF_ENDPOINT", None)
-        else:
-            reach = network.reach([request.hf_endpoint])
-            # As the namespace reaches it (a local Hub at slirp4netns's gateway); messages name it as configured.
-            environment["HF_ENDPOINT"] = reach.urls.get(request.hf_endpoint, request.hf_endpoint)
-            environment["LAB_HF_ENDPOINT"] = request.hf_endpoint
     log(f"importing {info.module}, loading it with its defaults and running {smoke_rollout.ROLLOUT_EXAMPLES} examples against a stub model"
         + (f" (in bubblewrap{', a network namespace of its own reaching the Hub' if hub else ', no network'})" if sandbox else "")
         + (f"; Hugging Face datasets from {request.hf_endpoint}" if hub else ""))

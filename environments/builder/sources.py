@@ -27,15 +27,11 @@ from environments.builder.steps import (
     uv_environment,
 )
 
-_CHUNK = 1024 * 1024
-
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+    """The hex SHA-256 of the file at ``path``."""
     with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _built_record(request: BuildRequest, entry: dict[str, Any], python_version: str) -> Path:

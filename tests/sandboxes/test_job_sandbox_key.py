@@ -12,13 +12,11 @@ from prime_sandboxes import APIClient as PrimeAPIClient
 from prime_sandboxes import APIError, CreateSandboxRequest, SandboxClient, UnauthorizedError
 from rest_framework.test import APIClient
 
-from jobs.ingest.tokens import job_token
 from jobs.models import AttemptState, JobAttempt
-from jobs.services import job_claim_for_start, job_submit
-from lab.audit import Actor
 from lab.models import AuditLogEntry
-from sandboxes.models import ACTIVE_STATUSES, Sandbox, SandboxStatus
-from sandboxes.services import sandbox_end_for_attempt, sandbox_spec
+from sandboxes.models import Sandbox, SandboxStatus
+from sandboxes.services import sandbox_end_for_attempt
+from tests.support.job_sandboxes import attempt_sandbox_key, launched_attempt, stop_active_sandboxes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime", "no_broker")]
 
@@ -27,8 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def _stop_what_the_test_left(runtime):
     """The session's agent outlives each test's rows: stop the sandboxes a test left running."""
     yield
-    for sandbox in Sandbox.objects.unscoped().filter(status__in=ACTIVE_STATUSES):
-        runtime.destroy(sandbox_spec(sandbox))
+    stop_active_sandboxes(runtime)
 
 
 @pytest.fixture
@@ -47,28 +44,11 @@ def prime(live_server, tmp_path, monkeypatch):
     return make
 
 
-def _launched(owner, spec) -> tuple[JobAttempt, APIClient]:
-    """A job whose attempt 1 is launched, and the client of its job token (the engine's)."""
-    job = job_submit(project=owner.project, actor=Actor(user=owner.user), data=spec)
-    attempt = job_claim_for_start(job_id=job.pk)
-    JobAttempt.objects.filter(pk=attempt.pk).update(state=AttemptState.LAUNCHED)
-    attempt = JobAttempt.objects.select_related("job").get(pk=attempt.pk)
-    engine = APIClient()
-    engine.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token(attempt)}")
-    return attempt, engine
-
-
-def _sandbox_key(attempt: JobAttempt, engine: APIClient) -> dict:
-    answer = engine.post(f"/api/v1/ingest/jobs/{attempt.job.public_id}/sandbox-key", {}, format="json")
-    assert answer.status_code == 200, answer.content
-    return answer.json()
-
-
 def test_the_engine_gets_its_attempts_key_and_prime_sandboxes_runs_sandboxes_of_the_job_with_it(
     owner, spec, prime, runtime, settings
 ):
-    attempt, engine = _launched(owner, spec)
-    handed = _sandbox_key(attempt, engine)
+    attempt, engine = launched_attempt(owner, spec)
+    handed = attempt_sandbox_key(attempt, engine)
     client = prime(handed["api_key"])
 
     sandbox = client.create(CreateSandboxRequest(name="grader", docker_image="python:3.11", timeout_minutes=10))
@@ -84,7 +64,7 @@ def test_the_engine_gets_its_attempts_key_and_prime_sandboxes_runs_sandboxes_of_
         "base_url": f"{settings.LAB_PUBLIC_URL}/prime",
         "data_plane_url": settings.LAB_SANDBOX_DATA_PLANE_URL,
     }
-    assert handed["api_key"].startswith("lsk_") and handed == _sandbox_key(attempt, engine)  # one key per attempt
+    assert handed["api_key"].startswith("lsk_") and handed == attempt_sandbox_key(attempt, engine)  # one key per attempt
     assert (sandbox.status, ran.stdout, ran.exit_code) == ("RUNNING", "42\n", 0)
     assert [item.id for item in listed.sandboxes] == [sandbox.id] and got.status == "RUNNING"
     row = Sandbox.objects.unscoped().get(public_id=sandbox.id)
@@ -105,11 +85,11 @@ def test_the_engine_gets_its_attempts_key_and_prime_sandboxes_runs_sandboxes_of_
 
 
 def test_the_key_reaches_no_other_sandbox_of_the_organization_and_no_other_route(owner, spec, prime, live_server):
-    attempt, engine = _launched(owner, spec)
-    key = _sandbox_key(attempt, engine)["api_key"]
-    other_attempt, other_engine = _launched(owner, spec)
+    attempt, engine = launched_attempt(owner, spec)
+    key = attempt_sandbox_key(attempt, engine)["api_key"]
+    other_attempt, other_engine = launched_attempt(owner, spec)
     users = prime(owner.key).create(CreateSandboxRequest(name="users", docker_image="python:3.11"))
-    theirs = prime(_sandbox_key(other_attempt, other_engine)["api_key"]).create(
+    theirs = prime(attempt_sandbox_key(other_attempt, other_engine)["api_key"]).create(
         CreateSandboxRequest(name="theirs", docker_image="python:3.11")
     )
     client = prime(key)
@@ -160,8 +140,8 @@ def test_the_key_reaches_no_other_sandbox_of_the_organization_and_no_other_route
 
 
 def test_the_key_stops_working_when_its_attempt_ends_and_lab_deletes_what_it_made(owner, spec, prime, runtime):
-    attempt, engine = _launched(owner, spec)
-    client = prime(_sandbox_key(attempt, engine)["api_key"])
+    attempt, engine = launched_attempt(owner, spec)
+    client = prime(attempt_sandbox_key(attempt, engine)["api_key"])
     made = client.create(CreateSandboxRequest(name="grader", docker_image="python:3.11"))
     assert made.id in runtime.held()[1]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.support.load_environment_wheels import ARITH_BY_NAME
 from tests.support.wheelbuilder import build_wheel
 
 #: The stand-in hub's dataset repository and the commit it serves it at.
@@ -14,26 +15,11 @@ TINY_MATH_COMMIT = "5" * 40
 
 #: A single-turn environment written as the Environments Hub's are: ``load_dataset`` of a Hub
 #: dataset by name (no organization of Lab pushed it), a ``vf.SingleTurnEnv`` and a rubric.
-TINY_MATH_ENVIRONMENT = '''"""Double a number, from the someorg/tiny-math dataset on the Hub."""
-import verifiers as vf
-from datasets import load_dataset
-
-
-def correct(completion, answer, **kwargs) -> float:
-    text = completion[-1]["content"] if isinstance(completion, list) else completion
-    return 1.0 if (text or "").strip() == answer else 0.0
-
-
-def brief(completion, **kwargs) -> float:
-    text = completion[-1]["content"] if isinstance(completion, list) else completion
-    return 1.0 if len(text or "") <= 6 else 0.0
-
-
-def load_environment(**kwargs) -> vf.Environment:
-    dataset = load_dataset("someorg/tiny-math", split="train")
-    rubric = vf.Rubric(funcs=[correct, brief], weights=[1.0, 0.2])
-    return vf.SingleTurnEnv(dataset=dataset, system_prompt="Answer with the number only.", rubric=rubric, **kwargs)
-'''
+TINY_MATH_ENVIRONMENT = (
+    ARITH_BY_NAME.replace('"""Add two numbers from the acme/arith dataset."""', '"""Double a number, from the someorg/tiny-math dataset on the Hub."""')
+    .replace('load_dataset("acme/arith"', 'load_dataset("someorg/tiny-math"')
+    .replace("Answer with the sum only.", "Answer with the number only.")
+)
 
 
 def tiny_math_wheel(name: str = "tiny-math-env", version: str = "0.1.0") -> tuple[str, bytes]:
