@@ -71,9 +71,11 @@ class Sandbox(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
-    #: The pod of the Kubernetes pool that holds it and that pod's agent (``sandboxes.placement``);
-    #: both empty when the one agent at ``LAB_SANDBOX_AGENT_URL`` holds it.
+    #: The pod of the Kubernetes pool that holds it, its uid (its agent's key is derived from it)
+    #: and that pod's agent (``sandboxes.placement``); all empty when the one agent at
+    #: ``LAB_SANDBOX_AGENT_URL`` holds it.
     pod_name = models.CharField(max_length=253, blank=True)
+    pod_uid = models.CharField(max_length=64, blank=True)
     agent_url = models.CharField(max_length=300, blank=True)
     #: Whether its usage is on the billing ledger to its end (``sandboxes.usage``): a sandbox that
     #: ran is billed to the earlier of its stop and the end of its lifetime, once.

@@ -2,8 +2,9 @@
 ``LAB_SANDBOX_AGENT_URL``, or, with ``LAB_SANDBOX_RUNTIME=kubernetes``, the agent of the warm pod
 of the Kubernetes pool it claimed (``sandboxes.runtime.pool``; docs/kubernetes.md "Sandbox pool").
 
-A pool sandbox's row keeps its pod's name and its agent's URL, so every later call (start,
-logs, destroy, data-plane access, reconcile) goes to that pod's agent; its end deletes the pod.
+A pool sandbox's row keeps its pod's name, uid and its agent's URL, so every later call (start,
+logs, destroy, data-plane access, reconcile) goes to that pod's agent, signed with that agent's
+own key (``tokens.agent_key`` of Lab's secret and the pod's uid); its end deletes the pod.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from lab.errors import LabError
+from sandboxes.agent import tokens
 from sandboxes.conf import pool_enabled, setting
 from sandboxes.models import ACTIVE_STATUSES, Sandbox
 from sandboxes.runtime.agent import AgentRuntime
@@ -42,8 +44,17 @@ def _agent(url: str, secret: str) -> AgentRuntime:
 
 
 def agent_of(sandbox: Sandbox) -> AgentRuntime:
-    """Return the agent that holds ``sandbox``: its pod's, else the one at ``LAB_SANDBOX_AGENT_URL``."""
+    """Return the agent that holds ``sandbox``: its pod's, signed for with that pod's own key,
+    else the one at ``LAB_SANDBOX_AGENT_URL``."""
+    if sandbox.pod_uid:
+        return _agent(sandbox.agent_url, pod_key(sandbox.pod_uid))
     return agent_at(sandbox.agent_url or settings.LAB_SANDBOX_AGENT_URL)
+
+
+def pod_key(pod_uid: str) -> str:
+    """Return the key of the agent of the pool's pod ``pod_uid``: what its init container wrote
+    for it (``sandboxes.agent.pod_key``), derived from ``LAB_SANDBOX_AGENT_SECRET``."""
+    return tokens.agent_key(settings.LAB_SANDBOX_AGENT_SECRET.encode(), pod_uid)
 
 
 def pool() -> SandboxPool:
@@ -71,7 +82,7 @@ def claim_for(spec: SandboxSpec) -> PoolPod | None:
 
 def pod_fields(pod: PoolPod | None) -> dict[str, str]:
     """Return the Sandbox fields that say which pod (and agent) holds it."""
-    return {"pod_name": pod.name, "agent_url": pod.agent_url} if pod else {}
+    return {"pod_name": pod.name, "pod_uid": pod.uid, "agent_url": pod.agent_url} if pod else {}
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """Run the sandbox agent: ``python -m sandboxes.agent --root DIR [--host H] [--port P]``.
 
-The secret it shares with Lab's control plane comes from ``LAB_SANDBOX_AGENT_SECRET`` (or the
-file named by ``LAB_SANDBOX_AGENT_SECRET_FILE``), never from the command line; ``python manage.py
-sandbox_agent`` starts it with Lab's settings. It serves HTTP with uvicorn.
+The key it checks tokens with comes from ``LAB_SANDBOX_AGENT_SECRET`` (or the file named by
+``LAB_SANDBOX_AGENT_SECRET_FILE``), never from the command line: Lab's secret for the one agent of
+a machine (``python manage.py sandbox_agent`` starts it with Lab's settings), the pod's own key on
+the Kubernetes pool (written by ``python -m sandboxes.agent.pod_key``). It serves HTTP with uvicorn.
 """
 
 from __future__ import annotations
@@ -14,19 +15,18 @@ from pathlib import Path
 
 import uvicorn
 
+from sandboxes.agent import tokens
 from sandboxes.agent.app import Agent
 from sandboxes.runtime.cgroups import MemoryCgroups
 from sandboxes.runtime.local import LocalHost, claim_uid_block
 
 
 def secret_from_environment(environ=os.environ) -> bytes:
-    """Return the shared secret (at least 32 bytes); exit with a message without one."""
-    value = environ.get("LAB_SANDBOX_AGENT_SECRET", "")
-    if not value and environ.get("LAB_SANDBOX_AGENT_SECRET_FILE"):
-        value = Path(environ["LAB_SANDBOX_AGENT_SECRET_FILE"]).read_text().strip()
-    if len(value) < 32:
-        sys.exit("LAB_SANDBOX_AGENT_SECRET (or _FILE) must hold at least 32 characters")
-    return value.encode()
+    """Return the agent's key (at least 32 characters); exit with a message without one."""
+    try:
+        return tokens.secret_from_environment(environ)
+    except (ValueError, OSError) as error:
+        sys.exit(str(error))
 
 
 def main(argv: list[str] | None = None) -> None:

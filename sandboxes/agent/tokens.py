@@ -3,9 +3,14 @@ plane's own calls), checked by the agent without asking Lab.
 
 A token is ``sbt_<payload>.<signature>``: the payload is base64url JSON
 ``{"sbx": sandbox id or "*", "scope": "sandbox"|"control", "exp": unix seconds}`` and the
-signature base64url HMAC-SHA256 of the payload under the secret Lab and its agents share
-(``LAB_SANDBOX_AGENT_SECRET``). A token of scope ``sandbox`` opens the data plane of its sandbox
-alone; ``control`` also starts and stops sandboxes (Lab's control plane mints those for itself).
+signature base64url HMAC-SHA256 of the payload under the agent's key. A token of scope ``sandbox``
+opens the data plane of its sandbox alone; ``control`` also starts and stops sandboxes (Lab's
+control plane mints those for itself).
+
+The one agent of a machine signs with Lab's secret itself (``LAB_SANDBOX_AGENT_SECRET``). Each
+agent of the Kubernetes pool has a key of its own, ``agent_key(secret, pod uid)``, and is handed
+that key alone: Lab signs a pool sandbox's tokens with the key of the pod holding it, so what
+escapes into one pod's agent can sign for that pod and no other (docs/kubernetes.md "Sandbox pool").
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import hashlib
 import hmac
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 PREFIX = "sbt_"
 SANDBOX_SCOPE = "sandbox"
@@ -46,6 +53,32 @@ def _decode(text: str) -> bytes:
 
 def _signature(secret: bytes, payload: str) -> str:
     return _encode(hmac.new(secret, payload.encode(), hashlib.sha256).digest())
+
+
+#: The fewest characters a signing key may have.
+MIN_SECRET_CHARS = 32
+
+
+def secret_from_environment(environ: Mapping[str, str], name: str = "LAB_SANDBOX_AGENT_SECRET") -> bytes:
+    """Return the key in the variable ``name``, else in the file the variable ``<name>_FILE``
+    names (a Kubernetes Secret or an init container's output); ValueError when it holds fewer
+    than ``MIN_SECRET_CHARS`` characters."""
+    value = environ.get(name, "")
+    if not value and environ.get(f"{name}_FILE"):
+        value = Path(environ[f"{name}_FILE"]).read_text().strip()
+    if len(value) < MIN_SECRET_CHARS:
+        raise ValueError(f"{name} (or {name}_FILE) must hold at least {MIN_SECRET_CHARS} characters")
+    return value.encode()
+
+
+def agent_key(secret: bytes, identity: str) -> str:
+    """Return the key of the pool's agent ``identity`` (its pod's uid, which the cluster never
+    gives another pod): hex HMAC-SHA256 of ``identity`` under Lab's ``secret``, with a label of
+    its own so no other use of that secret yields it. The key cannot be turned back into the
+    secret, nor into another agent's key."""
+    if not identity:
+        raise ValueError("an agent's identity is empty")
+    return hmac.new(secret, b"lab sandbox pool agent\0" + identity.encode(), hashlib.sha256).hexdigest()
 
 
 def issue(secret: bytes, *, sandbox_id: str, expires_at: int, scope: str = SANDBOX_SCOPE) -> str:

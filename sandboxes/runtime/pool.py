@@ -71,8 +71,9 @@ class PodCluster(abc.ABC):
 class PoolPod:
     """A pod of the pool as the pool reads it: its ``name``, ``resource_version``, labels and
     annotations, whether it is Ready, whether it is ending (deleted, or its containers exited),
-    how often its containers restarted, and its agent's URL (``http://<pod IP>:<agent port>``,
-    empty before it has an IP)."""
+    how often its containers restarted, its agent's URL (``http://<pod IP>:<agent port>``,
+    empty before it has an IP), its first container's limits, and its ``uid`` (the identity its
+    agent's key is derived from, ``sandboxes.agent.tokens.agent_key``)."""
 
     name: str
     resource_version: str
@@ -84,6 +85,7 @@ class PoolPod:
     agent_url: str
     cpu_cores: float | None = None
     memory_gb: float | None = None
+    uid: str = ""
 
     def fits(self, spec: SandboxSpec) -> bool:
         """Whether the pod's limits (its first container's; none set: any) hold ``spec``'s cores and memory."""
@@ -126,6 +128,7 @@ def pool_pod(pod: dict) -> PoolPod:
         agent_url=f"http://{host}:{port}" if ip else "",
         cpu_cores=quantity(limits["cpu"]) if "cpu" in limits else None,
         memory_gb=quantity(limits["memory"]) / GIGABYTE if "memory" in limits else None,
+        uid=str(metadata.get("uid") or ""),
     )
 
 

@@ -3,7 +3,8 @@ runs the pool's Deployment from k8s/sandbox-pool/pool.yaml with its ReplicaSet, 
 point at three real agent processes on this machine. A create claims a warm pod (nothing is
 created on the hot path) and its commands go straight to that pod's agent; a delete deletes the
 pod and the pool refills; two claims never get one pod; no warm pod is a 503 that changes
-nothing; a claimed pod that goes loses its sandbox; an outsider still gets 404."""
+nothing; a claimed pod that goes loses its sandbox; an outsider still gets 404; each pod's agent
+has a key of its own, and what signs with one pod's key opens nothing on another pod."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from jobs.launchers.kubernetes.kinds import POD
 from jobs.launchers.kubernetes.sandbox_pods import GatewayPods
 from lab.models import AuditLogEntry
 from sandboxes import placement, services
+from sandboxes.agent import tokens
 from sandboxes.models import Sandbox, SandboxStatus
+from sandboxes.runtime.agent import AgentRuntime
 from sandboxes.runtime.base import SandboxSpec
 from sandboxes.runtime.pool import CLAIMED_AT, SANDBOX_LABEL, STATE_LABEL, SandboxPool, quantity
 from sandboxes.tasks import reap_sandboxes
-from tests.support.sandbox_agent import RunningAgent, start_agent
+from tests.support.sandbox_agent import RunningAgent
 from tests.support.sandbox_pool import CLUSTER_PATH, NAMESPACE, PoolCluster
 from tests.support.schema_check import assert_matches, served_document
 
@@ -32,25 +35,20 @@ BASE = "/api/v1/sandboxes"
 SECRET = secrets.token_hex(32)
 
 
-@pytest.fixture(scope="module")
-def agents() -> list[RunningAgent]:
-    running = [start_agent(warm=0, secret=SECRET) for _ in range(3)]
-    yield running
-    for agent in running:
-        agent.stop()
-
-
 @pytest.fixture
-def cluster(agents, settings) -> PoolCluster:
-    """A fresh pool of two Ready warm pods, and Lab pointed at it."""
-    cluster = PoolCluster(agents, replicas=2)
-    cluster.ready_all()
-    settings.LAB_SANDBOX_RUNTIME = "kubernetes"
-    settings.LAB_SANDBOX_POOL_CLUSTER = CLUSTER_PATH
-    settings.LAB_SANDBOX_POOL_NAMESPACE = NAMESPACE
-    settings.LAB_SANDBOX_POOL_WAIT_S = 0
-    settings.LAB_SANDBOX_AGENT_SECRET = SECRET
-    return cluster
+def cluster(settings) -> PoolCluster:
+    """A fresh pool of two Ready warm pods, each with its agent, and Lab pointed at it."""
+    cluster = PoolCluster(secret=SECRET, replicas=2)
+    try:
+        cluster.ready_all()
+        settings.LAB_SANDBOX_RUNTIME = "kubernetes"
+        settings.LAB_SANDBOX_POOL_CLUSTER = CLUSTER_PATH
+        settings.LAB_SANDBOX_POOL_NAMESPACE = NAMESPACE
+        settings.LAB_SANDBOX_POOL_WAIT_S = 0
+        settings.LAB_SANDBOX_AGENT_SECRET = SECRET
+        yield cluster
+    finally:
+        cluster.close()
 
 
 def spec(sandbox_id: str, **fields) -> SandboxSpec:
@@ -67,7 +65,7 @@ def data_plane(created: dict) -> httpx.Client:
 
 
 def held_by(agent: RunningAgent) -> frozenset[str]:
-    return placement.agent_at(agent.url).held()[1]
+    return AgentRuntime(agent.url, secret=agent.secret.encode()).held()[1]
 
 
 def test_a_create_claims_a_warm_pod_and_its_commands_go_straight_to_that_pods_agent(owner, cluster):
@@ -83,7 +81,8 @@ def test_a_create_claims_a_warm_pod_and_its_commands_go_straight_to_that_pods_ag
     assert pod["metadata"]["ownerReferences"] == []  # its ReplicaSet let it go
     agent = cluster.agent_of(sandbox.pod_name)
     assert created["data_plane"]["url"] == agent.url == sandbox.agent_url
-    assert [sandbox.public_id in held_by(other) for other in cluster.agents] == [other is agent for other in cluster.agents]
+    assert [sandbox.public_id in held_by(other) for other in cluster.agents.values()] == [
+        other is agent for other in cluster.agents.values()]
     with data_plane(created) as client:
         ran = client.post(f"/v1/sandboxes/{sandbox.public_id}/commands", json={"command": "echo from the pod"})
     assert (ran.status_code, ran.json()["stdout"]) == (200, "from the pod\n")
@@ -168,11 +167,12 @@ class RacingPods(GatewayPods):
 
 
 @pytest.mark.parametrize("parties", [2, 3])
-def test_concurrent_claims_never_get_one_pod(agents, parties):
+def test_concurrent_claims_never_get_one_pod(parties):
     """Every claim lists the same warm pods and tries them in the same order: the patches carry
     the resourceVersion each was read at, so one wins each pod and the others move on."""
-    cluster = PoolCluster(agents, replicas=parties)
-    cluster.ready_all()
+    cluster = PoolCluster(replicas=parties)
+    for pod in cluster.pods():  # claims reach no agent: the pods need none
+        cluster.gateway.ready_pod(NAMESPACE, pod["metadata"]["name"], ip="10.0.0.7")
     pool = SandboxPool(RacingPods(cluster.gateway, parties=parties), pools={"python:3.11": "python-3-11"},
                        shuffle=lambda pods: pods.sort(key=lambda pod: pod.name))
     claimed, errors = {}, []
@@ -277,3 +277,58 @@ def test_a_sandbox_token_opens_nothing_on_another_organizations_pod(owner, outsi
     with httpx.Client(base_url=theirs["data_plane"]["url"], headers={"Authorization": f"Bearer {theirs['data_plane']['token']}"}) as own:
         ran = own.post(f"/v1/sandboxes/{theirs['id']}/commands", json={"command": "echo still mine"}, timeout=60)
     assert (ran.status_code, ran.json()["stdout"]) == (200, "still mine\n")
+
+
+def _signed(key: str, sandbox_id: str, scope: str = tokens.SANDBOX_SCOPE) -> dict[str, str]:
+    token = tokens.issue(key.encode(), sandbox_id=sandbox_id, scope=scope, expires_at=int(time.time()) + 600)
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _answers(url: str, sandbox_id: str, headers: dict[str, str]) -> dict[str, int]:
+    """What the agent at ``url`` answers each data-plane and control route of ``sandbox_id``."""
+    calls = (("POST", f"/v1/sandboxes/{sandbox_id}/commands", {"json": {"command": "echo opened > /workspace/mark"}}),
+             ("POST", f"/v1/sandboxes/{sandbox_id}/background", {"json": {"command": "sleep 60"}}),
+             ("PUT", f"/v1/sandboxes/{sandbox_id}/files", {"params": {"path": "mark"}, "content": b"forged"}),
+             ("GET", f"/v1/sandboxes/{sandbox_id}/files", {"params": {"path": "mark"}}),
+             ("GET", f"/v1/sandboxes/{sandbox_id}/logs", {}),
+             ("GET", f"/v1/sandboxes/{sandbox_id}", {}),
+             ("DELETE", f"/v1/sandboxes/{sandbox_id}", {}),
+             ("PUT", "/v1/sandboxes/sbx_planted", {"json": {"image": "python:3.11", "cpu_cores": 1, "memory_gb": 1, "disk_gb": 1,
+                                                           "network": "none", "environment": {}, "expires_at": time.time() + 600}}),
+             ("GET", "/v1/sandboxes", {}))
+    return {f"{method} {path}": httpx.request(method, f"{url}{path}", headers=headers, timeout=30, **options).status_code
+            for method, path, options in calls}
+
+
+def test_each_pods_agent_has_its_own_key_and_one_pods_key_opens_nothing_on_another(owner, outsider, cluster):
+    """Code that took over pod A's agent holds A's key (the file its init container wrote): every
+    token it signs, for B's sandbox by id or a control token, is refused by B's agent, and B's key
+    opens nothing on A; Lab's secret is in neither pod."""
+    mine, theirs = create(owner).json(), create(outsider).json()
+    pod_a = Sandbox.objects.unscoped().get(public_id=mine["id"])
+    pod_b = Sandbox.objects.unscoped().get(public_id=theirs["id"])
+    agent_a, agent_b = cluster.agent_of(pod_a.pod_name), cluster.agent_of(pod_b.pod_name)
+    uid_a = cluster.gateway.objects[("Pod", NAMESPACE, pod_a.pod_name)]["metadata"]["uid"]
+    assert pod_a.pod_uid == uid_a and agent_a is not agent_b
+    assert len({agent_a.secret, agent_b.secret, SECRET}) == 3
+    assert agent_a.secret == tokens.agent_key(SECRET.encode(), uid_a)
+    # A's key is what A's agent checks: it opens A's own sandbox, so the refusals below are B's key check.
+    with httpx.Client(base_url=agent_a.url, headers=_signed(agent_a.secret, mine["id"]), timeout=60) as own:
+        assert own.post(f"/v1/sandboxes/{mine['id']}/commands", json={"command": "echo mine"}).json()["stdout"] == "mine\n"
+    with httpx.Client(base_url=agent_b.url, headers={"Authorization": f"Bearer {theirs['data_plane']['token']}"}, timeout=60) as own:
+        assert own.put(f"/v1/sandboxes/{theirs['id']}/files", params={"path": "mark"}, content=b"theirs").status_code == 200
+
+    for headers in (_signed(agent_a.secret, theirs["id"]), _signed(agent_a.secret, "*", tokens.CONTROL_SCOPE),
+                    _signed(agent_a.secret, theirs["id"], tokens.CONTROL_SCOPE)):
+        assert set(_answers(agent_b.url, theirs["id"], headers).values()) == {401}
+    for headers in (_signed(agent_b.secret, mine["id"]), _signed(agent_b.secret, "*", tokens.CONTROL_SCOPE)):
+        assert set(_answers(agent_a.url, mine["id"], headers).values()) == {401}
+
+    assert held_by(agent_b) == {theirs["id"]} and held_by(agent_a) == {mine["id"]}
+    with httpx.Client(base_url=agent_b.url, headers={"Authorization": f"Bearer {theirs['data_plane']['token']}"}, timeout=60) as own:
+        assert own.get(f"/v1/sandboxes/{theirs['id']}/files", params={"path": "mark"}).content == b"theirs"
+        assert own.post(f"/v1/sandboxes/{theirs['id']}/commands", json={"command": "ls /workspace"}).json()["stdout"] == "mark\n"
+    # Lab signs each sandbox's tokens with its own pod's key: /auth's token opens it, and only there.
+    token = owner.client().post(f"{BASE}/{mine['id']}/auth").json()["token"]
+    assert tokens.verify(agent_a.secret.encode(), token) is not None
+    assert tokens.verify(agent_b.secret.encode(), token) is None and tokens.verify(SECRET.encode(), token) is None
