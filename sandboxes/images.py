@@ -4,8 +4,10 @@ agent from Debian's packages (docs/sandboxes.md "Images"), never downloaded when
 Each image of ``IMAGES`` is a folder ``<images dir>/<folder>`` holding a Debian root file system
 made by ``mmdebstrap`` (Debian's package of that name) from the apt sources this machine is
 configured with (``/etc/apt/sources.list.d/debian.sources`` when present), and beside it
-``<folder>.json``, written last, saying what it was built from. The agent binds that folder
-read-only as a sandbox's ``/`` (``sandboxes.runtime.local``); a sandbox sees nothing of the host.
+``<folder>.json``, written last, saying what it was built from. No file of an image keeps a
+setuid or setgid bit (``strip_set_id_bits``): nothing in a sandbox runs with another user's or
+group's rights. The agent binds that folder read-only as a sandbox's ``/``
+(``sandboxes.runtime.local``); a sandbox sees nothing of the host.
 
 ``python -m sandboxes.images [--dir DIR] [--check]`` (what ``make sandbox-images`` runs) builds
 every image whose folder is missing or was built from another definition, and does nothing, in
@@ -25,6 +27,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -40,6 +43,8 @@ HOST_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
 SANDBOX_USER = "sandbox"
 #: How a sandbox-facing message says to build the images.
 BUILD_HINT = "build it on the sandbox agent's machine with `make sandbox-images` (docs/sandboxes.md \"Images\")"
+#: The mode bits no file of an image keeps.
+SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,9 @@ class Image:
     packages: tuple[str, ...]
 
     def definition(self) -> dict:
-        return {**asdict(self), "packages": list(self.packages), "builder": 3}
+        # "builder" counts changes of how images are built (4: setuid and setgid bits stripped),
+        # so that images built before one are rebuilt.
+        return {**asdict(self), "packages": list(self.packages), "builder": 4}
 
 
 #: The images of this Lab by the name a sandbox asks for.
@@ -120,6 +127,8 @@ def build(directory: Path, name: str, *, log=print) -> None:
     log(f"building the sandbox image {name} in {directory / image.folder} (mmdebstrap, about a minute)")
     started = time.monotonic()
     subprocess.run(command, check=True)
+    stripped = strip_set_id_bits(building)
+    log(f"stripped the setuid and setgid bits of {', '.join(stripped) or 'no file'}")
     building.chmod(0o755)
     stamp = directory / f"{image.folder}.json"
     stamp.unlink(missing_ok=True)
@@ -132,6 +141,24 @@ def build(directory: Path, name: str, *, log=print) -> None:
     stamp.write_text(json.dumps({"definition": image.definition(), "built_at": time.time()}, indent=1) + "\n")
     stamp.chmod(0o644)
     log(f"built the sandbox image {name} in {time.monotonic() - started:.0f} s")
+
+
+def strip_set_id_bits(root: Path) -> list[str]:
+    """Clear the setuid and setgid bits of every file and folder under ``root`` (Debian ships
+    ``su``, ``newgrp`` and ``unix_chkpwd`` with them, and setgid folders), staying on ``root``'s
+    file system and never following a symlink; return the paths changed as the image sees them
+    (``/usr/bin/su``), sorted. A sandbox runs them all as its own user then, whatever no_new_privs would allow."""
+    changed = []
+    device = root.lstat().st_dev
+    for folder, folders, files in os.walk(root):
+        folders[:] = [name for name in folders if os.lstat(os.path.join(folder, name)).st_dev == device]
+        for path in [folder, *(os.path.join(folder, name) for name in files)]:
+            info = os.lstat(path)
+            if not stat.S_ISLNK(info.st_mode) and info.st_mode & SET_ID_BITS:
+                os.chmod(path, stat.S_IMODE(info.st_mode) & ~SET_ID_BITS)
+                relative = os.path.relpath(path, root)
+                changed.append("/" if relative == "." else f"/{relative}")
+    return sorted(changed)
 
 
 def _host_suite() -> str:

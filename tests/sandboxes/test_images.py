@@ -1,12 +1,14 @@
 """Sandbox images (sandboxes/images.py, docs/sandboxes.md "Images"): a sandbox's root is its
 image, Debian's Python 3.11 with numpy and pytest built by ``make sandbox-images``, bound
 read-only; nothing of the host outside it is there, and a sandbox of an image this machine has
-not built is refused saying how to build it. Each check first shows what the host has."""
+not built is refused saying how to build it; no file of the image is setuid or setgid, and a
+sandbox runs with no_new_privs. Each check first shows what the host has."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -109,3 +111,45 @@ def test_the_build_step_does_nothing_when_the_images_are_current(image_root, tmp
     assert images.main(["--dir", str(tmp_path), "--check"]) == 1  # nothing built there
     stamp = json.loads((image_root.parent / "python-3.11.json").read_text())
     assert stamp["definition"] == images.IMAGES["python:3.11"].definition()
+
+
+def test_no_file_of_the_image_is_setuid_or_setgid(image_root):
+    """Debian installs su, newgrp and unix_chkpwd setuid or setgid; the build strips every such bit."""
+    kept = []
+    for folder, folders, files in os.walk(image_root):
+        for path in [folder, *(os.path.join(folder, name) for name in files)]:
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISLNK(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
+                kept.append(f"{oct(stat.S_IMODE(mode))} {path}")
+    assert kept == []
+    assert (image_root / "usr/bin/su").is_file() and (image_root / "usr/bin/newgrp").is_file()  # there, without the bit
+
+
+def test_a_sandbox_runs_with_no_new_privs_and_su_gains_it_nothing(runtime, sandbox):
+    command = ("grep -E '^(NoNewPrivs|CapEff|CapBnd):' /proc/self/status; find / -xdev -perm /6000 ! -type l; "
+               "su -c 'id -u' root </dev/null; echo su=$?; newgrp root </dev/null; echo newgrp=$?; id -u")
+    result = runtime.run(sandbox, CommandRequest(argv=("/bin/sh", "-c", command), timeout_s=60))
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1"], result
+    assert lines[3:] == ["su=1", "newgrp=1", "1000"], result
+
+
+def test_the_build_strips_set_id_bits_on_its_own_tree_and_never_through_a_symlink(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "host-su"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "var/mail").mkdir(parents=True)
+    outside.write_bytes(b"")
+    outside.chmod(0o4755)
+    (root / "usr/bin/su").write_bytes(b"")
+    (root / "usr/bin/su").chmod(0o4755)
+    (root / "usr/bin/chkpwd").write_bytes(b"")
+    (root / "usr/bin/chkpwd").chmod(0o2755)
+    (root / "var/mail").chmod(0o2775)
+    (root / "usr/bin/link").symlink_to(outside)
+
+    assert images.strip_set_id_bits(root) == ["/usr/bin/chkpwd", "/usr/bin/su", "/var/mail"]
+
+    modes = {name: stat.S_IMODE((root / name).stat().st_mode) for name in ("usr/bin/su", "usr/bin/chkpwd", "var/mail")}
+    assert modes == {"usr/bin/su": 0o755, "usr/bin/chkpwd": 0o755, "var/mail": 0o775}
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o4755  # the link's target is not the image's
+    assert images.strip_set_id_bits(root) == []
