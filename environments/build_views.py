@@ -167,21 +167,25 @@ class BuildWheelhouseView(BuildCallbackView):
         return _store(request, key, sha256, MAX_WHEEL_BYTES * 4, WHEEL_CONTENT_TYPE, "the wheel is too large")
 
 
+def _hub_datasets_key(request, sha256: str) -> str:
+    return hub_datasets.key(request.auth.package.organization.public_id, sha256)
+
+
 class BuildHubDatasetsView(BuildCallbackView):
     """The tar of the Hugging Face datasets a build's loading fetched (``environments.hub_datasets``),
-    content-addressed as the wheelhouse is."""
+    content-addressed as the wheelhouse is, within the build's organization."""
 
     @extend_schema(exclude=True)
     def head(self, request, build_id: int, sha256: str):
         if not _SHA256.match(sha256):
             return HttpResponse(status=400)
-        return HttpResponse(status=200 if storage.object_storage().exists(hub_datasets.key(sha256)) else 404)
+        return HttpResponse(status=200 if storage.object_storage().exists(_hub_datasets_key(request, sha256)) else 404)
 
     @extend_schema(exclude=True)
     def put(self, request, build_id: int, sha256: str):
         if not _SHA256.match(sha256):
             return _error(400, "not a SHA-256")
-        return _store(request, hub_datasets.key(sha256), sha256, hub_datasets.max_bytes(), hub_datasets.CONTENT_TYPE,
+        return _store(request, _hub_datasets_key(request, sha256), sha256, hub_datasets.max_bytes(), hub_datasets.CONTENT_TYPE,
                       "the datasets are larger than LAB_ENVIRONMENT_HUB_DATASETS_MAX_BYTES")
 
 

@@ -290,7 +290,7 @@ def build_run(build_id: int) -> EnvironmentBuild | None:
         if result["status"] == BuildStatus.READY and not storage.is_filesystem():
             _upload_wheels(wheelhouse, result.get("lock", []))
         if result["status"] == BuildStatus.READY:
-            hub_datasets.store(result.get("summary") or {}, workdir / hub_datasets.FILENAME)
+            hub_datasets.store(build.package.organization.public_id, result.get("summary") or {}, workdir / hub_datasets.FILENAME)
     return finish_build(build, result, log=output)
 
 

@@ -3,9 +3,10 @@
 A build loads its environment with the Hugging Face Hub reachable at ``LAB_HF_ENDPOINT`` and
 the Hugging Face caches in its scratch folder; whatever loading fetched (``load_dataset("gsm8k")``:
 ``huggingface_hub``'s and ``datasets``' caches) the builder packs into one tar
-(``environments.builder.hub_datasets``), which the worker stores content-addressed,
-``environments/hub-datasets/<sha256>.tar`` (under the environments' prefix, which the orphan
-sweep leaves), and the build's summary describes as ``hub_datasets``: ``{"sha256", "size_bytes",
+(``environments.builder.hub_datasets``), which the worker stores content-addressed within the
+build's organization, ``environments/hub-datasets/<organization>/<sha256>.tar`` (under the
+environments' prefix, which the orphan sweep leaves; a build names only its own organization's
+tars, so a build pod's result cannot hand a job another organization's datasets by their digest), and the build's summary describes as ``hub_datasets``: ``{"sha256", "size_bytes",
 "files", "repositories": ["owner/name"]}`` (null when loading fetched nothing). A job on the build
 gets it with the build (``jobs.environment_packages.launch_packages``: ``build.hub_datasets``,
 ``{"sha256", "url"}``), unpacks it as its bridge's Hugging Face cache and loads with
@@ -50,22 +51,22 @@ def builder_arguments(target: Path) -> list[str]:
     return ["--hf-endpoint", settings.LAB_HF_ENDPOINT, "--hub-datasets", str(target), "--hub-datasets-max-bytes", str(limit)]
 
 
-def key(sha256: str) -> str:
-    """The storage key of the tar whose SHA-256 is ``sha256``."""
-    return f"{PREFIX}{sha256}.tar"
+def key(organization_public_id: str, sha256: str) -> str:
+    """The storage key of the organization's tar whose SHA-256 is ``sha256``."""
+    return f"{PREFIX}{organization_public_id}/{sha256}.tar"
 
 
-def store(summary: dict, tar: Path) -> None:
-    """Put the tar ``tar`` that a ready build's ``summary`` describes (``hub_datasets``) into
-    storage, unless it holds those bytes already; nothing when loading fetched nothing."""
+def store(organization_public_id: str, summary: dict, tar: Path) -> None:
+    """Put the tar ``tar`` that a ready build's ``summary`` describes (``hub_datasets``) into the
+    organization's storage, unless it holds those bytes already; nothing when loading fetched nothing."""
     fetched = summary.get("hub_datasets")
     if not fetched:
         return
-    if not storage.object_storage().exists(key(fetched["sha256"])):
-        storage.put_file(key(fetched["sha256"]), tar, content_type=CONTENT_TYPE)
+    if not storage.object_storage().exists(key(organization_public_id, fetched["sha256"])):
+        storage.put_file(key(organization_public_id, fetched["sha256"]), tar, content_type=CONTENT_TYPE)
 
 
-def launch_entry(summary: dict, *, expires_s: int = 3600) -> dict | None:
+def launch_entry(organization_public_id: str, summary: dict, *, expires_s: int = 3600) -> dict | None:
     """What a job on a build whose ``summary`` is this gets as ``build.hub_datasets``: ``{"sha256",
     "url"}``, ``url`` a ``file://`` URL on the filesystem backend, else a pre-signed GET URL good
     for ``expires_s`` seconds; None when its loading fetched nothing."""
@@ -73,8 +74,11 @@ def launch_entry(summary: dict, *, expires_s: int = 3600) -> dict | None:
     if not fetched:
         return None
     sha256 = fetched["sha256"]
+    stored = key(organization_public_id, sha256)
+    if not storage.object_storage().exists(stored) and storage.object_storage().exists(f"{PREFIX}{sha256}.tar"):
+        stored = f"{PREFIX}{sha256}.tar"  # stored before tars were kept per organization, by this build
     if storage.is_filesystem():
-        url = storage.path_of(key(sha256)).as_uri()
+        url = storage.path_of(stored).as_uri()
     else:
-        url = storage.download_url(key(sha256), filename=f"hub-datasets-{sha256[:12]}.tar", content_type=CONTENT_TYPE, expires_s=expires_s)
+        url = storage.download_url(stored, filename=f"hub-datasets-{sha256[:12]}.tar", content_type=CONTENT_TYPE, expires_s=expires_s)
     return {"sha256": sha256, "url": url}

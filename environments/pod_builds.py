@@ -160,7 +160,7 @@ def _stored_result(build: EnvironmentBuild) -> dict:
     summary = result.get("summary") if isinstance(result.get("summary"), dict) else {}
     fetched = summary.get("hub_datasets")
     if result["status"] == BuildStatus.READY and fetched and not (
-        isinstance(fetched, dict) and _SHA256.match(str(fetched.get("sha256"))) and storage.object_storage().exists(hub_datasets.key(fetched["sha256"]))
+        isinstance(fetched, dict) and _SHA256.match(str(fetched.get("sha256"))) and storage.object_storage().exists(hub_datasets.key(build.package.organization.public_id, fetched["sha256"]))
     ):
         return {"status": BuildStatus.FAILED, "error": "the build's pod did not store the Hugging Face datasets its loading fetched"}
     return {

@@ -129,7 +129,7 @@ def launch_packages(job: Job) -> tuple[dict, ...]:
                 "lock": [{**entry, "url": wheelhouse_download_url(entry)} for entry in build.lock],
                 "secrets": [name for name in _secrets_read(job.spec, package.public_id, build.summary) if name in given],
                 "datasets": datasets if datasets is not None else (datasets := launch_datasets(package.organization_id)),
-                "hub_datasets": hub_datasets.launch_entry(build.summary),
+                "hub_datasets": hub_datasets.launch_entry(package.organization.public_id, build.summary),
             }
         launched.append(item)
     return tuple(launched)

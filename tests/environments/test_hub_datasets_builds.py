@@ -76,7 +76,7 @@ def test_a_build_fetches_the_hub_dataset_loading_asks_for_keeps_it_and_a_job_loa
     fetched = build.summary["hub_datasets"]
     assert fetched["repositories"] == [TINY_MATH]
     assert fetched["files"] >= 2 and 0 < fetched["size_bytes"] < 1_000_000
-    key = hub_datasets.key(fetched["sha256"])
+    key = hub_datasets.key(package.organization.public_id, fetched["sha256"])
     assert storage.stored_size_and_sha256(key) == (fetched["size_bytes"], fetched["sha256"])
     downloads = sorted(request for request in hub.requests if request.startswith("GET /datasets/"))
     assert downloads == [f"GET /datasets/{TINY_MATH}/resolve/{TINY_MATH_COMMIT}/data/{split}.jsonl" for split in ("test", "train")]

@@ -245,6 +245,26 @@ def test_the_hub_datasets_a_pod_build_fetched_are_stored_only_as_their_digest_na
     assert second.status == BuildStatus.READY and second.summary["hub_datasets"] == {"sha256": digest}
 
 
+def test_a_pod_build_cannot_name_or_probe_another_organizations_hub_datasets_by_their_digest(owner, outsider, cluster):
+    theirs = _started(owner, lab_wheel("private-data-env"))
+    tar = b"another organization's datasets"
+    digest = hashlib.sha256(tar).hexdigest()
+    result = b'{"status": "ready", "lock": [], "summary": {"api": "lab", "hub_datasets": {"sha256": "' + digest.encode() + b'"}}}'
+    token = pod_builds.build_token(theirs)
+    assert _callback(theirs, "result", token=token, method="put", data=result).status_code == 204
+    assert _callback(theirs, f"hub-datasets/{digest}", token=token, method="put", data=tar).status_code == 201
+    cluster.end_build(NAMESPACE, build_job_name(theirs.pk), DONE)
+    assert _ended(theirs).status == BuildStatus.READY
+
+    hostile = _started(outsider, lab_wheel("digest-thief-env"))
+    token = pod_builds.build_token(hostile)
+    assert _callback(hostile, f"hub-datasets/{digest}", token=token, method="head").status_code == 404
+    assert _callback(hostile, "result", token=token, method="put", data=result).status_code == 204
+    cluster.end_build(NAMESPACE, build_job_name(hostile.pk), DONE)
+    hostile = _ended(hostile)
+    assert (hostile.status, hostile.error) == (BuildStatus.FAILED, "the build's pod did not store the Hugging Face datasets its loading fetched")
+
+
 # What a hostile package's build pod can send through its callback, and what the sweep does with it.
 DONE = {"fetch": 0, "build": 0, "report": 0}
 
