@@ -60,7 +60,7 @@ sandbox-images:  ## build the sandboxes' images (Debian's Python 3.11 and a few 
 # cellpylib, pycosat, zss) stay as they are: a build makes wheels of them with their build backend, which
 # PACKAGE_INDEX_BUILD_BACKENDS puts in the index (setuptools: what a setup.py-only archive builds with).
 PACKAGE_INDEX ?= var/package-index
-PACKAGE_INDEX_ROOTS := verifiers==0.3.1 verifiers==0.4.0 reasoning-gym verifiers==0.1.9
+PACKAGE_INDEX_ROOTS := verifiers==0.3.1 verifiers==0.4.0 reasoning-gym verifiers==0.1.9 verifiers==0.3.0 prime-sandboxes==0.2.36
 PACKAGE_INDEX_WHEELS := wget==3.2
 PACKAGE_INDEX_BUILD_BACKENDS := setuptools==84.2.1
 package-index: | $(VENV)/.installed  ## fill the local package index the tests build environments against (once)

@@ -66,7 +66,7 @@ class Image:
 IMAGES = {
     "python:3.11": Image(
         folder="python-3.11", suite="bookworm",
-        packages=("python3", "python3-numpy", "python3-pytest", "ca-certificates"),
+        packages=("python3", "python-is-python3", "python3-numpy", "python3-pytest", "ca-certificates"),
     ),
 }
 

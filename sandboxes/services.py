@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -55,6 +55,9 @@ LIMITS = {
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,61}[A-Za-z0-9])?$")
 _MAX_VARIABLES = 100
+#: A start command's bounds: arguments, and characters in all (verifiers' PythonEnv sends ~6,000).
+_MAX_START_ARGUMENTS = 256
+_MAX_START_COMMAND_CHARACTERS = 128 * 1024
 _MAX_LABELS = 32
 #: The labels Lab gives the sandboxes of a job's attempt: the job's public id and the attempt's number.
 JOB_LABEL = "lab.job"
@@ -124,6 +127,22 @@ def _variables(value: Any, param: str, problems: _Problems) -> dict[str, str]:
     return dict(value)
 
 
+def _start_command(value: Any, problems: _Problems) -> list[str]:
+    """Return a start command's argv: a list of strings as it is, a string run under ``/bin/sh -c``
+    (as commands are)."""
+    if value is None or value == [] or value == "":
+        return []
+    argv = ["/bin/sh", "-c", value] if isinstance(value, str) else value
+    if (not isinstance(argv, list) or not argv or len(argv) > _MAX_START_ARGUMENTS
+            or not all(isinstance(item, str) and "\x00" not in item for item in argv)
+            or sum(len(item) for item in argv) > _MAX_START_COMMAND_CHARACTERS):
+        problems.add("start_command", "invalid",
+                     f"start_command must be a string or a list of at most {_MAX_START_ARGUMENTS} strings, "
+                     f"{_MAX_START_COMMAND_CHARACTERS} characters in all, without NUL bytes.")
+        return []
+    return list(argv)
+
+
 def _labels(value: Any, problems: _Problems) -> dict[str, str]:
     if value is None:
         return {}
@@ -147,7 +166,8 @@ def _image(value: Any, problems: _Problems, warnings: list[str]) -> str:
     return ""
 
 
-_CREATE_FIELDS = {"name", "image", "docker_image", "cpu_cores", "memory_gb", "disk_gb", "timeout_s", "network", "environment", "labels"}
+_CREATE_FIELDS = {"name", "image", "docker_image", "cpu_cores", "memory_gb", "disk_gb", "timeout_s", "network", "environment",
+                  "start_command", "labels"}
 
 
 @dataclass(frozen=True)
@@ -185,6 +205,7 @@ def parse_sandbox_create(data: Any) -> SandboxCreate:
         "timeout_s": _number(data, "timeout_s", problems, integer=True),
         "network": network,
         "environment": _variables(data.get("environment"), "environment", problems),
+        "start_command": _start_command(data.get("start_command"), problems),
         "labels": _labels(data.get("labels"), problems),
     }
     problems.raise_any()
@@ -206,8 +227,10 @@ def sandbox_create(
     ``insufficient_credit``, ``spend_limit_reached`` or ``payment_failed``, with the jobs' messages).
     With ``attempt`` (a ``jobs.JobAttempt``, its job loaded) the sandbox belongs to that job attempt
     (``jobs.sandboxes.sandbox_create_for_attempt``) and carries the labels ``lab.job`` and ``lab.attempt``.
+    A ``start_command`` is handed to the runtime, which starts it with the sandbox; it is not stored.
     """
     parsed = parse_sandbox_create(data)
+    start_command = tuple(parsed.fields.pop("start_command"))  # given to the runtime at start, not stored
     blocker = organization_run_blocker(project.organization_id)
     if blocker:
         raise LabError(blocker, BLOCKER_MESSAGES[blocker])
@@ -237,7 +260,7 @@ def sandbox_create(
                   **({"job": attempt.job.public_id, "attempt": attempt.number} if attempt else {})},
         )
     try:
-        placement.agent_of(sandbox).start(sandbox_spec(sandbox))
+        placement.agent_of(sandbox).start(replace(sandbox_spec(sandbox), start_command=start_command))
     except RuntimeRefusal as error:
         _finish(sandbox, SandboxStatus.FAILED, error=f"The runtime could not start the sandbox: {error.message}")
         return sandbox, parsed.warnings

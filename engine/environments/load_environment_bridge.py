@@ -4,8 +4,10 @@ build (the virtual environment ``engine.build_envs`` installs from the build's l
 runs its multi-turn episodes, for an engine that never imports verifiers.
 
 It imports only the standard library and verifiers' v0 API (``verifiers.legacy``, which 0.3.1
-also answers as ``import verifiers as vf``; on verifiers 0.1.9, which has no ``verifiers.legacy``,
-its top-level API and ``openai``'s types, single-turn environments only), never the engine: the engine starts it as
+also answers as ``import verifiers as vf``; on verifiers 0.3.0 the same API at the top level
+(``verifiers.clients``, ``verifiers.types``: 0.3.1 moved those modules unchanged); on verifiers
+0.1.9, which has neither, its top-level API and ``openai``'s types, single-turn environments
+only), never the engine: the engine starts it as
 ``python -I load_environment_bridge.py --site <dir>`` (``--site`` is the folder the job's package
 was installed into, appended to ``sys.path``), in the attempt's work dir, with the minimal
 environment of the verifiers bridge plus the job secrets the environment reads (its build's).
@@ -23,8 +25,8 @@ It speaks the verifiers bridge's protocol (JSON lines; its docstring,
   environment (a ``vf.SingleTurnEnv``, or one of ``max_turns`` 1) is scored (``score``); any other
   ``vf.MultiTurnEnv`` (``ToolEnv``, ``StatefulToolEnv``, a game's own ``env_response``) is
   multi-turn, its one agent ``agent``; ``tools`` says whether it has tools. Refused
-  (``unsupported``): sandboxed environments Lab gives no sandbox yet (``PythonEnv``, CLI agents;
-  a ``SandboxEnv`` runs) and environments that are no ``MultiTurnEnv`` (``EnvGroup``);
+  (``unsupported``): sandboxed environments Lab gives no sandbox yet (CLI agents, ``SandboxMixin``;
+  a ``SandboxEnv`` and a ``PythonEnv`` run) and environments that are no ``MultiTurnEnv`` (``EnvGroup``);
 - ``tasks {handle, split, start, n, seed}``: rows of the environment's ``dataset`` (``train``) or
   ``eval_dataset`` (``eval`` and ``val``; the dataset when it has none) as chat ``messages``: the
   row's ``prompt`` column as verifiers formats it (its system prompt, few-shot messages and
@@ -75,11 +77,11 @@ BridgeError, SPLITS = protocol.BridgeError, protocol.SPLITS
 AGENT = "agent"
 #: The model name verifiers' rollouts see.
 MODEL = "lab-policy"
-#: verifiers classes whose tools or agent run in a sandbox Lab cannot give these environments yet: a
-#: ``PythonEnv``'s sandbox starts its own Python server (its start command), which Lab's sandboxes do not
-#: run; the CLI agents' and ``SandboxMixin``'s are not verified. A plain ``SandboxEnv`` (a bash tool) runs,
-#: on Lab's sandboxes through the attempt's key (docs/sandboxes.md "Sandboxes of a job").
-SANDBOX_CLASSES = frozenset({"PythonEnv", "SandboxMixin", "CliAgentEnv"})
+#: verifiers classes whose tools or agent run in a sandbox Lab does not give these environments yet: the
+#: CLI agents' and ``SandboxMixin``'s are not verified. A ``SandboxEnv`` (a bash tool) and a ``PythonEnv``
+#: (its sandbox's start command runs verifiers' Python worker, which its ``python`` tool talks to) run on
+#: Lab's sandboxes through the attempt's key (docs/sandboxes.md "Sandboxes of a job").
+SANDBOX_CLASSES = frozenset({"SandboxMixin", "CliAgentEnv"})
 
 #: The errors verifiers' rubrics log while the current rollout is scored: a reward function that
 #: raised (a judge's endpoint unreachable, its key refused), which verifiers scores 0 and passes
@@ -182,6 +184,8 @@ class Bridge:
 
             self.openai_clients = False
         except ModuleNotFoundError:
+            self.openai_clients = not _top_level_clients()
+        if self.openai_clients:
             # verifiers before 0.3 (0.1.9's Hub environments): the same v0 API, its model calls made
             # on an AsyncOpenAI client (``client.chat.completions.create``), no verifiers.legacy.
             if not _openai_client_api():
@@ -194,7 +198,7 @@ class Bridge:
             self.openai_clients = True
         self.opened: dict[int, Opened] = {}
         self.loop = asyncio.new_event_loop()
-        rubrics = "verifiers.rubrics" if self.openai_clients else "verifiers.legacy.rubrics"
+        rubrics = f"{_v0_package()}.rubrics"
         logging.getLogger(rubrics).addHandler(_RewardErrors(logging.ERROR))
 
     def hello(self) -> dict:
@@ -239,7 +243,7 @@ class Bridge:
             raise BridgeError(
                 "unsupported",
                 f"environment {taskset} is a {kind} ({sorted(sandboxed)[0]}): it runs its tools or agent in a sandbox "
-                "Lab does not give load_environment environments yet (a SandboxEnv's bash tool runs)",
+                "Lab does not give load_environment environments yet (a SandboxEnv's bash tool and a PythonEnv's python tool run)",
             )
         single_turn = getattr(env, "max_turns", None) == 1 or "SingleTurnEnv" in classes
         if not single_turn and "MultiTurnEnv" not in classes:
@@ -252,8 +256,8 @@ class Bridge:
             raise BridgeError(
                 "unsupported",
                 f"environment {taskset} is a {kind} on verifiers {importlib.metadata.version('verifiers')}: Lab runs "
-                "the multi-turn episodes of load_environment environments on verifiers 0.3.1 only (its "
-                "verifiers.legacy clients), and single-turn ones on 0.1.9 too: require verifiers>=0.3.1,<0.4",
+                "the multi-turn episodes of load_environment environments on verifiers 0.3.1 and 0.3.0 only (their "
+                "v0 clients), and single-turn ones on 0.1.9 too: require verifiers>=0.3.1,<0.4",
             )
         opened = Opened(env, taskset, multi_turn=not single_turn)
         handle = len(self.opened) + 1
@@ -457,13 +461,29 @@ def lab_client(episodes: Episodes, episode_id: str):
     return _client_classes()["lab"](episodes, episode_id)
 
 
+def _top_level_clients() -> bool:
+    """Whether verifiers' v0 client API is at the top level (0.3.0's ``verifiers.clients.client``,
+    which 0.3.1 moved unchanged under ``verifiers.legacy``)."""
+    try:
+        return hasattr(importlib.import_module("verifiers.clients.client"), "Client")
+    except ImportError:
+        return False
+
+
+def _v0_package() -> str:
+    """The package of verifiers' v0 API: ``verifiers.legacy`` (0.3.1), else ``verifiers`` (0.3.0, 0.1.9)."""
+    return "verifiers.legacy" if importlib.util.find_spec("verifiers.legacy") is not None else "verifiers"
+
+
 def _client_classes() -> dict[str, type]:
     """The bridge's verifiers ``Client`` classes (``replay``, ``lab``), made once verifiers is imported."""
     if _CLIENTS:
         return _CLIENTS
-    from verifiers.legacy.clients.client import Client
-    from verifiers.legacy.errors import OverlongPromptError
-    from verifiers.legacy.types import Response, ResponseMessage, ToolCall, Usage
+    v0 = _v0_package()
+    Client = importlib.import_module(f"{v0}.clients.client").Client
+    OverlongPromptError = importlib.import_module(f"{v0}.errors").OverlongPromptError
+    v0_types = importlib.import_module(f"{v0}.types")
+    Response, ResponseMessage, ToolCall, Usage = v0_types.Response, v0_types.ResponseMessage, v0_types.ToolCall, v0_types.Usage
 
     class Offline(Client):
         """A client that calls no provider: ``get_response`` answers, nothing native is used."""

@@ -204,7 +204,7 @@ def v0_rollout(environment: Any) -> Rollout:
     """A ``load_environment`` environment's rollout: verifiers' own (``Environment.run_rollout``:
     its parser, turns, tools and rubric) of the first rows of its dataset (its eval dataset when it has
     none), its model an
-    ``AsyncOpenAI`` client of the endpoint (verifiers 0.3.1's ``OpenAIChatCompletionsClient``
+    ``AsyncOpenAI`` client of the endpoint (verifiers 0.3.1's and 0.3.0's ``OpenAIChatCompletionsClient``
     around it; 0.1.9 takes the client itself)."""
 
     def rollout(base_url: str) -> list[float]:
@@ -215,8 +215,11 @@ def v0_rollout(environment: Any) -> Rollout:
 
         try:
             from verifiers.legacy.clients import OpenAIChatCompletionsClient
-        except ImportError:  # verifiers 0.1.9: the same v0 API on an AsyncOpenAI client
-            OpenAIChatCompletionsClient = None
+        except ImportError:
+            try:  # verifiers 0.3.0: the same v0 API as 0.3.1's verifiers.legacy, at the top level
+                from verifiers.clients import OpenAIChatCompletionsClient
+            except ImportError:  # verifiers 0.1.9: the same v0 API on an AsyncOpenAI client
+                OpenAIChatCompletionsClient = None
         client = AsyncOpenAI(base_url=base_url, api_key=STUB_API_KEY, max_retries=0)
         # An environment with an eval_dataset only (evaluations use it; a job refuses to train on it) is tried on that.
         eval_only = all(getattr(environment, name, None) is None for name in ("dataset", "dataset_source")) and any(

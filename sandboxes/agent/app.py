@@ -305,12 +305,14 @@ class Agent:
                     sandbox_id=sandbox_id, image=str(body["image"]), cpu_cores=float(body["cpu_cores"]),
                     memory_gb=float(body["memory_gb"]), disk_gb=float(body["disk_gb"]), network=str(body.get("network", "none")),
                     environment={str(k): str(v) for k, v in body.get("environment", {}).items()},
+                    start_command=_start_command(body.get("start_command") or []),
                 )
                 expires_at = float(body["expires_at"])
             except (KeyError, TypeError, ValueError, AttributeError):
                 raise AgentError(400, "invalid_request", "The body must hold a sandbox's spec and expires_at.") from None
             try:
-                await self.start_sandbox(spec, expires_at=expires_at)
+                sandbox = await self.start_sandbox(spec, expires_at=expires_at)
+                sandbox.run_start_command()
             except RuntimeRefusal as error:
                 if error.code in ("image_not_built", "unknown_image"):  # not the agent's fault: no retry helps
                     raise AgentError(409, error.code, error.message, param="image") from None
@@ -437,6 +439,14 @@ def parse_command(body: Any, *, seconds_left: float) -> CommandRequest:
     if body.get("user") not in (None, SANDBOX_USER):
         raise AgentError(400, "unknown_user", f"A sandbox has one user, {SANDBOX_USER!r} (uid 1000).", param="user")
     return CommandRequest(argv=argv, timeout_s=min(float(timeout), max(0.0, seconds_left)), cwd=cwd, environment=environment)
+
+
+def _start_command(value: Any) -> tuple[str, ...]:
+    """Return a start command's argv from a control body (a list of strings without NUL bytes);
+    ValueError for anything else."""
+    if not isinstance(value, list) or not all(isinstance(item, str) and "\x00" not in item for item in value):
+        raise ValueError("start_command must be a list of strings")
+    return tuple(value)
 
 
 def background_to_dict(record) -> dict[str, Any]:

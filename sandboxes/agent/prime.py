@@ -5,6 +5,10 @@
 - ``POST /command_session.CommandSession/Start``: Connect RPC, a server stream of
   ``StartResponse`` events (start, stdout/stderr data, end with the exit code) for one command,
   what ``execute_command`` (and so ``start_background_job`` and its status) sends;
+- ``POST /exec``: ``{"command", "working_dir", "env", "timeout", "user"}`` → ``{"stdout", "stderr",
+  "exit_code"}``, what ``execute_command`` of the releases before 0.3.0 sends for a container
+  sandbox (verifiers' ``PythonEnv`` loads with those alone: docs/environments.md), a 408 past its
+  timeout;
 - ``POST /upload?path=`` (multipart field ``file``), ``GET /download?path=``,
   ``GET /read-file?path=&offset=&length=`` (a negative offset reads the file's tail).
 
@@ -129,7 +133,9 @@ async def handle(agent, request: Request, send, sandbox_id: str, rest: str) -> N
         return
     path = request.query.get("path", "")
     try:
-        if rest == "/upload" and request.method == "POST":
+        if rest == "/exec" and request.method == "POST":
+            await _exec(sandbox, await request.json(), send)
+        elif rest == "/upload" and request.method == "POST":
             data = _multipart_file(await request.body(limit=MAX_UPLOAD_BYTES + 65536), request.headers.get("content-type", ""))
             written = await asyncio.to_thread(agent.write_file, sandbox, path, data)
             await send_json(send, 200, {"success": True, "path": written, "size": len(data),
@@ -147,6 +153,36 @@ async def handle(agent, request: Request, send, sandbox_id: str, rest: str) -> N
             await send_json(send, 404, {"error": "not_found", "detail": "No such route of the gateway."})
     except AgentError as error:
         await send_json(send, error.status, {"error": error.code, "detail": error.message})
+
+
+async def _exec(sandbox, body, send) -> None:
+    """Run ``body``'s command under ``/bin/bash -c`` (as ``CommandSession.Start`` runs it) and
+    answer its output and exit code; 408 past its ``timeout`` (seconds, default 300, cut to the
+    sandbox's lifetime and Lab's 3600), 410 when the sandbox ends during it."""
+    if not isinstance(body, dict) or not isinstance(body.get("command"), str) or not body["command"]:
+        raise AgentError(400, "invalid_request", "The body must hold a command string.")
+    if body.get("user") not in (None, "sandbox"):
+        raise AgentError(400, "invalid_request", "A sandbox has one user, 'sandbox' (uid 1000).")
+    environment = body.get("env") or {}
+    if not isinstance(environment, dict) or not all(isinstance(v, str) for v in environment.values()):
+        raise AgentError(400, "invalid_request", "env must be an object of strings.")
+    timeout = body.get("timeout") or DEFAULT_TIMEOUT_S
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise AgentError(400, "invalid_request", "timeout must be a positive number of seconds.")
+    try:
+        cwd = command_directory(body.get("working_dir") or "")
+    except RuntimeRefusal as error:
+        raise AgentError(400, "invalid_path", error.message) from None
+    timeout_s = max(0.001, min(float(timeout), sandbox.expires_at - time.time(), 3600.0))
+    command = CommandRequest(argv=("/bin/bash", "-c", body["command"]), timeout_s=timeout_s, cwd=cwd,
+                             environment={str(k): v for k, v in environment.items()})
+    try:
+        result = await sandbox.run_to_end(command)
+    except SandboxEnded:
+        raise AgentError(410, "sandbox_terminated", "The sandbox ended during the command.") from None
+    if result.timed_out:
+        raise AgentError(408, "command_timeout", f"The command ran past its {timeout_s:g} s.")
+    await send_json(send, 200, {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code})
 
 
 def _integer(value: str | None) -> int | None:

@@ -47,6 +47,8 @@ ERROR_BYTES = 2048
 MAX_BACKGROUND = 256
 #: What is kept of the output of a sandbox's commands, its log (bytes, the latest).
 LOG_BYTES = 256 * 1024
+#: The id under which a sandbox's start command shows as a background command.
+START_COMMAND_ID = "bg_start"
 
 
 class SandboxEnded(Exception):
@@ -126,6 +128,7 @@ class RunningSandbox:
         self._write_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.errors = b""
+        self._start_command_started = False
         #: A sandbox allowed egress: its slirp4netns and the descriptor whose closing ends it.
         self.network: tuple[subprocess.Popen, int] | None = None
 
@@ -300,6 +303,20 @@ class RunningSandbox:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return record
+
+    def run_start_command(self) -> BackgroundCommand | None:
+        """Start the spec's ``start_command`` once, as a background command (``START_COMMAND_ID``)
+        whose timeout is the rest of the sandbox's lifetime: it runs as the sandbox's user with the
+        sandbox's variables in ``/workspace``, like any command, its output goes to the sandbox's
+        log, and it ends with the sandbox (or at its own exit). Return its record, or None when the
+        sandbox has no start command."""
+        if not self.spec.start_command:
+            return None
+        if not self._start_command_started:
+            self._start_command_started = True
+            request = CommandRequest(argv=tuple(self.spec.start_command), timeout_s=max(1.0, self.expires_at - time.time()))
+            return self.start_background(request, START_COMMAND_ID)
+        return self.background.get(START_COMMAND_ID)
 
     async def claim(self, spec: SandboxSpec, *, expires_at: float) -> None:
         """Make this started warm sandbox ``spec``: its folder renamed to ``spec``'s id (bwrap

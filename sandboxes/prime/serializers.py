@@ -22,10 +22,10 @@ STATUSES = {SandboxStatus.PENDING: "PENDING", SandboxStatus.RUNNING: "RUNNING", 
             SandboxStatus.FAILED: "ERROR"}
 #: Create fields Lab takes (each mapped below) or accepts and ignores (said in docs/prime-compat.md).
 _TAKEN = {"name", "docker_image", "cpu_cores", "memory_gb", "disk_size_gb", "timeout_minutes", "environment_vars",
-          "secrets", "labels", "gpu_count"}
-_IGNORED = {"team_id", "vm", "idempotency_key", "region", "arch", "idle_timeout_minutes", "advanced_configs"}
+          "secrets", "labels", "gpu_count", "start_command"}
+_IGNORED = {"team_id", "vm", "idempotency_key", "region", "arch", "idle_timeout_minutes", "advanced_configs", "guaranteed",
+            "registry_credentials_id"}
 _REFUSED = {
-    "start_command": "Lab's sandboxes start no process of their own; run it with execute_command or start_background_job.",
     "network_allowlist": "Lab's sandboxes have no network (network allow and deny lists are not supported).",
     "network_denylist": "Lab's sandboxes have no network (network allow and deny lists are not supported).",
     "checkpoint_id": "Lab does not checkpoint sandboxes.",
@@ -63,6 +63,12 @@ def create_body(data: Any) -> dict[str, Any]:
         "memory_gb": data.get("memory_gb", 1.0), "disk_gb": data.get("disk_size_gb", 5.0),
         "environment": environment, "labels": labels_to_lab(data.get("labels") or []),
     }
+    start_command = data.get("start_command")
+    if isinstance(start_command, dict):  # StartCommand(executable, args), prime-sandboxes 0.3.0 on
+        executable, arguments = start_command.get("executable"), start_command.get("args") or []
+        body["start_command"] = [executable, *arguments] if isinstance(arguments, list) else start_command
+    elif start_command is not None:  # a string (earlier releases): Lab runs it under /bin/sh -c
+        body["start_command"] = start_command
     minutes = data.get("timeout_minutes", 60)
     if isinstance(minutes, int) and not isinstance(minutes, bool):
         # Prime's 0 or less is no lifetime (its idle timeout alone ends the sandbox, as verifiers' v1

@@ -58,6 +58,7 @@ class AgentRuntime(SandboxRuntime):
         body = {
             "image": spec.image, "cpu_cores": spec.cpu_cores, "memory_gb": spec.memory_gb, "disk_gb": spec.disk_gb,
             "network": spec.network, "environment": dict(spec.environment), "expires_at": spec.expires_at,
+            "start_command": list(spec.start_command),
         }
         self._call("PUT", f"/v1/sandboxes/{spec.sandbox_id}", json=body, headers=self._control())
 

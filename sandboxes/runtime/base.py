@@ -30,8 +30,10 @@ class RuntimeRefusal(Exception):
 class SandboxSpec:
     """One sandbox as the runtime needs it: its id, image and limits (cores, GB), its network
     policy (``none`` or ``egress``), the variables each command starts with, its ``slot`` (a
-    number of its own on the host, which the agent assigns) and when its lifetime ends
-    (``expires_at``, unix seconds)."""
+    number of its own on the host, which the agent assigns), when its lifetime ends
+    (``expires_at``, unix seconds) and its start command (``start_command``, an argv; empty for
+    none): a process started with the sandbox that lives until the sandbox ends (Prime's
+    ``start_command``, what a container's entry point is)."""
 
     sandbox_id: str
     image: str
@@ -42,6 +44,7 @@ class SandboxSpec:
     environment: Mapping[str, str] = field(default_factory=dict)
     slot: int = 0
     expires_at: float = 0.0
+    start_command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

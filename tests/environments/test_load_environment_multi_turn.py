@@ -60,12 +60,12 @@ class SandboxEnv(vf.MultiTurnEnv):
         return [{"role": "user", "content": "ran in a sandbox"}]
 
 
-class PythonEnv(SandboxEnv):
+class CliAgentEnv(SandboxEnv):
     pass
 
 
 def load_environment(**kwargs):
-    return PythonEnv(dataset=Dataset.from_list([{"question": "Run it.", "answer": "x"}]), rubric=vf.Rubric(funcs=[]))
+    return CliAgentEnv(dataset=Dataset.from_list([{"question": "Run it.", "answer": "x"}]), rubric=vf.Rubric(funcs=[]))
 '''
 CRASHING_GAME = '''
 import verifiers as vf
@@ -270,8 +270,8 @@ def test_an_environment_lab_does_not_run_is_refused_and_a_crashing_one_fails_its
     with pytest.raises(BridgeRefused) as refused:
         bridge.request("open", taskset="acme/sandboxed-game@0.1.0", args={})
     assert (refused.value.code, str(refused.value)) == ("unsupported", (
-        "environment acme/sandboxed-game@0.1.0 is a PythonEnv (PythonEnv): it runs its tools or agent in a sandbox "
-        "Lab does not give load_environment environments yet (a SandboxEnv's bash tool runs)"
+        "environment acme/sandboxed-game@0.1.0 is a CliAgentEnv (CliAgentEnv): it runs its tools or agent in a sandbox "
+        "Lab does not give load_environment environments yet (a SandboxEnv's bash tool and a PythonEnv's python tool run)"
     ))
     opened = bridge.request("open", taskset="acme/crashing-game@0.1.0", args={})
     (task,) = bridge.request("tasks", handle=opened["handle"], split="train", start=0, n=1, seed=0)["tasks"]

@@ -92,7 +92,7 @@ def test_the_bridge_scores_with_verifiers_0_1_9s_own_parser_and_rubric_and_refus
     assert refused.value.code == "unsupported"
     assert str(refused.value) == (
         f"environment {OLD} is a TryAgainEnv on verifiers 0.1.9: Lab runs the multi-turn episodes of load_environment "
-        "environments on verifiers 0.3.1 only (its verifiers.legacy clients), and single-turn ones on 0.1.9 too: "
+        "environments on verifiers 0.3.1 and 0.3.0 only (their v0 clients), and single-turn ones on 0.1.9 too: "
         "require verifiers>=0.3.1,<0.4"
     )
 

@@ -109,6 +109,21 @@ def test_prime_gateway_routes_take_only_the_sandboxs_own_token(agent, two):
     assert not (agent.root / "sbx_mine" / "workspace" / "p").exists()
     assert mine.post("/prime/sbx_mine/upload", params={"path": "/workspace/p"}, files=files).json()["size"] == 5
     assert mine.get("/prime/sbx_mine/download", params={"path": "/workspace/p"}).content == b"pwned"
+    # The REST exec of prime-sandboxes before 0.3.0 likewise.
+    assert theirs.post("/prime/sbx_mine/exec", json={"command": "echo x > /workspace/q"}).status_code == 401
+    assert not (agent.root / "sbx_mine" / "workspace" / "q").exists()
+
+
+def test_prime_rest_exec_runs_a_command_under_bash_and_answers_its_output(agent, two):
+    mine = _client(agent, _token(agent, "sbx_mine"))
+    answer = mine.post("/prime/sbx_mine/exec", json={
+        "command": "echo $((6 * 7)) $GREETING; pwd; echo oops >&2; exit 3", "working_dir": "/tmp",
+        "env": {"GREETING": "hi"}, "sandbox_id": "sbx_mine", "timeout": 10,
+    })
+    assert (answer.status_code, answer.json()) == (200, {"stdout": "42 hi\n/tmp\n", "stderr": "oops\n", "exit_code": 3})
+    late = mine.post("/prime/sbx_mine/exec", json={"command": "sleep 5", "timeout": 1})
+    assert (late.status_code, late.json()["error"]) == (408, "command_timeout")
+    assert mine.post("/prime/sbx_mine/exec", json={"command": "id", "user": "root"}).status_code == 400
 
 
 def test_logs_keep_what_every_command_printed_and_open_only_to_the_control_token(agent, two, runtime):

@@ -5,6 +5,7 @@ is removed."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -204,6 +205,30 @@ def test_background_processes_live_until_the_sandbox_is_deleted(runtime, host, s
     runtime.destroy(sandbox)
     assert host_processes_of(uid) == []
     assert not host.folder(sandbox).exists()
+
+
+def test_a_start_command_serves_the_sandboxs_commands_until_the_sandbox_is_deleted(runtime, host):
+    # A server of the sandbox's own, as verifiers' PythonEnv starts one: FIFOs in /tmp, a ready flag, and an
+    # answer for each request a later command writes.
+    server = ("mkfifo /tmp/requests /tmp/answers; id -u > /tmp/ready; echo serving; "
+              "while true; do read line < /tmp/requests; echo \"got $line\" > /tmp/answers; done")
+    spec = dataclasses.replace(_spec("sbx_start_command"), start_command=("/bin/sh", "-c", server))
+    runtime.start(spec)
+    try:
+        assert run(runtime, spec, "while [ ! -s /tmp/ready ]; do sleep 0.05; done; cat /tmp/ready", timeout_s=10).stdout == "1000\n"
+        ask = "echo {0} > /tmp/requests; cat /tmp/answers"
+        assert [run(runtime, spec, ask.format(word)).stdout for word in ("one", "two")] == ["got one\n", "got two\n"]
+        runtime.start(spec)  # a second start (idempotent) starts no second server
+        count = ("import glob; print(sum(open(path, 'rb').read().startswith(b'/bin/sh\\0-c\\0mkfifo') "
+                 "for path in glob.glob('/proc/[0-9]*/cmdline')))")
+        assert python(runtime, spec, count).stdout == "1\n"
+        assert runtime.logs(spec)[0].startswith("serving\n")
+        uid = runtime.host_uid(spec)
+        assert host_processes_of(uid, commands_only=True, within_s=0) != []
+    finally:
+        runtime.destroy(spec)
+    assert host_processes_of(uid) == []
+    assert not host.folder(spec).exists()
 
 
 def test_it_cuts_a_file_larger_than_the_disk(runtime, host, sandbox):

@@ -21,6 +21,7 @@ from prime_sandboxes import (
     CreateSandboxRequest,
     SandboxClient,
     SandboxNotRunningError,
+    StartCommand,
 )
 
 from lab.models import AuditLogEntry
@@ -125,6 +126,16 @@ def test_another_organizations_key_finds_nothing_and_runs_nothing(prime, owner, 
     assert other.list().sandboxes == []
     assert client.execute_command(sandbox.id, "ls /workspace").stdout == ""
     assert client.get(sandbox.id).status == "RUNNING"
+
+
+def test_a_start_command_runs_as_the_sandbox_starts_and_lives_with_it(prime, owner):
+    client, _ = prime(owner.key)
+    server = StartCommand(executable="/bin/sh", args=["-c", "echo $$ > /tmp/server; exec sleep 600"])
+    sandbox = client.create(CreateSandboxRequest(name="served", docker_image="python:3.11", start_command=server))
+    client.wait_for_creation(sandbox.id)
+    wait = "while [ ! -s /tmp/server ]; do sleep 0.05; done; cat /proc/$(cat /tmp/server)/cmdline | tr '\\0' ' '"
+    assert client.execute_command(sandbox.id, wait, timeout=10).stdout == "sleep 600 "
+    client.delete(sandbox.id)
 
 
 def test_what_lab_cannot_honour_is_refused_before_anything_starts(prime, owner):

@@ -91,6 +91,8 @@ def test_it_maps_python_3_11_slim_to_its_python_image_with_a_warning(owner):
         ({"network": "host"}, "network", "invalid"),
         ({"environment": {"1BAD": "x"}}, "environment.1BAD", "invalid"),
         ({"labels": {"k": 5}}, "labels.k", "invalid"),
+        ({"start_command": ["sleep", 5]}, "start_command", "invalid"),
+        ({"start_command": "x" * 200_000}, "start_command", "invalid"),
         ({"privileged": True}, "privileged", "unknown_field"),
     ],
 )
