@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.environments import Environment
 from engine.models import huggingface_dir
 from engine.orchestrator import Orchestrator, RolloutBatch
 from engine.policy import is_lora, join_weight_gather, load_policy, policy_snapshot, rollout_policy
@@ -41,7 +42,10 @@ logger = logging.getLogger("engine")
 class InProcessRollouts:
     """The batches of a run sampled by an orchestrator in the trainer's process (engine.trainer.RolloutSource)."""
 
-    def __init__(self) -> None:
+    def __init__(self, environments: list[Environment] | None = None) -> None:
+        #: The training environments, when loaded before the model (engine.commands.run), else
+        #: None: the orchestrator loads them.
+        self.environments = environments
         self.trainer: Trainer | None = None
         #: The orchestrator, set up by `setup` (None before).
         self.orchestrator: Orchestrator | None = None
@@ -86,7 +90,10 @@ class InProcessRollouts:
                 sampling_copy, pad_token_id=trainer.tokenizer.pad_token_id, stop_token_ids=trainer.stop_token_ids,
             )
             logger.info("rollout backend: transformers (%s, torch threads %d)", trainer.device.type, torch.get_num_threads())
-        self.orchestrator = Orchestrator(config, trainer.tokenizer, trainer.stop_token_ids, trainer.context_length, backend=backend)
+        self.orchestrator = Orchestrator(
+            config, trainer.tokenizer, trainer.stop_token_ids, trainer.context_length, backend=backend,
+            environments=list(self.environments or []),
+        )
         self.orchestrator.setup()
 
     def _remote_backend(self) -> HttpRolloutBackend:

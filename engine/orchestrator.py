@@ -164,6 +164,12 @@ def held_out_due(spec, step: int) -> bool:
     return evaluates(spec, step) or validates(spec, step)
 
 
+def load_training_environments(spec) -> list[Environment]:
+    """The environments of the spec's `[[env]]` blocks, in order, each with what its block sets
+    (`apply_block`). Raises environments.InvalidEnvironment for one that cannot be loaded."""
+    return [apply_block(load_environment(env.id, dict(env.args), spec.seed), env) for env in spec.env]
+
+
 @dataclass
 class Orchestrator:
     """The rollout side of one job; `setup()` first. `backend` samples (set by the caller;
@@ -181,9 +187,10 @@ class Orchestrator:
         return self.config.spec
 
     def setup(self) -> None:
-        """Load the training, eval and validation environments and the teacher (`loss = "sft"`)."""
+        """Load the training environments (unless given: `load_training_environments`), the eval
+        and validation environments and the teacher (`loss = "sft"`)."""
         config, spec = self.config, self.config.spec
-        self.environments = [apply_block(load_environment(env.id, dict(env.args), spec.seed), env) for env in spec.env]
+        self.environments = self.environments or load_training_environments(spec)
         self.env_names = block_names([block.name or env.name for env, block in zip(self.environments, spec.env)])
         # Which groups make each step: [[env]] ratio (the blocks' shares, else in turn) and
         # group_size (each block's rollouts per example), engine/groups.py.

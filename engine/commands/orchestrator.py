@@ -19,7 +19,7 @@ from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, par
 from engine.distill import TeacherRefused
 from engine.environments import EnvironmentFailed, InvalidEnvironment
 from engine.models import ModelNotFound, load_prompt_side
-from engine.orchestrator import Orchestrator
+from engine.orchestrator import Orchestrator, load_training_environments
 from engine.packages import install_packages, packages_from_environment
 from engine.remote_inference import HttpRolloutBackend
 from engine.roles import OrchestratorRole, SessionEnded
@@ -67,9 +67,12 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
             model_dir = default_model_dir()
             job_model(model_dir)
             config, _ = load_config(args.spec, model_dir)  # the trainer reports the spec's warnings
+            environments = load_training_environments(config.spec)  # before the tokenizer, as `run` does
             side = load_prompt_side(config.spec.model, model_dir)
             backend = HttpRolloutBackend(url, model_id=config.spec.model)
-            orchestrator = Orchestrator(config, side.tokenizer, side.stop_token_ids, side.context_length, backend=backend)
+            orchestrator = Orchestrator(
+                config, side.tokenizer, side.stop_token_ids, side.context_length, backend=backend, environments=environments,
+            )
             orchestrator.setup()
             role.orchestrator = orchestrator
             return role.run()

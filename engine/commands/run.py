@@ -2,8 +2,11 @@
 (or, `--offline`, under its work dir), with the roles it runs beside its trainer.
 
 This module checks the attempt's input (the spec against the catalogues, its environments and
-checkpoints) with nothing heavier than torch; the trainer (engine.commands.train, which brings
-transformers and peft) is imported only once the input is valid."""
+checkpoints) with nothing heavier than torch, and loads the training environments of an
+orchestrator in this process (their bridges start, their datasets load) before any model: the
+trainer (engine.commands.train, which brings transformers and peft) is imported only once the
+input is valid, so an environment that cannot load fails the attempt (exit 2) without the
+model's load (minutes for a large one)."""
 
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from engine.commands.common import (
 from engine.config import PACKAGES_VARIABLE, ConfigError, default_model_dir, set_variable, setting
 from engine.distributed import DataParallel
 from engine.environments import InvalidEnvironment
+from engine.orchestrator import load_training_environments
 from engine.packages import install_packages, packages_from_environment
 from engine.remote_inference import start_inference_role, stop_process
 from engine.roles import RoleFailed, start_orchestrator_role
@@ -120,6 +124,12 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         config = roles.configure(args, config, workdir, parallel)
         if args.offline:
             logger.info("offline run: metrics, samples, logs and checkpoints go to %s", workdir)
+        # An orchestrator in this process loads its environments before the model: an environment
+        # that cannot load fails the attempt before the model, a checkpoint or transformers is loaded.
+        try:
+            environments = None if config.shared_dir else load_training_environments(config.spec)
+        except InvalidEnvironment as error:
+            raise ConfigError(str(error), "environment_error") from None
         # Rank 0 fetches a checkpoint from Lab; the other ranks (offline) read its copy.
         resume_dir = on_main_rank(
             parallel, lambda: resume_checkpoint(args.resume_from, workdir, report.transport) if args.resume_from else None
@@ -131,7 +141,7 @@ def run(args: argparse.Namespace, credentials: dict[str, str]) -> int:
         # The trainer brings transformers and peft: imported once the input above is valid.
         from engine.commands import train
 
-        roles.rollouts = train.rollout_source(config, roles.orchestrator)
+        roles.rollouts = train.rollout_source(config, roles.orchestrator, environments)
         outcome = train.train(
             args, config, rollouts=roles.rollouts, workdir=workdir, report=report, stop_event=stop_event,
             model_dir=model_dir, parallel=parallel, init_value=init_value, init_dir=init_dir, resume_dir=resume_dir,

@@ -25,13 +25,14 @@ from engine.trainer import Trainer
 from engine.trainer_role import SharedDirRollouts
 
 
-def rollout_source(config: EngineConfig, orchestrator) -> InProcessRollouts | SharedDirRollouts:
+def rollout_source(config: EngineConfig, orchestrator, environments: list | None = None) -> InProcessRollouts | SharedDirRollouts:
     """The trainer's rollout source: the orchestrator role's batches over the shared directory
     (the trainer role, and `LAB_ENGINE_ROLES=process`; `orchestrator` the role's process when
-    this run started it), else an orchestrator in this process."""
+    this run started it), else an orchestrator in this process, on `environments` when they
+    are loaded already."""
     if config.shared_dir:
         return SharedDirRollouts(config.shared_dir, process=orchestrator)
-    return InProcessRollouts()
+    return InProcessRollouts(environments)
 
 
 def train(

@@ -204,6 +204,7 @@ def test_it_exits_2_for_a_taskset_whose_tasks_have_no_prompt(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         "engine: environment acme/mute-spell@0.1.0: a task has no prompt (the user opens the conversation)"
     )
+    assert "rollout backend:" not in result.stderr  # refused before the model loaded (engine.commands.run)
 
 
 def test_a_reward_function_that_raises_fails_the_job_with_exit_2_not_a_crash(tmp_path):
