@@ -160,13 +160,17 @@ class Sandboxes:
         timeout_s: int | None = None,
         environment: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
+        start_command: str | Sequence[str] | None = None,
     ) -> Sandbox:
-        """Create a sandbox and return it, running (the limits left out take Lab's defaults)."""
+        """Create a sandbox and return it, running (the limits left out take Lab's defaults).
+        ``start_command`` (a string run under ``/bin/sh -c``, or an argv) starts with the sandbox
+        and runs as long as it does; it shows as the background command ``bg_start``."""
         body: dict[str, Any] = {
             "image": image, "name": name, "cpu_cores": cpu_cores, "memory_gb": memory_gb, "disk_gb": disk_gb,
             "timeout_s": timeout_s,
             "environment": dict(environment) if environment is not None else None,
             "labels": dict(labels) if labels is not None else None,
+            "start_command": start_command if start_command is None or isinstance(start_command, str) else list(start_command),
         }
         body = {key: value for key, value in body.items() if value is not None}
         sandbox = parse(Sandbox, self._http.request("POST", "sandboxes", json_body=body))

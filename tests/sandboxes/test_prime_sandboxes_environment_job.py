@@ -4,7 +4,9 @@ from the local package index) trains a tiny-model job on a running Lab (web, a C
 with beat, the local launcher with the engine in its own sandbox, the session's sandbox agent).
 The engine gives the environment ``PRIME_API_BASE_URL`` at Lab's ``/prime`` and the attempt's
 sandbox key: its sandbox is the attempt's (labels, ``job_id``, audit row), every reply ran in it,
-and the sandbox the environment never deletes is stopped once the attempt ends."""
+and the sandbox the environment never deletes is stopped once the attempt ends. verifiers' own
+``vf.SandboxEnv`` (``bash-sandbox``) and ``vf.PythonEnv`` (``python-repl``: its sandbox's start
+command runs verifiers' Python worker) train the same way."""
 
 from __future__ import annotations
 

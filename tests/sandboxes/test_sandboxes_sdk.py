@@ -32,6 +32,18 @@ def test_the_sdk_creates_runs_moves_files_lists_and_deletes(live_server, owner, 
     assert lab.sandboxes.get(sandbox.id).status == "stopped"
 
 
+def test_a_start_command_runs_from_the_create_until_the_sandbox_is_deleted(live_server, owner):
+    lab = Lab(api_key=owner.key, base_url=live_server.url, max_retries=0)
+    sandbox = lab.sandboxes.create(start_command=["sh", "-c", "echo up; echo $GREETING > /tmp/up; exec sleep 600"],
+                                   environment={"GREETING": "hello"})
+    waited = lab.sandboxes.run(sandbox.id, "while [ ! -s /tmp/up ]; do sleep 0.05; done; cat /tmp/up", timeout_s=10)
+    assert waited.stdout == "hello\n"
+    started = lab.sandboxes.background(sandbox.id, "bg_start")
+    assert (started.status, started.stdout) == ("running", "up\n")
+    lab.sandboxes.delete(sandbox.id)
+    assert lab.sandboxes.get(sandbox.id).status == "stopped"
+
+
 def test_the_cli_creates_runs_lists_and_deletes(live_server, owner, monkeypatch, capsys):
     monkeypatch.setenv("LAB_API_KEY", owner.key)
     monkeypatch.setenv("LAB_BASE_URL", live_server.url)
