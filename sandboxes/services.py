@@ -55,7 +55,7 @@ LIMITS = {
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,61}[A-Za-z0-9])?$")
 _MAX_VARIABLES = 100
-#: A start command's bounds: arguments, and characters in all (verifiers' PythonEnv sends ~6,000).
+#: A start command's bounds: arguments, and characters in all (verifiers 0.3.0's PythonEnv sends 3,572).
 _MAX_START_ARGUMENTS = 256
 _MAX_START_COMMAND_CHARACTERS = 128 * 1024
 _MAX_LABELS = 32
