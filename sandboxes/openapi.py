@@ -64,9 +64,13 @@ SANDBOX_CREATE = component(
             "timeout_s": _bounded("timeout_s", INTEGER),
             "network": {"type": "string", "enum": list(NetworkPolicy.values)},
             "environment": _STRINGS,
+            "start_command": {"oneOf": [STRING, {"type": "array", "items": STRING, "minItems": 1, "maxItems": 256}],
+                              "description": "A process started with the sandbox that runs as long as it does: a string "
+                                             "run under /bin/sh -c, or an argv (docs/sandboxes.md)."},
             "labels": _STRINGS,
         },
-        optional=("name", "image", "docker_image", "cpu_cores", "memory_gb", "disk_gb", "timeout_s", "network", "environment", "labels"),
+        optional=("name", "image", "docker_image", "cpu_cores", "memory_gb", "disk_gb", "timeout_s", "network", "environment",
+                  "start_command", "labels"),
     )
     | {"additionalProperties": False},
 )
