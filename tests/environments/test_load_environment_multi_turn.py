@@ -48,8 +48,8 @@ def load_environment(**kwargs):
     envs = [vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric(funcs=[lambda completion, **k: 1.0])) for _ in range(2)]
     return vf.EnvGroup(envs=envs, env_names=["a", "b"])
 '''
-# Named as verifiers' own (whose 0.3.1 PythonEnv does not load with the prime-sandboxes it resolves); a
-# PythonEnv is refused, a plain SandboxEnv runs (tests/sandboxes/test_prime_sandboxes_environment_job.py).
+# Named as verifiers' own CLI agents' environment, which is refused; a SandboxEnv and a PythonEnv run
+# (tests/sandboxes/test_prime_sandboxes_environment_job.py).
 SANDBOXED_GAME = '''
 import verifiers as vf
 from datasets import Dataset
