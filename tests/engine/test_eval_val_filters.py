@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from engine.chat_templates import usable_template_kwargs
 from engine.environments import load_environment, split_of
 from engine.filters import most_repeated_ngram_count
-from engine.orchestrator import usable_template_kwargs
 from engine.step_log import seconds_text
 from tests.engine.conftest import engine_config, tiny_spec
 from tests.support.engine import trainer_for
