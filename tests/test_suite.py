@@ -87,6 +87,7 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/prime/test_prime_evals_push.py": THREADS,
     "tests/sandboxes/test_job_sandbox_key.py": LIVE,
     "tests/sandboxes/test_prime_sandboxes.py": LIVE,
+    "tests/sandboxes/test_python_env_tool.py": LIVE,
     "tests/sandboxes/test_sandbox_billing.py": THREADS,
     "tests/sandboxes/test_verifiers_prime_runtime.py": LIVE,
     "tests/sandboxes/test_sandboxes_api.py": THREADS,
