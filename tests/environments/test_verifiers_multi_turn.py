@@ -94,11 +94,21 @@ print(json.dumps(answers))
 '''
 
 
-def test_it_trains_on_a_multi_turn_environment_with_the_rewards_its_own_code_records(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One job on the guessing game, at most three turns an episode: its work dir."""
     require_verifiers_python()
-    result = run_engine(tmp_path, ENV_ID, [guess_wheel()], args=ARGS, block={"max_turns": 3})
+    root = tmp_path_factory.mktemp("guess")
+    result = run_engine(root, ENV_ID, [guess_wheel()], args=ARGS, block={"max_turns": MAX_TURNS})
     assert result.returncode == 0, result.stderr
-    work = tmp_path / "work"
+    return root / "work"
+
+
+MAX_TURNS = 3
+
+
+def test_it_trains_on_a_multi_turn_environment_with_the_rewards_its_own_code_records(trained, tmp_path):
+    work = trained
     points = read_lines(work / "metrics.jsonl")
     assert [point["step"] for point in points] == [1, 2]
     for point in points:
@@ -112,7 +122,7 @@ def test_it_trains_on_a_multi_turn_environment_with_the_rewards_its_own_code_rec
     episodes = read_lines(work / "episodes.jsonl")
     assert len(episodes) == 8  # two steps of four rollouts, each one episode of the environment's own run()
     assert all(episode["agents"] == ["player"] for episode in episodes)
-    assert max(episode["turns"] for episode in episodes) == 3
+    assert max(episode["turns"] for episode in episodes) == MAX_TURNS
     several = [episode for episode in episodes if episode["turns"] > 1]
     assert several, "no episode took more than one turn"
     assert any(message["role"] == "user" and message["content"].endswith("Guess again.")
@@ -138,18 +148,14 @@ def test_it_trains_on_a_multi_turn_environment_with_the_rewards_its_own_code_rec
     assert len({episode["reward"] for episode in episodes}) > 1  # the rewards differ: not a comparison of constants
 
 
-def test_max_turns_bounds_every_episode(tmp_path):
-    require_verifiers_python()
-    result = run_engine(tmp_path, ENV_ID, [guess_wheel()], args=ARGS, block={"max_turns": 2})
-    assert result.returncode == 0, result.stderr
-    work = tmp_path / "work"
-    episodes = read_lines(work / "episodes.jsonl")
+def test_max_turns_bounds_every_episode(trained):
+    episodes = read_lines(trained / "episodes.jsonl")
     assert len(episodes) == 8
     for episode in episodes:
         solved = episode["rewards"]["solved"][0] == 1.0
-        assert episode["turns"] == 2 or (solved and episode["turns"] == 1), episode
+        assert episode["turns"] == MAX_TURNS or (solved and episode["turns"] < MAX_TURNS), episode
         assert episode["stop_condition"] == ("user_closed" if solved else "max_turns"), episode
-    assert all(sample["completion"].count("[assistant]") <= 2 for sample in read_lines(work / "samples.jsonl"))
+    assert all(sample["completion"].count("[assistant]") <= MAX_TURNS for sample in read_lines(trained / "samples.jsonl"))
 
 
 #: A second agent, the host: untrainable (its tokens are never training data), answered by the same
