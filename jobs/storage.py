@@ -4,10 +4,9 @@ Keys look like ``<job public id>/<checkpoint public id>.tar``. The engine never 
 uploads to the archive's *upload key* (``upload_key(key)``; a local path on the filesystem
 backend, a pre-signed PUT URL on S3), and Lab seals the upload (``seal``): it copies it to the
 archive key, hashes what it wrote, and deletes the upload. Whoever still holds the upload path or
-URL can then change nothing that Lab serves. Environment packages (``environments/``,
-``environments.storage``) and the model store's files, pushed archives and check logs
-(``models/``, ``jobs.registry.store``) share the storage under their own prefixes; the checkpoint
-listing here, and so the orphan sweep, leaves them out.
+URL can then change nothing that Lab serves. Environment packages, the model store's files and
+the logs of ended sandboxes share the storage under the prefixes of ``lab.storage.OWNED_PREFIXES``;
+the checkpoint listing here, and so the orphan sweep, leaves them out.
 
 This module only moves bytes; what a checkpoint or adapter row may do is decided in
 ``jobs.artifacts.lifecycle``.
@@ -27,12 +26,11 @@ from django.conf import settings
 from django.core.files.storage import FileSystemStorage
 from django.db import transaction
 
-from environments.storage import KEY_PREFIX as ENVIRONMENT_KEY_PREFIX
-from jobs.registry.store import KEY_PREFIX as MODEL_KEY_PREFIX
 from lab import storage as objects
-from lab.storage import delete, is_filesystem, path_of, s3_client as _s3_client, s3_object_key as _s3_object_key
+from lab.storage import delete, is_filesystem, path_of, stored_size_and_sha256
 from lab.storage import object_storage as checkpoint_storage
-from lab.storage import stored_size_and_sha256
+from lab.storage import s3_client as _s3_client
+from lab.storage import s3_object_key as _s3_object_key
 
 __all__ = [
     "ARCHIVE_CONTENT_TYPE", "archive_key_of_upload", "checkpoint_key", "checkpoint_storage", "delete",
@@ -164,11 +162,12 @@ def iter_objects() -> Iterator[tuple[str, datetime]]:
     """Yield ``(key, last modified (UTC))`` for every stored checkpoint object, in no particular order.
 
     Unfinished local uploads (``*.partial``) are objects too: the orphan sweep's grace period
-    protects them while they are young. Environment packages and the model store's objects are
-    not checkpoint objects.
+    protects them while they are young. Objects under ``lab.storage.OWNED_PREFIXES`` (environment
+    packages, the model store's, sandboxes' logs) are not checkpoint objects.
     """
+    owned = tuple(objects.OWNED_PREFIXES)
     for key, modified in objects.iter_objects():
-        if not key.startswith((ENVIRONMENT_KEY_PREFIX, MODEL_KEY_PREFIX)):
+        if not key.startswith(owned):
             yield key, modified
 
 

@@ -3,9 +3,8 @@
 The filesystem under ``LAB_DATA_DIR/checkpoints`` by default; an S3-compatible bucket through
 django-storages when ``LAB_STORAGE_URL`` is ``s3://bucket/prefix`` (lab/settings.py). Each app
 keeps its objects under its own keys: checkpoint archives under ``<job public id>/``
-(``jobs.storage``), environment packages under ``environments/`` (``environments.storage``).
-This module only moves bytes by key; what an object is and who may read it is decided by the
-app that owns it.
+(``jobs.storage``), everything else under one of ``OWNED_PREFIXES``. This module only moves
+bytes by key; what an object is and who may read it is decided by the app that owns it.
 """
 
 from __future__ import annotations
@@ -21,6 +20,16 @@ from typing import IO
 from django.core.files.storage import FileSystemStorage, Storage, storages
 
 _CHUNK = 1024 * 1024
+
+#: The key prefixes of the objects that are not checkpoint archives, and what each holds; every
+#: app's keys but checkpoints' (``<job public id>/``, which never starts with one of these) begin
+#: with one of them, so the checkpoint orphan sweep (``jobs.storage.iter_objects``) can leave
+#: them alone without knowing the apps. A new kind of object takes its prefix here.
+OWNED_PREFIXES = {
+    "environments/": "environment packages, builds and datasets (environments.storage)",
+    "models/": "the model store's files, pushed archives and check logs (jobs.registry.store)",
+    "sandboxes/": "what ended sandboxes printed (sandboxes.kept_logs)",
+}
 
 
 def object_storage() -> Storage:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from lab.formats import iso
+from sandboxes.logs import SandboxLogs
 from sandboxes.models import Sandbox
-from sandboxes.services import DataPlaneAccess, SandboxLogs
+from sandboxes.services import DataPlaneAccess
 
 
 def sandbox_to_dict(

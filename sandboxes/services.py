@@ -1,5 +1,5 @@
 """Sandbox services: create (within the organization's cap), read, delete (one, or many by ids
-and labels), read what their commands printed, hand out data-plane access, reap sandboxes past their lifetime, and end the sandboxes of a job's attempt (what
+and labels; what they printed is kept, ``sandboxes.kept_logs``, and read in ``sandboxes.logs``), hand out data-plane access, reap sandboxes past their lifetime, and end the sandboxes of a job's attempt (what
 decides that an attempt may create one or has ended is the job pipeline's: ``jobs.sandboxes``;
 docs/sandboxes.md "Sandboxes of a job").
 
@@ -33,6 +33,7 @@ from lab.errors import FieldError, LabError, not_found
 from lab.ids import public_id
 from lab.models import Organization, Project
 from sandboxes import placement
+from sandboxes.kept_logs import keep_log
 from sandboxes.models import ACTIVE_STATUSES, NetworkPolicy, Sandbox, SandboxStatus
 from sandboxes.runtime.agent import AgentRuntime
 from sandboxes.runtime.base import RuntimeRefusal, SandboxSpec
@@ -262,7 +263,7 @@ def sandbox_create(
     try:
         placement.agent_of(sandbox).start(replace(sandbox_spec(sandbox), start_command=start_command))
     except RuntimeRefusal as error:
-        _finish(sandbox, SandboxStatus.FAILED, error=f"The runtime could not start the sandbox: {error.message}")
+        _finish(sandbox, SandboxStatus.FAILED, error=f"The runtime could not start the sandbox: {error.message}", keep=False)
         return sandbox, parsed.warnings
     updated = Sandbox.objects.unscoped().filter(pk=sandbox.pk, status=SandboxStatus.PENDING).update(
         status=SandboxStatus.RUNNING, started_at=timezone.now()
@@ -379,42 +380,19 @@ def sandbox_bulk_delete(
     return list(found), [sandbox_id for sandbox_id in sandbox_ids if sandbox_id not in found]
 
 
-@dataclass(frozen=True)
-class SandboxLogs:
-    """What a sandbox's commands printed: stdout and stderr as text, in the order they came (the
-    agent keeps the last ``sandboxes.agent.sandbox.LOG_BYTES``; ``truncated`` when earlier output
-    was dropped)."""
-
-    logs: str
-    truncated: bool
-
-
-def sandbox_logs(*, sandbox: Sandbox, actor: Actor) -> SandboxLogs:
-    """Return the log of a running ``sandbox`` and record who read it (``sandbox.read_logs``: a
-    log may hold what its commands were given); ``invalid_state`` when it is not running (its log
-    went with its files) or its agent cannot give it."""
-    if sandbox.status != SandboxStatus.RUNNING:
-        raise LabError("invalid_state", f"The sandbox is {sandbox.status}: its log went with its files.")
-    try:
-        logs, truncated = placement.agent_of(sandbox).logs(sandbox_spec(sandbox))
-    except RuntimeRefusal as refusal:
-        raise LabError("invalid_state", f"The sandbox's log cannot be read: {refusal.message}") from None
-    with transaction.atomic():
-        audit_record(
-            actor=actor, organization=sandbox.project.organization, project=sandbox.project,
-            action=AuditAction.SANDBOX_READ_LOGS, target=sandbox.public_id,
-        )
-    return SandboxLogs(logs=logs, truncated=truncated)
-
-
-def _finish(sandbox: Sandbox, status: SandboxStatus, *, error: str = "") -> Sandbox:
-    """Move an active ``sandbox`` to ``status`` (a conditional UPDATE: once), delete its files,
-    and close its usage on the billing ledger (``sandbox_bill`` closes it later if this fails)."""
-    Sandbox.objects.unscoped().filter(pk=sandbox.pk, status__in=ACTIVE_STATUSES).update(
+def _finish(sandbox: Sandbox, status: SandboxStatus, *, error: str = "", keep: bool = True) -> Sandbox:
+    """Move an active ``sandbox`` to ``status`` (a conditional UPDATE: once), keep its log (the
+    call that ended it, unless ``keep`` is False: a sandbox that never started has none), delete
+    its files, and close its usage on the billing ledger (``sandbox_bill`` closes it later if this
+    fails)."""
+    ended = Sandbox.objects.unscoped().filter(pk=sandbox.pk, status__in=ACTIVE_STATUSES).update(
         status=status, stopped_at=timezone.now(), error=error[:500]
     )
+    agent, spec = placement.agent_of(sandbox), sandbox_spec(sandbox)
+    if ended and keep:
+        keep_log(sandbox, agent=agent, spec=spec)
     try:
-        placement.agent_of(sandbox).destroy(sandbox_spec(sandbox))
+        agent.destroy(spec)
     except RuntimeRefusal as refusal:  # the agent also stops it at the end of its lifetime
         logger.warning("sandbox %s: the agent did not confirm its stop: %s", sandbox.public_id, refusal.message)
     if sandbox.pod_name:

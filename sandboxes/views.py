@@ -12,6 +12,7 @@ from lab.api.base import ProjectAPIView
 from lab.api.pagination import paginate_by_public_id
 from lab.api.schema import ERROR, json_body, limit_parameter
 from sandboxes import openapi
+from sandboxes.logs import sandbox_logs
 from sandboxes.models import Sandbox, SandboxStatus
 from sandboxes.serializers import access_to_dict, bulk_delete_to_dict, logs_to_dict, sandbox_to_dict
 from sandboxes.services import (
@@ -21,7 +22,6 @@ from sandboxes.services import (
     sandbox_create,
     sandbox_delete,
     sandbox_list,
-    sandbox_logs,
 )
 
 
@@ -90,8 +90,8 @@ class SandboxAuthView(_SandboxView):
 
 
 class SandboxLogsView(_SandboxView):
-    """``GET /sandboxes/{id}/logs``: what its commands printed (a running sandbox's; 409 otherwise).
-    A key needs ``write``, as for the data plane the output comes from."""
+    """``GET /sandboxes/{id}/logs``: what its commands printed, an ended sandbox's as Lab kept it
+    (409 when none was kept). A key needs ``write``, as for the data plane the output comes from."""
 
     required_scope = "write"
 

@@ -8,7 +8,7 @@ clients call directly (docs/sandboxes.md "Data plane").
 | ``PUT /v1/sandboxes/{id}`` | control | start the sandbox (idempotent): body ``SandboxSpec`` fields + ``expires_at`` |
 | ``GET /v1/sandboxes/{id}`` | control | ``{"id", "status", "host_uid", "expires_at"}`` |
 | ``DELETE /v1/sandboxes/{id}`` | control | stop it and delete its files; 204 |
-| ``GET /v1/sandboxes/{id}/logs`` | control | ``{"logs", "truncated"}``: what its commands printed, the last ``LOG_BYTES`` |
+| ``GET /v1/sandboxes/{id}/logs`` | control | ``{"logs", "truncated"}``: what its commands printed, the last ``LOG_BYTES`` (of one it stopped at its lifetime too, until Lab's ``DELETE`` or ``ENDED_LOG_KEEP_S``) |
 | ``POST /v1/sandboxes/{id}/commands`` | sandbox | run a command; JSON result, or NDJSON events with ``"stream": true`` |
 | ``POST /v1/sandboxes/{id}/background`` | sandbox | start a command in the background; 201 ``{"id", "status"}`` |
 | ``GET /v1/sandboxes/{id}/background/{command id}`` | sandbox | its status, exit code and output |
@@ -33,7 +33,7 @@ from typing import Any
 from sandboxes import images
 from sandboxes.agent import prime, tokens
 from sandboxes.agent.http import AgentError, Request, send_bytes, send_json, send_stream
-from sandboxes.agent.sandbox import RunningSandbox, SandboxEnded, warm_spec, with_slot
+from sandboxes.agent.sandbox import RunningSandbox, SandboxEnded, SandboxLog, warm_spec, with_slot
 from sandboxes.runtime.base import CommandRequest, RuntimeRefusal, SandboxSpec
 from sandboxes.runtime.local import LocalHost, command_directory
 
@@ -52,6 +52,9 @@ _ROUTES = [
 COMMAND_TIMEOUT_S = (1, 3600, 60)
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 MAX_DOWNLOAD_BYTES = 64 * 1024 * 1024
+#: How long the log of a sandbox the agent stopped at its lifetime is kept for Lab to take
+#: (seconds): Lab's reaper, every 30 s, reads it before its ``DELETE``, which drops it.
+ENDED_LOG_KEEP_S = 600.0
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: The one user a sandbox has (uid 1000 inside): the only name ``user`` may take.
 SANDBOX_USER = "sandbox"
@@ -75,6 +78,8 @@ class Agent:
         self.secret = secret
         self.max_output_bytes = max_output_bytes
         self.sandboxes: dict[str, RunningSandbox] = {}
+        #: The logs of sandboxes stopped at their lifetime, and when (monotonic seconds).
+        self.ended_logs: dict[str, tuple[SandboxLog, float]] = {}
         self.warm_size = warm
         self.warm_limits = {"memory_gb": warm_memory_gb, "disk_gb": warm_disk_gb}
         self.warm: list[RunningSandbox] = []
@@ -170,13 +175,18 @@ class Agent:
             self._free_slots.append(sandbox.spec.slot)
 
     async def reap(self) -> None:
-        """Stop, every second, the sandboxes past their lifetime or whose supervisor ended."""
+        """Stop, every second, the sandboxes past their lifetime, keeping each one's log for Lab
+        (which reads it when it reaps the sandbox) until ``ENDED_LOG_KEEP_S`` has passed."""
         while True:
             await asyncio.sleep(1)
             now = time.time()
             for sandbox_id, sandbox in list(self.sandboxes.items()):
                 if sandbox.expires_at <= now:
+                    self.ended_logs[sandbox_id] = (sandbox.log, time.monotonic())
                     await self.stop_sandbox(sandbox_id)
+            for sandbox_id, (_, ended) in list(self.ended_logs.items()):
+                if time.monotonic() - ended > ENDED_LOG_KEEP_S:
+                    del self.ended_logs[sandbox_id]
 
     # --- ASGI --------------------------------------------------------------------------------
 
@@ -291,6 +301,7 @@ class Agent:
             raise AgentError(404, "not_found", "No such sandbox on this agent.")
         if request.method == "DELETE":
             await self.stop_sandbox(sandbox_id)
+            self.ended_logs.pop(sandbox_id, None)
             await send_bytes(send, 204, b"", "application/json")
         elif request.method == "GET":
             sandbox = self.sandboxes.get(sandbox_id)
@@ -326,15 +337,16 @@ class Agent:
     async def logs(self, request: Request, send, sandbox_id: str, grant: tokens.Grant) -> None:
         """Answer ``GET /v1/sandboxes/{id}/logs`` (the control token alone: reading them is the
         control plane's, which records who did): the sandbox's log as text, an ended sandbox's
-        too until it is stopped."""
+        too until it is stopped, and one stopped at its lifetime until Lab deletes it."""
         if grant.scope != tokens.CONTROL_SCOPE:
             raise AgentError(404, "not_found", "No such sandbox on this agent.")
         if request.method != "GET":
             raise AgentError(405, "method_not_allowed", f"{request.method} is not allowed here.")
         sandbox = self.sandboxes.get(sandbox_id)
-        if sandbox is None:
+        log = sandbox.log if sandbox is not None else self.ended_logs.get(sandbox_id, (None, 0.0))[0]
+        if log is None:
             raise AgentError(404, "not_found", "No such sandbox on this agent.")
-        await send_json(send, 200, {"logs": sandbox.log.data.decode(errors="replace"), "truncated": sandbox.log.dropped_bytes > 0})
+        await send_json(send, 200, {"logs": log.data.decode(errors="replace"), "truncated": log.dropped_bytes > 0})
 
     # --- data plane --------------------------------------------------------------------------
 

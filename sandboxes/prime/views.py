@@ -22,6 +22,7 @@ from lab.api.errors import not_found
 from lab.errors import LabError
 from lab.paging import int_param
 from sandboxes.grants import SandboxGrant, grant_authentication_classes
+from sandboxes.logs import sandbox_logs
 from sandboxes.models import ACTIVE_STATUSES, Sandbox, SandboxStatus
 from sandboxes.prime.serializers import (
     STATUSES,
@@ -37,7 +38,6 @@ from sandboxes.services import (
     sandbox_create,
     sandbox_delete,
     sandbox_list,
-    sandbox_logs,
 )
 
 _KEPT_HEADERS = ("Retry-After", "WWW-Authenticate")
@@ -170,8 +170,8 @@ class SandboxAuthView(_PrimeSandboxView):
 
 
 class SandboxLogsView(_PrimeSandboxView):
-    """``GET /sandbox/{id}/logs``: ``{"logs"}``, what its commands printed (``sandbox_logs``: a
-    running sandbox's, a 409 otherwise); a key needs ``write``, as for Lab's route."""
+    """``GET /sandbox/{id}/logs``: ``{"logs"}``, what its commands printed (``sandbox_logs``: an
+    ended sandbox's as Lab kept it, a 409 when none was kept); a key needs ``write``, as for Lab's route."""
 
     required_scope = "write"
 

@@ -198,8 +198,8 @@ class Sandboxes:
         return parse(BulkDeleteResult, self._http.request("POST", "sandboxes/bulk-delete", json_body=body))
 
     def logs(self, sandbox_id: str) -> SandboxLogs:
-        """Return what a running sandbox's commands printed (409 ``ConflictError`` once it stopped:
-        its log goes with its files). Needs a key with ``write``."""
+        """Return what a sandbox's commands printed: a running one's, or what Lab kept of an ended
+        one's (409 ``ConflictError`` when none was kept, saying why). Needs a key with ``write``."""
         return parse(SandboxLogs, self._http.request("GET", f"sandboxes/{segment(sandbox_id)}/logs"))
 
     def close(self) -> None:

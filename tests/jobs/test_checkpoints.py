@@ -16,13 +16,17 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from environments.storage import KEY_PREFIX as ENVIRONMENT_KEY_PREFIX
 from jobs import storage
 from jobs.artifacts.kinds import CHECKPOINT
 from jobs.artifacts.lifecycle import sweep_orphans
 from jobs.models import Checkpoint, Job, JobEvent, JobStatus
+from jobs.registry.store import KEY_PREFIX as MODEL_KEY_PREFIX
 from jobs.services import job_claim_for_start, job_submit, job_transition
 from jobs.tasks import sweep_orphan_checkpoints
+from lab import storage as objects
 from lab.audit import Actor
+from sandboxes.kept_logs import KEY_PREFIX as SANDBOX_LOG_KEY_PREFIX
 from tests.support.artifacts import artifact_storage, start, upload
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker", "commit_callbacks", artifact_storage.__name__)]
@@ -129,6 +133,12 @@ def test_the_orphan_sweep_removes_old_objects_without_a_row_and_spares_young_one
     assert sweep_orphans(now=timezone.now() + timedelta(hours=2)) == 1
     assert not young_orphan.exists()
     assert kept_path.exists()
+
+
+def test_every_other_kind_of_object_lives_under_a_prefix_the_sweep_leaves_alone():
+    owned = tuple(objects.OWNED_PREFIXES)
+    assert all(prefix.startswith(owned) for prefix in (ENVIRONMENT_KEY_PREFIX, MODEL_KEY_PREFIX, SANDBOX_LOG_KEY_PREFIX))
+    assert not any(key.startswith(owned) for key in (storage.checkpoint_key("job_abc", "ckpt_def"), "job_abc/x.tar.partial"))
 
 
 def test_an_engine_downloads_its_init_checkpoint_but_no_other(owner, outsider, spec):

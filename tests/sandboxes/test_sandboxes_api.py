@@ -5,6 +5,7 @@ concurrent creates, tenancy and reaping."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import httpx
@@ -12,11 +13,16 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from jobs.artifacts.lifecycle import sweep_orphans
+from lab import storage
 from lab.models import AuditLogEntry
 from sandboxes import services
 from sandboxes.agent import tokens
+from sandboxes.agent.sandbox import LOG_BYTES
 from sandboxes.models import Sandbox, SandboxStatus
+from sandboxes.runtime.base import RuntimeRefusal
 from sandboxes.runtime.local import LocalHost
+from tests.support.artifacts import artifact_storage
 from tests.support.schema_check import assert_matches, served_document
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("runtime")]
@@ -334,9 +340,71 @@ def test_logs_are_what_the_sandboxs_commands_printed_and_reading_them_is_audited
     assert (read.target, read.project, read.actor_api_key) == (sandbox_id, owner.project, owner.api_key)
 
 
-def test_a_stopped_sandbox_has_no_logs_any_more(owner):
-    sandbox_id = create(owner)["id"]
+@pytest.mark.usefixtures(artifact_storage.__name__)  # an empty storage: the sweep sees only this test's objects
+def test_a_deleted_sandbox_keeps_its_log_which_the_orphan_sweep_leaves_and_an_outsider_cannot_read(owner, outsider):
+    body = create(owner)
+    sandbox_id = body["id"]
+    data_plane(body["data_plane"]).post(f"/v1/sandboxes/{sandbox_id}/commands", json={"command": "echo before; echo died >&2; exit 1"})
+    assert owner.client().delete(f"{BASE}/{sandbox_id}").status_code == 204
+
+    answer = owner.client().get(f"{BASE}/{sandbox_id}/logs")
+    foreign = outsider.client().get(f"{BASE}/{sandbox_id}/logs")
+    missing = owner.client().get(f"{BASE}/sbx_{'0' * 20}/logs")
+
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"object": "sandbox.logs", "sandbox_id": sandbox_id, "logs": "before\ndied\n", "truncated": False}
+    assert foreign.status_code == missing.status_code == 404 and foreign.json() == missing.json()
+    read = AuditLogEntry.objects.get(action="sandbox.read_logs")
+    assert (read.target, read.project, read.actor_api_key) == (sandbox_id, owner.project, owner.api_key)
+    key = f"sandboxes/logs/{owner.organization.public_id}/{sandbox_id}.json"
+    assert [stored for stored, _ in storage.iter_objects()] == [key]
+    assert sweep_orphans(now=timezone.now() + timedelta(days=1)) == 0  # past its grace period: a checkpoint's would go
+    assert storage.read_text(key) == '{"logs": "before\\ndied\\n", "truncated": false}'
+    assert owner.client().get(f"{BASE}/{sandbox_id}/logs").json()["logs"] == "before\ndied\n"
+
+
+def test_a_sandbox_its_agent_stopped_at_its_lifetime_keeps_its_log_once_reaped(owner, runtime):
+    body = create(owner, timeout_s=2)
+    sandbox_id = body["id"]
+    data_plane(body["data_plane"]).post(f"/v1/sandboxes/{sandbox_id}/commands", json={"command": "echo last words"})
+    spec = services.sandbox_spec(Sandbox.objects.unscoped().get())
+    deadline = time.monotonic() + 10
+    while sandbox_id in runtime.held()[1] and time.monotonic() < deadline:  # the agent stops it by itself
+        time.sleep(0.2)
+    assert sandbox_id not in runtime.held()[1]
+
+    assert services.sandbox_reap_expired() == 1
+
+    answer = owner.client().get(f"{BASE}/{sandbox_id}/logs")
+    assert answer.status_code == 200, answer.content
+    assert (answer.json()["logs"], answer.json()["truncated"]) == ("last words\n", False)
+    with pytest.raises(RuntimeRefusal):  # Lab's delete dropped what the agent kept of it
+        runtime.logs(spec)
+
+
+def test_a_kept_log_says_it_was_truncated_as_the_agent_did(owner):
+    body = create(owner)
+    sandbox_id = body["id"]
+    printed = data_plane(body["data_plane"]).post(
+        f"/v1/sandboxes/{sandbox_id}/commands", json={"command": ["python3", "-c", "print('x' * 300_000, end='!')"]})
+    assert printed.status_code == 200
     owner.client().delete(f"{BASE}/{sandbox_id}")
+    kept = owner.client().get(f"{BASE}/{sandbox_id}/logs").json()
+    assert (len(kept["logs"]), kept["logs"][-2:], kept["truncated"]) == (LOG_BYTES, "x!", True)
+
+
+def test_a_sandbox_whose_agent_could_not_give_its_log_ends_anyway_and_says_why_it_has_none(owner, runtime, host):
+    sandbox_id = create(owner)["id"]
+    sandbox = Sandbox.objects.unscoped().get()
+    runtime.destroy(services.sandbox_spec(sandbox))  # gone from the agent before Lab ends it
+
+    assert owner.client().delete(f"{BASE}/{sandbox_id}").status_code == 204
+
     refused = owner.client().get(f"{BASE}/{sandbox_id}/logs")
-    assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
+    assert (refused.status_code, refused.json()["error"]["code"]) == (409, "invalid_state")
+    assert refused.json()["error"]["message"] == (
+        "The sandbox is stopped: its log was not kept (its agent could not give it when the sandbox ended).")
+    assert Sandbox.objects.unscoped().get().status == SandboxStatus.STOPPED
+    assert not host.folder(services.sandbox_spec(sandbox)).exists()
+    assert not list(storage.iter_objects(f"sandboxes/logs/{owner.organization.public_id}/"))
     assert not AuditLogEntry.objects.filter(action="sandbox.read_logs").exists()

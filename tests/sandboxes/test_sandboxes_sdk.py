@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from labsdk import ConflictError, Lab, NotFoundError
+from labsdk import Lab, NotFoundError
 from labsdk._http import HTTPClient
 from labsdk.cli import main
 
@@ -99,8 +99,9 @@ def test_the_sdk_bulk_deletes_by_ids_and_labels_and_reads_logs(live_server, owne
     assert (foreign.deleted, foreign.not_found) == ([], [first.id, kept.id])
     assert (result.deleted, result.not_found) == ([first.id, batch[1].id, batch[0].id], ["sbx_" + "0" * 20])
     assert [lab.sandboxes.get(s.id).status for s in (first, *batch, kept)] == ["stopped", "stopped", "stopped", "running"]
-    with pytest.raises(ConflictError):
-        lab.sandboxes.logs(first.id)
+    assert lab.sandboxes.logs(first.id).logs == ""  # it printed nothing; its (empty) log was kept
+    lab.sandboxes.delete(kept.id)
+    assert lab.sandboxes.logs(kept.id).logs == "out\nerr\n42\n"
 
 
 def test_the_cli_deletes_many_by_ids_and_labels_and_prints_logs(live_server, owner, monkeypatch, capsys):

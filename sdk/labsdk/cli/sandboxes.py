@@ -72,7 +72,7 @@ def sandboxes_delete(args: argparse.Namespace, client: Callable[[], Lab]) -> int
 
 
 def sandboxes_logs(args: argparse.Namespace, client: Callable[[], Lab]) -> int:
-    """``lab sandboxes logs ID``: print what a running sandbox's commands printed (the last 256 KiB)."""
+    """``lab sandboxes logs ID``: print what a sandbox's commands printed (the last 256 KiB), an ended one's too."""
     logs = client().sandboxes.logs(args.id)
     if args.json:
         _print_json(logs)
@@ -126,7 +126,7 @@ def add_sandboxes_parser(commands, json_flag: argparse.ArgumentParser) -> None:
     create.add_argument("--label", action="append", metavar="K=V", help="a label (repeatable)")
     create.set_defaults(handler=sandboxes_create)
     for name, help_text, handler in (("get", "show one sandbox", sandboxes_get),
-                                     ("logs", "print what a running sandbox's commands printed", sandboxes_logs)):
+                                     ("logs", "print what a sandbox's commands printed", sandboxes_logs)):
         command = sandbox_commands.add_parser(name, parents=[json_flag], help=help_text)
         command.add_argument("id", help="sandbox id (sbx_...)")
         command.set_defaults(handler=handler)
