@@ -92,3 +92,16 @@ app.conf.update(
 # worker and beat only: producers send by name and need no task registered.
 app.autodiscover_tasks()
 app.autodiscover_tasks(["jobs.webhooks"])
+
+
+def declare_queues() -> None:
+    """Declare every queue of ``Queue`` on the broker (idempotent).
+
+    ``manage.py migrate`` calls it on the embedded broker (``lab.apps``), before web, worker and
+    beat start: kombu's SQLAlchemy transport declares a queue with a get-or-create that processes
+    starting together race on (``UNIQUE constraint failed: kombu_queue.name``, fatal to a
+    starting worker); once the queues exist each process only finds them."""
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        for queue in app.conf.task_queues:
+            queue.bind(channel).declare()

@@ -5,10 +5,12 @@ These start real processes, so the path a new user takes first never rots.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ import httpx
 import pytest
 
 from jobs.processes import free_port
+from lab.celery import Queue
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -93,6 +96,10 @@ def test_it_serves_the_api_on_embedded_defaults(tmp_path):
 def test_a_worker_runs_tasks_on_the_broker_free_default(tmp_path):
     env = embedded_env(tmp_path)
     manage(env, "migrate", "--noinput")
+    # migrate declared every queue, so web, worker and beat starting together only find them
+    # (declaring one is a get-or-create they race on, fatal to a starting worker).
+    with contextlib.closing(sqlite3.connect(tmp_path / "celery-broker.sqlite3")) as broker:
+        assert {name for (name,) in broker.execute("SELECT name FROM kombu_queue")} == {queue.value for queue in Queue}
     worker = subprocess.Popen(
         [PYTHON, "-m", "celery", "-A", "lab", "worker", "--pool", "solo", "--loglevel", "INFO", "-Q", "default"],
         cwd=ROOT,
