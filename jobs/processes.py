@@ -7,7 +7,8 @@ default), so a Ctrl-C reaches only the process manager, which then stops them in
 the worker (it finishes the tasks it holds; nothing launches or requeues a job after), then the
 engine attempts of this data dir, which the local launcher detaches from the worker so that a
 restarted worker does not end them (each checkpoints first), and last web, which those engines
-report to until they exit.
+report to until they exit. Should the manager die without stopping them (SIGKILL, a crash), each
+gets SIGTERM (``PR_SET_PDEATHSIG``) and stops as it would on Ctrl-C: nothing is left running.
 
 Usage::
 
@@ -21,6 +22,7 @@ imports nothing from Django: it runs ``manage.py``, uvicorn and Celery as comman
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -35,6 +37,9 @@ import httpx
 from jobs.launchers.local import process_alive
 
 ROOT = Path(__file__).resolve().parents[1]
+#: prctl(2) option (linux/prctl.h): the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # resolved here: a child between fork and exec only calls it
 #: Seconds a process (or an engine attempt) gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE_S = 20.0
 #: Seconds the web server gets to answer ``/healthz`` after it is started.
@@ -168,12 +173,21 @@ class LabProcesses:
         self.run("manage.py", "migrate", "--noinput", what="manage.py migrate")
 
     def spawn(self, name: str, command: list[str]) -> subprocess.Popen:
-        """Start ``command`` as the process ``name``, in a session of its own, output to its log."""
+        """Start ``command`` as the process ``name``, in a session of its own, output to its log;
+        it gets SIGTERM if this process dies without stopping it (SIGKILL, a crash), so nothing
+        is left running without its manager (engine attempts, the worker's, are not its)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        manager = os.getpid()
+
+        def end_with_manager() -> None:  # in the child, between fork and exec
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != manager:  # the manager died before the line above
+                os.kill(os.getpid(), signal.SIGTERM)
+
         with open(self.log_dir / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
                 command, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=end_with_manager,
             )
         self.processes[name] = process
         return process

@@ -186,6 +186,24 @@ def test_make_up_stops_quietly_and_leaves_no_process(make_up_environment, stop_s
         httpx.get(f"{url}/healthz", timeout=5)
 
 
+def test_make_up_killed_with_sigkill_leaves_no_process_behind(make_up_environment):
+    """kill -9 (or the OOM killer) on make and its process manager: web, worker, beat and the
+    sandbox agent, each in a session of its own, get SIGTERM as their manager dies and stop."""
+    data_dir = Path(make_up_environment["LAB_DATA_DIR"])
+    make = MakeUp(make_up_environment)
+    try:
+        make.wait_for_line("Lab is up at ", timeout=300)
+        commands = " | ".join(processes_naming(data_dir).values())
+        for expected in ("uvicorn lab.asgi:application", "-A lab worker", "-A lab beat", "manage.py sandbox_agent"):
+            assert expected in commands, commands
+    finally:
+        make.kill()
+    deadline = time.monotonic() + STOP_WITHIN_S
+    while processes_naming(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_naming(data_dir) == {}
+
+
 def test_a_second_lab_on_another_port_gets_a_sandbox_agent_of_its_own(make_up_environment):
     """The agent's address is a port free at start (LAB_SANDBOX_AGENT_URL, unless set), not a
     fixed one another Lab on this machine already holds."""
