@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import secrets
 import subprocess
 import sys
 import threading
@@ -86,8 +87,9 @@ def test_without_its_endpoint_allowed_the_step_reaches_nothing_at_all(tmp_path, 
 
 def test_a_step_that_outlives_its_time_is_killed_with_everything_it_started(tmp_path):
     sandbox = sandbox_command([Path(sys.base_prefix), Path(sys.prefix)], tmp_path)
+    sleep = f"sleep 300.{secrets.randbelow(10**6):06d}"  # no other process on the machine runs this one
     with pytest.raises(BuildFailed, match="took longer than 2 s"):
-        network.run_in_namespace(sandbox, ["/bin/sh", "-c", "sleep 300 & sleep 300"], reach_=network.Reach(), timeout=2,
+        network.run_in_namespace(sandbox, ["/bin/sh", "-c", f"{sleep} & {sleep}"], reach_=network.Reach(), timeout=2,
                                  env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
-    leftover = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
+    leftover = subprocess.run(["pgrep", "-f", sleep], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
