@@ -72,76 +72,63 @@ def test_an_environment_runs_its_replies_in_sandboxes_of_its_attempt_through_pri
     assert list(deleted.values_list("actor_user", "actor_api_key")) == [(None, None)]  # by Lab itself
 
 
+def _build_and_train(stack, owner, tmp_path, name: str, args: dict) -> tuple[dict, str, dict]:
+    """Push the fixture package ``name``, wait for its build (ready) and train one step on it;
+    return the build, the succeeded job's id and its metrics by step."""
+    filename, data = folder_wheel(FIXTURES / name)
+    (tmp_path / filename).write_bytes(data)
+    headers = {"Authorization": f"Bearer {owner.key}"}
+    with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
+        assert lab.environments.push(tmp_path / filename).id == f"acme/{name}@0.1.0"
+        build = build_ended(f"{stack.base_url}/api/v1/environments/acme/{name}@0.1.0", headers)
+        assert build["status"] == "ready", f"{build}\n{stack.logs()}"
+        job = lab.jobs.create({**TINY, "max_steps": 1, "env": [{"id": f"acme/{name}", "args": args}]})
+        done = wait_finished(lab, stack, job.id)
+        assert done.status == "succeeded", f"{done.to_dict()}\n{stack.logs()}"
+        return build, job.id, {point.step: point.values for point in lab.jobs.metrics(job.id, limit=100)}
+
+
+def _deleted_by_verifiers_through_the_attempts_key(made: list, owner, runtime) -> bool:
+    """Whether every sandbox of ``made`` is gone from its agent, deleted by verifiers through the
+    attempt's key (acting as the job's creator: its API key), not left to Lab."""
+    ids = {sandbox.public_id for sandbox in made}
+    deletes = AuditLogEntry.objects.filter(action="sandbox.delete", target__in=ids)
+    return not ids & runtime.held()[1] and sorted(deletes.values_list("target", "actor_api_key")) == sorted(
+        (sandbox_id, owner.api_key.pk) for sandbox_id in ids
+    )
+
+
 def test_a_sandbox_env_runs_its_bash_tool_in_sandboxes_of_its_attempt_and_deletes_each(stack, owner, tmp_path, runtime):
     # verifiers 0.3.1's SandboxEnv (start_command=None: bash_sandbox.py says why) with the prime-sandboxes the build
     # resolves as of its push; a sandbox per rollout, made in setup_state, the reply run in it in post_rollout, deleted
     # by verifiers.
-    filename, data = folder_wheel(FIXTURES / "bash-sandbox")
-    (tmp_path / filename).write_bytes(data)
-    headers = {"Authorization": f"Bearer {owner.key}"}
-    with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
-        assert lab.environments.push(tmp_path / filename).id == "acme/bash-sandbox@0.1.0"
-        url = f"{stack.base_url}/api/v1/environments/acme/bash-sandbox@0.1.0"
-        build = build_ended(url, headers)
-        assert build["status"] == "ready", f"{build}\n{stack.logs()}"
-        locked = {item["name"]: item["version"] for item in build["lock"]}
-        assert (locked["verifiers"], locked["prime-sandboxes"]) == ("0.3.1", "0.5.1"), locked
-        spec = {
-            **TINY,
-            "max_steps": 1,
-            "env": [{"id": "acme/bash-sandbox", "args": {"num_examples": 4, "max_turns": 2}}],
-        }
-        job = lab.jobs.create(spec)
-        done = wait_finished(lab, stack, job.id)
-        assert done.status == "succeeded", f"{done.to_dict()}\n{stack.logs()}"
-        points = {point.step: point.values for point in lab.jobs.metrics(job.id, limit=100)}
+    build, job_id, points = _build_and_train(stack, owner, tmp_path, "bash-sandbox", {"num_examples": 4, "max_turns": 2})
+    locked = {item["name"]: item["version"] for item in build["lock"]}
+    assert (locked["verifiers"], locked["prime-sandboxes"]) == ("0.3.1", "0.5.1"), locked
 
     assert points[1]["reward/bash-sandbox/ran/mean"] == 1.0, points
-    made = list(Sandbox.objects.unscoped().filter(attempt__job__public_id=job.id))
+    made = list(Sandbox.objects.unscoped().filter(attempt__job__public_id=job_id))
     assert len(made) == TINY["batch_size"], made  # one per rollout
     assert {sandbox.attempt.number for sandbox in made} == {1}
-    assert all(sandbox.labels == {"env": "bash-sandbox", "lab.job": job.id, "lab.attempt": "1"} for sandbox in made)
+    assert all(sandbox.labels == {"env": "bash-sandbox", "lab.job": job_id, "lab.attempt": "1"} for sandbox in made)
     assert {sandbox.status for sandbox in made} == {SandboxStatus.STOPPED}
-    ids = {sandbox.public_id for sandbox in made}
-    assert not ids & runtime.held()[1]
-    # Each deleted by verifiers through the attempt's key (acting as the job's creator: its API key), not left to Lab.
-    deletes = AuditLogEntry.objects.filter(action="sandbox.delete", target__in=ids)
-    assert sorted(deletes.values_list("target", "actor_api_key")) == sorted(
-        (sandbox_id, owner.api_key.pk) for sandbox_id in ids
-    )
+    assert _deleted_by_verifiers_through_the_attempts_key(made, owner, runtime)
 
 
 def test_a_python_env_runs_its_python_worker_in_sandboxes_of_its_attempt_and_deletes_each(stack, owner, tmp_path, runtime):
     # verifiers' own PythonEnv (tests/environments/fixtures/python-repl): each rollout's sandbox is created with
     # PythonEnv's start command, which starts verifiers' Python worker (FIFOs in /tmp, a ready flag); the cells
     # post_rollout sends reach that worker through execute_command, and verifiers deletes the sandbox.
-    filename, data = folder_wheel(FIXTURES / "python-repl")
-    (tmp_path / filename).write_bytes(data)
-    headers = {"Authorization": f"Bearer {owner.key}"}
-    with Lab(api_key=owner.key, base_url=stack.base_url, timeout=30) as lab:
-        assert lab.environments.push(tmp_path / filename).id == "acme/python-repl@0.1.0"
-        url = f"{stack.base_url}/api/v1/environments/acme/python-repl@0.1.0"
-        build = build_ended(url, headers)
-        assert build["status"] == "ready", f"{build}\n{stack.logs()}"
-        locked = {item["name"]: item["version"] for item in build["lock"]}
-        # The only verifiers whose PythonEnv loads: its string start command needs prime-sandboxes <= 0.2.36.
-        assert (locked["verifiers"], locked["prime-sandboxes"]) == ("0.3.0", "0.2.36"), locked
-        assert (build["environment_class"], build["multi_turn"]) == ("python_repl.PythonReplEnv", True)
-        spec = {**TINY, "max_steps": 1, "env": [{"id": "acme/python-repl", "args": {"num_examples": 4, "max_turns": 2}}]}
-        job = lab.jobs.create(spec)
-        done = wait_finished(lab, stack, job.id)
-        assert done.status == "succeeded", f"{done.to_dict()}\n{stack.logs()}"
-        points = {point.step: point.values for point in lab.jobs.metrics(job.id, limit=100)}
+    build, job_id, points = _build_and_train(stack, owner, tmp_path, "python-repl", {"num_examples": 4, "max_turns": 2})
+    locked = {item["name"]: item["version"] for item in build["lock"]}
+    # The only verifiers whose PythonEnv loads: its string start command needs prime-sandboxes <= 0.2.36.
+    assert (locked["verifiers"], locked["prime-sandboxes"]) == ("0.3.0", "0.2.36"), locked
+    assert (build["environment_class"], build["multi_turn"]) == ("python_repl.PythonReplEnv", True)
 
     # Every rollout's worker ran both cells and kept its variable between them (Python 3.11: the sandbox's).
     assert points[1]["reward/python-repl/worker/mean"] == 1.0, points
-    made = list(Sandbox.objects.unscoped().filter(attempt__job__public_id=job.id))
+    made = list(Sandbox.objects.unscoped().filter(attempt__job__public_id=job_id))
     assert len(made) == TINY["batch_size"], made  # one per rollout
-    assert all(sandbox.labels == {"env": "python-repl", "lab.job": job.id, "lab.attempt": "1"} for sandbox in made)
+    assert all(sandbox.labels == {"env": "python-repl", "lab.job": job_id, "lab.attempt": "1"} for sandbox in made)
     assert {(sandbox.image, sandbox.status) for sandbox in made} == {("python:3.11", SandboxStatus.STOPPED)}
-    ids = {sandbox.public_id for sandbox in made}
-    assert not ids & runtime.held()[1]
-    deletes = AuditLogEntry.objects.filter(action="sandbox.delete", target__in=ids)
-    assert sorted(deletes.values_list("target", "actor_api_key")) == sorted(
-        (sandbox_id, owner.api_key.pk) for sandbox_id in ids
-    )
+    assert _deleted_by_verifiers_through_the_attempts_key(made, owner, runtime)
