@@ -29,12 +29,14 @@ class RunningAgent:
     process: subprocess.Popen
 
     def stop(self) -> None:
+        """Stop the agent and remove the folder its sandboxes were under."""
         self.process.terminate()
         try:
             self.process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        shutil.rmtree(self.root.parent, ignore_errors=True)
 
 
 def start_agent(*, max_processes: int = 64, max_open_files: int = 256, warm: int = 2, like: RunningAgent | None = None,
