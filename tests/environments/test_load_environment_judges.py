@@ -8,7 +8,6 @@ The judge is a local OpenAI-compatible endpoint (pytest-httpserver); the package
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import zipfile
@@ -22,7 +21,7 @@ from engine.dataset_snapshots import FOLDER as DATASETS_FOLDER
 from engine.environments import InvalidEnvironment
 from engine.environments.verifiers_taskset import BridgeRefused, start_load_environment_bridge
 from tests.support.load_environment_wheels import fixture_wheel
-from tests.support.packages import build_on_local_index, run_engine
+from tests.support.packages import build_fixture, run_engine
 from tests.support.wheelbuilder import build_wheel
 
 JUDGE = "acme/judge-qa@0.1.0"
@@ -32,12 +31,7 @@ KEY = "sk-judge-4242"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``judge-qa``'s build: ready without its key, the key recorded as a secret it reads."""
-    root = tmp_path_factory.mktemp("load-environment-judges")
-    filename, data = fixture_wheel("judge-qa")
-    (root / filename).write_bytes(data)
-    result = build_on_local_index(root, root / filename)
-    assert result["status"] == "ready", result
-    return {"root": root, "lock": result["lock"], "summary": result["summary"], "sha256": hashlib.sha256(data).hexdigest()}
+    return build_fixture(tmp_path_factory.mktemp("load-environment-judges"), "judge-qa")
 
 
 def test_a_judge_that_fails_fails_the_scoring_naming_its_error_where_verifiers_would_score_0(tmp_path, built, httpserver):

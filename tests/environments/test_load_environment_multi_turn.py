@@ -9,7 +9,6 @@ index (``make package-index``)."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import random
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import build_envs, packages
+from engine import build_envs
 from engine.environments import Example
 from engine.environments.verifiers_taskset import BridgeRefused, start_load_environment_bridge
 from engine.models import tiny_random_llama_tokenizer
 from engine.multi_turn import run_episodes
 from tests.support.load_environment_wheels import fixture_wheel
-from tests.support.packages import build_on_local_index, run_engine
+from tests.support.packages import build_fixture, install_build, run_engine
 from tests.support.scripted import BridgeEnvironment, ScriptedBackend
 
 GUESS, TOOLS, VAULT = "acme/number-guess@0.1.0", "acme/tool-arithmetic@0.1.0", "acme/vault-lookup@0.1.0"
@@ -86,16 +85,8 @@ def load_environment(**kwargs):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The fixtures' build (built once, from ``number-guess``) and its environment installed."""
-    root = tmp_path_factory.mktemp("load-environment-multi-turn")
-    filename, data = fixture_wheel("number-guess")
-    (root / filename).write_bytes(data)
-    result = build_on_local_index(root, root / filename)
-    assert result["status"] == "ready", result
-    package = packages.Package(id=GUESS, sha256=hashlib.sha256(data).hexdigest(), url="", filename=filename)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(build_envs.CACHE_VARIABLE, str(root / "cache"))
-        python, _ = build_envs.ensure_environment(GUESS, result["lock"], root / "install", packages._fetch_locked(package), log=print)
-    return {"root": root, "lock": result["lock"], "python": python, "summary": result["summary"]}
+    built = build_fixture(tmp_path_factory.mktemp("load-environment-multi-turn"), "number-guess")
+    return {**built, "python": install_build(built, GUESS)}
 
 
 @pytest.fixture(scope="module")

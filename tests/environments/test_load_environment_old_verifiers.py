@@ -9,7 +9,6 @@ wheel of ``wget``, which PyPI has as a source archive only)."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import zipfile
@@ -19,7 +18,7 @@ import pytest
 from engine import build_envs, packages
 from engine.environments.verifiers_taskset import BridgeRefused, start_load_environment_bridge
 from tests.support.load_environment_wheels import fixture_wheel
-from tests.support.packages import build_on_local_index, run_engine
+from tests.support.packages import build_fixture, run_engine
 
 OLD = "acme/old-double@0.1.0"
 
@@ -27,17 +26,7 @@ OLD = "acme/old-double@0.1.0"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``old-double``'s build: ready on verifiers 0.1.9."""
-    root = tmp_path_factory.mktemp("old-verifiers")
-    filename, data = fixture_wheel("old-double")
-    (root / filename).write_bytes(data)
-    result = build_on_local_index(root, root / filename)
-    assert result["status"] == "ready", result
-    return {
-        "root": root,
-        "lock": result["lock"],
-        "summary": result["summary"],
-        "sha256": hashlib.sha256(data).hexdigest(),
-    }
+    return build_fixture(tmp_path_factory.mktemp("old-verifiers"), "old-double")
 
 
 def test_a_package_pinning_verifiers_0_1_9_builds_on_it(built):

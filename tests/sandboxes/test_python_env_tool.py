@@ -6,21 +6,18 @@ and its output comes back as the tool turn."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import zipfile
 
 import pytest
 
-from engine import build_envs, packages
 from engine.environments import Example
 from engine.environments.verifiers_taskset import start_load_environment_bridge
 from engine.models import tiny_random_llama_tokenizer
 from engine.multi_turn import run_episodes
 from sandboxes.models import Sandbox, SandboxStatus
-from tests.support.load_environment_wheels import fixture_wheel
-from tests.support.packages import build_on_local_index
+from tests.support.packages import build_fixture, install_build
 from tests.support.scripted import BridgeEnvironment, ScriptedBackend
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -32,18 +29,10 @@ TOOL_TURN = "\n<|im_start|>tool\n{}<|im_end|>\n<|im_start|>assistant\n"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``python-repl``'s build against the local package index, installed."""
-    root = tmp_path_factory.mktemp("python-env-tool")
-    filename, data = fixture_wheel("python-repl")
-    (root / filename).write_bytes(data)
-    result = build_on_local_index(root, root / filename)
-    assert result["status"] == "ready", result
-    package = packages.Package(id=REPL, sha256=hashlib.sha256(data).hexdigest(), url="", filename=filename)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(build_envs.CACHE_VARIABLE, str(root / "cache"))
-        python, _ = build_envs.ensure_environment(REPL, result["lock"], root / "install", packages._fetch_locked(package), log=print)
-    site = root / "site"
-    zipfile.ZipFile(io.BytesIO(data)).extractall(site)
-    return {"root": root, "python": python, "site": site, "lock": result["lock"]}
+    built = build_fixture(tmp_path_factory.mktemp("python-env-tool"), "python-repl")
+    site = built["root"] / "site"
+    zipfile.ZipFile(io.BytesIO(built["data"])).extractall(site)
+    return {**built, "python": install_build(built, REPL), "site": site}
 
 
 def test_a_python_tool_call_of_the_policy_runs_in_the_worker_its_sandboxs_start_command_started(

@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from engine import build_envs, packages
+from tests.support.load_environment_wheels import fixture_wheel
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -85,3 +90,26 @@ def build_on_local_index(root: Path, wheel: Path) -> dict:
     built = json.loads(result.read_text())
     built["lock"] = [{**entry, "url": (root / "wheelhouse" / entry["sha256"] / entry["filename"]).as_uri()} for entry in built.get("lock") or []]
     return built
+
+
+def build_fixture(root: Path, name: str) -> dict:
+    """Build the fixture package ``name`` (tests/environments/fixtures, ``fixture_wheel``) in
+    ``root`` with ``build_on_local_index``, which must end ready; return ``{"root", "lock",
+    "summary", "sha256", "filename", "data"}``."""
+    filename, data = fixture_wheel(name)
+    (root / filename).write_bytes(data)
+    result = build_on_local_index(root, root / filename)
+    assert result["status"] == "ready", result
+    return {"root": root, "lock": result["lock"], "summary": result["summary"], "sha256": hashlib.sha256(data).hexdigest(),
+            "filename": filename, "data": data}
+
+
+def install_build(built: dict, package_id: str) -> Path:
+    """Install the environment of ``built`` (``build_fixture``'s) as a job does (``engine.build_envs``,
+    its cache and install folders under the build's root); return its Python."""
+    package = packages.Package(id=package_id, sha256=built["sha256"], url="", filename=built["filename"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(build_envs.CACHE_VARIABLE, str(built["root"] / "cache"))
+        python, _ = build_envs.ensure_environment(package_id, built["lock"], built["root"] / "install",
+                                                  packages._fetch_locked(package), log=print)
+    return python
