@@ -195,8 +195,6 @@ class LabSandboxes(_HeldSandboxes):
             raise SandboxError(f"Lab gave no sandbox key: {error}") from None
 
 
-
-
 class KeySandboxes(_HeldSandboxes):
     """Sandboxes of one attempt created and deleted with the attempt's sandbox key through Lab's
     Prime-compatible routes (``access``: ``{"api_key", "base_url", "data_plane_url"}``, what
@@ -248,7 +246,6 @@ class KeySandboxes(_HeldSandboxes):
     def prime_access(self) -> dict[str, str]:
         """Return the access this provider was given (Prime's client uses the same key)."""
         return dict(self.access)
-
 
 
 _provider: SandboxProvider | None = None

@@ -430,7 +430,7 @@ def parse_command(body: Any, *, seconds_left: float) -> CommandRequest:
     command = body.get("command")
     if isinstance(command, str) and command and "\x00" not in command:
         argv: tuple[str, ...] = ("/bin/sh", "-c", command)
-    elif isinstance(command, list) and command and all(isinstance(a, str) and "\x00" not in a for a in command):
+    elif command and _is_argv(command):
         argv = tuple(command)
     else:
         raise AgentError(400, "invalid", "command must be a non-empty string or list of strings.", param="command")
@@ -453,10 +453,14 @@ def parse_command(body: Any, *, seconds_left: float) -> CommandRequest:
     return CommandRequest(argv=argv, timeout_s=min(float(timeout), max(0.0, seconds_left)), cwd=cwd, environment=environment)
 
 
+def _is_argv(value: Any) -> bool:
+    """Whether ``value`` is a list of strings without NUL bytes (a command's argv)."""
+    return isinstance(value, list) and all(isinstance(item, str) and "\x00" not in item for item in value)
+
+
 def _start_command(value: Any) -> tuple[str, ...]:
-    """Return a start command's argv from a control body (a list of strings without NUL bytes);
-    ValueError for anything else."""
-    if not isinstance(value, list) or not all(isinstance(item, str) and "\x00" not in item for item in value):
+    """Return a start command's argv from a control body (``_is_argv``); ValueError for anything else."""
+    if not _is_argv(value):
         raise ValueError("start_command must be a list of strings")
     return tuple(value)
 

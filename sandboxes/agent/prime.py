@@ -78,7 +78,7 @@ async def _start(request, context):
     except RuntimeRefusal as error:
         raise ConnectError(Code.INVALID_ARGUMENT, error.message) from None
     deadline_s = (context.timeout_ms / 1000.0) if context.timeout_ms is not None else DEFAULT_TIMEOUT_S
-    timeout_s = max(0.001, min(deadline_s, sandbox.expires_at - time.time(), 3600.0))
+    timeout_s = _timeout_s(sandbox, deadline_s)
     command = CommandRequest(argv=(spec.cmd, *spec.args), timeout_s=timeout_s, cwd=cwd, environment=dict(spec.envs))
     try:
         async with aclosing(sandbox.run(command)) as events:
@@ -173,7 +173,7 @@ async def _exec(sandbox, body, send) -> None:
         cwd = command_directory(body.get("working_dir") or "")
     except RuntimeRefusal as error:
         raise AgentError(400, "invalid_path", error.message) from None
-    timeout_s = max(0.001, min(float(timeout), sandbox.expires_at - time.time(), 3600.0))
+    timeout_s = _timeout_s(sandbox, float(timeout))
     command = CommandRequest(argv=("/bin/bash", "-c", body["command"]), timeout_s=timeout_s, cwd=cwd,
                              environment={str(k): v for k, v in environment.items()})
     try:
@@ -183,6 +183,11 @@ async def _exec(sandbox, body, send) -> None:
     if result.timed_out:
         raise AgentError(408, "command_timeout", f"The command ran past its {timeout_s:g} s.")
     await send_json(send, 200, {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code})
+
+
+def _timeout_s(sandbox, requested_s: float) -> float:
+    """A command's timeout: the seconds asked for, cut to the sandbox's lifetime and Lab's 3600."""
+    return max(0.001, min(requested_s, sandbox.expires_at - time.time(), 3600.0))
 
 
 def _integer(value: str | None) -> int | None:
