@@ -59,6 +59,7 @@ class TaskName(StrEnum):
     CHECK_MODEL = "jobs.check_model", Queue.BUILDS
     SWEEP_MODEL_BUILDS = "jobs.sweep_model_builds", Queue.DEFAULT
     REAP_SANDBOXES = "sandboxes.reap", Queue.DEFAULT
+    EXPIRE_SANDBOX_LOGS = "sandboxes.expire_logs", Queue.DEFAULT
     RECONCILE_SERVING = "serving.reconcile", Queue.RECONCILER
     SETTLE_EVALUATION = "evaluations.settle", Queue.DEFAULT
     EVALUATE_FINAL_CHECKPOINT = "evaluations.evaluate_final_checkpoint", Queue.DEFAULT

@@ -207,6 +207,8 @@ LAB_SANDBOX_MAX_PER_ORG = env_int("LAB_SANDBOX_MAX_PER_ORG", 20, minimum=1)
 LAB_SANDBOX_MAX_PROCESSES = env_int("LAB_SANDBOX_MAX_PROCESSES", 256, minimum=8)
 LAB_SANDBOX_MAX_OPEN_FILES = env_int("LAB_SANDBOX_MAX_OPEN_FILES", 1024, minimum=16)
 LAB_SANDBOX_ALLOW_EGRESS = env_bool("LAB_SANDBOX_ALLOW_EGRESS", False)
+# Days an ended sandbox's log is kept in storage (docs/sandboxes.md "Logs").
+LAB_SANDBOX_LOG_RETENTION_DAYS = env_int("LAB_SANDBOX_LOG_RETENTION_DAYS", 30, minimum=1, maximum=3650)
 # The sandbox agent that holds sandboxes (docs/sandboxes.md "Data plane"): where the control plane reaches it,
 # the address clients are given for its data plane, the secret Lab and the agent sign tokens with (derived
 # from SECRET_KEY unless set; NAME_FILE works) and a data-plane token's lifetime in seconds.
@@ -492,6 +494,7 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-webhook-deliveries": {"task": "jobs.webhooks.sweep", "schedule": 5.0},
     "sweep-orphan-checkpoints": {"task": "jobs.sweep_orphan_checkpoints", "schedule": 3600.0},
     "reap-sandboxes": {"task": "sandboxes.reap", "schedule": 30.0},
+    "expire-sandbox-logs": {"task": "sandboxes.expire_logs", "schedule": 3600.0},
     "reconcile-serving": {"task": "serving.reconcile", "schedule": float(LAB_RECONCILE_INTERVAL_S)},
     "sweep-environment-builds": {"task": "environments.sweep_builds", "schedule": 60.0},
     "sweep-model-builds": {"task": "jobs.sweep_model_builds", "schedule": 60.0},

@@ -7,7 +7,9 @@ that log from the agent before the agent destroys the sandbox and keeps it in La
 storage (``lab.storage``) at ``log_key``: one JSON object ``{"logs": text, "truncated": bool}``
 under ``sandboxes/logs/<organization public id>/``, one of ``lab.storage.OWNED_PREFIXES`` (the
 checkpoint orphan sweep leaves it alone). Who may read it is ``sandboxes.logs``'s, which audits
-every read.
+every read. A kept log lasts ``LAB_SANDBOX_LOG_RETENTION_DAYS`` from when it was kept;
+``expire_kept_logs`` (beat, hourly) deletes older ones, and those whose sandbox's row is gone (its
+project or organization was deleted) at once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from __future__ import annotations
 import io
 import json
 import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
 
 from lab import storage
 from sandboxes.models import Sandbox
@@ -26,6 +32,8 @@ logger = logging.getLogger(__name__)
 #: Where kept logs live: under the organization's public id, then ``<sandbox public id>.json``.
 KEY_PREFIX = "sandboxes/logs/"
 CONTENT_TYPE = "application/json"
+#: Sandbox public ids looked up in one query by the expiry sweep.
+_LOOKUP_BATCH = 1000
 
 
 def log_key(sandbox: Sandbox) -> str:
@@ -60,3 +68,47 @@ def kept_log(sandbox: Sandbox) -> tuple[str, bool] | None:
     except FileNotFoundError:
         return None
     return str(kept["logs"]), bool(kept["truncated"])
+
+
+def retention() -> timedelta:
+    """How long a kept log is kept (``LAB_SANDBOX_LOG_RETENTION_DAYS``)."""
+    return timedelta(days=settings.LAB_SANDBOX_LOG_RETENTION_DAYS)
+
+
+def log_expired(sandbox: Sandbox, *, now: datetime | None = None) -> bool:
+    """Whether an ended ``sandbox``'s kept log is past its retention (so the sweep deleted it, or will)."""
+    return sandbox.stopped_at is not None and sandbox.stopped_at < (now or timezone.now()) - retention()
+
+
+def expire_kept_logs(*, now: datetime | None = None) -> int:
+    """Delete every kept log older than its retention (by when storage last wrote it), and every one
+    whose sandbox no longer has a row; return how many were deleted. Keys that are not
+    ``<organization>/<sandbox>.json`` under ``KEY_PREFIX`` are left alone."""
+    cutoff = (now or timezone.now()) - retention()
+    deleted = 0
+    pending: dict[str, str] = {}  # sandbox public id -> key, of logs young enough to keep if their row exists
+
+    def flush() -> int:
+        existing = set(Sandbox.objects.unscoped().filter(public_id__in=list(pending)).values_list("public_id", flat=True))
+        gone = [key for public_id, key in pending.items() if public_id not in existing]
+        for key in gone:
+            storage.delete(key)
+        pending.clear()
+        return len(gone)
+
+    for key, modified in storage.iter_objects(KEY_PREFIX):
+        parts = key[len(KEY_PREFIX):].split("/")
+        if len(parts) != 2 or not parts[1].endswith(".json"):
+            continue
+        if modified < cutoff:
+            storage.delete(key)
+            deleted += 1
+            continue
+        pending[parts[1].removesuffix(".json")] = key
+        if len(pending) >= _LOOKUP_BATCH:
+            deleted += flush()
+    if pending:
+        deleted += flush()
+    if deleted:
+        logger.info("deleted %d kept sandbox logs past their retention or of deleted sandboxes", deleted)
+    return deleted

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 
 from lab.audit import Actor, AuditAction, audit_record
 from lab.errors import LabError
 from sandboxes import placement
-from sandboxes.kept_logs import kept_log
+from sandboxes.kept_logs import kept_log, log_expired
 from sandboxes.models import Sandbox, SandboxStatus
 from sandboxes.runtime.base import RuntimeRefusal
 from sandboxes.services import LOST_ERROR, sandbox_spec
@@ -61,4 +62,9 @@ def _no_kept_log(sandbox: Sandbox) -> str:
         return f"The sandbox is {sandbox.status}: it never started, so it has no log."
     if sandbox.error == LOST_ERROR:
         return f"The sandbox is {sandbox.status}: its agent lost it, and its log with it."
+    if log_expired(sandbox):
+        return (
+            f"The sandbox is {sandbox.status}: its log was deleted, as every ended sandbox's is "
+            f"{settings.LAB_SANDBOX_LOG_RETENTION_DAYS} days after it ended (LAB_SANDBOX_LOG_RETENTION_DAYS)."
+        )
     return f"The sandbox is {sandbox.status}: its log was not kept (its agent could not give it when the sandbox ended)."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lab.celery import TaskName, task
+from sandboxes.kept_logs import expire_kept_logs
 from sandboxes.services import sandbox_bill, sandbox_reap_expired, sandbox_reconcile
 
 
@@ -15,3 +16,10 @@ def reap_sandboxes() -> int:
     ended = sandbox_reap_expired() + sandbox_reconcile()
     sandbox_bill()
     return ended
+
+
+@task(TaskName.EXPIRE_SANDBOX_LOGS, soft_time_limit=1800, time_limit=1900)
+def expire_sandbox_logs() -> int:
+    """Delete the kept logs of ended sandboxes past ``LAB_SANDBOX_LOG_RETENTION_DAYS``, and those of
+    deleted sandboxes (beat, hourly); return how many were deleted."""
+    return expire_kept_logs()

@@ -600,6 +600,10 @@ LONG_MODULES = {
         "it imports no module beside it but bridge_protocol.py, the protocol it shares with the load_environment bridge, "
         "loaded by its path"
     ),
+    "lab/settings.py": (
+        "one role: Django's settings, each read from the environment once beside the comment that says "
+        "what it does, grouped by app as docs/configuration.md lists them"
+    ),
     "jobs/launchers/kubernetes/objects.py": (
         "one role: the pure functions that build an attempt's Kubernetes objects (JobSet, Services, "
         "NetworkPolicy, Secret), read beside docs/kubernetes.md"

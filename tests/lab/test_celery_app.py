@@ -69,6 +69,7 @@ def test_every_task_is_routed_to_the_declared_queue_its_task_name_gives():
         "jobs.check_model": "builds",
         "jobs.sweep_model_builds": "default",
         "sandboxes.reap": "default",
+        "sandboxes.expire_logs": "default",
         "serving.reconcile": "reconciler",
         "evaluations.settle": "default",
         "evaluations.evaluate_final_checkpoint": "default",
@@ -93,6 +94,7 @@ def test_beat_schedules_tasks_by_their_task_names():
             TaskName.SWEEP_ENVIRONMENT_BUILDS,
             TaskName.SWEEP_MODEL_BUILDS,
             TaskName.REAP_SANDBOXES,
+            TaskName.EXPIRE_SANDBOX_LOGS,
             TaskName.RECONCILE_SERVING,
         ]
     )

@@ -4,6 +4,8 @@ concurrent creates, tenancy and reaping."""
 
 from __future__ import annotations
 
+import io
+import os
 import threading
 import time
 from datetime import timedelta
@@ -19,6 +21,7 @@ from lab.models import AuditLogEntry
 from sandboxes import services
 from sandboxes.agent import tokens
 from sandboxes.agent.sandbox import LOG_BYTES
+from sandboxes.kept_logs import expire_kept_logs
 from sandboxes.models import Sandbox, SandboxStatus
 from sandboxes.runtime.base import RuntimeRefusal
 from sandboxes.runtime.local import LocalHost
@@ -361,6 +364,34 @@ def test_a_deleted_sandbox_keeps_its_log_which_the_orphan_sweep_leaves_and_an_ou
     assert sweep_orphans(now=timezone.now() + timedelta(days=1)) == 0  # past its grace period: a checkpoint's would go
     assert storage.read_text(key) == '{"logs": "before\\ndied\\n", "truncated": false}'
     assert owner.client().get(f"{BASE}/{sandbox_id}/logs").json()["logs"] == "before\ndied\n"
+
+
+@pytest.mark.usefixtures(artifact_storage.__name__)  # an empty storage: the sweep sees only this test's objects
+def test_kept_logs_go_past_their_retention_and_with_their_sandboxs_row_and_the_route_says_so(owner, settings):
+    settings.LAB_SANDBOX_LOG_RETENTION_DAYS = 30
+    old, young, orphaned = (create(owner)["id"] for _ in range(3))
+    for sandbox_id in (old, young, orphaned):
+        assert owner.client().delete(f"{BASE}/{sandbox_id}").status_code == 204
+    prefix = f"sandboxes/logs/{owner.organization.public_id}/"
+    stranger = "sandboxes/logs/notes.txt"  # not a kept log's key: left alone
+    storage.put_stream(stranger, io.BytesIO(b"x"), content_type="text/plain")
+    assert expire_kept_logs() == 0
+
+    month_ago = timezone.now() - timedelta(days=31)
+    os.utime(storage.path_of(f"{prefix}{old}.json"), (month_ago.timestamp(),) * 2)
+    Sandbox.objects.unscoped().filter(public_id=old).update(stopped_at=month_ago)
+    Sandbox.objects.unscoped().filter(public_id=orphaned).delete()  # as its project's deletion does
+
+    assert expire_kept_logs() == 2
+    assert sorted(key for key, _ in storage.iter_objects("sandboxes/logs/")) == sorted([f"{prefix}{young}.json", stranger])
+    gone = owner.client().get(f"{BASE}/{old}/logs")
+    assert (gone.status_code, gone.json()["error"]["code"]) == (409, "invalid_state")
+    assert gone.json()["error"]["message"] == (
+        "The sandbox is stopped: its log was deleted, as every ended sandbox's is 30 days after it ended "
+        "(LAB_SANDBOX_LOG_RETENTION_DAYS).")
+    assert owner.client().get(f"{BASE}/{young}/logs").status_code == 200
+    assert expire_kept_logs(now=timezone.now() + timedelta(days=31)) == 1
+    assert [key for key, _ in storage.iter_objects("sandboxes/logs/")] == [stranger]
 
 
 def test_a_sandbox_its_agent_stopped_at_its_lifetime_keeps_its_log_once_reaped(owner, runtime):
