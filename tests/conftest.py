@@ -219,10 +219,12 @@ def bucket(s3_server, settings, monkeypatch) -> str:
 
 
 # --- Tiers by cost -------------------------------------------------------------------------------
-# A test that starts a server, a Celery worker, an engine process, torchrun, vLLM or a browser is
-# marked ``system`` here, at collection; ``make test-fast`` leaves those out. A test is ``system``
-# when it carries a marker that already says so, uses one of the fixtures that start such a
-# process, or lives in a module that starts them itself (listed with the reason).
+# A test that starts a server (a sandbox agent included), a Celery worker, an engine process (the
+# model check and the GPU check run the engine's code), an environment build, torchrun, vLLM, a
+# browser, Lab's CLI or a child pytest is marked ``system`` here, at collection; ``make test-fast``
+# leaves those out. A test is ``system`` when it carries a marker that already says so, uses one of
+# the fixtures that start such a process, or lives in a module that starts them itself (listed
+# with the reason).
 
 #: Markers whose tests start processes: a live Lab, real engines, a browser.
 SYSTEM_MARKERS = frozenset({"e2e", "browser", "real_model"})
@@ -237,10 +239,13 @@ SYSTEM_FIXTURES = frozenset({
     "browser",  # headless Chromium
     "teacher_server",  # ``python -m engine inference`` (tests/support/engine.py)
     "make_up_environment",  # ``make up`` (tests/e2e/test_make_up.py)
+    "agent",  # the session's sandbox agent, an ASGI server holding bubblewrap sandboxes (tests/sandboxes/conftest.py)
 })
 
 #: Modules whose tests start such processes themselves, relative to the repository root.
 SYSTEM_MODULES = {
+    "tests/bench/test_gpu_check.py": "runs bench/gpu_check.py's smoke step, the engine's training code, as a subprocess",
+    "tests/engine/test_architectures_distributed.py": "runs torchrun",
     "tests/engine/test_adapters.py": "runs the engine CLI (tests/support/engine_cli.py)",
     "tests/engine/test_cli.py": "runs the engine CLI",
     "tests/engine/test_distill.py": "runs the engine and its inference role",
@@ -250,6 +255,7 @@ SYSTEM_MODULES = {
     "tests/engine/test_roles.py": "runs the trainer, orchestrator and inference roles",
     "tests/engine/test_serving_vllm.py": "runs vLLM's engine for the serving role",
     "tests/engine/test_vllm_backend.py": "runs engine roles on vLLM",
+    "tests/environments/test_builds.py": "runs environment builds: uv, a fresh virtual environment, the probe",
     "tests/environments/test_engine_packages.py": "runs the engine on uploaded packages",
     "tests/environments/test_envs_try.py": "runs lab envs try: the engine on environment packages, verifiers bridges",
     "tests/environments/test_example_multi_turn_package.py": "runs the engine on the example package",
@@ -261,12 +267,17 @@ SYSTEM_MODULES = {
     "tests/environments/test_verifiers_multi_turn.py": "runs the engine in the verifiers environment",
     "tests/environments/test_verifiers_tasksets.py": "runs the engine in the verifiers environment",
     "tests/environments/test_verifiers_tools.py": "runs the engine in the verifiers environment",
+    "tests/evaluations/test_evaluations_docs.py": "runs Lab's CLI as subprocesses against a live server",
     "tests/jobs/test_checkpoint_download_asgi.py": "starts a LabStack's web process",
     "tests/jobs/test_local_sandbox.py": "starts a LabStack and sandboxed engines",
     "tests/jobs/test_local_sandbox_judges.py": "starts the local launcher's supervisor and sandbox",
+    "tests/jobs/test_model_add.py": "runs the engine's model check in bubblewrap",
+    "tests/jobs/test_model_push.py": "runs the engine's model check in bubblewrap",
+    "tests/jobs/test_reconciler_on_sqlite.py": "runs the reconciler's tests again in a child pytest",
     "tests/jobs/test_stream.py": "starts a LabStack's web process",
     "tests/jobs/test_stream_hostile.py": "starts a LabStack's web process",
     "tests/lab/test_embedded_defaults.py": "starts Lab's server on its embedded defaults",
+    "tests/sandboxes/test_sandbox_pool.py": "starts three sandbox agents",
     "tests/sdk/test_prime_configs.py": "runs the engine on the prime configs",
     "tests/serving/test_servers.py": "starts inference servers (engine serving processes)",
     "tests/webhooks/test_stack.py": "starts a LabStack",
