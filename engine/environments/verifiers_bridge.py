@@ -21,12 +21,19 @@ On start, before reading anything, it writes ``{"ok": true, "result": {"verifier
   (``resolve_env_config`` + ``load_environment``, with ``harness.id = "null"`` and
   ``runtime.type = "subprocess"`` so nothing defaults to Prime's sandbox), check that Lab runs
   it, and answer ``{handle, rewards: [{name, weight}], bounded, sizes, multi_turn, agents,
-  tools}`` (``sizes``: tasks per split, null for an infinite taskset);
+  tools, runtime_rewards}`` (``sizes``: tasks per split, null for an infinite taskset;
+  ``runtime_rewards``: the names of ``rewards`` whose function takes a runtime, which score only
+  once the bridge has sandboxes);
+- ``sandboxes {environment}``: the attempt's sandbox access, ``{PRIME_API_BASE_URL,
+  PRIME_API_KEY}`` (Lab's Prime-compatible API and the attempt's sandbox key), for verifiers'
+  ``prime`` runtime;
 - ``tasks {handle, split, start, n, seed}``: ``n`` tasks from position ``start`` as chat
   ``messages`` (the task's ``system_prompt`` as a system message, then its prompt, as verifiers'
   ``null`` harness sends them) with an opaque ``id`` for ``score``;
 - ``score {handle, task_id, completion[, timeout_s]}``: a trace of the prompt and one sampled
-  assistant message, scored offline by ``await task.score(trace)`` as ``vf-replay`` does, answering
+  assistant message, scored by ``await task.score(trace)`` as ``vf-replay`` does (offline; with a
+  box of verifiers' ``prime`` runtime per rollout when a reward function takes a runtime, as
+  verifiers' own rollout makes it: ``score_trace``), answering
   ``{reward, functions: {name: score}, weights: {name: weight}}``; ``reward`` is
   ``trace.reward``, the sum of score x weight. With ``timeout_s`` (seconds, the job's ``[[env]]
   timeout``) a scoring still running past it is cancelled and the answer is ``{timeout: true,
@@ -155,6 +162,9 @@ class Opened:
         self.tools = False
         self.context = None
         self.own_limits: dict[str, int | None] = {}
+        #: The reward functions (and judges) that take a runtime: scored in a box of verifiers'
+        #: ``prime`` runtime on Lab's sandboxes (``score_trace``).
+        self.runtime_rewards: list[str] = []
 
     def _bounded_splits(self) -> dict[str, list]:
         if self._splits is None:
@@ -345,20 +355,14 @@ class Bridge:
         except ModuleNotFoundError as error:
             raise _missing_module(error, f"taskset {taskset}") from None
         rewards = [
-            {"name": fn.__name__, "weight": float(getattr(fn, "_vf_weight", 1.0))}
-            for fn in first.hooks("reward")
-            if uses_tools or not _requires_runtime(fn)  # a tool-using task's rollout has its runtime
+            {"name": fn.__name__, "weight": float(getattr(fn, "_vf_weight", 1.0))} for fn in first.hooks("reward")
         ] + [{"name": judge.reward_name, "weight": float(judge.config.weight)} for judge in first.plugged_judges()]
         if not rewards and not multi_turn:
-            in_runtime = [fn.__name__ for fn in first.hooks("reward") if _requires_runtime(fn)]
-            if in_runtime:
-                raise BridgeError(
-                    "unsupported",
-                    f"taskset {taskset}: its reward function{'s' if len(in_runtime) > 1 else ''} {', '.join(in_runtime)} "
-                    f"{'take' if len(in_runtime) > 1 else 'takes'} a runtime (a box to run in, verifiers' prime sandbox by "
-                    "default), which Lab does not give a single-turn taskset: Lab scores its replies offline, with the reward functions that read the trace alone",
-                )
-            raise BridgeError("invalid_taskset", f"taskset {taskset}: its tasks have no @vf.reward function that runs without a runtime")
+            raise BridgeError("invalid_taskset", f"taskset {taskset}: its tasks have no @vf.reward function")
+        if not uses_tools:  # a tool-using task's rollout has its runtime (verifiers' subprocess one)
+            opened.runtime_rewards = [fn.__name__ for fn in first.hooks("reward") if _requires_runtime(fn)] + [
+                judge.reward_name for judge in first.plugged_judges() if _requires_runtime(judge.score)
+            ]
         if multi_turn:
             from verifiers.v1.session import hook_boundary
             from verifiers.v1.trace import Trace
@@ -373,7 +377,16 @@ class Bridge:
         opened.reward_names = {reward["name"] for reward in rewards}
         self.opened[handle] = opened
         return {"handle": handle, "rewards": rewards, "bounded": opened.bounded, "sizes": sizes,
-                "multi_turn": opened.multi_turn, "agents": agents, "tools": uses_tools}
+                "multi_turn": opened.multi_turn, "agents": agents, "tools": uses_tools, "runtime_rewards": opened.runtime_rewards}
+
+    def sandboxes(self, environment: dict) -> dict:
+        """Take the attempt's sandbox access (``PRIME_API_BASE_URL``, ``PRIME_API_KEY``), where
+        verifiers' ``PrimeRuntime`` (Prime's ``prime-sandboxes`` client) makes the boxes of the
+        reward functions that take a runtime."""
+        if set(environment) != set(PRIME_VARIABLES) or not all(isinstance(value, str) and value for value in environment.values()):
+            raise BridgeError("invalid_request", f"sandboxes needs {' and '.join(PRIME_VARIABLES)}, each a string")
+        os.environ.update(environment)
+        return {}
 
     def _serve_tools(self, opened: Opened) -> None:
         """Make a tool-using taskset's episodes run verifiers' own rollouts offline: its
@@ -476,7 +489,7 @@ class Bridge:
         async def scored() -> None:
             async with asyncio.timeout(timeout) as deadline:
                 deadlines.append(deadline)
-                await task.score(trace)
+                await score_trace(opened, task, trace)
 
         try:
             self.loop.run_until_complete(scored())
@@ -765,7 +778,8 @@ class LabInteraction:
 
     async def close(self):
         """End the exchange: ``user_closed`` unless a limit stopped it, then the task's
-        ``finalize`` and its reward functions (offline, no runtime); idempotent."""
+        ``finalize`` and its reward functions (``score_trace``: offline, or in a sandbox when one
+        takes a runtime); idempotent."""
         if self._closed:
             return self.trace
         self._closed = True
@@ -774,8 +788,7 @@ class LabInteraction:
         try:
             if not self._failed:
                 trace.stop("user_closed")
-                await self.task.finalize(trace, None)
-                await self.task.score(trace)
+                await score_trace(self.agent.episodes.opened, self.task, trace, finalize=True)
         except Exception as error:  # the task's own finalize or reward code
             self.fail(error.__cause__ or error)
         finally:
@@ -931,6 +944,51 @@ def prepare_offline_script(source: str, *, what: str) -> str:
     return path
 
 
+#: The variables of the attempt's sandbox access, read by Prime's ``prime-sandboxes`` client.
+PRIME_VARIABLES = ("PRIME_API_BASE_URL", "PRIME_API_KEY")
+#: Where a reward's box works: the directory a Lab sandbox can write (its root is read-only,
+#: and verifiers' default ``/app`` is under it).
+RUNTIME_WORKDIR = "/workspace"
+
+
+async def score_trace(opened: Opened, task, trace, *, finalize: bool = False) -> None:
+    """Score ``trace`` with every reward function of ``task`` (``await task.score``), after the
+    task's ``finalize`` when ``finalize``. Offline when none takes a runtime; else as verifiers'
+    own rollout does (``Rollout.open``/``close``): one box of verifiers' ``prime`` runtime for
+    this rollout (``PrimeRuntime``, on Lab's sandboxes of the attempt through the access the
+    ``sandboxes`` request gave, working in ``RUNTIME_WORKDIR``) with the task's
+    ``runtime_env``, the task's ``setup`` and ``finalize`` in it, the rewards scored with it,
+    and the box deleted however scoring ends. Raises BridgeError when no access was given."""
+    if not opened.runtime_rewards:
+        if finalize:
+            await task.finalize(trace, None)
+        await task.score(trace)
+        return
+    if not all(os.environ.get(name) for name in PRIME_VARIABLES):
+        # PrimeRuntime would end the process (SystemExit) without a key.
+        raise BridgeError("unsupported", f"taskset {opened.taskset_id}: {_runtime_phrase(opened.runtime_rewards)}, and this bridge was given no sandboxes")
+    from verifiers.v1.runtimes import PrimeConfig, make_runtime
+    from verifiers.v1.utils.decorators import invoke
+
+    runtime = make_runtime(PrimeConfig(workdir=RUNTIME_WORKDIR), name=trace.id)
+    runtime.env = dict(task.runtime_env())
+    try:
+        await runtime.start()
+        await runtime.prepare_setup()
+        await invoke(task.setup, {"trace": trace, "runtime": runtime})
+        await invoke(task.finalize, {"trace": trace, "runtime": runtime})
+        await task.score(trace, runtime)
+    finally:
+        await runtime.stop()
+
+
+def _runtime_phrase(names: list[str]) -> str:
+    """``its reward function(s) a, b take(s) a runtime (...)``: what a taskset's runtime rewards need."""
+    many = len(names) > 1
+    return (f"its reward function{'s' if many else ''} {', '.join(names)} {'take' if many else 'takes'} a runtime "
+            "(a box to run in: verifiers' prime sandbox, on Lab's sandboxes of the job's attempt)")
+
+
 def _requires_runtime(fn) -> bool:
     parameter = inspect.signature(fn).parameters.get("runtime")
     return parameter is not None and parameter.default is inspect.Parameter.empty
@@ -940,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
     """Serve requests from stdin until it ends; return the exit status."""
     return protocol.serve(
         Bridge, description=__doc__.splitlines()[0], site_help="directory of the job's installed packages (appended to sys.path)",
-        operations=("describe", "open", "tasks", "score", "start", "reply"), what="the taskset", argv=argv,
+        operations=("describe", "open", "sandboxes", "tasks", "score", "start", "reply"), what="the taskset", argv=argv,
     )
 
 

@@ -10,7 +10,9 @@ For single-turn tasksets the engine drives each episode itself: the bridge hands
 taskset's tasks as chat messages, the trainer renders them through the policy tokenizer's chat
 template and samples completions with Lab's own rollout backend, and the bridge scores each
 completion with the task's own reward functions (``await task.score(trace)``, offline, as
-``vf-replay`` does). Every reward function's score is reported as
+``vf-replay`` does; a reward function that takes a runtime runs in a box of verifiers' ``prime``
+runtime on Lab's sandboxes of the attempt, one per rollout, whose access the engine gives the
+bridge: ``VerifiersTaskset._give_sandboxes``). Every reward function's score is reported as
 ``reward/<env>/<function>/mean``; the rollout's reward is verifiers' ``trace.reward`` (the sum of
 score x weight).
 
@@ -340,6 +342,8 @@ class VerifiersTaskset(Environment):
         except BridgeFailed as error:
             raise InvalidEnvironment(str(error)) from None
         self.handle = opened["handle"]
+        if opened.get("runtime_rewards"):
+            self._give_sandboxes(opened["runtime_rewards"])
         self.sizes = opened["sizes"]
         self.multi_turn = bool(opened.get("multi_turn"))
         # One caller's episodes at a time: the bridge answers a round with every pending turn of the taskset.
@@ -351,6 +355,28 @@ class VerifiersTaskset(Environment):
             RewardFunction(reward["name"], reward["weight"], self._function_score(reward["name"])) for reward in opened["rewards"]
         )
         self._examples: dict[tuple[str, int], Example] = {}
+
+    def _give_sandboxes(self, names: list[str]) -> None:
+        """Give the bridge the attempt's sandbox access (``engine.sandboxes.prime_environment``):
+        the reward functions ``names`` take a runtime, a box of verifiers' ``prime`` runtime on
+        Lab's sandboxes of this attempt. Raises InvalidEnvironment (exit 2, before any rollout)
+        when the engine has none (it runs without Lab: ``--offline``, ``lab envs try``) or Lab
+        refuses, rather than train without those rewards."""
+        many = len(names) > 1
+        needs = (f"environment {self.info.id}: its reward function{'s' if many else ''} {', '.join(names)} "
+                 f"{'take' if many else 'takes'} a runtime (a box to run in: verifiers' prime sandbox, on Lab's sandboxes of the job's attempt)")
+        try:
+            access = sandboxes.prime_environment()
+        except sandboxes.SandboxError as error:
+            raise InvalidEnvironment(f"{needs}, and Lab gave this attempt no sandbox access: {error}") from None
+        if not access:
+            raise InvalidEnvironment(f"{needs}, which an engine without Lab (--offline, lab envs try) does not have: run it as a job on Lab")
+        try:
+            self.bridge.request("sandboxes", environment=access)
+        except BridgeRefused as refusal:
+            raise _environment_error(self.info.id, refusal) from None
+        except BridgeFailed as error:
+            raise InvalidEnvironment(str(error)) from None
 
     def _function_score(self, name: str):
         return lambda completion, example: self.score(completion, example).functions.get(name, 0.0)

@@ -254,9 +254,11 @@ def test_a_scoring_past_the_timeout_is_cancelled_and_answered_timed_out(tmp_path
         bridge.close()
 
 
-def test_it_exits_2_for_a_taskset_whose_rewards_all_run_in_a_runtime(tmp_path):
-    """A reward that runs the reply in verifiers' runtime (its prime sandbox by default) needs a box
-    Lab's offline scoring of a single-turn taskset does not provision: refused, naming it."""
+@pytest.mark.parametrize("beside_others", [False, True], ids=["alone", "beside-trace-rewards"])
+def test_it_exits_2_offline_for_a_taskset_with_a_reward_that_runs_in_a_runtime(tmp_path, beside_others):
+    """A reward that runs the reply in verifiers' runtime (its prime sandbox, on Lab's sandboxes of
+    the attempt) needs Lab: an engine without it refuses the taskset before any rollout, naming the
+    reward, whether or not other rewards read the trace alone (never dropped silently)."""
     require_verifiers_python()
     source = SPELL_TASKSET.format(prelude="")
     start, end = source.index("    @vf.reward(weight=1.0)"), source.index("class SpellTaskset")
@@ -265,12 +267,14 @@ def test_it_exits_2_for_a_taskset_whose_rewards_all_run_in_a_runtime(tmp_path):
         "        result = await runtime.run(['python3', '-c', trace.last_reply], {})\n"
         "        return 1.0 if result.exit_code == 0 else 0.0\n\n\n"
     )
-    wheel = build_wheel("boxed-spell", "0.1.0", files={"boxed_spell/__init__.py": source[:start] + rewards + source[end:]},
+    kept = source[start:end] if beside_others else ""
+    wheel = build_wheel("boxed-spell", "0.1.0", files={"boxed_spell/__init__.py": source[:start] + kept + rewards + source[end:]},
                         requires=["verifiers>=0.4.0"])
     result = run_engine(tmp_path, "acme/boxed-spell@0.1.0", [wheel])
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "engine: environment acme/boxed-spell@0.1.0: its reward function runs takes a runtime (a box to run in, verifiers' "
-        "prime sandbox by default), which Lab does not give a single-turn taskset: Lab scores its replies offline, with "
-        "the reward functions that read the trace alone"
+        "engine: environment acme/boxed-spell@0.1.0: its reward function runs takes a runtime (a box to run in: verifiers' "
+        "prime sandbox, on Lab's sandboxes of the job's attempt), which an engine without Lab (--offline, lab envs try) "
+        "does not have: run it as a job on Lab"
     )
+    assert not (tmp_path / "work" / "metrics.jsonl").exists()

@@ -6,7 +6,9 @@ The engine gives the environment ``PRIME_API_BASE_URL`` at Lab's ``/prime`` and 
 sandbox key: its sandbox is the attempt's (labels, ``job_id``, audit row), every reply ran in it,
 and the sandbox the environment never deletes is stopped once the attempt ends. verifiers' own
 ``vf.SandboxEnv`` (``bash-sandbox``) and ``vf.PythonEnv`` (``python-repl``: its sandbox's start
-command runs verifiers' Python worker) train the same way."""
+command runs verifiers' Python worker) train the same way. So does a verifiers v1 taskset whose
+reward functions take a runtime (``runtime-code``): the bridge scores each rollout in a box of
+verifiers' own ``prime`` runtime, a sandbox of the attempt that verifiers deletes once scored."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 from labsdk import Lab
 
+from engine.environments.verifiers_taskset import verifiers_python
 from lab.models import AuditLogEntry
 from sandboxes.models import Sandbox, SandboxStatus
 from tests.support.environments import build_ended, wait_finished
@@ -131,4 +134,28 @@ def test_a_python_env_runs_its_python_worker_in_sandboxes_of_its_attempt_and_del
     assert len(made) == TINY["batch_size"], made  # one per rollout
     assert all(sandbox.labels == {"env": "python-repl", "lab.job": job_id, "lab.attempt": "1"} for sandbox in made)
     assert {(sandbox.image, sandbox.status) for sandbox in made} == {("python:3.11", SandboxStatus.STOPPED)}
+    assert _deleted_by_verifiers_through_the_attempts_key(made, owner, runtime)
+
+
+def test_a_taskset_whose_rewards_take_a_runtime_trains_with_each_rollout_scored_in_a_sandbox_of_its_attempt(
+    stack, owner, tmp_path, runtime
+):
+    # tests/environments/fixtures/runtime-code: a single-turn v1 taskset whose reply is a Python program; prints_sum
+    # runs it in the reward's runtime, box_runs runs Python there whatever the reply, short reads the trace alone.
+    if not verifiers_python().exists():
+        pytest.fail(f"{verifiers_python()} does not exist: run `make install` (it creates .venv-verifiers)")
+    _, job_id, points = _build_and_train(stack, owner, tmp_path, "runtime-code", {"num_tasks": 16})
+
+    values = points[1]
+    # Every reward function is reported; the box ran Python in /workspace for every rollout.
+    assert {"reward/runtime-code/mean", "reward/runtime-code/prints_sum/mean", "reward/runtime-code/box_runs/mean",
+            "reward/runtime-code/short/mean"} <= set(values), values
+    assert values["reward/runtime-code/box_runs/mean"] == 1.0, values
+    # The rollout's reward is verifiers' weighted sum: prints_sum x 1 (the others weigh 0).
+    assert abs(values["reward/runtime-code/mean"] - values["reward/runtime-code/prints_sum/mean"]) < 1e-9
+    made = list(Sandbox.objects.unscoped().filter(attempt__job__public_id=job_id))
+    assert len(made) == TINY["batch_size"], made  # one per rollout, as verifiers' own rollout makes it
+    assert {(sandbox.attempt.number, sandbox.image, sandbox.status) for sandbox in made} == {(1, "python:3.11", SandboxStatus.STOPPED)}
+    assert all((sandbox.labels["lab.job"], sandbox.labels["lab.attempt"]) == (job_id, "1") for sandbox in made)
+    # None outlives the attempt: verifiers deleted each, through the attempt's key, once it was scored.
     assert _deleted_by_verifiers_through_the_attempts_key(made, owner, runtime)
