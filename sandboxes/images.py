@@ -6,8 +6,9 @@ made by ``mmdebstrap`` (Debian's package of that name) from the apt sources this
 configured with (``/etc/apt/sources.list.d/debian.sources`` when present), and beside it
 ``<folder>.json``, written last, saying what it was built from. No file of an image keeps a
 setuid or setgid bit (``strip_set_id_bits``): nothing in a sandbox runs with another user's or
-group's rights. The agent binds that folder read-only as a sandbox's ``/``
-(``sandboxes.runtime.local``); a sandbox sees nothing of the host.
+group's rights. The agent gives a sandbox that folder as its ``/``, under an overlay of the
+sandbox's own (``sandboxes.runtime.rootfs``; bound read-only where it cannot mount one), and never
+writes to it (``sandboxes.runtime.local``); a sandbox sees nothing of the host.
 
 ``python -m sandboxes.images [--dir DIR] [--check]`` (what ``make sandbox-images`` runs) builds
 every image whose folder is missing or was built from another definition, and does nothing, in

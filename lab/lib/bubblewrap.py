@@ -36,7 +36,7 @@ ETC_ENTRIES = (
 
 def base_arguments(
     *, hostname: str, share_network: bool = False, bwrap: str = "bwrap", etc: str | None = None, sysfs: bool = True,
-    seccomp_fd: int | None = None, root: str | None = None,
+    seccomp_fd: int | None = None, root: str | None = None, writable_root: bool = False,
 ) -> list[str]:
     """Return the start of a ``bwrap`` command line: namespaces, identity, fresh kernel file
     systems and the read-only system folders (see the module's docstring).
@@ -54,7 +54,8 @@ def base_arguments(
     ``root`` names a root file system (a sandbox image, ``sandboxes.images``) bound read-only as
     ``/`` in place of the host's system folders and ``etc``: the sandbox then sees that image and
     the fresh ``/tmp``, ``/dev`` and ``/proc`` alone (the image must hold those folders, and any
-    other mount point a caller binds onto).
+    other mount point a caller binds onto). With ``writable_root``, ``root`` is bound writable: the
+    caller gives a folder of the sandbox's own (an overlay over an image, ``sandboxes.runtime.rootfs``).
     """
     args = [
         *(seccomp.file_prefix() if seccomp_fd is None else []),
@@ -66,7 +67,7 @@ def base_arguments(
         "--cap-drop", "ALL",
         "--die-with-parent",
         "--hostname", hostname,
-        *(["--ro-bind", root, "/"] if root is not None else []),
+        *([("--bind" if writable_root else "--ro-bind"), root, "/"] if root is not None else []),
         "--tmpfs", "/tmp",
         "--proc", "/proc",
         "--dev", "/dev",

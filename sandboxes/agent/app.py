@@ -12,7 +12,7 @@ clients call directly (docs/sandboxes.md "Data plane").
 | ``POST /v1/sandboxes/{id}/commands`` | sandbox | run a command; JSON result, or NDJSON events with ``"stream": true`` |
 | ``POST /v1/sandboxes/{id}/background`` | sandbox | start a command in the background; 201 ``{"id", "status"}`` |
 | ``GET /v1/sandboxes/{id}/background/{command id}`` | sandbox | its status, exit code and output |
-| ``PUT``/``GET /v1/sandboxes/{id}/files?path=`` | sandbox | write / read a file of /workspace or /tmp |
+| ``PUT``/``GET /v1/sandboxes/{id}/files?path=`` | sandbox | write / read a file of /workspace, /tmp or the sandbox's writable root |
 | ``/prime/{id}/...`` | sandbox | Prime's gateway (``sandboxes.agent.prime``) |
 
 A token that does not open the sandbox named in the path gets the same 404 as a sandbox this
@@ -35,7 +35,8 @@ from sandboxes.agent import prime, tokens
 from sandboxes.agent.http import AgentError, Request, send_bytes, send_json, send_stream
 from sandboxes.agent.sandbox import RunningSandbox, SandboxEnded, SandboxLog, warm_spec, with_slot
 from sandboxes.runtime.base import CommandRequest, RuntimeRefusal, SandboxSpec
-from sandboxes.runtime.local import LocalHost, command_directory
+from sandboxes.runtime.local import LocalHost
+from sandboxes.runtime.paths import command_directory
 
 _SANDBOX_ID = r"(?P<sandbox>[A-Za-z0-9_-]{1,64})"
 _ROUTES = [

@@ -40,7 +40,7 @@ from sandboxes.agent.command_session import SERVICE, StartRequest, StartResponse
 from sandboxes.agent.http import AgentError, Request, send_bytes, send_json
 from sandboxes.agent.sandbox import SandboxEnded
 from sandboxes.runtime.base import CommandRequest, RuntimeRefusal
-from sandboxes.runtime.local import command_directory
+from sandboxes.runtime.paths import command_directory
 
 #: The command timeout when the client sends no deadline (seconds; the SDK always sends one).
 DEFAULT_TIMEOUT_S = 300.0

@@ -27,7 +27,8 @@ from pathlib import Path
 from lab.lib import egress, seccomp
 from sandboxes.agent import supervisor as protocol
 from sandboxes.runtime.base import CommandRequest, CommandResult, RuntimeRefusal, SandboxSpec
-from sandboxes.runtime.local import AREAS, GIGABYTE, LocalHost
+from sandboxes.runtime.local import GIGABYTE, LocalHost
+from sandboxes.runtime.paths import AREAS
 
 #: The supervisor's source, run inside the sandbox by the sandbox's own Python.
 SUPERVISOR_SOURCE = Path(protocol.__file__).read_text()

@@ -7,9 +7,10 @@ moves files in and out.
 The sandbox runs under ``setpriv`` and ``prlimit`` (util-linux) then ``bwrap`` (``lab.lib.bubblewrap``): its own
 user, mount, PID, IPC, UTS and network namespaces (only its own loopback; one whose policy
 is ``egress`` also gets a firewalled way out, ``egress.py``), uid 1000 inside with every
-capability dropped, its image's root file system read-only as ``/`` (``sandboxes.images``:
+capability dropped, its image's root file system as ``/`` (``sandboxes.images``:
 Debian's Python 3.11 and a few packages, built on this machine by ``make sandbox-images``;
-nothing of the host's ``/usr`` or ``/etc``),
+nothing of the host's ``/usr`` or ``/etc``), writable as a container's root is where Lab runs as
+root (an overlay whose upper layer is on the sandbox's disk, ``rootfs``) and read-only otherwise,
 the work directory writable at ``/workspace``, its own ``/tmp`` and nothing else of the host, and
 Lab's seccomp filter (``lab.lib.seccomp``: new namespaces, mounts, tracing, keyrings, eBPF,
 modules and the like fail with EPERM). Its resource limits (setrlimit(2) through prlimit) are processes, open files and file size (the
@@ -20,8 +21,8 @@ agents on one machine never share a uid), so the process limit counts that sandb
 alone and a sandbox's files belong to no one else; otherwise every sandbox runs as Lab's user and
 the process limit is added to that user's current count.
 
-Its ``workspace`` and ``tmp`` live on one tmpfs of the sandbox's disk size (where the system lets
-the agent mount one), so all its files together stop there. They are bound by open descriptors (``--bind-fd``); bwrap still resolves
+Its ``workspace``, ``tmp`` and its root's upper layer live on one tmpfs of the sandbox's disk size
+(where the system lets the agent mount one), so all its files together stop there. They are bound by open descriptors (``--bind-fd``); bwrap still resolves
 their paths as the sandbox's uid, so the folders above them get search permission for others
 (``o+x``, never read: what Lab keeps there is 0700 and 0600). Files are read and written by the
 agent through descriptors opened one path component at a time with ``O_NOFOLLOW``: a symlink a
@@ -41,8 +42,10 @@ from pathlib import Path
 
 from lab.lib.bubblewrap import base_arguments
 from sandboxes import images as images_module
+from sandboxes.runtime import rootfs
 from sandboxes.runtime.base import WORKSPACE, RuntimeRefusal, SandboxSpec
 from sandboxes.runtime.cgroups import MemoryCgroups
+from sandboxes.runtime.paths import AREAS, ROOT, sandbox_parts
 
 #: Host uids of sandboxes when Lab runs as root: HOST_UID_BASE + block × HOST_UIDS_PER_AGENT +
 #: slot, each agent on the machine holding a block of its own (``claim_uid_block``).
@@ -53,12 +56,12 @@ HOST_UID_BLOCKS = 10
 UID_BLOCK_LOCKS = Path("/run/lab-sandboxes")
 #: Exit code of a command killed at its timeout (as coreutils' ``timeout`` says it).
 TIMEOUT_EXIT_CODE = 124
-#: The folders of a sandbox that files may be moved in and out of (inside path, host subfolder of
-#: its ``disk``).
-AREAS = {WORKSPACE: "workspace", "/tmp": "tmp"}
-#: mount(2) and umount2(2) flags (linux/mount.h).
+#: The subfolders of a sandbox's ``disk`` holding its root's upper layer and overlayfs's work
+#: directory (``rootfs``).
+ROOT_UPPER = "root"
+ROOT_WORK = "root-work"
+#: mount(2)'s flag for resizing a mounted tmpfs (linux/mount.h).
 _MS_REMOUNT = 32
-_MNT_DETACH = 2
 #: The variables every command starts with, before the sandbox's and the command's own.
 BASE_ENVIRONMENT = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -79,7 +82,9 @@ class LocalHost:
     ``workspace`` and ``tmp``) is a tmpfs of the sandbox's disk size, so that all its files
     together stop at it (ENOSPC); without, only each file is held (setrlimit's file size) and
     uploads are checked. ``disk_mounts`` is turned off at the first mount the system refuses.
-    ``uid_block`` is the block of host uids this agent holds (``claim_uid_block``). ``images`` is
+    With ``writable_roots`` (and Lab running as root), each sandbox's ``/`` is its image under an
+    overlay of its own (``rootfs``); turned off at the first overlay the system refuses, after
+    which roots are the read-only image. ``uid_block`` is the block of host uids this agent holds (``claim_uid_block``). ``images`` is
     the folder of the sandbox images (``sandboxes.images``; default ``images.images_dir()``).
     """
 
@@ -94,6 +99,7 @@ class LocalHost:
         setpriv: str = "setpriv",
         cgroups: MemoryCgroups | None = None,
         disk_mounts: bool = True,
+        writable_roots: bool = True,
         uid_block: int = 0,
         images: Path | None = None,
     ) -> None:
@@ -102,6 +108,9 @@ class LocalHost:
         self.uid_block = uid_block
         self.cgroups = cgroups
         self.disk_mounts = disk_mounts
+        self.writable_roots = writable_roots
+        #: Per host uid, a user namespace mapping root to it (``rootfs``'s idmapped image layers).
+        self._idmaps: dict[int, int] = {}
         self.max_processes = max_processes
         self.max_open_files = max_open_files
         self.bwrap = bwrap
@@ -122,6 +131,14 @@ class LocalHost:
     def workdir(self, spec: SandboxSpec) -> Path:
         """Return the host folder that is ``/workspace`` inside the sandbox."""
         return self.disk(spec) / "workspace"
+
+    def root_folder(self, spec: SandboxSpec) -> Path:
+        """Return the host folder where the sandbox's writable root is mounted (when it has one)."""
+        return self.folder(spec) / "root"
+
+    def has_writable_root(self, spec: SandboxSpec) -> bool:
+        """Return whether the sandbox's ``/`` is its overlay (``prepare`` mounted it), not the image."""
+        return os.path.ismount(self.root_folder(spec))
 
     def host_uid(self, spec: SandboxSpec) -> int | None:
         """Return the host uid the sandbox runs as, or None when Lab cannot switch (not root).
@@ -167,8 +184,9 @@ class LocalHost:
 
     def prepare(self, spec: SandboxSpec) -> None:
         """Create the sandbox's folder (0711) and its ``workspace`` and ``tmp`` (0700, owned by its
-        host uid); idempotent. RuntimeRefusal ``image_not_built`` first when its image is missing."""
-        self.image_root(spec)
+        host uid), and mount its writable root (``rootfs``, when Lab runs as root); idempotent.
+        RuntimeRefusal ``image_not_built`` first when its image is missing."""
+        image = self.image_root(spec)
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.folder(spec).mkdir(mode=0o711, exist_ok=True)
         self.disk(spec).mkdir(mode=0o711, exist_ok=True)
@@ -182,8 +200,18 @@ class LocalHost:
             path.mkdir(mode=0o700, exist_ok=True)
             if uid is not None:
                 os.chown(path, uid, uid)
+        if uid is not None and self.writable_roots and not self.has_writable_root(spec):
+            self._mount_root(spec, image, uid)
         if self.cgroups is not None:
             self.cgroups.create(self.cgroup(spec), int(spec.memory_gb * GIGABYTE))
+
+    def _mount_root(self, spec: SandboxSpec, image: Path, uid: int) -> None:
+        """Mount the sandbox's root overlay at ``root_folder`` (upper layer on its disk, 0700: no
+        other host user looks in); turn ``writable_roots`` off when the system refuses."""
+        upper, work = self.disk(spec) / ROOT_UPPER, self.disk(spec) / ROOT_WORK
+        for path in (upper, work, self.root_folder(spec)):
+            path.mkdir(mode=0o700, exist_ok=True)
+        self.writable_roots = rootfs.mount(image, target=self.root_folder(spec), upper=upper, work=work, uid=uid, idmaps=self._idmaps)
 
     def resize_disk(self, spec: SandboxSpec) -> None:
         """Set the running sandbox's disk to ``spec.disk_gb`` (its tmpfs remounted); OSError when
@@ -194,21 +222,18 @@ class LocalHost:
     def remove(self, spec: SandboxSpec) -> None:
         """Delete the sandbox's folder (symlinks in it are removed, never followed; its tmpfs
         unmounted) and its cgroup (its processes must be gone)."""
-        if os.path.ismount(self.disk(spec)):
-            _libc().umount2(os.fsencode(self.disk(spec)), _MNT_DETACH)
+        _unmount(self.folder(spec))
         shutil.rmtree(self.folder(spec), ignore_errors=True)
         if self.cgroups is not None:
             self.cgroups.remove(self.cgroup(spec))
 
     def sweep(self) -> int:
         """Delete what sandboxes of an earlier agent left under ``root`` (their processes ended
-        with it, their tmpfs stayed mounted); return how many folders. Only for a starting agent."""
+        with it, their mounts stayed); return how many folders. Only for a starting agent."""
         swept = 0
         for entry in self.root.iterdir() if self.root.is_dir() else ():
             if entry.name != ".system" and entry.is_dir() and not entry.is_symlink():
-                disk = entry / "disk"
-                if os.path.ismount(disk):
-                    _libc().umount2(os.fsencode(disk), _MNT_DETACH)
+                _unmount(entry)
                 shutil.rmtree(entry, ignore_errors=True)
                 swept += 1
         return swept
@@ -237,10 +262,11 @@ class LocalHost:
             "--core=0",
             "--",
         ]
+        writable = self.has_writable_root(spec)
         args = base_arguments(
             # A network namespace of its own always: one allowed egress gets slirp4netns's (``egress``).
-            hostname="sandbox", share_network=False, bwrap=self.bwrap,
-            root=str(self.image_root(spec)), sysfs=False, seccomp_fd=seccomp_fd,
+            hostname="sandbox", share_network=False, bwrap=self.bwrap, sysfs=False, seccomp_fd=seccomp_fd,
+            root=str(self.root_folder(spec) if writable else self.image_root(spec)), writable_root=writable,
         )
         args += ["--bind-fd", str(workspace_fd), WORKSPACE, "--bind-fd", str(tmp_fd), "/tmp", "--chdir", WORKSPACE, "--clearenv"]
         for name, value in sorted(BASE_ENVIRONMENT.items()):
@@ -254,8 +280,8 @@ class LocalHost:
     # --- files ------------------------------------------------------------------------------
 
     def write_file(self, spec: SandboxSpec, path: str, data: bytes) -> str:
-        """Write ``data`` at ``path`` (under /workspace or /tmp; parents created), owned by the
-        sandbox's uid; return the absolute path inside. Refused (RuntimeRefusal) when the sandbox's
+        """Write ``data`` at ``path`` (``sandbox_parts``: under /workspace, /tmp, or anywhere in a
+        writable root; parents created), owned by the sandbox's uid; return the absolute path inside. Refused (RuntimeRefusal) when the sandbox's
         folder would hold more than its disk (``disk_quota_exceeded``), and when ``path`` is
         anything but a regular file there (``invalid_path``; a FIFO a command left is opened
         without blocking, then refused)."""
@@ -283,7 +309,7 @@ class LocalHost:
                     raise
             finally:
                 os.close(fd)
-        return area + "/" + "/".join(parts)
+        return area.rstrip("/") + "/" + "/".join(parts)
 
     def read_file(self, spec: SandboxSpec, path: str, *, max_bytes: int, offset: int | None = None, length: int | None = None) -> tuple[bytes, int]:
         """Return a regular file's bytes (``offset``/``length`` a window of it; a negative offset
@@ -310,10 +336,13 @@ class LocalHost:
     @contextmanager
     def _directory(self, spec: SandboxSpec, area: str, parts: list[str], *, create: bool) -> Iterator[int]:
         """Yield a descriptor of the folder ``parts`` under the sandbox's ``area``, walked one
-        component at a time without following a symlink (created, for the sandbox's uid, when asked)."""
+        component at a time without following a symlink (created, for the sandbox's uid, when asked).
+        A path of the root (``ROOT``) of a sandbox whose root is the read-only image is refused."""
         uid = self.host_uid(spec)
+        if area == ROOT and not self.has_writable_root(spec):
+            raise RuntimeRefusal("invalid_path", "path must be inside /workspace or /tmp: this sandbox's root is read-only.")
         try:
-            fd = os.open(self.disk(spec) / AREAS[area], os.O_DIRECTORY | os.O_NOFOLLOW)
+            fd = os.open(self.root_folder(spec) if area == ROOT else self.disk(spec) / AREAS[area], os.O_DIRECTORY | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise RuntimeRefusal("file_not_found", "The sandbox has no files.") from None
         try:
@@ -336,43 +365,6 @@ class LocalHost:
             yield fd
         finally:
             os.close(fd)
-
-
-def sandbox_parts(path: str) -> tuple[str, list[str]]:
-    """Return the area (``/workspace`` or ``/tmp``) and the components below it of ``path``
-    (relative paths are in /workspace); raise RuntimeRefusal ``invalid_path`` for anything else."""
-    if isinstance(path, str) and path.startswith("/tmp/"):
-        return "/tmp", workspace_parts(WORKSPACE + path[len("/tmp"):])
-    return WORKSPACE, workspace_parts(path)
-
-
-def workspace_parts(path: str) -> list[str]:
-    """Return the components of ``path`` below /workspace (``"a/b"`` or ``"/workspace/a/b"``);
-    raise RuntimeRefusal ``invalid_path`` for anything that is not a plain path inside it."""
-    if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
-        raise RuntimeRefusal("invalid_path", "path must name a file in /workspace.")
-    relative = path
-    if path.startswith("/"):
-        if path != WORKSPACE and not path.startswith(WORKSPACE + "/"):
-            raise RuntimeRefusal("invalid_path", "path must be inside /workspace or /tmp.")
-        relative = path[len(WORKSPACE):]
-    parts = [part for part in relative.split("/") if part not in ("", ".")]
-    if not parts or ".." in parts:
-        raise RuntimeRefusal("invalid_path", "path must name a file in /workspace, without '..'.")
-    return parts
-
-
-def command_directory(cwd: str) -> str:
-    """Return the working directory inside the sandbox for ``cwd``: the workspace when empty, a
-    relative path below it, or any absolute path (it is resolved inside the sandbox, which sees
-    nothing of the host). Raises RuntimeRefusal ``invalid_path`` for a NUL or an overlong path."""
-    if not isinstance(cwd, str) or "\x00" in cwd or len(cwd) > 4096:
-        raise RuntimeRefusal("invalid_path", "cwd must be a path.")
-    if cwd in ("", ".", WORKSPACE, WORKSPACE + "/"):
-        return WORKSPACE
-    if cwd.startswith("/"):
-        return os.path.normpath(cwd)
-    return WORKSPACE + "/" + "/".join(workspace_parts(cwd))
 
 
 def disk_usage(directory: Path) -> int:
@@ -399,14 +391,16 @@ def _disk_bytes(spec: SandboxSpec) -> int:
     return max(1024 * 1024, int(spec.disk_gb * GIGABYTE))
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _mount_tmpfs(path: Path, options: str, *, flags: int = 0) -> bool:
     """Mount (or with ``_MS_REMOUNT`` resize) a tmpfs at ``path``; return whether the system let us."""
-    result = _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, options.encode())
+    result = rootfs.libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, options.encode())
     return result == 0
+
+
+def _unmount(folder: Path) -> None:
+    """Detach a sandbox folder's mounts, its root overlay before the disk its upper layer is on."""
+    rootfs.unmount(folder / "root")
+    rootfs.unmount(folder / "disk")
 
 
 def _path_refusal(error: OSError) -> RuntimeRefusal:

@@ -1,6 +1,7 @@
 """Sandbox images (sandboxes/images.py, docs/sandboxes.md "Images"): a sandbox's root is its
 image, Debian's Python 3.11 with numpy and pytest built by ``make sandbox-images``, bound
-read-only; nothing of the host outside it is there, and a sandbox of an image this machine has
+under an overlay of the sandbox's own (read-only where Lab does not run as root); nothing of the
+host outside it is there, and a sandbox of an image this machine has
 not built is refused saying how to build it; no file of the image is setuid or setgid, and a
 sandbox runs with no_new_privs. Each check first shows what the host has."""
 
@@ -48,15 +49,15 @@ def python(runtime: AgentRuntime, spec: SandboxSpec, code: str):
 
 
 def test_a_sandbox_runs_the_images_python_3_11_with_numpy_and_pytest(runtime, sandbox, image_root):
-    code = ("import json, os, sys, numpy, pytest; root = os.stat('/'); print(json.dumps([list(sys.version_info[:2]),"
-            " numpy.__version__, pytest.__version__, sys.executable, root.st_dev, root.st_ino, numpy.ones(3).sum()]))")
+    code = ("import json, os, sys, numpy, pytest; python = os.stat(os.path.realpath(sys.executable)); print(json.dumps(["
+            "list(sys.version_info[:2]), numpy.__version__, pytest.__version__, sys.executable, python.st_ino, numpy.ones(3).sum()]))")
     result = python(runtime, sandbox, code)
     assert result.exit_code == 0, result
-    version, numpy_version, pytest_version, executable, device, inode, total = json.loads(result.stdout)
+    version, numpy_version, pytest_version, executable, inode, total = json.loads(result.stdout)
     assert version == [3, 11] and numpy_version.startswith("1.") and pytest_version and total == 3.0
     assert executable == "/usr/bin/python3"
-    # The sandbox's / is the image's folder itself (a bind mount keeps its device and inode).
-    assert (device, inode) == (image_root.stat().st_dev, image_root.stat().st_ino)
+    # The sandbox runs the image's own files (a bind mount, or an overlay's lower layer, keeps their inodes).
+    assert inode == (image_root / "usr" / "bin" / "python3").resolve().stat().st_ino
 
 
 def test_a_sandbox_sees_nothing_of_the_host_outside_its_image(runtime, sandbox, image_root):
@@ -75,15 +76,21 @@ def test_a_sandbox_sees_nothing_of_the_host_outside_its_image(runtime, sandbox, 
     assert eval(listing) == sorted(os.listdir(image_root)), listing  # noqa: S307 - a list of names it printed
 
 
-def test_the_image_is_read_only_and_the_workspace_writable(runtime, sandbox, image_root):
+def test_a_sandbox_writes_over_its_image_and_the_image_stays_as_built(runtime, sandbox, image_root):
     passwd = (image_root / "etc" / "passwd").read_bytes()
-    command = ("for f in /usr/bin/python3 /etc/passwd /new /usr/lib/python3/dist-packages/numpy/x.py; do "
+    command = ("for f in /usr/bin/env /etc/passwd /new /usr/lib/python3/dist-packages/numpy/x.py; do "
                "echo evil > $f || echo refused $f; done; mkdir /usr/x || echo refused mkdir; echo ok > /workspace/ok && cat /workspace/ok")
-    result = runtime.run(sandbox, CommandRequest(argv=("/bin/sh", "-c", command), timeout_s=30))
-    assert result.stderr.count("Read-only file system") == 5, result
-    assert result.stdout.count("refused") == 5 and result.stdout.endswith("ok\n"), result
-    assert (image_root / "etc" / "passwd").read_bytes() == passwd and not (image_root / "new").exists()
     assert python(runtime, sandbox, "import getpass; print(getpass.getuser())").stdout == "sandbox\n"
+    result = runtime.run(sandbox, CommandRequest(argv=("/bin/sh", "-c", command), timeout_s=30))
+    if runtime.host_uid(sandbox) is None:  # no overlay without root: the image is the read-only root
+        assert result.stderr.count("Read-only file system") == 5, result
+        assert result.stdout.count("refused") == 5 and result.stdout.endswith("ok\n"), result
+    else:  # what it writes goes to its own root's upper layer
+        assert (result.stdout, result.stderr) == ("ok\n", ""), result
+        shown = runtime.run(sandbox, CommandRequest(argv=("/bin/sh", "-c", "cat /etc/passwd /new; ls -d /usr/x"), timeout_s=30))
+        assert shown.stdout == "evil\nevil\n/usr/x\n", shown
+    assert (image_root / "etc" / "passwd").read_bytes() == passwd and not (image_root / "new").exists()
+    assert not (image_root / "usr" / "x").exists() and (image_root / "usr" / "bin" / "env").stat().st_size > 1000
 
 
 def test_a_sandbox_of_an_image_not_built_is_refused_saying_how_to_build_it(owner, settings, tmp_path, monkeypatch):

@@ -134,11 +134,57 @@ def test_it_cannot_read_labs_data_dir_the_repository_or_etc_shadow(runtime, sand
     assert not any(str(settings.LAB_DATA_DIR).startswith(f"/{name}/") for name in listing if name not in ("tmp",))
 
 
-def test_it_cannot_write_outside_the_workspace(runtime, sandbox):
-    result = run(runtime, sandbox, "touch /usr/evil; touch /etc/passwd; echo x > /tmp/ok && echo tmp-ok")
-    assert "Read-only file system" in result.stderr
-    assert result.stdout == "tmp-ok\n"
-    assert not Path("/usr/evil").exists()
+def writable_root(runtime: AgentRuntime, spec: SandboxSpec) -> None:
+    """Skip unless the sandbox's root is writable (an overlay the agent mounts as root)."""
+    if runtime.host_uid(spec) is None:
+        pytest.skip("only an agent running as root mounts a sandbox's writable root")
+
+
+def test_writes_outside_the_workspace_land_in_the_sandboxs_own_root_and_nowhere_else(runtime, host, sandbox):
+    writable_root(runtime, sandbox)
+    image = host.image_root(sandbox)
+    passwd = (image / "etc" / "passwd").read_bytes()
+    result = run(runtime, sandbox, "touch /usr/evil && echo x >> /etc/passwd && mkdir -p /app && echo 42 > /app/a && cd /app && "
+                                   "cat a && stat -c %u:%a / /etc /etc/passwd && echo x > /tmp/ok && echo done")
+    assert (result.stdout, result.stderr) == ("42\n1000:700\n1000:755\n1000:644\ndone\n", ""), result
+    assert not Path("/usr/evil").exists() and not (image / "usr" / "evil").exists() and not (image / "app").exists()
+    assert (image / "etc" / "passwd").read_bytes() == passwd
+    assert (host.disk(sandbox) / "root" / "app" / "a").read_bytes() == b"42\n"
+    refused = run(runtime, sandbox, "echo x > /proc/sys/kernel/hostname")
+    assert "Permission denied" in refused.stderr, refused
+
+
+def test_two_sandboxes_of_one_image_never_see_each_others_root(runtime, host, sandbox):
+    writable_root(runtime, sandbox)
+    other = _spec("sbx_other_root")
+    runtime.start(other)
+    try:
+        assert run(runtime, sandbox, "echo mine > /etc/x && rm /usr/bin/perl && echo ok").stdout == "ok\n"
+        seen = run(runtime, other, "cat /etc/x; ls /usr/bin/perl")
+        assert seen.stdout == "/usr/bin/perl\n" and "No such file" in seen.stderr, seen
+        assert not (host.image_root(sandbox) / "etc" / "x").exists() and (host.image_root(sandbox) / "usr/bin/perl").exists()
+    finally:
+        runtime.destroy(other)
+    assert run(runtime, sandbox, "cat /etc/x").stdout == "mine\n"
+    root = host.root_folder(sandbox)
+    runtime.destroy(sandbox)
+    assert not os.path.ismount(root) and not host.folder(sandbox).exists()
+    assert not (host.image_root(sandbox) / "etc" / "x").exists()
+
+
+def test_it_moves_files_in_and_out_of_its_root_for_the_sandboxs_uid(runtime, host, sandbox):
+    writable_root(runtime, sandbox)
+    assert runtime.write_file(sandbox, "/app/src/main.py", b"print(6 * 7)\n") == "/app/src/main.py"
+    assert runtime.write_file(sandbox, "/etc/hosts", b"10.0.0.1 lab\n") == "/etc/hosts"
+    result = run(runtime, sandbox, "cd /app && python3 src/main.py > out.txt && stat -c %u src/main.py && cat /etc/hosts")
+    assert result.stdout == "1000\n10.0.0.1 lab\n", result
+    assert runtime.read_file(sandbox, "/app/out.txt", max_bytes=100) == b"42\n"
+    assert runtime.read_file(sandbox, "/usr/lib/os-release", max_bytes=10_000).startswith(b"PRETTY_NAME=")
+    assert b"lab" not in (host.image_root(sandbox) / "etc" / "hosts").read_bytes()
+    for path in ("/proc/self/environ", "/dev/null", "/tmp", "/workspace", "/", "/app/../../etc/passwd", "/bin/sh"):
+        with pytest.raises(RuntimeRefusal) as refused:
+            runtime.write_file(sandbox, path, b"x")
+        assert refused.value.code == "invalid_path", path
 
 
 @pytest.mark.parametrize("port", [5432, 6379])
@@ -241,11 +287,14 @@ def test_files_together_stop_at_the_disk_and_nothing_else_fills(runtime, host, s
     if os.geteuid() != 0:
         pytest.skip("only root mounts a tmpfs per sandbox: otherwise only each file is held")
     cap = 0.05 * 1024**3
+    # /usr/local is the image's: what is written there goes to the sandbox's root, on the same disk.
     result = run(runtime, sandbox, "for i in 1 2 3 4 5 6 7 8 9 10; do head -c 8000000 /dev/zero > /workspace/f$i || break; "
-                                   "head -c 8000000 /dev/zero > /tmp/g$i || break; done; echo wrote $i")
+                                   "head -c 8000000 /dev/zero > /tmp/g$i || break; "
+                                   "head -c 8000000 /dev/zero > /usr/local/h$i || break; done; echo wrote $i")
     assert "No space left on device" in result.stderr, result
     written = sum(path.stat().st_size for path in host.disk(sandbox).rglob("*") if path.is_file())
     assert cap * 0.8 < written <= cap
+    assert len(list((host.disk(sandbox) / "root" / "usr" / "local").glob("h*"))) >= 1
     with pytest.raises(RuntimeRefusal) as refused:
         runtime.write_file(sandbox, "more.bin", b"x" * 4_000_000)
     assert refused.value.code == "disk_quota_exceeded"
@@ -265,8 +314,8 @@ def test_it_does_not_see_another_sandboxs_files_or_processes(runtime, host, sand
         runtime.destroy(other)
 
 
-@pytest.mark.parametrize("path", ["../escape", "a/../../escape", "/etc/passwd", "/workspace/../etc/passwd", "", "a\x00b", "/workspacex/a"])
-def test_it_refuses_paths_outside_the_workspace(runtime, sandbox, path):
+@pytest.mark.parametrize("path", ["../escape", "a/../../escape", "/workspace/../etc/passwd", "/etc/../../x", "", "a\x00b", "/proc/1/environ"])
+def test_it_refuses_paths_that_leave_the_sandbox_or_name_nothing(runtime, sandbox, path):
     with pytest.raises(RuntimeRefusal) as refused:
         runtime.write_file(sandbox, path, b"x")
     assert refused.value.code == "invalid_path"

@@ -1,8 +1,9 @@
 """verifiers 0.4.0's v1 ``prime`` runtime (``PrimeRuntime``, what a taskset's agent runs in by
 default) against Lab with an attempt's sandbox key, as the engine hands it to an environment
-(``PRIME_API_BASE_URL``, ``PRIME_API_KEY``): with the work dir a Lab sandbox can write, it makes a
-sandbox of the attempt, runs commands and moves files there, and deletes it at teardown; its
-default ``/app`` and its live processes are what Lab's sandboxes lack (docs/prime-compat.md)."""
+(``PRIME_API_BASE_URL``, ``PRIME_API_KEY``): with its default config (work dir ``/app``, made in
+the sandbox's writable root) it makes a sandbox of the attempt, runs commands and moves files
+there (relative to ``/app`` and absolute), and deletes it at teardown; its live processes are what
+Lab's sandboxes lack (docs/prime-compat.md)."""
 
 from __future__ import annotations
 
@@ -39,23 +40,22 @@ def test_verifiers_prime_runtime_makes_runs_and_deletes_a_sandbox_of_the_attempt
         "PATH": os.environ["PATH"], "HOME": str(tmp_path), "PRIME_API_BASE_URL": f"{live_server.url}/prime",
         "PRIME_API_KEY": key["api_key"], "PRIME_DISABLE_VERSION_CHECK": "1",
     }
-    # Lab's writable work dir; verifiers' default (/app, python:3.11-slim).
-    configs = [[{"workdir": "/workspace"}, ["run", "write", "read", "live_process"]], [{}, ["run", "write"]]]
+    # verifiers' default config: work dir /app (python:3.11-slim's), which it makes with mkdir -p.
+    configs = [[{}, ["run", "write", "read", "write_absolute", "read_absolute", "run_on_written", "live_process"]]]
     done = subprocess.run([str(python), str(PROBE), json.dumps(configs)], env=environment, capture_output=True, text=True,
                           timeout=240, check=False)
     assert done.returncode == 0, done.stderr
-    workspace, default = (json.loads(line) for line in done.stdout.splitlines())
+    (default,) = (json.loads(line) for line in done.stdout.splitlines())
 
-    assert workspace["run"] == [0, "42 /workspace\n", ""]
-    assert (workspace["write"], workspace["read"]) == ("None", "b'42\\n'")
+    assert default["run"] == [0, "42 /app\n", ""], default
+    assert (default["write"], default["read"]) == ("None", "b'42\\n'"), default
+    assert (default["write_absolute"], default["read_absolute"]) == ("None", "b'in etc\\n'"), default
+    assert default["run_on_written"] == [0, "42\nin etc\n1000\n", ""], default
     # A live process (stdin, re-attach) is a command session Lab's gateway does not serve.
-    assert "unimplemented" in workspace["live_process_error"]
-    # verifiers' default work dir: Lab's sandbox has a read-only root, so its commands and files fail.
-    assert default["run"][0] != 0 and "can't cd to /app" in default["run"][2]
-    assert "path must be inside /workspace or /tmp" in default["write_error"]
+    assert "unimplemented" in default["live_process_error"]
 
     made = {row.public_id: row for row in Sandbox.objects.unscoped().filter(attempt=attempt)}
-    assert set(made) == {workspace["id"], default["id"]}
+    assert set(made) == {default["id"]}
     for row in made.values():
         assert (row.labels["lab.job"], row.labels["lab.attempt"]) == (attempt.job.public_id, "1")
         assert row.image == "python:3.11"  # python:3.11-slim maps to it

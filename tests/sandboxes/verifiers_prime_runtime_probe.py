@@ -1,6 +1,6 @@
 """Run verifiers 0.4.0's own v1 ``prime`` runtime (``verifiers.v1.runtimes.PrimeRuntime``) against
-Lab with the environment's Prime variables, as a rollout would: start, a command, a file written
-and read, a live process, teardown. Run with .venv-verifiers' Python; prints one JSON object per
+Lab with the environment's Prime variables, as a rollout would: start, commands, files written
+and read (relative to its work dir and absolute), a live process, teardown. Run with .venv-verifiers' Python; prints one JSON object per
 ``[PrimeConfig fields, [call names]]`` given (a JSON list) with what each call gave or raised."""
 
 import asyncio
@@ -21,6 +21,9 @@ async def probe(fields: dict, names: list[str]) -> dict:
             "run": lambda: runtime.run(["python3", "-c", "import os; print(6 * 7, os.getcwd())"], {}),
             "write": lambda: runtime.write("answer.txt", b"42\n"),
             "read": lambda: runtime._read("answer.txt"),
+            "run_on_written": lambda: runtime.run(["sh", "-c", "cat answer.txt /etc/probe/note; id -u"], {}),
+            "write_absolute": lambda: runtime.write("/etc/probe/note", b"in etc\n"),
+            "read_absolute": lambda: runtime._read("/etc/probe/note"),
             "live_process": lambda: runtime.open_process(["cat"], {}),
         }
         for name in names:
@@ -28,7 +31,7 @@ async def probe(fields: dict, names: list[str]) -> dict:
             try:
                 call = calls[name]
                 result = await call()
-                seen[name] = [result.exit_code, result.stdout, result.stderr] if name == "run" else repr(result)[:200]
+                seen[name] = [result.exit_code, result.stdout, result.stderr] if name.startswith("run") else repr(result)[:200]
             except Exception as error:  # noqa: BLE001 - what failed is the finding
                 seen[name + "_error"] = str(error)[:500]
             print(f"{name}: {time.monotonic() - started:.1f} s", file=sys.stderr)
