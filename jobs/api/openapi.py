@@ -276,7 +276,11 @@ ENVIRONMENT_BUILD = component(
             "hub_datasets": nullable(obj({
                 "sha256": STRING, "size_bytes": INTEGER, "files": INTEGER, "repositories": {"type": "array", "items": STRING},
             })) | {"description": "the Hugging Face Hub datasets loading fetched, kept beside the build for its jobs (null: none)"},
-            "reward_functions": {"type": "array", "items": obj({"name": STRING, "weight": NUMBER})},
+            "reward_functions": {"type": "array", "items": obj(
+                {"name": STRING, "weight": NUMBER,
+                 "runtime": BOOLEAN | {"description": "true: a v1 reward function that takes a runtime, scored in a sandbox of the job's attempt"}},
+                optional=("runtime",),
+            )},
             "secrets": {"type": "array", "items": STRING},
             "verifiers_version": nullable(STRING),
             "multi_turn": nullable(BOOLEAN) | {"description": "its episodes have several turns (null: not recorded by this build)"},

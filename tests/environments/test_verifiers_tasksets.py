@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from engine.environments import probe
 from engine.environments.verifiers_taskset import bridge_environment
 from tests.environments.verifiers_wheels import (
     SPELL_TASKSET,
@@ -278,3 +280,21 @@ def test_it_exits_2_offline_for_a_taskset_with_a_reward_that_runs_in_a_runtime(t
         "does not have: run it as a job on Lab"
     )
     assert not (tmp_path / "work" / "metrics.jsonl").exists()
+
+
+def test_a_build_records_which_reward_functions_take_a_runtime(tmp_path):
+    """The probe (a build's summary, ``lab envs info``) marks each reward function that takes a
+    runtime: a job scores it in a sandbox of its attempt."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "runtime-code"
+    out = tmp_path / "summary.json"
+    result = subprocess.run(
+        [str(require_verifiers_python()), "-s", probe.__file__, "runtime_code", "verifiers", "", str(out)],
+        env={**os.environ, "PYTHONPATH": str(fixture)}, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text())
+    assert (summary.get("error"), summary["api"], summary["multi_turn"]) == (None, "v1", False), summary
+    assert summary["reward_functions"] == [
+        {"name": "box_runs", "weight": 0.0, "runtime": True}, {"name": "prints_sum", "weight": 1.0, "runtime": True},
+        {"name": "short", "weight": 0.0},
+    ]

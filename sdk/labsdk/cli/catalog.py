@@ -142,7 +142,9 @@ def _build_rows(build) -> list[tuple[str, Any]]:
         else f"{parameter['name']}={json.dumps(parameter.get('default'), ensure_ascii=False)} ({parameter.get('type') or 'any'})"
         for parameter in build.parameters
     )
-    rewards = ", ".join(f"{function['name']} (weight {function.get('weight')})" for function in build.reward_functions)
+    rewards = ", ".join(
+        f"{function['name']} (weight {function.get('weight')}{', in a sandbox' if function.get('runtime') else ''})" for function in build.reward_functions
+    )
     if build.api == "v1" and build.multi_turn:  # an Env's record_reward terms are known only as it plays
         rewards = f"{rewards + '; ' if rewards else ''}and the terms its episodes record (trace.record_reward)"
     return [
