@@ -22,6 +22,7 @@ from tests.support.cli import LAB_SCRIPT
 from tests.support.envs_try import docs_listing, lab_try, make_v0_python, v0_folder
 from tests.support.load_environment_wheels import double_it_wheel
 from tests.support.openai_server import openai_server
+from tests.support.wheelbuilder import folder_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "environments"
@@ -115,6 +116,21 @@ def test_a_single_turn_verifiers_taskset_folder_scores_a_reply_with_its_own_rewa
         exact = 1.0 if word.upper() == "LENA" else 0.0
         assert example["functions"] == {"exact": exact, "shouted": exact, "capitals": 1.0, "terse": 1.0}
         assert example["reward"] == 1.0 * exact + 0.5 * exact + 0.25  # the weighted sum: 1.75 for the word itself
+
+
+def test_a_taskset_whose_rewards_take_a_runtime_is_refused_saying_they_need_a_job_on_lab(tmp_path):
+    """Its rewards run in sandboxes of a job's attempt, which ``lab envs try`` has not: refused as it
+    loads, naming them, never scored without them."""
+    require_verifiers_python()
+    filename, data = folder_wheel(REPO / "tests" / "environments" / "fixtures" / "runtime-code")
+    (tmp_path / filename).write_bytes(data)
+    result = lab_try(str(tmp_path / filename), "--reply", "print(3)", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.strip() == (
+        "error: environment local/runtime-code@0.1.0: its reward functions box_runs, prints_sum take a runtime (a box to run "
+        "in: verifiers' prime sandbox, on Lab's sandboxes of the job's attempt), which an engine without Lab (--offline, "
+        "lab envs try) does not have: run it as a job on Lab (environment_error)"
+    )
 
 
 def test_a_multi_turn_verifiers_env_folder_plays_its_episodes_with_the_reply_as_every_turn(tmp_path):
