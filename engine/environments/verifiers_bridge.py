@@ -946,8 +946,8 @@ def prepare_offline_script(source: str, *, what: str) -> str:
 
 #: The variables of the attempt's sandbox access, read by Prime's ``prime-sandboxes`` client.
 PRIME_VARIABLES = ("PRIME_API_BASE_URL", "PRIME_API_KEY")
-#: Where a reward's box works: the directory a Lab sandbox can write (its root is read-only,
-#: and verifiers' default ``/app`` is under it).
+#: Where a reward's box works: a Lab sandbox's work directory, which is writable on every agent
+#: (its root, and with it verifiers' default ``/app``, is read-only where the agent is not root).
 RUNTIME_WORKDIR = "/workspace"
 
 
