@@ -90,6 +90,7 @@ TRANSACTIONAL_MODULES: dict[str, str] = {
     "tests/sandboxes/test_python_env_tool.py": LIVE,
     "tests/sandboxes/test_sandbox_billing.py": THREADS,
     "tests/sandboxes/test_verifiers_prime_runtime.py": LIVE,
+    "tests/sandboxes/test_verifiers_runtime_rewards.py": LIVE,
     "tests/sandboxes/test_sandboxes_api.py": THREADS,
     "tests/sandboxes/test_sandboxes_sdk.py": LIVE,
     "tests/serving/test_dedicated_billing.py": THREADS,
