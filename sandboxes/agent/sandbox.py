@@ -135,22 +135,16 @@ class RunningSandbox:
 
     async def start(self) -> None:
         """Create the sandbox's folders, start its namespaces and supervisor, and wait until it
-        answers. Raises RuntimeRefusal ``start_failed`` when it does not within START_TIMEOUT_S."""
-        self.host.prepare(self.spec)
-        fds = [os.open(self.host.disk(self.spec) / AREAS[area], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW) for area in AREAS]
+        answers. Raises RuntimeRefusal ``start_failed`` when it does not within START_TIMEOUT_S;
+        whatever way it fails, what it made of the sandbox (folders, mounts, cgroup) is removed."""
         try:
-            fds.append(seccomp.memfd())
-            command = self.host.command_line(
-                self.spec, workspace_fd=fds[0], tmp_fd=fds[1], seccomp_fd=fds[2], program=SUPERVISOR_PROGRAM,
-            )
-            self.process = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, pass_fds=fds, start_new_session=True,
-                limit=MAX_FRAME_BYTES + protocol.HEADER.size,
-            )
-        finally:
-            for fd in fds:
-                os.close(fd)
+            await self._spawn()
+        except OSError as error:  # no bubblewrap, a mount or a cgroup refused: said without the host's paths
+            await self.stop()
+            raise RuntimeRefusal("start_failed", f"The sandbox could not start on its machine: {error.strerror or type(error).__name__}.") from None
+        except BaseException:
+            await self.stop()
+            raise
         self._reader = asyncio.create_task(self._read())
         self._tasks.add(asyncio.create_task(self._read_errors()))
         try:
@@ -168,6 +162,26 @@ class RunningSandbox:
             except (egress.EgressUnavailable, OSError, ValueError) as error:
                 await self.stop()
                 raise RuntimeRefusal("start_failed", f"The sandbox's network could not be set up: {error}") from None
+
+    async def _spawn(self) -> None:
+        """Create the sandbox's folders and mounts and start bubblewrap with its supervisor."""
+        self.host.prepare(self.spec)
+        fds = []
+        try:
+            for area in AREAS:
+                fds.append(os.open(self.host.disk(self.spec) / AREAS[area], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW))
+            fds.append(seccomp.memfd())
+            command = self.host.command_line(
+                self.spec, workspace_fd=fds[0], tmp_fd=fds[1], seccomp_fd=fds[2], program=SUPERVISOR_PROGRAM,
+            )
+            self.process = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, pass_fds=fds, start_new_session=True,
+                limit=MAX_FRAME_BYTES + protocol.HEADER.size,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     async def _read_errors(self) -> None:
         """Keep the last ``ERROR_BYTES`` the sandbox's first processes (bwrap, the supervisor)
