@@ -180,14 +180,17 @@ def install_wheels(packages: list[Package], workdir: Path) -> Path:
     return site
 
 
-def load_packages(packages: list[Package], site: Path, *, build_python: Path | None = None) -> None:
+def load_packages(
+    packages: list[Package], site: Path, *, build_python: Path | None = None, bridges: dict[str, verifiers_taskset.Bridge] | None = None,
+) -> None:
     """Load each of ``packages``, installed in ``site`` (`install_wheels`): a Lab-protocol one by
     importing it, a verifiers one through a verifiers bridge, a ``load_environment`` one on its
     build; register its environment in the catalogue (``engine.catalog.list_environments``).
 
     ``build_python`` stands for the environment of a ``load_environment`` package's build: the
     Python of an environment where its requirements are installed already (``lab envs try``),
-    whose bridge then starts without installing the build's lock.
+    whose bridge then starts without installing the build's lock. ``bridges`` holds, by package
+    id, a bridge already started for a package (`start_bridge`), which loads it instead of a new one.
 
     Raises InvalidEnvironment with a one-line message for an import that needs a module the
     engine's (or the verifiers) environment lacks (named in the message), an entry point that is
@@ -195,7 +198,17 @@ def load_packages(packages: list[Package], site: Path, *, build_python: Path | N
     verifiers version or exports no usable Taskset.
     """
     for package in packages:
-        _load(package, site, build_python)
+        _load(package, site, build_python, (bridges or {}).get(package.id))
+
+
+def start_bridge(package: Package, site: Path, *, build_python: Path | None = None) -> verifiers_taskset.Bridge:
+    """Start the bridge the verifiers ``package`` (installed in ``site``) runs in, as
+    `load_packages` starts it: the ``load_environment`` bridge on its build (``build_python`` as
+    `load_packages` takes it) for a package whose ``build`` is verifiers' v0 API, else the
+    verifiers bridge. Raises InvalidEnvironment as `load_packages` does."""
+    if _on_build(package):
+        return _start_on_build(package, site, build_python)
+    return _start_verifiers(package, site, _distribution(package, site))
 
 
 def entry_point_of(package: Package, site: Path) -> str | None:
@@ -252,14 +265,18 @@ def _url_reader(package: Package):
     return read
 
 
-def _load(package: Package, site: Path, build_python: Path | None) -> None:
-    if package.build and package.build.get("api") == "v0":
-        _load_on_build(package, site, build_python)
+def _on_build(package: Package) -> bool:
+    return bool(package.build and package.build.get("api") == "v0")
+
+
+def _load(package: Package, site: Path, build_python: Path | None, bridge: verifiers_taskset.Bridge | None = None) -> None:
+    if _on_build(package):
+        _register_bridge(package, site, bridge or _start_on_build(package, site, build_python))
         return
     distribution = _distribution(package, site)
     entry_points = [point for point in distribution.entry_points if point.group == ENTRY_POINT_GROUP]
     if not entry_points:
-        _load_verifiers(package, site, distribution)
+        _register_bridge(package, site, bridge or _start_verifiers(package, site, distribution))
         return
     point = entry_points[0]
     module = _import(package, point.module)
@@ -279,8 +296,8 @@ def _load(package: Package, site: Path, build_python: Path | None) -> None:
     register_environment(info)
 
 
-def _load_verifiers(package: Package, site: Path, distribution: importlib.metadata.Distribution) -> None:
-    """Start a verifiers bridge for the package, read its taskset's arguments and register it."""
+def _start_verifiers(package: Package, site: Path, distribution: importlib.metadata.Distribution) -> verifiers_taskset.Bridge:
+    """Start a verifiers bridge for the package, checking the verifiers version it requires."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     specifier = ""
@@ -291,18 +308,23 @@ def _load_verifiers(package: Package, site: Path, distribution: importlib.metada
             continue
         if requirement.name.lower() == "verifiers" and requirement.marker is None:
             specifier = str(requirement.specifier)
-    bridge = verifiers_taskset.start_bridge(package_id=package.id, site=site, workdir=site.parents[1], requires_verifiers=specifier)
-    info = verifiers_taskset.describe(bridge, package_id=package.id, name=package.name, summary=distribution.metadata["Summary"] or "")
+    return verifiers_taskset.start_bridge(package_id=package.id, site=site, workdir=site.parents[1], requires_verifiers=specifier)
+
+
+def _register_bridge(package: Package, site: Path, bridge: verifiers_taskset.Bridge) -> None:
+    """Read the arguments of the environment ``bridge`` loads and register it."""
+    info = verifiers_taskset.describe(
+        bridge, package_id=package.id, name=package.name, summary=_distribution(package, site).metadata["Summary"] or "",
+    )
     register_installed(package.id, verifiers_taskset.environment_class(info, bridge))
     register_environment(info)
 
 
-def _load_on_build(package: Package, site: Path, build_python: Path | None) -> None:
+def _start_on_build(package: Package, site: Path, build_python: Path | None) -> verifiers_taskset.Bridge:
     """Install ``package``'s build (or find it installed; ``build_python`` instead when given),
     unpack the organization's pushed datasets the build lists (``engine.dataset_snapshots``: the
     bridge starts among them) and the Hugging Face datasets it fetched (its ``hub_datasets``: the
-    bridge's ``HF_HOME``, read offline), start its ``load_environment`` bridge with the build's Python, read ``load_environment``'s
-    parameters and register it."""
+    bridge's ``HF_HOME``, read offline) and start its ``load_environment`` bridge with the build's Python."""
     lock = package.build.get("lock")
     if not isinstance(lock, list):
         raise InvalidEnvironment(f"package {package.id}: its build's lock is not a list of wheels")
@@ -321,13 +343,9 @@ def _load_on_build(package: Package, site: Path, build_python: Path | None) -> N
         package_id=package.id, python=python, site=site, workdir=workdir, secret_names=list(package.build.get("secrets") or []),
         cwd=datasets, hf_home=hf_home,
     )
-    info = verifiers_taskset.describe(
-        bridge, package_id=package.id, name=package.name, summary=_distribution(package, site).metadata["Summary"] or "",
-    )
-    register_installed(package.id, verifiers_taskset.environment_class(info, bridge))
-    register_environment(info)
     logger.info(
         "environment %s runs on build %s: its environment %s in %.2f s, its bridge started in %.2f s",
         package.id, package.build.get("number"), "installed" if installed else "found installed",
         ready - started, time.monotonic() - ready,
     )
+    return bridge

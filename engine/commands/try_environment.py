@@ -12,8 +12,10 @@ whose module defines ``load_environment`` (verifiers' v0 API) runs its bridge wi
 the Python of an environment that holds its requirements, as a job runs it on its build's; any
 other verifiers package (a v1 taskset, single- or multi-turn) runs the verifiers bridge with the
 engine's verifiers environment (``LAB_ENGINE_VERIFIERS_PYTHON``, or ``--python``). Before it
-loads, the package is probed as its build would probe it (``engine.environments.probe``) and the
-arguments are checked against what the probe recorded with the words of a submit
+loads, the package is probed as its build would probe it (``engine.environments.probe``): a
+Lab-protocol package in a process of its own, a verifiers package in the bridge it then loads in
+(the bridge's ``probe`` request), so verifiers and the package are imported once; the arguments
+are checked against what the probe recorded with the words of a submit
 (``labsdk.spec.argument_problems``); then the engine's own ``load_environment`` makes it. A
 ``load_environment`` package's bridge is given the variables ``--env`` names (their values are in
 this process's environment), as a job gives its secrets, and no other of them: a secret it declares
@@ -50,11 +52,19 @@ from types import SimpleNamespace
 from labsdk.spec import argument_problems
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from engine.catalog import list_models
 from engine.commands.common import EXIT_INVALID, EXIT_SUCCEEDED
 from engine.config import set_variable, setting
 from engine.environments import EnvironmentFailed, InvalidEnvironment, load_environment, probe
-from engine.environments.verifiers_taskset import PYTHON_VARIABLE, close_bridges, verifiers_python
-from engine.packages import Package, entry_point_of, install_wheels, load_packages
+from engine.environments.verifiers_taskset import (
+    PYTHON_VARIABLE,
+    Bridge,
+    BridgeFailed,
+    BridgeRefused,
+    close_bridges,
+    verifiers_python,
+)
+from engine.packages import Package, entry_point_of, install_wheels, load_packages, start_bridge
 
 #: The owner of a package tried before it is pushed (its id is ``local/<name>@<version>``).
 LOCAL_OWNER = "local"
@@ -82,38 +92,73 @@ def _package(wheel: Path) -> Package:
     return Package(id=f"{LOCAL_OWNER}/{canonicalize_name(name)}@{version}", sha256=digest, url=wheel.resolve().as_uri(), filename=wheel.name)
 
 
-def _probe(package: Package, site: Path, wheel: Path, workdir: Path, python: Path | None) -> tuple[str, dict]:
-    """Probe the installed package as its build would; return ``(kind, summary)`` (kind "lab" or
-    "verifiers", the probe's summary with ``api`` and ``parameters``)."""
+def _probe(package: Package, site: Path, wheel: Path, workdir: Path, python: Path | None, given: list[str]) -> tuple[str, dict, Bridge | None]:
+    """Probe the installed package as its build would; return ``(kind, summary, bridge)``: kind
+    "lab" or "verifiers", the probe's summary with ``api`` and ``parameters``, and the bridge a
+    verifiers package was probed in (`_probe_in_bridge`), which then loads it (None for a
+    Lab-protocol package, probed in a process of its own)."""
     entry_point = entry_point_of(package, site)
     module = package.name.replace("-", "_")
+    if entry_point is not None:  # in the engine's own process, as a job imports it
+        return "lab", _probe_lab(module, entry_point, site, workdir), None
+    version_zero = probe.is_load_environment_module(probe.module_source(wheel, module))
+    if version_zero and python is None:
+        raise TryFailed(
+            "environment_error",
+            f"{package.id.split('/', 1)[1]} defines load_environment (verifiers' v0 API), which a job runs on its build's "
+            "environment: pass --python, the Python of an environment that holds its requirements (verifiers<0.4 and the rest), "
+            "such as one made with `python3 -m venv /tmp/v0-env && /tmp/v0-env/bin/pip install 'verifiers<0.4' datasets` "
+            "(and the package's own requirements; offline: docs/environments.md, \"Trying a package before pushing\")",
+        )
+    interpreter = python or verifiers_python()
+    if not interpreter.exists():
+        raise TryFailed("environment_error", f"{interpreter} does not exist (`make install` creates .venv-verifiers; --python names another)")
+    return "verifiers", *_probe_in_bridge(_as_tried(package, version_zero, given), site, module, python, version_zero)
+
+
+def _as_tried(package: Package, version_zero: bool, given: list[str]) -> Package:
+    """``package`` as ``lab envs try`` loads it: a ``load_environment`` one (``version_zero``) on
+    a build of verifiers' v0 API whose bridge is given the variables ``given`` names (`_secrets`)."""
+    if not version_zero:
+        return package
+    return Package(id=package.id, sha256=package.sha256, url=package.url, filename=package.filename,
+                   build={"number": None, "api": "v0", "lock": [], "secrets": given})
+
+
+def _probe_in_bridge(package: Package, site: Path, module: str, python: Path | None, version_zero: bool) -> tuple[dict, Bridge | None]:
+    """Start the bridge the verifiers ``package`` runs in (its ``load_environment`` bridge on
+    ``python`` when ``version_zero``, else the verifiers bridge, on ``python`` when given) and
+    probe the package in it (the ``probe`` request, as its build probes it): the package and
+    verifiers are imported once, for the probe and the examples alike. Return the summary and
+    the bridge (None when the probe found the other kind of package). Raises TryFailed, InvalidEnvironment when the bridge cannot start."""
+    if python is not None and not version_zero:
+        set_variable(PYTHON_VARIABLE, str(python))  # the verifiers bridge's interpreter
+    bridge = start_bridge(package, site, build_python=python)
+    try:
+        summary = bridge.request("probe", timeout=PROBE_TIMEOUT_S, module=module, as_job=not version_zero)
+    except BridgeFailed as error:
+        raise TryFailed("environment_error", f"importing and loading the package failed: {error}") from None
+    except BridgeRefused as refusal:
+        raise TryFailed("environment_error", f"importing and loading the package failed: {refusal}") from None
+    if summary.get("error"):
+        raise TryFailed("environment_error", summary["error"])
+    if (summary["api"] == "v0") != version_zero:  # read as one kind from its source, probed as the other
+        bridge.close()  # loaded as the probe found it, in the bridge of that kind
+        return summary, None
+    return summary, bridge
+
+
+def _probe_lab(module: str, entry_point: str, site: Path, workdir: Path) -> dict:
+    """Probe the Lab-protocol package ``module`` (its class ``entry_point``) with the engine's
+    Python in a process of its own; return its summary. Raises TryFailed."""
     environment = {
         "PATH": setting("PATH", os.defpath), "HOME": str(workdir), "LANG": "C.UTF-8", "TMPDIR": str(workdir),
         "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
+        "PYTHONPATH": os.pathsep.join([str(_ENGINE_ROOT), str(site)]),
     }
-    version_zero = False
-    if entry_point is not None:  # in the engine's own process, as a job imports it
-        kind, interpreter = "lab", Path(sys.executable)
-        environment["PYTHONPATH"] = os.pathsep.join([str(_ENGINE_ROOT), str(site)])
-    else:
-        kind = "verifiers"
-        version_zero = probe.is_load_environment_module(probe.module_source(wheel, module))
-        if version_zero and python is None:
-            raise TryFailed(
-                "environment_error",
-                f"{package.id.split('/', 1)[1]} defines load_environment (verifiers' v0 API), which a job runs on its build's "
-                "environment: pass --python, the Python of an environment that holds its requirements (verifiers<0.4 and the rest), "
-                "such as one made with `python3 -m venv /tmp/v0-env && /tmp/v0-env/bin/pip install 'verifiers<0.4' datasets` "
-                "(and the package's own requirements; offline: docs/environments.md, \"Trying a package before pushing\")",
-            )
-        interpreter = python or verifiers_python()
-        environment["PYTHONPATH"] = str(site)
-    if not interpreter.exists():
-        raise TryFailed("environment_error", f"{interpreter} does not exist (`make install` creates .venv-verifiers; --python names another)")
     out = workdir / "probe.json"
-    command = [str(interpreter), "-s", probe.__file__, module, kind, entry_point or "", str(out)]
-    if kind == "lab" or not version_zero:
-        command.append("engine")  # installed as a job installs it: a missing module is one the engine lacks
+    # installed as a job installs it ("engine"): a missing module is one the engine lacks
+    command = [sys.executable, "-s", probe.__file__, module, "lab", entry_point, str(out), "engine"]
     try:
         result = subprocess.run(command, cwd=workdir, env=environment, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -124,7 +169,7 @@ def _probe(package: Package, site: Path, wheel: Path, workdir: Path, python: Pat
     summary = json.loads(out.read_text())
     if summary.get("error"):
         raise TryFailed("environment_error", summary["error"])
-    return kind, summary
+    return summary
 
 
 def _check_arguments(package: Package, args: dict, summary: dict) -> None:
@@ -157,16 +202,18 @@ def try_package(options: argparse.Namespace) -> dict:
     wheel = Path(options.wheel)
     if not wheel.is_file():
         raise TryFailed("environment_error", f"{wheel}: no such file")
+    if options.model and options.model not in list_models():  # refused before the package loads, as it would be after
+        raise TryFailed("model_not_found", f"unknown model {options.model!r}: see `lab models`")
     package = _package(wheel)
     workdir = Path(options.workdir)
     site = install_wheels([package], workdir)
-    kind, summary = _probe(package, site, wheel, workdir, options.python)
-    _check_arguments(package, options.args, summary)
     given = list(options.env or [])
+    kind, summary, bridge = _probe(package, site, wheel, workdir, options.python, given)
+    _check_arguments(package, options.args, summary)
     build_python = None
     if summary["api"] == "v0":
-        package = Package(id=package.id, sha256=package.sha256, url=package.url, filename=package.filename,
-                          build={"number": None, "api": "v0", "lock": [], "secrets": _secrets(package, summary, given)})
+        _secrets(package, summary, given)
+        package = _as_tried(package, True, given)
         build_python = options.python
     elif given:
         raise TryFailed(
@@ -176,7 +223,7 @@ def try_package(options: argparse.Namespace) -> dict:
         )
     elif options.python is not None:
         set_variable(PYTHON_VARIABLE, str(options.python))  # the verifiers bridge's interpreter
-    load_packages([package], site, build_python=build_python)
+    load_packages([package], site, build_python=build_python, bridges={package.id: bridge} if bridge else None)
     env = load_environment(package.id, options.args, seed=options.seed)
     env.limits = {"max_turns": options.max_turns, "max_input_tokens": None, "max_output_tokens": None}
     examples = []

@@ -13,6 +13,11 @@ On start, before reading anything, a bridge writes its hello (``{"ok": true, "re
 the error that keeps it from serving, then it exits with status 1). A request names its operation
 as ``op`` and its arguments as the other keys; an end of stdin ends the program.
 
+Every bridge also answers ``probe {module[, as_job]}`` (``probe`` here): what a build's probe
+(``probe.py``, beside this file) records of the package's module ``module``, made in the bridge's
+own process, where the package and verifiers are then imported already for the requests that
+follow (``lab envs try`` probes a package so, as its build probes it, then loads it).
+
 Multi-turn episodes run on a bridge's event loop as ``Rounds``: each model call of an episode
 becomes a request the engine answers, a round of every pending call at a time (``start`` and
 ``reply`` in the verifiers bridge's docstring); ``chat_message`` and ``function_spec`` write a
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import inspect
 import itertools
 import json
@@ -33,6 +39,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 SPLITS = ("train", "eval", "val")
 
@@ -261,17 +268,27 @@ def parse_tool_calls(text: str, call_prefix: str) -> tuple[str | None, list[dict
     return content or None, calls
 
 
+def probe(module: str, as_job: bool = False) -> dict:
+    """``probe``'s answer: the summary ``probe.summary`` makes of the verifiers package whose
+    top-level module is ``module`` (installed as a job installs it when ``as_job``), or its
+    ``{"error": ...}``; what loading changed of this process is put back (``probe.summary``)."""
+    spec = importlib.util.spec_from_file_location("environment_probe", Path(__file__).resolve().with_name("probe.py"))
+    probing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probing)
+    return probing.summary(module, "verifiers", "", as_job=bool(as_job))
+
+
 def answer(handler, request: dict, *, operations: tuple[str, ...], refused: tuple[str, ...] = (), what: str) -> dict:
     """Answer one request with the handler's method of its ``op`` (one of ``operations``; one of
-    ``refused`` is ``unsupported``, any other ``invalid_request``). A BridgeError is answered as
+    ``refused`` is ``unsupported``, any other ``invalid_request``), or ``probe`` (``probe``). A BridgeError is answered as
     it says, a missing module as ``missing_module`` (``what`` needs it), any other exception (the
     package's own code) as ``invalid_taskset``, its traceback on stderr: the bridge keeps serving."""
     try:
         operation = request.get("op")
         arguments = {key: value for key, value in request.items() if key != "op"}
-        if operation not in operations:
+        if operation not in (*operations, "probe"):
             raise BridgeError("unsupported" if operation in refused else "invalid_request", f"unknown op {operation!r}")
-        method = getattr(handler, operation)
+        method = probe if operation == "probe" else getattr(handler, operation)
         try:
             inspect.signature(method).bind(**arguments)
         except TypeError as error:

@@ -3,8 +3,10 @@
 Run by the builder (``environments.builder.build``) with the Python of the package's own built
 environment (``python -I probe.py MODULE KIND [ENTRY_POINT] OUT``), or, for a Lab-protocol package,
 with the engine's Python and the built environment's ``site-packages`` appended to ``sys.path``
-(as the engine runs them); ``lab envs try`` runs it the same way on a package installed in its
-own folder (``engine.commands.try_environment``). Standard library only: it runs beside whatever
+(as the engine runs them); ``lab envs try`` runs it the same way on a Lab-protocol package
+installed in its own folder, and ``summary`` inside a verifiers package's bridge (its ``probe``
+request, engine/environments/bridge_protocol.py), which then loads the package
+(``engine.commands.try_environment``). Standard library only: it runs beside whatever
 the package installed. `is_load_environment_module` tells verifiers' v0 form from its source,
 for the builder and ``lab envs try`` alike, without running it.
 
@@ -109,10 +111,11 @@ def _qualified(value: Any) -> str:
 BUILD_PLACEHOLDER = "lab-build-has-no-secrets"
 
 
-def _record_ensure_keys(package: Any, secrets: list[str]) -> None:
+def _record_ensure_keys(package: Any, secrets: list[str], replaced: list[tuple[Any, str, Any]]) -> None:
     """Replace verifiers' ``ensure_keys`` (v0), where the package reaches it, with one that records
     the keys and never raises: a build has no secrets; a job's are checked against this list.
-    Each key reads ``BUILD_PLACEHOLDER`` from then on, if unset.
+    Each key reads ``BUILD_PLACEHOLDER`` from then on, if unset. Appends ``(owner, name, original)``
+    to ``replaced`` for each attribute replaced.
 
     Only once the package is imported, and only modules it imported: a package that never
     imports verifiers does not pay for its import here."""
@@ -125,9 +128,11 @@ def _record_ensure_keys(package: Any, secrets: list[str]) -> None:
     for name in ("verifiers.legacy.utils.config_utils", "verifiers.legacy", "verifiers.utils.config_utils", "verifiers"):
         module = sys.modules.get(name)
         if module is not None and "ensure_keys" in getattr(module, "__dict__", {}):
+            replaced.append((module, "ensure_keys", module.ensure_keys))
             module.ensure_keys = ensure_keys
     for name, value in list(vars(package).items()):
         if getattr(value, "__name__", None) == "ensure_keys" and getattr(value, "__module__", "").startswith("verifiers"):
+            replaced.append((package, name, value))
             setattr(package, name, ensure_keys)
 
 
@@ -181,12 +186,10 @@ def _taskset(module: Any) -> Any | None:
 
 
 def _task_rewards(taskset: type) -> list[dict[str, Any]]:
-    """The ``@vf.reward`` methods (``[{"name", "weight"[, "runtime": true]}]``, by descending
-    priority then name, as verifiers orders them) of the ``Task`` class the taskset's generic bases
-    name (``vf.Taskset[MyTask, MyConfig]``); ``[]`` when none does. ``runtime`` marks one that
-    takes a runtime (a ``runtime`` parameter without a default, as verifiers tells them): a job
-    scores it in a sandbox of its attempt. Rewards a config plugs in are not seen before a job
-    opens the taskset."""
+    """The ``@vf.reward`` methods (``[{"name", "weight"}]``, by descending priority then name, as
+    verifiers orders them) of the ``Task`` class the taskset's generic bases name
+    (``vf.Taskset[MyTask, MyConfig]``); ``[]`` when none does. Rewards a config plugs in are not
+    seen before a job opens the taskset."""
     for klass in taskset.__mro__:
         for base in getattr(klass, "__orig_bases__", ()):
             for argument in typing.get_args(base):
@@ -201,16 +204,8 @@ def _task_rewards(taskset: type) -> list[dict[str, Any]]:
                             del marked[name]
                 if marked:
                     ordered = sorted(marked.items(), key=lambda item: (-getattr(item[1], "reward_priority", 0), item[0]))
-                    return [
-                        {"name": name, "weight": float(getattr(function, "_vf_weight", 1.0)), **({"runtime": True} if _takes_runtime(function) else {})}
-                        for name, function in ordered
-                    ]
+                    return [{"name": name, "weight": float(getattr(function, "_vf_weight", 1.0))} for name, function in ordered]
     return []
-
-
-def _takes_runtime(function: Any) -> bool:
-    parameter = inspect.signature(function).parameters.get("runtime")
-    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def _v1_multi_turn(module: Any, taskset: type, config: Any) -> bool:
@@ -241,14 +236,15 @@ def _taskset_config(taskset: Any, module_name: str) -> Any | None:
     return taskset_config_type(module_name)
 
 
-def _probe_verifiers(module_name: str) -> tuple[dict[str, Any], MakeRollout]:
+def _probe_verifiers(module_name: str, replaced: list[tuple[Any, str, Any]]) -> tuple[dict[str, Any], MakeRollout]:
     secrets: list[str] = []
     module = importlib.import_module(module_name)
-    _record_ensure_keys(module, secrets)
+    _record_ensure_keys(module, secrets, replaced)
     taskset = _taskset(module)
     if taskset is not None:
         config = _taskset_config(taskset, module_name)
         fields = getattr(config, "model_fields", {}) if config is not None else {}
+        multi_turn = _v1_multi_turn(module, taskset, config)
         return {
             "api": "v1",
             "description": _one_line(taskset.__doc__),
@@ -262,8 +258,8 @@ def _probe_verifiers(module_name: str) -> tuple[dict[str, Any], MakeRollout]:
             "eval_dataset_size": None,
             "reward_functions": _task_rewards(taskset),
             "secrets": secrets,
-            "multi_turn": _v1_multi_turn(module, taskset, config),
-        }, lambda smoke: smoke.v1_rollout(taskset, config)
+            "multi_turn": multi_turn,
+        }, lambda smoke: smoke.v1_episodes_rollout(module_name) if multi_turn else smoke.v1_rollout(taskset, config)
     load_environment = getattr(module, "load_environment", None)
     if not callable(load_environment):
         raise ProbeError(
@@ -378,38 +374,59 @@ def unpushed_dataset_message(name: str, hub: str | None = None) -> str:
     )
 
 
-def main(argv: list[str]) -> int:
-    """``MODULE KIND ENTRY_POINT OUT [engine] [rollout]``: with ``engine``, the package was
-    installed as a job installs it (no dependencies), so a missing module is one the engine lacks;
-    with ``rollout`` (a build), a smoke rollout follows the loading (``run_rollout``: the summary's
-    ``rollout``), and one that raises is the summary's error (``rollout_failed_message``)."""
-    module_name, kind, entry_point, out = argv[:4]
-    as_job = "engine" in argv[4:]
-    smoke = "rollout" in argv[4:]
+def summary(module_name: str, kind: str, entry_point: str, *, as_job: bool, smoke: bool = False) -> dict[str, Any]:
+    """Import the module ``module_name`` (``kind`` "lab": the class ``entry_point`` names), load it
+    with its defaults and return what ``OUT`` holds (the module docstring): the summary, or
+    ``{"error": ...}``. ``as_job``: the package was installed as a job installs it (no
+    dependencies), so a missing module is one the engine lacks; ``smoke`` (a build): a smoke
+    rollout follows the loading (``run_rollout``: the summary's ``rollout``), and one that raises
+    is the error (``rollout_failed_message``).
+
+    What loading changed of this process for a build (the variables set to ``BUILD_PLACEHOLDER``,
+    verifiers' ``ensure_keys`` replaced) is put back before it returns, so a bridge that probes a
+    package in its own process (``lab envs try``, engine/environments/bridge_protocol.py) then
+    loads it as a job would."""
+    environ = dict(os.environ)
+    replaced: list[tuple[Any, str, Any]] = []
     try:
-        summary, make_rollout = _probe_lab(entry_point) if kind == "lab" else _probe_verifiers(module_name)
-        summary["verifiers_version"] = _verifiers_version()
+        found, make_rollout = _probe_lab(entry_point) if kind == "lab" else _probe_verifiers(module_name, replaced)
+        found["verifiers_version"] = _verifiers_version()
         if smoke:
             rollouts = _smoke_rollout_module()
             try:
-                summary["rollout"] = rollouts.run_rollout(make_rollout(rollouts))
+                found["rollout"] = rollouts.run_rollout(make_rollout(rollouts))
             except Exception as error:  # noqa: BLE001 - the package's own code raised: its traceback is the log
                 traceback.print_exc()
-                summary = {"error": rollouts.rollout_failed_message(error)}
+                found = {"error": rollouts.rollout_failed_message(error)}
     except ProbeError as error:
-        summary = {"error": str(error)}
+        found = {"error": str(error)}
     except ModuleNotFoundError as error:
         traceback.print_exc()
         needs = f"importing it needs the module '{error.name}'"
-        summary = {"error": not_in_engine(needs) if as_job else f"{needs}, which none of its requirements installs: add the distribution that provides it to its dependencies"}
+        found = {"error": not_in_engine(needs) if as_job else f"{needs}, which none of its requirements installs: add the distribution that provides it to its dependencies"}
     except Exception as error:  # noqa: BLE001 - the package's own code raised: its traceback is the log
         traceback.print_exc()
         name = dataset_loaded_by_name(error)
-        summary = {"error": unpushed_dataset_message(name) if name else f"loading it raised {type(error).__name__}: {str(error)[:500]}"}
-    with open(out, "w", encoding="utf-8") as handle:
-        json.dump(summary, handle)
-    return 0
+        found = {"error": unpushed_dataset_message(name) if name else f"loading it raised {type(error).__name__}: {str(error)[:500]}"}
+    finally:
+        for owner, name, original in reversed(replaced):
+            setattr(owner, name, original)
+        for name in [name for name in os.environ if environ.get(name) != os.environ[name]]:
+            if name in environ:
+                os.environ[name] = environ[name]
+            else:
+                del os.environ[name]
+    return found
 
+
+def main(argv: list[str]) -> int:
+    """``MODULE KIND ENTRY_POINT OUT [engine] [rollout]``: write ``summary``'s answer to ``OUT``,
+    ``engine`` its ``as_job``, ``rollout`` its ``smoke``."""
+    module_name, kind, entry_point, out = argv[:4]
+    found = summary(module_name, kind, entry_point, as_job="engine" in argv[4:], smoke="rollout" in argv[4:])
+    with open(out, "w", encoding="utf-8") as handle:
+        json.dump(found, handle)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

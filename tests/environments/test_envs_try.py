@@ -1,7 +1,9 @@
 """``lab envs try`` as a subprocess, with no Lab running: a package of every kind, written the way
 its ecosystem writes it, loaded as a job loads it, its examples shown and replies scored, and its
 arguments refused with a submit's words (labsdk/cli/try_environment.py,
-engine/commands/try_environment.py)."""
+engine/commands/try_environment.py). A run costs seconds (a bridge imports verifiers), so a test
+reads all it checks from as few runs as it can: the text a ``--json`` run's answer prints as, and
+an argument check against the parameters a run's probe recorded, are checked in this process."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from pathlib import Path
 
 import pytest
 from labsdk.cli._options import _UsageError
-from labsdk.cli.try_environment import parse_arguments, parse_variables
+from labsdk.cli.try_environment import _print_tried, package_wheel, parse_arguments, parse_variables
 
+from engine.commands.try_environment import TryFailed, _check_arguments
+from engine.packages import Package
 from tests.environments.verifiers_wheels import calc_wheel, require_verifiers_python
 from tests.support.cli import LAB_SCRIPT
 from tests.support.envs_try import docs_listing, lab_try, make_v0_python, v0_folder
@@ -38,6 +42,20 @@ def v0_python(tmp_path_factory) -> Path:
     """The Python of an environment holding a load_environment package's requirements (verifiers
     0.3.1, datasets and openai, from the local package index), as a user's own would."""
     return make_v0_python(tmp_path_factory.mktemp("v0") / "venv")
+
+
+@pytest.fixture(scope="module")
+def vowel_count_wheel(tmp_path_factory) -> str:
+    """vowel-count's wheel, built once as ``lab envs try`` builds its folder, for the tests whose
+    subject is not the folder's build (test_a_lab_package_folder_... tries the folder itself)."""
+    return str(package_wheel(EXAMPLES / "vowel-count", tmp_path_factory.mktemp("vowel-count")))
+
+
+def rendered(answer: dict, capsys) -> list[str]:
+    """The lines ``lab envs try`` prints without ``--json`` for the answer ``--json`` printed."""
+    capsys.readouterr()
+    _print_tried(answer)
+    return capsys.readouterr().out.splitlines()
 
 
 def test_it_reads_args_as_json_or_toml():
@@ -87,8 +105,8 @@ def test_a_lab_package_folder_shows_its_examples_and_scores_a_reply_as_a_job_wou
     assert f"  reply: {first['answer']}\n  reward 1   exact 1  close 1\n" in scored.stdout
 
 
-def test_arguments_are_refused_with_the_words_of_a_submit_every_problem_at_once(tmp_path):
-    result = lab_try(str(EXAMPLES / "vowel-count"), "--args", '{max_digit = 3, min_length = "three"}', cwd=tmp_path)
+def test_arguments_are_refused_with_the_words_of_a_submit_every_problem_at_once(tmp_path, vowel_count_wheel):
+    result = lab_try(vowel_count_wheel, "--args", '{max_digit = 3, min_length = "three"}', cwd=tmp_path)
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
@@ -96,7 +114,7 @@ def test_arguments_are_refused_with_the_words_of_a_submit_every_problem_at_once(
         "  env.0.args.max_digit: 'vowel-count@0.1.0' takes no argument 'max_digit': it takes min_length, max_length [unknown_key]",
         "  env.0.args.min_length: 'min_length' of 'vowel-count@0.1.0' must be an integer (int), not a string [invalid_type]",
     ]
-    out_of_range = lab_try(str(EXAMPLES / "vowel-count"), "--args", "{min_length = 9, max_length = 4}", cwd=tmp_path)
+    out_of_range = lab_try(vowel_count_wheel, "--args", "{min_length = 9, max_length = 4}", cwd=tmp_path)
     assert out_of_range.returncode == 1
     assert out_of_range.stderr.strip() == "error: vowel-count needs 1 <= min_length <= max_length <= 20 (environment_error)"
 
@@ -171,8 +189,8 @@ def test_a_tool_using_taskset_is_tried_calling_its_tool_then_answering_and_names
     assert "used_tool 1" in result.stdout
 
 
-def test_several_replies_for_a_single_turn_environment_are_refused_saying_to_give_one(tmp_path):
-    result = lab_try(str(EXAMPLES / "vowel-count"), "--reply", "1", "--reply", "2", cwd=tmp_path)
+def test_several_replies_for_a_single_turn_environment_are_refused_saying_to_give_one(tmp_path, vowel_count_wheel):
+    result = lab_try(vowel_count_wheel, "--reply", "1", "--reply", "2", cwd=tmp_path)
     assert result.returncode == 1
     assert "2 replies (--reply) for a single-turn environment, whose episodes have one turn: give one --reply" in result.stderr
 
@@ -192,16 +210,19 @@ def test_a_load_environment_wheel_runs_on_the_python_that_holds_its_requirements
     wheel = tmp_path / filename
     wheel.write_bytes(data)
 
-    refused = lab_try(str(wheel), "--python", str(v0_python), "--args", "{level = 2}", cwd=tmp_path)
-    assert refused.returncode == 1
-    assert refused.stderr.splitlines()[1] == (
-        "  env.0.args.level: 'double-it@0.1.0' takes no argument 'level': its load_environment takes num_examples [unknown_key]"
-    )
-
     reply = "<answer>4</answer>"
     result = tried(lab_try(str(wheel), "--python", str(v0_python), "--args", "{num_examples = 4}", "--n", "4",
                            "--reply", reply, "--json", cwd=tmp_path))
     assert result["environment"]["api"] == "v0" and result["environment"]["args"] == {"num_examples": 4}
+    recorded = {"api": result["environment"]["api"], "parameters": result["environment"]["parameters"]}  # what its probe recorded
+    assert recorded["parameters"] == [{"name": "num_examples", "default": 8, "type": "int", "required": False}]
+    # an argument load_environment does not take is refused with these words (printed as the vowel-count refusal shows)
+    with pytest.raises(TryFailed) as refused:
+        _check_arguments(Package(id="local/double-it@0.1.0", sha256="", url="", filename=filename), {"level": 2}, recorded)
+    assert (refused.value.code, refused.value.errors) == ("invalid_spec", [{
+        "param": "env.0.args.level", "code": "unknown_key",
+        "message": "'double-it@0.1.0' takes no argument 'level': its load_environment takes num_examples",
+    }])
     numbers = sorted(int(re.search(r"What is (\d+) doubled\?", example["messages"][-1]["content"]).group(1)) for example in result["examples"])
     assert numbers == [0, 1, 2, 3]
     for example in result["examples"]:
@@ -212,13 +233,13 @@ def test_a_load_environment_wheel_runs_on_the_python_that_holds_its_requirements
         assert example["reward"] == pytest.approx(exact + 0.1 * (1 - len(reply) / 64))
 
 
-def test_a_catalogue_model_samples_the_replies_it_scores(tmp_path):
-    result = tried(lab_try(str(EXAMPLES / "vowel-count"), "--model", "lab/tiny-random-llama", "--max-tokens", "6", "--n", "2",
+def test_a_catalogue_model_samples_the_replies_it_scores(tmp_path, vowel_count_wheel):
+    result = tried(lab_try(vowel_count_wheel, "--model", "lab/tiny-random-llama", "--max-tokens", "6", "--n", "2",
                            "--json", cwd=tmp_path))
     for example in result["examples"]:
         assert isinstance(example["reply"], str) and example["turns"] == 1
         assert set(example["functions"]) == {"exact", "close"} and example["reward"] == example["functions"]["exact"]
-    unknown = lab_try(str(EXAMPLES / "vowel-count"), "--model", "acme/no-such-model", cwd=tmp_path)
+    unknown = lab_try(vowel_count_wheel, "--model", "acme/no-such-model", cwd=tmp_path)
     assert unknown.returncode == 1
     assert unknown.stderr.strip() == "error: unknown model 'acme/no-such-model': see `lab models` (model_not_found)"
 
@@ -252,11 +273,11 @@ def test_a_dependency_the_engine_lacks_is_named_as_a_job_names_it(tmp_path):
     assert "none of its requirements installs" not in result.stderr
 
 
-def test_a_reader_that_goes_away_ends_it_quietly(tmp_path):
+def test_a_reader_that_goes_away_ends_it_quietly(tmp_path, vowel_count_wheel):
     """``lab envs try ... --json | head``: no "error: [Errno 32] Broken pipe", exit 141 as a shell reports SIGPIPE."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("LAB_") and name != "PYTHONPATH"}
     env.update(NO_COLOR="1", LAB_BASE_URL="http://127.0.0.1:9")
-    command = [str(LAB_SCRIPT), "envs", "try", str(EXAMPLES / "vowel-count"), "--json"]
+    command = [str(LAB_SCRIPT), "envs", "try", vowel_count_wheel, "--json"]
     process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     process.stdout.close()  # the reader is gone before the JSON is written
     stderr = process.stderr.read()
@@ -277,7 +298,7 @@ def _probed(python: Path, folder: Path, module: str, tmp_path: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def test_the_docs_multi_turn_load_environment_plays_its_episodes_as_written(tmp_path, v0_python):
+def test_the_docs_multi_turn_load_environment_plays_its_episodes_as_written(tmp_path, v0_python, capsys):
     code = docs_listing("**Multi-turn**: a `vf.MultiTurnEnv` subclass")
     folder = v0_folder(tmp_path, "nc-guess", code, description="Guess a number.")
     result = tried(lab_try(str(folder), "--python", str(v0_python), "--n", "20", "--reply", "<guess>1</guess>", "--json", cwd=tmp_path))
@@ -294,9 +315,7 @@ def test_the_docs_multi_turn_load_environment_plays_its_episodes_as_written(tmp_
             assert example["reply"].count("Higher.") == 3, example["reply"]
     assert len(outcomes) > 10 and outcomes.count((1.0, 1)) <= 2  # the secrets are 1 + 7i mod 10: rows 0 and 10 hold 1
 
-    shown = lab_try(str(folder), "--python", str(v0_python), "--n", "1", "--reply", "<guess>1</guess>", cwd=tmp_path)
-    assert shown.returncode == 0, shown.stderr
-    lines = shown.stdout.splitlines()
+    lines = rendered(result, capsys)  # as printed without --json
     assert lines[:2] == ["nc-guess@0.1.0: load_environment (verifiers v0), multi-turn",
                          "  Guess a number from 1 to max_number, told higher or lower after each guess."]
     assert lines[3].startswith("  reward = 1 × solved"), lines[:4]
@@ -304,7 +323,7 @@ def test_the_docs_multi_turn_load_environment_plays_its_episodes_as_written(tmp_
     assert (recorded["multi_turn"], recorded["description"]) == (True, environment["description"])
 
 
-def test_the_docs_tool_load_environment_calls_its_tool_then_answers_as_written(tmp_path, v0_python):
+def test_the_docs_tool_load_environment_calls_its_tool_then_answers_as_written(tmp_path, v0_python, capsys):
     code = docs_listing("**Tool**: `vf.ToolEnv(tools=[...])`")
     folder = v0_folder(tmp_path, "nc-tools", code, description="Multiply with a tool.")
     call = '<tool_call>{"name": "multiply", "arguments": {"a": 2, "b": 5}}</tool_call>'
@@ -323,9 +342,7 @@ def test_the_docs_tool_load_environment_calls_its_tool_then_answers_as_written(t
         assert (example["turns"], example["functions"]["multiply_calls"]) == (2, 1.0)
     assert any("What is 2 times 5?" in example["messages"][-1]["content"] for example in result["examples"])
 
-    shown = lab_try(str(folder), "--python", str(v0_python), "--n", "1", "--reply", call, "--reply", "<answer>10</answer>", cwd=tmp_path)
-    assert shown.returncode == 0, shown.stderr
-    lines = shown.stdout.splitlines()
+    lines = rendered(result, capsys)  # as printed without --json
     assert lines[:2] == ["nc-tools@0.1.0: load_environment (verifiers v0), multi-turn", "  Multiply with a tool."]
     assert lines[3].startswith("  reward = 1 × correct"), lines[:4]
     assert _probed(v0_python, folder, "nc_tools", tmp_path)["multi_turn"] is True
@@ -388,8 +405,8 @@ def test_env_options_give_a_load_environment_its_secret_and_nothing_else_of_the_
     assert malformed.returncode == 2 and "-e NC_JUDGE_KEY: give KEY=VALUE" in malformed.stderr
 
 
-def test_env_options_are_refused_for_a_package_whose_jobs_give_it_no_variables(tmp_path):
-    refused = lab_try(str(EXAMPLES / "vowel-count"), "-e", "NC_JUDGE_KEY=sk-given", cwd=tmp_path)
+def test_env_options_are_refused_for_a_package_whose_jobs_give_it_no_variables(tmp_path, vowel_count_wheel):
+    refused = lab_try(vowel_count_wheel, "-e", "NC_JUDGE_KEY=sk-given", cwd=tmp_path)
     assert refused.returncode == 1
     assert "-e gives variables to a load_environment environment's bridge; vowel-count" in refused.stderr
 

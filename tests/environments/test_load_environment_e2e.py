@@ -35,7 +35,7 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the stack shares a PostgreSQL test database"),
 ]
 
-#: The engine's line saying how long the build's environment took (engine.packages._load_on_build).
+#: The engine's line saying how long the build's environment took (engine.packages._start_on_build).
 ON_BUILD = re.compile(r"runs on build \d+: its environment (installed|found installed) in ([\d.]+) s, its bridge started in ([\d.]+) s")
 
 
