@@ -3,16 +3,21 @@ with ``rollout``): ``ROLLOUT_EXAMPLES`` train examples rolled out against a stub
 chat endpoint served in this process on 127.0.0.1 (``stub_chat_endpoint``; in the build's sandbox,
 offline), each scored by the environment's rubric, so that a build that passes is one a job can
 start on: a Lab-protocol environment's ``score``, verifiers' own ``run_rollout`` of a
-``load_environment`` environment (single- or multi-turn), a v1 task's ``score`` of one turn.
+``load_environment`` environment (single- or multi-turn), a single-turn v1 task's ``score`` of
+one turn, and a multi-turn v1 taskset's whole episodes as the engine's verifiers bridge plays them
+in a job (``v1_episodes_rollout``: its ``start``/``reply`` rounds, each turn answered by the stub).
 
 Standard library only at import, as the probe: it runs beside whatever the package installed,
-loaded by its path from the probe's folder (``load``).
+loaded by its path from the probe's folder, as it loads the verifiers bridge
+(``verifiers_bridge.py`` and ``bridge_protocol.py``, copied beside it by the builder) when a
+multi-turn v1 taskset is rolled out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import sys
@@ -22,6 +27,7 @@ import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 #: The key the stub endpoint's clients send (it checks none).
@@ -35,6 +41,12 @@ ROLLOUT_REPLY = "42"
 ROLLOUT_MODEL = "lab-build-stub"
 #: The longest one example's rollout may take, in seconds.
 ROLLOUT_TIMEOUT_S = 120
+#: The most turns of each agent in one episode of a multi-turn v1 taskset (the job's
+#: ``[[env]] max_turns``, as the verifiers bridge caps them): enough for the environment's own
+#: turn code to answer the first reply and run again.
+ROLLOUT_MAX_TURNS = 4
+#: The most rounds of turns (``reply``) a multi-turn smoke rollout plays before it gives up.
+ROLLOUT_MAX_ROUNDS = 64
 
 #: A rollout of the smoke run: given the stub endpoint's base URL, run ``ROLLOUT_EXAMPLES``
 #: examples; return their rewards, and what it could not score offline (``_out_of_reach``).
@@ -47,6 +59,11 @@ SANDBOXED_CLASSES = ("SandboxEnv", "PythonEnv")
 
 class RolloutSkipped(Exception):
     """The environment cannot be rolled out in a build; the message says why."""
+
+
+class EpisodeFailed(Exception):
+    """An episode of a multi-turn v1 taskset ended in an error: the message is the verifiers
+    bridge's text of it (``Type: message``, what the environment's own code raised)."""
 
 
 @contextlib.contextmanager
@@ -134,9 +151,11 @@ def run_rollout(rollout: Rollout) -> dict[str, Any]:
 
 
 def rollout_failed_message(error: BaseException) -> str:
-    """What a build whose smoke rollout raised ``error`` is told: the exception and the fix."""
+    """What a build whose smoke rollout raised ``error`` is told: the exception and the fix (an
+    ``EpisodeFailed`` names the exception the episode's text names)."""
+    what = str(error) if isinstance(error, EpisodeFailed) else f"{type(error).__name__}: {error}"
     return (
-        f"the environment's rollout raised {type(error).__name__}: {' '.join(str(error).split())[:500]} "
+        f"the environment's rollout raised {' '.join(what.split())[:500]} "
         f"(it loads, but a smoke rollout of {ROLLOUT_EXAMPLES} train examples, every model reply \"{ROLLOUT_REPLY}\", "
         f"failed, and a job's first rollout would fail alike); try it locally with `lab envs try PACKAGE --reply {ROLLOUT_REPLY}`, "
         "and make its rollout and rubric take any reply (the build log has the traceback)"
@@ -314,5 +333,79 @@ def v1_rollout(taskset: type, config: Any) -> Rollout:
         finally:
             loop.close()
         return rewards, unscored
+
+    return rollout
+
+
+def _verifiers_bridge() -> Any:
+    """The engine's verifiers bridge (``verifiers_bridge.py``, beside this file), loaded by its
+    path as the probe loads this module."""
+    spec = importlib.util.spec_from_file_location("lab_verifiers_bridge", Path(__file__).resolve().with_name("verifiers_bridge.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _offline_scoring(bridge: Any, unscored: list[str]) -> Callable:
+    """The bridge's ``score_trace`` for a build: offline, the reward functions that take a runtime
+    left out (as ``v1_rollout``; a build has no sandboxes), and a judge's client error
+    (``_out_of_reach``) leaving its reward unscored (appended to ``unscored``), not the episode failed."""
+    score_trace = bridge.score_trace
+
+    async def scored(opened: Any, task: Any, trace: Any, *, finalize: bool = False) -> None:
+        opened.runtime_rewards = []
+        try:
+            await score_trace(opened, task, trace, finalize=finalize)
+        except Exception as error:  # noqa: BLE001 - verifiers wraps the task's own error (TaskError): read its cause
+            cause = error.__cause__ or error
+            if not _out_of_reach(cause):
+                raise
+            unscored.append(f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}")
+            for name in [name for name, reward in trace.rewards.items() if reward is None]:
+                del trace.rewards[name]
+
+    return scored
+
+
+def v1_episodes_rollout(module_name: str) -> Rollout:
+    """A multi-turn v1 taskset's rollout (one that exports a ``vf.Env`` of its own, or whose
+    tasks use tools), played as a job plays it: the engine's verifiers bridge opens the taskset
+    (module ``module_name``) with its defaults, starts an episode on each of its first
+    ``ROLLOUT_EXAMPLES`` train tasks (each agent capped at ``ROLLOUT_MAX_TURNS`` turns, verifiers'
+    episode deadline ``ROLLOUT_TIMEOUT_S``) and plays them round by round, every turn answered
+    by the endpoint, until each ends; its rewards are the episodes' (the Env's own and the task's
+    reward functions). The environment's turn code (the Env's ``run``, a tool, a ``@stop``, a
+    user simulator) runs as in a job; an episode that ended in an error raises ``EpisodeFailed``
+    naming it, a taskset the bridge refuses its ``BridgeError``."""
+
+    def rollout(base_url: str) -> tuple[list[float], list[str]]:
+        bridge_module = _verifiers_bridge()
+        unscored: list[str] = []
+        bridge_module.score_trace = _offline_scoring(bridge_module, unscored)
+        bridge = bridge_module.Bridge(None)
+        try:
+            handle = bridge.open(module_name, {})["handle"]
+            tasks = bridge.tasks(handle, "train", 0, ROLLOUT_EXAMPLES, 0)["tasks"]
+            played = bridge.start(handle, [task["id"] for task in tasks], limits={"max_turns": ROLLOUT_MAX_TURNS}, timeout_s=ROLLOUT_TIMEOUT_S)
+            started, finished = played["episodes"], list(played["finished"])
+            for _ in range(ROLLOUT_MAX_ROUNDS):
+                if not played["requests"]:
+                    break
+                answers = [
+                    {"request": request["request"], "text": chat_reply(base_url, request["messages"]), "input_tokens": 1, "output_tokens": 1}
+                    for request in played["requests"]
+                ]
+                played = bridge.reply(handle, answers)
+                finished += played["finished"]
+            else:
+                raise EpisodeFailed(f"RuntimeError: the episodes still asked for turns after {ROLLOUT_MAX_ROUNDS} rounds")
+        finally:
+            bridge.close()
+            bridge.loop.close()
+        ended = {episode["episode"]: episode for episode in finished}
+        for episode in started:
+            if ended[episode].get("error"):
+                raise EpisodeFailed(ended[episode]["error"])
+        return [float(ended[episode]["reward"]) for episode in started], unscored
 
     return rollout

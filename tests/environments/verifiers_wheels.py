@@ -197,6 +197,14 @@ __all__ = ["GuessTaskset", "GuessEnv"]
 '''
 
 
+#: ``GUESS_ENV`` whose own turn code raises: the Env's ``run`` takes the player's first reply, then
+#: raises ``RuntimeError("the referee left")`` where it would send its feedback (turn 2).
+REFEREE_LEFT_ENV = GUESS_ENV.replace(
+    '                feedback = "That is not a number."',
+    '                raise RuntimeError("the referee left")\n                feedback = "That is not a number."',
+)
+
+
 def guess_wheel(name: str = "guess-env", version: str = "0.1.0", *, source: str = GUESS_ENV) -> tuple[str, bytes]:
     """Return ``(file name, bytes)`` of a verifiers-form wheel exporting ``GuessTaskset`` and ``GuessEnv``."""
     module = name.replace("-", "_")
