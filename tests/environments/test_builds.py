@@ -34,7 +34,7 @@ from environments.models import BuildStatus, EnvironmentBuild, EnvironmentPackag
 from environments.wheels import WheelInfo
 from jobs.admission import admission_pass
 from jobs.models import Job
-from tests.environments.verifiers_wheels import spell_wheel
+from tests.environments.verifiers_wheels import REFEREE_LEFT_ENV, guess_wheel, spell_wheel
 from tests.support.environments import push
 from tests.support.load_environment_wheels import TINY_SINGLE_TURN, tiny_single_turn_wheel
 from tests.support.wheelbuilder import ADDITION_LIKE, build_wheel
@@ -122,6 +122,23 @@ def test_a_load_environment_package_whose_reward_function_raises_on_a_reply_fail
     assert "`lab envs try PACKAGE --reply 42`" in build.error
     log = build_log(build)
     assert "Traceback (most recent call last)" in log and "in short" in log
+
+
+@pytest.mark.system
+def test_a_multi_turn_v1_tasksets_build_plays_whole_episodes_and_one_whose_second_turn_raises_fails(owner, index):
+    build = build_run(_pushed_build(owner, guess_wheel()).pk)
+    assert build.status == BuildStatus.READY, build_log(build)
+    assert (build.summary["api"], build.summary["multi_turn"]) == ("v1", True)
+    # "42" is over every secret (at most 20): numeric alone scores, 1 x 0.25, over 4 turns of "Lower."
+    assert (build.summary["rollout"]["examples"], build.summary["rollout"]["rewards"]) == (2, [0.25, 0.25])
+
+    # Its turn 2 raises: the episode fails in the build, as it would in the job's first rollout.
+    build = build_run(_pushed_build(owner, guess_wheel("referee-left", source=REFEREE_LEFT_ENV)).pk)
+    assert build.status == BuildStatus.FAILED, build_log(build)
+    assert build.error.startswith(
+        "the environment's rollout raised EnvError: GuessEnv.run(): RuntimeError: the referee left (it loads, but a smoke rollout"
+    ), build.error
+    assert "episode e1 failed: EnvError: GuessEnv.run(): RuntimeError: the referee left" in build_log(build)
 
 
 @pytest.mark.system
