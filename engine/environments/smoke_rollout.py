@@ -290,7 +290,8 @@ def _v1_messages(task: Any) -> list[dict]:
 
 
 def v1_rollout(taskset: type, config: Any) -> Rollout:
-    """A v1 taskset's rollout: its first tasks with the default config, each one's opening sent to
+    """A single-turn v1 taskset's rollout (a multi-turn one's: ``v1_episodes_rollout``): its first
+    tasks with the default config, each one's opening sent to
     the endpoint and the reply scored as one turn by the task's own rewards (``Task.score`` on the
     trace, offline, as ``vf-replay`` scores; rewards that need a runtime are left out, as there)."""
 
