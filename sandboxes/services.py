@@ -34,6 +34,7 @@ from lab.ids import public_id
 from lab.models import Organization, Project
 from sandboxes import placement
 from sandboxes.kept_logs import keep_log
+from sandboxes.labels import LABEL_KEY, with_labels
 from sandboxes.models import ACTIVE_STATUSES, NetworkPolicy, Sandbox, SandboxStatus
 from sandboxes.runtime.agent import AgentRuntime
 from sandboxes.runtime.base import RuntimeRefusal, SandboxSpec
@@ -52,9 +53,8 @@ LIMITS = {
     "disk_gb": (0.01, 20.0, 1.0),
     "timeout_s": (1, 86_400, 3600),
 }
-#: Variables and labels: names like shell variables and label keys like Kubernetes' (≤ 63 chars).
+#: Variables: names like shell variables (label keys: sandboxes.labels).
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,61}[A-Za-z0-9])?$")
 _MAX_VARIABLES = 100
 #: A start command's bounds: arguments, and characters in all (verifiers 0.3.0's PythonEnv sends 3,572).
 _MAX_START_ARGUMENTS = 256
@@ -151,7 +151,7 @@ def _labels(value: Any, problems: _Problems) -> dict[str, str]:
         problems.add("labels", "invalid", f"labels must be an object of at most {_MAX_LABELS} string labels.")
         return {}
     for key, item in value.items():
-        if not _LABEL_KEY.match(key) or not isinstance(item, str) or len(item) > 63 or "\x00" in item:
+        if not LABEL_KEY.match(key) or not isinstance(item, str) or len(item) > 63 or "\x00" in item:
             problems.add(f"labels.{key}", "invalid", "A label needs a short key and a string value of at most 63 characters.")
     return dict(value)
 
@@ -311,9 +311,7 @@ def sandbox_list(*, project: Project, labels: dict[str, str] | None = None, atte
     sandboxes = Sandbox.objects.for_project(project).select_related("attempt__job")
     if attempt_id is not None:
         sandboxes = sandboxes.filter(attempt_id=attempt_id)
-    for key, value in (labels or {}).items():
-        sandboxes = sandboxes.filter(labels__contains={key: value})
-    return sandboxes
+    return with_labels(sandboxes, labels or {})
 
 
 def sandbox_delete(*, sandbox: Sandbox, actor: Actor) -> Sandbox:

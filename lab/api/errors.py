@@ -19,22 +19,10 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
 from lab.errors import FieldError, LabError, not_found
+from lab.lib.error_types import error_type
 
 logger = logging.getLogger(__name__)
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "payment_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    406: "invalid_request_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
 
 
 #: The HTTP status of each error code (docs/api.md "Conventions"). A LabError answers with the
@@ -117,10 +105,9 @@ def error_body(
     status: int, code: str, message: str, param: str | None = None, errors: list[FieldError] | None = None
 ) -> dict[str, Any]:
     """Return the error body for ``status`` (the ``type`` is derived from the status)."""
-    error_type = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {
         "error": {
-            "type": error_type,
+            "type": error_type(status),
             "code": code,
             "message": message,
             "param": param,

@@ -27,7 +27,7 @@ from typing import Any
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter
 
-from lab.api.errors import ERROR_TYPES
+from lab.lib.error_types import ERROR_TYPES
 
 Schema = dict[str, Any]
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from lab.lib.error_types import error_type
+
 
 class AgentError(Exception):
     """A refusal: HTTP ``status``, Lab's error ``code``, a message and the field (``param``)."""
@@ -21,8 +23,7 @@ class AgentError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status == 400 else "api_error"
-        return {"error": {"type": kind, "code": self.code, "message": self.message, "param": self.param, "errors": []}}
+        return {"error": {"type": error_type(self.status), "code": self.code, "message": self.message, "param": self.param, "errors": []}}
 
 
 @dataclass

@@ -27,8 +27,8 @@ from django.http import JsonResponse
 from billing.accounts import BLOCKER_MESSAGES, organization_run_blocker
 from billing.tokens import token_price, token_usage_record
 from lab.api.auth import INVALID_API_KEY, api_key_from_authorization
-from lab.api.errors import ERROR_TYPES
 from lab.api.throttling import over_limit
+from lab.lib.error_types import error_type
 from lab.models import ApiKey, ApiKeyScope
 from serving.models import DeploymentStatus, ServerStatus
 from serving.selectors import callable_deployment, ready_deployments
@@ -47,8 +47,7 @@ class InferenceError(Exception):
 
     def body(self) -> dict:
         """OpenAI's error body."""
-        kind = ERROR_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": error_type(self.status), "param": self.param, "code": self.code}}
 
     def response(self) -> JsonResponse:
         """The error as an HTTP answer (with ``Retry-After`` when it names a wait)."""

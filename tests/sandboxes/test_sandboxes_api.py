@@ -260,6 +260,18 @@ def test_the_reaper_stops_sandboxes_past_their_lifetime_and_deletes_their_files(
 # --- bulk delete -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("key", ['a"b', "$.env", "env__contains", "x" * 200, "a'b", "a b"])
+def test_a_label_filter_whose_key_no_label_has_lists_none_and_deletes_none(owner, key):
+    create(owner, labels={"env": "a"})
+
+    listed = owner.client().get(BASE, {f"label[{key}]": "a"})
+    deleted = owner.client().post(f"{BASE}/bulk-delete", {"labels": {key: "a"}}, format="json")
+
+    assert (listed.status_code, listed.json()["data"]) == (200, [])
+    assert deleted.status_code in (200, 400), deleted.content
+    assert Sandbox.objects.unscoped().get().status == SandboxStatus.RUNNING
+
+
 def test_bulk_delete_stops_the_ids_named_and_the_active_ones_with_every_label(owner, host):
     named = create(owner)["id"]
     batch = [create(owner, labels={"run": "7", "env": "code"})["id"] for _ in range(2)]
