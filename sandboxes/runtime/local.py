@@ -296,7 +296,7 @@ class LocalHost:
                 raise _path_refusal(error) from None
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise RuntimeRefusal("invalid_path", "The path is not a regular file.")
+                    raise RuntimeRefusal("invalid_path", _NOT_A_FILE)
                 os.ftruncate(fd, 0)
                 if uid is not None:
                     os.fchown(fd, uid, uid)
@@ -321,10 +321,11 @@ class LocalHost:
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
             except OSError as error:
                 raise _path_refusal(error) from None
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):  # a folder, a FIFO, a device: before Python's file object refuses it
+                os.close(fd)
+                raise RuntimeRefusal("invalid_path", _NOT_A_FILE)
             with os.fdopen(fd, "rb") as handle:
-                status = os.fstat(handle.fileno())
-                if not stat.S_ISREG(status.st_mode):
-                    raise RuntimeRefusal("invalid_path", "The path is not a regular file.")
                 size = status.st_size
                 start = 0 if offset is None else (max(0, size + offset) if offset < 0 else min(offset, size))
                 wanted = size - start if length is None else max(0, min(length, size - start))
@@ -403,11 +404,20 @@ def _unmount(folder: Path) -> None:
     rootfs.unmount(folder / "disk")
 
 
+#: Why a file route refuses a path that is there but is no regular file.
+_NOT_A_FILE = "The path is not a regular file (a folder, a FIFO or a device): name a file."
+
+
 def _path_refusal(error: OSError) -> RuntimeRefusal:
     """Map an OSError on a workspace path to the refusal a client sees."""
     if isinstance(error, FileNotFoundError):
         return RuntimeRefusal("file_not_found", "No such file in the sandbox.")
-    return RuntimeRefusal("invalid_path", "The path is not a plain file or folder of /workspace (a symlink?).")
+    if isinstance(error, IsADirectoryError):
+        return RuntimeRefusal("invalid_path", _NOT_A_FILE)
+    return RuntimeRefusal(
+        "invalid_path",
+        "The path goes through a symlink or something that is not a folder (/bin, /lib and /sbin are symlinks: name /usr/bin/..., /usr/lib/...).",
+    )
 
 
 def _let_others_traverse(folder: Path) -> None:

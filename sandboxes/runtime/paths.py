@@ -23,15 +23,21 @@ MOUNT_POINTS = frozenset({"proc", "dev", "tmp", "workspace"})
 
 def sandbox_parts(path: str) -> tuple[str, list[str]]:
     """Return the area (``/workspace``, ``/tmp`` or the root, ``ROOT``) and the components below
-    it of ``path`` (relative paths are in /workspace); raise RuntimeRefusal ``invalid_path`` for a
-    path with ``..``, a NUL or nothing to name, and for one through ``MOUNT_POINTS``."""
-    if isinstance(path, str) and path.startswith("/tmp/"):
-        return "/tmp", workspace_parts(WORKSPACE + path[len("/tmp"):])
-    if not isinstance(path, str) or not path.startswith("/") or path == WORKSPACE or path.startswith(WORKSPACE + "/"):
-        return WORKSPACE, workspace_parts(path)
-    parts = workspace_parts(WORKSPACE + path)
+    it of ``path`` (an absolute path, or one relative to /workspace); raise RuntimeRefusal
+    ``invalid_path``, saying which, for a path with ``..`` or a NUL, one that names a folder of its
+    own (``/``, ``/workspace``, ``/tmp``) and one through ``/proc`` or ``/dev``."""
+    if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
+        raise RuntimeRefusal("invalid_path", "path must name a file: an absolute path, or one relative to /workspace.")
+    parts = [part for part in (path if path.startswith("/") else f"{WORKSPACE}/{path}").split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise RuntimeRefusal("invalid_path", "path must not contain '..'.")
+    if len(parts) < 2 and (not parts or parts[0] in MOUNT_POINTS):
+        raise RuntimeRefusal("invalid_path", f"{'/' + '/'.join(parts)} is a folder: name a file in it.")
+    for area in AREAS:
+        if parts[0] == area.lstrip("/"):
+            return area, parts[1:]
     if parts[0] in MOUNT_POINTS:
-        raise RuntimeRefusal("invalid_path", f"path must not be in /{parts[0]}, which the sandbox mounts on its own.")
+        raise RuntimeRefusal("invalid_path", f"path must not be in /{parts[0]}, the sandbox's own kernel file system.")
     return ROOT, parts
 
 
@@ -43,7 +49,7 @@ def workspace_parts(path: str) -> list[str]:
     relative = path
     if path.startswith("/"):
         if path != WORKSPACE and not path.startswith(WORKSPACE + "/"):
-            raise RuntimeRefusal("invalid_path", "path must be inside /workspace or /tmp.")
+            raise RuntimeRefusal("invalid_path", "path must be inside /workspace.")
         relative = path[len(WORKSPACE):]
     parts = [part for part in relative.split("/") if part not in ("", ".")]
     if not parts or ".." in parts:

@@ -185,6 +185,13 @@ def test_it_moves_files_in_and_out_of_its_root_for_the_sandboxs_uid(runtime, hos
         with pytest.raises(RuntimeRefusal) as refused:
             runtime.write_file(sandbox, path, b"x")
         assert refused.value.code == "invalid_path", path
+    for folder in ("/etc", "/app", "/app/src", "/usr/local", "/tmp/."):  # a folder is no file to move, a 400 and not a crash
+        for move in (lambda path: runtime.read_file(sandbox, path, max_bytes=100), lambda path: runtime.write_file(sandbox, path, b"x")):
+            with pytest.raises(RuntimeRefusal) as refused:
+                move(folder)
+            assert refused.value.code == "invalid_path", folder
+            assert refused.value.message in (
+                "The path is not a regular file (a folder, a FIFO or a device): name a file.", "/tmp is a folder: name a file in it."), folder
 
 
 @pytest.mark.parametrize("port", [5432, 6379])

@@ -32,3 +32,18 @@ def test_it_refuses_a_path_that_leaves_names_nothing_or_goes_through_a_mount_of_
     with pytest.raises(RuntimeRefusal) as refused:
         sandbox_parts(path)
     assert refused.value.code == "invalid_path"
+
+
+@pytest.mark.parametrize(("path", "said"), [
+    ("/", "/ is a folder: name a file in it."),
+    ("/tmp", "/tmp is a folder: name a file in it."),
+    ("/workspace/", "/workspace is a folder: name a file in it."),
+    (".", "/workspace is a folder: name a file in it."),
+    ("/app/../etc/passwd", "path must not contain '..'."),
+    ("/proc/1/environ", "path must not be in /proc, the sandbox's own kernel file system."),
+    ("", "path must name a file: an absolute path, or one relative to /workspace."),
+])
+def test_a_refusal_says_what_is_wrong_with_the_path(path, said):
+    with pytest.raises(RuntimeRefusal) as refused:
+        sandbox_parts(path)
+    assert refused.value.message == said
