@@ -353,7 +353,7 @@ def up(*, host: str, port: int, environ: Mapping[str, str]) -> int:
         signal.signal(stop_signal, _interrupt)
     status = 0
     try:
-        say(f"Starting web, worker and beat (data in {data_dir}, logs in {processes.log_dir}) ...")
+        say(f"Starting web, worker, beat and the sandbox agent (data in {data_dir}, logs in {processes.log_dir}) ...")
         processes.data_dir.mkdir(parents=True, exist_ok=True)
         processes.migrate()
         processes.start()
@@ -364,9 +364,9 @@ def up(*, host: str, port: int, environ: Mapping[str, str]) -> int:
             processes.check_alive()
             time.sleep(0.5)
     except KeyboardInterrupt:
-        say("Stopping web, worker and beat ...")
+        say("Stopping web, worker, beat and the sandbox agent ...")
     except RuntimeError as exc:
-        say(f"Stopping web, worker and beat: {exc}")
+        say(f"Stopping web, worker, beat and the sandbox agent: {exc}")
         status = 1
     finally:
         for stop_signal in STOP_SIGNALS:

@@ -169,9 +169,9 @@ def test_make_up_stops_quietly_and_leaves_no_process(make_up_environment, stop_s
     assert up == f"Lab is up at {url} (dashboard login: {url}/login/, new accounts at {url}/signup/). Ctrl-C stops it."
     # A make that has to reinstall first echoes its pip commands before these.
     assert make.lines[make.lines.index(up) - 1:] == [
-        f"Starting web, worker and beat (data in {data_dir}, logs in {data_dir / 'logs'}) ...",
+        f"Starting web, worker, beat and the sandbox agent (data in {data_dir}, logs in {data_dir / 'logs'}) ...",
         up,
-        "Stopping web, worker and beat ...",
+        "Stopping web, worker, beat and the sandbox agent ...",
         "Stopped.",
     ], output
     for noise in ("make: ***", "Warm shutdown", "Traceback", "Segmentation"):
