@@ -113,6 +113,15 @@ def test_it_refuses_bad_input_with_the_field_named(owner, body, param, code):
     assert not Sandbox.objects.unscoped().exists()
 
 
+@pytest.mark.parametrize("empty", ["", []])
+def test_an_empty_start_command_is_none(owner, empty):
+    body = create(owner, start_command=empty)
+
+    started = data_plane(body["data_plane"]).get(f"/v1/sandboxes/{body['id']}/background/bg_start")
+
+    assert (started.status_code, started.json()["error"]["code"]) == (404, "not_found")
+
+
 def test_it_lists_newest_first_by_label_with_a_cursor(owner):
     first = create(owner, labels={"env": "a"})["id"]
     second = create(owner, labels={"env": "b"})["id"]
