@@ -186,10 +186,12 @@ def _taskset(module: Any) -> Any | None:
 
 
 def _task_rewards(taskset: type) -> list[dict[str, Any]]:
-    """The ``@vf.reward`` methods (``[{"name", "weight"}]``, by descending priority then name, as
-    verifiers orders them) of the ``Task`` class the taskset's generic bases name
-    (``vf.Taskset[MyTask, MyConfig]``); ``[]`` when none does. Rewards a config plugs in are not
-    seen before a job opens the taskset."""
+    """The ``@vf.reward`` methods (``[{"name", "weight"[, "runtime": true]}]``, by descending
+    priority then name, as verifiers orders them) of the ``Task`` class the taskset's generic bases
+    name (``vf.Taskset[MyTask, MyConfig]``); ``[]`` when none does. ``runtime`` marks one that
+    takes a runtime (a ``runtime`` parameter without a default, as verifiers tells them): a job
+    scores it in a sandbox of its attempt. Rewards a config plugs in are not seen before a job
+    opens the taskset."""
     for klass in taskset.__mro__:
         for base in getattr(klass, "__orig_bases__", ()):
             for argument in typing.get_args(base):
@@ -204,8 +206,16 @@ def _task_rewards(taskset: type) -> list[dict[str, Any]]:
                             del marked[name]
                 if marked:
                     ordered = sorted(marked.items(), key=lambda item: (-getattr(item[1], "reward_priority", 0), item[0]))
-                    return [{"name": name, "weight": float(getattr(function, "_vf_weight", 1.0))} for name, function in ordered]
+                    return [
+                        {"name": name, "weight": float(getattr(function, "_vf_weight", 1.0)), **({"runtime": True} if _takes_runtime(function) else {})}
+                        for name, function in ordered
+                    ]
     return []
+
+
+def _takes_runtime(function: Any) -> bool:
+    parameter = inspect.signature(function).parameters.get("runtime")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def _v1_multi_turn(module: Any, taskset: type, config: Any) -> bool:
