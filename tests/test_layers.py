@@ -593,12 +593,13 @@ MAX_MODULE_LINES = 500
 LONG_MODULES = {
     "engine/environments/load_environment_bridge.py": (
         "one program run as `python -I load_environment_bridge.py` with a build's own Python (verifiers 0.3.1's "
-        "API, or 0.1.9's): it imports no module beside it but bridge_protocol.py, loaded by its path"
+        "API, or 0.1.9's): it imports no module beside it but bridge_protocol.py and probe.py (standard library "
+        "only), loaded by their paths"
     ),
     "engine/environments/verifiers_bridge.py": (
         "one program run as `python -I verifiers_bridge.py` with the verifiers environment's Python: "
         "it imports no module beside it but bridge_protocol.py, the protocol it shares with the load_environment bridge, "
-        "loaded by its path"
+        "and probe.py (standard library only), loaded by their paths"
     ),
     "lab/settings.py": (
         "one role: Django's settings, each read from the environment once beside the comment that says "

@@ -1,8 +1,10 @@
 """Environment builds: every pushed version is built (environments.builds, environments.builder)
 against the local package index that ``make package-index`` fills, never a remote one.
 
-The builds that install verifiers' closure take tens of seconds each, so only two run here
-(``system``); the others fail before installing anything, or build a package with no dependency.
+The builds that install verifiers' closure take tens of seconds each, so few run here (two
+``load_environment`` packages' on verifiers 0.3.1, a multi-turn v1 taskset's two); the others fail
+before installing anything, or build a package with no dependency. The module is ``system``
+(tests/conftest.py).
 """
 
 from __future__ import annotations
