@@ -268,6 +268,14 @@ def parse_tool_calls(text: str, call_prefix: str) -> tuple[str | None, list[dict
     return content or None, calls
 
 
+def runtime_rewards_phrase(names: list[str]) -> str:
+    """``its reward function(s) a, b take(s) a runtime (...)``: what a taskset whose reward
+    functions ``names`` take a runtime needs, in the bridge's and the engine's refusals alike."""
+    many = len(names) > 1
+    return (f"its reward function{'s' if many else ''} {', '.join(names)} {'take' if many else 'takes'} a runtime "
+            "(a box to run in: verifiers' prime sandbox, on Lab's sandboxes of the job's attempt)")
+
+
 def probe(module: str, as_job: bool = False) -> dict:
     """``probe``'s answer: the summary ``probe.summary`` makes of the verifiers package whose
     top-level module is ``module`` (installed as a job installs it when ``as_job``), or its

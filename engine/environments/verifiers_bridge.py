@@ -966,7 +966,7 @@ async def score_trace(opened: Opened, task, trace, *, finalize: bool = False) ->
         return
     if not all(os.environ.get(name) for name in PRIME_VARIABLES):
         # PrimeRuntime would end the process (SystemExit) without a key.
-        raise BridgeError("unsupported", f"taskset {opened.taskset_id}: {_runtime_phrase(opened.runtime_rewards)}, and this bridge was given no sandboxes")
+        raise BridgeError("unsupported", f"taskset {opened.taskset_id}: {protocol.runtime_rewards_phrase(opened.runtime_rewards)}, and this bridge was given no sandboxes")
     from verifiers.v1.runtimes import PrimeConfig, make_runtime
     from verifiers.v1.utils.decorators import invoke
 
@@ -980,13 +980,6 @@ async def score_trace(opened: Opened, task, trace, *, finalize: bool = False) ->
         await task.score(trace, runtime)
     finally:
         await runtime.stop()
-
-
-def _runtime_phrase(names: list[str]) -> str:
-    """``its reward function(s) a, b take(s) a runtime (...)``: what a taskset's runtime rewards need."""
-    many = len(names) > 1
-    return (f"its reward function{'s' if many else ''} {', '.join(names)} {'take' if many else 'takes'} a runtime "
-            "(a box to run in: verifiers' prime sandbox, on Lab's sandboxes of the job's attempt)")
 
 
 def _requires_runtime(fn) -> bool:

@@ -44,6 +44,7 @@ from engine import sandboxes
 from engine.catalog import EnvironmentInfo
 from engine.config import environment
 from engine.environments.base import Environment, EnvironmentFailed, Example, InvalidEnvironment, RewardFunction, Scores
+from engine.environments.bridge_protocol import runtime_rewards_phrase
 
 logger = logging.getLogger("engine")
 
@@ -362,9 +363,7 @@ class VerifiersTaskset(Environment):
         Lab's sandboxes of this attempt. Raises InvalidEnvironment (exit 2, before any rollout)
         when the engine has none (it runs without Lab: ``--offline``, ``lab envs try``) or Lab
         refuses, rather than train without those rewards."""
-        many = len(names) > 1
-        needs = (f"environment {self.info.id}: its reward function{'s' if many else ''} {', '.join(names)} "
-                 f"{'take' if many else 'takes'} a runtime (a box to run in: verifiers' prime sandbox, on Lab's sandboxes of the job's attempt)")
+        needs = f"environment {self.info.id}: {runtime_rewards_phrase(names)}"
         try:
             access = sandboxes.prime_environment()
         except sandboxes.SandboxError as error:
