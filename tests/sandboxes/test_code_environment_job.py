@@ -1,7 +1,8 @@
 """A job on `lab/python-code` run for real (web, a Celery worker with beat, the local launcher and
 the engine in its own sandbox, the session's sandbox agent): its rollouts, or an evaluation's
 samples, are scored in sandboxes of the job's attempt, billed to the job, and none outlives the
-attempt, also when the engine is killed with SIGKILL. One stack for the module."""
+attempt, also when the engine is killed with SIGKILL; a restart of web and of the worker while it
+trains loses no step and leaves no sandbox. One stack for the module."""
 
 from __future__ import annotations
 
@@ -108,6 +109,30 @@ def test_an_evaluation_of_the_code_environment_scores_its_samples_in_sandboxes_o
     assert {(row.meter, row.job_public_id, row.project_id) for row in billed} == {
         (Meter.SANDBOX_CPU, job.public_id, owner.project.pk), (Meter.SANDBOX_MEMORY, job.public_id, owner.project.pk),
     }
+
+
+def test_web_and_the_worker_restarted_mid_run_lose_no_step_and_leave_no_sandbox(owner, spec, stack, runtime):
+    steps = 20  # enough that it is still training when both go, however fast it runs
+    api = Api(stack, owner.key)
+    job_id = api.create(_code_spec(spec, max_steps=steps))["id"]
+    wait_for(
+        lambda: Sandbox.objects.unscoped().filter(attempt__job__public_id=job_id).exists(),
+        timeout=240, what="a first sandbox of the attempt",
+    )
+    stack.kill("web")
+    stack.kill("worker")
+    assert MetricStep.objects.filter(job__public_id=job_id).count() < steps  # killed mid-run
+    stack.start_web()
+    stack.start_worker()
+
+    done = Api(stack, owner.key).wait_status(job_id, TERMINAL, timeout=300)
+
+    assert done["status"] == "succeeded", done
+    assert list(MetricStep.objects.filter(job__public_id=job_id).order_by("step").values_list("step", flat=True)) == list(range(1, steps + 1))
+    assert JobAttempt.objects.filter(job__public_id=job_id).count() == 1
+    made = list(Sandbox.objects.unscoped().filter(attempt__job__public_id=job_id))
+    assert {sandbox.status for sandbox in made} == {SandboxStatus.STOPPED}
+    wait_for(lambda: not {sandbox.public_id for sandbox in made} & _held(runtime), timeout=30, what="the agent holding none of them")
 
 
 def test_an_engine_killed_with_sigkill_leaves_no_sandbox_once_its_attempt_is_closed(owner, spec, stack, runtime):
