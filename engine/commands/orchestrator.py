@@ -11,6 +11,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 
 from engine import sandboxes
 from engine.commands.attempt import end_attempt_sandboxes, job_model, load_config
@@ -43,13 +44,13 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     stopping = threading.Event()
 
     def request_stop(signum, frame):  # the trainer ends the attempt; a stop only ends waiting for it
-        stopping.set()
-        if orphaned():  # the trainer died however it died (PR_SET_PDEATHSIG): end now, mid-batch too
-            raise SessionEnded()
+        stopping.set()  # and no more: an exception raised into whatever runs could leave a lock held
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     root = pathlib.Path(shared)
+    if parent:
+        threading.Thread(target=end_when_orphaned, args=(parent, root), name="orphan-watch", daemon=True).start()
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     role = OrchestratorRole(root, None, stopping=stopping, parent_pid=parent)
@@ -101,3 +102,16 @@ def serve_orchestrator(args: argparse.Namespace) -> int:
     if not orphaned():
         role.fail(exit_code=exit_code, code=code, message=message)
     return exit_code
+
+
+def end_when_orphaned(parent: int, root: pathlib.Path, poll_s: float = 0.2) -> None:
+    """End this role within ``poll_s`` seconds of the trainer ``parent`` dying, however it died
+    (SIGKILL included) and whatever the role is doing: clear the shared directory the trainer's run
+    left (``root``, in /dev/shm) and exit 1 without clean-up code, which could wait forever on a
+    peer that died with the trainer. The attempt's sandboxes are deleted by Lab when it closes the
+    attempt; the bridges die with this process (``PR_SET_PDEATHSIG``)."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    shutil.rmtree(root, ignore_errors=True)
+    os.write(2, b"engine: the trainer that started this role is gone\n")  # no lock another thread may hold
+    os._exit(EXIT_CRASHED)

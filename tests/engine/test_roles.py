@@ -4,6 +4,7 @@ directory. The same job trains exactly as one process sampling through an infere
 resumes exactly from a checkpoint holding batches sampled ahead, and a role killed or failing
 mid-run ends the attempt with the exit code its failure calls for."""
 
+import hashlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 
 from tests.engine.conftest import REPO_ROOT, wait_for_first_step, write_spec
 from tests.support.engine_roles import SPEC, engine, finished, points
+from tests.support.wheelbuilder import lab_wheel
 
 pytestmark = pytest.mark.e2e  # several engine processes per test
 
@@ -71,9 +73,19 @@ def test_an_orchestrator_killed_mid_run_takes_the_attempt_down_as_a_crash(tmp_pa
     assert leftover.stdout.split() == []  # the inference role went with the attempt
 
 
+#: Environment code that would keep its process alive forever: a thread that is no daemon and never
+#: ends, which Python's own exit waits for.
+IMMORTAL_THREAD = "import threading\nthreading.Thread(target=threading.Event().wait, name='immortal').start()\n"
+
+
 def test_a_trainer_killed_with_sigkill_takes_its_roles_with_it(tmp_path):
-    spec = write_spec(tmp_path / "spec.json", max_steps=200, checkpoints={"interval": 0, "keep_last": 1})
-    process = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process"})
+    """However the orchestrator role is held up (here by its environment's code), it ends within
+    seconds of its trainer's death and clears the directory the trainer's run left."""
+    filename, data = lab_wheel("immortal-env", prelude=IMMORTAL_THREAD)
+    (tmp_path / filename).write_bytes(data)
+    package = {"id": "acme/immortal-env@0.1.0", "sha256": hashlib.sha256(data).hexdigest(), "url": (tmp_path / filename).as_uri(), "filename": filename}
+    spec = write_spec(tmp_path / "spec.json", max_steps=200, checkpoints={"interval": 0, "keep_last": 1}, env=[{"id": package["id"]}])
+    process = engine(tmp_path, spec, {"LAB_ENGINE_ROLES": "process", "LAB_JOB_ENVIRONMENT_PACKAGES": json.dumps([package])})
     wait_for_first_step(process, tmp_path / "work")
     process.kill()  # no clean-up code of the trainer runs
     process.wait(timeout=30)
