@@ -24,9 +24,12 @@ It speaks the verifiers bridge's protocol (JSON lines; its docstring,
   rewards: [{name, weight}], bounded: true, sizes, multi_turn, agents, tools}``. A single-turn
   environment (a ``vf.SingleTurnEnv``, or one of ``max_turns`` 1) is scored (``score``); any other
   ``vf.MultiTurnEnv`` (``ToolEnv``, ``StatefulToolEnv``, a game's own ``env_response``) is
-  multi-turn, its one agent ``agent``; ``tools`` says whether it has tools. Refused
-  (``unsupported``): sandboxed environments Lab gives no sandbox yet (CLI agents, ``SandboxMixin``;
-  a ``SandboxEnv`` and a ``PythonEnv`` run) and environments that are no ``MultiTurnEnv`` (``EnvGroup``);
+  multi-turn, its one agent ``agent``; ``tools`` says whether it has tools. A ``vf.EnvGroup`` runs
+  each row with the member its route names (``info["env_id"]``): single-turn when every member is,
+  else every row an episode (a single-turn member's of one turn); its reward functions are every
+  member's. Refused (``unsupported``): sandboxed environments Lab gives no sandbox yet (CLI agents,
+  ``SandboxMixin``; a ``SandboxEnv`` and a ``PythonEnv`` run), environments that are no
+  ``MultiTurnEnv`` with a rollout of their own, and EnvGroups on verifiers before 0.3;
 - ``tasks {handle, split, start, n, seed}``: rows of the environment's ``dataset`` (``train``) or
   ``eval_dataset`` (``eval`` and ``val``; the dataset when it has none) as chat ``messages``: the
   row's ``prompt`` column as verifiers formats it (its system prompt, few-shot messages and
@@ -111,17 +114,76 @@ def _json_default(value):
         return None
 
 
+def _classes(env) -> set[str]:
+    """The names of ``env``'s class and its bases."""
+    return {base.__name__ for base in type(env).__mro__}
+
+
+def _is_group(env) -> bool:
+    """Whether ``env`` is a ``vf.EnvGroup``: a mixture whose rows each name the member environment
+    that runs them (``info["env_id"]``, a name or a route of names through nested groups)."""
+    return "EnvGroup" in _classes(env) and isinstance(getattr(env, "env_map", None), dict)
+
+
+def members(env) -> list:
+    """The environments whose rollouts run ``env``'s rows: ``env`` itself, or every member of an
+    ``EnvGroup``, nested groups flattened."""
+    return [member for child in env.envs for member in members(child)] if _is_group(env) else [env]
+
+
+def _one_call(env) -> bool:
+    """Whether each rollout of ``env`` (no ``EnvGroup``) is one model call: a ``SingleTurnEnv``, or
+    any environment of ``max_turns`` 1."""
+    return getattr(env, "max_turns", None) == 1 or "SingleTurnEnv" in _classes(env)
+
+
+def is_single_turn(env) -> bool:
+    """Whether ``env`` is scored (single-turn: each member's rollout one model call) rather than
+    played in episodes (multi-turn), as the bridge, the build's probe and its smoke rollout tell."""
+    return all(_one_call(member) for member in members(env))
+
+
+def reward_functions(env) -> list[tuple[str, float]]:
+    """``env``'s reward functions as ``(name, weight)`` in its rubric's order; an ``EnvGroup``'s are
+    every member's (``EnvGroupRubric``), each weighted as by the first member that has it."""
+    rubric = getattr(env, "rubric", None)
+    names = list(rubric._get_reward_func_names()) if hasattr(rubric, "_get_reward_func_names") else []
+    weights: dict[str, float] = {}
+    for member in reversed(members(env)):
+        own = getattr(member, "rubric", None)
+        if hasattr(own, "_get_reward_func_names") and hasattr(own, "_get_reward_weights"):
+            weights.update(zip(own._get_reward_func_names(), own._get_reward_weights(), strict=False))
+    return [(name, float(weights.get(name, 0.0))) for name in names]
+
+
+def _route(row: dict) -> list[str]:
+    """The route of an ``EnvGroup`` row: its ``info["env_id"]`` as a list of names ([] for none)."""
+    info = row.get("info")
+    if isinstance(info, str):
+        try:
+            info = json.loads(info)
+        except ValueError:
+            info = None
+    value = info.get("env_id") if isinstance(info, dict) else None
+    return [value] if isinstance(value, str) else [str(name) for name in value] if isinstance(value, list) else []
+
+
 class Opened:
     """One loaded environment: its datasets by split and the reward functions of its rubric; a
-    multi-turn one's episodes (``Episodes``, made on its first ``start``) and its own bounds."""
+    multi-turn one's episodes (``Episodes``, made on its first ``start``) and its members' own
+    bounds. An ``EnvGroup``'s reward functions are every member's (a function's weight the first
+    member's that has it), each rollout scored by its own member's rubric, the others' functions 0
+    (verifiers' ``EnvGroupRubric``)."""
 
     def __init__(self, env, taskset_id: str, *, multi_turn: bool = False):
         self.env, self.taskset_id, self.multi_turn = env, taskset_id, multi_turn
         self.episodes: Episodes | None = None
-        # The environment's own bounds, which the job's limits and timeout may only tighten.
-        self.own_max_turns = getattr(env, "max_turns", -1)
-        self.own_max_output_tokens = getattr(env, "max_total_completion_tokens", -1)
-        self.own_timeout = getattr(env, "timeout_seconds", None)
+        self.members = members(env)
+        # The members' own bounds, which the job's limits and timeout may only tighten.
+        self.own_bounds = {
+            id(member): (getattr(member, "max_turns", -1), getattr(member, "max_total_completion_tokens", -1), getattr(member, "timeout_seconds", None))
+            for member in self.members
+        }
         evaluation = env.eval_dataset if getattr(env, "eval_dataset", None) is not None else None
         if evaluation is None and getattr(env, "eval_dataset_source", None) is not None:
             evaluation = env.build_eval_dataset()
@@ -135,10 +197,19 @@ class Opened:
         for split, dataset in self.datasets.items():
             if len(dataset) == 0:
                 raise BridgeError("invalid_taskset", f"environment {taskset_id}: its {split} dataset is empty")
-        rubric = env.rubric
-        self.names = list(rubric._get_reward_func_names())
-        self.weights = [float(weight) for weight in rubric._get_reward_weights()]
+        functions = reward_functions(env)
+        self.names, self.weights = [name for name, _ in functions], [weight for _, weight in functions]
         self._train_order = protocol.TrainOrder()
+
+    def member(self, row: dict):
+        """The environment whose rollout runs ``row``: the opened one, or the member of an
+        ``EnvGroup`` its route names (BridgeError ``invalid_taskset`` for a route naming none)."""
+        env = self.env
+        for name in _route(row) if _is_group(env) else []:
+            if not _is_group(env) or name not in env.env_map:
+                raise BridgeError("invalid_taskset", f"environment {self.taskset_id}: a row routes to {name!r}, which is none of its EnvGroup's members")
+            env = env.env_map[name]
+        return env
 
     def scores(self, output: dict) -> dict:
         """A scored rollout's ``{reward, functions: {name: score}, weights: {name: weight}}``:
@@ -236,22 +307,29 @@ class Bridge:
             env = module.load_environment(**args)
         except TypeError as error:
             raise BridgeError("invalid_args", f"environment {taskset}: load_environment({', '.join(args)}): {error}") from None
-        kind = type(env).__name__
-        classes = {base.__name__ for base in type(env).__mro__}
-        sandboxed = classes & SANDBOX_CLASSES
-        if sandboxed:
+        if _is_group(env) and self.openai_clients:
             raise BridgeError(
                 "unsupported",
-                f"environment {taskset} is a {kind} ({sorted(sandboxed)[0]}): it runs its tools or agent in a sandbox "
-                "Lab does not give load_environment environments yet (a SandboxEnv's bash tool and a PythonEnv's python tool run)",
+                f"environment {taskset} is an EnvGroup on verifiers {importlib.metadata.version('verifiers')}: Lab runs "
+                "the EnvGroups of load_environment environments on verifiers 0.3.1: require verifiers>=0.3.1,<0.4",
             )
-        single_turn = getattr(env, "max_turns", None) == 1 or "SingleTurnEnv" in classes
-        if not single_turn and "MultiTurnEnv" not in classes:
-            raise BridgeError(
-                "unsupported",
-                f"environment {taskset} is a {kind}, whose own rollout Lab does not run yet: Lab runs SingleTurnEnv, "
-                "MultiTurnEnv, ToolEnv and StatefulToolEnv environments (and their subclasses)",
-            )
+        for member in members(env):
+            kind, classes = type(member).__name__, _classes(member)
+            what = f"environment {taskset} is a {kind}" if member is env else f"environment {taskset} has a {kind} in its EnvGroup"
+            sandboxed = classes & SANDBOX_CLASSES
+            if sandboxed:
+                raise BridgeError(
+                    "unsupported",
+                    f"{what} ({sorted(sandboxed)[0]}): it runs its tools or agent in a sandbox Lab does not give "
+                    "load_environment environments yet (a SandboxEnv's bash tool and a PythonEnv's python tool run)",
+                )
+            if not _one_call(member) and "MultiTurnEnv" not in classes:
+                raise BridgeError(
+                    "unsupported",
+                    f"{what}, whose own rollout Lab does not run yet: Lab runs SingleTurnEnv, MultiTurnEnv, ToolEnv and "
+                    "StatefulToolEnv environments (and their subclasses), and EnvGroups of them",
+                )
+        kind, single_turn = type(env).__name__, is_single_turn(env)
         if self.openai_clients and not single_turn:
             raise BridgeError(
                 "unsupported",
@@ -269,7 +347,7 @@ class Bridge:
             "sizes": {split: len(dataset) for split, dataset in opened.datasets.items()},
             "multi_turn": opened.multi_turn,
             "agents": [{"name": AGENT}] if opened.multi_turn else [],
-            "tools": bool(getattr(env, "tool_defs", None)),
+            "tools": any(getattr(member, "tool_defs", None) for member in opened.members),
         }
 
     def _opened(self, handle) -> Opened:
@@ -362,30 +440,31 @@ class Episodes(protocol.Rounds):
         ``set_max_total_completion_tokens``, checked by its stop conditions after each reply),
         ``max_input_tokens`` refuses a turn once the tokens fed in reach it, and ``timeout``
         (seconds) replaces the environment's ``timeout_seconds``, verifiers' deadline on a rollout."""
-        env, opened = self.opened.env, self.opened
-        env.max_turns = _tighter(opened.own_max_turns, limits.get("max_turns"))
-        env.set_max_total_completion_tokens(_tighter(opened.own_max_output_tokens, limits.get("max_output_tokens")))
-        env.timeout_seconds = opened.own_timeout if timeout is None else timeout
+        for env in self.opened.members:  # an EnvGroup's members run its rows' rollouts
+            own_max_turns, own_max_output_tokens, own_timeout = self.opened.own_bounds[id(env)]
+            env.max_turns = _tighter(own_max_turns, limits.get("max_turns"))
+            env.set_max_total_completion_tokens(_tighter(own_max_output_tokens, limits.get("max_output_tokens")))
+            env.timeout_seconds = own_timeout if timeout is None else timeout
         self.max_input_tokens = limits.get("max_input_tokens")
 
     def start(self, row: dict) -> str:
         """Start one episode of ``row``; return its id."""
         episode_id = self.new_id("e")
         client = lab_client(self, episode_id)
+        member = self.opened.member(row)
 
         async def run() -> dict:
             errors: list[str] = []
             _REWARD_ERRORS.set(errors)  # this episode's task's own context
             output = await self.opened.env.run_rollout(input=row, client=client, model=MODEL, sampling_args={})
-            return self._result(episode_id, output, client, errors)
+            return self._result(episode_id, output, client, errors, member.timeout_seconds)
 
         self.launch(episode_id, run())
         return episode_id
 
-    def _result(self, episode_id: str, output: dict, client, errors: list[str]) -> dict:
+    def _result(self, episode_id: str, output: dict, client, errors: list[str], timeout_s: float) -> dict:
         if output.get("stop_condition") == "timeout_reached":
-            return {"episode": episode_id, "timeout": True,
-                    "error": f"the episode ran past its {self.opened.env.timeout_seconds:g} s timeout"}
+            return {"episode": episode_id, "timeout": True, "error": f"the episode ran past its {timeout_s:g} s timeout"}
         error = output.get("error") or (errors[-1] if errors else None)
         if error:
             text = protocol.one_line(error) if isinstance(error, BaseException) else " ".join(str(error).split())[:500]

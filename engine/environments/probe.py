@@ -286,9 +286,7 @@ def _probe_verifiers(module_name: str, replaced: list[tuple[Any, str, Any]]) -> 
         secrets.append("OPENAI_API_KEY")
         os.environ["OPENAI_API_KEY"] = BUILD_PLACEHOLDER
         environment = load_environment()
-    rubric = getattr(environment, "rubric", None)
-    names = list(rubric._get_reward_func_names()) if hasattr(rubric, "_get_reward_func_names") else []
-    weights = list(rubric._get_reward_weights()) if hasattr(rubric, "_get_reward_weights") else []
+    bridge = _smoke_rollout_module().sibling("load_environment_bridge.py")  # tells its kinds apart as a job's bridge does
     return {
         "api": "v0",
         "description": _one_line((module.__doc__ or "").strip().split("\n")[0]),
@@ -298,12 +296,9 @@ def _probe_verifiers(module_name: str, replaced: list[tuple[Any, str, Any]]) -> 
         "eval_dataset_size": _size(getattr(environment, "eval_dataset", None)),
         # False for an eval dataset only (built, or a builder verifiers calls later): it evaluates, it does not train.
         "train_dataset": any(getattr(environment, name, None) is not None for name in ("dataset", "dataset_source")),
-        "reward_functions": [{"name": name, "weight": float(weight)} for name, weight in zip(names, weights, strict=False)],
+        "reward_functions": [{"name": name, "weight": weight} for name, weight in bridge.reward_functions(environment)],
         "secrets": secrets,
-        # As the load_environment bridge tells them apart: any MultiTurnEnv but a SingleTurnEnv or one of max_turns 1.
-        "multi_turn": not (
-            getattr(environment, "max_turns", None) == 1 or "SingleTurnEnv" in {cls.__name__ for cls in type(environment).__mro__}
-        ),
+        "multi_turn": not bridge.is_single_turn(environment),
     }, lambda smoke: smoke.v0_rollout(environment)
 
 

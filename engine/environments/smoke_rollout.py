@@ -227,7 +227,8 @@ def v0_rollout(environment: Any) -> Rollout:
     around it; 0.1.9 takes the client itself)."""
 
     def rollout(base_url: str) -> list[float]:
-        sandboxed = [cls.__name__ for cls in type(environment).__mro__ if cls.__name__ in SANDBOXED_CLASSES]
+        members = sibling("load_environment_bridge.py").members(environment)  # an EnvGroup's, or itself
+        sandboxed = [cls.__name__ for member in members for cls in type(member).__mro__ if cls.__name__ in SANDBOXED_CLASSES]
         if sandboxed:
             raise RolloutSkipped(f"a {sandboxed[0]} runs its rollouts in sandboxes, which a build has none of; a job's attempt has them")
         from openai import AsyncOpenAI
@@ -338,10 +339,11 @@ def v1_rollout(taskset: type, config: Any) -> Rollout:
     return rollout
 
 
-def _verifiers_bridge() -> Any:
-    """The engine's verifiers bridge (``verifiers_bridge.py``, beside this file), loaded by its
-    path as the probe loads this module."""
-    spec = importlib.util.spec_from_file_location("lab_verifiers_bridge", Path(__file__).resolve().with_name("verifiers_bridge.py"))
+def sibling(filename: str) -> Any:
+    """A module of the engine beside this file (``verifiers_bridge.py``, ``load_environment_bridge.py``),
+    loaded by its path as the probe loads this module (under ``python -I`` the folder is not on
+    ``sys.path``; the builder copies them beside the probe)."""
+    spec = importlib.util.spec_from_file_location(f"lab_{Path(filename).stem}", Path(__file__).resolve().with_name(filename))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -380,7 +382,7 @@ def v1_episodes_rollout(module_name: str) -> Rollout:
     naming it, a taskset the bridge refuses its ``BridgeError``."""
 
     def rollout(base_url: str) -> tuple[list[float], list[str]]:
-        bridge_module = _verifiers_bridge()
+        bridge_module = sibling("verifiers_bridge.py")
         unscored: list[str] = []
         bridge_module.score_trace = _offline_scoring(bridge_module, unscored)
         bridge = bridge_module.Bridge(None)

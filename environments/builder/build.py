@@ -287,8 +287,8 @@ def probe(request: BuildRequest, info: WheelInfo, venv_python: Path) -> dict[str
     folder.mkdir(exist_ok=True)
     script = folder / "lab_build_probe.py"
     shutil.copyfile(package_probe.__file__, script)
-    # The probe loads the smoke rollout from its own folder, and the smoke rollout the verifiers bridge from its own.
-    for module in ("smoke_rollout.py", "verifiers_bridge.py", "bridge_protocol.py"):
+    # The probe loads the smoke rollout from its own folder, and the smoke rollout the bridges from its own.
+    for module in ("smoke_rollout.py", "verifiers_bridge.py", "load_environment_bridge.py", "bridge_protocol.py"):
         shutil.copyfile(Path(smoke_rollout.__file__).with_name(module), folder / module)
     out = folder / "summary.json"
     reach = None

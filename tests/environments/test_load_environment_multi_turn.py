@@ -28,6 +28,7 @@ from tests.support.packages import build_fixture, install_build, run_engine
 from tests.support.scripted import BridgeEnvironment, ScriptedBackend
 
 GUESS, TOOLS, VAULT = "acme/number-guess@0.1.0", "acme/tool-arithmetic@0.1.0", "acme/vault-lookup@0.1.0"
+MIXTURE = "acme/word-mixture@0.1.0"
 HINT = "\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 TOOL_TURN = "\n<|im_start|>tool\n{}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -37,15 +38,18 @@ def _call(name: str, **arguments) -> str:
 
 
 # Environments Lab refuses or whose code fails, beside the fixtures in the bridge's site folder.
-GROUP_ENV = '''
+OWN_LOOP_ENV = '''
 import verifiers as vf
 from datasets import Dataset
 
 
+class OwnLoop(vf.Environment):
+    async def rollout(self, input, client, model, sampling_args=None):
+        raise NotImplementedError
+
+
 def load_environment(**kwargs):
-    rows = Dataset.from_list([{"question": "Say hi.", "answer": "hi"}])
-    envs = [vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric(funcs=[lambda completion, **k: 1.0])) for _ in range(2)]
-    return vf.EnvGroup(envs=envs, env_names=["a", "b"])
+    return OwnLoop(dataset=Dataset.from_list([{"question": "Say hi.", "answer": "hi"}]), rubric=vf.Rubric(funcs=[]))
 '''
 # Named as verifiers' own CLI agents' environment, which is refused; a SandboxEnv and a PythonEnv run
 # (tests/sandboxes/test_prime_sandboxes_environment_job.py).
@@ -84,9 +88,10 @@ def load_environment(**kwargs):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The fixtures' build (built once, from ``number-guess``) and its environment installed."""
-    built = build_fixture(tmp_path_factory.mktemp("load-environment-multi-turn"), "number-guess")
-    return {**built, "python": install_build(built, GUESS)}
+    """The fixtures' build (built once, from ``word-mixture``: its probe and smoke rollout play an
+    EnvGroup's episodes) and its environment installed."""
+    built = build_fixture(tmp_path_factory.mktemp("load-environment-multi-turn"), "word-mixture")
+    return {**built, "python": install_build(built, MIXTURE)}
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +99,9 @@ def bridge(built):
     """One ``load_environment`` bridge over a site folder holding every fixture package."""
     root = built["root"]
     site = root / "site"
-    for name in ("number-guess", "tool-arithmetic", "vault-lookup"):
+    for name in ("number-guess", "tool-arithmetic", "vault-lookup", "word-mixture"):
         zipfile.ZipFile(io.BytesIO(fixture_wheel(name)[1])).extractall(site)
-    (site / "group_env.py").write_text(GROUP_ENV)
+    (site / "own_loop.py").write_text(OWN_LOOP_ENV)
     (site / "crashing_game.py").write_text(CRASHING_GAME)
     (site / "sandboxed_game.py").write_text(SANDBOXED_GAME)
     bridge = start_load_environment_bridge(package_id=GUESS, python=built["python"], site=site, workdir=root)
@@ -250,13 +255,72 @@ def test_the_jobs_caps_and_the_engines_refusals_end_an_episode_where_verifiers_w
     assert (refused["turns"], refused["stop_condition"], refused["functions"]["guesses"]) == (1, "context_length", 1.0)
 
 
+def _eval_tasks(bridge, handle: int, n: int) -> dict[str, dict]:
+    """The first ``n`` tasks of the eval split (dataset order) by their question."""
+    tasks = bridge.request("tasks", handle=handle, split="eval", start=0, n=n, seed=0)["tasks"]
+    return {task["messages"][-1]["content"]: task for task in tasks}
+
+
+def test_an_env_group_builds_as_multi_turn_with_every_members_reward_functions_and_plays_its_smoke_rollout(built):
+    summary = built["summary"]
+    assert (summary["environment_class"].rsplit(".", 1)[-1], summary["multi_turn"]) == ("EnvGroup", True)
+    functions = {function["name"]: function["weight"] for function in summary["reward_functions"]}
+    assert {"repeated": 1.0, "spelled": 1.0, "turns": 0.0}.items() <= functions.items()
+    assert summary["rollout"]["examples"] >= 1, summary["rollout"]
+
+
+def test_an_env_group_of_single_turn_environments_scores_each_row_with_its_own_members_rubric(bridge):
+    opened = bridge.request("open", taskset=MIXTURE, args={"num_examples": 2, "spelling": False})
+    handle = opened["handle"]
+    assert (opened["multi_turn"], opened["tools"], opened["sizes"]["train"]) == (False, False, 4)
+    # Every member's functions (verifiers' own num_turns among them), each with its member's weight.
+    weights = {"num_turns": 0.0, "repeated": 1.0, "shouted": 0.5}
+    assert opened["rewards"] == [{"name": name, "weight": weight} for name, weight in weights.items()]
+    tasks = _eval_tasks(bridge, handle, 4)
+    repeat, shout = tasks["Repeat the word apple."], tasks["Say apple in capitals."]
+
+    def score(task, completion):
+        return bridge.request("score", handle=handle, task_id=task["id"], completion=completion)
+
+    assert score(repeat, "apple") == {"reward": 1.0, "functions": {"num_turns": 1.0, "repeated": 1.0, "shouted": 0.0}, "weights": weights}
+    assert score(shout, "APPLE") == {"reward": 0.5, "functions": {"num_turns": 1.0, "repeated": 0.0, "shouted": 1.0}, "weights": weights}
+    assert score(shout, "apple")["reward"] == 0.0
+
+
+def test_an_env_group_with_a_game_plays_each_row_as_an_episode_of_its_own_member(bridge):
+    opened = bridge.request("open", taskset=MIXTURE, args={"num_examples": 2})
+    handle = opened["handle"]
+    assert (opened["multi_turn"], opened["agents"]) == (True, [{"name": "agent"}])
+    names = [reward["name"] for reward in opened["rewards"]]
+    assert {"repeated", "spelled", "turns"} <= set(names)
+    tasks = _eval_tasks(bridge, handle, 4)
+    repeat, spell = tasks["Repeat the word apple."], tasks["Spell apple in two halves, one per turn."]
+
+    def reply(request) -> str:
+        last = request["messages"][-1]["content"]
+        return "apple" if last.startswith("Repeat") else "le" if last == "Go on." else "app"
+
+    answer = bridge.request("start", handle=handle, task_ids=[repeat["id"], spell["id"]], limits={})
+    episodes, finished = answer["episodes"], list(answer["finished"])
+    while answer["requests"]:
+        answer = bridge.request("reply", handle=handle, answers=[
+            {"request": request["request"], "text": reply(request), "input_tokens": 5, "output_tokens": 2} for request in answer["requests"]])
+        finished += answer["finished"]
+    results = {result["episode"]: result for result in finished}
+    played_repeat, played_spell = results[episodes[0]], results[episodes[1]]
+    assert (played_repeat["reward"], played_repeat["turns"]) == (1.0, 1)
+    assert (played_repeat["functions"]["repeated"], played_repeat["functions"]["spelled"]) == (1.0, 0.0)
+    assert (played_spell["reward"], played_spell["turns"]) == (1.0, 2)
+    assert (played_spell["functions"]["spelled"], played_spell["functions"]["turns"], played_spell["functions"]["repeated"]) == (1.0, 2.0, 0.0)
+
+
 def test_an_environment_lab_does_not_run_is_refused_and_a_crashing_one_fails_its_episode(bridge):
     with pytest.raises(BridgeRefused) as refused:
-        bridge.request("open", taskset="acme/group-env@0.1.0", args={})
+        bridge.request("open", taskset="acme/own-loop@0.1.0", args={})
     assert refused.value.code == "unsupported"
     assert str(refused.value) == (
-        "environment acme/group-env@0.1.0 is a EnvGroup, whose own rollout Lab does not run yet: Lab runs SingleTurnEnv, "
-        "MultiTurnEnv, ToolEnv and StatefulToolEnv environments (and their subclasses)"
+        "environment acme/own-loop@0.1.0 is a OwnLoop, whose own rollout Lab does not run yet: Lab runs SingleTurnEnv, "
+        "MultiTurnEnv, ToolEnv and StatefulToolEnv environments (and their subclasses), and EnvGroups of them"
     )
     with pytest.raises(BridgeRefused) as refused:
         bridge.request("open", taskset="acme/sandboxed-game@0.1.0", args={})
@@ -298,7 +362,8 @@ def _metrics_and_samples(tmp_path: Path) -> tuple[dict, list[dict]]:
     (GUESS, "number-guess", {"solved", "closeness", "guesses", "num_turns"}),
     (TOOLS, "tool-arithmetic", {"correct", "num_turns", "total_tool_calls", "add_calls", "multiply_calls"}),
     (VAULT, "vault-lookup", {"correct", "drawers_opened", "num_turns", "total_tool_calls", "open_drawer_calls"}),
-], ids=["multi-turn", "tool", "stateful-tool"])
+    (MIXTURE, "word-mixture", {"repeated", "spelled", "turns", "num_turns"}),
+], ids=["multi-turn", "tool", "stateful-tool", "env-group"])
 def test_a_tiny_model_job_trains_on_each_kind_with_every_reward_function_reported(tmp_path, built, env_id, fixture, functions):
     result = _engine(tmp_path, built, env_id, fixture, args={"num_examples": 8})
     assert result.returncode == 0, result.stderr[-3000:]
