@@ -91,3 +91,33 @@ def test_a_tool_using_tasksets_smoke_rollout_runs_verifiers_own_rollout_with_its
     summary = _probe(tmp_path, "calc_env", {"calc_env/__init__.py": source, "calc_env/tools.py": CALC_TOOLS})
     assert (summary.get("error"), summary["multi_turn"], summary["rollout"]["rewards"]) == (None, True, [0.0, 0.0]), summary
     assert [json.loads(line)["event"] for line in log.read_text().splitlines()] == ["start", "start"]
+
+
+def test_a_multi_turn_tasksets_judge_and_runtime_rewards_are_left_unscored_in_the_smoke_rollout(tmp_path):
+    """A build has no network and no sandboxes: an episode whose reward asks a judge on its own
+    endpoint is left unscored (its error recorded, its reward 0, the build not failed: verifiers
+    scores a task's rewards together) and a reward that takes a runtime is left out, as in a
+    single-turn taskset's smoke rollout."""
+    anchor = "class GuessTaskset("
+    rewards = (
+        "    @vf.reward(weight=0.5)\n    async def judged(self, trace: vf.Trace) -> float:\n"
+        "        from openai import AsyncOpenAI\n"
+        "        judge = AsyncOpenAI(base_url='http://127.0.0.1:9/v1', api_key='none', max_retries=0)\n"
+        "        verdict = await judge.chat.completions.create(model='judge', messages=[{'role': 'user', 'content': trace.last_reply}])\n"
+        "        return 1.0 if 'yes' in (verdict.choices[0].message.content or '') else 0.0\n\n"
+        "    @vf.reward(weight=1.0)\n    async def runs(self, trace: vf.Trace, runtime) -> float:\n"
+        "        result = await runtime.run(['python3', '-c', trace.last_reply], {})\n"
+        "        return 1.0 if result.exit_code == 0 else 0.0\n\n\n"
+    )
+    source = GUESS_ENV.replace(anchor, rewards + anchor, 1)
+    assert source != GUESS_ENV
+    summary = _probe(tmp_path, "guess_env", {"guess_env.py": source})
+    assert (summary.get("error"), summary["multi_turn"]) == (None, True), summary
+    functions = {function["name"]: function for function in summary["reward_functions"]}
+    assert functions["runs"].get("runtime") is True and "runtime" not in functions["judged"]
+    assert summary["rollout"]["rewards"] == [0.0, 0.0]
+    assert len(summary["rollout"]["unscored"]) == 2 and all(line.startswith("APIConnectionError") for line in summary["rollout"]["unscored"]), summary["rollout"]
+    # The runtime's reward alone: left out, the others scored (42 is a number; the secret, at most 20, is not).
+    judged = rewards[: rewards.index("    @vf.reward(weight=1.0)")]
+    summary = _probe(tmp_path, "guess_env", {"guess_env.py": source.replace(judged, "", 1)})
+    assert (summary.get("error"), summary["rollout"]["rewards"], summary["rollout"]["unscored"]) == (None, [0.25, 0.25], []), summary
