@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import os
 import signal
@@ -29,6 +30,8 @@ from sandboxes.agent import supervisor as protocol
 from sandboxes.runtime.base import CommandRequest, CommandResult, RuntimeRefusal, SandboxSpec
 from sandboxes.runtime.local import GIGABYTE, LocalHost
 from sandboxes.runtime.paths import AREAS
+
+logger = logging.getLogger(__name__)
 
 #: The supervisor's source, run inside the sandbox by the sandbox's own Python.
 SUPERVISOR_SOURCE = Path(protocol.__file__).read_text()
@@ -155,6 +158,9 @@ class RunningSandbox:
         if self.ended:
             await self.stop()
             said = self.errors.decode(errors="replace").strip()
+            if said:
+                logger.warning("sandbox %s ended as it started: %s", self.spec.sandbox_id, said)  # the operator's, paths and all
+            said = self.host.without_host_paths(said)
             raise RuntimeRefusal("start_failed", f"The sandbox ended as it started{': ' + said if said else '.'}")
         if self.spec.network == "egress":
             try:

@@ -118,6 +118,20 @@ class LocalHost:
         self.setpriv = setpriv
         self._image_roots: dict[str, Path] = {}
 
+    def without_host_paths(self, text: str) -> str:
+        """``text`` (what this machine's tools printed as a sandbox started) with the machine's own
+        paths left out, for a refusal a user reads: its tools named by their file name, its
+        sandboxes', images' and cgroups' folders as ``<sandboxes>``, ``<images>`` and ``<cgroups>``."""
+        replacements = {str(self.root): "<sandboxes>", str(self.images): "<images>"}
+        if self.cgroups is not None:
+            replacements[str(self.cgroups.parent)] = "<cgroups>"
+        for tool in (self.bwrap, self.prlimit, self.setpriv):
+            if os.path.isabs(tool):
+                replacements[tool] = os.path.basename(tool)
+        for path in sorted(replacements, key=len, reverse=True):  # a folder inside another first
+            text = text.replace(path, replacements[path])
+        return text
+
     # --- where things are -------------------------------------------------------------------
 
     def folder(self, spec: SandboxSpec) -> Path:
