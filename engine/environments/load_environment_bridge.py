@@ -179,11 +179,11 @@ class Opened:
         self.env, self.taskset_id, self.multi_turn = env, taskset_id, multi_turn
         self.episodes: Episodes | None = None
         self.members = members(env)
-        # The members' own bounds, which the job's limits and timeout may only tighten.
-        self.own_bounds = {
-            id(member): (getattr(member, "max_turns", -1), getattr(member, "max_total_completion_tokens", -1), getattr(member, "timeout_seconds", None))
+        # Each member with its own bounds (turns, output tokens, timeout), which the job's limits and timeout may only tighten.
+        self.own_bounds = [
+            (member, getattr(member, "max_turns", -1), getattr(member, "max_total_completion_tokens", -1), getattr(member, "timeout_seconds", None))
             for member in self.members
-        }
+        ]
         evaluation = env.eval_dataset if getattr(env, "eval_dataset", None) is not None else None
         if evaluation is None and getattr(env, "eval_dataset_source", None) is not None:
             evaluation = env.build_eval_dataset()
@@ -440,8 +440,7 @@ class Episodes(protocol.Rounds):
         ``set_max_total_completion_tokens``, checked by its stop conditions after each reply),
         ``max_input_tokens`` refuses a turn once the tokens fed in reach it, and ``timeout``
         (seconds) replaces the environment's ``timeout_seconds``, verifiers' deadline on a rollout."""
-        for env in self.opened.members:  # an EnvGroup's members run its rows' rollouts
-            own_max_turns, own_max_output_tokens, own_timeout = self.opened.own_bounds[id(env)]
+        for env, own_max_turns, own_max_output_tokens, own_timeout in self.opened.own_bounds:  # an EnvGroup's members run its rows
             env.max_turns = _tighter(own_max_turns, limits.get("max_turns"))
             env.set_max_total_completion_tokens(_tighter(own_max_output_tokens, limits.get("max_output_tokens")))
             env.timeout_seconds = own_timeout if timeout is None else timeout
